@@ -1,0 +1,828 @@
+// FlatBuffers codec of the wire messages (see codec.h). Encode builds one envelope per message;
+// Decode is the trust boundary: size and identifier checks, a copy into 8-byte-aligned memory,
+// the FlatBuffers Verifier, then semantic range checks while the plain struct is filled in.
+// Union tags are the variant index + 1 (0 is NONE); the static_asserts below keep
+// schemas/*.fbs and common/messages.h in step.
+#include "common/codec.h"
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+#include "schemas/map_generated.h"
+#include "schemas/worker_generated.h"
+
+namespace fmoe::wire {
+namespace {
+
+static_assert(FLATBUFFERS_LITTLEENDIAN, "the codec copies float and int vectors with memcpy");
+static_assert(static_cast<uint8_t>(fb::FinishReason::MAX) == kFinishReasonMax);
+static_assert(static_cast<uint8_t>(fb::AdminOp::MAX) == kAdminOpMax);
+static_assert(static_cast<size_t>(fb::WorkerBody::MAX) == std::variant_size_v<WorkerMessage>);
+static_assert(static_cast<size_t>(fb::MapBody::MAX) == std::variant_size_v<MapMessage>);
+static_assert(sizeof(fb::PrefetchEntry) == 12);
+
+template <class T>
+struct OffsetTarget;
+template <class T>
+struct OffsetTarget<flatbuffers::Offset<T>> {
+  using type = T;
+};
+
+template <class Variant, class Plain, size_t I = 0>
+constexpr size_t IndexOf() {
+  if constexpr (std::is_same_v<std::variant_alternative_t<I, Variant>, Plain>) {
+    return I;
+  } else {
+    return IndexOf<Variant, Plain, I + 1>();
+  }
+}
+
+// Union tag of a body table on either channel (the traits of the other channel give NONE = 0).
+template <class Fb>
+constexpr size_t TagOf() {
+  return static_cast<size_t>(fb::WorkerBodyTraits<Fb>::enum_value) +
+         static_cast<size_t>(fb::MapBodyTraits<Fb>::enum_value);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding.
+
+using Builder = flatbuffers::FlatBufferBuilder;
+
+flatbuffers::Offset<flatbuffers::String> OptString(Builder& fbb, const std::string& s) {
+  return s.empty() ? 0 : fbb.CreateString(s);
+}
+
+template <class T>
+flatbuffers::Offset<flatbuffers::Vector<T>> OptVector(Builder& fbb, const std::vector<T>& v) {
+  return v.empty() ? 0 : fbb.CreateVector(v);
+}
+
+// Bytes of variable-length payload, to size the builder once.
+size_t PayloadBytes(const WorkerMessage& message) {
+  return std::visit(
+      [](const auto& m) -> size_t {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, WorkerHello>) return m.group.size() + m.model_name.size();
+        if constexpr (std::is_same_v<T, WorkerHelloAck>) return m.reason.size();
+        if constexpr (std::is_same_v<T, WorkerHeartbeat>) return m.group.size();
+        if constexpr (std::is_same_v<T, Generate>) {
+          return 4 * (m.token_ids.size() + m.sampling.stop_token_ids.size());
+        }
+        if constexpr (std::is_same_v<T, TokenEvent>) return m.error.size();
+        return 0;
+      },
+      message);
+}
+
+size_t PayloadBytes(const MapMessage& message) {
+  return std::visit(
+      [](const auto& m) -> size_t {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, Register>) return m.group.size();
+        if constexpr (std::is_same_v<T, RegisterAck>) return m.reason.size();
+        if constexpr (std::is_same_v<T, RankHeartbeat>) return m.group.size();
+        if constexpr (std::is_same_v<T, IterationStart>) return 4 * m.sem.size();
+        if constexpr (std::is_same_v<T, LayerObserved>) return 4 * m.probs.size();
+        if constexpr (std::is_same_v<T, PrefetchDirective>) {
+          return sizeof(fb::PrefetchEntry) * m.entries.size();
+        }
+        if constexpr (std::is_same_v<T, AdminRequest>) return m.path.size();
+        if constexpr (std::is_same_v<T, AdminReply>) return m.error.size() + m.json.size();
+        return 0;
+      },
+      message);
+}
+
+flatbuffers::Offset<fb::WorkerHello> Build(Builder& fbb, const WorkerHello& m) {
+  auto group = OptString(fbb, m.group);
+  auto model_name = OptString(fbb, m.model_name);
+  fb::WorkerHelloBuilder b(fbb);
+  b.add_group(group);
+  b.add_world_size(m.world_size);
+  b.add_model_name(model_name);
+  b.add_model_fingerprint(m.model_fingerprint);
+  b.add_instance_id(m.instance_id);
+  b.add_max_batch(m.max_batch);
+  b.add_free_slots(m.free_slots);
+  b.add_protocol_version(m.protocol_version);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::WorkerHelloAck> Build(Builder& fbb, const WorkerHelloAck& m) {
+  auto reason = OptString(fbb, m.reason);
+  fb::WorkerHelloAckBuilder b(fbb);
+  b.add_accepted(m.accepted);
+  b.add_reason(reason);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::WorkerHeartbeat> Build(Builder& fbb, const WorkerHeartbeat& m) {
+  auto group = OptString(fbb, m.group);
+  fb::WorkerHeartbeatBuilder b(fbb);
+  b.add_group(group);
+  b.add_instance_id(m.instance_id);
+  b.add_seq(m.seq);
+  b.add_free_slots(m.free_slots);
+  b.add_active_requests(m.active_requests);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::WorkerHeartbeatAck> Build(Builder& fbb, const WorkerHeartbeatAck& m) {
+  fb::WorkerHeartbeatAckBuilder b(fbb);
+  b.add_seq(m.seq);
+  b.add_known(m.known);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::Generate> Build(Builder& fbb, const Generate& m) {
+  auto token_ids = OptVector(fbb, m.token_ids);
+  auto stop_token_ids = OptVector(fbb, m.sampling.stop_token_ids);
+  fb::SamplingParamsBuilder sb(fbb);
+  sb.add_temperature(m.sampling.temperature);
+  sb.add_top_p(m.sampling.top_p);
+  sb.add_top_k(m.sampling.top_k);
+  sb.add_seed(m.sampling.seed);
+  sb.add_max_tokens(m.sampling.max_tokens);
+  sb.add_stop_token_ids(stop_token_ids);
+  auto sampling = sb.Finish();
+  fb::GenerateBuilder b(fbb);
+  b.add_request_id(m.request_id);
+  b.add_token_ids(token_ids);
+  b.add_sampling(sampling);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::Cancel> Build(Builder& fbb, const Cancel& m) {
+  fb::CancelBuilder b(fbb);
+  b.add_request_id(m.request_id);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::TokenEvent> Build(Builder& fbb, const TokenEvent& m) {
+  auto error = OptString(fbb, m.error);
+  fb::TokenEventBuilder b(fbb);
+  b.add_request_id(m.request_id);
+  b.add_token_id(m.token_id);
+  b.add_index(m.index);
+  b.add_finish(static_cast<fb::FinishReason>(m.finish));
+  b.add_error(error);
+  b.add_queue_us(m.queue_us);
+  b.add_token_us(m.token_us);
+  b.add_expert_hits(m.expert_hits);
+  b.add_expert_misses(m.expert_misses);
+  b.add_bytes_moved(m.bytes_moved);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::Register> Build(Builder& fbb, const Register& m) {
+  auto group = OptString(fbb, m.group);
+  fb::RegisterBuilder b(fbb);
+  b.add_group(group);
+  b.add_rank(m.rank);
+  b.add_world_size(m.world_size);
+  b.add_instance_id(m.instance_id);
+  b.add_model_fingerprint(m.model_fingerprint);
+  b.add_num_layers(m.num_layers);
+  b.add_num_experts(m.num_experts);
+  b.add_top_k(m.top_k);
+  b.add_hidden_size(m.hidden_size);
+  b.add_protocol_version(m.protocol_version);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::RegisterAck> Build(Builder& fbb, const RegisterAck& m) {
+  auto reason = OptString(fbb, m.reason);
+  fb::RegisterAckBuilder b(fbb);
+  b.add_accepted(m.accepted);
+  b.add_reason(reason);
+  b.add_stored_maps(m.stored_maps);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::RankHeartbeat> Build(Builder& fbb, const RankHeartbeat& m) {
+  auto group = OptString(fbb, m.group);
+  fb::RankHeartbeatBuilder b(fbb);
+  b.add_group(group);
+  b.add_rank(m.rank);
+  b.add_instance_id(m.instance_id);
+  b.add_seq(m.seq);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::RankHeartbeatAck> Build(Builder& fbb, const RankHeartbeatAck& m) {
+  fb::RankHeartbeatAckBuilder b(fbb);
+  b.add_seq(m.seq);
+  b.add_known(m.known);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::IterationStart> Build(Builder& fbb, const IterationStart& m) {
+  auto sem = OptVector(fbb, m.sem);
+  fb::IterationStartBuilder b(fbb);
+  b.add_request_id(m.request_id);
+  b.add_iteration(m.iteration);
+  b.add_sem(sem);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::LayerObserved> Build(Builder& fbb, const LayerObserved& m) {
+  auto probs = OptVector(fbb, m.probs);
+  fb::LayerObservedBuilder b(fbb);
+  b.add_request_id(m.request_id);
+  b.add_iteration(m.iteration);
+  b.add_layer(m.layer);
+  b.add_probs(probs);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::IterationEnd> Build(Builder& fbb, const IterationEnd& m) {
+  fb::IterationEndBuilder b(fbb);
+  b.add_request_id(m.request_id);
+  b.add_iteration(m.iteration);
+  b.add_finished(m.finished);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::PrefetchDirective> Build(Builder& fbb, const PrefetchDirective& m) {
+  flatbuffers::Offset<flatbuffers::Vector<const fb::PrefetchEntry*>> entries = 0;
+  if (!m.entries.empty()) {
+    fb::PrefetchEntry* out = nullptr;
+    entries = fbb.CreateUninitializedVectorOfStructs(m.entries.size(), &out);
+    for (const PrefetchEntry& e : m.entries) {
+      *out++ = fb::PrefetchEntry(e.expert, e.probability, e.priority);
+    }
+  }
+  fb::PrefetchDirectiveBuilder b(fbb);
+  b.add_request_id(m.request_id);
+  b.add_iteration(m.iteration);
+  b.add_target_layer(m.target_layer);
+  b.add_score(m.score);
+  b.add_entries(entries);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::AdminRequest> Build(Builder& fbb, const AdminRequest& m) {
+  auto path = OptString(fbb, m.path);
+  fb::AdminRequestBuilder b(fbb);
+  b.add_id(m.id);
+  b.add_op(static_cast<fb::AdminOp>(m.op));
+  b.add_model_fingerprint(m.model_fingerprint);
+  b.add_path(path);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::AdminReply> Build(Builder& fbb, const AdminReply& m) {
+  auto error = OptString(fbb, m.error);
+  auto json = OptString(fbb, m.json);
+  fb::AdminReplyBuilder b(fbb);
+  b.add_id(m.id);
+  b.add_ok(m.ok);
+  b.add_error(error);
+  b.add_json(json);
+  return b.Finish();
+}
+
+std::vector<uint8_t> Release(const Builder& fbb) {
+  const uint8_t* data = fbb.GetBufferPointer();
+  return std::vector<uint8_t>(data, data + fbb.GetSize());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding.
+
+bool Fail(DecodeError* error, DropReason reason, std::string detail) {
+  if (error != nullptr) {
+    error->reason = reason;
+    error->detail = std::move(detail);
+  }
+  return false;
+}
+
+std::string FloatText(float v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return std::to_string(v);
+}
+
+// Range checks shared by every message; `field` is "Message.field". Each returns false after
+// filling the error.
+class Checker {
+ public:
+  Checker(const DecodeLimits& limits, DecodeError* error) : limits_(limits), error_(error) {}
+
+  bool OutOfRange(std::string detail) const {
+    return Fail(error_, DropReason::kOutOfRange, std::move(detail));
+  }
+
+  bool String(const flatbuffers::String* s, const char* field, std::string* out,
+              bool required = false, size_t limit = 0) const {
+    if (limit == 0) limit = limits_.max_string_bytes;
+    if (s == nullptr || s->size() == 0) {
+      if (required) return OutOfRange(std::string(field) + ": missing (required)");
+      out->clear();
+      return true;
+    }
+    if (s->size() > limit) {
+      return OutOfRange(std::string(field) + ": " + std::to_string(s->size()) + " bytes > limit " +
+                        std::to_string(limit));
+    }
+    out->assign(s->c_str(), s->size());
+    return true;
+  }
+
+  bool Int32s(const flatbuffers::Vector<int32_t>* v, const char* field, size_t limit,
+              std::vector<int32_t>* out) const {
+    if (v == nullptr) {
+      out->clear();
+      return true;
+    }
+    if (v->size() > limit) {
+      return OutOfRange(std::string(field) + ": " + std::to_string(v->size()) + " ids > limit " +
+                        std::to_string(limit));
+    }
+    out->resize(v->size());
+    if (!out->empty()) std::memcpy(out->data(), v->Data(), v->size() * sizeof(int32_t));
+    return true;
+  }
+
+  // Finite floats, at most max_floats; `unit` also requires each in [0, 1].
+  bool Floats(const flatbuffers::Vector<float>* v, const char* field, bool unit,
+              std::vector<float>* out) const {
+    if (v == nullptr) {
+      out->clear();
+      return true;
+    }
+    if (v->size() > limits_.max_floats) {
+      return OutOfRange(std::string(field) + ": " + std::to_string(v->size()) + " floats > limit " +
+                        std::to_string(limits_.max_floats));
+    }
+    out->resize(v->size());
+    if (out->empty()) return true;
+    std::memcpy(out->data(), v->Data(), v->size() * sizeof(float));
+    for (size_t i = 0; i < out->size(); ++i) {
+      const float f = (*out)[i];
+      if (!std::isfinite(f)) {
+        return OutOfRange(std::string(field) + "[" + std::to_string(i) + "]: " + FloatText(f) +
+                          " is not finite");
+      }
+      if (unit && (f < 0.0f || f > 1.0f)) {
+        return OutOfRange(std::string(field) + "[" + std::to_string(i) + "]: " + FloatText(f) +
+                          " is outside [0, 1]");
+      }
+    }
+    return true;
+  }
+
+  bool Finite(float f, const char* field) const {
+    if (std::isfinite(f)) return true;
+    return OutOfRange(std::string(field) + ": " + FloatText(f) + " is not finite");
+  }
+
+  bool AtMost(uint64_t value, uint64_t limit, const char* field) const {
+    if (value <= limit) return true;
+    return OutOfRange(std::string(field) + ": " + std::to_string(value) + " > limit " +
+                      std::to_string(limit));
+  }
+
+  bool Layer(uint32_t layer, const char* field) const {
+    return AtMost(layer, limits_.max_layer, field);
+  }
+
+  bool Version(uint32_t version, const char* field) const {
+    if (version == kProtocolVersion) return true;
+    return OutOfRange(std::string(field) + ": peer speaks protocol " + std::to_string(version) +
+                      ", this build speaks " + std::to_string(kProtocolVersion));
+  }
+
+  bool WorldRank(uint32_t rank, uint32_t world_size, const char* message) const {
+    if (world_size == 0) return OutOfRange(std::string(message) + ".world_size: 0 (must be >= 1)");
+    if (rank >= world_size) {
+      return OutOfRange(std::string(message) + ".rank: " + std::to_string(rank) +
+                        " >= world_size " + std::to_string(world_size));
+    }
+    return true;
+  }
+
+  const DecodeLimits& limits() const { return limits_; }
+
+ private:
+  const DecodeLimits& limits_;
+  DecodeError* error_;
+};
+
+bool Read(const fb::WorkerHello& t, const Checker& c, WorkerHello* m) {
+  m->world_size = t.world_size();
+  m->model_fingerprint = t.model_fingerprint();
+  m->instance_id = t.instance_id();
+  m->max_batch = t.max_batch();
+  m->free_slots = t.free_slots();
+  m->protocol_version = t.protocol_version();
+  return c.Version(m->protocol_version, "WorkerHello.protocol_version") &&
+         c.String(t.group(), "WorkerHello.group", &m->group, /*required=*/true) &&
+         c.String(t.model_name(), "WorkerHello.model_name", &m->model_name) &&
+         c.WorldRank(0, m->world_size, "WorkerHello");
+}
+
+bool Read(const fb::WorkerHelloAck& t, const Checker& c, WorkerHelloAck* m) {
+  m->accepted = t.accepted();
+  return c.String(t.reason(), "WorkerHelloAck.reason", &m->reason);
+}
+
+bool Read(const fb::WorkerHeartbeat& t, const Checker& c, WorkerHeartbeat* m) {
+  m->instance_id = t.instance_id();
+  m->seq = t.seq();
+  m->free_slots = t.free_slots();
+  m->active_requests = t.active_requests();
+  return c.String(t.group(), "WorkerHeartbeat.group", &m->group, /*required=*/true);
+}
+
+bool Read(const fb::WorkerHeartbeatAck& t, const Checker&, WorkerHeartbeatAck* m) {
+  m->seq = t.seq();
+  m->known = t.known();
+  return true;
+}
+
+bool Read(const fb::Generate& t, const Checker& c, Generate* m) {
+  m->request_id = t.request_id();
+  if (!c.Int32s(t.token_ids(), "Generate.token_ids", c.limits().max_token_ids, &m->token_ids)) {
+    return false;
+  }
+  SamplingParams& s = m->sampling;
+  s = SamplingParams{};
+  const fb::SamplingParams* sp = t.sampling();
+  if (sp == nullptr) return true;  // Plain defaults.
+  s.temperature = sp->temperature();
+  s.top_p = sp->top_p();
+  s.top_k = sp->top_k();
+  s.seed = sp->seed();
+  s.max_tokens = sp->max_tokens();
+  if (!c.Finite(s.temperature, "Generate.sampling.temperature") ||
+      !c.Finite(s.top_p, "Generate.sampling.top_p")) {
+    return false;
+  }
+  if (s.temperature < 0.0f) {
+    return c.OutOfRange("Generate.sampling.temperature: " + FloatText(s.temperature) + " < 0");
+  }
+  if (s.top_p < 0.0f || s.top_p > 1.0f) {
+    return c.OutOfRange("Generate.sampling.top_p: " + FloatText(s.top_p) + " is outside [0, 1]");
+  }
+  if (s.top_k < 0) {
+    return c.OutOfRange("Generate.sampling.top_k: " + std::to_string(s.top_k) + " < 0");
+  }
+  return c.Int32s(sp->stop_token_ids(), "Generate.sampling.stop_token_ids",
+                  c.limits().max_stop_tokens, &s.stop_token_ids);
+}
+
+bool Read(const fb::Cancel& t, const Checker&, Cancel* m) {
+  m->request_id = t.request_id();
+  return true;
+}
+
+bool Read(const fb::TokenEvent& t, const Checker& c, TokenEvent* m) {
+  m->request_id = t.request_id();
+  m->token_id = t.token_id();
+  m->index = t.index();
+  const auto finish = static_cast<uint8_t>(t.finish());
+  if (finish > kFinishReasonMax) {
+    return c.OutOfRange("TokenEvent.finish: " + std::to_string(finish) + " > max " +
+                        std::to_string(kFinishReasonMax));
+  }
+  m->finish = static_cast<FinishReason>(finish);
+  m->queue_us = t.queue_us();
+  m->token_us = t.token_us();
+  m->expert_hits = t.expert_hits();
+  m->expert_misses = t.expert_misses();
+  m->bytes_moved = t.bytes_moved();
+  return c.String(t.error(), "TokenEvent.error", &m->error);
+}
+
+bool Read(const fb::Register& t, const Checker& c, Register* m) {
+  m->rank = t.rank();
+  m->world_size = t.world_size();
+  m->instance_id = t.instance_id();
+  m->model_fingerprint = t.model_fingerprint();
+  m->num_layers = t.num_layers();
+  m->num_experts = t.num_experts();
+  m->top_k = t.top_k();
+  m->hidden_size = t.hidden_size();
+  m->protocol_version = t.protocol_version();
+  const DecodeLimits& l = c.limits();
+  // A shape whose IterationStart/LayerObserved could never pass the limits is refused up front.
+  return c.Version(m->protocol_version, "Register.protocol_version") &&
+         c.String(t.group(), "Register.group", &m->group, /*required=*/true) &&
+         c.WorldRank(m->rank, m->world_size, "Register") &&
+         c.AtMost(m->num_layers, uint64_t{l.max_layer} + 1, "Register.num_layers") &&
+         c.AtMost(m->num_experts, l.max_floats, "Register.num_experts") &&
+         c.AtMost(m->hidden_size, l.max_floats, "Register.hidden_size");
+}
+
+bool Read(const fb::RegisterAck& t, const Checker& c, RegisterAck* m) {
+  m->accepted = t.accepted();
+  m->stored_maps = t.stored_maps();
+  return c.String(t.reason(), "RegisterAck.reason", &m->reason);
+}
+
+bool Read(const fb::RankHeartbeat& t, const Checker& c, RankHeartbeat* m) {
+  m->rank = t.rank();
+  m->instance_id = t.instance_id();
+  m->seq = t.seq();
+  return c.String(t.group(), "RankHeartbeat.group", &m->group, /*required=*/true);
+}
+
+bool Read(const fb::RankHeartbeatAck& t, const Checker&, RankHeartbeatAck* m) {
+  m->seq = t.seq();
+  m->known = t.known();
+  return true;
+}
+
+bool Read(const fb::IterationStart& t, const Checker& c, IterationStart* m) {
+  m->request_id = t.request_id();
+  m->iteration = t.iteration();
+  return c.Floats(t.sem(), "IterationStart.sem", /*unit=*/false, &m->sem);
+}
+
+bool Read(const fb::LayerObserved& t, const Checker& c, LayerObserved* m) {
+  m->request_id = t.request_id();
+  m->iteration = t.iteration();
+  m->layer = t.layer();
+  return c.Layer(m->layer, "LayerObserved.layer") &&
+         c.Floats(t.probs(), "LayerObserved.probs", /*unit=*/true, &m->probs);
+}
+
+bool Read(const fb::IterationEnd& t, const Checker&, IterationEnd* m) {
+  m->request_id = t.request_id();
+  m->iteration = t.iteration();
+  m->finished = t.finished();
+  return true;
+}
+
+bool Read(const fb::PrefetchDirective& t, const Checker& c, PrefetchDirective* m) {
+  m->request_id = t.request_id();
+  m->iteration = t.iteration();
+  m->target_layer = t.target_layer();
+  m->score = t.score();
+  if (!c.Layer(m->target_layer, "PrefetchDirective.target_layer") ||
+      !c.Finite(m->score, "PrefetchDirective.score")) {
+    return false;
+  }
+  m->entries.clear();
+  const auto* entries = t.entries();
+  if (entries == nullptr) return true;
+  if (entries->size() > c.limits().max_prefetch_entries) {
+    return c.OutOfRange("PrefetchDirective.entries: " + std::to_string(entries->size()) +
+                        " entries > limit " + std::to_string(c.limits().max_prefetch_entries));
+  }
+  m->entries.resize(entries->size());
+  for (flatbuffers::uoffset_t i = 0; i < entries->size(); ++i) {
+    const fb::PrefetchEntry* e = entries->Get(i);
+    PrefetchEntry& out = m->entries[i];
+    out.expert = e->expert();
+    out.probability = e->probability();
+    out.priority = e->priority();
+    if (!std::isfinite(out.probability) || out.probability < 0.0f || out.probability > 1.0f) {
+      return c.OutOfRange("PrefetchDirective.entries[" + std::to_string(i) + "].probability: " +
+                          FloatText(out.probability) + " is not a finite value in [0, 1]");
+    }
+    if (!std::isfinite(out.priority)) {
+      return c.OutOfRange("PrefetchDirective.entries[" + std::to_string(i) +
+                          "].priority: " + FloatText(out.priority) + " is not finite");
+    }
+  }
+  return true;
+}
+
+bool Read(const fb::AdminRequest& t, const Checker& c, AdminRequest* m) {
+  m->id = t.id();
+  const auto op = static_cast<uint8_t>(t.op());
+  if (op > kAdminOpMax) {
+    return c.OutOfRange("AdminRequest.op: " + std::to_string(op) + " > max " +
+                        std::to_string(kAdminOpMax));
+  }
+  m->op = static_cast<AdminOp>(op);
+  m->model_fingerprint = t.model_fingerprint();
+  return c.String(t.path(), "AdminRequest.path", &m->path);
+}
+
+bool Read(const fb::AdminReply& t, const Checker& c, AdminReply* m) {
+  m->id = t.id();
+  m->ok = t.ok();
+  return c.String(t.error(), "AdminReply.error", &m->error) &&
+         c.String(t.json(), "AdminReply.json", &m->json, false, c.limits().max_admin_json_bytes);
+}
+
+// Reads body table Fb into the variant alternative Plain.
+template <class Plain, class Fb, class Variant>
+bool ReadBody(const void* body, const Checker& c, Variant* out) {
+  static_assert(TagOf<Fb>() == IndexOf<Variant, Plain>() + 1, "union tag != variant index + 1");
+  Plain& plain = out->template emplace<Plain>();
+  return Read(*static_cast<const Fb*>(body), c, &plain);
+}
+
+// Size, identifier and Verifier checks. On success returns the root table, which points into
+// *storage (8-byte-aligned copy of the frame).
+template <class Envelope>
+const Envelope* VerifyFrame(std::span<const uint8_t> frame, const DecodeLimits& limits,
+                            const char* identifier, const char* envelope_name,
+                            std::vector<uint64_t>* storage, DecodeError* error) {
+  if (frame.size() > limits.max_bytes) {
+    Fail(error, DropReason::kOversized,
+         std::string(envelope_name) + ": " + std::to_string(frame.size()) + " bytes > limit " +
+             std::to_string(limits.max_bytes));
+    return nullptr;
+  }
+  constexpr size_t kMinBytes = sizeof(flatbuffers::uoffset_t) + flatbuffers::kFileIdentifierLength;
+  if (frame.size() < kMinBytes) {
+    Fail(error, DropReason::kTruncated,
+         std::string(envelope_name) + ": " + std::to_string(frame.size()) + " bytes < " +
+             std::to_string(kMinBytes));
+    return nullptr;
+  }
+  if (!flatbuffers::BufferHasIdentifier(frame.data(), identifier)) {
+    std::string got;
+    for (size_t i = 4; i < kMinBytes; ++i) {
+      const char ch = static_cast<char>(frame[i]);
+      got += (ch >= 0x20 && ch < 0x7f) ? ch : '?';
+    }
+    Fail(error, DropReason::kBadIdentifier,
+         std::string(envelope_name) + ": file identifier \"" + got + "\" is not \"" + identifier +
+             "\"");
+    return nullptr;
+  }
+  storage->resize((frame.size() + sizeof(uint64_t) - 1) / sizeof(uint64_t));
+  auto* buf = reinterpret_cast<uint8_t*>(storage->data());
+  std::memcpy(buf, frame.data(), frame.size());
+  flatbuffers::Verifier::Options opts;
+  opts.max_depth = limits.max_depth;
+  opts.max_tables = limits.max_tables;
+  opts.check_alignment = true;
+  opts.check_nested_flatbuffers = false;
+  flatbuffers::Verifier verifier(buf, frame.size(), opts);
+  if (!verifier.VerifyBuffer<Envelope>(identifier)) {
+    Fail(error, DropReason::kMalformed,
+         std::string(envelope_name) + ": FlatBuffers verification failed (" +
+             std::to_string(frame.size()) + " bytes)");
+    return nullptr;
+  }
+  return flatbuffers::GetRoot<Envelope>(buf);
+}
+
+template <class Tag>
+bool MissingOrUnknownBody(Tag tag, const void* body, const char* envelope_name, const Checker& c) {
+  if (tag == Tag::NONE || body == nullptr) {
+    return !c.OutOfRange(std::string(envelope_name) + ".body: missing");
+  }
+  if (static_cast<uint8_t>(tag) > static_cast<uint8_t>(Tag::MAX)) {
+    return !c.OutOfRange(std::string(envelope_name) + ".body_type: unknown tag " +
+                         std::to_string(static_cast<unsigned>(tag)) + " > max " +
+                         std::to_string(static_cast<unsigned>(Tag::MAX)));
+  }
+  return false;
+}
+
+constexpr std::array<std::string_view, std::variant_size_v<WorkerMessage>> kWorkerNames = {
+    "WorkerHello", "WorkerHelloAck", "WorkerHeartbeat", "WorkerHeartbeatAck",
+    "Generate",    "Cancel",         "TokenEvent"};
+constexpr std::array<std::string_view, std::variant_size_v<MapMessage>> kMapNames = {
+    "Register",      "RegisterAck",  "RankHeartbeat",     "RankHeartbeatAck", "IterationStart",
+    "LayerObserved", "IterationEnd", "PrefetchDirective", "AdminRequest",     "AdminReply"};
+
+}  // namespace
+
+std::string_view DropReasonName(DropReason reason) {
+  switch (reason) {
+    case DropReason::kOversized:
+      return "oversized";
+    case DropReason::kTruncated:
+      return "truncated";
+    case DropReason::kBadIdentifier:
+      return "bad_identifier";
+    case DropReason::kMalformed:
+      return "malformed";
+    case DropReason::kOutOfRange:
+      return "out_of_range";
+    case DropReason::kBadFraming:
+      return "bad_framing";
+    case DropReason::kCount:
+      break;
+  }
+  return "unknown";
+}
+
+std::vector<uint8_t> Encode(const WorkerMessage& message) {
+  Builder fbb(256 + PayloadBytes(message));
+  fb::WorkerBody tag = fb::WorkerBody::NONE;
+  flatbuffers::Offset<void> body;
+  std::visit(
+      [&](const auto& m) {
+        auto offset = Build(fbb, m);
+        using Fb = typename OffsetTarget<decltype(offset)>::type;
+        tag = fb::WorkerBodyTraits<Fb>::enum_value;
+        body = offset.Union();
+      },
+      message);
+  fb::WorkerEnvelopeBuilder b(fbb);
+  b.add_protocol_version(kProtocolVersion);
+  b.add_body_type(tag);
+  b.add_body(body);
+  fb::FinishWorkerEnvelopeBuffer(fbb, b.Finish());
+  return Release(fbb);
+}
+
+std::vector<uint8_t> Encode(const MapMessage& message) {
+  Builder fbb(256 + PayloadBytes(message));
+  fb::MapBody tag = fb::MapBody::NONE;
+  flatbuffers::Offset<void> body;
+  std::visit(
+      [&](const auto& m) {
+        auto offset = Build(fbb, m);
+        using Fb = typename OffsetTarget<decltype(offset)>::type;
+        tag = fb::MapBodyTraits<Fb>::enum_value;
+        body = offset.Union();
+      },
+      message);
+  fb::MapEnvelopeBuilder b(fbb);
+  b.add_protocol_version(kProtocolVersion);
+  b.add_body_type(tag);
+  b.add_body(body);
+  fb::FinishMapEnvelopeBuffer(fbb, b.Finish());
+  return Release(fbb);
+}
+
+bool Decode(std::span<const uint8_t> frame, const DecodeLimits& limits, WorkerMessage* out,
+            DecodeError* error) {
+  std::vector<uint64_t> storage;
+  const fb::WorkerEnvelope* env = VerifyFrame<fb::WorkerEnvelope>(
+      frame, limits, kWorkerIdentifier, "WorkerEnvelope", &storage, error);
+  if (env == nullptr) return false;
+  const Checker c(limits, error);
+  const fb::WorkerBody tag = env->body_type();
+  const void* body = env->body();
+  if (MissingOrUnknownBody(tag, body, "WorkerEnvelope", c)) return false;
+  switch (tag) {
+    case fb::WorkerBody::WorkerHello:
+      return ReadBody<WorkerHello, fb::WorkerHello>(body, c, out);
+    case fb::WorkerBody::WorkerHelloAck:
+      return ReadBody<WorkerHelloAck, fb::WorkerHelloAck>(body, c, out);
+    case fb::WorkerBody::WorkerHeartbeat:
+      return ReadBody<WorkerHeartbeat, fb::WorkerHeartbeat>(body, c, out);
+    case fb::WorkerBody::WorkerHeartbeatAck:
+      return ReadBody<WorkerHeartbeatAck, fb::WorkerHeartbeatAck>(body, c, out);
+    case fb::WorkerBody::Generate:
+      return ReadBody<Generate, fb::Generate>(body, c, out);
+    case fb::WorkerBody::Cancel:
+      return ReadBody<Cancel, fb::Cancel>(body, c, out);
+    case fb::WorkerBody::TokenEvent:
+      return ReadBody<TokenEvent, fb::TokenEvent>(body, c, out);
+    case fb::WorkerBody::NONE:
+      break;
+  }
+  return c.OutOfRange("WorkerEnvelope.body_type: unhandled tag");
+}
+
+bool Decode(std::span<const uint8_t> frame, const DecodeLimits& limits, MapMessage* out,
+            DecodeError* error) {
+  std::vector<uint64_t> storage;
+  const fb::MapEnvelope* env =
+      VerifyFrame<fb::MapEnvelope>(frame, limits, kMapIdentifier, "MapEnvelope", &storage, error);
+  if (env == nullptr) return false;
+  const Checker c(limits, error);
+  const fb::MapBody tag = env->body_type();
+  const void* body = env->body();
+  if (MissingOrUnknownBody(tag, body, "MapEnvelope", c)) return false;
+  switch (tag) {
+    case fb::MapBody::Register:
+      return ReadBody<Register, fb::Register>(body, c, out);
+    case fb::MapBody::RegisterAck:
+      return ReadBody<RegisterAck, fb::RegisterAck>(body, c, out);
+    case fb::MapBody::RankHeartbeat:
+      return ReadBody<RankHeartbeat, fb::RankHeartbeat>(body, c, out);
+    case fb::MapBody::RankHeartbeatAck:
+      return ReadBody<RankHeartbeatAck, fb::RankHeartbeatAck>(body, c, out);
+    case fb::MapBody::IterationStart:
+      return ReadBody<IterationStart, fb::IterationStart>(body, c, out);
+    case fb::MapBody::LayerObserved:
+      return ReadBody<LayerObserved, fb::LayerObserved>(body, c, out);
+    case fb::MapBody::IterationEnd:
+      return ReadBody<IterationEnd, fb::IterationEnd>(body, c, out);
+    case fb::MapBody::PrefetchDirective:
+      return ReadBody<PrefetchDirective, fb::PrefetchDirective>(body, c, out);
+    case fb::MapBody::AdminRequest:
+      return ReadBody<AdminRequest, fb::AdminRequest>(body, c, out);
+    case fb::MapBody::AdminReply:
+      return ReadBody<AdminReply, fb::AdminReply>(body, c, out);
+    case fb::MapBody::NONE:
+      break;
+  }
+  return c.OutOfRange("MapEnvelope.body_type: unhandled tag");
+}
+
+std::string_view MessageName(const WorkerMessage& message) { return kWorkerNames[message.index()]; }
+
+std::string_view MessageName(const MapMessage& message) { return kMapNames[message.index()]; }
+
+}  // namespace fmoe::wire

@@ -1,0 +1,127 @@
+// The cluster manifest (DESIGN section 9): YAML loaded into plain structs with strict validation.
+// Unknown keys, wrong types and out-of-range values are rejected with the key's path, e.g.
+//   manifest: worker_groups[0].workers[1].device: "cuda:x" is not cpu or cuda:N
+// Relative paths in the file are resolved against the manifest's own directory. Pure functions;
+// no threads, no global state. yaml-cpp is used only in manifest.cc.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace fmoe {
+
+// Routed-expert policies a worker group can run (DESIGN section 6). `oracle` is replay-only and
+// is therefore not accepted in a manifest.
+inline constexpr std::string_view kPolicies[] = {"fmoe",         "fmoe-traj",    "fmoe-traj-sem",
+                                                 "fmoe-nextuse", "moe-infinity", "speculative",
+                                                 "on-demand",    "lru",          "lfu"};
+
+struct HostPort {
+  std::string host;  // IPv4 literal or host name, e.g. "127.0.0.1".
+  uint16_t port = 0;
+};
+
+// Parses "HOST:PORT" (PORT 1..65535). Errors name the text.
+Result<HostPort> ParseHostPort(std::string_view text);
+// Accepts "tcp://HOST:PORT" (PORT 1..65535) or "ipc:///absolute/path".
+Status ValidateZmqEndpoint(std::string_view endpoint);
+
+struct ModelSpec {
+  std::string path;               // Required. Hugging Face model directory (absolute after load).
+  std::string name;               // Served model id. Default: the directory's base name.
+  std::string dtype = "float32";  // float32 | bfloat16 | float16. Default: float32
+};
+
+struct MapServiceSpec {
+  std::string endpoint = "tcp://127.0.0.1:5555";  // ZMQ ROUTER bind. Default: tcp://127.0.0.1:5555
+  std::string
+      data_dir;  // RocksDB directory (absolute after load). Default: <manifest dir>/.fmoe/maps
+  int store_capacity = 1000;  // Maps kept per model, 1..1000000. Default: 1000
+  int prefetch_distance = 3;  // d, 1..16. Default: 3
+  bool sync = false;          // fsync every RocksDB write. Default: false
+};
+
+struct LinkSpec {            // Emulated host-to-device link for cpu workers (DESIGN section 2).
+  double gbps = 16.0;        // (0, 10000]. Default: 16
+  double latency_us = 10.0;  // [0, 1000000]. Default: 10
+};
+
+struct WorkerSpec {
+  std::string device = "cpu";      // "cpu" or "cuda:N". Default: cpu
+  int cuda_index = -1;             // N of cuda:N; -1 for cpu. Derived at load.
+  std::string host = "127.0.0.1";  // Host the rank runs on. Default: 127.0.0.1
+};
+
+struct WorkerGroupSpec {
+  std::string name;             // Required, [A-Za-z0-9_-]{1,32}, unique across groups.
+  std::string policy = "fmoe";  // One of kPolicies. Default: fmoe
+  int max_batch = 8;            // Requests per iteration, 1..1024. Default: 8
+  int queue_limit = 64;         // Router admission queue for this group, 1..100000. Default: 64
+  // Expert cache budget per rank: at most one of the two. Default: fraction 1.0 (all resident).
+  std::optional<double> expert_cache_gb;        // (0, 100000]
+  std::optional<double> expert_cache_fraction;  // (0, 1]
+  LinkSpec link;
+  std::string rendezvous;  // c10d TCPStore HOST:PORT. Default: 127.0.0.1:(29500 + group index)
+  std::vector<WorkerSpec> workers;  // Required, 1..64 ranks; rank = index.
+};
+
+struct RouterSpec {
+  std::string listen = "127.0.0.1:8000";                 // HTTP HOST:PORT. Default: 127.0.0.1:8000
+  std::string worker_endpoint = "tcp://127.0.0.1:5556";  // ZMQ ROUTER bind for worker leaders.
+  double request_timeout_s = 600;                        // (0, 86400]. Default: 600
+  int64_t max_body_bytes = 1 << 20;                      // 1 KiB..256 MiB. Default: 1 MiB
+  std::vector<std::string> api_keys;  // Bearer keys, each 8..256 printable chars. Default: none
+};
+
+struct HeartbeatSpec {
+  int interval_ms = 500;  // 10..60000. Default: 500
+  int timeout_ms = 3000;  // >= 2 * interval_ms, <= 600000. Default: 3000
+};
+
+struct LoggingSpec {
+  std::string level = "info";  // trace | debug | info | warn | error. Default: info
+};
+
+struct RestartSpec {
+  int initial_backoff_ms = 500;  // 0..600000. Default: 500
+  int max_backoff_ms = 10000;    // >= initial_backoff_ms, <= 600000. Default: 10000
+  int max_restarts = 5;          // Crashes tolerated within window_s, 0..1000. Default: 5
+  int window_s = 60;             // 1..86400. Default: 60
+};
+
+struct LauncherSpec {
+  std::string run_dir;  // Logs and state (absolute after load). Default: <manifest dir>/.fmoe/run
+  int ready_timeout_s = 120;  // Per process, 1..3600. Default: 120
+  int stop_timeout_s = 10;    // SIGTERM then SIGKILL after this, 1..600. Default: 10
+  RestartSpec restart;
+};
+
+struct Manifest {
+  std::string source_path;  // Absolute path of the file it was loaded from ("" if parsed).
+  ModelSpec model;
+  MapServiceSpec map_service;
+  std::vector<WorkerGroupSpec> worker_groups;  // Required, 1..64 groups.
+  RouterSpec router;
+  HeartbeatSpec heartbeat;
+  LoggingSpec logging;
+  LauncherSpec launcher;
+};
+
+// Reads and validates the file. Errors: kNotFound / kIoError when it cannot be read,
+// kInvalidArgument with "manifest: <key path>: <what is wrong>" otherwise.
+Result<Manifest> LoadManifest(const std::string& path);
+// Same for text; relative paths resolve against base_dir (absolute).
+Result<Manifest> ParseManifest(std::string_view yaml_text, const std::string& base_dir);
+
+// The effective configuration as YAML, every key with its value (defaults included), for logs.
+std::string DescribeManifest(const Manifest& manifest);
+
+// Finds a group by name; nullptr if absent.
+const WorkerGroupSpec* FindGroup(const Manifest& manifest, std::string_view name);
+
+}  // namespace fmoe

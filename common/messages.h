@@ -1,0 +1,182 @@
+// Wire messages (DESIGN section 8) as plain structs. Two channels, each one FlatBuffers root
+// with its own file identifier: router <-> worker leader ("FMWK", schemas/worker.fbs) and
+// worker rank <-> map service ("FMMP", schemas/map.fbs). Encoding and decoding live in
+// common/codec.cc; nothing else sees FlatBuffers types.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace fmoe {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// ---- router <-> worker leader ----
+
+// Leader -> router, on connect and after the router reports it unknown.
+struct WorkerHello {
+  std::string group;
+  uint32_t world_size = 1;
+  std::string model_name;
+  uint64_t model_fingerprint = 0;
+  uint64_t instance_id = 0;  // Random per process start: a change means the worker restarted.
+  uint32_t max_batch = 0;
+  uint32_t free_slots = 0;
+  uint32_t protocol_version = kProtocolVersion;
+};
+
+// Router -> leader.
+struct WorkerHelloAck {
+  bool accepted = false;
+  std::string reason;  // Why not accepted.
+};
+
+// Leader -> router, every heartbeat interval.
+struct WorkerHeartbeat {
+  std::string group;
+  uint64_t instance_id = 0;
+  uint64_t seq = 0;
+  uint32_t free_slots = 0;
+  uint32_t active_requests = 0;
+};
+
+// Router -> leader, answering a heartbeat. known=false asks the worker to send Hello again.
+struct WorkerHeartbeatAck {
+  uint64_t seq = 0;
+  bool known = false;
+};
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0 = greedy.
+  float top_p = 1.0f;
+  int32_t top_k = 0;  // 0 = off.
+  uint64_t seed = 0;
+  uint32_t max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+};
+
+// Router -> leader.
+struct Generate {
+  uint64_t request_id = 0;
+  std::vector<int32_t> token_ids;
+  SamplingParams sampling;
+};
+
+// Router -> leader.
+struct Cancel {
+  uint64_t request_id = 0;
+};
+
+enum class FinishReason : uint8_t { kNone = 0, kStop, kLength, kCancelled, kError };
+inline constexpr uint8_t kFinishReasonMax = static_cast<uint8_t>(FinishReason::kError);
+
+// Leader -> router, one per generated token (and one final event when finished).
+struct TokenEvent {
+  uint64_t request_id = 0;
+  int32_t token_id = -1;  // -1 when the event carries no token (error, cancel).
+  uint32_t index = 0;     // Position in the completion.
+  FinishReason finish = FinishReason::kNone;
+  std::string error;         // When finish == kError.
+  uint64_t queue_us = 0;     // Time queued before prefill (first event only).
+  uint64_t token_us = 0;     // Time spent producing this token.
+  uint64_t expert_hits = 0;  // Per-request expert figures so far.
+  uint64_t expert_misses = 0;
+  uint64_t bytes_moved = 0;
+};
+
+using WorkerMessage = std::variant<WorkerHello, WorkerHelloAck, WorkerHeartbeat, WorkerHeartbeatAck,
+                                   Generate, Cancel, TokenEvent>;
+
+// ---- worker rank <-> map service ----
+
+// Rank -> map service, on connect and after the service reports it unknown.
+struct Register {
+  std::string group;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint64_t instance_id = 0;
+  uint64_t model_fingerprint = 0;
+  uint32_t num_layers = 0;   // L: MoE layers.
+  uint32_t num_experts = 0;  // J: routed experts per layer.
+  uint32_t top_k = 0;        // K.
+  uint32_t hidden_size = 0;  // h.
+  uint32_t protocol_version = kProtocolVersion;
+};
+
+// Map service -> rank, after the registration is durably recorded.
+struct RegisterAck {
+  bool accepted = false;
+  std::string reason;
+  uint64_t stored_maps = 0;  // Maps already stored for this model.
+};
+
+struct RankHeartbeat {
+  std::string group;
+  uint32_t rank = 0;
+  uint64_t instance_id = 0;
+  uint64_t seq = 0;
+};
+
+struct RankHeartbeatAck {
+  uint64_t seq = 0;
+  bool known = false;  // false: send Register again.
+};
+
+struct IterationStart {
+  uint64_t request_id = 0;
+  uint32_t iteration = 0;  // 0 = prefill.
+  std::vector<float> sem;  // Semantic embedding, length h.
+};
+
+struct LayerObserved {
+  uint64_t request_id = 0;
+  uint32_t iteration = 0;
+  uint32_t layer = 0;        // 0-based MoE layer index.
+  std::vector<float> probs;  // Gate distribution P_l, length J.
+};
+
+struct IterationEnd {
+  uint64_t request_id = 0;
+  uint32_t iteration = 0;
+  bool finished = false;  // The request ended: free its state.
+};
+
+struct PrefetchEntry {
+  uint32_t expert = 0;
+  float probability = 0.0f;
+  float priority = 0.0f;
+};
+
+struct PrefetchDirective {
+  uint64_t request_id = 0;
+  uint32_t iteration = 0;
+  uint32_t target_layer = 0;
+  float score = 0.0f;  // Similarity of the matched map.
+  std::vector<PrefetchEntry> entries;
+};
+
+enum class AdminOp : uint8_t { kPing = 0, kStats, kExport, kImport };
+inline constexpr uint8_t kAdminOpMax = static_cast<uint8_t>(AdminOp::kImport);
+
+// Any client (fmoe CLI, router) -> map service.
+struct AdminRequest {
+  uint64_t id = 0;  // Echoed in the reply.
+  AdminOp op = AdminOp::kPing;
+  uint64_t model_fingerprint = 0;  // For export/import; 0 = all.
+  std::string path;                // File for export/import.
+};
+
+struct AdminReply {
+  uint64_t id = 0;
+  bool ok = false;
+  std::string error;
+  std::string json;  // Op-specific body (JSON object text).
+};
+
+using MapMessage =
+    std::variant<Register, RegisterAck, RankHeartbeat, RankHeartbeatAck, IterationStart,
+                 LayerObserved, IterationEnd, PrefetchDirective, AdminRequest, AdminReply>;
+
+}  // namespace fmoe

@@ -1,0 +1,173 @@
+#include "common/model_config.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace fmoe {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+constexpr uint64_t kFnvPrime = 1099511628211ull;
+// A safetensors header larger than this is not a header (the format caps it at 100 MB).
+constexpr uint64_t kMaxSafetensorsHeader = 100ull << 20;
+
+uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= kFnvPrime;
+  }
+  return h;
+}
+
+const char* const kSupported[] = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "PhimoeForCausalLM",
+                                  "OlmoeForCausalLM", "Qwen3MoeForCausalLM"};
+
+// Reads a positive integer key that fits uint32; `required` says whether absence is an error.
+Status ReadCount(const Json& j, const char* key, bool required, uint32_t* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (required) return InvalidArgument(std::string(key) + ": missing");
+    return Status::Ok();
+  }
+  if (!it->is_number_integer()) {
+    return InvalidArgument(std::string(key) + ": " + it->dump() + " is not an integer");
+  }
+  int64_t v = it->get<int64_t>();
+  if (v < 1 || v > std::numeric_limits<int32_t>::max()) {
+    return InvalidArgument(std::string(key) + ": " + std::to_string(v) + " is out of range");
+  }
+  *out = static_cast<uint32_t>(v);
+  return Status::Ok();
+}
+
+Status ParseInto(const std::string& text, ModelInfo* info) {
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument("not valid JSON");
+  if (!j.is_object()) return InvalidArgument("not a JSON object");
+
+  auto arch = j.find("architectures");
+  if (arch == j.end() || !arch->is_array() || arch->empty() || !(*arch)[0].is_string()) {
+    return InvalidArgument("architectures: missing or not a list of names");
+  }
+  info->architecture = (*arch)[0].get<std::string>();
+  if (std::find(std::begin(kSupported), std::end(kSupported), info->architecture) ==
+      std::end(kSupported)) {
+    std::string list;
+    for (const char* s : kSupported) list += (list.empty() ? "" : ", ") + std::string(s);
+    return InvalidArgument("architectures: \"" + info->architecture +
+                           "\" is not a supported MoE architecture (" + list + ")");
+  }
+
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "num_hidden_layers", true, &info->num_hidden_layers));
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "hidden_size", true, &info->hidden_size));
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "vocab_size", true, &info->vocab_size));
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "num_experts_per_tok", true, &info->top_k));
+  FMOE_RETURN_IF_ERROR(
+      ReadCount(j, "max_position_embeddings", false, &info->max_position_embeddings));
+  const char* experts_key = j.contains("num_local_experts") ? "num_local_experts" : "num_experts";
+  FMOE_RETURN_IF_ERROR(ReadCount(j, experts_key, true, &info->num_experts));
+  if (info->top_k > info->num_experts) {
+    return InvalidArgument("num_experts_per_tok (" + std::to_string(info->top_k) +
+                           ") > number of experts (" + std::to_string(info->num_experts) + ")");
+  }
+
+  // Qwen MoE families can interleave dense layers: decoder_sparse_step and mlp_only_layers.
+  uint32_t sparse_step = 1;
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "decoder_sparse_step", false, &sparse_step));
+  std::set<int64_t> dense_layers;
+  if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return InvalidArgument("mlp_only_layers: not a list");
+    for (const auto& v : *it) {
+      if (!v.is_number_integer()) return InvalidArgument("mlp_only_layers: not integers");
+      dense_layers.insert(v.get<int64_t>());
+    }
+  }
+  info->num_moe_layers = 0;
+  for (uint32_t i = 0; i < info->num_hidden_layers; ++i) {
+    if (dense_layers.count(i) == 0 && (i + 1) % sparse_step == 0) ++info->num_moe_layers;
+  }
+  if (info->num_moe_layers == 0) return InvalidArgument("the model has no MoE layer");
+  return Status::Ok();
+}
+
+// Folds a safetensors file's header (length prefix and JSON) into the fingerprint: it names
+// every tensor with its dtype, shape and offsets, so different weights layouts differ.
+Status FoldSafetensorsHeader(const fs::path& path, uint64_t* h) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return IoError(path.string() + ": cannot open");
+  unsigned char len_bytes[8];
+  if (!in.read(reinterpret_cast<char*>(len_bytes), 8)) {
+    return DataLoss(path.string() + ": shorter than the 8-byte safetensors header length");
+  }
+  uint64_t len = 0;
+  for (int i = 7; i >= 0; --i) len = (len << 8) | len_bytes[i];
+  if (len == 0 || len > kMaxSafetensorsHeader) {
+    return DataLoss(path.string() + ": safetensors header length " + std::to_string(len) +
+                    " is out of range");
+  }
+  std::string header(len, '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(len))) {
+    return DataLoss(path.string() + ": truncated safetensors header");
+  }
+  std::string name = path.filename().string();
+  *h = Fnv1a(*h, name.data(), name.size());
+  *h = Fnv1a(*h, header.data(), header.size());
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string FingerprintHex(uint64_t fingerprint) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(fingerprint));
+  return buf;
+}
+
+Result<ModelInfo> ParseModelConfig(const std::string& json_text, const std::string& dir) {
+  ModelInfo info;
+  info.dir = dir;
+  Status s = ParseInto(json_text, &info);
+  if (!s.ok()) return s.WithContext("model: " + dir + "/config.json");
+  info.fingerprint = Fnv1a(kFnvOffset, json_text.data(), json_text.size());
+  return info;
+}
+
+Result<ModelInfo> LoadModelInfo(const std::string& dir) {
+  std::error_code ec;
+  fs::path root = fs::absolute(dir, ec).lexically_normal();
+  if (!fs::is_directory(root, ec)) {
+    return NotFound("model: " + root.string() + ": no such directory");
+  }
+  fs::path config = root / "config.json";
+  std::ifstream in(config, std::ios::binary);
+  if (!in) return NotFound("model: " + config.string() + ": no such file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  FMOE_ASSIGN_OR_RETURN(ModelInfo info, ParseModelConfig(ss.str(), root.string()));
+
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") {
+      info.weight_files.push_back(entry.path().filename().string());
+    }
+  }
+  if (ec) return IoError("model: " + root.string() + ": " + ec.message());
+  std::sort(info.weight_files.begin(), info.weight_files.end());
+  for (const auto& name : info.weight_files) {
+    Status s = FoldSafetensorsHeader(root / name, &info.fingerprint);
+    if (!s.ok()) return s.WithContext("model");
+  }
+  return info;
+}
+
+}  // namespace fmoe

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Quick start, command 2: installs what is missing, builds, and runs the whole test suite:
+#   1. the full build (LibTorch, CUDA sources when nvcc is present), warnings as errors, ctest;
+#   2. an ASan+UBSan build of the Torch-free libraries and their tests, ctest.
+# Exits non-zero on any failure.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+start=$(date +%s)
+fmoe_install_deps
+
+fmoe_build "$FMOE_ROOT/build" -DCMAKE_BUILD_TYPE=Release -DFMOE_WERROR=ON
+fmoe_log "running the test suite (build/)"
+(cd "$FMOE_ROOT/build" && ctest --output-on-failure --timeout 900 -j 2)
+
+fmoe_build "$FMOE_ROOT/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFMOE_SANITIZE=ON \
+  -DFMOE_WERROR=ON -DFMOE_CUDA=OFF -DFMOE_BUILD_BENCH=OFF
+fmoe_log "running the sanitizer suite (build-asan/: ASan+UBSan, Torch-free)"
+(cd "$FMOE_ROOT/build-asan" && \
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --output-on-failure --timeout 900 -j 2)
+
+fmoe_log "all tests passed in $(( $(date +%s) - start )) s"

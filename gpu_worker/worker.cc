@@ -1,0 +1,188 @@
+#include "gpu_worker/worker.h"
+
+#include <vector>
+
+#include "common/log.h"
+#include "common/process_util.h"
+
+namespace fmoe {
+
+Worker::Worker(WorkerOptions options, ModelInfo model, const Clock& clock)
+    : options_(std::move(options)), model_(std::move(model)), clock_(clock) {
+  instance_id_ = RandomId();
+}
+
+Worker::~Worker() = default;
+
+Status Worker::Start() {
+  started_ms_ = clock_.NowMs();
+  wire::SocketOptions socket_options;
+  socket_options.routing_id = "w/" + options_.group + "/" + std::to_string(options_.rank);
+  // Contexts and heartbeats are worth nothing late: keep queues short, never block inference.
+  socket_options.send_hwm = 1000;
+  socket_options.immediate = true;
+  FMOE_ASSIGN_OR_RETURN(map_socket_,
+                        wire::MapSocket::Connect(context_, wire::Role::kDealer,
+                                                 options_.map_service_endpoint, socket_options));
+  if (leader()) {
+    FMOE_ASSIGN_OR_RETURN(router_socket_,
+                          wire::WorkerSocket::Connect(context_, wire::Role::kDealer,
+                                                      options_.router_endpoint, socket_options));
+  }
+  return Status::Ok();
+}
+
+void Worker::Run(const std::function<bool()>& stop, const std::function<void()>& on_ready) {
+  bool ready = false;
+  std::vector<wire::SocketBase*> sockets = {map_socket_.get()};
+  if (router_socket_) sockets.push_back(router_socket_.get());
+  std::vector<bool> readable;
+  while (!stop()) {
+    auto polled = wire::Poll(sockets, 50, &readable);
+    if (polled.ok() && *polled > 0) {
+      if (readable[0]) {
+        while (auto in = map_socket_->Receive(0)) OnMapMessage(in->message);
+      }
+      if (router_socket_ && readable[1]) {
+        while (auto in = router_socket_->Receive(0)) OnRouterMessage(in->message);
+      }
+    }
+    Tick();
+    if (!ready && (map_registered() || clock_.NowMs() - started_ms_ >= options_.register_wait_ms)) {
+      if (!map_registered()) {
+        spdlog::warn(
+            "map service {} has not answered in {} ms; serving without prefetch "
+            "guidance until it does",
+            options_.map_service_endpoint, options_.register_wait_ms);
+      }
+      ready = true;
+      on_ready();
+    }
+  }
+}
+
+void Worker::Tick() {
+  const int64_t now = clock_.NowMs();
+  auto due = [&](const Link& link) {
+    return link.last_sent_ms < 0 || now - link.last_sent_ms >= options_.heartbeat_interval_ms;
+  };
+  if (due(map_)) {
+    map_.last_sent_ms = now;
+    Status s;
+    if (map_.state == LinkState::kUnregistered) {
+      Register reg;
+      reg.group = options_.group;
+      reg.rank = options_.rank;
+      reg.world_size = options_.world_size;
+      reg.instance_id = instance_id_;
+      reg.model_fingerprint = model_.fingerprint;
+      reg.num_layers = model_.num_moe_layers;
+      reg.num_experts = model_.num_experts;
+      reg.top_k = model_.top_k;
+      reg.hidden_size = model_.hidden_size;
+      s = map_socket_->Send(reg);
+    } else {
+      s = map_socket_->Send(RankHeartbeat{options_.group, options_.rank, instance_id_, ++map_.seq});
+    }
+    if (!s.ok()) spdlog::debug("to map service: {}", s.ToString());
+    CheckLost(map_);
+  }
+  if (router_socket_ && due(router_)) {
+    router_.last_sent_ms = now;
+    Status s;
+    if (router_.state == LinkState::kUnregistered) {
+      WorkerHello hello;
+      hello.group = options_.group;
+      hello.world_size = options_.world_size;
+      hello.model_name = options_.model_name;
+      hello.model_fingerprint = model_.fingerprint;
+      hello.instance_id = instance_id_;
+      hello.max_batch = options_.max_batch;
+      hello.free_slots = options_.max_batch;
+      s = router_socket_->Send(hello);
+    } else {
+      WorkerHeartbeat hb;
+      hb.group = options_.group;
+      hb.instance_id = instance_id_;
+      hb.seq = ++router_.seq;
+      hb.free_slots = options_.max_batch;
+      hb.active_requests = 0;
+      s = router_socket_->Send(hb);
+    }
+    if (!s.ok()) spdlog::debug("to router: {}", s.ToString());
+    CheckLost(router_);
+  }
+}
+
+void Worker::CheckLost(Link& link) {
+  if (link.state != LinkState::kRegistered) return;
+  if (clock_.NowMs() - link.last_ack_ms > options_.heartbeat_timeout_ms) {
+    link.state = LinkState::kLost;
+    spdlog::warn("{} lost: no answer for {} ms; still serving, reconnecting", link.name,
+                 clock_.NowMs() - link.last_ack_ms);
+  }
+}
+
+void Worker::Acked(Link& link, bool known) {
+  link.last_ack_ms = clock_.NowMs();
+  if (!known) {
+    if (link.state != LinkState::kUnregistered) {
+      spdlog::info("{} does not know this rank (it restarted); registering again", link.name);
+    }
+    link.state = LinkState::kUnregistered;
+    link.last_sent_ms = -1;  // Register at the next tick.
+    return;
+  }
+  if (link.state == LinkState::kLost) spdlog::info("{} is back", link.name);
+  link.state = LinkState::kRegistered;
+}
+
+void Worker::OnMapMessage(const MapMessage& message) {
+  if (const auto* ack = std::get_if<RegisterAck>(&message)) {
+    if (ack->accepted) {
+      spdlog::info("registered with map service {} ({} stored maps for model {})",
+                   options_.map_service_endpoint, ack->stored_maps,
+                   FingerprintHex(model_.fingerprint));
+      map_.refused_logged = false;
+      Acked(map_, true);
+    } else if (!map_.refused_logged) {
+      spdlog::error("map service refused registration: {}", ack->reason);
+      map_.refused_logged = true;
+    }
+  } else if (const auto* hb = std::get_if<RankHeartbeatAck>(&message)) {
+    Acked(map_, hb->known);
+  } else if (std::holds_alternative<PrefetchDirective>(message)) {
+    // Prefetch directives go to the expert cache manager, which arrives with the cache issue.
+  } else {
+    spdlog::debug("map service sent {}; ignored", wire::MessageName(message));
+  }
+}
+
+void Worker::OnRouterMessage(const WorkerMessage& message) {
+  if (const auto* ack = std::get_if<WorkerHelloAck>(&message)) {
+    if (ack->accepted) {
+      spdlog::info("joined router {} as leader of group {}", options_.router_endpoint,
+                   options_.group);
+      router_.refused_logged = false;
+      Acked(router_, true);
+    } else if (!router_.refused_logged) {
+      spdlog::error("router refused this group: {}", ack->reason);
+      router_.refused_logged = true;
+    }
+  } else if (const auto* hb = std::get_if<WorkerHeartbeatAck>(&message)) {
+    Acked(router_, hb->known);
+  } else if (const auto* gen = std::get_if<Generate>(&message)) {
+    TokenEvent ev;
+    ev.request_id = gen->request_id;
+    ev.finish = FinishReason::kError;
+    ev.error = "this worker has no model runtime yet";
+    Status s = router_socket_->Send(ev);
+    if (!s.ok()) spdlog::warn("req={} error event not sent: {}", gen->request_id, s.ToString());
+  } else if (std::holds_alternative<Cancel>(message)) {
+    // Nothing runs yet, so there is nothing to cancel.
+  } else {
+    spdlog::debug("router sent {}; ignored", wire::MessageName(message));
+  }
+}
+
+}  // namespace fmoe

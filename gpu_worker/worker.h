@@ -1,0 +1,82 @@
+// A worker rank's control plane: registration and heartbeats with the map service (every rank)
+// and the router (the leader, rank 0), reconnection when either restarts, and the hand-off of
+// requests to the engine. One thread owns both sockets: Start() then Run() on that thread.
+// Inference never waits on the map service: readiness is reported once registered, or after
+// register_wait_ms without an answer. The model runtime (engine loop) arrives with the runtime
+// issue; until then a Generate is answered with an error event.
+//
+// Link state, per peer (map service; router for the leader):
+//   UNREGISTERED --(Register/Hello sent, ack accepted)--> REGISTERED
+//   REGISTERED --(ack says unknown: the peer restarted)--> UNREGISTERED
+//   REGISTERED --(no ack for heartbeat timeout)--> LOST --(any ack)--> REGISTERED
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "common/messages.h"
+#include "common/model_config.h"
+#include "common/status.h"
+#include "common/wire.h"
+
+namespace fmoe {
+
+struct WorkerOptions {
+  std::string group;                 // Required.
+  uint32_t rank = 0;                 // Default: 0 (the leader)
+  uint32_t world_size = 1;           // Default: 1
+  std::string model_name;            // Required: the served model id.
+  std::string map_service_endpoint;  // Required.
+  std::string router_endpoint;       // Required for rank 0.
+  uint32_t max_batch = 8;            // Default: 8
+  int heartbeat_interval_ms = 500;   // Default: 500
+  int heartbeat_timeout_ms = 3000;   // Default: 3000
+  int register_wait_ms = 5000;       // Readiness waits this long for the map service. Default: 5000
+};
+
+class Worker {
+ public:
+  Worker(WorkerOptions options, ModelInfo model, const Clock& clock);
+  ~Worker();
+
+  Status Start();
+  // Serves until stop() is true (checked every <= 50 ms); calls on_ready once.
+  void Run(const std::function<bool()>& stop, const std::function<void()>& on_ready);
+
+  bool map_registered() const { return map_.state == LinkState::kRegistered; }
+  bool router_registered() const { return router_.state == LinkState::kRegistered; }
+
+ private:
+  enum class LinkState { kUnregistered, kRegistered, kLost };
+  struct Link {
+    const char* name = "";
+    LinkState state = LinkState::kUnregistered;
+    int64_t last_sent_ms = -1;  // Last Register/Hello or heartbeat sent.
+    int64_t last_ack_ms = -1;
+    uint64_t seq = 0;
+    bool refused_logged = false;
+  };
+
+  bool leader() const { return options_.rank == 0; }
+  void Tick();
+  void OnMapMessage(const MapMessage& message);
+  void OnRouterMessage(const WorkerMessage& message);
+  void Acked(Link& link, bool known);
+  void CheckLost(Link& link);
+
+  WorkerOptions options_;
+  ModelInfo model_;
+  const Clock& clock_;
+  uint64_t instance_id_ = 0;
+  wire::Context context_;
+  std::unique_ptr<wire::MapSocket> map_socket_;
+  std::unique_ptr<wire::WorkerSocket> router_socket_;
+  Link map_{"map service"};
+  Link router_{"router"};
+  int64_t started_ms_ = 0;
+};
+
+}  // namespace fmoe

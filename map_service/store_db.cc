@@ -1,0 +1,184 @@
+#include "map_service/store_db.h"
+
+#include <cstring>
+#include <map>
+
+#include <flatbuffers/flatbuffers.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include "common/model_config.h"
+#include "common/process_util.h"
+#include "schemas/store_generated.h"
+
+namespace fmoe {
+namespace {
+
+namespace fb = fmoe::store;
+
+std::string ModelKey(uint64_t fp) { return "model/" + FingerprintHex(fp); }
+std::string RankKey(const std::string& group, uint32_t rank) {
+  return "rank/" + group + "/" + std::to_string(rank);
+}
+std::string MapsFamily(uint64_t fp) { return "maps/" + FingerprintHex(fp); }
+
+Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return Status::Ok();
+  if (s.IsCorruption()) return DataLoss(what + ": " + s.ToString());
+  return IoError(what + ": " + s.ToString());
+}
+
+std::string EncodeModel(const ModelRow& m) {
+  flatbuffers::FlatBufferBuilder b(128);
+  auto rec = fb::CreateModelRecord(b, m.fingerprint, m.num_layers, m.num_experts, m.top_k,
+                                   m.hidden_size, m.first_seen_unix_ms);
+  b.Finish(fb::CreateStoreRecord(b, 1, fb::Record::ModelRecord, rec.Union()), "FMST");
+  return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+}
+
+std::string EncodeRank(const RankRow& r) {
+  flatbuffers::FlatBufferBuilder b(128);
+  auto group = b.CreateString(r.group);
+  auto rec = fb::CreateRankRecord(b, group, r.rank, r.world_size, r.instance_id,
+                                  r.model_fingerprint, r.registered_unix_ms);
+  b.Finish(fb::CreateStoreRecord(b, 1, fb::Record::RankRecord, rec.Union()), "FMST");
+  return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+}
+
+// Verifies a stored value; returns the record or nullptr with *why set.
+const fb::StoreRecord* VerifyRecord(const std::string& value, std::vector<uint64_t>* aligned,
+                                    std::string* why) {
+  aligned->assign((value.size() + 7) / 8, 0);
+  std::memcpy(aligned->data(), value.data(), value.size());
+  const auto* buf = reinterpret_cast<const uint8_t*>(aligned->data());
+  if (value.size() < 8 || !flatbuffers::BufferHasIdentifier(buf, "FMST")) {
+    *why = "not a store record (bad identifier)";
+    return nullptr;
+  }
+  flatbuffers::Verifier verifier(buf, value.size(), /*max_depth=*/8, /*max_tables=*/16);
+  if (!fb::VerifyStoreRecordBuffer(verifier)) {
+    *why = "record fails verification";
+    return nullptr;
+  }
+  return fb::GetStoreRecord(buf);
+}
+
+}  // namespace
+
+struct StoreDb::Impl {
+  std::string path;
+  bool sync = false;
+  std::unique_ptr<rocksdb::DB> db;
+  std::map<std::string, rocksdb::ColumnFamilyHandle*> families;  // Owned; closed in ~Impl.
+
+  ~Impl() {
+    if (!db) return;
+    for (auto& [name, handle] : families) {
+      if (handle != db->DefaultColumnFamily()) db->DestroyColumnFamilyHandle(handle);
+    }
+    db->Close();
+  }
+
+  rocksdb::WriteOptions WriteOpts() const {
+    rocksdb::WriteOptions w;
+    w.sync = sync;
+    w.disableWAL = false;
+    return w;
+  }
+};
+
+StoreDb::StoreDb(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StoreDb::~StoreDb() = default;
+
+const std::string& StoreDb::path() const { return impl_->path; }
+
+Result<std::unique_ptr<StoreDb>> StoreDb::Open(const StoreDbOptions& options) {
+  FMOE_RETURN_IF_ERROR(EnsureWritableDir(options.path));
+  auto impl = std::make_unique<Impl>();
+  impl->path = options.path;
+  impl->sync = options.sync;
+
+  rocksdb::Options db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  db_options.paranoid_checks = true;
+  db_options.max_open_files = 256;
+  db_options.keep_log_file_num = 4;
+
+  std::vector<std::string> names;
+  rocksdb::Status s = rocksdb::DB::ListColumnFamilies(db_options, options.path, &names);
+  if (!s.ok()) names = {rocksdb::kDefaultColumnFamilyName};  // A new database.
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+  for (const auto& name : names) descriptors.emplace_back(name, rocksdb::ColumnFamilyOptions());
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  s = rocksdb::DB::Open(db_options, options.path, descriptors, &handles, &raw);
+  if (!s.ok()) {
+    std::string text = s.ToString();
+    if (s.IsIOError() && text.find("lock") != std::string::npos) {
+      return AlreadyExists("data directory " + options.path +
+                           " is in use by another map service (its RocksDB lock is held)");
+    }
+    return FromRocks(s, "data directory " + options.path);
+  }
+  impl->db.reset(raw);
+  for (size_t i = 0; i < handles.size(); ++i) impl->families[names[i]] = handles[i];
+  return std::unique_ptr<StoreDb>(new StoreDb(std::move(impl)));
+}
+
+Result<StoreDb::Contents> StoreDb::LoadAll() {
+  Contents out;
+  std::unique_ptr<rocksdb::Iterator> it(impl_->db->NewIterator(rocksdb::ReadOptions()));
+  std::vector<uint64_t> aligned;
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    std::string key = it->key().ToString();
+    std::string why;
+    const fb::StoreRecord* rec = VerifyRecord(it->value().ToString(), &aligned, &why);
+    if (rec == nullptr) {
+      out.corrupt.push_back(key + ": " + why);
+      continue;
+    }
+    if (const auto* m = rec->record_as_ModelRecord(); m != nullptr && key.rfind("model/", 0) == 0) {
+      out.models.push_back({m->fingerprint(), m->num_layers(), m->num_experts(), m->top_k(),
+                            m->hidden_size(), m->first_seen_unix_ms()});
+    } else if (const auto* r = rec->record_as_RankRecord();
+               r != nullptr && r->group() != nullptr && key.rfind("rank/", 0) == 0) {
+      out.ranks.push_back({r->group()->str(), r->rank(), r->world_size(), r->instance_id(),
+                           r->model_fingerprint(), r->registered_unix_ms()});
+    } else {
+      out.corrupt.push_back(key + ": record type does not match its key");
+    }
+  }
+  FMOE_RETURN_IF_ERROR(FromRocks(it->status(), "reading " + impl_->path));
+  return out;
+}
+
+Status StoreDb::RecordRegistration(const ModelRow* model, const RankRow& rank) {
+  rocksdb::WriteBatch batch;
+  if (model != nullptr) {
+    std::string family = MapsFamily(model->fingerprint);
+    if (impl_->families.count(family) == 0) {
+      rocksdb::ColumnFamilyHandle* handle = nullptr;
+      FMOE_RETURN_IF_ERROR(
+          FromRocks(impl_->db->CreateColumnFamily(rocksdb::ColumnFamilyOptions(), family, &handle),
+                    "creating column family " + family));
+      impl_->families[family] = handle;
+    }
+    batch.Put(ModelKey(model->fingerprint), EncodeModel(*model));
+  }
+  batch.Put(RankKey(rank.group, rank.rank), EncodeRank(rank));
+  return FromRocks(impl_->db->Write(impl_->WriteOpts(), &batch), "writing registration");
+}
+
+uint64_t StoreDb::CountMaps(uint64_t fingerprint) {
+  auto it = impl_->families.find(MapsFamily(fingerprint));
+  if (it == impl_->families.end()) return 0;
+  uint64_t n = 0;
+  std::unique_ptr<rocksdb::Iterator> iter(
+      impl_->db->NewIterator(rocksdb::ReadOptions(), it->second));
+  for (iter->SeekToFirst(); iter->Valid(); iter->Next()) ++n;
+  return n;
+}
+
+}  // namespace fmoe

@@ -1,0 +1,69 @@
+// The map service's RocksDB database: the only file that includes RocksDB. The default column
+// family holds model shapes ("model/<fp>") and rank registrations ("rank/<group>/<rank>") as
+// FlatBuffers StoreRecords (schemas/store.fbs); each model's expert maps get a column family
+// "maps/<fp>". Every write is one WriteBatch with the WAL on. Records read back are verified;
+// a corrupt one is reported and skipped. Not thread-safe: owned by the service thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace fmoe {
+
+struct StoreDbOptions {
+  std::string path;   // Required: the data directory.
+  bool sync = false;  // fsync the WAL on every write. Default: false
+};
+
+struct ModelRow {
+  uint64_t fingerprint = 0;
+  uint32_t num_layers = 0;
+  uint32_t num_experts = 0;
+  uint32_t top_k = 0;
+  uint32_t hidden_size = 0;
+  uint64_t first_seen_unix_ms = 0;
+};
+
+struct RankRow {
+  std::string group;
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
+  uint64_t instance_id = 0;
+  uint64_t model_fingerprint = 0;
+  uint64_t registered_unix_ms = 0;
+};
+
+class StoreDb {
+ public:
+  // Errors: kAlreadyExists "data directory D is in use by another map service" when its lock is
+  // held; kIoError for an unwritable or unusable directory.
+  static Result<std::unique_ptr<StoreDb>> Open(const StoreDbOptions& options);
+  ~StoreDb();
+
+  struct Contents {
+    std::vector<ModelRow> models;
+    std::vector<RankRow> ranks;
+    std::vector<std::string> corrupt;  // "key: reason" of each record skipped.
+  };
+  Result<Contents> LoadAll();
+
+  // Records a registration: the model's shape when `model` is not null (first sight of it, which
+  // also creates its maps column family) and the rank, in one WriteBatch.
+  Status RecordRegistration(const ModelRow* model, const RankRow& rank);
+
+  // Number of stored maps of a model (0 when it has none).
+  uint64_t CountMaps(uint64_t fingerprint);
+
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  explicit StoreDb(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fmoe

@@ -1,0 +1,72 @@
+// HTTP/1.1 server on Boost.Beast and Asio: the only file that includes Beast. Accepts
+// connections, reads one request at a time per connection (keep-alive), enforces the body and
+// header limits and an idle timeout, and hands parsed requests to a handler that must not
+// block. Errors the server itself detects (bad framing, body too large) are answered with the
+// OpenAI error object. Start() binds; Run() drives the io_context on the calling thread plus
+// `threads - 1` more; Stop() may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace fmoe {
+
+struct HttpRequest {
+  std::string method;                          // "GET", "POST", ...
+  std::string target;                          // As sent: "/v1/models?x=1".
+  std::string path;                            // Without the query: "/v1/models".
+  std::map<std::string, std::string> headers;  // Names lowercased.
+  std::string body;
+  std::string remote;  // "127.0.0.1:53210".
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+// {"error": {"message": ..., "type": ..., "param": null, "code": ...}} with `status`.
+HttpResponse ErrorResponse(int status, const std::string& message, const std::string& type,
+                           const std::string& code = "");
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";    // Default: 127.0.0.1
+  uint16_t port = 8000;              // Default: 8000
+  size_t max_body_bytes = 1u << 20;  // Larger bodies get 413. Default: 1 MiB
+  size_t max_header_bytes = 16384;   // Larger headers get 431. Default: 16 KiB
+  int idle_timeout_s = 60;           // Idle keep-alive connections are closed. Default: 60
+  int threads = 1;                   // io_context threads. Default: 1
+};
+
+using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
+
+class HttpServer {
+ public:
+  HttpServer(HttpServerOptions options, HttpHandler handler);
+  ~HttpServer();
+
+  // Binds and listens. Error: kAlreadyExists "cannot listen on 127.0.0.1:8000: address already
+  // in use", kInvalidArgument for a bad address, kIoError otherwise.
+  Status Start();
+  // Serves until Stop().
+  void Run();
+  // Stops accepting, lets in-flight responses finish for up to grace_ms, then stops Run().
+  void Stop(int grace_ms = 1000);
+
+  uint16_t port() const;  // The bound port (useful with port 0).
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fmoe

@@ -1,0 +1,83 @@
+// fmoe-router: the HTTP front end. Reads the manifest, binds the HTTP listener and the worker
+// socket, reports readiness to the launcher, serves until SIGINT/SIGTERM.
+#include <atomic>
+#include <cstdio>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "common/log.h"
+#include "common/manifest.h"
+#include "common/process_util.h"
+#include "router/api.h"
+#include "router/http_server.h"
+#include "router/worker_link.h"
+
+int main(int argc, char** argv) {
+  using namespace fmoe;
+  CLI::App app{"fmoe-router: OpenAI-compatible HTTP front end of an fmoe cluster"};
+  std::string manifest_path;
+  int ready_fd = -1;
+  app.add_option("--manifest", manifest_path, "cluster manifest (YAML)")->required();
+  app.add_option("--ready-fd", ready_fd, "file descriptor to write READY to once serving");
+  CLI11_PARSE(app, argc, argv);
+
+  StopSignals& signals = StopSignals::Install();
+  auto manifest = LoadManifest(manifest_path);
+  if (!manifest.ok()) {
+    std::fprintf(stderr, "fmoe-router: %s\n", manifest.status().message().c_str());
+    return 2;
+  }
+  if (Status s = InitLogging("router", manifest->logging.level); !s.ok()) {
+    std::fprintf(stderr, "fmoe-router: %s\n", s.message().c_str());
+    return 2;
+  }
+
+  // Manifest -> component options, in this one place.
+  auto listen = ParseHostPort(manifest->router.listen);
+  if (!listen.ok()) {
+    std::fprintf(stderr, "fmoe-router: %s\n", listen.status().message().c_str());
+    return 2;
+  }
+  HttpServerOptions http;
+  http.host = listen->host;
+  http.port = listen->port;
+  http.max_body_bytes = static_cast<size_t>(manifest->router.max_body_bytes);
+  WorkerLinkOptions link_options;
+  link_options.worker_endpoint = manifest->router.worker_endpoint;
+  link_options.map_service_endpoint = manifest->map_service.endpoint;
+  link_options.model_name = manifest->model.name;
+  for (const auto& g : manifest->worker_groups) link_options.group_names.push_back(g.name);
+  link_options.heartbeat_interval_ms = manifest->heartbeat.interval_ms;
+  link_options.heartbeat_timeout_ms = manifest->heartbeat.timeout_ms;
+  spdlog::info(
+      "effective config: listen={}:{} worker_endpoint={} map_service={} model={} groups={} "
+      "max_body_bytes={} request_timeout_s={} api_keys={} heartbeat={}ms/{}ms",
+      http.host, http.port, link_options.worker_endpoint, link_options.map_service_endpoint,
+      link_options.model_name, link_options.group_names.size(), http.max_body_bytes,
+      manifest->router.request_timeout_s, manifest->router.api_keys.size(),
+      link_options.heartbeat_interval_ms, link_options.heartbeat_timeout_ms);
+
+  WorkerLink link(link_options, SteadyClock::Get());
+  if (Status s = link.Start(); !s.ok()) {
+    spdlog::error("{}", s.message());
+    return 1;
+  }
+  RouterApi api({manifest->model.name}, link);
+  HttpServer server(http, [&api](const HttpRequest& r) { return api.Handle(r); });
+  if (Status s = server.Start(); !s.ok()) {
+    spdlog::error("{}", s.message());
+    return 1;
+  }
+
+  std::atomic<bool> stop{false};
+  std::thread link_thread([&] { link.Run(stop); });
+  signals.OnStop([&] { server.Stop(1000); });
+  spdlog::info("serving http://{}:{}", http.host, server.port());
+  NotifyReady(ready_fd);
+  server.Run();
+  stop = true;
+  link_thread.join();
+  spdlog::info("stopped (signal {})", signals.last_signal());
+  return 0;
+}

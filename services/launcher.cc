@@ -1,0 +1,248 @@
+#include "services/launcher.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "common/clock.h"
+#include "common/http_probe.h"
+#include "common/model_config.h"
+#include "common/process_util.h"
+#include "services/supervisor.h"
+
+namespace fmoe {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool IsLocalHost(const std::string& host) {
+  if (host == "127.0.0.1" || host == "localhost" || host == "::1" || host == "0.0.0.0") {
+    return true;
+  }
+  char name[256] = {0};
+  return gethostname(name, sizeof(name) - 1) == 0 && host == name;
+}
+
+// The TCP port of "tcp://host:port", or nullopt for ipc endpoints.
+std::optional<HostPort> TcpOf(const std::string& endpoint) {
+  if (endpoint.rfind("tcp://", 0) != 0) return std::nullopt;
+  auto hp = ParseHostPort(endpoint.substr(6));
+  if (!hp.ok()) return std::nullopt;
+  return *hp;
+}
+
+// Writes the status file atomically (temporary file, then rename).
+void WriteStatusFile(const std::string& path, const Manifest& manifest, const Supervisor& sup,
+                     uint64_t started_unix_ms) {
+  nlohmann::json procs = nlohmann::json::array();
+  for (const auto& p : sup.processes()) {
+    procs.push_back({{"name", p.spec.name},
+                     {"pid", p.pid},
+                     {"state", std::string(ProcStateName(p.state))},
+                     {"restarts", p.restarts},
+                     {"last_exit", p.last_exit},
+                     {"log", p.spec.log_path}});
+  }
+  const char* phase = "starting";
+  switch (sup.phase()) {
+    case Supervisor::Phase::kStarting:
+      phase = "starting";
+      break;
+    case Supervisor::Phase::kRunning:
+      phase = "running";
+      break;
+    case Supervisor::Phase::kStopping:
+      phase = "stopping";
+      break;
+    case Supervisor::Phase::kStopped:
+      phase = "stopped";
+      break;
+    case Supervisor::Phase::kFailed:
+      phase = "failed";
+      break;
+  }
+  nlohmann::json body = {{"launcher_pid", getpid()},
+                         {"manifest", manifest.source_path},
+                         {"phase", phase},
+                         {"failure", sup.failure()},
+                         {"started_unix_ms", started_unix_ms},
+                         {"updated_unix_ms", UnixMs()},
+                         {"router", "http://" + manifest.router.listen},
+                         {"processes", procs}};
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << body.dump(2) << "\n";
+    if (!out) {
+      spdlog::warn("cannot write {}", tmp);
+      return;
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) spdlog::warn("cannot write {}: {}", path, ec.message());
+}
+
+}  // namespace
+
+std::string StatusFilePath(const Manifest& manifest) {
+  return (fs::path(manifest.launcher.run_dir) / "launcher.json").string();
+}
+
+std::vector<ProcessSpec> PlanProcesses(const Manifest& manifest, const std::string& bin_dir) {
+  const fs::path bin(bin_dir);
+  const fs::path logs = fs::path(manifest.launcher.run_dir) / "logs";
+  std::vector<ProcessSpec> plan;
+  plan.push_back({"map-service",
+                  {(bin / "fmoe-map-service").string(), "--manifest", manifest.source_path},
+                  (logs / "map-service.log").string(),
+                  0});
+  for (const auto& group : manifest.worker_groups) {
+    for (size_t r = 0; r < group.workers.size(); ++r) {
+      std::string name = "worker-" + group.name + "-" + std::to_string(r);
+      if (!IsLocalHost(group.workers[r].host)) {
+        spdlog::warn("{} runs on {}: not started by this launcher", name, group.workers[r].host);
+        continue;
+      }
+      plan.push_back({name,
+                      {(bin / "fmoe-worker").string(), "--manifest", manifest.source_path,
+                       "--group", group.name, "--rank", std::to_string(r)},
+                      (logs / (name + ".log")).string(),
+                      1});
+    }
+  }
+  plan.push_back({"router",
+                  {(bin / "fmoe-router").string(), "--manifest", manifest.source_path},
+                  (logs / "router.log").string(),
+                  2});
+  return plan;
+}
+
+Status Preflight(const Manifest& manifest, const std::vector<ProcessSpec>& plan) {
+  for (const auto& p : plan) {
+    if (access(p.argv[0].c_str(), X_OK) != 0) {
+      return NotFound(p.argv[0] + ": not found or not executable (build the project first)");
+    }
+  }
+  if (auto model = LoadModelInfo(manifest.model.path); !model.ok()) {
+    return model.status().WithContext("model.path");
+  }
+  FMOE_RETURN_IF_ERROR(
+      EnsureWritableDir(manifest.launcher.run_dir).WithContext("launcher.run_dir"));
+  FMOE_RETURN_IF_ERROR(EnsureWritableDir((fs::path(manifest.launcher.run_dir) / "logs").string())
+                           .WithContext("launcher.run_dir"));
+  FMOE_RETURN_IF_ERROR(
+      EnsureWritableDir(manifest.map_service.data_dir).WithContext("map_service.data_dir"));
+  auto listen = ParseHostPort(manifest.router.listen);
+  if (!listen.ok()) return listen.status().WithContext("router.listen");
+  FMOE_RETURN_IF_ERROR(CheckTcpPortFree(listen->host, listen->port).WithContext("router.listen"));
+  if (auto hp = TcpOf(manifest.router.worker_endpoint)) {
+    FMOE_RETURN_IF_ERROR(
+        CheckTcpPortFree(hp->host, hp->port).WithContext("router.worker_endpoint"));
+  }
+  if (auto hp = TcpOf(manifest.map_service.endpoint)) {
+    FMOE_RETURN_IF_ERROR(CheckTcpPortFree(hp->host, hp->port).WithContext("map_service.endpoint"));
+  }
+  return Status::Ok();
+}
+
+int Launch(const Manifest& manifest, const LaunchOptions& options) {
+  StopSignals& signals = StopSignals::Install();
+  std::vector<ProcessSpec> plan = PlanProcesses(manifest, options.bin_dir);
+  if (Status s = Preflight(manifest, plan); !s.ok()) {
+    std::fprintf(stderr, "fmoe: %s\n", s.message().c_str());
+    return 1;
+  }
+  // One launcher per run directory.
+  const std::string lock_path = (fs::path(manifest.launcher.run_dir) / "launcher.lock").string();
+  int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    std::fprintf(stderr, "fmoe: another launcher is running with run_dir %s (see `fmoe status`)\n",
+                 manifest.launcher.run_dir.c_str());
+    return 1;
+  }
+
+  SupervisorOptions sup_options;
+  sup_options.ready_timeout_ms = manifest.launcher.ready_timeout_s * 1000LL;
+  sup_options.stop_timeout_ms = manifest.launcher.stop_timeout_s * 1000LL;
+  sup_options.initial_backoff_ms = manifest.launcher.restart.initial_backoff_ms;
+  sup_options.max_backoff_ms = manifest.launcher.restart.max_backoff_ms;
+  sup_options.max_restarts = manifest.launcher.restart.max_restarts;
+  sup_options.window_ms = manifest.launcher.restart.window_s * 1000LL;
+
+  PosixProcessRunner runner;
+  const Clock& clock = SteadyClock::Get();
+  Supervisor sup(sup_options, plan, runner, clock);
+  const std::string status_path = StatusFilePath(manifest);
+  const uint64_t started_unix_ms = UnixMs();
+  sup.set_on_change([&] { WriteStatusFile(status_path, manifest, sup, started_unix_ms); });
+  spdlog::info("launching {} processes from {} (logs in {}/logs)", plan.size(),
+               manifest.source_path, manifest.launcher.run_dir);
+
+  auto listen = ParseHostPort(manifest.router.listen);
+  const std::string url = "http://" + manifest.router.listen;
+  bool announced = false;
+  int64_t health_deadline = 0;
+  int64_t next_probe = 0;
+  int handled_signals = 0;
+  int64_t first_signal_ms = 0;
+  for (;;) {
+    sup.Step();
+    if (signals.count() > handled_signals) {
+      // A second signal within a second is the same request delivered twice (a wrapper
+      // forwarding it, say); a later one means "stop now".
+      bool now = handled_signals > 0 && clock.NowMs() - first_signal_ms >= 1000;
+      if (handled_signals == 0) first_signal_ms = clock.NowMs();
+      handled_signals = signals.count();
+      spdlog::info("signal {}: stopping{}", signals.last_signal(),
+                   now ? " now (second signal: SIGKILL)" : " in reverse order");
+      sup.BeginStop(now);
+    }
+    if (sup.phase() == Supervisor::Phase::kFailed) sup.BeginStop();
+    if (sup.phase() == Supervisor::Phase::kStopped) break;
+    if (sup.phase() == Supervisor::Phase::kRunning && !announced) {
+      int64_t now = clock.NowMs();
+      if (health_deadline == 0) health_deadline = now + sup_options.ready_timeout_ms;
+      if (now >= next_probe) {
+        next_probe = now + 200;
+        auto health = HttpGet(listen->host, listen->port, "/health", 1000);
+        if (health.ok() && health->status == 200) {
+          announced = true;
+          std::printf(
+              "\nfmoe is up: router %s, map service %s, %zu processes (logs: %s/logs)\n"
+              "  try:  curl %s/health\n"
+              "  stop: Ctrl-C (or SIGTERM to pid %d); status: fmoe status %s\n\n",
+              url.c_str(), manifest.map_service.endpoint.c_str(), plan.size(),
+              manifest.launcher.run_dir.c_str(), url.c_str(), getpid(),
+              manifest.source_path.c_str());
+          std::fflush(stdout);
+        } else if (now >= health_deadline) {
+          announced = true;
+          spdlog::warn("router at {} does not report a live worker group yet: {}", url,
+                       health.ok() ? health->body : health.status().message());
+        }
+      }
+    }
+    if (signals.stop_requested()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    } else {
+      signals.WaitMs(50);
+    }
+  }
+  bool failed = !sup.failure().empty();
+  if (failed) std::fprintf(stderr, "fmoe: %s\n", sup.failure().c_str());
+  spdlog::info("all processes stopped");
+  flock(lock_fd, LOCK_UN);
+  close(lock_fd);
+  return failed ? 1 : 0;
+}
+
+}  // namespace fmoe

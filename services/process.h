@@ -1,0 +1,58 @@
+// Child processes of the launcher behind an interface, so the supervisor's restart logic is
+// tested with a fake. PosixProcessRunner forks and execs: the child gets its own process group
+// (a terminal's Ctrl-C reaches only the launcher, which stops children in order), dies with the
+// launcher (PR_SET_PDEATHSIG), writes stdout and stderr to its log file, and reports readiness
+// by writing a line to fd 3 (passed as --ready-fd 3). Used from the launcher's thread only.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace fmoe {
+
+struct ProcessSpec {
+  std::string name;               // "map-service", "worker-g0-1", "router".
+  std::vector<std::string> argv;  // argv[0] is the executable's path.
+  std::string log_path;           // Output is appended here.
+  int stage = 0;                  // Started in increasing stage order, stopped in decreasing.
+};
+
+struct ExitInfo {
+  bool signaled = false;
+  int code = 0;  // Exit code, or the signal number when signaled.
+  // "exit code 1" or "killed by signal 9 (Killed)".
+  std::string Describe() const;
+};
+
+class ProcessRunner {
+ public:
+  virtual ~ProcessRunner() = default;
+  // Starts the child; returns its pid.
+  virtual Result<int> Spawn(const ProcessSpec& spec) = 0;
+  // True once the child has written to its readiness pipe. Non-blocking.
+  virtual bool CheckReady(int pid) = 0;
+  // Reaps the child if it has ended. Non-blocking.
+  virtual std::optional<ExitInfo> Reap(int pid) = 0;
+  virtual void Signal(int pid, int signal) = 0;
+};
+
+class PosixProcessRunner final : public ProcessRunner {
+ public:
+  ~PosixProcessRunner() override;
+  Result<int> Spawn(const ProcessSpec& spec) override;
+  bool CheckReady(int pid) override;
+  std::optional<ExitInfo> Reap(int pid) override;
+  void Signal(int pid, int signal) override;
+
+ private:
+  std::map<int, int> ready_fds_;  // pid -> read end of its readiness pipe.
+};
+
+// The last non-empty line of a file (at most the final 64 KiB are read); "" if none.
+std::string LastLogLine(const std::string& path);
+
+}  // namespace fmoe

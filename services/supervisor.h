@@ -1,0 +1,88 @@
+// Starts a set of processes stage by stage, keeps them running, and stops them in reverse.
+// A step machine driven by Step() from the launcher's thread, with an injected Clock, so the
+// restart and give-up rules are unit-tested without real processes.
+//
+// Per process:
+//   PENDING --Start stage--> STARTING --ready--> RUNNING --exit--> BACKOFF --time--> STARTING
+//   STARTING --exit or ready timeout--> (during start-up: the supervisor FAILS; later: BACKOFF)
+//   BACKOFF/RUNNING --more than max_restarts crashes within window--> FAILED (gives up)
+//   any --BeginStop--> STOPPING --exit--> STOPPED (SIGTERM, then SIGKILL after stop_timeout)
+// Supervisor phase: STARTING -> RUNNING -> STOPPING -> STOPPED; FAILED when it gives up, which
+// the owner answers with BeginStop().
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "services/process.h"
+
+namespace fmoe {
+
+struct SupervisorOptions {
+  int64_t ready_timeout_ms = 120000;  // Default: 120 s
+  int64_t stop_timeout_ms = 10000;    // SIGTERM to SIGKILL. Default: 10 s
+  int64_t initial_backoff_ms = 500;   // Default: 500 ms, doubled per recent crash
+  int64_t max_backoff_ms = 10000;     // Default: 10 s
+  int max_restarts = 5;               // Crashes tolerated within window_ms. Default: 5
+  int64_t window_ms = 60000;          // Default: 60 s
+};
+
+enum class ProcState { kPending, kStarting, kRunning, kBackoff, kStopping, kStopped, kFailed };
+std::string_view ProcStateName(ProcState state);
+
+struct ProcStatus {
+  ProcessSpec spec;
+  ProcState state = ProcState::kPending;
+  int pid = -1;
+  int restarts = 0;                // Total restarts since launch.
+  int64_t started_ms = 0;          // Clock time of the current start.
+  int64_t deadline_ms = 0;         // Ready deadline (STARTING), kill time (STOPPING).
+  int64_t restart_at_ms = 0;       // BACKOFF: when to start again.
+  std::deque<int64_t> crashes_ms;  // Crash times within the window.
+  std::string last_exit;           // "exit code 1", "killed by signal 9 (Killed)".
+};
+
+class Supervisor {
+ public:
+  enum class Phase { kStarting, kRunning, kStopping, kStopped, kFailed };
+
+  Supervisor(SupervisorOptions options, std::vector<ProcessSpec> specs, ProcessRunner& runner,
+             const Clock& clock);
+
+  // Advances every process; call every few tens of milliseconds.
+  void Step();
+  // Stops everything in reverse stage order; `now` sends SIGKILL at once.
+  void BeginStop(bool now = false);
+
+  Phase phase() const { return phase_; }
+  // Why the supervisor failed: one line naming the process.
+  const std::string& failure() const { return failure_; }
+  const std::vector<ProcStatus>& processes() const { return procs_; }
+  // Called after any state change (to persist a status file).
+  void set_on_change(std::function<void()> fn) { on_change_ = std::move(fn); }
+
+ private:
+  void StartProcess(ProcStatus& p);
+  void OnExit(ProcStatus& p, const ExitInfo& exit);
+  void Fail(std::string why);
+  void AdvanceStartup();
+  void AdvanceStop();
+  void Changed();
+
+  SupervisorOptions options_;
+  std::vector<ProcStatus> procs_;
+  ProcessRunner& runner_;
+  const Clock& clock_;
+  Phase phase_ = Phase::kStarting;
+  int start_stage_ = -1;  // Stage being started.
+  int stop_stage_ = -1;   // Stage being stopped.
+  bool kill_now_ = false;
+  std::string failure_;
+  std::function<void()> on_change_;
+};
+
+}  // namespace fmoe

@@ -1,0 +1,602 @@
+// Tests of common/codec: round trips of every message of both channels, and the decoder's
+// rejections (size, identifier, Verifier, range checks) with the exact DropReason. Invalid frames
+// are made by encoding out-of-range plain structs, patching bytes of a valid frame, or building
+// envelopes with the raw FlatBuffers builder (the generated headers are private to fmoe_wire).
+#include "common/codec.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include <flatbuffers/flatbuffers.h>
+#include <gtest/gtest.h>
+
+namespace fmoe::wire {
+namespace {
+
+// Vtable slots (schemas/*.fbs field order) used to patch frames.
+constexpr flatbuffers::voffset_t Slot(int field) {
+  return static_cast<flatbuffers::voffset_t>(4 + 2 * field);
+}
+constexpr int kEnvelopeBodyType = 1;
+constexpr int kEnvelopeBody = 2;
+
+// Offset in `buf` of field `field` of the table at `table`, or 0 when absent.
+size_t FieldPos(const std::vector<uint8_t>& buf, size_t table, int field) {
+  const auto* t = reinterpret_cast<const flatbuffers::Table*>(buf.data() + table);
+  const flatbuffers::voffset_t off = t->GetOptionalFieldOffset(Slot(field));
+  return off == 0 ? 0 : table + off;
+}
+size_t RootPos(const std::vector<uint8_t>& buf) {
+  return flatbuffers::ReadScalar<flatbuffers::uoffset_t>(buf.data());
+}
+size_t Follow(const std::vector<uint8_t>& buf, size_t pos) {
+  return pos + flatbuffers::ReadScalar<flatbuffers::uoffset_t>(buf.data() + pos);
+}
+
+// A message with the fields `set` assigns, the rest default.
+template <class T, class F>
+T Make(F set) {
+  T m;
+  set(m);
+  return m;
+}
+
+template <class Message>
+DecodeError Reject(const std::vector<uint8_t>& frame, const DecodeLimits& limits = {}) {
+  Message out;
+  DecodeError error;
+  EXPECT_FALSE(Decode(frame, limits, &out, &error)) << "decoded " << MessageName(out);
+  return error;
+}
+
+template <class Message>
+Message RoundTrip(const Message& in) {
+  const std::vector<uint8_t> frame = Encode(in);
+  Message out;
+  DecodeError error;
+  EXPECT_TRUE(Decode(frame, DecodeLimits{}, &out, &error))
+      << DropReasonName(error.reason) << ": " << error.detail;
+  EXPECT_EQ(out.index(), in.index());
+  EXPECT_EQ(MessageName(out), MessageName(in));
+  return out;
+}
+
+template <class T, class Message>
+T RoundTripAs(const T& plain) {
+  Message out = RoundTrip(Message(plain));
+  if (!std::holds_alternative<T>(out)) {
+    ADD_FAILURE() << "decoded " << MessageName(out);
+    return T{};
+  }
+  return std::get<T>(out);
+}
+
+// ---- router <-> worker leader round trips ----
+
+TEST(Codec, RoundTripWorkerHello) {
+  WorkerHello in{.group = "g0",
+                 .world_size = 4,
+                 .model_name = "deepseek-moe-16b",
+                 .model_fingerprint = 0x1122334455667788ull,
+                 .instance_id = 0xdeadbeefcafeull,
+                 .max_batch = 32,
+                 .free_slots = 7,
+                 .protocol_version = kProtocolVersion};
+  auto out = RoundTripAs<WorkerHello, WorkerMessage>(in);
+  EXPECT_EQ(out.group, in.group);
+  EXPECT_EQ(out.world_size, in.world_size);
+  EXPECT_EQ(out.model_name, in.model_name);
+  EXPECT_EQ(out.model_fingerprint, in.model_fingerprint);
+  EXPECT_EQ(out.instance_id, in.instance_id);
+  EXPECT_EQ(out.max_batch, in.max_batch);
+  EXPECT_EQ(out.free_slots, in.free_slots);
+  EXPECT_EQ(out.protocol_version, in.protocol_version);
+}
+
+TEST(Codec, RoundTripWorkerHelloAck) {
+  auto out = RoundTripAs<WorkerHelloAck, WorkerMessage>({.accepted = true, .reason = "welcome"});
+  EXPECT_TRUE(out.accepted);
+  EXPECT_EQ(out.reason, "welcome");
+}
+
+TEST(Codec, RoundTripWorkerHeartbeat) {
+  WorkerHeartbeat in{
+      .group = "grp", .instance_id = 99, .seq = 1ull << 40, .free_slots = 3, .active_requests = 12};
+  auto out = RoundTripAs<WorkerHeartbeat, WorkerMessage>(in);
+  EXPECT_EQ(out.group, in.group);
+  EXPECT_EQ(out.instance_id, in.instance_id);
+  EXPECT_EQ(out.seq, in.seq);
+  EXPECT_EQ(out.free_slots, in.free_slots);
+  EXPECT_EQ(out.active_requests, in.active_requests);
+}
+
+TEST(Codec, RoundTripWorkerHeartbeatAck) {
+  auto out = RoundTripAs<WorkerHeartbeatAck, WorkerMessage>({.seq = 77, .known = true});
+  EXPECT_EQ(out.seq, 77u);
+  EXPECT_TRUE(out.known);
+}
+
+TEST(Codec, RoundTripGenerate) {
+  Generate in{.request_id = 0xabcdef0123ull,
+              .token_ids = {1, -2, 3, 151643, std::numeric_limits<int32_t>::max()},
+              .sampling = {.temperature = 0.7f,
+                           .top_p = 0.9f,
+                           .top_k = 40,
+                           .seed = 1234567,
+                           .max_tokens = 256,
+                           .stop_token_ids = {2, 151645}}};
+  auto out = RoundTripAs<Generate, WorkerMessage>(in);
+  EXPECT_EQ(out.request_id, in.request_id);
+  EXPECT_EQ(out.token_ids, in.token_ids);
+  EXPECT_EQ(out.sampling.temperature, in.sampling.temperature);
+  EXPECT_EQ(out.sampling.top_p, in.sampling.top_p);
+  EXPECT_EQ(out.sampling.top_k, in.sampling.top_k);
+  EXPECT_EQ(out.sampling.seed, in.sampling.seed);
+  EXPECT_EQ(out.sampling.max_tokens, in.sampling.max_tokens);
+  EXPECT_EQ(out.sampling.stop_token_ids, in.sampling.stop_token_ids);
+}
+
+TEST(Codec, RoundTripGenerateDefaults) {
+  auto out = RoundTripAs<Generate, WorkerMessage>({});
+  EXPECT_TRUE(out.token_ids.empty());
+  EXPECT_EQ(out.sampling.top_p, 1.0f);
+  EXPECT_EQ(out.sampling.max_tokens, 16u);
+  EXPECT_TRUE(out.sampling.stop_token_ids.empty());
+}
+
+TEST(Codec, RoundTripCancel) {
+  auto out = RoundTripAs<Cancel, WorkerMessage>({.request_id = 42});
+  EXPECT_EQ(out.request_id, 42u);
+}
+
+TEST(Codec, RoundTripTokenEvent) {
+  TokenEvent in{.request_id = 5,
+                .token_id = 151643,
+                .index = 17,
+                .finish = FinishReason::kError,
+                .error = "CUDA out of memory",
+                .queue_us = 11,
+                .token_us = 22,
+                .expert_hits = 33,
+                .expert_misses = 44,
+                .bytes_moved = 1ull << 33};
+  auto out = RoundTripAs<TokenEvent, WorkerMessage>(in);
+  EXPECT_EQ(out.request_id, in.request_id);
+  EXPECT_EQ(out.token_id, in.token_id);
+  EXPECT_EQ(out.index, in.index);
+  EXPECT_EQ(out.finish, in.finish);
+  EXPECT_EQ(out.error, in.error);
+  EXPECT_EQ(out.queue_us, in.queue_us);
+  EXPECT_EQ(out.token_us, in.token_us);
+  EXPECT_EQ(out.expert_hits, in.expert_hits);
+  EXPECT_EQ(out.expert_misses, in.expert_misses);
+  EXPECT_EQ(out.bytes_moved, in.bytes_moved);
+  const TokenEvent defaults = RoundTripAs<TokenEvent, WorkerMessage>({});
+  EXPECT_EQ(defaults.token_id, -1);
+}
+
+// ---- worker rank <-> map service round trips ----
+
+TEST(Codec, RoundTripRegister) {
+  Register in{.group = "g1",
+              .rank = 3,
+              .world_size = 8,
+              .instance_id = 0x55,
+              .model_fingerprint = 0xfeedull,
+              .num_layers = 27,
+              .num_experts = 64,
+              .top_k = 6,
+              .hidden_size = 2048,
+              .protocol_version = kProtocolVersion};
+  auto out = RoundTripAs<Register, MapMessage>(in);
+  EXPECT_EQ(out.group, in.group);
+  EXPECT_EQ(out.rank, in.rank);
+  EXPECT_EQ(out.world_size, in.world_size);
+  EXPECT_EQ(out.instance_id, in.instance_id);
+  EXPECT_EQ(out.model_fingerprint, in.model_fingerprint);
+  EXPECT_EQ(out.num_layers, in.num_layers);
+  EXPECT_EQ(out.num_experts, in.num_experts);
+  EXPECT_EQ(out.top_k, in.top_k);
+  EXPECT_EQ(out.hidden_size, in.hidden_size);
+  EXPECT_EQ(out.protocol_version, in.protocol_version);
+}
+
+TEST(Codec, RoundTripRegisterAck) {
+  auto out = RoundTripAs<RegisterAck, MapMessage>(
+      {.accepted = true, .reason = "ok", .stored_maps = 123456});
+  EXPECT_TRUE(out.accepted);
+  EXPECT_EQ(out.reason, "ok");
+  EXPECT_EQ(out.stored_maps, 123456u);
+}
+
+TEST(Codec, RoundTripRankHeartbeat) {
+  RankHeartbeat in{.group = "g2", .rank = 1, .instance_id = 9, .seq = 10};
+  auto out = RoundTripAs<RankHeartbeat, MapMessage>(in);
+  EXPECT_EQ(out.group, in.group);
+  EXPECT_EQ(out.rank, in.rank);
+  EXPECT_EQ(out.instance_id, in.instance_id);
+  EXPECT_EQ(out.seq, in.seq);
+}
+
+TEST(Codec, RoundTripRankHeartbeatAck) {
+  auto out = RoundTripAs<RankHeartbeatAck, MapMessage>({.seq = 3, .known = true});
+  EXPECT_EQ(out.seq, 3u);
+  EXPECT_TRUE(out.known);
+}
+
+TEST(Codec, RoundTripIterationStart) {
+  IterationStart in{.request_id = 8, .iteration = 2, .sem = {}};
+  for (int i = 0; i < 256; ++i) in.sem.push_back(std::sin(0.1f * i) * 3.5f);
+  auto out = RoundTripAs<IterationStart, MapMessage>(in);
+  EXPECT_EQ(out.request_id, in.request_id);
+  EXPECT_EQ(out.iteration, in.iteration);
+  EXPECT_EQ(out.sem, in.sem);
+}
+
+TEST(Codec, RoundTripLayerObserved) {
+  LayerObserved in{.request_id = 8, .iteration = 3, .layer = 26, .probs = {0.0f, 0.25f, 1.0f}};
+  auto out = RoundTripAs<LayerObserved, MapMessage>(in);
+  EXPECT_EQ(out.request_id, in.request_id);
+  EXPECT_EQ(out.iteration, in.iteration);
+  EXPECT_EQ(out.layer, in.layer);
+  EXPECT_EQ(out.probs, in.probs);
+}
+
+TEST(Codec, RoundTripIterationEnd) {
+  auto out =
+      RoundTripAs<IterationEnd, MapMessage>({.request_id = 4, .iteration = 9, .finished = true});
+  EXPECT_EQ(out.request_id, 4u);
+  EXPECT_EQ(out.iteration, 9u);
+  EXPECT_TRUE(out.finished);
+}
+
+TEST(Codec, RoundTripPrefetchDirective) {
+  PrefetchDirective in{.request_id = 6,
+                       .iteration = 1,
+                       .target_layer = 12,
+                       .score = 0.875f,
+                       .entries = {{3, 0.5f, 2.0f}, {63, 1.0f, -1.5f}, {0, 0.0f, 0.0f}}};
+  auto out = RoundTripAs<PrefetchDirective, MapMessage>(in);
+  EXPECT_EQ(out.request_id, in.request_id);
+  EXPECT_EQ(out.iteration, in.iteration);
+  EXPECT_EQ(out.target_layer, in.target_layer);
+  EXPECT_EQ(out.score, in.score);
+  ASSERT_EQ(out.entries.size(), in.entries.size());
+  for (size_t i = 0; i < in.entries.size(); ++i) {
+    EXPECT_EQ(out.entries[i].expert, in.entries[i].expert) << i;
+    EXPECT_EQ(out.entries[i].probability, in.entries[i].probability) << i;
+    EXPECT_EQ(out.entries[i].priority, in.entries[i].priority) << i;
+  }
+}
+
+TEST(Codec, RoundTripAdminRequest) {
+  AdminRequest in{.id = 31, .op = AdminOp::kImport, .model_fingerprint = 0xabc, .path = "/tmp/x"};
+  auto out = RoundTripAs<AdminRequest, MapMessage>(in);
+  EXPECT_EQ(out.id, in.id);
+  EXPECT_EQ(out.op, in.op);
+  EXPECT_EQ(out.model_fingerprint, in.model_fingerprint);
+  EXPECT_EQ(out.path, in.path);
+}
+
+TEST(Codec, RoundTripAdminReply) {
+  AdminReply in{.id = 31, .ok = true, .error = "none", .json = R"({"maps":3})"};
+  auto out = RoundTripAs<AdminReply, MapMessage>(in);
+  EXPECT_EQ(out.id, in.id);
+  EXPECT_EQ(out.ok, in.ok);
+  EXPECT_EQ(out.error, in.error);
+  EXPECT_EQ(out.json, in.json);
+}
+
+TEST(Codec, DecodesUnalignedFrames) {
+  const std::vector<uint8_t> frame = Encode(MapMessage(LayerObserved{.probs = {0.5f, 0.5f}}));
+  std::vector<uint8_t> shifted(frame.size() + 1);
+  std::memcpy(shifted.data() + 1, frame.data(), frame.size());
+  MapMessage out;
+  DecodeError error;
+  ASSERT_TRUE(Decode(std::span<const uint8_t>(shifted).subspan(1), {}, &out, &error))
+      << error.detail;
+  EXPECT_EQ(std::get<LayerObserved>(out).probs, (std::vector<float>{0.5f, 0.5f}));
+}
+
+TEST(Codec, Names) {
+  EXPECT_EQ(MessageName(WorkerMessage(TokenEvent{})), "TokenEvent");
+  EXPECT_EQ(MessageName(MapMessage(AdminReply{})), "AdminReply");
+  EXPECT_EQ(DropReasonName(DropReason::kOversized), "oversized");
+  EXPECT_EQ(DropReasonName(DropReason::kBadFraming), "bad_framing");
+}
+
+// ---- rejections: size, identifier, Verifier ----
+
+TEST(CodecReject, Truncated) {
+  EXPECT_EQ(Reject<WorkerMessage>({}).reason, DropReason::kTruncated);
+  EXPECT_EQ(Reject<MapMessage>({1, 2, 3, 4, 'F', 'M', 'M'}).reason, DropReason::kTruncated);
+}
+
+// Every prefix of a valid frame is rejected (or, at full length, decodes the same message).
+TEST(CodecReject, EveryPrefix) {
+  Generate g{.request_id = 1,
+             .token_ids = {1, 2, 3, 4, 5},
+             .sampling = {.temperature = 0.5f, .stop_token_ids = {7}}};
+  const std::vector<uint8_t> frame = Encode(WorkerMessage(g));
+  for (size_t n = 0; n < frame.size(); ++n) {
+    std::vector<uint8_t> prefix(frame.begin(), frame.begin() + static_cast<ptrdiff_t>(n));
+    WorkerMessage out;
+    DecodeError error;
+    if (Decode(prefix, {}, &out, &error)) {
+      ASSERT_TRUE(std::holds_alternative<Generate>(out)) << n;
+      EXPECT_EQ(std::get<Generate>(out).token_ids, g.token_ids) << n;
+    } else if (n < 8) {
+      EXPECT_EQ(error.reason, DropReason::kTruncated) << n;
+    }
+  }
+  PrefetchDirective p{.request_id = 2, .entries = {{1, 0.5f, 1.0f}, {2, 0.25f, 0.5f}}};
+  const std::vector<uint8_t> map_frame = Encode(MapMessage(p));
+  for (size_t n = 0; n < map_frame.size(); ++n) {
+    MapMessage out;
+    DecodeError error;
+    EXPECT_FALSE(Decode(std::span(map_frame).first(n), {}, &out, &error)) << n;
+  }
+}
+
+// Flipping any byte of a valid frame must never crash (ASan/UBSan build checks the reads).
+TEST(CodecReject, EveryByteFlipped) {
+  const std::vector<uint8_t> frame =
+      Encode(MapMessage(PrefetchDirective{.request_id = 3, .entries = {{1, 0.5f, 1.0f}}}));
+  for (size_t i = 0; i < frame.size(); ++i) {
+    for (uint8_t mask : {0x01, 0x80, 0xff}) {
+      std::vector<uint8_t> bad = frame;
+      bad[i] ^= mask;
+      MapMessage out;
+      DecodeError error;
+      if (!Decode(bad, {}, &out, &error)) {
+        EXPECT_FALSE(error.detail.empty());
+      }
+    }
+  }
+}
+
+TEST(CodecReject, Oversized) {
+  const std::vector<uint8_t> frame = Encode(MapMessage(IterationStart{.sem = {1, 2, 3, 4, 5}}));
+  DecodeLimits limits;
+  limits.max_bytes = frame.size() - 1;
+  const DecodeError error = Reject<MapMessage>(frame, limits);
+  EXPECT_EQ(error.reason, DropReason::kOversized);
+  EXPECT_NE(error.detail.find("> limit"), std::string::npos) << error.detail;
+  limits.max_bytes = frame.size();
+  MapMessage out;
+  EXPECT_TRUE(Decode(frame, limits, &out, nullptr));
+}
+
+TEST(CodecReject, RandomGarbage) {
+  std::mt19937 rng(20240611);
+  int with_identifier = 0;
+  for (int i = 0; i < 4000; ++i) {
+    std::vector<uint8_t> buf(rng() % 300);
+    for (uint8_t& b : buf) b = static_cast<uint8_t>(rng());
+    const bool map = (i & 1) != 0;
+    if (buf.size() >= 8 && (i & 2) != 0) {  // Reach the Verifier: valid identifier, small root.
+      std::memcpy(buf.data() + 4, map ? kMapIdentifier : kWorkerIdentifier, 4);
+      const uint32_t root = rng() % static_cast<uint32_t>(buf.size());
+      std::memcpy(buf.data(), &root, 4);
+      ++with_identifier;
+    }
+    DecodeError error;
+    if (map) {
+      MapMessage out;
+      EXPECT_FALSE(Decode(buf, {}, &out, &error)) << i;
+    } else {
+      WorkerMessage out;
+      EXPECT_FALSE(Decode(buf, {}, &out, &error)) << i;
+    }
+  }
+  EXPECT_GT(with_identifier, 1000);
+}
+
+TEST(CodecReject, WrongChannel) {
+  const auto worker = Encode(WorkerMessage(Cancel{.request_id = 1}));
+  const auto map = Encode(MapMessage(IterationEnd{.request_id = 1}));
+  DecodeError error = Reject<MapMessage>(worker);
+  EXPECT_EQ(error.reason, DropReason::kBadIdentifier);
+  EXPECT_NE(error.detail.find("FMWK"), std::string::npos) << error.detail;
+  EXPECT_EQ(Reject<WorkerMessage>(map).reason, DropReason::kBadIdentifier);
+}
+
+TEST(CodecReject, PatchedIdentifier) {
+  auto frame = Encode(WorkerMessage(Cancel{.request_id = 1}));
+  std::memcpy(frame.data() + 4, "FMXX", 4);
+  EXPECT_EQ(Reject<WorkerMessage>(frame).reason, DropReason::kBadIdentifier);
+}
+
+TEST(CodecReject, RootOffsetOutOfBounds) {
+  auto frame = Encode(WorkerMessage(Cancel{.request_id = 1}));
+  const uint32_t root = 0x7ffffff0;
+  std::memcpy(frame.data(), &root, 4);
+  EXPECT_EQ(Reject<WorkerMessage>(frame).reason, DropReason::kMalformed);
+}
+
+TEST(CodecReject, VerifierTableAndDepthLimits) {
+  const auto frame = Encode(
+      WorkerMessage(Make<Generate>([](auto& m) { m.token_ids = {1}; })));  // 3 tables, depth 4.
+  DecodeLimits limits;
+  limits.max_tables = 2;
+  EXPECT_EQ(Reject<WorkerMessage>(frame, limits).reason, DropReason::kMalformed);
+  limits = {};
+  limits.max_depth = 2;
+  EXPECT_EQ(Reject<WorkerMessage>(frame, limits).reason, DropReason::kMalformed);
+}
+
+// ---- rejections: range checks after verification ----
+
+TEST(CodecReject, UnknownUnionTagPatched) {
+  auto frame = Encode(WorkerMessage(Cancel{.request_id = 1}));
+  const size_t tag = FieldPos(frame, RootPos(frame), kEnvelopeBodyType);
+  ASSERT_NE(tag, 0u);
+  frame[tag] = 8;  // One past TokenEvent.
+  DecodeError error = Reject<WorkerMessage>(frame);
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_NE(error.detail.find("WorkerEnvelope.body_type"), std::string::npos) << error.detail;
+  frame[tag] = 0;  // NONE with a body.
+  EXPECT_EQ(Reject<WorkerMessage>(frame).reason, DropReason::kOutOfRange);
+}
+
+// An envelope built with the raw builder: protocol_version, body_type 200, body an empty table.
+TEST(CodecReject, UnknownUnionTagBuilt) {
+  flatbuffers::FlatBufferBuilder fbb;
+  const flatbuffers::uoffset_t body_start = fbb.StartTable();
+  const flatbuffers::Offset<void> body(fbb.EndTable(body_start));
+  const flatbuffers::uoffset_t start = fbb.StartTable();
+  fbb.AddElement<uint32_t>(Slot(0), kProtocolVersion, 0);
+  fbb.AddElement<uint8_t>(Slot(kEnvelopeBodyType), 200, 0);
+  fbb.AddOffset(Slot(kEnvelopeBody), body);
+  fbb.Finish(flatbuffers::Offset<void>(fbb.EndTable(start)), kMapIdentifier);
+  std::vector<uint8_t> frame(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  DecodeError error = Reject<MapMessage>(frame);
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_NE(error.detail.find("unknown tag 200"), std::string::npos) << error.detail;
+}
+
+TEST(CodecReject, MissingBody) {
+  flatbuffers::FlatBufferBuilder fbb;
+  const flatbuffers::uoffset_t start = fbb.StartTable();
+  fbb.AddElement<uint32_t>(Slot(0), kProtocolVersion, 0);
+  fbb.Finish(flatbuffers::Offset<void>(fbb.EndTable(start)), kWorkerIdentifier);
+  std::vector<uint8_t> frame(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  DecodeError error = Reject<WorkerMessage>(frame);
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "WorkerEnvelope.body: missing");
+}
+
+TEST(CodecReject, EnumOutOfRange) {
+  auto error = Reject<WorkerMessage>(Encode(WorkerMessage(Make<TokenEvent>(
+      [](auto& m) { m.finish = static_cast<FinishReason>(kFinishReasonMax + 1); }))));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_NE(error.detail.find("TokenEvent.finish: 5"), std::string::npos) << error.detail;
+  error = Reject<MapMessage>(
+      Encode(MapMessage(Make<AdminRequest>([](auto& m) { m.op = static_cast<AdminOp>(200); }))));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_NE(error.detail.find("AdminRequest.op"), std::string::npos) << error.detail;
+}
+
+TEST(CodecReject, EnumPatchedInPlace) {
+  auto frame =
+      Encode(WorkerMessage(Make<TokenEvent>([](auto& m) { m.finish = FinishReason::kStop; })));
+  const size_t body = Follow(frame, FieldPos(frame, RootPos(frame), kEnvelopeBody));
+  const size_t finish = FieldPos(frame, body, 3);
+  ASSERT_NE(finish, 0u);
+  ASSERT_EQ(frame[finish], static_cast<uint8_t>(FinishReason::kStop));
+  frame[finish] = 0xff;
+  EXPECT_EQ(Reject<WorkerMessage>(frame).reason, DropReason::kOutOfRange);
+}
+
+TEST(CodecReject, TooManyFloats) {
+  LayerObserved lo{.probs = std::vector<float>(70000, 0.0f)};
+  auto error = Reject<MapMessage>(Encode(MapMessage(lo)));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "LayerObserved.probs: 70000 floats > limit 65536");
+  DecodeLimits limits;
+  limits.max_floats = 4;
+  error = Reject<MapMessage>(Encode(MapMessage(IterationStart{.sem = {1, 2, 3, 4, 5}})), limits);
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "IterationStart.sem: 5 floats > limit 4");
+}
+
+TEST(CodecReject, TooManyTokensAndStops) {
+  DecodeLimits limits;
+  limits.max_token_ids = 3;
+  auto error = Reject<WorkerMessage>(Encode(WorkerMessage(Make<Generate>([](auto& m) {
+                                       m.token_ids = {1, 2, 3, 4};
+                                     }))),
+                                     limits);
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "Generate.token_ids: 4 ids > limit 3");
+  Generate g;
+  g.sampling.stop_token_ids.assign(65, 1);
+  error = Reject<WorkerMessage>(Encode(WorkerMessage(g)));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "Generate.sampling.stop_token_ids: 65 ids > limit 64");
+}
+
+TEST(CodecReject, TooManyPrefetchEntries) {
+  DecodeLimits limits;
+  limits.max_prefetch_entries = 2;
+  PrefetchDirective p{.entries = {{1, 0.1f, 0}, {2, 0.2f, 0}, {3, 0.3f, 0}}};
+  auto error = Reject<MapMessage>(Encode(MapMessage(p)), limits);
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "PrefetchDirective.entries: 3 entries > limit 2");
+}
+
+TEST(CodecReject, StringTooLong) {
+  auto error = Reject<MapMessage>(Encode(MapMessage(AdminRequest{.path = std::string(4097, 'a')})));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "AdminRequest.path: 4097 bytes > limit 4096");
+  WorkerMessage ok;
+  EXPECT_TRUE(Decode(Encode(WorkerMessage(WorkerHelloAck{.reason = std::string(4096, 'r')})), {},
+                     &ok, nullptr));
+}
+
+TEST(CodecReject, NonFiniteAndOutOfUnitFloats) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  auto error = Reject<MapMessage>(Encode(MapMessage(LayerObserved{.probs = {0.5f, nan}})));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "LayerObserved.probs[1]: nan is not finite");
+  error = Reject<MapMessage>(Encode(MapMessage(LayerObserved{.probs = {1.5f}})));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_NE(error.detail.find("outside [0, 1]"), std::string::npos) << error.detail;
+  error = Reject<MapMessage>(Encode(MapMessage(IterationStart{.sem = {-inf}})));
+  EXPECT_EQ(error.detail, "IterationStart.sem[0]: -inf is not finite");
+  error = Reject<MapMessage>(Encode(MapMessage(PrefetchDirective{.entries = {{1, nan, 0}}})));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_NE(error.detail.find("PrefetchDirective.entries[0].probability"), std::string::npos);
+  error = Reject<MapMessage>(
+      Encode(MapMessage(Make<PrefetchDirective>([&](auto& m) { m.score = inf; }))));
+  EXPECT_NE(error.detail.find("PrefetchDirective.score"), std::string::npos);
+  Generate g;
+  g.sampling.temperature = nan;
+  EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(g))).reason, DropReason::kOutOfRange);
+}
+
+TEST(CodecReject, LayerOutOfRange) {
+  auto error =
+      Reject<MapMessage>(Encode(MapMessage(Make<LayerObserved>([](auto& m) { m.layer = 4097; }))));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "LayerObserved.layer: 4097 > limit 4096");
+  error = Reject<MapMessage>(
+      Encode(MapMessage(Make<PrefetchDirective>([](auto& m) { m.target_layer = 5000; }))));
+  EXPECT_NE(error.detail.find("PrefetchDirective.target_layer"), std::string::npos);
+}
+
+TEST(CodecReject, ProtocolVersion) {
+  auto error = Reject<WorkerMessage>(Encode(WorkerMessage(Make<WorkerHello>([](auto& m) {
+    m.group = "g";
+    m.protocol_version = kProtocolVersion + 1;
+  }))));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_NE(error.detail.find("WorkerHello.protocol_version: peer speaks protocol 2"),
+            std::string::npos)
+      << error.detail;
+  error = Reject<MapMessage>(Encode(MapMessage(Make<Register>([](auto& m) {
+    m.group = "g";
+    m.protocol_version = 0;
+  }))));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_NE(error.detail.find("Register.protocol_version"), std::string::npos) << error.detail;
+}
+
+TEST(CodecReject, RequiredGroupAndRank) {
+  EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(WorkerHello{}))).detail,
+            "WorkerHello.group: missing (required)");
+  EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(WorkerHeartbeat{}))).detail,
+            "WorkerHeartbeat.group: missing (required)");
+  EXPECT_EQ(Reject<MapMessage>(Encode(MapMessage(RankHeartbeat{}))).detail,
+            "RankHeartbeat.group: missing (required)");
+  EXPECT_EQ(
+      Reject<MapMessage>(Encode(MapMessage(Register{.group = "g", .rank = 2, .world_size = 2})))
+          .detail,
+      "Register.rank: 2 >= world_size 2");
+}
+
+}  // namespace
+}  // namespace fmoe::wire

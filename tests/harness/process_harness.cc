@@ -1,0 +1,129 @@
+#include "tests/harness/process_harness.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace fmoe::testing {
+
+std::string BinDir() { return std::string(FMOE_BINARY_DIR) + "/bin"; }
+
+std::string MakeTempDir(const std::string& prefix) {
+  std::string templ = "/tmp/" + prefix + "-XXXXXX";
+  char* dir = mkdtemp(templ.data());
+  return dir ? std::string(dir) : std::string();
+}
+
+int FreeTcpPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+}
+
+bool WaitUntil(const std::function<bool()>& pred, int timeout_ms, int poll_ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
+  }
+  return pred();
+}
+
+bool ProcessAlive(pid_t pid) {
+  if (pid <= 0 || kill(pid, 0) != 0) return false;
+  std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  size_t close_paren = stat.rfind(')');
+  if (close_paren == std::string::npos || close_paren + 2 >= stat.size()) return false;
+  return stat[close_paren + 2] != 'Z';
+}
+
+Child::Child(std::vector<std::string> argv, std::string log_path) : log_path_(std::move(log_path)) {
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  int log_fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  pid_ = fork();
+  if (pid_ == 0) {
+    setpgid(0, 0);
+    int null_fd = open("/dev/null", O_RDONLY);
+    dup2(null_fd, 0);
+    dup2(log_fd, 1);
+    dup2(log_fd, 2);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(log_fd);
+}
+
+Child::~Child() {
+  if (pid_ > 0 && !reaped_) {
+    kill(-pid_, SIGKILL);
+    kill(pid_, SIGKILL);
+    Wait(5000);
+  }
+}
+
+void Child::Signal(int sig) {
+  if (pid_ > 0 && !reaped_) kill(pid_, sig);
+}
+
+std::optional<int> Child::Wait(int timeout_ms) {
+  if (reaped_) return std::nullopt;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    int status = 0;
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      reaped_ = true;
+      return status;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::pair<int, std::string> RunCommand(const std::vector<std::string>& argv, int timeout_ms) {
+  std::string dir = MakeTempDir("fmoe-cmd");
+  std::string log = dir + "/out.log";
+  int code = -1;
+  {
+    Child child(argv, log);
+    auto status = child.Wait(timeout_ms);
+    if (status && WIFEXITED(*status)) code = WEXITSTATUS(*status);
+  }
+  std::string out = ReadFile(log);
+  std::remove(log.c_str());
+  rmdir(dir.c_str());
+  return {code, out};
+}
+
+}  // namespace fmoe::testing

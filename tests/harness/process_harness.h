@@ -1,0 +1,51 @@
+// One harness for multi-process tests: starts the real binaries with their output in a log
+// file, waits for conditions with deadlines, and makes sure nothing outlives the test.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fmoe::testing {
+
+// Directory of the built executables.
+std::string BinDir();
+// A fresh temporary directory (removed by the caller if wanted).
+std::string MakeTempDir(const std::string& prefix);
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreeTcpPort();
+std::string ReadFile(const std::string& path);
+void WriteFile(const std::string& path, const std::string& text);
+// Polls `pred` every poll_ms until it is true or timeout_ms passes.
+bool WaitUntil(const std::function<bool()>& pred, int timeout_ms, int poll_ms = 100);
+// True if a process with this pid exists and is not a zombie.
+bool ProcessAlive(pid_t pid);
+
+class Child {
+ public:
+  // argv[0] is a path; stdout and stderr go to log_path.
+  Child(std::vector<std::string> argv, std::string log_path);
+  ~Child();  // SIGKILLs the child (and its process group) if still running.
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  pid_t pid() const { return pid_; }
+  void Signal(int sig);
+  // Waits for exit; the raw wait status, or nullopt on timeout.
+  std::optional<int> Wait(int timeout_ms);
+  std::string Log() const { return ReadFile(log_path_); }
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  std::string log_path_;
+};
+
+// Runs a command to completion (timeout_ms) and returns {exit code, output}; code -1 on
+// timeout or signal.
+std::pair<int, std::string> RunCommand(const std::vector<std::string>& argv, int timeout_ms);
+
+}  // namespace fmoe::testing

@@ -1,0 +1,241 @@
+// End to end: `fmoe launch` on a manifest with free ports brings up the map service, two worker
+// ranks and the router; /health turns 200; a worker killed with SIGKILL is restarted and health
+// returns; SIGTERM stops everything with exit code 0 and no process left behind. Also the
+// failures a user meets first: bad manifest, port in use, unwritable data directory.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/http_probe.h"
+#include "tests/harness/process_harness.h"
+
+namespace fmoe {
+namespace {
+
+using testing::BinDir;
+using testing::Child;
+using testing::FreeTcpPort;
+using testing::ReadFile;
+using testing::WaitUntil;
+using Json = nlohmann::json;
+
+struct Ports {
+  int http = FreeTcpPort();
+  int workers = FreeTcpPort();
+  int map = FreeTcpPort();
+};
+
+class LaunchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("fmoe-launch");
+    ASSERT_FALSE(dir_.empty());
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!HasFailure()) std::filesystem::remove_all(dir_, ec);
+  }
+
+  std::string WriteManifest(const std::string& extra_group_fields = "",
+                            const std::string& data_dir = "") {
+    std::string path = dir_ + "/manifest.yaml";
+    std::string text =
+        "model:\n"
+        "  path: " +
+        std::string(FMOE_SOURCE_DIR) +
+        "/deploy/models/tiny-moe\n"
+        "map_service:\n"
+        "  endpoint: tcp://127.0.0.1:" +
+        std::to_string(ports_.map) +
+        "\n"
+        "  data_dir: " +
+        (data_dir.empty() ? dir_ + "/maps" : data_dir) +
+        "\n"
+        "worker_groups:\n"
+        "  - name: g0\n"
+        "    rendezvous: 127.0.0.1:" +
+        std::to_string(FreeTcpPort()) + "\n" + extra_group_fields +
+        "    workers:\n"
+        "      - device: cpu\n"
+        "      - device: cpu\n"
+        "router:\n"
+        "  listen: 127.0.0.1:" +
+        std::to_string(ports_.http) +
+        "\n"
+        "  worker_endpoint: tcp://127.0.0.1:" +
+        std::to_string(ports_.workers) +
+        "\n"
+        "heartbeat:\n"
+        "  interval_ms: 100\n"
+        "  timeout_ms: 1000\n"
+        "launcher:\n"
+        "  run_dir: " +
+        dir_ +
+        "/run\n"
+        "  ready_timeout_s: 60\n"
+        "  stop_timeout_s: 10\n"
+        "  restart:\n"
+        "    initial_backoff_ms: 100\n"
+        "    max_backoff_ms: 1000\n"
+        "    max_restarts: 5\n"
+        "    window_s: 60\n";
+    testing::WriteFile(path, text);
+    return path;
+  }
+
+  int HealthStatus() {
+    auto res = HttpGet("127.0.0.1", ports_.http, "/health", 1000);
+    return res.ok() ? res->status : 0;
+  }
+
+  Json LauncherState() {
+    Json j = Json::parse(ReadFile(dir_ + "/run/launcher.json"), nullptr, false);
+    return j.is_discarded() ? Json::object() : j;
+  }
+
+  // pid, restarts of a process in the status file; {-1, -1} if absent.
+  std::pair<int, int> ProcessOf(const Json& state, const std::string& name) {
+    if (!state.contains("processes")) return {-1, -1};
+    for (const auto& p : state["processes"]) {
+      if (p.value("name", "") == name) {
+        return {p.value("pid", -1),
+                p.value("state", "") == "running" ? p.value("restarts", 0) : -1};
+      }
+    }
+    return {-1, -1};
+  }
+
+  std::string dir_;
+  Ports ports_;
+};
+
+TEST_F(LaunchTest, HealthRestartAndCleanStop) {
+  std::string manifest = WriteManifest();
+  Child launcher({BinDir() + "/fmoe", "launch", manifest}, dir_ + "/launcher.log");
+  ASSERT_TRUE(WaitUntil([&] { return HealthStatus() == 200; }, 90000))
+      << "launcher log:\n"
+      << ReadFile(dir_ + "/launcher.log");
+
+  auto health = HttpGet("127.0.0.1", ports_.http, "/health", 1000);
+  ASSERT_TRUE(health.ok());
+  Json body = Json::parse(health->body);
+  EXPECT_EQ(body["status"], "ok");
+  ASSERT_EQ(body["groups"].size(), 1u);
+  EXPECT_EQ(body["groups"][0]["name"], "g0");
+  EXPECT_EQ(body["groups"][0]["alive"], true);
+  EXPECT_EQ(body["groups"][0]["world_size"], 2);
+  EXPECT_TRUE(body["map_service"].contains("alive"));
+
+  // Every process is up and `fmoe status` says so.
+  Json state = LauncherState();
+  std::set<int> pids;
+  for (const auto& name : {"map-service", "worker-g0-0", "worker-g0-1", "router"}) {
+    auto [pid, restarts] = ProcessOf(state, name);
+    EXPECT_GT(pid, 0) << name;
+    EXPECT_EQ(restarts, 0) << name;
+    pids.insert(pid);
+  }
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        return testing::RunCommand({BinDir() + "/fmoe", "status", manifest}, 20000).first == 0;
+      },
+      20000));
+
+  // SIGKILL the group's leader: the launcher restarts it and the group comes back.
+  const int old_pid = ProcessOf(state, "worker-g0-0").first;
+  ASSERT_EQ(kill(old_pid, SIGKILL), 0);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto [pid, restarts] = ProcessOf(LauncherState(), "worker-g0-0");
+        return pid > 0 && pid != old_pid && restarts == 1;
+      },
+      30000))
+      << ReadFile(dir_ + "/run/launcher.json");
+  int new_pid = ProcessOf(LauncherState(), "worker-g0-0").first;
+  pids.insert(new_pid);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto res = HttpGet("127.0.0.1", ports_.http, "/health", 1000);
+        if (!res.ok() || res->status != 200) return false;
+        Json j = Json::parse(res->body, nullptr, false);
+        return !j.is_discarded() && j["groups"][0]["alive"] == true;
+      },
+      30000));
+  EXPECT_FALSE(testing::ProcessAlive(old_pid));
+
+  // SIGTERM: everything stops in order, exit code 0, no process left.
+  launcher.Signal(SIGTERM);
+  auto status = launcher.Wait(60000);
+  ASSERT_TRUE(status.has_value()) << "launcher did not exit";
+  ASSERT_TRUE(WIFEXITED(*status)) << "launcher was killed by a signal";
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << ReadFile(dir_ + "/launcher.log");
+  for (int pid : pids) EXPECT_FALSE(testing::ProcessAlive(pid)) << "pid " << pid << " survived";
+  EXPECT_EQ(LauncherState().value("phase", ""), "stopped");
+  // Each child logged its effective configuration and a clean stop.
+  for (const auto& name : {"map-service", "worker-g0-1", "router"}) {
+    std::string log = ReadFile(dir_ + "/run/logs/" + name + ".log");
+    EXPECT_NE(log.find("effective config"), std::string::npos) << name;
+    EXPECT_NE(log.find("stopped (signal 15)"), std::string::npos) << name << ":\n" << log;
+  }
+}
+
+TEST_F(LaunchTest, BadManifestExitsTwoNamingTheKey) {
+  std::string manifest = WriteManifest();
+  std::string text = ReadFile(manifest);
+  size_t at = text.find("      - device: cpu\n", text.find("      - device: cpu\n") + 1);
+  text.replace(at, 20, "      - device: \"cuda:x\"\n");
+  testing::WriteFile(manifest, text);
+  auto [code, out] = testing::RunCommand({BinDir() + "/fmoe", "launch", manifest}, 20000);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("worker_groups[0].workers[1].device"), std::string::npos) << out;
+  EXPECT_NE(out.find("cuda:x"), std::string::npos) << out;
+}
+
+TEST_F(LaunchTest, PortInUseIsOneClearLine) {
+  std::string manifest = WriteManifest();
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(ports_.http));
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 4), 0);
+  auto [code, out] = testing::RunCommand({BinDir() + "/fmoe", "launch", manifest}, 20000);
+  close(fd);
+  EXPECT_EQ(code, 1) << out;
+  std::string expected =
+      "fmoe: router.listen: 127.0.0.1:" + std::to_string(ports_.http) + " is already in use";
+  EXPECT_NE(out.find(expected), std::string::npos) << out;
+  EXPECT_EQ(out.find("terminate called"), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/run/launcher.json")) << "nothing was started";
+}
+
+TEST_F(LaunchTest, UnwritableDataDirIsOneClearLine) {
+  testing::WriteFile(dir_ + "/not-a-dir", "x");
+  std::string manifest = WriteManifest("", dir_ + "/not-a-dir/maps");
+  auto [code, out] = testing::RunCommand({BinDir() + "/fmoe", "launch", manifest}, 20000);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("fmoe: map_service.data_dir: " + dir_ + "/not-a-dir/maps"), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("terminate called"), std::string::npos) << out;
+}
+
+TEST_F(LaunchTest, StatusWithoutLauncherSaysSo) {
+  std::string manifest = WriteManifest();
+  auto [code, out] = testing::RunCommand({BinDir() + "/fmoe", "status", manifest}, 20000);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("no launcher has run"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace fmoe
