@@ -1,7 +1,6 @@
 // fmoe-worker: one rank of a worker group. Reads the manifest, loads the model's description,
 // checks its device, registers with the map service (and, as leader, with the router), reports
 // readiness and serves until SIGINT/SIGTERM.
-#include <cstdio>
 
 #include <CLI/CLI.hpp>
 
@@ -9,6 +8,7 @@
 #include "common/manifest.h"
 #include "common/model_config.h"
 #include "common/process_util.h"
+#include "common/service_setup.h"
 #include "gpu_worker/device.h"
 #include "gpu_worker/worker.h"
 
@@ -26,26 +26,21 @@ int main(int argc, char** argv) {
   app.add_option("--ready-fd", ready_fd, "file descriptor to write READY to once serving");
   CLI11_PARSE(app, argc, argv);
 
-  StopSignals& signals = StopSignals::Install();
-  auto manifest = LoadManifest(manifest_path);
-  if (!manifest.ok()) {
-    std::fprintf(stderr, "fmoe-worker: %s\n", manifest.status().message().c_str());
-    return 2;
+  Manifest manifest_value;
+  const std::string log_name = "worker-" + group_name + "-" + std::to_string(rank);
+  if (int rc = SetUpService("fmoe-worker", manifest_path, log_name, &manifest_value); rc != 0) {
+    return rc;
   }
+  const Manifest* manifest = &manifest_value;
+  StopSignals& signals = StopSignals::Install();
   const WorkerGroupSpec* group = FindGroup(*manifest, group_name);
   if (group == nullptr) {
-    std::fprintf(stderr, "fmoe-worker: group \"%s\" is not in %s\n", group_name.c_str(),
-                 manifest_path.c_str());
+    spdlog::error("group \"{}\" is not in {}", group_name, manifest_path);
     return 2;
   }
   if (rank >= static_cast<int>(group->workers.size())) {
-    std::fprintf(stderr, "fmoe-worker: group %s has %zu ranks; rank %d does not exist\n",
-                 group_name.c_str(), group->workers.size(), rank);
-    return 2;
-  }
-  const std::string log_name = "worker-" + group_name + "-" + std::to_string(rank);
-  if (Status s = InitLogging(log_name, manifest->logging.level); !s.ok()) {
-    std::fprintf(stderr, "fmoe-worker: %s\n", s.message().c_str());
+    spdlog::error("group {} has {} ranks; rank {} does not exist", group_name,
+                  group->workers.size(), rank);
     return 2;
   }
   const WorkerSpec& spec = group->workers[static_cast<size_t>(rank)];

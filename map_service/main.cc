@@ -1,12 +1,12 @@
 // fmoe-map-service: the standalone expert map service. Reads the manifest, opens the store in
 // its data directory, binds its socket, reports readiness, serves until SIGINT/SIGTERM.
-#include <cstdio>
 
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
 #include "common/manifest.h"
 #include "common/process_util.h"
+#include "common/service_setup.h"
 #include "map_service/map_service.h"
 
 int main(int argc, char** argv) {
@@ -18,16 +18,13 @@ int main(int argc, char** argv) {
   app.add_option("--ready-fd", ready_fd, "file descriptor to write READY to once serving");
   CLI11_PARSE(app, argc, argv);
 
+  Manifest manifest_value;
+  if (int rc = SetUpService("fmoe-map-service", manifest_path, "map-service", &manifest_value);
+      rc != 0) {
+    return rc;
+  }
+  const Manifest* manifest = &manifest_value;
   StopSignals& signals = StopSignals::Install();
-  auto manifest = LoadManifest(manifest_path);
-  if (!manifest.ok()) {
-    std::fprintf(stderr, "fmoe-map-service: %s\n", manifest.status().message().c_str());
-    return 2;
-  }
-  if (Status s = InitLogging("map-service", manifest->logging.level); !s.ok()) {
-    std::fprintf(stderr, "fmoe-map-service: %s\n", s.message().c_str());
-    return 2;
-  }
 
   // Manifest -> options, in this one place.
   MapServiceOptions options;

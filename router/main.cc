@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/manifest.h"
 #include "common/process_util.h"
+#include "common/service_setup.h"
 #include "router/api.h"
 #include "router/http_server.h"
 #include "router/worker_link.h"
@@ -22,16 +23,12 @@ int main(int argc, char** argv) {
   app.add_option("--ready-fd", ready_fd, "file descriptor to write READY to once serving");
   CLI11_PARSE(app, argc, argv);
 
+  Manifest manifest_value;
+  if (int rc = SetUpService("fmoe-router", manifest_path, "router", &manifest_value); rc != 0) {
+    return rc;
+  }
+  const Manifest* manifest = &manifest_value;
   StopSignals& signals = StopSignals::Install();
-  auto manifest = LoadManifest(manifest_path);
-  if (!manifest.ok()) {
-    std::fprintf(stderr, "fmoe-router: %s\n", manifest.status().message().c_str());
-    return 2;
-  }
-  if (Status s = InitLogging("router", manifest->logging.level); !s.ok()) {
-    std::fprintf(stderr, "fmoe-router: %s\n", s.message().c_str());
-    return 2;
-  }
 
   // Manifest -> component options, in this one place.
   auto listen = ParseHostPort(manifest->router.listen);
