@@ -536,6 +536,18 @@ TEST(CodecReject, StringTooLong) {
                      &ok, nullptr));
 }
 
+TEST(CodecReject, AdminJsonHasItsOwnLimit) {
+  // Stats bodies grow with the number of ranks: they are bounded by max_admin_json_bytes, not
+  // by the small limit on names.
+  AdminReply big{.id = 1, .ok = true, .error = "", .json = std::string(100000, 'j')};
+  EXPECT_EQ((RoundTripAs<AdminReply, MapMessage>(big).json.size()), 100000u);
+  DecodeLimits limits;
+  limits.max_admin_json_bytes = 99999;
+  auto error = Reject<MapMessage>(Encode(MapMessage(big)), limits);
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "AdminReply.json: 100000 bytes > limit 99999");
+}
+
 TEST(CodecReject, NonFiniteAndOutOfUnitFloats) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();

@@ -189,6 +189,43 @@ TEST_F(LaunchTest, HealthRestartAndCleanStop) {
   }
 }
 
+TEST_F(LaunchTest, WorkersRejoinARestartedMapServiceAndRouter) {
+  std::string manifest = WriteManifest();
+  Child launcher({BinDir() + "/fmoe", "launch", manifest}, dir_ + "/launcher.log");
+  ASSERT_TRUE(WaitUntil([&] { return HealthStatus() == 200; }, 90000))
+      << ReadFile(dir_ + "/launcher.log");
+  auto all_healthy = [&] {
+    return testing::RunCommand({BinDir() + "/fmoe", "status", manifest}, 20000).first == 0;
+  };
+  ASSERT_TRUE(WaitUntil(all_healthy, 20000));
+
+  for (const std::string name : {"map-service", "router"}) {
+    const int old_pid = ProcessOf(LauncherState(), name).first;
+    ASSERT_GT(old_pid, 0);
+    ASSERT_EQ(kill(old_pid, SIGKILL), 0);
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          auto [pid, restarts] = ProcessOf(LauncherState(), name);
+          return pid > 0 && pid != old_pid && restarts == 1;
+        },
+        30000))
+        << name << ": " << ReadFile(dir_ + "/run/launcher.json");
+    // The restarted process lost its in-memory state; heartbeat acks tell the workers to
+    // register (or say hello) again, and status turns healthy once every rank is back.
+    ASSERT_TRUE(WaitUntil(all_healthy, 30000))
+        << name << ":\n"
+        << testing::RunCommand({BinDir() + "/fmoe", "status", manifest}, 20000).second;
+  }
+  std::string worker_log = ReadFile(dir_ + "/run/logs/worker-g0-0.log");
+  EXPECT_NE(worker_log.find("registering again"), std::string::npos) << worker_log;
+
+  launcher.Signal(SIGTERM);
+  auto status = launcher.Wait(60000);
+  ASSERT_TRUE(status.has_value());
+  ASSERT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 0);
+}
+
 TEST_F(LaunchTest, BadManifestExitsTwoNamingTheKey) {
   std::string manifest = WriteManifest();
   std::string text = ReadFile(manifest);
