@@ -1,7 +1,6 @@
 // fmoe-worker: one rank of a worker group. Reads the manifest, loads the model's description,
 // checks its device, registers with the map service (and, as leader, with the router), reports
 // readiness and serves until SIGINT/SIGTERM.
-
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
@@ -26,14 +25,13 @@ int main(int argc, char** argv) {
   app.add_option("--ready-fd", ready_fd, "file descriptor to write READY to once serving");
   CLI11_PARSE(app, argc, argv);
 
-  Manifest manifest_value;
+  Manifest manifest;
   const std::string log_name = "worker-" + group_name + "-" + std::to_string(rank);
-  if (int rc = SetUpService("fmoe-worker", manifest_path, log_name, &manifest_value); rc != 0) {
+  if (int rc = SetUpService("fmoe-worker", manifest_path, log_name, &manifest); rc != 0) {
     return rc;
   }
-  const Manifest* manifest = &manifest_value;
   StopSignals& signals = StopSignals::Install();
-  const WorkerGroupSpec* group = FindGroup(*manifest, group_name);
+  const WorkerGroupSpec* group = FindGroup(manifest, group_name);
   if (group == nullptr) {
     spdlog::error("group \"{}\" is not in {}", group_name, manifest_path);
     return 2;
@@ -45,7 +43,7 @@ int main(int argc, char** argv) {
   }
   const WorkerSpec& spec = group->workers[static_cast<size_t>(rank)];
 
-  auto model = LoadModelInfo(manifest->model.path);
+  auto model = LoadModelInfo(manifest.model.path);
   if (!model.ok()) {
     spdlog::error("{}", model.status().message());
     return 1;
@@ -61,12 +59,12 @@ int main(int argc, char** argv) {
   options.group = group->name;
   options.rank = static_cast<uint32_t>(rank);
   options.world_size = static_cast<uint32_t>(group->workers.size());
-  options.model_name = manifest->model.name;
-  options.map_service_endpoint = manifest->map_service.endpoint;
-  options.router_endpoint = manifest->router.worker_endpoint;
+  options.model_name = manifest.model.name;
+  options.map_service_endpoint = manifest.map_service.endpoint;
+  options.router_endpoint = manifest.router.worker_endpoint;
   options.max_batch = static_cast<uint32_t>(group->max_batch);
-  options.heartbeat_interval_ms = manifest->heartbeat.interval_ms;
-  options.heartbeat_timeout_ms = manifest->heartbeat.timeout_ms;
+  options.heartbeat_interval_ms = manifest.heartbeat.interval_ms;
+  options.heartbeat_timeout_ms = manifest.heartbeat.timeout_ms;
   spdlog::info(
       "effective config: group={} rank={}/{} device={} policy={} max_batch={} map_service={} "
       "router={} link={}Gb/s+{}us cache={}",
@@ -77,7 +75,7 @@ int main(int argc, char** argv) {
           ? fmt::format("{:g} GB", *group->expert_cache_gb)
           : fmt::format("{:g} of experts", group->expert_cache_fraction.value_or(1.0)));
   spdlog::info("model {} ({}): L={} J={} K={} h={} vocab={} fingerprint={} weight files={}",
-               manifest->model.name, model->architecture, model->num_moe_layers, model->num_experts,
+               manifest.model.name, model->architecture, model->num_moe_layers, model->num_experts,
                model->top_k, model->hidden_size, model->vocab_size,
                FingerprintHex(model->fingerprint), model->weight_files.size());
 

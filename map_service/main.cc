@@ -1,6 +1,5 @@
 // fmoe-map-service: the standalone expert map service. Reads the manifest, opens the store in
 // its data directory, binds its socket, reports readiness, serves until SIGINT/SIGTERM.
-
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
@@ -18,22 +17,20 @@ int main(int argc, char** argv) {
   app.add_option("--ready-fd", ready_fd, "file descriptor to write READY to once serving");
   CLI11_PARSE(app, argc, argv);
 
-  Manifest manifest_value;
-  if (int rc = SetUpService("fmoe-map-service", manifest_path, "map-service", &manifest_value);
-      rc != 0) {
+  Manifest manifest;
+  if (int rc = SetUpService("fmoe-map-service", manifest_path, "map-service", &manifest); rc != 0) {
     return rc;
   }
-  const Manifest* manifest = &manifest_value;
   StopSignals& signals = StopSignals::Install();
 
   // Manifest -> options, in this one place.
   MapServiceOptions options;
-  options.endpoint = manifest->map_service.endpoint;
-  options.data_dir = manifest->map_service.data_dir;
-  options.sync = manifest->map_service.sync;
-  options.store_capacity = manifest->map_service.store_capacity;
-  options.prefetch_distance = manifest->map_service.prefetch_distance;
-  options.heartbeat_timeout_ms = manifest->heartbeat.timeout_ms;
+  options.endpoint = manifest.map_service.endpoint;
+  options.data_dir = manifest.map_service.data_dir;
+  options.sync = manifest.map_service.sync;
+  options.store_capacity = manifest.map_service.store_capacity;
+  options.prefetch_distance = manifest.map_service.prefetch_distance;
+  options.heartbeat_timeout_ms = manifest.heartbeat.timeout_ms;
   spdlog::info(
       "effective config: endpoint={} data_dir={} sync={} store_capacity={} prefetch_distance={} "
       "heartbeat_timeout_ms={}",

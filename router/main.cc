@@ -23,15 +23,14 @@ int main(int argc, char** argv) {
   app.add_option("--ready-fd", ready_fd, "file descriptor to write READY to once serving");
   CLI11_PARSE(app, argc, argv);
 
-  Manifest manifest_value;
-  if (int rc = SetUpService("fmoe-router", manifest_path, "router", &manifest_value); rc != 0) {
+  Manifest manifest;
+  if (int rc = SetUpService("fmoe-router", manifest_path, "router", &manifest); rc != 0) {
     return rc;
   }
-  const Manifest* manifest = &manifest_value;
   StopSignals& signals = StopSignals::Install();
 
   // Manifest -> component options, in this one place.
-  auto listen = ParseHostPort(manifest->router.listen);
+  auto listen = ParseHostPort(manifest.router.listen);
   if (!listen.ok()) {
     std::fprintf(stderr, "fmoe-router: %s\n", listen.status().message().c_str());
     return 2;
@@ -39,20 +38,20 @@ int main(int argc, char** argv) {
   HttpServerOptions http;
   http.host = listen->host;
   http.port = listen->port;
-  http.max_body_bytes = static_cast<size_t>(manifest->router.max_body_bytes);
+  http.max_body_bytes = static_cast<size_t>(manifest.router.max_body_bytes);
   WorkerLinkOptions link_options;
-  link_options.worker_endpoint = manifest->router.worker_endpoint;
-  link_options.map_service_endpoint = manifest->map_service.endpoint;
-  link_options.model_name = manifest->model.name;
-  for (const auto& g : manifest->worker_groups) link_options.group_names.push_back(g.name);
-  link_options.heartbeat_interval_ms = manifest->heartbeat.interval_ms;
-  link_options.heartbeat_timeout_ms = manifest->heartbeat.timeout_ms;
+  link_options.worker_endpoint = manifest.router.worker_endpoint;
+  link_options.map_service_endpoint = manifest.map_service.endpoint;
+  link_options.model_name = manifest.model.name;
+  for (const auto& g : manifest.worker_groups) link_options.group_names.push_back(g.name);
+  link_options.heartbeat_interval_ms = manifest.heartbeat.interval_ms;
+  link_options.heartbeat_timeout_ms = manifest.heartbeat.timeout_ms;
   spdlog::info(
       "effective config: listen={}:{} worker_endpoint={} map_service={} model={} groups={} "
       "max_body_bytes={} request_timeout_s={} api_keys={} heartbeat={}ms/{}ms",
       http.host, http.port, link_options.worker_endpoint, link_options.map_service_endpoint,
       link_options.model_name, link_options.group_names.size(), http.max_body_bytes,
-      manifest->router.request_timeout_s, manifest->router.api_keys.size(),
+      manifest.router.request_timeout_s, manifest.router.api_keys.size(),
       link_options.heartbeat_interval_ms, link_options.heartbeat_timeout_ms);
 
   WorkerLink link(link_options, SteadyClock::Get());
@@ -60,7 +59,7 @@ int main(int argc, char** argv) {
     spdlog::error("{}", s.message());
     return 1;
   }
-  RouterApi api({manifest->model.name}, link);
+  RouterApi api({manifest.model.name}, link);
   HttpServer server(http, [&api](const HttpRequest& r) { return api.Handle(r); });
   if (Status s = server.Start(); !s.ok()) {
     spdlog::error("{}", s.message());
