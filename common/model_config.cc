@@ -1,6 +1,7 @@
 #include "common/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +52,91 @@ Status ReadCount(const Json& j, const char* key, bool required, uint32_t* out) {
   return Status::Ok();
 }
 
+// Reads a finite number > 0; absence keeps `*out` (the default).
+Status ReadPositiveDouble(const Json& j, const char* key, double* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return Status::Ok();
+  if (!it->is_number())
+    return InvalidArgument(std::string(key) + ": " + it->dump() + " is not a number");
+  double v = it->get<double>();
+  if (!std::isfinite(v) || v <= 0) {
+    return InvalidArgument(std::string(key) + ": " + it->dump() + " is out of range");
+  }
+  *out = v;
+  return Status::Ok();
+}
+
+// Reads a token id (an integer in [0, 2^31)) from `v`, naming `key` in errors.
+Status ReadTokenId(const Json& v, const std::string& key, int32_t* out) {
+  if (!v.is_number_integer()) return InvalidArgument(key + ": " + v.dump() + " is not an integer");
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(kMax)
+                                               : v.get<int64_t>() >= 0 && v.get<int64_t>() <= kMax;
+  if (!in_range) return InvalidArgument(key + ": " + v.dump() + " is out of range");
+  *out = static_cast<int32_t>(v.get<int64_t>());
+  return Status::Ok();
+}
+
+// The hyperparameters the model runtime needs (read for every family for now).
+Status ParseRuntimeFields(const Json& j, ModelInfo* info) {
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "intermediate_size", true, &info->intermediate_size));
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "num_attention_heads", true, &info->num_attention_heads));
+  info->num_key_value_heads = info->num_attention_heads;
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "num_key_value_heads", false, &info->num_key_value_heads));
+  if (info->num_attention_heads % info->num_key_value_heads != 0) {
+    return InvalidArgument("num_key_value_heads (" + std::to_string(info->num_key_value_heads) +
+                           ") does not divide num_attention_heads (" +
+                           std::to_string(info->num_attention_heads) + ")");
+  }
+  if (auto it = j.find("head_dim"); it != j.end() && !it->is_null()) {
+    FMOE_RETURN_IF_ERROR(ReadCount(j, "head_dim", true, &info->head_dim));
+  } else {
+    if (info->hidden_size % info->num_attention_heads != 0) {
+      return InvalidArgument("head_dim: missing, and hidden_size (" +
+                             std::to_string(info->hidden_size) +
+                             ") is not a multiple of num_attention_heads (" +
+                             std::to_string(info->num_attention_heads) + ")");
+    }
+    info->head_dim = info->hidden_size / info->num_attention_heads;
+  }
+  FMOE_RETURN_IF_ERROR(ReadPositiveDouble(j, "rms_norm_eps", &info->rms_norm_eps));
+  FMOE_RETURN_IF_ERROR(ReadPositiveDouble(j, "rope_theta", &info->rope_theta));
+  if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) {
+      return InvalidArgument("tie_word_embeddings: " + it->dump() + " is not a boolean");
+    }
+    info->tie_word_embeddings = it->get<bool>();
+  }
+  if (auto it = j.find("bos_token_id"); it != j.end() && !it->is_null()) {
+    int32_t id = 0;
+    FMOE_RETURN_IF_ERROR(ReadTokenId(*it, "bos_token_id", &id));
+    info->bos_token_id = id;
+  }
+  if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
+    if (it->is_array()) {
+      for (size_t i = 0; i < it->size(); ++i) {
+        int32_t id = 0;
+        FMOE_RETURN_IF_ERROR(ReadTokenId((*it)[i], "eos_token_id[" + std::to_string(i) + "]", &id));
+        info->eos_token_ids.push_back(id);
+      }
+    } else {
+      int32_t id = 0;
+      FMOE_RETURN_IF_ERROR(ReadTokenId(*it, "eos_token_id", &id));
+      info->eos_token_ids.push_back(id);
+    }
+  }
+  if (auto it = j.find("torch_dtype"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return InvalidArgument("torch_dtype: " + it->dump() + " is not a string");
+    info->torch_dtype = it->get<std::string>();
+  }
+  if (auto it = j.find("sliding_window"); it != j.end() && !it->is_null()) {
+    uint32_t window = 0;
+    FMOE_RETURN_IF_ERROR(ReadCount(j, "sliding_window", true, &window));
+    info->sliding_window = window;
+  }
+  return Status::Ok();
+}
+
 Status ParseInto(const std::string& text, ModelInfo* info) {
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument("not valid JSON");
@@ -98,7 +184,7 @@ Status ParseInto(const std::string& text, ModelInfo* info) {
     if (dense_layers.count(i) == 0 && (i + 1) % sparse_step == 0) ++info->num_moe_layers;
   }
   if (info->num_moe_layers == 0) return InvalidArgument("the model has no MoE layer");
-  return Status::Ok();
+  return ParseRuntimeFields(j, info);
 }
 
 // Folds a safetensors file's header (length prefix and JSON) into the fingerprint: it names

@@ -1,10 +1,12 @@
 // The shape of a Hugging Face MoE checkpoint, read from its config.json, and the model's
 // fingerprint (the map service keys its stores by it). Families: Mixtral, Qwen2-MoE, Phi-3.5-MoE,
 // OLMoE, Qwen3-MoE. The full loader (weights, tokenizer) belongs to the worker's model runtime;
-// this file only reads what every process needs to agree on. Pure functions.
+// this file reads what every process needs to agree on and the hyperparameters the runtime
+// builds the model from. Pure functions.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,8 +24,19 @@ struct ModelInfo {
   uint32_t hidden_size = 0;        // h.
   uint32_t vocab_size = 0;
   uint32_t max_position_embeddings = 0;
-  std::vector<std::string> weight_files;  // *.safetensors present, sorted.
-  uint64_t fingerprint = 0;               // FNV-1a over config.json and the safetensors headers.
+  uint32_t intermediate_size = 0;          // Expert FFN width. Required.
+  uint32_t num_attention_heads = 0;        // Required.
+  uint32_t num_key_value_heads = 0;        // Default: num_attention_heads; divides it.
+  uint32_t head_dim = 0;                   // Default: hidden_size / num_attention_heads (exact).
+  double rms_norm_eps = 1e-5;              // Default: 1e-5; > 0.
+  double rope_theta = 1e6;                 // Default: 1e6 (HF MixtralConfig); > 0.
+  bool tie_word_embeddings = false;        // Default: false.
+  std::optional<int32_t> bos_token_id;     // Absent or null: none.
+  std::vector<int32_t> eos_token_ids;      // config "eos_token_id": an int, a list or null.
+  std::string torch_dtype;                 // "" when absent.
+  std::optional<uint32_t> sliding_window;  // Absent or null: full attention.
+  std::vector<std::string> weight_files;   // *.safetensors present, sorted.
+  uint64_t fingerprint = 0;                // FNV-1a over config.json and the safetensors headers.
 };
 
 // Reads DIR/config.json. Errors name the file and key:

@@ -2,6 +2,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -10,7 +12,7 @@ namespace {
 
 const char* kMixtral = R"({"architectures": ["MixtralForCausalLM"], "num_hidden_layers": 8,
   "hidden_size": 256, "vocab_size": 4096, "num_local_experts": 8, "num_experts_per_tok": 2,
-  "max_position_embeddings": 1024})";
+  "max_position_embeddings": 1024, "intermediate_size": 512, "num_attention_heads": 8})";
 
 TEST(ModelConfig, ReadsMixtralShape) {
   auto info = ParseModelConfig(kMixtral, "/m");
@@ -26,7 +28,8 @@ TEST(ModelConfig, ReadsMixtralShape) {
 TEST(ModelConfig, QwenDenseLayersAreNotMoeLayers) {
   auto info = ParseModelConfig(R"({"architectures": ["Qwen2MoeForCausalLM"],
     "num_hidden_layers": 24, "hidden_size": 2048, "vocab_size": 151936, "num_experts": 60,
-    "num_experts_per_tok": 4, "decoder_sparse_step": 1, "mlp_only_layers": [0, 5]})",
+    "num_experts_per_tok": 4, "decoder_sparse_step": 1, "mlp_only_layers": [0, 5],
+    "intermediate_size": 5632, "num_attention_heads": 16})",
                                "/q");
   ASSERT_TRUE(info.ok()) << info.status().ToString();
   EXPECT_EQ(info->num_experts, 60u);
@@ -54,6 +57,136 @@ TEST(ModelConfig, RejectsWhatCannotBeServed) {
          "vocab_size": 8, "num_local_experts": 8, "num_experts_per_tok": 2})",
        "num_hidden_layers: -1 is out of range"},
   };
+  for (const auto& c : cases) {
+    auto info = ParseModelConfig(c.json, "/m");
+    ASSERT_FALSE(info.ok()) << c.json;
+    EXPECT_EQ(info.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(info.status().message().find(c.error), std::string::npos) << info.status().message();
+  }
+}
+
+TEST(ModelConfig, ReadsRuntimeFields) {
+  auto info = ParseModelConfig(R"({"architectures": ["MixtralForCausalLM"], "num_hidden_layers": 3,
+    "hidden_size": 64, "vocab_size": 512, "num_local_experts": 8, "num_experts_per_tok": 2,
+    "intermediate_size": 96, "num_attention_heads": 8, "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "tie_word_embeddings": true,
+    "bos_token_id": 1, "eos_token_id": [2, 7], "torch_dtype": "bfloat16",
+    "sliding_window": 4096})",
+                               "/m");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->intermediate_size, 96u);
+  EXPECT_EQ(info->num_attention_heads, 8u);
+  EXPECT_EQ(info->num_key_value_heads, 2u);
+  EXPECT_EQ(info->head_dim, 8u);
+  EXPECT_EQ(info->rms_norm_eps, 1e-6);
+  EXPECT_EQ(info->rope_theta, 10000.0);
+  EXPECT_TRUE(info->tie_word_embeddings);
+  EXPECT_EQ(info->bos_token_id, std::optional<int32_t>(1));
+  EXPECT_EQ(info->eos_token_ids, (std::vector<int32_t>{2, 7}));
+  EXPECT_EQ(info->torch_dtype, "bfloat16");
+  EXPECT_EQ(info->sliding_window, std::optional<uint32_t>(4096));
+}
+
+TEST(ModelConfig, RuntimeFieldDefaults) {
+  auto info = ParseModelConfig(kMixtral, "/m");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->intermediate_size, 512u);
+  EXPECT_EQ(info->num_key_value_heads, 8u) << "defaults to num_attention_heads";
+  EXPECT_EQ(info->head_dim, 32u) << "hidden_size / num_attention_heads";
+  EXPECT_EQ(info->rms_norm_eps, 1e-5);
+  EXPECT_EQ(info->rope_theta, 1e6);
+  EXPECT_FALSE(info->tie_word_embeddings);
+  EXPECT_FALSE(info->bos_token_id.has_value());
+  EXPECT_TRUE(info->eos_token_ids.empty());
+  EXPECT_EQ(info->torch_dtype, "");
+  EXPECT_FALSE(info->sliding_window.has_value());
+
+  // An explicit head_dim need not divide hidden_size; nulls mean "absent"; one eos id.
+  auto explicit_dim = ParseModelConfig(R"({"architectures": ["MixtralForCausalLM"],
+    "num_hidden_layers": 2, "hidden_size": 100, "vocab_size": 8, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "intermediate_size": 16, "num_attention_heads": 3,
+    "head_dim": 40, "sliding_window": null, "bos_token_id": null, "eos_token_id": 5,
+    "rope_theta": 500000, "num_key_value_heads": null})",
+                                       "/m");
+  ASSERT_TRUE(explicit_dim.ok()) << explicit_dim.status().ToString();
+  EXPECT_EQ(explicit_dim->head_dim, 40u);
+  EXPECT_EQ(explicit_dim->num_key_value_heads, 3u);
+  EXPECT_EQ(explicit_dim->rope_theta, 500000.0);
+  EXPECT_EQ(explicit_dim->eos_token_ids, std::vector<int32_t>{5});
+  EXPECT_FALSE(explicit_dim->sliding_window.has_value());
+  EXPECT_FALSE(explicit_dim->bos_token_id.has_value());
+
+  auto null_eos = ParseModelConfig(R"({"architectures": ["MixtralForCausalLM"],
+    "num_hidden_layers": 2, "hidden_size": 8, "vocab_size": 8, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "intermediate_size": 16, "num_attention_heads": 2,
+    "eos_token_id": null})",
+                                   "/m");
+  ASSERT_TRUE(null_eos.ok()) << null_eos.status().ToString();
+  EXPECT_TRUE(null_eos->eos_token_ids.empty());
+}
+
+TEST(ModelConfig, ReadsTheTinyMoeConfig) {
+  std::ifstream in(std::string(FMOE_SOURCE_DIR) + "/deploy/models/tiny-moe/config.json");
+  ASSERT_TRUE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto info = ParseModelConfig(ss.str(), "/tiny");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_GT(info->intermediate_size, 0u);
+  EXPECT_EQ(info->num_attention_heads % info->num_key_value_heads, 0u);
+  EXPECT_EQ(info->head_dim * info->num_attention_heads, info->hidden_size);
+}
+
+TEST(ModelConfig, RejectsBadRuntimeFields) {
+  // A valid Mixtral config but for `extra`, spliced in last (later keys override earlier ones).
+  auto with = [](const std::string& extra) {
+    return std::string(R"({"architectures": ["MixtralForCausalLM"], "num_hidden_layers": 2,
+      "hidden_size": 64, "vocab_size": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
+      "intermediate_size": 16, "num_attention_heads": 8)") +
+           (extra.empty() ? "" : ", " + extra) + "}";
+  };
+  struct Case {
+    std::string json;
+    const char* error;
+  } cases[] = {
+      {R"({"architectures": ["MixtralForCausalLM"], "num_hidden_layers": 2, "hidden_size": 8,
+         "vocab_size": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
+         "num_attention_heads": 2})",
+       "model: /m/config.json: intermediate_size: missing"},
+      {R"({"architectures": ["MixtralForCausalLM"], "num_hidden_layers": 2, "hidden_size": 8,
+         "vocab_size": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
+         "intermediate_size": 16})",
+       "model: /m/config.json: num_attention_heads: missing"},
+      {with(R"("intermediate_size": 0)"), "intermediate_size: 0 is out of range"},
+      {with(R"("intermediate_size": "16")"), "intermediate_size: \"16\" is not an integer"},
+      {with(R"("num_attention_heads": null)"), "num_attention_heads: missing"},
+      {with(R"("num_attention_heads": 2.5)"), "num_attention_heads: 2.5 is not an integer"},
+      {with(R"("num_key_value_heads": 3)"),
+       "num_key_value_heads (3) does not divide num_attention_heads (8)"},
+      {with(R"("num_key_value_heads": 0)"), "num_key_value_heads: 0 is out of range"},
+      {with(R"("num_attention_heads": 6)"),
+       "head_dim: missing, and hidden_size (64) is not a multiple of num_attention_heads (6)"},
+      {with(R"("head_dim": "8")"), "head_dim: \"8\" is not an integer"},
+      {with(R"("head_dim": -8)"), "head_dim: -8 is out of range"},
+      {with(R"("rms_norm_eps": "1e-5")"), "rms_norm_eps: \"1e-5\" is not a number"},
+      {with(R"("rms_norm_eps": 0)"), "rms_norm_eps: 0 is out of range"},
+      {with(R"("rms_norm_eps": -1e-05)"), "rms_norm_eps: -1e-05 is out of range"},
+      {with(R"("rope_theta": true)"), "rope_theta: true is not a number"},
+      {with(R"("rope_theta": -10000.0)"), "rope_theta: -10000.0 is out of range"},
+      {with(R"("tie_word_embeddings": 1)"), "tie_word_embeddings: 1 is not a boolean"},
+      {with(R"("bos_token_id": -1)"), "bos_token_id: -1 is out of range"},
+      {with(R"("bos_token_id": 4294967296)"), "bos_token_id: 4294967296 is out of range"},
+      {with(R"("bos_token_id": "<s>")"), "bos_token_id: \"<s>\" is not an integer"},
+      {with(R"("eos_token_id": [2, "x"])"), "eos_token_id[1]: \"x\" is not an integer"},
+      {with(R"("eos_token_id": [2, -3])"), "eos_token_id[1]: -3 is out of range"},
+      {with(R"("eos_token_id": {"id": 2})"), "eos_token_id: {\"id\":2} is not an integer"},
+      {with(R"("eos_token_id": 2.0)"), "eos_token_id: 2.0 is not an integer"},
+      {with(R"("torch_dtype": 16)"), "torch_dtype: 16 is not a string"},
+      {with(R"("sliding_window": 0)"), "sliding_window: 0 is out of range"},
+      {with(R"("sliding_window": "4096")"), "sliding_window: \"4096\" is not an integer"},
+  };
+  ASSERT_TRUE(ParseModelConfig(with(""), "/m").ok())
+      << ParseModelConfig(with(""), "/m").status().ToString();
   for (const auto& c : cases) {
     auto info = ParseModelConfig(c.json, "/m");
     ASSERT_FALSE(info.ok()) << c.json;
