@@ -12,7 +12,8 @@ FMOE_PACKAGES=(
   librocksdb-dev
   libboost-dev
   libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libcli11-dev
-  libsentencepiece-dev
+  libsentencepiece-dev libpcre2-dev libicu-dev
+  libopenblas0-openmp
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv
 )
