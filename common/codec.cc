@@ -71,7 +71,9 @@ size_t PayloadBytes(const WorkerMessage& message) {
         if constexpr (std::is_same_v<T, WorkerHelloAck>) return m.reason.size();
         if constexpr (std::is_same_v<T, WorkerHeartbeat>) return m.group.size();
         if constexpr (std::is_same_v<T, Generate>) {
-          return 4 * (m.token_ids.size() + m.sampling.stop_token_ids.size());
+          size_t bytes = 4 * (m.token_ids.size() + m.sampling.stop_token_ids.size());
+          for (const auto& s : m.sampling.stop) bytes += s.size() + 8;
+          return bytes;
         }
         if constexpr (std::is_same_v<T, TokenEvent>) return m.error.size();
         return 0;
@@ -142,6 +144,7 @@ flatbuffers::Offset<fb::WorkerHeartbeatAck> Build(Builder& fbb, const WorkerHear
 flatbuffers::Offset<fb::Generate> Build(Builder& fbb, const Generate& m) {
   auto token_ids = OptVector(fbb, m.token_ids);
   auto stop_token_ids = OptVector(fbb, m.sampling.stop_token_ids);
+  auto stop = m.sampling.stop.empty() ? 0 : fbb.CreateVectorOfStrings(m.sampling.stop);
   fb::SamplingParamsBuilder sb(fbb);
   sb.add_temperature(m.sampling.temperature);
   sb.add_top_p(m.sampling.top_p);
@@ -149,6 +152,7 @@ flatbuffers::Offset<fb::Generate> Build(Builder& fbb, const Generate& m) {
   sb.add_seed(m.sampling.seed);
   sb.add_max_tokens(m.sampling.max_tokens);
   sb.add_stop_token_ids(stop_token_ids);
+  sb.add_stop(stop);
   auto sampling = sb.Finish();
   fb::GenerateBuilder b(fbb);
   b.add_request_id(m.request_id);
@@ -474,8 +478,24 @@ bool Read(const fb::Generate& t, const Checker& c, Generate* m) {
   if (s.top_k < 0) {
     return c.OutOfRange("Generate.sampling.top_k: " + std::to_string(s.top_k) + " < 0");
   }
-  return c.Int32s(sp->stop_token_ids(), "Generate.sampling.stop_token_ids",
-                  c.limits().max_stop_tokens, &s.stop_token_ids);
+  if (!c.Int32s(sp->stop_token_ids(), "Generate.sampling.stop_token_ids",
+                c.limits().max_stop_tokens, &s.stop_token_ids)) {
+    return false;
+  }
+  if (const auto* stops = sp->stop(); stops != nullptr) {
+    if (stops->size() > c.limits().max_stop_strings) {
+      return c.OutOfRange("Generate.sampling.stop: " + std::to_string(stops->size()) +
+                          " strings > limit " + std::to_string(c.limits().max_stop_strings));
+    }
+    s.stop.resize(stops->size());
+    for (flatbuffers::uoffset_t i = 0; i < stops->size(); ++i) {
+      if (!c.String(stops->Get(i), "Generate.sampling.stop[]", &s.stop[i], /*required=*/true,
+                    c.limits().max_stop_string_bytes)) {
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 bool Read(const fb::Cancel& t, const Checker&, Cancel* m) {

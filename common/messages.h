@@ -55,6 +55,7 @@ struct SamplingParams {
   uint64_t seed = 0;
   uint32_t max_tokens = 16;
   std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop;  // Stop strings: generation ends once the text contains one.
 };
 
 // Router -> leader.

@@ -3,6 +3,9 @@
 // [routing id][payload] on a ROUTER and [payload] on a DEALER; anything else is kBadFraming.
 #include "common/wire.h"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -322,8 +325,25 @@ template class Socket<MapMessage>;
 
 // ---- Poll ----
 
-Result<int> Poll(std::span<SocketBase* const> sockets, int timeout_ms,
-                 std::vector<bool>* readable) {
+Notifier::Notifier() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+
+Notifier::~Notifier() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void Notifier::Notify() {
+  const uint64_t one = 1;
+  // EAGAIN means the counter is already non-zero: the poller will wake anyway.
+  [[maybe_unused]] ssize_t n = write(fd_, &one, sizeof(one));
+}
+
+void Notifier::Drain() {
+  uint64_t value = 0;
+  [[maybe_unused]] ssize_t n = read(fd_, &value, sizeof(value));
+}
+
+Result<int> Poll(std::span<SocketBase* const> sockets, int timeout_ms, std::vector<bool>* readable,
+                 Notifier* notifier, bool* notified) {
   std::vector<zmq_pollitem_t> items(sockets.size());
   for (size_t i = 0; i < sockets.size(); ++i) {
     auto* s = sockets[i] == nullptr ? nullptr : static_cast<zmq::socket_t*>(sockets[i]->native());
@@ -331,6 +351,7 @@ Result<int> Poll(std::span<SocketBase* const> sockets, int timeout_ms,
       return InvalidArgument("wire: Poll: socket " + std::to_string(i) + " is not open");
     items[i] = zmq_pollitem_t{s->handle(), 0, ZMQ_POLLIN, 0};
   }
+  if (notifier != nullptr) items.push_back(zmq_pollitem_t{nullptr, notifier->fd(), ZMQ_POLLIN, 0});
   const int rc = zmq_poll(items.data(), static_cast<int>(items.size()), timeout_ms);
   if (rc < 0) {
     const int err = zmq_errno();
@@ -340,6 +361,9 @@ Result<int> Poll(std::span<SocketBase* const> sockets, int timeout_ms,
   }
   readable->assign(sockets.size(), false);
   for (size_t i = 0; i < sockets.size(); ++i) (*readable)[i] = (items[i].revents & ZMQ_POLLIN) != 0;
+  if (notifier != nullptr && notified != nullptr) {
+    *notified = (items.back().revents & ZMQ_POLLIN) != 0;
+  }
   return rc;
 }
 

@@ -130,9 +130,27 @@ class Socket : public SocketBase {
 using WorkerSocket = Socket<WorkerMessage>;
 using MapSocket = Socket<MapMessage>;
 
-// Waits until at least one socket is readable or timeout_ms passes (-1 = forever). Sets
-// (*readable)[i] for each readable socket. Returns the number readable; kUnavailable when
-// interrupted by a signal (EINTR), so callers can check their stop flag.
-Result<int> Poll(std::span<SocketBase* const> sockets, int timeout_ms, std::vector<bool>* readable);
+// Wakes a thread blocked in Poll from another thread (an eventfd): Notify() from any thread,
+// Drain() by the polling thread once woken.
+class Notifier {
+ public:
+  Notifier();
+  ~Notifier();
+  Notifier(const Notifier&) = delete;
+  Notifier& operator=(const Notifier&) = delete;
+  void Notify();
+  void Drain();
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+// Waits until at least one socket is readable, `notifier` (optional) is notified, or timeout_ms
+// passes (-1 = forever). Sets (*readable)[i] for each readable socket and *notified. Returns the
+// number of ready items; kUnavailable when interrupted by a signal (EINTR), so callers can check
+// their stop flag.
+Result<int> Poll(std::span<SocketBase* const> sockets, int timeout_ms, std::vector<bool>* readable,
+                 Notifier* notifier = nullptr, bool* notified = nullptr);
 
 }  // namespace fmoe::wire

@@ -7,7 +7,8 @@
 
 namespace fmoe {
 
-Result<DeviceInfo> ResolveDevice(const std::string& device, int cuda_index) {
+Result<DeviceInfo> ResolveDevice(const std::string& device, int cuda_index, int threads) {
+  if (threads > 0) at::set_num_threads(threads);
   DeviceInfo info;
   const std::string torch_version = TORCH_VERSION;
   if (device == "cpu") {

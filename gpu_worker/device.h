@@ -15,7 +15,8 @@ struct DeviceInfo {
   std::string description;  // "cpu (LibTorch 1.13.1, 2 intra-op threads, emulated link)".
 };
 
-// device: "cpu" or "cuda:N". Errors are kFailedPrecondition and say what is missing.
-Result<DeviceInfo> ResolveDevice(const std::string& device, int cuda_index);
+// device: "cpu" or "cuda:N". threads > 0 sets LibTorch's intra-op threads (0 keeps its
+// default). Errors are kFailedPrecondition and say what is missing.
+Result<DeviceInfo> ResolveDevice(const std::string& device, int cuda_index, int threads = 0);
 
 }  // namespace fmoe

@@ -1,6 +1,13 @@
-// fmoe-worker: one rank of a worker group. Reads the manifest, loads the model's description,
-// checks its device, registers with the map service (and, as leader, with the router), reports
-// readiness and serves until SIGINT/SIGTERM.
+// fmoe-worker: one rank of a worker group. Reads the manifest, checks its device, loads the model
+// (the leader: weights, tokenizer, engine), registers with the map service (and, as leader, with
+// the router), reports readiness and serves until SIGINT/SIGTERM. Threads: main (control plane,
+// gpu_worker/worker.h), engine (gpu_worker/engine.h, leader only), signal waiter.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
@@ -8,7 +15,11 @@
 #include "common/model_config.h"
 #include "common/process_util.h"
 #include "common/service_setup.h"
+#include "common/tokenizer.h"
 #include "gpu_worker/device.h"
+#include "gpu_worker/engine.h"
+#include "gpu_worker/expert_source.h"
+#include "gpu_worker/model.h"
 #include "gpu_worker/worker.h"
 
 int main(int argc, char** argv) {
@@ -48,7 +59,10 @@ int main(int argc, char** argv) {
     spdlog::error("{}", model.status().message());
     return 1;
   }
-  auto device = ResolveDevice(spec.device, spec.cuda_index);
+  // Ranks of a group share the machine's cores.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int threads = static_cast<int>(std::max<size_t>(1, cores / group->workers.size()));
+  auto device = ResolveDevice(spec.device, spec.cuda_index, threads);
   if (!device.ok()) {
     spdlog::error("{}", device.status().message());
     return 1;
@@ -79,16 +93,81 @@ int main(int argc, char** argv) {
                model->top_k, model->hidden_size, model->vocab_size,
                FingerprintHex(model->fingerprint), model->weight_files.size());
 
-  Worker worker(options, *model, SteadyClock::Get());
+  // The leader runs the model. (Expert-parallel ranks join the computation with issue 7.)
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<MixtralModel> runtime;
+  std::unique_ptr<ResidentExperts> experts;
+  std::unique_ptr<Engine> engine;
+  Worker* worker_ptr = nullptr;
+  if (options.rank == 0) {
+    auto tok = Tokenizer::Load(model->dir);
+    if (!tok.ok()) {
+      spdlog::error("{}", tok.status().message());
+      return 1;
+    }
+    tokenizer = std::move(*tok);
+    RuntimeOptions runtime_options;
+    runtime_options.dtype = manifest.model.dtype;
+    runtime_options.cuda_index = device->cuda_index;
+    ExpertTable table;
+    const auto t0 = std::chrono::steady_clock::now();
+    int last_decile = -1;
+    auto loaded = MixtralModel::Load(
+        *model, runtime_options,
+        [&](uint64_t done, uint64_t total) {
+          const int decile = static_cast<int>(10 * done / total);
+          if (decile != last_decile && decile % 5 == 0) {
+            spdlog::info("loading weights: {}% of {:.1f} MB", decile * 10, total / 1e6);
+          }
+          last_decile = decile;
+        },
+        &table);
+    if (!loaded.ok()) {
+      spdlog::error("{}", loaded.status().message());
+      return 1;
+    }
+    runtime = std::move(*loaded);
+    spdlog::info("model loaded in {:.2f} s (dtype {})",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                 runtime_options.dtype);
+    experts = std::make_unique<ResidentExperts>(std::move(table));
+    EngineOptions engine_options;
+    engine_options.max_batch = options.max_batch;
+    engine_options.eos_token_ids = model->eos_token_ids;
+    if (auto eos = tokenizer->eos_id(); eos && engine_options.eos_token_ids.empty()) {
+      engine_options.eos_token_ids.push_back(*eos);
+    }
+    engine = std::make_unique<Engine>(engine_options, *runtime, *experts, tokenizer.get(), nullptr,
+                                      [&worker_ptr](const TokenEvent& ev) {
+                                        if (worker_ptr != nullptr) worker_ptr->PostEvent(ev);
+                                      });
+  }
+
+  Worker worker(options, *model, SteadyClock::Get(), engine.get());
+  worker_ptr = &worker;
   if (Status s = worker.Start(); !s.ok()) {
     spdlog::error("{}", s.message());
     return 1;
+  }
+  std::thread engine_thread;
+  if (engine) {
+    engine_thread = std::thread([&] { engine->Run([&] { return signals.stop_requested(); }); });
   }
   worker.Run([&signals] { return signals.stop_requested(); },
              [ready_fd] {
                spdlog::info("ready");
                NotifyReady(ready_fd);
              });
+  if (engine_thread.joinable()) {
+    engine->Wake();
+    engine_thread.join();
+    const EngineStats& st = engine->stats();
+    spdlog::info(
+        "engine: {} iterations, {} prefill and {} decode tokens, {} requests finished, "
+        "{} failed",
+        st.iterations, st.prefill_tokens, st.decode_tokens, st.requests_finished,
+        st.requests_failed);
+  }
   spdlog::info("stopped (signal {})", signals.last_signal());
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "gpu_worker/worker.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "common/log.h"
@@ -7,8 +8,9 @@
 
 namespace fmoe {
 
-Worker::Worker(WorkerOptions options, ModelInfo model, const Clock& clock)
-    : options_(std::move(options)), model_(std::move(model)), clock_(clock) {
+Worker::Worker(WorkerOptions options, ModelInfo model, const Clock& clock,
+               RequestExecutor* executor)
+    : options_(std::move(options)), model_(std::move(model)), clock_(clock), executor_(executor) {
   instance_id_ = RandomId();
 }
 
@@ -37,8 +39,13 @@ void Worker::Run(const std::function<bool()>& stop, const std::function<void()>&
   std::vector<wire::SocketBase*> sockets = {map_socket_.get()};
   if (router_socket_) sockets.push_back(router_socket_.get());
   std::vector<bool> readable;
+  bool notified = false;
   while (!stop()) {
-    auto polled = wire::Poll(sockets, 50, &readable);
+    auto polled = wire::Poll(sockets, 50, &readable, &notifier_, &notified);
+    if (polled.ok() && notified) {
+      notifier_.Drain();
+      SendEvents();
+    }
     if (polled.ok() && *polled > 0) {
       if (readable[0]) {
         while (auto in = map_socket_->Receive(0)) OnMapMessage(in->message);
@@ -57,6 +64,29 @@ void Worker::Run(const std::function<bool()>& stop, const std::function<void()>&
       }
       ready = true;
       on_ready();
+    }
+  }
+}
+
+void Worker::PostEvent(TokenEvent event) {
+  {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    events_.push_back(std::move(event));
+  }
+  notifier_.Notify();
+}
+
+void Worker::SendEvents() {
+  std::vector<TokenEvent> events;
+  {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    events.swap(events_);
+  }
+  for (const TokenEvent& ev : events) {
+    if (!router_socket_) continue;
+    // The router may be restarting: its requests are gone with it, so the event is dropped.
+    if (Status s = router_socket_->Send(ev); !s.ok()) {
+      spdlog::debug("req={} token event not sent: {}", ev.request_id, s.ToString());
     }
   }
 }
@@ -105,8 +135,9 @@ void Worker::Tick() {
       hb.group = options_.group;
       hb.instance_id = instance_id_;
       hb.seq = ++router_.seq;
-      hb.free_slots = options_.max_batch;
-      hb.active_requests = 0;
+      const uint32_t active = executor_ != nullptr ? executor_->active() : 0;
+      hb.free_slots = options_.max_batch - std::min(active, options_.max_batch);
+      hb.active_requests = active;
       s = router_socket_->Send(hb);
     }
     if (!s.ok()) spdlog::debug("to router: {}", s.ToString());
@@ -172,14 +203,18 @@ void Worker::OnRouterMessage(const WorkerMessage& message) {
   } else if (const auto* hb = std::get_if<WorkerHeartbeatAck>(&message)) {
     Acked(router_, hb->known);
   } else if (const auto* gen = std::get_if<Generate>(&message)) {
+    if (executor_ != nullptr) {
+      executor_->Submit(*gen);
+      return;
+    }
     TokenEvent ev;
     ev.request_id = gen->request_id;
     ev.finish = FinishReason::kError;
-    ev.error = "this worker has no model runtime yet";
+    ev.error = "this rank runs no model";
     Status s = router_socket_->Send(ev);
     if (!s.ok()) spdlog::warn("req={} error event not sent: {}", gen->request_id, s.ToString());
-  } else if (std::holds_alternative<Cancel>(message)) {
-    // Nothing runs yet, so there is nothing to cancel.
+  } else if (const auto* cancel = std::get_if<Cancel>(&message)) {
+    if (executor_ != nullptr) executor_->Cancel(cancel->request_id);
   } else {
     spdlog::debug("router sent {}; ignored", wire::MessageName(message));
   }

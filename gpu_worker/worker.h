@@ -1,9 +1,10 @@
 // A worker rank's control plane: registration and heartbeats with the map service (every rank)
 // and the router (the leader, rank 0), reconnection when either restarts, and the hand-off of
-// requests to the engine. One thread owns both sockets: Start() then Run() on that thread.
-// Inference never waits on the map service: readiness is reported once registered, or after
-// register_wait_ms without an answer. The model runtime (engine loop) arrives with the runtime
-// issue; until then a Generate is answered with an error event.
+// requests to the engine. One thread owns both sockets: Start() then Run() on that thread; the
+// engine runs on its own thread and hands its events back through PostEvent (any thread), which
+// wakes Run. Inference never waits on the map service: readiness is reported once registered,
+// or after register_wait_ms without an answer. Without an executor (a rank that runs no model)
+// a Generate is answered with an error event.
 //
 // Link state, per peer (map service; router for the leader):
 //   UNREGISTERED --(Register/Hello sent, ack accepted)--> REGISTERED
@@ -14,7 +15,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/messages.h"
@@ -23,6 +26,15 @@
 #include "common/wire.h"
 
 namespace fmoe {
+
+// What runs requests: the engine (gpu_worker/engine.h). Thread-safe.
+class RequestExecutor {
+ public:
+  virtual ~RequestExecutor() = default;
+  virtual void Submit(Generate request) = 0;
+  virtual void Cancel(uint64_t request_id) = 0;
+  virtual uint32_t active() const = 0;  // Waiting plus running requests.
+};
 
 struct WorkerOptions {
   std::string group;                 // Required.
@@ -39,8 +51,13 @@ struct WorkerOptions {
 
 class Worker {
  public:
-  Worker(WorkerOptions options, ModelInfo model, const Clock& clock);
+  // `executor` may be null (no model on this rank); it must outlive the worker.
+  Worker(WorkerOptions options, ModelInfo model, const Clock& clock,
+         RequestExecutor* executor = nullptr);
   ~Worker();
+
+  // Any thread: queues a token event for the router and wakes Run.
+  void PostEvent(TokenEvent event);
 
   Status Start();
   // Serves until stop() is true (checked every <= 50 ms); calls on_ready once.
@@ -66,6 +83,7 @@ class Worker {
   void OnRouterMessage(const WorkerMessage& message);
   void Acked(Link& link, bool known);
   void CheckLost(Link& link);
+  void SendEvents();
 
   WorkerOptions options_;
   ModelInfo model_;
@@ -77,6 +95,10 @@ class Worker {
   Link map_{"map service"};
   Link router_{"router"};
   int64_t started_ms_ = 0;
+  RequestExecutor* executor_;
+  wire::Notifier notifier_;
+  std::mutex events_mu_;
+  std::vector<TokenEvent> events_;  // GUARDED_BY(events_mu_)
 };
 
 }  // namespace fmoe

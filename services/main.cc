@@ -2,6 +2,7 @@
 //   fmoe launch MANIFEST     start and supervise the cluster in the foreground
 //   fmoe status MANIFEST     each process and its health
 //   fmoe validate MANIFEST   check a manifest and print the effective configuration
+//   fmoe generate --model DIR --prompt TEXT   run a model locally (LibTorch builds)
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +12,9 @@
 #include "common/process_util.h"
 #include "services/launcher.h"
 #include "services/status_cmd.h"
+#ifdef FMOE_HAVE_TORCH
+#include "services/generate_cmd.h"
+#endif
 
 namespace {
 
@@ -40,7 +44,36 @@ int main(int argc, char** argv) {
   status->add_flag("--json", json, "print JSON");
   auto* validate = app.add_subcommand("validate", "check a manifest, print the effective config");
   validate->add_option("manifest", manifest_path, "cluster manifest (YAML)")->required();
+#ifdef FMOE_HAVE_TORCH
+  fmoe::GenerateCommand gen;
+  auto* generate = app.add_subcommand("generate", "run a model locally on one prompt");
+  generate->add_option("--model", gen.model_dir, "Hugging Face model directory")->required();
+  generate->add_option("--prompt", gen.prompt, "prompt text")->required();
+  generate->add_option("--max-tokens", gen.max_tokens, "tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1u << 20));
+  generate->add_option("--temperature", gen.temperature, "0 = greedy")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 100.0f));
+  generate->add_option("--top-p", gen.top_p, "nucleus sampling mass")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 1.0f));
+  generate->add_option("--top-k", gen.top_k, "0 = off")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  generate->add_option("--seed", gen.seed, "sampling seed")->capture_default_str();
+  generate->add_option("--stop", gen.stop, "stop string (repeatable)");
+  generate->add_option("--dtype", gen.dtype, "compute dtype")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
+  generate->add_option("--threads", gen.threads, "intra-op threads (0 = default)")
+      ->check(CLI::NonNegativeNumber);
+  generate->add_flag("--no-bos", gen.no_bos, "do not add the tokenizer's BOS token");
+#endif
   CLI11_PARSE(app, argc, argv);
+#ifdef FMOE_HAVE_TORCH
+  if (generate->parsed()) return fmoe::RunGenerate(gen);
+#endif
 
   fmoe::Manifest manifest;
   if (int rc = LoadOrExplain(manifest_path, &manifest); rc != 0) return rc;

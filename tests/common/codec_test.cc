@@ -126,7 +126,8 @@ TEST(Codec, RoundTripGenerate) {
                            .top_k = 40,
                            .seed = 1234567,
                            .max_tokens = 256,
-                           .stop_token_ids = {2, 151645}}};
+                           .stop_token_ids = {2, 151645},
+                           .stop = {"\n\n", "User:", "\xe2\x9c\x93"}}};
   auto out = RoundTripAs<Generate, WorkerMessage>(in);
   EXPECT_EQ(out.request_id, in.request_id);
   EXPECT_EQ(out.token_ids, in.token_ids);
@@ -136,6 +137,7 @@ TEST(Codec, RoundTripGenerate) {
   EXPECT_EQ(out.sampling.seed, in.sampling.seed);
   EXPECT_EQ(out.sampling.max_tokens, in.sampling.max_tokens);
   EXPECT_EQ(out.sampling.stop_token_ids, in.sampling.stop_token_ids);
+  EXPECT_EQ(out.sampling.stop, in.sampling.stop);
 }
 
 TEST(Codec, RoundTripGenerateDefaults) {
@@ -144,6 +146,7 @@ TEST(Codec, RoundTripGenerateDefaults) {
   EXPECT_EQ(out.sampling.top_p, 1.0f);
   EXPECT_EQ(out.sampling.max_tokens, 16u);
   EXPECT_TRUE(out.sampling.stop_token_ids.empty());
+  EXPECT_TRUE(out.sampling.stop.empty());
 }
 
 TEST(Codec, RoundTripCancel) {
@@ -318,7 +321,7 @@ TEST(CodecReject, Truncated) {
 TEST(CodecReject, EveryPrefix) {
   Generate g{.request_id = 1,
              .token_ids = {1, 2, 3, 4, 5},
-             .sampling = {.temperature = 0.5f, .stop_token_ids = {7}}};
+             .sampling = {.temperature = 0.5f, .stop_token_ids = {7}, .stop = {"\n"}}};
   const std::vector<uint8_t> frame = Encode(WorkerMessage(g));
   for (size_t n = 0; n < frame.size(); ++n) {
     std::vector<uint8_t> prefix(frame.begin(), frame.begin() + static_cast<ptrdiff_t>(n));
@@ -516,6 +519,16 @@ TEST(CodecReject, TooManyTokensAndStops) {
   error = Reject<WorkerMessage>(Encode(WorkerMessage(g)));
   EXPECT_EQ(error.reason, DropReason::kOutOfRange);
   EXPECT_EQ(error.detail, "Generate.sampling.stop_token_ids: 65 ids > limit 64");
+  g.sampling.stop_token_ids.clear();
+  g.sampling.stop.assign(17, "x");
+  error = Reject<WorkerMessage>(Encode(WorkerMessage(g)));
+  EXPECT_EQ(error.detail, "Generate.sampling.stop: 17 strings > limit 16");
+  g.sampling.stop = {"ok", std::string(257, 'y')};
+  error = Reject<WorkerMessage>(Encode(WorkerMessage(g)));
+  EXPECT_EQ(error.detail, "Generate.sampling.stop[]: 257 bytes > limit 256");
+  g.sampling.stop = {"ok", ""};
+  error = Reject<WorkerMessage>(Encode(WorkerMessage(g)));
+  EXPECT_EQ(error.detail, "Generate.sampling.stop[]: missing (required)");
 }
 
 TEST(CodecReject, TooManyPrefetchEntries) {

@@ -1,0 +1,278 @@
+#include "gpu_worker/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "common/log.h"
+
+namespace fmoe {
+namespace {
+
+int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+struct Engine::Sequence {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> output;
+  SamplingParams sampling;
+  Sampler sampler;
+  std::unique_ptr<KvCache> kv;
+  uint32_t iteration = 0;
+  int64_t submitted_us = 0;
+  int64_t admitted_us = -1;
+  int64_t last_event_us = -1;
+  std::unique_ptr<TextStream> text;    // Only with stop strings.
+  std::unique_ptr<StopMatcher> stops;  // Only with stop strings.
+  bool cancelled = false;
+  bool finished = false;
+
+  explicit Sequence(const SamplingParams& params) : sampling(params), sampler(params) {}
+};
+
+Engine::Engine(EngineOptions options, MixtralModel& model, ExpertSource& experts,
+               const Tokenizer* tokenizer, ForwardObserver* observer, EventSink sink)
+    : options_(std::move(options)),
+      model_(model),
+      experts_(experts),
+      tokenizer_(tokenizer),
+      observer_(observer),
+      sink_(std::move(sink)) {}
+
+Engine::~Engine() = default;
+
+void Engine::Submit(Generate request) {
+  active_.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_.push_back({Command{false, std::move(request)}, NowUs()});
+  }
+  cv_.notify_one();
+}
+
+void Engine::Cancel(uint64_t request_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Command c;
+    c.cancel = true;
+    c.request.request_id = request_id;
+    inbox_.push_back({std::move(c), NowUs()});
+  }
+  cv_.notify_one();
+}
+
+void Engine::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_one();
+}
+
+void Engine::WaitForWork(int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+               [this] { return !inbox_.empty() || woken_; });
+  woken_ = false;
+}
+
+void Engine::Run(const std::function<bool()>& stop) {
+  while (!stop()) {
+    if (!Step()) WaitForWork(50);
+  }
+}
+
+void Engine::DrainInbox() {
+  std::deque<std::pair<Command, int64_t>> commands;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands.swap(inbox_);
+  }
+  for (auto& [command, at_us] : commands) {
+    if (!command.cancel) {
+      Admit(std::move(command.request), at_us);
+      continue;
+    }
+    const uint64_t id = command.request.request_id;
+    auto waiting =
+        std::find_if(waiting_.begin(), waiting_.end(), [id](const auto& s) { return s->id == id; });
+    if (waiting != waiting_.end()) {
+      Finish(**waiting, FinishReason::kCancelled);
+      waiting_.erase(waiting);
+      continue;
+    }
+    for (auto& seq : running_) {
+      if (seq->id == id) seq->cancelled = true;
+    }
+  }
+}
+
+void Engine::Admit(Generate request, int64_t submitted_us) {
+  const ModelInfo& info = model_.info();
+  const std::string req = "req=" + std::to_string(request.request_id) + ": ";
+  if (waiting_.size() >= options_.max_waiting) {
+    return Fail(request.request_id, req + "the worker's queue is full (" +
+                                        std::to_string(options_.max_waiting) + " waiting)");
+  }
+  if (request.token_ids.empty()) return Fail(request.request_id, req + "the prompt is empty");
+  for (size_t i = 0; i < request.token_ids.size(); ++i) {
+    const int32_t id = request.token_ids[i];
+    if (id < 0 || static_cast<uint32_t>(id) >= info.vocab_size) {
+      return Fail(request.request_id, req + "prompt token " + std::to_string(i) + " (" +
+                                          std::to_string(id) + ") is not in the vocabulary of " +
+                                          std::to_string(info.vocab_size));
+    }
+  }
+  if (info.max_position_embeddings > 0 &&
+      request.token_ids.size() >= info.max_position_embeddings) {
+    return Fail(request.request_id, req + "the prompt's " +
+                                        std::to_string(request.token_ids.size()) +
+                                        " tokens leave no room in the model's context of " +
+                                        std::to_string(info.max_position_embeddings));
+  }
+  if (Status s = ValidateSampling(request.sampling, info.vocab_size); !s.ok()) {
+    return Fail(request.request_id, req + s.message());
+  }
+  auto seq = std::make_unique<Sequence>(request.sampling);
+  seq->id = request.request_id;
+  seq->prompt = std::move(request.token_ids);
+  seq->submitted_us = submitted_us;
+  if (!seq->sampling.stop.empty()) {
+    if (tokenizer_ == nullptr) {
+      return Fail(request.request_id, req + "stop strings need the model's tokenizer");
+    }
+    seq->text = std::make_unique<TextStream>(*tokenizer_, /*skip_special_tokens=*/true);
+    seq->stops = std::make_unique<StopMatcher>(seq->sampling.stop);
+  }
+  waiting_.push_back(std::move(seq));
+}
+
+void Engine::Fail(uint64_t request_id, const std::string& error) {
+  spdlog::warn("{}", error);
+  TokenEvent ev;
+  ev.request_id = request_id;
+  ev.finish = FinishReason::kError;
+  ev.error = error;
+  ++stats_.requests_failed;
+  active_.fetch_sub(1, std::memory_order_relaxed);
+  sink_(ev);
+}
+
+void Engine::Emit(Sequence& seq, int32_t token, FinishReason finish) {
+  const int64_t now = NowUs();
+  TokenEvent ev;
+  ev.request_id = seq.id;
+  ev.token_id = token;
+  ev.index = static_cast<uint32_t>(seq.output.empty() ? 0 : seq.output.size() - 1);
+  ev.finish = finish;
+  if (seq.last_event_us < 0) {
+    ev.queue_us = static_cast<uint64_t>(std::max<int64_t>(0, seq.admitted_us - seq.submitted_us));
+    ev.token_us = static_cast<uint64_t>(std::max<int64_t>(0, now - seq.admitted_us));
+  } else {
+    ev.token_us = static_cast<uint64_t>(now - seq.last_event_us);
+  }
+  seq.last_event_us = now;
+  sink_(ev);
+}
+
+void Engine::Retire(Sequence& seq, FinishReason reason) {
+  seq.finished = true;
+  if (reason == FinishReason::kError) {
+    ++stats_.requests_failed;
+  } else {
+    ++stats_.requests_finished;
+  }
+  active_.fetch_sub(1, std::memory_order_relaxed);
+  if (observer_ != nullptr && seq.iteration > 0) observer_->OnRequestEnd(seq.id);
+}
+
+void Engine::Finish(Sequence& seq, FinishReason reason, std::string error) {
+  if (seq.finished) return;
+  Retire(seq, reason);
+  TokenEvent ev;
+  ev.request_id = seq.id;
+  ev.finish = reason;
+  ev.error = std::move(error);
+  ev.index = static_cast<uint32_t>(seq.output.size());
+  sink_(ev);
+}
+
+bool Engine::Step() {
+  DrainInbox();
+  for (auto& seq : running_) {
+    if (seq->cancelled) Finish(*seq, FinishReason::kCancelled);
+  }
+  std::erase_if(running_, [](const auto& s) { return s->finished; });
+  const int64_t now = NowUs();
+  while (running_.size() < options_.max_batch && !waiting_.empty()) {
+    std::unique_ptr<Sequence> seq = std::move(waiting_.front());
+    waiting_.pop_front();
+    seq->admitted_us = now;
+    seq->kv = model_.NewKvCache();
+    running_.push_back(std::move(seq));
+  }
+  if (running_.empty()) return false;
+
+  std::vector<SequenceInput> inputs(running_.size());
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& seq = *running_[i];
+    inputs[i].request_id = seq.id;
+    inputs[i].iteration = seq.iteration;
+    inputs[i].kv = seq.kv.get();
+    if (seq.iteration == 0) {
+      inputs[i].tokens = seq.prompt;
+      stats_.prefill_tokens += seq.prompt.size();
+    } else {
+      inputs[i].tokens = std::span<const int32_t>(&seq.output.back(), 1);
+      ++stats_.decode_tokens;
+    }
+  }
+  ForwardResult result;
+  const int64_t t0 = NowUs();
+  Status s = model_.Forward(inputs, experts_, observer_, &result);
+  stats_.forward_us += static_cast<uint64_t>(NowUs() - t0);
+  ++stats_.iterations;
+  if (!s.ok()) {
+    spdlog::error("iteration failed for {} requests: {}", running_.size(), s.message());
+    for (auto& seq : running_) Finish(*seq, FinishReason::kError, s.message());
+    running_.clear();
+    return true;
+  }
+
+  const uint32_t max_positions = model_.info().max_position_embeddings;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& seq = *running_[i];
+    ++seq.iteration;
+    const int32_t token = seq.sampler.Sample(result.logits[i]);
+    const auto& stop_ids = seq.sampling.stop_token_ids;
+    if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end() ||
+        std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(), token) !=
+            options_.eos_token_ids.end()) {
+      Finish(seq, FinishReason::kStop);  // A stop token is not part of the completion.
+      continue;
+    }
+    seq.output.push_back(token);
+    FinishReason finish = FinishReason::kNone;
+    if (seq.stops) {
+      seq.stops->Feed(seq.text->Push(token));
+      if (seq.stops->stopped()) finish = FinishReason::kStop;
+    }
+    if (finish == FinishReason::kNone &&
+        (seq.output.size() >= seq.sampling.max_tokens ||
+         (max_positions > 0 && seq.kv->length() + 1 > static_cast<int64_t>(max_positions)))) {
+      finish = FinishReason::kLength;
+    }
+    Emit(seq, token, finish);
+    if (finish != FinishReason::kNone) Retire(seq, finish);
+  }
+  std::erase_if(running_, [](const auto& s) { return s->finished; });
+  return true;
+}
+
+}  // namespace fmoe

@@ -1,0 +1,112 @@
+// The worker's engine loop: continuous batching over the model runtime. Requests join and leave
+// at iteration boundaries, up to max_batch at once; each iteration runs every admitted request's
+// new tokens (the prompt for a request just admitted, its last token otherwise) through one
+// Forward, samples one token per request and reports it. A request's tokens do not depend on
+// what else is in the batch (see model.h and sampler.h).
+//
+// Threads: Submit/Cancel/active from any thread (they only enqueue); Step/Run on the one engine
+// thread that owns the model, the KV caches and the expert source. Events go to the sink on
+// the engine thread, in order.
+//
+// A request's life:
+//   WAITING --(a batch slot is free: Step admits, oldest first)--> RUNNING
+//   RUNNING --(stop token, stop string, max_tokens, context full)--> finished (stop / length)
+//   WAITING or RUNNING --(Cancel)--> finished (cancelled); a running one leaves at the next Step
+//   any --(invalid request or runtime error)--> finished (error)
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "common/messages.h"
+#include "common/status.h"
+#include "common/tokenizer.h"
+#include "gpu_worker/model.h"
+#include "gpu_worker/sampler.h"
+#include "gpu_worker/worker.h"
+
+namespace fmoe {
+
+struct EngineOptions {
+  uint32_t max_batch = 8;  // Requests running at once. Default: 8
+  // Requests waiting for a slot; more are refused with an error event. Default: 1024
+  uint32_t max_waiting = 1024;
+  // Token ids that end generation besides a request's own (the model's eos). Default: none
+  std::vector<int32_t> eos_token_ids;
+};
+
+struct EngineStats {
+  uint64_t iterations = 0;
+  uint64_t prefill_tokens = 0;
+  uint64_t decode_tokens = 0;
+  uint64_t requests_finished = 0;
+  uint64_t requests_failed = 0;
+  uint64_t forward_us = 0;  // Time inside Forward.
+};
+
+class Engine final : public RequestExecutor {
+ public:
+  using EventSink = std::function<void(const TokenEvent&)>;
+
+  // `tokenizer` may be null: stop strings then fail the request. `observer` may be null.
+  Engine(EngineOptions options, MixtralModel& model, ExpertSource& experts,
+         const Tokenizer* tokenizer, ForwardObserver* observer, EventSink sink);
+  ~Engine();
+
+  // Any thread.
+  void Submit(Generate request) override;
+  void Cancel(uint64_t request_id) override;
+  // Waiting plus running requests.
+  uint32_t active() const override { return active_.load(std::memory_order_relaxed); }
+  // Wakes Run() from WaitForWork without work (e.g. to stop).
+  void Wake();
+
+  // Engine thread. One iteration; false when there was nothing to run.
+  bool Step();
+  // Steps until stop() is true, sleeping while idle (checks stop at least every 50 ms).
+  void Run(const std::function<bool()>& stop);
+  const EngineStats& stats() const { return stats_; }
+
+ private:
+  struct Sequence;
+  struct Command {
+    bool cancel = false;
+    Generate request;
+  };
+
+  void DrainInbox();
+  void Admit(Generate request, int64_t submitted_us);
+  // Marks a sequence finished (counters, observer); Finish also sends its final event.
+  void Retire(Sequence& seq, FinishReason reason);
+  void Finish(Sequence& seq, FinishReason reason, std::string error = {});
+  void Fail(uint64_t request_id, const std::string& error);
+  void Emit(Sequence& seq, int32_t token, FinishReason finish);
+  void WaitForWork(int timeout_ms);
+
+  EngineOptions options_;
+  MixtralModel& model_;
+  ExpertSource& experts_;
+  const Tokenizer* tokenizer_;
+  ForwardObserver* observer_;
+  EventSink sink_;
+  EngineStats stats_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<Command, int64_t>> inbox_;  // GUARDED_BY(mu_); with submit time (us).
+  bool woken_ = false;                             // GUARDED_BY(mu_)
+  std::atomic<uint32_t> active_{0};
+
+  // Engine thread only.
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+};
+
+}  // namespace fmoe

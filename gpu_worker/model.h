@@ -1,0 +1,113 @@
+// The model runtime: a Mixtral-architecture MoE (MixtralForCausalLM) in LibTorch, loaded from a
+// Hugging Face checkpoint, running one iteration of a ragged batch: each sequence brings its new
+// tokens (the whole prompt in prefill, one token in decode) and its own KV cache. Dense weights
+// live here; routed experts are reached only through an ExpertSource. One owner thread (the
+// engine's); nothing here is thread-safe.
+//
+// Batch invariance: a sequence's logits do not depend on what else is in the batch. Attention
+// runs per sequence; every matrix product on the CPU runs over fixed blocks of `row_block` rows
+// (the last one zero-padded), so a row meets the same BLAS kernel wherever it sits.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "common/model_config.h"
+#include "common/status.h"
+#include "gpu_worker/expert_source.h"
+
+namespace fmoe {
+
+struct RuntimeOptions {
+  std::string dtype = "float32";  // Compute dtype: float32 | bfloat16 | float16. Default: float32
+  int cuda_index = -1;            // -1 = cpu. Default: -1
+  // Rows per matrix-product block on the CPU (batch invariance); 0 = one product over all rows.
+  // Default: 4
+  int row_block = 4;
+};
+
+// Bytes converted so far, of the total.
+using LoadProgress = std::function<void(uint64_t done, uint64_t total)>;
+
+// One sequence's keys and values for every layer, grown as it lengthens.
+class KvCache {
+ public:
+  int64_t length() const { return length_; }
+  size_t bytes() const;
+
+ private:
+  friend class MixtralModel;
+  int64_t length_ = 0;
+  int64_t capacity_ = 0;
+  std::vector<at::Tensor> k_, v_;  // Per layer: [kv_heads, capacity, head_dim].
+};
+
+// Gate distributions and semantic embeddings as they are computed (DESIGN section 4): the hook
+// the worker publishes to the map service. Called on the engine thread, in order, during
+// Forward; spans are valid only during the call.
+class ForwardObserver {
+ public:
+  virtual ~ForwardObserver() = default;
+  // Mean of the embedding-layer output over the sequence's new tokens (length h).
+  virtual void OnIterationStart(uint64_t request_id, uint32_t iteration,
+                                std::span<const float> sem) {}
+  // Softmax over all J experts of MoE layer `layer`, averaged over the new tokens.
+  virtual void OnLayerGates(uint64_t request_id, uint32_t iteration, uint32_t layer,
+                            std::span<const float> probs) {}
+  virtual void OnIterationEnd(uint64_t request_id, uint32_t iteration) {}
+  // The request left the batch (finished, cancelled or failed); called by the engine.
+  virtual void OnRequestEnd(uint64_t request_id) {}
+};
+
+struct SequenceInput {
+  uint64_t request_id = 0;
+  uint32_t iteration = 0;           // 0 = prefill.
+  std::span<const int32_t> tokens;  // New tokens, at positions kv->length() onwards.
+  KvCache* kv = nullptr;
+  bool all_logits = false;  // Logits of every new token (tests), else of the last only.
+};
+
+struct ForwardResult {
+  // Per sequence: row-major [rows x vocab], rows = tokens.size() or 1.
+  std::vector<std::vector<float>> logits;
+  // With record_router: per MoE layer, [total new tokens x J] router probabilities and
+  // [total new tokens x K] chosen experts, rows in batch order.
+  std::vector<std::vector<float>> router_probs;
+  std::vector<std::vector<int32_t>> router_topk;
+};
+
+class MixtralModel {
+ public:
+  ~MixtralModel();
+
+  // Loads the dense weights from info.dir and the routed experts into `experts` (host memory,
+  // compute dtype). Errors name the file and tensor: "model: /m/model.safetensors: tensor
+  // \"model.layers.0.self_attn.q_proj.weight\": shape [64, 32], expected [64, 64]".
+  static Result<std::unique_ptr<MixtralModel>> Load(const ModelInfo& info,
+                                                    const RuntimeOptions& options,
+                                                    const LoadProgress& progress,
+                                                    ExpertTable* experts);
+
+  const ModelInfo& info() const { return info_; }
+  std::unique_ptr<KvCache> NewKvCache() const;
+
+  // Runs one iteration. Appends each sequence's new tokens to its KV cache. kInvalidArgument for
+  // a token id out of range or a sequence past max_position_embeddings.
+  Status Forward(std::span<const SequenceInput> batch, ExpertSource& experts,
+                 ForwardObserver* observer, ForwardResult* out, bool record_router = false);
+
+ private:
+  struct Layer;
+  struct Impl;
+  explicit MixtralModel(ModelInfo info);
+  ModelInfo info_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fmoe

@@ -1,0 +1,334 @@
+// The engine loop over the reference checkpoint (tests/fixtures/mixtral-ref): continuous
+// batching, batch invariance of tokens, cancellation, stop conditions and bad requests.
+#include "gpu_worker/engine.h"
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/model_config.h"
+#include "common/tokenizer.h"
+#include "gpu_worker/expert_source.h"
+#include "gpu_worker/model.h"
+
+namespace fmoe {
+namespace {
+
+const std::string kModelDir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/mixtral-ref";
+
+struct Loaded {
+  ModelInfo info;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<MixtralModel> model;
+  std::unique_ptr<ResidentExperts> experts;
+};
+
+Loaded& Fixture() {
+  static Loaded* loaded = [] {
+    auto* l = new Loaded;
+    auto info = LoadModelInfo(kModelDir);
+    EXPECT_TRUE(info.ok()) << info.status().ToString();
+    l->info = *info;
+    auto tok = Tokenizer::Load(kModelDir);
+    EXPECT_TRUE(tok.ok()) << tok.status().ToString();
+    l->tokenizer = std::move(*tok);
+    ExpertTable table;
+    auto model = MixtralModel::Load(l->info, RuntimeOptions{}, {}, &table);
+    EXPECT_TRUE(model.ok()) << model.status().ToString();
+    l->model = std::move(*model);
+    l->experts = std::make_unique<ResidentExperts>(std::move(table));
+    return l;
+  }();
+  return *loaded;
+}
+
+// Records what each Forward ran: the request ids of every iteration and their iteration number.
+class BatchRecorder : public ForwardObserver {
+ public:
+  void OnIterationStart(uint64_t id, uint32_t iteration, std::span<const float> sem) override {
+    if (!open_) batches_.emplace_back();
+    open_ = true;
+    batches_.back()[id] = iteration;
+    sem_sizes_.insert(sem.size());
+  }
+  void OnLayerGates(uint64_t id, uint32_t, uint32_t layer, std::span<const float> probs) override {
+    double sum = 0;
+    for (float p : probs) sum += p;
+    max_gate_error_ = std::max(max_gate_error_, std::abs(sum - 1.0));
+    ++gates_[id];
+    probs_size_ = probs.size();
+    max_layer_ = std::max(max_layer_, layer);
+  }
+  void OnIterationEnd(uint64_t, uint32_t) override { open_ = false; }
+  void OnRequestEnd(uint64_t id) override { ended_.push_back(id); }
+
+  std::vector<std::map<uint64_t, uint32_t>> batches_;
+  std::map<uint64_t, int> gates_;
+  std::set<size_t> sem_sizes_;
+  std::vector<uint64_t> ended_;
+  double max_gate_error_ = 0;
+  size_t probs_size_ = 0;
+  uint32_t max_layer_ = 0;
+
+ private:
+  bool open_ = false;
+};
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  FinishReason finish = FinishReason::kNone;
+  std::string error;
+  int events = 0;
+};
+
+class EngineHarness {
+ public:
+  explicit EngineHarness(uint32_t max_batch, ForwardObserver* observer = nullptr) {
+    Loaded& f = Fixture();
+    EngineOptions options;
+    options.max_batch = max_batch;
+    engine_ = std::make_unique<Engine>(options, *f.model, *f.experts, f.tokenizer.get(), observer,
+                                       [this](const TokenEvent& ev) { OnEvent(ev); });
+  }
+  Engine& engine() { return *engine_; }
+  void Submit(uint64_t id, std::vector<int32_t> prompt, SamplingParams sampling) {
+    Generate g;
+    g.request_id = id;
+    g.token_ids = std::move(prompt);
+    g.sampling = std::move(sampling);
+    engine_->Submit(std::move(g));
+  }
+  // Steps until every submitted request has finished (or `max_steps`).
+  void RunToEnd(int max_steps = 1000) {
+    for (int i = 0; i < max_steps && engine_->Step(); ++i) {
+    }
+  }
+  std::map<uint64_t, Outcome> outcomes;
+
+ private:
+  void OnEvent(const TokenEvent& ev) {
+    Outcome& o = outcomes[ev.request_id];
+    ++o.events;
+    EXPECT_EQ(o.finish, FinishReason::kNone) << "event after the final one, req=" << ev.request_id;
+    if (ev.token_id >= 0) {
+      EXPECT_EQ(ev.index, o.tokens.size());
+      o.tokens.push_back(ev.token_id);
+    }
+    o.finish = ev.finish;
+    o.error = ev.error;
+  }
+  std::unique_ptr<Engine> engine_;
+};
+
+std::vector<int32_t> Encode(const std::string& text) {
+  auto ids = Fixture().tokenizer->Encode(text, true);
+  EXPECT_TRUE(ids.ok());
+  return *ids;
+}
+
+SamplingParams Greedy(uint32_t max_tokens) {
+  SamplingParams p;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+SamplingParams Sampled(uint32_t max_tokens, uint64_t seed) {
+  SamplingParams p;
+  p.max_tokens = max_tokens;
+  p.temperature = 0.9f;
+  p.top_p = 0.95f;
+  p.top_k = 50;
+  p.seed = seed;
+  return p;
+}
+
+const std::vector<std::string> kPrompts = {
+    "The quick brown fox", "In the beginning", "def main():\n    return 0",
+    "Once upon a time, in a land far away, there lived a king who had three daughters.",
+    "Zürich 2024: 12 + 30 = 42"};
+
+TEST(Engine, TokensDoNotDependOnTheBatch) {
+  // Alone, one request at a time.
+  std::map<uint64_t, std::vector<int32_t>> alone;
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    EngineHarness h(1);
+    h.Submit(i + 1, Encode(kPrompts[i]), i % 2 ? Sampled(12, 100 + i) : Greedy(12));
+    h.RunToEnd();
+    ASSERT_EQ(h.outcomes[i + 1].finish, FinishReason::kLength);
+    alone[i + 1] = h.outcomes[i + 1].tokens;
+  }
+  // All at once, and staggered: requests join while others decode, through a smaller batch.
+  for (uint32_t max_batch : {8u, 2u}) {
+    EngineHarness h(max_batch);
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      h.Submit(i + 1, Encode(kPrompts[i]), i % 2 ? Sampled(12, 100 + i) : Greedy(12));
+      if (i % 2 == 1) h.engine().Step();
+    }
+    h.RunToEnd();
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      EXPECT_EQ(h.outcomes[i + 1].tokens, alone[i + 1]) << "prompt " << i << " batch " << max_batch;
+    }
+  }
+}
+
+TEST(Engine, RequestsJoinAndLeaveAtIterationBoundaries) {
+  BatchRecorder rec;
+  EngineHarness h(2, &rec);
+  h.Submit(1, Encode(kPrompts[0]), Greedy(3));
+  h.Submit(2, Encode(kPrompts[1]), Greedy(6));
+  h.Submit(3, Encode(kPrompts[2]), Greedy(2));
+  h.RunToEnd();
+  for (uint64_t id : {1, 2, 3}) EXPECT_EQ(h.outcomes[id].finish, FinishReason::kLength) << id;
+  ASSERT_FALSE(rec.batches_.empty());
+  for (const auto& batch : rec.batches_) EXPECT_LE(batch.size(), 2u);
+  // Iteration 1: requests 1 and 2 prefill together; request 3 waits for a free slot.
+  EXPECT_EQ(rec.batches_[0], (std::map<uint64_t, uint32_t>{{1, 0}, {2, 0}}));
+  // Request 1 produces 3 tokens in iterations 0..2, then leaves; request 3 joins (prefill) with
+  // request 2 still decoding.
+  EXPECT_EQ(rec.batches_[3], (std::map<uint64_t, uint32_t>{{2, 3}, {3, 0}}));
+  EXPECT_EQ(rec.ended_, (std::vector<uint64_t>{1, 3, 2}));
+  const ModelInfo& info = Fixture().info;
+  EXPECT_EQ(rec.probs_size_, info.num_experts);
+  EXPECT_EQ(rec.max_layer_ + 1, info.num_moe_layers);
+  EXPECT_LT(rec.max_gate_error_, 1e-5);
+  EXPECT_EQ(rec.sem_sizes_, std::set<size_t>{info.hidden_size});
+  // Every iteration of request 2 reported every layer: 6 iterations.
+  EXPECT_EQ(rec.gates_[2], static_cast<int>(6 * info.num_moe_layers));
+}
+
+TEST(Engine, CancelFreesTheSlotWithinOneIteration) {
+  BatchRecorder rec;
+  EngineHarness h(1, &rec);
+  h.Submit(1, Encode(kPrompts[0]), Greedy(100));
+  h.Submit(2, Encode(kPrompts[1]), Greedy(2));
+  h.Submit(3, Encode(kPrompts[2]), Greedy(2));
+  ASSERT_TRUE(h.engine().Step());
+  ASSERT_TRUE(h.engine().Step());
+  h.engine().Cancel(1);
+  h.engine().Cancel(3);  // Still waiting: cancelled without running.
+  ASSERT_TRUE(h.engine().Step());
+  EXPECT_EQ(h.outcomes[1].finish, FinishReason::kCancelled);
+  EXPECT_EQ(h.outcomes[1].tokens.size(), 2u);
+  EXPECT_EQ(h.outcomes[3].finish, FinishReason::kCancelled);
+  EXPECT_TRUE(h.outcomes[3].tokens.empty());
+  // The step after the cancel already ran request 2.
+  EXPECT_EQ(rec.batches_.back(), (std::map<uint64_t, uint32_t>{{2, 0}}));
+  h.RunToEnd();
+  EXPECT_EQ(h.outcomes[2].finish, FinishReason::kLength);
+  EXPECT_EQ(h.engine().active(), 0u);
+}
+
+TEST(Engine, StopTokenAndStopStringEndGeneration) {
+  EngineHarness ref(1);
+  ref.Submit(1, Encode(kPrompts[3]), Greedy(16));
+  ref.RunToEnd();
+  const std::vector<int32_t> full = ref.outcomes[1].tokens;
+  ASSERT_EQ(full.size(), 16u);
+
+  // A stop token id ends generation before that token, which is not reported.
+  size_t first = 3;
+  while (first < full.size() &&
+         std::find(full.begin(), full.begin() + first, full[first]) != full.begin() + first) {
+    ++first;
+  }
+  ASSERT_LT(first, full.size());
+  SamplingParams with_stop_id = Greedy(16);
+  with_stop_id.stop_token_ids = {full[first]};
+  EngineHarness a(1);
+  a.Submit(1, Encode(kPrompts[3]), with_stop_id);
+  a.RunToEnd();
+  EXPECT_EQ(a.outcomes[1].finish, FinishReason::kStop);
+  EXPECT_EQ(a.outcomes[1].tokens, std::vector<int32_t>(full.begin(), full.begin() + first));
+
+  // A stop string ends generation at the token that completes it.
+  const Tokenizer& tok = *Fixture().tokenizer;
+  std::string text;
+  size_t end_token = 0;
+  std::string stop;
+  for (size_t i = 0; i < full.size() && stop.empty(); ++i) {
+    std::string next = tok.Decode(std::span<const int32_t>(full.data(), i + 1), true);
+    if (i >= 4 && next.size() >= text.size() + 2) {
+      stop = next.substr(next.size() - 2);  // Two characters the token just completed.
+      const bool ascii =
+          static_cast<unsigned char>(stop[0]) < 0x80 && static_cast<unsigned char>(stop[1]) < 0x80;
+      if (!ascii || text.find(stop) != std::string::npos) stop.clear();
+      end_token = i;
+    }
+    text = next;
+  }
+  ASSERT_FALSE(stop.empty());
+  SamplingParams with_stop = Greedy(16);
+  with_stop.stop = {"never-there", stop};
+  EngineHarness b(1);
+  b.Submit(1, Encode(kPrompts[3]), with_stop);
+  b.RunToEnd();
+  EXPECT_EQ(b.outcomes[1].finish, FinishReason::kStop);
+  EXPECT_EQ(b.outcomes[1].tokens, std::vector<int32_t>(full.begin(), full.begin() + end_token + 1));
+}
+
+TEST(Engine, LengthEndsAtMaxTokensAndAtTheContext) {
+  const ModelInfo& info = Fixture().info;
+  EngineHarness h(2);
+  h.Submit(1, Encode(kPrompts[0]), Greedy(5));
+  std::vector<int32_t> long_prompt;
+  const std::vector<int32_t> piece = Encode(kPrompts[3]);
+  while (long_prompt.size() + 3 < info.max_position_embeddings) {
+    long_prompt.push_back(piece[long_prompt.size() % piece.size()]);
+  }
+  const size_t room = info.max_position_embeddings - long_prompt.size();
+  h.Submit(2, long_prompt, Greedy(1000));
+  h.RunToEnd();
+  EXPECT_EQ(h.outcomes[1].tokens.size(), 5u);
+  EXPECT_EQ(h.outcomes[1].finish, FinishReason::kLength);
+  // The last generated token is never fed back: positions up to the context are used.
+  EXPECT_EQ(h.outcomes[2].tokens.size(), room + 1);
+  EXPECT_EQ(h.outcomes[2].finish, FinishReason::kLength);
+}
+
+TEST(Engine, BadRequestsFailAloneAndTheRestRuns) {
+  const ModelInfo& info = Fixture().info;
+  EngineHarness h(4);
+  h.Submit(1, {}, Greedy(4));
+  h.Submit(2, {1, static_cast<int32_t>(info.vocab_size)}, Greedy(4));
+  h.Submit(3, std::vector<int32_t>(info.max_position_embeddings, 5), Greedy(4));
+  SamplingParams bad = Greedy(4);
+  bad.top_p = 0.0f;
+  h.Submit(4, Encode(kPrompts[0]), bad);
+  h.Submit(5, Encode(kPrompts[0]), Greedy(4));
+  h.RunToEnd();
+  EXPECT_EQ(h.outcomes[1].error, "req=1: the prompt is empty");
+  EXPECT_EQ(h.outcomes[2].error, "req=2: prompt token 1 (" + std::to_string(info.vocab_size) +
+                                     ") is not in the vocabulary of " +
+                                     std::to_string(info.vocab_size));
+  EXPECT_EQ(h.outcomes[3].error, "req=3: the prompt's " +
+                                     std::to_string(info.max_position_embeddings) +
+                                     " tokens leave no room in the model's context of " +
+                                     std::to_string(info.max_position_embeddings));
+  EXPECT_EQ(h.outcomes[4].error, "req=4: sampling.top_p: 0 is not in (0, 1]");
+  for (uint64_t id : {1, 2, 3, 4}) {
+    EXPECT_EQ(h.outcomes[id].finish, FinishReason::kError) << id;
+    EXPECT_EQ(h.outcomes[id].events, 1) << id;
+  }
+  EXPECT_EQ(h.outcomes[5].finish, FinishReason::kLength);
+  EXPECT_EQ(h.outcomes[5].tokens.size(), 4u);
+  EXPECT_EQ(h.engine().stats().requests_failed, 4u);
+  EXPECT_EQ(h.engine().active(), 0u);
+}
+
+TEST(Engine, SameSeedSameTokensOtherSeedOtherTokens) {
+  EngineHarness h(4);
+  const auto prompt = Encode(kPrompts[1]);
+  h.Submit(1, prompt, Sampled(16, 7));
+  h.Submit(2, prompt, Sampled(16, 7));
+  h.Submit(3, prompt, Sampled(16, 8));
+  h.RunToEnd();
+  EXPECT_EQ(h.outcomes[1].tokens, h.outcomes[2].tokens);
+  EXPECT_NE(h.outcomes[1].tokens, h.outcomes[3].tokens);
+}
+
+}  // namespace
+}  // namespace fmoe

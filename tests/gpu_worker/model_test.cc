@@ -1,0 +1,437 @@
+// The Mixtral runtime against Hugging Face transformers (tests/fixtures/mixtral-ref, made by
+// tests/fixtures/gen_mixtral_reference.py): prefill logits, router probabilities and top-k,
+// greedy continuations, tokenizer ids; batch invariance; and bad checkpoints.
+#include "gpu_worker/model.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/checkpoint.h"
+#include "common/model_config.h"
+#include "common/safetensors.h"
+#include "common/tokenizer.h"
+#include "gpu_worker/expert_source.h"
+
+namespace fmoe {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+const std::string kRefDir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/mixtral-ref";
+
+Json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return Json::parse(ss.str());
+}
+
+struct Runtime {
+  ModelInfo info;
+  std::unique_ptr<MixtralModel> model;
+  std::unique_ptr<ResidentExperts> experts;
+};
+
+Result<Runtime> LoadRuntime(const std::string& dir, RuntimeOptions options = {}) {
+  Runtime rt;
+  FMOE_ASSIGN_OR_RETURN(rt.info, LoadModelInfo(dir));
+  ExpertTable table;
+  FMOE_ASSIGN_OR_RETURN(rt.model, MixtralModel::Load(rt.info, options, {}, &table));
+  rt.experts = std::make_unique<ResidentExperts>(std::move(table));
+  return rt;
+}
+
+Runtime& Reference() {
+  static Runtime* rt = [] {
+    auto loaded = LoadRuntime(kRefDir);
+    EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
+    return new Runtime(std::move(*loaded));
+  }();
+  return *rt;
+}
+
+const Json& ReferenceJson() {
+  static Json* j = new Json(ReadJson(kRefDir + "/reference.json"));
+  return *j;
+}
+
+std::vector<int32_t> Ids(const Json& j) { return j.get<std::vector<int32_t>>(); }
+
+// Prefill of `tokens` in a fresh cache; all logits.
+ForwardResult Prefill(Runtime& rt, const std::vector<int32_t>& tokens, bool record_router = false) {
+  auto kv = rt.model->NewKvCache();
+  SequenceInput in;
+  in.tokens = tokens;
+  in.kv = kv.get();
+  in.all_logits = true;
+  ForwardResult out;
+  Status s = rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out, record_router);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return out;
+}
+
+size_t ArgMax(std::span<const float> v) {
+  size_t best = 0;
+  for (size_t i = 1; i < v.size(); ++i) {
+    if (v[i] > v[best]) best = i;
+  }
+  return best;
+}
+
+TEST(MixtralReference, PrefillLogitsAndRouterMatchTransformers) {
+  Runtime& rt = Reference();
+  const size_t vocab = rt.info.vocab_size, experts = rt.info.num_experts;
+  const size_t layers = rt.info.num_hidden_layers, top_k = rt.info.top_k;
+  ASSERT_GE(ReferenceJson()["prompts"].size(), 4u);
+  for (const Json& p : ReferenceJson()["prompts"]) {
+    const std::vector<int32_t> ids = Ids(p["ids"]);
+    const size_t t = ids.size();
+    ForwardResult out = Prefill(rt, ids, /*record_router=*/true);
+    ASSERT_EQ(out.logits[0].size(), t * vocab);
+    double max_logit_diff = 0;
+    for (size_t i = 0; i < t; ++i) {
+      for (size_t v = 0; v < vocab; ++v) {
+        max_logit_diff = std::max(max_logit_diff, std::abs(out.logits[0][i * vocab + v] -
+                                                           p["logits"][i][v].get<double>()));
+      }
+    }
+    EXPECT_LE(max_logit_diff, 1e-4) << "prompt " << p["text"];
+    ASSERT_EQ(out.router_probs.size(), layers);
+    double max_router_diff = 0;
+    for (size_t l = 0; l < layers; ++l) {
+      for (size_t i = 0; i < t; ++i) {
+        for (size_t e = 0; e < experts; ++e) {
+          max_router_diff =
+              std::max(max_router_diff, std::abs(out.router_probs[l][i * experts + e] -
+                                                 p["router_probs"][l][i][e].get<double>()));
+        }
+        std::vector<int32_t> ours(out.router_topk[l].begin() + i * top_k,
+                                  out.router_topk[l].begin() + (i + 1) * top_k);
+        EXPECT_EQ(ours, Ids(p["top2_experts"][l][i])) << "layer " << l << " token " << i;
+      }
+    }
+    EXPECT_LE(max_router_diff, 1e-5) << "prompt " << p["text"];
+  }
+}
+
+TEST(MixtralReference, GreedyContinuationMatchesTransformers) {
+  Runtime& rt = Reference();
+  for (const Json& p : ReferenceJson()["prompts"]) {
+    const std::vector<int32_t> expected = Ids(p["generated_ids"]);
+    auto kv = rt.model->NewKvCache();
+    std::vector<int32_t> next = Ids(p["ids"]), generated;
+    for (size_t step = 0; step < expected.size(); ++step) {
+      SequenceInput in;
+      in.tokens = next;
+      in.kv = kv.get();
+      in.iteration = static_cast<uint32_t>(step);
+      ForwardResult out;
+      ASSERT_TRUE(rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out).ok());
+      generated.push_back(static_cast<int32_t>(ArgMax(out.logits[0])));
+      next = {generated.back()};
+    }
+    EXPECT_EQ(generated, expected) << "prompt " << p["text"];
+    EXPECT_EQ(kv->length(), static_cast<int64_t>(p["ids"].size() + expected.size() - 1));
+  }
+}
+
+TEST(MixtralReference, TokenizerIdsMatchTransformers) {
+  auto tok = Tokenizer::Load(kRefDir);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  for (const Json& p : ReferenceJson()["prompts"]) {
+    auto ids = (*tok)->Encode(p["text"].get<std::string>(), true);
+    ASSERT_TRUE(ids.ok());
+    EXPECT_EQ(*ids, Ids(p["ids"])) << p["text"];
+  }
+  const Json hard = ReadJson(kRefDir + "/hard_strings.json");
+  ASSERT_GE(hard.size(), 20u);
+  for (const Json& h : hard) {
+    const std::string text = h["text"].get<std::string>();
+    auto plain = (*tok)->Encode(text, false);
+    auto special = (*tok)->Encode(text, true);
+    ASSERT_TRUE(plain.ok() && special.ok()) << text;
+    EXPECT_EQ(*plain, Ids(h["ids"])) << text;
+    EXPECT_EQ(*special, Ids(h["ids_with_special"])) << text;
+    EXPECT_EQ((*tok)->Decode(*plain, false), h["decoded"].get<std::string>()) << text;
+  }
+}
+
+// A sequence's logits are bit-for-bit the same alone and in any batch, in prefill and decode.
+TEST(MixtralModel, LogitsDoNotDependOnTheBatch) {
+  Runtime& rt = Reference();
+  std::vector<std::vector<int32_t>> prompts;
+  for (const Json& p : ReferenceJson()["prompts"]) prompts.push_back(Ids(p["ids"]));
+  const size_t n = prompts.size();
+  // Alone: prefill, then two decode steps feeding token 7 and 9.
+  auto run = [&](const std::vector<size_t>& order, bool stagger) {
+    std::vector<std::unique_ptr<KvCache>> kv(n);
+    std::vector<std::vector<std::vector<float>>> logits(n);
+    for (size_t i = 0; i < n; ++i) kv[i] = rt.model->NewKvCache();
+    const std::vector<int32_t> t7 = {7}, t9 = {9};
+    // Step s: sequence i runs its step (s - delay_i), where step 0 is the prefill.
+    for (size_t step = 0; step < 3 + (stagger ? n : 0); ++step) {
+      std::vector<SequenceInput> batch;
+      std::vector<size_t> who;
+      for (size_t i : order) {
+        const size_t delay = stagger ? i : 0;
+        if (step < delay || step - delay > 2) continue;
+        SequenceInput in;
+        in.request_id = i;
+        in.kv = kv[i].get();
+        in.tokens = step == delay ? prompts[i] : (step - delay == 1 ? t7 : t9);
+        batch.push_back(in);
+        who.push_back(i);
+      }
+      ForwardResult out;
+      EXPECT_TRUE(rt.model->Forward(batch, *rt.experts, nullptr, &out).ok());
+      for (size_t b = 0; b < who.size(); ++b) logits[who[b]].push_back(out.logits[b]);
+    }
+    return logits;
+  };
+  std::vector<std::vector<std::vector<float>>> alone(n);
+  for (size_t i = 0; i < n; ++i) alone[i] = run({i}, false)[i];
+  std::vector<size_t> forward_order(n), reverse_order(n);
+  for (size_t i = 0; i < n; ++i) forward_order[i] = i, reverse_order[i] = n - 1 - i;
+  for (auto [order, stagger] : {std::pair{forward_order, false}, std::pair{reverse_order, true}}) {
+    auto together = run(order, stagger);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(together[i].size(), 3u);
+      for (size_t s = 0; s < 3; ++s) {
+        EXPECT_EQ(together[i][s], alone[i][s]) << "sequence " << i << " step " << s;
+      }
+    }
+  }
+}
+
+TEST(MixtralModel, DecodeMatchesPrefill) {
+  Runtime& rt = Reference();
+  const std::vector<int32_t> ids = Ids(ReferenceJson()["prompts"][4]["ids"]);
+  const size_t vocab = rt.info.vocab_size;
+  ForwardResult full = Prefill(rt, ids);
+  auto kv = rt.model->NewKvCache();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    SequenceInput in;
+    in.tokens = std::span<const int32_t>(&ids[i], 1);
+    in.kv = kv.get();
+    ForwardResult out;
+    ASSERT_TRUE(rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out).ok());
+    double diff = 0;
+    for (size_t v = 0; v < vocab; ++v) {
+      diff = std::max(diff, double(std::abs(out.logits[0][v] - full.logits[0][i * vocab + v])));
+    }
+    EXPECT_LE(diff, 1e-4) << "position " << i;
+  }
+}
+
+TEST(MixtralModel, RejectsTokensOutOfRangeAndPastTheContext) {
+  Runtime& rt = Reference();
+  auto kv = rt.model->NewKvCache();
+  std::vector<int32_t> bad = {1, 5, static_cast<int32_t>(rt.info.vocab_size)};
+  SequenceInput in;
+  in.request_id = 9;
+  in.tokens = bad;
+  in.kv = kv.get();
+  ForwardResult out;
+  Status s = rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out);
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "req=9: token id 512 at position 2 is out of range (vocab 512)");
+  EXPECT_EQ(kv->length(), 0);
+  std::vector<int32_t> too_long(rt.info.max_position_embeddings + 1, 5);
+  in.tokens = too_long;
+  s = rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out);
+  EXPECT_EQ(s.message(), "req=9: 257 positions exceed max_position_embeddings 256");
+}
+
+// ---- bad checkpoints: copies of the reference with one thing wrong ----
+
+class BadCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("fmoe-model-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"}) {
+      fs::copy_file(fs::path(kRefDir) / f, dir_ / f);
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Writes the reference weights into one model.safetensors, letting `edit` change each tensor
+  // (return false to leave it out). Data converted to `dtype`.
+  struct Tensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> values;
+    DType dtype = DType::kF32;
+  };
+  void WriteWeights(const std::function<bool(Tensor&)>& edit) {
+    auto ckpt = Checkpoint::Open(kRefDir);
+    ASSERT_TRUE(ckpt.ok());
+    std::vector<Tensor> tensors;
+    for (const std::string& name : (*ckpt)->TensorNames()) {
+      const TensorView* view = (*ckpt)->Find(name);
+      Tensor t{name, view->shape, std::vector<float>(static_cast<size_t>(view->numel())),
+               DType::kF32};
+      ASSERT_TRUE(ConvertToF32(view->dtype, view->data, t.values).ok());
+      if (edit(t)) tensors.push_back(std::move(t));
+    }
+    std::vector<std::vector<uint16_t>> halves(tensors.size());
+    std::vector<TensorToWrite> out;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      Tensor& t = tensors[i];
+      if (t.dtype == DType::kF32 || t.dtype == DType::kI32) {
+        out.push_back({t.name, t.dtype, t.shape, std::as_bytes(std::span<const float>(t.values))});
+        continue;
+      }
+      for (float v : t.values)
+        halves[i].push_back(t.dtype == DType::kBF16 ? F32ToBF16(v) : F32ToF16(v));
+      out.push_back(
+          {t.name, t.dtype, t.shape, std::as_bytes(std::span<const uint16_t>(halves[i]))});
+    }
+    ASSERT_TRUE(WriteSafetensors((dir_ / "model.safetensors").string(), out).ok());
+  }
+  void EditConfig(const std::function<void(Json&)>& edit) {
+    Json config = ReadJson((dir_ / "config.json").string());
+    edit(config);
+    std::ofstream((dir_ / "config.json").string(), std::ios::trunc) << config.dump(2);
+  }
+  Status Load() {
+    auto rt = LoadRuntime(dir_.string());
+    return rt.status();
+  }
+  std::string Weights() const { return (dir_ / "model.safetensors").string(); }
+
+  fs::path dir_;
+};
+
+TEST_F(BadCheckpoint, HalfPrecisionWeightsLoadAndStayClose) {
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    WriteWeights([dtype](Tensor& t) {
+      t.dtype = dtype;
+      return true;
+    });
+    auto rt = LoadRuntime(dir_.string());
+    ASSERT_TRUE(rt.ok()) << rt.status().ToString();
+    const Json& p = ReferenceJson()["prompts"][1];
+    ForwardResult out = Prefill(*rt, Ids(p["ids"]));
+    double diff = 0;
+    const size_t vocab = rt->info.vocab_size;
+    for (size_t v = 0; v < vocab; ++v) {
+      diff = std::max(diff, std::abs(out.logits[0][v] - p["logits"][0][v].get<double>()));
+    }
+    EXPECT_LT(diff, dtype == DType::kF16 ? 0.02 : 0.2) << DTypeName(dtype);
+    EXPECT_GT(diff, 0.0) << DTypeName(dtype);
+  }
+}
+
+TEST_F(BadCheckpoint, ComputeInBfloat16) {
+  WriteWeights([](Tensor&) { return true; });
+  RuntimeOptions options;
+  options.dtype = "bfloat16";
+  auto rt = LoadRuntime(dir_.string(), options);
+  ASSERT_TRUE(rt.ok()) << rt.status().ToString();
+  const Json& p = ReferenceJson()["prompts"][4];
+  ForwardResult out = Prefill(*rt, Ids(p["ids"]));
+  const size_t vocab = rt->info.vocab_size, t = p["ids"].size();
+  size_t same_argmax = 0;
+  for (size_t i = 0; i < t; ++i) {
+    std::span<const float> row(out.logits[0].data() + i * vocab, vocab);
+    std::vector<float> ref = p["logits"][i].get<std::vector<float>>();
+    same_argmax += ArgMax(row) == ArgMax(ref);
+  }
+  EXPECT_GE(same_argmax * 10, t * 8) << same_argmax << " of " << t;
+  options.dtype = "float64";
+  EXPECT_EQ(LoadRuntime(dir_.string(), options).status().message(),
+            "dtype \"float64\" is not float32, bfloat16 or float16");
+}
+
+TEST_F(BadCheckpoint, MissingTensorIsNamed) {
+  WriteWeights(
+      [](Tensor& t) { return t.name != "model.layers.1.block_sparse_moe.experts.3.w2.weight"; });
+  Status s = Load();
+  EXPECT_EQ(s.code(), ErrorCode::kNotFound);
+  EXPECT_NE(s.message().find("\"model.layers.1.block_sparse_moe.experts.3.w2.weight\" is missing"),
+            std::string::npos)
+      << s.message();
+}
+
+TEST_F(BadCheckpoint, WrongShapeIsNamedWithBothShapes) {
+  WriteWeights([](Tensor& t) {
+    if (t.name == "model.layers.2.self_attn.k_proj.weight") t.shape = {8, 128};
+    return true;
+  });
+  Status s = Load();
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "model: " + Weights() +
+                             ": tensor \"model.layers.2.self_attn.k_proj.weight\": shape [8, 128], "
+                             "expected [16, 64]");
+}
+
+TEST_F(BadCheckpoint, IntegerWeightsAreRefused) {
+  WriteWeights([](Tensor& t) {
+    if (t.name == "model.norm.weight") t.dtype = DType::kI32;
+    return true;
+  });
+  Status s = Load();
+  EXPECT_EQ(s.message(), "model: " + Weights() +
+                             ": tensor \"model.norm.weight\": dtype I32 is not a floating-point "
+                             "weight type (F32, F16, BF16)");
+}
+
+TEST_F(BadCheckpoint, TruncatedFileIsDataLossNamingTheFile) {
+  WriteWeights([](Tensor&) { return true; });
+  fs::resize_file(Weights(), fs::file_size(Weights()) - 100);
+  Status s = Load();
+  EXPECT_EQ(s.code(), ErrorCode::kDataLoss);
+  EXPECT_NE(s.message().find(Weights()), std::string::npos) << s.message();
+}
+
+TEST_F(BadCheckpoint, ConfigProblemsAreNamed) {
+  WriteWeights([](Tensor&) { return true; });
+  EditConfig([](Json& c) { c.erase("num_attention_heads"); });
+  Status s = Load();
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "model: " + dir_.string() + "/config.json: num_attention_heads: missing");
+  EditConfig([](Json& c) {
+    c["num_attention_heads"] = 8;
+    c["architectures"] = {"Qwen2MoeForCausalLM"};
+  });
+  s = Load();
+  EXPECT_EQ(s.code(), ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "model: " + dir_.string() +
+                             "/config.json: architectures: \"Qwen2MoeForCausalLM\" is not "
+                             "supported by the model runtime yet (supported: MixtralForCausalLM)");
+  EditConfig([](Json& c) { c["architectures"] = {"LlamaForCausalLM"}; });
+  s = Load();
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("\"LlamaForCausalLM\" is not a supported MoE architecture"),
+            std::string::npos)
+      << s.message();
+}
+
+TEST_F(BadCheckpoint, MissingDirectoryAndWeights) {
+  Status s = Load();  // config present, no weights
+  EXPECT_EQ(s.code(), ErrorCode::kNotFound);
+  EXPECT_NE(s.message().find("no model.safetensors or model.safetensors.index.json"),
+            std::string::npos)
+      << s.message();
+  s = LoadRuntime((dir_ / "nowhere").string()).status();
+  EXPECT_EQ(s.code(), ErrorCode::kNotFound);
+  EXPECT_EQ(s.message(), "model: " + (dir_ / "nowhere").string() + ": no such directory");
+}
+
+}  // namespace
+}  // namespace fmoe
