@@ -125,6 +125,7 @@ int RunGenerate(const GenerateCommand& cmd) {
                   if (!stops.stopped()) std::fputs(stops.Feed(text.Finish()).c_str(), stdout);
                   if (!stops.stopped()) std::fputs(stops.Flush().c_str(), stdout);
                   std::fputs("\n", stdout);
+                  std::fflush(stdout);
                   if (ev.finish == FinishReason::kError) {
                     std::fprintf(stderr, "fmoe generate: %s\n", ev.error.c_str());
                     exit_code = 1;

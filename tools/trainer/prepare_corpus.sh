@@ -44,7 +44,11 @@ compgen -G "$CORPUS_DIR/olmoe-*.txt" >/dev/null \
 [ -r "$PROMPTS_FILE" ] || missing+=("$PROMPTS_FILE (set FMOE_PROMPTS_FILE)")
 if [ ${#missing[@]} -gt 0 ]; then
   for m in "${missing[@]}"; do echo "prepare_corpus: missing: $m" >&2; done
-  die "install with: apt-get install -y bible-kjv bible-kjv-text dict-gcide python3 gzip"
+  if printf '%s\n' "${missing[@]}" | grep -q "Debian package"; then
+    echo "prepare_corpus: install the packages with:" \
+      "apt-get install -y bible-kjv bible-kjv-text dict-gcide python3 gzip" >&2
+  fi
+  die "${#missing[@]} input(s) missing"
 fi
 
 mkdir -p "$OUT_DIR"
