@@ -26,15 +26,6 @@ std::string Quote(const std::string& s) {
   return out;
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
-}
-
 // A shard named by the index must be a plain file name inside the model directory.
 bool StaysInDirectory(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&

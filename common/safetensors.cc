@@ -55,15 +55,6 @@ std::string Quote(std::string_view s) {
   return out;
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
-}
-
 // A short description of a JSON value for messages: scalars verbatim (truncated), containers by
 // kind, so a hostile header cannot make a message (or a recursive dump) arbitrarily large.
 std::string Describe(const Json& v) {
@@ -275,6 +266,15 @@ float F16ToF32(uint16_t h) {
 }
 
 }  // namespace
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
 
 const char* DTypeName(DType dtype) {
   for (const auto& d : kDTypes) {

@@ -81,6 +81,9 @@ struct TensorToWrite {
 Status WriteSafetensors(const std::string& path, std::span<const TensorToWrite> tensors,
                         const std::map<std::string, std::string>& metadata = {});
 
+// "[4, 8]", for messages.
+std::string ShapeString(const std::vector<int64_t>& shape);
+
 // Converts F32/F16/BF16 data (little-endian, as stored) to float32, exactly: out.size()
 // elements from data.size() == out.size() * DTypeSize(dtype) bytes. kInvalidArgument for other
 // dtypes or a size mismatch.

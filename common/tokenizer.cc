@@ -94,14 +94,7 @@ Result<TokenizerConfig> ReadConfig(const fs::path& dir) {
   if (fs::exists(path, ec)) {
     FMOE_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
     Json root;
-    try {
-      root = Json::parse(text);
-    } catch (const Json::exception& e) {
-      std::string what = e.what();
-      size_t at = what.find("] ");
-      return InvalidArgument(path.string() + ": not valid JSON: " +
-                             (at == std::string::npos ? what : what.substr(at + 2)));
-    }
+    if (Status s = ParseJsonText(text, &root); !s.ok()) return s.WithContext(path.string());
     if (!root.is_object()) return InvalidArgument(path.string() + ": not a JSON object");
     Status st = ReadTokenField(root, "bos_token", &config.bos_token);
     if (st.ok()) st = ReadTokenField(root, "eos_token", &config.eos_token);

@@ -497,11 +497,9 @@ Status Parser::Decoder(const Json& v, const std::string& path, TokenizerJson* ou
 
 }  // namespace
 
-Result<TokenizerJson> ParseTokenizerJson(std::string_view text, bool* unsupported) {
-  if (unsupported != nullptr) *unsupported = false;
-  Json root;
+Status ParseJsonText(std::string_view text, nlohmann::json* out) {
   try {
-    root = Json::parse(text);
+    *out = Json::parse(text);
   } catch (const Json::exception& e) {
     // nlohmann reports "[json.exception.parse_error.101] parse error at line 3, column 5: ...".
     std::string what = e.what();
@@ -509,6 +507,13 @@ Result<TokenizerJson> ParseTokenizerJson(std::string_view text, bool* unsupporte
     return InvalidArgument("not valid JSON: " +
                            (at == std::string::npos ? what : what.substr(at + 2)));
   }
+  return Status::Ok();
+}
+
+Result<TokenizerJson> ParseTokenizerJson(std::string_view text, bool* unsupported) {
+  if (unsupported != nullptr) *unsupported = false;
+  Json root;
+  FMOE_RETURN_IF_ERROR(ParseJsonText(text, &root));
   TokenizerJson out;
   Parser parser(unsupported);
   FMOE_RETURN_IF_ERROR(parser.Run(root, &out));

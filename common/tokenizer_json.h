@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "common/status.h"
 #include "common/unicode.h"
 
@@ -67,6 +69,9 @@ struct TokenizerJson {
   std::vector<int32_t> post_suffix;
   bool decoder_byte_level = false;
 };
+
+// Parses JSON text; kInvalidArgument "not valid JSON: <where and why>" (no exception escapes).
+Status ParseJsonText(std::string_view text, nlohmann::json* out);
 
 // `unsupported` (may be null) is set when the file is well-formed but uses a component this
 // reader does not implement (a Metaspace pre-tokenizer, byte_fallback, a Unigram model, ...).
