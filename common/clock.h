@@ -13,12 +13,15 @@ class Clock {
   virtual ~Clock() = default;
   // Monotonic milliseconds from an arbitrary origin.
   virtual int64_t NowMs() const = 0;
+  // Monotonic nanoseconds, same origin as NowMs() * 1e6.
+  virtual int64_t NowNs() const = 0;
 };
 
 class SteadyClock final : public Clock {
  public:
-  int64_t NowMs() const override {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
+  int64_t NowMs() const override { return NowNs() / 1000000; }
+  int64_t NowNs() const override {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch())
         .count();
   }
@@ -30,12 +33,14 @@ class SteadyClock final : public Clock {
 
 class ManualClock final : public Clock {
  public:
-  explicit ManualClock(int64_t start_ms = 0) : now_ms_(start_ms) {}
-  int64_t NowMs() const override { return now_ms_.load(); }
-  void AdvanceMs(int64_t ms) { now_ms_ += ms; }
+  explicit ManualClock(int64_t start_ms = 0) : now_ns_(start_ms * 1000000) {}
+  int64_t NowMs() const override { return now_ns_.load() / 1000000; }
+  int64_t NowNs() const override { return now_ns_.load(); }
+  void AdvanceMs(int64_t ms) { now_ns_ += ms * 1000000; }
+  void AdvanceNs(int64_t ns) { now_ns_ += ns; }
 
  private:
-  std::atomic<int64_t> now_ms_;
+  std::atomic<int64_t> now_ns_;
 };
 
 // Wall-clock milliseconds since the Unix epoch, for records and logs (not for timeouts).
