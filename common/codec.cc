@@ -131,6 +131,12 @@ flatbuffers::Offset<fb::WorkerHeartbeat> Build(Builder& fbb, const WorkerHeartbe
   b.add_seq(m.seq);
   b.add_free_slots(m.free_slots);
   b.add_active_requests(m.active_requests);
+  b.add_expert_hits(m.experts.hits);
+  b.add_expert_misses(m.experts.misses);
+  b.add_expert_prefetches_issued(m.experts.prefetches_issued);
+  b.add_expert_prefetches_used(m.experts.prefetches_used);
+  b.add_expert_bytes_moved(m.experts.bytes_moved);
+  b.add_expert_stall_us(m.experts.stall_us);
   return b.Finish();
 }
 
@@ -442,6 +448,12 @@ bool Read(const fb::WorkerHeartbeat& t, const Checker& c, WorkerHeartbeat* m) {
   m->seq = t.seq();
   m->free_slots = t.free_slots();
   m->active_requests = t.active_requests();
+  m->experts = {t.expert_hits(),
+                t.expert_misses(),
+                t.expert_prefetches_issued(),
+                t.expert_prefetches_used(),
+                t.expert_bytes_moved(),
+                t.expert_stall_us()};
   return c.String(t.group(), "WorkerHeartbeat.group", &m->group, /*required=*/true);
 }
 

@@ -33,6 +33,16 @@ struct WorkerHelloAck {
   std::string reason;  // Why not accepted.
 };
 
+// Expert cache totals a worker reports (DESIGN section 6 statistics).
+struct ExpertFigures {
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t prefetches_issued = 0;
+  uint64_t prefetches_used = 0;
+  uint64_t bytes_moved = 0;
+  uint64_t stall_us = 0;
+};
+
 // Leader -> router, every heartbeat interval.
 struct WorkerHeartbeat {
   std::string group;
@@ -40,6 +50,7 @@ struct WorkerHeartbeat {
   uint64_t seq = 0;
   uint32_t free_slots = 0;
   uint32_t active_requests = 0;
+  ExpertFigures experts;  // The expert cache since start.
 };
 
 // Router -> leader, answering a heartbeat. known=false asks the worker to send Hello again.

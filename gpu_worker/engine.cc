@@ -178,6 +178,10 @@ void Engine::Emit(Sequence& seq, int32_t token, FinishReason finish) {
     ev.token_us = static_cast<uint64_t>(now - seq.last_event_us);
   }
   seq.last_event_us = now;
+  const RequestUsage usage = experts_.Usage(seq.id);
+  ev.expert_hits = usage.hits;
+  ev.expert_misses = usage.misses;
+  ev.bytes_moved = usage.bytes_moved;
   sink_(ev);
 }
 
@@ -189,7 +193,10 @@ void Engine::Retire(Sequence& seq, FinishReason reason) {
     ++stats_.requests_finished;
   }
   active_.fetch_sub(1, std::memory_order_relaxed);
-  if (observer_ != nullptr && seq.iteration > 0) observer_->OnRequestEnd(seq.id);
+  if (seq.iteration > 0) {
+    if (observer_ != nullptr) observer_->OnRequestEnd(seq.id);
+    experts_.OnRequestEnd(seq.id);
+  }
 }
 
 void Engine::Finish(Sequence& seq, FinishReason reason, std::string error) {

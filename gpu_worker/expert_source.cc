@@ -12,20 +12,27 @@ size_t ExpertWeights::bytes() const {
   return total;
 }
 
-Status ResidentExperts::BeginLayer(uint32_t layer, std::span<const uint32_t> experts) {
-  if (layer >= experts_.size()) {
-    return Internal("expert source: layer " + std::to_string(layer) + " of " +
+Status ResidentExperts::BeginLayer(const LayerRouting& routing) {
+  if (routing.layer >= experts_.size()) {
+    return Internal("expert source: layer " + std::to_string(routing.layer) + " of " +
                     std::to_string(experts_.size()));
+  }
+  layer_ = routing.layer;
+  pending_.assign(routing.experts.rbegin(), routing.experts.rend());
+  for (uint32_t e : pending_) {
+    if (e >= experts_[layer_].size()) {
+      return Internal("expert source: no expert " + std::to_string(e) + " in layer " +
+                      std::to_string(layer_));
+    }
   }
   return Status::Ok();
 }
 
-Result<ExpertWeights> ResidentExperts::Get(uint32_t layer, uint32_t expert) {
-  if (layer >= experts_.size() || expert >= experts_[layer].size()) {
-    return Internal("expert source: no expert " + std::to_string(expert) + " in layer " +
-                    std::to_string(layer));
-  }
-  return experts_[layer][expert];
+Result<std::pair<uint32_t, ExpertWeights>> ResidentExperts::Next() {
+  if (pending_.empty()) return NotFound("expert source: layer done");
+  const uint32_t e = pending_.back();
+  pending_.pop_back();
+  return std::pair<uint32_t, ExpertWeights>(e, experts_[layer_][e]);
 }
 
 }  // namespace fmoe

@@ -1,11 +1,15 @@
 // The expert seam (DESIGN section 6): the forward pass reaches routed experts only through an
-// ExpertSource. The expert cache manager implements it over a byte budget with prefetching;
-// ResidentExperts, here, keeps every expert resident. Called by the engine thread only.
-//
-// Per MoE layer the forward pass calls, in order:
-//   BeginLayer(layer, experts the gate picked)  -> the source pins them and starts any loads
-//   Get(layer, expert) for each of them          -> blocks until that expert is resident
-//   EndLayer(layer)                              -> pins released; weights from Get invalid
+// ExpertSource. CachedExperts (cached_experts.h) implements it over the expert cache with a
+// byte budget and prefetching; ResidentExperts, here, keeps every expert resident. Called by the
+// engine thread only, per iteration in this order:
+//   BeginIteration(sequences)
+//   per MoE layer: [Speculate(layer, target, probs) for target in layer+1..layer+d]
+//                  BeginLayer(routing)   -> the source pins what is resident, loads the rest
+//                  Next() ... until kNotFound, each followed by Done(expert)
+//                  EndLayer()            -> weights from Next are invalid from here
+//   EndIteration()
+// Next hands out ready experts in the order they become available, so the model accumulates
+// their outputs in ascending expert order afterwards: the result does not depend on that order.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +19,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "common/status.h"
+#include "gpu_worker/cache_policy.h"
 
 namespace fmoe {
 
@@ -32,24 +37,37 @@ using ExpertTable = std::vector<std::vector<ExpertWeights>>;
 class ExpertSource {
  public:
   virtual ~ExpertSource() = default;
-  // `experts`: sorted, unique expert indices of MoE layer `layer` used by this iteration.
-  virtual Status BeginLayer(uint32_t layer, std::span<const uint32_t> experts) = 0;
-  // The expert's weights on the compute device, valid until EndLayer(layer).
-  virtual Result<ExpertWeights> Get(uint32_t layer, uint32_t expert) = 0;
-  virtual void EndLayer(uint32_t layer) = 0;
+  virtual void BeginIteration(std::span<const SequenceInfo> sequences) {}
+  // How many later layers' gates the model should apply to each layer's hidden state (the
+  // speculative policy); 0 = none.
+  virtual uint32_t speculation_distance() const { return 0; }
+  virtual void Speculate(uint32_t layer, uint32_t target, std::span<const float> probs) {}
+  virtual Status BeginLayer(const LayerRouting& routing) = 0;
+  // The next expert of the layer that is ready on the compute device (this rank's only), with
+  // its weights valid until EndLayer; kNotFound when every one has been handed out.
+  virtual Result<std::pair<uint32_t, ExpertWeights>> Next() = 0;
+  virtual void Done(uint32_t expert) {}
+  virtual void EndLayer() = 0;
+  virtual void EndIteration() {}
+  virtual void OnRequestEnd(uint64_t request_id) {}
+  // The request's expert figures so far (until OnRequestEnd).
+  virtual RequestUsage Usage(uint64_t request_id) const { return {}; }
 };
 
-// Every expert resident, nothing ever moves: the all-resident reference.
+// Every expert resident, nothing ever moves: the all-resident reference. Hands experts out in
+// ascending order.
 class ResidentExperts final : public ExpertSource {
  public:
   explicit ResidentExperts(ExpertTable experts) : experts_(std::move(experts)) {}
-  Status BeginLayer(uint32_t layer, std::span<const uint32_t> experts) override;
-  Result<ExpertWeights> Get(uint32_t layer, uint32_t expert) override;
-  void EndLayer(uint32_t layer) override {}
+  Status BeginLayer(const LayerRouting& routing) override;
+  Result<std::pair<uint32_t, ExpertWeights>> Next() override;
+  void EndLayer() override { pending_.clear(); }
   const ExpertTable& experts() const { return experts_; }
 
  private:
   ExpertTable experts_;
+  uint32_t layer_ = 0;
+  std::vector<uint32_t> pending_;  // Experts of the running layer not yet handed out, reversed.
 };
 
 }  // namespace fmoe

@@ -16,9 +16,9 @@
 #include "common/process_util.h"
 #include "common/service_setup.h"
 #include "common/tokenizer.h"
+#include "gpu_worker/cached_experts.h"
 #include "gpu_worker/device.h"
 #include "gpu_worker/engine.h"
-#include "gpu_worker/expert_source.h"
 #include "gpu_worker/model.h"
 #include "gpu_worker/worker.h"
 
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout_ms = manifest.heartbeat.timeout_ms;
   spdlog::info(
       "effective config: group={} rank={}/{} device={} policy={} max_batch={} map_service={} "
-      "router={} link={}Gb/s+{}us cache={}",
+      "router={} link={}GB/s+{}us cache={}",
       options.group, options.rank, options.world_size, device->description, group->policy,
       options.max_batch, options.map_service_endpoint,
       options.rank == 0 ? options.router_endpoint : "-", group->link.gbps, group->link.latency_us,
@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   // The leader runs the model. (Expert-parallel ranks join the computation with issue 7.)
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<MixtralModel> runtime;
-  std::unique_ptr<ResidentExperts> experts;
+  std::unique_ptr<CachedExperts> experts;
   std::unique_ptr<Engine> engine;
   Worker* worker_ptr = nullptr;
   if (options.rank == 0) {
@@ -130,7 +130,25 @@ int main(int argc, char** argv) {
     spdlog::info("model loaded in {:.2f} s (dtype {})",
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                  runtime_options.dtype);
-    experts = std::make_unique<ResidentExperts>(std::move(table));
+    CachedExpertsOptions cache_options;
+    cache_options.policy = group->policy;
+    cache_options.top_k = model->top_k;
+    cache_options.policy_options.prefetch_distance =
+        static_cast<uint32_t>(manifest.map_service.prefetch_distance);
+    cache_options.cache_gb = group->expert_cache_gb;
+    cache_options.cache_fraction = group->expert_cache_fraction;
+    cache_options.link.gbps = group->link.gbps;
+    cache_options.link.latency_us = group->link.latency_us;
+    cache_options.cuda_index = device->cuda_index;
+    // Until expert parallelism runs the model on every rank, the leader holds every expert.
+    cache_options.rank = 0;
+    cache_options.world_size = 1;
+    auto cached = CachedExperts::Create(std::move(table), cache_options);
+    if (!cached.ok()) {
+      spdlog::error("{}", cached.status().message());
+      return 1;
+    }
+    experts = std::move(*cached);
     EngineOptions engine_options;
     engine_options.max_batch = options.max_batch;
     engine_options.eos_token_ids = model->eos_token_ids;
@@ -143,6 +161,17 @@ int main(int argc, char** argv) {
                                       });
   }
 
+  if (experts) {
+    options.expert_figures = [&experts] {
+      const CacheCounters t = experts->stats().total;
+      return ExpertFigures{t.hits,
+                           t.misses,
+                           t.prefetches_issued,
+                           t.prefetches_used,
+                           t.bytes_moved,
+                           static_cast<uint64_t>(t.stall_ns / 1000)};
+    };
+  }
   Worker worker(options, *model, SteadyClock::Get(), engine.get());
   worker_ptr = &worker;
   if (Status s = worker.Start(); !s.ok()) {
@@ -167,6 +196,13 @@ int main(int argc, char** argv) {
         "{} failed",
         st.iterations, st.prefill_tokens, st.decode_tokens, st.requests_finished,
         st.requests_failed);
+    const CacheStats cs = experts->stats();
+    const CacheCounters& t = cs.total;
+    spdlog::info(
+        "expert cache: {} hits, {} misses ({} late prefetches), {} prefetches ({} used, {} "
+        "wasted), {} evictions, {:.1f} MB moved, {:.1f} ms stalled",
+        t.hits, t.misses, t.late_prefetches, t.prefetches_issued, t.prefetches_used,
+        t.prefetches_wasted, t.evictions, t.bytes_moved / 1e6, t.stall_ns / 1e6);
   }
   spdlog::info("stopped (signal {})", signals.last_signal());
   return 0;

@@ -293,6 +293,17 @@ Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource&
     }
   }
 
+  std::vector<SequenceInfo> sequences(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    sequences[i] = {batch[i].request_id, batch[i].iteration,
+                    static_cast<uint32_t>(batch[i].tokens.size())};
+  }
+  experts.BeginIteration(sequences);
+  struct IterationEnd {
+    ExpertSource& source;
+    ~IterationEnd() { source.EndIteration(); }
+  } iteration_end{experts};
+
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const Layer& layer = m.layers[l];
@@ -361,42 +372,81 @@ Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource&
       for (size_t r = 0; r < chosen.size(); ++r) chosen[r] = static_cast<int32_t>(c[r]);
       out->router_topk.push_back(std::move(chosen));
     }
-    // Rows (ascending) and weights per expert.
+    // Rows (ascending) and weights per expert; each sequence's tokens per expert.
     std::vector<std::vector<int64_t>> expert_rows(n_experts);
     std::vector<std::vector<float>> expert_weights(n_experts);
+    std::vector<uint32_t> sequence_counts(batch.size() * n_experts, 0);
     const int64_t* chosen = top_i_cpu.data_ptr<int64_t>();
     const float* weights = top_w_cpu.data_ptr<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t s = 0; s < top_k; ++s) {
-        expert_rows[chosen[r * top_k + s]].push_back(r);
-        expert_weights[chosen[r * top_k + s]].push_back(weights[r * top_k + s]);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      for (int64_t r = offset[i]; r < offset[i + 1]; ++r) {
+        for (int64_t s = 0; s < top_k; ++s) {
+          const int64_t e = chosen[r * top_k + s];
+          expert_rows[e].push_back(r);
+          expert_weights[e].push_back(weights[r * top_k + s]);
+          ++sequence_counts[i * n_experts + e];
+        }
       }
     }
-    std::vector<uint32_t> used;
+    std::vector<uint32_t> used, used_tokens;
     for (int64_t e = 0; e < n_experts; ++e) {
-      if (!expert_rows[e].empty()) used.push_back(static_cast<uint32_t>(e));
+      if (expert_rows[e].empty()) continue;
+      used.push_back(static_cast<uint32_t>(e));
+      used_tokens.push_back(static_cast<uint32_t>(expert_rows[e].size()));
     }
-    FMOE_RETURN_IF_ERROR(experts.BeginLayer(static_cast<uint32_t>(l), used));
-    at::Tensor moe = at::zeros({rows, h}, m.opts());
+    // Speculative prediction (DESIGN section 6): the gates of the next d layers applied to this
+    // layer's hidden state; per expert, the fraction of tokens whose top-k would pick it.
+    const size_t distance = experts.speculation_distance();
+    for (size_t t = l + 1; t < m.layers.size() && t <= l + distance; ++t) {
+      const Layer& ahead = m.layers[t];
+      auto guess =
+          m.Linear(RmsNorm(x, ahead.post_norm, info.rms_norm_eps), ahead.gate).topk(top_k, -1);
+      at::Tensor picked = std::get<1>(guess).to(at::kCPU).contiguous();
+      std::vector<float> share(static_cast<size_t>(n_experts), 0.0f);
+      const int64_t* pk = picked.data_ptr<int64_t>();
+      for (int64_t k = 0; k < rows * top_k; ++k) share[pk[k]] += 1.0f / static_cast<float>(rows);
+      experts.Speculate(static_cast<uint32_t>(l), static_cast<uint32_t>(t), share);
+    }
+    const LayerRouting routing{static_cast<uint32_t>(l), used, used_tokens, sequence_counts};
+    FMOE_RETURN_IF_ERROR(experts.BeginLayer(routing));
+    // Experts arrive in the order the source has them ready; their outputs are summed in
+    // ascending expert order afterwards, so the result never depends on that order.
+    std::vector<at::Tensor> expert_out(n_experts);
+    std::vector<at::Tensor> expert_idx(n_experts);
     Status status;
-    for (uint32_t e : used) {
-      Result<ExpertWeights> w = experts.Get(static_cast<uint32_t>(l), e);
-      if (!w.ok()) {
-        status = w.status();
+    while (true) {
+      Result<std::pair<uint32_t, ExpertWeights>> next = experts.Next();
+      if (!next.ok()) {
+        if (next.status().code() != ErrorCode::kNotFound) status = next.status();
+        break;
+      }
+      const uint32_t e = next->first;
+      const ExpertWeights& w = next->second;
+      if (e >= n_experts || expert_rows[e].empty() || expert_out[e].defined()) {
+        status = Internal("model: expert source handed out expert " + std::to_string(e) +
+                          " of layer " + std::to_string(l) + ", which the gate did not pick");
         break;
       }
       at::Tensor idx =
           at::tensor(expert_rows[e], at::TensorOptions().dtype(at::kLong)).to(m.device);
       at::Tensor xe = hn.index_select(0, idx);
-      at::Tensor act = at::silu(m.Linear(xe, w->w1)) * m.Linear(xe, w->w3);
-      at::Tensor ye = m.Linear(act, w->w2);
+      at::Tensor act = at::silu(m.Linear(xe, w.w1)) * m.Linear(xe, w.w3);
+      at::Tensor ye = m.Linear(act, w.w2);
       at::Tensor we = at::tensor(expert_weights[e], at::TensorOptions().dtype(at::kFloat))
                           .to(m.device, m.dtype)
                           .unsqueeze(1);
-      moe.index_add_(0, idx, ye * we);
+      expert_out[e] = ye * we;
+      expert_idx[e] = idx;
+      experts.Done(e);
     }
-    experts.EndLayer(static_cast<uint32_t>(l));
+    experts.EndLayer();
     FMOE_RETURN_IF_ERROR(status);
+    at::Tensor moe = at::zeros({rows, h}, m.opts());
+    for (int64_t e = 0; e < n_experts; ++e) {
+      // With expert parallelism, experts other ranks own are summed in by the group's
+      // all-reduce (DESIGN section 7); with one rank every picked expert is here.
+      if (expert_out[e].defined()) moe.index_add_(0, expert_idx[e], expert_out[e]);
+    }
     x = x + moe;
   }
 

@@ -138,6 +138,7 @@ void Worker::Tick() {
       const uint32_t active = executor_ != nullptr ? executor_->active() : 0;
       hb.free_slots = options_.max_batch - std::min(active, options_.max_batch);
       hb.active_requests = active;
+      if (options_.expert_figures) hb.experts = options_.expert_figures();
       s = router_socket_->Send(hb);
     }
     if (!s.ok()) spdlog::debug("to router: {}", s.ToString());

@@ -47,6 +47,8 @@ struct WorkerOptions {
   int heartbeat_interval_ms = 500;   // Default: 500
   int heartbeat_timeout_ms = 3000;   // Default: 3000
   int register_wait_ms = 5000;       // Readiness waits this long for the map service. Default: 5000
+  // The expert cache's totals for heartbeats; called on the control thread. Default: none
+  std::function<ExpertFigures()> expert_figures;
 };
 
 class Worker {

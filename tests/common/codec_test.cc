@@ -102,9 +102,19 @@ TEST(Codec, RoundTripWorkerHelloAck) {
 }
 
 TEST(Codec, RoundTripWorkerHeartbeat) {
-  WorkerHeartbeat in{
-      .group = "grp", .instance_id = 99, .seq = 1ull << 40, .free_slots = 3, .active_requests = 12};
+  WorkerHeartbeat in{.group = "grp",
+                     .instance_id = 99,
+                     .seq = 1ull << 40,
+                     .free_slots = 3,
+                     .active_requests = 12,
+                     .experts = {1, 2, 3, 4, 1ull << 35, 6}};
   auto out = RoundTripAs<WorkerHeartbeat, WorkerMessage>(in);
+  EXPECT_EQ(out.experts.hits, 1u);
+  EXPECT_EQ(out.experts.misses, 2u);
+  EXPECT_EQ(out.experts.prefetches_issued, 3u);
+  EXPECT_EQ(out.experts.prefetches_used, 4u);
+  EXPECT_EQ(out.experts.bytes_moved, 1ull << 35);
+  EXPECT_EQ(out.experts.stall_us, 6u);
   EXPECT_EQ(out.group, in.group);
   EXPECT_EQ(out.instance_id, in.instance_id);
   EXPECT_EQ(out.seq, in.seq);

@@ -1,0 +1,244 @@
+#include "gpu_worker/cache_policy.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <unordered_map>
+
+#include "gpu_worker/moe_infinity_policy.h"
+
+namespace fmoe {
+namespace {
+
+// Per-expert bookkeeping shared by the policies below, indexed by l * J + j.
+class Tracked : public CachePolicy {
+ public:
+  void Attach(CacheControl* control) override {
+    CachePolicy::Attach(control);
+    const size_t n = static_cast<size_t>(control->num_layers()) * control->num_experts();
+    last_use_.assign(n, 0);
+    uses_.assign(n, 0);
+    loaded_.assign(n, 0);
+  }
+  void OnUse(uint32_t layer, uint32_t expert, bool hit) override {
+    const size_t k = Key(layer, expert);
+    last_use_[k] = ++tick_;
+    ++uses_[k];
+  }
+  void OnResident(uint32_t layer, uint32_t expert) override {
+    loaded_[Key(layer, expert)] = ++tick_;
+  }
+
+ protected:
+  size_t Key(uint32_t layer, uint32_t expert) const {
+    return static_cast<size_t>(layer) * control_->num_experts() + expert;
+  }
+  uint64_t tick_ = 0;
+  std::vector<uint64_t> last_use_;  // Tick of the last use (0 = never).
+  std::vector<uint64_t> uses_;      // Uses since start.
+  std::vector<uint64_t> loaded_;    // Tick it last became resident.
+};
+
+// lru: no prediction; evicts the least recently used.
+class LruPolicy : public Tracked {
+ public:
+  std::string_view name() const override { return "lru"; }
+  double EvictionScore(uint32_t layer, uint32_t expert) const override {
+    return static_cast<double>(last_use_[Key(layer, expert)]);
+  }
+};
+
+// on-demand (DeepSpeed-Inference style): loads an expert when the gate picks it, never ahead;
+// the slots work as a ring, the expert loaded longest ago goes first, whatever its use.
+class OnDemandPolicy final : public Tracked {
+ public:
+  std::string_view name() const override { return "on-demand"; }
+  double EvictionScore(uint32_t layer, uint32_t expert) const override {
+    return static_cast<double>(loaded_[Key(layer, expert)]);
+  }
+};
+
+// lfu: no prediction; evicts the least frequently used since start, the least recent on ties.
+class LfuPolicy final : public Tracked {
+ public:
+  std::string_view name() const override { return "lfu"; }
+  double EvictionScore(uint32_t layer, uint32_t expert) const override {
+    const size_t k = Key(layer, expert);
+    // Ticks stay far below 2^40, so the recency term never outweighs one use.
+    return static_cast<double>(uses_[k]) + static_cast<double>(last_use_[k]) * 0x1p-40;
+  }
+};
+
+// speculative (Mixtral-Offloading / ProMoE style): the model applies the gates of layers
+// l+1..l+d to layer l's hidden state; experts so predicted are prefetched with priority
+// p / (target - l); LRU eviction.
+class SpeculativePolicy final : public LruPolicy {
+ public:
+  explicit SpeculativePolicy(uint32_t distance) : distance_(distance) {}
+  std::string_view name() const override { return "speculative"; }
+  uint32_t speculation_distance() const override { return distance_; }
+  void OnSpeculation(uint32_t layer, uint32_t target, std::span<const float> probs) override {
+    for (uint32_t j = 0; j < probs.size(); ++j) {
+      if (probs[j] > 0.0f) control_->Prefetch(target, j, probs[j] / (target - layer));
+    }
+  }
+
+ private:
+  uint32_t distance_;
+};
+
+// fmoe (fMoE section 4.5): prefetches what the map service's directives name, at their
+// priority p / (target - current); evicts the lowest p * freq, p from the latest directive that
+// named the expert (a floor when none), freq = the expert's cache visits.
+class FmoePolicy : public Tracked {
+ public:
+  FmoePolicy(std::string name, double floor) : name_(std::move(name)), floor_(floor) {}
+  std::string_view name() const override { return name_; }
+  void Attach(CacheControl* control) override {
+    Tracked::Attach(control);
+    p_.assign(last_use_.size(), 0.0f);
+  }
+  void OnDirective(const PrefetchDirective& d) override {
+    for (const PrefetchEntry& e : d.entries) {
+      if (e.expert >= control_->num_experts()) continue;
+      p_[Key(d.target_layer, e.expert)] = e.probability;
+      control_->Prefetch(d.target_layer, e.expert, e.priority);
+    }
+  }
+  double EvictionScore(uint32_t layer, uint32_t expert) const override {
+    const size_t k = Key(layer, expert);
+    return std::max<double>(p_[k], floor_) * static_cast<double>(uses_[k]);
+  }
+
+ protected:
+  std::string name_;
+  double floor_;
+  std::vector<float> p_;
+};
+
+// fmoe-nextuse (DESIGN section 6, beyond the paper): the same directives, but eviction
+// estimates each expert's next use from them (Belady with predictions): an expert no live
+// directive names goes first, least recently used first; among named ones, the one named for
+// the latest layer goes first. Prefetches are admitted only when the link can finish them in
+// time.
+class NextUsePolicy final : public FmoePolicy {
+ public:
+  explicit NextUsePolicy(double floor) : FmoePolicy("fmoe-nextuse", floor) {}
+  void Attach(CacheControl* control) override {
+    FmoePolicy::Attach(control);
+    next_.assign(last_use_.size(), 0);
+  }
+  void OnIterationStart(std::span<const SequenceInfo>) override { ++iteration_; }
+  void OnDirective(const PrefetchDirective& d) override {
+    FmoePolicy::OnDirective(d);
+    const uint64_t position = iteration_ * control_->num_layers() + d.target_layer;
+    for (const PrefetchEntry& e : d.entries) {
+      if (e.expert >= control_->num_experts()) continue;
+      uint64_t& next = next_[Key(d.target_layer, e.expert)];
+      if (next <= Now() || position < next) next = position;
+    }
+  }
+  double EvictionScore(uint32_t layer, uint32_t expert) const override {
+    const size_t k = Key(layer, expert);
+    if (next_[k] <= Now()) return static_cast<double>(last_use_[k]);  // Below 2^53.
+    return 0x1p60 - static_cast<double>(next_[k]);
+  }
+  bool admit_by_deadline() const override { return true; }
+
+ private:
+  uint64_t Now() const { return iteration_ * control_->num_layers() + control_->current_layer(); }
+  uint64_t iteration_ = 0;
+  std::vector<uint64_t> next_;  // Position of the predicted next use (0 = none).
+};
+
+// oracle (replay only): knows the whole access sequence. Prefetches the next d layers' experts
+// exactly (nearer first) and evicts the expert used again furthest in the future (Belady).
+class OraclePolicy final : public CachePolicy {
+ public:
+  OraclePolicy(std::vector<LayerAccess> future, uint32_t distance)
+      : future_(std::move(future)), distance_(std::max<uint32_t>(distance, 1)) {}
+  std::string_view name() const override { return "oracle"; }
+  void Attach(CacheControl* control) override {
+    CachePolicy::Attach(control);
+    const size_t n = static_cast<size_t>(control->num_layers()) * control->num_experts();
+    uses_.assign(n, {});
+    cursor_.assign(n, 0);
+    for (size_t i = 0; i < future_.size(); ++i) {
+      for (uint32_t e : future_[i].experts) {
+        if (future_[i].layer < control->num_layers() && e < control->num_experts()) {
+          uses_[static_cast<size_t>(future_[i].layer) * control->num_experts() + e].push_back(i);
+        }
+      }
+    }
+  }
+  void OnIterationStart(std::span<const SequenceInfo>) override { PrefetchAhead(); }
+  void OnLayerStart(const LayerRouting&) override {
+    ++next_;
+    PrefetchAhead();
+  }
+  double EvictionScore(uint32_t layer, uint32_t expert) const override {
+    const size_t k = static_cast<size_t>(layer) * control_->num_experts() + expert;
+    const std::vector<size_t>& u = uses_[k];
+    size_t& c = cursor_[k];
+    while (c < u.size() && u[c] < next_) ++c;
+    if (c == u.size()) return -std::numeric_limits<double>::max();  // Never used again.
+    return -static_cast<double>(u[c]);
+  }
+
+ private:
+  void PrefetchAhead() {
+    // Accesses next_ .. next_ + d - 1 are the layers to come (within this iteration).
+    const uint32_t now = control_->current_layer();
+    for (size_t i = next_; i < future_.size() && i < next_ + distance_; ++i) {
+      const LayerAccess& a = future_[i];
+      if (i > next_ && a.layer <= future_[i - 1].layer) break;  // The next iteration.
+      const double distance = a.layer > now ? a.layer - now : 1.0;
+      for (uint32_t e : a.experts) control_->Prefetch(a.layer, e, 1.0 / distance);
+    }
+  }
+
+  std::vector<LayerAccess> future_;
+  uint32_t distance_;
+  size_t next_ = 0;  // Index in future_ of the next layer to start.
+  std::vector<std::vector<size_t>> uses_;
+  mutable std::vector<size_t> cursor_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<CachePolicy>> MakePolicy(std::string_view name,
+                                                const PolicyOptions& options) {
+  if (name == "fmoe" || name == "fmoe-traj" || name == "fmoe-traj-sem") {
+    // The ablations differ in how the map service matches, not in the cache.
+    return std::unique_ptr<CachePolicy>(
+        new FmoePolicy(std::string(name), options.probability_floor));
+  }
+  if (name == "fmoe-nextuse") {
+    return std::unique_ptr<CachePolicy>(new NextUsePolicy(options.probability_floor));
+  }
+  if (name == "moe-infinity") {
+    // The paper prefetches across every later layer (section 5.1, multi-layer prefetching),
+    // weighted by proximity, rather than to a fixed distance.
+    PolicyOptions all_layers = options;
+    all_layers.prefetch_distance = 0;
+    return NewMoeInfinityPolicy(all_layers);
+  }
+  if (name == "speculative") {
+    return std::unique_ptr<CachePolicy>(new SpeculativePolicy(options.prefetch_distance));
+  }
+  if (name == "on-demand") return std::unique_ptr<CachePolicy>(new OnDemandPolicy());
+  if (name == "lru") return std::unique_ptr<CachePolicy>(new LruPolicy());
+  if (name == "lfu") return std::unique_ptr<CachePolicy>(new LfuPolicy());
+  if (name == "oracle") {
+    if (options.future.empty()) {
+      return InvalidArgument("policy oracle needs the future access sequence (trace replay)");
+    }
+    return std::unique_ptr<CachePolicy>(
+        new OraclePolicy(options.future, options.prefetch_distance));
+  }
+  return InvalidArgument("unknown policy \"" + std::string(name) +
+                         "\"; valid: fmoe, fmoe-traj, fmoe-traj-sem, fmoe-nextuse, moe-infinity, "
+                         "speculative, on-demand, lru, lfu, oracle");
+}
+
+}  // namespace fmoe

@@ -1,0 +1,462 @@
+// The expert cache's state machine against a scripted link: budget and invariants under random
+// sequences, on-demand precedence, stale and foreign directives, eviction order, and the bytes
+// every handed-out slot holds.
+#include "gpu_worker/expert_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <random>
+#include <set>
+
+namespace fmoe {
+namespace {
+
+// A link the test drives: Submit queues; Step(n) finishes the n tasks the real link would run
+// first (on-demand, then priority); Wait finishes one, advancing the clock by its duration.
+class ScriptedLink final : public TransferEngine {
+ public:
+  explicit ScriptedLink(ManualClock& clock) : clock_(clock) {}
+  std::string_view name() const override { return "scripted"; }
+  void Submit(const TransferTask& task) override {
+    ASSERT_EQ(live_.count(task.id), 0u);
+    live_[task.id] = task;
+    order_.push_back(task.id);
+    submitted.push_back(task);
+  }
+  void Cancel(uint64_t id) override {
+    if (live_.erase(id) == 0) return;
+    finished_.push_back({id, true, 0, 0, 0, 0});
+    ++cancels;
+  }
+  void Promote(uint64_t id) override {
+    auto it = live_.find(id);
+    if (it != live_.end()) {
+      it->second.on_demand = true;
+      ++promotions;
+    }
+  }
+  size_t Poll(std::vector<TransferDone>* out) override {
+    const size_t n = finished_.size();
+    out->insert(out->end(), finished_.begin(), finished_.end());
+    finished_.clear();
+    return n;
+  }
+  size_t Wait(std::vector<TransferDone>* out, std::chrono::milliseconds) override {
+    if (finished_.empty()) Step(1);
+    return Poll(out);
+  }
+  TransferStats stats() const override { return {}; }
+  Result<void*> AllocateDevice(size_t) override { return InternalError(); }
+  void FreeDevice(void*) override {}
+
+  // Finishes up to n tasks in link order, copying their bytes.
+  void Step(size_t n) {
+    for (size_t i = 0; i < n && !live_.empty(); ++i) {
+      uint64_t best = 0;
+      for (uint64_t id : order_) {
+        if (!live_.count(id)) continue;
+        if (best == 0 || Before(live_[id], live_[best])) best = id;
+      }
+      const TransferTask t = live_[best];
+      live_.erase(best);
+      std::memcpy(t.dst, t.src, t.bytes);
+      clock_.AdvanceNs(1000);
+      finished_.push_back({t.id, false, t.bytes, 0, clock_.NowNs() - 1000, clock_.NowNs()});
+    }
+    std::erase_if(order_, [&](uint64_t id) { return !live_.count(id); });
+  }
+  size_t live() const { return live_.size(); }
+  bool any_on_demand() const {
+    return std::any_of(live_.begin(), live_.end(), [](auto& kv) { return kv.second.on_demand; });
+  }
+
+  std::vector<TransferTask> submitted;
+  int cancels = 0;
+  int promotions = 0;
+
+ private:
+  static Result<void*> InternalError() { return Internal("scripted link has no memory"); }
+  static bool Before(const TransferTask& a, const TransferTask& b) {
+    if (a.on_demand != b.on_demand) return a.on_demand;
+    if (a.on_demand) return a.id < b.id;
+    return a.priority > b.priority || (a.priority == b.priority && a.id < b.id);
+  }
+  ManualClock& clock_;
+  std::map<uint64_t, TransferTask> live_;
+  std::deque<uint64_t> order_;
+  std::vector<TransferDone> finished_;
+};
+
+constexpr uint32_t kLayers = 4;
+constexpr uint32_t kExperts = 8;
+constexpr size_t kBytes = 64;
+
+struct Fixture {
+  Fixture(std::string policy, uint32_t slots, uint32_t rank = 0, uint32_t world = 1,
+          bool preload = false, uint32_t inflight = 2)
+      : link(clock) {
+    host.resize(kLayers * kExperts * kBytes);
+    for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<char>((i / kBytes) * 7 + i);
+    device.assign(slots * kBytes, 0);
+    std::vector<const void*> addresses(kLayers * kExperts, nullptr);
+    for (uint32_t k = 0; k < kLayers * kExperts; ++k) {
+      if (k % world == rank) addresses[k] = host.data() + k * kBytes;
+    }
+    ExpertCacheOptions o;
+    o.num_layers = kLayers;
+    o.num_experts = kExperts;
+    o.top_k = 2;
+    o.rank = rank;
+    o.world_size = world;
+    o.expert_bytes = kBytes;
+    o.slots = slots;
+    o.preload = preload;
+    o.max_inflight_prefetches = inflight;
+    PolicyOptions po;
+    po.prefetch_distance = 2;
+    auto p = MakePolicy(policy, po);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    auto c = ExpertCache::Create(o, std::move(*p), &link, addresses, device.data(), clock);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    cache = std::move(*c);
+  }
+
+  // Runs one layer: every expert handed out must hold its own bytes.
+  void RunLayer(uint32_t layer, std::vector<uint32_t> experts) {
+    std::sort(experts.begin(), experts.end());
+    experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
+    std::vector<uint32_t> tokens(experts.size(), 1);
+    LayerRouting r{layer, experts, tokens, {}};
+    ASSERT_TRUE(cache->BeginLayer(r).ok());
+    ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants().ToString();
+    std::set<uint32_t> got;
+    while (true) {
+      Result<ReadyExpert> e = cache->Next();
+      if (!e.ok()) {
+        ASSERT_EQ(e.status().code(), ErrorCode::kNotFound) << e.status().ToString();
+        break;
+      }
+      const uint32_t key = layer * kExperts + e->expert;
+      ASSERT_EQ(0,
+                std::memcmp(device.data() + e->slot * kBytes, host.data() + key * kBytes, kBytes))
+          << "layer " << layer << " expert " << e->expert;
+      got.insert(e->expert);
+      ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants().ToString();
+      cache->Done(e->expert);
+    }
+    std::set<uint32_t> want;
+    for (uint32_t x : experts) {
+      if (cache->Owns(layer, x)) want.insert(x);
+    }
+    EXPECT_EQ(got, want);
+    cache->EndLayer();
+    ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants().ToString();
+  }
+
+  ManualClock clock;
+  ScriptedLink link;
+  std::vector<char> host;
+  std::vector<char> device;
+  std::unique_ptr<ExpertCache> cache;
+};
+
+PrefetchDirective Directive(uint64_t request, uint32_t iteration, uint32_t target,
+                            std::vector<uint32_t> experts, float priority = 1.0f) {
+  PrefetchDirective d;
+  d.request_id = request;
+  d.iteration = iteration;
+  d.target_layer = target;
+  d.score = 0.9f;
+  for (uint32_t e : experts) d.entries.push_back({e, 0.5f, priority});
+  return d;
+}
+
+TEST(BudgetSlots, FractionAndGigabytes) {
+  EXPECT_EQ(*BudgetSlots(std::nullopt, 0.25, 100, 64), 16u);
+  EXPECT_EQ(*BudgetSlots(std::nullopt, 1.0, 100, 64), 64u);
+  EXPECT_EQ(*BudgetSlots(std::nullopt, std::nullopt, 100, 64), 64u);
+  EXPECT_EQ(*BudgetSlots(1e-6, std::nullopt, 100, 64), 10u);
+  EXPECT_EQ(*BudgetSlots(1.0, std::nullopt, 100, 64), 64u);  // Capped at the experts owned.
+  Result<uint32_t> none = BudgetSlots(std::nullopt, 0.001, 100, 64);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("holds no expert"), std::string::npos);
+}
+
+TEST(ExpertCache, RejectsBadOptions) {
+  ManualClock clock;
+  ScriptedLink link(clock);
+  std::vector<char> host(kBytes), device(kBytes);
+  std::vector<const void*> addresses(kLayers * kExperts, host.data());
+  ExpertCacheOptions o;
+  o.num_layers = kLayers;
+  o.num_experts = kExperts;
+  o.top_k = 2;
+  o.expert_bytes = kBytes;
+  o.slots = 0;
+  auto p = MakePolicy("lru", {});
+  auto c = ExpertCache::Create(o, std::move(*p), &link, addresses, device.data(), clock);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("slots 0"), std::string::npos);
+  o.slots = 1;
+  o.top_k = 9;
+  c = ExpertCache::Create(o, std::move(*MakePolicy("lru", {})), &link, addresses, device.data(),
+                          clock);
+  ASSERT_FALSE(c.ok());
+  o.top_k = 2;
+  addresses.pop_back();
+  c = ExpertCache::Create(o, std::move(*MakePolicy("lru", {})), &link, addresses, device.data(),
+                          clock);
+  ASSERT_FALSE(c.ok());
+  EXPECT_FALSE(MakePolicy("belady", {}).ok());
+  EXPECT_FALSE(MakePolicy("oracle", {}).ok());  // Needs the future.
+}
+
+TEST(ExpertCache, PreloadFillsTheBudgetAndAllResidentIsAllHits) {
+  Fixture f("lru", kLayers * kExperts, 0, 1, /*preload=*/true);
+  EXPECT_EQ(f.cache->stats().resident, kLayers * kExperts);
+  EXPECT_EQ(f.cache->stats().preload_bytes, kLayers * kExperts * kBytes);
+  SequenceInfo s{1, 0, 3};
+  f.cache->BeginIteration({&s, 1});
+  for (uint32_t l = 0; l < kLayers; ++l) f.RunLayer(l, {l, 7 - l});
+  f.cache->EndIteration();
+  const CacheStats st = f.cache->stats();
+  EXPECT_EQ(st.total.hits, 8u);
+  EXPECT_EQ(st.total.misses, 0u);
+  EXPECT_EQ(st.total.bytes_moved, 0u);
+}
+
+TEST(ExpertCache, MissesLoadOnDemandAndEvictLeastRecentlyUsed) {
+  Fixture f("lru", 3);
+  SequenceInfo s{1, 0, 1};
+  f.cache->BeginIteration({&s, 1});
+  f.RunLayer(0, {0, 1});
+  f.RunLayer(1, {2});
+  f.RunLayer(2, {3});  // Evicts (0, 0): used longest ago.
+  f.cache->EndIteration();
+  CacheStats st = f.cache->stats();
+  EXPECT_EQ(st.total.misses, 4u);
+  EXPECT_EQ(st.total.on_demand_loads, 4u);
+  EXPECT_EQ(st.total.evictions, 1u);
+  EXPECT_EQ(st.total.bytes_moved, 4 * kBytes);
+  for (const TransferTask& t : f.link.submitted) EXPECT_TRUE(t.on_demand);
+  f.cache->BeginIteration({&s, 1});
+  f.RunLayer(0, {1});  // Still resident.
+  EXPECT_EQ(f.cache->stats().total.hits, 1u);
+  f.cache->EndIteration();
+}
+
+TEST(ExpertCache, MorePickedExpertsThanSlotsStillRun) {
+  Fixture f("lru", 1);
+  SequenceInfo s{1, 0, 8};
+  f.cache->BeginIteration({&s, 1});
+  f.RunLayer(0, {0, 1, 2, 3, 4, 5, 6, 7});
+  f.RunLayer(3, {1, 6});
+  f.cache->EndIteration();
+  EXPECT_EQ(f.cache->stats().total.misses, 10u);
+}
+
+TEST(ExpertCache, OnDemandLoadsGoFirstAndPausePrefetching) {
+  Fixture f("fmoe", 4, 0, 1, false, /*inflight=*/1);
+  SequenceInfo s{7, 0, 1};
+  f.cache->BeginIteration({&s, 1});
+  f.cache->PostDirective(Directive(7, 0, 2, {4, 5, 6}, 1.0f));
+  f.cache->PostDirective(Directive(7, 0, 3, {1}, 0.5f));
+  f.cache->Pump();
+  ASSERT_EQ(f.link.submitted.size(), 1u);  // One prefetch in flight at a time.
+  EXPECT_FALSE(f.link.submitted[0].on_demand);
+  // Layer 0 misses: its loads are on demand, and no prefetch is handed out meanwhile.
+  std::vector<uint32_t> experts = {0, 3};
+  std::vector<uint32_t> tokens = {1, 1};
+  ASSERT_TRUE(f.cache->BeginLayer({0, experts, tokens, {}}).ok());
+  ASSERT_EQ(f.link.submitted.size(), 3u);
+  EXPECT_TRUE(f.link.submitted[1].on_demand);
+  EXPECT_TRUE(f.link.submitted[2].on_demand);
+  f.cache->Pump();
+  EXPECT_EQ(f.link.submitted.size(), 3u);
+  // The link runs the on-demand loads before the queued prefetch.
+  f.link.Step(2);
+  f.cache->Pump();
+  for (int i = 0; i < 2; ++i) {
+    Result<ReadyExpert> e = f.cache->Next();
+    ASSERT_TRUE(e.ok());
+    f.cache->Done(e->expert);
+  }
+  EXPECT_EQ(f.cache->Next().status().code(), ErrorCode::kNotFound);
+  f.cache->EndLayer();
+  ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+  // Now prefetching resumes, highest priority first.
+  f.link.Step(1);
+  f.cache->Pump();
+  ASSERT_GE(f.link.submitted.size(), 4u);
+  EXPECT_FALSE(f.link.submitted[3].on_demand);
+  EXPECT_EQ(f.link.submitted[3].priority, 1.0);
+}
+
+TEST(ExpertCache, APrefetchStillOnTheLinkIsPromotedWhenNeeded) {
+  Fixture f("fmoe", 4);
+  SequenceInfo s{7, 0, 1};
+  f.cache->BeginIteration({&s, 1});
+  f.cache->PostDirective(Directive(7, 0, 1, {5}));
+  f.cache->Pump();
+  ASSERT_EQ(f.link.submitted.size(), 1u);
+  f.RunLayer(0, {0});
+  std::vector<uint32_t> experts = {5};
+  std::vector<uint32_t> tokens = {1};
+  ASSERT_TRUE(f.cache->BeginLayer({1, experts, tokens, {}}).ok());
+  EXPECT_EQ(f.link.promotions, 1);
+  Result<ReadyExpert> e = f.cache->Next();
+  ASSERT_TRUE(e.ok());
+  f.cache->Done(5);
+  f.cache->EndLayer();
+  const CacheStats st = f.cache->stats();
+  EXPECT_EQ(st.layers[1].late_prefetches, 1u);
+  EXPECT_EQ(st.layers[1].misses, 1u);
+  EXPECT_EQ(st.layers[1].prefetches_used, 1u);
+}
+
+TEST(ExpertCache, UsedPrefetchIsAHitAndAnUnusedOneIsWasted) {
+  Fixture f("fmoe", 4);
+  SequenceInfo s{7, 0, 1};
+  f.cache->BeginIteration({&s, 1});
+  f.cache->PostDirective(Directive(7, 0, 2, {4, 6}));
+  f.cache->Pump();
+  f.link.Step(2);
+  f.RunLayer(0, {0});
+  f.RunLayer(1, {1});
+  f.RunLayer(2, {4});
+  f.cache->EndIteration();
+  const CacheStats st = f.cache->stats();
+  EXPECT_EQ(st.layers[2].hits, 1u);
+  EXPECT_EQ(st.layers[2].prefetches_used, 1u);
+  EXPECT_EQ(st.layers[2].prefetches_wasted, 1u);
+  EXPECT_EQ(st.directives, 1u);
+}
+
+TEST(ExpertCache, StaleDirectivesAreDropped) {
+  Fixture f("fmoe", 4);
+  SequenceInfo s{7, 3, 1};
+  f.cache->BeginIteration({&s, 1});
+  f.RunLayer(0, {0});
+  f.RunLayer(1, {1});
+  const size_t before = f.link.submitted.size();
+  f.cache->PostDirective(Directive(7, 3, 1, {5}));  // Layer 1 has run.
+  f.cache->PostDirective(Directive(7, 2, 3, {5}));  // An older iteration.
+  f.cache->PostDirective(Directive(8, 3, 3, {5}));  // Not in the batch.
+  f.cache->PostDirective(Directive(7, 3, 9, {5}));  // No such layer.
+  f.cache->Pump();
+  EXPECT_EQ(f.link.submitted.size(), before);
+  EXPECT_EQ(f.cache->stats().directives_stale, 4u);
+  EXPECT_EQ(f.cache->stats().directives, 0u);
+  // A queued prefetch whose layer starts first is dropped, never loaded.
+  f.cache->PostDirective(Directive(7, 3, 2, {5, 6, 7}));
+  f.cache->Pump();  // Two go to the link, one waits in the queue.
+  f.RunLayer(2, {0});
+  f.cache->EndIteration();
+  EXPECT_GE(f.cache->stats().prefetch_requests_dropped, 1u);
+  ASSERT_TRUE(f.cache->CheckInvariants().ok());
+}
+
+TEST(ExpertCache, DirectivesForAnotherRanksExpertsAreIgnored) {
+  // Rank 1 of 2 owns keys 1, 3, 5, ...: in layer 1 (keys 8..15) experts 1, 3, 5, 7.
+  Fixture f("fmoe", 4, /*rank=*/1, /*world=*/2);
+  SequenceInfo s{7, 0, 1};
+  f.cache->BeginIteration({&s, 1});
+  f.cache->PostDirective(Directive(7, 0, 1, {0, 2, 3}));
+  f.cache->Pump();
+  ASSERT_EQ(f.link.submitted.size(), 1u);
+  EXPECT_EQ(f.link.submitted[0].src, f.host.data() + (1 * kExperts + 3) * kBytes);
+  EXPECT_EQ(f.cache->stats().directives_foreign, 2u);
+  f.link.Step(1);
+  f.RunLayer(0, {0, 1, 2});  // Only expert 1 is this rank's.
+  f.RunLayer(1, {2, 3});
+  f.cache->EndIteration();
+  const CacheStats st = f.cache->stats();
+  EXPECT_EQ(st.layers[0].misses, 1u);
+  EXPECT_EQ(st.layers[1].hits, 1u);
+  EXPECT_EQ(st.layers[1].misses, 0u);
+}
+
+TEST(ExpertCache, PrefetchedExpertsAreProtectedUntilTheirLayer) {
+  Fixture f("lru", 2);
+  SequenceInfo s{7, 0, 1};
+  f.cache->BeginIteration({&s, 1});
+  f.cache->Prefetch(3, 1, 1.0);
+  f.cache->Prefetch(3, 2, 1.0);
+  f.cache->Pump();
+  f.link.Step(2);
+  f.cache->Pump();
+  // Layer 0 needs a slot: both are protected for layer 3, so one is evicted by force.
+  f.RunLayer(0, {4});
+  EXPECT_EQ(f.cache->stats().total.forced_evictions, 1u);
+  f.cache->EndIteration();
+}
+
+// Random batches, routings, directives, prefetches and link progress, for every policy and
+// several budgets: the invariants hold after every step and every handed-out slot holds the
+// right bytes (RunLayer checks both).
+TEST(ExpertCache, RandomSequencesKeepInvariantsForEveryPolicy) {
+  for (const char* policy :
+       {"fmoe", "fmoe-nextuse", "moe-infinity", "speculative", "on-demand", "lru", "lfu"}) {
+    for (uint32_t slots : {1u, 3u, 8u, 32u}) {
+      for (uint32_t world : {1u, 2u}) {
+        const uint32_t owned = kLayers * kExperts / world;
+        Fixture f(policy, std::min(slots, owned), world - 1, world, slots > 4);
+        std::mt19937 rng(slots * 131 + world);
+        uint64_t next_request = 1;
+        std::vector<SequenceInfo> batch;
+        for (int it = 0; it < 40; ++it) {
+          if (batch.empty() || rng() % 4 == 0) {
+            for (SequenceInfo& s : batch) f.cache->OnRequestEnd(s.request_id);
+            batch.clear();
+            const int n = 1 + static_cast<int>(rng() % 3);
+            for (int i = 0; i < n; ++i)
+              batch.push_back({next_request++, 0, static_cast<uint32_t>(1 + rng() % 5)});
+          }
+          f.cache->BeginIteration(batch);
+          for (uint32_t l = 0; l < kLayers; ++l) {
+            if (rng() % 2 == 0) {
+              const SequenceInfo& s = batch[rng() % batch.size()];
+              const uint32_t target = static_cast<uint32_t>(rng() % kLayers);
+              f.cache->PostDirective(Directive(s.request_id, s.iteration - (rng() % 5 == 0), target,
+                                               {static_cast<uint32_t>(rng() % kExperts),
+                                                static_cast<uint32_t>(rng() % kExperts)},
+                                               static_cast<float>(rng() % 100) / 10.0f));
+            }
+            if (rng() % 3 == 0) {
+              f.cache->Prefetch(static_cast<uint32_t>(rng() % kLayers),
+                                static_cast<uint32_t>(rng() % kExperts), rng() % 10);
+            }
+            if (l + 1 < kLayers && f.cache->speculation_distance() > 0) {
+              std::vector<float> probs(kExperts, 0.0f);
+              probs[rng() % kExperts] = 1.0f;
+              f.cache->Speculate(l, l + 1, probs);
+            }
+            f.link.Step(rng() % 3);
+            f.cache->Pump();
+            ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+            std::vector<uint32_t> experts;
+            const int picks = 1 + static_cast<int>(rng() % 4);
+            for (int p = 0; p < picks; ++p) experts.push_back(rng() % kExperts);
+            f.RunLayer(l, experts);
+            if (::testing::Test::HasFatalFailure()) {
+              FAIL() << policy << " slots " << slots << " world " << world << " it " << it;
+            }
+          }
+          f.cache->EndIteration();
+          for (SequenceInfo& s : batch) ++s.iteration;
+          ASSERT_TRUE(f.cache->CheckInvariants().ok());
+        }
+        const CacheStats st = f.cache->stats();
+        EXPECT_LE(st.resident, st.slots);
+        EXPECT_GT(st.total.hits + st.total.misses, 0u);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fmoe
