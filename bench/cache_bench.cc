@@ -1,0 +1,239 @@
+// cache_bench: decode TPOT of the model with its experts offloaded, for each policy and budget,
+// against the all-resident reference, through the same engine and expert cache a worker runs.
+// cpu mode: the emulated link. The link is set from a measured all-resident run so that loading
+// one expert takes --load-ratio times the compute of one layer (decode iteration time / L),
+// unless --gbps is given. Each configuration generates --tokens tokens greedily for each of
+// --prompts prompts, one request at a time (batch 1); TPOT = decode time / decode tokens, the
+// median of --repeats runs (each run a fresh cache, so every run starts from the same state).
+// Prints a Markdown table.
+//
+//   build/bin/cache_bench --model deploy/models/tiny-moe --prompts-file prompts.jsonl
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/model_config.h"
+#include "common/tokenizer.h"
+#include "gpu_worker/cached_experts.h"
+#include "gpu_worker/device.h"
+#include "gpu_worker/engine.h"
+#include "gpu_worker/model.h"
+
+namespace {
+
+using namespace fmoe;
+using BenchClock = std::chrono::steady_clock;
+
+std::vector<std::string> ReadPrompts(const std::string& path, size_t want) {
+  std::vector<std::string> prompts;
+  std::ifstream in(path);
+  std::string line;
+  while (prompts.size() < want && std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) {
+      std::string p = j["prompt"].get<std::string>();
+      if (p.size() > 600) p.resize(600);
+      prompts.push_back(p);
+    }
+  }
+  const char* fallback[] = {"The history of the city begins with a small settlement on the river",
+                            "In the beginning God created the heaven and the earth.",
+                            "def fibonacci(n):\n    if n < 2:\n        return n",
+                            "The theorem states that for every prime number p",
+                            "She opened the door and saw the garden covered in snow.",
+                            "Water boils at a lower temperature on a mountain because",
+                            "The committee published its report on the new railway line",
+                            "Abstract. We study the problem of learning sparse mixtures"};
+  for (size_t i = 0; prompts.size() < want; ++i) prompts.push_back(fallback[i % 8]);
+  return prompts;
+}
+
+ExpertTable CopyTable(const ExpertTable& table) {
+  ExpertTable copy(table.size());
+  for (size_t l = 0; l < table.size(); ++l) {
+    for (const ExpertWeights& w : table[l])
+      copy[l].push_back({w.w1.clone(), w.w2.clone(), w.w3.clone()});
+  }
+  return copy;
+}
+
+class Recording final : public ExpertSource {
+ public:
+  explicit Recording(ExpertSource& inner) : inner_(inner) {}
+  Status BeginLayer(const LayerRouting& r) override {
+    accesses.push_back({r.layer, {r.experts.begin(), r.experts.end()}});
+    return inner_.BeginLayer(r);
+  }
+  Result<std::pair<uint32_t, ExpertWeights>> Next() override { return inner_.Next(); }
+  void EndLayer() override { inner_.EndLayer(); }
+  std::vector<LayerAccess> accesses;
+
+ private:
+  ExpertSource& inner_;
+};
+
+struct Run {
+  double decode_s = 0;
+  uint64_t decode_tokens = 0;
+  std::vector<std::vector<int32_t>> tokens;
+  double tpot_ms() const { return decode_tokens ? 1e3 * decode_s / decode_tokens : 0; }
+};
+
+Run RunPrompts(MixtralModel& model, ExpertSource& source, const Tokenizer& tok,
+               const std::vector<std::vector<int32_t>>& prompts, uint32_t max_tokens) {
+  Run run;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<int32_t> out;
+    BenchClock::time_point first{};
+    BenchClock::time_point last{};
+    EngineOptions options;
+    options.max_batch = 1;
+    Engine engine(options, model, source, &tok, nullptr, [&](const TokenEvent& ev) {
+      if (ev.token_id < 0) return;
+      out.push_back(ev.token_id);
+      (out.size() == 1 ? first : last) = BenchClock::now();
+    });
+    Generate g;
+    g.request_id = i + 1;
+    g.token_ids = prompts[i];
+    g.sampling.max_tokens = max_tokens;
+    engine.Submit(std::move(g));
+    while (engine.Step()) {
+    }
+    if (out.size() > 1) {
+      run.decode_s += std::chrono::duration<double>(last - first).count();
+      run.decode_tokens += out.size() - 1;
+    }
+    run.tokens.push_back(std::move(out));
+  }
+  return run;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cache_bench: decode TPOT per policy and expert budget (emulated link)"};
+  std::string model_dir = "deploy/models/tiny-moe";
+  std::string prompts_file;
+  size_t num_prompts = 8;
+  uint32_t max_tokens = 32;
+  int threads = 1;
+  double load_ratio = 3.0;
+  double gbps = 0;
+  double latency_us = 10;
+  uint32_t distance = 3;
+  int repeats = 3;
+  std::vector<std::string> policies = {"fmoe",      "fmoe-nextuse", "moe-infinity", "speculative",
+                                       "on-demand", "lru",          "lfu",          "oracle"};
+  std::vector<double> budgets = {0.25, 0.5, 1.0};
+  app.add_option("--model", model_dir, "model directory");
+  app.add_option("--prompts-file", prompts_file, "JSONL with a \"prompt\" field per line");
+  app.add_option("--prompts", num_prompts, "prompts, one request each");
+  app.add_option("--tokens", max_tokens, "tokens generated per prompt");
+  app.add_option("--threads", threads, "intra-op threads");
+  app.add_option("--load-ratio", load_ratio, "one expert's load time / one layer's compute");
+  app.add_option("--gbps", gbps, "link GB/s (overrides --load-ratio)");
+  app.add_option("--latency-us", latency_us, "link latency per transfer");
+  app.add_option("--distance", distance, "prefetch distance d (speculative, oracle)");
+  app.add_option("--repeats", repeats, "runs per configuration; the median TPOT is reported");
+  app.add_option("--policy", policies, "policies to run");
+  app.add_option("--budget", budgets, "expert budgets as fractions of the experts");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::warn);
+
+  auto info = LoadModelInfo(model_dir);
+  if (!info.ok()) {
+    std::fprintf(stderr, "%s\n", info.status().message().c_str());
+    return 1;
+  }
+  auto device = ResolveDevice("cpu", -1, threads);
+  auto tok = Tokenizer::Load(model_dir);
+  ExpertTable table;
+  auto model = MixtralModel::Load(*info, RuntimeOptions{}, {}, &table);
+  if (!device.ok() || !tok.ok() || !model.ok()) {
+    std::fprintf(stderr, "cannot load %s\n", model_dir.c_str());
+    return 1;
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  for (const std::string& p : ReadPrompts(prompts_file, num_prompts)) {
+    prompts.push_back(*(*tok)->Encode(p, true));
+  }
+
+  // The reference, twice (the first warms caches), recording the routing for the oracle.
+  ResidentExperts resident(CopyTable(table));
+  RunPrompts(**model, resident, **tok, prompts, max_tokens);
+  Recording recording(resident);
+  Run reference = RunPrompts(**model, recording, **tok, prompts, max_tokens);
+  std::vector<double> reference_tpots = {reference.tpot_ms()};
+  for (int r = 1; r < repeats; ++r) {
+    reference_tpots.push_back(RunPrompts(**model, resident, **tok, prompts, max_tokens).tpot_ms());
+  }
+  std::sort(reference_tpots.begin(), reference_tpots.end());
+  const double reference_tpot = reference_tpots[reference_tpots.size() / 2];
+  const double layer_ms = reference_tpot / info->num_moe_layers;
+  const size_t expert_bytes = table[0][0].bytes();
+  if (gbps <= 0) {
+    const double load_s = load_ratio * layer_ms / 1e3 - latency_us / 1e6;
+    gbps = expert_bytes / std::max(load_s, 1e-6) / 1e9;
+  }
+  const double load_ms = latency_us / 1e3 + expert_bytes / (gbps * 1e9) * 1e3;
+  std::printf(
+      "model %s: L=%u J=%u K=%u, expert %zu bytes (fp32); all-resident TPOT %.2f ms, %.3f ms "
+      "per layer\nemulated link: %.3f GB/s + %.0f us = %.3f ms per expert (%.1f x a layer); "
+      "%zu prompts x %u tokens, batch 1, %d thread(s), d=%u\n\n",
+      model_dir.c_str(), info->num_moe_layers, info->num_experts, info->top_k, expert_bytes,
+      reference_tpot, layer_ms, gbps, latency_us, load_ms, load_ms / layer_ms, prompts.size(),
+      max_tokens, threads, distance);
+  std::printf(
+      "| policy | budget | TPOT ms | vs all-resident | hit rate | stall ms/token | MB "
+      "moved/token | prefetches used / issued | identical tokens |\n|---|---:|---:|---:|---:|---:|"
+      "---:|---:|---|\n");
+  std::printf("| all-resident | 100%% | %.2f | 1.00 | 100%% | 0 | 0 | - | - |\n", reference_tpot);
+  std::fflush(stdout);
+  for (const std::string& policy : policies) {
+    for (double budget : budgets) {
+      CachedExpertsOptions o;
+      o.policy = policy;
+      o.top_k = info->top_k;
+      o.cache_fraction = budget;
+      o.link.gbps = gbps;
+      o.link.latency_us = latency_us;
+      o.policy_options.prefetch_distance = distance;
+      o.policy_options.future = recording.accesses;
+      std::vector<double> tpots;
+      Run run;
+      CacheStats st;
+      for (int r = 0; r < std::max(1, repeats); ++r) {
+        auto cached = CachedExperts::Create(CopyTable(table), o);
+        if (!cached.ok()) {
+          std::fprintf(stderr, "%s\n", cached.status().message().c_str());
+          return 1;
+        }
+        run = RunPrompts(**model, **cached, **tok, prompts, max_tokens);
+        tpots.push_back(run.tpot_ms());
+        st = (*cached)->stats();
+      }
+      std::sort(tpots.begin(), tpots.end());
+      const double tpot = tpots[tpots.size() / 2];
+      const CacheCounters& t = st.total;
+      const uint64_t tokens = std::max<uint64_t>(1, run.decode_tokens + prompts.size());
+      const double lookups = static_cast<double>(t.hits + t.misses);
+      std::printf("| %s | %.0f%% | %.2f | %.2f | %.1f%% | %.2f | %.2f | %llu / %llu | %s |\n",
+                  policy.c_str(), budget * 100, tpot, tpot / reference_tpot,
+                  lookups > 0 ? 100.0 * t.hits / lookups : 0.0, t.stall_ns / 1e6 / tokens,
+                  t.bytes_moved / 1e6 / tokens, static_cast<unsigned long long>(t.prefetches_used),
+                  static_cast<unsigned long long>(t.prefetches_issued),
+                  run.tokens == reference.tokens ? "yes" : "NO");
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
