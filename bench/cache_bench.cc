@@ -5,6 +5,9 @@
 // unless --gbps is given. Each configuration generates --tokens tokens greedily for each of
 // --prompts prompts, one request at a time (batch 1); TPOT = decode time / decode tokens, the
 // median of --repeats runs (each run a fresh cache, so every run starts from the same state).
+// Each run is interleaved request by request with an all-resident run of the same prompts, and
+// "vs all-resident" divides the two medians of the same configuration, so that drift in the
+// machine's speed does not show up as a policy's cost.
 // Prints a Markdown table.
 //
 //   build/bin/cache_bench --model deploy/models/tiny-moe --prompts-file prompts.jsonl
@@ -87,34 +90,57 @@ struct Run {
   double tpot_ms() const { return decode_tokens ? 1e3 * decode_s / decode_tokens : 0; }
 };
 
+void RunOne(MixtralModel& model, ExpertSource& source, const Tokenizer& tok,
+            const std::vector<int32_t>& prompt, uint32_t max_tokens, uint64_t id, Run* run) {
+  std::vector<int32_t> out;
+  BenchClock::time_point first{};
+  BenchClock::time_point last{};
+  EngineOptions options;
+  options.max_batch = 1;
+  Engine engine(options, model, source, &tok, nullptr, [&](const TokenEvent& ev) {
+    if (ev.token_id < 0) return;
+    out.push_back(ev.token_id);
+    (out.size() == 1 ? first : last) = BenchClock::now();
+  });
+  Generate g;
+  g.request_id = id;
+  g.token_ids = prompt;
+  g.sampling.max_tokens = max_tokens;
+  engine.Submit(std::move(g));
+  while (engine.Step()) {
+  }
+  if (out.size() > 1) {
+    run->decode_s += std::chrono::duration<double>(last - first).count();
+    run->decode_tokens += out.size() - 1;
+  }
+  run->tokens.push_back(std::move(out));
+}
+
 Run RunPrompts(MixtralModel& model, ExpertSource& source, const Tokenizer& tok,
                const std::vector<std::vector<int32_t>>& prompts, uint32_t max_tokens) {
   Run run;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    std::vector<int32_t> out;
-    BenchClock::time_point first{};
-    BenchClock::time_point last{};
-    EngineOptions options;
-    options.max_batch = 1;
-    Engine engine(options, model, source, &tok, nullptr, [&](const TokenEvent& ev) {
-      if (ev.token_id < 0) return;
-      out.push_back(ev.token_id);
-      (out.size() == 1 ? first : last) = BenchClock::now();
-    });
-    Generate g;
-    g.request_id = i + 1;
-    g.token_ids = prompts[i];
-    g.sampling.max_tokens = max_tokens;
-    engine.Submit(std::move(g));
-    while (engine.Step()) {
-    }
-    if (out.size() > 1) {
-      run.decode_s += std::chrono::duration<double>(last - first).count();
-      run.decode_tokens += out.size() - 1;
-    }
-    run.tokens.push_back(std::move(out));
-  }
+  for (size_t i = 0; i < prompts.size(); ++i)
+    RunOne(model, source, tok, prompts[i], max_tokens, i + 1, &run);
   return run;
+}
+
+// The same prompts through two sources, request by request, alternating which goes first, so
+// that both see the same machine.
+std::pair<Run, Run> RunInterleaved(MixtralModel& model, ExpertSource& a, ExpertSource& b,
+                                   const Tokenizer& tok,
+                                   const std::vector<std::vector<int32_t>>& prompts,
+                                   uint32_t max_tokens) {
+  Run ra, rb;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (i % 2 == 0) {
+      RunOne(model, a, tok, prompts[i], max_tokens, i + 1, &ra);
+      RunOne(model, b, tok, prompts[i], max_tokens, i + 1, &rb);
+    } else {
+      RunOne(model, b, tok, prompts[i], max_tokens, i + 1, &rb);
+      RunOne(model, a, tok, prompts[i], max_tokens, i + 1, &ra);
+    }
+  }
+  return {std::move(ra), std::move(rb)};
 }
 
 }  // namespace
@@ -193,7 +219,7 @@ int main(int argc, char** argv) {
       reference_tpot, layer_ms, gbps, latency_us, load_ms, load_ms / layer_ms, prompts.size(),
       max_tokens, threads, distance);
   std::printf(
-      "| policy | budget | TPOT ms | vs all-resident | hit rate | stall ms/token | MB "
+      "| policy | budget | TPOT ms | vs all-resident (paired) | hit rate | stall ms/token | MB "
       "moved/token | prefetches used / issued | identical tokens |\n|---|---:|---:|---:|---:|---:|"
       "---:|---:|---|\n");
   std::printf("| all-resident | 100%% | %.2f | 1.00 | 100%% | 0 | 0 | - | - |\n", reference_tpot);
@@ -209,6 +235,7 @@ int main(int argc, char** argv) {
       o.policy_options.prefetch_distance = distance;
       o.policy_options.future = recording.accesses;
       std::vector<double> tpots;
+      std::vector<double> paired;
       Run run;
       CacheStats st;
       for (int r = 0; r < std::max(1, repeats); ++r) {
@@ -217,17 +244,22 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "%s\n", cached.status().message().c_str());
           return 1;
         }
-        run = RunPrompts(**model, **cached, **tok, prompts, max_tokens);
+        auto [base_run, cached_run] =
+            RunInterleaved(**model, resident, **cached, **tok, prompts, max_tokens);
+        run = std::move(cached_run);
         tpots.push_back(run.tpot_ms());
+        paired.push_back(base_run.tpot_ms());
         st = (*cached)->stats();
       }
       std::sort(tpots.begin(), tpots.end());
+      std::sort(paired.begin(), paired.end());
       const double tpot = tpots[tpots.size() / 2];
+      const double base = paired[paired.size() / 2];
       const CacheCounters& t = st.total;
       const uint64_t tokens = std::max<uint64_t>(1, run.decode_tokens + prompts.size());
       const double lookups = static_cast<double>(t.hits + t.misses);
       std::printf("| %s | %.0f%% | %.2f | %.2f | %.1f%% | %.2f | %.2f | %llu / %llu | %s |\n",
-                  policy.c_str(), budget * 100, tpot, tpot / reference_tpot,
+                  policy.c_str(), budget * 100, tpot, tpot / base,
                   lookups > 0 ? 100.0 * t.hits / lookups : 0.0, t.stall_ns / 1e6 / tokens,
                   t.bytes_moved / 1e6 / tokens, static_cast<unsigned long long>(t.prefetches_used),
                   static_cast<unsigned long long>(t.prefetches_issued),

@@ -39,7 +39,6 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   self->hidden_ = first->w1.size(1);
   self->dtype_ = first->w1.scalar_type();
   self->element_size_ = static_cast<int>(first->w1.element_size());
-  self->cuda_index_ = options.cuda_index;
   const size_t expert_bytes = first->bytes();
 
   FMOE_ASSIGN_OR_RETURN(uint32_t slots,
@@ -87,6 +86,21 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   FMOE_RETURN_IF_ERROR(self->link_->RegisterHost(self->host_, self->host_bytes_));
   FMOE_ASSIGN_OR_RETURN(self->slots_,
                         self->link_->AllocateDevice(static_cast<size_t>(slots) * expert_bytes));
+  // Each slot's weight views, made once: a slot's address never changes.
+  const int64_t h = self->hidden_;
+  const int64_t inter = self->intermediate_;
+  const size_t part = static_cast<size_t>(h * inter) * self->element_size_;
+  at::TensorOptions opts = at::TensorOptions().dtype(self->dtype_);
+  opts = options.cuda_index >= 0 ? opts.device(at::Device(at::kCUDA, options.cuda_index))
+                                 : opts.device(at::kCPU);
+  for (uint32_t s = 0; s < slots; ++s) {
+    char* base = static_cast<char*>(self->slots_) + static_cast<size_t>(s) * expert_bytes;
+    ExpertWeights w;
+    w.w1 = at::from_blob(base, {inter, h}, opts);
+    w.w3 = at::from_blob(base + part, {inter, h}, opts);
+    w.w2 = at::from_blob(base + 2 * part, {h, inter}, opts);
+    self->slot_views_.push_back(std::move(w));
+  }
 
   ExpertCacheOptions cache_options;
   cache_options.num_layers = layers;
@@ -131,22 +145,12 @@ void CachedExperts::Speculate(uint32_t layer, uint32_t target, std::span<const f
 }
 
 Status CachedExperts::BeginLayer(const LayerRouting& routing) {
-  layer_ = routing.layer;
   return cache_->BeginLayer(routing);
 }
 
 Result<std::pair<uint32_t, ExpertWeights>> CachedExperts::Next() {
   FMOE_ASSIGN_OR_RETURN(ReadyExpert ready, cache_->Next());
-  char* base =
-      static_cast<char*>(slots_) + static_cast<size_t>(ready.slot) * cache_->options().expert_bytes;
-  const size_t part = static_cast<size_t>(hidden_ * intermediate_) * element_size_;
-  at::TensorOptions opts = at::TensorOptions().dtype(dtype_);
-  opts = cuda_index_ >= 0 ? opts.device(at::Device(at::kCUDA, cuda_index_)) : opts.device(at::kCPU);
-  ExpertWeights w;
-  w.w1 = at::from_blob(base, {intermediate_, hidden_}, opts);
-  w.w3 = at::from_blob(base + part, {intermediate_, hidden_}, opts);
-  w.w2 = at::from_blob(base + 2 * part, {hidden_, intermediate_}, opts);
-  return std::pair<uint32_t, ExpertWeights>(ready.expert, std::move(w));
+  return std::pair<uint32_t, ExpertWeights>(ready.expert, slot_views_[ready.slot]);
 }
 
 void CachedExperts::Done(uint32_t expert) { cache_->Done(expert); }

@@ -69,12 +69,11 @@ class CachedExperts final : public ExpertSource {
   void* host_ = nullptr;  // Packed experts: per expert [w1 | w3 | w2].
   size_t host_bytes_ = 0;
   void* slots_ = nullptr;
+  std::vector<ExpertWeights> slot_views_;  // Per slot: w1, w3, w2 over its bytes.
   int64_t hidden_ = 0;
   int64_t intermediate_ = 0;
   int element_size_ = 0;
   at::ScalarType dtype_ = at::kFloat;
-  int cuda_index_ = -1;
-  uint32_t layer_ = 0;
 
   mutable std::mutex stats_mu_;
   CacheStats stats_;  // GUARDED_BY(stats_mu_)

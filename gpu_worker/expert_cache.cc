@@ -120,6 +120,7 @@ ExpertCache::ExpertCache(ExpertCacheOptions options, std::unique_ptr<CachePolicy
   slot_fence_.assign(options_.slots, 0);
   for (uint32_t s = options_.slots; s > 0; --s) free_slots_.push_back(static_cast<int32_t>(s - 1));
   counters_.resize(options_.num_layers);
+  for (const void* h : host_) owned_ += h != nullptr ? 1 : 0;
   policy_->Attach(this);
 }
 
@@ -144,6 +145,7 @@ Status ExpertCache::Preload() {
   }
   // Preloading is set-up, not serving: its transfers are not in the counters.
   while (!tasks_.empty()) FMOE_RETURN_IF_ERROR(WaitForLink());
+  full_ = free_slots_.empty() && options_.slots >= owned_;
   for (CacheCounters& c : counters_) {
     preload_bytes_ += c.bytes_moved;
     c = CacheCounters{};
@@ -466,6 +468,7 @@ void ExpertCache::BeginIteration(std::span<const SequenceInfo> sequences) {
     batch_[s.request_id] = s.iteration;
     batch_order_.push_back(s.request_id);
   }
+  if (full_) return;  // Every expert resident for good: nothing to predict or move.
   policy_->OnIterationStart(sequences);
   Pump();
 }
@@ -540,7 +543,7 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
       ++(hit ? usage[s]->hits : usage[s]->misses);
       if (e.state == Residency::kOnHost) usage[s]->bytes_moved += options_.expert_bytes;
     }
-    policy_->OnUse(layer, expert, hit);
+    if (!full_) policy_->OnUse(layer, expert, hit);
   }
   // Protection ends when the layer it was for starts: what it did not use was wasted.
   for (uint32_t key = 0; key < entries_.size(); ++key) {
@@ -552,6 +555,7 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
       e.prefetched = false;
     }
   }
+  if (full_) return Status::Ok();
   policy_->OnLayerStart(routing);
   TopUp();
   return Status::Ok();
@@ -560,7 +564,7 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
 Result<ReadyExpert> ExpertCache::Next() {
   if (!in_layer_) return FailedPrecondition("expert cache: Next() outside a layer");
   while (true) {
-    Pump();
+    if (!full_) Pump();
     bool waiting = false;
     for (uint32_t key : layer_needed_) {
       Entry& e = entries_[key];
@@ -600,6 +604,7 @@ void ExpertCache::EndLayer() {
   in_layer_ = false;
   Average(&layer_compute_ns_,
           static_cast<double>(clock_.NowNs() - layer_start_ns_ - layer_stall_ns_));
+  if (full_) return;
   policy_->OnLayerEnd(layer_);
   Pump();
 }
@@ -612,7 +617,7 @@ void ExpertCache::EndIteration() {
   for (Entry& e : entries_) {
     if (e.protect_until != 0 && e.protect_until <= started_) e.protect_until = 0;
   }
-  policy_->OnIterationEnd();
+  if (!full_) policy_->OnIterationEnd();
 }
 
 void ExpertCache::OnRequestEnd(uint64_t request_id) {

@@ -129,7 +129,10 @@ class ExpertCache final : public CacheControl {
   // Drains finished transfers and directives and tops up the link. Between layers, often.
   void Pump();
 
-  uint32_t speculation_distance() const { return policy_->speculation_distance(); }
+  // The policy's, or 0 when the budget holds every expert of this rank (nothing to predict).
+  uint32_t speculation_distance() const {
+    return options_.slots >= owned_ ? 0 : policy_->speculation_distance();
+  }
   const ExpertCacheOptions& options() const { return options_; }
   const CachePolicy& policy() const { return *policy_; }
   CacheStats stats() const;
@@ -206,6 +209,10 @@ class ExpertCache final : public CacheControl {
   std::unordered_map<uint64_t, RequestUsage> usage_;
   std::vector<uint32_t> layer_needed_;  // This rank's experts of the running layer.
   std::vector<TransferDone> done_;      // Scratch.
+  uint32_t owned_ = 0;                  // Experts this rank owns.
+  // The budget holds every expert and all were preloaded: nothing will ever move, so the
+  // policy is not consulted (its predictions could not change anything).
+  bool full_ = false;
   uint64_t next_task_ = 1;
   uint64_t iteration_ = 0;  // Iterations begun so far (positions count from 1).
   uint32_t layer_ = 0;
