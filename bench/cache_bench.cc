@@ -59,30 +59,6 @@ std::vector<std::string> ReadPrompts(const std::string& path, size_t want) {
   return prompts;
 }
 
-ExpertTable CopyTable(const ExpertTable& table) {
-  ExpertTable copy(table.size());
-  for (size_t l = 0; l < table.size(); ++l) {
-    for (const ExpertWeights& w : table[l])
-      copy[l].push_back({w.w1.clone(), w.w2.clone(), w.w3.clone()});
-  }
-  return copy;
-}
-
-class Recording final : public ExpertSource {
- public:
-  explicit Recording(ExpertSource& inner) : inner_(inner) {}
-  Status BeginLayer(const LayerRouting& r) override {
-    accesses.push_back({r.layer, {r.experts.begin(), r.experts.end()}});
-    return inner_.BeginLayer(r);
-  }
-  Result<std::pair<uint32_t, ExpertWeights>> Next() override { return inner_.Next(); }
-  void EndLayer() override { inner_.EndLayer(); }
-  std::vector<LayerAccess> accesses;
-
- private:
-  ExpertSource& inner_;
-};
-
 struct Run {
   double decode_s = 0;
   uint64_t decode_tokens = 0;
@@ -194,9 +170,9 @@ int main(int argc, char** argv) {
   }
 
   // The reference, twice (the first warms caches), recording the routing for the oracle.
-  ResidentExperts resident(CopyTable(table));
+  ResidentExperts resident(CloneExpertTable(table));
   RunPrompts(**model, resident, **tok, prompts, max_tokens);
-  Recording recording(resident);
+  RecordingExperts recording(resident);
   Run reference = RunPrompts(**model, recording, **tok, prompts, max_tokens);
   std::vector<double> reference_tpots = {reference.tpot_ms()};
   for (int r = 1; r < repeats; ++r) {
@@ -233,13 +209,13 @@ int main(int argc, char** argv) {
       o.link.gbps = gbps;
       o.link.latency_us = latency_us;
       o.policy_options.prefetch_distance = distance;
-      o.policy_options.future = recording.accesses;
+      o.policy_options.future = recording.accesses();
       std::vector<double> tpots;
       std::vector<double> paired;
       Run run;
       CacheStats st;
       for (int r = 0; r < std::max(1, repeats); ++r) {
-        auto cached = CachedExperts::Create(CopyTable(table), o);
+        auto cached = CachedExperts::Create(CloneExpertTable(table), o);
         if (!cached.ok()) {
           std::fprintf(stderr, "%s\n", cached.status().message().c_str());
           return 1;

@@ -12,6 +12,18 @@ size_t ExpertWeights::bytes() const {
   return total;
 }
 
+ExpertTable CloneExpertTable(const ExpertTable& table) {
+  ExpertTable copy(table.size());
+  for (size_t l = 0; l < table.size(); ++l) {
+    for (const ExpertWeights& w : table[l]) {
+      copy[l].push_back({w.w1.defined() ? w.w1.clone() : at::Tensor(),
+                         w.w2.defined() ? w.w2.clone() : at::Tensor(),
+                         w.w3.defined() ? w.w3.clone() : at::Tensor()});
+    }
+  }
+  return copy;
+}
+
 Status ResidentExperts::BeginLayer(const LayerRouting& routing) {
   if (routing.layer >= experts_.size()) {
     return Internal("expert source: layer " + std::to_string(routing.layer) + " of " +

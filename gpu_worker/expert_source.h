@@ -54,6 +54,28 @@ class ExpertSource {
   virtual RequestUsage Usage(uint64_t request_id) const { return {}; }
 };
 
+// A deep copy (each rank or run that packs experts into its own store needs its own).
+ExpertTable CloneExpertTable(const ExpertTable& table);
+
+// Delegates to another source and records every layer's routing in order: the future access
+// sequence the oracle policy replays.
+class RecordingExperts final : public ExpertSource {
+ public:
+  explicit RecordingExperts(ExpertSource& inner) : inner_(inner) {}
+  Status BeginLayer(const LayerRouting& routing) override {
+    accesses_.push_back({routing.layer, {routing.experts.begin(), routing.experts.end()}});
+    return inner_.BeginLayer(routing);
+  }
+  Result<std::pair<uint32_t, ExpertWeights>> Next() override { return inner_.Next(); }
+  void Done(uint32_t expert) override { inner_.Done(expert); }
+  void EndLayer() override { inner_.EndLayer(); }
+  const std::vector<LayerAccess>& accesses() const { return accesses_; }
+
+ private:
+  ExpertSource& inner_;
+  std::vector<LayerAccess> accesses_;
+};
+
 // Every expert resident, nothing ever moves: the all-resident reference. Hands experts out in
 // ascending order.
 class ResidentExperts final : public ExpertSource {

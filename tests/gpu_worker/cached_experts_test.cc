@@ -47,32 +47,6 @@ Loaded& Fixture() {
   return *loaded;
 }
 
-ExpertTable CopyTable(const ExpertTable& table) {
-  ExpertTable copy(table.size());
-  for (size_t l = 0; l < table.size(); ++l) {
-    for (const ExpertWeights& w : table[l]) {
-      copy[l].push_back({w.w1.clone(), w.w2.clone(), w.w3.clone()});
-    }
-  }
-  return copy;
-}
-
-// Records the routing of every layer (the oracle's future) while delegating to another source.
-class RecordingSource final : public ExpertSource {
- public:
-  explicit RecordingSource(ExpertSource& inner) : inner_(inner) {}
-  Status BeginLayer(const LayerRouting& r) override {
-    accesses.push_back({r.layer, {r.experts.begin(), r.experts.end()}});
-    return inner_.BeginLayer(r);
-  }
-  Result<std::pair<uint32_t, ExpertWeights>> Next() override { return inner_.Next(); }
-  void EndLayer() override { inner_.EndLayer(); }
-  std::vector<LayerAccess> accesses;
-
- private:
-  ExpertSource& inner_;
-};
-
 // A stand-in for the map service: after each layer's gates, directs a prefetch of that layer's
 // three most likely experts for the layer two ahead (a crude predictor: this test is about
 // losslessness with prefetches in flight, not about their precision).
@@ -145,10 +119,10 @@ struct Reference {
 const Reference& AllResident() {
   static Reference* ref = [] {
     auto* r = new Reference;
-    ResidentExperts resident(CopyTable(Fixture().table));
-    RecordingSource recording(resident);
+    ResidentExperts resident(CloneExpertTable(Fixture().table));
+    RecordingExperts recording(resident);
     r->tokens = RunPrompts(recording, nullptr);
-    r->accesses = std::move(recording.accesses);
+    r->accesses = recording.accesses();
     return r;
   }();
   return *ref;
@@ -169,7 +143,7 @@ TEST(CachedExperts, EveryPolicyAndBudgetGivesTheAllResidentTokens) {
       o.policy_options.future = ref.accesses;
       o.link.gbps = 8;  // An expert (393 KB in fp32) takes ~60 us: prefetches overlap compute.
       o.link.latency_us = 10;
-      auto cached = CachedExperts::Create(CopyTable(Fixture().table), o);
+      auto cached = CachedExperts::Create(CloneExpertTable(Fixture().table), o);
       ASSERT_TRUE(cached.ok()) << cached.status().ToString();
       CachedExperts& c = **cached;
       EchoDirectives directives(&c, layers);
@@ -207,7 +181,7 @@ TEST(CachedExperts, RequestFiguresReachTheTokenEvents) {
   o.policy = "lru";
   o.top_k = Fixture().info.top_k;
   o.cache_fraction = 0.25;
-  auto cached = CachedExperts::Create(CopyTable(Fixture().table), o);
+  auto cached = CachedExperts::Create(CloneExpertTable(Fixture().table), o);
   ASSERT_TRUE(cached.ok()) << cached.status().ToString();
   Loaded& f = Fixture();
   std::map<uint64_t, TokenEvent> last;
@@ -232,12 +206,12 @@ TEST(CachedExperts, RejectsABudgetThatHoldsNoExpert) {
   o.policy = "lru";
   o.top_k = 2;
   o.cache_gb = 1e-6;  // 1 KB.
-  auto cached = CachedExperts::Create(CopyTable(Fixture().table), o);
+  auto cached = CachedExperts::Create(CloneExpertTable(Fixture().table), o);
   ASSERT_FALSE(cached.ok());
   EXPECT_NE(cached.status().message().find("holds no expert"), std::string::npos);
   o.cache_gb.reset();
   o.policy = "clairvoyant";
-  cached = CachedExperts::Create(CopyTable(Fixture().table), o);
+  cached = CachedExperts::Create(CloneExpertTable(Fixture().table), o);
   ASSERT_FALSE(cached.ok());
   EXPECT_NE(cached.status().message().find("unknown policy"), std::string::npos);
 }
