@@ -1,0 +1,228 @@
+#include "map_service/map_store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+
+namespace fmoe {
+namespace {
+
+double Dot(const float* a, const float* b, size_t n) {
+  double s = 0.0;
+  for (size_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+double Cosine(double dot, double norm_a, double norm_b) {
+  if (norm_a <= 0.0 || norm_b <= 0.0) return 0.0;
+  return dot / (norm_a * norm_b);
+}
+
+bool AllFinite(std::span<const float> v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+}  // namespace
+
+Result<MapStore> MapStore::Create(const MapStoreOptions& options) {
+  if (options.num_layers == 0 || options.num_experts == 0 || options.hidden == 0) {
+    return InvalidArgument("map store: L, J and h must be positive");
+  }
+  if (options.top_k == 0 || options.top_k > options.num_experts) {
+    return InvalidArgument("map store: top_k " + std::to_string(options.top_k) + " is not in 1.." +
+                           std::to_string(options.num_experts));
+  }
+  if (options.capacity == 0 || options.capacity > 1000000) {
+    return InvalidArgument("map store: capacity " + std::to_string(options.capacity) +
+                           " is not in 1..1000000");
+  }
+  return MapStore(options);
+}
+
+MapStore::MapStore(const MapStoreOptions& options)
+    : options_(options), map_width_(static_cast<size_t>(options.num_layers) * options.num_experts) {
+  const size_t c = options_.capacity;
+  ids_.resize(c);
+  sems_.resize(c * options_.hidden);
+  maps_.resize(c * map_width_);
+  sem_norm_.resize(c);
+  prefix_norm2_.resize(c * options_.num_layers);
+}
+
+std::span<const float> MapStore::sem(uint32_t index) const {
+  return {sems_.data() + static_cast<size_t>(index) * options_.hidden, options_.hidden};
+}
+
+std::span<const float> MapStore::map(uint32_t index) const {
+  return {maps_.data() + index * map_width_, map_width_};
+}
+
+std::span<const float> MapStore::map_layer(uint32_t index, uint32_t layer) const {
+  return {maps_.data() + index * map_width_ + static_cast<size_t>(layer) * options_.num_experts,
+          options_.num_experts};
+}
+
+Status MapStore::CheckShapes(std::span<const float> sem, std::span<const float> map) const {
+  if (sem.size() != options_.hidden) {
+    return InvalidArgument("map store: semantic embedding of " + std::to_string(sem.size()) +
+                           " floats, expected h = " + std::to_string(options_.hidden));
+  }
+  if (map.size() != map_width_) {
+    return InvalidArgument("map store: expert map of " + std::to_string(map.size()) +
+                           " floats, expected L * J = " + std::to_string(map_width_));
+  }
+  if (!AllFinite(sem) || !AllFinite(map)) {
+    return InvalidArgument("map store: the entry holds a non-finite value");
+  }
+  return Status::Ok();
+}
+
+void MapStore::Write(uint32_t index, uint64_t id, std::span<const float> sem,
+                     std::span<const float> map) {
+  ids_[index] = id;
+  std::copy(sem.begin(), sem.end(), sems_.begin() + static_cast<size_t>(index) * options_.hidden);
+  std::copy(map.begin(), map.end(), maps_.begin() + index * map_width_);
+  sem_norm_[index] = std::sqrt(Dot(sem.data(), sem.data(), sem.size()));
+  double running = 0.0;
+  const uint32_t J = options_.num_experts;
+  for (uint32_t l = 0; l < options_.num_layers; ++l) {
+    const float* row = map.data() + static_cast<size_t>(l) * J;
+    running += Dot(row, row, J);
+    prefix_norm2_[static_cast<size_t>(index) * options_.num_layers + l] = running;
+  }
+  ++generation_;
+}
+
+double MapStore::Redundancy(uint32_t index, std::span<const float> sem, double sem_norm,
+                            std::span<const float> map, double map_norm) const {
+  const uint32_t layers = options_.num_layers;
+  const double L = layers;
+  const double d = std::min<double>(options_.prefetch_distance, L);
+  const double cos_sem =
+      Cosine(Dot(sem.data(), this->sem(index).data(), sem.size()), sem_norm, sem_norm_[index]);
+  const double stored_map_norm =
+      std::sqrt(prefix_norm2_[static_cast<size_t>(index) * layers + layers - 1]);
+  const double cos_map =
+      Cosine(Dot(map.data(), this->map(index).data(), map.size()), map_norm, stored_map_norm);
+  return (d / L) * cos_sem + ((L - d) / L) * cos_map;
+}
+
+Result<InsertResult> MapStore::Insert(uint64_t id, std::span<const float> sem,
+                                      std::span<const float> map) {
+  FMOE_RETURN_IF_ERROR(CheckShapes(sem, map));
+  InsertResult result;
+  if (size_ < options_.capacity) {
+    result.index = size_++;
+    Write(result.index, id, sem, map);
+    return result;
+  }
+  const double sem_norm = std::sqrt(Dot(sem.data(), sem.data(), sem.size()));
+  const double map_norm = std::sqrt(Dot(map.data(), map.data(), map.size()));
+  double best = -std::numeric_limits<double>::infinity();
+  uint32_t best_index = 0;
+  for (uint32_t i = 0; i < size_; ++i) {
+    const double rdy = Redundancy(i, sem, sem_norm, map, map_norm);
+    if (rdy > best) {
+      best = rdy;
+      best_index = i;
+    }
+  }
+  result.index = best_index;
+  result.replaced = true;
+  result.replaced_id = ids_[best_index];
+  result.redundancy = static_cast<float>(best);
+  Write(best_index, id, sem, map);
+  return result;
+}
+
+Status MapStore::Put(uint32_t index, uint64_t id, std::span<const float> sem,
+                     std::span<const float> map) {
+  FMOE_RETURN_IF_ERROR(CheckShapes(sem, map));
+  if (index > size_ || index >= options_.capacity) {
+    return InvalidArgument("map store: row " + std::to_string(index) + " is beyond the " +
+                           std::to_string(size_) + " rows stored (capacity " +
+                           std::to_string(options_.capacity) + ")");
+  }
+  if (index == size_) ++size_;
+  Write(index, id, sem, map);
+  return Status::Ok();
+}
+
+MapMatch MapStore::SemanticMatch(std::span<const float> sem) const {
+  MapMatch match;
+  if (sem.size() != options_.hidden || size_ == 0) return match;
+  const double norm = std::sqrt(Dot(sem.data(), sem.data(), sem.size()));
+  double best = -std::numeric_limits<double>::infinity();
+  for (uint32_t i = 0; i < size_; ++i) {
+    const double c = Cosine(Dot(sem.data(), this->sem(i).data(), sem.size()), norm, sem_norm_[i]);
+    if (c > best) {
+      best = c;
+      match.index = i;
+    }
+  }
+  match.score = static_cast<float>(best);
+  return match;
+}
+
+void MapStore::BeginTrajectory(Trajectory* t) const {
+  t->dots.assign(size_, 0.0);
+  t->observed.clear();
+  t->norm2 = 0.0;
+  t->layers = 0;
+  t->generation = generation_;
+}
+
+MapMatch MapStore::ObserveLayer(Trajectory* t, std::span<const float> probs) const {
+  MapMatch match;
+  const uint32_t J = options_.num_experts;
+  if (probs.size() != J || t->layers >= options_.num_layers) return match;
+  const uint32_t l = t->layers;
+  if (t->generation != generation_ || t->dots.size() != size_) {
+    // Rows changed under this trajectory: recompute its dots over the layers seen so far.
+    t->dots.assign(size_, 0.0);
+    for (uint32_t i = 0; i < size_; ++i) {
+      t->dots[i] = Dot(t->observed.data(), map(i).data(), t->observed.size());
+    }
+    t->generation = generation_;
+  }
+  t->observed.insert(t->observed.end(), probs.begin(), probs.end());
+  t->norm2 += Dot(probs.data(), probs.data(), J);
+  t->layers = l + 1;
+  const double norm = std::sqrt(t->norm2);
+  double best = -std::numeric_limits<double>::infinity();
+  const size_t offset = static_cast<size_t>(l) * J;
+  const size_t layers = options_.num_layers;
+  for (uint32_t i = 0; i < size_; ++i) {
+    t->dots[i] += Dot(probs.data(), maps_.data() + i * map_width_ + offset, J);
+    const double c = Cosine(t->dots[i], norm, std::sqrt(prefix_norm2_[i * layers + l]));
+    if (c > best) {
+      best = c;
+      match.index = i;
+    }
+  }
+  if (match.index >= 0) match.score = static_cast<float>(best);
+  return match;
+}
+
+std::vector<PrefetchEntry> SelectExperts(std::span<const float> probs, float score, uint32_t top_k,
+                                         uint32_t target_layer, int32_t current_layer) {
+  std::vector<uint32_t> order(probs.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return probs[a] > probs[b]; });
+  const double delta = std::clamp(1.0 - static_cast<double>(score), 0.0, 1.0);
+  const double distance =
+      std::max(1.0, static_cast<double>(static_cast<int64_t>(target_layer) - current_layer));
+  std::vector<PrefetchEntry> out;
+  double sum = 0.0;
+  for (uint32_t j : order) {
+    if (out.size() >= top_k && sum >= delta) break;
+    out.push_back({j, probs[j], static_cast<float>(probs[j] / distance)});
+    sum += probs[j];
+  }
+  return out;
+}
+
+}  // namespace fmoe
