@@ -9,9 +9,17 @@
 namespace fmoe {
 namespace {
 
+// Eight float partial sums (vectorised by the compiler), combined in double: close to a double
+// dot product (relative error about 1e-7 at h = 4096) at the speed of float arithmetic.
 double Dot(const float* a, const float* b, size_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (size_t k = 0; k < 8; ++k) lanes[k] += a[i + k] * b[i + k];
+  }
   double s = 0.0;
-  for (size_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
+  for (float x : lanes) s += x;
+  for (; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
   return s;
 }
 
@@ -47,6 +55,8 @@ MapStore::MapStore(const MapStoreOptions& options)
   ids_.resize(c);
   sems_.resize(c * options_.hidden);
   maps_.resize(c * map_width_);
+  layer_maps_.resize(c * map_width_);
+  prefix_inv_norm_.resize(c * options_.num_layers);
   sem_norm_.resize(c);
   prefix_norm2_.resize(c * options_.num_layers);
 }
@@ -91,6 +101,10 @@ void MapStore::Write(uint32_t index, uint64_t id, std::span<const float> sem,
     const float* row = map.data() + static_cast<size_t>(l) * J;
     running += Dot(row, row, J);
     prefix_norm2_[static_cast<size_t>(index) * options_.num_layers + l] = running;
+    prefix_inv_norm_[static_cast<size_t>(l) * options_.capacity + index] =
+        running > 0.0 ? 1.0 / std::sqrt(running) : 0.0;
+    std::copy(row, row + J,
+              layer_maps_.begin() + (static_cast<size_t>(l) * options_.capacity + index) * J);
   }
   ++generation_;
 }
@@ -192,11 +206,17 @@ MapMatch MapStore::ObserveLayer(Trajectory* t, std::span<const float> probs) con
   t->layers = l + 1;
   const double norm = std::sqrt(t->norm2);
   double best = -std::numeric_limits<double>::infinity();
-  const size_t offset = static_cast<size_t>(l) * J;
-  const size_t layers = options_.num_layers;
+  // Layer l of every stored map is one contiguous C x J block: one pass over it.
+  const float* block = layer_maps_.data() + static_cast<size_t>(l) * options_.capacity * J;
+  const double* inv = prefix_inv_norm_.data() + static_cast<size_t>(l) * options_.capacity;
+  const double inv_norm = norm > 0.0 ? 1.0 / norm : 0.0;
+  double* dots = t->dots.data();
   for (uint32_t i = 0; i < size_; ++i) {
-    t->dots[i] += Dot(probs.data(), maps_.data() + i * map_width_ + offset, J);
-    const double c = Cosine(t->dots[i], norm, std::sqrt(prefix_norm2_[i * layers + l]));
+    const float* row = block + static_cast<size_t>(i) * J;
+    double d = 0.0;
+    for (uint32_t j = 0; j < J; ++j) d += static_cast<double>(probs[j]) * row[j];
+    dots[i] += d;
+    const double c = dots[i] * inv_norm * inv[i];
     if (c > best) {
       best = c;
       match.index = i;

@@ -93,6 +93,10 @@ class MapStore {
   std::vector<double> sem_norm_;  // |sem| per row.
   // Per row, per layer l: sum over layers 0..l of |map[k]|^2 (prefix norms for the trajectory).
   std::vector<double> prefix_norm2_;
+  // The same maps layer-major (layer l of every row contiguous, L x C x J) and the inverse prefix
+  // norms per layer (L x C): the trajectory step reads one contiguous block per layer.
+  std::vector<float> layer_maps_;
+  std::vector<double> prefix_inv_norm_;
 };
 
 // The similarity-aware selection (fMoE section 4.4): experts of `probs` (the matched map's row
