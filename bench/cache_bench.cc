@@ -14,15 +14,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
+#include "bench/bench_prompts.h"
 #include "common/model_config.h"
 #include "common/tokenizer.h"
 #include "gpu_worker/cached_experts.h"
@@ -35,29 +34,15 @@ namespace {
 using namespace fmoe;
 using BenchClock = std::chrono::steady_clock;
 
-std::vector<std::string> ReadPrompts(const std::string& path, size_t want) {
-  std::vector<std::string> prompts;
-  std::ifstream in(path);
-  std::string line;
-  while (prompts.size() < want && std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) {
-      std::string p = j["prompt"].get<std::string>();
-      if (p.size() > 600) p.resize(600);
-      prompts.push_back(p);
-    }
-  }
-  const char* fallback[] = {"The history of the city begins with a small settlement on the river",
-                            "In the beginning God created the heaven and the earth.",
-                            "def fibonacci(n):\n    if n < 2:\n        return n",
-                            "The theorem states that for every prime number p",
-                            "She opened the door and saw the garden covered in snow.",
-                            "Water boils at a lower temperature on a mountain because",
-                            "The committee published its report on the new railway line",
-                            "Abstract. We study the problem of learning sparse mixtures"};
-  for (size_t i = 0; prompts.size() < want; ++i) prompts.push_back(fallback[i % 8]);
-  return prompts;
-}
+const std::vector<std::string> kFallback = {
+    "The history of the city begins with a small settlement on the river",
+    "In the beginning God created the heaven and the earth.",
+    "def fibonacci(n):\n    if n < 2:\n        return n",
+    "The theorem states that for every prime number p",
+    "She opened the door and saw the garden covered in snow.",
+    "Water boils at a lower temperature on a mountain because",
+    "The committee published its report on the new railway line",
+    "Abstract. We study the problem of learning sparse mixtures"};
 
 struct Run {
   double decode_s = 0;
@@ -165,7 +150,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::vector<std::vector<int32_t>> prompts;
-  for (const std::string& p : ReadPrompts(prompts_file, num_prompts)) {
+  for (const std::string& p : bench::ReadPrompts(prompts_file, num_prompts, kFallback, 600)) {
     prompts.push_back(*(*tok)->Encode(p, true));
   }
 

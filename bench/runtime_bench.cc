@@ -10,13 +10,12 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
+#include "bench/bench_prompts.h"
 #include "common/model_config.h"
 #include "common/tokenizer.h"
 #include "gpu_worker/device.h"
@@ -32,25 +31,10 @@ double Since(BenchClock::time_point t) {
   return std::chrono::duration<double>(BenchClock::now() - t).count();
 }
 
-// Prompts from a JSONL file with a "prompt" (or "question"/"turns") field; a fixed English text
-// when there is none.
-std::vector<std::string> ReadPrompts(const std::string& path, size_t want) {
-  std::vector<std::string> prompts;
-  std::ifstream in(path);
-  std::string line;
-  while (prompts.size() < want && std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) {
-      prompts.push_back(j["prompt"].get<std::string>());
-    }
-  }
-  while (prompts.size() < want) {
-    prompts.push_back(
-        "The history of the city begins with a small settlement on the river, where traders "
-        "met to exchange grain, salt and cloth. Over the centuries it grew into a market town");
-  }
-  return prompts;
-}
+// The text used when no prompts file is given.
+const std::vector<std::string> kFallback = {
+    "The history of the city begins with a small settlement on the river, where traders met to "
+    "exchange grain, salt and cloth. Over the centuries it grew into a market town"};
 
 }  // namespace
 
@@ -99,7 +83,7 @@ int main(int argc, char** argv) {
   uint32_t max_batch = 1;
   for (uint32_t b : batches) max_batch = std::max(max_batch, b);
   std::vector<std::vector<int32_t>> prompts;
-  for (const std::string& text : ReadPrompts(prompts_path, max_batch)) {
+  for (const std::string& text : bench::ReadPrompts(prompts_path, max_batch, kFallback)) {
     auto ids = (*tokenizer)->Encode(text, true);
     if (!ids.ok() || ids->empty()) return 1;
     std::vector<int32_t> p;

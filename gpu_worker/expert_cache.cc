@@ -514,7 +514,8 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
   CacheCounters& c = counters_[layer];
   const size_t J = options_.num_experts;
   const bool per_sequence = routing.sequence_counts.size() == batch_order_.size() * J;
-  std::vector<RequestUsage*> usage;
+  std::vector<RequestUsage*>& usage = layer_usage_;
+  usage.clear();
   if (per_sequence) {
     for (uint64_t id : batch_order_) usage.push_back(&usage_[id]);
   }

@@ -207,9 +207,10 @@ class ExpertCache final : public CacheControl {
   std::unordered_map<uint64_t, uint32_t> batch_;  // Request id -> iteration, this batch.
   std::vector<uint64_t> batch_order_;             // Request ids in sequence order.
   std::unordered_map<uint64_t, RequestUsage> usage_;
-  std::vector<uint32_t> layer_needed_;  // This rank's experts of the running layer.
-  std::vector<TransferDone> done_;      // Scratch.
-  uint32_t owned_ = 0;                  // Experts this rank owns.
+  std::vector<RequestUsage*> layer_usage_;  // Scratch: usage_ of each sequence, this layer.
+  std::vector<uint32_t> layer_needed_;      // This rank's experts of the running layer.
+  std::vector<TransferDone> done_;          // Scratch.
+  uint32_t owned_ = 0;                      // Experts this rank owns.
   // The budget holds every expert and all were preloaded: nothing will ever move, so the
   // policy is not consulted (its predictions could not change anything).
   bool full_ = false;
