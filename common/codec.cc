@@ -261,11 +261,14 @@ flatbuffers::Offset<fb::IterationEnd> Build(Builder& fbb, const IterationEnd& m)
 flatbuffers::Offset<fb::PrefetchDirective> Build(Builder& fbb, const PrefetchDirective& m) {
   flatbuffers::Offset<flatbuffers::Vector<const fb::PrefetchEntry*>> entries = 0;
   if (!m.entries.empty()) {
-    fb::PrefetchEntry* out = nullptr;
-    entries = fbb.CreateUninitializedVectorOfStructs(m.entries.size(), &out);
+    // Not CreateUninitializedVectorOfStructs: it takes the 12-byte struct size as an alignment,
+    // which leaves the builder's minimum alignment at 12 and misaligns 8-byte fields.
+    std::vector<fb::PrefetchEntry> packed;
+    packed.reserve(m.entries.size());
     for (const PrefetchEntry& e : m.entries) {
-      *out++ = fb::PrefetchEntry(e.expert, e.probability, e.priority);
+      packed.emplace_back(e.expert, e.probability, e.priority);
     }
+    entries = fbb.CreateVectorOfStructs(packed.data(), packed.size());
   }
   fb::PrefetchDirectiveBuilder b(fbb);
   b.add_request_id(m.request_id);
@@ -294,6 +297,15 @@ flatbuffers::Offset<fb::AdminReply> Build(Builder& fbb, const AdminReply& m) {
   b.add_ok(m.ok);
   b.add_error(error);
   b.add_json(json);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::MapStored> Build(Builder& fbb, const MapStored& m) {
+  fb::MapStoredBuilder b(fbb);
+  b.add_request_id(m.request_id);
+  b.add_iteration(m.iteration);
+  b.add_entry_id(m.entry_id);
+  b.add_replaced_id(m.replaced_id);
   return b.Finish();
 }
 
@@ -647,6 +659,14 @@ bool Read(const fb::AdminReply& t, const Checker& c, AdminReply* m) {
          c.String(t.json(), "AdminReply.json", &m->json, false, c.limits().max_admin_json_bytes);
 }
 
+bool Read(const fb::MapStored& t, const Checker&, MapStored* m) {
+  m->request_id = t.request_id();
+  m->iteration = t.iteration();
+  m->entry_id = t.entry_id();
+  m->replaced_id = t.replaced_id();
+  return true;
+}
+
 // Reads body table Fb into the variant alternative Plain.
 template <class Plain, class Fb, class Variant>
 bool ReadBody(const void* body, const Checker& c, Variant* out) {
@@ -720,8 +740,9 @@ constexpr std::array<std::string_view, std::variant_size_v<WorkerMessage>> kWork
     "WorkerHello", "WorkerHelloAck", "WorkerHeartbeat", "WorkerHeartbeatAck",
     "Generate",    "Cancel",         "TokenEvent"};
 constexpr std::array<std::string_view, std::variant_size_v<MapMessage>> kMapNames = {
-    "Register",      "RegisterAck",  "RankHeartbeat",     "RankHeartbeatAck", "IterationStart",
-    "LayerObserved", "IterationEnd", "PrefetchDirective", "AdminRequest",     "AdminReply"};
+    "Register",       "RegisterAck",   "RankHeartbeat", "RankHeartbeatAck",
+    "IterationStart", "LayerObserved", "IterationEnd",  "PrefetchDirective",
+    "AdminRequest",   "AdminReply",    "MapStored"};
 
 }  // namespace
 
@@ -847,6 +868,8 @@ bool Decode(std::span<const uint8_t> frame, const DecodeLimits& limits, MapMessa
       return ReadBody<AdminRequest, fb::AdminRequest>(body, c, out);
     case fb::MapBody::AdminReply:
       return ReadBody<AdminReply, fb::AdminReply>(body, c, out);
+    case fb::MapBody::MapStored:
+      return ReadBody<MapStored, fb::MapStored>(body, c, out);
     case fb::MapBody::NONE:
       break;
   }

@@ -187,8 +187,16 @@ struct AdminReply {
   std::string json;  // Op-specific body (JSON object text).
 };
 
-using MapMessage =
-    std::variant<Register, RegisterAck, RankHeartbeat, RankHeartbeatAck, IterationStart,
-                 LayerObserved, IterationEnd, PrefetchDirective, AdminRequest, AdminReply>;
+// Map service -> the rank whose IterationEnd completed a map: the map is durably stored.
+struct MapStored {
+  uint64_t request_id = 0;
+  uint32_t iteration = 0;
+  uint64_t entry_id = 0;
+  uint64_t replaced_id = 0;  // The entry deduplication replaced; 0 = none.
+};
+
+using MapMessage = std::variant<Register, RegisterAck, RankHeartbeat, RankHeartbeatAck,
+                                IterationStart, LayerObserved, IterationEnd, PrefetchDirective,
+                                AdminRequest, AdminReply, MapStored>;
 
 }  // namespace fmoe

@@ -19,6 +19,7 @@
 #include "gpu_worker/cached_experts.h"
 #include "gpu_worker/device.h"
 #include "gpu_worker/engine.h"
+#include "gpu_worker/map_publisher.h"
 #include "gpu_worker/model.h"
 #include "gpu_worker/worker.h"
 
@@ -98,6 +99,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<MixtralModel> runtime;
   std::unique_ptr<CachedExperts> experts;
   std::unique_ptr<Engine> engine;
+  std::unique_ptr<MapPublisher> publisher;
   Worker* worker_ptr = nullptr;
   if (options.rank == 0) {
     auto tok = Tokenizer::Load(model->dir);
@@ -155,8 +157,12 @@ int main(int argc, char** argv) {
     if (auto eos = tokenizer->eos_id(); eos && engine_options.eos_token_ids.empty()) {
       engine_options.eos_token_ids.push_back(*eos);
     }
-    engine = std::make_unique<Engine>(engine_options, *runtime, *experts, tokenizer.get(), nullptr,
-                                      [&worker_ptr](const TokenEvent& ev) {
+    // Contexts go to the map service through the worker's bounded queue; never blocks.
+    publisher = std::make_unique<MapPublisher>([&worker_ptr](MapMessage m) {
+      if (worker_ptr != nullptr) worker_ptr->PublishContext(std::move(m));
+    });
+    engine = std::make_unique<Engine>(engine_options, *runtime, *experts, tokenizer.get(),
+                                      publisher.get(), [&worker_ptr](const TokenEvent& ev) {
                                         if (worker_ptr != nullptr) worker_ptr->PostEvent(ev);
                                       });
   }
@@ -171,6 +177,7 @@ int main(int argc, char** argv) {
                            t.bytes_moved,
                            static_cast<uint64_t>(t.stall_ns / 1000)};
     };
+    options.on_directive = [&experts](const PrefetchDirective& d) { experts->PostDirective(d); };
   }
   Worker worker(options, *model, SteadyClock::Get(), engine.get());
   worker_ptr = &worker;
@@ -204,6 +211,12 @@ int main(int argc, char** argv) {
         t.hits, t.misses, t.late_prefetches, t.prefetches_issued, t.prefetches_used,
         t.prefetches_wasted, t.evictions, t.bytes_moved / 1e6, t.stall_ns / 1e6);
   }
+  const ContextStats cx = worker.context_stats();
+  spdlog::info(
+      "map service contexts: {} published, {} sent, {} dropped (queue full), {} dropped (map "
+      "service away), {} refused by the socket; {} directives and {} stored maps received",
+      cx.published, cx.sent, cx.dropped_full, cx.dropped_offline, cx.send_failed, cx.directives,
+      cx.maps_stored);
   spdlog::info("stopped (signal {})", signals.last_signal());
   return 0;
 }

@@ -45,6 +45,7 @@ void Worker::Run(const std::function<bool()>& stop, const std::function<void()>&
     if (polled.ok() && notified) {
       notifier_.Drain();
       SendEvents();
+      SendContexts();
     }
     if (polled.ok() && *polled > 0) {
       if (readable[0]) {
@@ -74,6 +75,47 @@ void Worker::PostEvent(TokenEvent event) {
     events_.push_back(std::move(event));
   }
   notifier_.Notify();
+}
+
+void Worker::PublishContext(MapMessage context) {
+  {
+    std::lock_guard<std::mutex> lock(contexts_mu_);
+    ++context_stats_.published;
+    if (contexts_.size() >= std::max<size_t>(1, options_.context_queue)) {
+      contexts_.pop_front();
+      ++context_stats_.dropped_full;
+    }
+    contexts_.push_back(std::move(context));
+  }
+  notifier_.Notify();
+}
+
+ContextStats Worker::context_stats() const {
+  std::lock_guard<std::mutex> lock(contexts_mu_);
+  return context_stats_;
+}
+
+void Worker::SendContexts() {
+  std::deque<MapMessage> batch;
+  {
+    std::lock_guard<std::mutex> lock(contexts_mu_);
+    batch.swap(contexts_);
+    if (!map_registered()) {
+      context_stats_.dropped_offline += batch.size();
+      return;
+    }
+  }
+  uint64_t sent = 0, failed = 0;
+  for (const MapMessage& m : batch) {
+    if (map_socket_->Send(m).ok()) {
+      ++sent;
+    } else {
+      ++failed;
+    }
+  }
+  std::lock_guard<std::mutex> lock(contexts_mu_);
+  context_stats_.sent += sent;
+  context_stats_.send_failed += failed;
 }
 
 void Worker::SendEvents() {
@@ -183,8 +225,15 @@ void Worker::OnMapMessage(const MapMessage& message) {
     }
   } else if (const auto* hb = std::get_if<RankHeartbeatAck>(&message)) {
     Acked(map_, hb->known);
-  } else if (std::holds_alternative<PrefetchDirective>(message)) {
-    // Prefetch directives go to the expert cache manager, which arrives with the cache issue.
+  } else if (const auto* directive = std::get_if<PrefetchDirective>(&message)) {
+    {
+      std::lock_guard<std::mutex> lock(contexts_mu_);
+      ++context_stats_.directives;
+    }
+    if (options_.on_directive) options_.on_directive(*directive);
+  } else if (std::holds_alternative<MapStored>(message)) {
+    std::lock_guard<std::mutex> lock(contexts_mu_);
+    ++context_stats_.maps_stored;
   } else {
     spdlog::debug("map service sent {}; ignored", wire::MessageName(message));
   }

@@ -6,6 +6,11 @@
 // or after register_wait_ms without an answer. Without an executor (a rank that runs no model)
 // a Generate is answered with an error event.
 //
+// Contexts (IterationStart, LayerObserved, IterationEnd) come from the engine thread through
+// PublishContext, which never blocks: a bounded queue drops its oldest entry when full, and
+// while the map service is not registered they are dropped (stale guidance is worthless), all
+// counted. Directives from the map service go to `on_directive` on the control thread.
+//
 // Link state, per peer (map service; router for the leader):
 //   UNREGISTERED --(Register/Hello sent, ack accepted)--> REGISTERED
 //   REGISTERED --(ack says unknown: the peer restarted)--> UNREGISTERED
@@ -13,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -49,6 +55,20 @@ struct WorkerOptions {
   int register_wait_ms = 5000;       // Readiness waits this long for the map service. Default: 5000
   // The expert cache's totals for heartbeats; called on the control thread. Default: none
   std::function<ExpertFigures()> expert_figures;
+  // Where prefetch directives go (the expert cache); called on the control thread. Default: none
+  std::function<void(const PrefetchDirective&)> on_directive;
+  size_t context_queue = 4096;  // Contexts waiting to be sent; the oldest is dropped. Default: 4096
+};
+
+// The worker's side of the context stream, for logs and tests.
+struct ContextStats {
+  uint64_t published = 0;        // PublishContext calls.
+  uint64_t sent = 0;             // Handed to the socket.
+  uint64_t dropped_full = 0;     // Oldest dropped from the full queue.
+  uint64_t dropped_offline = 0;  // Dropped while the map service was not registered.
+  uint64_t send_failed = 0;      // The socket refused (its high-water mark was reached).
+  uint64_t directives = 0;       // PrefetchDirectives received.
+  uint64_t maps_stored = 0;      // MapStored acknowledgements received.
 };
 
 class Worker {
@@ -60,6 +80,10 @@ class Worker {
 
   // Any thread: queues a token event for the router and wakes Run.
   void PostEvent(TokenEvent event);
+  // Any thread, never blocks: queues a context (IterationStart, LayerObserved or IterationEnd)
+  // for the map service and wakes Run.
+  void PublishContext(MapMessage context);
+  ContextStats context_stats() const;
 
   Status Start();
   // Serves until stop() is true (checked every <= 50 ms); calls on_ready once.
@@ -86,6 +110,7 @@ class Worker {
   void Acked(Link& link, bool known);
   void CheckLost(Link& link);
   void SendEvents();
+  void SendContexts();
 
   WorkerOptions options_;
   ModelInfo model_;
@@ -101,6 +126,9 @@ class Worker {
   wire::Notifier notifier_;
   std::mutex events_mu_;
   std::vector<TokenEvent> events_;  // GUARDED_BY(events_mu_)
+  mutable std::mutex contexts_mu_;
+  std::deque<MapMessage> contexts_;  // GUARDED_BY(contexts_mu_)
+  ContextStats context_stats_;       // GUARDED_BY(contexts_mu_)
 };
 
 }  // namespace fmoe

@@ -44,6 +44,7 @@ void MapMatcher::OnIterationStart(const IterationStart& m, std::vector<PrefetchD
   r.sem = m.sem;
   r.map.assign(static_cast<size_t>(shape.num_layers) * shape.num_experts, 0.0f);
   r.observed = 0;
+  r.ended = false;
   store_.BeginTrajectory(&r.trajectory);
   if (!options_.semantic || store_.size() == 0) return;
   const MapMatch match = store_.SemanticMatch(m.sem);
@@ -57,7 +58,7 @@ void MapMatcher::OnIterationStart(const IterationStart& m, std::vector<PrefetchD
 void MapMatcher::OnLayerObserved(const LayerObserved& m, std::vector<PrefetchDirective>* out) {
   const MapStoreOptions& shape = store_.options();
   auto it = requests_.find(m.request_id);
-  if (it == requests_.end() || it->second.iteration != m.iteration ||
+  if (it == requests_.end() || it->second.iteration != m.iteration || it->second.ended ||
       m.layer != it->second.observed || m.layer >= shape.num_layers ||
       m.probs.size() != shape.num_experts ||
       !std::all_of(m.probs.begin(), m.probs.end(), [](float x) { return std::isfinite(x); })) {
@@ -84,6 +85,15 @@ std::optional<CompletedMap> MapMatcher::OnIterationEnd(const IterationEnd& m) {
   }
   std::optional<CompletedMap> done;
   Request& r = it->second;
+  if (r.ended) {
+    if (m.finished) {
+      requests_.erase(it);
+    } else {
+      ++counters_.invalid;  // The same iteration ended twice.
+    }
+    return std::nullopt;
+  }
+  r.ended = true;
   if (r.observed == store_.options().num_layers) {
     done = CompletedMap{m.request_id, m.iteration, r.sem, r.map};
     ++counters_.completed;

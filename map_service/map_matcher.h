@@ -8,6 +8,8 @@
 //   -> LayerObserved l = 0..L-1 in order (trajectory search -> a directive for layer l+d)
 //   -> IterationEnd (the map is complete if every layer was observed; state freed when the
 //      request finished, or on Forget when its rank stops heartbeating or it is cancelled).
+// A second IterationEnd for an iteration that already ended, with `finished`, only frees the
+// request (a worker reports the end of a request after its last iteration).
 #pragma once
 
 #include <cstdint>
@@ -63,6 +65,7 @@ class MapMatcher {
     std::vector<float> sem;
     std::vector<float> map;
     uint32_t observed = 0;  // Layers 0..observed-1 are in `map`.
+    bool ended = false;     // IterationEnd seen for `iteration`.
     Trajectory trajectory;
   };
   PrefetchDirective Direct(uint64_t request, uint32_t iteration, uint32_t target, int32_t current,

@@ -1,9 +1,18 @@
 #include "map_service/map_service.h"
 
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include <flatbuffers/flatbuffers.h>
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
 #include "common/model_config.h"
+#include "schemas/export_generated.h"
 
 namespace fmoe {
 
@@ -19,7 +28,32 @@ Status MapService::Start() {
   for (const auto& bad : contents.corrupt) {
     spdlog::error("store: skipped corrupt record {}", bad);
   }
-  for (const auto& m : contents.models) models_[m.fingerprint] = m;
+  for (const auto& m : contents.models) {
+    models_[m.fingerprint] = m;
+    FMOE_ASSIGN_OR_RETURN(ModelMaps * model, OpenModel(m));
+    FMOE_ASSIGN_OR_RETURN(StoreDb::MapContents maps,
+                          db_->LoadMaps(m.fingerprint, m.hidden_size,
+                                        static_cast<size_t>(m.num_layers) * m.num_experts));
+    for (const auto& bad : maps.corrupt) spdlog::error("store: skipped corrupt record {}", bad);
+    size_t beyond = 0;
+    for (const MapRow& row : maps.maps) {
+      model->next_id = std::max(model->next_id, row.id + 1);
+      if (model->store->size() >= model->store->options().capacity) {
+        ++beyond;
+        continue;
+      }
+      // Rows are rebuilt in their stored order; a gap left by a corrupt record closes up.
+      FMOE_RETURN_IF_ERROR(model->store->Put(model->store->size(), row.id, row.sem, row.map));
+    }
+    if (beyond > 0) {
+      spdlog::warn(
+          "store: model {} has {} maps beyond store_capacity {}; they stay on disk, unused",
+          FingerprintHex(m.fingerprint), beyond, options_.store_capacity);
+    }
+    spdlog::info("store: model {} (L={} J={} K={} h={}): {} maps loaded",
+                 FingerprintHex(m.fingerprint), m.num_layers, m.num_experts, m.top_k, m.hidden_size,
+                 model->store->size());
+  }
   spdlog::info("store: opened {}: {} models, {} past rank registrations, {} corrupt records",
                options_.data_dir, contents.models.size(), contents.ranks.size(),
                contents.corrupt.size());
@@ -29,14 +63,48 @@ Status MapService::Start() {
   return Status::Ok();
 }
 
+Result<MapService::ModelMaps*> MapService::OpenModel(const ModelRow& shape) {
+  auto& slot = stores_[shape.fingerprint];
+  if (slot) return slot.get();
+  MapStoreOptions o;
+  o.num_layers = shape.num_layers;
+  o.num_experts = shape.num_experts;
+  o.top_k = shape.top_k;
+  o.hidden = shape.hidden_size;
+  o.capacity = static_cast<uint32_t>(options_.store_capacity);
+  o.prefetch_distance = static_cast<uint32_t>(options_.prefetch_distance);
+  auto store = MapStore::Create(o);
+  if (!store.ok()) {
+    stores_.erase(shape.fingerprint);
+    return store.status();
+  }
+  slot = std::make_unique<ModelMaps>();
+  slot->shape = shape;
+  slot->store = std::make_unique<MapStore>(std::move(*store));
+  return slot.get();
+}
+
+uint32_t MapService::stored_maps(uint64_t fingerprint) const {
+  auto it = stores_.find(fingerprint);
+  return it == stores_.end() ? 0 : it->second->store->size();
+}
+
 void MapService::Run(const std::function<bool()>& stop) {
   int64_t last_expiry = clock_.NowMs();
+  rate_window_start_ms_ = last_expiry;
   while (!stop()) {
     auto incoming = socket_->Receive(100);
     if (incoming) Handle(incoming->peer, incoming->message);
-    if (clock_.NowMs() - last_expiry >= 100) {
+    const int64_t now = clock_.NowMs();
+    if (now - last_expiry >= 100) {
       ExpireRanks();
-      last_expiry = clock_.NowMs();
+      last_expiry = now;
+    }
+    if (now - rate_window_start_ms_ >= 10000) {
+      ingest_rate_ = static_cast<double>(contexts_ - rate_window_start_count_) * 1000.0 /
+                     static_cast<double>(now - rate_window_start_ms_);
+      rate_window_start_ms_ = now;
+      rate_window_start_count_ = contexts_;
     }
   }
   spdlog::info("stopping: {} registrations, {} dropped frames", counters_.registrations,
@@ -63,12 +131,9 @@ void MapService::Handle(const std::string& peer, const MapMessage& message) {
         } else if constexpr (std::is_same_v<T, RankHeartbeat>) {
           bool known = ranks_.Touch(peer);
           Reply(peer, RankHeartbeatAck{m.seq, known});
-        } else if constexpr (std::is_same_v<T, IterationStart>) {
-          if (FromRegistered(peer)) ++counters_.iteration_starts;
-        } else if constexpr (std::is_same_v<T, LayerObserved>) {
-          if (FromRegistered(peer)) ++counters_.layers_observed;
-        } else if constexpr (std::is_same_v<T, IterationEnd>) {
-          if (FromRegistered(peer)) ++counters_.iteration_ends;
+        } else if constexpr (std::is_same_v<T, IterationStart> ||
+                             std::is_same_v<T, LayerObserved> || std::is_same_v<T, IterationEnd>) {
+          if (FromRegistered(peer)) OnContext(peer, message);
         } else if constexpr (std::is_same_v<T, AdminRequest>) {
           OnAdmin(peer, m);
         } else {
@@ -117,23 +182,37 @@ RegisterAck MapService::OnRegister(const std::string& peer, const Register& reg)
   }
   RankRow row{reg.group, reg.rank, reg.world_size, reg.instance_id, reg.model_fingerprint,
               UnixMs()};
-  // Durable before acknowledged.
+  // The in-memory store first (it can refuse a shape), then the durable record, then the ack.
+  auto model = OpenModel(new_model != nullptr ? shape : known->second);
+  if (!model.ok()) return refuse(model.status().message());
   Status s = db_->RecordRegistration(new_model, row);
-  if (!s.ok()) return refuse("store write failed: " + s.message());
+  if (!s.ok()) {
+    if (new_model != nullptr) stores_.erase(shape.fingerprint);
+    return refuse("store write failed: " + s.message());
+  }
   if (new_model != nullptr) models_[shape.fingerprint] = shape;
 
   // A restarted rank reconnects with a new routing id: drop its stale entry.
+  std::string stale;
   for (const auto& [id, entry] : ranks_.peers()) {
     if (id != peer && entry.info.group == reg.group && entry.info.rank == reg.rank) {
-      ranks_.Erase(id);
+      stale = id;
       break;
     }
   }
+  if (!stale.empty()) DropPeer(stale);
   ranks_.Upsert(
       peer, RankState{reg.group, reg.rank, reg.world_size, reg.instance_id, reg.model_fingerprint});
+  // A (re-)registration starts the rank's matching afresh.
+  MatcherOptions mo;
+  mo.prefetch_distance = static_cast<uint32_t>(options_.prefetch_distance);
+  mo.semantic = options_.semantic;
+  mo.delta = options_.delta;
+  mo.max_requests = options_.max_requests_per_rank;
+  matchers_[peer] = std::make_unique<MapMatcher>(*(*model)->store, mo);
   ++counters_.registrations;
   ack.accepted = true;
-  ack.stored_maps = db_->CountMaps(reg.model_fingerprint);
+  ack.stored_maps = (*model)->store->size();
   spdlog::info("registered group={} rank={}/{} model={} L={} J={} K={} h={} peer={}", reg.group,
                reg.rank, reg.world_size, FingerprintHex(reg.model_fingerprint), reg.num_layers,
                reg.num_experts, reg.top_k, reg.hidden_size, peer);
@@ -151,10 +230,18 @@ void MapService::OnAdmin(const std::string& peer, const AdminRequest& request) {
       reply.json = StatsJson();
       break;
     case AdminOp::kExport:
-    case AdminOp::kImport:
-      reply.ok = false;
-      reply.error = "export and import need the expert map store, which this build lacks";
+    case AdminOp::kImport: {
+      auto body = request.op == AdminOp::kExport ? Export(request) : Import(request);
+      reply.ok = body.ok();
+      if (body.ok()) {
+        reply.json = std::move(*body);
+      } else {
+        reply.error = body.status().message();
+        spdlog::warn("admin {} {} failed: {}", request.op == AdminOp::kExport ? "export" : "import",
+                     request.path, reply.error);
+      }
       break;
+    }
   }
   Reply(peer, reply);
 }
@@ -162,9 +249,266 @@ void MapService::OnAdmin(const std::string& peer, const AdminRequest& request) {
 void MapService::ExpireRanks() {
   for (const auto& [id, entry] : ranks_.Expire()) {
     ++counters_.ranks_expired;
-    spdlog::warn("rank group={} rank={} lost: no heartbeat for {} ms (peer={})", entry.info.group,
-                 entry.info.rank, clock_.NowMs() - entry.last_seen_ms, id);
+    auto m = matchers_.find(id);
+    spdlog::warn(
+        "rank group={} rank={} lost: no heartbeat for {} ms (peer={}); {} requests in flight "
+        "forgotten",
+        entry.info.group, entry.info.rank, clock_.NowMs() - entry.last_seen_ms, id,
+        m == matchers_.end() ? 0 : m->second->in_flight());
+    matchers_.erase(id);
   }
+}
+
+void MapService::DropPeer(const std::string& peer) {
+  ranks_.Erase(peer);
+  matchers_.erase(peer);
+}
+
+void MapService::OnContext(const std::string& peer, const MapMessage& message) {
+  const auto started = std::chrono::steady_clock::now();
+  ++contexts_;
+  auto it = matchers_.find(peer);
+  const auto* entry = ranks_.Find(peer);
+  if (it == matchers_.end() || entry == nullptr) {
+    ++counters_.from_unregistered;
+    return;
+  }
+  const RankState* rank = &entry->info;
+  MapMatcher& matcher = *it->second;
+  const MatcherCounters before = matcher.counters();
+  directives_.clear();
+  if (const auto* start = std::get_if<IterationStart>(&message)) {
+    ++counters_.iteration_starts;
+    matcher.OnIterationStart(*start, &directives_);
+  } else if (const auto* layer = std::get_if<LayerObserved>(&message)) {
+    ++counters_.layers_observed;
+    matcher.OnLayerObserved(*layer, &directives_);
+  } else if (const auto* end = std::get_if<IterationEnd>(&message)) {
+    ++counters_.iteration_ends;
+    std::optional<CompletedMap> done = matcher.OnIterationEnd(*end);
+    if (done) {
+      auto model = ModelFor(rank->model_fingerprint);
+      MapRow row;
+      row.request_id = done->request_id;
+      row.iteration = done->iteration;
+      row.sem = std::move(done->sem);
+      row.map = std::move(done->map);
+      auto stored = model.ok() ? StoreMap(**model, &row) : Result<InsertResult>(model.status());
+      if (stored.ok()) {
+        Reply(peer, MapStored{row.request_id, row.iteration, row.id,
+                              stored->replaced ? stored->replaced_id : 0});
+      } else {
+        ++counters_.maps_failed;
+        spdlog::error("req={} iteration {}: map not stored: {}", row.request_id, row.iteration,
+                      stored.status().message());
+      }
+      insert_us_.Add(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - started)
+              .count());
+    }
+  }
+  const MatcherCounters& after = matcher.counters();
+  counters_.contexts_invalid += after.invalid - before.invalid;
+  counters_.contexts_refused += after.refused - before.refused;
+  counters_.maps_incomplete += after.incomplete - before.incomplete;
+  if (!directives_.empty()) {
+    SendDirectives(rank->group, directives_);
+    match_us_.Add(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - started)
+            .count());
+  }
+}
+
+void MapService::SendDirectives(const std::string& group,
+                                const std::vector<PrefetchDirective>& directives) {
+  for (const auto& [id, entry] : ranks_.peers()) {
+    if (entry.info.group != group || !ranks_.IsAlive(id)) continue;
+    for (const PrefetchDirective& d : directives) {
+      if (socket_->Send(d, id).ok()) {
+        ++counters_.directives_sent;
+      } else {
+        ++counters_.directives_failed;
+      }
+    }
+  }
+}
+
+Result<MapService::ModelMaps*> MapService::ModelFor(uint64_t fingerprint) {
+  if (fingerprint == 0) {
+    if (stores_.size() == 1) return stores_.begin()->second.get();
+    if (stores_.empty()) return NotFound("no model is stored");
+    return InvalidArgument(std::to_string(stores_.size()) +
+                           " models are stored; name one by its fingerprint");
+  }
+  auto it = stores_.find(fingerprint);
+  if (it == stores_.end())
+    return NotFound("model " + FingerprintHex(fingerprint) + " is not stored");
+  return it->second.get();
+}
+
+Result<InsertResult> MapService::StoreMap(ModelMaps& model, MapRow* row) {
+  FMOE_ASSIGN_OR_RETURN(InsertResult plan, model.store->PlanInsert(row->sem, row->map));
+  row->id = model.next_id;
+  row->row = plan.index;
+  row->stored_unix_ms = UnixMs();
+  // Durable first: a failed write leaves the in-memory store as it was.
+  FMOE_RETURN_IF_ERROR(
+      db_->PutMap(model.shape.fingerprint, *row, plan.replaced ? plan.replaced_id : 0));
+  ++model.next_id;
+  FMOE_RETURN_IF_ERROR(model.store->Put(plan.index, row->id, row->sem, row->map));
+  ++model.inserted;
+  ++counters_.maps_stored;
+  if (plan.replaced) {
+    ++model.replaced;
+    ++counters_.maps_replaced;
+  }
+  return plan;
+}
+
+Result<std::string> MapService::Export(const AdminRequest& request) {
+  if (request.path.empty() || request.path[0] != '/') {
+    return InvalidArgument("export path \"" + request.path +
+                           "\" must be absolute (it is written by the map service)");
+  }
+  FMOE_ASSIGN_OR_RETURN(ModelMaps * model, ModelFor(request.model_fingerprint));
+  const ModelRow& shape = model->shape;
+  FMOE_ASSIGN_OR_RETURN(StoreDb::MapContents contents,
+                        db_->LoadMaps(shape.fingerprint, shape.hidden_size,
+                                      static_cast<size_t>(shape.num_layers) * shape.num_experts));
+  namespace fbs = fmoe::store;
+  flatbuffers::FlatBufferBuilder b(1024);
+  std::vector<flatbuffers::Offset<fbs::StoredMap>> maps;
+  for (const MapRow& m : contents.maps) {
+    auto sem = b.CreateVector(m.sem);
+    auto map = b.CreateVector(m.map);
+    maps.push_back(fbs::CreateStoredMap(b, m.id, m.row, m.request_id, m.iteration, m.stored_unix_ms,
+                                        sem, map));
+  }
+  auto vec = b.CreateVector(maps);
+  b.Finish(fbs::CreateMapExport(b, 1, shape.fingerprint, shape.num_layers, shape.num_experts,
+                                shape.top_k, shape.hidden_size, UnixMs(), vec),
+           fbs::MapExportIdentifier());
+  // Written beside the target and renamed over it: a reader never sees half a file.
+  const std::string tmp = request.path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(b.GetBufferPointer()),
+              static_cast<std::streamsize>(b.GetSize()));
+    out.flush();
+    if (!out) return IoError("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), request.path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return IoError("cannot rename " + tmp + " to " + request.path);
+  }
+  spdlog::info("exported {} maps of model {} to {} ({} bytes)", contents.maps.size(),
+               FingerprintHex(shape.fingerprint), request.path, b.GetSize());
+  nlohmann::json body = {{"model", FingerprintHex(shape.fingerprint)},
+                         {"maps", contents.maps.size()},
+                         {"corrupt_skipped", contents.corrupt.size()},
+                         {"path", request.path},
+                         {"bytes", b.GetSize()}};
+  return body.dump();
+}
+
+Result<std::string> MapService::Import(const AdminRequest& request) {
+  namespace fbs = fmoe::store;
+  if (request.path.empty() || request.path[0] != '/') {
+    return InvalidArgument("import path \"" + request.path +
+                           "\" must be absolute (it is read by the map service)");
+  }
+  struct stat st {};
+  if (::stat(request.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return NotFound("import file " + request.path + " does not exist or is not a file");
+  }
+  if (static_cast<uint64_t>(st.st_size) > options_.max_import_bytes) {
+    return InvalidArgument("import file " + request.path + " is " + std::to_string(st.st_size) +
+                           " bytes, above the limit of " +
+                           std::to_string(options_.max_import_bytes));
+  }
+  // 8-byte aligned storage for the FlatBuffers verifier.
+  std::vector<uint64_t> storage((static_cast<size_t>(st.st_size) + 7) / 8);
+  {
+    std::ifstream in(request.path, std::ios::binary);
+    in.read(reinterpret_cast<char*>(storage.data()), st.st_size);
+    if (!in) return IoError("cannot read " + request.path);
+  }
+  const auto* buf = reinterpret_cast<const uint8_t*>(storage.data());
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (size < 8 || !fbs::MapExportBufferHasIdentifier(buf)) {
+    return InvalidArgument(request.path + " is not an fmoe map export (bad identifier)");
+  }
+  flatbuffers::Verifier verifier(buf, size, /*max_depth=*/8, /*max_tables=*/4000000);
+  if (!fbs::VerifyMapExportBuffer(verifier)) {
+    return InvalidArgument(request.path + " is a damaged map export (fails verification)");
+  }
+  const fbs::MapExport* ex = fbs::GetMapExport(buf);
+  if (request.model_fingerprint != 0 && request.model_fingerprint != ex->fingerprint()) {
+    return InvalidArgument(request.path + " holds model " + FingerprintHex(ex->fingerprint()) +
+                           ", not " + FingerprintHex(request.model_fingerprint));
+  }
+  ModelRow shape{ex->fingerprint(), ex->num_layers(),  ex->num_experts(),
+                 ex->top_k(),       ex->hidden_size(), UnixMs()};
+  if (shape.fingerprint == 0 || shape.num_layers == 0 || shape.num_experts == 0 ||
+      shape.hidden_size == 0 || shape.top_k == 0 || shape.top_k > shape.num_experts) {
+    return InvalidArgument(request.path + ": model shape L=" + std::to_string(shape.num_layers) +
+                           " J=" + std::to_string(shape.num_experts) +
+                           " K=" + std::to_string(shape.top_k) +
+                           " h=" + std::to_string(shape.hidden_size) + " is not valid");
+  }
+  auto known = models_.find(shape.fingerprint);
+  if (known != models_.end()) {
+    const ModelRow& k = known->second;
+    if (k.num_layers != shape.num_layers || k.num_experts != shape.num_experts ||
+        k.top_k != shape.top_k || k.hidden_size != shape.hidden_size) {
+      return FailedPrecondition(request.path + " holds model " + FingerprintHex(shape.fingerprint) +
+                                " with a different shape than the one stored");
+    }
+  } else {
+    FMOE_ASSIGN_OR_RETURN(ModelMaps * created, OpenModel(shape));
+    (void)created;
+    if (Status s = db_->RecordModel(shape); !s.ok()) {
+      stores_.erase(shape.fingerprint);
+      return s;
+    }
+    models_[shape.fingerprint] = shape;
+  }
+  FMOE_ASSIGN_OR_RETURN(ModelMaps * model, ModelFor(shape.fingerprint));
+  const size_t width = static_cast<size_t>(shape.num_layers) * shape.num_experts;
+  uint64_t imported = 0, replaced = 0, skipped = 0;
+  if (ex->maps() != nullptr) {
+    for (const fbs::StoredMap* m : *ex->maps()) {
+      if (m->sem() == nullptr || m->map() == nullptr || m->sem()->size() != shape.hidden_size ||
+          m->map()->size() != width) {
+        ++skipped;
+        continue;
+      }
+      MapRow row;
+      row.request_id = m->request_id();
+      row.iteration = m->iteration();
+      row.sem.assign(m->sem()->begin(), m->sem()->end());
+      row.map.assign(m->map()->begin(), m->map()->end());
+      auto stored = StoreMap(*model, &row);
+      if (!stored.ok()) {
+        if (stored.status().code() == ErrorCode::kInvalidArgument) {
+          ++skipped;  // A non-finite value.
+          continue;
+        }
+        return Status(stored.status().code(), "import stopped after " + std::to_string(imported) +
+                                                  " maps: " + stored.status().message());
+      }
+      ++imported;
+      if (stored->replaced) ++replaced;
+    }
+  }
+  spdlog::info("imported {} maps of model {} from {} ({} replaced by deduplication, {} skipped)",
+               imported, FingerprintHex(shape.fingerprint), request.path, replaced, skipped);
+  nlohmann::json body = {{"model", FingerprintHex(shape.fingerprint)},
+                         {"imported", imported},
+                         {"replaced", replaced},
+                         {"skipped", skipped},
+                         {"maps", model->store->size()}};
+  return body.dump();
 }
 
 std::string MapService::StatsJson() const {
@@ -180,12 +524,29 @@ std::string MapService::StatsJson() const {
   }
   Json models = Json::array();
   for (const auto& [fp, m] : models_) {
+    auto st = stores_.find(fp);
+    const ModelMaps* mm = st == stores_.end() ? nullptr : st->second.get();
     models.push_back({{"fingerprint", FingerprintHex(fp)},
                       {"num_layers", m.num_layers},
                       {"num_experts", m.num_experts},
                       {"top_k", m.top_k},
-                      {"hidden_size", m.hidden_size}});
+                      {"hidden_size", m.hidden_size},
+                      {"maps", mm ? mm->store->size() : 0},
+                      {"capacity", options_.store_capacity},
+                      {"inserted", mm ? mm->inserted : 0},
+                      {"replaced", mm ? mm->replaced : 0}});
   }
+  size_t in_flight = 0;
+  for (const auto& [peer, matcher] : matchers_) in_flight += matcher->in_flight();
+  auto histogram = [](const Histogram& h) {
+    Json buckets = Json::array();
+    for (size_t b = 0; b < h.counts().size(); ++b) {
+      buckets.push_back({{"le", b < h.bounds().size() ? Json(h.bounds()[b]) : Json("+Inf")},
+                         {"count", h.counts()[b]}});
+    }
+    return Json{{"count", h.count()},      {"sum", h.sum()}, {"p50", h.Quantile(0.50)},
+                {"p99", h.Quantile(0.99)}, {"max", h.max()}, {"buckets", buckets}};
+  };
   const wire::Stats& ws = socket_->stats();
   Json dropped = Json::object();
   for (size_t i = 0; i < ws.dropped.size(); ++i) {
@@ -206,7 +567,20 @@ std::string MapService::StatsJson() const {
                  {"layers_observed", counters_.layers_observed},
                  {"iteration_ends", counters_.iteration_ends},
                  {"from_unregistered", counters_.from_unregistered},
+                 {"contexts_invalid", counters_.contexts_invalid},
+                 {"contexts_refused", counters_.contexts_refused},
+                 {"directives_sent", counters_.directives_sent},
+                 {"directives_failed", counters_.directives_failed},
+                 {"maps_stored", counters_.maps_stored},
+                 {"maps_replaced", counters_.maps_replaced},
+                 {"maps_incomplete", counters_.maps_incomplete},
+                 {"maps_failed", counters_.maps_failed},
                  {"admin_requests", counters_.admin_requests}}},
+               {"contexts", contexts_},
+               {"ingest_per_s", ingest_rate_},
+               {"requests_in_flight", in_flight},
+               {"match_latency_us", histogram(match_us_)},
+               {"insert_latency_us", histogram(insert_us_)},
                {"wire",
                 {{"received", ws.received},
                  {"sent", ws.sent},

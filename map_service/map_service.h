@@ -1,8 +1,10 @@
-// The map service process's core: one thread owns the ROUTER socket, the registrations and the
-// RocksDB store (DESIGN sections 5 and 8). Ranks Register (recorded durably before the ack),
-// heartbeat, and stream contexts; admin clients ask for Ping/Stats. Start() then Run() on the
-// same thread; Run() returns when `stop` says so. Matching and the expert map store arrive with
-// the store (issue: map service); this file owns ingest, liveness and persistence of shapes.
+// The map service process's core: one thread owns the ROUTER socket, the registrations, the
+// expert map stores and RocksDB (DESIGN sections 5 and 8). Ranks Register (recorded durably
+// before the ack), heartbeat and stream their contexts; each context is matched against the
+// model's MapStore by the sending rank's MapMatcher and the resulting PrefetchDirectives go to
+// every live rank of the sender's group; a completed map is written to RocksDB, then to the
+// store, then acknowledged (MapStored). Admin clients ask for Ping/Stats/Export/Import.
+// Start() then Run() on the same thread; Run() returns when `stop` says so.
 #pragma once
 
 #include <cstdint>
@@ -12,10 +14,13 @@
 #include <unordered_map>
 
 #include "common/clock.h"
+#include "common/histogram.h"
 #include "common/messages.h"
 #include "common/peer_table.h"
 #include "common/status.h"
 #include "common/wire.h"
+#include "map_service/map_matcher.h"
+#include "map_service/map_store.h"
 #include "map_service/store_db.h"
 
 namespace fmoe {
@@ -26,7 +31,11 @@ struct MapServiceOptions {
   bool sync = false;                              // fsync each write. Default: false
   int store_capacity = 1000;                      // Maps per model. Default: 1000
   int prefetch_distance = 3;                      // d. Default: 3
-  int heartbeat_timeout_ms = 3000;  // A rank silent this long is dropped. Default: 3000
+  int heartbeat_timeout_ms = 3000;         // A rank silent this long is dropped. Default: 3000
+  bool semantic = true;                    // Semantic search at iteration start. Default: on
+  bool delta = true;                       // Similarity-aware expert selection. Default: on
+  uint32_t max_requests_per_rank = 65536;  // In-flight requests matched per rank. Default: 65536
+  uint64_t max_import_bytes = 4ull << 30;  // Largest export file Import reads. Default: 4 GiB
 };
 
 struct MapServiceCounters {
@@ -37,6 +46,14 @@ struct MapServiceCounters {
   uint64_t layers_observed = 0;
   uint64_t iteration_ends = 0;
   uint64_t from_unregistered = 0;  // Context messages from a peer that has not registered.
+  uint64_t contexts_invalid = 0;   // Wrong shape, out of order, unknown request.
+  uint64_t contexts_refused = 0;   // Beyond max_requests_per_rank.
+  uint64_t directives_sent = 0;    // Directive messages sent (one per rank of the group).
+  uint64_t directives_failed = 0;  // Sends that failed (the rank's queue is full or gone).
+  uint64_t maps_stored = 0;
+  uint64_t maps_replaced = 0;    // Stored maps that replaced another (deduplication).
+  uint64_t maps_incomplete = 0;  // Iterations that ended before every layer was observed.
+  uint64_t maps_failed = 0;      // Write failures: the map was not stored nor acknowledged.
   uint64_t admin_requests = 0;
 };
 
@@ -54,8 +71,18 @@ class MapService {
   const MapServiceCounters& counters() const { return counters_; }
   // The Stats admin reply body (JSON object text).
   std::string StatsJson() const;
+  // Stored maps of a model (0 when unknown).
+  uint32_t stored_maps(uint64_t fingerprint) const;
 
  private:
+  // One model's store; `store` has a stable address (matchers refer to it).
+  struct ModelMaps {
+    ModelRow shape;
+    std::unique_ptr<MapStore> store;
+    uint64_t next_id = 1;
+    uint64_t inserted = 0;
+    uint64_t replaced = 0;
+  };
   struct RankState {
     std::string group;
     uint32_t rank = 0;
@@ -70,6 +97,15 @@ class MapService {
   bool FromRegistered(const std::string& peer);
   void Reply(const std::string& peer, const MapMessage& message);
   void ExpireRanks();
+  void DropPeer(const std::string& peer);
+  Result<ModelMaps*> OpenModel(const ModelRow& shape);
+  // Persists, then stores, one map; fills `row->id` and `row->row`.
+  Result<InsertResult> StoreMap(ModelMaps& model, MapRow* row);
+  void OnContext(const std::string& peer, const MapMessage& message);
+  void SendDirectives(const std::string& group, const std::vector<PrefetchDirective>& directives);
+  Result<std::string> Export(const AdminRequest& request);
+  Result<std::string> Import(const AdminRequest& request);
+  Result<ModelMaps*> ModelFor(uint64_t fingerprint);
 
   MapServiceOptions options_;
   const Clock& clock_;
@@ -79,7 +115,16 @@ class MapService {
   std::unique_ptr<StoreDb> db_;
   std::unordered_map<uint64_t, ModelRow> models_;
   PeerTable<RankState> ranks_;
+  std::unordered_map<uint64_t, std::unique_ptr<ModelMaps>> stores_;
+  std::unordered_map<std::string, std::unique_ptr<MapMatcher>> matchers_;  // Per rank peer.
+  std::vector<PrefetchDirective> directives_;                              // Scratch.
   MapServiceCounters counters_;
+  Histogram match_us_ = Histogram::LatencyUs();   // Context received -> its directives sent.
+  Histogram insert_us_ = Histogram::LatencyUs();  // Completed map -> written and stored.
+  uint64_t contexts_ = 0;                         // Context messages received.
+  int64_t rate_window_start_ms_ = 0;
+  uint64_t rate_window_start_count_ = 0;
+  double ingest_rate_ = 0.0;  // Contexts per second over the last full 10 s window.
 };
 
 }  // namespace fmoe

@@ -123,13 +123,12 @@ double MapStore::Redundancy(uint32_t index, std::span<const float> sem, double s
   return (d / L) * cos_sem + ((L - d) / L) * cos_map;
 }
 
-Result<InsertResult> MapStore::Insert(uint64_t id, std::span<const float> sem,
-                                      std::span<const float> map) {
+Result<InsertResult> MapStore::PlanInsert(std::span<const float> sem,
+                                          std::span<const float> map) const {
   FMOE_RETURN_IF_ERROR(CheckShapes(sem, map));
   InsertResult result;
   if (size_ < options_.capacity) {
-    result.index = size_++;
-    Write(result.index, id, sem, map);
+    result.index = size_;
     return result;
   }
   const double sem_norm = std::sqrt(Dot(sem.data(), sem.data(), sem.size()));
@@ -147,7 +146,14 @@ Result<InsertResult> MapStore::Insert(uint64_t id, std::span<const float> sem,
   result.replaced = true;
   result.replaced_id = ids_[best_index];
   result.redundancy = static_cast<float>(best);
-  Write(best_index, id, sem, map);
+  return result;
+}
+
+Result<InsertResult> MapStore::Insert(uint64_t id, std::span<const float> sem,
+                                      std::span<const float> map) {
+  FMOE_ASSIGN_OR_RETURN(InsertResult result, PlanInsert(sem, map));
+  if (result.index == size_) ++size_;
+  Write(result.index, id, sem, map);
   return result;
 }
 

@@ -62,6 +62,8 @@ class MapStore {
   // RDY(x, y) = (d/L) cos_sem(x, y) + ((L-d)/L) cos_map(x, y), lowest row on ties.
   // kInvalidArgument for a wrong shape or a non-finite value.
   Result<InsertResult> Insert(uint64_t id, std::span<const float> sem, std::span<const float> map);
+  // Where Insert would write, without writing (the service persists first, then Puts).
+  Result<InsertResult> PlanInsert(std::span<const float> sem, std::span<const float> map) const;
   // Writes an entry into a given row (rebuilding from persistence); rows fill in order.
   Status Put(uint32_t index, uint64_t id, std::span<const float> sem, std::span<const float> map);
 

@@ -1,5 +1,7 @@
 #include "map_service/store_db.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -22,6 +24,31 @@ std::string RankKey(const std::string& group, uint32_t rank) {
   return "rank/" + group + "/" + std::to_string(rank);
 }
 std::string MapsFamily(uint64_t fp) { return "maps/" + FingerprintHex(fp); }
+
+// Map keys are the id in 8 big-endian bytes, so a scan returns them in id order.
+std::string MapKey(uint64_t id) {
+  std::string key(8, '\0');
+  for (int i = 0; i < 8; ++i) key[static_cast<size_t>(i)] = static_cast<char>(id >> (56 - 8 * i));
+  return key;
+}
+
+bool ParseMapKey(const rocksdb::Slice& key, uint64_t* id) {
+  if (key.size() != 8) return false;
+  uint64_t v = 0;
+  for (size_t i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(key[i]);
+  *id = v;
+  return true;
+}
+
+std::string EncodeMap(const MapRow& m) {
+  flatbuffers::FlatBufferBuilder b(256 + 4 * (m.sem.size() + m.map.size()));
+  auto sem = b.CreateVector(m.sem);
+  auto map = b.CreateVector(m.map);
+  auto rec =
+      fb::CreateStoredMap(b, m.id, m.row, m.request_id, m.iteration, m.stored_unix_ms, sem, map);
+  b.Finish(fb::CreateStoreRecord(b, 1, fb::Record::StoredMap, rec.Union()), "FMST");
+  return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+}
 
 Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.ok()) return Status::Ok();
@@ -56,7 +83,8 @@ const fb::StoreRecord* VerifyRecord(const std::string& value, std::vector<uint64
     *why = "not a store record (bad identifier)";
     return nullptr;
   }
-  flatbuffers::Verifier verifier(buf, value.size(), /*max_depth=*/8, /*max_tables=*/16);
+  flatbuffers::Verifier verifier(buf, value.size(), /*max_depth=*/8, /*max_tables=*/16,
+                                 /*check_alignment=*/true);
   if (!fb::VerifyStoreRecordBuffer(verifier)) {
     *why = "record fails verification";
     return nullptr;
@@ -169,6 +197,85 @@ Status StoreDb::RecordRegistration(const ModelRow* model, const RankRow& rank) {
   }
   batch.Put(RankKey(rank.group, rank.rank), EncodeRank(rank));
   return FromRocks(impl_->db->Write(impl_->WriteOpts(), &batch), "writing registration");
+}
+
+Status StoreDb::RecordModel(const ModelRow& model) {
+  std::string family = MapsFamily(model.fingerprint);
+  if (impl_->families.count(family) == 0) {
+    rocksdb::ColumnFamilyHandle* handle = nullptr;
+    FMOE_RETURN_IF_ERROR(
+        FromRocks(impl_->db->CreateColumnFamily(rocksdb::ColumnFamilyOptions(), family, &handle),
+                  "creating column family " + family));
+    impl_->families[family] = handle;
+  }
+  rocksdb::WriteBatch batch;
+  batch.Put(ModelKey(model.fingerprint), EncodeModel(model));
+  return FromRocks(impl_->db->Write(impl_->WriteOpts(), &batch), "writing model record");
+}
+
+Status StoreDb::PutMap(uint64_t fingerprint, const MapRow& map, uint64_t replaced_id) {
+  auto it = impl_->families.find(MapsFamily(fingerprint));
+  if (it == impl_->families.end()) {
+    return FailedPrecondition("model " + FingerprintHex(fingerprint) + " has no map store");
+  }
+  rocksdb::WriteBatch batch;
+  if (replaced_id != 0) batch.Delete(it->second, MapKey(replaced_id));
+  batch.Put(it->second, MapKey(map.id), EncodeMap(map));
+  return FromRocks(impl_->db->Write(impl_->WriteOpts(), &batch),
+                   "writing map " + std::to_string(map.id));
+}
+
+Result<StoreDb::MapContents> StoreDb::LoadMaps(uint64_t fingerprint, uint32_t hidden,
+                                               size_t map_width) {
+  MapContents out;
+  const std::string family = MapsFamily(fingerprint);
+  auto fam = impl_->families.find(family);
+  if (fam == impl_->families.end()) return out;
+  std::unique_ptr<rocksdb::Iterator> it(
+      impl_->db->NewIterator(rocksdb::ReadOptions(), fam->second));
+  std::vector<uint64_t> aligned;
+  auto finite = [](const flatbuffers::Vector<float>* v) {
+    return std::all_of(v->begin(), v->end(), [](float x) { return std::isfinite(x); });
+  };
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    uint64_t key_id = 0;
+    const bool key_ok = ParseMapKey(it->key(), &key_id);
+    const std::string where = family + "/" +
+                              (key_ok ? std::to_string(key_id)
+                                      : "<key of " + std::to_string(it->key().size()) + " bytes>");
+    std::string why;
+    const fb::StoreRecord* rec = VerifyRecord(it->value().ToString(), &aligned, &why);
+    const fb::StoredMap* m = rec != nullptr ? rec->record_as_StoredMap() : nullptr;
+    if (rec == nullptr) {
+      out.corrupt.push_back(where + ": " + why);
+    } else if (!key_ok || m == nullptr) {
+      out.corrupt.push_back(where + ": not a stored map");
+    } else if (m->id() != key_id || m->id() == 0) {
+      out.corrupt.push_back(where + ": holds id " + std::to_string(m->id()));
+    } else if (m->sem() == nullptr || m->sem()->size() != hidden) {
+      out.corrupt.push_back(where + ": semantic embedding is not " + std::to_string(hidden) +
+                            " floats");
+    } else if (m->map() == nullptr || m->map()->size() != map_width) {
+      out.corrupt.push_back(where + ": expert map is not " + std::to_string(map_width) + " floats");
+    } else if (!finite(m->sem()) || !finite(m->map())) {
+      out.corrupt.push_back(where + ": holds a non-finite value");
+    } else {
+      MapRow row;
+      row.id = m->id();
+      row.row = m->row();
+      row.request_id = m->request_id();
+      row.iteration = m->iteration();
+      row.stored_unix_ms = m->stored_unix_ms();
+      row.sem.assign(m->sem()->begin(), m->sem()->end());
+      row.map.assign(m->map()->begin(), m->map()->end());
+      out.maps.push_back(std::move(row));
+    }
+  }
+  FMOE_RETURN_IF_ERROR(FromRocks(it->status(), "reading " + family));
+  std::sort(out.maps.begin(), out.maps.end(), [](const MapRow& a, const MapRow& b) {
+    return a.row != b.row ? a.row < b.row : a.id < b.id;
+  });
+  return out;
 }
 
 uint64_t StoreDb::CountMaps(uint64_t fingerprint) {

@@ -37,6 +37,17 @@ struct RankRow {
   uint64_t registered_unix_ms = 0;
 };
 
+// One stored expert map (schemas/store.fbs StoredMap).
+struct MapRow {
+  uint64_t id = 0;   // Entry id, > 0; the key in the model's column family.
+  uint32_t row = 0;  // Row in the in-memory matrices.
+  uint64_t request_id = 0;
+  uint32_t iteration = 0;
+  uint64_t stored_unix_ms = 0;
+  std::vector<float> sem;  // h
+  std::vector<float> map;  // L x J
+};
+
 class StoreDb {
  public:
   // Errors: kAlreadyExists "data directory D is in use by another map service" when its lock is
@@ -54,6 +65,21 @@ class StoreDb {
   // Records a registration: the model's shape when `model` is not null (first sight of it, which
   // also creates its maps column family) and the rank, in one WriteBatch.
   Status RecordRegistration(const ModelRow* model, const RankRow& rank);
+
+  // Records a model's shape alone (an import of a model no rank has registered yet).
+  Status RecordModel(const ModelRow& model);
+
+  // Stores `map` in the model's column family and, when replaced_id is not 0, deletes the entry
+  // it replaces, in one WriteBatch. kFailedPrecondition when the model has no column family.
+  Status PutMap(uint64_t fingerprint, const MapRow& map, uint64_t replaced_id);
+
+  struct MapContents {
+    std::vector<MapRow> maps;          // In row order (ties by id).
+    std::vector<std::string> corrupt;  // "maps/<fp>/<id>: reason" of each record skipped.
+  };
+  // Every stored map of a model, verified against its shape (sem of `hidden` floats, map of
+  // `map_width` finite floats, key equal to the id).
+  Result<MapContents> LoadMaps(uint64_t fingerprint, uint32_t hidden, size_t map_width);
 
   // Number of stored maps of a model (0 when it has none).
   uint64_t CountMaps(uint64_t fingerprint);

@@ -302,6 +302,35 @@ TEST(Codec, RoundTripAdminReply) {
   EXPECT_EQ(out.json, in.json);
 }
 
+// Every entry count and a zero (omitted) iteration: the struct vector must keep 8-byte fields
+// aligned whatever the table's layout.
+TEST(Codec, RoundTripPrefetchDirectiveAnyLayout) {
+  for (uint32_t n = 0; n <= 9; ++n) {
+    for (uint32_t iteration : {0u, 1u}) {
+      PrefetchDirective in{.request_id = 999,
+                           .iteration = iteration,
+                           .target_layer = 3,
+                           .score = 0.93f,
+                           .entries = {}};
+      for (uint32_t i = 0; i < n; ++i) in.entries.push_back({i, 0.1f * i, 0.05f * i});
+      auto out = RoundTripAs<PrefetchDirective, MapMessage>(in);
+      EXPECT_EQ(out.request_id, 999u) << n;
+      EXPECT_EQ(out.iteration, iteration);
+      ASSERT_EQ(out.entries.size(), n);
+      for (uint32_t i = 0; i < n; ++i) EXPECT_EQ(out.entries[i].expert, i);
+    }
+  }
+}
+
+TEST(Codec, RoundTripMapStored) {
+  MapStored in{.request_id = 77, .iteration = 5, .entry_id = 1234, .replaced_id = 99};
+  auto out = RoundTripAs<MapStored, MapMessage>(in);
+  EXPECT_EQ(out.request_id, in.request_id);
+  EXPECT_EQ(out.iteration, in.iteration);
+  EXPECT_EQ(out.entry_id, in.entry_id);
+  EXPECT_EQ(out.replaced_id, in.replaced_id);
+}
+
 TEST(Codec, DecodesUnalignedFrames) {
   const std::vector<uint8_t> frame = Encode(MapMessage(LayerObserved{.probs = {0.5f, 0.5f}}));
   std::vector<uint8_t> shifted(frame.size() + 1);
@@ -316,6 +345,7 @@ TEST(Codec, DecodesUnalignedFrames) {
 TEST(Codec, Names) {
   EXPECT_EQ(MessageName(WorkerMessage(TokenEvent{})), "TokenEvent");
   EXPECT_EQ(MessageName(MapMessage(AdminReply{})), "AdminReply");
+  EXPECT_EQ(MessageName(MapMessage(MapStored{})), "MapStored");
   EXPECT_EQ(DropReasonName(DropReason::kOversized), "oversized");
   EXPECT_EQ(DropReasonName(DropReason::kBadFraming), "bad_framing");
 }
