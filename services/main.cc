@@ -11,6 +11,7 @@
 #include "common/manifest.h"
 #include "common/process_util.h"
 #include "services/launcher.h"
+#include "services/maps_cmd.h"
 #include "services/status_cmd.h"
 #ifdef FMOE_HAVE_TORCH
 #include "services/generate_cmd.h"
@@ -42,6 +43,17 @@ int main(int argc, char** argv) {
   auto* status = app.add_subcommand("status", "show each process of a launch and its health");
   status->add_option("manifest", manifest_path, "cluster manifest (YAML)")->required();
   status->add_flag("--json", json, "print JSON");
+  fmoe::MapsCommand maps_cmd;
+  auto* maps = app.add_subcommand("maps", "show, export or import the map service's expert maps");
+  maps->add_option("manifest", manifest_path, "cluster manifest (YAML)")->required();
+  auto* export_opt = maps->add_option("--export", maps_cmd.export_path,
+                                      "write a model's maps to FILE (on the map service's host)");
+  maps->add_option("--import", maps_cmd.import_path,
+                   "load maps from FILE written by --export (on the map service's host)")
+      ->excludes(export_opt);
+  maps->add_option("--model", maps_cmd.model,
+                   "model fingerprint (hex); default: the only stored model");
+  maps->add_flag("--json", maps_cmd.json, "print the service's JSON reply");
   auto* validate = app.add_subcommand("validate", "check a manifest, print the effective config");
   validate->add_option("manifest", manifest_path, "cluster manifest (YAML)")->required();
 #ifdef FMOE_HAVE_TORCH
@@ -82,6 +94,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (status->parsed()) return fmoe::PrintStatus(manifest, json);
+  if (maps->parsed()) return fmoe::RunMaps(manifest, maps_cmd);
 
   if (fmoe::Status s = fmoe::InitLogging("fmoe", manifest.logging.level); !s.ok()) {
     std::fprintf(stderr, "fmoe: %s\n", s.message().c_str());

@@ -480,6 +480,51 @@ TEST_F(MapServiceTest, ExportImportWarmsANewService) {
   }
 }
 
+TEST_F(MapServiceTest, FmoeMapsShowsExportsAndImports) {
+  const int port = FreeTcpPort();
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+  const std::string manifest = WriteManifest("m", port, 16);
+  auto service = StartService(manifest, "ms.log");
+  Rank r(endpoint, "w/g0/0");
+  ASSERT_TRUE(r.Join()) << service->Log();
+  MapSource source(6);
+  for (uint64_t req = 1; req <= 5; ++req) r.Stream(req, 0, source.Next(), true);
+  ASSERT_TRUE(testing::WaitUntil([&] { return r.Stats()["counters"]["maps_stored"] == 5; }, 10000));
+  const std::string fmoe = BinDir() + "/fmoe";
+
+  auto [code, out] = testing::RunCommand({fmoe, "maps", manifest}, 20000);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("abcdef01"), std::string::npos) << out;
+  EXPECT_NE(out.find("5/16"), std::string::npos) << out;
+
+  std::tie(code, out) =
+      testing::RunCommand({fmoe, "maps", manifest, "--export", dir_ + "/cli.fmx"}, 20000);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("exported 5 maps of model 00000000abcdef01"), std::string::npos) << out;
+  EXPECT_EQ(ReadExport(dir_ + "/cli.fmx").size(), 5u);
+
+  // Importing its own export deduplicates into the store: 5 more maps, 10 in all.
+  std::tie(code, out) =
+      testing::RunCommand({fmoe, "maps", manifest, "--import", dir_ + "/cli.fmx"}, 20000);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("imported 5 maps"), std::string::npos) << out;
+  EXPECT_NE(out.find("the store holds 10"), std::string::npos) << out;
+
+  std::tie(code, out) =
+      testing::RunCommand({fmoe, "maps", manifest, "--import", dir_ + "/nothing.fmx"}, 20000);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("does not exist"), std::string::npos) << out;
+  std::tie(code, out) = testing::RunCommand({fmoe, "maps", manifest, "--model", "xyz"}, 20000);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("is not a fingerprint"), std::string::npos) << out;
+  std::tie(code, out) = testing::RunCommand({fmoe, "maps", manifest, "--model", "1234"}, 20000);
+  EXPECT_EQ(code, 0) << out;  // Stats ignore the model.
+  std::tie(code, out) =
+      testing::RunCommand({fmoe, "maps", manifest, "--model", "1234", "--export", "/tmp/x"}, 20000);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("model 0000000000001234 is not stored"), std::string::npos) << out;
+}
+
 TEST_F(MapServiceTest, BadFramesAndWrongShapesAreCountedWhileValidTrafficFlows) {
   const int port = FreeTcpPort();
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port);
