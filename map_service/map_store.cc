@@ -1,7 +1,13 @@
 #include "map_service/map_store.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -22,6 +28,62 @@ double Dot(const float* a, const float* b, size_t n) {
   for (; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
   return s;
 }
+
+// bfloat16 copy of a float, rounded to nearest even: relative error at most 2^-9.
+uint16_t ToBf16(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// Dot product of floats with bfloat16s (the semantic search's screening pass): eight float lanes.
+float DotBf16Portable(const float* a, const uint16_t* b, size_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (size_t k = 0; k < 8; ++k) {
+      lanes[k] += a[i + k] * std::bit_cast<float>(static_cast<uint32_t>(b[i + k]) << 16);
+    }
+  }
+  float s = 0.0f;
+  for (float x : lanes) s += x;
+  for (; i < n; ++i) s += a[i] * std::bit_cast<float>(static_cast<uint32_t>(b[i]) << 16);
+  return s;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) float DotBf16Avx2(const float* a, const uint16_t* b, size_t n) {
+  // Four independent accumulators hide the FMA latency.
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int k = 0; k < 2; ++k) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i + 16 * k));
+      const __m256 lo = _mm256_castsi256_ps(
+          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(w)), 16));
+      const __m256 hi = _mm256_castsi256_ps(
+          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(w, 1)), 16));
+      acc[2 * k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16 * k), lo, acc[2 * k]);
+      acc[2 * k + 1] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16 * k + 8), hi, acc[2 * k + 1]);
+    }
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes,
+                   _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  float s = 0.0f;
+  for (float x : lanes) s += x;
+  return s + DotBf16Portable(a + i, b + i, n - i);
+}
+#endif
+
+using DotBf16Fn = float (*)(const float*, const uint16_t*, size_t);
+DotBf16Fn PickDotBf16() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return DotBf16Avx2;
+#endif
+  return DotBf16Portable;
+}
+const DotBf16Fn kDotBf16 = PickDotBf16();
 
 double Cosine(double dot, double norm_a, double norm_b) {
   if (norm_a <= 0.0 || norm_b <= 0.0) return 0.0;
@@ -54,6 +116,7 @@ MapStore::MapStore(const MapStoreOptions& options)
   const size_t c = options_.capacity;
   ids_.resize(c);
   sems_.resize(c * options_.hidden);
+  sems_bf16_.resize(c * options_.hidden);
   maps_.resize(c * map_width_);
   layer_maps_.resize(c * map_width_);
   prefix_inv_norm_.resize(c * options_.num_layers);
@@ -93,6 +156,8 @@ void MapStore::Write(uint32_t index, uint64_t id, std::span<const float> sem,
                      std::span<const float> map) {
   ids_[index] = id;
   std::copy(sem.begin(), sem.end(), sems_.begin() + static_cast<size_t>(index) * options_.hidden);
+  std::transform(sem.begin(), sem.end(),
+                 sems_bf16_.begin() + static_cast<size_t>(index) * options_.hidden, ToBf16);
   std::copy(map.begin(), map.end(), maps_.begin() + index * map_width_);
   sem_norm_[index] = std::sqrt(Dot(sem.data(), sem.data(), sem.size()));
   double running = 0.0;
@@ -173,10 +238,44 @@ Status MapStore::Put(uint32_t index, uint64_t id, std::span<const float> sem,
 MapMatch MapStore::SemanticMatch(std::span<const float> sem) const {
   MapMatch match;
   if (sem.size() != options_.hidden || size_ == 0) return match;
-  const double norm = std::sqrt(Dot(sem.data(), sem.data(), sem.size()));
+  const size_t h = options_.hidden;
+  const double norm = std::sqrt(Dot(sem.data(), sem.data(), h));
+  auto exact = [&](uint32_t i) {
+    return Cosine(Dot(sem.data(), this->sem(i).data(), h), norm, sem_norm_[i]);
+  };
   double best = -std::numeric_limits<double>::infinity();
+  if (size_ < 64 || norm <= 0.0) {
+    for (uint32_t i = 0; i < size_; ++i) {
+      const double c = exact(i);
+      if (c > best) {
+        best = c;
+        match.index = i;
+      }
+    }
+    match.score = static_cast<float>(best);
+    return match;
+  }
+  // Two passes, exact: screen every row with its bfloat16 copy (half the bytes: this search is
+  // bound by memory bandwidth), then recompute exactly every row that could still be the best.
+  // Each screened cosine is within `margin` of the exact one: bfloat16 rounding moves a dot by
+  // at most 2^-9 |x||y| (Cauchy-Schwarz), float accumulation (about h/8 additions per lane, in
+  // both passes) by far less; the margin doubles that sum.
+  const double margin = 2.0 * (std::ldexp(1.0, -9) + 2.0 * (h / 8.0 + 16.0) * std::ldexp(1.0, -24));
+  std::vector<float> approx(size_);
+  double best_approx = -std::numeric_limits<double>::infinity();
   for (uint32_t i = 0; i < size_; ++i) {
-    const double c = Cosine(Dot(sem.data(), this->sem(i).data(), sem.size()), norm, sem_norm_[i]);
+    const double c = sem_norm_[i] > 0.0 ? kDotBf16(sem.data(), sems_bf16_.data() + i * h, h) /
+                                              (norm * sem_norm_[i])
+                                        : 0.0;
+    approx[i] = static_cast<float>(c);
+    best_approx = std::max(best_approx, c);
+  }
+  // The exact best has approx >= exact - margin >= exact(approx-best row) - margin
+  // >= best_approx - 2 margin; float storage of `approx` costs at most 1e-7 more.
+  const double floor = best_approx - 2.0 * margin - 1e-6;
+  for (uint32_t i = 0; i < size_; ++i) {
+    if (approx[i] < floor) continue;
+    const double c = exact(i);
     if (c > best) {
       best = c;
       match.index = i;

@@ -90,9 +90,10 @@ class MapStore {
   uint64_t generation_ = 0;
   size_t map_width_ = 0;  // L * J.
   std::vector<uint64_t> ids_;
-  std::vector<float> sems_;       // C x h.
-  std::vector<float> maps_;       // C x (L * J).
-  std::vector<double> sem_norm_;  // |sem| per row.
+  std::vector<float> sems_;          // C x h.
+  std::vector<uint16_t> sems_bf16_;  // C x h, bfloat16: the semantic search's screening pass.
+  std::vector<float> maps_;          // C x (L * J).
+  std::vector<double> sem_norm_;     // |sem| per row.
   // Per row, per layer l: sum over layers 0..l of |map[k]|^2 (prefix norms for the trajectory).
   std::vector<double> prefix_norm2_;
   // The same maps layer-major (layer l of every row contiguous, L x C x J) and the inverse prefix

@@ -76,6 +76,63 @@ TEST(MapStore, SemanticMatchEqualsTheReference) {
   }
 }
 
+// Beyond 64 rows the search screens with bfloat16 copies first; it must still be exact. Near
+// ties far below bfloat16's resolution of about 2e-3 (rows that differ from the query by 1e-2
+// noise have cosines within 1e-5 of each other), a scale of 1e4, a zero row and an embedding
+// size that is not a multiple of the vector width.
+TEST(MapStore, ScreenedSemanticMatchIsExact) {
+  for (uint32_t h : {16u, 1027u}) {
+    std::mt19937 rng(h);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    MapStoreOptions o;
+    o.num_layers = kL;
+    o.num_experts = kJ;
+    o.top_k = kK;
+    o.hidden = h;
+    o.capacity = 400;
+    auto created = MapStore::Create(o);
+    ASSERT_TRUE(created.ok());
+    MapStore& store = *created;
+    std::vector<float> base(h);
+    for (float& x : base) x = n(rng);
+    for (uint32_t i = 0; i < 400; ++i) {
+      std::vector<float> v(h);
+      const float eps = i % 3 == 0 ? 3e-3f : (i % 3 == 1 ? 1e-2f : 1.0f);
+      const float scale = i % 7 == 0 ? 1e4f : 1.0f;
+      for (uint32_t k = 0; k < h; ++k) v[k] = scale * (base[k] + eps * n(rng));
+      if (i == 5) std::fill(v.begin(), v.end(), 0.0f);
+      ASSERT_TRUE(store.Put(i, i, v, RandomMap(rng)).ok());
+    }
+    int checked = 0;
+    for (int q = 0; q < 200; ++q) {
+      std::vector<float> sem(h);
+      const float eps = q % 2 == 0 ? 1e-3f : 0.5f;
+      for (uint32_t k = 0; k < h; ++k) sem[k] = base[k] + eps * n(rng);
+      double best = -2, second = -2;
+      int best_index = -1;
+      for (uint32_t i = 0; i < store.size(); ++i) {
+        const double c = RefCos(sem.data(), store.sem(i).data(), h);
+        if (c > best) {
+          second = best;
+          best = c;
+          best_index = static_cast<int>(i);
+        } else if (c > second) {
+          second = c;
+        }
+      }
+      const MapMatch m = store.SemanticMatch(sem);
+      EXPECT_NEAR(m.score, best, 1e-5) << "h=" << h << " query " << q;
+      // The store's float-lane dots and this double reference may order rows closer than about
+      // 1e-7 differently; every wider gap must be decided alike.
+      if (best - second > 1e-6) {
+        EXPECT_EQ(m.index, best_index) << "h=" << h << " query " << q << " gap " << best - second;
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 80);
+  }
+}
+
 TEST(MapStore, IncrementalTrajectoryEqualsTheReference) {
   std::mt19937 rng(2);
   MapStore store = NewStore(40);
