@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -59,9 +60,7 @@ class PrefetchE2eTest : public ::testing::Test {
     auto tok = Tokenizer::Load(kModelDir);
     ASSERT_TRUE(tok.ok()) << tok.status().ToString();
     tokenizer_ = std::move(*tok);
-    map_ = std::make_unique<Child>(
-        std::vector<std::string>{BinDir() + "/fmoe-map-service", "--manifest", Manifest("lru")},
-        dir_ + "/map.log");
+    StartMapService("map.log");
   }
   void TearDown() override {
     if (HasFailure()) {
@@ -93,8 +92,10 @@ class PrefetchE2eTest : public ::testing::Test {
     double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0; }
   };
 
-  // Starts a worker with `policy`, runs `prompts` one at a time, stops it.
-  Figures Run(const std::string& policy, const std::vector<std::string>& prompts, int tokens) {
+  // Starts a worker with `policy`, runs `prompts` one at a time (calling `before(i)` ahead of
+  // prompt i), stops it.
+  Figures Run(const std::string& policy, const std::vector<std::string>& prompts, int tokens,
+              const std::function<void(size_t)>& before = {}) {
     Figures f;
     const std::string manifest = Manifest(policy);
     wire::Context context;
@@ -126,6 +127,7 @@ class PrefetchE2eTest : public ::testing::Test {
         20000));
     uint64_t id = 0;
     for (const std::string& text : prompts) {
+      if (before) before(id);
       Generate g;
       g.request_id = ++id;
       auto ids = tokenizer_->Encode(text, /*add_special_tokens=*/true);
@@ -158,6 +160,12 @@ class PrefetchE2eTest : public ::testing::Test {
     return f;
   }
 
+  void StartMapService(const std::string& log) {
+    map_ = std::make_unique<Child>(
+        std::vector<std::string>{BinDir() + "/fmoe-map-service", "--manifest", Manifest("lru")},
+        dir_ + "/" + log);
+  }
+
   std::string dir_, worker_endpoint_;
   int map_port_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
@@ -187,6 +195,48 @@ TEST_F(PrefetchE2eTest, FmoeHitsMoreThanLruAfterWarmingTheStore) {
   // The fmoe worker was guided: it received directives.
   const std::string fmoe_log = testing::ReadFile(worker_logs_.back());
   EXPECT_EQ(fmoe_log.find(" 0 directives"), std::string::npos) << fmoe_log;
+}
+
+// The map service dies mid-run: the worker keeps serving without guidance (its contexts are
+// dropped and counted, never queued behind the dead service), re-registers when the service
+// returns with its store intact from disk, and is guided again.
+TEST_F(PrefetchE2eTest, WorkerServesThroughAMapServiceRestart) {
+  Run("lru", kWarm, 16);
+  ASSERT_FALSE(HasFailure());
+  Figures f = Run("fmoe", kTest, 16, [&](size_t i) {
+    if (i == 2) {
+      map_->Signal(SIGKILL);
+      map_->Wait(5000);
+    } else if (i == 4) {
+      const std::string log = worker_logs_.back();
+      // The worker notices (no heartbeat answer within the timeout) while serving.
+      ASSERT_TRUE(testing::WaitUntil(
+          [&] { return testing::ReadFile(log).find("map service lost") != std::string::npos; },
+          30000));
+      StartMapService("map2.log");
+      // Re-registered: the second "registered with map service" line.
+      ASSERT_TRUE(testing::WaitUntil(
+          [&] {
+            const std::string text = testing::ReadFile(log);
+            const size_t first = text.find("registered with map service");
+            return first != std::string::npos &&
+                   text.find("registered with map service", first + 1) != std::string::npos;
+          },
+          30000));
+    }
+  });
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(f.tokens.size(), kTest.size());
+  const std::string log = testing::ReadFile(worker_logs_.back());
+  // Contexts of the dead period were dropped (refused by the socket, or dropped while the service
+  // was marked away), not queued.
+  EXPECT_EQ(log.find("0 dropped (map service away), 0 refused by the socket"), std::string::npos)
+      << log;
+  // The restarted service rebuilt its store from disk and guided the last prompts.
+  const std::string map2 = map_->Log();
+  EXPECT_EQ(map2.find(": 0 maps loaded"), std::string::npos) << map2;
+  EXPECT_NE(map2.find("registered group=g0"), std::string::npos) << map2;
+  EXPECT_EQ(log.find(" 0 directives"), std::string::npos) << log;
 }
 
 }  // namespace
