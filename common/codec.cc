@@ -202,6 +202,8 @@ flatbuffers::Offset<fb::Register> Build(Builder& fbb, const Register& m) {
   b.add_top_k(m.top_k);
   b.add_hidden_size(m.hidden_size);
   b.add_protocol_version(m.protocol_version);
+  b.add_semantic(m.semantic);
+  b.add_delta(m.delta);
   return b.Finish();
 }
 
@@ -555,6 +557,8 @@ bool Read(const fb::Register& t, const Checker& c, Register* m) {
   m->top_k = t.top_k();
   m->hidden_size = t.hidden_size();
   m->protocol_version = t.protocol_version();
+  m->semantic = t.semantic();
+  m->delta = t.delta();
   const DecodeLimits& l = c.limits();
   // A shape whose IterationStart/LayerObserved could never pass the limits is refused up front.
   return c.Version(m->protocol_version, "Register.protocol_version") &&

@@ -115,6 +115,9 @@ struct Register {
   uint32_t top_k = 0;        // K.
   uint32_t hidden_size = 0;  // h.
   uint32_t protocol_version = kProtocolVersion;
+  // How the service matches this rank's contexts (the fmoe-traj / fmoe-traj-sem ablations).
+  bool semantic = true;  // Semantic search at iteration start.
+  bool delta = true;     // Similarity-aware selection; off = exactly top-k.
 };
 
 // Map service -> rank, after the registration is durably recorded.

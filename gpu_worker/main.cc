@@ -80,6 +80,9 @@ int main(int argc, char** argv) {
   options.max_batch = static_cast<uint32_t>(group->max_batch);
   options.heartbeat_interval_ms = manifest.heartbeat.interval_ms;
   options.heartbeat_timeout_ms = manifest.heartbeat.timeout_ms;
+  // The ablations of the fmoe policy change how the map service matches this rank's contexts.
+  options.semantic = group->policy != "fmoe-traj";
+  options.delta = group->policy != "fmoe-traj-sem";
   spdlog::info(
       "effective config: group={} rank={}/{} device={} policy={} max_batch={} map_service={} "
       "router={} link={}GB/s+{}us cache={}",

@@ -152,6 +152,8 @@ void Worker::Tick() {
       reg.num_experts = model_.num_experts;
       reg.top_k = model_.top_k;
       reg.hidden_size = model_.hidden_size;
+      reg.semantic = options_.semantic;
+      reg.delta = options_.delta;
       s = map_socket_->Send(reg);
     } else {
       s = map_socket_->Send(RankHeartbeat{options_.group, options_.rank, instance_id_, ++map_.seq});

@@ -57,6 +57,8 @@ struct WorkerOptions {
   std::function<ExpertFigures()> expert_figures;
   // Where prefetch directives go (the expert cache); called on the control thread. Default: none
   std::function<void(const PrefetchDirective&)> on_directive;
+  bool semantic = true;         // Ask the map service for semantic matching. Default: on
+  bool delta = true;            // Ask for the similarity-aware selection. Default: on
   size_t context_queue = 4096;  // Contexts waiting to be sent; the oldest is dropped. Default: 4096
 };
 

@@ -206,8 +206,8 @@ RegisterAck MapService::OnRegister(const std::string& peer, const Register& reg)
   // A (re-)registration starts the rank's matching afresh.
   MatcherOptions mo;
   mo.prefetch_distance = static_cast<uint32_t>(options_.prefetch_distance);
-  mo.semantic = options_.semantic;
-  mo.delta = options_.delta;
+  mo.semantic = options_.semantic && reg.semantic;
+  mo.delta = options_.delta && reg.delta;
   mo.max_requests = options_.max_requests_per_rank;
   matchers_[peer] = std::make_unique<MapMatcher>(*(*model)->store, mo);
   ++counters_.registrations;

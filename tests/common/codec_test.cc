@@ -204,6 +204,15 @@ TEST(Codec, RoundTripRegister) {
               .hidden_size = 2048,
               .protocol_version = kProtocolVersion};
   auto out = RoundTripAs<Register, MapMessage>(in);
+  EXPECT_TRUE(out.semantic);
+  EXPECT_TRUE(out.delta);
+  in.semantic = false;
+  EXPECT_FALSE((RoundTripAs<Register, MapMessage>(in).semantic));
+  EXPECT_TRUE((RoundTripAs<Register, MapMessage>(in).delta));
+  in.semantic = true;
+  in.delta = false;
+  EXPECT_TRUE((RoundTripAs<Register, MapMessage>(in).semantic));
+  EXPECT_FALSE((RoundTripAs<Register, MapMessage>(in).delta));
   EXPECT_EQ(out.group, in.group);
   EXPECT_EQ(out.rank, in.rank);
   EXPECT_EQ(out.world_size, in.world_size);

@@ -5,6 +5,7 @@
 // is answered.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -77,13 +78,14 @@ class MapSource {
 // One rank's DEALER to the service.
 class Rank {
  public:
-  Rank(const std::string& endpoint, const std::string& id, uint32_t rank = 0, uint32_t world = 1) {
+  Rank(const std::string& endpoint, const std::string& id, uint32_t rank = 0, uint32_t world = 1,
+       const std::string& group = "g0") {
     wire::SocketOptions o;
     o.routing_id = id;
     auto s = wire::MapSocket::Connect(context_, wire::Role::kDealer, endpoint, o);
     EXPECT_TRUE(s.ok());
     socket_ = std::move(*s);
-    reg_.group = "g0";
+    reg_.group = group;
     reg_.rank = rank;
     reg_.world_size = world;
     reg_.instance_id = 7 + rank;
@@ -103,6 +105,7 @@ class Rank {
     }
     return false;
   }
+  fmoe::Register& registration() { return reg_; }
   void Send(const MapMessage& m) { ASSERT_TRUE(socket_->Send(m).ok()); }
   void SendRaw(std::span<const uint8_t> frame) { ASSERT_TRUE(socket_->SendRaw(frame).ok()); }
   // Streams one iteration's contexts.
@@ -172,11 +175,11 @@ std::string Describe(const std::vector<PrefetchDirective>& ds) {
 // Streams a probe request and collects its directives (d at iteration start plus one per
 // observed layer l < L - d, when the store is not empty) and the acknowledgement of its map.
 std::vector<PrefetchDirective> Probe(Rank& rank, uint64_t request, const Entry& e,
-                                     MapStored* stored = nullptr) {
+                                     MapStored* stored = nullptr, size_t expect = kL) {
   rank.Stream(request, 0, e, true);
   std::vector<PrefetchDirective> out;
   bool acked = false;
-  while (out.size() < kL || !acked) {
+  while (out.size() < expect || !acked) {
     auto m = rank.Receive(5000);
     if (!m) break;
     if (auto* d = std::get_if<PrefetchDirective>(&*m); d != nullptr && d->request_id == request) {
@@ -319,6 +322,48 @@ TEST_F(MapServiceTest, DirectivesReachEveryRankAndMapsAreAcknowledged) {
   EXPECT_GE(stats["counters"]["directives_sent"].get<int>(), 2 * static_cast<int>(kL));
   EXPECT_GE(stats["match_latency_us"]["count"].get<int>(), static_cast<int>(kL));
   EXPECT_EQ(stats["requests_in_flight"], 0);
+}
+
+// The fmoe-traj and fmoe-traj-sem ablations: a rank registered without semantic matching gets
+// no directives at iteration start; one without delta gets exactly top-k experts.
+TEST_F(MapServiceTest, RegistrationChoosesTheMatching) {
+  const int port = FreeTcpPort();
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+  auto service = StartService(WriteManifest("m", port, 100), "ms.log");
+  Rank full(endpoint, "w/g0/0");
+  Rank traj(endpoint, "w/traj/0", 0, 1, "traj");
+  traj.registration().semantic = false;
+  Rank nodelta(endpoint, "w/nodelta/0", 0, 1, "nodelta");
+  nodelta.registration().delta = false;
+  ASSERT_TRUE(full.Join()) << service->Log();
+  ASSERT_TRUE(traj.Join());
+  ASSERT_TRUE(nodelta.Join());
+  MapSource source(9);
+  for (uint64_t req = 1; req <= 10; ++req) full.Stream(req, 0, source.Next(), true);
+  ASSERT_TRUE(
+      testing::WaitUntil([&] { return full.Stats()["counters"]["maps_stored"] == 10; }, 10000));
+  const Entry probe = source.Next();
+  auto got = Probe(traj, 100, probe, nullptr, kL - kD);
+  ASSERT_EQ(got.size(), kL - kD);
+  for (const auto& d : got) EXPECT_GE(d.target_layer, kD);
+  EXPECT_FALSE(traj.Receive(300).has_value());  // Nothing more.
+  // Probe with an unlikely map (low similarity): with delta, more than top-k experts.
+  // An embedding opposite to every stored one: semantic score near -1, delta 1.
+  Entry odd = probe;
+  std::reverse(odd.map.begin(), odd.map.end());
+  for (float& x : odd.sem) x = -x;
+  got = Probe(full, 102, odd);
+  ASSERT_EQ(got.size(), kL);
+  size_t wider = 0;
+  for (const auto& d : got) wider += d.entries.size() > kK;
+  EXPECT_GT(wider, 0u) << Describe(got);
+  // Another unlikely map (the one above is stored now) for the rank without delta.
+  Entry odd2 = source.Next();
+  std::reverse(odd2.map.begin(), odd2.map.end());
+  for (float& x : odd2.sem) x = -x;
+  got = Probe(nodelta, 101, odd2);
+  ASSERT_EQ(got.size(), kL);
+  for (const auto& d : got) EXPECT_EQ(d.entries.size(), kK) << Describe(got);
 }
 
 TEST_F(MapServiceTest, AcknowledgedMapsSurviveKillNineCycles) {
