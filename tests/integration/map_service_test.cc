@@ -380,7 +380,9 @@ TEST_F(MapServiceTest, AcknowledgedMapsSurviveKillNineCycles) {
   for (int cycle = 0; cycle < 20; ++cycle) {
     SCOPED_TRACE("cycle " + std::to_string(cycle));
     auto service = StartService(manifest, "ms" + std::to_string(cycle) + ".log");
-    Rank rank(endpoint, "w/g0/0");
+    // Distinct routing ids: a client of an earlier cycle reconnects to the new service too, and
+    // must not take over this one's id.
+    Rank rank(endpoint, "w/g0/0/c" + std::to_string(cycle));
     ASSERT_TRUE(rank.Join()) << service->Log();
 
     // After a restart: every acknowledged map is there, intact, in the export.
@@ -427,14 +429,14 @@ TEST_F(MapServiceTest, AcknowledgedMapsSurviveKillNineCycles) {
     // service matches exactly as a reference over the rows from before the kill.
     if (cycle % 5 == 4) {
       auto quiet = StartService(manifest, "quiet" + std::to_string(cycle) + ".log");
-      Rank q(endpoint, "w/g0/0");
+      Rank q(endpoint, "w/g0/0/q" + std::to_string(cycle));
       ASSERT_TRUE(q.Join()) << quiet->Log();
       ASSERT_TRUE(q.Admin(ex).has_value());
       auto rows_before = ReadExport(ex.path);
       quiet->Signal(SIGKILL);
       quiet->Wait(5000);
       auto again = StartService(manifest, "again" + std::to_string(cycle) + ".log");
-      Rank a(endpoint, "w/g0/0");
+      Rank a(endpoint, "w/g0/0/a" + std::to_string(cycle));
       ASSERT_TRUE(a.Join()) << again->Log();
       ASSERT_TRUE(a.Admin(ex).has_value());
       auto rows_after = ReadExport(ex.path);
