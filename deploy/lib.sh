@@ -6,6 +6,9 @@ FMOE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Debian packages the build, the services and the tests need.
 FMOE_PACKAGES=(
   build-essential cmake ninja-build pkg-config ccache git ca-certificates
+  # The fuzz build: libclang-rt-dev (libFuzzer, the sanitizer runtimes) is only a Recommends of
+  # clang, and we install without recommends.
+  clang libclang-rt-dev
   libtorch-dev
   libzmq3-dev cppzmq-dev
   libflatbuffers-dev flatbuffers-compiler

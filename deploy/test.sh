@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Quick start, command 2: installs what is missing, builds, and runs the whole test suite:
 #   1. the full build (LibTorch, CUDA sources when nvcc is present), warnings as errors, ctest;
-#   2. an ASan+UBSan build of the Torch-free libraries and their tests, ctest.
+#   2. an ASan+UBSan build of the Torch-free libraries and their tests, ctest;
+#   3. a clang build of the libFuzzer targets (tests/fuzz/), ctest -L fuzz: a short fuzz run of
+#      the wire decoder from generated seeds.
 # Exits non-zero on any failure.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -19,5 +21,11 @@ fmoe_log "running the sanitizer suite (build-asan/: ASan+UBSan, Torch-free)"
 (cd "$FMOE_ROOT/build-asan" && \
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --output-on-failure --timeout 900 -j 2)
+
+fmoe_build "$FMOE_ROOT/build-fuzz" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DFMOE_FUZZ=ON -DFMOE_TORCH=OFF -DFMOE_CUDA=OFF -DFMOE_BUILD_BENCH=OFF -DFMOE_BUILD_TESTS=OFF \
+  -DFMOE_WERROR=ON -- codec_fuzz make_corpus
+fmoe_log "running the fuzz suite (build-fuzz/: libFuzzer+ASan+UBSan, clang)"
+(cd "$FMOE_ROOT/build-fuzz" && ctest --output-on-failure -L fuzz)
 
 fmoe_log "all tests passed in $(( $(date +%s) - start )) s"
