@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <rocksdb/db.h>
 #include <nlohmann/json.hpp>
 
 #include "common/wire.h"
@@ -570,6 +571,91 @@ TEST_F(MapServiceTest, FmoeMapsShowsExportsAndImports) {
       testing::RunCommand({fmoe, "maps", manifest, "--model", "1234", "--export", "/tmp/x"}, 20000);
   EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("model 0000000000001234 is not stored"), std::string::npos) << out;
+}
+
+// Corrupt RocksDB records (garbage, a map of the wrong shape, an id that is not its key, junk in
+// the default column family) are reported and skipped at start; every other map loads, and
+// the service serves and stores new maps with fresh ids.
+TEST_F(MapServiceTest, CorruptRecordsAreSkippedAndReported) {
+  const int port = FreeTcpPort();
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+  const std::string manifest = WriteManifest("m", port, 100);
+  MapSource source(11);
+  std::vector<uint64_t> ids;
+  {
+    auto service = StartService(manifest, "ms1.log");
+    Rank r(endpoint, "w/g0/0/1");
+    ASSERT_TRUE(r.Join()) << service->Log();
+    for (uint64_t req = 1; req <= 10; ++req) {
+      r.Stream(req, 0, source.Next(), true);
+      for (;;) {
+        auto m = r.Receive(5000);
+        ASSERT_TRUE(m.has_value());
+        if (auto* st = std::get_if<MapStored>(&*m)) {
+          ids.push_back(st->entry_id);
+          break;
+        }
+      }
+    }
+    service->Signal(SIGKILL);
+    service->Wait(5000);
+  }
+  {
+    // Damage the database directly.
+    const std::string path = dir_ + "/maps";
+    std::vector<std::string> names;
+    ASSERT_TRUE(rocksdb::DB::ListColumnFamilies(rocksdb::Options(), path, &names).ok());
+    std::vector<rocksdb::ColumnFamilyDescriptor> families;
+    for (const auto& n : names) families.emplace_back(n, rocksdb::ColumnFamilyOptions());
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), path, families, &handles, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    rocksdb::ColumnFamilyHandle* maps = nullptr;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i].rfind("maps/", 0) == 0) maps = handles[i];
+    }
+    ASSERT_NE(maps, nullptr);
+    auto key = [](uint64_t id) {
+      std::string k(8, '\0');
+      for (int i = 0; i < 8; ++i) k[static_cast<size_t>(i)] = static_cast<char>(id >> (56 - 8 * i));
+      return k;
+    };
+    std::string value;
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), maps, key(ids[3]), &value).ok());
+    // Garbage under a real id; a real record under a key that is not its id; a truncated one.
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), maps, key(ids[2]), "not a record at all").ok());
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), maps, key(999999), value).ok());
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), maps, key(ids[5]), value.substr(0, 40)).ok());
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), maps, "short", value).ok());
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), "model/zz", "junk").ok());
+    for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
+    ASSERT_TRUE(db->Close().ok());
+  }
+  auto service = StartService(manifest, "ms2.log");
+  Rank r(endpoint, "w/g0/0/2");
+  ASSERT_TRUE(r.Join()) << service->Log();
+  const std::string log = service->Log();
+  size_t reported = 0;
+  for (size_t at = log.find("skipped corrupt record"); at != std::string::npos;
+       at = log.find("skipped corrupt record", at + 1)) {
+    ++reported;
+  }
+  EXPECT_EQ(reported, 5u) << log;
+  EXPECT_NE(log.find("/999999: holds id " + std::to_string(ids[3])), std::string::npos) << log;
+  EXPECT_NE(log.find("model/zz"), std::string::npos) << log;
+  EXPECT_NE(log.find("8 maps loaded"), std::string::npos) << log;
+  // It serves, and a new map gets an id beyond every stored one.
+  r.Stream(100, 0, source.Next(), true);
+  for (;;) {
+    auto m = r.Receive(5000);
+    ASSERT_TRUE(m.has_value());
+    if (auto* st = std::get_if<MapStored>(&*m)) {
+      EXPECT_GT(st->entry_id, ids.back());
+      break;
+    }
+  }
+  EXPECT_EQ(r.Stats()["models"][0]["maps"], 9);
 }
 
 TEST_F(MapServiceTest, BadFramesAndWrongShapesAreCountedWhileValidTrafficFlows) {
