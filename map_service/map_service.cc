@@ -28,6 +28,7 @@ Status MapService::Start() {
   for (const auto& bad : contents.corrupt) {
     spdlog::error("store: skipped corrupt record {}", bad);
   }
+  size_t corrupt_maps = 0;
   for (const auto& m : contents.models) {
     models_[m.fingerprint] = m;
     FMOE_ASSIGN_OR_RETURN(ModelMaps * model, OpenModel(m));
@@ -35,6 +36,7 @@ Status MapService::Start() {
                           db_->LoadMaps(m.fingerprint, m.hidden_size,
                                         static_cast<size_t>(m.num_layers) * m.num_experts));
     for (const auto& bad : maps.corrupt) spdlog::error("store: skipped corrupt record {}", bad);
+    corrupt_maps += maps.corrupt.size();
     size_t beyond = 0;
     for (const MapRow& row : maps.maps) {
       model->next_id = std::max(model->next_id, row.id + 1);
@@ -56,7 +58,7 @@ Status MapService::Start() {
   }
   spdlog::info("store: opened {}: {} models, {} past rank registrations, {} corrupt records",
                options_.data_dir, contents.models.size(), contents.ranks.size(),
-               contents.corrupt.size());
+               contents.corrupt.size() + corrupt_maps);
   FMOE_ASSIGN_OR_RETURN(socket_,
                         wire::MapSocket::Bind(context_, wire::Role::kRouter, options_.endpoint));
   spdlog::info("listening on {}", options_.endpoint);

@@ -645,6 +645,7 @@ TEST_F(MapServiceTest, CorruptRecordsAreSkippedAndReported) {
   EXPECT_NE(log.find("/999999: holds id " + std::to_string(ids[3])), std::string::npos) << log;
   EXPECT_NE(log.find("model/zz"), std::string::npos) << log;
   EXPECT_NE(log.find("8 maps loaded"), std::string::npos) << log;
+  EXPECT_NE(log.find("5 corrupt records"), std::string::npos) << log;
   // It serves, and a new map gets an id beyond every stored one.
   r.Stream(100, 0, source.Next(), true);
   for (;;) {
