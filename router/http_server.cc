@@ -2,6 +2,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <deque>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -19,10 +22,51 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
-// One connection: read a request, answer it, repeat while keep-alive.
+class Session;
+
+// The responder of one request: forwards every call to its session's strand.
+class Exchange final : public HttpResponder {
+ public:
+  Exchange(std::shared_ptr<Session> session, uint64_t serial)
+      : session_(std::move(session)), serial_(serial) {}
+  ~Exchange() override;
+
+  void Respond(HttpResponse response) override;
+  void BeginStream(int status, const std::string& content_type,
+                   std::vector<std::pair<std::string, std::string>> headers) override;
+  void Write(std::string chunk) override;
+  void End() override;
+  void OnClose(std::function<void()> callback) override;
+  bool closed() const override { return closed_.load(); }
+
+  // Strand only.
+  void MarkClosed() {
+    closed_ = true;
+    std::function<void()> cb;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cb = std::move(on_close_);
+      on_close_ = nullptr;
+    }
+    if (cb) cb();
+  }
+  bool answered() const { return answered_.load(); }
+
+ private:
+  friend class Session;
+  std::shared_ptr<Session> session_;
+  uint64_t serial_;
+  std::atomic<bool> closed_{false};
+  std::atomic<bool> answered_{false};  // Respond or BeginStream was called.
+  std::mutex mu_;
+  std::function<void()> on_close_;  // GUARDED_BY(mu_)
+};
+
+// One connection: read a request, hand it to the handler, write its answer (whole or chunked)
+// while watching the socket for the client leaving, repeat while keep-alive.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, const HttpServerOptions& options, const HttpHandler& handler,
+  Session(tcp::socket socket, const HttpServerOptions& options, const AsyncHttpHandler& handler,
           std::atomic<int>& open)
       : stream_(std::move(socket)), options_(options), handler_(handler), open_(open) {
     ++open_;
@@ -37,8 +81,76 @@ class Session : public std::enable_shared_from_this<Session> {
                    beast::bind_front_handler(&Session::Read, shared_from_this()));
   }
 
+  // Posted by Exchange; run on the strand. `serial` guards against a stale responder.
+  void Post(std::function<void()> fn) { asio::post(stream_.get_executor(), std::move(fn)); }
+
+  void DoRespond(uint64_t serial, HttpResponse res) {
+    if (serial != serial_ || state_ != State::kWaiting) return;
+    state_ = State::kFinal;
+    auto out = std::make_shared<http::response<http::string_body>>();
+    out->version(11);
+    out->result(static_cast<unsigned>(res.status));
+    out->set(http::field::server, "fmoe");
+    out->set(http::field::content_type, res.content_type);
+    for (const auto& [k, v] : res.headers) out->set(k, v);
+    out->body() = std::move(res.body);
+    out->keep_alive(keep_alive_);
+    out->prepare_payload();
+    stream_.expires_after(std::chrono::seconds(options_.idle_timeout_s));
+    http::async_write(stream_, *out,
+                      [self = shared_from_this(), out](beast::error_code ec, std::size_t) {
+                        self->Written(ec, /*last=*/true);
+                      });
+  }
+
+  void DoBeginStream(uint64_t serial, int status, const std::string& content_type,
+                     const std::vector<std::pair<std::string, std::string>>& headers) {
+    if (serial != serial_ || state_ != State::kWaiting) return;
+    if (closed_) {
+      state_ = State::kDone;
+      return Close();
+    }
+    state_ = State::kStreaming;
+    std::string head = "HTTP/1.1 " + std::to_string(status) + " " +
+                       std::string(http::obsolete_reason(static_cast<http::status>(status))) +
+                       "\r\nServer: fmoe\r\nContent-Type: " + content_type +
+                       "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
+    for (const auto& [k, v] : headers) head += k + ": " + v + "\r\n";
+    head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    Queue(std::move(head), false);
+  }
+
+  void DoWrite(uint64_t serial, std::string chunk) {
+    if (serial != serial_ || state_ != State::kStreaming || chunk.empty() || closed_) return;
+    char size[20];
+    std::snprintf(size, sizeof(size), "%zx\r\n", chunk.size());
+    Queue(std::string(size) + chunk + "\r\n", false);
+  }
+
+  void DoEnd(uint64_t serial) {
+    if (serial != serial_ || state_ != State::kStreaming) return;
+    if (closed_) {
+      state_ = State::kDone;
+      if (!writing_) Close();
+      return;
+    }
+    state_ = State::kFinal;
+    Queue("0\r\n\r\n", true);
+  }
+
+  void DoOnClosed(uint64_t serial) {
+    if (serial == serial_ && closed_) {
+      if (auto e = exchange_.lock()) e->MarkClosed();
+    }
+  }
+
+  bool closed() const { return closed_; }
+
  private:
+  enum class State { kReading, kWaiting, kStreaming, kFinal, kDone };
+
   void Read() {
+    state_ = State::kReading;
     parser_.emplace();
     parser_->body_limit(options_.max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(options_.max_header_bytes));
@@ -52,22 +164,23 @@ class Session : public std::enable_shared_from_this<Session> {
         ec == asio::error::connection_reset || ec == asio::error::operation_aborted) {
       return Close();
     }
+    keep_alive_ = false;
+    ++serial_;
+    state_ = State::kWaiting;
     if (ec == http::error::body_limit) {
-      return Send(ErrorResponse(413,
-                                "request body is larger than the limit of " +
-                                    std::to_string(options_.max_body_bytes) + " bytes",
-                                "invalid_request_error", "body_too_large"),
-                  /*keep_alive=*/false);
+      return DoRespond(serial_,
+                       ErrorResponse(413,
+                                     "request body is larger than the limit of " +
+                                         std::to_string(options_.max_body_bytes) + " bytes",
+                                     "invalid_request_error", "body_too_large"));
     }
     if (ec == http::error::header_limit) {
-      return Send(
-          ErrorResponse(431, "request headers are larger than the limit", "invalid_request_error"),
-          false);
+      return DoRespond(serial_, ErrorResponse(431, "request headers are larger than the limit",
+                                              "invalid_request_error"));
     }
     if (ec) {
-      return Send(
-          ErrorResponse(400, "malformed HTTP request: " + ec.message(), "invalid_request_error"),
-          false);
+      return DoRespond(serial_, ErrorResponse(400, "malformed HTTP request: " + ec.message(),
+                                              "invalid_request_error"));
     }
     const auto& msg = parser_->get();
     HttpRequest req;
@@ -81,33 +194,86 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     req.body = msg.body();
     req.remote = remote_;
-    bool keep_alive = msg.keep_alive();
-    HttpResponse res;
+    keep_alive_ = msg.keep_alive();
+    // While the handler works, the answer may take long: no idle timeout, and watch the socket.
+    stream_.expires_never();
+    auto exchange = std::make_shared<Exchange>(shared_from_this(), serial_);
+    exchange_ = exchange;
+    Watch();
     try {
-      res = handler_(req);
+      handler_(req, exchange);
     } catch (const std::exception& e) {
       spdlog::error("handler failed on {} {}: {}", req.method, req.path, e.what());
-      res = ErrorResponse(500, "internal error", "server_error");
+      exchange->Respond(ErrorResponse(500, "internal error", "server_error"));
     }
-    Send(std::move(res), keep_alive);
   }
 
-  void Send(HttpResponse res, bool keep_alive) {
-    auto out = std::make_shared<http::response<http::string_body>>();
-    out->version(11);
-    out->result(static_cast<unsigned>(res.status));
-    out->set(http::field::server, "fmoe");
-    out->set(http::field::content_type, res.content_type);
-    for (const auto& [k, v] : res.headers) out->set(k, v);
-    out->body() = std::move(res.body);
-    out->keep_alive(keep_alive);
-    out->prepare_payload();
+  // A read that only notices the client leaving (or keeps the bytes of a pipelined request).
+  void Watch() {
+    watching_ = true;
+    stream_.async_read_some(
+        buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+          self->watching_ = false;
+          if (!ec) {
+            self->buffer_.commit(n);  // A pipelined request: parsed when this one is done.
+            if (self->state_ == State::kDone) self->Read();
+            return;
+          }
+          if (ec == asio::error::operation_aborted && self->state_ == State::kDone) {
+            self->Read();  // Cancelled after the answer: next request.
+            return;
+          }
+          if (self->state_ == State::kDone) return;
+          // The client left (or half-closed) before its answer was complete: its work can stop.
+          // A whole response already on its way is still written; a stream is not continued.
+          self->closed_ = true;
+          if (auto e = self->exchange_.lock()) e->MarkClosed();
+          if (self->state_ == State::kStreaming && !self->writing_) self->Close();
+        });
+  }
+
+  void Queue(std::string bytes, bool last) {
+    out_.push_back({std::make_shared<std::string>(std::move(bytes)), last});
+    if (!writing_) WriteNext();
+  }
+
+  void WriteNext() {
+    if (out_.empty()) {
+      writing_ = false;
+      return;
+    }
+    writing_ = true;
+    auto piece = out_.front();
+    out_.pop_front();
     stream_.expires_after(std::chrono::seconds(options_.idle_timeout_s));
-    http::async_write(stream_, *out,
-                      [self = shared_from_this(), out](beast::error_code ec, std::size_t) {
-                        if (ec || !out->keep_alive()) return self->Close();
-                        self->Read();
+    asio::async_write(stream_, asio::buffer(*piece.bytes),
+                      [self = shared_from_this(), piece](beast::error_code ec, std::size_t) {
+                        self->Written(ec, piece.last);
                       });
+  }
+
+  void Written(beast::error_code ec, bool last) {
+    if (ec) {
+      writing_ = false;
+      out_.clear();
+      closed_ = true;
+      if (auto e = exchange_.lock()) e->MarkClosed();
+      return Close();
+    }
+    if (!last) {
+      if (out_.empty()) stream_.expires_never();  // Waiting for the next chunk.
+      return WriteNext();
+    }
+    writing_ = false;
+    state_ = State::kDone;
+    exchange_.reset();
+    if (!keep_alive_ || closed_) return Close();
+    if (watching_) {
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);  // The watch completes, then reads the next request.
+    } else {
+      Read();
+    }
   }
 
   void Close() {
@@ -115,14 +281,71 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
   }
 
+  struct Piece {
+    std::shared_ptr<std::string> bytes;
+    bool last = false;
+  };
+
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   const HttpServerOptions& options_;
-  const HttpHandler& handler_;
+  const AsyncHttpHandler& handler_;
   std::atomic<int>& open_;
   std::string remote_;
+  // Strand only.
+  State state_ = State::kReading;
+  uint64_t serial_ = 0;  // Of the request being answered.
+  bool keep_alive_ = false;
+  bool watching_ = false;
+  bool writing_ = false;
+  bool closed_ = false;
+  std::deque<Piece> out_;
+  std::weak_ptr<Exchange> exchange_;
 };
+
+Exchange::~Exchange() {
+  if (!answered_) {
+    // Released without an answer: a bug in a handler, answered rather than left hanging.
+    session_->Post([s = session_, serial = serial_] {
+      s->DoRespond(serial, ErrorResponse(500, "internal error: no response", "server_error"));
+    });
+  }
+}
+
+void Exchange::Respond(HttpResponse response) {
+  if (answered_.exchange(true)) return;
+  session_->Post([s = session_, serial = serial_, r = std::move(response)]() mutable {
+    s->DoRespond(serial, std::move(r));
+  });
+}
+
+void Exchange::BeginStream(int status, const std::string& content_type,
+                           std::vector<std::pair<std::string, std::string>> headers) {
+  if (answered_.exchange(true)) return;
+  session_->Post([s = session_, serial = serial_, status, content_type, h = std::move(headers)] {
+    s->DoBeginStream(serial, status, content_type, h);
+  });
+}
+
+void Exchange::Write(std::string chunk) {
+  session_->Post([s = session_, serial = serial_, c = std::move(chunk)]() mutable {
+    s->DoWrite(serial, std::move(c));
+  });
+}
+
+void Exchange::End() {
+  session_->Post([s = session_, serial = serial_] { s->DoEnd(serial); });
+}
+
+void Exchange::OnClose(std::function<void()> callback) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_close_ = std::move(callback);
+  }
+  // Already gone: run it on the strand now.
+  session_->Post([s = session_, serial = serial_] { s->DoOnClosed(serial); });
+}
 
 }  // namespace
 
@@ -142,7 +365,7 @@ HttpResponse ErrorResponse(int status, const std::string& message, const std::st
 
 struct HttpServer::Impl {
   HttpServerOptions options;
-  HttpHandler handler;
+  AsyncHttpHandler handler;
   asio::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::atomic<int> open_sessions{0};
@@ -174,11 +397,18 @@ struct HttpServer::Impl {
   }
 };
 
-HttpServer::HttpServer(HttpServerOptions options, HttpHandler handler)
+HttpServer::HttpServer(HttpServerOptions options, AsyncHttpHandler handler)
     : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
   impl_->handler = std::move(handler);
 }
+
+HttpServer::HttpServer(HttpServerOptions options, HttpHandler handler)
+    : HttpServer(std::move(options),
+                 AsyncHttpHandler([h = std::move(handler)](const HttpRequest& request,
+                                                           std::shared_ptr<HttpResponder> r) {
+                   r->Respond(h(request));
+                 })) {}
 
 HttpServer::~HttpServer() = default;
 

@@ -4,6 +4,11 @@
 // block. Errors the server itself detects (bad framing, body too large) are answered with the
 // OpenAI error object. Start() binds; Run() drives the io_context on the calling thread plus
 // `threads - 1` more; Stop() may be called from any thread.
+//
+// A handler answers at once (HttpHandler) or later, from any thread, through an HttpResponder
+// (AsyncHttpHandler): one whole response, or a chunked stream (server-sent events). While a
+// request waits for its answer the connection is watched, so a client that goes away is noticed
+// at once (OnClose) and its work can be cancelled.
 #pragma once
 
 #include <cstdint>
@@ -49,9 +54,32 @@ struct HttpServerOptions {
 
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 
+// The answer to one request. Any thread; every call is carried out on the connection's strand,
+// in call order. Exactly one of: Respond, or BeginStream + Write... + End. Calls after the
+// answer is complete, or after the client left, are ignored. A responder released without an
+// answer sends 500.
+class HttpResponder {
+ public:
+  virtual ~HttpResponder() = default;
+  virtual void Respond(HttpResponse response) = 0;
+  // Starts a chunked response, e.g. "text/event-stream".
+  virtual void BeginStream(int status, const std::string& content_type,
+                           std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
+  virtual void Write(std::string chunk) = 0;
+  virtual void End() = 0;
+  // `callback` runs once, on an io thread, if the client disconnects before the answer is
+  // complete (at once if it already has).
+  virtual void OnClose(std::function<void()> callback) = 0;
+  virtual bool closed() const = 0;
+};
+
+using AsyncHttpHandler =
+    std::function<void(const HttpRequest&, std::shared_ptr<HttpResponder> responder)>;
+
 class HttpServer {
  public:
   HttpServer(HttpServerOptions options, HttpHandler handler);
+  HttpServer(HttpServerOptions options, AsyncHttpHandler handler);
   ~HttpServer();
 
   // Binds and listens. Error: kAlreadyExists "cannot listen on 127.0.0.1:8000: address already
