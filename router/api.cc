@@ -1,27 +1,71 @@
 #include "router/api.h"
 
+#include <chrono>
+
 #include <nlohmann/json.hpp>
 
 #include "common/model_config.h"
+#include "router/completions.h"
 
 namespace fmoe {
+namespace {
 
-RouterApi::RouterApi(RouterApiOptions options, const WorkerLink& link)
-    : options_(std::move(options)), link_(link) {}
+HttpResponse MethodNotAllowed(const HttpRequest& request, const std::string& allow) {
+  HttpResponse res = ErrorResponse(
+      405,
+      "method " + request.method + " is not allowed on " + request.path + " (use " + allow + ")",
+      "invalid_request_error", "method_not_allowed");
+  res.headers.emplace_back("Allow", allow);
+  return res;
+}
 
-HttpResponse RouterApi::Handle(const HttpRequest& request) const {
+}  // namespace
+
+RouterApi::RouterApi(RouterApiOptions options, const WorkerLink& link, Completions* completions)
+    : options_(std::move(options)), link_(link), completions_(completions) {
+  created_ = std::chrono::duration_cast<std::chrono::seconds>(
+                 std::chrono::system_clock::now().time_since_epoch())
+                 .count();
+}
+
+void RouterApi::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) const {
+  if (request.path == "/v1/completions") {
+    if (request.method != "POST") {
+      responder->Respond(MethodNotAllowed(request, "POST"));
+    } else if (completions_ == nullptr) {
+      responder->Respond(ErrorResponse(503, "this router serves no model", "service_unavailable"));
+    } else {
+      completions_->Handle(request, std::move(responder));
+    }
+    return;
+  }
+  responder->Respond(HandleNow(request));
+}
+
+HttpResponse RouterApi::HandleNow(const HttpRequest& request) const {
   if (request.path == "/health") {
     if (request.method != "GET" && request.method != "HEAD") {
-      HttpResponse res = ErrorResponse(
-          405, "method " + request.method + " is not allowed on " + request.path + " (use GET)",
-          "invalid_request_error", "method_not_allowed");
-      res.headers.emplace_back("Allow", "GET, HEAD");
-      return res;
+      return MethodNotAllowed(request, "GET, HEAD");
     }
     return Health();
   }
+  if (request.path == "/v1/models") {
+    if (request.method != "GET") return MethodNotAllowed(request, "GET");
+    return Models();
+  }
   return ErrorResponse(404, "no route " + request.method + " " + request.path,
                        "invalid_request_error", "not_found");
+}
+
+HttpResponse RouterApi::Models() const {
+  nlohmann::json model = {{"id", options_.model_name},
+                          {"object", "model"},
+                          {"created", created_},
+                          {"owned_by", "fmoe"},
+                          {"max_model_len", options_.context_length}};
+  HttpResponse res;
+  res.body = nlohmann::json{{"object", "list"}, {"data", nlohmann::json::array({model})}}.dump();
+  return res;
 }
 
 HttpResponse RouterApi::Health() const {
@@ -34,7 +78,9 @@ HttpResponse RouterApi::Health() const {
               {"world_size", g.world_size},
               {"max_batch", g.max_batch},
               {"free_slots", g.free_slots},
-              {"active_requests", g.active_requests}};
+              {"active_requests", g.active_requests},
+              {"queued", g.queued},
+              {"running", g.running}};
     j["last_heartbeat_ms"] = g.silence_ms >= 0 ? Json(g.silence_ms) : Json(nullptr);
     j["instance"] = g.instance_id ? Json(FingerprintHex(g.instance_id)) : Json(nullptr);
     j["model_fingerprint"] =

@@ -1,7 +1,7 @@
-// The router's HTTP routes. Handlers only read the ClusterView snapshot and never block.
-// GET /health: 200 with groups and the map service when at least one group is alive, 503 with
-// the reason otherwise. Every other route answers 404 with the OpenAI error object. The
-// OpenAI-compatible completion routes arrive with the router issue.
+// The router's HTTP routes; none blocks. GET /health: 200 with groups and the map service when
+// at least one group is alive, 503 with the reason otherwise. GET /v1/models: the served model.
+// POST /v1/completions: router/completions.h. A known route with the wrong method answers 405,
+// every other route 404, both with the OpenAI error object.
 #pragma once
 
 #include <string>
@@ -12,20 +12,29 @@
 namespace fmoe {
 
 struct RouterApiOptions {
-  std::string model_name;  // Served model id.
+  std::string model_name;       // Served model id.
+  uint32_t context_length = 0;  // For /v1/models.
 };
+
+class Completions;
 
 class RouterApi {
  public:
-  RouterApi(RouterApiOptions options, const WorkerLink& link);
+  // `completions` may be null (no model loaded in this router): its route then answers 503.
+  RouterApi(RouterApiOptions options, const WorkerLink& link, Completions* completions = nullptr);
   // Thread-safe.
-  HttpResponse Handle(const HttpRequest& request) const;
+  void Handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) const;
+  // The routes that answer at once.
+  HttpResponse HandleNow(const HttpRequest& request) const;
 
  private:
   HttpResponse Health() const;
+  HttpResponse Models() const;
 
   RouterApiOptions options_;
   const WorkerLink& link_;
+  Completions* completions_;
+  int64_t created_ = 0;
 };
 
 }  // namespace fmoe

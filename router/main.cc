@@ -8,9 +8,12 @@
 
 #include "common/log.h"
 #include "common/manifest.h"
+#include "common/model_config.h"
 #include "common/process_util.h"
 #include "common/service_setup.h"
+#include "common/tokenizer.h"
 #include "router/api.h"
+#include "router/completions.h"
 #include "router/http_server.h"
 #include "router/worker_link.h"
 
@@ -43,7 +46,10 @@ int main(int argc, char** argv) {
   link_options.worker_endpoint = manifest.router.worker_endpoint;
   link_options.map_service_endpoint = manifest.map_service.endpoint;
   link_options.model_name = manifest.model.name;
-  for (const auto& g : manifest.worker_groups) link_options.group_names.push_back(g.name);
+  for (const auto& g : manifest.worker_groups) {
+    link_options.group_names.push_back(g.name);
+    link_options.queue_limits.push_back(g.queue_limit);
+  }
   link_options.heartbeat_interval_ms = manifest.heartbeat.interval_ms;
   link_options.heartbeat_timeout_ms = manifest.heartbeat.timeout_ms;
   spdlog::info(
@@ -59,8 +65,28 @@ int main(int argc, char** argv) {
     spdlog::error("{}", s.message());
     return 1;
   }
-  RouterApi api({manifest.model.name}, link);
-  HttpServer server(http, [&api](const HttpRequest& r) { return api.Handle(r); });
+  // The router tokenizes and detokenizes: it loads the model's shape and tokenizer (no weights).
+  auto model = LoadModelInfo(manifest.model.path);
+  if (!model.ok()) {
+    spdlog::error("{}", model.status().message());
+    return 1;
+  }
+  auto tokenizer = Tokenizer::Load(model->dir);
+  if (!tokenizer.ok()) {
+    spdlog::error("{}", tokenizer.status().message());
+    return 1;
+  }
+  CompletionsOptions completions_options;
+  completions_options.model_name = manifest.model.name;
+  completions_options.context_length = model->max_position_embeddings;
+  completions_options.request_timeout_ms =
+      static_cast<int64_t>(manifest.router.request_timeout_s * 1000.0);
+  Completions completions(completions_options, **tokenizer, link);
+  RouterApi api({manifest.model.name, model->max_position_embeddings}, link, &completions);
+  HttpServer server(http, AsyncHttpHandler([&api](const HttpRequest& r,
+                                                  std::shared_ptr<HttpResponder> responder) {
+                      api.Handle(r, std::move(responder));
+                    }));
   if (Status s = server.Start(); !s.ok()) {
     spdlog::error("{}", s.message());
     return 1;

@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/process_util.h"
+
 namespace fmoe {
 
 int ClusterView::alive_groups() const {
@@ -32,6 +34,9 @@ std::string ClusterView::UnavailableReason() const {
 
 WorkerLink::WorkerLink(WorkerLinkOptions options, const Clock& clock)
     : options_(std::move(options)), clock_(clock), leaders_(clock, options_.heartbeat_timeout_ms) {
+  options_.queue_limits.resize(options_.group_names.size(), 64);
+  // Ids start at a random point: a restarted router never reuses an id a leader still runs.
+  next_id_ = (RandomId() & 0xffffffffull) << 31 | 1;
   Publish();
 }
 
@@ -56,8 +61,10 @@ std::shared_ptr<const ClusterView> WorkerLink::View() const {
 void WorkerLink::Run(const std::atomic<bool>& stop) {
   std::vector<wire::SocketBase*> sockets = {workers_.get(), map_service_.get()};
   std::vector<bool> readable;
+  bool notified = false;
   while (!stop) {
-    auto polled = wire::Poll(sockets, 50, &readable);
+    auto polled = wire::Poll(sockets, 50, &readable, &notifier_, &notified);
+    if (polled.ok() && notified) notifier_.Drain();
     if (polled.ok() && *polled > 0) {
       if (readable[0]) {
         while (auto in = workers_->Receive(0)) HandleWorker(in->peer, in->message);
@@ -74,10 +81,202 @@ void WorkerLink::Run(const std::atomic<bool>& stop) {
       last_seen_by_group_[entry.info.group] = entry.last_seen_ms;
       spdlog::warn("group={} lost: no heartbeat for {} ms (instance={:016x})", entry.info.group,
                    clock_.NowMs() - entry.last_seen_ms, entry.info.instance_id);
+      GroupLost(entry.info.group);
     }
     if (clock_.NowMs() - last_ping_ms_ >= options_.heartbeat_interval_ms) PingMapService();
     Publish();
+    Dispatch();
   }
+  // Requests still open end now: the router is stopping.
+  std::vector<uint64_t> open;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, r] : requests_) open.push_back(id);
+  }
+  for (uint64_t id : open) Finish(id, FinishReason::kError, "the router is stopping");
+}
+
+Result<uint64_t> WorkerLink::Submit(Generate request, RequestSink sink, int64_t timeout_ms) {
+  uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string group = PickGroup();
+    if (group.empty()) return Unavailable(kNoGroupError);
+    size_t limit = 64;
+    for (size_t i = 0; i < options_.group_names.size(); ++i) {
+      if (options_.group_names[i] == group) limit = static_cast<size_t>(options_.queue_limits[i]);
+    }
+    auto& queue = queues_[group];
+    if (queue.size() >= limit) {
+      return ResourceExhausted("the queue of worker group " + group + " is full (" +
+                               std::to_string(limit) + " requests)");
+    }
+    id = next_id_++;
+    request.request_id = id;
+    Pending p;
+    p.request = std::move(request);
+    p.sink = std::move(sink);
+    p.deadline_ms = timeout_ms > 0 ? clock_.NowMs() + timeout_ms : 0;
+    p.group = group;
+    requests_.emplace(id, std::move(p));
+    queue.push_back(id);
+  }
+  notifier_.Notify();
+  return id;
+}
+
+void WorkerLink::Cancel(uint64_t request_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels_.push_back(request_id);
+  }
+  notifier_.Notify();
+}
+
+std::string WorkerLink::PickGroup() const {
+  std::string best;
+  size_t best_load = 0;
+  for (const auto& [group, leader] : live_) {
+    auto q = queues_.find(group);
+    auto r = running_.find(group);
+    const size_t load =
+        (q == queues_.end() ? 0 : q->second.size()) + (r == running_.end() ? 0 : r->second);
+    if (best.empty() || load < best_load) {
+      best = group;
+      best_load = load;
+    }
+  }
+  return best;
+}
+
+void WorkerLink::Dispatch() {
+  const int64_t now = clock_.NowMs();
+  std::vector<std::pair<uint64_t, std::string>> cancel_running;  // (id, peer)
+  std::vector<uint64_t> finish_cancelled, finish_timeout;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t id : cancels_) {
+      auto it = requests_.find(id);
+      if (it == requests_.end()) continue;
+      if (it->second.peer.empty()) {
+        finish_cancelled.push_back(id);
+      } else {
+        cancel_running.emplace_back(id, it->second.peer);
+      }
+    }
+    cancels_.clear();
+    for (auto& [id, r] : requests_) {
+      if (r.deadline_ms == 0 || now < r.deadline_ms) continue;
+      r.deadline_ms = 0;
+      finish_timeout.push_back(id);
+      if (!r.peer.empty()) cancel_running.emplace_back(id, r.peer);
+    }
+  }
+  for (const auto& [id, peer] : cancel_running) {
+    Status s = workers_->Send(fmoe::Cancel{id}, peer);
+    if (!s.ok()) spdlog::debug("req={} cancel not sent: {}", id, s.ToString());
+  }
+  for (uint64_t id : finish_cancelled) Finish(id, FinishReason::kCancelled, "");
+  for (uint64_t id : finish_timeout) Finish(id, FinishReason::kError, kTimeoutError);
+
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [group, leader] : live_) {
+    auto& queue = queues_[group];
+    uint32_t& running = running_[group];
+    while (!queue.empty() && running < leader.second) {
+      const uint64_t id = queue.front();
+      auto it = requests_.find(id);
+      if (it == requests_.end()) {
+        queue.pop_front();
+        continue;
+      }
+      Status s = workers_->Send(it->second.request, leader.first);
+      if (!s.ok()) {
+        spdlog::warn("req={} not sent to group {}: {}", id, group, s.ToString());
+        break;
+      }
+      queue.pop_front();
+      it->second.peer = leader.first;
+      it->second.group = group;
+      ++running;
+    }
+  }
+}
+
+void WorkerLink::Finish(uint64_t id, FinishReason reason, const std::string& error) {
+  RequestSink sink;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = requests_.find(id);
+    if (it == requests_.end()) return;
+    Pending& r = it->second;
+    sink = std::move(r.sink);
+    r.sink = nullptr;
+    if (r.peer.empty()) {
+      auto& q = queues_[r.group];
+      q.erase(std::remove(q.begin(), q.end(), id), q.end());
+      requests_.erase(it);
+    } else if (reason != FinishReason::kError || error != kTimeoutError) {
+      // Ended for good (its leader is gone, or the router stops): free its slot.
+      --running_[r.group];
+      requests_.erase(it);
+    }
+    // A timed-out running request stays until its leader confirms the cancel (its slot).
+  }
+  if (sink) {
+    TokenEvent ev;
+    ev.request_id = id;
+    ev.finish = reason;
+    ev.error = error;
+    sink(ev);
+  }
+}
+
+void WorkerLink::OnTokenEvent(const std::string& peer, const TokenEvent& event) {
+  RequestSink sink;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = requests_.find(event.request_id);
+    if (it == requests_.end() || it->second.peer != peer) return;  // Ended here already.
+    Pending& r = it->second;
+    if (event.token_id >= 0) r.started = true;
+    sink = r.sink;
+    if (event.finish != FinishReason::kNone) {
+      --running_[r.group];
+      requests_.erase(it);
+    }
+  }
+  if (sink) sink(event);
+  if (event.finish != FinishReason::kNone) notifier_.Notify();  // A slot is free.
+}
+
+void WorkerLink::GroupLost(const std::string& group) {
+  std::vector<uint64_t> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.erase(group);
+    const std::string other = PickGroup();
+    for (auto& [id, r] : requests_) {
+      if (r.group != group || r.peer.empty()) continue;
+      if (r.started || !r.sink) {
+        failed.push_back(id);
+        continue;
+      }
+      // Not started: back to the front of a queue, another live group's when there is one.
+      --running_[group];
+      r.peer.clear();
+      r.group = other.empty() ? group : other;
+      queues_[r.group].push_front(id);
+    }
+    if (!other.empty()) {
+      auto& from = queues_[group];
+      auto& to = queues_[other];
+      to.insert(to.end(), from.begin(), from.end());
+      for (uint64_t id : from) requests_[id].group = other;
+      from.clear();
+    }
+  }
+  for (uint64_t id : failed) Finish(id, FinishReason::kError, kGroupLostError);
 }
 
 void WorkerLink::HandleWorker(const std::string& peer, const WorkerMessage& message) {
@@ -94,6 +293,8 @@ void WorkerLink::HandleWorker(const std::string& peer, const WorkerMessage& mess
     }
     Status s = workers_->Send(WorkerHeartbeatAck{hb->seq, known}, peer);
     if (!s.ok()) spdlog::debug("heartbeat ack to {} failed: {}", peer, s.ToString());
+  } else if (const auto* ev = std::get_if<TokenEvent>(&message)) {
+    OnTokenEvent(peer, *ev);
   } else {
     spdlog::debug("peer={} sent {}, unexpected from a worker; ignored", peer,
                   wire::MessageName(message));
@@ -119,6 +320,7 @@ void WorkerLink::OnHello(const std::string& peer, const WorkerHello& hello) {
         spdlog::info("group={} leader replaced (instance {:016x} -> {:016x})", hello.group,
                      entry.info.instance_id, hello.instance_id);
         leaders_.Erase(id);
+        GroupLost(hello.group);  // The old leader's requests are gone with it.
         break;
       }
     }
@@ -157,6 +359,13 @@ void WorkerLink::Publish() {
     auto seen = last_seen_by_group_.find(name);
     g.ever_connected = seen != last_seen_by_group_.end();
     if (g.ever_connected) g.silence_ms = now - seen->second;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto q = queues_.find(name);
+      g.queued = q == queues_.end() ? 0 : static_cast<uint32_t>(q->second.size());
+      auto r = running_.find(name);
+      g.running = r == running_.end() ? 0 : r->second;
+    }
     for (const auto& [id, entry] : leaders_.peers()) {
       if (entry.info.group != name) continue;
       g.alive = leaders_.IsAlive(id);
@@ -169,6 +378,13 @@ void WorkerLink::Publish() {
       g.model_fingerprint = entry.info.model_fingerprint;
     }
     view->groups.push_back(std::move(g));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.clear();
+    for (const auto& [id, entry] : leaders_.peers()) {
+      if (leaders_.IsAlive(id)) live_[entry.info.group] = {id, std::max(1u, entry.info.max_batch)};
+    }
   }
   std::lock_guard<std::mutex> lock(view_mu_);
   view_ = std::move(view);

@@ -1,12 +1,21 @@
 // The router's side of the wire: one thread owns a ROUTER socket that worker-group leaders
-// connect to (Hello, Heartbeat) and a DEALER to the map service (admin pings for liveness).
-// It keeps which groups are alive and publishes an immutable ClusterView snapshot that HTTP
-// handlers read without blocking. Start() on the owner thread, then Run() on the link thread;
-// View() from any thread.
+// connect to (Hello, Heartbeat, Generate, Cancel, TokenEvent) and a DEALER to the map service
+// (admin pings for liveness). It keeps which groups are alive and publishes an immutable
+// ClusterView snapshot that HTTP handlers read without blocking. Start() on the owner thread,
+// then Run() on the link thread; View(), Submit() and Cancel() from any thread.
+//
+// Dispatch: Submit queues a request on the least-loaded live group (queued + running), bounded
+// by the group's queue_limit. The link thread hands a group's queued requests to its leader
+// while fewer than max_batch of them run there, so waiting happens here, where it is counted
+// and can be retried. When a group is lost, its requests that produced no token yet go back to
+// the front of another live group's queue; started ones end with an error. A request past its
+// deadline is cancelled and ends with an error.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,11 +30,20 @@
 
 namespace fmoe {
 
+// How a dispatched request ended, besides its worker's own events.
+inline constexpr const char* kGroupLostError = "worker group lost";
+inline constexpr const char* kTimeoutError = "request timed out";
+inline constexpr const char* kNoGroupError = "no worker group is alive";
+
+// Called on the link thread with each of a request's events; the last one has finish set.
+using RequestSink = std::function<void(const TokenEvent&)>;
+
 struct WorkerLinkOptions {
   std::string worker_endpoint = "tcp://127.0.0.1:5556";  // ROUTER bind. Default as manifest.
   std::string map_service_endpoint = "tcp://127.0.0.1:5555";
   std::string model_name;                // Leaders serving another model are refused.
   std::vector<std::string> group_names;  // Groups of the manifest, in order.
+  std::vector<int> queue_limits;         // Per group (same order). Default: 64 each
   int heartbeat_interval_ms = 500;       // Default: 500
   int heartbeat_timeout_ms = 3000;       // Default: 3000
 };
@@ -38,6 +56,8 @@ struct GroupView {
   uint32_t max_batch = 0;
   uint32_t free_slots = 0;
   uint32_t active_requests = 0;
+  uint32_t queued = 0;      // Waiting in the router for this group.
+  uint32_t running = 0;     // Handed to its leader, not finished.
   int64_t silence_ms = -1;  // Since the last heartbeat; -1 if never seen.
   uint64_t instance_id = 0;
   uint64_t model_fingerprint = 0;
@@ -62,6 +82,13 @@ class WorkerLink {
   void Run(const std::atomic<bool>& stop);
   std::shared_ptr<const ClusterView> View() const;
 
+  // Any thread. Queues `request` (its request_id is assigned here and returned) on the
+  // least-loaded live group. kUnavailable when no group is alive, kResourceExhausted when that
+  // group's queue is full. `timeout_ms` > 0 bounds the whole request.
+  Result<uint64_t> Submit(Generate request, RequestSink sink, int64_t timeout_ms);
+  // Any thread. The request ends with kCancelled (its leader is told when it runs there).
+  void Cancel(uint64_t request_id);
+
  private:
   struct Leader {
     std::string group;
@@ -73,10 +100,25 @@ class WorkerLink {
     uint32_t active_requests = 0;
   };
 
+  struct Pending {
+    Generate request;
+    RequestSink sink;
+    int64_t deadline_ms = 0;  // 0 = none.
+    std::string group;
+    std::string peer;      // The leader it runs on; empty while queued.
+    bool started = false;  // A token event arrived.
+  };
+
   void HandleWorker(const std::string& peer, const WorkerMessage& message);
   void OnHello(const std::string& peer, const WorkerHello& hello);
+  void OnTokenEvent(const std::string& peer, const TokenEvent& event);
   void PingMapService();
   void Publish();
+  void Dispatch();
+  void GroupLost(const std::string& group);
+  void Finish(uint64_t id, FinishReason reason, const std::string& error);
+  // Least-loaded live group, or "" (mu_ held).
+  std::string PickGroup() const;
 
   WorkerLinkOptions options_;
   const Clock& clock_;
@@ -92,6 +134,17 @@ class WorkerLink {
 
   mutable std::mutex view_mu_;
   std::shared_ptr<const ClusterView> view_;  // GUARDED_BY(view_mu_)
+
+  // Dispatch state, shared with Submit/Cancel.
+  mutable std::mutex mu_;
+  uint64_t next_id_ = 1;                                // GUARDED_BY(mu_)
+  std::map<uint64_t, Pending> requests_;                // GUARDED_BY(mu_)
+  std::map<std::string, std::deque<uint64_t>> queues_;  // Per group. GUARDED_BY(mu_)
+  std::map<std::string, uint32_t> running_;             // Per group. GUARDED_BY(mu_)
+  std::vector<uint64_t> cancels_;                       // GUARDED_BY(mu_)
+  // Groups alive and their max_batch, refreshed by the link thread. GUARDED_BY(mu_)
+  std::map<std::string, std::pair<std::string, uint32_t>> live_;  // group -> (peer, max_batch)
+  wire::Notifier notifier_;
 };
 
 }  // namespace fmoe

@@ -1,0 +1,404 @@
+#include "router/completions.h"
+
+#include <chrono>
+#include <cmath>
+#include <mutex>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "common/model_config.h"
+#include "common/process_util.h"
+
+namespace fmoe {
+namespace {
+
+using Json = nlohmann::json;
+
+HttpResponse ApiError(int status, const std::string& message, const std::string& type,
+                      const std::string& param, const std::string& code) {
+  Json body = {{"error",
+                {{"message", message},
+                 {"type", type},
+                 {"param", param.empty() ? Json(nullptr) : Json(param)},
+                 {"code", code.empty() ? Json(nullptr) : Json(code)}}}};
+  HttpResponse res;
+  res.status = status;
+  res.body = body.dump();
+  return res;
+}
+
+HttpResponse BadParam(const std::string& param, const std::string& message,
+                      const std::string& code = "invalid_value") {
+  return ApiError(400, message, "invalid_request_error", param, code);
+}
+
+// Parameters that would change the output and are not supported: refused, never ignored.
+// Each is acceptable only at its neutral value.
+bool Neutral(const std::string& key, const Json& v) {
+  if (v.is_null()) return true;
+  if (key == "n" || key == "best_of") return v.is_number_integer() && v.get<int64_t>() == 1;
+  if (key == "echo" || key == "ignore_eos") return v.is_boolean() && !v.get<bool>();
+  if (key == "suffix") return v.is_string() && v.get<std::string>().empty();
+  if (key == "logit_bias") return v.is_object() && v.empty();
+  if (key == "presence_penalty" || key == "frequency_penalty") {
+    return v.is_number() && v.get<double>() == 0.0;
+  }
+  if (key == "repetition_penalty") return v.is_number() && v.get<double>() == 1.0;
+  if (key == "min_tokens") return v.is_number_integer() && v.get<int64_t>() == 0;
+  return false;  // logprobs, and anything else listed: only null.
+}
+
+constexpr const char* kUnsupported[] = {"n",
+                                        "best_of",
+                                        "echo",
+                                        "suffix",
+                                        "logit_bias",
+                                        "presence_penalty",
+                                        "frequency_penalty",
+                                        "repetition_penalty",
+                                        "min_tokens",
+                                        "ignore_eos",
+                                        "logprobs",
+                                        "top_logprobs"};
+
+const char* FinishName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    default:
+      return nullptr;
+  }
+}
+
+int64_t UnixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// One request's rendering state; the link thread feeds it events.
+struct CompletionState {
+  std::mutex mu;
+  std::shared_ptr<HttpResponder> responder;
+  TextStream text;
+  StopMatcher stop;
+  std::string id;
+  std::string model;
+  int64_t created = 0;
+  bool stream = false;
+  bool include_usage = false;
+  uint32_t prompt_tokens = 0;
+  uint32_t completion_tokens = 0;
+  uint64_t hits = 0, misses = 0, bytes = 0;
+  std::string out;  // Non-stream: the whole text.
+
+  CompletionState(const Tokenizer& tokenizer, std::vector<std::string> stops)
+      : text(tokenizer, /*skip_special_tokens=*/true), stop(std::move(stops)) {}
+
+  Json Usage() const {
+    const uint64_t total = hits + misses;
+    return {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", completion_tokens},
+            {"total_tokens", prompt_tokens + completion_tokens},
+            {"fmoe_experts",
+             {{"hits", hits},
+              {"misses", misses},
+              {"hit_rate", total ? static_cast<double>(hits) / static_cast<double>(total) : 0.0},
+              {"bytes_moved", bytes}}}};
+  }
+
+  Json Chunk(const std::string& piece, const char* finish) const {
+    return {{"id", id},
+            {"object", "text_completion"},
+            {"created", created},
+            {"model", model},
+            {"choices", Json::array({{{"index", 0},
+                                      {"text", piece},
+                                      {"logprobs", nullptr},
+                                      {"finish_reason", finish ? Json(finish) : Json(nullptr)}}})}};
+  }
+
+  void Send(const Json& event) { responder->Write("data: " + event.dump() + "\n\n"); }
+
+  void OnEvent(const TokenEvent& ev) {
+    std::lock_guard<std::mutex> lock(mu);
+    hits = ev.expert_hits;
+    misses = ev.expert_misses;
+    bytes = ev.bytes_moved;
+    if (ev.token_id >= 0) {
+      ++completion_tokens;
+      if (!stop.stopped()) Emit(stop.Feed(text.Push(ev.token_id)));
+    }
+    if (ev.finish == FinishReason::kNone) return;
+    if (ev.finish == FinishReason::kStop || ev.finish == FinishReason::kLength) {
+      if (!stop.stopped()) {
+        Emit(stop.Feed(text.Finish()));
+        if (!stop.stopped()) Emit(stop.Flush());
+      }
+      const char* finish = stop.stopped() ? "stop" : FinishName(ev.finish);
+      if (stream) {
+        Send(Chunk("", finish));
+        if (include_usage) {
+          Json u = Chunk("", nullptr);
+          u["choices"] = Json::array();
+          u["usage"] = Usage();
+          Send(u);
+        }
+        responder->Write("data: [DONE]\n\n");
+        responder->End();
+      } else {
+        Json body = Chunk(out, finish);
+        body["usage"] = Usage();
+        HttpResponse res;
+        res.body = body.dump();
+        responder->Respond(std::move(res));
+      }
+      return;
+    }
+    // Cancelled (the client left) or failed.
+    const bool unavailable = ev.error == kGroupLostError || ev.error == kTimeoutError ||
+                             ev.error == kNoGroupError || ev.error == "the router is stopping";
+    const std::string message =
+        ev.finish == FinishReason::kCancelled ? "the request was cancelled" : ev.error;
+    HttpResponse err = unavailable ? ApiError(503, message, "service_unavailable", "",
+                                              ev.error == kTimeoutError ? "timeout" : "unavailable")
+                                   : ApiError(500, message.empty() ? "generation failed" : message,
+                                              "server_error", "", "");
+    if (stream) {
+      responder->Write("data: " + err.body + "\n\n");
+      responder->Write("data: [DONE]\n\n");
+      responder->End();
+    } else {
+      responder->Respond(std::move(err));
+    }
+  }
+
+  void Emit(const std::string& piece) {
+    if (piece.empty()) return;
+    if (stream) {
+      Send(Chunk(piece, nullptr));
+    } else {
+      out += piece;
+    }
+  }
+};
+
+}  // namespace
+
+Result<CompletionRequest> ParseCompletionRequest(const std::string& body,
+                                                 const CompletionsOptions& options,
+                                                 const Tokenizer& tokenizer, HttpResponse* error) {
+  auto fail = [&](HttpResponse res) -> Result<CompletionRequest> {
+    *error = std::move(res);
+    return InvalidArgument(error->body);
+  };
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return fail(ApiError(400, "the request body is not valid JSON", "invalid_request_error", "",
+                         "invalid_json"));
+  }
+  if (!j.is_object()) {
+    return fail(ApiError(400, "the request body must be a JSON object", "invalid_request_error", "",
+                         "invalid_json"));
+  }
+  for (const char* key : kUnsupported) {
+    auto it = j.find(key);
+    if (it != j.end() && !Neutral(key, *it)) {
+      return fail(BadParam(key, std::string("'") + key + "' is not supported by this server",
+                           "unsupported_parameter"));
+    }
+  }
+  // model
+  auto model = j.find("model");
+  if (model == j.end() || model->is_null()) {
+    return fail(BadParam("model", "you must provide a model parameter", "missing_required"));
+  }
+  if (!model->is_string()) return fail(BadParam("model", "'model' must be a string"));
+  if (model->get<std::string>() != options.model_name) {
+    return fail(ApiError(404,
+                         "the model '" + model->get<std::string>() +
+                             "' does not exist; this "
+                             "server serves '" +
+                             options.model_name + "'",
+                         "invalid_request_error", "model", "model_not_found"));
+  }
+  CompletionRequest out;
+  // prompt
+  auto prompt = j.find("prompt");
+  if (prompt == j.end() || prompt->is_null()) {
+    return fail(BadParam("prompt", "you must provide a prompt", "missing_required"));
+  }
+  auto encode = [&](const std::string& text) -> bool {
+    auto ids = tokenizer.Encode(text, /*add_special_tokens=*/true);
+    if (!ids.ok()) {
+      *error = BadParam("prompt", "the prompt cannot be tokenized: " + ids.status().message());
+      return false;
+    }
+    out.prompt_ids = std::move(*ids);
+    return true;
+  };
+  if (prompt->is_string()) {
+    if (!encode(prompt->get<std::string>())) return InvalidArgument("prompt");
+  } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+    if (!encode((*prompt)[0].get<std::string>())) return InvalidArgument("prompt");
+  } else if (prompt->is_array() && !prompt->empty() &&
+             std::all_of(prompt->begin(), prompt->end(),
+                         [](const Json& x) { return x.is_number_integer(); })) {
+    for (const Json& x : *prompt) {
+      const int64_t id = x.get<int64_t>();
+      if (id < 0 || id >= static_cast<int64_t>(tokenizer.vocab_size())) {
+        return fail(BadParam("prompt", "prompt token " + std::to_string(id) +
+                                           " is not in the vocabulary of " +
+                                           std::to_string(tokenizer.vocab_size())));
+      }
+      out.prompt_ids.push_back(static_cast<int32_t>(id));
+    }
+  } else if (prompt->is_array() && prompt->size() > 1) {
+    return fail(BadParam("prompt", "batched prompts are not supported: send one prompt per request",
+                         "unsupported_parameter"));
+  } else {
+    return fail(BadParam("prompt", "'prompt' must be a string or an array of token ids"));
+  }
+  if (out.prompt_ids.empty()) return fail(BadParam("prompt", "the prompt is empty"));
+  const uint64_t prompt_len = out.prompt_ids.size();
+  auto context_error = [&](uint64_t completion) {
+    return ApiError(400,
+                    "this model's maximum context length is " +
+                        std::to_string(options.context_length) + " tokens; the request needs " +
+                        std::to_string(prompt_len + completion) + " (" +
+                        std::to_string(prompt_len) + " in the prompt, " +
+                        std::to_string(completion) + " for the completion)",
+                    "invalid_request_error", "max_tokens", "context_length_exceeded");
+  };
+  // max_tokens
+  auto max_tokens = j.find("max_tokens");
+  uint64_t max_new = options.default_max_tokens;
+  if (max_tokens != j.end() && !max_tokens->is_null()) {
+    if (!max_tokens->is_number_integer() || max_tokens->get<int64_t>() < 1) {
+      return fail(BadParam("max_tokens", "'max_tokens' must be an integer of at least 1"));
+    }
+    max_new = max_tokens->get<uint64_t>();
+    if (prompt_len + max_new > options.context_length) return fail(context_error(max_new));
+  } else if (prompt_len + max_new > options.context_length) {
+    if (prompt_len >= options.context_length) return fail(context_error(1));
+    max_new = options.context_length - prompt_len;  // The default shrinks to fit.
+  }
+  out.sampling.max_tokens = static_cast<uint32_t>(max_new);
+  // temperature, top_p, top_k, seed
+  if (auto t = j.find("temperature"); t != j.end() && !t->is_null()) {
+    if (!t->is_number() || !(t->get<double>() >= 0.0 && t->get<double>() <= 2.0)) {
+      return fail(BadParam("temperature", "'temperature' must be a number from 0 to 2"));
+    }
+    out.sampling.temperature = t->get<float>();
+  } else {
+    out.sampling.temperature = 1.0f;  // OpenAI's default.
+  }
+  if (auto p = j.find("top_p"); p != j.end() && !p->is_null()) {
+    if (!p->is_number() || !(p->get<double>() > 0.0 && p->get<double>() <= 1.0)) {
+      return fail(BadParam("top_p", "'top_p' must be a number above 0 and at most 1"));
+    }
+    out.sampling.top_p = p->get<float>();
+  }
+  if (auto k = j.find("top_k"); k != j.end() && !k->is_null()) {
+    if (!k->is_number_integer() || k->get<int64_t>() < -1 || k->get<int64_t>() > 1000000) {
+      return fail(BadParam("top_k", "'top_k' must be an integer from -1 (off) to 1000000"));
+    }
+    out.sampling.top_k = static_cast<int32_t>(std::max<int64_t>(0, k->get<int64_t>()));
+  }
+  if (auto s = j.find("seed"); s != j.end() && !s->is_null()) {
+    if (!s->is_number_integer()) return fail(BadParam("seed", "'seed' must be an integer"));
+    out.sampling.seed =
+        s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
+  } else {
+    out.sampling.seed = RandomId();
+  }
+  // stop
+  if (auto s = j.find("stop"); s != j.end() && !s->is_null()) {
+    std::vector<std::string> stops;
+    if (s->is_string()) {
+      stops.push_back(s->get<std::string>());
+    } else if (s->is_array() &&
+               std::all_of(s->begin(), s->end(), [](const Json& x) { return x.is_string(); })) {
+      for (const Json& x : *s) stops.push_back(x.get<std::string>());
+    } else {
+      return fail(BadParam("stop", "'stop' must be a string or an array of strings"));
+    }
+    if (stops.size() > 16) return fail(BadParam("stop", "at most 16 stop strings are allowed"));
+    for (const auto& st : stops) {
+      if (st.empty() || st.size() > 256) {
+        return fail(BadParam("stop", "each stop string must have 1 to 256 bytes"));
+      }
+    }
+    out.sampling.stop = std::move(stops);
+  }
+  // stream, stream_options
+  if (auto s = j.find("stream"); s != j.end() && !s->is_null()) {
+    if (!s->is_boolean()) return fail(BadParam("stream", "'stream' must be a boolean"));
+    out.stream = s->get<bool>();
+  }
+  if (auto so = j.find("stream_options"); so != j.end() && !so->is_null()) {
+    if (!out.stream) {
+      return fail(BadParam("stream_options", "'stream_options' is only allowed with stream"));
+    }
+    if (!so->is_object()) {
+      return fail(BadParam("stream_options", "'stream_options' must be an object"));
+    }
+    if (auto u = so->find("include_usage"); u != so->end() && !u->is_null()) {
+      if (!u->is_boolean()) {
+        return fail(BadParam("stream_options", "'include_usage' must be a boolean"));
+      }
+      out.include_usage = u->get<bool>();
+    }
+  }
+  return out;
+}
+
+Completions::Completions(CompletionsOptions options, const Tokenizer& tokenizer, WorkerLink& link)
+    : options_(std::move(options)), tokenizer_(tokenizer), link_(link) {}
+
+void Completions::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
+  HttpResponse error;
+  auto parsed = ParseCompletionRequest(request.body, options_, tokenizer_, &error);
+  if (!parsed.ok()) {
+    responder->Respond(std::move(error));
+    return;
+  }
+  auto state = std::make_shared<CompletionState>(tokenizer_, parsed->sampling.stop);
+  state->responder = responder;
+  state->id = "cmpl-" + FingerprintHex(RandomId());
+  state->model = options_.model_name;
+  state->created = UnixSeconds();
+  state->stream = parsed->stream;
+  state->include_usage = parsed->include_usage;
+  state->prompt_tokens = static_cast<uint32_t>(parsed->prompt_ids.size());
+  Generate g;
+  g.token_ids = std::move(parsed->prompt_ids);
+  g.sampling = parsed->sampling;
+  // Headers first for a stream, so the client sees it start; under the state's lock so no
+  // event is written before them.
+  std::lock_guard<std::mutex> lock(state->mu);
+  auto id = link_.Submit(
+      std::move(g), [state](const TokenEvent& ev) { state->OnEvent(ev); },
+      options_.request_timeout_ms);
+  if (!id.ok()) {
+    if (id.status().code() == ErrorCode::kResourceExhausted) {
+      HttpResponse res = ApiError(429, id.status().message() + "; retry later",
+                                  "rate_limit_exceeded", "", "queue_full");
+      res.headers.emplace_back("Retry-After", "1");
+      responder->Respond(std::move(res));
+    } else {
+      const std::string reason = link_.View()->UnavailableReason();
+      responder->Respond(ApiError(503, reason, "service_unavailable", "", "unavailable"));
+    }
+    return;
+  }
+  if (state->stream) responder->BeginStream(200, "text/event-stream");
+  WorkerLink* link = &link_;
+  const uint64_t request_id = *id;
+  responder->OnClose([link, request_id] { link->Cancel(request_id); });
+}
+
+}  // namespace fmoe

@@ -1,0 +1,52 @@
+// POST /v1/completions (OpenAI-compatible): parses and validates the request body, tokenizes
+// the prompt, submits it to the WorkerLink, and answers as one JSON object or, with
+// "stream": true, as server-sent events ending in "data: [DONE]". Text is rendered here from the
+// token events (TextStream: never splits a UTF-8 character; StopMatcher: cuts at a stop
+// string). A client that disconnects cancels its request. Never blocks: the answer is written
+// from the link thread through the HttpResponder.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "common/tokenizer.h"
+#include "router/http_server.h"
+#include "router/worker_link.h"
+
+namespace fmoe {
+
+struct CompletionsOptions {
+  std::string model_name;               // The served model id. Required.
+  uint32_t context_length = 0;          // Prompt + max_tokens must fit. Required.
+  int64_t request_timeout_ms = 600000;  // Whole request. Default: 600 s
+  uint32_t default_max_tokens = 16;     // OpenAI's default. Default: 16
+};
+
+// A validated completion request.
+struct CompletionRequest {
+  std::vector<int32_t> prompt_ids;
+  SamplingParams sampling;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+// Parses a /v1/completions body. Errors are the HTTP answer to send (400/404 with the OpenAI
+// error object naming the parameter).
+Result<CompletionRequest> ParseCompletionRequest(const std::string& body,
+                                                 const CompletionsOptions& options,
+                                                 const Tokenizer& tokenizer, HttpResponse* error);
+
+class Completions {
+ public:
+  Completions(CompletionsOptions options, const Tokenizer& tokenizer, WorkerLink& link);
+  void Handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+
+ private:
+  CompletionsOptions options_;
+  const Tokenizer& tokenizer_;
+  WorkerLink& link_;
+};
+
+}  // namespace fmoe

@@ -1,0 +1,403 @@
+// The OpenAI-compatible completions route against a launched system (`fmoe launch`: map
+// service, one worker with the shipped tiny model, router), over real HTTP: whole and streamed
+// completions, seeds and greedy decoding reproducible, token-id prompts, stop strings, usage
+// with the expert figures, bad requests answered with their exact status and error, a client
+// that disconnects cancels its request, and a full queue answers 429 while admitted requests
+// complete.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/http_probe.h"
+#include "tests/harness/process_harness.h"
+
+namespace fmoe {
+namespace {
+
+using testing::BinDir;
+using testing::Child;
+using testing::FreeTcpPort;
+using testing::WaitUntil;
+using Json = nlohmann::json;
+using namespace std::chrono_literals;
+
+struct Reply {
+  int status = 0;
+  std::string head;
+  std::string body;  // De-chunked.
+};
+
+int Connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  timeval tv{60, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+std::string Request(const std::string& method, const std::string& path, const std::string& body) {
+  return method + " " + path + " HTTP/1.1\r\nHost: test\r\nConnection: close\r\n" +
+         "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n\r\n" + body;
+}
+
+std::string Dechunk(const std::string& body) {
+  std::string out;
+  size_t at = 0;
+  for (;;) {
+    const size_t eol = body.find("\r\n", at);
+    if (eol == std::string::npos) return out;
+    const size_t n = std::stoul(body.substr(at, eol - at), nullptr, 16);
+    if (n == 0) return out;
+    out += body.substr(eol + 2, n);
+    at = eol + 2 + n + 2;
+  }
+}
+
+// One request on its own connection, read to the end.
+Reply Call(int port, const std::string& method, const std::string& path,
+           const std::string& body = "") {
+  Reply r;
+  const int fd = Connect(port);
+  if (fd < 0) return r;
+  const std::string req = Request(method, path, body);
+  send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  std::string in;
+  char buf[8192];
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    in.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  const size_t head_end = in.find("\r\n\r\n");
+  if (head_end == std::string::npos || in.size() < 12) return r;
+  r.status = std::stoi(in.substr(9, 3));
+  r.head = in.substr(0, head_end);
+  r.body = in.substr(head_end + 4);
+  if (r.head.find("Transfer-Encoding: chunked") != std::string::npos) r.body = Dechunk(r.body);
+  return r;
+}
+
+Reply Post(int port, const Json& body) {
+  return Call(port, "POST", "/v1/completions", body.dump());
+}
+
+// The data: payloads of an event stream.
+std::vector<std::string> Events(const std::string& sse) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while ((at = sse.find("data: ", at)) != std::string::npos) {
+    const size_t end = sse.find("\n\n", at);
+    out.push_back(sse.substr(at + 6, end - at - 6));
+    at = end;
+  }
+  return out;
+}
+
+class RouterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(testing::MakeTempDir("fmoe-router"));
+    http_ = FreeTcpPort();
+    const std::string manifest = *dir_ + "/manifest.yaml";
+    testing::WriteFile(manifest,
+                       "model:\n  name: tiny-moe\n  path: " + std::string(FMOE_SOURCE_DIR) +
+                           "/deploy/models/tiny-moe\n"
+                           "map_service:\n  endpoint: tcp://127.0.0.1:" +
+                           std::to_string(FreeTcpPort()) + "\n  data_dir: " + *dir_ +
+                           "/maps\n"
+                           "worker_groups:\n  - name: g0\n    max_batch: 1\n    queue_limit: 2\n"
+                           "    workers:\n      - device: cpu\n"
+                           "router:\n  listen: 127.0.0.1:" +
+                           std::to_string(http_) +
+                           "\n  worker_endpoint: tcp://127.0.0.1:" + std::to_string(FreeTcpPort()) +
+                           "\n  max_body_bytes: 65536\n"
+                           "heartbeat:\n  interval_ms: 100\n  timeout_ms: 2000\n"
+                           "launcher:\n  run_dir: " +
+                           *dir_ + "/run\n  ready_timeout_s: 60\n");
+    launcher_ = new Child({BinDir() + "/fmoe", "launch", manifest}, *dir_ + "/launcher.log");
+    ASSERT_TRUE(WaitUntil(
+        [] {
+          auto res = HttpGet("127.0.0.1", http_, "/health", 1000);
+          return res.ok() && res->status == 200;
+        },
+        90000))
+        << launcher_->Log();
+  }
+  static void TearDownTestSuite() {
+    launcher_->Signal(SIGTERM);
+    launcher_->Wait(30000);
+    delete launcher_;
+    std::error_code ec;
+    std::filesystem::remove_all(*dir_, ec);
+    delete dir_;
+  }
+  void TearDown() override {
+    if (HasFailure()) std::cerr << testing::ReadFile(*dir_ + "/run/router.log");
+  }
+
+  static Json Completion(const Json& extra) {
+    Json body = {{"model", "tiny-moe"},
+                 {"prompt", "The LORD is my shepherd"},
+                 {"max_tokens", 8},
+                 {"temperature", 0}};
+    for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
+    return body;
+  }
+
+  static int RunningAtRouter() {
+    auto res = HttpGet("127.0.0.1", http_, "/health", 1000);
+    if (!res.ok()) return -1;
+    Json j = Json::parse(res->body, nullptr, false);
+    return j.is_discarded() ? -1 : j["groups"][0].value("running", -1);
+  }
+
+  static std::string* dir_;
+  static int http_;
+  static Child* launcher_;
+};
+
+std::string* RouterTest::dir_ = nullptr;
+int RouterTest::http_ = 0;
+Child* RouterTest::launcher_ = nullptr;
+
+TEST_F(RouterTest, CompletionWithUsageAndExpertFigures) {
+  Reply r = Post(http_, Completion({}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json j = Json::parse(r.body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "tiny-moe");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  ASSERT_EQ(j["choices"].size(), 1u);
+  EXPECT_FALSE(j["choices"][0]["text"].get<std::string>().empty());
+  const std::string finish = j["choices"][0]["finish_reason"];
+  EXPECT_TRUE(finish == "length" || finish == "stop") << finish;
+  const Json& u = j["usage"];
+  EXPECT_GT(u["prompt_tokens"].get<int>(), 3);
+  EXPECT_LE(u["completion_tokens"].get<int>(), 8);
+  EXPECT_EQ(u["total_tokens"], u["prompt_tokens"].get<int>() + u["completion_tokens"].get<int>());
+  EXPECT_GT(u["fmoe_experts"]["hits"].get<int>() + u["fmoe_experts"]["misses"].get<int>(), 0);
+
+  Reply models = Call(http_, "GET", "/v1/models");
+  ASSERT_EQ(models.status, 200);
+  EXPECT_EQ(Json::parse(models.body)["data"][0]["id"], "tiny-moe");
+}
+
+TEST_F(RouterTest, GreedyAndSeededSamplingAreReproducible) {
+  Reply a = Post(http_, Completion({}));
+  Reply b = Post(http_, Completion({}));
+  ASSERT_EQ(a.status, 200);
+  EXPECT_EQ(Json::parse(a.body)["choices"][0]["text"], Json::parse(b.body)["choices"][0]["text"]);
+  Json seeded = Completion({{"temperature", 0.9}, {"seed", 1234}, {"max_tokens", 12}});
+  Reply c = Post(http_, seeded);
+  Reply d = Post(http_, seeded);
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(Json::parse(c.body)["choices"][0]["text"], Json::parse(d.body)["choices"][0]["text"]);
+}
+
+TEST_F(RouterTest, StreamEqualsTheWholeAnswer) {
+  Reply whole = Post(http_, Completion({{"max_tokens", 12}}));
+  ASSERT_EQ(whole.status, 200);
+  Reply s = Post(http_, Completion({{"max_tokens", 12},
+                                    {"stream", true},
+                                    {"stream_options", {{"include_usage", true}}}}));
+  ASSERT_EQ(s.status, 200) << s.body;
+  EXPECT_NE(s.head.find("text/event-stream"), std::string::npos) << s.head;
+  auto events = Events(s.body);
+  ASSERT_GE(events.size(), 3u) << s.body;
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string text;
+  std::string finish;
+  bool usage = false;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    Json e = Json::parse(events[i]);
+    EXPECT_EQ(e["object"], "text_completion");
+    if (e.contains("usage")) {
+      usage = true;
+      EXPECT_EQ(e["usage"]["completion_tokens"],
+                Json::parse(whole.body)["usage"]["completion_tokens"]);
+      continue;
+    }
+    text += e["choices"][0]["text"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(usage);
+  EXPECT_EQ(text, Json::parse(whole.body)["choices"][0]["text"]);
+  EXPECT_EQ(finish, Json::parse(whole.body)["choices"][0]["finish_reason"]);
+}
+
+TEST_F(RouterTest, TokenIdPromptsAndStopStrings) {
+  Reply ids = Post(http_, Completion({{"prompt", {1, 200, 300, 400}}}));
+  ASSERT_EQ(ids.status, 200) << ids.body;
+  EXPECT_EQ(Json::parse(ids.body)["usage"]["prompt_tokens"], 4);
+
+  Reply whole = Post(http_, Completion({{"max_tokens", 16}}));
+  const std::string text = Json::parse(whole.body)["choices"][0]["text"];
+  ASSERT_GE(text.size(), 6u) << text;
+  // Stop at a piece from the middle of the greedy text: the answer ends right before it.
+  const std::string stop = text.substr(text.size() / 2, 3);
+  Reply stopped = Post(http_, Completion({{"max_tokens", 16}, {"stop", {stop}}}));
+  ASSERT_EQ(stopped.status, 200) << stopped.body;
+  Json j = Json::parse(stopped.body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][0]["text"], text.substr(0, text.find(stop)));
+}
+
+TEST_F(RouterTest, BadRequestsGetTheirStatusAndError) {
+  struct Case {
+    std::string method, path, body;
+    int status;
+    std::string code;   // error.code ("" = null)
+    std::string param;  // error.param ("" = null)
+  };
+  const Json ok = Completion({});
+  auto with = [&](const Json& extra) { return Completion(extra).dump(); };
+  Json no_model = ok;
+  no_model.erase("model");
+  Json no_prompt = ok;
+  no_prompt.erase("prompt");
+  const std::vector<Case> cases = {
+      {"POST", "/v1/completions", "{not json", 400, "invalid_json", ""},
+      {"POST", "/v1/completions", "[1,2]", 400, "invalid_json", ""},
+      {"POST", "/v1/completions", "", 400, "invalid_json", ""},
+      {"POST", "/v1/completions", no_model.dump(), 400, "missing_required", "model"},
+      {"POST", "/v1/completions", with({{"model", 7}}), 400, "invalid_value", "model"},
+      {"POST", "/v1/completions", with({{"model", "gpt-9"}}), 404, "model_not_found", "model"},
+      {"POST", "/v1/completions", no_prompt.dump(), 400, "missing_required", "prompt"},
+      {"POST", "/v1/completions", with({{"prompt", 5}}), 400, "invalid_value", "prompt"},
+      {"POST", "/v1/completions", with({{"prompt", {"a", "b"}}}), 400, "unsupported_parameter",
+       "prompt"},
+      {"POST", "/v1/completions", with({{"prompt", {1, 999999}}}), 400, "invalid_value", "prompt"},
+      {"POST", "/v1/completions", with({{"prompt", Json::array()}}), 400, "invalid_value",
+       "prompt"},
+      {"POST", "/v1/completions", with({{"max_tokens", 0}}), 400, "invalid_value", "max_tokens"},
+      {"POST", "/v1/completions", with({{"max_tokens", "8"}}), 400, "invalid_value", "max_tokens"},
+      {"POST", "/v1/completions", with({{"max_tokens", 100000}}), 400, "context_length_exceeded",
+       "max_tokens"},
+      {"POST", "/v1/completions", with({{"temperature", 3}}), 400, "invalid_value", "temperature"},
+      {"POST", "/v1/completions", with({{"temperature", "hot"}}), 400, "invalid_value",
+       "temperature"},
+      {"POST", "/v1/completions", with({{"top_p", 0}}), 400, "invalid_value", "top_p"},
+      {"POST", "/v1/completions", with({{"top_k", -5}}), 400, "invalid_value", "top_k"},
+      {"POST", "/v1/completions", with({{"seed", 1.5}}), 400, "invalid_value", "seed"},
+      {"POST", "/v1/completions", with({{"stop", 3}}), 400, "invalid_value", "stop"},
+      {"POST", "/v1/completions", with({{"stop", {""}}}), 400, "invalid_value", "stop"},
+      {"POST", "/v1/completions", with({{"stream", "yes"}}), 400, "invalid_value", "stream"},
+      {"POST", "/v1/completions", with({{"stream_options", {{"include_usage", true}}}}), 400,
+       "invalid_value", "stream_options"},
+      {"POST", "/v1/completions", with({{"n", 2}}), 400, "unsupported_parameter", "n"},
+      {"POST", "/v1/completions", with({{"best_of", 3}}), 400, "unsupported_parameter", "best_of"},
+      {"POST", "/v1/completions", with({{"logprobs", 1}}), 400, "unsupported_parameter",
+       "logprobs"},
+      {"POST", "/v1/completions", with({{"echo", true}}), 400, "unsupported_parameter", "echo"},
+      {"POST", "/v1/completions", with({{"suffix", "end"}}), 400, "unsupported_parameter",
+       "suffix"},
+      {"POST", "/v1/completions", with({{"presence_penalty", 0.5}}), 400, "unsupported_parameter",
+       "presence_penalty"},
+      {"POST", "/v1/completions", with({{"logit_bias", {{"5", 10}}}}), 400, "unsupported_parameter",
+       "logit_bias"},
+      {"GET", "/v1/completions", "", 405, "method_not_allowed", ""},
+      {"POST", "/v1/models", "", 405, "method_not_allowed", ""},
+      {"GET", "/v1/nothing", "", 404, "not_found", ""},
+      {"POST", "/v1/completions", std::string(70000, ' '), 413, "body_too_large", ""},
+  };
+  for (const Case& c : cases) {
+    Reply r = Call(http_, c.method, c.path, c.body);
+    SCOPED_TRACE(c.method + " " + c.path + " " + c.body.substr(0, 80));
+    EXPECT_EQ(r.status, c.status) << r.body;
+    Json j = Json::parse(r.body, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.body;
+    ASSERT_TRUE(j.contains("error")) << r.body;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    EXPECT_TRUE(j["error"]["type"].is_string());
+    EXPECT_EQ(j["error"]["code"], c.code.empty() ? Json(nullptr) : Json(c.code)) << r.body;
+    if (!c.param.empty()) {
+      EXPECT_EQ(j["error"]["param"], c.param) << r.body;
+    }
+  }
+  // The system still serves.
+  EXPECT_EQ(Post(http_, ok).status, 200);
+}
+
+TEST_F(RouterTest, ADisconnectingClientCancelsItsRequest) {
+  const int fd = Connect(http_);
+  ASSERT_GE(fd, 0);
+  const std::string req = Request(
+      "POST", "/v1/completions",
+      Completion({{"max_tokens", 400}, {"stream", true}, {"prompt", "And God said"}}).dump());
+  send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  char buf[4096];
+  std::string in;
+  while (in.find("data: ") == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0);
+    in.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_EQ(RunningAtRouter(), 1);
+  close(fd);
+  // Cancelled: its slot is free well before 400 tokens could have been generated.
+  EXPECT_TRUE(WaitUntil([] { return RunningAtRouter() == 0; }, 5000, 20));
+  EXPECT_EQ(Post(http_, Completion({})).status, 200);
+}
+
+TEST_F(RouterTest, AFullQueueAnswers429WhileAdmittedRequestsComplete) {
+  // max_batch 1 and queue_limit 2: one runs, two wait, the rest are refused at once.
+  std::vector<std::thread> clients;
+  std::vector<int> statuses(6, 0);
+  for (int i = 0; i < 6; ++i) {
+    clients.emplace_back([&, i] {
+      statuses[static_cast<size_t>(i)] =
+          Post(http_, Completion({{"max_tokens", 48}, {"prompt", "In the beginning"}})).status;
+    });
+    std::this_thread::sleep_for(30ms);
+  }
+  for (auto& t : clients) t.join();
+  int ok = 0, busy = 0;
+  for (int s : statuses) {
+    ok += s == 200;
+    busy += s == 429;
+  }
+  EXPECT_EQ(ok + busy, 6) << ::testing::PrintToString(statuses);
+  EXPECT_GE(ok, 3);
+  EXPECT_GE(busy, 1);
+  // The 429 carries Retry-After and the error object.
+  std::vector<std::thread> more;
+  std::vector<Reply> replies(5);
+  for (int i = 0; i < 5; ++i) {
+    more.emplace_back([&, i] {
+      replies[static_cast<size_t>(i)] = Post(http_, Completion({{"max_tokens", 48}}));
+    });
+    std::this_thread::sleep_for(30ms);
+  }
+  for (auto& t : more) t.join();
+  bool saw = false;
+  for (const Reply& r : replies) {
+    if (r.status != 429) continue;
+    saw = true;
+    EXPECT_NE(r.head.find("Retry-After: 1"), std::string::npos) << r.head;
+    EXPECT_EQ(Json::parse(r.body)["error"]["code"], "queue_full");
+  }
+  EXPECT_TRUE(saw);
+}
+
+}  // namespace
+}  // namespace fmoe
