@@ -21,28 +21,72 @@ HttpResponse MethodNotAllowed(const HttpRequest& request, const std::string& all
 
 }  // namespace
 
-RouterApi::RouterApi(RouterApiOptions options, const WorkerLink& link, Completions* completions)
-    : options_(std::move(options)), link_(link), completions_(completions) {
+RouterApi::RouterApi(RouterApiOptions options, const WorkerLink& link, Completions* completions,
+                     RouterMetrics* metrics)
+    : options_(std::move(options)), link_(link), completions_(completions), metrics_(metrics) {
   created_ = std::chrono::duration_cast<std::chrono::seconds>(
                  std::chrono::system_clock::now().time_since_epoch())
                  .count();
 }
 
-void RouterApi::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) const {
-  if (request.path == "/v1/completions") {
-    if (request.method != "POST") {
-      responder->Respond(MethodNotAllowed(request, "POST"));
-    } else if (completions_ == nullptr) {
-      responder->Respond(ErrorResponse(503, "this router serves no model", "service_unavailable"));
-    } else {
-      completions_->Handle(request, std::move(responder));
+bool RouterApi::Authorized(const HttpRequest& request) const {
+  if (options_.api_keys.empty() || request.path == "/health") return true;
+  auto it = request.headers.find("authorization");
+  if (it == request.headers.end()) return false;
+  const std::string& value = it->second;
+  constexpr std::string_view kBearer = "Bearer ";
+  if (value.size() < kBearer.size() || value.compare(0, kBearer.size(), kBearer) != 0) {
+    return false;
+  }
+  const std::string_view given = std::string_view(value).substr(kBearer.size());
+  // Every key is compared over its whole length whatever matches: the time says nothing about
+  // which bytes were right.
+  bool any = false;
+  for (const std::string& key : options_.api_keys) {
+    unsigned diff = static_cast<unsigned>(given.size() ^ key.size());
+    for (size_t i = 0; i < key.size(); ++i) {
+      const unsigned char g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
+      diff |= static_cast<unsigned>(g ^ static_cast<unsigned char>(key[i]));
     }
+    any |= diff == 0;
+  }
+  return any;
+}
+
+void RouterApi::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) const {
+  const bool known = request.path == "/health" || request.path == "/metrics" ||
+                     request.path == "/v1/models" || request.path == "/v1/completions";
+  const std::string route = known ? request.path : "other";
+  if (!Authorized(request)) {
+    HttpResponse res =
+        ErrorResponse(401, "missing or invalid API key: send \"Authorization: Bearer <key>\"",
+                      "invalid_request_error", "invalid_api_key");
+    res.headers.emplace_back("WWW-Authenticate", "Bearer");
+    if (metrics_ != nullptr) metrics_->CountRequest(route, 401);
+    responder->Respond(std::move(res));
     return;
   }
-  responder->Respond(HandleNow(request));
+  if (request.path == "/v1/completions" && request.method == "POST" && completions_ != nullptr) {
+    completions_->Handle(request, std::move(responder));  // Counts its own answers.
+    return;
+  }
+  HttpResponse res = HandleNow(request);
+  if (metrics_ != nullptr) metrics_->CountRequest(route, res.status);
+  responder->Respond(std::move(res));
 }
 
 HttpResponse RouterApi::HandleNow(const HttpRequest& request) const {
+  if (request.path == "/v1/completions") {
+    if (request.method != "POST") return MethodNotAllowed(request, "POST");
+    return ErrorResponse(503, "this router serves no model", "service_unavailable");
+  }
+  if (request.path == "/metrics") {
+    if (request.method != "GET") return MethodNotAllowed(request, "GET");
+    HttpResponse res;
+    res.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    res.body = metrics_ != nullptr ? metrics_->Render(*link_.View()) : "";
+    return res;
+  }
   if (request.path == "/health") {
     if (request.method != "GET" && request.method != "HEAD") {
       return MethodNotAllowed(request, "GET, HEAD");

@@ -94,6 +94,23 @@ struct CompletionState {
   uint32_t completion_tokens = 0;
   uint64_t hits = 0, misses = 0, bytes = 0;
   std::string out;  // Non-stream: the whole text.
+  RouterMetrics* metrics = nullptr;
+  using Time = std::chrono::steady_clock::time_point;
+  Time arrived = std::chrono::steady_clock::now();
+  Time first_token{}, last_token{};
+
+  void Count(int status) {
+    if (metrics != nullptr) metrics->CountRequest("/v1/completions", status);
+  }
+  void CountGeneration() {
+    if (metrics == nullptr) return;
+    using Ms = std::chrono::duration<double, std::milli>;
+    const double ttft = completion_tokens ? Ms(first_token - arrived).count() : 0.0;
+    const double tpot = completion_tokens > 1
+                            ? Ms(last_token - first_token).count() / (completion_tokens - 1)
+                            : 0.0;
+    metrics->CountGeneration(ttft, tpot, completion_tokens);
+  }
 
   CompletionState(const Tokenizer& tokenizer, std::vector<std::string> stops)
       : text(tokenizer, /*skip_special_tokens=*/true), stop(std::move(stops)) {}
@@ -129,6 +146,8 @@ struct CompletionState {
     misses = ev.expert_misses;
     bytes = ev.bytes_moved;
     if (ev.token_id >= 0) {
+      last_token = std::chrono::steady_clock::now();
+      if (completion_tokens == 0) first_token = last_token;
       ++completion_tokens;
       if (!stop.stopped()) Emit(stop.Feed(text.Push(ev.token_id)));
     }
@@ -139,6 +158,7 @@ struct CompletionState {
         if (!stop.stopped()) Emit(stop.Flush());
       }
       const char* finish = stop.stopped() ? "stop" : FinishName(ev.finish);
+      CountGeneration();
       if (stream) {
         Send(Chunk("", finish));
         if (include_usage) {
@@ -154,6 +174,7 @@ struct CompletionState {
         body["usage"] = Usage();
         HttpResponse res;
         res.body = body.dump();
+        Count(200);
         responder->Respond(std::move(res));
       }
       return;
@@ -172,6 +193,7 @@ struct CompletionState {
       responder->Write("data: [DONE]\n\n");
       responder->End();
     } else {
+      Count(err.status);
       responder->Respond(std::move(err));
     }
   }
@@ -356,18 +378,21 @@ Result<CompletionRequest> ParseCompletionRequest(const std::string& body,
   return out;
 }
 
-Completions::Completions(CompletionsOptions options, const Tokenizer& tokenizer, WorkerLink& link)
-    : options_(std::move(options)), tokenizer_(tokenizer), link_(link) {}
+Completions::Completions(CompletionsOptions options, const Tokenizer& tokenizer, WorkerLink& link,
+                         RouterMetrics* metrics)
+    : options_(std::move(options)), tokenizer_(tokenizer), link_(link), metrics_(metrics) {}
 
 void Completions::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
   HttpResponse error;
   auto parsed = ParseCompletionRequest(request.body, options_, tokenizer_, &error);
   if (!parsed.ok()) {
+    if (metrics_ != nullptr) metrics_->CountRequest("/v1/completions", error.status);
     responder->Respond(std::move(error));
     return;
   }
   auto state = std::make_shared<CompletionState>(tokenizer_, parsed->sampling.stop);
   state->responder = responder;
+  state->metrics = metrics_;
   state->id = "cmpl-" + FingerprintHex(RandomId());
   state->model = options_.model_name;
   state->created = UnixSeconds();
@@ -388,14 +413,19 @@ void Completions::Handle(const HttpRequest& request, std::shared_ptr<HttpRespond
       HttpResponse res = ApiError(429, id.status().message() + "; retry later",
                                   "rate_limit_exceeded", "", "queue_full");
       res.headers.emplace_back("Retry-After", "1");
+      state->Count(429);
       responder->Respond(std::move(res));
     } else {
       const std::string reason = link_.View()->UnavailableReason();
+      state->Count(503);
       responder->Respond(ApiError(503, reason, "service_unavailable", "", "unavailable"));
     }
     return;
   }
-  if (state->stream) responder->BeginStream(200, "text/event-stream");
+  if (state->stream) {
+    state->Count(200);
+    responder->BeginStream(200, "text/event-stream");
+  }
   WorkerLink* link = &link_;
   const uint64_t request_id = *id;
   responder->OnClose([link, request_id] { link->Cancel(request_id); });

@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "common/tokenizer.h"
 #include "router/http_server.h"
+#include "router/metrics.h"
 #include "router/worker_link.h"
 
 namespace fmoe {
@@ -40,13 +41,16 @@ Result<CompletionRequest> ParseCompletionRequest(const std::string& body,
 
 class Completions {
  public:
-  Completions(CompletionsOptions options, const Tokenizer& tokenizer, WorkerLink& link);
+  // `metrics` may be null.
+  Completions(CompletionsOptions options, const Tokenizer& tokenizer, WorkerLink& link,
+              RouterMetrics* metrics = nullptr);
   void Handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
 
  private:
   CompletionsOptions options_;
   const Tokenizer& tokenizer_;
   WorkerLink& link_;
+  RouterMetrics* metrics_;
 };
 
 }  // namespace fmoe

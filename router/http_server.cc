@@ -67,8 +67,12 @@ class Exchange final : public HttpResponder {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, const HttpServerOptions& options, const AsyncHttpHandler& handler,
-          std::atomic<int>& open)
-      : stream_(std::move(socket)), options_(options), handler_(handler), open_(open) {
+          std::atomic<int>& open, const std::atomic<bool>& stopping)
+      : stream_(std::move(socket)),
+        options_(options),
+        handler_(handler),
+        open_(open),
+        stopping_(stopping) {
     ++open_;
     beast::error_code ec;
     auto ep = stream_.socket().remote_endpoint(ec);
@@ -146,6 +150,17 @@ class Session : public std::enable_shared_from_this<Session> {
 
   bool closed() const { return closed_; }
 
+  // The server stops: a connection waiting for its next request closes now; one with an
+  // answer in progress closes after it.
+  void StopIfIdle() {
+    Post([self = shared_from_this()] {
+      if (self->state_ == State::kReading) {
+        beast::error_code ec;
+        self->stream_.socket().close(ec);
+      }
+    });
+  }
+
  private:
   enum class State { kReading, kWaiting, kStreaming, kFinal, kDone };
 
@@ -216,11 +231,11 @@ class Session : public std::enable_shared_from_this<Session> {
           self->watching_ = false;
           if (!ec) {
             self->buffer_.commit(n);  // A pipelined request: parsed when this one is done.
-            if (self->state_ == State::kDone) self->Read();
+            if (self->state_ == State::kDone && !self->closing_) self->Read();
             return;
           }
           if (ec == asio::error::operation_aborted && self->state_ == State::kDone) {
-            self->Read();  // Cancelled after the answer: next request.
+            if (!self->closing_) self->Read();  // Cancelled after the answer: next request.
             return;
           }
           if (self->state_ == State::kDone) return;
@@ -267,7 +282,7 @@ class Session : public std::enable_shared_from_this<Session> {
     writing_ = false;
     state_ = State::kDone;
     exchange_.reset();
-    if (!keep_alive_ || closed_) return Close();
+    if (!keep_alive_ || closed_ || stopping_) return Close();
     if (watching_) {
       beast::error_code ignored;
       stream_.socket().cancel(ignored);  // The watch completes, then reads the next request.
@@ -276,9 +291,13 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
+  // Ends the connection: our side is shut after what was written, and a pending watch read is
+  // cancelled so the session goes away without waiting for the client to close.
   void Close() {
+    closing_ = true;
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.socket().cancel(ec);
   }
 
   struct Piece {
@@ -292,6 +311,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const HttpServerOptions& options_;
   const AsyncHttpHandler& handler_;
   std::atomic<int>& open_;
+  const std::atomic<bool>& stopping_;
   std::string remote_;
   // Strand only.
   State state_ = State::kReading;
@@ -300,6 +320,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool watching_ = false;
   bool writing_ = false;
   bool closed_ = false;
+  bool closing_ = false;
   std::deque<Piece> out_;
   std::weak_ptr<Exchange> exchange_;
 };
@@ -370,6 +391,8 @@ struct HttpServer::Impl {
   tcp::acceptor acceptor{ioc};
   std::atomic<int> open_sessions{0};
   std::atomic<bool> stopping{false};
+  std::mutex sessions_mu;
+  std::vector<std::weak_ptr<Session>> sessions;  // GUARDED_BY(sessions_mu)
   uint16_t bound_port = 0;
   asio::steady_timer stop_timer{ioc};
   std::chrono::steady_clock::time_point stop_deadline;
@@ -390,7 +413,14 @@ struct HttpServer::Impl {
         if (ec == asio::error::operation_aborted || stopping) return;
         spdlog::warn("accept failed: {}", ec.message());
       } else {
-        std::make_shared<Session>(std::move(s), options, handler, open_sessions)->Start();
+        auto session =
+            std::make_shared<Session>(std::move(s), options, handler, open_sessions, stopping);
+        {
+          std::lock_guard<std::mutex> lock(sessions_mu);
+          std::erase_if(sessions, [](const std::weak_ptr<Session>& w) { return w.expired(); });
+          sessions.push_back(session);
+        }
+        session->Start();
       }
       Accept();
     });
@@ -453,6 +483,12 @@ void HttpServer::Run() {
 void HttpServer::Stop(int grace_ms) {
   asio::post(impl_->ioc, [this, grace_ms] {
     impl_->stopping = true;
+    {
+      std::lock_guard<std::mutex> lock(impl_->sessions_mu);
+      for (auto& w : impl_->sessions) {
+        if (auto session = w.lock()) session->StopIfIdle();
+      }
+    }
     beast::error_code ec;
     impl_->acceptor.close(ec);
     impl_->stop_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);

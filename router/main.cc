@@ -1,5 +1,6 @@
 // fmoe-router: the HTTP front end. Reads the manifest, binds the HTTP listener and the worker
 // socket, reports readiness to the launcher, serves until SIGINT/SIGTERM.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <thread>
@@ -81,8 +82,10 @@ int main(int argc, char** argv) {
   completions_options.context_length = model->max_position_embeddings;
   completions_options.request_timeout_ms =
       static_cast<int64_t>(manifest.router.request_timeout_s * 1000.0);
-  Completions completions(completions_options, **tokenizer, link);
-  RouterApi api({manifest.model.name, model->max_position_embeddings}, link, &completions);
+  RouterMetrics metrics;
+  Completions completions(completions_options, **tokenizer, link, &metrics);
+  RouterApi api({manifest.model.name, model->max_position_embeddings, manifest.router.api_keys},
+                link, &completions, &metrics);
   HttpServer server(http, AsyncHttpHandler([&api](const HttpRequest& r,
                                                   std::shared_ptr<HttpResponder> responder) {
                       api.Handle(r, std::move(responder));
@@ -94,7 +97,11 @@ int main(int argc, char** argv) {
 
   std::atomic<bool> stop{false};
   std::thread link_thread([&] { link.Run(stop); });
-  signals.OnStop([&] { server.Stop(1000); });
+  // SIGTERM: stop accepting, let in-flight answers (streams included) finish for up to 30 s or
+  // the request timeout, whichever is shorter, then exit.
+  const int grace_ms =
+      static_cast<int>(std::min(30000.0, manifest.router.request_timeout_s * 1000));
+  signals.OnStop([&server, grace_ms] { server.Stop(grace_ms); });
   spdlog::info("serving http://{}:{}", http.host, server.port());
   NotifyReady(ready_fd);
   server.Run();

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "common/process_util.h"
 
@@ -71,8 +72,17 @@ void WorkerLink::Run(const std::atomic<bool>& stop) {
       }
       if (readable[1]) {
         while (auto in = map_service_->Receive(0)) {
-          if (std::holds_alternative<AdminReply>(in->message)) {
+          if (const auto* reply = std::get_if<AdminReply>(&in->message)) {
             last_map_reply_ms_ = clock_.NowMs();
+            // Ping answers carry the service's Stats: keep its match latency for /metrics.
+            auto j = nlohmann::json::parse(reply->json, nullptr, false);
+            if (j.is_object() && j.contains("match_latency_us") &&
+                j["match_latency_us"].is_object()) {
+              const auto& m = j["match_latency_us"];
+              map_p50_us_ = m.value("p50", 0.0);
+              map_p99_us_ = m.value("p99", 0.0);
+              map_count_ = m.value("count", uint64_t{0});
+            }
           }
         }
       }
@@ -290,6 +300,7 @@ void WorkerLink::HandleWorker(const std::string& peer, const WorkerMessage& mess
       leaders_.Touch(peer);
       entry->info.free_slots = hb->free_slots;
       entry->info.active_requests = hb->active_requests;
+      entry->info.experts = hb->experts;
     }
     Status s = workers_->Send(WorkerHeartbeatAck{hb->seq, known}, peer);
     if (!s.ok()) spdlog::debug("heartbeat ack to {} failed: {}", peer, s.ToString());
@@ -324,8 +335,14 @@ void WorkerLink::OnHello(const std::string& peer, const WorkerHello& hello) {
         break;
       }
     }
-    leaders_.Upsert(peer, Leader{hello.group, hello.instance_id, hello.model_fingerprint,
-                                 hello.world_size, hello.max_batch, hello.free_slots, 0});
+    leaders_.Upsert(peer, Leader{hello.group,
+                                 hello.instance_id,
+                                 hello.model_fingerprint,
+                                 hello.world_size,
+                                 hello.max_batch,
+                                 hello.free_slots,
+                                 0,
+                                 {}});
     last_seen_by_group_[hello.group] = clock_.NowMs();
     spdlog::info("group={} joined: world_size={} max_batch={} instance={:016x} peer={}",
                  hello.group, hello.world_size, hello.max_batch, hello.instance_id, peer);
@@ -348,6 +365,9 @@ void WorkerLink::PingMapService() {
 void WorkerLink::Publish() {
   auto view = std::make_shared<ClusterView>();
   view->map_service_endpoint = options_.map_service_endpoint;
+  view->map_match_p50_us = map_p50_us_;
+  view->map_match_p99_us = map_p99_us_;
+  view->map_match_count = map_count_;
   int64_t now = clock_.NowMs();
   if (last_map_reply_ms_ >= 0) {
     view->map_service_silence_ms = now - last_map_reply_ms_;
@@ -374,6 +394,7 @@ void WorkerLink::Publish() {
       g.max_batch = entry.info.max_batch;
       g.free_slots = entry.info.free_slots;
       g.active_requests = entry.info.active_requests;
+      g.experts = entry.info.experts;
       g.instance_id = entry.info.instance_id;
       g.model_fingerprint = entry.info.model_fingerprint;
     }

@@ -56,6 +56,7 @@ struct GroupView {
   uint32_t max_batch = 0;
   uint32_t free_slots = 0;
   uint32_t active_requests = 0;
+  ExpertFigures experts;    // The leader's expert cache totals, from its last heartbeat.
   uint32_t queued = 0;      // Waiting in the router for this group.
   uint32_t running = 0;     // Handed to its leader, not finished.
   int64_t silence_ms = -1;  // Since the last heartbeat; -1 if never seen.
@@ -68,6 +69,9 @@ struct ClusterView {
   bool map_service_alive = false;
   int64_t map_service_silence_ms = -1;  // Since the last admin reply; -1 if never.
   std::string map_service_endpoint;
+  double map_match_p50_us = 0.0;  // From the map service's last Stats reply.
+  double map_match_p99_us = 0.0;
+  uint64_t map_match_count = 0;
   int alive_groups() const;
   // Why no group can serve, e.g. "g0: no heartbeat for 3.4 s; g1: never connected".
   std::string UnavailableReason() const;
@@ -98,6 +102,7 @@ class WorkerLink {
     uint32_t max_batch = 0;
     uint32_t free_slots = 0;
     uint32_t active_requests = 0;
+    ExpertFigures experts;
   };
 
   struct Pending {
@@ -131,6 +136,8 @@ class WorkerLink {
   uint64_t ping_seq_ = 0;
   int64_t last_ping_ms_ = 0;
   int64_t last_map_reply_ms_ = -1;
+  double map_p50_us_ = 0.0, map_p99_us_ = 0.0;
+  uint64_t map_count_ = 0;
 
   mutable std::mutex view_mu_;
   std::shared_ptr<const ClusterView> view_;  // GUARDED_BY(view_mu_)

@@ -53,8 +53,12 @@ int Connect(int port) {
   return fd;
 }
 
-std::string Request(const std::string& method, const std::string& path, const std::string& body) {
+constexpr const char* kKey = "test-key-0123456789";
+
+std::string Request(const std::string& method, const std::string& path, const std::string& body,
+                    const std::string& auth = std::string("Bearer ") + kKey) {
   return method + " " + path + " HTTP/1.1\r\nHost: test\r\nConnection: close\r\n" +
+         (auth.empty() ? "" : "Authorization: " + auth + "\r\n") +
          "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
          "\r\n\r\n" + body;
 }
@@ -74,11 +78,11 @@ std::string Dechunk(const std::string& body) {
 
 // One request on its own connection, read to the end.
 Reply Call(int port, const std::string& method, const std::string& path,
-           const std::string& body = "") {
+           const std::string& body = "", const std::string& auth = std::string("Bearer ") + kKey) {
   Reply r;
   const int fd = Connect(port);
   if (fd < 0) return r;
-  const std::string req = Request(method, path, body);
+  const std::string req = Request(method, path, body, auth);
   send(fd, req.data(), req.size(), MSG_NOSIGNAL);
   std::string in;
   char buf[8192];
@@ -130,7 +134,8 @@ class RouterTest : public ::testing::Test {
                            "router:\n  listen: 127.0.0.1:" +
                            std::to_string(http_) +
                            "\n  worker_endpoint: tcp://127.0.0.1:" + std::to_string(FreeTcpPort()) +
-                           "\n  max_body_bytes: 65536\n"
+                           "\n  max_body_bytes: 65536\n  api_keys: [" + kKey +
+                           "]\n"
                            "heartbeat:\n  interval_ms: 100\n  timeout_ms: 2000\n"
                            "launcher:\n  run_dir: " +
                            *dir_ + "/run\n  ready_timeout_s: 60\n");
@@ -336,6 +341,47 @@ TEST_F(RouterTest, BadRequestsGetTheirStatusAndError) {
   }
   // The system still serves.
   EXPECT_EQ(Post(http_, ok).status, 200);
+}
+
+TEST_F(RouterTest, ApiKeysGuardEverythingButHealth) {
+  EXPECT_EQ(Call(http_, "GET", "/health", "", "").status, 200);
+  for (const std::string& auth :
+       {std::string(""), std::string("Bearer wrong-key-0123456789"),
+        std::string("Bearer test-key-012345678"), std::string("Basic dGVzdA=="),
+        std::string("Bearer test-key-0123456789x")}) {
+    SCOPED_TRACE(auth);
+    Reply r = Call(http_, "POST", "/v1/completions", Completion({}).dump(), auth);
+    EXPECT_EQ(r.status, 401) << r.body;
+    EXPECT_NE(r.head.find("WWW-Authenticate: Bearer"), std::string::npos) << r.head;
+    EXPECT_EQ(Json::parse(r.body)["error"]["code"], "invalid_api_key");
+    EXPECT_EQ(Call(http_, "GET", "/v1/models", "", auth).status, 401);
+    EXPECT_EQ(Call(http_, "GET", "/metrics", "", auth).status, 401);
+  }
+}
+
+TEST_F(RouterTest, MetricsCountRequestsLatencyAndExperts) {
+  ASSERT_EQ(Post(http_, Completion({{"max_tokens", 6}})).status, 200);
+  ASSERT_EQ(Post(http_, Completion({{"n", 3}})).status, 400);
+  // Heartbeats carry the worker's expert figures every 100 ms.
+  std::this_thread::sleep_for(300ms);
+  Reply m = Call(http_, "GET", "/metrics");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_NE(m.head.find("text/plain; version=0.0.4"), std::string::npos) << m.head;
+  auto value = [&](const std::string& series) -> double {
+    const size_t at = m.body.find("\n" + series + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(m.body.substr(at + series.size() + 2));
+  };
+  EXPECT_GE(value("fmoe_requests_total{route=\"/v1/completions\",status=\"200\"}"), 1) << m.body;
+  EXPECT_GE(value("fmoe_requests_total{route=\"/v1/completions\",status=\"400\"}"), 1);
+  EXPECT_GE(value("fmoe_time_to_first_token_seconds_count"), 1);
+  EXPECT_GE(value("fmoe_time_per_output_token_seconds_count"), 1);
+  EXPECT_GE(value("fmoe_generated_tokens_total"), 6);
+  EXPECT_GT(value("fmoe_expert_hits_total{group=\"g0\"}"), 0);
+  EXPECT_EQ(value("fmoe_group_alive{group=\"g0\"}"), 1);
+  EXPECT_EQ(value("fmoe_queue_depth{group=\"g0\"}"), 0);
+  EXPECT_EQ(value("fmoe_map_service_up"), 1);
+  EXPECT_GT(value("fmoe_map_service_match_latency_seconds_count"), 0);
 }
 
 TEST_F(RouterTest, ADisconnectingClientCancelsItsRequest) {

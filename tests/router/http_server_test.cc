@@ -231,5 +231,53 @@ TEST(HttpServer, AResponderReleasedWithoutAnAnswerSends500) {
   EXPECT_NE(r.find("no response"), std::string::npos) << r;
 }
 
+// Stop: no new connections, an idle keep-alive connection is closed at once, a stream in
+// progress runs to its end within the grace period, then Run returns.
+TEST(HttpServer, StopLetsAStreamFinishAndClosesIdleConnections) {
+  std::thread worker;
+  HttpServerOptions o;
+  o.port = 0;
+  HttpServer server(o,
+                    AsyncHttpHandler([&](const HttpRequest& req, std::shared_ptr<HttpResponder> r) {
+                      if (req.path == "/quick") {
+                        r->Respond({200, "text/plain", "quick", {}});
+                        return;
+                      }
+                      worker = std::thread([r] {
+                        r->BeginStream(200, "text/event-stream");
+                        for (int i = 0; i < 5; ++i) {
+                          std::this_thread::sleep_for(100ms);
+                          r->Write("data: " + std::to_string(i) + "\n\n");
+                        }
+                        r->End();
+                      });
+                    }));
+  ASSERT_TRUE(server.Start().ok());
+  std::thread run([&] { server.Run(); });
+  Client idle(server.port());
+  idle.Send(Get("/quick"));
+  ASSERT_NE(idle.ReadUntil(HasWholeResponse).find("quick"), std::string::npos);
+  Client streaming(server.port());
+  streaming.Send(Get("/stream"));
+  std::this_thread::sleep_for(150ms);
+  const auto stop_at = std::chrono::steady_clock::now();
+  server.Stop(5000);
+  std::string body;
+  streaming.ReadUntil([&](const std::string& s) {
+    const size_t head = s.find("\r\n\r\n");
+    if (head == std::string::npos) return false;
+    bool complete = false;
+    body = Dechunk(s.substr(head + 4), &complete);
+    return complete;
+  });
+  EXPECT_EQ(body, "data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n");
+  run.join();
+  // Run returned once the stream ended, long before the 5 s grace.
+  EXPECT_LT(std::chrono::steady_clock::now() - stop_at, 3s);
+  // The idle connection was closed by the server.
+  EXPECT_EQ(idle.ReadUntil([](const std::string&) { return false; }, 500ms), "");
+  worker.join();
+}
+
 }  // namespace
 }  // namespace fmoe
