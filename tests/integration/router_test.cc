@@ -384,6 +384,23 @@ TEST_F(RouterTest, MetricsCountRequestsLatencyAndExperts) {
   EXPECT_GT(value("fmoe_map_service_match_latency_seconds_count"), 0);
 }
 
+// The official `openai` Python client, from the virtual environment deploy/test.sh prepares
+// (.venv in the source tree). Skipped, and said so, when it is not there (PyPI unreachable).
+TEST_F(RouterTest, OfficialOpenAIClient) {
+  const std::string python = std::string(FMOE_SOURCE_DIR) + "/.venv/bin/python";
+  auto [probe, out] = testing::RunCommand({python, "-c", "import openai"}, 60000);
+  if (probe != 0) {
+    GTEST_SKIP() << "SKIPPED: the openai Python client is not installed in " << python
+                 << " (deploy/test.sh installs it from PyPI; PyPI may be unreachable)";
+  }
+  auto [code, log] = testing::RunCommand(
+      {python, std::string(FMOE_SOURCE_DIR) + "/tests/integration/openai_client_check.py",
+       "http://127.0.0.1:" + std::to_string(http_) + "/v1", kKey, "tiny-moe"},
+      120000);
+  EXPECT_EQ(code, 0) << log;
+  EXPECT_NE(log.find("all checks passed"), std::string::npos) << log;
+}
+
 TEST_F(RouterTest, ADisconnectingClientCancelsItsRequest) {
   const int fd = Connect(http_);
   ASSERT_GE(fd, 0);
