@@ -462,5 +462,91 @@ TEST_F(RouterTest, AFullQueueAnswers429WhileAdmittedRequestsComplete) {
   EXPECT_TRUE(saw);
 }
 
+// Two worker groups: requests spread over both; when one group's leader dies, its request that
+// had started ends with 503, its queued one runs on the other group, and new requests keep
+// being served by the group that is alive.
+TEST(RouterGroupsTest, ALostGroupsQueuedRequestsMoveToTheOther) {
+  const std::string dir = testing::MakeTempDir("fmoe-router-groups");
+  const int http = FreeTcpPort();
+  const std::string manifest = dir + "/manifest.yaml";
+  testing::WriteFile(manifest,
+                     "model:\n  name: tiny-moe\n  path: " + std::string(FMOE_SOURCE_DIR) +
+                         "/deploy/models/tiny-moe\n"
+                         "map_service:\n  endpoint: tcp://127.0.0.1:" +
+                         std::to_string(FreeTcpPort()) + "\n  data_dir: " + dir +
+                         "/maps\n"
+                         "worker_groups:\n"
+                         "  - name: a\n    max_batch: 1\n    workers:\n      - device: cpu\n"
+                         "  - name: b\n    max_batch: 1\n    workers:\n      - device: cpu\n"
+                         "router:\n  listen: 127.0.0.1:" +
+                         std::to_string(http) +
+                         "\n  worker_endpoint: tcp://127.0.0.1:" + std::to_string(FreeTcpPort()) +
+                         "\nheartbeat:\n  interval_ms: 100\n  timeout_ms: 1000\n"
+                         "launcher:\n  run_dir: " +
+                         dir +
+                         "/run\n  ready_timeout_s: 60\n  restart:\n    initial_backoff_ms: 5000\n"
+                         "    max_backoff_ms: 5000\n");
+  Child launcher({BinDir() + "/fmoe", "launch", manifest}, dir + "/launcher.log");
+  auto health = [&]() {
+    auto res = HttpGet("127.0.0.1", http, "/health", 1000);
+    return res.ok() ? Json::parse(res->body, nullptr, false) : Json();
+  };
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        Json h = health();
+        return h.is_object() && h["groups"][0]["alive"] == true && h["groups"][1]["alive"] == true;
+      },
+      90000))
+      << launcher.Log();
+  // Four long requests: one runs on each group, one waits in each group's queue.
+  const Json body = {
+      {"model", "tiny-moe"}, {"prompt", "And God said"}, {"max_tokens", 150}, {"temperature", 0}};
+  std::vector<Reply> replies(4);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < 4; ++i) {
+    clients.emplace_back(
+        [&, i] { replies[i] = Call(http, "POST", "/v1/completions", body.dump(), ""); });
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        Json h = health();
+        return h.is_object() && h["groups"][0]["running"] == 1 && h["groups"][1]["running"] == 1 &&
+               h["groups"][0]["queued"] == 1 && h["groups"][1]["queued"] == 1;
+      },
+      10000))
+      << health().dump();
+  // Kill group a's leader.
+  Json state = Json::parse(testing::ReadFile(dir + "/run/launcher.json"));
+  int64_t pid = 0;
+  for (const auto& p : state["processes"]) {
+    if (p["name"] == "worker-a-0") pid = p["pid"].get<int64_t>();
+  }
+  ASSERT_GT(pid, 0) << state.dump();
+  kill(static_cast<pid_t>(pid), SIGKILL);
+  for (auto& t : clients) t.join();
+  int ok = 0, unavailable = 0;
+  for (const Reply& r : replies) {
+    ok += r.status == 200;
+    unavailable += r.status == 503;
+  }
+  EXPECT_EQ(ok, 3) << replies[0].body << replies[1].body << replies[2].body << replies[3].body;
+  EXPECT_EQ(unavailable, 1);
+  for (const Reply& r : replies) {
+    if (r.status == 503) {
+      EXPECT_EQ(Json::parse(r.body)["error"]["message"], "worker group lost") << r.body;
+    }
+  }
+  // Group b still serves.
+  EXPECT_EQ(Call(http, "POST", "/v1/completions",
+                 Json{{"model", "tiny-moe"}, {"prompt", "x"}, {"max_tokens", 2}}.dump(), "")
+                .status,
+            200);
+  launcher.Signal(SIGTERM);
+  launcher.Wait(30000);
+  std::error_code ec;
+  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir, ec);
+}
+
 }  // namespace
 }  // namespace fmoe
