@@ -2,8 +2,10 @@
 # Quick start, command 2: installs what is missing, builds, and runs the whole test suite:
 #   1. the full build (LibTorch, CUDA sources when nvcc is present), warnings as errors, ctest;
 #   2. an ASan+UBSan build of the Torch-free libraries and their tests, ctest;
-#   3. a clang build of the libFuzzer targets (tests/fuzz/), ctest -L fuzz: a short fuzz run of
-#      the wire decoder from generated seeds.
+#   3. a clang build of the libFuzzer targets (tests/fuzz/), ctest -L fuzz: short fuzz runs of
+#      the wire decoder and of the router's request parsing, from generated seeds.
+# Before stage 1 it prepares .venv with the official `openai` Python client from PyPI for the
+# router's compatibility test; without PyPI that test says it was skipped.
 # Exits non-zero on any failure.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -12,6 +14,13 @@ start=$(date +%s)
 fmoe_install_deps
 
 fmoe_build "$FMOE_ROOT/build" -DCMAKE_BUILD_TYPE=Release -DFMOE_WERROR=ON
+if [ ! -x "$FMOE_ROOT/.venv/bin/python" ] || ! "$FMOE_ROOT/.venv/bin/python" -c "import openai" 2>/dev/null; then
+  fmoe_log "installing the openai Python client into .venv (for the router compatibility test)"
+  if ! { python3 -m venv "$FMOE_ROOT/.venv" && \
+         "$FMOE_ROOT/.venv/bin/pip" install -q --disable-pip-version-check openai; }; then
+    fmoe_log "PyPI is unreachable: the openai client test will be SKIPPED"
+  fi
+fi
 fmoe_log "running the test suite (build/)"
 (cd "$FMOE_ROOT/build" && ctest --output-on-failure --timeout 900 -j 2)
 
@@ -24,7 +33,7 @@ fmoe_log "running the sanitizer suite (build-asan/: ASan+UBSan, Torch-free)"
 
 fmoe_build "$FMOE_ROOT/build-fuzz" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DFMOE_FUZZ=ON -DFMOE_TORCH=OFF -DFMOE_CUDA=OFF -DFMOE_BUILD_BENCH=OFF -DFMOE_BUILD_TESTS=OFF \
-  -DFMOE_WERROR=ON -- codec_fuzz make_corpus
+  -DFMOE_WERROR=ON -- codec_fuzz make_corpus request_fuzz make_request_corpus
 fmoe_log "running the fuzz suite (build-fuzz/: libFuzzer+ASan+UBSan, clang)"
 (cd "$FMOE_ROOT/build-fuzz" && ctest --output-on-failure -L fuzz)
 

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <mutex>
 
 #include <spdlog/spdlog.h>
@@ -299,11 +300,17 @@ Result<CompletionRequest> ParseCompletionRequest(const std::string& body,
   auto max_tokens = j.find("max_tokens");
   uint64_t max_new = options.default_max_tokens;
   if (max_tokens != j.end() && !max_tokens->is_null()) {
-    if (!max_tokens->is_number_integer() || max_tokens->get<int64_t>() < 1) {
+    // JSON integers that are not negative parse as unsigned, the others as signed.
+    if (!max_tokens->is_number_integer() ||
+        (max_tokens->is_number_unsigned() ? max_tokens->get<uint64_t>() == 0
+                                          : max_tokens->get<int64_t>() < 1)) {
       return fail(BadParam("max_tokens", "'max_tokens' must be an integer of at least 1"));
     }
     max_new = max_tokens->get<uint64_t>();
-    if (prompt_len + max_new > options.context_length) return fail(context_error(max_new));
+    // Compared without a sum that could wrap around for values near 2^64.
+    if (max_new > options.context_length || prompt_len > options.context_length - max_new) {
+      return fail(context_error(max_new));
+    }
   } else if (prompt_len + max_new > options.context_length) {
     if (prompt_len >= options.context_length) return fail(context_error(1));
     max_new = options.context_length - prompt_len;  // The default shrinks to fit.
@@ -322,10 +329,13 @@ Result<CompletionRequest> ParseCompletionRequest(const std::string& body,
     if (!p->is_number() || !(p->get<double>() > 0.0 && p->get<double>() <= 1.0)) {
       return fail(BadParam("top_p", "'top_p' must be a number above 0 and at most 1"));
     }
-    out.sampling.top_p = p->get<float>();
+    // A value below float's range (1e-50) would round to 0, which the worker refuses: keep the
+    // smallest normal float instead (the top token only, as asked).
+    out.sampling.top_p = std::max(p->get<float>(), std::numeric_limits<float>::min());
   }
   if (auto k = j.find("top_k"); k != j.end() && !k->is_null()) {
-    if (!k->is_number_integer() || k->get<int64_t>() < -1 || k->get<int64_t>() > 1000000) {
+    if (!k->is_number_integer() || (k->is_number_unsigned() && k->get<uint64_t>() > 1000000) ||
+        k->get<int64_t>() < -1 || k->get<int64_t>() > 1000000) {
       return fail(BadParam("top_k", "'top_k' must be an integer from -1 (off) to 1000000"));
     }
     out.sampling.top_k = static_cast<int32_t>(std::max<int64_t>(0, k->get<int64_t>()));

@@ -94,8 +94,10 @@ void WorkerLink::Run(const std::atomic<bool>& stop) {
       GroupLost(entry.info.group);
     }
     if (clock_.NowMs() - last_ping_ms_ >= options_.heartbeat_interval_ms) PingMapService();
-    Publish();
+    // Dispatch before publishing, so the view a client reads after its first token already
+    // counts its request as running.
     Dispatch();
+    Publish();
   }
   // Requests still open end now: the router is stopping.
   std::vector<uint64_t> open;
