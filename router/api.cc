@@ -55,7 +55,8 @@ bool RouterApi::Authorized(const HttpRequest& request) const {
 
 void RouterApi::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) const {
   const bool known = request.path == "/health" || request.path == "/metrics" ||
-                     request.path == "/v1/models" || request.path == "/v1/completions";
+                     request.path == "/v1/models" || request.path == "/v1/completions" ||
+                     request.path == "/v1/chat/completions";
   const std::string route = known ? request.path : "other";
   if (!Authorized(request)) {
     HttpResponse res =
@@ -66,9 +67,13 @@ void RouterApi::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder
     responder->Respond(std::move(res));
     return;
   }
-  if (request.path == "/v1/completions" && request.method == "POST" && completions_ != nullptr) {
-    completions_->Handle(request, std::move(responder));  // Counts its own answers.
-    return;
+  if (request.method == "POST" && completions_ != nullptr) {
+    // These count their own answers.
+    if (request.path == "/v1/completions")
+      return completions_->Handle(request, std::move(responder));
+    if (request.path == "/v1/chat/completions") {
+      return completions_->HandleChat(request, std::move(responder));
+    }
   }
   HttpResponse res = HandleNow(request);
   if (metrics_ != nullptr) metrics_->CountRequest(route, res.status);
@@ -76,7 +81,7 @@ void RouterApi::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder
 }
 
 HttpResponse RouterApi::HandleNow(const HttpRequest& request) const {
-  if (request.path == "/v1/completions") {
+  if (request.path == "/v1/completions" || request.path == "/v1/chat/completions") {
     if (request.method != "POST") return MethodNotAllowed(request, "POST");
     return ErrorResponse(503, "this router serves no model", "service_unavailable");
   }

@@ -1,9 +1,9 @@
 // The router's HTTP routes; none blocks. GET /health: 200 with groups and the map service when
 // at least one group is alive, 503 with the reason otherwise. GET /v1/models: the served model.
-// POST /v1/completions: router/completions.h. A known route with the wrong method answers 405,
-// every other route 404, both with the OpenAI error object. GET /metrics: Prometheus text.
-// With API keys configured, every route but /health needs "Authorization: Bearer <key>"
-// (compared in constant time); otherwise 401.
+// POST /v1/completions and /v1/chat/completions: router/completions.h. A known route with the wrong
+// method answers 405, every other route 404, both with the OpenAI error object. GET /metrics:
+// Prometheus text. With API keys configured, every route but /health needs "Authorization: Bearer
+// <key>" (compared in constant time); otherwise 401.
 #pragma once
 
 #include <string>

@@ -47,7 +47,8 @@ bool Neutral(const std::string& key, const Json& v) {
   }
   if (key == "repetition_penalty") return v.is_number() && v.get<double>() == 1.0;
   if (key == "min_tokens") return v.is_number_integer() && v.get<int64_t>() == 0;
-  return false;  // logprobs, and anything else listed: only null.
+  if (key == "logprobs") return v.is_boolean() && !v.get<bool>();  // Chat's neutral value.
+  return false;  // top_logprobs, and anything else listed: only null.
 }
 
 constexpr const char* kUnsupported[] = {"n",
@@ -89,6 +90,7 @@ struct CompletionState {
   std::string id;
   std::string model;
   int64_t created = 0;
+  bool chat = false;
   bool stream = false;
   bool include_usage = false;
   uint32_t prompt_tokens = 0;
@@ -100,8 +102,9 @@ struct CompletionState {
   Time arrived = std::chrono::steady_clock::now();
   Time first_token{}, last_token{};
 
+  const char* route = "/v1/completions";
   void Count(int status) {
-    if (metrics != nullptr) metrics->CountRequest("/v1/completions", status);
+    if (metrics != nullptr) metrics->CountRequest(route, status);
   }
   void CountGeneration() {
     if (metrics == nullptr) return;
@@ -129,6 +132,25 @@ struct CompletionState {
   }
 
   Json Chunk(const std::string& piece, const char* finish) const {
+    if (chat) {
+      // Streamed: a delta (the first one carries the role); whole: the message.
+      Json choice = {{"index", 0},
+                     {"logprobs", nullptr},
+                     {"finish_reason", finish ? Json(finish) : Json(nullptr)}};
+      if (stream) {
+        Json delta = Json::object();
+        if (!role_sent) delta["role"] = "assistant";
+        if (!piece.empty() || !role_sent) delta["content"] = piece;
+        choice["delta"] = delta;
+      } else {
+        choice["message"] = {{"role", "assistant"}, {"content", piece}};
+      }
+      return {{"id", id},
+              {"object", stream ? "chat.completion.chunk" : "chat.completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", Json::array({choice})}};
+    }
     return {{"id", id},
             {"object", "text_completion"},
             {"created", created},
@@ -139,7 +161,11 @@ struct CompletionState {
                                       {"finish_reason", finish ? Json(finish) : Json(nullptr)}}})}};
   }
 
-  void Send(const Json& event) { responder->Write("data: " + event.dump() + "\n\n"); }
+  void Send(const Json& event) {
+    responder->Write("data: " + event.dump() + "\n\n");
+    role_sent = true;
+  }
+  bool role_sent = false;  // Chat streams: the first delta carries the role.
 
   void OnEvent(const TokenEvent& ev) {
     std::lock_guard<std::mutex> lock(mu);
@@ -211,9 +237,80 @@ struct CompletionState {
 
 }  // namespace
 
+namespace {
+
+// The chat messages' text: content as a string, or an array of {"type": "text", "text": ...}
+// parts (joined), or null for an assistant turn without text.
+bool ReadMessages(const Json& messages, std::vector<ChatMessage>* out, HttpResponse* error) {
+  auto bad = [&](const std::string& message) {
+    *error = BadParam("messages", message);
+    return false;
+  };
+  if (!messages.is_array() || messages.empty()) {
+    return bad("'messages' must be a non-empty array of {role, content} objects");
+  }
+  if (messages.size() > 4096) return bad("at most 4096 messages are allowed");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Json& m = messages[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return bad(at + " must be an object");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string() || role->get<std::string>().empty()) {
+      return bad(at + ".role must be a non-empty string");
+    }
+    ChatMessage msg;
+    msg.role = role->get<std::string>();
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
+        msg.role != "developer") {
+      return bad(at + ".role '" + msg.role +
+                 "' is not supported (system, developer, user or assistant)");
+    }
+    if (msg.role == "developer") msg.role = "system";
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) {
+      if (msg.role != "assistant") return bad(at + ".content is required");
+    } else if (content->is_string()) {
+      msg.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (const Json& part : *content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          return bad(at + ".content: only parts of type 'text' are supported");
+        }
+        msg.content += part["text"].get<std::string>();
+      }
+    } else {
+      return bad(at + ".content must be a string or an array of text parts");
+    }
+    for (const char* unsupported : {"tool_calls", "function_call", "tool_call_id"}) {
+      if (auto it = m.find(unsupported); it != m.end() && !it->is_null()) {
+        *error = BadParam("messages", at + "." + unsupported + " is not supported by this server",
+                          "unsupported_parameter");
+        return false;
+      }
+    }
+    out->push_back(std::move(msg));
+  }
+  return true;
+}
+
+}  // namespace
+
 Result<CompletionRequest> ParseCompletionRequest(const std::string& body,
                                                  const CompletionsOptions& options,
                                                  const Tokenizer& tokenizer, HttpResponse* error) {
+  return ParseRequest(body, options, tokenizer, RequestKind::kText, error);
+}
+
+Result<CompletionRequest> ParseChatRequest(const std::string& body,
+                                           const CompletionsOptions& options,
+                                           const Tokenizer& tokenizer, HttpResponse* error) {
+  return ParseRequest(body, options, tokenizer, RequestKind::kChat, error);
+}
+
+Result<CompletionRequest> ParseRequest(const std::string& body, const CompletionsOptions& options,
+                                       const Tokenizer& tokenizer, RequestKind kind,
+                                       HttpResponse* error) {
   auto fail = [&](HttpResponse res) -> Result<CompletionRequest> {
     *error = std::move(res);
     return InvalidArgument(error->body);
@@ -249,11 +346,49 @@ Result<CompletionRequest> ParseCompletionRequest(const std::string& body,
                          "invalid_request_error", "model", "model_not_found"));
   }
   CompletionRequest out;
+  out.kind = kind;
+  if (kind == RequestKind::kChat) {
+    for (const char* key : {"tools", "tool_choice", "functions", "function_call"}) {
+      auto it = j.find(key);
+      if (it != j.end() && !it->is_null() && !(it->is_array() && it->empty()) &&
+          !(it->is_string() && it->get<std::string>() == "none")) {
+        return fail(BadParam(key, std::string("'") + key + "' is not supported by this server",
+                             "unsupported_parameter"));
+      }
+    }
+    if (auto rf = j.find("response_format");
+        rf != j.end() && !rf->is_null() && !(rf->is_object() && rf->value("type", "") == "text")) {
+      return fail(BadParam("response_format", "only {\"type\": \"text\"} is supported",
+                           "unsupported_parameter"));
+    }
+    auto messages = j.find("messages");
+    if (messages == j.end() || messages->is_null()) {
+      return fail(BadParam("messages", "you must provide messages", "missing_required"));
+    }
+    std::vector<ChatMessage> chat;
+    if (!ReadMessages(*messages, &chat, error)) return InvalidArgument("messages");
+    if (options.chat_template == nullptr) {
+      return fail(BadParam("messages",
+                           "this model has no chat template; use /v1/completions with a prompt",
+                           "no_chat_template"));
+    }
+    auto text = options.chat_template->Render(chat, options.bos_token, options.eos_token,
+                                              /*add_generation_prompt=*/true);
+    if (!text.ok()) return fail(BadParam("messages", text.status().message()));
+    // The template writes the special tokens itself (BOS included).
+    auto ids = tokenizer.Encode(*text, /*add_special_tokens=*/false);
+    if (!ids.ok()) {
+      return fail(
+          BadParam("messages", "the conversation cannot be tokenized: " + ids.status().message()));
+    }
+    out.prompt_ids = std::move(*ids);
+  }
   // prompt
-  auto prompt = j.find("prompt");
-  if (prompt == j.end() || prompt->is_null()) {
+  auto prompt = kind == RequestKind::kText ? j.find("prompt") : j.end();
+  if (kind == RequestKind::kText && (prompt == j.end() || prompt->is_null())) {
     return fail(BadParam("prompt", "you must provide a prompt", "missing_required"));
   }
+
   auto encode = [&](const std::string& text) -> bool {
     auto ids = tokenizer.Encode(text, /*add_special_tokens=*/true);
     if (!ids.ok()) {
@@ -263,7 +398,9 @@ Result<CompletionRequest> ParseCompletionRequest(const std::string& body,
     out.prompt_ids = std::move(*ids);
     return true;
   };
-  if (prompt->is_string()) {
+  if (kind == RequestKind::kChat) {
+    // The conversation is already tokenized.
+  } else if (prompt->is_string()) {
     if (!encode(prompt->get<std::string>())) return InvalidArgument("prompt");
   } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
     if (!encode((*prompt)[0].get<std::string>())) return InvalidArgument("prompt");
@@ -298,6 +435,10 @@ Result<CompletionRequest> ParseCompletionRequest(const std::string& body,
   };
   // max_tokens
   auto max_tokens = j.find("max_tokens");
+  if (auto mct = j.find("max_completion_tokens");
+      kind == RequestKind::kChat && mct != j.end() && !mct->is_null()) {
+    max_tokens = mct;  // The newer name in the chat API.
+  }
   uint64_t max_new = options.default_max_tokens;
   if (max_tokens != j.end() && !max_tokens->is_null()) {
     // JSON integers that are not negative parse as unsigned, the others as signed.
@@ -393,17 +534,29 @@ Completions::Completions(CompletionsOptions options, const Tokenizer& tokenizer,
     : options_(std::move(options)), tokenizer_(tokenizer), link_(link), metrics_(metrics) {}
 
 void Completions::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
+  Run(RequestKind::kText, request, std::move(responder));
+}
+
+void Completions::HandleChat(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
+  Run(RequestKind::kChat, request, std::move(responder));
+}
+
+void Completions::Run(RequestKind kind, const HttpRequest& request,
+                      std::shared_ptr<HttpResponder> responder) {
   HttpResponse error;
-  auto parsed = ParseCompletionRequest(request.body, options_, tokenizer_, &error);
+  auto parsed = ParseRequest(request.body, options_, tokenizer_, kind, &error);
+  const char* route = kind == RequestKind::kChat ? "/v1/chat/completions" : "/v1/completions";
   if (!parsed.ok()) {
-    if (metrics_ != nullptr) metrics_->CountRequest("/v1/completions", error.status);
+    if (metrics_ != nullptr) metrics_->CountRequest(route, error.status);
     responder->Respond(std::move(error));
     return;
   }
   auto state = std::make_shared<CompletionState>(tokenizer_, parsed->sampling.stop);
   state->responder = responder;
   state->metrics = metrics_;
-  state->id = "cmpl-" + FingerprintHex(RandomId());
+  state->chat = kind == RequestKind::kChat;
+  state->route = route;
+  state->id = (state->chat ? "chatcmpl-" : "cmpl-") + FingerprintHex(RandomId());
   state->model = options_.model_name;
   state->created = UnixSeconds();
   state->stream = parsed->stream;

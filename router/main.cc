@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -82,6 +83,25 @@ int main(int argc, char** argv) {
   completions_options.context_length = model->max_position_embeddings;
   completions_options.request_timeout_ms =
       static_cast<int64_t>(manifest.router.request_timeout_s * 1000.0);
+  // The model's chat template, compiled once; a template this router cannot compile leaves
+  // /v1/chat/completions answering 400 with the reason, and the rest serving.
+  std::optional<ChatTemplate> chat_template;
+  if (!(*tokenizer)->chat_template().empty()) {
+    auto compiled = ChatTemplate::Compile((*tokenizer)->chat_template());
+    if (compiled.ok()) {
+      chat_template.emplace(std::move(*compiled));
+      completions_options.chat_template = &*chat_template;
+    } else {
+      spdlog::error("the model's chat template is not supported ({}); /v1/chat/completions is off",
+                    compiled.status().message());
+    }
+  } else {
+    spdlog::warn("the model has no chat template; /v1/chat/completions is off");
+  }
+  if (auto bos = (*tokenizer)->bos_id())
+    completions_options.bos_token = (*tokenizer)->IdToToken(*bos);
+  if (auto eos = (*tokenizer)->eos_id())
+    completions_options.eos_token = (*tokenizer)->IdToToken(*eos);
   RouterMetrics metrics;
   Completions completions(completions_options, **tokenizer, link, &metrics);
   RouterApi api({manifest.model.name, model->max_position_embeddings, manifest.router.api_keys},

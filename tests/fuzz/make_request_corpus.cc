@@ -85,7 +85,7 @@ std::vector<Seed> Seeds() {
       {"err-huge-max-tokens", "{" + m + R"("prompt":"hi","max_tokens":1000000})", 400,
        "context_length_exceeded"},
       {"err-max-tokens-2p63", "{" + m + R"("prompt":"hi","max_tokens":9223372036854775808})", 400,
-       "invalid_value"},
+       "context_length_exceeded"},
       {"err-nested-prompt", "{" + m + R"("prompt":[[1,2],[3]]})", 400, "unsupported_parameter"},
       {"err-mixed-prompt", "{" + m + R"("prompt":[1,"a"]})", 400, "unsupported_parameter"},
       {"err-empty-prompt-array", "{" + m + R"("prompt":[]})", 400, "invalid_value"},

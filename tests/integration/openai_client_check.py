@@ -38,6 +38,21 @@ def main() -> int:
     assert finish == whole.choices[0].finish_reason, finish
     assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens, usage
 
+    chat = client.chat.completions.create(
+        model=model, max_tokens=8, temperature=0,
+        messages=[{"role": "system", "content": "Be brief."},
+                  {"role": "user", "content": "Who made the earth?"}])
+    assert chat.object == "chat.completion", chat
+    assert chat.choices[0].message.role == "assistant" and chat.choices[0].message.content, chat
+    deltas = []
+    for chunk in client.chat.completions.create(
+            model=model, max_tokens=8, temperature=0, stream=True,
+            messages=[{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "Who made the earth?"}]):
+        for choice in chunk.choices:
+            deltas.append(choice.delta.content or "")
+    assert "".join(deltas) == chat.choices[0].message.content, (deltas, chat)
+
     try:
         client.completions.create(model=model, prompt="x", max_tokens=4, n=2)
         raise AssertionError("n=2 was accepted")

@@ -343,6 +343,78 @@ TEST_F(RouterTest, BadRequestsGetTheirStatusAndError) {
   EXPECT_EQ(Post(http_, ok).status, 200);
 }
 
+TEST_F(RouterTest, ChatCompletionsThroughTheModelsTemplate) {
+  const Json body = {{"model", "tiny-moe"},
+                     {"messages",
+                      {{{"role", "system"}, {"content", "You answer briefly."}},
+                       {{"role", "user"}, {"content", "Who made the heaven and the earth?"}}}},
+                     {"max_tokens", 10},
+                     {"temperature", 0}};
+  Reply whole = Call(http_, "POST", "/v1/chat/completions", body.dump());
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  Json j = Json::parse(whole.body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  const std::string content = j["choices"][0]["message"]["content"];
+  EXPECT_FALSE(content.empty());
+  // The template renders "<s>You answer briefly.\n\nUser: ...\nAssistant:": far more tokens
+  // than the user's words alone.
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 12);
+
+  Json streamed = body;
+  streamed["stream"] = true;
+  Reply s = Call(http_, "POST", "/v1/chat/completions", streamed.dump());
+  ASSERT_EQ(s.status, 200) << s.body;
+  auto events = Events(s.body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string text;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    Json e = Json::parse(events[i]);
+    EXPECT_EQ(e["object"], "chat.completion.chunk");
+    const Json& delta = e["choices"][0]["delta"];
+    if (i == 0) {
+      EXPECT_EQ(delta["role"], "assistant") << events[i];
+    }
+    if (delta.contains("content")) text += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(text, content);
+
+  struct Case {
+    Json patch;
+    std::string code, param;
+  };
+  const std::vector<Case> cases = {
+      {{{"messages", nullptr}}, "missing_required", "messages"},
+      {{{"messages", "hello"}}, "invalid_value", "messages"},
+      {{{"messages", Json::array()}}, "invalid_value", "messages"},
+      {{{"messages", {{{"role", "tool"}, {"content", "x"}}}}}, "invalid_value", "messages"},
+      {{{"messages", {{{"role", "user"}}}}}, "invalid_value", "messages"},
+      {{{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}},
+       "invalid_value",
+       "messages"},
+      {{{"tools", {{{"type", "function"}}}}}, "unsupported_parameter", "tools"},
+      {{{"response_format", {{"type", "json_object"}}}},
+       "unsupported_parameter",
+       "response_format"},
+      {{{"n", 2}}, "unsupported_parameter", "n"},
+      {{{"logprobs", true}}, "unsupported_parameter", "logprobs"},
+  };
+  for (const Case& c : cases) {
+    Json b = body;
+    for (auto it = c.patch.begin(); it != c.patch.end(); ++it) b[it.key()] = it.value();
+    Reply r = Call(http_, "POST", "/v1/chat/completions", b.dump());
+    SCOPED_TRACE(c.patch.dump());
+    EXPECT_EQ(r.status, 400) << r.body;
+    Json e = Json::parse(r.body, nullptr, false);
+    ASSERT_FALSE(e.is_discarded()) << r.body;
+    EXPECT_EQ(e["error"]["code"], c.code) << r.body;
+    EXPECT_EQ(e["error"]["param"], c.param) << r.body;
+  }
+  EXPECT_EQ(Call(http_, "GET", "/v1/chat/completions").status, 405);
+}
+
 TEST_F(RouterTest, ApiKeysGuardEverythingButHealth) {
   EXPECT_EQ(Call(http_, "GET", "/health", "", "").status, 200);
   for (const std::string& auth :
