@@ -620,5 +620,67 @@ TEST(RouterGroupsTest, ALostGroupsQueuedRequestsMoveToTheOther) {
   if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir, ec);
 }
 
+// The per-request timeout (router.request_timeout_s, 1 s here): a request still generating at
+// its deadline is cancelled at its leader and answered 503 "timeout" (an error event and
+// [DONE] on a stream), and its slot is free again.
+TEST(RouterTimeoutTest, ARequestPastItsDeadlineIsCancelledAndAnswered503) {
+  const std::string dir = testing::MakeTempDir("fmoe-router-timeout");
+  const int http = FreeTcpPort();
+  const std::string manifest = dir + "/manifest.yaml";
+  testing::WriteFile(manifest, "model:\n  name: tiny-moe\n  path: " + std::string(FMOE_SOURCE_DIR) +
+                                   "/deploy/models/tiny-moe\n"
+                                   "map_service:\n  endpoint: tcp://127.0.0.1:" +
+                                   std::to_string(FreeTcpPort()) + "\n  data_dir: " + dir +
+                                   "/maps\n"
+                                   "worker_groups:\n  - name: g0\n    max_batch: 1\n"
+                                   "    workers:\n      - device: cpu\n"
+                                   "router:\n  listen: 127.0.0.1:" +
+                                   std::to_string(http) + "\n  worker_endpoint: tcp://127.0.0.1:" +
+                                   std::to_string(FreeTcpPort()) +
+                                   "\n  request_timeout_s: 1\n"
+                                   "heartbeat:\n  interval_ms: 100\n  timeout_ms: 2000\n"
+                                   "launcher:\n  run_dir: " +
+                                   dir + "/run\n  ready_timeout_s: 60\n");
+  Child launcher({BinDir() + "/fmoe", "launch", manifest}, dir + "/launcher.log");
+  auto health = [&]() {
+    auto res = HttpGet("127.0.0.1", http, "/health", 1000);
+    return res.ok() ? Json::parse(res->body, nullptr, false) : Json();
+  };
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        Json h = health();
+        return h.is_object() && h["status"] == "ok";
+      },
+      90000))
+      << launcher.Log();
+  // 1000 tokens take several seconds on any CPU this runs on.
+  Json body = {
+      {"model", "tiny-moe"}, {"prompt", "And God said"}, {"max_tokens", 1000}, {"temperature", 0}};
+  const auto t0 = std::chrono::steady_clock::now();
+  Reply r = Call(http, "POST", "/v1/completions", body.dump(), "");
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(Json::parse(r.body)["error"]["code"], "timeout") << r.body;
+  EXPECT_LT(took, 5s);
+  EXPECT_TRUE(WaitUntil([&] { return health()["groups"][0]["running"] == 0; }, 5000, 20));
+
+  body["stream"] = true;
+  Reply s = Call(http, "POST", "/v1/completions", body.dump(), "");
+  ASSERT_EQ(s.status, 200);
+  auto events = Events(s.body);
+  ASSERT_GE(events.size(), 2u) << s.body;
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(Json::parse(events[events.size() - 2])["error"]["code"], "timeout") << s.body;
+  // The slot serves the next request.
+  EXPECT_TRUE(WaitUntil([&] { return health()["groups"][0]["running"] == 0; }, 5000, 20));
+  body.erase("stream");
+  body["max_tokens"] = 4;
+  EXPECT_EQ(Call(http, "POST", "/v1/completions", body.dump(), "").status, 200);
+  launcher.Signal(SIGTERM);
+  launcher.Wait(30000);
+  std::error_code ec;
+  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir, ec);
+}
+
 }  // namespace
 }  // namespace fmoe
