@@ -243,38 +243,34 @@ MapMatch MapStore::SemanticMatch(std::span<const float> sem) const {
   auto exact = [&](uint32_t i) {
     return Cosine(Dot(sem.data(), this->sem(i).data(), h), norm, sem_norm_[i]);
   };
-  double best = -std::numeric_limits<double>::infinity();
-  if (size_ < 64 || norm <= 0.0) {
+  // Small stores (and a zero query) are scanned exactly. Otherwise two passes, still exact:
+  // screen every row with its bfloat16 copy (half the bytes: this search is bound by memory
+  // bandwidth), then recompute exactly every row that could still be the best. Each screened
+  // cosine is within `margin` of the exact one: bfloat16 rounding moves a dot by at most
+  // 2^-9 |x||y| (Cauchy-Schwarz), float accumulation (about h/8 additions per lane, in both
+  // passes) by far less; the margin doubles that sum.
+  const bool screen = size_ >= 64 && norm > 0.0;
+  std::vector<float> approx;
+  double floor = -std::numeric_limits<double>::infinity();
+  if (screen) {
+    const double margin =
+        2.0 * (std::ldexp(1.0, -9) + 2.0 * (h / 8.0 + 16.0) * std::ldexp(1.0, -24));
+    approx.resize(size_);
+    double best_approx = -std::numeric_limits<double>::infinity();
     for (uint32_t i = 0; i < size_; ++i) {
-      const double c = exact(i);
-      if (c > best) {
-        best = c;
-        match.index = i;
-      }
+      const double c = sem_norm_[i] > 0.0 ? kDotBf16(sem.data(), sems_bf16_.data() + i * h, h) /
+                                                (norm * sem_norm_[i])
+                                          : 0.0;
+      approx[i] = static_cast<float>(c);
+      best_approx = std::max(best_approx, c);
     }
-    match.score = static_cast<float>(best);
-    return match;
+    // The exact best has approx >= exact - margin >= exact(approx-best row) - margin
+    // >= best_approx - 2 margin; float storage of `approx` costs at most 1e-7 more.
+    floor = best_approx - 2.0 * margin - 1e-6;
   }
-  // Two passes, exact: screen every row with its bfloat16 copy (half the bytes: this search is
-  // bound by memory bandwidth), then recompute exactly every row that could still be the best.
-  // Each screened cosine is within `margin` of the exact one: bfloat16 rounding moves a dot by
-  // at most 2^-9 |x||y| (Cauchy-Schwarz), float accumulation (about h/8 additions per lane, in
-  // both passes) by far less; the margin doubles that sum.
-  const double margin = 2.0 * (std::ldexp(1.0, -9) + 2.0 * (h / 8.0 + 16.0) * std::ldexp(1.0, -24));
-  std::vector<float> approx(size_);
-  double best_approx = -std::numeric_limits<double>::infinity();
+  double best = -std::numeric_limits<double>::infinity();
   for (uint32_t i = 0; i < size_; ++i) {
-    const double c = sem_norm_[i] > 0.0 ? kDotBf16(sem.data(), sems_bf16_.data() + i * h, h) /
-                                              (norm * sem_norm_[i])
-                                        : 0.0;
-    approx[i] = static_cast<float>(c);
-    best_approx = std::max(best_approx, c);
-  }
-  // The exact best has approx >= exact - margin >= exact(approx-best row) - margin
-  // >= best_approx - 2 margin; float storage of `approx` costs at most 1e-7 more.
-  const double floor = best_approx - 2.0 * margin - 1e-6;
-  for (uint32_t i = 0; i < size_; ++i) {
-    if (approx[i] < floor) continue;
+    if (screen && approx[i] < floor) continue;
     const double c = exact(i);
     if (c > best) {
       best = c;
