@@ -31,9 +31,17 @@ constexpr std::string_view kTopKeys[] = {"model",     "map_service", "worker_gro
 constexpr std::string_view kModelKeys[] = {"path", "name", "dtype"};
 constexpr std::string_view kMapServiceKeys[] = {"endpoint", "data_dir", "store_capacity",
                                                 "prefetch_distance", "sync"};
-constexpr std::string_view kGroupKeys[] = {
-    "name", "policy",     "max_batch", "queue_limit", "expert_cache_gb", "expert_cache_fraction",
-    "link", "rendezvous", "workers"};
+constexpr std::string_view kGroupKeys[] = {"name",
+                                           "policy",
+                                           "max_batch",
+                                           "queue_limit",
+                                           "expert_cache_gb",
+                                           "expert_cache_fraction",
+                                           "link",
+                                           "rendezvous",
+                                           "collective_timeout_s",
+                                           "rendezvous_timeout_s",
+                                           "workers"};
 constexpr std::string_view kLinkKeys[] = {"gbps", "latency_us"};
 constexpr std::string_view kWorkerKeys[] = {"device", "host"};
 constexpr std::string_view kRouterKeys[] = {"listen", "worker_endpoint", "request_timeout_s",
@@ -652,6 +660,10 @@ Status ParseGroup(const Field& field, size_t index, WorkerGroupSpec* group) {
       ReadDouble(link.Get("latency_us"), {0, false, 1000000}, &group->link.latency_us));
   group->rendezvous = "127.0.0.1:" + std::to_string(kRendezvousBasePort + index);
   FMOE_RETURN_IF_ERROR(ReadHostPort(section.Get("rendezvous"), &group->rendezvous));
+  FMOE_RETURN_IF_ERROR(ReadDouble(section.Get("collective_timeout_s"), {0, true, 3600},
+                                  &group->collective_timeout_s));
+  FMOE_RETURN_IF_ERROR(ReadDouble(section.Get("rendezvous_timeout_s"), {0, true, 3600},
+                                  &group->rendezvous_timeout_s));
   return ParseWorkers(section.Get("workers"), &group->workers);
 }
 
@@ -943,6 +955,8 @@ std::string DescribeManifest(const Manifest& m) {
     EmitDouble(out, "latency_us", g.link.latency_us);
     out << YAML::EndMap;
     EmitValue(out, "rendezvous", g.rendezvous);
+    EmitDouble(out, "collective_timeout_s", g.collective_timeout_s);
+    EmitDouble(out, "rendezvous_timeout_s", g.rendezvous_timeout_s);
     out << YAML::Key << "workers" << YAML::Value << YAML::BeginSeq;
     for (const WorkerSpec& w : g.workers) {
       out << YAML::Flow << YAML::BeginMap;

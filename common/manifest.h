@@ -67,7 +67,12 @@ struct WorkerGroupSpec {
   std::optional<double> expert_cache_fraction;  // (0, 1]
   LinkSpec link;
   std::string rendezvous;  // c10d TCPStore HOST:PORT. Default: 127.0.0.1:(29500 + group index)
-  std::vector<WorkerSpec> workers;  // Required, 1..64 ranks; rank = index.
+  // A collective of the group (per-layer all-reduce, iteration broadcast) that does not complete
+  // within this time fails the group (every rank exits; the launcher restarts them together).
+  double collective_timeout_s = 60;  // (0, 3600]. Default: 60
+  // How long a rank waits at start for every rank of its group to join the rendezvous.
+  double rendezvous_timeout_s = 120;  // (0, 3600]. Default: 120
+  std::vector<WorkerSpec> workers;    // Required, 1..64 ranks; rank = index.
 };
 
 struct RouterSpec {

@@ -10,6 +10,7 @@ FMOE_PACKAGES=(
   # clang, and we install without recommends.
   clang libclang-rt-dev
   libtorch-dev
+  libgloo-dev
   libzmq3-dev cppzmq-dev
   libflatbuffers-dev flatbuffers-compiler
   librocksdb-dev

@@ -23,12 +23,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool IsLocalHost(const std::string& host) {
+std::string ThisHostName() {
+  char name[256] = {0};
+  return gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : std::string();
+}
+
+// Whether a rank on `host` runs here: `this_host` when given, else a loopback name, 0.0.0.0 or
+// gethostname().
+bool IsLocalHost(const std::string& host, const std::string& this_host) {
+  if (!this_host.empty()) return host == this_host;
   if (host == "127.0.0.1" || host == "localhost" || host == "::1" || host == "0.0.0.0") {
     return true;
   }
-  char name[256] = {0};
-  return gethostname(name, sizeof(name) - 1) == 0 && host == name;
+  const std::string name = ThisHostName();
+  return !name.empty() && host == name;
 }
 
 // The TCP port of "tcp://host:port", or nullopt for ipc endpoints.
@@ -97,36 +105,44 @@ std::string StatusFilePath(const Manifest& manifest) {
   return (fs::path(manifest.launcher.run_dir) / "launcher.json").string();
 }
 
-std::vector<ProcessSpec> PlanProcesses(const Manifest& manifest, const std::string& bin_dir) {
-  const fs::path bin(bin_dir);
+std::vector<ProcessSpec> PlanProcesses(const Manifest& manifest, const LaunchOptions& options) {
+  const fs::path bin(options.bin_dir);
   const fs::path logs = fs::path(manifest.launcher.run_dir) / "logs";
   std::vector<ProcessSpec> plan;
-  plan.push_back({"map-service",
-                  {(bin / "fmoe-map-service").string(), "--manifest", manifest.source_path},
-                  (logs / "map-service.log").string(),
-                  0});
+  if (!options.workers_only) {
+    plan.push_back({"map-service",
+                    {(bin / "fmoe-map-service").string(), "--manifest", manifest.source_path},
+                    (logs / "map-service.log").string(),
+                    0});
+  }
   for (const auto& group : manifest.worker_groups) {
     for (size_t r = 0; r < group.workers.size(); ++r) {
       std::string name = "worker-" + group.name + "-" + std::to_string(r);
-      if (!IsLocalHost(group.workers[r].host)) {
-        spdlog::warn("{} runs on {}: not started by this launcher", name, group.workers[r].host);
+      if (!IsLocalHost(group.workers[r].host, options.host)) {
+        // Expected on the hosts of a multi-host manifest; worth a warning on a single host.
+        spdlog::log(options.workers_only ? spdlog::level::info : spdlog::level::warn,
+                    "{} runs on {}: not started by this launcher", name, group.workers[r].host);
         continue;
       }
       plan.push_back({name,
                       {(bin / "fmoe-worker").string(), "--manifest", manifest.source_path,
                        "--group", group.name, "--rank", std::to_string(r)},
                       (logs / (name + ".log")).string(),
-                      1});
+                      1,
+                      "group:" + group.name});
     }
   }
-  plan.push_back({"router",
-                  {(bin / "fmoe-router").string(), "--manifest", manifest.source_path},
-                  (logs / "router.log").string(),
-                  2});
+  if (!options.workers_only) {
+    plan.push_back({"router",
+                    {(bin / "fmoe-router").string(), "--manifest", manifest.source_path},
+                    (logs / "router.log").string(),
+                    2});
+  }
   return plan;
 }
 
-Status Preflight(const Manifest& manifest, const std::vector<ProcessSpec>& plan) {
+Status Preflight(const Manifest& manifest, const std::vector<ProcessSpec>& plan,
+                 const LaunchOptions& options) {
   for (const auto& p : plan) {
     if (access(p.argv[0].c_str(), X_OK) != 0) {
       return NotFound(p.argv[0] + ": not found or not executable (build the project first)");
@@ -139,6 +155,7 @@ Status Preflight(const Manifest& manifest, const std::vector<ProcessSpec>& plan)
       EnsureWritableDir(manifest.launcher.run_dir).WithContext("launcher.run_dir"));
   FMOE_RETURN_IF_ERROR(EnsureWritableDir((fs::path(manifest.launcher.run_dir) / "logs").string())
                            .WithContext("launcher.run_dir"));
+  if (options.workers_only) return Status::Ok();  // The map service and router run elsewhere.
   FMOE_RETURN_IF_ERROR(
       EnsureWritableDir(manifest.map_service.data_dir).WithContext("map_service.data_dir"));
   auto listen = ParseHostPort(manifest.router.listen);
@@ -156,8 +173,16 @@ Status Preflight(const Manifest& manifest, const std::vector<ProcessSpec>& plan)
 
 int Launch(const Manifest& manifest, const LaunchOptions& options) {
   StopSignals& signals = StopSignals::Install();
-  std::vector<ProcessSpec> plan = PlanProcesses(manifest, options.bin_dir);
-  if (Status s = Preflight(manifest, plan); !s.ok()) {
+  std::vector<ProcessSpec> plan = PlanProcesses(manifest, options);
+  const std::string this_host = options.host.empty() ? ThisHostName() : options.host;
+  if (options.workers_only && plan.empty()) {
+    std::fprintf(stderr,
+                 "fmoe: --workers-only: no worker rank of any group runs on this host (%s); "
+                 "name it with --host as worker_groups[].workers[].host writes it\n",
+                 this_host.c_str());
+    return 2;
+  }
+  if (Status s = Preflight(manifest, plan, options); !s.ok()) {
     std::fprintf(stderr, "fmoe: %s\n", s.message().c_str());
     return 1;
   }
@@ -184,8 +209,11 @@ int Launch(const Manifest& manifest, const LaunchOptions& options) {
   const std::string status_path = StatusFilePath(manifest);
   const uint64_t started_unix_ms = UnixMs();
   sup.set_on_change([&] { WriteStatusFile(status_path, manifest, sup, started_unix_ms); });
-  spdlog::info("launching {} processes from {} (logs in {}/logs)", plan.size(),
-               manifest.source_path, manifest.launcher.run_dir);
+  spdlog::info("launching {} processes from {} (logs in {}/logs){}", plan.size(),
+               manifest.source_path, manifest.launcher.run_dir,
+               options.workers_only ? ", worker ranks only" : "");
+  std::string local_ranks;  // For the workers-only "up" line.
+  for (const auto& p : plan) local_ranks += (local_ranks.empty() ? "" : ", ") + p.name;
 
   auto listen = ParseHostPort(manifest.router.listen);
   const std::string url = "http://" + manifest.router.listen;
@@ -208,6 +236,16 @@ int Launch(const Manifest& manifest, const LaunchOptions& options) {
     }
     if (sup.phase() == Supervisor::Phase::kFailed) sup.BeginStop();
     if (sup.phase() == Supervisor::Phase::kStopped) break;
+    if (sup.phase() == Supervisor::Phase::kRunning && !announced && options.workers_only) {
+      // Every local rank is ready; the router on another host serves them.
+      announced = true;
+      std::printf(
+          "\nfmoe is up (worker ranks only): %s on host %s (logs: %s/logs); router %s\n"
+          "  stop: Ctrl-C (or SIGTERM to pid %d); status: fmoe status %s\n\n",
+          local_ranks.c_str(), this_host.c_str(), manifest.launcher.run_dir.c_str(), url.c_str(),
+          getpid(), manifest.source_path.c_str());
+      std::fflush(stdout);
+    }
     if (sup.phase() == Supervisor::Phase::kRunning && !announced) {
       int64_t now = clock.NowMs();
       if (health_deadline == 0) health_deadline = now + sup_options.ready_timeout_ms;

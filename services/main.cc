@@ -1,5 +1,6 @@
 // fmoe: the launcher and command-line tool.
 //   fmoe launch MANIFEST     start and supervise the cluster in the foreground
+//     [--workers-only] [--host NAME]   only this host's worker ranks (the other hosts)
 //   fmoe status MANIFEST     each process and its health
 //   fmoe validate MANIFEST   check a manifest and print the effective configuration
 //   fmoe generate --model DIR --prompt TEXT   run a model locally (LibTorch builds)
@@ -38,8 +39,23 @@ int main(int argc, char** argv) {
   std::string manifest_path;
   bool json = false;
 
+  fmoe::LaunchOptions launch_options;
   auto* launch = app.add_subcommand("launch", "start the map service, workers and router");
   launch->add_option("manifest", manifest_path, "cluster manifest (YAML)")->required();
+  launch->add_flag("--workers-only", launch_options.workers_only,
+                   "start only this host's worker ranks: no map service, no router (the other "
+                   "hosts of a multi-host manifest)");
+  launch
+      ->add_option("--host", launch_options.host,
+                   "this host's name as workers[].host writes it; a rank is local when its host "
+                   "equals NAME (default: a loopback name, 0.0.0.0 or the hostname)")
+      ->type_name("NAME")
+      ->check([](const std::string& name) {
+        return name.empty() ? std::string("must not be empty") : std::string();
+      });
+  launch->footer(
+      "Each host's launcher needs its own launcher.run_dir (not one shared between hosts): it "
+      "holds the launcher's lock, launcher.json and the logs.");
   auto* status = app.add_subcommand("status", "show each process of a launch and its health");
   status->add_option("manifest", manifest_path, "cluster manifest (YAML)")->required();
   status->add_flag("--json", json, "print JSON");
@@ -101,5 +117,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   spdlog::info("effective configuration:\n{}", fmoe::DescribeManifest(manifest));
-  return fmoe::Launch(manifest, {fmoe::ExecutableDir()});
+  launch_options.bin_dir = fmoe::ExecutableDir();
+  return fmoe::Launch(manifest, launch_options);
 }

@@ -19,6 +19,9 @@ struct ProcessSpec {
   std::vector<std::string> argv;  // argv[0] is the executable's path.
   std::string log_path;           // Output is appended here.
   int stage = 0;                  // Started in increasing stage order, stopped in decreasing.
+  // Processes with the same non-empty unit are restarted together (the ranks of one worker
+  // group, "group:g0": a c10d group is re-formed only by all its ranks starting afresh).
+  std::string unit = {};  // Default: none (restarted alone). "= {}": initialisers may omit it.
 };
 
 struct ExitInfo {

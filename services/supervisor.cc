@@ -34,6 +34,7 @@ Supervisor::Supervisor(SupervisorOptions options, std::vector<ProcessSpec> specs
   std::stable_sort(specs.begin(), specs.end(),
                    [](const ProcessSpec& a, const ProcessSpec& b) { return a.stage < b.stage; });
   for (auto& s : specs) {
+    if (!s.unit.empty()) units_.try_emplace(s.unit);
     ProcStatus p;
     p.spec = std::move(s);
     procs_.push_back(std::move(p));
@@ -49,8 +50,8 @@ void Supervisor::StartProcess(ProcStatus& p) {
   p.started_ms = clock_.NowMs();
   if (!pid.ok()) {
     p.pid = -1;
-    p.last_exit = "could not start: " + pid.status().message();
-    OnExit(p, ExitInfo{false, 127});
+    p.state = ProcState::kStarting;  // Its failed start counts as an exit of a started process.
+    OnExit(p, "could not start: " + pid.status().message());
     return;
   }
   p.pid = *pid;
@@ -68,8 +69,8 @@ void Supervisor::Fail(std::string why) {
   Changed();
 }
 
-void Supervisor::OnExit(ProcStatus& p, const ExitInfo& exit) {
-  if (p.last_exit.rfind("could not start", 0) != 0) p.last_exit = exit.Describe();
+void Supervisor::OnExit(ProcStatus& p, std::string last_exit) {
+  p.last_exit = std::move(last_exit);
   p.pid = -1;
   if (phase_ == Phase::kStarting) {
     p.state = ProcState::kFailed;
@@ -78,12 +79,13 @@ void Supervisor::OnExit(ProcStatus& p, const ExitInfo& exit) {
          (line.empty() ? "" : ": " + line));
     return;
   }
+  if (!p.spec.unit.empty()) {
+    OnUnitMemberExit(p);
+    return;
+  }
   const int64_t now = clock_.NowMs();
   p.crashes_ms.push_back(now);
-  while (!p.crashes_ms.empty() && now - p.crashes_ms.front() > options_.window_ms) {
-    p.crashes_ms.pop_front();
-  }
-  const int recent = static_cast<int>(p.crashes_ms.size());
+  const int recent = RecentCrashes(p, now);
   if (recent > options_.max_restarts) {
     p.state = ProcState::kFailed;
     Fail(p.spec.name + " crashed " + std::to_string(recent) + " times within " +
@@ -91,14 +93,102 @@ void Supervisor::OnExit(ProcStatus& p, const ExitInfo& exit) {
          "); giving up. Its log: " + p.spec.log_path);
     return;
   }
-  int64_t backoff = options_.initial_backoff_ms;
-  for (int i = 1; i < recent && backoff < options_.max_backoff_ms; ++i) backoff *= 2;
-  backoff = std::min(backoff, options_.max_backoff_ms);
+  const int64_t backoff = BackoffMs(recent);
   p.state = ProcState::kBackoff;
   p.restart_at_ms = now + backoff;
   spdlog::warn("{} {}; restarting in {} ms ({} crash(es) in the last {} s)", p.spec.name,
                p.last_exit, backoff, recent, options_.window_ms / 1000);
   Changed();
+}
+
+int Supervisor::RecentCrashes(ProcStatus& p, int64_t now) {
+  while (!p.crashes_ms.empty() && now - p.crashes_ms.front() > options_.window_ms) {
+    p.crashes_ms.pop_front();
+  }
+  return static_cast<int>(p.crashes_ms.size());
+}
+
+int64_t Supervisor::BackoffMs(int recent_crashes) const {
+  int64_t backoff = options_.initial_backoff_ms;
+  for (int i = 1; i < recent_crashes && backoff < options_.max_backoff_ms; ++i) backoff *= 2;
+  return std::min(backoff, options_.max_backoff_ms);
+}
+
+std::string Supervisor::DescribeUnit(const std::string& name) const {
+  std::string members;
+  for (const auto& p : procs_) {
+    if (p.spec.unit != name) continue;
+    if (!members.empty()) members += ", ";
+    members += p.spec.name;
+  }
+  return name + " (" + members + ")";
+}
+
+bool Supervisor::UnitReaped(const std::string& name) const {
+  for (const auto& p : procs_) {
+    if (p.spec.unit == name && p.pid > 0) return false;
+  }
+  return true;
+}
+
+// A member's exit after start-up. The first exit reaped while the unit runs is its one crash for
+// this failure (the rule of a single process, counted over all members); any member reaped while
+// the unit is failing was killed by it, or ended by itself within the same failure (a rank whose
+// collective failed because a peer died): it waits for the unit's restart, not counted.
+void Supervisor::OnUnitMemberExit(ProcStatus& p) {
+  UnitState& unit = units_.at(p.spec.unit);
+  const std::string how =
+      p.last_exit.rfind("could not start", 0) == 0 ? p.last_exit : "exited (" + p.last_exit + ")";
+  if (unit.failing) {
+    p.state = ProcState::kBackoff;
+    p.restart_at_ms = unit.restart_at_ms;
+    spdlog::info("{} {} while its unit {} restarts; not counted as a crash", p.spec.name, how,
+                 p.spec.unit);
+    Changed();
+    return;
+  }
+  const int64_t now = clock_.NowMs();
+  p.crashes_ms.push_back(now);
+  int recent = 0;
+  for (auto& q : procs_) {
+    if (q.spec.unit == p.spec.unit) recent += RecentCrashes(q, now);
+  }
+  unit.failing = true;
+  if (recent > options_.max_restarts) {
+    p.state = ProcState::kFailed;
+    Fail("unit " + DescribeUnit(p.spec.unit) + " failed " + std::to_string(recent) +
+         " times within " + std::to_string(options_.window_ms / 1000) + " s (last: " + p.spec.name +
+         " " + how + "); giving up. Its log: " + p.spec.log_path);
+    return;
+  }
+  const int64_t backoff = BackoffMs(recent);
+  unit.restart_at_ms = now + backoff;
+  for (auto& q : procs_) {
+    if (q.spec.unit != p.spec.unit) continue;
+    if (&q != &p && q.pid > 0) {
+      runner_.Signal(q.pid, SIGTERM);  // Reaped as BACKOFF; SIGKILL after the grace (Step).
+      q.deadline_ms = now + options_.unit_kill_grace_ms;
+    }
+    q.state = ProcState::kBackoff;
+    q.restart_at_ms = unit.restart_at_ms;
+  }
+  spdlog::warn("{} {}; restarting unit {} in {} ms ({} crash(es) in the last {} s)", p.spec.name,
+               how, DescribeUnit(p.spec.unit), backoff, recent, options_.window_ms / 1000);
+  Changed();
+}
+
+// Starts every member again, in plan order. A member that cannot be spawned fails the unit anew
+// (OnExit), which kills the members already started: the rest wait for the next restart.
+void Supervisor::RestartUnit(const std::string& name) {
+  UnitState& unit = units_.at(name);
+  unit.failing = false;
+  spdlog::info("restarting unit {}", DescribeUnit(name));
+  for (auto& p : procs_) {
+    if (p.spec.unit != name) continue;
+    ++p.restarts;
+    StartProcess(p);
+    if (unit.failing || phase_ != Phase::kRunning) return;
+  }
 }
 
 void Supervisor::Step() {
@@ -114,7 +204,7 @@ void Supervisor::Step() {
           spdlog::info("{} stopped ({})", p.spec.name, p.last_exit);
           Changed();
         } else {
-          OnExit(p, *exit);
+          OnExit(p, exit->Describe());
         }
         continue;
       }
@@ -137,11 +227,22 @@ void Supervisor::Step() {
           p.state = ProcState::kRunning;  // Its exit is reaped as a crash.
         }
       }
-    } else if (p.state == ProcState::kBackoff && now >= p.restart_at_ms &&
+    } else if (p.state == ProcState::kBackoff && p.pid > 0 && now >= p.deadline_ms) {
+      // A member of a failed unit that did not leave within the grace.
+      spdlog::warn("{} did not exit within {} ms of its unit's failure; sending SIGKILL",
+                   p.spec.name, options_.unit_kill_grace_ms);
+      runner_.Signal(p.pid, SIGKILL);
+      p.deadline_ms = now + options_.stop_timeout_ms;
+    } else if (p.state == ProcState::kBackoff && p.spec.unit.empty() && now >= p.restart_at_ms &&
                phase_ == Phase::kRunning) {
       ++p.restarts;
       StartProcess(p);
     }
+  }
+  // A unit restarts once its time has come and its last member has been reaped.
+  for (auto& [name, unit] : units_) {
+    if (phase_ != Phase::kRunning) break;
+    if (unit.failing && now >= unit.restart_at_ms && UnitReaped(name)) RestartUnit(name);
   }
   if (phase_ == Phase::kStarting) AdvanceStartup();
   if (phase_ == Phase::kStopping) AdvanceStop();

@@ -50,6 +50,8 @@ worker_groups:
       gbps: 25.5
       latency_us: 0
     rendezvous: 10.0.0.1:30000
+    collective_timeout_s: 2.5
+    rendezvous_timeout_s: 3600
     workers:
       - device: cuda:0
         host: node-1
@@ -116,6 +118,8 @@ void ExpectManifestEq(const Manifest& a, const Manifest& b) {
     EXPECT_EQ(x.link.gbps, y.link.gbps);
     EXPECT_EQ(x.link.latency_us, y.link.latency_us);
     EXPECT_EQ(x.rendezvous, y.rendezvous);
+    EXPECT_EQ(x.collective_timeout_s, y.collective_timeout_s);
+    EXPECT_EQ(x.rendezvous_timeout_s, y.rendezvous_timeout_s);
     ASSERT_EQ(x.workers.size(), y.workers.size());
     for (size_t j = 0; j < x.workers.size(); ++j) {
       EXPECT_EQ(x.workers[j].device, y.workers[j].device);
@@ -190,6 +194,8 @@ TEST(Manifest, MinimalGetsAllDefaults) {
   EXPECT_EQ(g.link.gbps, 16.0);
   EXPECT_EQ(g.link.latency_us, 10.0);
   EXPECT_EQ(g.rendezvous, "127.0.0.1:29500");
+  EXPECT_EQ(g.collective_timeout_s, 60.0);
+  EXPECT_EQ(g.rendezvous_timeout_s, 120.0);
   ASSERT_EQ(g.workers.size(), 1u);
   EXPECT_EQ(g.workers[0].device, "cpu");
   EXPECT_EQ(g.workers[0].cuda_index, -1);
@@ -238,6 +244,8 @@ TEST(Manifest, FullManifestSetsEveryKey) {
   EXPECT_EQ(a.link.gbps, 25.5);
   EXPECT_EQ(a.link.latency_us, 0.0);
   EXPECT_EQ(a.rendezvous, "10.0.0.1:30000");
+  EXPECT_EQ(a.collective_timeout_s, 2.5);
+  EXPECT_EQ(a.rendezvous_timeout_s, 3600.0);
   ASSERT_EQ(a.workers.size(), 3u);
   EXPECT_EQ(a.workers[0].device, "cuda:0");
   EXPECT_EQ(a.workers[0].cuda_index, 0);
@@ -252,6 +260,8 @@ TEST(Manifest, FullManifestSetsEveryKey) {
   EXPECT_EQ(b.link.gbps, 0.5);
   EXPECT_EQ(b.link.latency_us, 1e-05);
   EXPECT_EQ(b.rendezvous, "127.0.0.1:29501");
+  EXPECT_EQ(b.collective_timeout_s, 60.0);  // The defaults, in a group that sets neither.
+  EXPECT_EQ(b.rendezvous_timeout_s, 120.0);
   EXPECT_EQ(b.workers[0].host, "localhost");
   EXPECT_EQ(m.router.listen, "0.0.0.0:8080");
   EXPECT_EQ(m.router.worker_endpoint, "tcp://*:7000");
@@ -303,6 +313,20 @@ worker_groups:
   EXPECT_EQ(m.worker_groups[0].rendezvous, "127.0.0.1:29500");
   EXPECT_EQ(m.worker_groups[1].rendezvous, "node-7:40000");
   EXPECT_EQ(m.worker_groups[2].rendezvous, "127.0.0.1:29502");
+}
+
+TEST(Manifest, GroupTimeoutsAcceptTheirRange) {
+  const Manifest m = ParseOk(R"(
+model: {path: m}
+worker_groups:
+  - {name: a, collective_timeout_s: 0.001, rendezvous_timeout_s: 1e-3, workers: [{}]}
+  - {name: b, collective_timeout_s: 3600, rendezvous_timeout_s: +30, workers: [{}]}
+)");
+  ASSERT_EQ(m.worker_groups.size(), 2u);
+  EXPECT_EQ(m.worker_groups[0].collective_timeout_s, 0.001);
+  EXPECT_EQ(m.worker_groups[0].rendezvous_timeout_s, 0.001);
+  EXPECT_EQ(m.worker_groups[1].collective_timeout_s, 3600.0);
+  EXPECT_EQ(m.worker_groups[1].rendezvous_timeout_s, 30.0);
 }
 
 TEST(Manifest, SameCudaIndexOnDifferentHostsOrGroupsIsFine) {
@@ -365,6 +389,8 @@ TEST(Manifest, DescribeListsEveryKeyAndRedactsApiKeys) {
                           "gbps:",
                           "latency_us:",
                           "rendezvous:",
+                          "collective_timeout_s:",
+                          "rendezvous_timeout_s:",
                           "workers:",
                           "device:",
                           "host:",
@@ -594,6 +620,40 @@ std::vector<BadCase> BadCases() {
        "ipc:///absolute/path"},
       {"BadListen", Minimal("router: {listen: \"127.0.0.1:0\"}\n"),
        "manifest: router.listen: \"127.0.0.1:0\" has port 0; expected 1..65535"},
+      {"CollectiveTimeoutZero", OneGroup("{name: g, collective_timeout_s: 0, workers: [{}]}"),
+       "manifest: worker_groups[0].collective_timeout_s: 0 is out of range (0, 3600]"},
+      {"CollectiveTimeoutNegative", OneGroup("{name: g, collective_timeout_s: -5, workers: [{}]}"),
+       "manifest: worker_groups[0].collective_timeout_s: -5 is out of range (0, 3600]"},
+      {"CollectiveTimeoutTooLong",
+       OneGroup("{name: g, collective_timeout_s: 3600.5, workers: [{}]}"),
+       "manifest: worker_groups[0].collective_timeout_s: 3600.5 is out of range (0, 3600]"},
+      {"CollectiveTimeoutNotANumber",
+       OneGroup("{name: g, collective_timeout_s: 60s, workers: [{}]}"),
+       "manifest: worker_groups[0].collective_timeout_s: \"60s\" is not a finite number"},
+      {"CollectiveTimeoutQuoted",
+       OneGroup("{name: g, collective_timeout_s: \"60\", workers: [{}]}"),
+       "manifest: worker_groups[0].collective_timeout_s: \"60\" is a quoted string; expected a "
+       "number"},
+      {"RendezvousTimeoutZero", OneGroup("{name: g, rendezvous_timeout_s: 0, workers: [{}]}"),
+       "manifest: worker_groups[0].rendezvous_timeout_s: 0 is out of range (0, 3600]"},
+      {"RendezvousTimeoutTooLong",
+       "model: {path: m}\nworker_groups:\n  - {name: a, workers: [{}]}\n"
+       "  - {name: b, rendezvous_timeout_s: 7200, workers: [{}]}\n",
+       "manifest: worker_groups[1].rendezvous_timeout_s: 7200 is out of range (0, 3600]"},
+      {"RendezvousTimeoutNotANumber",
+       OneGroup("{name: g, rendezvous_timeout_s: [1], workers: [{}]}"),
+       "manifest: worker_groups[0].rendezvous_timeout_s: expected a number, got a sequence"},
+      {"RendezvousTimeoutInfinite",
+       OneGroup("{name: g, rendezvous_timeout_s: .inf, workers: [{}]}"),
+       "manifest: worker_groups[0].rendezvous_timeout_s: \".inf\" is not a finite number"},
+      {"RendezvousTimeoutWithoutValue",
+       "model: {path: m}\nworker_groups:\n  - name: g\n    rendezvous_timeout_s:\n"
+       "    workers: [{}]\n",
+       "manifest: worker_groups[0].rendezvous_timeout_s: has no value; expected a number"},
+      {"UnknownGroupKey", OneGroup("{name: g, collective_timeout: 5, workers: [{}]}"),
+       "manifest: worker_groups[0].collective_timeout: unknown key; allowed keys: name, policy, "
+       "max_batch, queue_limit, expert_cache_gb, expert_cache_fraction, link, rendezvous, "
+       "collective_timeout_s, rendezvous_timeout_s, workers"},
       {"BadRendezvous", OneGroup("{name: g, rendezvous: \"h:x\", workers: [{}]}"),
        "manifest: worker_groups[0].rendezvous: \"h:x\" has port \"x\"; expected a number "
        "1..65535"},

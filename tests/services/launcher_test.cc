@@ -1,0 +1,213 @@
+// The launch plan and its pre-flight without starting anything: which processes run on this host
+// (--host, --workers-only), the restart unit of each worker rank, and the checks workers-only
+// skips (the router's and map service's ports and data directory belong to another host).
+#include "services/launcher.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace fmoe {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Group g0: ranks 0 and 1 on node-1, rank 2 on node-2; group g1: one rank on node-2.
+constexpr char kTwoHosts[] = R"(
+model: {path: /models/tiny}
+worker_groups:
+  - name: g0
+    rendezvous: node-1:29500
+    workers:
+      - {device: cuda:0, host: node-1}
+      - {device: cuda:1, host: node-1}
+      - {device: cuda:0, host: node-2}
+  - name: g1
+    rendezvous: node-2:29501
+    workers:
+      - {device: cuda:1, host: node-2}
+launcher: {run_dir: /srv/run}
+)";
+
+Manifest Parse(const std::string& text) {
+  Result<Manifest> m = ParseManifest(text, "/srv");
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? *m : Manifest{};
+}
+
+std::vector<std::string> Names(const std::vector<ProcessSpec>& plan) {
+  std::vector<std::string> names;
+  for (const auto& p : plan) names.push_back(p.name);
+  return names;
+}
+
+TEST(PlanProcesses, LocalRanksBetweenMapServiceAndRouterWithTheirGroupAsUnit) {
+  const Manifest m = Parse(R"(
+model: {path: /models/tiny}
+worker_groups:
+  - {name: g0, workers: [{}, {host: localhost}]}
+  - {name: g1, workers: [{host: node-that-is-elsewhere.invalid}]}
+launcher: {run_dir: /srv/run}
+)");
+  LaunchOptions options;
+  options.bin_dir = "/opt/fmoe/bin";
+  const std::vector<ProcessSpec> plan = PlanProcesses(m, options);
+  ASSERT_EQ(Names(plan),
+            (std::vector<std::string>{"map-service", "worker-g0-0", "worker-g0-1", "router"}));
+  EXPECT_EQ(plan[0].stage, 0);
+  EXPECT_EQ(plan[0].unit, "");
+  EXPECT_EQ(plan[1].stage, 1);
+  EXPECT_EQ(plan[1].unit, "group:g0");
+  EXPECT_EQ(plan[2].unit, "group:g0");
+  EXPECT_EQ(plan[3].stage, 2);
+  EXPECT_EQ(plan[3].unit, "");
+  EXPECT_EQ(plan[2].argv, (std::vector<std::string>{"/opt/fmoe/bin/fmoe-worker", "--manifest", "",
+                                                    "--group", "g0", "--rank", "1"}));
+  EXPECT_EQ(plan[2].log_path, "/srv/run/logs/worker-g0-1.log");
+}
+
+TEST(PlanProcesses, HostSelectsTheRanksWrittenWithThatName) {
+  const Manifest m = Parse(kTwoHosts);
+  LaunchOptions options;
+  options.host = "node-2";
+  std::vector<ProcessSpec> plan = PlanProcesses(m, options);
+  EXPECT_EQ(Names(plan),
+            (std::vector<std::string>{"map-service", "worker-g0-2", "worker-g1-0", "router"}));
+  EXPECT_EQ(plan[1].unit, "group:g0");
+  EXPECT_EQ(plan[2].unit, "group:g1");
+  EXPECT_EQ(plan[1].argv.back(), "2") << "the rank is the index in the group";
+
+  options.host = "node-1";
+  EXPECT_EQ(Names(PlanProcesses(m, options)),
+            (std::vector<std::string>{"map-service", "worker-g0-0", "worker-g0-1", "router"}));
+  // With --host, loopback names are no longer local by themselves.
+  const Manifest local = Parse("model: {path: m}\nworker_groups: [{name: g, workers: [{}]}]\n");
+  EXPECT_EQ(Names(PlanProcesses(local, options)),
+            (std::vector<std::string>{"map-service", "router"}));
+}
+
+TEST(PlanProcesses, WorkersOnlyDropsTheMapServiceAndTheRouter) {
+  const Manifest m = Parse(kTwoHosts);
+  LaunchOptions options;
+  options.workers_only = true;
+  options.host = "node-2";
+  const std::vector<ProcessSpec> plan = PlanProcesses(m, options);
+  EXPECT_EQ(Names(plan), (std::vector<std::string>{"worker-g0-2", "worker-g1-0"}));
+  for (const auto& p : plan) EXPECT_EQ(p.stage, 1) << p.name;
+
+  options.host = "node-3";  // No rank here: Launch refuses this plan (exit 2).
+  EXPECT_TRUE(PlanProcesses(m, options).empty());
+}
+
+// A directory with stand-ins for the service binaries, removed at destruction.
+class FakeBinDir {
+ public:
+  FakeBinDir() {
+    std::string tmpl = ::testing::TempDir() + "/launcher_test.XXXXXX";
+    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
+    path_ = tmpl;
+    for (const char* name : {"fmoe-map-service", "fmoe-worker", "fmoe-router"}) {
+      const std::string file = path_ + "/" + name;
+      std::ofstream(file) << "#!/bin/sh\nexit 0\n";
+      EXPECT_EQ(::chmod(file.c_str(), 0755), 0);
+    }
+  }
+  ~FakeBinDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A TCP socket listening on a free loopback port, closed at destruction.
+class BusyPort {
+ public:
+  BusyPort() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), len), 0);
+    EXPECT_EQ(::listen(fd_, 1), 0);
+    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~BusyPort() { ::close(fd_); }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+TEST(Preflight, WorkersOnlySkipsTheRouterAndMapServiceChecks) {
+  FakeBinDir bin;
+  BusyPort busy;
+  const std::string run_dir = bin.path() + "/run";
+  const Manifest m = Parse(std::string("model: {path: ") + FMOE_SOURCE_DIR +
+                           "/deploy/models/tiny-moe}\n"
+                           "map_service: {data_dir: /proc/fmoe-not-writable/maps}\n"
+                           "worker_groups: [{name: g0, workers: [{}, {}]}]\n"
+                           "router: {listen: \"127.0.0.1:" +
+                           std::to_string(busy.port()) +
+                           "\"}\n"
+                           "launcher: {run_dir: " +
+                           run_dir + "}\n");
+  LaunchOptions options;
+  options.bin_dir = bin.path();
+  Status full = Preflight(m, PlanProcesses(m, options), options);
+  ASSERT_FALSE(full.ok());
+  EXPECT_NE(full.message().find("map_service.data_dir"), std::string::npos) << full.message();
+
+  options.workers_only = true;
+  Status workers = Preflight(m, PlanProcesses(m, options), options);
+  EXPECT_TRUE(workers.ok()) << workers.ToString();
+  EXPECT_TRUE(fs::is_directory(run_dir + "/logs")) << "run_dir is still checked (and made)";
+
+  // The model is still checked.
+  Manifest no_model = m;
+  no_model.model.path = bin.path() + "/no-model";
+  Status missing = Preflight(no_model, PlanProcesses(no_model, options), options);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.message().rfind("model.path", 0), 0u) << missing.message();
+}
+
+TEST(Preflight, FullLaunchNamesTheBusyRouterPort) {
+  FakeBinDir bin;
+  BusyPort busy;
+  const Manifest m = Parse(std::string("model: {path: ") + FMOE_SOURCE_DIR +
+                           "/deploy/models/tiny-moe}\n"
+                           "map_service: {data_dir: " +
+                           bin.path() +
+                           "/maps}\n"
+                           "worker_groups: [{name: g0, workers: [{}]}]\n"
+                           "router: {listen: \"127.0.0.1:" +
+                           std::to_string(busy.port()) +
+                           "\"}\n"
+                           "launcher: {run_dir: " +
+                           bin.path() + "/run}\n");
+  LaunchOptions options;
+  options.bin_dir = bin.path();
+  Status s = Preflight(m, PlanProcesses(m, options), options);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(),
+            "router.listen: 127.0.0.1:" + std::to_string(busy.port()) + " is already in use");
+  options.workers_only = true;
+  EXPECT_TRUE(Preflight(m, PlanProcesses(m, options), options).ok());
+}
+
+}  // namespace
+}  // namespace fmoe
