@@ -76,6 +76,7 @@ size_t PayloadBytes(const WorkerMessage& message) {
           return bytes;
         }
         if constexpr (std::is_same_v<T, TokenEvent>) return m.error.size();
+        if constexpr (std::is_same_v<T, WorkerGoodbye>) return m.group.size() + m.reason.size();
         return 0;
       },
       message);
@@ -186,6 +187,16 @@ flatbuffers::Offset<fb::TokenEvent> Build(Builder& fbb, const TokenEvent& m) {
   b.add_expert_hits(m.expert_hits);
   b.add_expert_misses(m.expert_misses);
   b.add_bytes_moved(m.bytes_moved);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::WorkerGoodbye> Build(Builder& fbb, const WorkerGoodbye& m) {
+  auto group = OptString(fbb, m.group);
+  auto reason = OptString(fbb, m.reason);
+  fb::WorkerGoodbyeBuilder b(fbb);
+  b.add_group(group);
+  b.add_instance_id(m.instance_id);
+  b.add_reason(reason);
   return b.Finish();
 }
 
@@ -547,6 +558,12 @@ bool Read(const fb::TokenEvent& t, const Checker& c, TokenEvent* m) {
   return c.String(t.error(), "TokenEvent.error", &m->error);
 }
 
+bool Read(const fb::WorkerGoodbye& t, const Checker& c, WorkerGoodbye* m) {
+  m->instance_id = t.instance_id();
+  return c.String(t.group(), "WorkerGoodbye.group", &m->group, /*required=*/true) &&
+         c.String(t.reason(), "WorkerGoodbye.reason", &m->reason);
+}
+
 bool Read(const fb::Register& t, const Checker& c, Register* m) {
   m->rank = t.rank();
   m->world_size = t.world_size();
@@ -742,7 +759,7 @@ bool MissingOrUnknownBody(Tag tag, const void* body, const char* envelope_name, 
 
 constexpr std::array<std::string_view, std::variant_size_v<WorkerMessage>> kWorkerNames = {
     "WorkerHello", "WorkerHelloAck", "WorkerHeartbeat", "WorkerHeartbeatAck",
-    "Generate",    "Cancel",         "TokenEvent"};
+    "Generate",    "Cancel",         "TokenEvent",      "WorkerGoodbye"};
 constexpr std::array<std::string_view, std::variant_size_v<MapMessage>> kMapNames = {
     "Register",       "RegisterAck",   "RankHeartbeat", "RankHeartbeatAck",
     "IterationStart", "LayerObserved", "IterationEnd",  "PrefetchDirective",
@@ -835,6 +852,8 @@ bool Decode(std::span<const uint8_t> frame, const DecodeLimits& limits, WorkerMe
       return ReadBody<Cancel, fb::Cancel>(body, c, out);
     case fb::WorkerBody::TokenEvent:
       return ReadBody<TokenEvent, fb::TokenEvent>(body, c, out);
+    case fb::WorkerBody::WorkerGoodbye:
+      return ReadBody<WorkerGoodbye, fb::WorkerGoodbye>(body, c, out);
     case fb::WorkerBody::NONE:
       break;
   }

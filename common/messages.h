@@ -98,8 +98,17 @@ struct TokenEvent {
   uint64_t bytes_moved = 0;
 };
 
+// Leader -> router, once, when the group is dead (a rank failed a collective) and the leader is
+// about to exit: the router fails the group's started requests and moves the others to another
+// group at once, without waiting for the heartbeat timeout.
+struct WorkerGoodbye {
+  std::string group;
+  uint64_t instance_id = 0;  // As in WorkerHello: a goodbye from an older instance is ignored.
+  std::string reason;        // For the router's log, e.g. "rank 1 failed all_to_all: ...".
+};
+
 using WorkerMessage = std::variant<WorkerHello, WorkerHelloAck, WorkerHeartbeat, WorkerHeartbeatAck,
-                                   Generate, Cancel, TokenEvent>;
+                                   Generate, Cancel, TokenEvent, WorkerGoodbye>;
 
 // ---- worker rank <-> map service ----
 

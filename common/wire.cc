@@ -120,6 +120,7 @@ struct Context::Impl {
 Context::Context() : impl_(std::make_unique<Impl>()) {}
 Context::~Context() = default;
 void* Context::native() { return &impl_->context; }
+void Context::Close() { impl_->context.close(); }
 
 // ---- SocketBase ----
 
@@ -221,6 +222,18 @@ Status SocketBase::SendRaw(std::span<const uint8_t> frame, std::string_view peer
     return IoError("wire: send on " + endpoint_ + ": " + e.what());
   }
   ++stats_.sent;
+  return Status::Ok();
+}
+
+Status SocketBase::SetLinger(int ms) {
+  if (!impl_) return FailedPrecondition("wire: socket " + endpoint_ + " is not open");
+  try {
+    impl_->socket.set(zmq::sockopt::linger, ms);
+  } catch (const zmq::error_t& e) {
+    return InvalidArgument("wire: linger " + std::to_string(ms) + " ms on " + endpoint_ + ": " +
+                           e.what());
+  }
+  options_.linger_ms = ms;
   return Status::Ok();
 }
 

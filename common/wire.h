@@ -27,6 +27,10 @@ class Context {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
   void* native();  // zmq::context_t*
+  // Terminates the context, as the destructor does: every socket must be closed already (by its
+  // owner thread). Blocks until the messages that sockets closed with a linger (SetLinger) left
+  // queued are sent, or their linger passes. Idempotent; no socket can be opened afterwards.
+  void Close();
 
  private:
   struct Impl;
@@ -86,6 +90,11 @@ class SocketBase {
 
   // Sends one frame as is (tests and tools). Never blocks.
   Status SendRaw(std::span<const uint8_t> frame, std::string_view peer = {});
+
+  // Replaces SocketOptions::linger_ms from now on: how long the messages still queued when the
+  // socket is closed may take to be sent (0 = dropped, -1 = forever), a wait Context::Close (or
+  // the Context's destructor) does. For a last message worth flushing (a leader's goodbye).
+  Status SetLinger(int ms);
 
  protected:
   SocketBase(Role role, std::string endpoint, const SocketOptions& options);

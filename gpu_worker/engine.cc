@@ -32,6 +32,7 @@ struct Engine::Sequence {
   std::unique_ptr<StopMatcher> stops;  // Only with stop strings.
   bool cancelled = false;
   bool finished = false;
+  RequestUsage group_usage;  // The group's figures for this request (with a group).
 
   explicit Sequence(const SamplingParams& params) : sampling(params), sampler(params) {}
 };
@@ -83,9 +84,63 @@ void Engine::WaitForWork(int timeout_ms) {
 }
 
 void Engine::Run(const std::function<bool()>& stop) {
-  while (!stop()) {
-    if (!Step()) WaitForWork(50);
+  last_plan_us_ = NowUs();
+  while (!stop() && !group_failed_) {
+    if (Step()) continue;
+    if (grouped() && NowUs() - last_plan_us_ >= int64_t{options_.keepalive_ms} * 1000) {
+      SendPlan(PlanKind::kIdle, {});
+      continue;
+    }
+    WaitForWork(std::min(50, options_.keepalive_ms));
   }
+  if (grouped() && !group_failed_) SendPlan(PlanKind::kStop, {});
+}
+
+ExpertFigures Engine::group_figures() const {
+  if (!grouped()) return options_.local_figures ? options_.local_figures() : ExpertFigures{};
+  std::lock_guard<std::mutex> lock(figures_mu_);
+  return group_figures_;
+}
+
+bool Engine::SendPlan(PlanKind kind, std::span<const SequenceInput> inputs) {
+  IterationPlan plan;
+  plan.kind = kind;
+  plan.step = plan_step_++;
+  plan.ended.swap(ended_);
+  for (const SequenceInput& in : inputs) {
+    plan.sequences.push_back({in.request_id, in.iteration, {in.tokens.begin(), in.tokens.end()}});
+  }
+  std::vector<uint8_t> bytes = EncodePlan(plan);
+  last_plan_us_ = NowUs();
+  if (Status s = options_.group->Broadcast(&bytes); !s.ok()) {
+    GroupFailed(s);
+    return false;
+  }
+  return true;
+}
+
+bool Engine::SumFigures() {
+  std::vector<RequestUsage> usage;
+  for (const auto& seq : running_) usage.push_back(experts_.Usage(seq->id));
+  std::vector<int64_t> counters =
+      PackFigures(usage, options_.local_figures ? options_.local_figures() : ExpertFigures{});
+  if (Status s = options_.group->SumCounters(counters); !s.ok()) {
+    GroupFailed(s);
+    return false;
+  }
+  ExpertFigures totals;
+  UnpackFigures(counters, usage, &totals);
+  for (size_t i = 0; i < running_.size(); ++i) running_[i]->group_usage = usage[i];
+  std::lock_guard<std::mutex> lock(figures_mu_);
+  group_figures_ = totals;
+  return true;
+}
+
+void Engine::GroupFailed(const Status& why) {
+  if (group_failed_.exchange(true)) return;
+  spdlog::error("{}; {} running and {} waiting requests are left to the router", why.message(),
+                running_.size(), waiting_.size());
+  if (options_.on_group_failure) options_.on_group_failure(why);
 }
 
 void Engine::DrainInbox() {
@@ -178,7 +233,7 @@ void Engine::Emit(Sequence& seq, int32_t token, FinishReason finish) {
     ev.token_us = static_cast<uint64_t>(now - seq.last_event_us);
   }
   seq.last_event_us = now;
-  const RequestUsage usage = experts_.Usage(seq.id);
+  const RequestUsage usage = grouped() ? seq.group_usage : experts_.Usage(seq.id);
   ev.expert_hits = usage.hits;
   ev.expert_misses = usage.misses;
   ev.bytes_moved = usage.bytes_moved;
@@ -196,6 +251,7 @@ void Engine::Retire(Sequence& seq, FinishReason reason) {
   if (seq.iteration > 0) {
     if (observer_ != nullptr) observer_->OnRequestEnd(seq.id);
     experts_.OnRequestEnd(seq.id);
+    if (grouped()) ended_.push_back(seq.id);
   }
 }
 
@@ -211,6 +267,7 @@ void Engine::Finish(Sequence& seq, FinishReason reason, std::string error) {
 }
 
 bool Engine::Step() {
+  if (group_failed_) return false;
   DrainInbox();
   for (auto& seq : running_) {
     if (seq->cancelled) Finish(*seq, FinishReason::kCancelled);
@@ -240,11 +297,18 @@ bool Engine::Step() {
       ++stats_.decode_tokens;
     }
   }
+  if (grouped() && !SendPlan(PlanKind::kIteration, inputs)) return false;
   ForwardResult result;
   const int64_t t0 = NowUs();
   Status s = model_.Forward(inputs, experts_, observer_, &result);
   stats_.forward_us += static_cast<uint64_t>(NowUs() - t0);
   ++stats_.iterations;
+  if (!s.ok() && grouped()) {
+    // The other ranks may have finished this Forward or not: the group cannot go on.
+    GroupFailed(s);
+    return false;
+  }
+  if (grouped() && !SumFigures()) return false;
   if (!s.ok()) {
     spdlog::error("iteration failed for {} requests: {}", running_.size(), s.message());
     for (auto& seq : running_) Finish(*seq, FinishReason::kError, s.message());

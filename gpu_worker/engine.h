@@ -8,6 +8,14 @@
 // thread that owns the model, the KV caches and the expert source. Events go to the sink on
 // the engine thread, in order.
 //
+// Expert parallelism (DESIGN section 7): with a group of several ranks, the engine runs on the
+// leader. Before each Forward it broadcasts the iteration's plan (gpu_worker/group_plan.h) to the
+// other ranks, which run the same Forward (gpu_worker/follower.h); after it, the ranks sum their
+// expert figures, so events and heartbeats carry the group's. While idle it broadcasts a
+// keep-alive plan every keepalive_ms, and a stop plan when Run returns. A failed collective
+// breaks the group: the engine stops serving (no further events) and calls on_group_failure once;
+// the worker then tells the router and exits, and the launcher restarts the group.
+//
 // A request's life:
 //   WAITING --(a batch slot is free: Step admits, oldest first)--> RUNNING
 //   RUNNING --(stop token, stop string, max_tokens, context full)--> finished (stop / length)
@@ -28,6 +36,8 @@
 #include "common/messages.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
+#include "gpu_worker/expert_group.h"
+#include "gpu_worker/group_plan.h"
 #include "gpu_worker/model.h"
 #include "gpu_worker/sampler.h"
 #include "gpu_worker/worker.h"
@@ -40,6 +50,14 @@ struct EngineOptions {
   uint32_t max_waiting = 1024;
   // Token ids that end generation besides a request's own (the model's eos). Default: none
   std::vector<int32_t> eos_token_ids;
+  // The expert-parallel group; null or one rank = this rank runs alone. Default: none
+  ExpertGroup* group = nullptr;
+  // While idle, a keep-alive plan goes to the other ranks this often. Default: 1000
+  int keepalive_ms = 1000;
+  // This rank's expert-cache totals (summed across the group each iteration). Default: none
+  std::function<ExpertFigures()> local_figures;
+  // Called once, on the engine thread, when the group breaks. Default: none
+  std::function<void(const Status&)> on_group_failure;
 };
 
 struct EngineStats {
@@ -73,6 +91,10 @@ class Engine final : public RequestExecutor {
   // Steps until stop() is true, sleeping while idle (checks stop at least every 50 ms).
   void Run(const std::function<bool()>& stop);
   const EngineStats& stats() const { return stats_; }
+  // The group's expert-cache totals as of the last iteration (this rank's alone without a
+  // group); any thread.
+  ExpertFigures group_figures() const;
+  bool group_failed() const { return group_failed_.load(); }
 
  private:
   struct Sequence;
@@ -89,6 +111,12 @@ class Engine final : public RequestExecutor {
   void Fail(uint64_t request_id, const std::string& error);
   void Emit(Sequence& seq, int32_t token, FinishReason finish);
   void WaitForWork(int timeout_ms);
+  bool grouped() const { return options_.group != nullptr && options_.group->world_size() > 1; }
+  // Broadcasts a plan (with the requests ended since the last one); false when the group broke.
+  bool SendPlan(PlanKind kind, std::span<const SequenceInput> inputs);
+  // Sums the running requests' figures and the cache totals across the group.
+  bool SumFigures();
+  void GroupFailed(const Status& why);
 
   EngineOptions options_;
   MixtralModel& model_;
@@ -103,10 +131,16 @@ class Engine final : public RequestExecutor {
   std::deque<std::pair<Command, int64_t>> inbox_;  // GUARDED_BY(mu_); with submit time (us).
   bool woken_ = false;                             // GUARDED_BY(mu_)
   std::atomic<uint32_t> active_{0};
+  std::atomic<bool> group_failed_{false};
+  mutable std::mutex figures_mu_;
+  ExpertFigures group_figures_;  // GUARDED_BY(figures_mu_)
 
   // Engine thread only.
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<uint64_t> ended_;  // Left the batch since the last plan.
+  uint64_t plan_step_ = 0;
+  int64_t last_plan_us_ = 0;
 };
 
 }  // namespace fmoe

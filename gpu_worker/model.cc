@@ -10,6 +10,7 @@
 
 #include "common/checkpoint.h"
 #include "common/safetensors.h"
+#include "gpu_worker/expert_group.h"
 
 namespace fmoe {
 namespace {
@@ -119,6 +120,13 @@ class TensorLoader {
   Result<at::Tensor> Load(const std::string& name, const std::vector<int64_t>& shape) {
     return Load(name, shape, device_);
   }
+  // A tensor another rank loads: checked, counted, not read.
+  Status Skip(const std::string& name, const std::vector<int64_t>& shape) {
+    FMOE_ASSIGN_OR_RETURN(const TensorView* view, ckpt_.Get(name, shape));
+    done_ += view->data.size();
+    if (progress_) progress_(done_, total_);
+    return Status::Ok();
+  }
 
  private:
   const Checkpoint& ckpt_;
@@ -143,6 +151,11 @@ Result<std::unique_ptr<MixtralModel>> MixtralModel::Load(const ModelInfo& info,
   if (info.num_moe_layers != info.num_hidden_layers) {
     return FailedPrecondition("model: " + info.dir +
                               "/config.json: Mixtral with dense layers is not supported");
+  }
+  if (options.expert_world_size == 0 || options.expert_rank >= options.expert_world_size) {
+    return InvalidArgument("model: expert rank " + std::to_string(options.expert_rank) +
+                           " is not below the group's size " +
+                           std::to_string(options.expert_world_size));
   }
   if (info.head_dim % 2 != 0) {
     return InvalidArgument("model: " + info.dir + "/config.json: head_dim " +
@@ -182,6 +195,13 @@ Result<std::unique_ptr<MixtralModel>> MixtralModel::Load(const ModelInfo& info,
     layer_experts.resize(info.num_experts);
     for (uint32_t e = 0; e < info.num_experts; ++e) {
       const std::string q = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+      if ((int64_t{l} * j + e) % options.expert_world_size != options.expert_rank) {
+        // Another rank of the group owns it (DESIGN section 7).
+        FMOE_RETURN_IF_ERROR(loader.Skip(q + "w1.weight", {inter, h}));
+        FMOE_RETURN_IF_ERROR(loader.Skip(q + "w2.weight", {h, inter}));
+        FMOE_RETURN_IF_ERROR(loader.Skip(q + "w3.weight", {inter, h}));
+        continue;
+      }
       // Routed experts stay in host memory: the expert source decides where they live.
       FMOE_ASSIGN_OR_RETURN(layer_experts[e].w1,
                             loader.Load(q + "w1.weight", {inter, h}, at::kCPU));
@@ -251,9 +271,12 @@ Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource&
     max_end = std::max(max_end, end);
   }
   const int64_t rows = offset.back();
-  out->logits.assign(batch.size(), {});
-  out->router_probs.clear();
-  out->router_topk.clear();
+  if (out != nullptr) {
+    out->logits.assign(batch.size(), {});
+    out->router_probs.clear();
+    out->router_topk.clear();
+  }
+  record_router = record_router && out != nullptr;
   if (rows == 0) return Status::Ok();
 
   // Rotary tables up to the furthest position; KV caches large enough for their new tokens.
@@ -372,8 +395,11 @@ Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource&
       for (size_t r = 0; r < chosen.size(); ++r) chosen[r] = static_cast<int32_t>(c[r]);
       out->router_topk.push_back(std::move(chosen));
     }
-    // Rows (ascending) and weights per expert; each sequence's tokens per expert.
+    // Rows (ascending) and weights per expert; each sequence's tokens per expert. A row's k
+    // picked experts fill its k slots in ascending expert order: slot r * K + s holds the
+    // weighted output of row r's s-th smallest expert.
     std::vector<std::vector<int64_t>> expert_rows(n_experts);
+    std::vector<std::vector<int64_t>> expert_slots(n_experts);
     std::vector<std::vector<float>> expert_weights(n_experts);
     std::vector<uint32_t> sequence_counts(batch.size() * n_experts, 0);
     const int64_t* chosen = top_i_cpu.data_ptr<int64_t>();
@@ -382,7 +408,10 @@ Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource&
       for (int64_t r = offset[i]; r < offset[i + 1]; ++r) {
         for (int64_t s = 0; s < top_k; ++s) {
           const int64_t e = chosen[r * top_k + s];
+          int64_t smaller = 0;
+          for (int64_t o = 0; o < top_k; ++o) smaller += chosen[r * top_k + o] < e ? 1 : 0;
           expert_rows[e].push_back(r);
+          expert_slots[e].push_back(r * top_k + smaller);
           expert_weights[e].push_back(weights[r * top_k + s]);
           ++sequence_counts[i * n_experts + e];
         }
@@ -409,10 +438,10 @@ Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource&
     }
     const LayerRouting routing{static_cast<uint32_t>(l), used, used_tokens, sequence_counts};
     FMOE_RETURN_IF_ERROR(experts.BeginLayer(routing));
-    // Experts arrive in the order the source has them ready; their outputs are summed in
-    // ascending expert order afterwards, so the result never depends on that order.
-    std::vector<at::Tensor> expert_out(n_experts);
-    std::vector<at::Tensor> expert_idx(n_experts);
+    // Experts arrive in the order the source has them ready; each output goes to its own slots,
+    // so the result never depends on that order.
+    at::Tensor slots = at::zeros({rows * top_k, h}, m.opts());
+    std::vector<bool> done(static_cast<size_t>(n_experts), false);
     Status status;
     while (true) {
       Result<std::pair<uint32_t, ExpertWeights>> next = experts.Next();
@@ -422,7 +451,7 @@ Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource&
       }
       const uint32_t e = next->first;
       const ExpertWeights& w = next->second;
-      if (e >= n_experts || expert_rows[e].empty() || expert_out[e].defined()) {
+      if (e >= n_experts || expert_rows[e].empty() || done[e]) {
         status = Internal("model: expert source handed out expert " + std::to_string(e) +
                           " of layer " + std::to_string(l) + ", which the gate did not pick");
         break;
@@ -435,21 +464,31 @@ Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource&
       at::Tensor we = at::tensor(expert_weights[e], at::TensorOptions().dtype(at::kFloat))
                           .to(m.device, m.dtype)
                           .unsqueeze(1);
-      expert_out[e] = ye * we;
-      expert_idx[e] = idx;
+      slots.index_copy_(
+          0, at::tensor(expert_slots[e], at::TensorOptions().dtype(at::kLong)).to(m.device),
+          ye * we);
+      done[e] = true;
       experts.Done(e);
     }
     experts.EndLayer();
     FMOE_RETURN_IF_ERROR(status);
+    // Expert parallelism (DESIGN section 7): this rank filled the slots of the experts it owns;
+    // every slot has one owner, so the combination is exact and the same on every rank.
+    if (group_ != nullptr) FMOE_RETURN_IF_ERROR(group_->CombineDisjoint(slots));
+    // Each row's experts summed in ascending expert order, whatever the group's size.
+    at::Tensor per_row = slots.view({rows, top_k, h});
     at::Tensor moe = at::zeros({rows, h}, m.opts());
-    for (int64_t e = 0; e < n_experts; ++e) {
-      // With expert parallelism, experts other ranks own are summed in by the group's
-      // all-reduce (DESIGN section 7); with one rank every picked expert is here.
-      if (expert_out[e].defined()) moe.index_add_(0, expert_idx[e], expert_out[e]);
-    }
+    for (int64_t s = 0; s < top_k; ++s) moe = moe + per_row.select(1, s);
     x = x + moe;
   }
 
+  if (out == nullptr) {
+    for (const SequenceInput& s : batch) s.kv->length_ += static_cast<int64_t>(s.tokens.size());
+    if (observer != nullptr) {
+      for (const SequenceInput& s : batch) observer->OnIterationEnd(s.request_id, s.iteration);
+    }
+    return Status::Ok();
+  }
   // Logits of the rows asked for.
   std::vector<int64_t> logit_rows;
   for (size_t i = 0; i < batch.size(); ++i) {

@@ -24,12 +24,18 @@
 
 namespace fmoe {
 
+class ExpertGroup;
+
 struct RuntimeOptions {
   std::string dtype = "float32";  // Compute dtype: float32 | bfloat16 | float16. Default: float32
   int cuda_index = -1;            // -1 = cpu. Default: -1
   // Rows per matrix-product block on the CPU (batch invariance); 0 = one product over all rows.
   // Default: 4
   int row_block = 4;
+  // Expert parallelism: Load reads only the routed experts with (l * J + j) % world == rank;
+  // the others stay undefined in the table. Default: rank 0 of 1 (every expert)
+  uint32_t expert_rank = 0;
+  uint32_t expert_world_size = 1;
 };
 
 // Bytes converted so far, of the total.
@@ -97,8 +103,14 @@ class MixtralModel {
   const ModelInfo& info() const { return info_; }
   std::unique_ptr<KvCache> NewKvCache() const;
 
+  // Expert parallelism (DESIGN section 7): every rank of `group` runs the same Forward; each
+  // computes the routed experts it owns and the group combines their outputs after each layer.
+  // Null (the default) or a group of one: this rank computes every expert.
+  void set_group(ExpertGroup* group) { group_ = group; }
+
   // Runs one iteration. Appends each sequence's new tokens to its KV cache. kInvalidArgument for
-  // a token id out of range or a sequence past max_position_embeddings.
+  // a token id out of range or a sequence past max_position_embeddings. `out` may be null (a
+  // rank that does not sample): no logits are computed.
   Status Forward(std::span<const SequenceInput> batch, ExpertSource& experts,
                  ForwardObserver* observer, ForwardResult* out, bool record_router = false);
 
@@ -108,6 +120,7 @@ class MixtralModel {
   explicit MixtralModel(ModelInfo info);
   ModelInfo info_;
   std::unique_ptr<Impl> impl_;
+  ExpertGroup* group_ = nullptr;
 };
 
 }  // namespace fmoe

@@ -7,6 +7,17 @@
 #include "common/process_util.h"
 
 namespace fmoe {
+namespace {
+
+// At most `limit` bytes of `s`, cut before a UTF-8 continuation byte.
+std::string Truncated(const std::string& s, size_t limit) {
+  if (s.size() <= limit) return s;
+  size_t n = limit;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xc0) == 0x80) --n;
+  return s.substr(0, n);
+}
+
+}  // namespace
 
 Worker::Worker(WorkerOptions options, ModelInfo model, const Clock& clock,
                RequestExecutor* executor)
@@ -35,6 +46,7 @@ Status Worker::Start() {
 }
 
 void Worker::Run(const std::function<bool()>& stop, const std::function<void()>& on_ready) {
+  if (!map_socket_) return;  // Not started, or finished by SendGoodbye.
   bool ready = false;
   std::vector<wire::SocketBase*> sockets = {map_socket_.get()};
   if (router_socket_) sockets.push_back(router_socket_.get());
@@ -67,6 +79,30 @@ void Worker::Run(const std::function<bool()>& stop, const std::function<void()>&
       on_ready();
     }
   }
+}
+
+Status Worker::SendGoodbye(const std::string& reason) {
+  if (!leader() || !router_socket_) return Status::Ok();
+  WorkerGoodbye bye;
+  bye.group = options_.group;
+  bye.instance_id = instance_id_;
+  bye.reason = Truncated(reason, wire::DecodeLimits{}.max_string_bytes);
+  const Status sent = router_socket_->Send(bye).WithContext(
+      "group=" + options_.group + " goodbye not sent, the router waits for its heartbeat timeout");
+  if (sent.ok()) {
+    spdlog::info("group={} told router {} it is leaving: {}", options_.group,
+                 options_.router_endpoint, bye.reason);
+  }
+  // The sockets use LINGER 0, which would drop the goodbye still queued at close. The router
+  // socket gets a short linger instead; terminating the context waits for it to be sent (or the
+  // linger to pass) on libzmq's I/O thread, so the goodbye is out when this returns.
+  if (Status s = router_socket_->SetLinger(kGoodbyeLingerMs); !s.ok()) {
+    spdlog::debug("to router: {}", s.ToString());
+  }
+  router_socket_.reset();
+  map_socket_.reset();
+  context_.Close();
+  return sent;
 }
 
 void Worker::PostEvent(TokenEvent event) {

@@ -11,6 +11,10 @@
 // while the map service is not registered they are dropped (stale guidance is worthless), all
 // counted. Directives from the map service go to `on_directive` on the control thread.
 //
+// A leader whose group is dead (a rank failed a collective) calls SendGoodbye once Run has
+// returned, then exits: the router hears WorkerGoodbye at once, not after its heartbeat timeout.
+// SendGoodbye returns once the goodbye is sent (at most 200 ms), so the process may then _exit.
+//
 // Link state, per peer (map service; router for the leader):
 //   UNREGISTERED --(Register/Hello sent, ack accepted)--> REGISTERED
 //   REGISTERED --(ack says unknown: the peer restarted)--> UNREGISTERED
@@ -90,6 +94,14 @@ class Worker {
   Status Start();
   // Serves until stop() is true (checked every <= 50 ms); calls on_ready once.
   void Run(const std::function<bool()>& stop, const std::function<void()>& on_ready);
+  // Control thread, after Run has returned; the worker is finished afterwards. The leader sends
+  // WorkerGoodbye{group, instance id, reason (cut to the wire's string limit)} to the router,
+  // never blocking on the send, then closes both sockets and waits at most kGoodbyeLingerMs for
+  // the goodbye to leave. Other ranks (and a leader never started) do nothing and return OK.
+  // Errors: the send's (kResourceExhausted when the router is not connected); the router then
+  // notices by its heartbeat timeout.
+  Status SendGoodbye(const std::string& reason);
+  static constexpr int kGoodbyeLingerMs = 200;
 
   bool map_registered() const { return map_.state == LinkState::kRegistered; }
   bool router_registered() const { return router_.state == LinkState::kRegistered; }

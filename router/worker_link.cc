@@ -308,6 +308,8 @@ void WorkerLink::HandleWorker(const std::string& peer, const WorkerMessage& mess
     if (!s.ok()) spdlog::debug("heartbeat ack to {} failed: {}", peer, s.ToString());
   } else if (const auto* ev = std::get_if<TokenEvent>(&message)) {
     OnTokenEvent(peer, *ev);
+  } else if (const auto* bye = std::get_if<WorkerGoodbye>(&message)) {
+    OnGoodbye(peer, *bye);
   } else {
     spdlog::debug("peer={} sent {}, unexpected from a worker; ignored", peer,
                   wire::MessageName(message));
@@ -327,9 +329,11 @@ void WorkerLink::OnHello(const std::string& peer, const WorkerHello& hello) {
     ack.accepted = true;
   }
   if (ack.accepted) {
-    // One leader per group: a new instance (a restarted leader) replaces the old one.
+    // One leader per group: a new instance (a restarted leader, under the same routing id or
+    // another) replaces the old one.
     for (const auto& [id, entry] : leaders_.peers()) {
-      if (id != peer && entry.info.group == hello.group) {
+      if (entry.info.group == hello.group &&
+          (id != peer || entry.info.instance_id != hello.instance_id)) {
         spdlog::info("group={} leader replaced (instance {:016x} -> {:016x})", hello.group,
                      entry.info.instance_id, hello.instance_id);
         leaders_.Erase(id);
@@ -353,6 +357,21 @@ void WorkerLink::OnHello(const std::string& peer, const WorkerHello& hello) {
   }
   Status s = workers_->Send(ack, peer);
   if (!s.ok()) spdlog::warn("hello ack to {} failed: {}", peer, s.ToString());
+}
+
+void WorkerLink::OnGoodbye(const std::string& peer, const WorkerGoodbye& goodbye) {
+  const auto* entry = leaders_.Find(peer);
+  if (entry == nullptr || entry->info.group != goodbye.group ||
+      entry->info.instance_id != goodbye.instance_id) {
+    // A leader already replaced or expired, or a peer that never joined: nothing to take down.
+    spdlog::debug("peer={} goodbye for group={} instance={:016x} is not from its leader; ignored",
+                  peer, goodbye.group, goodbye.instance_id);
+    return;
+  }
+  spdlog::warn("group={} leader left: {}", goodbye.group, goodbye.reason);
+  last_seen_by_group_[goodbye.group] = clock_.NowMs();
+  leaders_.Erase(peer);  // Its restart says Hello again (same routing id, new instance id).
+  GroupLost(goodbye.group);
 }
 
 void WorkerLink::PingMapService() {

@@ -8,8 +8,9 @@
 // by the group's queue_limit. The link thread hands a group's queued requests to its leader
 // while fewer than max_batch of them run there, so waiting happens here, where it is counted
 // and can be retried. When a group is lost, its requests that produced no token yet go back to
-// the front of another live group's queue; started ones end with an error. A request past its
-// deadline is cancelled and ends with an error.
+// the front of another live group's queue; started ones end with an error. A group is lost when
+// its leader's heartbeats stop, or at once when the leader says WorkerGoodbye (a rank died). A
+// request past its deadline is cancelled and ends with an error.
 #pragma once
 
 #include <atomic>
@@ -116,6 +117,7 @@ class WorkerLink {
 
   void HandleWorker(const std::string& peer, const WorkerMessage& message);
   void OnHello(const std::string& peer, const WorkerHello& hello);
+  void OnGoodbye(const std::string& peer, const WorkerGoodbye& goodbye);
   void OnTokenEvent(const std::string& peer, const TokenEvent& event);
   void PingMapService();
   void Publish();

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <variant>
 
 #include <flatbuffers/flatbuffers.h>
 #include <gtest/gtest.h>
@@ -190,6 +191,21 @@ TEST(Codec, RoundTripTokenEvent) {
   EXPECT_EQ(defaults.token_id, -1);
 }
 
+TEST(Codec, RoundTripWorkerGoodbye) {
+  WorkerGoodbye in{.group = "g1",
+                   .instance_id = 0xfeedfacecafebeefull,
+                   .reason = "rank 2 failed all_to_all: NCCL error: remote process exited"};
+  auto out = RoundTripAs<WorkerGoodbye, WorkerMessage>(in);
+  EXPECT_EQ(out.group, in.group);
+  EXPECT_EQ(out.instance_id, in.instance_id);
+  EXPECT_EQ(out.reason, in.reason);
+  // The reason may be empty; a reason at the string limit passes.
+  in.reason.clear();
+  EXPECT_EQ((RoundTripAs<WorkerGoodbye, WorkerMessage>(in).reason), "");
+  in.reason = std::string(4096, 'r');
+  EXPECT_EQ((RoundTripAs<WorkerGoodbye, WorkerMessage>(in).reason.size()), 4096u);
+}
+
 // ---- worker rank <-> map service round trips ----
 
 TEST(Codec, RoundTripRegister) {
@@ -353,6 +369,7 @@ TEST(Codec, DecodesUnalignedFrames) {
 
 TEST(Codec, Names) {
   EXPECT_EQ(MessageName(WorkerMessage(TokenEvent{})), "TokenEvent");
+  EXPECT_EQ(MessageName(WorkerMessage(WorkerGoodbye{})), "WorkerGoodbye");
   EXPECT_EQ(MessageName(MapMessage(AdminReply{})), "AdminReply");
   EXPECT_EQ(MessageName(MapMessage(MapStored{})), "MapStored");
   EXPECT_EQ(DropReasonName(DropReason::kOversized), "oversized");
@@ -485,7 +502,7 @@ TEST(CodecReject, UnknownUnionTagPatched) {
   auto frame = Encode(WorkerMessage(Cancel{.request_id = 1}));
   const size_t tag = FieldPos(frame, RootPos(frame), kEnvelopeBodyType);
   ASSERT_NE(tag, 0u);
-  frame[tag] = 8;  // One past TokenEvent.
+  frame[tag] = static_cast<uint8_t>(std::variant_size_v<WorkerMessage> + 1);  // One past the last.
   DecodeError error = Reject<WorkerMessage>(frame);
   EXPECT_EQ(error.reason, DropReason::kOutOfRange);
   EXPECT_NE(error.detail.find("WorkerEnvelope.body_type"), std::string::npos) << error.detail;
@@ -598,6 +615,24 @@ TEST(CodecReject, StringTooLong) {
                      &ok, nullptr));
 }
 
+TEST(CodecReject, GoodbyeStringsTooLong) {
+  WorkerGoodbye bye{.group = "g0", .instance_id = 7, .reason = std::string(4097, 'r')};
+  auto error = Reject<WorkerMessage>(Encode(WorkerMessage(bye)));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "WorkerGoodbye.reason: 4097 bytes > limit 4096");
+  bye.reason = "ok";
+  bye.group = std::string(4097, 'g');
+  error = Reject<WorkerMessage>(Encode(WorkerMessage(bye)));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "WorkerGoodbye.group: 4097 bytes > limit 4096");
+  DecodeLimits limits;
+  limits.max_string_bytes = 16;
+  bye.group = "g0";
+  bye.reason = std::string(17, 'r');
+  error = Reject<WorkerMessage>(Encode(WorkerMessage(bye)), limits);
+  EXPECT_EQ(error.detail, "WorkerGoodbye.reason: 17 bytes > limit 16");
+}
+
 TEST(CodecReject, AdminJsonHasItsOwnLimit) {
   // Stats bodies grow with the number of ranks: they are bounded by max_admin_json_bytes, not
   // by the small limit on names.
@@ -664,6 +699,10 @@ TEST(CodecReject, RequiredGroupAndRank) {
             "WorkerHello.group: missing (required)");
   EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(WorkerHeartbeat{}))).detail,
             "WorkerHeartbeat.group: missing (required)");
+  WorkerGoodbye nameless;
+  nameless.reason = "x";
+  EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(nameless))).detail,
+            "WorkerGoodbye.group: missing (required)");
   EXPECT_EQ(Reject<MapMessage>(Encode(MapMessage(RankHeartbeat{}))).detail,
             "RankHeartbeat.group: missing (required)");
   EXPECT_EQ(

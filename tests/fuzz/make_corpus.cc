@@ -63,6 +63,10 @@ std::vector<WorkerMessage> WorkerSeeds() {
                  .finish = FinishReason::kError,
                  .error = "worker out of memory"},
       TokenEvent{.request_id = 12, .token_id = 2, .index = 127, .finish = FinishReason::kLength},
+      WorkerGoodbye{.group = "g0",
+                    .instance_id = 77,
+                    .reason = "rank 1 failed all_to_all: connection reset by peer"},
+      WorkerGoodbye{.group = "g1", .instance_id = 78, .reason = ""},
   };
 }
 

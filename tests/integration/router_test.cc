@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/http_probe.h"
+#include "tests/harness/http_call.h"
 #include "tests/harness/process_harness.h"
 
 namespace fmoe {
@@ -32,90 +33,20 @@ using testing::WaitUntil;
 using Json = nlohmann::json;
 using namespace std::chrono_literals;
 
-struct Reply {
-  int status = 0;
-  std::string head;
-  std::string body;  // De-chunked.
-};
-
-int Connect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  timeval tv{60, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  return fd;
-}
+using Reply = testing::HttpReply;
 
 constexpr const char* kKey = "test-key-0123456789";
 
-std::string Request(const std::string& method, const std::string& path, const std::string& body,
-                    const std::string& auth = std::string("Bearer ") + kKey) {
-  return method + " " + path + " HTTP/1.1\r\nHost: test\r\nConnection: close\r\n" +
-         (auth.empty() ? "" : "Authorization: " + auth + "\r\n") +
-         "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-         "\r\n\r\n" + body;
-}
-
-std::string Dechunk(const std::string& body) {
-  std::string out;
-  size_t at = 0;
-  for (;;) {
-    const size_t eol = body.find("\r\n", at);
-    if (eol == std::string::npos) return out;
-    const size_t n = std::stoul(body.substr(at, eol - at), nullptr, 16);
-    if (n == 0) return out;
-    out += body.substr(eol + 2, n);
-    at = eol + 2 + n + 2;
-  }
-}
-
-// One request on its own connection, read to the end.
 Reply Call(int port, const std::string& method, const std::string& path,
            const std::string& body = "", const std::string& auth = std::string("Bearer ") + kKey) {
-  Reply r;
-  const int fd = Connect(port);
-  if (fd < 0) return r;
-  const std::string req = Request(method, path, body, auth);
-  send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string in;
-  char buf[8192];
-  for (;;) {
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    in.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  const size_t head_end = in.find("\r\n\r\n");
-  if (head_end == std::string::npos || in.size() < 12) return r;
-  r.status = std::stoi(in.substr(9, 3));
-  r.head = in.substr(0, head_end);
-  r.body = in.substr(head_end + 4);
-  if (r.head.find("Transfer-Encoding: chunked") != std::string::npos) r.body = Dechunk(r.body);
-  return r;
+  return testing::HttpCall(port, method, path, body, auth);
 }
 
 Reply Post(int port, const Json& body) {
   return Call(port, "POST", "/v1/completions", body.dump());
 }
 
-// The data: payloads of an event stream.
-std::vector<std::string> Events(const std::string& sse) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while ((at = sse.find("data: ", at)) != std::string::npos) {
-    const size_t end = sse.find("\n\n", at);
-    out.push_back(sse.substr(at + 6, end - at - 6));
-    at = end;
-  }
-  return out;
-}
+std::vector<std::string> Events(const std::string& sse) { return testing::SseEvents(sse); }
 
 class RouterTest : public ::testing::Test {
  protected:
@@ -474,11 +405,12 @@ TEST_F(RouterTest, OfficialOpenAIClient) {
 }
 
 TEST_F(RouterTest, ADisconnectingClientCancelsItsRequest) {
-  const int fd = Connect(http_);
+  const int fd = testing::ConnectLoopback(http_);
   ASSERT_GE(fd, 0);
-  const std::string req = Request(
+  const std::string req = testing::HttpRequestText(
       "POST", "/v1/completions",
-      Completion({{"max_tokens", 400}, {"stream", true}, {"prompt", "And God said"}}).dump());
+      Completion({{"max_tokens", 400}, {"stream", true}, {"prompt", "And God said"}}).dump(),
+      std::string("Bearer ") + kKey);
   send(fd, req.data(), req.size(), MSG_NOSIGNAL);
   char buf[4096];
   std::string in;

@@ -1,0 +1,310 @@
+// group_bench: decode TPOT and tokens/s of an expert-parallel group against its world size, and
+// what each rank moves: the expert outputs and plans through the group's collectives (c10d;
+// Gloo over loopback in cpu mode) and the experts over the (emulated) link. Each rank is its
+// own process, as in a served group, forked before anything touches LibTorch; rank 0 runs the
+// engine (the leader), the others the follower loop; they join through a TCPStore on
+// 127.0.0.1. Every configuration checks that the tokens equal world size 1's.
+//
+// For each world size, batch size and budget: --prompts prompts, --tokens tokens each, greedy;
+// batch 1 runs the prompts one after another, batch B runs B at once. TPOT = decode time /
+// decode tokens per request, averaged; tokens/s = all decode tokens / the decode wall time.
+// Prints a Markdown table.
+//
+//   build/bin/group_bench --model deploy/models/tiny-moe --worlds 1,2,3 --batch 1,4
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "bench/bench_prompts.h"
+#include "common/model_config.h"
+#include "common/tokenizer.h"
+#include "gpu_worker/cached_experts.h"
+#include "gpu_worker/engine.h"
+#include "gpu_worker/expert_group.h"
+#include "gpu_worker/follower.h"
+#include "gpu_worker/model.h"
+
+namespace {
+
+using namespace fmoe;
+using BenchClock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+
+const std::vector<std::string> kFallback = {
+    "The history of the city begins with a small settlement on the river",
+    "In the beginning God created the heaven and the earth.",
+    "def fibonacci(n):\n    if n < 2:\n        return n",
+    "The theorem states that for every prime number p",
+    "She opened the door and saw the garden covered in snow.",
+    "Water boils at a lower temperature on a mountain because",
+    "The committee published its report on the new railway line",
+    "Abstract. We study the problem of learning sparse mixtures"};
+
+struct Config {
+  std::string model_dir;
+  std::vector<std::string> prompts;
+  uint32_t tokens = 32;
+  uint32_t world = 1;
+  uint32_t batch = 1;
+  double budget = 1.0;
+  std::string policy = "lru";
+  double gbps = 16;
+  int threads = 1;
+  uint16_t port = 0;
+};
+
+// One rank of one configuration; the result as one JSON line on `out_fd`.
+int RankMain(const Config& c, uint32_t rank, int out_fd) {
+  spdlog::set_level(spdlog::level::warn);
+  at::set_num_threads(c.threads);
+  Json result = {{"rank", rank}};
+  auto fail = [&](const std::string& why) {
+    result["error"] = why;
+    const std::string line = result.dump() + "\n";
+    if (write(out_fd, line.data(), line.size()) < 0) return 1;
+    return 1;
+  };
+  auto info = LoadModelInfo(c.model_dir);
+  if (!info.ok()) return fail(info.status().message());
+  auto tok = Tokenizer::Load(c.model_dir);
+  if (!tok.ok()) return fail(tok.status().message());
+  RuntimeOptions ro;
+  ro.expert_rank = rank;
+  ro.expert_world_size = c.world;
+  ExpertTable table;
+  auto model = MixtralModel::Load(*info, ro, {}, &table);
+  if (!model.ok()) return fail(model.status().message());
+  CachedExpertsOptions o;
+  o.policy = c.policy;
+  o.top_k = info->top_k;
+  o.cache_fraction = c.budget;
+  o.rank = rank;
+  o.world_size = c.world;
+  o.link.gbps = c.gbps;
+  o.link.latency_us = 10;
+  auto cache = CachedExperts::Create(std::move(table), o);
+  if (!cache.ok()) return fail(cache.status().message());
+  ExpertGroupOptions g;
+  g.group = "bench";
+  g.rank = rank;
+  g.world_size = c.world;
+  g.rendezvous_host = "127.0.0.1";
+  g.rendezvous_port = c.port;
+  g.rendezvous_timeout = std::chrono::seconds(60);
+  g.collective_timeout = std::chrono::seconds(60);
+  auto group = ExpertGroup::Join(g);
+  if (!group.ok()) return fail(group.status().message());
+  (*model)->set_group(group->get());
+  auto local = [&] {
+    const CacheCounters t = (*cache)->stats().total;
+    return ExpertFigures{t.hits,
+                         t.misses,
+                         t.prefetches_issued,
+                         t.prefetches_used,
+                         t.bytes_moved,
+                         static_cast<uint64_t>(t.stall_ns / 1000)};
+  };
+
+  if (rank == 0) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (const std::string& p : c.prompts) prompts.push_back(*(*tok)->Encode(p, true));
+    EngineOptions eo;
+    eo.max_batch = c.batch;
+    eo.group = group->get();
+    eo.local_figures = local;
+    std::map<uint64_t, std::vector<int32_t>> tokens;
+    std::map<uint64_t, BenchClock::time_point> first, last;
+    size_t finished = 0;
+    Engine engine(eo, **model, **cache, tok->get(), nullptr, [&](const TokenEvent& ev) {
+      if (ev.token_id >= 0) {
+        tokens[ev.request_id].push_back(ev.token_id);
+        (tokens[ev.request_id].size() == 1 ? first : last)[ev.request_id] = BenchClock::now();
+      }
+      if (ev.finish != FinishReason::kNone) ++finished;
+    });
+    // Batches of `batch` requests, one batch after another.
+    BenchClock::time_point decode_start{}, decode_end{};
+    double decode_wall = 0;
+    const GroupStats before = group->get()->stats();
+    for (size_t at = 0; at < prompts.size(); at += c.batch) {
+      const size_t n = std::min<size_t>(c.batch, prompts.size() - at);
+      for (size_t i = 0; i < n; ++i) {
+        Generate req;
+        req.request_id = at + i + 1;
+        req.token_ids = prompts[at + i];
+        req.sampling.max_tokens = c.tokens;
+        engine.Submit(std::move(req));
+      }
+      const size_t want = finished + n;
+      while (finished < want && engine.Step()) {
+      }
+      decode_start = BenchClock::time_point::max();
+      decode_end = BenchClock::time_point::min();
+      for (size_t i = 0; i < n; ++i) {
+        decode_start = std::min(decode_start, first[at + i + 1]);
+        decode_end = std::max(decode_end, last[at + i + 1]);
+      }
+      decode_wall += std::chrono::duration<double>(decode_end - decode_start).count();
+    }
+    // Tell the followers to stop: Run sends the stop plan once its predicate holds.
+    engine.Run([] { return true; });
+    double tpot_sum = 0;
+    uint64_t decode_tokens = 0, generated = 0;
+    Json all_tokens = Json::object();
+    for (const auto& [id, t] : tokens) {
+      generated += t.size();
+      if (t.size() > 1) {
+        tpot_sum += std::chrono::duration<double>(last[id] - first[id]).count() / (t.size() - 1);
+        decode_tokens += t.size() - 1;
+      }
+      all_tokens[std::to_string(id)] = t;
+    }
+    result["tpot_ms"] = 1e3 * tpot_sum / std::max<size_t>(1, tokens.size());
+    result["tokens_per_s"] = decode_tokens / std::max(decode_wall, 1e-9);
+    result["generated"] = generated;
+    result["tokens"] = all_tokens;
+    const GroupStats after = group->get()->stats();
+    result["leader_wait_ms"] = (after.wait_us - before.wait_us) / 1e3;
+  } else {
+    Follower follower(**model, **cache, *group->get(), c.batch, local);
+    Status s = follower.Run([] { return false; }, std::chrono::milliseconds(0));
+    if (!s.ok()) return fail(s.message());
+  }
+  const GroupStats gs = group->get()->stats();
+  const CacheStats cs = (*cache)->stats();
+  result["payload_bytes"] = gs.payload_bytes;
+  result["combines"] = gs.combines;
+  result["wait_ms"] = gs.wait_us / 1e3;
+  result["link_bytes"] = cs.total.bytes_moved;
+  result["owned"] = cs.slots;
+  const std::string line = result.dump() + "\n";
+  return write(out_fd, line.data(), line.size()) < 0 ? 1 : 0;
+}
+
+uint16_t PickPort(uint32_t seed) {
+  return static_cast<uint16_t>(30000 + (getpid() * 7 + seed * 13) % 20000);
+}
+
+// Forks `world` ranks and gathers their JSON lines, rank order.
+std::vector<Json> RunConfig(Config c, uint32_t seed) {
+  c.port = PickPort(seed);
+  int fds[2];
+  if (pipe(fds) != 0) return {};
+  std::vector<pid_t> pids;
+  for (uint32_t r = 0; r < c.world; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      _exit(RankMain(c, r, fds[1]));
+    }
+    pids.push_back(pid);
+  }
+  close(fds[1]);
+  std::string text;
+  char buf[65536];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) > 0;)
+    text.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  for (pid_t pid : pids) waitpid(pid, nullptr, 0);
+  std::vector<Json> out(c.world);
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t eol = text.find('\n', at);
+    Json j = Json::parse(text.substr(at, eol - at), nullptr, false);
+    if (j.is_object() && j.contains("rank") && j["rank"].get<uint32_t>() < c.world) {
+      out[j["rank"].get<uint32_t>()] = j;
+    }
+    at = eol == std::string::npos ? text.size() : eol + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"group_bench: decode TPOT and bytes moved per rank against the group's world size"};
+  Config base;
+  base.model_dir = "deploy/models/tiny-moe";
+  std::string prompts_file;
+  size_t num_prompts = 8;
+  std::vector<uint32_t> worlds = {1, 2, 3};
+  std::vector<uint32_t> batches = {1, 4};
+  std::vector<double> budgets = {1.0, 0.5};
+  app.add_option("--model", base.model_dir, "model directory");
+  app.add_option("--prompts-file", prompts_file, "JSONL with a \"prompt\" field per line");
+  app.add_option("--prompts", num_prompts, "prompts");
+  app.add_option("--tokens", base.tokens, "tokens generated per prompt");
+  app.add_option("--worlds", worlds, "world sizes")->delimiter(',');
+  app.add_option("--batch", batches, "batch sizes")->delimiter(',');
+  app.add_option("--budget", budgets, "expert budgets per rank, fractions")->delimiter(',');
+  app.add_option("--policy", base.policy, "cache policy below 100%");
+  app.add_option("--gbps", base.gbps, "emulated link GB/s");
+  CLI11_PARSE(app, argc, argv);
+  base.prompts = bench::ReadPrompts(prompts_file, num_prompts, kFallback, 600);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+
+  std::printf(
+      "model %s; %zu prompts x %u tokens, greedy; ranks are processes on %u cores (each "
+      "max(1, cores / world) intra-op threads); collectives: c10d Gloo over loopback; link: "
+      "emulated, %.0f GB/s + 10 us; policy %s below 100%%\n\n",
+      base.model_dir.c_str(), base.prompts.size(), base.tokens, cores, base.gbps,
+      base.policy.c_str());
+  std::printf(
+      "| world | batch | budget | TPOT ms | decode tok/s | leader in collectives ms/token | "
+      "collective payload KB/token per rank | link MB/token per rank | identical tokens |\n"
+      "|---:|---:|---:|---:|---:|---:|---|---|---|\n");
+  std::fflush(stdout);
+  std::map<std::pair<uint32_t, double>, Json> reference;  // (batch, budget) -> world 1's tokens.
+  uint32_t seed = 0;
+  for (double budget : budgets) {
+    for (uint32_t batch : batches) {
+      for (uint32_t world : worlds) {
+        Config c = base;
+        c.world = world;
+        c.batch = batch;
+        c.budget = budget;
+        c.threads = static_cast<int>(std::max(1u, cores / world));
+        std::vector<Json> ranks = RunConfig(c, ++seed);
+        bool ok = true;
+        for (const Json& r : ranks) {
+          if (!r.is_object() || r.contains("error")) {
+            std::fprintf(stderr, "world %u batch %u: %s\n", world, batch,
+                         r.is_object() ? r.value("error", "").c_str() : "no result");
+            ok = false;
+          }
+        }
+        if (!ok) continue;
+        const Json& lead = ranks[0];
+        const double generated = std::max(1.0, lead["generated"].get<double>());
+        std::string payload, link;
+        for (const Json& r : ranks) {
+          payload += (payload.empty() ? "" : " / ") +
+                     fmt::format("{:.1f}", r["payload_bytes"].get<double>() / generated / 1e3);
+          link += (link.empty() ? "" : " / ") +
+                  fmt::format("{:.2f}", r["link_bytes"].get<double>() / generated / 1e6);
+        }
+        auto& ref = reference[{batch, budget}];
+        if (ref.is_null()) ref = lead["tokens"];
+        std::printf("| %u | %u | %.0f%% | %.2f | %.0f | %.2f | %s | %s | %s |\n", world, batch,
+                    budget * 100, lead["tpot_ms"].get<double>(), lead["tokens_per_s"].get<double>(),
+                    lead["leader_wait_ms"].get<double>() / generated, payload.c_str(), link.c_str(),
+                    ref == lead["tokens"] ? "yes" : "NO");
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,446 @@
+// Expert parallelism (DESIGN section 7) in one process: each rank is a thread with its own model,
+// expert cache and c10d group (Gloo over loopback, the same code the worker processes run).
+// World sizes 1, 2 and 3, with every policy at a budget below 100%, generate exactly the tokens
+// one all-resident rank generates; each rank loads and caches only the experts it owns; the
+// group's expert figures are the sum of the ranks'; a rank that leaves, or stops answering,
+// breaks the group within the collective timeout instead of hanging it.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/model_config.h"
+#include "common/tokenizer.h"
+#include "gpu_worker/cached_experts.h"
+#include "gpu_worker/engine.h"
+#include "gpu_worker/expert_group.h"
+#include "gpu_worker/follower.h"
+#include "gpu_worker/model.h"
+
+namespace fmoe {
+namespace {
+
+const std::string kModelDir = std::string(FMOE_SOURCE_DIR) + "/deploy/models/tiny-moe";
+
+using Tokens = std::map<uint64_t, std::vector<int32_t>>;
+
+const std::vector<std::string> kPrompts = {
+    "The history of the city begins",          "In the beginning God created", "def fibonacci(n):",
+    "The theorem states that for every prime", "She opened the door and saw",  "Water boils at"};
+
+struct Shared {
+  ModelInfo info;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+Shared& Common() {
+  static Shared* shared = [] {
+    at::set_num_threads(1);  // The ranks are threads: one core each, as in a real group.
+    auto* s = new Shared;
+    auto info = LoadModelInfo(kModelDir);
+    EXPECT_TRUE(info.ok()) << info.status().ToString();
+    s->info = *info;
+    auto tok = Tokenizer::Load(kModelDir);
+    EXPECT_TRUE(tok.ok()) << tok.status().ToString();
+    s->tokenizer = std::move(*tok);
+    return s;
+  }();
+  return *shared;
+}
+
+// One rank's weights: the dense ones and the experts it owns. Loaded once per (world, rank).
+struct RankWeights {
+  std::unique_ptr<MixtralModel> model;
+  ExpertTable table;
+};
+
+RankWeights& Weights(uint32_t world, uint32_t rank) {
+  static std::mutex mu;
+  static std::map<std::pair<uint32_t, uint32_t>, std::unique_ptr<RankWeights>> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = loaded[{world, rank}];
+  if (!slot) {
+    slot = std::make_unique<RankWeights>();
+    RuntimeOptions options;
+    options.expert_rank = rank;
+    options.expert_world_size = world;
+    auto model = MixtralModel::Load(Common().info, options, {}, &slot->table);
+    EXPECT_TRUE(model.ok()) << model.status().ToString();
+    slot->model = std::move(*model);
+  }
+  return *slot;
+}
+
+uint16_t FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::vector<Generate> Requests() {
+  std::vector<Generate> out;
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    Generate g;
+    g.request_id = i + 1;
+    g.token_ids = *Common().tokenizer->Encode(kPrompts[i], true);
+    g.sampling.max_tokens = 10 + static_cast<uint32_t>(i);
+    if (i % 2 == 1) {  // Half sampled with a seed, half greedy.
+      g.sampling.temperature = 0.8f;
+      g.sampling.top_p = 0.9f;
+      g.sampling.seed = 1000 + i;
+    }
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+// The map service's part, in miniature: after each layer's gates (observed on the leader), a
+// directive for the layer two ahead goes to every rank, which keeps its own experts.
+class DirectivesToAll final : public ForwardObserver {
+ public:
+  DirectivesToAll(std::vector<CachedExperts*> ranks, uint32_t layers)
+      : ranks_(std::move(ranks)), layers_(layers) {}
+  void OnLayerGates(uint64_t id, uint32_t iteration, uint32_t layer,
+                    std::span<const float> probs) override {
+    if (layer + 2 >= layers_) return;
+    std::vector<uint32_t> order(probs.size());
+    for (uint32_t j = 0; j < order.size(); ++j) order[j] = j;
+    std::sort(order.begin(), order.end(),
+              [&](uint32_t a, uint32_t b) { return probs[a] > probs[b]; });
+    PrefetchDirective d;
+    d.request_id = id;
+    d.iteration = iteration;
+    d.target_layer = layer + 2;
+    d.score = 0.5f;
+    for (size_t i = 0; i < 4 && i < order.size(); ++i) {
+      d.entries.push_back({order[i], probs[order[i]], probs[order[i]] / 2});
+    }
+    for (CachedExperts* r : ranks_) r->PostDirective(d);
+  }
+
+ private:
+  std::vector<CachedExperts*> ranks_;
+  uint32_t layers_;
+};
+
+struct GroupRun {
+  Tokens tokens;
+  std::map<uint64_t, TokenEvent> last_events;
+  std::vector<CacheStats> rank_stats;
+  ExpertFigures group_figures;
+  std::vector<GroupStats> group_stats;
+  std::vector<std::string> errors;
+};
+
+// Runs the prompts through a group of `world` rank threads; rank 0 serves them.
+GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
+                  const std::vector<LayerAccess>& future = {}) {
+  const ModelInfo& info = Common().info;
+  GroupRun run;
+  std::mutex mu;
+  const uint16_t port = FreePort();
+  std::vector<std::unique_ptr<CachedExperts>> caches(world);
+  for (uint32_t r = 0; r < world; ++r) {
+    CachedExpertsOptions o;
+    o.policy = policy;
+    o.top_k = info.top_k;
+    o.cache_fraction = fraction;
+    o.rank = r;
+    o.world_size = world;
+    o.policy_options.prefetch_distance = 2;
+    o.policy_options.future = future;
+    o.link.gbps = 8;
+    o.link.latency_us = 10;
+    auto cached = CachedExperts::Create(CloneExpertTable(Weights(world, r).table), o);
+    EXPECT_TRUE(cached.ok()) << cached.status().ToString();
+    if (!cached.ok()) return run;
+    caches[r] = std::move(*cached);
+  }
+  std::vector<CachedExperts*> targets;
+  for (auto& c : caches) targets.push_back(c.get());
+  DirectivesToAll directives(targets, info.num_moe_layers);
+  run.rank_stats.resize(world);
+  run.group_stats.resize(world);
+
+  auto rank_main = [&](uint32_t r) {
+    auto fail = [&](const std::string& what) {
+      std::lock_guard<std::mutex> lock(mu);
+      run.errors.push_back("rank " + std::to_string(r) + ": " + what);
+    };
+    ExpertGroupOptions g;
+    g.group = "test";
+    g.rank = r;
+    g.world_size = world;
+    g.rendezvous_host = "127.0.0.1";
+    g.rendezvous_port = port;
+    g.rendezvous_timeout = std::chrono::seconds(30);
+    g.collective_timeout = std::chrono::seconds(30);
+    auto joined = ExpertGroup::Join(g);
+    if (!joined.ok()) return fail(joined.status().ToString());
+    ExpertGroup& group = **joined;
+    MixtralModel& model = *Weights(world, r).model;
+    model.set_group(&group);
+    CachedExperts& cache = *caches[r];
+    auto local = [&cache] {
+      const CacheCounters t = cache.stats().total;
+      return ExpertFigures{t.hits,
+                           t.misses,
+                           t.prefetches_issued,
+                           t.prefetches_used,
+                           t.bytes_moved,
+                           static_cast<uint64_t>(t.stall_ns / 1000)};
+    };
+    Status invariants;
+    if (r == 0) {
+      EngineOptions options;
+      options.max_batch = 4;  // Six prompts: requests join and leave mid-run.
+      options.group = &group;
+      options.keepalive_ms = 100;
+      options.local_figures = local;
+      options.on_group_failure = [&](const Status& s) { fail(s.ToString()); };
+      std::atomic<size_t> finished{0};
+      Engine engine(options, model, cache, Common().tokenizer.get(), &directives,
+                    [&](const TokenEvent& ev) {
+                      std::lock_guard<std::mutex> lock(mu);
+                      if (ev.token_id >= 0) run.tokens[ev.request_id].push_back(ev.token_id);
+                      if (ev.finish == FinishReason::kError) run.errors.push_back(ev.error);
+                      run.last_events[ev.request_id] = ev;
+                      if (ev.finish != FinishReason::kNone) ++finished;
+                    });
+      for (Generate& req : Requests()) engine.Submit(std::move(req));
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      engine.Run([&] {
+        if (Status s = cache.cache().CheckInvariants(); !s.ok() && invariants.ok()) invariants = s;
+        return finished == kPrompts.size() || std::chrono::steady_clock::now() > deadline;
+      });
+      run.group_figures = engine.group_figures();
+    } else {
+      Follower follower(model, cache, group, 4, local);
+      Status s = follower.Run([] { return false; }, std::chrono::seconds(0));
+      if (!s.ok()) fail(s.ToString());
+      if (Status c = cache.cache().CheckInvariants(); !c.ok()) invariants = c;
+    }
+    if (!invariants.ok()) fail(invariants.ToString());
+    model.set_group(nullptr);
+    std::lock_guard<std::mutex> lock(mu);
+    run.rank_stats[r] = cache.stats();
+    run.group_stats[r] = group.stats();
+  };
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < world; ++r) threads.emplace_back(rank_main, r);
+  for (auto& t : threads) t.join();
+  return run;
+}
+
+struct Reference {
+  Tokens tokens;
+  std::vector<LayerAccess> accesses;
+};
+
+// One rank, every expert resident: what every group must produce.
+const Reference& AllResident() {
+  static Reference* ref = [] {
+    auto* r = new Reference;
+    RankWeights& w = Weights(1, 0);
+    ResidentExperts resident(CloneExpertTable(w.table));
+    RecordingExperts recording(resident);
+    EngineOptions options;
+    options.max_batch = 4;
+    Engine engine(options, *w.model, recording, Common().tokenizer.get(), nullptr,
+                  [&](const TokenEvent& ev) {
+                    if (ev.token_id >= 0) r->tokens[ev.request_id].push_back(ev.token_id);
+                  });
+    for (Generate& req : Requests()) engine.Submit(std::move(req));
+    for (int step = 0; step < 200 && engine.Step(); ++step) {
+    }
+    r->accesses = recording.accesses();
+    return r;
+  }();
+  return *ref;
+}
+
+TEST(ExpertParallel, EachRankLoadsOnlyItsOwnExperts) {
+  const ModelInfo& info = Common().info;
+  for (uint32_t world : {2u, 3u}) {
+    size_t total = 0;
+    for (uint32_t r = 0; r < world; ++r) {
+      const ExpertTable& table = Weights(world, r).table;
+      ASSERT_EQ(table.size(), info.num_moe_layers);
+      for (uint32_t l = 0; l < info.num_moe_layers; ++l) {
+        for (uint32_t j = 0; j < info.num_experts; ++j) {
+          const bool owned = (l * info.num_experts + j) % world == r;
+          EXPECT_EQ(table[l][j].w1.defined(), owned) << "world " << world << " rank " << r;
+          total += owned ? 1 : 0;
+        }
+      }
+    }
+    EXPECT_EQ(total, size_t{info.num_moe_layers} * info.num_experts);  // Each exactly once.
+  }
+}
+
+TEST(ExpertParallel, EveryWorldSizeAndPolicyGivesTheAllResidentTokens) {
+  const Reference& ref = AllResident();
+  ASSERT_EQ(ref.tokens.size(), kPrompts.size());
+  const uint32_t experts = Common().info.num_moe_layers * Common().info.num_experts;
+  std::map<uint64_t, uint64_t> request_uses;  // Of the first run.
+  for (uint32_t world : {1u, 2u, 3u}) {
+    for (const char* policy : {"fmoe", "fmoe-nextuse", "moe-infinity", "speculative", "on-demand",
+                               "lru", "lfu", "oracle"}) {
+      SCOPED_TRACE("world " + std::to_string(world) + " policy " + policy);
+      const double fraction = 0.5;
+      GroupRun run = RunGroup(world, policy, fraction, ref.accesses);
+      EXPECT_TRUE(run.errors.empty()) << run.errors.front();
+      EXPECT_EQ(run.tokens, ref.tokens);
+      uint64_t hits = 0, misses = 0, bytes = 0;
+      for (uint32_t r = 0; r < world; ++r) {
+        const CacheStats& st = run.rank_stats[r];
+        const uint32_t owned = experts / world + (r < experts % world ? 1 : 0);
+        EXPECT_EQ(st.slots, static_cast<uint32_t>(fraction * owned + 1e-9)) << "rank " << r;
+        EXPECT_LE(st.resident, st.slots) << "rank " << r;
+        EXPECT_GT(st.total.hits + st.total.misses, 0u) << "rank " << r << " computed nothing";
+        if (std::string(policy) == "fmoe") {
+          EXPECT_GT(st.directives, 0u) << "rank " << r;
+          if (world > 1) {
+            EXPECT_GT(st.directives_foreign, 0u) << "rank " << r;
+          }
+        }
+        hits += st.total.hits;
+        misses += st.total.misses;
+        bytes += st.total.bytes_moved;
+        if (world > 1) {
+          EXPECT_GT(run.group_stats[r].combines, 0u) << "rank " << r;
+          EXPECT_EQ(run.group_stats[r].combines, run.group_stats[0].combines) << "rank " << r;
+        }
+      }
+      // The leader's figures are the group's: every rank's expert uses added up.
+      EXPECT_EQ(run.group_figures.hits, hits);
+      EXPECT_EQ(run.group_figures.misses, misses);
+      EXPECT_EQ(run.group_figures.bytes_moved, bytes);
+      // A request's expert uses (hits plus misses) depend on its routing only: the group's sum of
+      // the ranks' figures must give what one rank counts alone.
+      std::map<uint64_t, uint64_t> uses;
+      for (const auto& [id, ev] : run.last_events) uses[id] = ev.expert_hits + ev.expert_misses;
+      if (request_uses.empty()) request_uses = uses;
+      EXPECT_EQ(uses, request_uses);
+    }
+  }
+}
+
+// A rank that leaves (its group is destroyed mid-run, as when its process dies) or that stops
+// answering (alive but stuck) breaks the group: the leader's engine reports it within the
+// collective timeout and stops serving; nothing waits forever.
+TEST(ExpertParallel, ARankThatLeavesOrHangsBreaksTheGroupWithinTheTimeout) {
+  for (bool hang : {false, true}) {
+    SCOPED_TRACE(hang ? "rank 1 hangs" : "rank 1 leaves");
+    const ModelInfo& info = Common().info;
+    const uint16_t port = FreePort();
+    std::mutex mu;
+    Status failure;
+    std::chrono::steady_clock::time_point failed_at;
+    std::atomic<bool> release{false};
+    std::thread rank1([&] {
+      ExpertGroupOptions g;
+      g.group = "test";
+      g.rank = 1;
+      g.world_size = 2;
+      g.rendezvous_host = "127.0.0.1";
+      g.rendezvous_port = port;
+      g.collective_timeout = std::chrono::milliseconds(1500);
+      auto joined = ExpertGroup::Join(g);
+      ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+      // Follows one plan by hand, then leaves or stops answering.
+      std::vector<uint8_t> bytes;
+      ASSERT_TRUE((*joined)->Broadcast(&bytes).ok());
+      if (hang) {
+        while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      joined->reset();  // Closes its connections.
+    });
+    ExpertGroupOptions g;
+    g.group = "test";
+    g.rank = 0;
+    g.world_size = 2;
+    g.rendezvous_host = "127.0.0.1";
+    g.rendezvous_port = port;
+    g.collective_timeout = std::chrono::milliseconds(1500);
+    auto joined = ExpertGroup::Join(g);
+    ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+    RankWeights& w = Weights(2, 0);
+    CachedExpertsOptions o;
+    o.policy = "lru";
+    o.top_k = info.top_k;
+    o.rank = 0;
+    o.world_size = 2;
+    auto cached = CachedExperts::Create(CloneExpertTable(w.table), o);
+    ASSERT_TRUE(cached.ok());
+    w.model->set_group(joined->get());
+    EngineOptions options;
+    options.group = joined->get();
+    options.keepalive_ms = 50;
+    options.on_group_failure = [&](const Status& s) {
+      std::lock_guard<std::mutex> lock(mu);
+      failure = s;
+      failed_at = std::chrono::steady_clock::now();
+    };
+    std::vector<TokenEvent> events;
+    Engine engine(options, *w.model, **cached, Common().tokenizer.get(), nullptr,
+                  [&](const TokenEvent& ev) { events.push_back(ev); });
+    const auto start = std::chrono::steady_clock::now();
+    // Rank 1 follows the first plan, then leaves or stops answering.
+    engine.Submit(Requests()[0]);
+    engine.Run([&] { return std::chrono::steady_clock::now() - start > std::chrono::seconds(20); });
+    const double seconds = std::chrono::duration<double>(failed_at - start).count();
+    release = true;
+    rank1.join();
+    w.model->set_group(nullptr);
+    ASSERT_FALSE(failure.ok()) << "the engine never noticed";
+    EXPECT_TRUE(engine.group_failed());
+    EXPECT_LT(seconds, hang ? 6.0 : 3.0);
+    EXPECT_NE(failure.message().find("expert group test: rank 0/2"), std::string::npos)
+        << failure.message();
+    EXPECT_TRUE((*joined)->failed());
+    // Once broken, every collective answers at once with the same error.
+    std::vector<uint8_t> bytes{1, 2, 3};
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_FALSE((*joined)->Broadcast(&bytes).ok());
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(100));
+  }
+}
+
+TEST(ExpertParallel, JoinNamesTheRendezvousThatNobodyServes) {
+  ExpertGroupOptions g;
+  g.group = "lonely";
+  g.rank = 1;
+  g.world_size = 2;
+  g.rendezvous_host = "127.0.0.1";
+  g.rendezvous_port = FreePort();
+  g.rendezvous_timeout = std::chrono::milliseconds(500);
+  auto joined = ExpertGroup::Join(g);
+  ASSERT_FALSE(joined.ok());
+  EXPECT_EQ(joined.status().code(), ErrorCode::kUnavailable);
+  EXPECT_NE(joined.status().message().find("rendezvous at 127.0.0.1:"), std::string::npos)
+      << joined.status().message();
+  EXPECT_NE(joined.status().message().find("is rank 0 running?"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fmoe

@@ -1,0 +1,130 @@
+// The leader's iteration plan: round trips, and every malformed or over-limit plan a rank could
+// receive is refused with a message naming what is wrong (never a crash, never a partial plan).
+#include "gpu_worker/group_plan.h"
+
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+namespace fmoe {
+namespace {
+
+IterationPlan Sample() {
+  IterationPlan plan;
+  plan.kind = PlanKind::kIteration;
+  plan.step = 41;
+  plan.ended = {7, 9};
+  plan.sequences.push_back({11, 0, {1, 2, 3, 4}});
+  plan.sequences.push_back({12, 5, {99}});
+  return plan;
+}
+
+PlanLimits Limits() {
+  PlanLimits l;
+  l.max_sequences = 4;
+  l.max_ended = 8;
+  l.max_tokens = 16;
+  l.vocab_size = 100;
+  return l;
+}
+
+std::string ErrorOf(const std::vector<uint8_t>& bytes, const PlanLimits& limits = Limits()) {
+  auto plan = DecodePlan(bytes, limits);
+  EXPECT_FALSE(plan.ok());
+  if (plan.ok()) return "";
+  EXPECT_EQ(plan.status().code(), ErrorCode::kInvalidArgument);
+  return plan.status().message();
+}
+
+TEST(GroupPlan, RoundTrips) {
+  for (const IterationPlan& plan : {Sample(), IterationPlan{PlanKind::kIdle, 3, {1, 2, 3}, {}},
+                                    IterationPlan{PlanKind::kStop, 0, {}, {}}}) {
+    auto back = DecodePlan(EncodePlan(plan), Limits());
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, plan);
+  }
+}
+
+TEST(GroupPlan, EveryTruncationIsRefused) {
+  const std::vector<uint8_t> bytes = EncodePlan(Sample());
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + static_cast<long>(n));
+    EXPECT_NE(ErrorOf(cut).find("iteration plan: "), std::string::npos) << n;
+  }
+  std::vector<uint8_t> longer = bytes;
+  longer.push_back(0);
+  EXPECT_NE(ErrorOf(longer).find("1 trailing bytes"), std::string::npos);
+}
+
+TEST(GroupPlan, BadHeadersAreNamed) {
+  std::vector<uint8_t> bytes = EncodePlan(Sample());
+  bytes[0] = 'X';
+  EXPECT_NE(ErrorOf(bytes).find("bad magic"), std::string::npos);
+  bytes = EncodePlan(Sample());
+  bytes[4] = 9;  // Version.
+  EXPECT_NE(ErrorOf(bytes).find("version 9"), std::string::npos);
+  bytes = EncodePlan(Sample());
+  bytes[6] = 7;  // Kind.
+  EXPECT_NE(ErrorOf(bytes).find("unknown kind 7"), std::string::npos);
+  IterationPlan idle = Sample();
+  idle.kind = PlanKind::kIdle;
+  EXPECT_NE(ErrorOf(EncodePlan(idle)).find("runs nothing lists 2 sequences"), std::string::npos);
+}
+
+TEST(GroupPlan, LimitsAndContentsAreChecked) {
+  IterationPlan plan = Sample();
+  PlanLimits tight = Limits();
+  tight.max_sequences = 1;
+  EXPECT_NE(ErrorOf(EncodePlan(plan), tight).find("2 sequences, more than max_batch 1"),
+            std::string::npos);
+  tight = Limits();
+  tight.max_ended = 1;
+  EXPECT_NE(ErrorOf(EncodePlan(plan), tight).find("2 ended requests"), std::string::npos);
+  tight = Limits();
+  tight.max_tokens = 3;
+  EXPECT_NE(ErrorOf(EncodePlan(plan), tight).find("4 tokens, more than 3"), std::string::npos);
+
+  plan = Sample();
+  plan.sequences[0].tokens[2] = 100;
+  EXPECT_NE(ErrorOf(EncodePlan(plan)).find("token 100 is not in the vocabulary of 100"),
+            std::string::npos);
+  plan = Sample();
+  plan.sequences[0].tokens[0] = -1;
+  EXPECT_NE(ErrorOf(EncodePlan(plan)).find("token -1"), std::string::npos);
+  plan = Sample();
+  plan.sequences[1].tokens = {1, 2};
+  EXPECT_NE(ErrorOf(EncodePlan(plan)).find("decodes 2 tokens at once"), std::string::npos);
+  plan = Sample();
+  plan.sequences[1].tokens.clear();
+  EXPECT_NE(ErrorOf(EncodePlan(plan)).find("has no tokens"), std::string::npos);
+  plan = Sample();
+  plan.sequences[1].request_id = 11;
+  EXPECT_NE(ErrorOf(EncodePlan(plan)).find("request 11 appears twice"), std::string::npos);
+}
+
+TEST(GroupPlan, HugeCountsDoNotAllocateBeforeTheBytesAreThere) {
+  std::vector<uint8_t> bytes = EncodePlan(IterationPlan{PlanKind::kIteration, 0, {}, {}});
+  const uint32_t many = 0xffffffffu;
+  std::memcpy(bytes.data() + 16, &many, sizeof(many));  // Ended count.
+  PlanLimits open = Limits();
+  open.max_ended = many;
+  EXPECT_NE(ErrorOf(bytes, open).find("truncated ended ids"), std::string::npos);
+}
+
+TEST(GroupPlan, FiguresPackAndUnpack) {
+  std::vector<RequestUsage> usage = {{1, 2, 3}, {4, 5, 6}};
+  ExpertFigures totals{10, 11, 12, 13, 14, 15};
+  std::vector<int64_t> packed = PackFigures(usage, totals);
+  ASSERT_EQ(packed.size(), 12u);
+  for (int64_t& v : packed) v *= 2;  // What a group of two identical ranks would sum to.
+  std::vector<RequestUsage> back(2);
+  ExpertFigures sum;
+  UnpackFigures(packed, back, &sum);
+  EXPECT_EQ(back[1].misses, 10u);
+  EXPECT_EQ(back[0].bytes_moved, 6u);
+  EXPECT_EQ(sum.hits, 20u);
+  EXPECT_EQ(sum.stall_us, 30u);
+}
+
+}  // namespace
+}  // namespace fmoe
