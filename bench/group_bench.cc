@@ -14,11 +14,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -194,12 +196,56 @@ int RankMain(const Config& c, uint32_t rank, int out_fd) {
   return write(out_fd, line.data(), line.size()) < 0 ? 1 : 0;
 }
 
+// The collectives alone: microseconds per call on rank 0, for each way of summing.
+int CollectivesMain(const Config& c, uint32_t rank, int out_fd) {
+  spdlog::set_level(spdlog::level::warn);
+  at::set_num_threads(1);
+  Json result = {{"rank", rank}};
+  auto time_us = [](const std::function<Status()>& op, int n) {
+    bool ok = true;
+    for (int i = 0; i < 20; ++i) ok = op().ok() && ok;
+    const auto t0 = BenchClock::now();
+    for (int i = 0; i < n; ++i) ok = op().ok() && ok;
+    if (!ok) return -1.0;
+    return std::chrono::duration<double, std::micro>(BenchClock::now() - t0).count() / n;
+  };
+  uint16_t port = c.port;
+  for (auto [name, algorithm] : {std::pair{"all-reduce", SumAlgorithm::kAllReduce},
+                                 std::pair{"all-gather", SumAlgorithm::kAllGather}}) {
+    ExpertGroupOptions g;
+    g.group = "bench";
+    g.rank = rank;
+    g.world_size = c.world;
+    g.rendezvous_host = "127.0.0.1";
+    g.rendezvous_port = port++;
+    g.sum_algorithm = algorithm;
+    auto group = ExpertGroup::Join(g);
+    if (!group.ok()) {
+      result["error"] = group.status().message();
+      break;
+    }
+    // A decode step's expert slots: batch x K rows of h floats (tiny model: h = 256, K = 2).
+    for (int64_t batch : {1, 4}) {
+      at::Tensor slots = at::zeros({batch * 2, 256});
+      result[fmt::format("combine_b{}_{}", batch, name)] =
+          time_us([&] { return (*group)->CombineDisjoint(slots); }, 300);
+    }
+    std::vector<int64_t> counters(15, 1);
+    result[fmt::format("sum_{}", name)] =
+        time_us([&] { return (*group)->SumCounters(counters); }, 300);
+    std::vector<uint8_t> plan(100, 1);
+    result["broadcast"] = time_us([&] { return (*group)->Broadcast(&plan); }, 300);
+  }
+  const std::string line = result.dump() + "\n";
+  return write(out_fd, line.data(), line.size()) < 0 ? 1 : 0;
+}
+
 uint16_t PickPort(uint32_t seed) {
   return static_cast<uint16_t>(30000 + (getpid() * 7 + seed * 13) % 20000);
 }
 
 // Forks `world` ranks and gathers their JSON lines, rank order.
-std::vector<Json> RunConfig(Config c, uint32_t seed) {
+std::vector<Json> RunConfig(Config c, uint32_t seed, bool collectives = false) {
   c.port = PickPort(seed);
   int fds[2];
   if (pipe(fds) != 0) return {};
@@ -208,7 +254,7 @@ std::vector<Json> RunConfig(Config c, uint32_t seed) {
     const pid_t pid = fork();
     if (pid == 0) {
       close(fds[0]);
-      _exit(RankMain(c, r, fds[1]));
+      _exit(collectives ? CollectivesMain(c, r, fds[1]) : RankMain(c, r, fds[1]));
     }
     pids.push_back(pid);
   }
@@ -252,7 +298,36 @@ int main(int argc, char** argv) {
   app.add_option("--budget", budgets, "expert budgets per rank, fractions")->delimiter(',');
   app.add_option("--policy", base.policy, "cache policy below 100%");
   app.add_option("--gbps", base.gbps, "emulated link GB/s");
+  bool collectives = false;
+  app.add_flag("--collectives", collectives,
+               "time the group's collectives alone (each way of summing) instead");
   CLI11_PARSE(app, argc, argv);
+  if (collectives) {
+    std::printf(
+        "c10d Gloo over loopback, ranks are processes; microseconds per call on rank 0\n\n| "
+        "world | combine 2 KB (batch 1), all-reduce | all-gather + sum | combine 8 KB (batch "
+        "4), all-reduce | all-gather + sum | 15 counters, all-reduce | all-gather + sum | 100 "
+        "B plan broadcast |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    uint32_t seed = 100;
+    for (uint32_t world : worlds) {
+      if (world < 2) continue;
+      Config c = base;
+      c.world = world;
+      std::vector<Json> ranks = RunConfig(c, ++seed, true);
+      const Json& r = ranks[0];
+      if (!r.is_object() || r.contains("error")) {
+        std::fprintf(stderr, "world %u: %s\n", world, r.dump().c_str());
+        continue;
+      }
+      std::printf("| %u | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", world,
+                  r["combine_b1_all-reduce"].get<double>(),
+                  r["combine_b1_all-gather"].get<double>(),
+                  r["combine_b4_all-reduce"].get<double>(),
+                  r["combine_b4_all-gather"].get<double>(), r["sum_all-reduce"].get<double>(),
+                  r["sum_all-gather"].get<double>(), r["broadcast"].get<double>());
+    }
+    return 0;
+  }
   base.prompts = bench::ReadPrompts(prompts_file, num_prompts, kFallback, 600);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
 

@@ -47,14 +47,12 @@ struct ExpertGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   at::Device device = at::kCPU;  // Where the backend wants its tensors.
-  bool gloo = false;
+  bool gather = false;           // Sum by all-gather and a local sum.
 
-  // Sums an integer tensor (on `device`) across the ranks, in place. Integer sums are exact in
-  // any order. Over Gloo an all-gather and a local sum take one pass around the ranks where
-  // Gloo's all-reduce takes two: about 2.5 times faster for the small tensors of a decode step
-  // (bench/RESULTS.md); NCCL's all-reduce is the better one on GPUs.
+  // Sums an integer tensor (on `device`) across the ranks, in place: an all-reduce, or an
+  // all-gather and a local sum. Integer sums are exact in any order.
   void SumInPlace(at::Tensor& t, std::chrono::milliseconds timeout) {
-    if (gloo) {
+    if (gather) {
       std::vector<std::vector<at::Tensor>> gathered(1);
       {
         // Gloo's thread writes them, outside the caller's inference mode: normal tensors.
@@ -135,14 +133,19 @@ Result<std::unique_ptr<ExpertGroup>> ExpertGroup::Join(const ExpertGroupOptions&
           group->impl_->store, static_cast<int>(options.rank), static_cast<int>(options.world_size),
           gloo_options);
       group->backend_ = "gloo";
-      group->impl_->gloo = true;
     }
   } catch (const std::exception& e) {
     return Unavailable(who + ": connecting the ranks (this rank's host " + options.host +
                        ") failed: " + Why(e));
   }
-  spdlog::info("{}: joined through {} ({} backend, collective timeout {} ms)", who, at,
-               group->backend_, options.collective_timeout.count());
+  // Measured over loopback (bench/RESULTS.md): Gloo's all-gather beats its all-reduce for two
+  // ranks and loses to it for three.
+  group->impl_->gather = options.sum_algorithm == SumAlgorithm::kAllGather ||
+                         (options.sum_algorithm == SumAlgorithm::kAuto &&
+                          group->backend_ == "gloo" && options.world_size == 2);
+  spdlog::info("{}: joined through {} ({} backend, sums by {}, collective timeout {} ms)", who, at,
+               group->backend_, group->impl_->gather ? "all-gather" : "all-reduce",
+               options.collective_timeout.count());
   return group;
 }
 
