@@ -18,6 +18,7 @@ FMOE_PACKAGES=(
   libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libcli11-dev
   libsentencepiece-dev libpcre2-dev libicu-dev
   libopenblas0-openmp
+  zlib1g-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv
 )

@@ -502,9 +502,10 @@ TEST(RouterGroupsTest, ALostGroupsQueuedRequestsMoveToTheOther) {
       },
       90000))
       << launcher.Log();
-  // Four long requests: one runs on each group, one waits in each group's queue.
+  // Four long requests (long enough that group a is still on its first when it is killed, even
+  // on a loaded machine): one runs on each group, one waits in each group's queue.
   const Json body = {
-      {"model", "tiny-moe"}, {"prompt", "And God said"}, {"max_tokens", 150}, {"temperature", 0}};
+      {"model", "tiny-moe"}, {"prompt", "And God said"}, {"max_tokens", 600}, {"temperature", 0}};
   std::vector<Reply> replies(4);
   std::vector<std::thread> clients;
   for (size_t i = 0; i < 4; ++i) {

@@ -1,0 +1,393 @@
+// fmoe-bench replay: every cache policy and the oracle over one trace, at several cache budgets
+// and prefetch distances, offline (map store and caches warmed on a train split, measured on the
+// test split) and online (empty store, learning as it goes, on the same test split), through the
+// link model of replay_core.h. One table on stdout, the same rows as CSV, a PNG through gnuplot.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "bench/fmoe_bench/commands.h"
+#include "bench/fmoe_bench/plot.h"
+#include "bench/fmoe_bench/replay_core.h"
+#include "common/expert_trace.h"
+
+namespace fmoe::bench {
+namespace {
+
+struct ReplayOptions {
+  std::string trace;
+  std::vector<std::string> policies = {
+      "fmoe",        "fmoe-traj", "fmoe-traj-sem", "fmoe-nextuse", "moe-infinity",
+      "speculative", "on-demand", "lru",           "lfu",          "oracle"};
+  std::vector<double> budgets = {0.1, 0.25, 0.5, 0.75, 1.0};
+  std::vector<uint32_t> distances = {1, 2, 3, 4, 5, 6};
+  double main_budget = 0.25;
+  uint32_t main_distance = 3;
+  bool full_grid = false;
+  std::vector<std::string> modes = {"offline", "online"};
+  uint32_t requests = 0;
+  double train_fraction = 0.7;
+  uint32_t test_requests = 0;
+  double layer_ms = 0.842;
+  double load_ms = 11.01;
+  double expert_mb = 352.3;
+  uint32_t store_capacity = 1000;
+  uint32_t inflight = 2;
+  uint32_t threads = 0;
+  std::string csv;
+  std::string png;
+};
+
+struct Job {
+  ReplayConfig config;
+  const MapStore* warm = nullptr;
+  Result<ReplayResult> result = Internal("not run");
+};
+
+std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+double PerToken(double v, uint64_t tokens) { return tokens ? v / static_cast<double>(tokens) : 0; }
+
+int Run(const ReplayOptions& o) {
+  auto trace = ReadTrace(o.trace);
+  if (!trace.ok()) {
+    std::fprintf(stderr, "fmoe-bench replay: %s\n", trace.status().message().c_str());
+    return 2;
+  }
+  const TraceHeader& h = trace->header;
+  TraceRequests requests = GroupByRequest(*trace);
+  uint32_t n = static_cast<uint32_t>(requests.requests.size());
+  if (o.requests != 0) n = std::min(n, o.requests);
+  const uint32_t n_train = static_cast<uint32_t>(std::floor(n * o.train_fraction));
+  std::vector<uint32_t> train, test;
+  for (uint32_t r = 0; r < n; ++r) (r < n_train ? train : test).push_back(r);
+  if (o.test_requests != 0 && test.size() > o.test_requests) test.resize(o.test_requests);
+  if (test.empty()) {
+    std::fprintf(stderr, "fmoe-bench replay: no test requests (%u requests, train fraction %g)\n",
+                 n, o.train_fraction);
+    return 2;
+  }
+  bool has_speculation = false;
+  for (const auto& it : trace->iterations) has_speculation |= !it.speculation.empty();
+  std::vector<std::string> policies;
+  std::vector<std::string> notes;
+  for (const auto& p : o.policies) {
+    if (p == "speculative" && !has_speculation) {
+      notes.push_back(
+          "speculative: not run (the trace has no speculative predictions: they need the "
+          "model's hidden states, which only a trace the worker recorded has)");
+      continue;
+    }
+    policies.push_back(p);
+  }
+  if (h.hidden == 0) {
+    notes.push_back("the trace has no semantic embeddings: fmoe's semantic search is off");
+  }
+
+  // Configurations: budgets at the main distance, distances at the main budget.
+  std::set<std::pair<double, uint32_t>> points;
+  for (double b : o.budgets) {
+    if (o.full_grid) {
+      for (uint32_t d : o.distances) points.insert({b, d});
+    } else {
+      points.insert({b, o.main_distance});
+    }
+  }
+  for (uint32_t d : o.distances) points.insert({o.main_budget, d});
+
+  // One warm store per distance (offline fmoe policies).
+  std::map<uint32_t, std::unique_ptr<MapStore>> warm;
+  const bool any_fmoe = std::any_of(policies.begin(), policies.end(), UsesMapService);
+  const bool offline = std::find(o.modes.begin(), o.modes.end(), "offline") != o.modes.end();
+  std::vector<std::unique_ptr<Job>> jobs;
+  for (const auto& mode : o.modes) {
+    for (const auto& [b, d] : points) {
+      for (const auto& p : policies) {
+        auto job = std::make_unique<Job>();
+        job->config.policy = p;
+        job->config.budget = b;
+        job->config.distance = d;
+        job->config.online = mode == "online";
+        job->config.layer_ns = static_cast<int64_t>(o.layer_ms * 1e6);
+        job->config.load_ns = static_cast<int64_t>(o.load_ms * 1e6);
+        job->config.store_capacity = o.store_capacity;
+        job->config.max_inflight_prefetches = o.inflight;
+        if (UsesMapService(p) && !job->config.online) warm[d] = nullptr;
+        jobs.push_back(std::move(job));
+      }
+    }
+  }
+  const uint32_t threads =
+      o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  std::printf("trace %s: %s, %s; L=%u J=%u K=%u h=%u\n", o.trace.c_str(), h.model.c_str(),
+              h.iteration_unit.c_str(), h.num_layers, h.num_experts, h.top_k, h.hidden);
+  std::printf(
+      "requests: %u train, %zu test (%u in all); link: layer %.3f ms, expert load %.3f "
+      "ms (ratio %.2f); store capacity %u; %u threads\n",
+      n_train, test.size(), n, o.layer_ms, o.load_ms, o.load_ms / o.layer_ms, o.store_capacity,
+      threads);
+  std::fflush(stdout);
+
+  auto parallel = [threads](size_t count, auto&& fn) {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    for (uint32_t t = 0; t < threads; ++t) {
+      pool.emplace_back([&] {
+        for (size_t i; (i = next.fetch_add(1)) < count;) fn(i);
+      });
+    }
+    for (auto& t : pool) t.join();
+  };
+  if (any_fmoe && offline) {
+    std::vector<uint32_t> ds;
+    for (auto& [d, s] : warm) ds.push_back(d);
+    std::vector<Result<MapStore>> stores(ds.size(), Internal("not built"));
+    parallel(ds.size(),
+             [&](size_t i) { stores[i] = WarmStore(requests, train, o.store_capacity, ds[i]); });
+    for (size_t i = 0; i < ds.size(); ++i) {
+      if (!stores[i].ok()) {
+        std::fprintf(stderr, "fmoe-bench replay: warming the store: %s\n",
+                     stores[i].status().message().c_str());
+        return 1;
+      }
+      warm[ds[i]] = std::make_unique<MapStore>(std::move(*stores[i]));
+    }
+  }
+  for (auto& job : jobs) {
+    if (UsesMapService(job->config.policy) && !job->config.online) {
+      job->warm = warm[job->config.distance].get();
+    }
+  }
+  std::mutex print_mu;
+  std::atomic<size_t> finished{0};
+  parallel(jobs.size(), [&](size_t i) {
+    Job& job = *jobs[i];
+    job.result = RunReplay(requests, train, test, job.config, job.warm);
+    std::lock_guard<std::mutex> lock(print_mu);
+    std::fprintf(stderr, "[%zu/%zu] %s %s budget %.2f d %u%s\n", ++finished, jobs.size(),
+                 job.config.online ? "online" : "offline", job.config.policy.c_str(),
+                 job.config.budget, job.config.distance,
+                 job.result.ok() ? "" : (": " + job.result.status().message()).c_str());
+  });
+
+  // The table and the CSV.
+  std::ostringstream csv;
+  csv << "mode,budget,distance,policy,tokens,hit_rate,stall_ms_per_token,ms_per_token,"
+         "precision,recall,loads_per_token,mb_per_token,late_prefetches,prefetches_issued,"
+         "prefetches_used,on_demand_loads,match_score,wall_s\n";
+  std::printf("\n%-7s %6s %2s %-13s %7s %11s %9s %9s %7s %9s %9s\n", "mode", "budget", "d",
+              "policy", "hit%", "stall ms/t", "ms/token", "precision", "recall", "loads/tok",
+              "MB/tok");
+  bool failed = false;
+  std::string last_group;
+  for (const auto& job : jobs) {
+    const ReplayConfig& c = job->config;
+    const std::string mode = c.online ? "online" : "offline";
+    const std::string group = mode + Fixed(c.budget, 2) + std::to_string(c.distance);
+    if (group != last_group && !last_group.empty()) std::printf("\n");
+    last_group = group;
+    if (!job->result.ok()) {
+      failed = true;
+      std::printf("%-7s %6.2f %2u %-13s failed: %s\n", mode.c_str(), c.budget, c.distance,
+                  c.policy.c_str(), job->result.status().message().c_str());
+      continue;
+    }
+    const ReplayResult& r = *job->result;
+    const double stall = PerToken(r.stall_ns, r.tokens) / 1e6;
+    const double per_token = PerToken(r.total_ns, r.tokens) / 1e6;
+    const double loads = PerToken(static_cast<double>(r.loads), r.tokens);
+    std::printf("%-7s %6.2f %2u %-13s %7.2f %11.3f %9.3f %9.3f %7.3f %9.3f %9.1f\n", mode.c_str(),
+                c.budget, c.distance, c.policy.c_str(), 100 * r.hit_rate(), stall, per_token,
+                r.precision(), r.recall(), loads, loads * o.expert_mb);
+    csv << mode << ',' << Fixed(c.budget, 2) << ',' << c.distance << ',' << c.policy << ','
+        << r.tokens << ',' << Fixed(r.hit_rate(), 5) << ',' << Fixed(stall, 4) << ','
+        << Fixed(per_token, 4) << ',' << Fixed(r.precision(), 4) << ',' << Fixed(r.recall(), 4)
+        << ',' << Fixed(loads, 4) << ',' << Fixed(loads * o.expert_mb, 2) << ','
+        << r.late_prefetches << ',' << r.prefetches_issued << ',' << r.prefetches_used << ','
+        << r.on_demand_loads << ',' << Fixed(r.match_score, 4) << ',' << Fixed(r.wall_s, 2) << '\n';
+  }
+  for (const auto& note : notes) std::printf("note: %s\n", note.c_str());
+
+  // The comparison the design targets: fmoe against the others at the main point.
+  auto find = [&](const std::string& mode, const std::string& policy) -> const ReplayResult* {
+    for (const auto& job : jobs) {
+      const ReplayConfig& c = job->config;
+      if ((c.online ? "online" : "offline") == mode && c.policy == policy &&
+          c.budget == o.main_budget && c.distance == o.main_distance && job->result.ok()) {
+        return &*job->result;
+      }
+    }
+    return nullptr;
+  };
+  for (const auto& mode : o.modes) {
+    const ReplayResult* f = find(mode, "fmoe");
+    if (f == nullptr) continue;
+    std::printf("\n%s, budget %.2f, d=%u:", mode.c_str(), o.main_budget, o.main_distance);
+    if (const ReplayResult* m = find(mode, "moe-infinity")) {
+      std::printf(" fmoe/moe-infinity stall %.3f, hit rate x%.2f;",
+                  m->stall_ns > 0 ? f->stall_ns / m->stall_ns : 0.0,
+                  m->hit_rate() > 0 ? f->hit_rate() / m->hit_rate() : 0.0);
+    }
+    if (const ReplayResult* orc = find(mode, "oracle")) {
+      std::printf(" oracle stall %.3f ms/token (fmoe %.3f, x%.2f);",
+                  PerToken(orc->stall_ns, orc->tokens) / 1e6,
+                  PerToken(f->stall_ns, f->tokens) / 1e6,
+                  orc->stall_ns > 0 ? f->stall_ns / orc->stall_ns : 0.0);
+    }
+    std::string best;
+    double best_stall = 0;
+    for (const auto& p : policies) {
+      if (p == "oracle") continue;
+      const ReplayResult* r = find(mode, p);
+      if (r != nullptr && (best.empty() || r->stall_ns < best_stall)) {
+        best = p;
+        best_stall = r->stall_ns;
+      }
+    }
+    std::printf(" lowest stall except the oracle: %s\n", best.c_str());
+  }
+
+  if (!o.csv.empty()) {
+    std::ofstream out(o.csv);
+    out << csv.str();
+    if (!out) {
+      std::fprintf(stderr, "fmoe-bench replay: cannot write %s\n", o.csv.c_str());
+      return 1;
+    }
+    std::printf("\nwrote %s\n", o.csv.c_str());
+  }
+  if (!o.png.empty()) {
+    // Panels: hit rate and stall against the budget at the main distance, stall against d at
+    // the main budget; one line per policy, offline and online.
+    std::vector<PlotPanel> panels;
+    for (const auto& mode : o.modes) {
+      PlotPanel hit{mode + ": hit rate (d=" + std::to_string(o.main_distance) + ")",
+                    "cache budget (fraction of experts)",
+                    "hit rate",
+                    false,
+                    {}};
+      PlotPanel stall{mode + ": stall per token (d=" + std::to_string(o.main_distance) + ")",
+                      "cache budget (fraction of experts)",
+                      "stall ms/token",
+                      false,
+                      {}};
+      PlotPanel dist{mode + ": stall per token (budget " + Fixed(o.main_budget, 2) + ")",
+                     "prefetch distance d",
+                     "stall ms/token",
+                     false,
+                     {}};
+      for (const auto& p : policies) {
+        PlotSeries sh{p, {}}, ss{p, {}}, sd{p, {}};
+        for (const auto& job : jobs) {
+          const ReplayConfig& c = job->config;
+          if ((c.online ? "online" : "offline") != mode || c.policy != p || !job->result.ok()) {
+            continue;
+          }
+          const ReplayResult& r = *job->result;
+          const double s = PerToken(r.stall_ns, r.tokens) / 1e6;
+          if (c.distance == o.main_distance) {
+            sh.points.push_back({c.budget, r.hit_rate()});
+            ss.points.push_back({c.budget, s});
+          }
+          if (c.budget == o.main_budget) sd.points.push_back({double(c.distance), s});
+        }
+        hit.series.push_back(sh);
+        stall.series.push_back(ss);
+        dist.series.push_back(sd);
+      }
+      panels.push_back(hit);
+      panels.push_back(stall);
+      panels.push_back(dist);
+    }
+    std::string title = "Policy replay: " + h.model + ", " + std::to_string(test.size()) +
+                        " test requests (" + h.iteration_unit +
+                        "); link: expert load = " + Fixed(o.load_ms / o.layer_ms, 1) +
+                        " layers of compute";
+    Status s = WritePlot(o.png, title, panels, static_cast<uint32_t>(o.modes.size()), 3);
+    if (s.ok()) {
+      std::printf("wrote %s\n", o.png.c_str());
+    } else {
+      std::printf("no plot: %s\n", s.message().c_str());
+    }
+  }
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+
+void AddReplayCommand(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<ReplayOptions>();
+  auto* cmd = app.add_subcommand(
+      "replay", "replay a routing trace through every cache policy and the oracle");
+  cmd->add_option("--trace", o->trace, "fmoe trace (worker --record-trace, or import-trace)")
+      ->required();
+  cmd->add_option("--policies", o->policies, "policies to run")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--budgets", o->budgets, "cache budgets, fractions of all experts")
+      ->delimiter(',')
+      ->check(CLI::Range(1e-6, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--distances", o->distances, "prefetch distances d")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--budget", o->main_budget, "the budget the distance sweep runs at")
+      ->check(CLI::Range(1e-6, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--distance", o->main_distance, "the distance the budget sweep runs at")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_flag("--full-grid", o->full_grid, "every budget at every distance");
+  cmd->add_option("--modes", o->modes, "offline, online or both")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"offline", "online"}))
+      ->capture_default_str();
+  cmd->add_option("--requests", o->requests, "use the trace's first N requests (0: all)");
+  cmd->add_option("--train-fraction", o->train_fraction,
+                  "the first part of the requests that warms the store (offline)")
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
+  cmd->add_option("--test-requests", o->test_requests, "measure at most N requests (0: all)");
+  cmd->add_option("--layer-ms", o->layer_ms,
+                  "one layer's compute (default: Mixtral-8x7B decode on an RTX 3090: two "
+                  "experts and attention, 789 MB read at 936 GB/s)")
+      ->check(CLI::Range(1e-6, 1e6))
+      ->capture_default_str();
+  cmd->add_option("--load-ms", o->load_ms,
+                  "one expert over the link (default: a Mixtral-8x7B expert, 352 MB, over PCIe "
+                  "4.0 at 32 GB/s)")
+      ->check(CLI::Range(1e-6, 1e6))
+      ->capture_default_str();
+  cmd->add_option("--expert-mb", o->expert_mb, "MB of one expert, for MB moved per token")
+      ->capture_default_str();
+  cmd->add_option("--store-capacity", o->store_capacity, "maps the store keeps (C)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  cmd->add_option("--inflight", o->inflight, "prefetches handed to the link at once")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--threads", o->threads, "replays run in parallel (0: one per core)");
+  cmd->add_option("--csv", o->csv, "write the table as CSV");
+  cmd->add_option("--png", o->png, "plot with gnuplot");
+  cmd->callback([o, &exit_code] { exit_code = Run(*o); });
+}
+
+}  // namespace fmoe::bench
