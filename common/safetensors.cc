@@ -416,8 +416,15 @@ const TensorView* SafetensorsFile::Find(const std::string& name) const {
   return &*it;
 }
 
-Status WriteSafetensors(const std::string& path, std::span<const TensorToWrite> tensors,
-                        const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// Lays out the header of `tensors`, in the order given: the JSON text padded with spaces so the
+// data starts 8-byte aligned, and the data section's size. `data_sizes`, when not empty, holds
+// the bytes of each tensor's data (WriteSafetensors), checked against its dtype and shape.
+Status LayOutHeader(const std::string& path, std::span<const TensorSpec> tensors,
+                    std::span<const size_t> data_sizes,
+                    const std::map<std::string, std::string>& metadata, std::string* text,
+                    uint64_t* data_bytes) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
@@ -431,19 +438,21 @@ Status WriteSafetensors(const std::string& path, std::span<const TensorToWrite> 
   }
   std::set<std::string> names;
   uint64_t offset = 0;
-  for (const TensorToWrite& t : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorSpec& t = tensors[i];
     const std::string where = path + ": tensor " + Quote(t.name);
     if (t.name == kMetadataKey) return InvalidArgument(where + ": the name is reserved");
     if (!ValidUtf8(t.name)) return InvalidArgument(where + ": the name is not UTF-8");
     if (!names.insert(t.name).second) return InvalidArgument(where + ": written twice");
     uint64_t numel = 0;
     uint64_t bytes = 0;
-    if (!ShapeBytes(t.shape, DTypeSize(t.dtype), &numel, &bytes)) {
+    if (!ShapeBytes(t.shape, DTypeSize(t.dtype), &numel, &bytes) ||
+        offset > std::numeric_limits<uint64_t>::max() - bytes) {
       return InvalidArgument(where + ": shape " + ShapeString(t.shape) +
                              " is negative or overflows");
     }
-    if (bytes != t.data.size()) {
-      return InvalidArgument(where + ": " + std::to_string(t.data.size()) +
+    if (!data_sizes.empty() && bytes != data_sizes[i]) {
+      return InvalidArgument(where + ": " + std::to_string(data_sizes[i]) +
                              " bytes of data, dtype " + DTypeName(t.dtype) + " and shape " +
                              ShapeString(t.shape) + " need " + std::to_string(bytes));
     }
@@ -452,42 +461,114 @@ Status WriteSafetensors(const std::string& path, std::span<const TensorToWrite> 
                       {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
-  std::string text = header.dump();
-  text.append((8 - (text.size() % 8)) % 8, ' ');  // 8 + header length stays 8-byte aligned.
+  *text = header.dump();
+  text->append((8 - (text->size() % 8)) % 8, ' ');  // 8 + header length stays 8-byte aligned.
+  *data_bytes = offset;
+  return Status::Ok();
+}
+
+}  // namespace
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
+    const std::string& path, std::span<const TensorSpec> tensors,
+    const std::map<std::string, std::string>& metadata) {
+  std::string text;
+  uint64_t data_bytes = 0;
+  FMOE_RETURN_IF_ERROR(LayOutHeader(path, tensors, {}, metadata, &text, &data_bytes));
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(text.size() >> (8 * i));
 
   static std::atomic<uint64_t> counter{0};
+  std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter());
+  w->path_ = path;
   const std::string tmp =
       path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return IoError(tmp + ": cannot create: " + std::strerror(errno));
-  Status s = WriteAll(fd, len_bytes, sizeof(len_bytes));
-  if (s.ok()) s = WriteAll(fd, text.data(), text.size());
-  for (const TensorToWrite& t : tensors) {
-    if (!s.ok()) break;
-    s = WriteAll(fd, t.data.data(), t.data.size());
+  w->fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (w->fd_ < 0) return IoError(tmp + ": cannot create: " + std::strerror(errno));
+  w->tmp_ = tmp;
+  w->data_start_ = 8 + text.size();
+  w->data_bytes_ = data_bytes;
+  Status s = WriteAll(w->fd_, len_bytes, sizeof(len_bytes));
+  if (s.ok()) s = WriteAll(w->fd_, text.data(), text.size());
+  if (!s.ok()) return s.WithContext(path);  // The destructor removes the temporary file.
+  return w;
+}
+
+Status SafetensorsWriter::Fail(Status s) {
+  spent_ = true;
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+  tmp_.clear();
+  return s;
+}
+
+Status SafetensorsWriter::Append(std::span<const std::byte> data) {
+  if (spent_) return FailedPrecondition(path_ + ": the writer is finished or failed");
+  if (data.size() > data_bytes_ - appended_) {
+    return Fail(InvalidArgument(path_ + ": " + std::to_string(appended_ + data.size()) +
+                                " bytes of data appended, the tensors hold " +
+                                std::to_string(data_bytes_)));
   }
-  if (s.ok() && ::fsync(fd) != 0) s = IoError(std::string("fsync: ") + std::strerror(errno));
+  Status s = WriteAll(fd_, data.data(), data.size());
+  if (!s.ok()) return Fail(s.WithContext(path_));
+  appended_ += data.size();
+  return Status::Ok();
+}
+
+Status SafetensorsWriter::Finish() {
+  if (spent_) return FailedPrecondition(path_ + ": the writer is finished or failed");
+  if (appended_ != data_bytes_) {
+    return Fail(InvalidArgument(path_ + ": " + std::to_string(appended_) +
+                                " bytes of data appended, the tensors hold " +
+                                std::to_string(data_bytes_)));
+  }
+  Status s;
+  if (::fsync(fd_) != 0) s = IoError(std::string("fsync: ") + std::strerror(errno));
+  const int fd = fd_;
+  fd_ = -1;
   if (::close(fd) != 0 && s.ok()) s = IoError(std::string("close: ") + std::strerror(errno));
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (s.ok() && ::rename(tmp_.c_str(), path_.c_str()) != 0) {
     s = IoError(std::string("rename: ") + std::strerror(errno));
   }
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s.WithContext(path);
-  }
+  if (!s.ok()) return Fail(s.WithContext(path_));
+  tmp_.clear();
+  spent_ = true;
   // Make the rename itself durable.
-  std::string dir = std::filesystem::path(path).parent_path().string();
+  std::string dir = std::filesystem::path(path_).parent_path().string();
   if (dir.empty()) dir = ".";
   int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd >= 0) {
     const bool synced = ::fsync(dir_fd) == 0;
     const int sync_errno = errno;
     ::close(dir_fd);
-    if (!synced) return IoError(path + ": fsync of " + dir + ": " + std::strerror(sync_errno));
+    if (!synced) return IoError(path_ + ": fsync of " + dir + ": " + std::strerror(sync_errno));
   }
   return Status::Ok();
+}
+
+Status WriteSafetensors(const std::string& path, std::span<const TensorToWrite> tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  std::vector<size_t> sizes;
+  specs.reserve(tensors.size());
+  sizes.reserve(tensors.size());
+  for (const TensorToWrite& t : tensors) {
+    specs.push_back({t.name, t.dtype, t.shape});
+    sizes.push_back(t.data.size());
+  }
+  std::string text;
+  uint64_t data_bytes = 0;
+  FMOE_RETURN_IF_ERROR(LayOutHeader(path, specs, sizes, metadata, &text, &data_bytes));
+  FMOE_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
+                        SafetensorsWriter::Create(path, specs, metadata));
+  for (const TensorToWrite& t : tensors) FMOE_RETURN_IF_ERROR(writer->Append(t.data));
+  return writer->Finish();
 }
 
 Status ConvertToF32(DType dtype, std::span<const std::byte> data, std::span<float> out) {

@@ -73,6 +73,58 @@ struct TensorToWrite {
   std::span<const std::byte> data;
 };
 
+// One tensor's name, dtype and shape, for the streaming writer.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+};
+
+// Writes a safetensors file whose data arrives piece by piece, so a multi-gigabyte shard is never
+// held in memory. Create checks the tensors (the same rules and messages as WriteSafetensors),
+// creates a temporary file beside `path` and writes the header; Append takes the data bytes of
+// the tensors in the order given, in pieces of any size; Finish checks that every byte came,
+// fsyncs, renames the file into place and fsyncs the directory. Until Finish succeeds nothing
+// exists at `path`: a writer destroyed earlier, or after an error, removes its temporary file.
+// One thread at a time.
+class SafetensorsWriter {
+ public:
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // kInvalidArgument for a repeated or reserved ("__metadata__") name, a name or metadata that is
+  // not UTF-8, or a negative or overflowing shape; kIoError when the temporary file cannot be
+  // created or written.
+  static Result<std::unique_ptr<SafetensorsWriter>> Create(
+      const std::string& path, std::span<const TensorSpec> tensors,
+      const std::map<std::string, std::string>& metadata = {});
+
+  // kInvalidArgument when `data` runs past the last tensor's end; kIoError when the write fails.
+  // After an error the writer is spent: every later call returns kFailedPrecondition.
+  Status Append(std::span<const std::byte> data);
+  // kInvalidArgument when bytes are still missing (the temporary file is removed); kIoError when
+  // fsync or rename fails.
+  Status Finish();
+
+  const std::string& path() const { return path_; }
+  uint64_t data_bytes() const { return data_bytes_; }  // The tensors' bytes together.
+  uint64_t appended_bytes() const { return appended_; }
+  uint64_t file_bytes() const { return data_start_ + data_bytes_; }
+
+ private:
+  SafetensorsWriter() = default;
+  Status Fail(Status s);
+
+  std::string path_;
+  std::string tmp_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0;  // 8 + header length.
+  uint64_t data_bytes_ = 0;
+  uint64_t appended_ = 0;
+  bool spent_ = false;  // Finished, or failed.
+};
+
 // Writes a safetensors file atomically (temporary file beside it, fsync, rename, fsync of the
 // directory). Tensors are laid out in the order given; the header is padded with spaces so the
 // data starts 8-byte aligned. kInvalidArgument for a tensor whose data does not match its dtype

@@ -1,17 +1,642 @@
+// `fmoe-bench make-model`: writes a checkpoint with random weights and the exact tensor shapes of
+// a real MoE model (make_model_shapes.h), in the Hugging Face layout our loaders read
+// (common/checkpoint.h, common/model_config.h): tokenizer files and a README first, then the
+// safetensors shards streamed chunk by chunk (common/safetensors.h SafetensorsWriter), the index,
+// and config.json last, so a directory with a config.json is complete. Weights are a
+// deterministic function of (seed, tensor name): the same seed gives the same bytes whatever the
+// shard size. One thread.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "bench/fmoe_bench/commands.h"
+#include "bench/fmoe_bench/make_model_shapes.h"
+#include "common/safetensors.h"
+#include "common/status.h"
 
 namespace fmoe::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+// The tokenizer copied into every checkpoint (its ids fit every shape's vocabulary).
+constexpr const char* kTokenizerInTree = "deploy/models/tiny-moe";
+#ifdef FMOE_MAKE_MODEL_TOKENIZER_DIR
+constexpr const char* kDefaultTokenizerDir = FMOE_MAKE_MODEL_TOKENIZER_DIR;
+#else
+constexpr const char* kDefaultTokenizerDir = kTokenizerInTree;
+#endif
+constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json"};
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+constexpr size_t kChunkBytes = 16u << 20;  // Generated and written at a time.
+// Weights are uniform in [-a, a) with the standard deviation of transformers' normal init
+// (initializer_range 0.02): a = 0.02 * sqrt(3).
+constexpr float kUniformBound = 0.0346410162f;
+
+// The command line, as typed: numbers are parsed here so every bad argument exits 2.
+struct Args {
+  std::string shape, out, layers, experts, vocab, dtype = "bfloat16", seed = "0", shard_gb = "4";
+  std::string tokenizer = kDefaultTokenizerDir;
+  bool force = false;
+  bool dry_run = false;
+};
+
+struct TokenizerInfo {
+  uint32_t vocab_size = 0;  // Highest id + 1.
+  std::optional<int32_t> bos_id, eos_id;
+};
+
+// Everything decided before a byte is written.
+struct Plan {
+  const ModelShape* shape = nullptr;
+  ModelSize size;
+  DType dtype = DType::kBF16;
+  std::string dtype_name;
+  uint64_t seed = 0;
+  uint64_t shard_limit = 0;  // Bytes.
+  std::vector<PlannedTensor> tensors;
+  std::vector<size_t> shard_of;       // Per tensor.
+  std::vector<uint64_t> shard_bytes;  // Per shard: tensor data bytes.
+  std::optional<int32_t> bos_id, eos_id;
+  std::string bos_eos_note;  // Why the ids differ from the real model's, or "".
+
+  std::string ShardName(size_t i) const {
+    if (shard_bytes.size() == 1) return "model.safetensors";
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i + 1, shard_bytes.size());
+    return buf;
+  }
+  uint64_t Bytes(const PlannedTensor& t) const { return t.numel() * DTypeSize(dtype); }
+};
+
+std::string Gb(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GB", static_cast<double>(bytes) / 1e9);
+  return buf;
+}
+
+Result<uint64_t> ParseCount(const char* flag, const std::string& text, uint64_t min, uint64_t max) {
+  uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || p != end) {
+    return InvalidArgument(std::string(flag) + ": \"" + text + "\" is not a whole number");
+  }
+  if (v < min || v > max) {
+    return InvalidArgument(std::string(flag) + ": " + text + " is not in [" + std::to_string(min) +
+                           ", " + std::to_string(max) + "]");
+  }
+  return v;
+}
+
+Result<std::string> ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return IoError(path.string() + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return IoError(path.string() + ": cannot read");
+  return ss.str();
+}
+
+// Writes `text` to `path` through a temporary file and a rename.
+Status WriteFileAtomic(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return IoError(tmp.string() + ": cannot create");
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.flush();
+    if (!out) {
+      std::error_code ignored;
+      fs::remove(tmp, ignored);
+      return IoError(path.string() + ": cannot write");
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    return IoError(path.string() + ": cannot rename into place: " + ec.message());
+  }
+  return Status::Ok();
+}
+
+// The id of special token `key` ("bos_token") of tokenizer_config.json, looked up in
+// tokenizer.json.
+std::optional<int32_t> SpecialId(const Json& config, const Json& tokenizer, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end()) return std::nullopt;
+  std::string content;
+  if (it->is_string()) {
+    content = it->get<std::string>();
+  } else if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+    content = (*it)["content"].get<std::string>();
+  } else {
+    return std::nullopt;
+  }
+  if (auto added = tokenizer.find("added_tokens"); added != tokenizer.end() && added->is_array()) {
+    for (const Json& t : *added) {
+      if (t.is_object() && t.value("content", "") == content && t.contains("id") &&
+          t["id"].is_number_integer()) {
+        return t["id"].get<int32_t>();
+      }
+    }
+  }
+  const Json* vocab = tokenizer.contains("model") ? &tokenizer["model"] : nullptr;
+  if (vocab != nullptr && vocab->is_object() && vocab->contains("vocab")) {
+    const Json& v = (*vocab)["vocab"];
+    if (v.is_object() && v.contains(content) && v[content].is_number_integer()) {
+      return v[content].get<int32_t>();
+    }
+  }
+  return std::nullopt;
+}
+
+// The vocabulary size (highest id + 1) and bos/eos ids of the tokenizer in `dir`.
+Result<TokenizerInfo> ReadTokenizer(const fs::path& dir) {
+  for (const char* name : kTokenizerFiles) {
+    std::error_code ec;
+    if (!fs::is_regular_file(dir / name, ec)) {
+      return NotFound("--tokenizer: " + (dir / name).string() + ": no such file");
+    }
+  }
+  FMOE_ASSIGN_OR_RETURN(std::string text, ReadFile(dir / "tokenizer.json"));
+  FMOE_ASSIGN_OR_RETURN(std::string config_text, ReadFile(dir / "tokenizer_config.json"));
+  const Json tok = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const Json config = Json::parse(config_text, nullptr, /*allow_exceptions=*/false);
+  if (!tok.is_object()) return DataLoss((dir / "tokenizer.json").string() + ": not a JSON object");
+  if (!config.is_object()) {
+    return DataLoss((dir / "tokenizer_config.json").string() + ": not a JSON object");
+  }
+  int64_t max_id = -1;
+  if (auto m = tok.find("model"); m != tok.end() && m->is_object() && m->contains("vocab")) {
+    const Json& vocab = (*m)["vocab"];
+    if (vocab.is_object()) {
+      for (const auto& [token, id] : vocab.items()) {
+        if (id.is_number_integer()) max_id = std::max(max_id, id.get<int64_t>());
+      }
+    } else if (vocab.is_array()) {  // Unigram: [[piece, score], ...], ids by position.
+      max_id = static_cast<int64_t>(vocab.size()) - 1;
+    }
+  }
+  if (auto added = tok.find("added_tokens"); added != tok.end() && added->is_array()) {
+    for (const Json& t : *added) {
+      if (t.is_object() && t.contains("id") && t["id"].is_number_integer()) {
+        max_id = std::max(max_id, t["id"].get<int64_t>());
+      }
+    }
+  }
+  if (max_id < 0 || max_id >= std::numeric_limits<int32_t>::max()) {
+    return DataLoss((dir / "tokenizer.json").string() + ": no token ids found");
+  }
+  TokenizerInfo info;
+  info.vocab_size = static_cast<uint32_t>(max_id + 1);
+  info.bos_id = SpecialId(config, tok, "bos_token");
+  info.eos_id = SpecialId(config, tok, "eos_token");
+  return info;
+}
+
+// Parses and checks the arguments; reads the tokenizer when it matters (a write, or --vocab).
+Result<Plan> MakePlan(const Args& a, std::optional<TokenizerInfo>* tokenizer) {
+  Plan plan;
+  if (a.shape.empty()) return InvalidArgument("--shape: required (" + ModelShapeNames() + ")");
+  plan.shape = FindModelShape(a.shape);
+  if (plan.shape == nullptr) {
+    return InvalidArgument("--shape: \"" + a.shape + "\" is not one of " + ModelShapeNames());
+  }
+  const ModelShape& s = *plan.shape;
+  if (a.out.empty() && !a.dry_run) return InvalidArgument("--out: required (unless --dry-run)");
+  plan.size = RealSize(s);
+  if (!a.layers.empty()) {
+    FMOE_ASSIGN_OR_RETURN(uint64_t v, ParseCount("--layers", a.layers, 1, s.num_hidden_layers));
+    plan.size.layers = static_cast<uint32_t>(v);
+  }
+  if (!a.experts.empty()) {
+    FMOE_ASSIGN_OR_RETURN(uint64_t v, ParseCount("--experts", a.experts, s.top_k, s.num_experts));
+    plan.size.experts = static_cast<uint32_t>(v);
+  }
+  if (a.dtype == "bfloat16") {
+    plan.dtype = DType::kBF16;
+  } else if (a.dtype == "float16") {
+    plan.dtype = DType::kF16;
+  } else if (a.dtype == "float32") {
+    plan.dtype = DType::kF32;
+  } else {
+    return InvalidArgument("--dtype: \"" + a.dtype + "\" is not bfloat16, float16 or float32");
+  }
+  plan.dtype_name = a.dtype;
+  FMOE_ASSIGN_OR_RETURN(plan.seed,
+                        ParseCount("--seed", a.seed, 0, std::numeric_limits<uint64_t>::max()));
+  {
+    char* end = nullptr;
+    const double gb = std::strtod(a.shard_gb.c_str(), &end);
+    if (a.shard_gb.empty() || end != a.shard_gb.c_str() + a.shard_gb.size() || !std::isfinite(gb) ||
+        gb <= 0 || gb > 1e6) {
+      return InvalidArgument("--shard-gb: \"" + a.shard_gb + "\" is not a size in GB above 0");
+    }
+    plan.shard_limit = std::max<uint64_t>(1, static_cast<uint64_t>(gb * 1e9));
+  }
+  // The tokenizer: its ids must fit the vocabulary, and it fills in ids a cut vocabulary lacks.
+  if (!a.dry_run || !a.vocab.empty()) {
+    auto info = ReadTokenizer(a.tokenizer);
+    if (!info.ok()) {
+      return info.status().code() == ErrorCode::kNotFound
+                 ? InvalidArgument(info.status().message() + " (pass --tokenizer DIR)")
+                 : info.status();
+    }
+    *tokenizer = *info;
+  }
+  if (!a.vocab.empty()) {
+    const uint64_t min = (*tokenizer)->vocab_size;
+    if (min > s.vocab_size) {
+      return InvalidArgument("--vocab: the tokenizer in " + a.tokenizer + " has " +
+                             std::to_string(min) + " ids, more than " + s.name + "'s " +
+                             std::to_string(s.vocab_size));
+    }
+    FMOE_ASSIGN_OR_RETURN(uint64_t v, ParseCount("--vocab", a.vocab, min, s.vocab_size));
+    plan.size.vocab = static_cast<uint32_t>(v);
+  }
+  plan.bos_id = s.bos_token_id;
+  plan.eos_id = s.eos_token_id;
+  if (tokenizer->has_value() && (static_cast<uint32_t>(s.bos_token_id) >= plan.size.vocab ||
+                                 static_cast<uint32_t>(s.eos_token_id) >= plan.size.vocab)) {
+    plan.bos_id = (*tokenizer)->bos_id;
+    plan.eos_id = (*tokenizer)->eos_id;
+    plan.bos_eos_note = "bos/eos ids " + std::to_string(s.bos_token_id) + "/" +
+                        std::to_string(s.eos_token_id) + " do not fit vocab " +
+                        std::to_string(plan.size.vocab) + "; the tokenizer's are used";
+  }
+
+  plan.tensors = PlanTensors(s, plan.size);
+  // Shards as transformers cuts them: in order, a new shard when the next tensor would overflow.
+  for (const PlannedTensor& t : plan.tensors) {
+    const uint64_t bytes = plan.Bytes(t);
+    if (plan.shard_bytes.empty() ||
+        (plan.shard_bytes.back() > 0 && plan.shard_bytes.back() + bytes > plan.shard_limit)) {
+      plan.shard_bytes.push_back(0);
+    }
+    plan.shard_bytes.back() += bytes;
+    plan.shard_of.push_back(plan.shard_bytes.size() - 1);
+  }
+  if (plan.shard_bytes.size() > 99999) {
+    return InvalidArgument("--shard-gb: " + a.shard_gb + " cuts the model into " +
+                           std::to_string(plan.shard_bytes.size()) +
+                           " shards, more than 99999; raise it");
+  }
+  return plan;
+}
+
+// splitmix64 (Steele, Lea and Flood): fast, and good enough for weights nobody trains.
+uint64_t SplitMix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t TensorSeed(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the name, mixed with the seed.
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  uint64_t state = seed ^ h;
+  return SplitMix64(&state);
+}
+
+// Stores float `v` as element `i` of `out` in dtype D.
+template <DType D>
+void Store(std::byte* out, size_t i, float v) {
+  if constexpr (D == DType::kF32) {
+    std::memcpy(out + 4 * i, &v, 4);
+  } else {
+    const uint16_t h = D == DType::kBF16 ? F32ToBF16(v) : F32ToF16(v);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+
+// `n` uniform values in [-a, a), two from each 64-bit draw of the tensor's stream `state`.
+template <DType D>
+void FillRandom(uint64_t* state, size_t n, std::byte* out) {
+  constexpr float kScale = kUniformBound / 2147483648.0f;  // int32 -> [-a, a).
+  size_t i = 0;
+  for (; i + 1 < n; i += 2) {
+    const uint64_t bits = SplitMix64(state);
+    Store<D>(out, i,
+             static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(bits))) * kScale);
+    Store<D>(out, i + 1, static_cast<float>(static_cast<int32_t>(bits >> 32)) * kScale);
+  }
+  if (i < n) {
+    const uint64_t bits = SplitMix64(state);
+    Store<D>(out, i,
+             static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(bits))) * kScale);
+  }
+}
+
+// Fills `out` with the next `n` values of a tensor in `dtype`, continuing its stream `state`.
+// Chunks hold an even number of values, so the stream does not depend on the dtype.
+void Fill(TensorInit init, DType dtype, uint64_t* state, size_t n, std::byte* out) {
+  if (init != TensorInit::kRandom) {
+    const float v = init == TensorInit::kOnes ? 1.0f : 0.0f;
+    const size_t elem = DTypeSize(dtype);
+    std::byte one[4];
+    if (dtype == DType::kF32) Store<DType::kF32>(one, 0, v);
+    if (dtype == DType::kBF16) Store<DType::kBF16>(one, 0, v);
+    if (dtype == DType::kF16) Store<DType::kF16>(one, 0, v);
+    for (size_t i = 0; i < n; ++i) std::memcpy(out + elem * i, one, elem);
+    return;
+  }
+  switch (dtype) {
+    case DType::kF32:
+      FillRandom<DType::kF32>(state, n, out);
+      break;
+    case DType::kBF16:
+      FillRandom<DType::kBF16>(state, n, out);
+      break;
+    default:
+      FillRandom<DType::kF16>(state, n, out);
+      break;
+  }
+}
+
+void PrintSummary(const Plan& plan) {
+  const ModelShape& s = *plan.shape;
+  const ModelSize real = RealSize(s);
+  uint64_t params = 0, bytes = 0, routed = 0, shared = 0;
+  for (const PlannedTensor& t : plan.tensors) {
+    params += t.numel();
+    bytes += plan.Bytes(t);
+    if (t.role == TensorRole::kRoutedExpert) routed += plan.Bytes(t);
+    if (t.role == TensorRole::kSharedExpert) shared += plan.Bytes(t);
+  }
+  const uint64_t expert_bytes = RoutedExpertParams(s) * DTypeSize(plan.dtype);
+  std::printf("shape: %s (%s, the shape of %s)\n", s.name, s.architecture, s.hub_id);
+  std::printf("layers: %u of %u; vocab: %u of %u; dtype: %s; seed: %llu\n", plan.size.layers,
+              real.layers, plan.size.vocab, real.vocab, plan.dtype_name.c_str(),
+              static_cast<unsigned long long>(plan.seed));
+  std::printf("tensors: %zu\n", plan.tensors.size());
+  std::printf("parameters: %llu (%.2f B; the real model: %.1f B)\n",
+              static_cast<unsigned long long>(params), static_cast<double>(params) / 1e9,
+              s.published_params / 1e9);
+  std::printf("bytes: %llu (%s)\n", static_cast<unsigned long long>(bytes), Gb(bytes).c_str());
+  std::printf("routed expert bytes: %llu (%s; 3 x %u x %u)\n",
+              static_cast<unsigned long long>(expert_bytes), Gb(expert_bytes).c_str(),
+              s.hidden_size, s.expert_intermediate_size);
+  std::printf("experts per layer: %u of %u, top-%u\n", plan.size.experts, real.experts, s.top_k);
+  std::printf("routed experts: %llu, %llu bytes (%.1f%% of the bytes)\n",
+              static_cast<unsigned long long>(uint64_t{plan.size.layers} * plan.size.experts),
+              static_cast<unsigned long long>(routed),
+              bytes == 0 ? 0.0 : 100.0 * static_cast<double>(routed) / static_cast<double>(bytes));
+  if (shared > 0) {
+    std::printf("shared expert bytes per layer: %llu\n",
+                static_cast<unsigned long long>(shared / plan.size.layers));
+  }
+  std::printf("dense bytes: %llu (everything but the routed experts)\n",
+              static_cast<unsigned long long>(bytes - routed));
+  std::printf("shards: %zu (at most %s each)\n", plan.shard_bytes.size(),
+              Gb(plan.shard_limit).c_str());
+  if (!plan.bos_eos_note.empty()) std::printf("note: %s\n", plan.bos_eos_note.c_str());
+}
+
+// --out: created if missing; a non-empty directory only with --force, which removes the weights
+// and config.json a previous run left (every *.safetensors file is part of the model's
+// fingerprint, and a stale model.safetensors would win over a new index).
+Status PrepareOutDir(const fs::path& out, bool force) {
+  std::error_code ec;
+  if (fs::exists(out, ec)) {
+    if (!fs::is_directory(out, ec)) {
+      return InvalidArgument("--out: " + out.string() + " exists and is not a directory");
+    }
+    const bool empty = fs::is_empty(out, ec);
+    if (ec) return IoError(out.string() + ": cannot list: " + ec.message());
+    if (!empty && !force) {
+      return InvalidArgument("--out: " + out.string() +
+                             " is not empty (pass --force to write over it)");
+    }
+    std::vector<fs::path> stale;
+    for (const auto& entry : fs::directory_iterator(out, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.ends_with(".safetensors") || name == kIndexFile || name == "config.json") {
+        stale.push_back(entry.path());
+      }
+    }
+    if (ec) return IoError(out.string() + ": cannot list: " + ec.message());
+    for (const fs::path& path : stale) {
+      if (!fs::remove(path, ec) && ec) {
+        return IoError(path.string() + ": cannot remove: " + ec.message());
+      }
+    }
+    return Status::Ok();
+  }
+  fs::create_directories(out, ec);
+  if (ec) return IoError(out.string() + ": cannot create: " + ec.message());
+  return Status::Ok();
+}
+
+std::string Readme(const Plan& plan, const Args& a) {
+  const ModelShape& s = *plan.shape;
+  std::ostringstream r;
+  r << "# Random weights with the shapes of " << s.hub_id << "\n\n"
+    << "Written by `fmoe-bench make-model --shape " << s.name << " --layers " << plan.size.layers
+    << " --experts " << plan.size.experts << " --vocab " << plan.size.vocab << " --dtype "
+    << plan.dtype_name << " --seed " << plan.seed << " --shard-gb " << a.shard_gb << "`.\n\n"
+    << "The weights are random (uniform, the spread of initializer_range 0.02; norms 1, biases 0)\n"
+    << "and mean nothing: the model writes noise. Every tensor has the name and shape a real\n"
+    << s.architecture << " checkpoint has, so loading, expert transfers and expert compute can\n"
+    << "be timed at real sizes. For timing only.\n\n"
+    << "- decoder layers: " << plan.size.layers << " of " << s.num_hidden_layers << "\n"
+    << "- routed experts per layer: " << plan.size.experts << " of " << s.num_experts << ", top-"
+    << s.top_k << "\n"
+    << "- vocabulary: " << plan.size.vocab << " of " << s.vocab_size << "\n"
+    << "- tokenizer: copied from " << a.tokenizer << " (a small BPE whose ids fit the\n"
+    << "  vocabulary; ids above its range decode to nothing)\n";
+  if (!plan.bos_eos_note.empty()) r << "- " << plan.bos_eos_note << "\n";
+  if (s.family == ModelFamily::kPhimoe) {
+    r << "- config.json leaves out the real model's LongRoPE factors (rope_scaling: null)\n";
+  }
+  return r.str();
+}
+
+Status WriteShard(const Plan& plan, const fs::path& out, size_t shard,
+                  std::vector<std::byte>* chunk) {
+  std::vector<TensorSpec> specs;
+  std::vector<const PlannedTensor*> tensors;
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    if (plan.shard_of[i] != shard) continue;
+    specs.push_back({plan.tensors[i].name, plan.dtype, plan.tensors[i].shape});
+    tensors.push_back(&plan.tensors[i]);
+  }
+  const fs::path path = out / plan.ShardName(shard);
+  FMOE_ASSIGN_OR_RETURN(
+      std::unique_ptr<SafetensorsWriter> writer,
+      SafetensorsWriter::Create(path.string(), specs,
+                                {{"format", "pt"}, {"fmoe", "make-model random weights"}}));
+  const size_t elem = DTypeSize(plan.dtype);
+  const size_t per_chunk = chunk->size() / elem;
+  for (const PlannedTensor* t : tensors) {
+    uint64_t state = TensorSeed(plan.seed, t->name);
+    for (uint64_t left = t->numel(); left > 0;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(left, per_chunk));
+      Fill(t->init, plan.dtype, &state, n, chunk->data());
+      FMOE_RETURN_IF_ERROR(writer->Append(std::span<const std::byte>(chunk->data(), n * elem)));
+      left -= n;
+    }
+  }
+  return writer->Finish();
+}
+
+Status WriteModel(const Plan& plan, const Args& a) {
+  const fs::path out = a.out;
+  FMOE_RETURN_IF_ERROR(PrepareOutDir(out, a.force));
+  uint64_t total = 0;
+  for (uint64_t b : plan.shard_bytes) total += b;
+  std::error_code ec;
+  const fs::space_info space = fs::space(out, ec);
+  if (!ec && space.available < total + (64u << 20)) {
+    return ResourceExhausted(out.string() + ": " + Gb(total) + " to write, " + Gb(space.available) +
+                             " available");
+  }
+  for (const char* name : kTokenizerFiles) {
+    FMOE_ASSIGN_OR_RETURN(std::string text, ReadFile(fs::path(a.tokenizer) / name));
+    FMOE_RETURN_IF_ERROR(WriteFileAtomic(out / name, text));
+  }
+  FMOE_RETURN_IF_ERROR(WriteFileAtomic(out / "README.md", Readme(plan, a)));
+
+  std::vector<std::byte> chunk(kChunkBytes);
+  for (size_t shard = 0; shard < plan.shard_bytes.size(); ++shard) {
+    const auto start = std::chrono::steady_clock::now();
+    FMOE_RETURN_IF_ERROR(WriteShard(plan, out, shard, &chunk));
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "wrote %s (%s in %.1f s, %.2f GB/s)\n", plan.ShardName(shard).c_str(),
+                 Gb(plan.shard_bytes[shard]).c_str(), s,
+                 s > 0 ? static_cast<double>(plan.shard_bytes[shard]) / 1e9 / s : 0.0);
+  }
+  if (plan.shard_bytes.size() > 1) {
+    // nlohmann::ordered_json keeps the tensors in checkpoint order.
+    nlohmann::ordered_json index;
+    index["metadata"] = {{"total_size", total}};
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    for (size_t i = 0; i < plan.tensors.size(); ++i) {
+      weight_map[plan.tensors[i].name] = plan.ShardName(plan.shard_of[i]);
+    }
+    index["weight_map"] = std::move(weight_map);
+    FMOE_RETURN_IF_ERROR(WriteFileAtomic(out / kIndexFile, index.dump(2) + "\n"));
+  }
+  // Last: a directory with a config.json holds a whole checkpoint.
+  return WriteFileAtomic(out / "config.json", ConfigJson(*plan.shape, plan.size, plan.dtype_name,
+                                                         plan.bos_id, plan.eos_id));
+}
+
+int Run(Args a, const std::vector<std::string>& extras) {
+  // The default tokenizer is the source tree's; a binary run from a copy of the tree elsewhere
+  // finds it relative to the working directory.
+  std::error_code ec;
+  if (a.tokenizer == kDefaultTokenizerDir && !fs::exists(a.tokenizer, ec) &&
+      fs::exists(kTokenizerInTree, ec)) {
+    a.tokenizer = kTokenizerInTree;
+  }
+  if (!extras.empty()) {
+    std::string list;
+    for (const auto& e : extras) list += " " + e;
+    std::fprintf(stderr, "fmoe-bench make-model: unexpected arguments:%s\n", list.c_str());
+    return 2;
+  }
+  std::optional<TokenizerInfo> tokenizer;
+  auto plan = MakePlan(a, &tokenizer);
+  if (plan.ok() && !a.out.empty() && a.dry_run) {
+    // A dry run writes nothing, but says what a write would refuse.
+    if (fs::exists(a.out, ec) && (!fs::is_directory(a.out, ec) || !fs::is_empty(a.out, ec)) &&
+        !a.force) {
+      plan = InvalidArgument("--out: " + a.out + " is not empty (pass --force to write over it)");
+    }
+  }
+  if (!plan.ok()) {
+    std::fprintf(stderr, "fmoe-bench make-model: %s\n", plan.status().message().c_str());
+    return plan.status().code() == ErrorCode::kInvalidArgument ? 2 : 1;
+  }
+  if (a.dry_run) {
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < plan->tensors.size(); ++i) {
+      const PlannedTensor& t = plan->tensors[i];
+      bytes += plan->Bytes(t);
+      std::printf("tensor %s %s %s %llu %s\n", t.name.c_str(), DTypeName(plan->dtype),
+                  ShapeString(t.shape).c_str(), static_cast<unsigned long long>(plan->Bytes(t)),
+                  plan->ShardName(plan->shard_of[i]).c_str());
+    }
+    std::printf("total: %zu tensors, %llu bytes (%s)\n", plan->tensors.size(),
+                static_cast<unsigned long long>(bytes), Gb(bytes).c_str());
+    PrintSummary(*plan);
+    return 0;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  Status s = WriteModel(*plan, a);
+  if (!s.ok()) {
+    std::fprintf(stderr, "fmoe-bench make-model: %s\n", s.message().c_str());
+    return s.code() == ErrorCode::kInvalidArgument ? 2 : 1;
+  }
+  PrintSummary(*plan);
+  std::printf("wrote %s in %.1f s\n", a.out.c_str(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return 0;
+}
+
+}  // namespace
 
 void AddMakeModelCommand(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("make-model", "(not yet implemented)");
-  cmd->callback([&exit_code] {
-    std::fprintf(stderr, "fmoe-bench make-model: not yet implemented\n");
-    exit_code = 1;
-  });
+  auto args = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "make-model", "write a random-weight checkpoint with a real MoE model's tensor shapes");
+  // Values are taken as text and checked in Run, so every bad argument exits 2 with one line.
+  cmd->allow_extras();
+  cmd->add_option("--shape", args->shape, "model shape: " + ModelShapeNames() + " (required)")
+      ->type_name("NAME");
+  cmd->add_option("--out", args->out,
+                  "output directory (required unless --dry-run; must be empty unless --force)")
+      ->type_name("DIR");
+  cmd->add_option("--layers", args->layers, "decoder layers (default: the real model's)")
+      ->type_name("N");
+  cmd->add_option("--experts", args->experts,
+                  "routed experts per layer, each at its real size, at least top-k (default: the "
+                  "real model's; for tests and smoke runs)")
+      ->type_name("N");
+  cmd->add_option("--vocab", args->vocab,
+                  "vocabulary size, at least the tokenizer's ids (default: the real model's; for "
+                  "tests and smoke runs)")
+      ->type_name("N");
+  cmd->add_option("--dtype", args->dtype, "bfloat16, float16 or float32")
+      ->type_name("DTYPE")
+      ->capture_default_str();
+  cmd->add_option("--seed", args->seed, "weights seed; same seed, same bytes")
+      ->type_name("N")
+      ->capture_default_str();
+  cmd->add_option("--shard-gb", args->shard_gb, "largest shard in GB (10^9 bytes)")
+      ->type_name("GB")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "directory whose tokenizer.json and tokenizer_config.json are copied")
+      ->type_name("DIR")
+      ->capture_default_str();
+  cmd->add_flag("--force", args->force, "write into a non-empty --out (removes its weights)");
+  cmd->add_flag("--dry-run", args->dry_run,
+                "print every tensor with its shape and bytes, and the totals; write nothing");
+  cmd->callback([args, cmd, &exit_code] { exit_code = Run(*args, cmd->remaining()); });
 }
 
 }  // namespace fmoe::bench

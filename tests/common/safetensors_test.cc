@@ -209,6 +209,120 @@ TEST_F(SafetensorsTest, WriterRejectsInconsistentTensors) {
   EXPECT_EQ(s.code(), ErrorCode::kIoError) << s.ToString();
 }
 
+TEST_F(SafetensorsTest, StreamingWriterWritesWhatWriteSafetensorsWrites) {
+  std::mt19937 rng(11);
+  std::vector<std::vector<std::byte>> storage;
+  std::vector<TensorToWrite> tensors;
+  std::vector<TensorSpec> specs;
+  const std::vector<std::pair<DType, std::vector<int64_t>>> shapes = {{DType::kBF16, {3, 5}},
+                                                                      {DType::kF32, {7}},
+                                                                      {DType::kF16, {}},
+                                                                      {DType::kU8, {0, 4}},
+                                                                      {DType::kI64, {2, 2}}};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& [dtype, shape] = shapes[i];
+    size_t n = DTypeSize(dtype);
+    for (int64_t d : shape) n *= static_cast<size_t>(d);
+    storage.push_back(RandomBytes(n, &rng));
+    std::string name = "t";  // Not "t" + ...: GCC 12 warns falsely (-Wrestrict) on that.
+    name += std::to_string(i);
+    tensors.push_back({name, dtype, shape, std::span<const std::byte>(storage.back())});
+    specs.push_back({name, dtype, shape});
+  }
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  ASSERT_TRUE(WriteSafetensors(Path("whole.safetensors"), tensors, metadata).ok());
+
+  const std::string path = Path("streamed.safetensors");
+  auto writer = SafetensorsWriter::Create(path, specs, metadata);
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  std::vector<std::byte> all;
+  for (const auto& b : storage) all.insert(all.end(), b.begin(), b.end());
+  EXPECT_EQ((*writer)->data_bytes(), all.size());
+  // Pieces of 7 bytes, across tensor boundaries.
+  for (size_t at = 0; at < all.size(); at += 7) {
+    const size_t n = std::min<size_t>(7, all.size() - at);
+    ASSERT_TRUE((*writer)->Append(std::span<const std::byte>(all).subspan(at, n)).ok());
+    EXPECT_FALSE(fs::exists(path)) << "visible before Finish";
+  }
+  EXPECT_EQ((*writer)->appended_bytes(), all.size());
+  ASSERT_TRUE((*writer)->Finish().ok());
+  EXPECT_EQ(ReadAll(path), ReadAll(Path("whole.safetensors")));
+  EXPECT_EQ((*writer)->file_bytes(), ReadAll(path).size());
+  writer->reset();
+  EXPECT_TRUE(fs::exists(path)) << "the destructor keeps a finished file";
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 2);
+}
+
+TEST_F(SafetensorsTest, StreamingWriterChecksItsBytesAndLeavesNothingOnFailure) {
+  const std::vector<TensorSpec> specs = {{"a", DType::kF32, {2}}, {"b", DType::kU8, {3}}};
+  const std::vector<std::byte> bytes(16);
+  const std::string path = Path("s.safetensors");
+  auto count_files = [&] {
+    return std::distance(fs::directory_iterator(dir_), fs::directory_iterator());
+  };
+
+  // Too many bytes: refused, the temporary file is gone, the writer is spent.
+  auto w = SafetensorsWriter::Create(path, specs);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(count_files(), 1);  // The temporary file.
+  ASSERT_TRUE((*w)->Append(std::span(bytes).first(8)).ok());
+  Status s = (*w)->Append(std::span(bytes).first(4));
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("12 bytes of data appended, the tensors hold 11"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(count_files(), 0);
+  EXPECT_EQ((*w)->Append(std::span(bytes).first(1)).code(), ErrorCode::kFailedPrecondition);
+  EXPECT_EQ((*w)->Finish().code(), ErrorCode::kFailedPrecondition);
+
+  // Too few bytes at Finish.
+  w = SafetensorsWriter::Create(path, specs);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Append(std::span(bytes).first(10)).ok());
+  s = (*w)->Finish();
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("10 bytes of data appended, the tensors hold 11"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(count_files(), 0);
+
+  // Abandoned: the destructor removes the temporary file.
+  w = SafetensorsWriter::Create(path, specs);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Append(std::span(bytes).first(11)).ok());
+  w->reset();
+  EXPECT_EQ(count_files(), 0);
+
+  // The same header rules as WriteSafetensors; nothing is created.
+  struct Case {
+    std::vector<TensorSpec> specs;
+    const char* error;
+  } cases[] = {
+      {{{"a", DType::kU8, {1}}, {"a", DType::kU8, {1}}}, "tensor \"a\": written twice"},
+      {{{"__metadata__", DType::kU8, {1}}}, "the name is reserved"},
+      {{{"bad\xff", DType::kU8, {1}}}, "the name is not UTF-8"},
+      {{{"a", DType::kF32, {-1}}}, "shape [-1] is negative or overflows"},
+      {{{"a", DType::kF32, {1ll << 40, 1ll << 40}}}, "is negative or overflows"},
+  };
+  for (const Case& c : cases) {
+    auto bad = SafetensorsWriter::Create(path, c.specs);
+    ASSERT_FALSE(bad.ok()) << c.error;
+    EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find(c.error), std::string::npos) << bad.status().message();
+    EXPECT_EQ(count_files(), 0);
+  }
+  auto bad_meta = SafetensorsWriter::Create(path, specs, {{"k", "\xc0"}});
+  EXPECT_EQ(bad_meta.status().code(), ErrorCode::kInvalidArgument);
+  auto no_dir = SafetensorsWriter::Create((dir_ / "no" / "s.safetensors").string(), specs);
+  EXPECT_EQ(no_dir.status().code(), ErrorCode::kIoError) << no_dir.status().ToString();
+
+  // No tensors at all is a valid (empty) file.
+  auto empty = SafetensorsWriter::Create(path, {});
+  ASSERT_TRUE(empty.ok());
+  ASSERT_TRUE((*empty)->Finish().ok());
+  auto opened = SafetensorsFile::Open(path);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  EXPECT_TRUE((*opened)->tensors().empty());
+}
+
 TEST_F(SafetensorsTest, MissingOrUnreadableFile) {
   auto missing = SafetensorsFile::Open(Path("absent.safetensors"));
   ASSERT_FALSE(missing.ok());

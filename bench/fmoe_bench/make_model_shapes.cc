@@ -1,0 +1,206 @@
+#include "bench/fmoe_bench/make_model_shapes.h"
+
+#include <nlohmann/json.hpp>
+
+namespace fmoe::bench {
+namespace {
+
+using Json = nlohmann::json;
+
+// Checked against each model's config.json on the Hub and the transformers model definitions
+// (modeling_mixtral, modeling_qwen2_moe, modeling_phimoe).
+const std::vector<ModelShape> kShapes = {
+    {"mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", ModelFamily::kMixtral, "MixtralForCausalLM",
+     "mixtral", /*hidden=*/4096, /*expert_inter=*/14336, /*shared_inter=*/0, /*layers=*/32,
+     /*heads=*/32, /*kv_heads=*/8, /*experts=*/8, /*top_k=*/2, /*vocab=*/32000, /*bos=*/1,
+     /*eos=*/2, 46.7e9},
+    {"qwen1.5-moe-a2.7b", "Qwen/Qwen1.5-MoE-A2.7B", ModelFamily::kQwen2Moe, "Qwen2MoeForCausalLM",
+     "qwen2_moe", /*hidden=*/2048, /*expert_inter=*/1408, /*shared_inter=*/5632, /*layers=*/24,
+     /*heads=*/16, /*kv_heads=*/16, /*experts=*/60, /*top_k=*/4, /*vocab=*/151936,
+     /*bos=*/151643, /*eos=*/151643, 14.3e9},
+    // The Hub's remote code names it "PhiMoEForCausalLM"; transformers (and our loader) name the
+    // same checkpoint layout "PhimoeForCausalLM".
+    {"phi-3.5-moe", "microsoft/Phi-3.5-MoE-instruct", ModelFamily::kPhimoe, "PhimoeForCausalLM",
+     "phimoe", /*hidden=*/4096, /*expert_inter=*/6400, /*shared_inter=*/0, /*layers=*/32,
+     /*heads=*/32, /*kv_heads=*/8, /*experts=*/16, /*top_k=*/2, /*vocab=*/32064, /*bos=*/1,
+     /*eos=*/32000, 41.9e9},
+};
+
+void Add(std::vector<PlannedTensor>* out, std::string name, std::vector<int64_t> shape,
+         TensorInit init = TensorInit::kRandom, TensorRole role = TensorRole::kDense) {
+  out->push_back({std::move(name), std::move(shape), init, role});
+}
+
+// A linear layer's weight [out, in] and, with `bias`, its bias [out].
+void AddLinear(std::vector<PlannedTensor>* out, const std::string& prefix, int64_t out_features,
+               int64_t in_features, bool bias, TensorRole role = TensorRole::kDense) {
+  Add(out, prefix + ".weight", {out_features, in_features}, TensorInit::kRandom, role);
+  if (bias) Add(out, prefix + ".bias", {out_features}, TensorInit::kZeros, role);
+}
+
+// RMSNorm: weight [h]; LayerNorm (Phi-3.5-MoE): weight and bias [h].
+void AddNorm(std::vector<PlannedTensor>* out, const std::string& prefix, int64_t h,
+             bool layer_norm) {
+  Add(out, prefix + ".weight", {h}, TensorInit::kOnes);
+  if (layer_norm) Add(out, prefix + ".bias", {h}, TensorInit::kZeros);
+}
+
+}  // namespace
+
+const std::vector<ModelShape>& ModelShapes() { return kShapes; }
+
+const ModelShape* FindModelShape(std::string_view name) {
+  for (const ModelShape& s : kShapes) {
+    if (name == s.name) return &s;
+  }
+  return nullptr;
+}
+
+std::string ModelShapeNames() {
+  std::string out;
+  for (const ModelShape& s : kShapes) out += (out.empty() ? "" : ", ") + std::string(s.name);
+  return out;
+}
+
+ModelSize RealSize(const ModelShape& shape) {
+  return {shape.num_hidden_layers, shape.num_experts, shape.vocab_size};
+}
+
+uint64_t PlannedTensor::numel() const {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+uint64_t RoutedExpertParams(const ModelShape& shape) {
+  return 3ull * shape.hidden_size * shape.expert_intermediate_size;
+}
+
+std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize& size) {
+  const int64_t h = shape.hidden_size;
+  const int64_t head_dim = h / shape.num_attention_heads;
+  const int64_t q_dim = int64_t{shape.num_attention_heads} * head_dim;
+  const int64_t kv_dim = int64_t{shape.num_key_value_heads} * head_dim;
+  const int64_t inter = shape.expert_intermediate_size;
+  const int64_t experts = size.experts;
+  const bool qwen = shape.family == ModelFamily::kQwen2Moe;
+  const bool phi = shape.family == ModelFamily::kPhimoe;
+  // Qwen2-MoE: bias on q, k and v only; Phi-3.5-MoE: on all four (attention_bias).
+  const bool qkv_bias = qwen || phi;
+  const bool o_bias = phi;
+
+  std::vector<PlannedTensor> out;
+  Add(&out, "model.embed_tokens.weight", {int64_t{size.vocab}, h});
+  for (uint32_t l = 0; l < size.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    AddLinear(&out, p + "self_attn.q_proj", q_dim, h, qkv_bias);
+    AddLinear(&out, p + "self_attn.k_proj", kv_dim, h, qkv_bias);
+    AddLinear(&out, p + "self_attn.v_proj", kv_dim, h, qkv_bias);
+    AddLinear(&out, p + "self_attn.o_proj", h, q_dim, o_bias);
+    if (qwen) {
+      // Qwen2MoeSparseMoeBlock: gate, experts (gate/up/down), shared_expert, shared_expert_gate.
+      const std::string m = p + "mlp.";
+      AddLinear(&out, m + "gate", experts, h, false);
+      for (int64_t e = 0; e < experts; ++e) {
+        const std::string q = m + "experts." + std::to_string(e) + ".";
+        AddLinear(&out, q + "gate_proj", inter, h, false, TensorRole::kRoutedExpert);
+        AddLinear(&out, q + "up_proj", inter, h, false, TensorRole::kRoutedExpert);
+        AddLinear(&out, q + "down_proj", h, inter, false, TensorRole::kRoutedExpert);
+      }
+      const int64_t shared = shape.shared_expert_intermediate_size;
+      AddLinear(&out, m + "shared_expert.gate_proj", shared, h, false, TensorRole::kSharedExpert);
+      AddLinear(&out, m + "shared_expert.up_proj", shared, h, false, TensorRole::kSharedExpert);
+      AddLinear(&out, m + "shared_expert.down_proj", h, shared, false, TensorRole::kSharedExpert);
+      AddLinear(&out, m + "shared_expert_gate", 1, h, false, TensorRole::kSharedExpert);
+    } else {
+      // Mixtral and Phimoe: block_sparse_moe with gate and experts w1 (gate), w2 (down), w3 (up).
+      const std::string m = p + "block_sparse_moe.";
+      AddLinear(&out, m + "gate", experts, h, false);
+      for (int64_t e = 0; e < experts; ++e) {
+        const std::string q = m + "experts." + std::to_string(e) + ".";
+        AddLinear(&out, q + "w1", inter, h, false, TensorRole::kRoutedExpert);
+        AddLinear(&out, q + "w2", h, inter, false, TensorRole::kRoutedExpert);
+        AddLinear(&out, q + "w3", inter, h, false, TensorRole::kRoutedExpert);
+      }
+    }
+    AddNorm(&out, p + "input_layernorm", h, phi);
+    AddNorm(&out, p + "post_attention_layernorm", h, phi);
+  }
+  AddNorm(&out, "model.norm", h, phi);
+  AddLinear(&out, "lm_head", size.vocab, h, /*bias=*/phi);  // Phi-3.5-MoE: lm_head_bias.
+  return out;
+}
+
+std::string ConfigJson(const ModelShape& shape, const ModelSize& size,
+                       const std::string& torch_dtype, std::optional<int32_t> bos_token_id,
+                       std::optional<int32_t> eos_token_id) {
+  // nlohmann::json keeps keys sorted, as transformers' to_json_string does.
+  Json c = {
+      {"architectures", {shape.architecture}},
+      {"model_type", shape.model_type},
+      {"attention_dropout", 0.0},
+      {"hidden_act", "silu"},
+      {"hidden_size", shape.hidden_size},
+      {"initializer_range", 0.02},
+      {"num_attention_heads", shape.num_attention_heads},
+      {"num_key_value_heads", shape.num_key_value_heads},
+      {"num_experts_per_tok", shape.top_k},
+      {"num_hidden_layers", size.layers},
+      {"vocab_size", size.vocab},
+      {"output_router_logits", false},
+      {"tie_word_embeddings", false},
+      {"torch_dtype", torch_dtype},
+      {"use_cache", true},
+  };
+  c["bos_token_id"] = bos_token_id ? Json(*bos_token_id) : Json(nullptr);
+  c["eos_token_id"] = eos_token_id ? Json(*eos_token_id) : Json(nullptr);
+  switch (shape.family) {
+    case ModelFamily::kMixtral:
+      c["intermediate_size"] = shape.expert_intermediate_size;
+      c["num_local_experts"] = size.experts;
+      c["max_position_embeddings"] = 32768;
+      c["rms_norm_eps"] = 1e-5;
+      c["rope_theta"] = 1e6;
+      c["router_aux_loss_coef"] = 0.02;
+      c["sliding_window"] = nullptr;
+      break;
+    case ModelFamily::kQwen2Moe:
+      // intermediate_size is the dense MLP width (the shared expert's here); the routed experts'
+      // is moe_intermediate_size.
+      c["intermediate_size"] = shape.shared_expert_intermediate_size;
+      c["moe_intermediate_size"] = shape.expert_intermediate_size;
+      c["shared_expert_intermediate_size"] = shape.shared_expert_intermediate_size;
+      c["num_experts"] = size.experts;
+      c["decoder_sparse_step"] = 1;
+      c["norm_topk_prob"] = false;
+      c["max_position_embeddings"] = 8192;
+      c["max_window_layers"] = 21;
+      c["rms_norm_eps"] = 1e-6;
+      c["rope_theta"] = 1e6;
+      c["router_aux_loss_coef"] = 0.001;
+      c["sliding_window"] = 32768;
+      c["use_sliding_window"] = false;
+      break;
+    case ModelFamily::kPhimoe:
+      c["intermediate_size"] = shape.expert_intermediate_size;
+      c["num_local_experts"] = size.experts;
+      c["attention_bias"] = true;
+      c["lm_head_bias"] = true;
+      c["hidden_dropout"] = 0.0;
+      c["input_jitter_noise"] = 0.01;
+      c["router_jitter_noise"] = 0.01;
+      c["router_aux_loss_coef"] = 0.0;
+      c["max_position_embeddings"] = 131072;
+      c["original_max_position_embeddings"] = 4096;
+      c["rms_norm_eps"] = 1e-5;  // LayerNorm eps, under this name.
+      c["rope_theta"] = 10000.0;
+      // The real model's LongRoPE factors are left out (null = plain RoPE): they change no
+      // tensor, and random weights have no long context to keep.
+      c["rope_scaling"] = nullptr;
+      c["sliding_window"] = 131072;
+      break;
+  }
+  return c.dump(2) + "\n";
+}
+
+}  // namespace fmoe::bench

@@ -1,0 +1,81 @@
+// The shapes of real MoE models for `fmoe-bench make-model`: Mixtral-8x7B, Qwen1.5-MoE-A2.7B and
+// Phi-3.5-MoE as their Hugging Face config.json files give them, every tensor their checkpoints
+// hold (names, shapes and order as transformers saves them), and the config.json to write with
+// the weights. Pure functions over constant tables; no I/O.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fmoe::bench {
+
+enum class ModelFamily { kMixtral, kQwen2Moe, kPhimoe };
+
+// One real model's hyperparameters (its config.json on the Hub).
+struct ModelShape {
+  const char* name;    // --shape, e.g. "mixtral-8x7b".
+  const char* hub_id;  // e.g. "mistralai/Mixtral-8x7B-v0.1".
+  ModelFamily family;
+  const char* architecture;  // config "architectures"[0], as our loader and transformers know it.
+  const char* model_type;
+  uint32_t hidden_size;
+  uint32_t expert_intermediate_size;         // One routed expert's FFN width.
+  uint32_t shared_expert_intermediate_size;  // 0: no shared expert.
+  uint32_t num_hidden_layers;
+  uint32_t num_attention_heads;
+  uint32_t num_key_value_heads;
+  uint32_t num_experts;  // Routed experts per layer.
+  uint32_t top_k;
+  uint32_t vocab_size;
+  int32_t bos_token_id;
+  int32_t eos_token_id;
+  double published_params;  // The model card's total, e.g. 46.7e9.
+};
+
+// The three shapes, in --shape order.
+const std::vector<ModelShape>& ModelShapes();
+// nullptr when `name` is none of them.
+const ModelShape* FindModelShape(std::string_view name);
+// "mixtral-8x7b, qwen1.5-moe-a2.7b, phi-3.5-moe", for messages.
+std::string ModelShapeNames();
+
+// What make-model builds: a real shape, possibly cut down (fewer layers, experts or vocabulary).
+struct ModelSize {
+  uint32_t layers = 0;   // Decoder layers.
+  uint32_t experts = 0;  // Routed experts per layer.
+  uint32_t vocab = 0;
+};
+// The real model's size.
+ModelSize RealSize(const ModelShape& shape);
+
+// How a tensor is filled: weights small and random (initializer_range), norm weights 1, biases 0.
+enum class TensorInit { kRandom, kOnes, kZeros };
+
+enum class TensorRole { kDense, kRoutedExpert, kSharedExpert };
+
+struct PlannedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  TensorInit init = TensorInit::kRandom;
+  TensorRole role = TensorRole::kDense;
+  uint64_t numel() const;
+};
+
+// Every tensor of the checkpoint, in transformers' state_dict order: the embedding, each layer
+// (attention, router, experts, norms), the final norm, lm_head.
+std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize& size);
+
+// Parameters of one routed expert (its three matrices).
+uint64_t RoutedExpertParams(const ModelShape& shape);
+
+// config.json as transformers writes it for the model (keys sorted), with `size` applied,
+// torch_dtype set, and the given bos/eos ids. Every key our loader (common/model_config.h) reads
+// is present and valid.
+std::string ConfigJson(const ModelShape& shape, const ModelSize& size,
+                       const std::string& torch_dtype, std::optional<int32_t> bos_token_id,
+                       std::optional<int32_t> eos_token_id);
+
+}  // namespace fmoe::bench

@@ -1,0 +1,366 @@
+// `fmoe-bench make-model`, run as a binary: dry runs of the three real shapes (tensor names and
+// shapes, parameter counts against the published totals), a cut-down Qwen1.5-MoE checkpoint
+// written and read back through our Torch-free loaders (common/model_config.h,
+// common/checkpoint.h), determinism across shard sizes, --force, and argument errors.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/checkpoint.h"
+#include "common/model_config.h"
+#include "common/safetensors.h"
+
+namespace fmoe {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string ReadAll(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class MakeModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("fmoe-make-model-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Runs `fmoe-bench make-model ARGS` (each argument single-quoted).
+  RunResult Run(const std::vector<std::string>& args) const {
+    std::string cmd = std::string("'") + FMOE_BINARY_DIR + "/bin/fmoe-bench' make-model";
+    for (const std::string& a : args) cmd += " '" + a + "'";
+    const fs::path err = dir_ / "stderr.txt";
+    cmd += " 2>'" + err.string() + "'";
+    RunResult r;
+    FILE* pipe = ::popen(cmd.c_str(), "r");
+    if (pipe == nullptr) return r;
+    char buf[65536];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) r.out.append(buf, n);
+    const int status = ::pclose(pipe);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.err = ReadAll(err);
+    return r;
+  }
+
+  fs::path dir_;
+};
+
+// The number after "KEY: " in the summary, or -1.
+long long SummaryNumber(const std::string& out, const std::string& key) {
+  const size_t at = out.find("\n" + key + ": ");
+  if (at == std::string::npos) return -1;
+  return std::stoll(out.substr(at + key.size() + 3));
+}
+
+bool HasLine(const std::string& out, const std::string& prefix) {
+  return out.find("\n" + prefix) != std::string::npos || out.rfind(prefix, 0) == 0;
+}
+
+TEST_F(MakeModelTest, DryRunsHaveTheRealShapesAndParameterCounts) {
+  struct Case {
+    const char* shape;
+    long long params;  // Counted from the Hugging Face model definitions.
+    double published;  // The model card's total.
+    long long expert_bytes;
+    long long experts;
+    long long tensors;
+    std::vector<std::string> lines;   // Tensor lines that must be there.
+    std::vector<std::string> absent;  // Tensor name prefixes that must not.
+  } cases[] = {
+      {"mixtral-8x7b",
+       46702792704,
+       46.7e9,
+       352321536,
+       8,
+       995,
+       {"tensor model.embed_tokens.weight BF16 [32000, 4096] 262144000 ",
+        "tensor model.layers.0.self_attn.q_proj.weight BF16 [4096, 4096] 33554432 ",
+        "tensor model.layers.0.self_attn.k_proj.weight BF16 [1024, 4096] 8388608 ",
+        "tensor model.layers.0.block_sparse_moe.gate.weight BF16 [8, 4096] 65536 ",
+        "tensor model.layers.31.block_sparse_moe.experts.7.w1.weight BF16 [14336, 4096] ",
+        "tensor model.layers.31.block_sparse_moe.experts.7.w2.weight BF16 [4096, 14336] 117440512 ",
+        "tensor model.layers.31.post_attention_layernorm.weight BF16 [4096] 8192 ",
+        "tensor model.norm.weight BF16 [4096] 8192 ",
+        "tensor lm_head.weight BF16 [32000, 4096] 262144000 "},
+       {"tensor model.layers.32.", "tensor model.layers.0.self_attn.q_proj.bias",
+        "tensor model.layers.0.block_sparse_moe.experts.8."}},
+      {"qwen1.5-moe-a2.7b",
+       14315784192,
+       14.3e9,
+       17301504,
+       60,
+       4659,
+       {"tensor model.embed_tokens.weight BF16 [151936, 2048] 622329856 ",
+        "tensor model.layers.0.self_attn.q_proj.bias BF16 [2048] 4096 ",
+        "tensor model.layers.0.self_attn.v_proj.bias BF16 [2048] 4096 ",
+        "tensor model.layers.0.mlp.gate.weight BF16 [60, 2048] 245760 ",
+        "tensor model.layers.23.mlp.experts.59.gate_proj.weight BF16 [1408, 2048] 5767168 ",
+        "tensor model.layers.23.mlp.experts.59.down_proj.weight BF16 [2048, 1408] 5767168 ",
+        "tensor model.layers.23.mlp.shared_expert.up_proj.weight BF16 [5632, 2048] 23068672 ",
+        "tensor model.layers.23.mlp.shared_expert.down_proj.weight BF16 [2048, 5632] 23068672 ",
+        "tensor model.layers.23.mlp.shared_expert_gate.weight BF16 [1, 2048] 4096 ",
+        "tensor lm_head.weight BF16 [151936, 2048] 622329856 "},
+       {"tensor model.layers.0.self_attn.o_proj.bias", "tensor model.norm.bias",
+        "tensor lm_head.bias", "tensor model.layers.0.mlp.experts.60."}},
+      {"phi-3.5-moe",
+       41873153344,
+       41.9e9,
+       157286400,
+       16,
+       1957,
+       {"tensor model.embed_tokens.weight BF16 [32064, 4096] 262668288 ",
+        "tensor model.layers.0.self_attn.o_proj.bias BF16 [4096] 8192 ",
+        "tensor model.layers.0.self_attn.k_proj.bias BF16 [1024] 2048 ",
+        "tensor model.layers.0.block_sparse_moe.gate.weight BF16 [16, 4096] 131072 ",
+        "tensor model.layers.31.block_sparse_moe.experts.15.w3.weight BF16 [6400, 4096] 52428800 ",
+        "tensor model.layers.31.input_layernorm.bias BF16 [4096] 8192 ",
+        "tensor model.norm.bias BF16 [4096] 8192 ", "tensor lm_head.bias BF16 [32064] 64128 "},
+       {"tensor model.layers.32.", "tensor model.layers.0.block_sparse_moe.experts.16."}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.shape);
+    const fs::path out = dir_ / c.shape;
+    RunResult r = Run({"--shape", c.shape, "--dry-run", "--out", out.string()});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_FALSE(fs::exists(out)) << "a dry run wrote " << out;
+    const long long params = SummaryNumber(r.out, "parameters");
+    EXPECT_EQ(params, c.params);
+    EXPECT_LT(std::abs(static_cast<double>(params) - c.published) / c.published, 0.005);
+    EXPECT_EQ(SummaryNumber(r.out, "bytes"), 2 * c.params);  // bfloat16.
+    EXPECT_EQ(SummaryNumber(r.out, "routed expert bytes"), c.expert_bytes);
+    EXPECT_EQ(SummaryNumber(r.out, "experts per layer"), c.experts);
+    EXPECT_EQ(SummaryNumber(r.out, "tensors"), c.tensors);
+    long long lines = 0, bytes = 0;
+    std::istringstream in(r.out);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("tensor ", 0) != 0) continue;
+      ++lines;
+      std::istringstream fields(line.substr(line.find(']') + 1));
+      long long b = 0;
+      fields >> b;
+      bytes += b;
+    }
+    EXPECT_EQ(lines, c.tensors);
+    EXPECT_EQ(bytes, 2 * c.params);
+    for (const std::string& want : c.lines) EXPECT_TRUE(HasLine(r.out, want)) << want;
+    for (const std::string& not_want : c.absent) EXPECT_FALSE(HasLine(r.out, not_want)) << not_want;
+  }
+
+  // float32 doubles the bytes, not the parameters; --layers cuts whole layers.
+  RunResult f32 = Run({"--shape", "mixtral-8x7b", "--dry-run", "--dtype", "float32"});
+  ASSERT_EQ(f32.code, 0) << f32.err;
+  EXPECT_EQ(SummaryNumber(f32.out, "bytes"), 4 * 46702792704LL);
+  EXPECT_TRUE(HasLine(f32.out, "tensor lm_head.weight F32 [32000, 4096] 524288000 "));
+  RunResult two = Run({"--shape", "mixtral-8x7b", "--dry-run", "--layers", "2"});
+  ASSERT_EQ(two.code, 0) << two.err;
+  const long long per_layer = (46702792704LL - 2LL * 32000 * 4096 - 4096) / 32;
+  EXPECT_EQ(SummaryNumber(two.out, "parameters"), 2LL * 32000 * 4096 + 4096 + 2 * per_layer);
+}
+
+// FNV-1a of a tensor's bytes.
+uint64_t Hash(std::span<const std::byte> data) {
+  uint64_t h = 1469598103934665603ull;
+  for (std::byte b : data) h = (h ^ static_cast<uint8_t>(b)) * 1099511628211ull;
+  return h;
+}
+
+TEST_F(MakeModelTest, ReducedQwenLoadsThroughOurLoadersAndIsDeterministic) {
+  const fs::path out = dir_ / "qwen";
+  const std::vector<std::string> args = {
+      "--shape", "qwen1.5-moe-a2.7b", "--layers", "1",      "--experts",
+      "4",       "--vocab",           "4096",     "--seed", "7",
+      "--out",   out.string()};
+  std::vector<std::string> sharded = args;
+  sharded.insert(sharded.end(), {"--shard-gb", "0.05"});
+  RunResult r = Run(sharded);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(SummaryNumber(r.out, "parameters"), 102782976);
+
+  auto info = LoadModelInfo(out.string());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->architecture, "Qwen2MoeForCausalLM");
+  EXPECT_EQ(info->num_hidden_layers, 1u);
+  EXPECT_EQ(info->num_moe_layers, 1u);
+  EXPECT_EQ(info->num_experts, 4u);
+  EXPECT_EQ(info->top_k, 4u);
+  EXPECT_EQ(info->hidden_size, 2048u);
+  EXPECT_EQ(info->vocab_size, 4096u);
+  EXPECT_EQ(info->num_attention_heads, 16u);
+  EXPECT_EQ(info->num_key_value_heads, 16u);
+  EXPECT_EQ(info->head_dim, 128u);
+  EXPECT_EQ(info->torch_dtype, "bfloat16");
+  EXPECT_FALSE(info->tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(info->rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(info->rms_norm_eps, 1e-6);
+  // 151643 does not fit a 4096 vocabulary: the copied tokenizer's ids stand in.
+  EXPECT_EQ(info->bos_token_id, 1);
+  EXPECT_EQ(info->eos_token_ids, std::vector<int32_t>{2});
+  EXPECT_EQ(info->weight_files.size(), 5u);
+  EXPECT_TRUE(fs::exists(out / "model.safetensors.index.json"));
+  EXPECT_TRUE(fs::exists(out / "README.md"));
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+    EXPECT_EQ(ReadAll(out / name),
+              ReadAll(fs::path(FMOE_SOURCE_DIR) / "deploy/models/tiny-moe" / name))
+        << name;
+  }
+
+  // Every tensor a Qwen2MoeForCausalLM checkpoint has, written out by hand from the model
+  // definition, with nothing else.
+  std::map<std::string, std::vector<int64_t>> want = {
+      {"model.embed_tokens.weight", {4096, 2048}},
+      {"model.norm.weight", {2048}},
+      {"lm_head.weight", {4096, 2048}},
+  };
+  const std::string p = "model.layers.0.";
+  for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
+    want[p + "self_attn." + proj + ".weight"] = {2048, 2048};
+    want[p + "self_attn." + proj + ".bias"] = {2048};
+  }
+  want[p + "self_attn.o_proj.weight"] = {2048, 2048};
+  want[p + "mlp.gate.weight"] = {4, 2048};
+  for (int e = 0; e < 4; ++e) {
+    const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
+    want[q + "gate_proj.weight"] = {1408, 2048};
+    want[q + "up_proj.weight"] = {1408, 2048};
+    want[q + "down_proj.weight"] = {2048, 1408};
+  }
+  want[p + "mlp.shared_expert.gate_proj.weight"] = {5632, 2048};
+  want[p + "mlp.shared_expert.up_proj.weight"] = {5632, 2048};
+  want[p + "mlp.shared_expert.down_proj.weight"] = {2048, 5632};
+  want[p + "mlp.shared_expert_gate.weight"] = {1, 2048};
+  want[p + "input_layernorm.weight"] = {2048};
+  want[p + "post_attention_layernorm.weight"] = {2048};
+
+  std::map<std::string, uint64_t> hashes;
+  {
+    auto ckpt = Checkpoint::Open(out.string());
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    EXPECT_EQ((*ckpt)->TensorNames().size(), want.size());
+    for (const auto& [name, shape] : want) {
+      auto view = (*ckpt)->Get(name, shape);
+      ASSERT_TRUE(view.ok()) << view.status().ToString();
+      EXPECT_EQ((*view)->dtype, DType::kBF16) << name;
+      hashes[name] = Hash((*view)->data);
+    }
+    // Norms are 1, biases 0, weights small, finite and not constant.
+    auto values = [&](const std::string& name) {
+      const TensorView* v = (*ckpt)->Find(name);
+      std::vector<float> f(static_cast<size_t>(v->numel()));
+      EXPECT_TRUE(ConvertToF32(v->dtype, v->data, f).ok());
+      return f;
+    };
+    for (float v : values(p + "input_layernorm.weight")) ASSERT_EQ(v, 1.0f);
+    for (float v : values(p + "self_attn.k_proj.bias")) ASSERT_EQ(v, 0.0f);
+    const std::vector<float> w = values(p + "mlp.experts.3.down_proj.weight");
+    double sum = 0, sq = 0;
+    for (float v : w) {
+      ASSERT_TRUE(std::isfinite(v));
+      ASSERT_LE(std::abs(v), 0.035f);
+      sum += v;
+      sq += double{v} * v;
+    }
+    const double mean = sum / static_cast<double>(w.size());
+    const double sd = std::sqrt(sq / static_cast<double>(w.size()) - mean * mean);
+    EXPECT_NEAR(sd, 0.02, 0.001);
+    EXPECT_NEAR(mean, 0.0, 0.001);
+  }
+
+  // Without --force a non-empty directory is refused; with it, the old weights go (a stray
+  // *.safetensors too), and one file with the same seed holds the same bytes.
+  std::ofstream(out / "stray.safetensors") << "junk";
+  RunResult refused = Run(args);
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_NE(refused.err.find("is not empty"), std::string::npos) << refused.err;
+  std::vector<std::string> forced = args;
+  forced.push_back("--force");
+  RunResult again = Run(forced);
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_FALSE(fs::exists(out / "stray.safetensors"));
+  EXPECT_FALSE(fs::exists(out / "model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(out / "model-00001-of-00005.safetensors"));
+  auto info2 = LoadModelInfo(out.string());
+  ASSERT_TRUE(info2.ok()) << info2.status().ToString();
+  EXPECT_EQ(info2->weight_files, std::vector<std::string>{"model.safetensors"});
+  auto ckpt = Checkpoint::Open(out.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  for (const auto& [name, hash] : hashes) {
+    const TensorView* v = (*ckpt)->Find(name);
+    ASSERT_NE(v, nullptr) << name;
+    EXPECT_EQ(Hash(v->data), hash) << name;
+  }
+  for (const auto& entry : fs::directory_iterator(out)) {
+    EXPECT_EQ(entry.path().string().find(".tmp."), std::string::npos) << entry.path();
+  }
+}
+
+TEST_F(MakeModelTest, BadArgumentsExitTwoAndIoFailuresOne) {
+  const std::string out = (dir_ / "m").string();
+  struct Case {
+    std::vector<std::string> args;
+    const char* error;
+  } cases[] = {
+      {{"--dry-run"}, "--shape: required"},
+      {{"--shape", "mixtral", "--dry-run"}, "--shape: \"mixtral\" is not one of mixtral-8x7b"},
+      {{"--shape", "mixtral-8x7b"}, "--out: required"},
+      {{"--shape", "mixtral-8x7b", "--dry-run", "--layers", "0"}, "--layers: 0 is not in [1, 32]"},
+      {{"--shape", "phi-3.5-moe", "--dry-run", "--layers", "33"}, "--layers: 33 is not in [1, 32]"},
+      {{"--shape", "mixtral-8x7b", "--dry-run", "--layers", "two"}, "is not a whole number"},
+      {{"--shape", "qwen1.5-moe-a2.7b", "--dry-run", "--experts", "3"},
+       "--experts: 3 is not in [4, 60]"},
+      {{"--shape", "mixtral-8x7b", "--dry-run", "--vocab", "1000"},
+       "--vocab: 1000 is not in [4096, 32000]"},
+      {{"--shape", "mixtral-8x7b", "--dry-run", "--dtype", "int8"}, "--dtype: \"int8\""},
+      {{"--shape", "mixtral-8x7b", "--dry-run", "--shard-gb", "-1"}, "--shard-gb: \"-1\""},
+      {{"--shape", "mixtral-8x7b", "--dry-run", "--seed", "x"}, "--seed: \"x\""},
+      {{"--shape", "mixtral-8x7b", "--dry-run", "--colour", "red"}, "unexpected arguments"},
+      {{"--shape", "mixtral-8x7b", "--out", out, "--tokenizer", (dir_ / "none").string()},
+       "tokenizer.json: no such file"},
+  };
+  for (const Case& c : cases) {
+    RunResult r = Run(c.args);
+    EXPECT_EQ(r.code, 2) << c.error << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.error), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line: " << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+
+  // --out under a regular file: an I/O failure, naming the path.
+  std::ofstream(dir_ / "file") << "x";
+  const std::string under_file = (dir_ / "file" / "m").string();
+  RunResult r = Run({"--shape", "qwen1.5-moe-a2.7b", "--layers", "1", "--experts", "4", "--vocab",
+                     "4096", "--out", under_file});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find(under_file), std::string::npos) << r.err;
+
+  // --out that is a file is a bad argument.
+  r = Run({"--shape", "mixtral-8x7b", "--out", (dir_ / "file").string()});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace fmoe
