@@ -17,9 +17,9 @@ namespace fmoe {
 
 // Routed-expert policies a worker group can run (DESIGN section 6). `oracle` is replay-only and
 // is therefore not accepted in a manifest.
-inline constexpr std::string_view kPolicies[] = {"fmoe",         "fmoe-traj",    "fmoe-traj-sem",
-                                                 "fmoe-nextuse", "moe-infinity", "speculative",
-                                                 "on-demand",    "lru",          "lfu"};
+inline constexpr std::string_view kPolicies[] = {
+    "fmoe",         "fmoe-traj",   "fmoe-traj-sem", "fmoe-pfreq", "fmoe-nextuse",
+    "moe-infinity", "speculative", "on-demand",     "lru",        "lfu"};
 
 struct HostPort {
   std::string host;  // IPv4 literal or host name, e.g. "127.0.0.1".

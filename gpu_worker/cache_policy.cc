@@ -1,6 +1,7 @@
 #include "gpu_worker/cache_policy.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <unordered_map>
@@ -87,9 +88,10 @@ class SpeculativePolicy final : public LruPolicy {
   uint32_t distance_;
 };
 
-// fmoe (fMoE section 4.5): prefetches what the map service's directives name, at their
-// priority p / (target - current); evicts the lowest p * freq, p from the latest directive that
-// named the expert (a floor when none), freq = the expert's cache visits.
+// fmoe-pfreq (fMoE section 4.5, the paper's rule, kept as an ablation of fmoe's cache):
+// prefetches what the map service's directives name, at their priority p / (target - current);
+// evicts the lowest p * freq, p from the latest directive that named the expert (a floor when
+// none), freq = the expert's cache visits.
 class FmoePolicy : public Tracked {
  public:
   FmoePolicy(std::string name, double floor) : name_(std::move(name)), floor_(floor) {}
@@ -153,6 +155,131 @@ class NextUsePolicy final : public FmoePolicy {
 
 // oracle (replay only): knows the whole access sequence. Prefetches the next d layers' experts
 // exactly (nearer first) and evicts the expert used again furthest in the future (Belady).
+// fmoe's cache (beyond fMoE 4.5's p * freq; DESIGN section 6 "Beyond the paper"): evicts the
+// resident expert whose next use is expected furthest away, a Belady estimate from two sources:
+//  - this iteration's later layers: the matched map's probability from the map service's
+//    directives (usage probability min(1, K * p)), while the directive is for the running
+//    iteration;
+//  - every later iteration: q, the per-iteration use frequency of the expert within the running
+//    requests (decayed by `decay` per iteration, smoothed toward the expert's frequency over
+//    every request so far), so an expert is used about every 1/q iterations.
+// Expected distance in layers for expert (l', j) while layer l runs, q' = max(q, 1e-4):
+//   l' > l:  u * (l' - l) + (1 - u) * (l' - l + L / q'),  u = this iteration's usage probability
+//   l' <= l: (L - l + l') + L * (1 / q' - 1)
+// The largest goes first; ties by least recent use. Prefetches every expert of the directives,
+// as fMoE does. `decay` 0.9 and `prior_weight` 4 iterations were the best of a small sweep on the
+// DeepSeek-V2-Lite trace (bench/RESULTS.md, policy replay); plain request counts (decay 1)
+// came close.
+class PredictedUsePolicy final : public Tracked {
+ public:
+  explicit PredictedUsePolicy(std::string name, double decay = 0.9, double prior_weight = 4.0)
+      : name_(std::move(name)), decay_(decay), prior_weight_(prior_weight) {}
+  std::string_view name() const override { return name_; }
+  void Attach(CacheControl* control) override {
+    Tracked::Attach(control);
+    const size_t n = last_use_.size();
+    global_uses_.assign(n, 0);
+    directive_p_.assign(n, 0.0f);
+    directive_iteration_.assign(n, 0);
+    q_.assign(n, 0.0);
+  }
+  void OnIterationStart(std::span<const SequenceInfo> sequences) override {
+    ++iteration_;
+    batch_.clear();
+    for (const SequenceInfo& s : sequences) {
+      auto [it, inserted] = requests_.try_emplace(s.request_id);
+      if (inserted) it->second.uses.assign(last_use_.size(), {0.0f, 0});
+      ++it->second.iterations;
+      it->second.weight = it->second.weight * decay_ + 1.0;
+      batch_.push_back(s.request_id);
+    }
+    ++global_iterations_;
+    RefreshQ();
+  }
+  void OnLayerStart(const LayerRouting& routing) override {
+    const uint32_t J = control_->num_experts();
+    const bool per_sequence = routing.sequence_counts.size() == batch_.size() * J;
+    for (uint32_t e : routing.experts) {
+      const size_t k = Key(routing.layer, e);
+      ++global_uses_[k];
+      for (size_t s = 0; s < batch_.size(); ++s) {
+        if (per_sequence && routing.sequence_counts[s * J + e] == 0) continue;
+        Request& r = requests_[batch_[s]];
+        Use& u = r.uses[k];
+        u.value = static_cast<float>(u.value * Decay(r.iterations - u.iteration) + 1.0);
+        u.iteration = r.iterations;
+      }
+    }
+  }
+  void OnRequestEnd(uint64_t request_id) override { requests_.erase(request_id); }
+  void OnDirective(const PrefetchDirective& d) override {
+    const double K = control_->top_k();
+    for (const PrefetchEntry& e : d.entries) {
+      if (e.expert >= control_->num_experts()) continue;
+      const size_t k = Key(d.target_layer, e.expert);
+      const double u = std::min(1.0, K * e.probability);
+      directive_p_[k] = static_cast<float>(u);
+      directive_iteration_[k] = iteration_;
+      control_->Prefetch(d.target_layer, e.expert, e.priority);
+    }
+  }
+  double EvictionScore(uint32_t layer, uint32_t expert) const override {
+    const size_t k = Key(layer, expert);
+    const double L = control_->num_layers();
+    const double now = control_->current_layer();
+    const double q = std::max(q_[k], 1e-4);
+    double distance;
+    if (layer > now) {
+      const double u = directive_iteration_[k] == iteration_ ? directive_p_[k] : std::min(q, 1.0);
+      distance = (layer - now) + (1.0 - u) * L / q;
+    } else {
+      distance = (L - now + layer) + L * (1.0 / q - 1.0);
+    }
+    // Ties (and near-ties) by recency: last_use_ is below 2^40 for any real run.
+    return -distance + static_cast<double>(last_use_[k]) * 0x1p-60;
+  }
+
+ private:
+  struct Use {
+    float value = 0.0f;      // Decayed uses.
+    uint32_t iteration = 0;  // The request's iteration count when value was last updated.
+  };
+  struct Request {
+    std::vector<Use> uses;  // By key.
+    uint32_t iterations = 0;
+    double weight = 0.0;  // Decayed iteration count (sum of decay^age).
+  };
+  double Decay(uint32_t age) const { return decay_ >= 1.0 ? 1.0 : std::pow(decay_, age); }
+  // q for every expert: the batch's probability of using it in an iteration.
+  void RefreshQ() {
+    const double g_den = static_cast<double>(global_iterations_);
+    for (size_t k = 0; k < q_.size(); ++k) {
+      const double g = g_den > 0 ? static_cast<double>(global_uses_[k]) / g_den : 0.0;
+      double miss = 1.0;
+      for (uint64_t id : batch_) {
+        const Request& r = requests_[id];
+        const Use& u = r.uses[k];
+        const double uses = u.value * Decay(r.iterations - u.iteration);
+        const double qr = (uses + prior_weight_ * g) / (r.weight + prior_weight_);
+        miss *= 1.0 - std::min(qr, 1.0);
+      }
+      q_[k] = batch_.empty() ? g : 1.0 - miss;
+    }
+  }
+
+  std::string name_;
+  double decay_;
+  double prior_weight_;
+  uint64_t iteration_ = 0;
+  uint64_t global_iterations_ = 0;
+  std::vector<uint64_t> global_uses_;
+  std::vector<float> directive_p_;
+  std::vector<uint64_t> directive_iteration_;
+  std::vector<double> q_;
+  std::unordered_map<uint64_t, Request> requests_;
+  std::vector<uint64_t> batch_;
+};
+
 class OraclePolicy final : public CachePolicy {
  public:
   OraclePolicy(std::vector<LayerAccess> future, uint32_t distance)
@@ -210,6 +337,9 @@ Result<std::unique_ptr<CachePolicy>> MakePolicy(std::string_view name,
                                                 const PolicyOptions& options) {
   if (name == "fmoe" || name == "fmoe-traj" || name == "fmoe-traj-sem") {
     // The ablations differ in how the map service matches, not in the cache.
+    return std::unique_ptr<CachePolicy>(new PredictedUsePolicy(std::string(name)));
+  }
+  if (name == "fmoe-pfreq") {
     return std::unique_ptr<CachePolicy>(
         new FmoePolicy(std::string(name), options.probability_floor));
   }
@@ -236,9 +366,10 @@ Result<std::unique_ptr<CachePolicy>> MakePolicy(std::string_view name,
     return std::unique_ptr<CachePolicy>(
         new OraclePolicy(options.future, options.prefetch_distance));
   }
-  return InvalidArgument("unknown policy \"" + std::string(name) +
-                         "\"; valid: fmoe, fmoe-traj, fmoe-traj-sem, fmoe-nextuse, moe-infinity, "
-                         "speculative, on-demand, lru, lfu, oracle");
+  return InvalidArgument(
+      "unknown policy \"" + std::string(name) +
+      "\"; valid: fmoe, fmoe-traj, fmoe-traj-sem, fmoe-pfreq, fmoe-nextuse, moe-infinity, "
+      "speculative, on-demand, lru, lfu, oracle");
 }
 
 }  // namespace fmoe

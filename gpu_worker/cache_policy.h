@@ -120,8 +120,8 @@ struct PolicyOptions {
   std::vector<LayerAccess> future;
 };
 
-// Names: fmoe, fmoe-traj, fmoe-traj-sem, fmoe-nextuse, moe-infinity, speculative, on-demand,
-// lru, lfu, oracle. kInvalidArgument naming the valid ones otherwise.
+// Names: fmoe, fmoe-traj, fmoe-traj-sem, fmoe-pfreq, fmoe-nextuse, moe-infinity, speculative,
+// on-demand, lru, lfu, oracle. kInvalidArgument naming the valid ones otherwise.
 Result<std::unique_ptr<CachePolicy>> MakePolicy(std::string_view name,
                                                 const PolicyOptions& options);
 

@@ -30,8 +30,8 @@ namespace {
 struct ReplayOptions {
   std::string trace;
   std::vector<std::string> policies = {
-      "fmoe",        "fmoe-traj", "fmoe-traj-sem", "fmoe-nextuse", "moe-infinity",
-      "speculative", "on-demand", "lru",           "lfu",          "oracle"};
+      "fmoe",        "fmoe-traj", "fmoe-traj-sem", "fmoe-pfreq", "fmoe-nextuse", "moe-infinity",
+      "speculative", "on-demand", "lru",           "lfu",        "oracle"};
   std::vector<double> budgets = {0.1, 0.25, 0.5, 0.75, 1.0};
   std::vector<uint32_t> distances = {1, 2, 3, 4, 5, 6};
   double main_budget = 0.25;

@@ -39,7 +39,7 @@ MapStoreOptions StoreOptions(const TraceHeader& h, uint32_t capacity, uint32_t d
 
 bool UsesMapService(const std::string& policy) {
   return policy == "fmoe" || policy == "fmoe-traj" || policy == "fmoe-traj-sem" ||
-         policy == "fmoe-nextuse";
+         policy == "fmoe-pfreq" || policy == "fmoe-nextuse";
 }
 
 TraceRequests GroupByRequest(const Trace& trace) {

@@ -521,7 +521,8 @@ std::vector<BadCase> BadCases() {
   const std::string groups_top =
       "model, map_service, worker_groups, router, heartbeat, logging, launcher";
   const std::string policies =
-      "fmoe, fmoe-traj, fmoe-traj-sem, fmoe-nextuse, moe-infinity, speculative, on-demand, "
+      "fmoe, fmoe-traj, fmoe-traj-sem, fmoe-pfreq, fmoe-nextuse, moe-infinity, speculative, "
+      "on-demand, "
       "lru, lfu";
   return {
       {"CudaX", OneGroup("{name: g, workers: [{device: cuda:0}, {device: \"cuda:x\"}]}"),

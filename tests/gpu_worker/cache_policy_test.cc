@@ -1,0 +1,117 @@
+// The fmoe policy's cache (PredictedUsePolicy in cache_policy.cc): eviction by expected next
+// use from the running requests' expert frequencies and the map service's directives.
+#include "gpu_worker/cache_policy.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace fmoe {
+namespace {
+
+class Control final : public CacheControl {
+ public:
+  uint32_t num_layers() const override { return 4; }
+  uint32_t num_experts() const override { return 4; }
+  uint32_t top_k() const override { return 2; }
+  uint32_t slots() const override { return 4; }
+  bool Owns(uint32_t, uint32_t) const override { return true; }
+  uint32_t current_layer() const override { return layer; }
+  void Prefetch(uint32_t l, uint32_t e, double priority) override { prefetched.push_back({l, e}); }
+  void ClearPrefetches() override {}
+  uint32_t layer = 0;
+  std::vector<std::pair<uint32_t, uint32_t>> prefetched;
+};
+
+// One iteration of request `id` in which every layer routes its single token to `a` and `b`.
+void Iterate(CachePolicy& p, Control& c, uint64_t id, uint32_t iteration, uint32_t a, uint32_t b) {
+  const SequenceInfo seq{id, iteration, 1};
+  p.OnIterationStart({&seq, 1});
+  for (uint32_t l = 0; l < 4; ++l) {
+    c.layer = l;
+    std::vector<uint32_t> experts = {std::min(a, b), std::max(a, b)};
+    std::vector<uint32_t> tokens = {1, 1};
+    std::vector<uint32_t> counts(4, 0);
+    counts[a] = counts[b] = 1;
+    p.OnLayerStart(LayerRouting{l, experts, tokens, counts});
+    for (uint32_t e : experts) p.OnUse(l, e, true);
+    p.OnLayerEnd(l);
+  }
+  p.OnIterationEnd();
+}
+
+TEST(FmoePolicyTest, KeepsWhatTheRunningRequestUsesOftenOverWhatItUsedOnceRecently) {
+  Control c;
+  auto p = MakePolicy("fmoe", PolicyOptions{});
+  ASSERT_TRUE(p.ok());
+  (*p)->Attach(&c);
+  // Request 1 uses experts 0 and 1 for five iterations, then 2 and 3 once.
+  for (uint32_t i = 0; i < 5; ++i) Iterate(**p, c, 1, i, 0, 1);
+  Iterate(**p, c, 1, 5, 2, 3);
+  const SequenceInfo seq{1, 6, 1};
+  (**p).OnIterationStart({&seq, 1});
+  c.layer = 0;
+  // LRU would evict expert 0 of layer 1 (used longer ago) before expert 2; fmoe keeps the
+  // request's frequent one.
+  EXPECT_GT((*p)->EvictionScore(1, 0), (*p)->EvictionScore(1, 2));
+  EXPECT_GT((*p)->EvictionScore(1, 1), (*p)->EvictionScore(1, 3));
+  // Both beat an expert the request never used.
+  EXPECT_GT((*p)->EvictionScore(1, 2), (*p)->EvictionScore(1, 3) - 1e9);
+}
+
+TEST(FmoePolicyTest, ADirectiveForALaterLayerOfThisIterationProtectsAndPrefetches) {
+  Control c;
+  auto p = MakePolicy("fmoe", PolicyOptions{});
+  ASSERT_TRUE(p.ok());
+  (*p)->Attach(&c);
+  for (uint32_t i = 0; i < 3; ++i) Iterate(**p, c, 7, i, 0, 1);
+  const SequenceInfo seq{7, 3, 1};
+  (**p).OnIterationStart({&seq, 1});
+  c.layer = 0;
+  // Experts 2 and 3 of layer 3 were never used: equal scores, until a directive names 3.
+  EXPECT_DOUBLE_EQ((*p)->EvictionScore(3, 2), (*p)->EvictionScore(3, 3));
+  PrefetchDirective d;
+  d.request_id = 7;
+  d.iteration = 3;
+  d.target_layer = 3;
+  d.score = 0.9f;
+  d.entries = {{3, 0.45f, 0.15f}};
+  (*p)->OnDirective(d);
+  EXPECT_GT((*p)->EvictionScore(3, 3), (*p)->EvictionScore(3, 2));
+  ASSERT_EQ(c.prefetched.size(), 1u);
+  EXPECT_EQ(c.prefetched[0], std::make_pair(3u, 3u));
+  // The prediction is for this iteration only.
+  (*p)->OnIterationEnd();
+  const SequenceInfo next{7, 4, 1};
+  (**p).OnIterationStart({&next, 1});
+  EXPECT_DOUBLE_EQ((*p)->EvictionScore(3, 2), (*p)->EvictionScore(3, 3));
+}
+
+TEST(FmoePolicyTest, ARequestsFrequenciesLeaveWithIt) {
+  Control c;
+  auto p = MakePolicy("fmoe", PolicyOptions{});
+  ASSERT_TRUE(p.ok());
+  (*p)->Attach(&c);
+  for (uint32_t i = 0; i < 4; ++i) Iterate(**p, c, 1, i, 0, 1);
+  const double during = (*p)->EvictionScore(2, 0);
+  (*p)->OnRequestEnd(1);
+  // A new request: request 1's own counts are gone, only the prior over every request remains,
+  // and the new request's frequencies outweigh it after a few iterations.
+  for (uint32_t i = 0; i < 4; ++i) Iterate(**p, c, 2, i, 2, 3);
+  const SequenceInfo seq{2, 4, 1};
+  (**p).OnIterationStart({&seq, 1});
+  EXPECT_LT((*p)->EvictionScore(2, 0), during);
+  EXPECT_GT((*p)->EvictionScore(2, 2), (*p)->EvictionScore(2, 0));
+}
+
+TEST(FmoePolicyTest, PaperRuleStaysAvailableAsAnAblation) {
+  auto p = MakePolicy("fmoe-pfreq", PolicyOptions{});
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ((*p)->name(), "fmoe-pfreq");
+  EXPECT_EQ(MakePolicy("fmoe-paper", PolicyOptions{}).status().code(), ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace fmoe
