@@ -41,6 +41,7 @@ constexpr std::string_view kGroupKeys[] = {"name",
                                            "rendezvous",
                                            "collective_timeout_s",
                                            "rendezvous_timeout_s",
+                                           "record_trace",
                                            "workers"};
 constexpr std::string_view kLinkKeys[] = {"gbps", "latency_us"};
 constexpr std::string_view kWorkerKeys[] = {"device", "host"};
@@ -626,7 +627,8 @@ bool IsValidGroupName(std::string_view name) {
   return true;
 }
 
-Status ParseGroup(const Field& field, size_t index, WorkerGroupSpec* group) {
+Status ParseGroup(const Field& field, size_t index, const std::string& base_dir,
+                  WorkerGroupSpec* group) {
   FMOE_ASSIGN_OR_RETURN(Section section, Section::Read(field, kGroupKeys));
   const Field name = section.Get("name");
   if (!name.present) return Error(name.path, "required key is missing");
@@ -664,18 +666,29 @@ Status ParseGroup(const Field& field, size_t index, WorkerGroupSpec* group) {
                                   &group->collective_timeout_s));
   FMOE_RETURN_IF_ERROR(ReadDouble(section.Get("rendezvous_timeout_s"), {0, true, 3600},
                                   &group->rendezvous_timeout_s));
+  const Field trace = section.Get("record_trace");
+  FMOE_RETURN_IF_ERROR(ReadPath(trace, base_dir, &group->record_trace));
+  if (trace.present && trace.node.Scalar().back() == '/') {
+    return Error(trace.path, Quote(trace.node.Scalar()) + " names a directory; expected a file");
+  }
   return ParseWorkers(section.Get("workers"), &group->workers);
 }
 
-Status ParseWorkerGroups(const Field& field, std::vector<WorkerGroupSpec>* groups) {
+Status ParseWorkerGroups(const Field& field, const std::string& base_dir,
+                         std::vector<WorkerGroupSpec>* groups) {
   FMOE_RETURN_IF_ERROR(CheckSequence(field, kMaxGroups, "groups"));
   for (size_t i = 0; i < field.node.size(); ++i) {
     WorkerGroupSpec group;
-    FMOE_RETURN_IF_ERROR(ParseGroup(Element(field, i), i, &group));
+    FMOE_RETURN_IF_ERROR(ParseGroup(Element(field, i), i, base_dir, &group));
     for (size_t j = 0; j < groups->size(); ++j) {
       if ((*groups)[j].name == group.name) {
         return Error(JoinPath(IndexPath(field.path, i), "name"),
                      Quote(group.name) + " is already used by " + IndexPath(field.path, j));
+      }
+      if (!group.record_trace.empty() && (*groups)[j].record_trace == group.record_trace) {
+        return Error(JoinPath(IndexPath(field.path, i), "record_trace"),
+                     Quote(group.record_trace) + " is already used by " +
+                         JoinPath(IndexPath(field.path, j), "record_trace"));
       }
     }
     groups->push_back(std::move(group));
@@ -837,7 +850,7 @@ Result<Manifest> ParseDocument(std::string_view yaml_text, const std::string& ba
   Manifest m;
   FMOE_RETURN_IF_ERROR(ParseModel(top.Get("model"), base_dir, &m.model));
   FMOE_RETURN_IF_ERROR(ParseMapService(top.Get("map_service"), base_dir, &m.map_service));
-  FMOE_RETURN_IF_ERROR(ParseWorkerGroups(top.Get("worker_groups"), &m.worker_groups));
+  FMOE_RETURN_IF_ERROR(ParseWorkerGroups(top.Get("worker_groups"), base_dir, &m.worker_groups));
   FMOE_RETURN_IF_ERROR(ParseRouter(top.Get("router"), &m.router));
   FMOE_RETURN_IF_ERROR(ParseHeartbeat(top.Get("heartbeat"), &m.heartbeat));
   FMOE_ASSIGN_OR_RETURN(Section logging, Section::Read(top.Get("logging"), kLoggingKeys));
@@ -957,6 +970,7 @@ std::string DescribeManifest(const Manifest& m) {
     EmitValue(out, "rendezvous", g.rendezvous);
     EmitDouble(out, "collective_timeout_s", g.collective_timeout_s);
     EmitDouble(out, "rendezvous_timeout_s", g.rendezvous_timeout_s);
+    if (!g.record_trace.empty()) EmitValue(out, "record_trace", g.record_trace);
     out << YAML::Key << "workers" << YAML::Value << YAML::BeginSeq;
     for (const WorkerSpec& w : g.workers) {
       out << YAML::Flow << YAML::BeginMap;

@@ -72,7 +72,10 @@ struct WorkerGroupSpec {
   double collective_timeout_s = 60;  // (0, 3600]. Default: 60
   // How long a rank waits at start for every rank of its group to join the rendezvous.
   double rendezvous_timeout_s = 120;  // (0, 3600]. Default: 120
-  std::vector<WorkerSpec> workers;    // Required, 1..64 ranks; rank = index.
+  // The expert routing trace the group's leader writes (fmoe-worker --record-trace; a file path,
+  // absolute after load, unique across groups). Default: "" (no trace)
+  std::string record_trace;
+  std::vector<WorkerSpec> workers;  // Required, 1..64 ranks; rank = index.
 };
 
 struct RouterSpec {

@@ -4,7 +4,8 @@
 // readiness and serves until SIGINT/SIGTERM. Threads: main (control plane, gpu_worker/worker.h),
 // compute (the engine on the leader, gpu_worker/engine.h; the follower elsewhere,
 // gpu_worker/follower.h), signal waiter. Exit 3: the group broke (a rank left, a collective
-// timed out); the launcher restarts every rank of the group.
+// timed out); the launcher restarts every rank of the group. With --record-trace the leader
+// writes the expert routing trace (gpu_worker/trace_recorder.h) and closes it on the way out.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -28,6 +29,7 @@
 #include "gpu_worker/follower.h"
 #include "gpu_worker/map_publisher.h"
 #include "gpu_worker/model.h"
+#include "gpu_worker/trace_recorder.h"
 #include "gpu_worker/worker.h"
 
 int main(int argc, char** argv) {
@@ -36,12 +38,16 @@ int main(int argc, char** argv) {
   std::string manifest_path, group_name;
   int rank = 0;
   int ready_fd = -1;
+  std::string record_trace;
   app.add_option("--manifest", manifest_path, "cluster manifest (YAML)")->required();
   app.add_option("--group", group_name, "worker group name in the manifest")->required();
   app.add_option("--rank", rank, "rank within the group")
       ->required()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--ready-fd", ready_fd, "file descriptor to write READY to once serving");
+  app.add_option("--record-trace", record_trace,
+                 "write the expert routing trace (common/expert_trace.h) to this file; leader "
+                 "(rank 0) only");
   CLI11_PARSE(app, argc, argv);
 
   Manifest manifest;
@@ -107,6 +113,30 @@ int main(int argc, char** argv) {
   // Every rank runs the model (DESIGN section 7): dense weights replicated, routed experts
   // (l * J + j) % world == rank; the leader also tokenizes, samples and serves the router.
   const bool leader = options.rank == 0;
+  // The trace is opened before the weights load, so a bad path fails the start at once.
+  std::unique_ptr<TraceRecorder> recorder;
+  if (!record_trace.empty() && !leader) {
+    spdlog::warn("--record-trace {} ignored: only the leader (rank 0) records", record_trace);
+  } else if (!record_trace.empty()) {
+    TraceRecorderOptions trace_options;
+    trace_options.path = record_trace;
+    // Speculation entries at the map service's prefetch distance, whatever the policy.
+    trace_options.speculation_distance =
+        static_cast<uint32_t>(manifest.map_service.prefetch_distance);
+    trace_options.header = WorkerTraceHeader(*model, manifest.model.name, group->name, options.rank,
+                                             trace_options.speculation_distance);
+    auto opened = TraceRecorder::Open(trace_options);
+    if (!opened.ok()) {
+      spdlog::error("--record-trace: cannot write the trace: {}", opened.status().message());
+      return 1;
+    }
+    recorder = std::move(*opened);
+    if (!recorder->kept_previous().empty()) {
+      spdlog::info("kept the previous trace as {}", recorder->kept_previous());
+    }
+    spdlog::info("recording the expert trace to {} (speculation distance {})", record_trace,
+                 trace_options.speculation_distance);
+  }
   std::unique_ptr<Tokenizer> tokenizer;
   if (leader) {
     auto tok = Tokenizer::Load(model->dir);
@@ -211,6 +241,7 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<Engine> engine;
   std::unique_ptr<MapPublisher> publisher;
+  ObserverFanOut observers;  // The publisher and, when recording, the trace recorder.
   std::unique_ptr<Follower> follower;
   Worker* worker_ptr = nullptr;
   if (leader) {
@@ -228,8 +259,10 @@ int main(int argc, char** argv) {
     publisher = std::make_unique<MapPublisher>([&worker_ptr](MapMessage m) {
       if (worker_ptr != nullptr) worker_ptr->PublishContext(std::move(m));
     });
+    observers.Add(publisher.get());
+    observers.Add(recorder.get());
     engine = std::make_unique<Engine>(engine_options, *runtime, *experts, tokenizer.get(),
-                                      publisher.get(), [&worker_ptr](const TokenEvent& ev) {
+                                      &observers, [&worker_ptr](const TokenEvent& ev) {
                                         if (worker_ptr != nullptr) worker_ptr->PostEvent(ev);
                                       });
     options.expert_figures = [&engine] { return engine->group_figures(); };
@@ -286,6 +319,18 @@ int main(int argc, char** argv) {
     std::_Exit(group_failed ? 3 : 0);
   }
   compute_thread.join();
+  if (recorder) {
+    // Requests still running get their last recorded iteration marked last.
+    const Status closed = recorder->Close();
+    const TraceRecorderStats& ts = recorder->stats();
+    if (closed.ok()) {
+      spdlog::info("trace {}: {} records, {} requests ended, {} iterations dropped",
+                   recorder->path(), ts.records, ts.requests, ts.dropped);
+    } else {
+      spdlog::error("trace {}: {} ({} records written)", recorder->path(), closed.message(),
+                    ts.records);
+    }
+  }
   if (engine) {
     const EngineStats& st = engine->stats();
     spdlog::info(

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "common/messages.h"
-#include "gpu_worker/model.h"
+#include "gpu_worker/forward_observer.h"
 
 namespace fmoe {
 

@@ -307,7 +307,13 @@ Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource&
 
   at::Tensor id_tensor = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(m.device);
   at::Tensor x = m.embed.index_select(0, id_tensor);  // [rows, h]
+  std::vector<SequenceInfo> sequences(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    sequences[i] = {batch[i].request_id, batch[i].iteration,
+                    static_cast<uint32_t>(batch[i].tokens.size())};
+  }
   if (observer != nullptr) {
+    observer->OnBatchStart(sequences);
     at::Tensor xf = x.to(at::kCPU, at::kFloat);
     for (size_t i = 0; i < batch.size(); ++i) {
       at::Tensor sem = xf.narrow(0, offset[i], offset[i + 1] - offset[i]).mean(0).contiguous();
@@ -316,11 +322,6 @@ Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource&
     }
   }
 
-  std::vector<SequenceInfo> sequences(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    sequences[i] = {batch[i].request_id, batch[i].iteration,
-                    static_cast<uint32_t>(batch[i].tokens.size())};
-  }
   experts.BeginIteration(sequences);
   struct IterationEnd {
     ExpertSource& source;
@@ -423,9 +424,28 @@ Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource&
       used.push_back(static_cast<uint32_t>(e));
       used_tokens.push_back(static_cast<uint32_t>(expert_rows[e].size()));
     }
+    if (observer != nullptr) {
+      std::vector<uint32_t> seq_experts, seq_tokens;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        seq_experts.clear();
+        seq_tokens.clear();
+        for (int64_t e = 0; e < n_experts; ++e) {
+          const uint32_t n = sequence_counts[i * n_experts + e];
+          if (n == 0) continue;
+          seq_experts.push_back(static_cast<uint32_t>(e));
+          seq_tokens.push_back(n);
+        }
+        observer->OnLayerRouting(batch[i].request_id, batch[i].iteration, static_cast<uint32_t>(l),
+                                 seq_experts, seq_tokens);
+      }
+    }
     // Speculative prediction (DESIGN section 6): the gates of the next d layers applied to this
-    // layer's hidden state; per expert, the fraction of tokens whose top-k would pick it.
-    const size_t distance = experts.speculation_distance();
+    // layer's hidden state; per expert, the fraction of tokens whose top-k would pick it. The
+    // source gets its own distance's targets only, the observer (a trace recorder) its own: the
+    // products beyond the source's distance change nothing but what the observer sees.
+    const size_t source_distance = experts.speculation_distance();
+    const size_t observer_distance = observer != nullptr ? observer->speculation_distance() : 0;
+    const size_t distance = std::max(source_distance, observer_distance);
     for (size_t t = l + 1; t < m.layers.size() && t <= l + distance; ++t) {
       const Layer& ahead = m.layers[t];
       auto guess =
@@ -434,7 +454,12 @@ Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource&
       std::vector<float> share(static_cast<size_t>(n_experts), 0.0f);
       const int64_t* pk = picked.data_ptr<int64_t>();
       for (int64_t k = 0; k < rows * top_k; ++k) share[pk[k]] += 1.0f / static_cast<float>(rows);
-      experts.Speculate(static_cast<uint32_t>(l), static_cast<uint32_t>(t), share);
+      if (t <= l + source_distance) {
+        experts.Speculate(static_cast<uint32_t>(l), static_cast<uint32_t>(t), share);
+      }
+      if (t <= l + observer_distance) {
+        observer->OnSpeculation(static_cast<uint32_t>(l), static_cast<uint32_t>(t), share);
+      }
     }
     const LayerRouting routing{static_cast<uint32_t>(l), used, used_tokens, sequence_counts};
     FMOE_RETURN_IF_ERROR(experts.BeginLayer(routing));

@@ -21,6 +21,7 @@
 #include "common/model_config.h"
 #include "common/status.h"
 #include "gpu_worker/expert_source.h"
+#include "gpu_worker/forward_observer.h"
 
 namespace fmoe {
 
@@ -52,23 +53,6 @@ class KvCache {
   int64_t length_ = 0;
   int64_t capacity_ = 0;
   std::vector<at::Tensor> k_, v_;  // Per layer: [kv_heads, capacity, head_dim].
-};
-
-// Gate distributions and semantic embeddings as they are computed (DESIGN section 4): the hook
-// the worker publishes to the map service. Called on the engine thread, in order, during
-// Forward; spans are valid only during the call.
-class ForwardObserver {
- public:
-  virtual ~ForwardObserver() = default;
-  // Mean of the embedding-layer output over the sequence's new tokens (length h).
-  virtual void OnIterationStart(uint64_t request_id, uint32_t iteration,
-                                std::span<const float> sem) {}
-  // Softmax over all J experts of MoE layer `layer`, averaged over the new tokens.
-  virtual void OnLayerGates(uint64_t request_id, uint32_t iteration, uint32_t layer,
-                            std::span<const float> probs) {}
-  virtual void OnIterationEnd(uint64_t request_id, uint32_t iteration) {}
-  // The request left the batch (finished, cancelled or failed); called by the engine.
-  virtual void OnRequestEnd(uint64_t request_id) {}
 };
 
 struct SequenceInput {
@@ -110,7 +94,9 @@ class MixtralModel {
 
   // Runs one iteration. Appends each sequence's new tokens to its KV cache. kInvalidArgument for
   // a token id out of range or a sequence past max_position_embeddings. `out` may be null (a
-  // rank that does not sample): no logits are computed.
+  // rank that does not sample): no logits are computed. `observer` (may be null) is called as
+  // forward_observer.h describes; speculative gates are computed up to the larger of the
+  // source's and the observer's distance, and each sees only the targets within its own.
   Status Forward(std::span<const SequenceInput> batch, ExpertSource& experts,
                  ForwardObserver* observer, ForwardResult* out, bool record_router = false);
 

@@ -124,12 +124,19 @@ std::vector<ProcessSpec> PlanProcesses(const Manifest& manifest, const LaunchOpt
                     "{} runs on {}: not started by this launcher", name, group.workers[r].host);
         continue;
       }
-      plan.push_back({name,
-                      {(bin / "fmoe-worker").string(), "--manifest", manifest.source_path,
-                       "--group", group.name, "--rank", std::to_string(r)},
-                      (logs / (name + ".log")).string(),
-                      1,
-                      "group:" + group.name});
+      std::vector<std::string> argv = {(bin / "fmoe-worker").string(),
+                                       "--manifest",
+                                       manifest.source_path,
+                                       "--group",
+                                       group.name,
+                                       "--rank",
+                                       std::to_string(r)};
+      // Only the leader records the group's trace.
+      if (r == 0 && !group.record_trace.empty()) {
+        argv.insert(argv.end(), {"--record-trace", group.record_trace});
+      }
+      plan.push_back(
+          {name, std::move(argv), (logs / (name + ".log")).string(), 1, "group:" + group.name});
     }
   }
   if (!options.workers_only) {

@@ -52,6 +52,7 @@ worker_groups:
     rendezvous: 10.0.0.1:30000
     collective_timeout_s: 2.5
     rendezvous_timeout_s: 3600
+    record_trace: traces/gpu-a.trc
     workers:
       - device: cuda:0
         host: node-1
@@ -120,6 +121,7 @@ void ExpectManifestEq(const Manifest& a, const Manifest& b) {
     EXPECT_EQ(x.rendezvous, y.rendezvous);
     EXPECT_EQ(x.collective_timeout_s, y.collective_timeout_s);
     EXPECT_EQ(x.rendezvous_timeout_s, y.rendezvous_timeout_s);
+    EXPECT_EQ(x.record_trace, y.record_trace);
     ASSERT_EQ(x.workers.size(), y.workers.size());
     for (size_t j = 0; j < x.workers.size(); ++j) {
       EXPECT_EQ(x.workers[j].device, y.workers[j].device);
@@ -246,6 +248,7 @@ TEST(Manifest, FullManifestSetsEveryKey) {
   EXPECT_EQ(a.rendezvous, "10.0.0.1:30000");
   EXPECT_EQ(a.collective_timeout_s, 2.5);
   EXPECT_EQ(a.rendezvous_timeout_s, 3600.0);
+  EXPECT_EQ(a.record_trace, "/srv/cluster/traces/gpu-a.trc");
   ASSERT_EQ(a.workers.size(), 3u);
   EXPECT_EQ(a.workers[0].device, "cuda:0");
   EXPECT_EQ(a.workers[0].cuda_index, 0);
@@ -262,6 +265,7 @@ TEST(Manifest, FullManifestSetsEveryKey) {
   EXPECT_EQ(b.rendezvous, "127.0.0.1:29501");
   EXPECT_EQ(b.collective_timeout_s, 60.0);  // The defaults, in a group that sets neither.
   EXPECT_EQ(b.rendezvous_timeout_s, 120.0);
+  EXPECT_EQ(b.record_trace, "");
   EXPECT_EQ(b.workers[0].host, "localhost");
   EXPECT_EQ(m.router.listen, "0.0.0.0:8080");
   EXPECT_EQ(m.router.worker_endpoint, "tcp://*:7000");
@@ -329,6 +333,22 @@ worker_groups:
   EXPECT_EQ(m.worker_groups[1].rendezvous_timeout_s, 30.0);
 }
 
+TEST(Manifest, RecordTraceIsOptionalAndResolvesAgainstBaseDir) {
+  const Manifest m = ParseOk(R"(
+model: {path: m}
+worker_groups:
+  - {name: a, workers: [{}]}
+  - {name: b, record_trace: traces/../b.trc, workers: [{}]}
+  - {name: c, record_trace: /var/traces/c.trc, workers: [{}]}
+)");
+  ASSERT_EQ(m.worker_groups.size(), 3u);
+  EXPECT_EQ(m.worker_groups[0].record_trace, "");
+  EXPECT_EQ(m.worker_groups[1].record_trace, "/srv/cluster/b.trc");
+  EXPECT_EQ(m.worker_groups[2].record_trace, "/var/traces/c.trc");
+  EXPECT_EQ(DescribeManifest(m).find("record_trace: \"\""), std::string::npos)
+      << "an absent trace is not described";
+}
+
 TEST(Manifest, SameCudaIndexOnDifferentHostsOrGroupsIsFine) {
   ParseOk(R"(
 model: {path: m}
@@ -391,6 +411,7 @@ TEST(Manifest, DescribeListsEveryKeyAndRedactsApiKeys) {
                           "rendezvous:",
                           "collective_timeout_s:",
                           "rendezvous_timeout_s:",
+                          "record_trace:",
                           "workers:",
                           "device:",
                           "host:",
@@ -654,7 +675,24 @@ std::vector<BadCase> BadCases() {
       {"UnknownGroupKey", OneGroup("{name: g, collective_timeout: 5, workers: [{}]}"),
        "manifest: worker_groups[0].collective_timeout: unknown key; allowed keys: name, policy, "
        "max_batch, queue_limit, expert_cache_gb, expert_cache_fraction, link, rendezvous, "
-       "collective_timeout_s, rendezvous_timeout_s, workers"},
+       "collective_timeout_s, rendezvous_timeout_s, record_trace, workers"},
+      {"RecordTraceEmpty", OneGroup("{name: g, record_trace: \"\", workers: [{}]}"),
+       "manifest: worker_groups[0].record_trace: must not be empty"},
+      {"RecordTraceNotAString", OneGroup("{name: g, record_trace: [a.trc], workers: [{}]}"),
+       "manifest: worker_groups[0].record_trace: expected a string, got a sequence"},
+      {"RecordTraceWithoutValue",
+       "model: {path: m}\nworker_groups:\n  - name: g\n    record_trace:\n    workers: [{}]\n",
+       "manifest: worker_groups[0].record_trace: has no value; expected a string"},
+      {"RecordTraceDirectory", OneGroup("{name: g, record_trace: traces/, workers: [{}]}"),
+       "manifest: worker_groups[0].record_trace: \"traces/\" names a directory; expected a file"},
+      {"RecordTraceTilde", OneGroup("{name: g, record_trace: ~/t.trc, workers: [{}]}"),
+       "manifest: worker_groups[0].record_trace: \"~/t.trc\": '~' is not expanded; give an "
+       "absolute path or one relative to the manifest's directory"},
+      {"RecordTraceSharedByTwoGroups",
+       "model: {path: m}\nworker_groups:\n  - {name: a, record_trace: t.trc, workers: [{}]}\n"
+       "  - {name: b, record_trace: ./x/../t.trc, workers: [{}]}\n",
+       "manifest: worker_groups[1].record_trace: \"/srv/cluster/t.trc\" is already used by "
+       "worker_groups[0].record_trace"},
       {"BadRendezvous", OneGroup("{name: g, rendezvous: \"h:x\", workers: [{}]}"),
        "manifest: worker_groups[0].rendezvous: \"h:x\" has port \"x\"; expected a number "
        "1..65535"},

@@ -108,6 +108,23 @@ TEST(PlanProcesses, WorkersOnlyDropsTheMapServiceAndTheRouter) {
   EXPECT_TRUE(PlanProcesses(m, options).empty());
 }
 
+TEST(PlanProcesses, OnlyTheLeaderGetsTheGroupsTraceFile) {
+  const Manifest m = Parse(R"(
+model: {path: /models/tiny}
+worker_groups:
+  - {name: g0, record_trace: traces/g0.trc, workers: [{}, {}]}
+  - {name: g1, workers: [{}]}
+)");
+  const std::vector<ProcessSpec> plan = PlanProcesses(m, LaunchOptions{});
+  ASSERT_EQ(Names(plan), (std::vector<std::string>{"map-service", "worker-g0-0", "worker-g0-1",
+                                                   "worker-g1-0", "router"}));
+  EXPECT_EQ(plan[1].argv,
+            (std::vector<std::string>{"fmoe-worker", "--manifest", "", "--group", "g0", "--rank",
+                                      "0", "--record-trace", "/srv/traces/g0.trc"}));
+  EXPECT_EQ(plan[2].argv.back(), "1") << "rank 1 does not record";
+  EXPECT_EQ(plan[3].argv.back(), "0") << "g1 records no trace";
+}
+
 // A directory with stand-ins for the service binaries, removed at destruction.
 class FakeBinDir {
  public:
