@@ -18,7 +18,8 @@ namespace fmoe {
 //   OnBatchStart(sequences)
 //   OnIterationStart per sequence
 //   per MoE layer l: OnLayerGates per sequence, OnLayerRouting per sequence,
-//                    OnSpeculation(l, t) for t in l+1 .. l+speculation_distance() (t < L)
+//                    for t in l+1 .. l+speculation_distance() (t < L): OnSpeculation(l, t) per
+//                    sequence
 //   OnIterationEnd per sequence                 (not reached when the Forward fails)
 // then, from the engine, OnRequestEnd once a request has left the batch.
 class ForwardObserver {
@@ -40,10 +41,12 @@ class ForwardObserver {
   // How many later layers' gates the observer wants applied to each layer's hidden state; 0 =
   // none. Computed for the observer alone: the expert source sees only its own distance.
   virtual uint32_t speculation_distance() const { return 0; }
-  // A batch-level speculative prediction, before `layer`'s experts run: for each expert of
-  // `target`, the fraction of the whole batch's new tokens whose top-k of target's gate, applied
-  // to layer's hidden state, picks it.
-  virtual void OnSpeculation(uint32_t layer, uint32_t target, std::span<const float> fractions) {}
+  // One sequence's speculative prediction, before `layer`'s experts run: for each expert of
+  // `target`, the fraction of this sequence's new tokens (not the batch's) whose top-k of
+  // target's gate, applied to layer's hidden state, picks it (a multiple of 1 / its tokens; they
+  // sum to top_k). The expert source still gets the batch's share (ExpertSource::Speculate).
+  virtual void OnSpeculation(uint64_t request_id, uint32_t iteration, uint32_t layer,
+                             uint32_t target, std::span<const float> fractions) {}
   virtual void OnIterationEnd(uint64_t request_id, uint32_t iteration) {}
   // The request left the batch (finished, cancelled or failed); called by the engine, only for a
   // request that completed at least one iteration: after its last OnIterationEnd, or after the
@@ -84,9 +87,12 @@ class ObserverFanOut final : public ForwardObserver {
     for (const ForwardObserver* o : observers_) d = std::max(d, o->speculation_distance());
     return d;
   }
-  void OnSpeculation(uint32_t layer, uint32_t target, std::span<const float> fractions) override {
+  void OnSpeculation(uint64_t request_id, uint32_t iteration, uint32_t layer, uint32_t target,
+                     std::span<const float> fractions) override {
     for (ForwardObserver* o : observers_) {
-      if (target <= layer + o->speculation_distance()) o->OnSpeculation(layer, target, fractions);
+      if (target <= layer + o->speculation_distance()) {
+        o->OnSpeculation(request_id, iteration, layer, target, fractions);
+      }
     }
   }
   void OnIterationEnd(uint64_t request_id, uint32_t iteration) override {

@@ -440,9 +440,11 @@ Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource&
       }
     }
     // Speculative prediction (DESIGN section 6): the gates of the next d layers applied to this
-    // layer's hidden state; per expert, the fraction of tokens whose top-k would pick it. The
-    // source gets its own distance's targets only, the observer (a trace recorder) its own: the
-    // products beyond the source's distance change nothing but what the observer sees.
+    // layer's hidden state; per expert, the fraction of tokens whose top-k would pick it: over
+    // the whole batch for the source, over each sequence's own rows for the observer (a trace
+    // recorder records per request). The source gets its own distance's targets only, the
+    // observer its own: the products beyond the source's distance change nothing but what the
+    // observer sees.
     const size_t source_distance = experts.speculation_distance();
     const size_t observer_distance = observer != nullptr ? observer->speculation_distance() : 0;
     const size_t distance = std::max(source_distance, observer_distance);
@@ -458,7 +460,18 @@ Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource&
         experts.Speculate(static_cast<uint32_t>(l), static_cast<uint32_t>(t), share);
       }
       if (t <= l + observer_distance) {
-        observer->OnSpeculation(static_cast<uint32_t>(l), static_cast<uint32_t>(t), share);
+        std::vector<uint32_t> counts(static_cast<size_t>(n_experts));
+        std::vector<float> own(static_cast<size_t>(n_experts));
+        for (size_t i = 0; i < batch.size(); ++i) {
+          std::fill(counts.begin(), counts.end(), 0u);
+          for (int64_t k = offset[i] * top_k; k < offset[i + 1] * top_k; ++k) ++counts[pk[k]];
+          const float seq_rows = static_cast<float>(offset[i + 1] - offset[i]);
+          for (int64_t e = 0; e < n_experts; ++e) {
+            own[e] = static_cast<float>(counts[e]) / seq_rows;
+          }
+          observer->OnSpeculation(batch[i].request_id, batch[i].iteration, static_cast<uint32_t>(l),
+                                  static_cast<uint32_t>(t), own);
+        }
       }
     }
     const LayerRouting routing{static_cast<uint32_t>(l), used, used_tokens, sequence_counts};

@@ -47,11 +47,10 @@ TraceHeader WorkerTraceHeader(const ModelInfo& model, const std::string& model_n
       "sem: mean over the request's new tokens of the iteration (the prompt in prefill, the new "
       "token in decode) of the model's input embeddings (embed_tokens rows), float32; map: the "
       "request's gate softmax over all experts, mean over its new tokens, stored per layer; "
-      "speculation: batch-level, the gates of layers l+1..l+" +
+      "speculation: per request, the gates of layers l+1..l+" +
       std::to_string(speculation_distance) +
-      " applied to layer l's hidden state, per expert the fraction of all new tokens of the "
-      "engine iteration (every request in the batch) whose top-k picks it, the same entries in "
-      "each request's record of that iteration";
+      " applied to layer l's hidden state, per expert the fraction of the request's own new "
+      "tokens of the iteration whose top-k picks it (other requests in the batch do not count)";
   h.num_layers = model.num_moe_layers;
   h.num_experts = model.num_experts;
   h.top_k = model.top_k;
@@ -108,7 +107,6 @@ void TraceRecorder::OnBatchStart(std::span<const SequenceInfo> sequences) {
     Drop(id, a.it.iteration, "its iteration did not complete");
   }
   assembling_.clear();
-  batch_.clear();
   const uint32_t L = options_.header.num_layers;
   for (const SequenceInfo& s : sequences) {
     Assembling a;
@@ -123,9 +121,7 @@ void TraceRecorder::OnBatchStart(std::span<const SequenceInfo> sequences) {
     a.it.map_probs.reserve(static_cast<size_t>(L) * options_.header.num_experts);
     if (!assembling_.emplace(s.request_id, std::move(a)).second) {
       assembling_[s.request_id].ok = false;  // Twice in one batch: never written.
-      continue;
     }
-    batch_.push_back(s.request_id);
   }
 }
 
@@ -184,27 +180,26 @@ void TraceRecorder::OnLayerRouting(uint64_t request_id, uint32_t iteration, uint
   ++a->layers_routed;
 }
 
-void TraceRecorder::OnSpeculation(uint32_t layer, uint32_t target,
-                                  std::span<const float> fractions) {
-  if (!active() || batch_.empty()) return;
+void TraceRecorder::OnSpeculation(uint64_t request_id, uint32_t iteration, uint32_t layer,
+                                  uint32_t target, std::span<const float> fractions) {
+  if (!active()) return;
+  Assembling* a = Find(request_id, iteration);
+  if (a == nullptr) return;
   const uint32_t L = options_.header.num_layers, J = options_.header.num_experts;
-  if (layer >= target || target >= L || target > layer + options_.speculation_distance ||
-      fractions.size() != J) {
+  if (layer >= target || target >= L || fractions.size() != J) {
+    a->ok = false;
     return;
   }
+  if (target > layer + options_.speculation_distance) return;  // Not asked for.
   TraceSpeculation sp;
   sp.layer = static_cast<uint16_t>(layer);
   sp.target = static_cast<uint16_t>(target);
   for (uint32_t j = 0; j < J; ++j) {
     if (!(fractions[j] > 0.0f)) continue;
     sp.experts.push_back(static_cast<uint16_t>(j));
-    // Sums of 1/rows may round above 1 over a long prompt.
-    sp.fractions.push_back(std::min(fractions[j], 1.0f));
+    sp.fractions.push_back(std::min(fractions[j], 1.0f));  // Rounding must not break [0, 1].
   }
-  for (uint64_t id : batch_) {
-    auto it = assembling_.find(id);
-    if (it != assembling_.end()) it->second.it.speculation.push_back(sp);
-  }
+  a->it.speculation.push_back(std::move(sp));
 }
 
 void TraceRecorder::OnIterationEnd(uint64_t request_id, uint32_t iteration) {
@@ -222,7 +217,8 @@ void TraceRecorder::OnIterationEnd(uint64_t request_id, uint32_t iteration) {
   const uint32_t L = options_.header.num_layers;
   Status valid;
   if (!a.ok || !a.has_sem || a.layers_gated != L || a.layers_routed != L) {
-    valid = InvalidArgument("the forward pass did not report every field of every layer");
+    valid = InvalidArgument(
+        "the forward pass did not report every field of every layer, or one that did not fit");
   } else if (iteration != r.next) {
     valid = InvalidArgument("expected iteration " + std::to_string(r.next));
   } else {
@@ -280,7 +276,6 @@ Status TraceRecorder::Close() {
     }
   }
   assembling_.clear();
-  batch_.clear();
   requests_.clear();
   closed_ = true;
   Status s = writer_.Close();

@@ -2,7 +2,7 @@
 // (common/expert_trace.h, `fmoe-worker --record-trace PATH`): per request and engine iteration
 // one TraceIteration with every MoE layer's routing (experts ascending, tokens routed to each),
 // the map stored explicitly as the request's gate distributions P_l (all J entries per layer),
-// the semantic embedding, and the batch-level speculative predictions of that iteration.
+// the semantic embedding, and the request's own speculative predictions of that iteration.
 // Torch-free. Created and closed by the worker's main; the hooks run on the engine thread; Close
 // only once the engine thread has returned.
 #pragma once
@@ -71,7 +71,10 @@ class TraceRecorder final : public ForwardObserver {
   void OnLayerRouting(uint64_t request_id, uint32_t iteration, uint32_t layer,
                       std::span<const uint32_t> experts, std::span<const uint32_t> tokens) override;
   uint32_t speculation_distance() const override { return options_.speculation_distance; }
-  void OnSpeculation(uint32_t layer, uint32_t target, std::span<const float> fractions) override;
+  // Targets beyond speculation_distance are not asked for and ignored; an entry that does not fit
+  // the header (layer >= target, target >= L, not J fractions) makes the iteration invalid.
+  void OnSpeculation(uint64_t request_id, uint32_t iteration, uint32_t layer, uint32_t target,
+                     std::span<const float> fractions) override;
   void OnIterationEnd(uint64_t request_id, uint32_t iteration) override;
   void OnRequestEnd(uint64_t request_id) override;
 
@@ -88,7 +91,7 @@ class TraceRecorder final : public ForwardObserver {
   struct Assembling {
     TraceIteration it;
     bool has_sem = false;
-    bool ok = true;  // False after a hook that did not fit (wrong layer order or size).
+    bool ok = true;  // False after a hook that did not fit (wrong layer order, target or size).
     uint32_t layers_gated = 0;
     uint32_t layers_routed = 0;
   };
@@ -112,7 +115,6 @@ class TraceRecorder final : public ForwardObserver {
   bool closed_ = false;
   std::string kept_previous_;
   std::unordered_map<uint64_t, Assembling> assembling_;  // This Forward's sequences.
-  std::vector<uint64_t> batch_;                          // Their requests, in batch order.
   std::unordered_map<uint64_t, Request> requests_;       // Requests with an iteration done.
 };
 

@@ -1,11 +1,12 @@
 // TraceRecorder driven by synthetic ForwardObserver calls, in the order the model and the engine
-// make them: the records ReadTrace gets back (routing, explicit maps, sem, batch-level
+// make them: the records ReadTrace gets back (routing, explicit maps, sem, each request's own
 // speculation, `last`), the one-iteration lag, requests that end by cancel, by a failed Forward
 // or by the worker stopping, invalid iterations, the file's fate at open; and ObserverFanOut.
 #include "gpu_worker/trace_recorder.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -95,6 +96,16 @@ void Routing(const Seq& s, uint32_t l, std::vector<uint32_t>* experts,
   }
 }
 
+// Sequence s's speculation for layer l -> target t: expert (id + t) % J gets 1, expert
+// (id + t + l) % J another 0.5 (1.5 where they coincide, which the recorder clamps to 1). It
+// depends on the request, so a record holding another request's entries shows.
+std::vector<float> Speculation(const Seq& s, uint32_t l, uint32_t t) {
+  std::vector<float> share(kJ, 0.0f);
+  share[(s.id + t) % kJ] = 1.0f;
+  share[(s.id + t + l) % kJ] += 0.5f;
+  return share;
+}
+
 // The calls of one Forward; with `fail_at_layer` < L the Forward stops there (no iteration end).
 void Forward(ForwardObserver& o, const std::vector<Seq>& batch, uint32_t fail_at_layer = kL) {
   std::vector<SequenceInfo> infos;
@@ -113,10 +124,7 @@ void Forward(ForwardObserver& o, const std::vector<Seq>& batch, uint32_t fail_at
       o.OnLayerRouting(s.id, s.iteration, l, experts, tokens);
     }
     for (uint32_t t = l + 1; t < kL && t <= l + o.speculation_distance(); ++t) {
-      std::vector<float> share(kJ, 0.0f);
-      share[t % kJ] = 1.0f;
-      share[(t + l) % kJ] += 0.5f;
-      o.OnSpeculation(l, t, share);
+      for (const Seq& s : batch) o.OnSpeculation(s.id, s.iteration, l, t, Speculation(s, l, t));
     }
   }
   for (const Seq& s : batch) o.OnIterationEnd(s.id, s.iteration);
@@ -182,18 +190,38 @@ TEST(TraceRecorder, WritesEachIterationWhenTheNextCompletesAndTheLastAtRequestEn
       EXPECT_EQ(std::vector<uint32_t>(used.begin(), used.end()), experts);
       EXPECT_EQ(std::vector<uint32_t>(counts.begin(), counts.end()), tokens);
     }
-    // Distance 2 over 3 layers: 0->1, 0->2, 1->2; zero fractions left out, 1.5 clamped to 1.
-    ASSERT_EQ(it.speculation.size(), 3u);
-    EXPECT_EQ(it.speculation[0].layer, 0);
-    EXPECT_EQ(it.speculation[0].target, 1);
-    EXPECT_EQ(it.speculation[0].experts, (std::vector<uint16_t>{1}));
-    EXPECT_EQ(it.speculation[0].fractions, (std::vector<float>{1.0f}));
-    EXPECT_EQ(it.speculation[1].target, 2);
-    EXPECT_EQ(it.speculation[1].experts, (std::vector<uint16_t>{2}));
-    EXPECT_EQ(it.speculation[2].layer, 1);
-    EXPECT_EQ(it.speculation[2].experts, (std::vector<uint16_t>{2, 3}));
-    EXPECT_EQ(it.speculation[2].fractions, (std::vector<float>{1.0f, 0.5f}));
+    // Distance 2 over 3 layers: 0->1, 0->2, 1->2, the request's own; zero fractions left out,
+    // 1.5 clamped to 1.
+    const std::vector<std::pair<uint32_t, uint32_t>> pairs = {{0, 1}, {0, 2}, {1, 2}};
+    ASSERT_EQ(it.speculation.size(), pairs.size());
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      const auto [l, target] = pairs[i];
+      const TraceSpeculation& sp = it.speculation[i];
+      EXPECT_EQ(sp.layer, l);
+      EXPECT_EQ(sp.target, target);
+      const std::vector<float> share = Speculation(s, l, target);
+      std::vector<uint16_t> experts;
+      std::vector<float> fractions;
+      for (uint32_t j = 0; j < kJ; ++j) {
+        if (share[j] == 0.0f) continue;
+        experts.push_back(static_cast<uint16_t>(j));
+        fractions.push_back(std::min(share[j], 1.0f));
+      }
+      EXPECT_EQ(sp.experts, experts) << l << "->" << target;
+      EXPECT_EQ(sp.fractions, fractions) << l << "->" << target;
+    }
   }
+  // The first Forward batched requests 1 and 2: each record holds its own predictions.
+  const TraceIteration& one = t.iterations[0];
+  const TraceIteration& two = t.iterations[1];
+  ASSERT_EQ(one.request_id, 1u);
+  ASSERT_EQ(two.request_id, 2u);
+  EXPECT_EQ(one.speculation[0].experts, (std::vector<uint16_t>{2}));
+  EXPECT_EQ(two.speculation[0].experts, (std::vector<uint16_t>{3}));
+  EXPECT_EQ(one.speculation[2].experts, (std::vector<uint16_t>{0, 3}));
+  EXPECT_EQ(one.speculation[2].fractions, (std::vector<float>{0.5f, 1.0f}));
+  EXPECT_EQ(two.speculation[2].experts, (std::vector<uint16_t>{0, 1}));
+  EXPECT_EQ(two.speculation[2].fractions, (std::vector<float>{1.0f, 0.5f}));
 }
 
 TEST(TraceRecorder, RecordsAreInTheFileAsSoonAsWritten) {
@@ -243,16 +271,14 @@ TEST(TraceRecorder, CloseMarksTheRunningRequestsLastIterationLast) {
             (std::vector<R>{{9, 0, false}, {4, 0, false}, {4, 1, true}, {9, 1, true}}));
 }
 
-// Replaces one sequence's sem with NaN in one iteration.
-class NanSem final : public ForwardObserver {
+// Hands every call on to `inner`, except where a subclass spoils one sequence's iteration.
+class Spoiler : public ForwardObserver {
  public:
-  NanSem(ForwardObserver& inner, uint64_t id, uint32_t iteration)
+  Spoiler(ForwardObserver& inner, uint64_t id, uint32_t iteration)
       : inner_(inner), id_(id), iteration_(iteration) {}
   void OnBatchStart(std::span<const SequenceInfo> s) override { inner_.OnBatchStart(s); }
   void OnIterationStart(uint64_t id, uint32_t it, std::span<const float> sem) override {
-    std::vector<float> v(sem.begin(), sem.end());
-    if (id == id_ && it == iteration_) v[0] = std::numeric_limits<float>::quiet_NaN();
-    inner_.OnIterationStart(id, it, v);
+    inner_.OnIterationStart(id, it, sem);
   }
   void OnLayerGates(uint64_t id, uint32_t it, uint32_t l, std::span<const float> p) override {
     inner_.OnLayerGates(id, it, l, p);
@@ -262,16 +288,49 @@ class NanSem final : public ForwardObserver {
     inner_.OnLayerRouting(id, it, l, e, t);
   }
   uint32_t speculation_distance() const override { return inner_.speculation_distance(); }
-  void OnSpeculation(uint32_t l, uint32_t t, std::span<const float> f) override {
-    inner_.OnSpeculation(l, t, f);
+  void OnSpeculation(uint64_t id, uint32_t it, uint32_t l, uint32_t t,
+                     std::span<const float> f) override {
+    inner_.OnSpeculation(id, it, l, t, f);
   }
   void OnIterationEnd(uint64_t id, uint32_t it) override { inner_.OnIterationEnd(id, it); }
   void OnRequestEnd(uint64_t id) override { inner_.OnRequestEnd(id); }
 
- private:
+ protected:
+  bool Spoiled(uint64_t id, uint32_t it) const { return id == id_ && it == iteration_; }
   ForwardObserver& inner_;
+
+ private:
   uint64_t id_;
   uint32_t iteration_;
+};
+
+// Replaces one sequence's sem with NaN in one iteration.
+class NanSem final : public Spoiler {
+ public:
+  using Spoiler::Spoiler;
+  void OnIterationStart(uint64_t id, uint32_t it, std::span<const float> sem) override {
+    std::vector<float> v(sem.begin(), sem.end());
+    if (Spoiled(id, it)) v[0] = std::numeric_limits<float>::quiet_NaN();
+    inner_.OnIterationStart(id, it, v);
+  }
+};
+
+// Gives one sequence's speculation one fraction too few in one iteration.
+class ShortSpeculation final : public Spoiler {
+ public:
+  using Spoiler::Spoiler;
+  void OnSpeculation(uint64_t id, uint32_t it, uint32_t l, uint32_t t,
+                     std::span<const float> f) override {
+    inner_.OnSpeculation(id, it, l, t, Spoiled(id, it) ? f.first(f.size() - 1) : f);
+  }
+};
+
+// Asks for one layer more speculation than `inner` wants, so `inner` gets targets beyond its
+// distance.
+class AskFarther final : public Spoiler {
+ public:
+  using Spoiler::Spoiler;
+  uint32_t speculation_distance() const override { return inner_.speculation_distance() + 1; }
 };
 
 TEST(TraceRecorder, AnInvalidIterationEndsThatRequestsTraceAndTheFileStaysReadable) {
@@ -295,6 +354,38 @@ TEST(TraceRecorder, AnInvalidIterationEndsThatRequestsTraceAndTheFileStaysReadab
   EXPECT_EQ(its[2], (std::vector<uint32_t>{0, 1, 2, 3}));
   EXPECT_TRUE(last[1]);
   EXPECT_TRUE(last[2]);
+}
+
+TEST(TraceRecorder, ASpeculationThatDoesNotFitInvalidatesOnlyItsRequestsIteration) {
+  TempDir dir;
+  auto rec = OpenRecorder(dir.File("t.trc"));
+  ASSERT_NE(rec, nullptr);
+  ShortSpeculation bad(*rec, 2, 1);
+  for (uint32_t i = 0; i < 2; ++i) Forward(bad, {{1, i, 1}, {2, i, 1}});
+  rec->OnRequestEnd(1);
+  rec->OnRequestEnd(2);
+  EXPECT_EQ(rec->stats().dropped, 1u) << "request 2's iteration 1";
+  ASSERT_TRUE(rec->Close().ok());
+  using R = std::tuple<uint64_t, uint32_t, bool>;
+  EXPECT_EQ(Order(Read(dir.File("t.trc"))),
+            (std::vector<R>{{1, 0, false}, {2, 0, true}, {1, 1, true}}));
+}
+
+TEST(TraceRecorder, TargetsBeyondItsDistanceAreIgnored) {
+  TempDir dir;
+  auto rec = OpenRecorder(dir.File("t.trc"), /*distance=*/1);
+  ASSERT_NE(rec, nullptr);
+  AskFarther farther(*rec, 0, 0);
+  Forward(farther, {{7, 0, 2}});
+  rec->OnRequestEnd(7);
+  EXPECT_EQ(rec->stats().dropped, 0u);
+  ASSERT_TRUE(rec->Close().ok());
+  const Trace t = Read(dir.File("t.trc"));
+  ASSERT_EQ(t.iterations.size(), 1u);
+  const auto& sp = t.iterations[0].speculation;
+  ASSERT_EQ(sp.size(), 2u) << "0->1 and 1->2, not 0->2";
+  EXPECT_EQ(sp[0].target, 1);
+  EXPECT_EQ(sp[1].layer, 1);
 }
 
 TEST(TraceRecorder, MissingLayersAndWrongShapesAreNotWritten) {
@@ -361,7 +452,8 @@ TEST(TraceRecorder, WorkerHeaderDescribesTheRun) {
   EXPECT_EQ(h.source, "fmoe-worker g0 rank 0");
   EXPECT_EQ(h.iteration_unit,
             "engine iteration (0 = prefill of the whole prompt, then one decode step each)");
-  EXPECT_NE(h.semantic.find("batch-level"), std::string::npos);
+  EXPECT_NE(h.semantic.find("per request"), std::string::npos);
+  EXPECT_EQ(h.semantic.find("batch-level"), std::string::npos);
   EXPECT_NE(h.semantic.find("l+1..l+3"), std::string::npos);
   EXPECT_EQ(h.num_layers, 8u);
   EXPECT_EQ(h.num_experts, 8u);
@@ -381,13 +473,14 @@ class Counting final : public ForwardObserver {
     ++calls;
   }
   uint32_t speculation_distance() const override { return distance_; }
-  void OnSpeculation(uint32_t layer, uint32_t target, std::span<const float>) override {
-    targets.emplace_back(layer, target);
+  void OnSpeculation(uint64_t request_id, uint32_t, uint32_t layer, uint32_t target,
+                     std::span<const float>) override {
+    targets.emplace_back(request_id, layer, target);
   }
   void OnIterationEnd(uint64_t, uint32_t) override { ++calls; }
   void OnRequestEnd(uint64_t) override { ++calls; }
   int calls = 0;
-  std::vector<std::pair<uint32_t, uint32_t>> targets;
+  std::vector<std::tuple<uint64_t, uint32_t, uint32_t>> targets;  // (request, layer, target)
 
  private:
   uint32_t distance_;
@@ -406,10 +499,12 @@ TEST(ObserverFanOut, EveryObserverGetsEveryCallAndOnlyItsOwnSpeculationTargets) 
   fan.OnRequestEnd(1);
   // 1 batch + 2 starts + 3 layers x (2 gates + 2 routings) + 2 ends + 1 request end.
   for (const Counting* c : {&none, &one, &two}) EXPECT_EQ(c->calls, 18);
-  using P = std::pair<uint32_t, uint32_t>;
+  // Speculation once per sequence, in batch order.
+  using P = std::tuple<uint64_t, uint32_t, uint32_t>;
   EXPECT_TRUE(none.targets.empty());
-  EXPECT_EQ(one.targets, (std::vector<P>{{0, 1}, {1, 2}}));
-  EXPECT_EQ(two.targets, (std::vector<P>{{0, 1}, {0, 2}, {1, 2}}));
+  EXPECT_EQ(one.targets, (std::vector<P>{{1, 0, 1}, {2, 0, 1}, {1, 1, 2}, {2, 1, 2}}));
+  EXPECT_EQ(two.targets,
+            (std::vector<P>{{1, 0, 1}, {2, 0, 1}, {1, 0, 2}, {2, 0, 2}, {1, 1, 2}, {2, 1, 2}}));
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // process: this test binds the router's worker socket itself, sends Generate and Cancel over
 // ZeroMQ, and reads the trace back with ReadTrace. Checked: the records (prefill tokens = prompt
 // length, one decode token after, routing sums, maps summing to 1, speculation at the map
-// service's distance although the policy is lru), one record per iteration that produced a
+// service's distance although the policy is lru, each request's own even when batched: every
+// fraction a multiple of 1 / the request's tokens), one record per iteration that produced a
 // token, `last` on every request's final record whether it finished, was cancelled or was still
 // running at SIGTERM; SIGKILL leaves a readable trace; recording changes neither the tokens nor
 // the expert cache's hits and misses; a bad path fails the start naming it.
@@ -276,6 +277,14 @@ TEST(TraceE2e, RecordsEveryIterationAndChangesNothing) {
         double sum = 0;
         for (float f : sp.fractions) sum += f;
         EXPECT_NEAR(sum, K, 1e-3) << "every token picks K experts";
+        // The request's own tokens only: with requests 10 and 11 batched, a share of the batch
+        // (e.g. 1/2 in a decode step where one of them picks an expert) is not one of these.
+        for (float f : sp.fractions) {
+          const double picks = double{f} * it.tokens;
+          EXPECT_NEAR(picks, std::round(picks), 1e-3) << sp.layer << "->" << sp.target << ": " << f
+                                                      << " is not a multiple of 1/" << it.tokens;
+          EXPECT_GE(std::round(picks), 1.0);
+        }
       }
     }
   }
