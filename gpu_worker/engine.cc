@@ -257,12 +257,17 @@ void Engine::Retire(Sequence& seq, FinishReason reason) {
 
 void Engine::Finish(Sequence& seq, FinishReason reason, std::string error) {
   if (seq.finished) return;
+  // The request's expert figures, before Retire ends its usage in the cache.
+  const RequestUsage usage = grouped() ? seq.group_usage : experts_.Usage(seq.id);
   Retire(seq, reason);
   TokenEvent ev;
   ev.request_id = seq.id;
   ev.finish = reason;
   ev.error = std::move(error);
   ev.index = static_cast<uint32_t>(seq.output.size());
+  ev.expert_hits = usage.hits;
+  ev.expert_misses = usage.misses;
+  ev.bytes_moved = usage.bytes_moved;
   sink_(ev);
 }
 

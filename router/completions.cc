@@ -1,5 +1,6 @@
 #include "router/completions.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -169,9 +170,11 @@ struct CompletionState {
 
   void OnEvent(const TokenEvent& ev) {
     std::lock_guard<std::mutex> lock(mu);
-    hits = ev.expert_hits;
-    misses = ev.expert_misses;
-    bytes = ev.bytes_moved;
+    // The figures are the request's totals so far; an event without them (an error) keeps the
+    // last ones.
+    hits = std::max(hits, ev.expert_hits);
+    misses = std::max(misses, ev.expert_misses);
+    bytes = std::max(bytes, ev.bytes_moved);
     if (ev.token_id >= 0) {
       last_token = std::chrono::steady_clock::now();
       if (completion_tokens == 0) first_token = last_token;

@@ -133,6 +133,18 @@ TEST_F(RouterTest, CompletionWithUsageAndExpertFigures) {
   EXPECT_EQ(u["total_tokens"], u["prompt_tokens"].get<int>() + u["completion_tokens"].get<int>());
   EXPECT_GT(u["fmoe_experts"]["hits"].get<int>() + u["fmoe_experts"]["misses"].get<int>(), 0);
 
+  // A request the model ends (eos) before its first token still reports the experts its
+  // prefill used.
+  Reply e = Post(http_, Completion({{"prompt", "Are these deductive arguments?"}}));
+  ASSERT_EQ(e.status, 200) << e.body;
+  const Json ej = Json::parse(e.body);
+  ASSERT_EQ(ej["usage"]["completion_tokens"], 0) << e.body;
+  EXPECT_EQ(ej["choices"][0]["finish_reason"], "stop");
+  EXPECT_GT(ej["usage"]["fmoe_experts"]["hits"].get<int>() +
+                ej["usage"]["fmoe_experts"]["misses"].get<int>(),
+            0)
+      << e.body;
+
   Reply models = Call(http_, "GET", "/v1/models");
   ASSERT_EQ(models.status, 200);
   EXPECT_EQ(Json::parse(models.body)["data"][0]["id"], "tiny-moe");
