@@ -43,6 +43,13 @@ class ManualClock final : public Clock {
   std::atomic<int64_t> now_ns_;
 };
 
+// Monotonic microseconds (steady clock), for timing code paths that take no Clock.
+inline int64_t SteadyNowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // Wall-clock milliseconds since the Unix epoch, for records and logs (not for timeouts).
 inline uint64_t UnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(

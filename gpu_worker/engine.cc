@@ -4,18 +4,10 @@
 #include <chrono>
 #include <string>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace fmoe {
-namespace {
-
-int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 struct Engine::Sequence {
   uint64_t id = 0;
@@ -52,7 +44,7 @@ void Engine::Submit(Generate request) {
   active_.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    inbox_.push_back({Command{false, std::move(request)}, NowUs()});
+    inbox_.push_back({Command{false, std::move(request)}, SteadyNowUs()});
   }
   cv_.notify_one();
 }
@@ -63,7 +55,7 @@ void Engine::Cancel(uint64_t request_id) {
     Command c;
     c.cancel = true;
     c.request.request_id = request_id;
-    inbox_.push_back({std::move(c), NowUs()});
+    inbox_.push_back({std::move(c), SteadyNowUs()});
   }
   cv_.notify_one();
 }
@@ -84,10 +76,10 @@ void Engine::WaitForWork(int timeout_ms) {
 }
 
 void Engine::Run(const std::function<bool()>& stop) {
-  last_plan_us_ = NowUs();
+  last_plan_us_ = SteadyNowUs();
   while (!stop() && !group_failed_) {
     if (Step()) continue;
-    if (grouped() && NowUs() - last_plan_us_ >= int64_t{options_.keepalive_ms} * 1000) {
+    if (grouped() && SteadyNowUs() - last_plan_us_ >= int64_t{options_.keepalive_ms} * 1000) {
       SendPlan(PlanKind::kIdle, {});
       continue;
     }
@@ -111,7 +103,7 @@ bool Engine::SendPlan(PlanKind kind, std::span<const SequenceInput> inputs) {
     plan.sequences.push_back({in.request_id, in.iteration, {in.tokens.begin(), in.tokens.end()}});
   }
   std::vector<uint8_t> bytes = EncodePlan(plan);
-  last_plan_us_ = NowUs();
+  last_plan_us_ = SteadyNowUs();
   if (Status s = options_.group->Broadcast(&bytes); !s.ok()) {
     GroupFailed(s);
     return false;
@@ -220,7 +212,7 @@ void Engine::Fail(uint64_t request_id, const std::string& error) {
 }
 
 void Engine::Emit(Sequence& seq, int32_t token, FinishReason finish) {
-  const int64_t now = NowUs();
+  const int64_t now = SteadyNowUs();
   TokenEvent ev;
   ev.request_id = seq.id;
   ev.token_id = token;
@@ -278,7 +270,7 @@ bool Engine::Step() {
     if (seq->cancelled) Finish(*seq, FinishReason::kCancelled);
   }
   std::erase_if(running_, [](const auto& s) { return s->finished; });
-  const int64_t now = NowUs();
+  const int64_t now = SteadyNowUs();
   while (running_.size() < options_.max_batch && !waiting_.empty()) {
     std::unique_ptr<Sequence> seq = std::move(waiting_.front());
     waiting_.pop_front();
@@ -304,9 +296,9 @@ bool Engine::Step() {
   }
   if (grouped() && !SendPlan(PlanKind::kIteration, inputs)) return false;
   ForwardResult result;
-  const int64_t t0 = NowUs();
+  const int64_t t0 = SteadyNowUs();
   Status s = model_.Forward(inputs, experts_, observer_, &result);
-  stats_.forward_us += static_cast<uint64_t>(NowUs() - t0);
+  stats_.forward_us += static_cast<uint64_t>(SteadyNowUs() - t0);
   ++stats_.iterations;
   if (!s.ok() && grouped()) {
     // The other ranks may have finished this Forward or not: the group cannot go on.

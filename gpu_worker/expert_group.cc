@@ -16,16 +16,11 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace fmoe {
 namespace {
-
-int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // The first broadcast of a plan carries its length and, when it fits, the plan itself: a decode
 // iteration's plan needs one collective.
@@ -177,7 +172,7 @@ Status ExpertGroup::Fail(const std::string& op, const std::string& why) {
 Status ExpertGroup::CombineDisjoint(at::Tensor& t) {
   if (options_.world_size == 1) return Status::Ok();
   if (failed()) return failure();
-  const int64_t t0 = NowUs();
+  const int64_t t0 = SteadyNowUs();
   const size_t bytes = t.numel() * t.element_size();
   try {
     at::Tensor flat = t.is_contiguous() ? t : t.contiguous();
@@ -194,14 +189,14 @@ Status ExpertGroup::CombineDisjoint(at::Tensor& t) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.combines;
   stats_.payload_bytes += bytes;
-  stats_.wait_us += static_cast<uint64_t>(NowUs() - t0);
+  stats_.wait_us += static_cast<uint64_t>(SteadyNowUs() - t0);
   return Status::Ok();
 }
 
 Status ExpertGroup::Broadcast(std::vector<uint8_t>* bytes) {
   if (options_.world_size == 1) return Status::Ok();
   if (failed()) return failure();
-  const int64_t t0 = NowUs();
+  const int64_t t0 = SteadyNowUs();
   const bool root = options_.rank == 0;
   const auto cpu_bytes = at::TensorOptions().dtype(at::kByte);
   try {
@@ -245,14 +240,14 @@ Status ExpertGroup::Broadcast(std::vector<uint8_t>* bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.broadcasts;
   if (root) stats_.payload_bytes += bytes->size();
-  stats_.wait_us += static_cast<uint64_t>(NowUs() - t0);
+  stats_.wait_us += static_cast<uint64_t>(SteadyNowUs() - t0);
   return Status::Ok();
 }
 
 Status ExpertGroup::SumCounters(std::span<int64_t> values) {
   if (options_.world_size == 1 || values.empty()) return Status::Ok();
   if (failed()) return failure();
-  const int64_t t0 = NowUs();
+  const int64_t t0 = SteadyNowUs();
   try {
     at::Tensor host = at::from_blob(values.data(), {static_cast<int64_t>(values.size())},
                                     at::TensorOptions().dtype(at::kLong));
@@ -265,7 +260,7 @@ Status ExpertGroup::SumCounters(std::span<int64_t> values) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.sums;
   stats_.payload_bytes += values.size() * sizeof(int64_t);
-  stats_.wait_us += static_cast<uint64_t>(NowUs() - t0);
+  stats_.wait_us += static_cast<uint64_t>(SteadyNowUs() - t0);
   return Status::Ok();
 }
 

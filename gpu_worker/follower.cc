@@ -3,18 +3,10 @@
 #include <chrono>
 #include <string>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace fmoe {
-namespace {
-
-int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 Follower::Follower(MixtralModel& model, ExpertSource& experts, ExpertGroup& group,
                    uint32_t max_batch, std::function<ExpertFigures()> local_figures)
@@ -32,8 +24,8 @@ Status Follower::Run(const std::function<bool()>& stop, std::chrono::millisecond
   std::vector<uint8_t> bytes;
   int64_t leave_at_us = -1;
   while (true) {
-    if (leave_at_us < 0 && stop()) leave_at_us = NowUs() + grace.count() * 1000;
-    if (leave_at_us >= 0 && NowUs() >= leave_at_us) return Status::Ok();
+    if (leave_at_us < 0 && stop()) leave_at_us = SteadyNowUs() + grace.count() * 1000;
+    if (leave_at_us >= 0 && SteadyNowUs() >= leave_at_us) return Status::Ok();
     FMOE_RETURN_IF_ERROR(group_.Broadcast(&bytes));
     auto plan = DecodePlan(bytes, limits_);
     if (!plan.ok()) return Internal("from the leader: " + plan.status().message());
@@ -82,9 +74,9 @@ Status Follower::RunPlan(const IterationPlan& plan) {
     return Internal("the leader runs " + std::to_string(requests_.size()) +
                     " requests, more than max_batch " + std::to_string(limits_.max_sequences));
   }
-  const int64_t t0 = NowUs();
+  const int64_t t0 = SteadyNowUs();
   FMOE_RETURN_IF_ERROR(model_.Forward(inputs, experts_, nullptr, nullptr));
-  stats_.forward_us += static_cast<uint64_t>(NowUs() - t0);
+  stats_.forward_us += static_cast<uint64_t>(SteadyNowUs() - t0);
   ++stats_.iterations;
   std::vector<RequestUsage> usage;
   for (const SequenceInput& in : inputs) usage.push_back(experts_.Usage(in.request_id));
