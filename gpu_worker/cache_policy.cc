@@ -156,23 +156,25 @@ class NextUsePolicy final : public FmoePolicy {
 // oracle (replay only): knows the whole access sequence. Prefetches the next d layers' experts
 // exactly (nearer first) and evicts the expert used again furthest in the future (Belady).
 // fmoe's cache (beyond fMoE 4.5's p * freq; DESIGN section 6 "Beyond the paper"): evicts the
-// resident expert whose next use is expected furthest away, a Belady estimate from two sources:
+// resident expert whose next use is expected furthest away, a Belady estimate from three sources:
 //  - this iteration's later layers: the matched map's probability from the map service's
 //    directives (usage probability min(1, K * p)), while the directive is for the running
 //    iteration;
 //  - every later iteration: q, the per-iteration use frequency of the expert within the running
 //    requests (decayed by `decay` per iteration, smoothed toward the expert's frequency over
-//    every request so far), so an expert is used about every 1/q iterations.
+//    every request so far with the weight of `prior_weight` iterations), so an expert is used
+//    about every 1/q iterations;
+//  - recency: an expert used the last time its layer ran gets q at least the measured repeat
+//    rate (the share of uses whose expert the previous iteration used too, over all requests).
 // Expected distance in layers for expert (l', j) while layer l runs, q' = max(q, 1e-4):
 //   l' > l:  u * (l' - l) + (1 - u) * (l' - l + L / q'),  u = this iteration's usage probability
 //   l' <= l: (L - l + l') + L * (1 / q' - 1)
 // The largest goes first; ties by least recent use. Prefetches every expert of the directives,
-// as fMoE does. `decay` 0.9 and `prior_weight` 4 iterations were the best of a small sweep on the
-// DeepSeek-V2-Lite trace (bench/RESULTS.md, policy replay); plain request counts (decay 1)
-// came close.
+// as fMoE does. The constants were the best of a small sweep on the DeepSeek-V2-Lite trace
+// (bench/RESULTS.md, policy replay); the recency term is what lifts it above LRU.
 class PredictedUsePolicy final : public Tracked {
  public:
-  explicit PredictedUsePolicy(std::string name, double decay = 0.9, double prior_weight = 4.0)
+  explicit PredictedUsePolicy(std::string name, double decay = 0.95, double prior_weight = 4.0)
       : name_(std::move(name)), decay_(decay), prior_weight_(prior_weight) {}
   std::string_view name() const override { return name_; }
   void Attach(CacheControl* control) override {
@@ -182,6 +184,7 @@ class PredictedUsePolicy final : public Tracked {
     directive_p_.assign(n, 0.0f);
     directive_iteration_.assign(n, 0);
     q_.assign(n, 0.0);
+    last_iteration_.assign(n, 0);
   }
   void OnIterationStart(std::span<const SequenceInfo> sequences) override {
     ++iteration_;
@@ -194,6 +197,8 @@ class PredictedUsePolicy final : public Tracked {
       batch_.push_back(s.request_id);
     }
     ++global_iterations_;
+    candidates_ += used_this_iteration_;
+    used_this_iteration_ = 0;
     RefreshQ();
   }
   void OnLayerStart(const LayerRouting& routing) override {
@@ -202,6 +207,9 @@ class PredictedUsePolicy final : public Tracked {
     for (uint32_t e : routing.experts) {
       const size_t k = Key(routing.layer, e);
       ++global_uses_[k];
+      if (last_iteration_[k] + 1 == iteration_) ++repeats_;
+      last_iteration_[k] = iteration_;
+      ++used_this_iteration_;
       for (size_t s = 0; s < batch_.size(); ++s) {
         if (per_sequence && routing.sequence_counts[s * J + e] == 0) continue;
         Request& r = requests_[batch_[s]];
@@ -227,7 +235,14 @@ class PredictedUsePolicy final : public Tracked {
     const size_t k = Key(layer, expert);
     const double L = control_->num_layers();
     const double now = control_->current_layer();
-    const double q = std::max(q_[k], 1e-4);
+    double q = std::max(q_[k], 1e-4);
+    // Used the last time its layer ran: at least as likely as any expert to be used again
+    // the next time (the measured repeat rate over every request).
+    const bool recent =
+        layer > now ? last_iteration_[k] + 1 == iteration_ : last_iteration_[k] == iteration_;
+    if (recent && candidates_ >= kMinCandidates) {
+      q = std::max(q, static_cast<double>(repeats_) / static_cast<double>(candidates_));
+    }
     double distance;
     if (layer > now) {
       const double u = directive_iteration_[k] == iteration_ ? directive_p_[k] : std::min(q, 1.0);
@@ -267,6 +282,7 @@ class PredictedUsePolicy final : public Tracked {
     }
   }
 
+  static constexpr uint64_t kMinCandidates = 64;  // Before that, no repeat rate is trusted.
   std::string name_;
   double decay_;
   double prior_weight_;
@@ -276,6 +292,10 @@ class PredictedUsePolicy final : public Tracked {
   std::vector<float> directive_p_;
   std::vector<uint64_t> directive_iteration_;
   std::vector<double> q_;
+  std::vector<uint64_t> last_iteration_;  // iteration_ of the expert's last use (0 = none).
+  uint64_t repeats_ = 0;     // Uses of an expert that the previous iteration also used.
+  uint64_t candidates_ = 0;  // Uses in iterations that another iteration followed.
+  uint64_t used_this_iteration_ = 0;
   std::unordered_map<uint64_t, Request> requests_;
   std::vector<uint64_t> batch_;
 };

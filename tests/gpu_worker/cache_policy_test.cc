@@ -106,6 +106,23 @@ TEST(FmoePolicyTest, ARequestsFrequenciesLeaveWithIt) {
   EXPECT_GT((*p)->EvictionScore(2, 2), (*p)->EvictionScore(2, 0));
 }
 
+TEST(FmoePolicyTest, WhatTheLastIterationUsedComesBackAtTheMeasuredRepeatRate) {
+  Control c;
+  auto p = MakePolicy("fmoe", PolicyOptions{});
+  ASSERT_TRUE(p.ok());
+  (*p)->Attach(&c);
+  // Experts 0 and 1 for 15 iterations, then 2 and 3 for 5: nearly every use repeats the
+  // previous iteration's experts. Expert 0 is the more frequent in this request; expert 2 was
+  // used last time, and the repeat rate (about 0.95) says it comes back first.
+  for (uint32_t i = 0; i < 15; ++i) Iterate(**p, c, 1, i, 0, 1);
+  for (uint32_t i = 15; i < 20; ++i) Iterate(**p, c, 1, i, 2, 3);
+  const SequenceInfo seq{1, 20, 1};
+  (**p).OnIterationStart({&seq, 1});
+  c.layer = 0;
+  EXPECT_GT((*p)->EvictionScore(1, 2), (*p)->EvictionScore(1, 0));
+  EXPECT_GT((*p)->EvictionScore(3, 3), (*p)->EvictionScore(3, 1));
+}
+
 TEST(FmoePolicyTest, PaperRuleStaysAvailableAsAnAblation) {
   auto p = MakePolicy("fmoe-pfreq", PolicyOptions{});
   ASSERT_TRUE(p.ok());
