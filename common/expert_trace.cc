@@ -181,8 +181,9 @@ Status ValidateTraceIteration(const TraceHeader& h, const TraceIteration& it) {
   }
   const uint64_t routed = static_cast<uint64_t>(it.tokens) * h.top_k;
   for (uint32_t l = 0; l < h.num_layers; ++l) {
-    if (it.used_offsets[l + 1] < it.used_offsets[l]) {
-      return InvalidArgument(at + ": routing offsets decrease at layer " + std::to_string(l));
+    if (it.used_offsets[l + 1] < it.used_offsets[l] ||
+        it.used_offsets[l + 1] > it.used_experts.size()) {
+      return InvalidArgument(at + ": routing offsets out of order at layer " + std::to_string(l));
     }
     const std::string where = at + ": layer " + std::to_string(l);
     FMOE_RETURN_IF_ERROR(CheckExperts(it.used(l), h.num_experts, where + " routing"));
@@ -210,8 +211,9 @@ Status ValidateTraceIteration(const TraceHeader& h, const TraceIteration& it) {
       return InvalidArgument(at + ": map offsets do not match num_layers and the entries");
     }
     for (uint32_t l = 0; l < h.num_layers; ++l) {
-      if (it.map_offsets[l + 1] < it.map_offsets[l]) {
-        return InvalidArgument(at + ": map offsets decrease at layer " + std::to_string(l));
+      if (it.map_offsets[l + 1] < it.map_offsets[l] ||
+          it.map_offsets[l + 1] > it.map_experts.size()) {
+        return InvalidArgument(at + ": map offsets out of order at layer " + std::to_string(l));
       }
       const std::string where = at + ": layer " + std::to_string(l) + " map";
       FMOE_RETURN_IF_ERROR(

@@ -125,6 +125,12 @@ TEST_F(ExpertTraceTest, AppendRejectsBadIterations) {
   it = Iteration(1, 0, false, false);
   it.tokens = 0;
   expect_error(it, "tokens is 0");
+  it = Iteration(1, 0, false, false);
+  it.used_offsets = {0, 9, 5};  // Past the entries, then back: never read out of bounds.
+  expect_error(it, "routing offsets out of order at layer 0");
+  it = Iteration(1, 0, false, false);
+  it.map_offsets = {0, 7, 6};
+  expect_error(it, "map offsets out of order at layer 0");
   EXPECT_EQ(w->records(), 0u);
   TraceHeader bad = header_;
   bad.top_k = 5;
