@@ -4,8 +4,6 @@
 // one all-resident rank generates; each rank loads and caches only the experts it owns; the
 // group's expert figures are the sum of the ranks'; a rank that leaves, or stops answering,
 // breaks the group within the collective timeout instead of hanging it.
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <ATen/Parallel.h>
@@ -28,6 +26,7 @@
 #include "gpu_worker/expert_group.h"
 #include "gpu_worker/follower.h"
 #include "gpu_worker/model.h"
+#include "tests/harness/process_harness.h"
 
 namespace fmoe {
 namespace {
@@ -83,18 +82,7 @@ RankWeights& Weights(uint32_t world, uint32_t rank) {
   return *slot;
 }
 
-uint16_t FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+uint16_t FreePort() { return static_cast<uint16_t>(testing::FreeTcpPort()); }
 
 std::vector<Generate> Requests() {
   std::vector<Generate> out;
