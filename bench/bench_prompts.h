@@ -11,6 +11,17 @@
 
 namespace fmoe::bench {
 
+// Eight short prompts of different kinds, for when no prompts file is given.
+inline const std::vector<std::string> kFallbackPrompts = {
+    "The history of the city begins with a small settlement on the river",
+    "In the beginning God created the heaven and the earth.",
+    "def fibonacci(n):\n    if n < 2:\n        return n",
+    "The theorem states that for every prime number p",
+    "She opened the door and saw the garden covered in snow.",
+    "Water boils at a lower temperature on a mountain because",
+    "The committee published its report on the new railway line",
+    "Abstract. We study the problem of learning sparse mixtures"};
+
 inline std::vector<std::string> ReadPrompts(const std::string& path, size_t want,
                                             const std::vector<std::string>& fallbacks,
                                             size_t max_bytes = std::string::npos) {

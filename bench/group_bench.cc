@@ -45,15 +45,7 @@ using namespace fmoe;
 using BenchClock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
-const std::vector<std::string> kFallback = {
-    "The history of the city begins with a small settlement on the river",
-    "In the beginning God created the heaven and the earth.",
-    "def fibonacci(n):\n    if n < 2:\n        return n",
-    "The theorem states that for every prime number p",
-    "She opened the door and saw the garden covered in snow.",
-    "Water boils at a lower temperature on a mountain because",
-    "The committee published its report on the new railway line",
-    "Abstract. We study the problem of learning sparse mixtures"};
+const std::vector<std::string>& kFallback = bench::kFallbackPrompts;
 
 struct Config {
   std::string model_dir;
