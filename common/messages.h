@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -67,6 +68,20 @@ struct SamplingParams {
   uint32_t max_tokens = 16;
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop;  // Stop strings: generation ends once the text contains one.
+  // Logits processing, in vLLM's order: logit_bias, min_tokens, the penalties, temperature,
+  // min_p, top_k, top_p. Greedy decoding takes the highest processed logit.
+  std::vector<std::pair<int32_t, float>> logit_bias;  // Added to a token's logit; -100 to 100.
+  uint32_t min_tokens = 0;  // Until this many tokens, eos and stop_token_ids cannot be drawn
+                            // and stop strings are not looked for.
+  bool ignore_eos = false;  // The model's eos tokens do not end generation.
+  float presence_penalty = 0.0f;   // -2 to 2: subtracted once from each token of the output.
+  float frequency_penalty = 0.0f;  // -2 to 2: subtracted per occurrence in the output.
+  float repetition_penalty = 1.0f;  // > 0: divides positive, multiplies negative logits of
+                                    // tokens in the prompt or the output.
+  float min_p = 0.0f;  // 0 to 1: drops tokens less likely than min_p x the likeliest one.
+  // -1: no logprobs. N >= 0: every event carries the drawn token's log-probability and the N
+  // likeliest tokens' (N <= 20), from the model's raw logits (log_softmax, as vLLM reports).
+  int32_t logprobs = -1;
 };
 
 // Router -> leader.
@@ -96,6 +111,10 @@ struct TokenEvent {
   uint64_t expert_hits = 0;  // Per-request expert figures so far.
   uint64_t expert_misses = 0;
   uint64_t bytes_moved = 0;
+  // With sampling.logprobs >= 0, on events that carry a token: the token's log-probability and
+  // the top sampling.logprobs (id, log-probability), likeliest first.
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
 };
 
 // Leader -> router, once, when the group is dead (a rank failed a collective) and the leader is

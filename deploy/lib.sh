@@ -66,6 +66,9 @@ fmoe_build() {
   local jobs
   jobs="$(nproc 2>/dev/null || echo 2)"
   export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+  # Paths below the checkout are hashed relative to it, so another clone of the project (a fresh
+  # CI checkout, a second work tree) reuses the objects already compiled.
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(dirname "$FMOE_ROOT")}"
   fmoe_log "configuring $dir ${cmake_args[*]}"
   cmake -S "$FMOE_ROOT" -B "$dir" -G Ninja "${cmake_args[@]}" >"$dir.configure.log" 2>&1 \
     || { cat "$dir.configure.log" >&2; fmoe_die "cmake configure failed (log: $dir.configure.log)"; }
