@@ -163,7 +163,9 @@ std::string TextStream::Push(int32_t id) {
   std::string text = tokenizer_.Decode(window, skip_special_);
   size_t end = text.size() - IncompleteUtf8Tail(text);
   std::string piece;
-  if (end > emitted_bytes_) piece = text.substr(emitted_bytes_, end - emitted_bytes_);
+  if (end > emitted_bytes_) {
+    piece = ToValidUtf8(std::string_view(text).substr(emitted_bytes_, end - emitted_bytes_));
+  }
   emitted_bytes_ = std::max(emitted_bytes_, end);
   if (end == text.size()) {
     // Everything decoded so far is out: restart the window at the last token that decodes to
@@ -183,7 +185,9 @@ std::string TextStream::Push(int32_t id) {
 std::string TextStream::Finish() {
   std::span<const int32_t> window(ids_.data() + prefix_, ids_.size() - prefix_);
   std::string text = tokenizer_.Decode(window, skip_special_);
-  std::string rest = text.size() > emitted_bytes_ ? text.substr(emitted_bytes_) : std::string();
+  std::string rest = text.size() > emitted_bytes_
+                         ? ToValidUtf8(std::string_view(text).substr(emitted_bytes_))
+                         : std::string();
   emitted_bytes_ = text.size();
   return rest;
 }

@@ -63,13 +63,14 @@ class Tokenizer {
 
 // Incremental detokenization for streaming: Push(id) returns the text that became final with
 // this token. Never splits a UTF-8 character (bytes of an incomplete character are held until
-// it completes); the concatenation of all pieces plus Finish() equals Decode(all ids).
+// it completes). Every piece is valid UTF-8: ill-formed bytes (a byte-level token that is not a
+// whole character, a character cut by the end of generation) become U+FFFD, so the
+// concatenation of all pieces plus Finish() equals ToValidUtf8(Decode(all ids)).
 class TextStream {
  public:
   TextStream(const Tokenizer& tokenizer, bool skip_special_tokens);
   std::string Push(int32_t id);
-  // Whatever is still held (an incomplete character at the end is returned as is, as Decode
-  // would).
+  // Whatever is still held (an incomplete character at the end becomes U+FFFD).
   std::string Finish();
 
  private:

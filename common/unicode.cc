@@ -78,6 +78,57 @@ size_t FirstInvalidUtf8(std::string_view s) {
 
 bool IsValidUtf8(std::string_view s) { return FirstInvalidUtf8(s) == s.size(); }
 
+std::string ToValidUtf8(std::string_view s) {
+  size_t bad = FirstInvalidUtf8(s);
+  if (bad == s.size()) return std::string(s);
+  constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  std::string out(s.substr(0, bad));
+  size_t i = bad;
+  while (i < n) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    // The sequence's length and the range its second byte must be in (Unicode Table 3-7).
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    }
+    if (len == 0) {  // Never a lead byte.
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    size_t k = 1;
+    while (k < len && i + k < n) {
+      const unsigned char b = p[i + k];
+      const bool ok = k == 1 ? (b >= lo && b <= hi) : (b & 0xC0) == 0x80;
+      if (!ok) break;
+      ++k;
+    }
+    if (k == len) {
+      out.append(s.substr(i, len));
+    } else {
+      out += kReplacement;  // The maximal subpart s[i, i+k) stands for one character.
+    }
+    i += k;
+  }
+  return out;
+}
+
 size_t IncompleteUtf8Tail(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   size_t n = s.size();

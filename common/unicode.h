@@ -24,6 +24,11 @@ size_t FirstInvalidUtf8(std::string_view s);
 // there yet (0 when `s` ends on a character boundary, or in bytes that can never complete).
 size_t IncompleteUtf8Tail(std::string_view s);
 
+// `s` with each ill-formed sequence replaced by U+FFFD: one per maximal subpart of an ill-formed
+// subsequence (Unicode's recommended practice, as Rust's from_utf8_lossy and so Hugging Face
+// `tokenizers` decode). Valid input comes back unchanged.
+std::string ToValidUtf8(std::string_view s);
+
 // Decodes the character at s[i] (which must be valid UTF-8); returns its length in bytes.
 size_t DecodeUtf8(std::string_view s, size_t i, char32_t* cp);
 void AppendUtf8(char32_t cp, std::string* out);

@@ -55,7 +55,21 @@ void WriteFile(const fs::path& path, const std::string& text) {
   out << text;
 }
 
-std::string Printable(const std::string& s) { return Json(s).dump(-1, ' ', true); }
+// The text as a JSON string; bytes that are not UTF-8 as \xHH.
+std::string Printable(const std::string& s) {
+  if (IsValidUtf8(s)) return Json(s).dump(-1, ' ', true);
+  std::string out;
+  char buf[8];
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      std::snprintf(buf, sizeof(buf), "\\x%02X", c);
+      out += buf;
+    }
+  }
+  return out;
+}
 
 // ---- identical ids to Hugging Face `tokenizers` and `sentencepiece` ----
 
@@ -317,7 +331,7 @@ TEST(TextStream, PiecesConcatenateToDecodeAndNeverSplitACharacter) {
         SCOPED_TRACE(std::string(variant) + (skip ? " skip " : " keep ") + Printable(s));
         std::string all;
         std::vector<std::string> pieces = StreamPieces(*tok, ids, skip, &all);
-        EXPECT_EQ(all, tok->Decode(ids, skip));
+        EXPECT_EQ(all, ToValidUtf8(tok->Decode(ids, skip)));
         for (const std::string& p : pieces) EXPECT_TRUE(IsValidUtf8(p)) << Printable(p);
       }
     }
@@ -354,7 +368,48 @@ TEST(TextStream, FinishReturnsAnIncompleteTail) {
   std::string out;
   for (int32_t id : ids) out += stream.Push(id);
   EXPECT_EQ(out, "x");
-  EXPECT_EQ(stream.Finish(), "\xF0\x9F\x8D");
+  EXPECT_EQ(stream.Finish(), "\xEF\xBF\xBD");  // The cut character is one U+FFFD.
+}
+
+// Sampled output can be any sequence of byte-level tokens: a lead byte followed by a space, a
+// lone continuation byte, a character cut by the end. Every piece must be valid UTF-8, with
+// U+FFFD where the bytes are not a character, as Hugging Face tokenizers decode.
+TEST(TextStream, EveryKindOfInvalidUtf8ComesOutAsReplacementCharacters) {
+  auto tok = MustLoad(kFixtures + "/gpt2");
+  ASSERT_NE(tok, nullptr);
+  // The byte-level token of each raw byte (every byte is in the base alphabet).
+  auto byte_id = [&](unsigned char b) {
+    std::string token;
+    ByteLevelEncode(std::string(1, static_cast<char>(b)), &token);
+    std::optional<int32_t> id = tok->TokenToId(token);
+    EXPECT_TRUE(id.has_value()) << int(b);
+    return id.value_or(0);
+  };
+  const std::string fffd = "\xEF\xBF\xBD";
+  struct Case {
+    std::vector<unsigned char> bytes;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{0xE4, ' '}, fffd + " "},                              // A lead byte followed by a space.
+      {{'a', 0x80, 'b'}, "a" + fffd + "b"},                   // A lone continuation byte.
+      {{0xC0, 0xAF}, fffd + fffd},                            // An overlong form.
+      {{0xED, 0xA0, 0x80}, fffd + fffd + fffd},               // A UTF-16 surrogate.
+      {{0xF4, 0x90, 0x80, 0x80}, fffd + fffd + fffd + fffd},  // Above U+10FFFF.
+      {{0xF0, 0x9F, 0x98}, fffd},                         // Cut by the end: one maximal subpart.
+      {{0xF0, 0x9F, 'x'}, fffd + "x"},                    // Cut by another character.
+      {{0xFF, 0xFE}, fffd + fffd},                        // Never lead bytes.
+      {{0xE6, 0x97, 0xA5, 0xE6}, "\xE6\x97\xA5" + fffd},  // A whole character, then a cut one.
+  };
+  for (const Case& c : cases) {
+    std::vector<int32_t> ids;
+    for (unsigned char b : c.bytes) ids.push_back(byte_id(b));
+    std::string all;
+    std::vector<std::string> pieces = StreamPieces(*tok, ids, false, &all);
+    SCOPED_TRACE(Printable(std::string(c.bytes.begin(), c.bytes.end())));
+    EXPECT_EQ(all, c.expected);
+    for (const std::string& p : pieces) EXPECT_TRUE(IsValidUtf8(p)) << Printable(p);
+  }
 }
 
 // ---- StopMatcher ----

@@ -21,6 +21,28 @@ TEST(Unicode, ValidatesUtf8Strictly) {
   EXPECT_EQ(FirstInvalidUtf8(std::string("a\0b", 3)), 3u);  // NUL is a character.
 }
 
+TEST(Unicode, ReplacesEachMaximalIllFormedSubpartWithOneReplacementCharacter) {
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(ToValidUtf8(""), "");
+  EXPECT_EQ(ToValidUtf8("caf\xC3\xA9 \xF0\x9F\x98\x80"), "caf\xC3\xA9 \xF0\x9F\x98\x80");
+  EXPECT_EQ(ToValidUtf8("ab\x80"), "ab" + r);
+  EXPECT_EQ(ToValidUtf8("\xE4 x"), r + " x");
+  EXPECT_EQ(ToValidUtf8("\xC0\xAF"), r + r);                  // Overlong: C0 is never a lead.
+  EXPECT_EQ(ToValidUtf8("\xE0\x80\xAF"), r + r + r);          // E0's second byte must be A0..BF.
+  EXPECT_EQ(ToValidUtf8("\xED\xA0\x80"), r + r + r);          // Surrogates.
+  EXPECT_EQ(ToValidUtf8("\xF4\x90\x80\x80"), r + r + r + r);  // Above U+10FFFF.
+  EXPECT_EQ(ToValidUtf8("\xF0\x9F\x98"), r);                  // Truncated: one subpart.
+  EXPECT_EQ(ToValidUtf8("\xF0\x9F\x98x\xE6\x97"), r + "x" + r);
+  EXPECT_EQ(ToValidUtf8("\xE6\x41\x41"), r + "AA");
+  EXPECT_EQ(ToValidUtf8("\xF5\xFF"), r + r);
+  for (int b = 0; b < 256; ++b) {
+    for (int c = 0; c < 256; c += 7) {
+      const std::string s = {static_cast<char>(b), static_cast<char>(c), '\xA5', 'z'};
+      EXPECT_TRUE(IsValidUtf8(ToValidUtf8(s))) << b << " " << c;
+    }
+  }
+}
+
 TEST(Unicode, FindsTheIncompleteTail) {
   EXPECT_EQ(IncompleteUtf8Tail(""), 0u);
   EXPECT_EQ(IncompleteUtf8Tail("abc"), 0u);
