@@ -77,6 +77,7 @@ size_t PayloadBytes(const WorkerMessage& message) {
         }
         if constexpr (std::is_same_v<T, TokenEvent>) return m.error.size();
         if constexpr (std::is_same_v<T, WorkerGoodbye>) return m.group.size() + m.reason.size();
+        if constexpr (std::is_same_v<T, WorkerLoading>) return m.group.size();
         return 0;
       },
       message);
@@ -197,6 +198,16 @@ flatbuffers::Offset<fb::WorkerGoodbye> Build(Builder& fbb, const WorkerGoodbye& 
   b.add_group(group);
   b.add_instance_id(m.instance_id);
   b.add_reason(reason);
+  return b.Finish();
+}
+
+flatbuffers::Offset<fb::WorkerLoading> Build(Builder& fbb, const WorkerLoading& m) {
+  auto group = OptString(fbb, m.group);
+  fb::WorkerLoadingBuilder b(fbb);
+  b.add_group(group);
+  b.add_instance_id(m.instance_id);
+  b.add_loaded_bytes(m.loaded_bytes);
+  b.add_total_bytes(m.total_bytes);
   return b.Finish();
 }
 
@@ -564,6 +575,17 @@ bool Read(const fb::WorkerGoodbye& t, const Checker& c, WorkerGoodbye* m) {
          c.String(t.reason(), "WorkerGoodbye.reason", &m->reason);
 }
 
+bool Read(const fb::WorkerLoading& t, const Checker& c, WorkerLoading* m) {
+  m->instance_id = t.instance_id();
+  m->loaded_bytes = t.loaded_bytes();
+  m->total_bytes = t.total_bytes();
+  if (m->total_bytes != 0 && m->loaded_bytes > m->total_bytes) {
+    return c.OutOfRange("WorkerLoading.loaded_bytes: " + std::to_string(m->loaded_bytes) +
+                        " > total_bytes " + std::to_string(m->total_bytes));
+  }
+  return c.String(t.group(), "WorkerLoading.group", &m->group, /*required=*/true);
+}
+
 bool Read(const fb::Register& t, const Checker& c, Register* m) {
   m->rank = t.rank();
   m->world_size = t.world_size();
@@ -758,8 +780,8 @@ bool MissingOrUnknownBody(Tag tag, const void* body, const char* envelope_name, 
 }
 
 constexpr std::array<std::string_view, std::variant_size_v<WorkerMessage>> kWorkerNames = {
-    "WorkerHello", "WorkerHelloAck", "WorkerHeartbeat", "WorkerHeartbeatAck",
-    "Generate",    "Cancel",         "TokenEvent",      "WorkerGoodbye"};
+    "WorkerHello", "WorkerHelloAck", "WorkerHeartbeat", "WorkerHeartbeatAck", "Generate",
+    "Cancel",      "TokenEvent",     "WorkerGoodbye",   "WorkerLoading"};
 constexpr std::array<std::string_view, std::variant_size_v<MapMessage>> kMapNames = {
     "Register",       "RegisterAck",   "RankHeartbeat", "RankHeartbeatAck",
     "IterationStart", "LayerObserved", "IterationEnd",  "PrefetchDirective",
@@ -854,6 +876,8 @@ bool Decode(std::span<const uint8_t> frame, const DecodeLimits& limits, WorkerMe
       return ReadBody<TokenEvent, fb::TokenEvent>(body, c, out);
     case fb::WorkerBody::WorkerGoodbye:
       return ReadBody<WorkerGoodbye, fb::WorkerGoodbye>(body, c, out);
+    case fb::WorkerBody::WorkerLoading:
+      return ReadBody<WorkerLoading, fb::WorkerLoading>(body, c, out);
     case fb::WorkerBody::NONE:
       break;
   }

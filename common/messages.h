@@ -71,9 +71,9 @@ struct SamplingParams {
   // Logits processing, in vLLM's order: logit_bias, min_tokens, the penalties, temperature,
   // min_p, top_k, top_p. Greedy decoding takes the highest processed logit.
   std::vector<std::pair<int32_t, float>> logit_bias;  // Added to a token's logit; -100 to 100.
-  uint32_t min_tokens = 0;  // Until this many tokens, eos and stop_token_ids cannot be drawn
-                            // and stop strings are not looked for.
-  bool ignore_eos = false;  // The model's eos tokens do not end generation.
+  uint32_t min_tokens = 0;         // Until this many tokens, eos and stop_token_ids cannot be drawn
+                                   // and stop strings are not looked for.
+  bool ignore_eos = false;         // The model's eos tokens do not end generation.
   float presence_penalty = 0.0f;   // -2 to 2: subtracted once from each token of the output.
   float frequency_penalty = 0.0f;  // -2 to 2: subtracted per occurrence in the output.
   float repetition_penalty = 1.0f;  // > 0: divides positive, multiplies negative logits of
@@ -126,8 +126,17 @@ struct WorkerGoodbye {
   std::string reason;        // For the router's log, e.g. "rank 1 failed all_to_all: ...".
 };
 
+// Leader -> router, every heartbeat interval while the leader loads the model (before its
+// Hello): the router answers /health 503 "loading" with this progress meanwhile. Not answered.
+struct WorkerLoading {
+  std::string group;
+  uint64_t instance_id = 0;  // As in the Hello that follows.
+  uint64_t loaded_bytes = 0;
+  uint64_t total_bytes = 0;  // 0 while unknown.
+};
+
 using WorkerMessage = std::variant<WorkerHello, WorkerHelloAck, WorkerHeartbeat, WorkerHeartbeatAck,
-                                   Generate, Cancel, TokenEvent, WorkerGoodbye>;
+                                   Generate, Cancel, TokenEvent, WorkerGoodbye, WorkerLoading>;
 
 // ---- worker rank <-> map service ----
 

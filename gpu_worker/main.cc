@@ -27,6 +27,7 @@
 #include "gpu_worker/engine.h"
 #include "gpu_worker/expert_group.h"
 #include "gpu_worker/follower.h"
+#include "gpu_worker/load_reporter.h"
 #include "gpu_worker/map_publisher.h"
 #include "gpu_worker/model.h"
 #include "gpu_worker/trace_recorder.h"
@@ -152,11 +153,23 @@ int main(int argc, char** argv) {
   runtime_options.expert_rank = options.rank;
   runtime_options.expert_world_size = options.world_size;
   ExpertTable table;
+  // The leader tells the router how the load goes, so clients see "loading" at once.
+  std::unique_ptr<LoadReporter> load_reporter;
+  if (leader) {
+    load_reporter = std::make_unique<LoadReporter>(
+        LoadReporterOptions{group->name, options.router_endpoint, manifest.heartbeat.interval_ms});
+    if (Status s = load_reporter->Start(); !s.ok()) {
+      spdlog::warn("loading progress will not reach the router: {}", s.message());
+      load_reporter.reset();
+    }
+  }
   const auto t0 = std::chrono::steady_clock::now();
   int last_decile = -1;
   auto loaded = MixtralModel::Load(
       *model, runtime_options,
       [&](uint64_t done, uint64_t total) {
+        if (load_reporter) load_reporter->Progress(done, total);
+        if (total == 0) return;
         const int decile = static_cast<int>(10 * done / total);
         if (decile != last_decile && decile % 5 == 0) {
           spdlog::info("loading weights: {}% of {:.1f} MB", decile * 10, total / 1e6);
@@ -273,6 +286,7 @@ int main(int argc, char** argv) {
   // Every rank receives the group's directives and keeps those for its own experts.
   options.on_directive = [&experts](const PrefetchDirective& d) { experts->PostDirective(d); };
 
+  if (load_reporter) load_reporter->Stop();  // The Hello takes over.
   Worker worker(options, *model, SteadyClock::Get(), engine.get());
   worker_ptr = &worker;
   if (Status s = worker.Start(); !s.ok()) {

@@ -135,15 +135,20 @@ std::vector<ProcessSpec> PlanProcesses(const Manifest& manifest, const LaunchOpt
       if (r == 0 && !group.record_trace.empty()) {
         argv.insert(argv.end(), {"--record-trace", group.record_trace});
       }
-      plan.push_back(
-          {name, std::move(argv), (logs / (name + ".log")).string(), 1, "group:" + group.name});
+      ProcessSpec worker{name, std::move(argv), (logs / (name + ".log")).string(), 2,
+                         "group:" + group.name};
+      worker.stop_stage = 1;  // After the router, which drains first.
+      plan.push_back(std::move(worker));
     }
   }
   if (!options.workers_only) {
-    plan.push_back({"router",
-                    {(bin / "fmoe-router").string(), "--manifest", manifest.source_path},
-                    (logs / "router.log").string(),
-                    2});
+    // Before the workers: it answers /health "loading" while they load.
+    ProcessSpec router{"router",
+                       {(bin / "fmoe-router").string(), "--manifest", manifest.source_path},
+                       (logs / "router.log").string(),
+                       1};
+    router.stop_stage = 2;  // Stopped first: it stops accepting and lets answers finish.
+    plan.insert(plan.begin() + 1, std::move(router));
   }
   return plan;
 }

@@ -22,6 +22,10 @@ struct ProcessSpec {
   // Processes with the same non-empty unit are restarted together (the ranks of one worker
   // group, "group:g0": a c10d group is re-formed only by all its ranks starting afresh).
   std::string unit = {};  // Default: none (restarted alone). "= {}": initialisers may omit it.
+  // Stopped in decreasing order of this instead, when >= 0 (the router starts before the workers
+  // so clients see them load, and stops first so it drains). Default: -1 (the stage)
+  int stop_stage = -1;  // "= -1": initialisers may omit it.
+  int StopOrder() const { return stop_stage >= 0 ? stop_stage : stage; }
 };
 
 struct ExitInfo {

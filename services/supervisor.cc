@@ -279,7 +279,8 @@ void Supervisor::BeginStop(bool now) {
   if (phase_ == Phase::kStopped) return;
   if (phase_ != Phase::kStopping) {
     phase_ = Phase::kStopping;
-    stop_stage_ = procs_.empty() ? -1 : procs_.back().spec.stage + 1;
+    stop_stage_ = -1;
+    for (const auto& p : procs_) stop_stage_ = std::max(stop_stage_, p.spec.StopOrder() + 1);
     for (auto& p : procs_) {
       if (p.pid <= 0 && p.state != ProcState::kStopped) p.state = ProcState::kStopped;
     }
@@ -297,7 +298,7 @@ void Supervisor::AdvanceStop() {
   for (;;) {
     bool stage_left = false;
     for (auto& p : procs_) {
-      if (p.spec.stage != stop_stage_ || p.pid <= 0) continue;
+      if (p.spec.StopOrder() != stop_stage_ || p.pid <= 0) continue;
       stage_left = true;
       if (now >= p.deadline_ms && p.state == ProcState::kStopping) {
         spdlog::warn("{} did not stop within {} ms; sending SIGKILL", p.spec.name,
@@ -310,7 +311,7 @@ void Supervisor::AdvanceStop() {
     // Move to the next lower stage that has live processes, and signal them.
     int next = -1;
     for (const auto& p : procs_) {
-      if (p.spec.stage < stop_stage_) next = std::max(next, p.spec.stage);
+      if (p.spec.StopOrder() < stop_stage_) next = std::max(next, p.spec.StopOrder());
     }
     if (next < 0) {
       phase_ = Phase::kStopped;
@@ -319,7 +320,7 @@ void Supervisor::AdvanceStop() {
     }
     stop_stage_ = next;
     for (auto& p : procs_) {
-      if (p.spec.stage != next) continue;
+      if (p.spec.StopOrder() != next) continue;
       if (p.pid > 0) {
         p.state = ProcState::kStopping;
         p.deadline_ms = now + options_.stop_timeout_ms;

@@ -206,6 +206,31 @@ TEST(Codec, RoundTripWorkerGoodbye) {
   EXPECT_EQ((RoundTripAs<WorkerGoodbye, WorkerMessage>(in).reason.size()), 4096u);
 }
 
+TEST(Codec, RoundTripWorkerLoading) {
+  WorkerLoading in{
+      .group = "g0", .instance_id = 42, .loaded_bytes = 1 << 20, .total_bytes = 3 << 20};
+  auto out = RoundTripAs<WorkerLoading, WorkerMessage>(in);
+  EXPECT_EQ(out.group, "g0");
+  EXPECT_EQ(out.instance_id, 42u);
+  EXPECT_EQ(out.loaded_bytes, uint64_t{1} << 20);
+  EXPECT_EQ(out.total_bytes, uint64_t{3} << 20);
+  in.total_bytes = 0;  // Not known yet.
+  EXPECT_EQ((RoundTripAs<WorkerLoading, WorkerMessage>(in).loaded_bytes), uint64_t{1} << 20);
+  EXPECT_EQ(MessageName(WorkerMessage(in)), "WorkerLoading");
+}
+
+TEST(CodecReject, LoadingPastItsTotal) {
+  WorkerLoading in{.group = "g0", .instance_id = 1, .loaded_bytes = 10, .total_bytes = 9};
+  WorkerMessage out;
+  DecodeError error;
+  EXPECT_FALSE(Decode(Encode(WorkerMessage(in)), DecodeLimits{}, &out, &error));
+  EXPECT_EQ(error.detail, "WorkerLoading.loaded_bytes: 10 > total_bytes 9");
+  in.total_bytes = 10;
+  in.group.clear();
+  EXPECT_FALSE(Decode(Encode(WorkerMessage(in)), DecodeLimits{}, &out, &error));
+  EXPECT_EQ(error.detail, "WorkerLoading.group: missing (required)");
+}
+
 // ---- worker rank <-> map service round trips ----
 
 TEST(Codec, RoundTripRegister) {

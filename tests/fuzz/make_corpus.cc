@@ -67,6 +67,7 @@ std::vector<WorkerMessage> WorkerSeeds() {
                     .instance_id = 77,
                     .reason = "rank 1 failed all_to_all: connection reset by peer"},
       WorkerGoodbye{.group = "g1", .instance_id = 78, .reason = ""},
+      WorkerLoading{.group = "g0", .instance_id = 79, .loaded_bytes = 5, .total_bytes = 10},
   };
 }
 

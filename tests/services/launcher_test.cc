@@ -61,18 +61,23 @@ launcher: {run_dir: /srv/run}
   LaunchOptions options;
   options.bin_dir = "/opt/fmoe/bin";
   const std::vector<ProcessSpec> plan = PlanProcesses(m, options);
+  // The router starts before the workers (it reports their loading) and stops first (it
+  // drains); the map service starts first and stops last.
   ASSERT_EQ(Names(plan),
-            (std::vector<std::string>{"map-service", "worker-g0-0", "worker-g0-1", "router"}));
+            (std::vector<std::string>{"map-service", "router", "worker-g0-0", "worker-g0-1"}));
   EXPECT_EQ(plan[0].stage, 0);
+  EXPECT_EQ(plan[0].StopOrder(), 0);
   EXPECT_EQ(plan[0].unit, "");
   EXPECT_EQ(plan[1].stage, 1);
-  EXPECT_EQ(plan[1].unit, "group:g0");
+  EXPECT_EQ(plan[1].StopOrder(), 2);
+  EXPECT_EQ(plan[1].unit, "");
+  EXPECT_EQ(plan[2].stage, 2);
+  EXPECT_EQ(plan[2].StopOrder(), 1);
   EXPECT_EQ(plan[2].unit, "group:g0");
-  EXPECT_EQ(plan[3].stage, 2);
-  EXPECT_EQ(plan[3].unit, "");
-  EXPECT_EQ(plan[2].argv, (std::vector<std::string>{"/opt/fmoe/bin/fmoe-worker", "--manifest", "",
+  EXPECT_EQ(plan[3].unit, "group:g0");
+  EXPECT_EQ(plan[3].argv, (std::vector<std::string>{"/opt/fmoe/bin/fmoe-worker", "--manifest", "",
                                                     "--group", "g0", "--rank", "1"}));
-  EXPECT_EQ(plan[2].log_path, "/srv/run/logs/worker-g0-1.log");
+  EXPECT_EQ(plan[3].log_path, "/srv/run/logs/worker-g0-1.log");
 }
 
 TEST(PlanProcesses, HostSelectsTheRanksWrittenWithThatName) {
@@ -81,14 +86,14 @@ TEST(PlanProcesses, HostSelectsTheRanksWrittenWithThatName) {
   options.host = "node-2";
   std::vector<ProcessSpec> plan = PlanProcesses(m, options);
   EXPECT_EQ(Names(plan),
-            (std::vector<std::string>{"map-service", "worker-g0-2", "worker-g1-0", "router"}));
-  EXPECT_EQ(plan[1].unit, "group:g0");
-  EXPECT_EQ(plan[2].unit, "group:g1");
-  EXPECT_EQ(plan[1].argv.back(), "2") << "the rank is the index in the group";
+            (std::vector<std::string>{"map-service", "router", "worker-g0-2", "worker-g1-0"}));
+  EXPECT_EQ(plan[2].unit, "group:g0");
+  EXPECT_EQ(plan[3].unit, "group:g1");
+  EXPECT_EQ(plan[2].argv.back(), "2") << "the rank is the index in the group";
 
   options.host = "node-1";
   EXPECT_EQ(Names(PlanProcesses(m, options)),
-            (std::vector<std::string>{"map-service", "worker-g0-0", "worker-g0-1", "router"}));
+            (std::vector<std::string>{"map-service", "router", "worker-g0-0", "worker-g0-1"}));
   // With --host, loopback names are no longer local by themselves.
   const Manifest local = Parse("model: {path: m}\nworker_groups: [{name: g, workers: [{}]}]\n");
   EXPECT_EQ(Names(PlanProcesses(local, options)),
@@ -102,7 +107,7 @@ TEST(PlanProcesses, WorkersOnlyDropsTheMapServiceAndTheRouter) {
   options.host = "node-2";
   const std::vector<ProcessSpec> plan = PlanProcesses(m, options);
   EXPECT_EQ(Names(plan), (std::vector<std::string>{"worker-g0-2", "worker-g1-0"}));
-  for (const auto& p : plan) EXPECT_EQ(p.stage, 1) << p.name;
+  for (const auto& p : plan) EXPECT_EQ(p.stage, 2) << p.name;
 
   options.host = "node-3";  // No rank here: Launch refuses this plan (exit 2).
   EXPECT_TRUE(PlanProcesses(m, options).empty());
@@ -116,13 +121,13 @@ worker_groups:
   - {name: g1, workers: [{}]}
 )");
   const std::vector<ProcessSpec> plan = PlanProcesses(m, LaunchOptions{});
-  ASSERT_EQ(Names(plan), (std::vector<std::string>{"map-service", "worker-g0-0", "worker-g0-1",
-                                                   "worker-g1-0", "router"}));
-  EXPECT_EQ(plan[1].argv,
+  ASSERT_EQ(Names(plan), (std::vector<std::string>{"map-service", "router", "worker-g0-0",
+                                                   "worker-g0-1", "worker-g1-0"}));
+  EXPECT_EQ(plan[2].argv,
             (std::vector<std::string>{"fmoe-worker", "--manifest", "", "--group", "g0", "--rank",
                                       "0", "--record-trace", "/srv/traces/g0.trc"}));
-  EXPECT_EQ(plan[2].argv.back(), "1") << "rank 1 does not record";
-  EXPECT_EQ(plan[3].argv.back(), "0") << "g1 records no trace";
+  EXPECT_EQ(plan[3].argv.back(), "1") << "rank 1 does not record";
+  EXPECT_EQ(plan[4].argv.back(), "0") << "g1 records no trace";
 }
 
 // A directory with stand-ins for the service binaries, removed at destruction.

@@ -241,6 +241,29 @@ TEST(Supervisor, StopsInReverseOrderAndKillsAfterTheTimeout) {
   for (const auto& p : sup.processes()) EXPECT_EQ(p.state, ProcState::kStopped) << p.spec.name;
 }
 
+// The launcher's order: the router starts before the workers (it reports their loading) but
+// stops before them (it drains first).
+TEST(Supervisor, AStopStageOverridesTheStopOrder) {
+  FakeRunner runner;
+  ManualClock clock;
+  std::vector<ProcessSpec> plan = {{"map-service", {"/bin/m"}, "/nonexistent/m.log", 0},
+                                   {"router", {"/bin/r"}, "/nonexistent/r.log", 1},
+                                   {"worker-g0-0", {"/bin/w"}, "/nonexistent/w0.log", 2}};
+  plan[1].stop_stage = 2;
+  plan[2].stop_stage = 1;
+  Supervisor sup(Options(), plan, runner, clock);
+  StartAllReady(sup, runner);
+  EXPECT_EQ(runner.spawned, (Names{"map-service", "router", "worker-g0-0"}));
+  sup.BeginStop();
+  EXPECT_EQ(runner.signals, (Signals{{"router", SIGTERM}}));
+  sup.Step();
+  EXPECT_EQ(runner.signals, (Signals{{"router", SIGTERM}, {"worker-g0-0", SIGTERM}}));
+  sup.Step();
+  EXPECT_EQ(runner.signals.back(), std::make_pair(std::string("map-service"), SIGTERM));
+  sup.Step();
+  EXPECT_EQ(sup.phase(), Supervisor::Phase::kStopped);
+}
+
 TEST(Supervisor, ExitDuringStartupFailsNamingTheProcess) {
   FakeRunner runner;
   ManualClock clock;
