@@ -5,6 +5,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -45,8 +46,9 @@ constexpr std::string_view kGroupKeys[] = {"name",
                                            "workers"};
 constexpr std::string_view kLinkKeys[] = {"gbps", "latency_us"};
 constexpr std::string_view kWorkerKeys[] = {"device", "host"};
-constexpr std::string_view kRouterKeys[] = {"listen", "worker_endpoint", "request_timeout_s",
-                                            "max_body_bytes", "api_keys"};
+constexpr std::string_view kRouterKeys[] = {
+    "listen",         "worker_endpoint", "request_timeout_s",
+    "max_body_bytes", "api_keys",        "cors_allowed_origins"};
 constexpr std::string_view kHeartbeatKeys[] = {"interval_ms", "timeout_ms"};
 constexpr std::string_view kLoggingKeys[] = {"level"};
 constexpr std::string_view kLauncherKeys[] = {"run_dir", "ready_timeout_s", "stop_timeout_s",
@@ -696,6 +698,34 @@ Status ParseWorkerGroups(const Field& field, const std::string& base_dir,
   return Status::Ok();
 }
 
+// "*" or an origin as browsers send it: scheme://host[:port], no path.
+Status ParseCorsOrigins(const Field& field, std::vector<std::string>* origins) {
+  if (!field.present) return Status::Ok();
+  if (field.node.IsNull()) return Error(field.path, "has no value; expected a sequence");
+  if (!field.node.IsSequence()) {
+    return Error(field.path, "expected a sequence, got " + KindOf(field.node));
+  }
+  origins->clear();
+  for (size_t i = 0; i < field.node.size(); ++i) {
+    const Field element = Element(field, i);
+    if (!element.node.IsScalar()) return Error(element.path, "expected a string");
+    const std::string origin = element.node.Scalar();
+    const size_t scheme = origin.find("://");
+    const bool ok =
+        origin == "*" ||
+        ((origin.rfind("http://", 0) == 0 || origin.rfind("https://", 0) == 0) &&
+         origin.size() > scheme + 3 && origin.find('/', scheme + 3) == std::string::npos &&
+         std::all_of(origin.begin(), origin.end(),
+                     [](char c) { return c > 0x20 && c < 0x7f && c != ',' && c != '"'; }));
+    if (!ok) {
+      return Error(element.path,
+                   "\"" + origin + "\" is not an origin (http[s]://host[:port], no path) or \"*\"");
+    }
+    origins->push_back(origin);
+  }
+  return Status::Ok();
+}
+
 Status ParseApiKeys(const Field& field, std::vector<std::string>* keys) {
   if (!field.present) return Status::Ok();
   if (field.node.IsNull()) return Error(field.path, "has no value; expected a sequence");
@@ -746,7 +776,8 @@ Status ParseRouter(const Field& field, RouterSpec* spec) {
       ReadDouble(section.Get("request_timeout_s"), {0, true, 86400}, &spec->request_timeout_s));
   FMOE_RETURN_IF_ERROR(ReadInt(section.Get("max_body_bytes"), int64_t{1} << 10, int64_t{256} << 20,
                                &spec->max_body_bytes));
-  return ParseApiKeys(section.Get("api_keys"), &spec->api_keys);
+  FMOE_RETURN_IF_ERROR(ParseApiKeys(section.Get("api_keys"), &spec->api_keys));
+  return ParseCorsOrigins(section.Get("cors_allowed_origins"), &spec->cors_allowed_origins);
 }
 
 Status ParseHeartbeat(const Field& field, HeartbeatSpec* spec) {
@@ -990,6 +1021,9 @@ std::string DescribeManifest(const Manifest& m) {
   EmitValue(out, "max_body_bytes", m.router.max_body_bytes);
   out << YAML::Key << "api_keys" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (size_t i = 0; i < m.router.api_keys.size(); ++i) out << std::string(kRedactedKey);
+  out << YAML::EndSeq;
+  out << YAML::Key << "cors_allowed_origins" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const auto& origin : m.router.cors_allowed_origins) out << origin;
   out << YAML::EndSeq;
   out << YAML::EndMap;
 

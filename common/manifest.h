@@ -84,6 +84,9 @@ struct RouterSpec {
   double request_timeout_s = 600;                        // (0, 86400]. Default: 600
   int64_t max_body_bytes = 1 << 20;                      // 1 KiB..256 MiB. Default: 1 MiB
   std::vector<std::string> api_keys;  // Bearer keys, each 8..256 printable chars. Default: none
+  // Origins browsers may call from (CORS): "https://host[:port]", or "*" for any. Default: none
+  // (CORS off)
+  std::vector<std::string> cors_allowed_origins;
 };
 
 struct HeartbeatSpec {

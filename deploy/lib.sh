@@ -21,6 +21,8 @@ FMOE_PACKAGES=(
   zlib1g-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv
+  # The metrics test parses /metrics with a real Prometheus parser.
+  python3-prometheus-client
 )
 
 fmoe_log() { printf '\033[1m[fmoe]\033[0m %s\n' "$*" >&2; }

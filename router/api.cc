@@ -1,11 +1,15 @@
 #include "router/api.h"
 
+#include <algorithm>
 #include <chrono>
 
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "common/model_config.h"
+#include "common/process_util.h"
 #include "router/completions.h"
+#include "router/tokenize.h"
 
 namespace fmoe {
 namespace {
@@ -17,6 +21,86 @@ HttpResponse MethodNotAllowed(const HttpRequest& request, const std::string& all
       "invalid_request_error", "method_not_allowed");
   res.headers.emplace_back("Allow", allow);
   return res;
+}
+
+// A client's X-Request-Id is kept when it is 1..128 printable ASCII characters without spaces.
+std::string RequestIdOf(const HttpRequest& request) {
+  if (auto it = request.headers.find("x-request-id"); it != request.headers.end()) {
+    const std::string& id = it->second;
+    if (!id.empty() && id.size() <= 128 &&
+        std::all_of(id.begin(), id.end(), [](char c) { return c > 0x20 && c < 0x7f; })) {
+      return id;
+    }
+  }
+  return FingerprintHex(RandomId());
+}
+
+// Adds the headers every answer carries and writes the access log line when the exchange ends.
+class ObservedResponder final : public HttpResponder {
+ public:
+  ObservedResponder(std::shared_ptr<HttpResponder> inner, const HttpRequest& request,
+                    std::string request_id, std::vector<std::pair<std::string, std::string>> extra)
+      : inner_(std::move(inner)),
+        method_(request.method),
+        path_(request.path),
+        remote_(request.remote),
+        request_id_(std::move(request_id)),
+        extra_(std::move(extra)) {}
+
+  ~ObservedResponder() override {
+    const auto end = ended_ ? end_ : std::chrono::steady_clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(end - start_).count();
+    spdlog::info("{} {} {} tokens={}/{} {:.1f} ms id={} remote={}{}", method_, path_, status_,
+                 prompt_tokens_, completion_tokens_, ms, request_id_, remote_,
+                 inner_->closed() && !ended_ ? " (the client left)" : "");
+  }
+
+  void Respond(HttpResponse response) override {
+    status_ = response.status;
+    response.headers.insert(response.headers.end(), extra_.begin(), extra_.end());
+    Ended();
+    inner_->Respond(std::move(response));
+  }
+  void BeginStream(int status, const std::string& content_type,
+                   std::vector<std::pair<std::string, std::string>> headers) override {
+    status_ = status;
+    headers.insert(headers.end(), extra_.begin(), extra_.end());
+    inner_->BeginStream(status, content_type, std::move(headers));
+  }
+  void Write(std::string chunk) override { inner_->Write(std::move(chunk)); }
+  void End() override {
+    Ended();
+    inner_->End();
+  }
+  void OnClose(std::function<void()> callback) override { inner_->OnClose(std::move(callback)); }
+  bool closed() const override { return inner_->closed(); }
+  void NoteUsage(uint32_t prompt_tokens, uint32_t completion_tokens) override {
+    prompt_tokens_ = prompt_tokens;
+    completion_tokens_ = completion_tokens;
+  }
+
+ private:
+  void Ended() {
+    if (ended_) return;
+    ended_ = true;
+    end_ = std::chrono::steady_clock::now();
+  }
+
+  std::shared_ptr<HttpResponder> inner_;
+  std::string method_, path_, remote_, request_id_;
+  std::vector<std::pair<std::string, std::string>> extra_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point end_{};
+  bool ended_ = false;
+  int status_ = 0;
+  uint32_t prompt_tokens_ = 0;
+  uint32_t completion_tokens_ = 0;
+};
+
+bool IsKnownRoute(const std::string& path) {
+  return path == "/health" || path == "/metrics" || path == "/v1/models" ||
+         path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
+         path == "/detokenize";
 }
 
 }  // namespace
@@ -53,11 +137,57 @@ bool RouterApi::Authorized(const HttpRequest& request) const {
   return any;
 }
 
+std::string RouterApi::AllowedOrigin(const HttpRequest& request) const {
+  if (options_.cors_allowed_origins.empty()) return "";
+  auto origin = request.headers.find("origin");
+  if (origin == request.headers.end()) return "";
+  for (const std::string& allowed : options_.cors_allowed_origins) {
+    if (allowed == "*") return "*";
+    if (allowed == origin->second) return allowed;
+  }
+  return "";
+}
+
 void RouterApi::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) const {
-  const bool known = request.path == "/health" || request.path == "/metrics" ||
-                     request.path == "/v1/models" || request.path == "/v1/completions" ||
-                     request.path == "/v1/chat/completions";
-  const std::string route = known ? request.path : "other";
+  const std::string request_id = RequestIdOf(request);
+  std::vector<std::pair<std::string, std::string>> extra = {{"X-Request-Id", request_id}};
+  const std::string origin = AllowedOrigin(request);
+  if (!origin.empty()) {
+    extra.emplace_back("Access-Control-Allow-Origin", origin);
+    extra.emplace_back("Access-Control-Expose-Headers", "X-Request-Id");
+    if (origin != "*") extra.emplace_back("Vary", "Origin");
+  }
+  auto observed =
+      std::make_shared<ObservedResponder>(std::move(responder), request, request_id, extra);
+  const std::string route = IsKnownRoute(request.path) ? request.path : "other";
+  try {
+    if (request.method == "OPTIONS" && !origin.empty() &&
+        request.headers.count("access-control-request-method") > 0) {
+      // A browser's preflight: no credentials are sent with it.
+      HttpResponse res;
+      res.status = 204;
+      res.content_type.clear();
+      res.headers = {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+                     {"Access-Control-Allow-Headers", "Authorization, Content-Type, X-Request-Id"},
+                     {"Access-Control-Max-Age", "600"}};
+      if (metrics_ != nullptr) metrics_->CountRequest(route, 204);
+      observed->Respond(std::move(res));
+      return;
+    }
+    Route(request, observed);
+  } catch (const std::exception& e) {
+    spdlog::error("{} {} id={}: {}", request.method, request.path, request_id, e.what());
+    if (metrics_ != nullptr) metrics_->CountRequest(route, 500);
+    observed->Respond(ErrorResponse(500, "internal error", "server_error"));
+  } catch (...) {
+    spdlog::error("{} {} id={}: unknown exception", request.method, request.path, request_id);
+    if (metrics_ != nullptr) metrics_->CountRequest(route, 500);
+    observed->Respond(ErrorResponse(500, "internal error", "server_error"));
+  }
+}
+
+void RouterApi::Route(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) const {
+  const std::string route = IsKnownRoute(request.path) ? request.path : "other";
   if (!Authorized(request)) {
     HttpResponse res =
         ErrorResponse(401, "missing or invalid API key: send \"Authorization: Bearer <key>\"",
@@ -69,8 +199,9 @@ void RouterApi::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder
   }
   if (request.method == "POST" && completions_ != nullptr) {
     // These count their own answers.
-    if (request.path == "/v1/completions")
+    if (request.path == "/v1/completions") {
       return completions_->Handle(request, std::move(responder));
+    }
     if (request.path == "/v1/chat/completions") {
       return completions_->HandleChat(request, std::move(responder));
     }
@@ -84,6 +215,15 @@ HttpResponse RouterApi::HandleNow(const HttpRequest& request) const {
   if (request.path == "/v1/completions" || request.path == "/v1/chat/completions") {
     if (request.method != "POST") return MethodNotAllowed(request, "POST");
     return ErrorResponse(503, "this router serves no model", "service_unavailable");
+  }
+  if (request.path == "/tokenize" || request.path == "/detokenize") {
+    if (request.method != "POST") return MethodNotAllowed(request, "POST");
+    if (completions_ == nullptr) {
+      return ErrorResponse(503, "this router serves no model", "service_unavailable");
+    }
+    return request.path == "/tokenize"
+               ? Tokenize(request.body, completions_->options(), completions_->tokenizer())
+               : Detokenize(request.body, completions_->options(), completions_->tokenizer());
   }
   if (request.path == "/metrics") {
     if (request.method != "GET") return MethodNotAllowed(request, "GET");
@@ -113,7 +253,8 @@ HttpResponse RouterApi::Models() const {
                           {"owned_by", "fmoe"},
                           {"max_model_len", options_.context_length}};
   HttpResponse res;
-  res.body = nlohmann::json{{"object", "list"}, {"data", nlohmann::json::array({model})}}.dump();
+  res.body = nlohmann::json{{"object", "list"}, {"data", nlohmann::json::array({model})}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
   return res;
 }
 
@@ -134,21 +275,34 @@ HttpResponse RouterApi::Health() const {
     j["instance"] = g.instance_id ? Json(FingerprintHex(g.instance_id)) : Json(nullptr);
     j["model_fingerprint"] =
         g.model_fingerprint ? Json(FingerprintHex(g.model_fingerprint)) : Json(nullptr);
+    if (g.loading && !g.alive) {
+      j["loading"] = {{"loaded_bytes", g.loaded_bytes},
+                      {"total_bytes", g.total_bytes},
+                      {"progress", g.total_bytes ? static_cast<double>(g.loaded_bytes) /
+                                                       static_cast<double>(g.total_bytes)
+                                                 : 0.0}};
+    } else {
+      j["loading"] = nullptr;
+    }
     groups.push_back(std::move(j));
   }
   Json map_service = {{"endpoint", view->map_service_endpoint}, {"alive", view->map_service_alive}};
   map_service["last_reply_ms"] =
       view->map_service_silence_ms >= 0 ? Json(view->map_service_silence_ms) : Json(nullptr);
-  bool ok = view->alive_groups() > 0;
-  Json body = {{"status", ok ? "ok" : "unavailable"},
+  const bool ok = view->alive_groups() > 0;
+  const bool loading = !ok && view->loading_groups() > 0;
+  Json body = {{"status", ok        ? "ok"
+                          : loading ? "loading"
+                                    : "unavailable"},
                {"model", options_.model_name},
                {"groups", groups},
                {"map_service", map_service}};
   if (!ok) body["reason"] = view->UnavailableReason();
   HttpResponse res;
   res.status = ok ? 200 : 503;
-  res.body = body.dump();
+  res.body = body.dump(-1, ' ', false, Json::error_handler_t::replace);
   res.headers.emplace_back("Cache-Control", "no-store");
+  if (loading) res.headers.emplace_back("Retry-After", "2");
   return res;
 }
 

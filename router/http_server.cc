@@ -95,7 +95,7 @@ class Session : public std::enable_shared_from_this<Session> {
     out->version(11);
     out->result(static_cast<unsigned>(res.status));
     out->set(http::field::server, "fmoe");
-    out->set(http::field::content_type, res.content_type);
+    if (!res.content_type.empty()) out->set(http::field::content_type, res.content_type);
     for (const auto& [k, v] : res.headers) out->set(k, v);
     out->body() = std::move(res.body);
     out->keep_alive(keep_alive_);
@@ -219,6 +219,9 @@ class Session : public std::enable_shared_from_this<Session> {
       handler_(req, exchange);
     } catch (const std::exception& e) {
       spdlog::error("handler failed on {} {}: {}", req.method, req.path, e.what());
+      exchange->Respond(ErrorResponse(500, "internal error", "server_error"));
+    } catch (...) {
+      spdlog::error("handler failed on {} {}: unknown exception", req.method, req.path);
       exchange->Respond(ErrorResponse(500, "internal error", "server_error"));
     }
   }
@@ -380,7 +383,7 @@ HttpResponse ErrorResponse(int status, const std::string& message, const std::st
         {"code", code.empty() ? nlohmann::json(nullptr) : nlohmann::json(code)}}}};
   HttpResponse res;
   res.status = status;
-  res.body = body.dump();
+  res.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return res;
 }
 

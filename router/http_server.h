@@ -71,6 +71,11 @@ class HttpResponder {
   // complete (at once if it already has).
   virtual void OnClose(std::function<void()> callback) = 0;
   virtual bool closed() const = 0;
+  // What the request used, for the access log (a decorator records it; default: nothing).
+  virtual void NoteUsage(uint32_t prompt_tokens, uint32_t completion_tokens) {
+    (void)prompt_tokens;
+    (void)completion_tokens;
+  }
 };
 
 using AsyncHttpHandler =

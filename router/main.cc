@@ -104,7 +104,8 @@ int main(int argc, char** argv) {
     completions_options.eos_token = (*tokenizer)->IdToToken(*eos);
   RouterMetrics metrics;
   Completions completions(completions_options, **tokenizer, link, &metrics);
-  RouterApi api({manifest.model.name, model->max_position_embeddings, manifest.router.api_keys},
+  RouterApi api({manifest.model.name, model->max_position_embeddings, manifest.router.api_keys,
+                 manifest.router.cors_allowed_origins},
                 link, &completions, &metrics);
   HttpServer server(http, AsyncHttpHandler([&api](const HttpRequest& r,
                                                   std::shared_ptr<HttpResponder> responder) {

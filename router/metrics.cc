@@ -1,6 +1,5 @@
 #include "router/metrics.h"
 
-#include <chrono>
 #include <cstdio>
 #include <sstream>
 
@@ -9,12 +8,6 @@ namespace {
 
 const std::vector<double> kLatencyMs = {1,   2.5, 5,    10,   25,   50,    100,
                                         250, 500, 1000, 2500, 5000, 10000, 30000};
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string Num(double v) {
   char buf[64];
@@ -35,24 +28,41 @@ std::string Escape(const std::string& s) {
   return out;
 }
 
+const std::vector<double> kPromptTokens = {8,    16,   32,   64,   128,   256,  512,
+                                           1024, 2048, 4096, 8192, 16384, 32768};
+
+// `scale` turns the histogram's unit into the metric's (1e-3: milliseconds to seconds).
 void RenderHistogram(std::ostringstream& out, const std::string& name, const std::string& help,
-                     const Histogram& h) {
+                     const Histogram& h, double scale) {
   out << "# HELP " << name << " " << help << "\n# TYPE " << name << " histogram\n";
   uint64_t cumulative = 0;
   for (size_t b = 0; b < h.bounds().size(); ++b) {
     cumulative += h.counts()[b];
-    out << name << "_bucket{le=\"" << Num(h.bounds()[b] / 1000.0) << "\"} " << cumulative << "\n";
+    out << name << "_bucket{le=\"" << Num(h.bounds()[b] * scale) << "\"} " << cumulative << "\n";
   }
   out << name << "_bucket{le=\"+Inf\"} " << h.count() << "\n";
-  out << name << "_sum " << Num(h.sum() / 1000.0) << "\n";
+  out << name << "_sum " << Num(h.sum() * scale) << "\n";
   out << name << "_count " << h.count() << "\n";
+}
+
+// One family with a sample per group.
+template <typename Value>
+void RenderPerGroup(std::ostringstream& out, const std::string& name, const char* type,
+                    const std::string& help, const ClusterView& view, Value value) {
+  out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  for (const auto& g : view.groups) {
+    out << name << "{group=\"" << Escape(g.name) << "\"} " << value(g) << "\n";
+  }
 }
 
 }  // namespace
 
-RouterMetrics::RouterMetrics() : ttft_ms_(kLatencyMs), tpot_ms_(kLatencyMs) {
-  window_start_ms_ = NowMs();
-}
+RouterMetrics::RouterMetrics()
+    : ttft_ms_(kLatencyMs),
+      tpot_ms_(kLatencyMs),
+      e2e_ms_(kLatencyMs),
+      queue_ms_(kLatencyMs),
+      prompt_tokens_hist_(kPromptTokens) {}
 
 void RouterMetrics::CountRequest(const std::string& route, int status) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -63,19 +73,20 @@ void RouterMetrics::CountGeneration(double ttft_ms, double tpot_ms, uint32_t tok
   std::lock_guard<std::mutex> lock(mu_);
   if (tokens > 0) ttft_ms_.Add(ttft_ms);
   if (tokens > 1) tpot_ms_.Add(tpot_ms);
-  tokens_ += tokens;
+  generated_tokens_ += tokens;
+}
+
+void RouterMetrics::CountFinished(const Finished& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  e2e_ms_.Add(request.e2e_ms);
+  queue_ms_.Add(request.queue_ms);
+  prompt_tokens_hist_.Add(request.prompt_tokens);
+  prompt_tokens_ += request.prompt_tokens;
 }
 
 std::string RouterMetrics::Render(const ClusterView& view) const {
   std::ostringstream out;
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = NowMs();
-  if (now - window_start_ms_ >= 10000) {
-    tokens_per_s_ = static_cast<double>(tokens_ - window_start_tokens_) * 1000.0 /
-                    static_cast<double>(now - window_start_ms_);
-    window_start_ms_ = now;
-    window_start_tokens_ = tokens_;
-  }
   out << "# HELP fmoe_requests_total HTTP requests answered, by route and status.\n"
          "# TYPE fmoe_requests_total counter\n";
   for (const auto& [key, n] : requests_) {
@@ -83,55 +94,43 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
         << "\"} " << n << "\n";
   }
   RenderHistogram(out, "fmoe_time_to_first_token_seconds",
-                  "Time from a completion request's arrival to its first token.", ttft_ms_);
+                  "Time from a completion request's arrival to a choice's first token.", ttft_ms_,
+                  1e-3);
   RenderHistogram(out, "fmoe_time_per_output_token_seconds",
-                  "Mean time between a completion's tokens after the first.", tpot_ms_);
-  out << "# HELP fmoe_generated_tokens_total Completion tokens generated.\n"
-         "# TYPE fmoe_generated_tokens_total counter\nfmoe_generated_tokens_total "
-      << tokens_ << "\n";
-  out << "# HELP fmoe_tokens_per_second Completion tokens per second over the last 10 s.\n"
-         "# TYPE fmoe_tokens_per_second gauge\nfmoe_tokens_per_second "
-      << Num(tokens_per_s_) << "\n";
-  out << "# HELP fmoe_group_alive Whether a worker group is alive (1) or not (0).\n"
-         "# TYPE fmoe_group_alive gauge\n";
-  for (const auto& g : view.groups) {
-    out << "fmoe_group_alive{group=\"" << Escape(g.name) << "\"} " << (g.alive ? 1 : 0) << "\n";
-  }
-  out << "# HELP fmoe_queue_depth Requests waiting in the router for a group.\n"
-         "# TYPE fmoe_queue_depth gauge\n";
-  for (const auto& g : view.groups) {
-    out << "fmoe_queue_depth{group=\"" << Escape(g.name) << "\"} " << g.queued << "\n";
-  }
-  out << "# HELP fmoe_running_requests Requests handed to a group's leader, not finished.\n"
-         "# TYPE fmoe_running_requests gauge\n";
-  for (const auto& g : view.groups) {
-    out << "fmoe_running_requests{group=\"" << Escape(g.name) << "\"} " << g.running << "\n";
-  }
-  out << "# HELP fmoe_expert_hits_total Routed-expert uses served from the device cache (as "
-         "last reported by the group's leader).\n# TYPE fmoe_expert_hits_total counter\n";
-  for (const auto& g : view.groups) {
-    out << "fmoe_expert_hits_total{group=\"" << Escape(g.name) << "\"} " << g.experts.hits << "\n";
-  }
-  out << "# HELP fmoe_expert_misses_total Routed-expert uses that waited for a load.\n"
-         "# TYPE fmoe_expert_misses_total counter\n";
-  for (const auto& g : view.groups) {
-    out << "fmoe_expert_misses_total{group=\"" << Escape(g.name) << "\"} " << g.experts.misses
-        << "\n";
-  }
-  out << "# HELP fmoe_expert_hit_rate Hits over hits plus misses since the leader started.\n"
-         "# TYPE fmoe_expert_hit_rate gauge\n";
-  for (const auto& g : view.groups) {
-    const uint64_t total = g.experts.hits + g.experts.misses;
-    out << "fmoe_expert_hit_rate{group=\"" << Escape(g.name) << "\"} "
-        << Num(total ? static_cast<double>(g.experts.hits) / static_cast<double>(total) : 0.0)
-        << "\n";
-  }
-  out << "# HELP fmoe_expert_bytes_moved_total Bytes copied to the device expert cache.\n"
-         "# TYPE fmoe_expert_bytes_moved_total counter\n";
-  for (const auto& g : view.groups) {
-    out << "fmoe_expert_bytes_moved_total{group=\"" << Escape(g.name) << "\"} "
-        << g.experts.bytes_moved << "\n";
-  }
+                  "Mean time between a choice's tokens after the first.", tpot_ms_, 1e-3);
+  RenderHistogram(out, "fmoe_e2e_request_latency_seconds",
+                  "Time from a completion request's arrival to its last token.", e2e_ms_, 1e-3);
+  RenderHistogram(out, "fmoe_request_queue_time_seconds",
+                  "Time from a completion request's arrival to the start of its prefill.",
+                  queue_ms_, 1e-3);
+  RenderHistogram(out, "fmoe_request_prompt_tokens", "Prompt tokens of a completion request.",
+                  prompt_tokens_hist_, 1.0);
+  out << "# HELP fmoe_prompt_tokens_total Prompt tokens of finished completion requests.\n"
+         "# TYPE fmoe_prompt_tokens_total counter\nfmoe_prompt_tokens_total "
+      << prompt_tokens_ << "\n";
+  out << "# HELP fmoe_generation_tokens_total Completion tokens generated.\n"
+         "# TYPE fmoe_generation_tokens_total counter\nfmoe_generation_tokens_total "
+      << generated_tokens_ << "\n";
+  RenderPerGroup(out, "fmoe_group_alive", "gauge", "Whether a worker group serves (1) or not (0).",
+                 view, [](const GroupView& g) { return g.alive ? 1 : 0; });
+  RenderPerGroup(out, "fmoe_group_loading", "gauge",
+                 "Whether a worker group is loading its model (1) or not (0).", view,
+                 [](const GroupView& g) { return g.loading ? 1 : 0; });
+  RenderPerGroup(out, "fmoe_queue_depth", "gauge", "Requests waiting in the router for a group.",
+                 view, [](const GroupView& g) { return g.queued; });
+  RenderPerGroup(out, "fmoe_running_requests", "gauge",
+                 "Requests handed to a group's leader, not finished.", view,
+                 [](const GroupView& g) { return g.running; });
+  RenderPerGroup(out, "fmoe_expert_hits_total", "counter",
+                 "Routed-expert uses served from the device cache (as last reported by the "
+                 "group's leader).",
+                 view, [](const GroupView& g) { return g.experts.hits; });
+  RenderPerGroup(out, "fmoe_expert_misses_total", "counter",
+                 "Routed-expert uses that waited for a load.", view,
+                 [](const GroupView& g) { return g.experts.misses; });
+  RenderPerGroup(out, "fmoe_expert_moved_bytes_total", "counter",
+                 "Bytes copied to the device expert cache.", view,
+                 [](const GroupView& g) { return g.experts.bytes_moved; });
   out << "# HELP fmoe_map_service_up Whether the map service answers (1) or not (0).\n"
          "# TYPE fmoe_map_service_up gauge\nfmoe_map_service_up "
       << (view.map_service_alive ? 1 : 0) << "\n";

@@ -1,8 +1,9 @@
-// The router's metrics, served as Prometheus text on GET /metrics: requests by route and
-// status, time to first token and time per output token histograms, generated tokens (total
-// and per second over the last 10 s), and, from the cluster view, queue depth and running
-// requests per group, the workers' expert hits, misses and bytes moved, and the map service's
-// match latency. Thread-safe.
+// The router's metrics, served as Prometheus text on GET /metrics, by Prometheus's conventions
+// (base units, counters end in _total, nothing derived that a query can divide): requests by
+// route and status; time to first token, time per output token, end-to-end latency, queue time
+// and prompt length histograms; prompt and generated token counters; from the cluster view,
+// queue depth, running requests and loading state per group, the workers' expert hits, misses
+// and bytes moved, and the map service's match latency. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +21,20 @@ class RouterMetrics {
  public:
   RouterMetrics();
 
+  // A completion request that every choice finished.
+  struct Finished {
+    std::string route;
+    uint32_t prompt_tokens = 0;
+    uint32_t completion_tokens = 0;  // All choices.
+    double e2e_ms = 0.0;             // Arrival to the last token.
+    double queue_ms = 0.0;           // Arrival to the start of its prefill (the longest choice).
+  };
+
   void CountRequest(const std::string& route, int status);
-  // A finished generation: time to its first token, mean time per later token, tokens out.
+  // A finished generation (one choice): time to its first token, mean time per later token,
+  // tokens out.
   void CountGeneration(double ttft_ms, double tpot_ms, uint32_t tokens);
+  void CountFinished(const Finished& request);
 
   // Prometheus text exposition (version 0.0.4).
   std::string Render(const ClusterView& view) const;
@@ -32,11 +44,11 @@ class RouterMetrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;  // GUARDED_BY(mu_)
   Histogram ttft_ms_;                                         // GUARDED_BY(mu_)
   Histogram tpot_ms_;                                         // GUARDED_BY(mu_)
-  uint64_t tokens_ = 0;                                       // GUARDED_BY(mu_)
-  // Tokens per second over the last full 10 s window.
-  mutable int64_t window_start_ms_ = 0;       // GUARDED_BY(mu_)
-  mutable uint64_t window_start_tokens_ = 0;  // GUARDED_BY(mu_)
-  mutable double tokens_per_s_ = 0.0;         // GUARDED_BY(mu_)
+  Histogram e2e_ms_;                                          // GUARDED_BY(mu_)
+  Histogram queue_ms_;                                        // GUARDED_BY(mu_)
+  Histogram prompt_tokens_hist_;                              // GUARDED_BY(mu_)
+  uint64_t generated_tokens_ = 0;                             // GUARDED_BY(mu_)
+  uint64_t prompt_tokens_ = 0;                                // GUARDED_BY(mu_)
 };
 
 }  // namespace fmoe

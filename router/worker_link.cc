@@ -15,12 +15,27 @@ int ClusterView::alive_groups() const {
       std::count_if(groups.begin(), groups.end(), [](const GroupView& g) { return g.alive; }));
 }
 
+int ClusterView::loading_groups() const {
+  return static_cast<int>(std::count_if(groups.begin(), groups.end(),
+                                        [](const GroupView& g) { return !g.alive && g.loading; }));
+}
+
 std::string ClusterView::UnavailableReason() const {
   std::string out;
   for (const auto& g : groups) {
     if (g.alive) continue;
     if (!out.empty()) out += "; ";
-    if (!g.ever_connected) {
+    if (g.loading) {
+      char buf[96];
+      if (g.total_bytes > 0) {
+        std::snprintf(buf, sizeof(buf), ": loading the model (%.0f%% of %.1f MB)",
+                      100.0 * static_cast<double>(g.loaded_bytes) / g.total_bytes,
+                      g.total_bytes / 1e6);
+      } else {
+        std::snprintf(buf, sizeof(buf), ": loading the model");
+      }
+      out += g.name + buf;
+    } else if (!g.ever_connected) {
       out += g.name + ": never connected";
     } else if (g.silence_ms >= 0) {
       char buf[64];
@@ -68,7 +83,15 @@ void WorkerLink::Run(const std::atomic<bool>& stop) {
     if (polled.ok() && notified) notifier_.Drain();
     if (polled.ok() && *polled > 0) {
       if (readable[0]) {
-        while (auto in = workers_->Receive(0)) HandleWorker(in->peer, in->message);
+        while (auto in = workers_->Receive(0)) {
+          // One message's handling failing (a bug) must not end the link thread.
+          try {
+            HandleWorker(in->peer, in->message);
+          } catch (const std::exception& e) {
+            spdlog::error("peer={}: handling {} failed: {}", in->peer,
+                          wire::MessageName(in->message), e.what());
+          }
+        }
       }
       if (readable[1]) {
         while (auto in = map_service_->Receive(0)) {
@@ -215,6 +238,19 @@ void WorkerLink::Dispatch() {
   }
 }
 
+void WorkerLink::Deliver(const RequestSink& sink, const TokenEvent& event) {
+  // A sink is one request's code: what it throws ends that request, never the link thread.
+  try {
+    sink(event);
+    return;
+  } catch (const std::exception& e) {
+    spdlog::error("req={}: its event handler failed: {}", event.request_id, e.what());
+  } catch (...) {
+    spdlog::error("req={}: its event handler failed", event.request_id);
+  }
+  if (event.finish == FinishReason::kNone) Cancel(event.request_id);
+}
+
 void WorkerLink::Finish(uint64_t id, FinishReason reason, const std::string& error) {
   RequestSink sink;
   {
@@ -240,7 +276,7 @@ void WorkerLink::Finish(uint64_t id, FinishReason reason, const std::string& err
     ev.request_id = id;
     ev.finish = reason;
     ev.error = error;
-    sink(ev);
+    Deliver(sink, ev);
   }
 }
 
@@ -258,7 +294,7 @@ void WorkerLink::OnTokenEvent(const std::string& peer, const TokenEvent& event) 
       requests_.erase(it);
     }
   }
-  if (sink) sink(event);
+  if (sink) Deliver(sink, event);
   if (event.finish != FinishReason::kNone) notifier_.Notify();  // A slot is free.
 }
 
@@ -310,6 +346,8 @@ void WorkerLink::HandleWorker(const std::string& peer, const WorkerMessage& mess
     OnTokenEvent(peer, *ev);
   } else if (const auto* bye = std::get_if<WorkerGoodbye>(&message)) {
     OnGoodbye(peer, *bye);
+  } else if (const auto* loading = std::get_if<WorkerLoading>(&message)) {
+    OnLoading(*loading);
   } else {
     spdlog::debug("peer={} sent {}, unexpected from a worker; ignored", peer,
                   wire::MessageName(message));
@@ -350,6 +388,7 @@ void WorkerLink::OnHello(const std::string& peer, const WorkerHello& hello) {
                                  0,
                                  {}});
     last_seen_by_group_[hello.group] = clock_.NowMs();
+    loading_.erase(hello.group);
     spdlog::info("group={} joined: world_size={} max_batch={} instance={:016x} peer={}",
                  hello.group, hello.world_size, hello.max_batch, hello.instance_id, peer);
   } else {
@@ -372,6 +411,17 @@ void WorkerLink::OnGoodbye(const std::string& peer, const WorkerGoodbye& goodbye
   last_seen_by_group_[goodbye.group] = clock_.NowMs();
   leaders_.Erase(peer);  // Its restart says Hello again (same routing id, new instance id).
   GroupLost(goodbye.group);
+}
+
+void WorkerLink::OnLoading(const WorkerLoading& loading) {
+  if (std::find(options_.group_names.begin(), options_.group_names.end(), loading.group) ==
+      options_.group_names.end()) {
+    spdlog::debug("loading report for group={}, not in the manifest; ignored", loading.group);
+    return;
+  }
+  auto [it, fresh] = loading_.try_emplace(loading.group);
+  if (fresh) spdlog::info("group={} is loading the model", loading.group);
+  it->second = {loading.loaded_bytes, loading.total_bytes, clock_.NowMs()};
 }
 
 void WorkerLink::PingMapService() {
@@ -406,6 +456,17 @@ void WorkerLink::Publish() {
       g.queued = q == queues_.end() ? 0 : static_cast<uint32_t>(q->second.size());
       auto r = running_.find(name);
       g.running = r == running_.end() ? 0 : r->second;
+    }
+    if (auto l = loading_.find(name); l != loading_.end()) {
+      if (now - l->second.last_ms <= options_.heartbeat_timeout_ms) {
+        g.loading = true;
+        g.loaded_bytes = l->second.loaded_bytes;
+        g.total_bytes = l->second.total_bytes;
+      } else {
+        spdlog::warn("group={} stopped reporting its loading for {} ms", name,
+                     now - l->second.last_ms);
+        loading_.erase(l);
+      }
     }
     for (const auto& [id, entry] : leaders_.peers()) {
       if (entry.info.group != name) continue;

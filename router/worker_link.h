@@ -63,6 +63,10 @@ struct GroupView {
   int64_t silence_ms = -1;  // Since the last heartbeat; -1 if never seen.
   uint64_t instance_id = 0;
   uint64_t model_fingerprint = 0;
+  // Its leader is loading the model (reports within the heartbeat timeout, no Hello yet).
+  bool loading = false;
+  uint64_t loaded_bytes = 0;
+  uint64_t total_bytes = 0;  // 0 while unknown.
 };
 
 struct ClusterView {
@@ -74,6 +78,7 @@ struct ClusterView {
   double map_match_p99_us = 0.0;
   uint64_t map_match_count = 0;
   int alive_groups() const;
+  int loading_groups() const;  // Not alive and loading.
   // Why no group can serve, e.g. "g0: no heartbeat for 3.4 s; g1: never connected".
   std::string UnavailableReason() const;
 };
@@ -118,12 +123,15 @@ class WorkerLink {
   void HandleWorker(const std::string& peer, const WorkerMessage& message);
   void OnHello(const std::string& peer, const WorkerHello& hello);
   void OnGoodbye(const std::string& peer, const WorkerGoodbye& goodbye);
+  void OnLoading(const WorkerLoading& loading);
   void OnTokenEvent(const std::string& peer, const TokenEvent& event);
   void PingMapService();
   void Publish();
   void Dispatch();
   void GroupLost(const std::string& group);
   void Finish(uint64_t id, FinishReason reason, const std::string& error);
+  // Calls a request's sink; what it throws is logged and cancels the request.
+  void Deliver(const RequestSink& sink, const TokenEvent& event);
   // Least-loaded live group, or "" (mu_ held).
   std::string PickGroup() const;
 
@@ -133,6 +141,14 @@ class WorkerLink {
   std::unique_ptr<wire::WorkerSocket> workers_;
   std::unique_ptr<wire::MapSocket> map_service_;
   PeerTable<Leader> leaders_;  // Keyed by routing id. Link thread only.
+  struct Loading {
+    uint64_t loaded_bytes = 0;
+    uint64_t total_bytes = 0;
+    int64_t last_ms = 0;
+  };
+  // Groups whose leader reports loading, until its Hello or the heartbeat timeout. Link thread
+  // only.
+  std::map<std::string, Loading> loading_;
   // Last time each group's leader was heard from, kept after it expires. Link thread only.
   std::map<std::string, int64_t> last_seen_by_group_;
   uint64_t ping_seq_ = 0;

@@ -74,6 +74,7 @@ router:
   request_timeout_s: 30.5
   max_body_bytes: 4096
   api_keys: ["abcdefgh", "0123456789-secret"]
+  cors_allowed_origins: ["https://chat.example.com", "http://localhost:3000"]
 heartbeat:
   interval_ms: 100
   timeout_ms: 200
@@ -272,6 +273,8 @@ TEST(Manifest, FullManifestSetsEveryKey) {
   EXPECT_EQ(m.router.request_timeout_s, 30.5);
   EXPECT_EQ(m.router.max_body_bytes, 4096);
   EXPECT_EQ(m.router.api_keys, (std::vector<std::string>{"abcdefgh", "0123456789-secret"}));
+  EXPECT_EQ(m.router.cors_allowed_origins,
+            (std::vector<std::string>{"https://chat.example.com", "http://localhost:3000"}));
   EXPECT_EQ(m.heartbeat.interval_ms, 100);
   EXPECT_EQ(m.heartbeat.timeout_ms, 200);
   EXPECT_EQ(m.logging.level, "debug");
@@ -721,6 +724,11 @@ std::vector<BadCase> BadCases() {
       {"ApiKeyNotPrintable", Minimal("router: {api_keys: [\"abcdefgh\", \"abcd\\tefgh\"]}\n"),
        "manifest: router.api_keys[1]: character 4 is not printable ASCII (spaces are not "
        "allowed)"},
+      {"CorsOriginWithPath", Minimal("router: {cors_allowed_origins: [\"https://a.b/c\"]}\n"),
+       "manifest: router.cors_allowed_origins[0]: \"https://a.b/c\" is not an origin "
+       "(http[s]://host[:port], no path) or \"*\""},
+      {"CorsOriginNotSequence", Minimal("router: {cors_allowed_origins: \"*\"}\n"),
+       "manifest: router.cors_allowed_origins: expected a sequence, got scalar \"*\""},
       {"ApiKeysNotSequence", Minimal("router: {api_keys: abcdefghij}\n"),
        "manifest: router.api_keys: expected a sequence, got scalar \"abcdefghij\""},
       {"BadDtype", "model: {path: m, dtype: fp8}\nworker_groups: [{name: g, workers: [{}]}]\n",

@@ -1,13 +1,13 @@
 // Writes the seed corpus of request_fuzz: /v1/completions bodies, one file each, into the
 // directory named on the command line. Valid ones (string, one-string-array and token-id
 // prompts, stream with stream_options, stop as a string and an array, seed, temperature, top_p
-// (one below float's range too), top_k, the unsupported parameters at their neutral values,
-// Unicode and special tokens in the prompt) and invalid ones (missing and wrong model, n=2,
-// logprobs, bad JSON, huge max_tokens, nested and mixed prompt arrays, ids outside the
-// vocabulary, invalid UTF-8, lone surrogates, deep nesting, values out of range).
-// Each seed is parsed first, as request_fuzz does, and must end as listed (accepted, or refused
-// with that status and error code); exits 1 if one does not.
-// Usage: make_request_corpus DIR
+// (one below float's range too), top_k, n, logprobs, echo, the logits processing parameters,
+// the unsupported parameters at their neutral values, Unicode and special tokens in the
+// prompt) and invalid ones (missing and wrong model, n=17, best_of, echo with logprobs, each
+// processing parameter out of range, bad JSON, huge max_tokens, nested and mixed prompt arrays, ids
+// outside the vocabulary, invalid UTF-8, lone surrogates, deep nesting, values out of range). Each
+// seed is parsed first, as request_fuzz does, and must end as listed (accepted, or refused with
+// that status and error code); exits 1 if one does not. Usage: make_request_corpus DIR
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/tokenizer.h"
-#include "router/completions.h"
+#include "router/completion_request.h"
 #include "router/http_server.h"
 
 namespace fmoe {
@@ -69,6 +69,15 @@ std::vector<Seed> Seeds() {
                            R"("logprobs":null,"top_logprobs":null,"max_tokens":null,"user":"u1"})"),
       Ok("ok-unicode", "{" + m + R"("prompt":"h\u00e9llo \u4e16\u754c \ud83d\ude00 )" +
                            "\xc3\xa9\xe4\xb8\x96\xf0\x9f\x99\x82\"}"),
+      Ok("ok-choices-logprobs", "{" + m +
+                                    R"("prompt":"hi","n":3,"seed":7,"logprobs":5,)"
+                                    R"("temperature":1.2,"max_tokens":4})"),
+      Ok("ok-processing", "{" + m +
+                              R"("prompt":"hi","logit_bias":{"5":-100,"300":2.5},"min_p":0.05,)"
+                              R"("presence_penalty":1.5,"frequency_penalty":-0.5,)"
+                              R"("repetition_penalty":1.2,"min_tokens":2,"ignore_eos":true,)"
+                              R"("stop_token_ids":[2,13],"max_tokens":8})"),
+      Ok("ok-echo", "{" + m + R"("prompt":[1,300,301],"echo":true,"max_tokens":2})"),
       // Rounds to 0 as a float; the parser keeps the smallest positive float.
       Ok("ok-top-p-tiny", "{" + m + R"("prompt":"x","top_p":1e-50})"),
       Ok("ok-special-tokens", "{" + m + R"("prompt":"<s>User: hi</s>\n<pad><unk>"})"),
@@ -77,8 +86,23 @@ std::vector<Seed> Seeds() {
       {"err-wrong-model", R"({"model":"gpt-4","prompt":"hi"})", 404, "model_not_found"},
       {"err-model-not-string", R"({"model":7,"prompt":"hi"})", 400, "invalid_value"},
       {"err-missing-prompt", "{" + m + R"("max_tokens":4})", 400, "missing_required"},
-      {"err-n-2", "{" + m + R"("prompt":"hi","n":2})", 400, "unsupported_parameter"},
-      {"err-logprobs", "{" + m + R"("prompt":"hi","logprobs":5})", 400, "unsupported_parameter"},
+      {"err-n-17", "{" + m + R"("prompt":"hi","n":17})", 400, "invalid_value"},
+      {"err-best-of", "{" + m + R"("prompt":"hi","best_of":2})", 400, "unsupported_parameter"},
+      {"err-echo-logprobs", "{" + m + R"("prompt":"hi","echo":true,"logprobs":1})", 400,
+       "unsupported_parameter"},
+      {"err-logprobs-21", "{" + m + R"("prompt":"hi","logprobs":21})", 400, "invalid_value"},
+      {"err-logit-bias-id", "{" + m + R"("prompt":"hi","logit_bias":{"4096":1}})", 400,
+       "invalid_value"},
+      {"err-logit-bias-value", "{" + m + R"("prompt":"hi","logit_bias":{"5":101}})", 400,
+       "invalid_value"},
+      {"err-min-p", "{" + m + R"("prompt":"hi","min_p":1.5})", 400, "invalid_value"},
+      {"err-penalty", "{" + m + R"("prompt":"hi","frequency_penalty":-2.5})", 400, "invalid_value"},
+      {"err-repetition-penalty", "{" + m + R"("prompt":"hi","repetition_penalty":0})", 400,
+       "invalid_value"},
+      {"err-min-tokens", "{" + m + R"("prompt":"hi","max_tokens":2,"min_tokens":3})", 400,
+       "invalid_value"},
+      {"err-stop-token-ids", "{" + m + R"("prompt":"hi","stop_token_ids":[-1]})", 400,
+       "invalid_value"},
       {"err-bad-json", "{" + m + R"("prompt":"hi")", 400, "invalid_json"},
       {"err-not-object", R"(["tiny-moe","hi"])", 400, "invalid_json"},
       {"err-empty-body", "", 400, "invalid_json"},
@@ -95,7 +119,7 @@ std::vector<Seed> Seeds() {
       {"err-lone-surrogate", "{" + m + R"("prompt":"x\ud800y"})", 400, "invalid_json"},
       {"err-deep-nesting", Nested(300, "1"), 400, "invalid_json"},
       {"err-deep-logit-bias", "{" + m + R"("prompt":"x","logit_bias":)" + Nested(200, "") + "}",
-       400, "unsupported_parameter"},
+       400, "invalid_value"},
       {"err-temperature", "{" + m + R"("prompt":"x","temperature":2.5})", 400, "invalid_value"},
       {"err-top-p-zero", "{" + m + R"("prompt":"x","top_p":0})", 400, "invalid_value"},
       {"err-top-k", "{" + m + R"("prompt":"x","top_k":1000001})", 400, "invalid_value"},

@@ -1,12 +1,17 @@
-// libFuzzer target for the router's request parsing (router/completions.cc): each input is the
-// body of a POST /v1/completions, parsed by ParseCompletionRequest for the model "tiny-moe" with
-// a context of 1024 tokens and the tokenizer of deploy/models/tiny-moe (loaded once). Checked,
-// besides ASan/UBSan/LeakSanitizer and exceptions escaping:
+// libFuzzer target for the router's request parsing (router/completion_request.cc,
+// router/tokenize.cc): each input is a request body, parsed as a POST /v1/completions, a POST
+// /v1/chat/completions (through the tiny model's chat template), a POST /tokenize and a POST
+// /detokenize, for the model "tiny-moe" with a context of 1024 tokens and the tokenizer of
+// deploy/models/tiny-moe (loaded once). Checked, besides ASan/UBSan/LeakSanitizer and
+// exceptions escaping:
 //   - a refused body comes with the HTTP answer: status 400 or 404 and a JSON body
 //     {"error": {"message": string, "type": string, "param": string|null, "code": string|null}};
 //   - an accepted one has a non-empty prompt of ids below the vocabulary size, 1 <= max_tokens
-//     and prompt + max_tokens <= 1024, temperature in [0, 2], top_p in (0, 1], at most 16 stop
-//     strings of 1 to 256 bytes each, and include_usage only with stream.
+//     and prompt + max_tokens <= 1024, temperature in [0, 2], top_p in (0, 1], min_p in [0, 1],
+//     penalties in range, logit_bias ids in the vocabulary with |bias| <= 100, 1 <= n <= 16,
+//     logprobs in [-1, 20], min_tokens <= max_tokens, at most 16 stop strings of 1 to 256 bytes
+//     each, and include_usage only with stream;
+//   - /tokenize answers count == len(tokens) and /detokenize a string, both as valid JSON.
 // A violation aborts with __builtin_trap. Seeds: tests/fuzz/make_request_corpus.cc.
 #include <cstddef>
 #include <cstdint>
@@ -18,9 +23,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <optional>
+
+#include "common/chat_template.h"
 #include "common/tokenizer.h"
-#include "router/completions.h"
+#include "router/completion_request.h"
 #include "router/http_server.h"
+#include "router/tokenize.h"
 
 namespace fmoe {
 namespace {
@@ -73,27 +83,64 @@ void CheckRequest(const CompletionRequest& request, const Tokenizer& tokenizer) 
   Check(request.prompt_ids.size() + s.max_tokens <= kContextLength);
   Check(s.temperature >= 0.0f && s.temperature <= 2.0f);
   Check(s.top_p > 0.0f && s.top_p <= 1.0f);
+  Check(s.min_p >= 0.0f && s.min_p <= 1.0f);
+  Check(std::fabs(s.presence_penalty) <= 2.0f && std::fabs(s.frequency_penalty) <= 2.0f);
+  Check(s.repetition_penalty > 0.0f && std::isfinite(s.repetition_penalty));
+  for (const auto& [id, bias] : s.logit_bias) {
+    Check(id >= 0 && static_cast<size_t>(id) < tokenizer.vocab_size() && std::fabs(bias) <= 100);
+  }
+  Check(request.n >= 1 && request.n <= kMaxChoices);
+  Check(s.logprobs >= -1 && s.logprobs <= kMaxLogprobs);
+  Check(s.min_tokens <= s.max_tokens);
+  for (int32_t id : s.stop_token_ids) {
+    Check(id >= 0 && static_cast<size_t>(id) < tokenizer.vocab_size());
+  }
   Check(s.stop.size() <= 16);
   for (const std::string& stop : s.stop) Check(!stop.empty() && stop.size() <= 256);
   Check(request.stream || !request.include_usage);
 }
 
+// /tokenize and /detokenize: an answer is 200 with its shape, or an error object.
+void CheckTokenRoute(const HttpResponse& res, bool tokenize) {
+  if (res.status != 200) return CheckError(res);
+  const Json body = Json::parse(res.body, nullptr, /*allow_exceptions=*/false);
+  Check(body.is_object());
+  if (tokenize) {
+    Check(body.contains("tokens") && body["tokens"].is_array());
+    Check(body.contains("count") && body["count"] == body["tokens"].size());
+  } else {
+    Check(body.contains("prompt") && body["prompt"].is_string());
+  }
+}
+
 void FuzzOne(const std::string& body) {
+  const Tokenizer& tokenizer = TinyTokenizer();
+  static const std::optional<ChatTemplate> kTemplate = [&]() -> std::optional<ChatTemplate> {
+    auto compiled = ChatTemplate::Compile(tokenizer.chat_template());
+    if (!compiled.ok()) return std::nullopt;
+    return std::move(*compiled);
+  }();
   static const CompletionsOptions kOptions = [] {
     CompletionsOptions o;
     o.model_name = "tiny-moe";
     o.context_length = kContextLength;
+    o.chat_template = kTemplate ? &*kTemplate : nullptr;
+    o.bos_token = "<s>";
+    o.eos_token = "</s>";
     return o;
   }();
-  const Tokenizer& tokenizer = TinyTokenizer();
-  HttpResponse error;
-  error.status = 0;  // So an error left unwritten is caught.
-  auto parsed = ParseCompletionRequest(body, kOptions, tokenizer, &error);
-  if (parsed.ok()) {
-    CheckRequest(*parsed, tokenizer);
-  } else {
-    CheckError(error);
+  for (RequestKind kind : {RequestKind::kText, RequestKind::kChat}) {
+    HttpResponse error;
+    error.status = 0;  // So an error left unwritten is caught.
+    auto parsed = ParseRequest(body, kOptions, tokenizer, kind, &error);
+    if (parsed.ok()) {
+      CheckRequest(*parsed, tokenizer);
+    } else {
+      CheckError(error);
+    }
   }
+  CheckTokenRoute(Tokenize(body, kOptions, tokenizer), true);
+  CheckTokenRoute(Detokenize(body, kOptions, tokenizer), false);
 }
 
 }  // namespace

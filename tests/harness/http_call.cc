@@ -39,19 +39,20 @@ int ConnectLoopback(int port) {
 }
 
 std::string HttpRequestText(const std::string& method, const std::string& path,
-                            const std::string& body, const std::string& auth) {
+                            const std::string& body, const std::string& auth,
+                            const std::string& headers) {
   return method + " " + path + " HTTP/1.1\r\nHost: test\r\nConnection: close\r\n" +
-         (auth.empty() ? "" : "Authorization: " + auth + "\r\n") +
+         (auth.empty() ? "" : "Authorization: " + auth + "\r\n") + headers +
          "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
          "\r\n\r\n" + body;
 }
 
 HttpReply HttpCall(int port, const std::string& method, const std::string& path,
-                   const std::string& body, const std::string& auth) {
+                   const std::string& body, const std::string& auth, const std::string& headers) {
   HttpReply r;
   const int fd = ConnectLoopback(port);
   if (fd < 0) return r;
-  const std::string req = HttpRequestText(method, path, body, auth);
+  const std::string req = HttpRequestText(method, path, body, auth, headers);
   send(fd, req.data(), req.size(), MSG_NOSIGNAL);
   std::string in;
   char buf[8192];

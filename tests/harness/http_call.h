@@ -16,11 +16,14 @@ struct HttpReply {
 
 // A connected socket to 127.0.0.1:port with a 60 s receive timeout, or -1.
 int ConnectLoopback(int port);
-// The request text; `auth` is the Authorization header's value (none when empty).
+// The request text; `auth` is the Authorization header's value (none when empty); `headers`
+// are more header lines, each ending in "\r\n".
 std::string HttpRequestText(const std::string& method, const std::string& path,
-                            const std::string& body, const std::string& auth = "");
+                            const std::string& body, const std::string& auth = "",
+                            const std::string& headers = "");
 HttpReply HttpCall(int port, const std::string& method, const std::string& path,
-                   const std::string& body = "", const std::string& auth = "");
+                   const std::string& body = "", const std::string& auth = "",
+                   const std::string& headers = "");
 // The data: payloads of an event stream, in order.
 std::vector<std::string> SseEvents(const std::string& sse);
 

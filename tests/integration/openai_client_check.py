@@ -53,11 +53,57 @@ def main() -> int:
             deltas.append(choice.delta.content or "")
     assert "".join(deltas) == chat.choices[0].message.content, (deltas, chat)
 
+    # n: independent choices; with a seed, choice i is the request with seed + i.
+    many = client.completions.create(model=model, prompt="In the beginning", max_tokens=6,
+                                     temperature=1.5, seed=11, n=2)
+    assert [c.index for c in many.choices] == [0, 1], many
+    for i, choice in enumerate(many.choices):
+        one = client.completions.create(model=model, prompt="In the beginning", max_tokens=6,
+                                        temperature=1.5, seed=11 + i)
+        assert choice.text == one.choices[0].text, (i, choice, one)
+    chats = client.chat.completions.create(
+        model=model, max_tokens=4, temperature=1.2, seed=3, n=2,
+        messages=[{"role": "user", "content": "Who made the earth?"}])
+    assert len(chats.choices) == 2, chats
+
+    # logprobs: completions' integer form and chat's boolean + top_logprobs.
+    lp = client.completions.create(model=model, prompt="In the beginning", max_tokens=5,
+                                   temperature=0, logprobs=2)
+    logprobs = lp.choices[0].logprobs
+    assert len(logprobs.tokens) == lp.usage.completion_tokens, lp
+    assert all(v <= 0 for v in logprobs.token_logprobs), logprobs
+    assert all(len(t) <= 2 for t in logprobs.top_logprobs), logprobs
+    assert "".join(logprobs.tokens) == lp.choices[0].text, logprobs
+    chat_lp = client.chat.completions.create(
+        model=model, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3,
+        messages=[{"role": "user", "content": "Who made the earth?"}])
+    content = chat_lp.choices[0].logprobs.content
+    assert content and all(len(t.top_logprobs) == 3 for t in content), chat_lp
+    assert all(t.bytes is not None for t in content), chat_lp
+
+    # Penalties and the extensions vLLM takes through extra_body change the output.
+    base = client.completions.create(model=model, prompt="In the beginning", max_tokens=24,
+                                     temperature=0)
+    penalized = client.completions.create(model=model, prompt="In the beginning",
+                                          max_tokens=24, temperature=0, frequency_penalty=2.0,
+                                          presence_penalty=1.0)
+    assert penalized.choices[0].text != base.choices[0].text, (base, penalized)
+    ignored = client.completions.create(model=model, prompt="In the beginning", max_tokens=5,
+                                        temperature=0, logit_bias={"2": 100},
+                                        extra_body={"ignore_eos": True})
+    assert ignored.usage.completion_tokens == 5, ignored
+
+    # Chat without max_tokens may use the rest of the context (not OpenAI's 16).
+    long_chat = client.chat.completions.create(
+        model=model, temperature=0, extra_body={"ignore_eos": True, "min_tokens": 20},
+        messages=[{"role": "user", "content": "Tell me a story."}])
+    assert long_chat.usage.completion_tokens > 16, long_chat.usage
+
     try:
-        client.completions.create(model=model, prompt="x", max_tokens=4, n=2)
-        raise AssertionError("n=2 was accepted")
+        client.completions.create(model=model, prompt="x", max_tokens=4, best_of=2)
+        raise AssertionError("best_of=2 was accepted")
     except openai.BadRequestError as e:
-        assert e.status_code == 400 and "'n'" in str(e), e
+        assert e.status_code == 400 and "best_of" in str(e), e
     try:
         client.completions.create(model="no-such-model", prompt="x", max_tokens=4)
         raise AssertionError("an unknown model was accepted")

@@ -5,6 +5,8 @@
 // stale instance id or from a peer that is not the leader changes nothing, and the restarted
 // leader (same routing id, new instance id) joins again. The last tests drive a real
 // Worker::SendGoodbye: the goodbye leaves even though the socket is closed right after it.
+// Loading: a real LoadReporter makes the group "loading" (with its progress, in the view and in
+// /health's 503) until its leader's Hello. A request's sink that throws ends that request only.
 // The heartbeat timeout is a minute, so only the goodbye can end a group within the waits here.
 #include "router/worker_link.h"
 
@@ -23,193 +25,21 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "common/clock.h"
 #include "common/model_config.h"
 #include "common/wire.h"
+#include "gpu_worker/load_reporter.h"
 #include "gpu_worker/worker.h"
+#include "router/api.h"
+#include "tests/router/link_fixture.h"
 
 namespace fmoe {
 namespace {
 
+using namespace link_testing;  // tests/router/link_fixture.h
 using namespace std::chrono_literals;
-using std::chrono::steady_clock;
-
-constexpr int kWaitMs = 5000;  // Upper bound for a delivery; normally a few ms.
-constexpr auto kWait = std::chrono::milliseconds(kWaitMs);
-constexpr int kHeartbeatTimeoutMs = 60000;
-
-// A fresh ipc endpoint per call: tests may run in parallel.
-std::string IpcEndpoint(const char* what) {
-  static std::atomic<int> next{0};
-  return "ipc:///tmp/fmoe-worker-link-test-" + std::to_string(getpid()) + "-" + what + "-" +
-         std::to_string(next++);
-}
-
-// Polls `done` until it holds or kWait passes.
-bool WaitUntil(const std::function<bool()>& done) {
-  const auto end = steady_clock::now() + kWait;
-  while (!done()) {
-    if (steady_clock::now() >= end) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
-
-// Every event each request's sink got (sinks run on the link thread).
-class Events {
- public:
-  RequestSink Sink() {
-    return [this](const TokenEvent& ev) {
-      std::lock_guard<std::mutex> lock(mu_);
-      events_[ev.request_id].push_back(ev);
-      cv_.notify_all();
-    };
-  }
-  std::vector<TokenEvent> Of(uint64_t id) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = events_.find(id);
-    return it == events_.end() ? std::vector<TokenEvent>{} : it->second;
-  }
-  // Waits until request `id` has at least `n` events.
-  std::vector<TokenEvent> WaitFor(uint64_t id, size_t n) const {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, kWait, [&] {
-      auto it = events_.find(id);
-      return it != events_.end() && it->second.size() >= n;
-    });
-    auto it = events_.find(id);
-    return it == events_.end() ? std::vector<TokenEvent>{} : it->second;
-  }
-
- private:
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  std::map<uint64_t, std::vector<TokenEvent>> events_;
-};
-
-// A WorkerLink running on its own thread, serving groups g0 and g1 of model "tiny".
-class Link {
- public:
-  Link() : link_(Options(), SteadyClock::Get()) {
-    Status s = link_.Start();
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    thread_ = std::thread([this] { link_.Run(stop_); });
-  }
-  ~Link() {
-    stop_ = true;
-    thread_.join();
-  }
-  WorkerLink& operator*() { return link_; }
-  WorkerLink* operator->() { return &link_; }
-  const std::string& endpoint() const { return endpoint_; }
-
-  std::optional<GroupView> Group(const std::string& name) const {
-    for (const GroupView& g : link_.View()->groups) {
-      if (g.name == name) return g;
-    }
-    return std::nullopt;
-  }
-  bool Alive(const std::string& name, uint64_t instance_id) const {
-    auto g = Group(name);
-    return g && g->alive && g->instance_id == instance_id;
-  }
-
- private:
-  WorkerLinkOptions Options() {
-    WorkerLinkOptions o;
-    o.worker_endpoint = endpoint_;
-    o.map_service_endpoint = IpcEndpoint("nowhere");  // No map service: pings go unanswered.
-    o.model_name = "tiny";
-    o.group_names = {"g0", "g1"};
-    o.heartbeat_interval_ms = 100;
-    o.heartbeat_timeout_ms = kHeartbeatTimeoutMs;
-    return o;
-  }
-
-  std::string endpoint_ = IpcEndpoint("router");
-  WorkerLink link_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
-
-// A group leader played by the test: a DEALER under the worker's routing id.
-class FakeLeader {
- public:
-  FakeLeader(const std::string& endpoint, std::string group, uint32_t rank, uint64_t instance_id)
-      : group_(std::move(group)), instance_id_(instance_id) {
-    wire::SocketOptions o;
-    o.routing_id = "w/" + group_ + "/" + std::to_string(rank);
-    auto socket = wire::WorkerSocket::Connect(context_, wire::Role::kDealer, endpoint, o);
-    EXPECT_TRUE(socket.ok()) << socket.status().ToString();
-    if (socket.ok()) socket_ = std::move(socket).value();
-  }
-
-  void Send(const WorkerMessage& m) {
-    Status s = socket_->Send(m);
-    EXPECT_TRUE(s.ok()) << s.ToString();
-  }
-  // The next message of type T, skipping others; nullopt after kWait.
-  template <class T>
-  std::optional<T> Next() {
-    const auto end = steady_clock::now() + kWait;
-    while (steady_clock::now() < end) {
-      auto in = socket_->Receive(10);
-      if (in && std::holds_alternative<T>(in->message)) return std::get<T>(in->message);
-    }
-    return std::nullopt;
-  }
-  // Hello, answered accepted.
-  bool Join() {
-    WorkerHello hello;
-    hello.group = group_;
-    hello.model_name = "tiny";
-    hello.instance_id = instance_id_;
-    hello.max_batch = 4;
-    hello.free_slots = 4;
-    Send(hello);
-    auto ack = Next<WorkerHelloAck>();
-    return ack && ack->accepted;
-  }
-  // A heartbeat and its ack's `known`. The router handles a peer's messages in order, so the
-  // ack also says that everything sent before it was handled.
-  std::optional<bool> Heartbeat() {
-    WorkerHeartbeat hb;
-    hb.group = group_;
-    hb.instance_id = instance_id_;
-    hb.seq = ++seq_;
-    Send(hb);
-    auto ack = Next<WorkerHeartbeatAck>();
-    if (!ack) return std::nullopt;
-    EXPECT_EQ(ack->seq, seq_);
-    return ack->known;
-  }
-  void Goodbye(uint64_t instance_id, std::string reason) {
-    Send(WorkerGoodbye{group_, instance_id, std::move(reason)});
-  }
-
- private:
-  std::string group_;
-  uint64_t instance_id_;
-  uint64_t seq_ = 0;
-  wire::Context context_;
-  std::unique_ptr<wire::WorkerSocket> socket_;
-};
-
-TokenEvent Token(uint64_t request_id, int32_t token_id, FinishReason finish = FinishReason::kNone) {
-  TokenEvent ev;
-  ev.request_id = request_id;
-  ev.token_id = token_id;
-  ev.finish = finish;
-  return ev;
-}
-
-Generate Prompt() {
-  Generate g;
-  g.token_ids = {1, 2, 3};
-  g.sampling.max_tokens = 4;
-  return g;
-}
 
 TEST(WorkerLink, GoodbyeFailsStartedRequestsAndMovesTheOthers) {
   Events events;
@@ -398,6 +228,77 @@ TEST(WorkerLink, GoodbyeFromAFollowerRankSendsNothing) {
   Worker follower(LeaderOptions("", 1), ModelInfo{}, SteadyClock::Get());
   ASSERT_TRUE(follower.Start().ok());  // A follower has no router socket.
   EXPECT_TRUE(follower.SendGoodbye("rank 0 is gone").ok());
+}
+
+TEST(WorkerLink, ALoadingLeaderShowsItsProgressUntilItsHello) {
+  Link link;
+  RouterApi api({"tiny", 1024, {}, {}}, *link);
+  LoadReporter reporter({"g0", link.endpoint(), 20});
+  ASSERT_TRUE(reporter.Start().ok());
+  reporter.Progress(25, 100);
+  ASSERT_TRUE(WaitUntil([&] {
+    auto g = link.Group("g0");
+    return g && g->loading && g->loaded_bytes == 25 && g->total_bytes == 100;
+  }));
+  EXPECT_FALSE(link.Group("g0")->alive);
+  EXPECT_EQ(link->View()->loading_groups(), 1);
+  EXPECT_NE(link->View()->UnavailableReason().find("g0: loading the model (25% of"),
+            std::string::npos)
+      << link->View()->UnavailableReason();
+  HttpRequest health;
+  health.method = "GET";
+  health.path = health.target = "/health";
+  HttpResponse res = api.HandleNow(health);
+  EXPECT_EQ(res.status, 503);
+  auto body = nlohmann::json::parse(res.body);
+  EXPECT_EQ(body["status"], "loading");
+  EXPECT_EQ(body["groups"][0]["loading"]["loaded_bytes"], 25);
+  EXPECT_EQ(body["groups"][0]["loading"]["total_bytes"], 100);
+  EXPECT_DOUBLE_EQ(body["groups"][0]["loading"]["progress"].get<double>(), 0.25);
+  EXPECT_TRUE(body["groups"][1]["loading"].is_null());
+  bool retry_after = false;
+  for (const auto& [k, v] : res.headers) retry_after = retry_after || k == "Retry-After";
+  EXPECT_TRUE(retry_after);
+  // A request meanwhile is refused as unavailable (the completions route answers 503).
+  Events events;
+  EXPECT_EQ(link->Submit(Prompt(), events.Sink(), 0).status().code(), ErrorCode::kUnavailable);
+
+  reporter.Progress(100, 100);
+  ASSERT_TRUE(WaitUntil([&] { return link.Group("g0")->loaded_bytes == 100; }));
+  reporter.Stop();
+  FakeLeader g0(link.endpoint(), "g0", 0, 7);
+  ASSERT_TRUE(g0.Join());
+  ASSERT_TRUE(WaitUntil([&] { return link.Alive("g0", 7); }));
+  EXPECT_FALSE(link.Group("g0")->loading);
+  res = api.HandleNow(health);
+  EXPECT_EQ(res.status, 200);
+  EXPECT_TRUE(nlohmann::json::parse(res.body)["groups"][0]["loading"].is_null());
+  EXPECT_GT(reporter.reports_sent(), 0u);
+}
+
+TEST(WorkerLink, ASinkThatThrowsEndsOnlyItsOwnRequest) {
+  Events events;
+  Link link;
+  FakeLeader g0(link.endpoint(), "g0", 0, 11);
+  ASSERT_TRUE(g0.Join());
+  ASSERT_TRUE(WaitUntil([&] { return link.Alive("g0", 11); }));
+  auto bad = link->Submit(
+      Prompt(), [](const TokenEvent&) { throw std::runtime_error("a rendering bug"); }, 0);
+  auto good = link->Submit(Prompt(), events.Sink(), 0);
+  ASSERT_TRUE(bad.ok() && good.ok());
+  ASSERT_TRUE(g0.Next<Generate>());
+  ASSERT_TRUE(g0.Next<Generate>());
+  g0.Send(Token(*bad, 5));
+  // The throwing request is cancelled at its leader; the link thread serves on.
+  auto cancel = g0.Next<Cancel>();
+  ASSERT_TRUE(cancel);
+  EXPECT_EQ(cancel->request_id, *bad);
+  g0.Send(Token(*good, 6));
+  g0.Send(Token(*good, 7, FinishReason::kLength));
+  auto got = events.WaitFor(*good, 2);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].finish, FinishReason::kLength);
+  EXPECT_EQ(g0.Heartbeat(), true);
 }
 
 }  // namespace

@@ -1,0 +1,490 @@
+#include "router/completion_request.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "common/process_util.h"
+#include "common/unicode.h"
+
+namespace fmoe {
+namespace {
+
+using Json = nlohmann::json;
+
+// Parameters this server does not implement: refused unless at their neutral value.
+bool Unsupported(const std::string& key, const Json& v) {
+  if (v.is_null()) return false;
+  if (key == "best_of") return !(v.is_number_integer() && v.get<int64_t>() == 1);
+  if (key == "suffix") return !(v.is_string() && v.get<std::string>().empty());
+  if (key == "prompt_logprobs") return true;
+  if (key == "guided_json" || key == "guided_regex" || key == "guided_choice" ||
+      key == "guided_grammar") {
+    return true;
+  }
+  if (key == "use_beam_search") return !(v.is_boolean() && !v.get<bool>());
+  return false;
+}
+
+constexpr const char* kUnsupported[] = {"best_of",        "suffix",         "prompt_logprobs",
+                                        "guided_json",    "guided_regex",   "guided_choice",
+                                        "guided_grammar", "use_beam_search"};
+
+// A number parameter in [lo, hi] (absent or null: `def`). False with *error set otherwise.
+bool ReadNumber(const Json& j, const char* key, double lo, double hi, bool lo_open, double def,
+                double* out, HttpResponse* error) {
+  *out = def;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  const bool ok = it->is_number() && std::isfinite(it->get<double>()) &&
+                  (lo_open ? it->get<double>() > lo : it->get<double>() >= lo) &&
+                  it->get<double>() <= hi;
+  if (!ok) {
+    char range[96];
+    std::snprintf(range, sizeof(range), "%s%g, %g]", lo_open ? "(" : "[", lo, hi);
+    *error = BadParam(key, std::string("'") + key + "' must be a number in " + range);
+    return false;
+  }
+  *out = it->get<double>();
+  return true;
+}
+
+// A non-negative integer parameter up to `hi`.
+bool ReadCount(const Json& j, const char* key, uint64_t hi, uint64_t def, uint64_t* out,
+               HttpResponse* error) {
+  *out = def;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_number_integer() || (!it->is_number_unsigned() && it->get<int64_t>() < 0) ||
+      it->get<uint64_t>() > hi) {
+    *error = BadParam(
+        key, std::string("'") + key + "' must be an integer from 0 to " + std::to_string(hi));
+    return false;
+  }
+  *out = it->get<uint64_t>();
+  return true;
+}
+
+bool ReadBool(const Json& j, const char* key, bool* out, HttpResponse* error) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_boolean()) {
+    *error = BadParam(key, std::string("'") + key + "' must be a boolean");
+    return false;
+  }
+  *out = it->get<bool>();
+  return true;
+}
+
+// The chat messages' text: content as a string, or an array of {"type": "text", "text": ...}
+// parts (joined), or null for an assistant turn without text.
+bool ReadMessages(const Json& messages, std::vector<ChatMessage>* out, HttpResponse* error) {
+  auto bad = [&](const std::string& message) {
+    *error = BadParam("messages", message);
+    return false;
+  };
+  if (!messages.is_array() || messages.empty()) {
+    return bad("'messages' must be a non-empty array of {role, content} objects");
+  }
+  if (messages.size() > 4096) return bad("at most 4096 messages are allowed");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Json& m = messages[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return bad(at + " must be an object");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string() || role->get<std::string>().empty()) {
+      return bad(at + ".role must be a non-empty string");
+    }
+    ChatMessage msg;
+    msg.role = role->get<std::string>();
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
+        msg.role != "developer") {
+      return bad(at + ".role '" + msg.role +
+                 "' is not supported (system, developer, user or assistant)");
+    }
+    if (msg.role == "developer") msg.role = "system";
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) {
+      if (msg.role != "assistant") return bad(at + ".content is required");
+    } else if (content->is_string()) {
+      msg.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (const Json& part : *content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          return bad(at + ".content: only parts of type 'text' are supported");
+        }
+        msg.content += part["text"].get<std::string>();
+      }
+    } else {
+      return bad(at + ".content must be a string or an array of text parts");
+    }
+    for (const char* unsupported : {"tool_calls", "function_call", "tool_call_id"}) {
+      if (auto it = m.find(unsupported); it != m.end() && !it->is_null()) {
+        *error = BadParam("messages", at + "." + unsupported + " is not supported by this server",
+                          "unsupported_parameter");
+        return false;
+      }
+    }
+    out->push_back(std::move(msg));
+  }
+  return true;
+}
+
+// logit_bias: {"<token id>": bias, ...}, bias in [-100, 100].
+bool ReadLogitBias(const Json& j, uint32_t vocab, SamplingParams* sampling, HttpResponse* error) {
+  auto it = j.find("logit_bias");
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_object()) {
+    *error = BadParam("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    return false;
+  }
+  if (it->size() > kMaxLogitBias) {
+    *error = BadParam("logit_bias",
+                      "'logit_bias' may hold at most " + std::to_string(kMaxLogitBias) + " tokens");
+    return false;
+  }
+  for (const auto& [key, value] : it->items()) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || id < 0 ||
+        id >= static_cast<int64_t>(vocab)) {
+      *error = BadParam("logit_bias", "logit_bias key '" + ToValidUtf8(key) +
+                                          "' is not a token id of the vocabulary of " +
+                                          std::to_string(vocab));
+      return false;
+    }
+    if (!value.is_number() || !(std::fabs(value.get<double>()) <= 100.0)) {
+      *error = BadParam("logit_bias", "logit_bias[" + key + "] must be a number from -100 to 100");
+      return false;
+    }
+    sampling->logit_bias.emplace_back(static_cast<int32_t>(id), value.get<float>());
+  }
+  return true;
+}
+
+}  // namespace
+
+HttpResponse ApiError(int status, const std::string& message, const std::string& type,
+                      const std::string& param, const std::string& code) {
+  Json body = {{"error",
+                {{"message", message},
+                 {"type", type},
+                 {"param", param.empty() ? Json(nullptr) : Json(param)},
+                 {"code", code.empty() ? Json(nullptr) : Json(code)}}}};
+  HttpResponse res;
+  res.status = status;
+  res.body = body.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return res;
+}
+
+HttpResponse BadParam(const std::string& param, const std::string& message,
+                      const std::string& code) {
+  return ApiError(400, message, "invalid_request_error", param, code);
+}
+
+Result<std::vector<int32_t>> TokenizeChat(const Json& messages, const CompletionsOptions& options,
+                                          const Tokenizer& tokenizer, bool add_generation_prompt,
+                                          HttpResponse* error) {
+  std::vector<ChatMessage> chat;
+  if (!ReadMessages(messages, &chat, error)) return InvalidArgument("messages");
+  if (options.chat_template == nullptr) {
+    *error =
+        BadParam("messages", "this model has no chat template; use /v1/completions with a prompt",
+                 "no_chat_template");
+    return InvalidArgument("messages");
+  }
+  auto text = options.chat_template->Render(chat, options.bos_token, options.eos_token,
+                                            add_generation_prompt);
+  if (!text.ok()) {
+    *error = BadParam("messages", text.status().message());
+    return InvalidArgument("messages");
+  }
+  // The template writes the special tokens itself (BOS included).
+  auto ids = tokenizer.Encode(*text, /*add_special_tokens=*/false);
+  if (!ids.ok()) {
+    *error =
+        BadParam("messages", "the conversation cannot be tokenized: " + ids.status().message());
+    return InvalidArgument("messages");
+  }
+  return std::move(*ids);
+}
+
+Result<CompletionRequest> ParseRequest(const std::string& body, const CompletionsOptions& options,
+                                       const Tokenizer& tokenizer, RequestKind kind,
+                                       HttpResponse* error) {
+  auto fail = [&](HttpResponse res) -> Result<CompletionRequest> {
+    *error = std::move(res);
+    return InvalidArgument(error->body);
+  };
+  auto failed = [&]() -> Result<CompletionRequest> { return InvalidArgument(error->body); };
+  const bool chat = kind == RequestKind::kChat;
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return fail(ApiError(400, "the request body is not valid JSON", "invalid_request_error", "",
+                         "invalid_json"));
+  }
+  if (!j.is_object()) {
+    return fail(ApiError(400, "the request body must be a JSON object", "invalid_request_error", "",
+                         "invalid_json"));
+  }
+  for (const char* key : kUnsupported) {
+    auto it = j.find(key);
+    if (it != j.end() && Unsupported(key, *it)) {
+      return fail(BadParam(key, std::string("'") + key + "' is not supported by this server",
+                           "unsupported_parameter"));
+    }
+  }
+  // model
+  auto model = j.find("model");
+  if (model == j.end() || model->is_null()) {
+    return fail(BadParam("model", "you must provide a model parameter", "missing_required"));
+  }
+  if (!model->is_string()) return fail(BadParam("model", "'model' must be a string"));
+  if (model->get<std::string>() != options.model_name) {
+    return fail(ApiError(404,
+                         "the model '" + model->get<std::string>() +
+                             "' does not exist; this server serves '" + options.model_name + "'",
+                         "invalid_request_error", "model", "model_not_found"));
+  }
+  CompletionRequest out;
+  out.kind = kind;
+  const uint32_t vocab = static_cast<uint32_t>(tokenizer.vocab_size());
+  if (chat) {
+    for (const char* key : {"tools", "tool_choice", "functions", "function_call"}) {
+      auto it = j.find(key);
+      if (it != j.end() && !it->is_null() && !(it->is_array() && it->empty()) &&
+          !(it->is_string() && it->get<std::string>() == "none")) {
+        return fail(BadParam(key, std::string("'") + key + "' is not supported by this server",
+                             "unsupported_parameter"));
+      }
+    }
+    if (auto rf = j.find("response_format");
+        rf != j.end() && !rf->is_null() && !(rf->is_object() && rf->value("type", "") == "text")) {
+      return fail(BadParam("response_format", "only {\"type\": \"text\"} is supported",
+                           "unsupported_parameter"));
+    }
+    if (auto e = j.find("echo"); e != j.end() && !e->is_null() && !(e->is_boolean() && !*e)) {
+      return fail(
+          BadParam("echo", "'echo' is not supported by chat completions", "unsupported_parameter"));
+    }
+    auto messages = j.find("messages");
+    if (messages == j.end() || messages->is_null()) {
+      return fail(BadParam("messages", "you must provide messages", "missing_required"));
+    }
+    auto ids = TokenizeChat(*messages, options, tokenizer, /*add_generation_prompt=*/true, error);
+    if (!ids.ok()) return failed();
+    out.prompt_ids = std::move(*ids);
+  } else {
+    auto prompt = j.find("prompt");
+    if (prompt == j.end() || prompt->is_null()) {
+      return fail(BadParam("prompt", "you must provide a prompt", "missing_required"));
+    }
+    auto encode = [&](const std::string& text) -> bool {
+      auto ids = tokenizer.Encode(text, /*add_special_tokens=*/true);
+      if (!ids.ok()) {
+        *error = BadParam("prompt", "the prompt cannot be tokenized: " + ids.status().message());
+        return false;
+      }
+      out.prompt_ids = std::move(*ids);
+      out.prompt_text = text;
+      return true;
+    };
+    if (prompt->is_string()) {
+      if (!encode(prompt->get<std::string>())) return failed();
+    } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+      if (!encode((*prompt)[0].get<std::string>())) return failed();
+    } else if (prompt->is_array() && !prompt->empty() &&
+               std::all_of(prompt->begin(), prompt->end(),
+                           [](const Json& x) { return x.is_number_integer(); })) {
+      for (const Json& x : *prompt) {
+        const int64_t id = x.get<int64_t>();
+        if (id < 0 || id >= static_cast<int64_t>(vocab)) {
+          return fail(BadParam("prompt", "prompt token " + std::to_string(id) +
+                                             " is not in the vocabulary of " +
+                                             std::to_string(vocab)));
+        }
+        out.prompt_ids.push_back(static_cast<int32_t>(id));
+      }
+      out.prompt_text = ToValidUtf8(tokenizer.Decode(out.prompt_ids, false));
+    } else if (prompt->is_array() && prompt->size() > 1) {
+      return fail(BadParam("prompt",
+                           "batched prompts are not supported: send one prompt per request "
+                           "(or use 'n' for several completions of one prompt)",
+                           "unsupported_parameter"));
+    } else {
+      return fail(BadParam("prompt", "'prompt' must be a string or an array of token ids"));
+    }
+  }
+  if (out.prompt_ids.empty()) return fail(BadParam("prompt", "the prompt is empty"));
+  const uint64_t prompt_len = out.prompt_ids.size();
+  auto context_error = [&](uint64_t completion) {
+    return ApiError(400,
+                    "this model's maximum context length is " +
+                        std::to_string(options.context_length) + " tokens; the request needs " +
+                        std::to_string(prompt_len + completion) + " (" +
+                        std::to_string(prompt_len) + " in the prompt, " +
+                        std::to_string(completion) + " for the completion)",
+                    "invalid_request_error", "max_tokens", "context_length_exceeded");
+  };
+  if (prompt_len >= options.context_length) return fail(context_error(1));
+  // max_tokens
+  auto max_tokens = j.find("max_tokens");
+  if (auto mct = j.find("max_completion_tokens"); chat && mct != j.end() && !mct->is_null()) {
+    max_tokens = mct;  // The newer name in the chat API.
+  }
+  // Without max_tokens: OpenAI's 16 for completions, the rest of the context for chat (vLLM).
+  uint64_t max_new = chat ? options.context_length - prompt_len : options.default_max_tokens;
+  if (max_tokens != j.end() && !max_tokens->is_null()) {
+    // JSON integers that are not negative parse as unsigned, the others as signed.
+    if (!max_tokens->is_number_integer() ||
+        (max_tokens->is_number_unsigned() ? max_tokens->get<uint64_t>() == 0
+                                          : max_tokens->get<int64_t>() < 1)) {
+      return fail(BadParam("max_tokens", "'max_tokens' must be an integer of at least 1"));
+    }
+    max_new = max_tokens->get<uint64_t>();
+    // Compared without a sum that could wrap around for values near 2^64.
+    if (max_new > options.context_length || prompt_len > options.context_length - max_new) {
+      return fail(context_error(max_new));
+    }
+  } else if (prompt_len + max_new > options.context_length) {
+    max_new = options.context_length - prompt_len;  // The default shrinks to fit.
+  }
+  SamplingParams& s = out.sampling;
+  s.max_tokens = static_cast<uint32_t>(max_new);
+  // temperature, top_p, top_k, min_p
+  double v = 0.0;
+  if (!ReadNumber(j, "temperature", 0.0, 2.0, false, 1.0, &v, error)) return failed();
+  s.temperature = static_cast<float>(v);
+  if (!ReadNumber(j, "top_p", 0.0, 1.0, true, 1.0, &v, error)) return failed();
+  // A value below float's range (1e-50) would round to 0, which the worker refuses: keep the
+  // smallest normal float instead (the top token only, as asked).
+  s.top_p = std::max(static_cast<float>(v), std::numeric_limits<float>::min());
+  if (auto k = j.find("top_k"); k != j.end() && !k->is_null()) {
+    if (!k->is_number_integer() || (k->is_number_unsigned() && k->get<uint64_t>() > 1000000) ||
+        k->get<int64_t>() < -1 || k->get<int64_t>() > 1000000) {
+      return fail(BadParam("top_k", "'top_k' must be an integer from -1 (off) to 1000000"));
+    }
+    s.top_k = static_cast<int32_t>(std::max<int64_t>(0, k->get<int64_t>()));
+  }
+  if (!ReadNumber(j, "min_p", 0.0, 1.0, false, 0.0, &v, error)) return failed();
+  s.min_p = static_cast<float>(v);
+  // Penalties.
+  if (!ReadNumber(j, "presence_penalty", -2.0, 2.0, false, 0.0, &v, error)) return failed();
+  s.presence_penalty = static_cast<float>(v);
+  if (!ReadNumber(j, "frequency_penalty", -2.0, 2.0, false, 0.0, &v, error)) return failed();
+  s.frequency_penalty = static_cast<float>(v);
+  if (!ReadNumber(j, "repetition_penalty", 0.0, 10.0, true, 1.0, &v, error)) return failed();
+  s.repetition_penalty = static_cast<float>(v);
+  if (!ReadLogitBias(j, vocab, &s, error)) return failed();
+  // seed
+  if (auto sd = j.find("seed"); sd != j.end() && !sd->is_null()) {
+    if (!sd->is_number_integer()) return fail(BadParam("seed", "'seed' must be an integer"));
+    s.seed =
+        sd->is_number_unsigned() ? sd->get<uint64_t>() : static_cast<uint64_t>(sd->get<int64_t>());
+  } else {
+    s.seed = RandomId();
+  }
+  // n
+  uint64_t count = 1;
+  if (auto it = j.find("n");
+      it != j.end() && !it->is_null() && (!it->is_number_integer() || it->get<int64_t>() < 1)) {
+    return fail(BadParam("n", "'n' must be an integer from 1 to " + std::to_string(kMaxChoices)));
+  }
+  if (!ReadCount(j, "n", kMaxChoices, 1, &count, error)) return failed();
+  out.n = static_cast<uint32_t>(count);
+  // ignore_eos, min_tokens, stop_token_ids
+  if (!ReadBool(j, "ignore_eos", &s.ignore_eos, error)) return failed();
+  if (!ReadCount(j, "min_tokens", max_new, 0, &count, error)) {
+    *error = BadParam("min_tokens", "'min_tokens' must be an integer from 0 to max_tokens (" +
+                                        std::to_string(max_new) + ")");
+    return failed();
+  }
+  s.min_tokens = static_cast<uint32_t>(count);
+  if (auto st = j.find("stop_token_ids"); st != j.end() && !st->is_null()) {
+    if (!st->is_array() || st->size() > 64) {
+      return fail(BadParam("stop_token_ids",
+                           "'stop_token_ids' must be an array of at most 64 "
+                           "token ids"));
+    }
+    for (const Json& x : *st) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= vocab) {
+        return fail(BadParam("stop_token_ids", "stop_token_ids holds " + x.dump() +
+                                                   ", not a token id of the vocabulary of " +
+                                                   std::to_string(vocab)));
+      }
+      s.stop_token_ids.push_back(x.get<int32_t>());
+    }
+  }
+  // logprobs: completions take an integer (the top N); chat a boolean plus top_logprobs.
+  if (chat) {
+    bool logprobs = false;
+    if (!ReadBool(j, "logprobs", &logprobs, error)) return failed();
+    uint64_t top = 0;
+    if (!ReadCount(j, "top_logprobs", kMaxLogprobs, 0, &top, error)) return failed();
+    if (auto t = j.find("top_logprobs"); t != j.end() && !t->is_null() && !logprobs) {
+      return fail(BadParam("top_logprobs", "'top_logprobs' needs 'logprobs': true"));
+    }
+    s.logprobs = logprobs ? static_cast<int32_t>(top) : -1;
+  } else {
+    if (auto lp = j.find("logprobs"); lp != j.end() && !lp->is_null()) {
+      if (lp->is_boolean()) {
+        return fail(BadParam(
+            "logprobs", "'logprobs' must be an integer from 0 to " + std::to_string(kMaxLogprobs)));
+      }
+      uint64_t top = 0;
+      if (!ReadCount(j, "logprobs", kMaxLogprobs, 0, &top, error)) return failed();
+      s.logprobs = static_cast<int32_t>(top);
+    }
+    if (!ReadBool(j, "echo", &out.echo, error)) return failed();
+    if (out.echo && s.logprobs >= 0) {
+      return fail(BadParam("echo",
+                           "'echo' together with 'logprobs' (the prompt's logprobs) is not "
+                           "supported by this server",
+                           "unsupported_parameter"));
+    }
+    if (!out.echo) out.prompt_text.clear();
+  }
+  // stop
+  if (auto st = j.find("stop"); st != j.end() && !st->is_null()) {
+    std::vector<std::string> stops;
+    if (st->is_string()) {
+      stops.push_back(st->get<std::string>());
+    } else if (st->is_array() &&
+               std::all_of(st->begin(), st->end(), [](const Json& x) { return x.is_string(); })) {
+      for (const Json& x : *st) stops.push_back(x.get<std::string>());
+    } else {
+      return fail(BadParam("stop", "'stop' must be a string or an array of strings"));
+    }
+    if (stops.size() > 16) return fail(BadParam("stop", "at most 16 stop strings are allowed"));
+    for (const auto& text : stops) {
+      if (text.empty() || text.size() > 256) {
+        return fail(BadParam("stop", "each stop string must have 1 to 256 bytes"));
+      }
+    }
+    s.stop = std::move(stops);
+  }
+  // stream, stream_options
+  if (!ReadBool(j, "stream", &out.stream, error)) return failed();
+  if (auto so = j.find("stream_options"); so != j.end() && !so->is_null()) {
+    if (!out.stream) {
+      return fail(BadParam("stream_options", "'stream_options' is only allowed with stream"));
+    }
+    if (!so->is_object()) {
+      return fail(BadParam("stream_options", "'stream_options' must be an object"));
+    }
+    if (auto u = so->find("include_usage"); u != so->end() && !u->is_null()) {
+      if (!u->is_boolean()) {
+        return fail(BadParam("stream_options", "'include_usage' must be a boolean"));
+      }
+      out.include_usage = u->get<bool>();
+    }
+  }
+  return out;
+}
+
+}  // namespace fmoe

@@ -1,0 +1,82 @@
+// Parsing and validation of the bodies of POST /v1/completions and /v1/chat/completions into a
+// CompletionRequest: the OpenAI parameters (and vLLM's extensions) that change the output are
+// applied or refused with 400 naming them, never silently ignored. Errors are the HTTP answer to
+// send: the OpenAI error object naming the parameter and a code. Stateless and thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "common/chat_template.h"
+#include "common/messages.h"
+#include "common/status.h"
+#include "common/tokenizer.h"
+#include "router/http_server.h"
+
+namespace fmoe {
+
+struct CompletionsOptions {
+  std::string model_name;               // The served model id. Required.
+  uint32_t context_length = 0;          // Prompt + max_tokens must fit. Required.
+  int64_t request_timeout_ms = 600000;  // Whole request. Default: 600 s
+  // /v1/completions without max_tokens: OpenAI's default, shrunk to fit the context. Chat
+  // completions without max_tokens may use the rest of the context (as vLLM). Default: 16
+  uint32_t default_max_tokens = 16;
+  // The model's chat template, compiled; null: /v1/chat/completions answers 400.
+  const ChatTemplate* chat_template = nullptr;
+  std::string bos_token;  // The template's bos_token and eos_token variables.
+  std::string eos_token;
+};
+
+enum class RequestKind { kText, kChat };
+
+inline constexpr uint32_t kMaxChoices = 16;   // n
+inline constexpr int32_t kMaxLogprobs = 20;   // logprobs / top_logprobs
+inline constexpr size_t kMaxLogitBias = 300;  // logit_bias entries
+
+// A validated completion request.
+struct CompletionRequest {
+  RequestKind kind = RequestKind::kText;
+  std::vector<int32_t> prompt_ids;
+  SamplingParams sampling;  // sampling.seed: choice i draws with seed + i.
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  uint32_t n = 1;              // Independent choices.
+  bool echo = false;           // Completions: the prompt's text starts each choice's text.
+  std::string prompt_text;     // With echo: the prompt as text.
+};
+
+// Parses a body of `kind`. On error, *error holds the HTTP answer.
+Result<CompletionRequest> ParseRequest(const std::string& body, const CompletionsOptions& options,
+                                       const Tokenizer& tokenizer, RequestKind kind,
+                                       HttpResponse* error);
+inline Result<CompletionRequest> ParseCompletionRequest(const std::string& body,
+                                                        const CompletionsOptions& options,
+                                                        const Tokenizer& tokenizer,
+                                                        HttpResponse* error) {
+  return ParseRequest(body, options, tokenizer, RequestKind::kText, error);
+}
+inline Result<CompletionRequest> ParseChatRequest(const std::string& body,
+                                                  const CompletionsOptions& options,
+                                                  const Tokenizer& tokenizer, HttpResponse* error) {
+  return ParseRequest(body, options, tokenizer, RequestKind::kChat, error);
+}
+
+// A chat body's "messages" rendered through the model's template and tokenized (used by the
+// completions and by POST /tokenize). On error, *error holds the HTTP answer.
+Result<std::vector<int32_t>> TokenizeChat(const nlohmann::json& messages,
+                                          const CompletionsOptions& options,
+                                          const Tokenizer& tokenizer, bool add_generation_prompt,
+                                          HttpResponse* error);
+
+// The OpenAI error object with `status`, naming `param` (may be empty) and `code`.
+HttpResponse ApiError(int status, const std::string& message, const std::string& type,
+                      const std::string& param, const std::string& code);
+// 400 invalid_request_error naming `param`.
+HttpResponse BadParam(const std::string& param, const std::string& message,
+                      const std::string& code = "invalid_value");
+
+}  // namespace fmoe

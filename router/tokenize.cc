@@ -1,0 +1,119 @@
+#include "router/tokenize.h"
+
+#include <nlohmann/json.hpp>
+
+#include "common/unicode.h"
+
+namespace fmoe {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+// The body as an object whose "model", when given, is the served one; otherwise *error is set.
+bool ReadBody(const std::string& body, const CompletionsOptions& options, Json* out,
+              HttpResponse* error) {
+  *out = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (out->is_discarded() || !out->is_object()) {
+    *error = ApiError(400, "the request body must be a JSON object", "invalid_request_error", "",
+                      "invalid_json");
+    return false;
+  }
+  if (auto m = out->find("model"); m != out->end() && !m->is_null()) {
+    if (!m->is_string()) {
+      *error = BadParam("model", "'model' must be a string");
+      return false;
+    }
+    if (m->get<std::string>() != options.model_name) {
+      *error = ApiError(404,
+                        "the model '" + m->get<std::string>() +
+                            "' does not exist; this server serves '" + options.model_name + "'",
+                        "invalid_request_error", "model", "model_not_found");
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Flag(const Json& j, const char* key, bool def, bool* out, HttpResponse* error) {
+  *out = def;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_boolean()) {
+    *error = BadParam(key, std::string("'") + key + "' must be a boolean");
+    return false;
+  }
+  *out = it->get<bool>();
+  return true;
+}
+
+}  // namespace
+
+HttpResponse Tokenize(const std::string& body, const CompletionsOptions& options,
+                      const Tokenizer& tokenizer) {
+  HttpResponse error;
+  Json j;
+  if (!ReadBody(body, options, &j, &error)) return error;
+  const bool chat = j.contains("messages");
+  bool add_special = !chat;
+  bool generation_prompt = true;
+  bool token_strs = false;
+  if (!Flag(j, "add_special_tokens", add_special, &add_special, &error) ||
+      !Flag(j, "add_generation_prompt", true, &generation_prompt, &error) ||
+      !Flag(j, "return_token_strs", false, &token_strs, &error)) {
+    return error;
+  }
+  std::vector<int32_t> ids;
+  if (chat) {
+    auto rendered = TokenizeChat(j["messages"], options, tokenizer, generation_prompt, &error);
+    if (!rendered.ok()) return error;
+    ids = std::move(*rendered);
+  } else {
+    auto prompt = j.find("prompt");
+    if (prompt == j.end() || !prompt->is_string()) {
+      return BadParam("prompt", "'prompt' (a string) or 'messages' is required");
+    }
+    auto encoded = tokenizer.Encode(prompt->get<std::string>(), add_special);
+    if (!encoded.ok()) {
+      return BadParam("prompt", "the prompt cannot be tokenized: " + encoded.status().message());
+    }
+    ids = std::move(*encoded);
+  }
+  Json out = {{"count", ids.size()}, {"max_model_len", options.context_length}, {"tokens", ids}};
+  if (token_strs) {
+    Json strs = Json::array();
+    for (int32_t id : ids) strs.push_back(ToValidUtf8(tokenizer.IdToToken(id)));
+    out["token_strs"] = std::move(strs);
+  } else {
+    out["token_strs"] = nullptr;
+  }
+  HttpResponse res;
+  res.body = Dump(out);
+  return res;
+}
+
+HttpResponse Detokenize(const std::string& body, const CompletionsOptions& options,
+                        const Tokenizer& tokenizer) {
+  HttpResponse error;
+  Json j;
+  if (!ReadBody(body, options, &j, &error)) return error;
+  auto tokens = j.find("tokens");
+  if (tokens == j.end() || !tokens->is_array()) {
+    return BadParam("tokens", "'tokens' must be an array of token ids");
+  }
+  std::vector<int32_t> ids;
+  const int64_t vocab = static_cast<int64_t>(tokenizer.vocab_size());
+  for (const Json& t : *tokens) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
+      return BadParam("tokens",
+                      "token " + Dump(t) + " is not in the vocabulary of " + std::to_string(vocab));
+    }
+    ids.push_back(t.get<int32_t>());
+  }
+  HttpResponse res;
+  res.body = Dump(Json{{"prompt", ToValidUtf8(tokenizer.Decode(ids, false))}});
+  return res;
+}
+
+}  // namespace fmoe

@@ -1,0 +1,20 @@
+// POST /tokenize and POST /detokenize, in vLLM's shapes. /tokenize takes a completion's
+// {"prompt": "...", "add_special_tokens": true} or a chat's {"messages": [...],
+// "add_generation_prompt": true} (rendered through the model's chat template) and answers
+// {"count", "max_model_len", "tokens", "token_strs"}; /detokenize takes {"tokens": [...]} and
+// answers {"prompt": "..."}, ill-formed UTF-8 replaced by U+FFFD. "model", when given, must be
+// the served model. Stateless and thread-safe.
+#pragma once
+
+#include "common/tokenizer.h"
+#include "router/completion_request.h"
+#include "router/http_server.h"
+
+namespace fmoe {
+
+HttpResponse Tokenize(const std::string& body, const CompletionsOptions& options,
+                      const Tokenizer& tokenizer);
+HttpResponse Detokenize(const std::string& body, const CompletionsOptions& options,
+                        const Tokenizer& tokenizer);
+
+}  // namespace fmoe

@@ -1,0 +1,395 @@
+// The OpenAI parameters, routes and headers of the router against a launched system (`fmoe
+// launch`: map service, one worker with the shipped tiny model, router), over real HTTP: `n`
+// (choice i with seed + i), logprobs (completions and chat), echo, the penalties, logit_bias,
+// min_p, ignore_eos, min_tokens and stop_token_ids each changing the output as they should, the
+// chat default of max_tokens, unsupported parameters refused by name, /tokenize and
+// /detokenize, X-Request-Id, CORS, the access log and the Prometheus text read by a real parser.
+#include <signal.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/http_probe.h"
+#include "tests/harness/http_call.h"
+#include "tests/harness/process_harness.h"
+
+namespace fmoe {
+namespace {
+
+using testing::BinDir;
+using testing::Child;
+using testing::FreeTcpPort;
+using testing::WaitUntil;
+using Json = nlohmann::json;
+using Reply = testing::HttpReply;
+
+constexpr int32_t kEos = 2;  // The tiny model's eos_token_id.
+
+class RouterApiTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(testing::MakeTempDir("fmoe-router-api"));
+    http_ = FreeTcpPort();
+    const std::string manifest = *dir_ + "/manifest.yaml";
+    testing::WriteFile(manifest,
+                       "model:\n  name: tiny-moe\n  path: " + std::string(FMOE_SOURCE_DIR) +
+                           "/deploy/models/tiny-moe\n"
+                           "map_service:\n  endpoint: tcp://127.0.0.1:" +
+                           std::to_string(FreeTcpPort()) + "\n  data_dir: " + *dir_ +
+                           "/maps\n"
+                           "worker_groups:\n  - name: g0\n    max_batch: 4\n    queue_limit: 64\n"
+                           "    workers:\n      - device: cpu\n"
+                           "router:\n  listen: 127.0.0.1:" +
+                           std::to_string(http_) +
+                           "\n  worker_endpoint: tcp://127.0.0.1:" + std::to_string(FreeTcpPort()) +
+                           "\n  cors_allowed_origins: [\"https://app.example.com\"]\n"
+                           "heartbeat:\n  interval_ms: 100\n  timeout_ms: 5000\n"
+                           "launcher:\n  run_dir: " +
+                           *dir_ + "/run\n  ready_timeout_s: 120\n");
+    launcher_ = new Child({BinDir() + "/fmoe", "launch", manifest}, *dir_ + "/launcher.log");
+    ASSERT_TRUE(WaitUntil(
+        [] {
+          auto res = HttpGet("127.0.0.1", http_, "/health", 1000);
+          return res.ok() && res->status == 200;
+        },
+        180000))
+        << launcher_->Log();
+  }
+  static void TearDownTestSuite() {
+    launcher_->Signal(SIGTERM);
+    launcher_->Wait(30000);
+    delete launcher_;
+    std::error_code ec;
+    std::filesystem::remove_all(*dir_, ec);
+    delete dir_;
+  }
+  void TearDown() override {
+    if (HasFailure()) std::cerr << testing::ReadFile(*dir_ + "/run/logs/router.log");
+  }
+
+  static Reply Call(const std::string& method, const std::string& path, const std::string& body,
+                    const std::string& headers = "") {
+    return testing::HttpCall(http_, method, path, body, "", headers);
+  }
+  // A completion (or chat) answer that must be 200; its JSON.
+  static Json Ok(const std::string& path, const Json& body) {
+    Reply r = Call("POST", path, body.dump());
+    EXPECT_EQ(r.status, 200) << body.dump() << " -> " << r.body;
+    Json j = Json::parse(r.body, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << r.body;
+    return j;
+  }
+  static Json Completion(const Json& extra) {
+    Json body = {
+        {"model", "tiny-moe"}, {"prompt", "The city of"}, {"max_tokens", 12}, {"temperature", 0}};
+    for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
+    return Ok("/v1/completions", body);
+  }
+  static std::string Text(const Json& answer, size_t i = 0) {
+    return answer["choices"][i]["text"].get<std::string>();
+  }
+  static std::vector<std::string> DataEvents(const std::string& sse) {
+    return testing::SseEvents(sse);
+  }
+
+  static std::string* dir_;
+  static int http_;
+  static Child* launcher_;
+};
+
+std::string* RouterApiTest::dir_ = nullptr;
+int RouterApiTest::http_ = 0;
+Child* RouterApiTest::launcher_ = nullptr;
+
+TEST_F(RouterApiTest, NChoicesDrawWithSeedPlusTheirIndex) {
+  Json many = Completion({{"n", 3}, {"seed", 40}, {"temperature", 1.5}});
+  ASSERT_EQ(many["choices"].size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(many["choices"][i]["index"], i);
+    Json one = Completion({{"seed", 40 + i}, {"temperature", 1.5}});
+    EXPECT_EQ(Text(many, i), Text(one)) << "choice " << i << " is the request with seed 40 + " << i;
+  }
+  EXPECT_NE(Text(many, 0) + Text(many, 1), Text(many, 1) + Text(many, 0)) << "samples differ";
+  EXPECT_GE(many["usage"]["completion_tokens"].get<int>(), 3);
+
+  // Streamed: each choice's chunks carry its index and its own finish; one [DONE] at the end.
+  Json body = {{"model", "tiny-moe"}, {"prompt", "The city of"},
+               {"max_tokens", 6},     {"temperature", 1.5},
+               {"seed", 40},          {"n", 2},
+               {"stream", true}};
+  Reply r = Call("POST", "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200);
+  std::vector<std::string> events = DataEvents(r.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(std::count(events.begin(), events.end(), "[DONE]"), 1);
+  std::string text[2];
+  int finishes[2] = {0, 0};
+  for (size_t e = 0; e + 1 < events.size(); ++e) {
+    Json chunk = Json::parse(events[e]);
+    const int i = chunk["choices"][0]["index"].get<int>();
+    ASSERT_TRUE(i == 0 || i == 1);
+    text[i] += chunk["choices"][0]["text"].get<std::string>();
+    finishes[i] += !chunk["choices"][0]["finish_reason"].is_null();
+  }
+  EXPECT_EQ(finishes[0], 1);
+  EXPECT_EQ(finishes[1], 1);
+  Json whole = Completion({{"max_tokens", 6}, {"temperature", 1.5}, {"seed", 40}, {"n", 2}});
+  EXPECT_EQ(text[0], Text(whole, 0));
+  EXPECT_EQ(text[1], Text(whole, 1));
+}
+
+TEST_F(RouterApiTest, CompletionLogprobsAreTheModelsAndGreedyPicksTheTopOne) {
+  Json a = Completion({{"logprobs", 3}, {"max_tokens", 8}});
+  const Json& lp = a["choices"][0]["logprobs"];
+  ASSERT_TRUE(lp.is_object()) << a.dump();
+  const size_t n = lp["tokens"].size();
+  EXPECT_EQ(n, a["usage"]["completion_tokens"].get<size_t>());
+  ASSERT_EQ(lp["token_logprobs"].size(), n);
+  ASSERT_EQ(lp["top_logprobs"].size(), n);
+  ASSERT_EQ(lp["text_offset"].size(), n);
+  std::string joined;
+  for (size_t i = 0; i < n; ++i) {
+    joined += lp["tokens"][i].get<std::string>();
+    const double chosen = lp["token_logprobs"][i].get<double>();
+    EXPECT_LE(chosen, 0.0);
+    const Json& top = lp["top_logprobs"][i];
+    ASSERT_GE(top.size(), 1u);
+    EXPECT_LE(top.size(), 3u);
+    double best = -1e9;
+    for (auto it = top.begin(); it != top.end(); ++it) best = std::max(best, it->get<double>());
+    EXPECT_NEAR(chosen, best, 1e-5) << "greedy draws the likeliest token";
+    if (i > 0) EXPECT_GE(lp["text_offset"][i].get<int>(), lp["text_offset"][i - 1].get<int>());
+  }
+  EXPECT_EQ(joined, Text(a)) << "the tokens spell the text";
+  // Without logprobs the field is null and the text the same.
+  Json plain = Completion({{"max_tokens", 8}});
+  EXPECT_TRUE(plain["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(Text(plain), Text(a));
+}
+
+TEST_F(RouterApiTest, ChatLogprobsCarryTokensBytesAndAlternatives) {
+  Json body = {
+      {"model", "tiny-moe"}, {"messages", {{{"role", "user"}, {"content", "Who made the earth?"}}}},
+      {"max_tokens", 6},     {"temperature", 0},
+      {"logprobs", true},    {"top_logprobs", 2}};
+  Json a = Ok("/v1/chat/completions", body);
+  const Json& content = a["choices"][0]["logprobs"]["content"];
+  ASSERT_TRUE(content.is_array()) << a.dump();
+  EXPECT_EQ(content.size(), a["usage"]["completion_tokens"].get<size_t>());
+  for (const Json& t : content) {
+    EXPECT_TRUE(t["token"].is_string());
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    EXPECT_TRUE(t["bytes"].is_array());
+    EXPECT_EQ(t["top_logprobs"].size(), 2u);
+    EXPECT_NEAR(t["logprob"].get<double>(), t["top_logprobs"][0]["logprob"].get<double>(), 1e-5);
+  }
+  body["top_logprobs"] = 2;
+  body.erase("logprobs");
+  EXPECT_EQ(Call("POST", "/v1/chat/completions", body.dump()).status, 400)
+      << "top_logprobs without logprobs";
+}
+
+TEST_F(RouterApiTest, EchoPutsThePromptFirst) {
+  Json a = Completion({{"echo", true}, {"max_tokens", 4}});
+  Json b = Completion({{"max_tokens", 4}});
+  EXPECT_EQ(Text(a), "The city of" + Text(b));
+  Json body = {{"model", "tiny-moe"}, {"prompt", "The city of"},
+               {"max_tokens", 4},     {"temperature", 0},
+               {"echo", true},        {"stream", true}};
+  Reply r = Call("POST", "/v1/completions", body.dump());
+  std::vector<std::string> events = DataEvents(r.body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(Json::parse(events[0])["choices"][0]["text"], "The city of");
+}
+
+TEST_F(RouterApiTest, LogitBiasMinPAndPenaltiesChangeTheOutputAsTheyShould) {
+  const Json greedy = Completion({{"max_tokens", 24}});
+  // A bias of +100 makes one token win every step.
+  const Json biased = Completion({{"max_tokens", 6}, {"logit_bias", {{"300", 100}}}});
+  EXPECT_EQ(biased["usage"]["completion_tokens"], 6);
+  EXPECT_EQ(Text(biased), Ok("/detokenize", {{"tokens", std::vector<int>(6, 300)}})["prompt"]);
+  // min_p = 1 keeps only the likeliest token: sampling at any temperature is greedy.
+  const Json min_p =
+      Completion({{"max_tokens", 24}, {"temperature", 1.8}, {"seed", 3}, {"min_p", 1.0}});
+  EXPECT_EQ(Text(min_p), Text(greedy));
+  const Json hot = Completion({{"max_tokens", 24}, {"temperature", 1.8}, {"seed", 3}});
+  EXPECT_NE(Text(hot), Text(greedy)) << "without min_p the same seed samples otherwise";
+  // Penalties change greedy output that repeats itself.
+  const Json tokens =
+      Completion({{"max_tokens", 24}, {"logprobs", 0}})["choices"][0]["logprobs"]["tokens"];
+  std::set<std::string> distinct;
+  for (const Json& t : tokens) distinct.insert(t.get<std::string>());
+  ASSERT_LT(distinct.size(), tokens.size()) << "greedy output repeats tokens: " << Text(greedy);
+  for (const char* penalty : {"frequency_penalty", "presence_penalty"}) {
+    const Json p = Completion({{"max_tokens", 24}, {penalty, 2.0}});
+    EXPECT_NE(Text(p), Text(greedy)) << penalty;
+  }
+  const Json rep = Completion({{"max_tokens", 24}, {"repetition_penalty", 3.0}});
+  EXPECT_NE(Text(rep), Text(greedy)) << "repetition_penalty";
+  // Neutral values leave the output as it was.
+  const Json neutral = Completion({{"max_tokens", 24},
+                                   {"frequency_penalty", 0},
+                                   {"presence_penalty", 0},
+                                   {"repetition_penalty", 1},
+                                   {"min_p", 0},
+                                   {"logit_bias", Json::object()}});
+  EXPECT_EQ(Text(neutral), Text(greedy));
+}
+
+TEST_F(RouterApiTest, EosStopTokensMinTokensAndIgnoreEos) {
+  const Json eos_first = {{"max_tokens", 10}, {"logit_bias", {{std::to_string(kEos), 100}}}};
+  Json a = Completion(eos_first);
+  EXPECT_EQ(a["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(a["choices"][0]["finish_reason"], "stop");
+  Json extra = eos_first;
+  extra["ignore_eos"] = true;
+  a = Completion(extra);
+  EXPECT_EQ(a["usage"]["completion_tokens"], 10) << "eos does not end it";
+  EXPECT_EQ(a["choices"][0]["finish_reason"], "length");
+  extra = eos_first;
+  extra["min_tokens"] = 4;
+  a = Completion(extra);
+  EXPECT_EQ(a["usage"]["completion_tokens"], 4) << "eos is masked for the first 4 tokens";
+  EXPECT_EQ(a["choices"][0]["finish_reason"], "stop");
+  // stop_token_ids: a token forced by logit_bias ends the completion at once.
+  a = Completion({{"max_tokens", 10}, {"logit_bias", {{"300", 100}}}, {"stop_token_ids", {300}}});
+  EXPECT_EQ(a["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(a["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(
+      Call("POST", "/v1/completions",
+           Json({{"model", "tiny-moe"}, {"prompt", "x"}, {"max_tokens", 2}, {"min_tokens", 3}})
+               .dump())
+          .status,
+      400)
+      << "min_tokens above max_tokens";
+}
+
+TEST_F(RouterApiTest, ChatWithoutMaxTokensMayUseTheRestOfTheContext) {
+  Json body = {{"model", "tiny-moe"},
+               {"messages", {{{"role", "user"}, {"content", "Tell me a story."}}}},
+               {"temperature", 0},
+               {"ignore_eos", true}};
+  Json a = Ok("/v1/chat/completions", body);
+  EXPECT_EQ(a["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(a["usage"]["total_tokens"], 1024) << "the tiny model's whole context";
+  // Completions keep OpenAI's 16.
+  Json body2 = {{"model", "tiny-moe"}, {"prompt", "The city of"}, {"ignore_eos", true}};
+  EXPECT_EQ(Ok("/v1/completions", body2)["usage"]["completion_tokens"], 16);
+}
+
+TEST_F(RouterApiTest, UnsupportedParametersAreRefusedByName) {
+  const std::vector<std::pair<std::string, Json>> cases = {
+      {"best_of", 2}, {"suffix", "x"}, {"prompt_logprobs", 1}};
+  for (const auto& [key, value] : cases) {
+    Json body = {{"model", "tiny-moe"}, {"prompt", "x"}, {key, value}};
+    Reply r = Call("POST", "/v1/completions", body.dump());
+    EXPECT_EQ(r.status, 400) << key;
+    EXPECT_EQ(Json::parse(r.body)["error"]["param"], key) << r.body;
+  }
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, Json>>{{"tools", Json::array({{{"type", "function"}}})},
+                                                 {"response_format", {{"type", "json_object"}}}}) {
+    Json body = {
+        {"model", "tiny-moe"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {key, value}};
+    Reply r = Call("POST", "/v1/chat/completions", body.dump());
+    EXPECT_EQ(r.status, 400) << key;
+    EXPECT_EQ(Json::parse(r.body)["error"]["param"], key) << r.body;
+  }
+  Json body = {{"model", "tiny-moe"}, {"prompt", "x"}, {"logprobs", 2}, {"echo", true}};
+  EXPECT_EQ(Call("POST", "/v1/completions", body.dump()).status, 400);
+  body = {{"model", "tiny-moe"}, {"prompt", "x"}, {"n", 17}};
+  EXPECT_EQ(Json::parse(Call("POST", "/v1/completions", body.dump()).body)["error"]["param"], "n");
+}
+
+TEST_F(RouterApiTest, TokenizeAndDetokenize) {
+  Json t = Ok("/tokenize", {{"model", "tiny-moe"}, {"prompt", "In the beginning"}});
+  ASSERT_GT(t["count"].get<int>(), 1);
+  EXPECT_EQ(t["count"], t["tokens"].size());
+  EXPECT_EQ(t["max_model_len"], 1024);
+  EXPECT_EQ(t["tokens"][0], 1) << "BOS with add_special_tokens (the default)";
+  Json d = Ok("/detokenize", {{"tokens", t["tokens"]}});
+  EXPECT_NE(d["prompt"].get<std::string>().find("In the beginning"), std::string::npos);
+  Json chat = Ok("/tokenize", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                               {"return_token_strs", true}});
+  EXPECT_EQ(chat["token_strs"].size(), chat["tokens"].size());
+  // Bytes that are not UTF-8 come back as U+FFFD.
+  Json bytes = Ok("/tokenize", {{"prompt", "\xC3\xA9"}, {"add_special_tokens", false}});
+  ASSERT_GE(bytes["tokens"].size(), 1u);
+  if (bytes["tokens"].size() == 2) {
+    Json half = Ok("/detokenize", {{"tokens", {bytes["tokens"][0]}}});
+    EXPECT_EQ(half["prompt"], "\xEF\xBF\xBD");
+  }
+  EXPECT_EQ(Call("POST", "/detokenize", R"({"tokens": [99999]})").status, 400);
+  EXPECT_EQ(Call("POST", "/tokenize", R"({"model": "other", "prompt": "x"})").status, 404);
+  EXPECT_EQ(Call("GET", "/tokenize", "").status, 405);
+}
+
+TEST_F(RouterApiTest, RequestIdsCorsAndTheAccessLog) {
+  Reply r = Call("GET", "/v1/models", "", "X-Request-Id: my-trace-42\r\n");
+  EXPECT_NE(r.head.find("X-Request-Id: my-trace-42"), std::string::npos) << r.head;
+  r = Call("GET", "/v1/models", "");
+  EXPECT_NE(r.head.find("X-Request-Id: "), std::string::npos) << "generated when absent";
+  r = Call("GET", "/v1/models", "", "X-Request-Id: has space\r\n");
+  EXPECT_EQ(r.head.find("X-Request-Id: has space"), std::string::npos) << "replaced when unusable";
+  // CORS: an allowed origin gets its header; another gets none; a preflight gets 204.
+  r = Call("GET", "/v1/models", "", "Origin: https://app.example.com\r\n");
+  EXPECT_NE(r.head.find("Access-Control-Allow-Origin: https://app.example.com"), std::string::npos)
+      << r.head;
+  r = Call("GET", "/v1/models", "", "Origin: https://evil.example.com\r\n");
+  EXPECT_EQ(r.head.find("Access-Control-Allow-Origin"), std::string::npos) << r.head;
+  r = Call("OPTIONS", "/v1/completions", "",
+           "Origin: https://app.example.com\r\nAccess-Control-Request-Method: POST\r\n");
+  EXPECT_EQ(r.status, 204) << r.head;
+  EXPECT_NE(r.head.find("Access-Control-Allow-Methods"), std::string::npos) << r.head;
+  // Every request leaves an access log line with its id, status and tokens.
+  Json body = {
+      {"model", "tiny-moe"}, {"prompt", "The city of"}, {"max_tokens", 3}, {"temperature", 0}};
+  r = Call("POST", "/v1/completions", body.dump(), "X-Request-Id: access-log-check\r\n");
+  ASSERT_EQ(r.status, 200);
+  const int prompt = Json::parse(r.body)["usage"]["prompt_tokens"].get<int>();
+  const std::string line = "POST /v1/completions 200 tokens=" + std::to_string(prompt) + "/3 ";
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        const std::string log = testing::ReadFile(*dir_ + "/run/logs/router.log");
+        const size_t at = log.find("id=access-log-check");
+        return at != std::string::npos && log.rfind(line, at) != std::string::npos;
+      },
+      10000))
+      << testing::ReadFile(*dir_ + "/run/logs/router.log");
+}
+
+TEST_F(RouterApiTest, MetricsFollowPrometheusConventions) {
+  Completion({{"max_tokens", 3}});
+  Reply r = Call("GET", "/metrics", "");
+  ASSERT_EQ(r.status, 200);
+  const std::string path = *dir_ + "/metrics.txt";
+  testing::WriteFile(path, r.body);
+  // A real parser (prometheus_client, Debian's python3-prometheus-client) and the lint rules
+  // of promtool check metrics.
+  const std::string cmd = "/usr/bin/python3 " + std::string(FMOE_SOURCE_DIR) +
+                          "/tests/integration/metrics_check.py " + path + " > " + *dir_ +
+                          "/metrics_check.log 2>&1";
+  const int rc = std::system(cmd.c_str());
+  EXPECT_EQ(rc, 0) << testing::ReadFile(*dir_ + "/metrics_check.log") << "\n" << r.body;
+  for (const char* name :
+       {"fmoe_e2e_request_latency_seconds_bucket", "fmoe_request_queue_time_seconds_count",
+        "fmoe_request_prompt_tokens_sum", "fmoe_prompt_tokens_total",
+        "fmoe_expert_moved_bytes_total"}) {
+    EXPECT_NE(r.body.find(name), std::string::npos) << name;
+  }
+  for (const char* gone : {"fmoe_expert_hit_rate", "fmoe_tokens_per_second"}) {
+    EXPECT_EQ(r.body.find(gone), std::string::npos) << gone << " is derived: a query divides";
+  }
+}
+
+}  // namespace
+}  // namespace fmoe

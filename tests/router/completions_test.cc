@@ -1,0 +1,266 @@
+// The completions route rendering what a worker sends, with a real WorkerLink and a leader
+// played by the test: sampled output can be any sequence of byte-level tokens, so every kind of
+// ill-formed UTF-8 is sent as token bytes (a lead byte followed by a space, lone continuation
+// bytes, overlong forms, surrogates, code points above U+10FFFF, a character cut by max_tokens),
+// in whole answers and streams, completions and chat, with logprobs and n. Every answer must be
+// valid JSON (every stream event too) with U+FFFD in place of each ill-formed subpart, and an
+// error text from the worker that is not UTF-8 must not break the error answer either.
+#include "router/completions.h"
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/tokenizer.h"
+#include "common/unicode.h"
+#include "tests/router/link_fixture.h"
+
+namespace fmoe {
+namespace {
+
+using namespace link_testing;
+using Json = nlohmann::json;
+
+// Records what the route answers; thread-safe (the link thread writes).
+class Recorder final : public HttpResponder {
+ public:
+  void Respond(HttpResponse response) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = response.status;
+    body_ = response.body;
+    done_ = true;
+  }
+  void BeginStream(int status, const std::string&,
+                   std::vector<std::pair<std::string, std::string>>) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = status;
+  }
+  void Write(std::string chunk) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    body_ += chunk;
+  }
+  void End() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+  }
+  void OnClose(std::function<void()>) override {}
+  bool closed() const override { return false; }
+
+  bool done() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  int status() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+  std::string body() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return body_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  int status_ = 0;
+  std::string body_;
+  bool done_ = false;
+};
+
+const std::string kFffd = "\xEF\xBF\xBD";
+
+class CompletionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto loaded = Tokenizer::Load(FMOE_SOURCE_DIR "/deploy/models/tiny-moe");
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    tokenizer_ = std::move(*loaded);
+    CompletionsOptions options;
+    options.model_name = "tiny";
+    options.context_length = 1024;
+    auto compiled = ChatTemplate::Compile(tokenizer_->chat_template());
+    ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+    template_.emplace(std::move(*compiled));
+    options.chat_template = &*template_;
+    completions_ = std::make_unique<Completions>(options, *tokenizer_, *link_);
+    leader_ = std::make_unique<FakeLeader>(link_.endpoint(), "g0", 0, 1);
+    ASSERT_TRUE(leader_->Join());
+    ASSERT_TRUE(WaitUntil([&] { return link_.Alive("g0", 1); }));
+  }
+
+  int32_t ByteToken(unsigned char b) const {
+    std::string token;
+    ByteLevelEncode(std::string(1, static_cast<char>(b)), &token);
+    auto id = tokenizer_->TokenToId(token);
+    EXPECT_TRUE(id.has_value()) << int(b);
+    return id.value_or(0);
+  }
+
+  // Sends `body` to `path`; the leader answers each Generate with `bytes` as byte tokens (with
+  // logprobs when asked), then a finish. Returns the recorder once the answer is complete.
+  std::shared_ptr<Recorder> Run(const std::string& path, const Json& body,
+                                const std::vector<unsigned char>& bytes, uint32_t choices = 1) {
+    auto rec = std::make_shared<Recorder>();
+    HttpRequest req;
+    req.method = "POST";
+    req.path = req.target = path;
+    req.body = body.dump();
+    if (path == "/v1/chat/completions") {
+      completions_->HandleChat(req, rec);
+    } else {
+      completions_->Handle(req, rec);
+    }
+    for (uint32_t c = 0; c < choices; ++c) {
+      auto gen = leader_->Next<Generate>();
+      EXPECT_TRUE(gen);
+      if (!gen) return rec;
+      for (size_t i = 0; i < bytes.size(); ++i) {
+        TokenEvent ev = Token(gen->request_id, ByteToken(bytes[i]));
+        ev.index = static_cast<uint32_t>(i);
+        if (gen->sampling.logprobs >= 0) {
+          ev.logprob = -0.5f;
+          for (int k = 0; k < gen->sampling.logprobs; ++k) {
+            ev.top_logprobs.emplace_back(ByteToken(static_cast<unsigned char>('a' + k)), -0.5f - k);
+          }
+        }
+        leader_->Send(ev);
+      }
+      leader_->Send(Token(gen->request_id, -1, FinishReason::kLength));
+    }
+    EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
+    return rec;
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::optional<ChatTemplate> template_;
+  Link link_;
+  std::unique_ptr<Completions> completions_;
+  std::unique_ptr<FakeLeader> leader_;
+};
+
+struct Case {
+  const char* what;
+  std::vector<unsigned char> bytes;
+  std::string text;
+};
+
+std::vector<Case> Cases() {
+  const std::string r = kFffd;
+  return {
+      {"a lead byte followed by a space", {'a', 0xE4, ' ', 'b'}, "a" + r + " b"},
+      {"a lone continuation byte", {0x80, 'x'}, r + "x"},
+      {"continuation bytes in a row", {0x80, 0xBF, 0x80}, r + r + r},
+      {"an overlong form", {0xC0, 0xAF}, r + r},
+      {"an overlong three-byte form", {0xE0, 0x80, 0xAF}, r + r + r},
+      {"a surrogate", {0xED, 0xA0, 0x80}, r + r + r},
+      {"above U+10FFFF", {0xF4, 0x90, 0x80, 0x80}, r + r + r + r},
+      {"bytes that never lead", {0xF8, 0xFE, 0xFF}, r + r + r},
+      {"a character cut by the end", {'o', 'k', 0xF0, 0x9F, 0x98}, "ok" + r},
+      {"a character cut by another", {0xE6, 0x97, 'z'}, r + "z"},
+      {"whole characters around", {0xC3, 0xA9, 0x80, 0xC3, 0xA9}, "\xC3\xA9" + r + "\xC3\xA9"},
+  };
+}
+
+TEST_F(CompletionsTest, WholeAnswersReplaceEveryKindOfInvalidUtf8) {
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(c.what);
+    Json body = {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 16}};
+    auto rec = Run("/v1/completions", body, c.bytes);
+    ASSERT_EQ(rec->status(), 200) << rec->body();
+    Json j = Json::parse(rec->body(), nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << rec->body();
+    EXPECT_EQ(j["choices"][0]["text"], c.text);
+    EXPECT_EQ(j["usage"]["completion_tokens"], c.bytes.size());
+  }
+}
+
+TEST_F(CompletionsTest, StreamsReplaceEveryKindOfInvalidUtf8) {
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(c.what);
+    for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+      const bool chat = std::string(path) == "/v1/chat/completions";
+      Json body = {{"model", "tiny"}, {"max_tokens", 16}, {"stream", true}};
+      if (chat) {
+        body["messages"] = {{{"role", "user"}, {"content", "hi"}}};
+      } else {
+        body["prompt"] = "x";
+      }
+      auto rec = Run(path, body, c.bytes);
+      ASSERT_EQ(rec->status(), 200);
+      std::vector<std::string> events;
+      std::string text;
+      const std::string all = rec->body();
+      for (size_t at = 0; (at = all.find("data: ", at)) != std::string::npos;) {
+        const size_t end = all.find("\n\n", at);
+        ASSERT_NE(end, std::string::npos);
+        events.push_back(all.substr(at + 6, end - at - 6));
+        at = end;
+      }
+      ASSERT_FALSE(events.empty());
+      EXPECT_EQ(events.back(), "[DONE]");
+      for (size_t e = 0; e + 1 < events.size(); ++e) {
+        EXPECT_TRUE(IsValidUtf8(events[e]));
+        Json chunk = Json::parse(events[e], nullptr, false);
+        ASSERT_FALSE(chunk.is_discarded()) << events[e];
+        const Json& choice = chunk["choices"][0];
+        text += chat ? choice["delta"].value("content", "") : choice["text"].get<std::string>();
+      }
+      EXPECT_EQ(text, c.text) << path;
+    }
+  }
+}
+
+TEST_F(CompletionsTest, LogprobTokensAndChoicesStayValidJson) {
+  const std::vector<unsigned char> bytes = {0xE4, ' ', 0x80, 'a'};
+  Json body = {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 8},
+               {"logprobs", 3},   {"n", 2},        {"seed", 5}};
+  auto rec = Run("/v1/completions", body, bytes, 2);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  Json j = Json::parse(rec->body(), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << rec->body();
+  ASSERT_EQ(j["choices"].size(), 2u);
+  for (const Json& choice : j["choices"]) {
+    EXPECT_EQ(choice["text"], kFffd + " " + kFffd + "a");
+    const Json& lp = choice["logprobs"];
+    ASSERT_EQ(lp["tokens"].size(), 4u);
+    EXPECT_EQ(lp["tokens"][0], kFffd) << "a byte token alone is not a character";
+    EXPECT_EQ(lp["top_logprobs"][0].size(), 3u);
+  }
+  Json chat = {{"model", "tiny"},
+               {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+               {"max_tokens", 8},
+               {"logprobs", true},
+               {"top_logprobs", 2}};
+  rec = Run("/v1/chat/completions", chat, bytes);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  j = Json::parse(rec->body(), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << rec->body();
+  const Json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 4u);
+  EXPECT_EQ(content[0]["bytes"], Json::array({0xE4})) << "the raw bytes let a client rebuild";
+}
+
+TEST_F(CompletionsTest, AWorkerErrorThatIsNotUtf8StillAnswersValidJson) {
+  auto rec = std::make_shared<Recorder>();
+  HttpRequest req;
+  req.method = "POST";
+  req.path = req.target = "/v1/completions";
+  req.body = Json({{"model", "tiny"}, {"prompt", "x"}}).dump();
+  completions_->Handle(req, rec);
+  auto gen = leader_->Next<Generate>();
+  ASSERT_TRUE(gen);
+  TokenEvent ev = Token(gen->request_id, -1, FinishReason::kError);
+  ev.error = "tensor \xFF\xFE failed";
+  leader_->Send(ev);
+  ASSERT_TRUE(WaitUntil([&] { return rec->done(); }));
+  EXPECT_EQ(rec->status(), 500);
+  Json j = Json::parse(rec->body(), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << rec->body();
+  EXPECT_EQ(j["error"]["message"], "tensor " + kFffd + kFffd + " failed");
+}
+
+}  // namespace
+}  // namespace fmoe
