@@ -167,7 +167,9 @@ TEST_F(RouterApiTest, CompletionLogprobsAreTheModelsAndGreedyPicksTheTopOne) {
     double best = -1e9;
     for (auto it = top.begin(); it != top.end(); ++it) best = std::max(best, it->get<double>());
     EXPECT_NEAR(chosen, best, 1e-5) << "greedy draws the likeliest token";
-    if (i > 0) EXPECT_GE(lp["text_offset"][i].get<int>(), lp["text_offset"][i - 1].get<int>());
+    if (i > 0) {
+      EXPECT_GE(lp["text_offset"][i].get<int>(), lp["text_offset"][i - 1].get<int>());
+    }
   }
   EXPECT_EQ(joined, Text(a)) << "the tokens spell the text";
   // Without logprobs the field is null and the text the same.
