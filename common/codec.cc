@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -62,6 +63,17 @@ flatbuffers::Offset<flatbuffers::Vector<T>> OptVector(Builder& fbb, const std::v
   return v.empty() ? 0 : fbb.CreateVector(v);
 }
 
+// (id, value) pairs as two parallel vectors; both null when empty.
+std::pair<flatbuffers::Offset<flatbuffers::Vector<int32_t>>,
+          flatbuffers::Offset<flatbuffers::Vector<float>>>
+SplitPairs(Builder& fbb, const std::vector<std::pair<int32_t, float>>& pairs) {
+  if (pairs.empty()) return {0, 0};
+  std::vector<int32_t> ids(pairs.size());
+  std::vector<float> values(pairs.size());
+  for (size_t i = 0; i < pairs.size(); ++i) std::tie(ids[i], values[i]) = pairs[i];
+  return {fbb.CreateVector(ids), fbb.CreateVector(values)};
+}
+
 // Bytes of variable-length payload, to size the builder once.
 size_t PayloadBytes(const WorkerMessage& message) {
   return std::visit(
@@ -71,11 +83,14 @@ size_t PayloadBytes(const WorkerMessage& message) {
         if constexpr (std::is_same_v<T, WorkerHelloAck>) return m.reason.size();
         if constexpr (std::is_same_v<T, WorkerHeartbeat>) return m.group.size();
         if constexpr (std::is_same_v<T, Generate>) {
-          size_t bytes = 4 * (m.token_ids.size() + m.sampling.stop_token_ids.size());
+          size_t bytes = 4 * (m.token_ids.size() + m.sampling.stop_token_ids.size()) +
+                         8 * m.sampling.logit_bias.size();
           for (const auto& s : m.sampling.stop) bytes += s.size() + 8;
           return bytes;
         }
-        if constexpr (std::is_same_v<T, TokenEvent>) return m.error.size();
+        if constexpr (std::is_same_v<T, TokenEvent>) {
+          return m.error.size() + 8 * m.top_logprobs.size();
+        }
         if constexpr (std::is_same_v<T, WorkerGoodbye>) return m.group.size() + m.reason.size();
         if constexpr (std::is_same_v<T, WorkerLoading>) return m.group.size();
         return 0;
@@ -153,6 +168,7 @@ flatbuffers::Offset<fb::Generate> Build(Builder& fbb, const Generate& m) {
   auto token_ids = OptVector(fbb, m.token_ids);
   auto stop_token_ids = OptVector(fbb, m.sampling.stop_token_ids);
   auto stop = m.sampling.stop.empty() ? 0 : fbb.CreateVectorOfStrings(m.sampling.stop);
+  const auto [bias_ids, bias_values] = SplitPairs(fbb, m.sampling.logit_bias);
   fb::SamplingParamsBuilder sb(fbb);
   sb.add_temperature(m.sampling.temperature);
   sb.add_top_p(m.sampling.top_p);
@@ -161,6 +177,15 @@ flatbuffers::Offset<fb::Generate> Build(Builder& fbb, const Generate& m) {
   sb.add_max_tokens(m.sampling.max_tokens);
   sb.add_stop_token_ids(stop_token_ids);
   sb.add_stop(stop);
+  sb.add_logit_bias_ids(bias_ids);
+  sb.add_logit_bias_values(bias_values);
+  sb.add_min_tokens(m.sampling.min_tokens);
+  sb.add_ignore_eos(m.sampling.ignore_eos);
+  sb.add_presence_penalty(m.sampling.presence_penalty);
+  sb.add_frequency_penalty(m.sampling.frequency_penalty);
+  sb.add_repetition_penalty(m.sampling.repetition_penalty);
+  sb.add_min_p(m.sampling.min_p);
+  sb.add_logprobs(m.sampling.logprobs);
   auto sampling = sb.Finish();
   fb::GenerateBuilder b(fbb);
   b.add_request_id(m.request_id);
@@ -177,6 +202,7 @@ flatbuffers::Offset<fb::Cancel> Build(Builder& fbb, const Cancel& m) {
 
 flatbuffers::Offset<fb::TokenEvent> Build(Builder& fbb, const TokenEvent& m) {
   auto error = OptString(fbb, m.error);
+  const auto [top_ids, top_values] = SplitPairs(fbb, m.top_logprobs);
   fb::TokenEventBuilder b(fbb);
   b.add_request_id(m.request_id);
   b.add_token_id(m.token_id);
@@ -188,6 +214,9 @@ flatbuffers::Offset<fb::TokenEvent> Build(Builder& fbb, const TokenEvent& m) {
   b.add_expert_hits(m.expert_hits);
   b.add_expert_misses(m.expert_misses);
   b.add_bytes_moved(m.bytes_moved);
+  b.add_logprob(m.logprob);
+  b.add_top_logprob_ids(top_ids);
+  b.add_top_logprob_values(top_values);
   return b.Finish();
 }
 
@@ -424,6 +453,31 @@ class Checker {
     return true;
   }
 
+  // Two parallel vectors (ids, values) of the same length, at most `limit`, values finite.
+  bool Pairs(const flatbuffers::Vector<int32_t>* ids, const flatbuffers::Vector<float>* values,
+             const char* field, size_t limit, std::vector<std::pair<int32_t, float>>* out) const {
+    const size_t n = ids != nullptr ? ids->size() : 0;
+    const size_t n_values = values != nullptr ? values->size() : 0;
+    if (n != n_values) {
+      return OutOfRange(std::string(field) + ": " + std::to_string(n) + " ids but " +
+                        std::to_string(n_values) + " values");
+    }
+    if (n > limit) {
+      return OutOfRange(std::string(field) + ": " + std::to_string(n) + " entries > limit " +
+                        std::to_string(limit));
+    }
+    out->resize(n);
+    for (flatbuffers::uoffset_t i = 0; i < n; ++i) {
+      const float v = values->Get(i);
+      if (!std::isfinite(v)) {
+        return OutOfRange(std::string(field) + "[" + std::to_string(i) + "]: " + FloatText(v) +
+                          " is not finite");
+      }
+      (*out)[i] = {ids->Get(i), v};
+    }
+    return true;
+  }
+
   bool Finite(float f, const char* field) const {
     if (std::isfinite(f)) return true;
     return OutOfRange(std::string(field) + ": " + FloatText(f) + " is not finite");
@@ -543,7 +597,23 @@ bool Read(const fb::Generate& t, const Checker& c, Generate* m) {
       }
     }
   }
-  return true;
+  if (!c.Pairs(sp->logit_bias_ids(), sp->logit_bias_values(), "Generate.sampling.logit_bias",
+               c.limits().max_logit_bias, &s.logit_bias)) {
+    return false;
+  }
+  // Ranges are the worker's ValidateSampling's, which answers with an error event naming the
+  // field; here only what no range check could make sense of (non-finite floats).
+  s.min_tokens = sp->min_tokens();
+  s.ignore_eos = sp->ignore_eos();
+  s.presence_penalty = sp->presence_penalty();
+  s.frequency_penalty = sp->frequency_penalty();
+  s.repetition_penalty = sp->repetition_penalty();
+  s.min_p = sp->min_p();
+  s.logprobs = sp->logprobs();
+  return c.Finite(s.presence_penalty, "Generate.sampling.presence_penalty") &&
+         c.Finite(s.frequency_penalty, "Generate.sampling.frequency_penalty") &&
+         c.Finite(s.repetition_penalty, "Generate.sampling.repetition_penalty") &&
+         c.Finite(s.min_p, "Generate.sampling.min_p");
 }
 
 bool Read(const fb::Cancel& t, const Checker&, Cancel* m) {
@@ -566,7 +636,11 @@ bool Read(const fb::TokenEvent& t, const Checker& c, TokenEvent* m) {
   m->expert_hits = t.expert_hits();
   m->expert_misses = t.expert_misses();
   m->bytes_moved = t.bytes_moved();
-  return c.String(t.error(), "TokenEvent.error", &m->error);
+  m->logprob = t.logprob();
+  return c.String(t.error(), "TokenEvent.error", &m->error) &&
+         c.Finite(m->logprob, "TokenEvent.logprob") &&
+         c.Pairs(t.top_logprob_ids(), t.top_logprob_values(), "TokenEvent.top_logprobs",
+                 kMaxLogprobs, &m->top_logprobs);
 }
 
 bool Read(const fb::WorkerGoodbye& t, const Checker& c, WorkerGoodbye* m) {

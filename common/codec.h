@@ -41,6 +41,7 @@ struct DecodeLimits {
   size_t max_stop_tokens = 64;             // SamplingParams.stop_token_ids. Default: 64
   size_t max_stop_strings = 16;            // SamplingParams.stop. Default: 16
   size_t max_stop_string_bytes = 256;      // Each stop string. Default: 256
+  size_t max_logit_bias = 1024;            // SamplingParams.logit_bias entries. Default: 1024
   size_t max_floats = 1u << 16;            // sem, probs. Default: 65,536
   size_t max_prefetch_entries = 4096;      // PrefetchDirective.entries. Default: 4096
   uint32_t max_layer = 4096;               // layer, target_layer. Default: 4096

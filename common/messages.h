@@ -70,7 +70,8 @@ struct SamplingParams {
   std::vector<std::string> stop;  // Stop strings: generation ends once the text contains one.
   // Logits processing, in vLLM's order: logit_bias, min_tokens, the penalties, temperature,
   // min_p, top_k, top_p. Greedy decoding takes the highest processed logit.
-  std::vector<std::pair<int32_t, float>> logit_bias;  // Added to a token's logit; -100 to 100.
+  // Added to a token's logit; -100 to 100. ({} keeps designated initializers warning-free.)
+  std::vector<std::pair<int32_t, float>> logit_bias{};
   uint32_t min_tokens = 0;         // Until this many tokens, eos and stop_token_ids cannot be drawn
                                    // and stop strings are not looked for.
   bool ignore_eos = false;         // The model's eos tokens do not end generation.
@@ -83,6 +84,7 @@ struct SamplingParams {
   // likeliest tokens' (N <= 20), from the model's raw logits (log_softmax, as vLLM reports).
   int32_t logprobs = -1;
 };
+inline constexpr int32_t kMaxLogprobs = 20;  // SamplingParams.logprobs at most.
 
 // Router -> leader.
 struct Generate {
@@ -114,7 +116,7 @@ struct TokenEvent {
   // With sampling.logprobs >= 0, on events that carry a token: the token's log-probability and
   // the top sampling.logprobs (id, log-probability), likeliest first.
   float logprob = 0.0f;
-  std::vector<std::pair<int32_t, float>> top_logprobs;
+  std::vector<std::pair<int32_t, float>> top_logprobs{};
 };
 
 // Leader -> router, once, when the group is dead (a rank failed a collective) and the leader is

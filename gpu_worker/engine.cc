@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <string>
 
 #include "common/clock.h"
@@ -26,8 +27,27 @@ struct Engine::Sequence {
   bool finished = false;
   RequestUsage group_usage;  // The group's figures for this request (with a group).
 
-  explicit Sequence(const SamplingParams& params) : sampling(params), sampler(params) {}
+  Sequence(Generate& request, std::span<const int32_t> eos_ids)
+      : id(request.request_id),
+        prompt(std::move(request.token_ids)),
+        sampling(request.sampling),
+        sampler(sampling, prompt, eos_ids) {}
 };
+
+namespace {
+
+// What an exception says, for an error event.
+std::string What(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
 
 Engine::Engine(EngineOptions options, MixtralModel& model, ExpertSource& experts,
                const Tokenizer* tokenizer, ForwardObserver* observer, EventSink sink)
@@ -42,9 +62,12 @@ Engine::~Engine() = default;
 
 void Engine::Submit(Generate request) {
   active_.fetch_add(1, std::memory_order_relaxed);
-  {
+  try {
     std::lock_guard<std::mutex> lock(mu_);
     inbox_.push_back({Command{false, std::move(request)}, SteadyNowUs()});
+  } catch (...) {  // Not queued (std::bad_alloc): the caller answers the request.
+    active_.fetch_sub(1, std::memory_order_relaxed);
+    throw;
   }
   cv_.notify_one();
 }
@@ -78,7 +101,16 @@ void Engine::WaitForWork(int timeout_ms) {
 void Engine::Run(const std::function<bool()>& stop) {
   last_plan_us_ = SteadyNowUs();
   while (!stop() && !group_failed_) {
-    if (Step()) continue;
+    bool worked = false;
+    try {
+      worked = Step();
+    } catch (...) {
+      // Step converts what it expects to throw (Forward, sampling, KV allocation); anything else
+      // ends the running requests, and the engine serves on.
+      StepThrew(std::current_exception());
+      continue;
+    }
+    if (worked) continue;
     if (grouped() && SteadyNowUs() - last_plan_us_ >= int64_t{options_.keepalive_ms} * 1000) {
       SendPlan(PlanKind::kIdle, {});
       continue;
@@ -86,6 +118,34 @@ void Engine::Run(const std::function<bool()>& stop) {
     WaitForWork(std::min(50, options_.keepalive_ms));
   }
   if (grouped() && !group_failed_) SendPlan(PlanKind::kStop, {});
+}
+
+std::string Engine::RunningIds() const {
+  std::string ids;
+  for (const auto& seq : running_) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(seq->id);
+  }
+  return ids.empty() ? "none" : ids;
+}
+
+void Engine::StepThrew(const std::exception_ptr& error) {
+  const std::string what = "the engine's iteration threw: " + What(error);
+  spdlog::error("{}; failing the running requests req={}", what, RunningIds());
+  if (grouped()) {
+    // The other ranks may be anywhere in this iteration: the group cannot go on.
+    GroupFailed(Internal(what));
+    return;
+  }
+  for (auto& seq : running_) {
+    try {
+      Finish(*seq, FinishReason::kError, what);
+    } catch (...) {
+      spdlog::error("req={}: the error event could not be sent: {}", seq->id,
+                    What(std::current_exception()));
+    }
+  }
+  running_.clear();
 }
 
 ExpertFigures Engine::group_figures() const {
@@ -186,9 +246,7 @@ void Engine::Admit(Generate request, int64_t submitted_us) {
   if (Status s = ValidateSampling(request.sampling, info.vocab_size); !s.ok()) {
     return Fail(request.request_id, req + s.message());
   }
-  auto seq = std::make_unique<Sequence>(request.sampling);
-  seq->id = request.request_id;
-  seq->prompt = std::move(request.token_ids);
+  auto seq = std::make_unique<Sequence>(request, options_.eos_token_ids);
   seq->submitted_us = submitted_us;
   if (!seq->sampling.stop.empty()) {
     if (tokenizer_ == nullptr) {
@@ -229,6 +287,10 @@ void Engine::Emit(Sequence& seq, int32_t token, FinishReason finish) {
   ev.expert_hits = usage.hits;
   ev.expert_misses = usage.misses;
   ev.bytes_moved = usage.bytes_moved;
+  if (seq.sampling.logprobs >= 0) {
+    ev.logprob = seq.sampler.logprobs().token;
+    ev.top_logprobs = seq.sampler.logprobs().top;
+  }
   sink_(ev);
 }
 
@@ -263,6 +325,37 @@ void Engine::Finish(Sequence& seq, FinishReason reason, std::string error) {
   sink_(ev);
 }
 
+void Engine::SampleAndEmit(Sequence& seq, std::span<const float> logits, uint32_t max_positions) {
+  const int32_t token = seq.sampler.Sample(logits);
+  const auto& stop_ids = seq.sampling.stop_token_ids;
+  const auto& eos_ids = options_.eos_token_ids;
+  // While output.size() < min_tokens the sampler cannot draw these.
+  if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end() ||
+      (!seq.sampling.ignore_eos &&
+       std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end())) {
+    Finish(seq, FinishReason::kStop);  // A stop token is not part of the completion.
+    return;
+  }
+  seq.output.push_back(token);
+  FinishReason finish = FinishReason::kNone;
+  if (seq.stops) {
+    // The text of the first min_tokens tokens is decoded (the stream keeps its state) but not
+    // searched: a stop string must lie wholly after them.
+    std::string text = seq.text->Push(token);
+    if (seq.output.size() > seq.sampling.min_tokens) {
+      seq.stops->Feed(text);
+      if (seq.stops->stopped()) finish = FinishReason::kStop;
+    }
+  }
+  if (finish == FinishReason::kNone &&
+      (seq.output.size() >= seq.sampling.max_tokens ||
+       (max_positions > 0 && seq.kv->length() + 1 > static_cast<int64_t>(max_positions)))) {
+    finish = FinishReason::kLength;
+  }
+  Emit(seq, token, finish);
+  if (finish != FinishReason::kNone) Retire(seq, finish);
+}
+
 bool Engine::Step() {
   if (group_failed_) return false;
   DrainInbox();
@@ -275,7 +368,14 @@ bool Engine::Step() {
     std::unique_ptr<Sequence> seq = std::move(waiting_.front());
     waiting_.pop_front();
     seq->admitted_us = now;
-    seq->kv = model_.NewKvCache();
+    try {
+      seq->kv = model_.NewKvCache();
+    } catch (...) {
+      Finish(*seq, FinishReason::kError,
+             "req=" + std::to_string(seq->id) +
+                 ": no KV cache could be allocated: " + What(std::current_exception()));
+      continue;
+    }
     running_.push_back(std::move(seq));
   }
   if (running_.empty()) return false;
@@ -297,7 +397,12 @@ bool Engine::Step() {
   if (grouped() && !SendPlan(PlanKind::kIteration, inputs)) return false;
   ForwardResult result;
   const int64_t t0 = SteadyNowUs();
-  Status s = model_.Forward(inputs, experts_, observer_, &result);
+  Status s;
+  try {
+    s = model_.Forward(inputs, experts_, observer_, &result);
+  } catch (...) {  // c10::Error, std::bad_alloc, or an observer's: the batch fails, not the worker.
+    s = Internal("the forward pass threw: " + What(std::current_exception()));
+  }
   stats_.forward_us += static_cast<uint64_t>(SteadyNowUs() - t0);
   ++stats_.iterations;
   if (!s.ok() && grouped()) {
@@ -307,7 +412,7 @@ bool Engine::Step() {
   }
   if (grouped() && !SumFigures()) return false;
   if (!s.ok()) {
-    spdlog::error("iteration failed for {} requests: {}", running_.size(), s.message());
+    spdlog::error("iteration failed for req={}: {}", RunningIds(), s.message());
     for (auto& seq : running_) Finish(*seq, FinishReason::kError, s.message());
     running_.clear();
     return true;
@@ -317,27 +422,13 @@ bool Engine::Step() {
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence& seq = *running_[i];
     ++seq.iteration;
-    const int32_t token = seq.sampler.Sample(result.logits[i]);
-    const auto& stop_ids = seq.sampling.stop_token_ids;
-    if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end() ||
-        std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(), token) !=
-            options_.eos_token_ids.end()) {
-      Finish(seq, FinishReason::kStop);  // A stop token is not part of the completion.
-      continue;
+    try {
+      SampleAndEmit(seq, result.logits[i], max_positions);
+    } catch (...) {
+      Finish(seq, FinishReason::kError,
+             "req=" + std::to_string(seq.id) +
+                 ": sampling or reporting a token threw: " + What(std::current_exception()));
     }
-    seq.output.push_back(token);
-    FinishReason finish = FinishReason::kNone;
-    if (seq.stops) {
-      seq.stops->Feed(seq.text->Push(token));
-      if (seq.stops->stopped()) finish = FinishReason::kStop;
-    }
-    if (finish == FinishReason::kNone &&
-        (seq.output.size() >= seq.sampling.max_tokens ||
-         (max_positions > 0 && seq.kv->length() + 1 > static_cast<int64_t>(max_positions)))) {
-      finish = FinishReason::kLength;
-    }
-    Emit(seq, token, finish);
-    if (finish != FinishReason::kNone) Retire(seq, finish);
   }
   std::erase_if(running_, [](const auto& s) { return s->finished; });
   return true;

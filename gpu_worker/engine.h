@@ -21,15 +21,28 @@
 //   RUNNING --(stop token, stop string, max_tokens, context full)--> finished (stop / length)
 //   WAITING or RUNNING --(Cancel)--> finished (cancelled); a running one leaves at the next Step
 //   any --(invalid request or runtime error)--> finished (error)
+//
+// Sampling (sampler.h): each request's Sampler knows its prompt and the model's eos ids. With
+// sampling.ignore_eos the eos ids do not end a request (stop_token_ids still do). While fewer
+// than min_tokens tokens were generated, the sampler cannot draw eos or stop ids, and stop
+// strings are not searched in those tokens' text. With sampling.logprobs >= 0 each token event
+// carries the token's raw log-probability and the top ones.
+//
+// Errors: nothing a request does takes the worker down. An exception from Forward (c10::Error,
+// std::bad_alloc) fails the batch like a failed Forward; one from sampling fails its request;
+// anything else thrown out of Step is caught by Run, which fails the running requests and serves
+// on (a group breaks instead).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -110,6 +123,12 @@ class Engine final : public RequestExecutor {
   void Finish(Sequence& seq, FinishReason reason, std::string error = {});
   void Fail(uint64_t request_id, const std::string& error);
   void Emit(Sequence& seq, int32_t token, FinishReason finish);
+  // Samples the sequence's next token from its logits and reports it (or its end).
+  void SampleAndEmit(Sequence& seq, std::span<const float> logits, uint32_t max_positions);
+  // Run's boundary: something thrown out of Step ends the running requests with error events
+  // (or, in a group, breaks the group), logged with their ids.
+  void StepThrew(const std::exception_ptr& error);
+  std::string RunningIds() const;  // "1,5,7" for logs; "none".
   void WaitForWork(int timeout_ms);
   bool grouped() const { return options_.group != nullptr && options_.group->world_size() > 1; }
   // Broadcasts a plan (with the requests ended since the last one); false when the group broke.

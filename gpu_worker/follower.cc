@@ -1,6 +1,7 @@
 #include "gpu_worker/follower.h"
 
 #include <chrono>
+#include <exception>
 #include <string>
 
 #include "common/clock.h"
@@ -75,7 +76,11 @@ Status Follower::RunPlan(const IterationPlan& plan) {
                     " requests, more than max_batch " + std::to_string(limits_.max_sequences));
   }
   const int64_t t0 = SteadyNowUs();
-  FMOE_RETURN_IF_ERROR(model_.Forward(inputs, experts_, nullptr, nullptr));
+  try {
+    FMOE_RETURN_IF_ERROR(model_.Forward(inputs, experts_, nullptr, nullptr));
+  } catch (const std::exception& e) {  // c10::Error, std::bad_alloc: the group cannot go on.
+    return Internal("plan " + std::to_string(plan.step) + ": the forward pass threw: " + e.what());
+  }
   stats_.forward_us += static_cast<uint64_t>(SteadyNowUs() - t0);
   ++stats_.iterations;
   std::vector<RequestUsage> usage;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -297,15 +298,33 @@ int main(int argc, char** argv) {
   std::atomic<bool> compute_done{false};
   if (engine) {
     compute_thread = std::thread([&] {
-      engine->Run([&] { return signals.stop_requested(); });
+      // Run is each iteration's boundary (engine.h); what still escapes it (a keep-alive plan's
+      // send) starts it again alone, and breaks a group.
+      while (!signals.stop_requested() && !group_failed.load()) {
+        try {
+          engine->Run([&] { return signals.stop_requested(); });
+          break;
+        } catch (const std::exception& e) {
+          spdlog::error("group={} the engine loop threw: {}", options.group, e.what());
+          if (options.world_size > 1) {
+            on_group_failure(Internal(std::string("the engine loop threw: ") + e.what()));
+            break;
+          }
+        }
+      }
       compute_done = true;
     });
   } else {
     compute_thread = std::thread([&] {
       // After a stop signal, keep following until the leader's stop plan (it is stopping too)
       // or the grace period ends, so the group winds down without a broken collective.
-      Status s = follower->Run([&] { return signals.stop_requested(); },
-                               std::chrono::milliseconds(2 * manifest.heartbeat.timeout_ms));
+      Status s;
+      try {
+        s = follower->Run([&] { return signals.stop_requested(); },
+                          std::chrono::milliseconds(2 * manifest.heartbeat.timeout_ms));
+      } catch (const std::exception& e) {  // The group cannot go on, but the rank says so.
+        s = Internal(std::string("the follower loop threw: ") + e.what());
+      }
       if (!s.ok() && !signals.stop_requested()) on_group_failure(s);
       if (s.ok() && !signals.stop_requested()) {
         on_group_failure(Unavailable("the leader of group " + group->name + " stopped"));

@@ -1,6 +1,7 @@
 #include "gpu_worker/worker.h"
 
 #include <algorithm>
+#include <exception>
 #include <vector>
 
 #include "common/log.h"
@@ -15,6 +16,17 @@ std::string Truncated(const std::string& s, size_t limit) {
   size_t n = limit;
   while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xc0) == 0x80) --n;
   return s.substr(0, n);
+}
+
+// What an exception in flight says, for a log line or an error event.
+std::string CurrentWhat() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
 }
 
 }  // namespace
@@ -53,21 +65,28 @@ void Worker::Run(const std::function<bool()>& stop, const std::function<void()>&
   std::vector<bool> readable;
   bool notified = false;
   while (!stop()) {
-    auto polled = wire::Poll(sockets, 50, &readable, &notifier_, &notified);
-    if (polled.ok() && notified) {
-      notifier_.Drain();
-      SendEvents();
-      SendContexts();
-    }
-    if (polled.ok() && *polled > 0) {
-      if (readable[0]) {
-        while (auto in = map_socket_->Receive(0)) OnMapMessage(in->message);
+    // The loop is a boundary: what one message or one send throws is logged, and the rank
+    // serves on. Each message has its own boundary in Dispatch*.
+    try {
+      auto polled = wire::Poll(sockets, 50, &readable, &notifier_, &notified);
+      if (polled.ok() && notified) {
+        notifier_.Drain();
+        SendEvents();
+        SendContexts();
       }
-      if (router_socket_ && readable[1]) {
-        while (auto in = router_socket_->Receive(0)) OnRouterMessage(in->message);
+      if (polled.ok() && *polled > 0) {
+        if (readable[0]) {
+          while (auto in = map_socket_->Receive(0)) DispatchMap(in->message);
+        }
+        if (router_socket_ && readable[1]) {
+          while (auto in = router_socket_->Receive(0)) DispatchRouter(in->message);
+        }
       }
+      Tick();
+    } catch (...) {
+      spdlog::error("group={} rank={}: the worker loop threw: {}; serving on", options_.group,
+                    options_.rank, CurrentWhat());
     }
-    Tick();
     if (!ready && (map_registered() || clock_.NowMs() - started_ms_ >= options_.register_wait_ms)) {
       if (!map_registered()) {
         spdlog::warn(
@@ -78,6 +97,36 @@ void Worker::Run(const std::function<bool()>& stop, const std::function<void()>&
       ready = true;
       on_ready();
     }
+  }
+}
+
+void Worker::DispatchMap(const MapMessage& message) {
+  try {
+    OnMapMessage(message);
+  } catch (...) {
+    spdlog::error("{} from the map service threw: {}; ignored", wire::MessageName(message),
+                  CurrentWhat());
+  }
+}
+
+void Worker::DispatchRouter(const WorkerMessage& message) {
+  try {
+    OnRouterMessage(message);
+    return;
+  } catch (...) {
+    const std::string what = CurrentWhat();
+    const auto* gen = std::get_if<Generate>(&message);
+    spdlog::error("{} from the router threw{}: {}", wire::MessageName(message),
+                  gen != nullptr ? " for req=" + std::to_string(gen->request_id) : "", what);
+    if (gen == nullptr) return;
+    // The request was not taken: the router hears so rather than waiting for it.
+    TokenEvent ev;
+    ev.request_id = gen->request_id;
+    ev.finish = FinishReason::kError;
+    ev.error = Truncated("req=" + std::to_string(gen->request_id) +
+                             ": the worker could not take the request: " + what,
+                         wire::DecodeLimits{}.max_string_bytes);
+    PostEvent(std::move(ev));
   }
 }
 

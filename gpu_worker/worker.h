@@ -119,6 +119,10 @@ class Worker {
 
   bool leader() const { return options_.rank == 0; }
   void Tick();
+  // Dispatch* handle one message each, logging what its handler throws (a Generate that threw
+  // is answered with an error event).
+  void DispatchMap(const MapMessage& message);
+  void DispatchRouter(const WorkerMessage& message);
   void OnMapMessage(const MapMessage& message);
   void OnRouterMessage(const WorkerMessage& message);
   void Acked(Link& link, bool known);

@@ -34,7 +34,6 @@ struct CompletionsOptions {
 enum class RequestKind { kText, kChat };
 
 inline constexpr uint32_t kMaxChoices = 16;   // n
-inline constexpr int32_t kMaxLogprobs = 20;   // logprobs / top_logprobs
 inline constexpr size_t kMaxLogitBias = 300;  // logit_bias entries
 
 // A validated completion request.

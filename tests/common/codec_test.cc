@@ -138,7 +138,15 @@ TEST(Codec, RoundTripGenerate) {
                            .seed = 1234567,
                            .max_tokens = 256,
                            .stop_token_ids = {2, 151645},
-                           .stop = {"\n\n", "User:", "\xe2\x9c\x93"}}};
+                           .stop = {"\n\n", "User:", "\xe2\x9c\x93"},
+                           .logit_bias = {{5, -100.0f}, {151643, 2.5f}, {0, 0.0f}},
+                           .min_tokens = 3,
+                           .ignore_eos = true,
+                           .presence_penalty = 0.5f,
+                           .frequency_penalty = -1.25f,
+                           .repetition_penalty = 1.1f,
+                           .min_p = 0.05f,
+                           .logprobs = 5}};
   auto out = RoundTripAs<Generate, WorkerMessage>(in);
   EXPECT_EQ(out.request_id, in.request_id);
   EXPECT_EQ(out.token_ids, in.token_ids);
@@ -149,6 +157,21 @@ TEST(Codec, RoundTripGenerate) {
   EXPECT_EQ(out.sampling.max_tokens, in.sampling.max_tokens);
   EXPECT_EQ(out.sampling.stop_token_ids, in.sampling.stop_token_ids);
   EXPECT_EQ(out.sampling.stop, in.sampling.stop);
+  EXPECT_EQ(out.sampling.logit_bias, in.sampling.logit_bias);
+  EXPECT_EQ(out.sampling.min_tokens, in.sampling.min_tokens);
+  EXPECT_EQ(out.sampling.ignore_eos, in.sampling.ignore_eos);
+  EXPECT_EQ(out.sampling.presence_penalty, in.sampling.presence_penalty);
+  EXPECT_EQ(out.sampling.frequency_penalty, in.sampling.frequency_penalty);
+  EXPECT_EQ(out.sampling.repetition_penalty, in.sampling.repetition_penalty);
+  EXPECT_EQ(out.sampling.min_p, in.sampling.min_p);
+  EXPECT_EQ(out.sampling.logprobs, in.sampling.logprobs);
+  // Values that happen to be the wire defaults are not lost either (logprobs 0 = the drawn
+  // token only, repetition_penalty 1 written or not).
+  in.sampling.logprobs = 0;
+  in.sampling.repetition_penalty = 1.0f;
+  out = RoundTripAs<Generate, WorkerMessage>(in);
+  EXPECT_EQ(out.sampling.logprobs, 0);
+  EXPECT_EQ(out.sampling.repetition_penalty, 1.0f);
 }
 
 TEST(Codec, RoundTripGenerateDefaults) {
@@ -158,6 +181,15 @@ TEST(Codec, RoundTripGenerateDefaults) {
   EXPECT_EQ(out.sampling.max_tokens, 16u);
   EXPECT_TRUE(out.sampling.stop_token_ids.empty());
   EXPECT_TRUE(out.sampling.stop.empty());
+  const SamplingParams neutral;
+  EXPECT_TRUE(out.sampling.logit_bias.empty());
+  EXPECT_EQ(out.sampling.min_tokens, neutral.min_tokens);
+  EXPECT_EQ(out.sampling.ignore_eos, neutral.ignore_eos);
+  EXPECT_EQ(out.sampling.presence_penalty, neutral.presence_penalty);
+  EXPECT_EQ(out.sampling.frequency_penalty, neutral.frequency_penalty);
+  EXPECT_EQ(out.sampling.repetition_penalty, neutral.repetition_penalty);
+  EXPECT_EQ(out.sampling.min_p, neutral.min_p);
+  EXPECT_EQ(out.sampling.logprobs, neutral.logprobs);
 }
 
 TEST(Codec, RoundTripCancel) {
@@ -175,7 +207,9 @@ TEST(Codec, RoundTripTokenEvent) {
                 .token_us = 22,
                 .expert_hits = 33,
                 .expert_misses = 44,
-                .bytes_moved = 1ull << 33};
+                .bytes_moved = 1ull << 33,
+                .logprob = -0.75f,
+                .top_logprobs = {{151643, -0.75f}, {7, -1.5f}, {0, -9999.0f}}};
   auto out = RoundTripAs<TokenEvent, WorkerMessage>(in);
   EXPECT_EQ(out.request_id, in.request_id);
   EXPECT_EQ(out.token_id, in.token_id);
@@ -187,8 +221,16 @@ TEST(Codec, RoundTripTokenEvent) {
   EXPECT_EQ(out.expert_hits, in.expert_hits);
   EXPECT_EQ(out.expert_misses, in.expert_misses);
   EXPECT_EQ(out.bytes_moved, in.bytes_moved);
+  EXPECT_EQ(out.logprob, in.logprob);
+  EXPECT_EQ(out.top_logprobs, in.top_logprobs);
   const TokenEvent defaults = RoundTripAs<TokenEvent, WorkerMessage>({});
   EXPECT_EQ(defaults.token_id, -1);
+  EXPECT_EQ(defaults.logprob, 0.0f);
+  EXPECT_TRUE(defaults.top_logprobs.empty());
+  // The most a request may ask for.
+  in.top_logprobs.assign(kMaxLogprobs, {3, -2.0f});
+  EXPECT_EQ((RoundTripAs<TokenEvent, WorkerMessage>(in).top_logprobs.size()),
+            static_cast<size_t>(kMaxLogprobs));
 }
 
 TEST(Codec, RoundTripWorkerGoodbye) {
@@ -620,6 +662,108 @@ TEST(CodecReject, TooManyTokensAndStops) {
   g.sampling.stop = {"ok", ""};
   error = Reject<WorkerMessage>(Encode(WorkerMessage(g)));
   EXPECT_EQ(error.detail, "Generate.sampling.stop[]: missing (required)");
+}
+
+// A worker envelope whose body (union tag `tag`) is the table `body` builds with the raw builder.
+template <class F>
+std::vector<uint8_t> RawWorkerFrame(uint8_t tag, F body) {
+  flatbuffers::FlatBufferBuilder fbb;
+  const flatbuffers::Offset<void> table = body(fbb);
+  const flatbuffers::uoffset_t start = fbb.StartTable();
+  fbb.AddElement<uint32_t>(Slot(0), kProtocolVersion, 0);
+  fbb.AddElement<uint8_t>(Slot(kEnvelopeBodyType), tag, 0);
+  fbb.AddOffset(Slot(kEnvelopeBody), table);
+  fbb.Finish(flatbuffers::Offset<void>(fbb.EndTable(start)), kWorkerIdentifier);
+  return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
+}
+
+// WorkerBody tags: the variant index + 1.
+const uint8_t kGenerateTag = static_cast<uint8_t>(WorkerMessage(Generate{}).index() + 1);
+const uint8_t kTokenEventTag = static_cast<uint8_t>(WorkerMessage(TokenEvent{}).index() + 1);
+constexpr int kGenerateSampling = 2;  // Generate.sampling.
+constexpr int kLogitBiasIds = 7;      // SamplingParams.logit_bias_ids, then _values.
+constexpr int kTopLogprobIds = 11;    // TokenEvent.top_logprob_ids, then _values.
+
+TEST(CodecReject, ParallelVectorsOfDifferentLengths) {
+  const std::vector<int32_t> two_ids = {1, 2};
+  const std::vector<float> one_value = {-0.5f};
+  auto event = RawWorkerFrame(kTokenEventTag, [&](flatbuffers::FlatBufferBuilder& fbb) {
+    auto ids = fbb.CreateVector(two_ids);
+    auto values = fbb.CreateVector(one_value);
+    const flatbuffers::uoffset_t start = fbb.StartTable();
+    fbb.AddOffset(Slot(kTopLogprobIds), ids);
+    fbb.AddOffset(Slot(kTopLogprobIds + 1), values);
+    return flatbuffers::Offset<void>(fbb.EndTable(start));
+  });
+  DecodeError error = Reject<WorkerMessage>(event);
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "TokenEvent.top_logprobs: 2 ids but 1 values");
+
+  auto generate = RawWorkerFrame(kGenerateTag, [&](flatbuffers::FlatBufferBuilder& fbb) {
+    auto values = fbb.CreateVector(one_value);  // Values without ids.
+    flatbuffers::uoffset_t start = fbb.StartTable();
+    fbb.AddOffset(Slot(kLogitBiasIds + 1), values);
+    const flatbuffers::Offset<void> sampling(fbb.EndTable(start));
+    start = fbb.StartTable();
+    fbb.AddOffset(Slot(kGenerateSampling), sampling);
+    return flatbuffers::Offset<void>(fbb.EndTable(start));
+  });
+  error = Reject<WorkerMessage>(generate);
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "Generate.sampling.logit_bias: 0 ids but 1 values");
+}
+
+TEST(CodecReject, LogprobsAndSamplingFloats) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  TokenEvent ev;
+  ev.request_id = 1;
+  ev.token_id = 2;
+  ev.top_logprobs.assign(kMaxLogprobs + 1, {3, -1.0f});
+  auto error = Reject<WorkerMessage>(Encode(WorkerMessage(ev)));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "TokenEvent.top_logprobs: 21 entries > limit 20");
+  ev.top_logprobs = {{3, -1.0f}, {4, -inf}};
+  EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(ev))).detail,
+            "TokenEvent.top_logprobs[1]: -inf is not finite");
+  ev.top_logprobs.clear();
+  ev.logprob = nan;
+  EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(ev))).detail,
+            "TokenEvent.logprob: nan is not finite");
+
+  Generate g;
+  g.token_ids = {1};
+  g.sampling.logit_bias = {{1, 1.0f}, {2, nan}};
+  error = Reject<WorkerMessage>(Encode(WorkerMessage(g)));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_EQ(error.detail, "Generate.sampling.logit_bias[1]: nan is not finite");
+  DecodeLimits limits;
+  limits.max_logit_bias = 1;
+  g.sampling.logit_bias = {{1, 1.0f}, {2, 2.0f}};
+  EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(g)), limits).detail,
+            "Generate.sampling.logit_bias: 2 entries > limit 1");
+  g.sampling.logit_bias.clear();
+  struct Case {
+    float SamplingParams::*field;
+    const char* detail;
+  } cases[] = {
+      {&SamplingParams::presence_penalty, "Generate.sampling.presence_penalty: inf is not finite"},
+      {&SamplingParams::frequency_penalty,
+       "Generate.sampling.frequency_penalty: inf is not finite"},
+      {&SamplingParams::repetition_penalty,
+       "Generate.sampling.repetition_penalty: inf is not finite"},
+      {&SamplingParams::min_p, "Generate.sampling.min_p: inf is not finite"},
+  };
+  for (const Case& c : cases) {
+    Generate bad = g;
+    bad.sampling.*c.field = inf;
+    EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(bad))).detail, c.detail);
+  }
+  // Out-of-range but finite values pass: the worker's ValidateSampling answers them with an error
+  // event naming the field.
+  g.sampling.min_p = 1.5f;
+  g.sampling.logprobs = 50;
+  EXPECT_EQ((RoundTripAs<Generate, WorkerMessage>(g).sampling.logprobs), 50);
 }
 
 TEST(CodecReject, TooManyPrefetchEntries) {

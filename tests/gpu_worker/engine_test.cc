@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,8 @@ class BatchRecorder : public ForwardObserver {
 
 struct Outcome {
   std::vector<int32_t> tokens;
+  std::vector<float> logprobs;  // Per token.
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
   FinishReason finish = FinishReason::kNone;
   std::string error;
   int events = 0;
@@ -87,10 +90,12 @@ struct Outcome {
 
 class EngineHarness {
  public:
-  explicit EngineHarness(uint32_t max_batch, ForwardObserver* observer = nullptr) {
+  explicit EngineHarness(uint32_t max_batch, ForwardObserver* observer = nullptr,
+                         std::vector<int32_t> eos_token_ids = {}) {
     Loaded& f = Fixture();
     EngineOptions options;
     options.max_batch = max_batch;
+    options.eos_token_ids = std::move(eos_token_ids);
     engine_ = std::make_unique<Engine>(options, *f.model, *f.experts, f.tokenizer.get(), observer,
                                        [this](const TokenEvent& ev) { OnEvent(ev); });
   }
@@ -108,15 +113,19 @@ class EngineHarness {
     }
   }
   std::map<uint64_t, Outcome> outcomes;
+  uint64_t refuse_events_of = 0;  // The sink throws for this request's events (0 = none).
 
  private:
   void OnEvent(const TokenEvent& ev) {
+    if (ev.request_id == refuse_events_of) throw std::runtime_error("sink refused");
     Outcome& o = outcomes[ev.request_id];
     ++o.events;
     EXPECT_EQ(o.finish, FinishReason::kNone) << "event after the final one, req=" << ev.request_id;
     if (ev.token_id >= 0) {
       EXPECT_EQ(ev.index, o.tokens.size());
       o.tokens.push_back(ev.token_id);
+      o.logprobs.push_back(ev.logprob);
+      o.top_logprobs.push_back(ev.top_logprobs);
     }
     o.finish = ev.finish;
     o.error = ev.error;
@@ -328,6 +337,170 @@ TEST(Engine, SameSeedSameTokensOtherSeedOtherTokens) {
   h.RunToEnd();
   EXPECT_EQ(h.outcomes[1].tokens, h.outcomes[2].tokens);
   EXPECT_NE(h.outcomes[1].tokens, h.outcomes[3].tokens);
+}
+
+// ---- sampling parameters through the engine (eos = 2, the fixture's) ----
+
+constexpr int32_t kEos = 2;
+
+SamplingParams ForcedEos(uint32_t max_tokens) {
+  SamplingParams p = Greedy(max_tokens);
+  p.logit_bias = {{kEos, 100.0f}};  // Greedy then draws eos whenever it may.
+  return p;
+}
+
+TEST(Engine, IgnoreEosRunsToMaxTokens) {
+  EngineHarness h(4, nullptr, {kEos});
+  h.Submit(1, Encode(kPrompts[0]), ForcedEos(8));
+  SamplingParams ignore = ForcedEos(8);
+  ignore.ignore_eos = true;
+  h.Submit(2, Encode(kPrompts[0]), ignore);
+  SamplingParams stop_id = ignore;  // stop_token_ids still stop.
+  stop_id.stop_token_ids = {kEos};
+  h.Submit(3, Encode(kPrompts[0]), stop_id);
+  h.RunToEnd();
+  EXPECT_EQ(h.outcomes[1].finish, FinishReason::kStop);
+  EXPECT_TRUE(h.outcomes[1].tokens.empty());
+  EXPECT_EQ(h.outcomes[2].finish, FinishReason::kLength);
+  EXPECT_EQ(h.outcomes[2].tokens, std::vector<int32_t>(8, kEos));
+  EXPECT_EQ(h.outcomes[3].finish, FinishReason::kStop);
+  EXPECT_TRUE(h.outcomes[3].tokens.empty());
+}
+
+TEST(Engine, MinTokensHoldsOffEosAndStopStrings) {
+  EngineHarness h(2, nullptr, {kEos});
+  SamplingParams p = ForcedEos(10);
+  p.min_tokens = 3;
+  h.Submit(1, Encode(kPrompts[0]), p);
+  h.RunToEnd();
+  EXPECT_EQ(h.outcomes[1].finish, FinishReason::kStop);
+  ASSERT_EQ(h.outcomes[1].tokens.size(), 3u);
+  for (int32_t t : h.outcomes[1].tokens) EXPECT_NE(t, kEos);
+
+  // A stop string completed by one of the first min_tokens tokens is not looked for.
+  EngineHarness ref(1);
+  ref.Submit(1, Encode(kPrompts[3]), Greedy(16));
+  ref.RunToEnd();
+  const std::vector<int32_t> full = ref.outcomes[1].tokens;
+  ASSERT_EQ(full.size(), 16u);
+  const Tokenizer& tok = *Fixture().tokenizer;
+  const std::string text4 = tok.Decode(std::span<const int32_t>(full.data(), 5), true);
+  const std::string text5 = tok.Decode(std::span<const int32_t>(full.data(), 6), true);
+  ASSERT_GT(text5.size(), text4.size());
+  const std::string stop = text5.substr(text4.size());  // The text token 5 adds.
+  SamplingParams with_stop = Greedy(16);
+  with_stop.stop = {stop};
+  EngineHarness early(1);
+  early.Submit(1, Encode(kPrompts[3]), with_stop);
+  early.RunToEnd();
+  EXPECT_EQ(early.outcomes[1].finish, FinishReason::kStop);
+  EXPECT_LE(early.outcomes[1].tokens.size(), 6u);
+  with_stop.min_tokens = 6;  // Tokens 0..5 are not searched.
+  const std::string later = tok.Decode(std::span<const int32_t>(full.data() + 6, 10), true);
+  EngineHarness held(1);
+  held.Submit(1, Encode(kPrompts[3]), with_stop);
+  held.RunToEnd();
+  ASSERT_GT(held.outcomes[1].tokens.size(), 6u);
+  EXPECT_EQ(
+      std::vector<int32_t>(held.outcomes[1].tokens.begin(), held.outcomes[1].tokens.begin() + 6),
+      std::vector<int32_t>(full.begin(), full.begin() + 6));
+  if (later.find(stop) == std::string::npos) {
+    EXPECT_EQ(held.outcomes[1].finish, FinishReason::kLength);
+    EXPECT_EQ(held.outcomes[1].tokens, full);
+  }
+}
+
+TEST(Engine, LogprobsAreReportedAndConsistent) {
+  EngineHarness h(4);
+  SamplingParams greedy = Greedy(8);
+  greedy.logprobs = 5;
+  h.Submit(1, Encode(kPrompts[1]), greedy);
+  SamplingParams sampled = Sampled(8, 11);
+  sampled.logprobs = 3;
+  h.Submit(2, Encode(kPrompts[1]), sampled);
+  h.Submit(3, Encode(kPrompts[1]), Sampled(8, 11));  // The same without logprobs.
+  SamplingParams only_token = Greedy(8);
+  only_token.logprobs = 0;
+  h.Submit(4, Encode(kPrompts[1]), only_token);
+  h.RunToEnd();
+  for (uint64_t id : {1, 2, 3, 4}) ASSERT_EQ(h.outcomes[id].tokens.size(), 8u) << id;
+  EXPECT_EQ(h.outcomes[2].tokens, h.outcomes[3].tokens);  // Logprobs change no token.
+  for (size_t i = 0; i < 8; ++i) {
+    const Outcome& g = h.outcomes[1];
+    ASSERT_EQ(g.top_logprobs[i].size(), 5u);
+    // Greedy: the top-1 is the token drawn, with its logprob.
+    EXPECT_EQ(g.top_logprobs[i][0].first, g.tokens[i]);
+    EXPECT_EQ(g.top_logprobs[i][0].second, g.logprobs[i]);
+    for (size_t k = 1; k < 5; ++k) {
+      EXPECT_LE(g.top_logprobs[i][k].second, g.top_logprobs[i][k - 1].second);
+    }
+    EXPECT_LE(g.logprobs[i], 0.0f);
+    EXPECT_LT(g.logprobs[i], 0.0f);  // 512 tokens: none is certain.
+    const Outcome& s = h.outcomes[2];
+    ASSERT_EQ(s.top_logprobs[i].size(), 3u);
+    EXPECT_LE(s.logprobs[i], s.top_logprobs[i][0].second);
+    EXPECT_LE(s.top_logprobs[i][0].second, 0.0f);
+    EXPECT_TRUE(h.outcomes[3].top_logprobs[i].empty());
+    EXPECT_EQ(h.outcomes[3].logprobs[i], 0.0f);
+    EXPECT_TRUE(h.outcomes[4].top_logprobs[i].empty());
+    EXPECT_EQ(h.outcomes[4].logprobs[i], g.logprobs[i]);
+  }
+}
+
+// Throws from inside Forward (after the expert source began the iteration) while armed.
+class ThrowingObserver : public ForwardObserver {
+ public:
+  void OnLayerGates(uint64_t, uint32_t, uint32_t, std::span<const float>) override {
+    if (armed) throw std::runtime_error("injected failure");
+  }
+  bool armed = false;
+};
+
+TEST(Engine, AThrowingForwardFailsTheBatchAndTheEngineServesOn) {
+  ThrowingObserver observer;
+  EngineHarness h(2, &observer);
+  observer.armed = true;
+  h.Submit(1, Encode(kPrompts[0]), Greedy(4));
+  h.Submit(2, Encode(kPrompts[1]), Greedy(4));
+  h.RunToEnd();
+  for (uint64_t id : {1, 2}) {
+    EXPECT_EQ(h.outcomes[id].finish, FinishReason::kError) << id;
+    EXPECT_EQ(h.outcomes[id].events, 1) << id;
+    EXPECT_NE(h.outcomes[id].error.find("the forward pass threw: injected failure"),
+              std::string::npos)
+        << h.outcomes[id].error;
+  }
+  observer.armed = false;
+  h.Submit(3, Encode(kPrompts[0]), Greedy(4));
+  h.RunToEnd();
+  EngineHarness ref(1);
+  ref.Submit(3, Encode(kPrompts[0]), Greedy(4));
+  ref.RunToEnd();
+  EXPECT_EQ(h.outcomes[3].finish, FinishReason::kLength);
+  EXPECT_EQ(h.outcomes[3].tokens, ref.outcomes[3].tokens);
+  EXPECT_EQ(h.engine().stats().requests_failed, 2u);
+  EXPECT_EQ(h.engine().active(), 0u);
+}
+
+TEST(Engine, RunCatchesWhatEscapesAStepAndServesOn) {
+  // The sink throws at request 1's every event: its token, then its error event, escape Step.
+  EngineHarness h(2);
+  h.refuse_events_of = 1;
+  h.Submit(1, Encode(kPrompts[0]), Greedy(4));
+  h.Submit(2, Encode(kPrompts[1]), Greedy(4));
+  h.Submit(3, Encode(kPrompts[2]), Greedy(3));  // Waits for a slot.
+  int polls = 0;
+  h.engine().Run([&] {
+    return ++polls > 10000 || (h.outcomes.count(3) && h.outcomes[3].finish != FinishReason::kNone);
+  });
+  EXPECT_EQ(h.outcomes.count(1), 0u);
+  EXPECT_EQ(h.outcomes[2].finish, FinishReason::kError);
+  EXPECT_NE(h.outcomes[2].error.find("the engine's iteration threw: sink refused"),
+            std::string::npos)
+      << h.outcomes[2].error;
+  EXPECT_EQ(h.outcomes[3].finish, FinishReason::kLength);
+  EXPECT_EQ(h.outcomes[3].tokens.size(), 3u);
+  EXPECT_EQ(h.engine().active(), 0u);
 }
 
 }  // namespace

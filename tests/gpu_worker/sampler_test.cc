@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -115,6 +116,303 @@ TEST(Sampler, ValidatesParameters) {
   p.stop_token_ids = {3, 100};
   EXPECT_EQ(ValidateSampling(p, 100).message(),
             "sampling.stop_token_ids: 100 is not a token id (vocab 100)");
+}
+
+// ---- vLLM's logits processing ----
+
+std::vector<float> SineLogits() {
+  std::vector<float> logits(64);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(std::sin(i * 1.7) * 3);
+  return logits;
+}
+
+// Tokens of the sampler as it was before the logits processing came (same seed, same logits):
+// neutral parameters must not change the draws or the generator's consumption.
+TEST(Sampler, NeutralParametersKeepTheTokensOfBefore) {
+  const std::vector<float> logits = SineLogits();
+  struct Case {
+    float temperature, top_p;
+    int32_t top_k;
+    std::vector<int32_t> tokens;
+  } cases[] = {
+      {0.8f, 1.0f, 0, {49, 38, 49, 1, 56, 1, 34, 23, 16, 23, 12, 34, 42, 38, 52, 60}},
+      {1.0f, 0.9f, 0, {56, 16, 56, 49, 30, 49, 45, 38, 1, 38, 12, 27, 8, 16, 19, 41}},
+      {0.7f, 0.95f, 20, {8, 27, 8, 49, 5, 49, 27, 23, 1, 23, 12, 34, 45, 27, 53, 19}},
+      {1.3f, 1.0f, 5, {1, 1, 1, 12, 23, 12, 60, 49, 49, 49, 12, 60, 1, 1, 23, 23}},
+  };
+  const std::vector<int32_t> prompt = {1, 12, 23, 49};
+  const std::vector<int32_t> eos = {49};
+  for (const Case& c : cases) {
+    SamplingParams p = Params(c.temperature, c.top_p, c.top_k, 42);
+    for (int32_t logprobs : {-1, 0, 5}) {  // Logprobs are reported, never change the draw.
+      p.logprobs = logprobs;
+      Sampler s(p, prompt, eos);
+      std::vector<int32_t> out;
+      for (int i = 0; i < 16; ++i) out.push_back(s.Sample(logits));
+      EXPECT_EQ(out, c.tokens) << c.temperature << " " << c.top_p << " " << c.top_k << " "
+                               << logprobs;
+    }
+  }
+}
+
+TEST(Sampler, LogitBiasIsAddedBeforeGreedyAndSampling) {
+  SamplingParams p = Params(0.0f);
+  p.logit_bias = {{0, 5.0f}};
+  Sampler greedy(p);
+  EXPECT_EQ(greedy.Sample(std::vector<float>{1.0f, 2.0f, 3.0f}), 0);  // 6 beats 3.
+  Sampler plain(Params(0.0f));
+  EXPECT_EQ(plain.Sample(std::vector<float>{1.0f, 2.0f, 3.0f}), 2);
+
+  // -100 bans a token, +100 forces one, under sampling too.
+  p = Params(1.0f);
+  p.logit_bias = {{1, -100.0f}};
+  Sampler banned(p);
+  p.logit_bias = {{3, 100.0f}};
+  Sampler forced(p);
+  const std::vector<float> logits = {0.0f, 2.0f, 0.5f, -1.0f};
+  for (int i = 0; i < 1000; ++i) {
+    EXPECT_NE(banned.Sample(logits), 1);
+    EXPECT_EQ(forced.Sample(logits), 3);
+  }
+}
+
+TEST(Sampler, MinTokensMasksEosAndStopIdsUntilReached) {
+  // Token 2 (eos) then token 1 (a stop id) are the likeliest; both banned for 3 tokens.
+  const std::vector<float> logits = {0.0f, 4.0f, 5.0f, 1.0f};
+  const std::vector<int32_t> eos = {2};
+  for (bool ignore_eos : {false, true}) {  // ignore_eos does not lift the mask (as in vLLM).
+    SamplingParams p = Params(0.0f);
+    p.min_tokens = 3;
+    p.stop_token_ids = {1};
+    p.ignore_eos = ignore_eos;
+    Sampler s(p, {}, eos);
+    EXPECT_EQ(s.Sample(logits), 3);
+    EXPECT_EQ(s.Sample(logits), 3);
+    EXPECT_EQ(s.Sample(logits), 3);
+    EXPECT_EQ(s.generated(), 3u);
+    EXPECT_EQ(s.Sample(logits), 2);
+  }
+  // Sampled: never an eos or stop id while below min_tokens.
+  SamplingParams p = Params(1.0f);
+  p.min_tokens = 50;
+  p.stop_token_ids = {1};
+  Sampler s(p, {}, eos);
+  for (int i = 0; i < 50; ++i) {
+    const int32_t t = s.Sample(logits);
+    EXPECT_TRUE(t == 0 || t == 3) << t;
+  }
+  std::set<int32_t> after;
+  for (int i = 0; i < 200; ++i) after.insert(s.Sample(logits));
+  EXPECT_TRUE(after.count(2) && after.count(1));
+}
+
+TEST(Sampler, RepetitionPenaltyCoversThePromptAndTheOutput) {
+  // Positive logits are divided: token 0 (in the prompt) drops from 2.0 to 1.0, under token 1.
+  SamplingParams p = Params(0.0f);
+  p.repetition_penalty = 2.0f;
+  const std::vector<int32_t> prompt = {0, 0, 3};
+  Sampler s(p, prompt);
+  const std::vector<float> logits = {2.0f, 1.9f, -3.0f, -1.0f};
+  EXPECT_EQ(s.Sample(logits), 1);
+  // Now token 1 is in the output: 0.95 < 1.0.
+  EXPECT_EQ(s.Sample(logits), 0);
+  // Negative logits are multiplied: token 3 (-1.0, in the prompt) becomes -2.0, under token 2's
+  // -1.5 (not seen).
+  Sampler neg(p, prompt);
+  EXPECT_EQ(neg.Sample(std::vector<float>{-9.0f, -9.0f, -1.5f, -1.0f}), 2);
+  p.repetition_penalty = 1.0f;
+  Sampler off(p, prompt);
+  EXPECT_EQ(off.Sample(logits), 0);
+}
+
+TEST(Sampler, FrequencyAndPresencePenaltiesCountTheOutputOnly) {
+  const std::vector<float> logits = {1.0f, 0.9f, 0.0f};
+  const std::vector<int32_t> prompt = {0, 0, 0};  // Not counted by these two.
+  SamplingParams p = Params(0.0f);
+  p.frequency_penalty = 0.5f;
+  Sampler freq(p, prompt);
+  std::vector<int32_t> out;
+  for (int i = 0; i < 4; ++i) out.push_back(freq.Sample(logits));
+  // 1.0 | 0.5 < 0.9 | 0.5 > 0.4 | 0.0 < 0.4.
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 0, 1}));
+
+  p = Params(0.0f);
+  p.presence_penalty = 0.5f;
+  Sampler presence(p, prompt);
+  out.clear();
+  for (int i = 0; i < 4; ++i) out.push_back(presence.Sample(logits));
+  // Once per token, whatever the count: 1.0 | 0.5 < 0.9 | 0.5 > 0.4 | 0.5 > 0.4.
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 0, 0}));
+
+  // Negative values reward repeats: with two equal tokens, the first one drawn takes over.
+  p = Params(1.0f);
+  p.frequency_penalty = -2.0f;
+  Sampler reward(p);
+  Sampler neutral(Params(1.0f));
+  std::set<int32_t> rewarded, plain;
+  for (int i = 0; i < 200; ++i) {
+    const int32_t t = reward.Sample(std::vector<float>{0.0f, 0.0f});
+    if (i >= 100) rewarded.insert(t);
+    plain.insert(neutral.Sample(std::vector<float>{0.0f, 0.0f}));
+  }
+  EXPECT_EQ(rewarded.size(), 1u);
+  EXPECT_EQ(plain.size(), 2u);
+}
+
+TEST(Sampler, MinPDropsTokensAfterTemperature) {
+  // Probabilities 0.5, 0.3, 0.15, 0.05 at temperature 1.
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f),
+                                     std::log(0.05f)};
+  auto drawn = [&](float temperature, float min_p) {
+    SamplingParams p = Params(temperature);
+    p.min_p = min_p;
+    Sampler s(p);
+    std::set<int32_t> seen;
+    for (int i = 0; i < 3000; ++i) seen.insert(s.Sample(logits));
+    return seen;
+  };
+  EXPECT_EQ(drawn(1.0f, 0.35f), (std::set<int32_t>{0, 1}));    // p >= 0.175.
+  EXPECT_EQ(drawn(1.0f, 0.2f), (std::set<int32_t>{0, 1, 2}));  // p >= 0.1.
+  EXPECT_EQ(drawn(1.0f, 0.0f), (std::set<int32_t>{0, 1, 2, 3}));
+  // At temperature 2 token 3 is sqrt(0.1) = 0.32 of the likeliest: kept with min_p 0.2.
+  EXPECT_EQ(drawn(2.0f, 0.2f), (std::set<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(drawn(1.0f, 1.0f), (std::set<int32_t>{0}));
+}
+
+TEST(Sampler, OrderOfOperations) {
+  // logit_bias before repetition_penalty: token 0's 1.0 - 2 = -1.0, times 2 = -2.0, under token
+  // 1's -1.7 (penalty first would give 0.5 - 2 = -1.5, over it).
+  SamplingParams p = Params(0.0f);
+  p.logit_bias = {{0, -2.0f}};
+  p.repetition_penalty = 2.0f;
+  Sampler bias_first(p, std::vector<int32_t>{0});
+  EXPECT_EQ(bias_first.Sample(std::vector<float>{1.0f, -1.7f}), 1);
+
+  // min_p before top_p, which sees the renormalised survivors: min_p 0.5 keeps {0.5, 0.3} ->
+  // {0.625, 0.375}; top_p 0.6 then keeps token 0 alone. (top_p first would keep {0, 1}.)
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f),
+                                     std::log(0.05f)};
+  p = Params(1.0f, 0.6f);
+  p.min_p = 0.5f;
+  Sampler nucleus(p);
+  for (int i = 0; i < 500; ++i) EXPECT_EQ(nucleus.Sample(logits), 0);
+
+  // min_p and top_k combine: min_p 0.2 keeps 3 tokens, top_k 2 the best two of them.
+  p = Params(1.0f, 1.0f, 2);
+  p.min_p = 0.2f;
+  Sampler k(p);
+  std::set<int32_t> seen;
+  for (int i = 0; i < 2000; ++i) seen.insert(k.Sample(logits));
+  EXPECT_EQ(seen, (std::set<int32_t>{0, 1}));
+
+  // Penalties apply to the biased, unmasked logits, and greedy takes their argmax: token 2 gets
+  // +3 then the presence penalty of its earlier draw.
+  p = Params(0.0f);
+  p.logit_bias = {{2, 3.0f}};
+  p.presence_penalty = 2.0f;
+  Sampler g(p);
+  const std::vector<float> flat = {1.0f, 1.5f, 0.0f};
+  EXPECT_EQ(g.Sample(flat), 2);  // 3.0 > 1.5.
+  EXPECT_EQ(g.Sample(flat), 1);  // 1.0 < 1.5.
+}
+
+TEST(Sampler, LogprobsComeFromTheRawLogits) {
+  const std::vector<float> logits = {std::log(0.3f), std::log(0.5f), std::log(0.05f),
+                                     std::log(0.15f)};
+  SamplingParams p = Params(0.0f);
+  p.logprobs = 3;
+  p.logit_bias = {{2, 100.0f}};  // Forces token 2; its reported logprob stays the raw one.
+  Sampler s(p);
+  EXPECT_EQ(s.Sample(logits), 2);
+  EXPECT_NEAR(s.logprobs().token, std::log(0.05), 1e-5);
+  ASSERT_EQ(s.logprobs().top.size(), 3u);
+  const int32_t ids[] = {1, 0, 3};
+  const double probs[] = {0.5, 0.3, 0.15};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(s.logprobs().top[i].first, ids[i]);
+    EXPECT_NEAR(s.logprobs().top[i].second, std::log(probs[i]), 1e-5);
+  }
+
+  // Greedy: the top-1 is the drawn token. Ties: the lower id first. 0 = the token's only.
+  p = Params(0.0f);
+  p.logprobs = 2;
+  Sampler ties(p);
+  EXPECT_EQ(ties.Sample(std::vector<float>{0.0f, 1.0f, 1.0f, 1.0f}), 1);
+  ASSERT_EQ(ties.logprobs().top.size(), 2u);
+  EXPECT_EQ(ties.logprobs().top[0].first, 1);
+  EXPECT_EQ(ties.logprobs().top[1].first, 2);
+  EXPECT_EQ(ties.logprobs().top[0].second, ties.logprobs().token);
+  p.logprobs = 0;
+  Sampler none(p);
+  none.Sample(logits);
+  EXPECT_TRUE(none.logprobs().top.empty());
+  EXPECT_NEAR(none.logprobs().token, std::log(0.5), 1e-5);
+
+  // More asked than the vocabulary has; -inf and NaN logits report kMinLogprob.
+  const float inf = std::numeric_limits<float>::infinity();
+  p.logprobs = 20;
+  Sampler small(p);
+  EXPECT_EQ(small.Sample(std::vector<float>{-inf, 0.0f, std::nanf("")}), 1);
+  ASSERT_EQ(small.logprobs().top.size(), 3u);
+  EXPECT_EQ(small.logprobs().top[0], (std::pair<int32_t, float>{1, 0.0f}));
+  EXPECT_EQ(small.logprobs().top[1], (std::pair<int32_t, float>{0, kMinLogprob}));
+  EXPECT_EQ(small.logprobs().top[2], (std::pair<int32_t, float>{2, kMinLogprob}));
+}
+
+TEST(Sampler, ValidatesTheLogitsProcessingParameters) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    void (*set)(SamplingParams&);
+    const char* message;
+  } cases[] = {
+      {[](SamplingParams& p) {
+         p.logit_bias = {{5, 1.0f}, {100, 1.0f}};
+       },
+       "sampling.logit_bias: 100 is not a token id (vocab 100)"},
+      {[](SamplingParams& p) {
+         p.logit_bias = {{-1, 1.0f}};
+       },
+       "sampling.logit_bias: -1 is not a token id (vocab 100)"},
+      {[](SamplingParams& p) {
+         p.logit_bias = {{7, 100.5f}};
+       },
+       "sampling.logit_bias: token 7: 100.5 is not in [-100, 100]"},
+      {[](SamplingParams& p) { p.min_tokens = 17; },
+       "sampling.min_tokens: 17 is more than max_tokens 16"},
+      {[](SamplingParams& p) { p.presence_penalty = 2.5f; },
+       "sampling.presence_penalty: 2.5 is not in [-2, 2]"},
+      {[](SamplingParams& p) { p.frequency_penalty = -3.0f; },
+       "sampling.frequency_penalty: -3 is not in [-2, 2]"},
+      {[](SamplingParams& p) { p.repetition_penalty = 0.0f; },
+       "sampling.repetition_penalty: 0 is not > 0"},
+      {[](SamplingParams& p) { p.repetition_penalty = std::numeric_limits<float>::infinity(); },
+       "sampling.repetition_penalty: inf is not > 0"},
+      {[](SamplingParams& p) { p.min_p = 1.5f; }, "sampling.min_p: 1.5 is not in [0, 1]"},
+      {[](SamplingParams& p) { p.min_p = -0.1f; }, "sampling.min_p: -0.1 is not in [0, 1]"},
+      {[](SamplingParams& p) { p.logprobs = 21; }, "sampling.logprobs: 21 is not in [-1, 20]"},
+      {[](SamplingParams& p) { p.logprobs = -2; }, "sampling.logprobs: -2 is not in [-1, 20]"},
+  };
+  for (const Case& c : cases) {
+    SamplingParams p;
+    c.set(p);
+    Status s = ValidateSampling(p, 100);
+    EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << c.message;
+    EXPECT_EQ(s.message(), c.message);
+  }
+  SamplingParams p;
+  p.presence_penalty = nan;
+  EXPECT_EQ(ValidateSampling(p, 100).message(), "sampling.presence_penalty: nan is not in [-2, 2]");
+  p = SamplingParams{};
+  p.logit_bias = {{0, -100.0f}, {99, 100.0f}};
+  p.min_tokens = 16;
+  p.presence_penalty = -2.0f;
+  p.frequency_penalty = 2.0f;
+  p.repetition_penalty = 0.01f;
+  p.min_p = 1.0f;
+  p.logprobs = 20;
+  EXPECT_TRUE(ValidateSampling(p, 100).ok());
+  p.logprobs = -1;
+  EXPECT_TRUE(ValidateSampling(p, 100).ok());
 }
 
 }  // namespace
