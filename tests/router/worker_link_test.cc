@@ -35,7 +35,7 @@ namespace {
 using namespace std::chrono_literals;
 using std::chrono::steady_clock;
 
-constexpr int kWaitMs = 5000;  // Upper bound for a delivery; normally a few ms.
+constexpr int kWaitMs = 30000;  // Upper bound for a delivery (a loaded machine); normally ms.
 constexpr auto kWait = std::chrono::milliseconds(kWaitMs);
 constexpr int kHeartbeatTimeoutMs = 60000;
 
@@ -383,7 +383,7 @@ TEST(WorkerLink, GoodbyeFromARealLeaderEndsItsGroupAtOnce) {
   const auto said = steady_clock::now();
   Status s = worker.SendGoodbye("rank 1 failed all_to_all");
   EXPECT_TRUE(s.ok()) << s.ToString();
-  EXPECT_LE(steady_clock::now() - said, 1s);
+  EXPECT_LE(steady_clock::now() - said, 3s);  // The 200 ms linger, and slack for a busy machine.
   const std::vector<TokenEvent> failed = events.WaitFor(id, 2);
   ASSERT_EQ(failed.size(), 2u);
   EXPECT_EQ(failed[1].finish, FinishReason::kError);
