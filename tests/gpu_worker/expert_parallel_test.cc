@@ -406,11 +406,12 @@ TEST(ExpertParallel, ARankThatLeavesOrHangsBreaksTheGroupWithinTheTimeout) {
     EXPECT_NE(failure.message().find("expert group test: rank 0/2"), std::string::npos)
         << failure.message();
     EXPECT_TRUE((*joined)->failed());
-    // Once broken, every collective answers at once with the same error.
+    // Once broken, every collective answers at once with the same error: well inside the
+    // 1.5 s collective timeout it would otherwise wait (slack for a loaded machine).
     std::vector<uint8_t> bytes{1, 2, 3};
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_FALSE((*joined)->Broadcast(&bytes).ok());
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(100));
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
   }
 }
 

@@ -235,6 +235,7 @@ TEST(HttpServer, AResponderReleasedWithoutAnAnswerSends500) {
 // progress runs to its end within the grace period, then Run returns.
 TEST(HttpServer, StopLetsAStreamFinishAndClosesIdleConnections) {
   std::thread worker;
+  std::atomic<bool> streaming_began{false};
   HttpServerOptions o;
   o.port = 0;
   HttpServer server(o,
@@ -243,8 +244,9 @@ TEST(HttpServer, StopLetsAStreamFinishAndClosesIdleConnections) {
                         r->Respond({200, "text/plain", "quick", {}});
                         return;
                       }
-                      worker = std::thread([r] {
+                      worker = std::thread([r, &streaming_began] {
                         r->BeginStream(200, "text/event-stream");
+                        streaming_began = true;
                         for (int i = 0; i < 5; ++i) {
                           std::this_thread::sleep_for(100ms);
                           r->Write("data: " + std::to_string(i) + "\n\n");
@@ -259,7 +261,12 @@ TEST(HttpServer, StopLetsAStreamFinishAndClosesIdleConnections) {
   ASSERT_NE(idle.ReadUntil(HasWholeResponse).find("quick"), std::string::npos);
   Client streaming(server.port());
   streaming.Send(Get("/stream"));
-  std::this_thread::sleep_for(150ms);
+  // Stop once the stream is in progress (a state, not a time: a loaded machine may take long).
+  const auto began_by = std::chrono::steady_clock::now() + 30s;
+  while (!streaming_began && std::chrono::steady_clock::now() < began_by) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_TRUE(streaming_began);
   const auto stop_at = std::chrono::steady_clock::now();
   server.Stop(5000);
   std::string body;

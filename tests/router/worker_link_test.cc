@@ -213,7 +213,7 @@ TEST(WorkerLink, GoodbyeFromARealLeaderEndsItsGroupAtOnce) {
   const auto said = steady_clock::now();
   Status s = worker.SendGoodbye("rank 1 failed all_to_all");
   EXPECT_TRUE(s.ok()) << s.ToString();
-  EXPECT_LE(steady_clock::now() - said, 1s);
+  EXPECT_LE(steady_clock::now() - said, 3s);  // The 200 ms linger, and slack for a busy machine.
   const std::vector<TokenEvent> failed = events.WaitFor(id, 2);
   ASSERT_EQ(failed.size(), 2u);
   EXPECT_EQ(failed[1].finish, FinishReason::kError);
