@@ -122,7 +122,11 @@ class LaunchTest : public ::testing::Test {
 TEST_F(LaunchTest, HealthRestartAndCleanStop) {
   std::string manifest = WriteManifest();
   Child launcher({BinDir() + "/fmoe", "launch", manifest}, dir_ + "/launcher.log");
-  ASSERT_TRUE(WaitUntil([&] { return HealthStatus() == 200; }, 90000))
+  // The router answers before every rank has said READY to the launcher (it starts first, and
+  // the leader's Hello may come before the followers' readiness): wait for both states.
+  ASSERT_TRUE(WaitUntil(
+      [&] { return HealthStatus() == 200 && LauncherState().value("phase", "") == "running"; },
+      90000))
       << "launcher log:\n"
       << ReadFile(dir_ + "/launcher.log");
 

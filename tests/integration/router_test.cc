@@ -259,17 +259,27 @@ TEST_F(RouterTest, BadRequestsGetTheirStatusAndError) {
       {"POST", "/v1/completions", with({{"stream", "yes"}}), 400, "invalid_value", "stream"},
       {"POST", "/v1/completions", with({{"stream_options", {{"include_usage", true}}}}), 400,
        "invalid_value", "stream_options"},
-      {"POST", "/v1/completions", with({{"n", 2}}), 400, "unsupported_parameter", "n"},
+      {"POST", "/v1/completions", with({{"n", 17}}), 400, "invalid_value", "n"},
+      {"POST", "/v1/completions", with({{"n", 0}}), 400, "invalid_value", "n"},
       {"POST", "/v1/completions", with({{"best_of", 3}}), 400, "unsupported_parameter", "best_of"},
-      {"POST", "/v1/completions", with({{"logprobs", 1}}), 400, "unsupported_parameter",
-       "logprobs"},
-      {"POST", "/v1/completions", with({{"echo", true}}), 400, "unsupported_parameter", "echo"},
+      {"POST", "/v1/completions", with({{"logprobs", 21}}), 400, "invalid_value", "logprobs"},
+      {"POST", "/v1/completions", with({{"logprobs", 1}, {"echo", true}}), 400,
+       "unsupported_parameter", "echo"},
       {"POST", "/v1/completions", with({{"suffix", "end"}}), 400, "unsupported_parameter",
        "suffix"},
-      {"POST", "/v1/completions", with({{"presence_penalty", 0.5}}), 400, "unsupported_parameter",
+      {"POST", "/v1/completions", with({{"presence_penalty", 2.5}}), 400, "invalid_value",
        "presence_penalty"},
-      {"POST", "/v1/completions", with({{"logit_bias", {{"5", 10}}}}), 400, "unsupported_parameter",
+      {"POST", "/v1/completions", with({{"repetition_penalty", 0}}), 400, "invalid_value",
+       "repetition_penalty"},
+      {"POST", "/v1/completions", with({{"min_p", -0.1}}), 400, "invalid_value", "min_p"},
+      {"POST", "/v1/completions", with({{"logit_bias", {{"5", 101}}}}), 400, "invalid_value",
        "logit_bias"},
+      {"POST", "/v1/completions", with({{"logit_bias", {{"abc", 1}}}}), 400, "invalid_value",
+       "logit_bias"},
+      {"POST", "/v1/completions", with({{"stop_token_ids", {5000}}}), 400, "invalid_value",
+       "stop_token_ids"},
+      {"POST", "/v1/completions", with({{"ignore_eos", "yes"}}), 400, "invalid_value",
+       "ignore_eos"},
       {"GET", "/v1/completions", "", 405, "method_not_allowed", ""},
       {"POST", "/v1/models", "", 405, "method_not_allowed", ""},
       {"GET", "/v1/nothing", "", 404, "not_found", ""},
@@ -348,8 +358,11 @@ TEST_F(RouterTest, ChatCompletionsThroughTheModelsTemplate) {
       {{{"response_format", {{"type", "json_object"}}}},
        "unsupported_parameter",
        "response_format"},
-      {{{"n", 2}}, "unsupported_parameter", "n"},
-      {{{"logprobs", true}}, "unsupported_parameter", "logprobs"},
+      {{{"n", 17}}, "invalid_value", "n"},
+      {{{"logprobs", 2}}, "invalid_value", "logprobs"},
+      {{{"top_logprobs", 2}}, "invalid_value", "top_logprobs"},
+      {{{"logprobs", true}, {"top_logprobs", 21}}, "invalid_value", "top_logprobs"},
+      {{{"echo", true}}, "unsupported_parameter", "echo"},
   };
   for (const Case& c : cases) {
     Json b = body;
@@ -383,7 +396,7 @@ TEST_F(RouterTest, ApiKeysGuardEverythingButHealth) {
 
 TEST_F(RouterTest, MetricsCountRequestsLatencyAndExperts) {
   ASSERT_EQ(Post(http_, Completion({{"max_tokens", 6}})).status, 200);
-  ASSERT_EQ(Post(http_, Completion({{"n", 3}})).status, 400);
+  ASSERT_EQ(Post(http_, Completion({{"n", 17}})).status, 400);
   Reply m;
   auto value = [&](const std::string& series) -> double {
     const size_t at = m.body.find("\n" + series + " ");
@@ -405,7 +418,7 @@ TEST_F(RouterTest, MetricsCountRequestsLatencyAndExperts) {
   EXPECT_GE(value("fmoe_requests_total{route=\"/v1/completions\",status=\"400\"}"), 1);
   EXPECT_GE(value("fmoe_time_to_first_token_seconds_count"), 1);
   EXPECT_GE(value("fmoe_time_per_output_token_seconds_count"), 1);
-  EXPECT_GE(value("fmoe_generated_tokens_total"), 6);
+  EXPECT_GE(value("fmoe_generation_tokens_total"), 6);
   EXPECT_GT(value("fmoe_expert_hits_total{group=\"g0\"}"), 0);
   EXPECT_EQ(value("fmoe_group_alive{group=\"g0\"}"), 1);
   EXPECT_EQ(value("fmoe_queue_depth{group=\"g0\"}"), 0);

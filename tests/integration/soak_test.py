@@ -3,7 +3,7 @@ half the experts cached and an emulated link, the router) under many concurrent 
 requests.
 
 Sampled output is where the unusual text is: a byte-level token cut by max_tokens, a lead byte
-followed by a space. Every answer must still be a 200 with valid JSON (whole) or valid
+followed by a space. Requests also mix in n, logprobs, the penalties and min_p. Every answer must still be a 200 with valid JSON (whole) or valid
 server-sent events ending with [DONE] (streamed); clients that leave mid-stream must not hurt
 anyone; afterwards the router still serves, no process has restarted, and SIGINT stops the
 launcher with exit 0.
@@ -154,6 +154,22 @@ def plan_requests(master_seed, count):
             body["top_p"] = round(rng.uniform(0.5, 1.0), 3)
         if rng.random() < 0.6:
             body["top_k"] = rng.randint(1, 50)
+        # The OpenAI parameters that reach the sampler and the renderer.
+        if rng.random() < 0.15:
+            body["n"] = rng.randint(2, 3)
+        if rng.random() < 0.2:
+            if chat:
+                body["logprobs"] = True
+                body["top_logprobs"] = rng.randint(0, 5)
+            else:
+                body["logprobs"] = rng.randint(0, 5)
+        if rng.random() < 0.2:
+            body["presence_penalty"] = round(rng.uniform(-2.0, 2.0), 2)
+            body["frequency_penalty"] = round(rng.uniform(-2.0, 2.0), 2)
+        if rng.random() < 0.1:
+            body["repetition_penalty"] = round(rng.uniform(0.5, 2.0), 2)
+        if rng.random() < 0.1:
+            body["min_p"] = round(rng.uniform(0.0, 0.3), 3)
         if chat:
             messages = []
             if rng.random() < 0.3:
@@ -200,25 +216,33 @@ def check_whole(spec, status, raw):
     j = parse_json(raw, "body")
     if not isinstance(j, dict) or not isinstance(j.get("choices"), list) or not j["choices"]:
         raise Failure(f"no choices: {j!r}")
-    c = j["choices"][0]
-    if spec["chat"]:
-        if j.get("object") != "chat.completion":
-            raise Failure(f"object {j.get('object')!r}")
-        msg = c.get("message")
-        if not isinstance(msg, dict) or msg.get("role") != "assistant":
-            raise Failure(f"message {msg!r}")
-        check_text(msg.get("content"), "choices[0].message.content")
-    else:
-        if j.get("object") != "text_completion":
-            raise Failure(f"object {j.get('object')!r}")
-        check_text(c.get("text"), "choices[0].text")
-    if c.get("finish_reason") not in ("stop", "length"):
-        raise Failure(f"finish_reason {c.get('finish_reason')!r}")
+    n = spec["body"].get("n", 1)
+    if len(j["choices"]) != n:
+        raise Failure(f"{len(j['choices'])} choices for n={n}")
+    for i, c in enumerate(j["choices"]):
+        if c.get("index") != i:
+            raise Failure(f"choices[{i}].index {c.get('index')!r}")
+        if spec["chat"]:
+            if j.get("object") != "chat.completion":
+                raise Failure(f"object {j.get('object')!r}")
+            msg = c.get("message")
+            if not isinstance(msg, dict) or msg.get("role") != "assistant":
+                raise Failure(f"message {msg!r}")
+            check_text(msg.get("content"), f"choices[{i}].message.content")
+        else:
+            if j.get("object") != "text_completion":
+                raise Failure(f"object {j.get('object')!r}")
+            check_text(c.get("text"), f"choices[{i}].text")
+        if c.get("finish_reason") not in ("stop", "length"):
+            raise Failure(f"finish_reason {c.get('finish_reason')!r}")
+        if spec["body"].get("logprobs") not in (None, False) and not isinstance(
+                c.get("logprobs"), dict):
+            raise Failure(f"choices[{i}].logprobs {c.get('logprobs')!r}")
     u = j.get("usage")
     if not isinstance(u, dict) or not isinstance(u.get("completion_tokens"), int):
         raise Failure(f"usage {u!r}")
-    if u["completion_tokens"] > spec["body"]["max_tokens"]:
-        raise Failure(f"usage.completion_tokens {u['completion_tokens']} > max_tokens")
+    if u["completion_tokens"] > n * spec["body"]["max_tokens"]:
+        raise Failure(f"usage.completion_tokens {u['completion_tokens']} > n * max_tokens")
 
 
 def check_event(spec, payload, n):
@@ -232,6 +256,9 @@ def check_event(spec, payload, n):
     choices = j.get("choices")
     if not isinstance(choices, list) or len(choices) != 1:
         raise Failure(f"event {n}: choices {choices!r}")
+    index = choices[0].get("index")
+    if not isinstance(index, int) or not 0 <= index < spec["body"].get("n", 1):
+        raise Failure(f"event {n}: choice index {index!r}")
     if spec["chat"]:
         if j.get("object") != "chat.completion.chunk":
             raise Failure(f"event {n}: object {j.get('object')!r}")

@@ -29,7 +29,8 @@ namespace fmoe::link_testing {
 using namespace std::chrono_literals;
 using std::chrono::steady_clock;
 
-inline constexpr int kWaitMs = 30000;  // Upper bound for a delivery (a loaded machine); normally ms.
+inline constexpr int kWaitMs =
+    30000;  // Upper bound for a delivery (a loaded machine); normally ms.
 inline constexpr auto kWait = std::chrono::milliseconds(kWaitMs);
 inline constexpr int kHeartbeatTimeoutMs = 60000;
 
