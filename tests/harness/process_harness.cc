@@ -10,9 +10,12 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
+
+#include "tests/harness/http_call.h"
 
 namespace fmoe::testing {
 
@@ -124,6 +127,27 @@ std::pair<int, std::string> RunCommand(const std::vector<std::string>& argv, int
   std::remove(log.c_str());
   rmdir(dir.c_str());
   return {code, out};
+}
+
+LaunchedCluster::LaunchedCluster(const std::string& prefix) : dir_(MakeTempDir(prefix)) {}
+
+LaunchedCluster::~LaunchedCluster() {
+  if (launcher_) {
+    launcher_->Signal(SIGTERM);
+    launcher_->Wait(30000);
+    launcher_.reset();
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+bool LaunchedCluster::Start(const std::string& manifest_yaml, int http_port, int timeout_ms) {
+  const std::string manifest = dir_ + "/manifest.yaml";
+  WriteFile(manifest, manifest_yaml);
+  launcher_ = std::make_unique<Child>(
+      std::vector<std::string>{BinDir() + "/fmoe", "launch", manifest}, dir_ + "/launcher.log");
+  return WaitUntil([&] { return HttpCall(http_port, "GET", "/health").status == 200; }, timeout_ms,
+                   200);
 }
 
 }  // namespace fmoe::testing

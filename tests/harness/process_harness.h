@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,31 @@ class Child {
   pid_t pid_ = -1;
   bool reaped_ = false;
   std::string log_path_;
+};
+
+// A cluster that `fmoe launch` runs for a test suite, in a temporary directory of its own
+// (manifest.yaml, launcher.log, run/ as the manifest's launcher.run_dir should say). Start
+// waits for a state: the router's /health answering 200. The destructor sends SIGTERM, waits
+// up to 30 s (then the Child's SIGKILL), and removes the directory.
+class LaunchedCluster {
+ public:
+  explicit LaunchedCluster(const std::string& prefix);
+  ~LaunchedCluster();
+  LaunchedCluster(const LaunchedCluster&) = delete;
+  LaunchedCluster& operator=(const LaunchedCluster&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  // Writes `manifest_yaml` to dir()/manifest.yaml and launches it; true once 127.0.0.1:http_port
+  // answers /health 200 within timeout_ms.
+  bool Start(const std::string& manifest_yaml, int http_port, int timeout_ms);
+  std::string LauncherLog() const { return ReadFile(dir_ + "/launcher.log"); }
+  std::string LogOf(const std::string& process) const {
+    return ReadFile(dir_ + "/run/logs/" + process + ".log");
+  }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<Child> launcher_;
 };
 
 // Runs a command to completion (timeout_ms) and returns {exit code, output}; code -1 on

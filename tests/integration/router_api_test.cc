@@ -4,28 +4,25 @@
 // min_p, ignore_eos, min_tokens and stop_token_ids each changing the output as they should, the
 // chat default of max_tokens, unsupported parameters refused by name, /tokenize and
 // /detokenize, X-Request-Id, CORS, the access log and the Prometheus text read by a real parser.
-#include <signal.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/http_probe.h"
 #include "tests/harness/http_call.h"
 #include "tests/harness/process_harness.h"
 
 namespace fmoe {
 namespace {
 
-using testing::BinDir;
-using testing::Child;
 using testing::FreeTcpPort;
 using testing::WaitUntil;
 using Json = nlohmann::json;
@@ -36,43 +33,30 @@ constexpr int32_t kEos = 2;  // The tiny model's eos_token_id.
 class RouterApiTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(testing::MakeTempDir("fmoe-router-api"));
+    cluster_ = new testing::LaunchedCluster("fmoe-router-api");
+    const std::string& dir = cluster_->dir();
     http_ = FreeTcpPort();
-    const std::string manifest = *dir_ + "/manifest.yaml";
-    testing::WriteFile(manifest,
-                       "model:\n  name: tiny-moe\n  path: " + std::string(FMOE_SOURCE_DIR) +
-                           "/deploy/models/tiny-moe\n"
-                           "map_service:\n  endpoint: tcp://127.0.0.1:" +
-                           std::to_string(FreeTcpPort()) + "\n  data_dir: " + *dir_ +
-                           "/maps\n"
-                           "worker_groups:\n  - name: g0\n    max_batch: 4\n    queue_limit: 64\n"
-                           "    workers:\n      - device: cpu\n"
-                           "router:\n  listen: 127.0.0.1:" +
-                           std::to_string(http_) +
-                           "\n  worker_endpoint: tcp://127.0.0.1:" + std::to_string(FreeTcpPort()) +
-                           "\n  cors_allowed_origins: [\"https://app.example.com\"]\n"
-                           "heartbeat:\n  interval_ms: 100\n  timeout_ms: 5000\n"
-                           "launcher:\n  run_dir: " +
-                           *dir_ + "/run\n  ready_timeout_s: 120\n");
-    launcher_ = new Child({BinDir() + "/fmoe", "launch", manifest}, *dir_ + "/launcher.log");
-    ASSERT_TRUE(WaitUntil(
-        [] {
-          auto res = HttpGet("127.0.0.1", http_, "/health", 1000);
-          return res.ok() && res->status == 200;
-        },
-        180000))
-        << launcher_->Log();
+    ASSERT_TRUE(cluster_->Start(
+        "model:\n  name: tiny-moe\n  path: " + std::string(FMOE_SOURCE_DIR) +
+            "/deploy/models/tiny-moe\n"
+            "map_service:\n  endpoint: tcp://127.0.0.1:" +
+            std::to_string(FreeTcpPort()) + "\n  data_dir: " + dir +
+            "/maps\n"
+            "worker_groups:\n  - name: g0\n    max_batch: 4\n    queue_limit: 64\n"
+            "    workers:\n      - device: cpu\n"
+            "router:\n  listen: 127.0.0.1:" +
+            std::to_string(http_) +
+            "\n  worker_endpoint: tcp://127.0.0.1:" + std::to_string(FreeTcpPort()) +
+            "\n  cors_allowed_origins: [\"https://app.example.com\"]\n"
+            "heartbeat:\n  interval_ms: 100\n  timeout_ms: 5000\n"
+            "launcher:\n  run_dir: " +
+            dir + "/run\n  ready_timeout_s: 120\n",
+        http_, 180000))
+        << cluster_->LauncherLog();
   }
-  static void TearDownTestSuite() {
-    launcher_->Signal(SIGTERM);
-    launcher_->Wait(30000);
-    delete launcher_;
-    std::error_code ec;
-    std::filesystem::remove_all(*dir_, ec);
-    delete dir_;
-  }
+  static void TearDownTestSuite() { delete cluster_; }
   void TearDown() override {
-    if (HasFailure()) std::cerr << testing::ReadFile(*dir_ + "/run/logs/router.log");
+    if (HasFailure()) std::cerr << cluster_->LogOf("router");
   }
 
   static Reply Call(const std::string& method, const std::string& path, const std::string& body,
@@ -100,14 +84,12 @@ class RouterApiTest : public ::testing::Test {
     return testing::SseEvents(sse);
   }
 
-  static std::string* dir_;
+  static testing::LaunchedCluster* cluster_;
   static int http_;
-  static Child* launcher_;
 };
 
-std::string* RouterApiTest::dir_ = nullptr;
+testing::LaunchedCluster* RouterApiTest::cluster_ = nullptr;
 int RouterApiTest::http_ = 0;
-Child* RouterApiTest::launcher_ = nullptr;
 
 TEST_F(RouterApiTest, NChoicesDrawWithSeedPlusTheirIndex) {
   Json many = Completion({{"n", 3}, {"seed", 40}, {"temperature", 1.5}});
@@ -276,16 +258,30 @@ TEST_F(RouterApiTest, EosStopTokensMinTokensAndIgnoreEos) {
 }
 
 TEST_F(RouterApiTest, ChatWithoutMaxTokensMayUseTheRestOfTheContext) {
-  Json body = {{"model", "tiny-moe"},
-               {"messages", {{{"role", "user"}, {"content", "Tell me a story."}}}},
-               {"temperature", 0},
-               {"ignore_eos", true}};
+  // A conversation that leaves about 40 tokens of the 1024-token context (measured with
+  // /tokenize), so the whole rest is generated quickly even on a busy machine.
+  auto rendered = [&](int words) {
+    std::string text;
+    for (int i = 0; i < words; ++i) text += "a ";
+    Json messages = {{{"role", "user"}, {"content", text}}};
+    return std::make_pair(messages, Ok("/tokenize", {{"messages", messages}})["count"].get<int>());
+  };
+  int words = 900;
+  auto [messages, count] = rendered(words);
+  for (int i = 0; i < 4 && (count > 1000 || count < 960); ++i) {
+    words += 984 - count;
+    std::tie(messages, count) = rendered(words);
+  }
+  ASSERT_LT(count, 1024);
+  Json body = {
+      {"model", "tiny-moe"}, {"messages", messages}, {"temperature", 0}, {"ignore_eos", true}};
   Json a = Ok("/v1/chat/completions", body);
   EXPECT_EQ(a["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(a["usage"]["total_tokens"], 1024) << "the tiny model's whole context";
+  EXPECT_EQ(a["usage"]["prompt_tokens"], count);
+  EXPECT_EQ(a["usage"]["completion_tokens"], 1024 - count) << "the rest of the context";
   // Completions keep OpenAI's 16.
-  Json body2 = {{"model", "tiny-moe"}, {"prompt", "The city of"}, {"ignore_eos", true}};
-  EXPECT_EQ(Ok("/v1/completions", body2)["usage"]["completion_tokens"], 16);
+  Json text = {{"model", "tiny-moe"}, {"prompt", "The city of"}, {"ignore_eos", true}};
+  EXPECT_EQ(Ok("/v1/completions", text)["usage"]["completion_tokens"], 16);
 }
 
 TEST_F(RouterApiTest, UnsupportedParametersAreRefusedByName) {
@@ -361,27 +357,27 @@ TEST_F(RouterApiTest, RequestIdsCorsAndTheAccessLog) {
   const std::string line = "POST /v1/completions 200 tokens=" + std::to_string(prompt) + "/3 ";
   ASSERT_TRUE(WaitUntil(
       [&] {
-        const std::string log = testing::ReadFile(*dir_ + "/run/logs/router.log");
+        const std::string log = testing::ReadFile(cluster_->dir() + "/run/logs/router.log");
         const size_t at = log.find("id=access-log-check");
         return at != std::string::npos && log.rfind(line, at) != std::string::npos;
       },
       10000))
-      << testing::ReadFile(*dir_ + "/run/logs/router.log");
+      << testing::ReadFile(cluster_->dir() + "/run/logs/router.log");
 }
 
 TEST_F(RouterApiTest, MetricsFollowPrometheusConventions) {
   Completion({{"max_tokens", 3}});
   Reply r = Call("GET", "/metrics", "");
   ASSERT_EQ(r.status, 200);
-  const std::string path = *dir_ + "/metrics.txt";
+  const std::string path = cluster_->dir() + "/metrics.txt";
   testing::WriteFile(path, r.body);
   // A real parser (prometheus_client, Debian's python3-prometheus-client) and the lint rules
   // of promtool check metrics.
   const std::string cmd = "/usr/bin/python3 " + std::string(FMOE_SOURCE_DIR) +
-                          "/tests/integration/metrics_check.py " + path + " > " + *dir_ +
+                          "/tests/integration/metrics_check.py " + path + " > " + cluster_->dir() +
                           "/metrics_check.log 2>&1";
   const int rc = std::system(cmd.c_str());
-  EXPECT_EQ(rc, 0) << testing::ReadFile(*dir_ + "/metrics_check.log") << "\n" << r.body;
+  EXPECT_EQ(rc, 0) << testing::ReadFile(cluster_->dir() + "/metrics_check.log") << "\n" << r.body;
   for (const char* name :
        {"fmoe_e2e_request_latency_seconds_bucket", "fmoe_request_queue_time_seconds_count",
         "fmoe_request_prompt_tokens_sum", "fmoe_prompt_tokens_total",

@@ -51,44 +51,30 @@ std::vector<std::string> Events(const std::string& sse) { return testing::SseEve
 class RouterTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(testing::MakeTempDir("fmoe-router"));
+    cluster_ = new testing::LaunchedCluster("fmoe-router");
+    const std::string& dir = cluster_->dir();
     http_ = FreeTcpPort();
-    const std::string manifest = *dir_ + "/manifest.yaml";
-    testing::WriteFile(manifest,
-                       "model:\n  name: tiny-moe\n  path: " + std::string(FMOE_SOURCE_DIR) +
-                           "/deploy/models/tiny-moe\n"
-                           "map_service:\n  endpoint: tcp://127.0.0.1:" +
-                           std::to_string(FreeTcpPort()) + "\n  data_dir: " + *dir_ +
-                           "/maps\n"
-                           "worker_groups:\n  - name: g0\n    max_batch: 1\n    queue_limit: 2\n"
-                           "    workers:\n      - device: cpu\n"
-                           "router:\n  listen: 127.0.0.1:" +
-                           std::to_string(http_) +
-                           "\n  worker_endpoint: tcp://127.0.0.1:" + std::to_string(FreeTcpPort()) +
-                           "\n  max_body_bytes: 65536\n  api_keys: [" + kKey +
-                           "]\n"
-                           "heartbeat:\n  interval_ms: 100\n  timeout_ms: 2000\n"
-                           "launcher:\n  run_dir: " +
-                           *dir_ + "/run\n  ready_timeout_s: 60\n");
-    launcher_ = new Child({BinDir() + "/fmoe", "launch", manifest}, *dir_ + "/launcher.log");
-    ASSERT_TRUE(WaitUntil(
-        [] {
-          auto res = HttpGet("127.0.0.1", http_, "/health", 1000);
-          return res.ok() && res->status == 200;
-        },
-        90000))
-        << launcher_->Log();
+    ASSERT_TRUE(cluster_->Start(
+        "model:\n  name: tiny-moe\n  path: " + std::string(FMOE_SOURCE_DIR) +
+            "/deploy/models/tiny-moe\n"
+            "map_service:\n  endpoint: tcp://127.0.0.1:" +
+            std::to_string(FreeTcpPort()) + "\n  data_dir: " + dir +
+            "/maps\n"
+            "worker_groups:\n  - name: g0\n    max_batch: 1\n    queue_limit: 2\n"
+            "    workers:\n      - device: cpu\n"
+            "router:\n  listen: 127.0.0.1:" +
+            std::to_string(http_) + "\n  worker_endpoint: tcp://127.0.0.1:" +
+            std::to_string(FreeTcpPort()) + "\n  max_body_bytes: 65536\n  api_keys: [" + kKey +
+            "]\n"
+            "heartbeat:\n  interval_ms: 100\n  timeout_ms: 2000\n"
+            "launcher:\n  run_dir: " +
+            dir + "/run\n  ready_timeout_s: 60\n",
+        http_, 90000))
+        << cluster_->LauncherLog();
   }
-  static void TearDownTestSuite() {
-    launcher_->Signal(SIGTERM);
-    launcher_->Wait(30000);
-    delete launcher_;
-    std::error_code ec;
-    std::filesystem::remove_all(*dir_, ec);
-    delete dir_;
-  }
+  static void TearDownTestSuite() { delete cluster_; }
   void TearDown() override {
-    if (HasFailure()) std::cerr << testing::ReadFile(*dir_ + "/run/router.log");
+    if (HasFailure()) std::cerr << cluster_->LogOf("router");
   }
 
   static Json Completion(const Json& extra) {
@@ -114,14 +100,12 @@ class RouterTest : public ::testing::Test {
     return j.is_discarded() ? -1 : j["groups"][0].value("queued", -1);
   }
 
-  static std::string* dir_;
+  static testing::LaunchedCluster* cluster_;
   static int http_;
-  static Child* launcher_;
 };
 
-std::string* RouterTest::dir_ = nullptr;
+testing::LaunchedCluster* RouterTest::cluster_ = nullptr;
 int RouterTest::http_ = 0;
-Child* RouterTest::launcher_ = nullptr;
 
 TEST_F(RouterTest, CompletionWithUsageAndExpertFigures) {
   Reply r = Post(http_, Completion({}));
