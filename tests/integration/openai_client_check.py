@@ -82,10 +82,11 @@ def main() -> int:
     assert all(t.bytes is not None for t in content), chat_lp
 
     # Penalties and the extensions vLLM takes through extra_body change the output.
-    base = client.completions.create(model=model, prompt="In the beginning", max_tokens=24,
+    # (Greedy text that repeats itself: the penalties have something to change.)
+    base = client.completions.create(model=model, prompt="The city of", max_tokens=24,
                                      temperature=0)
-    penalized = client.completions.create(model=model, prompt="In the beginning",
-                                          max_tokens=24, temperature=0, frequency_penalty=2.0,
+    penalized = client.completions.create(model=model, prompt="The city of", max_tokens=24,
+                                          temperature=0, frequency_penalty=2.0,
                                           presence_penalty=1.0)
     assert penalized.choices[0].text != base.choices[0].text, (base, penalized)
     ignored = client.completions.create(model=model, prompt="In the beginning", max_tokens=5,
@@ -93,11 +94,14 @@ def main() -> int:
                                         extra_body={"ignore_eos": True})
     assert ignored.usage.completion_tokens == 5, ignored
 
-    # Chat without max_tokens may use the rest of the context (not OpenAI's 16).
+    # Chat without max_tokens may use the rest of the context (not OpenAI's 16): a message of
+    # about 950 tokens leaves some 60 of the tiny model's 1024.
     long_chat = client.chat.completions.create(
-        model=model, temperature=0, extra_body={"ignore_eos": True, "min_tokens": 20},
-        messages=[{"role": "user", "content": "Tell me a story."}])
+        model=model, temperature=0, extra_body={"ignore_eos": True},
+        messages=[{"role": "user", "content": "a " * 950}])
     assert long_chat.usage.completion_tokens > 16, long_chat.usage
+    assert long_chat.usage.total_tokens == 1024, long_chat.usage
+    assert long_chat.choices[0].finish_reason == "length", long_chat
 
     try:
         client.completions.create(model=model, prompt="x", max_tokens=4, best_of=2)
