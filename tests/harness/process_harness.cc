@@ -141,6 +141,23 @@ LaunchedCluster::~LaunchedCluster() {
   std::filesystem::remove_all(dir_, ec);
 }
 
+std::string LaunchedCluster::TinyManifest(int http_port, const std::string& group_keys,
+                                          const std::string& router_keys,
+                                          int heartbeat_timeout_ms) const {
+  return "model:\n  name: tiny-moe\n  path: " + std::string(FMOE_SOURCE_DIR) +
+         "/deploy/models/tiny-moe\n"
+         "map_service:\n  endpoint: tcp://127.0.0.1:" +
+         std::to_string(FreeTcpPort()) + "\n  data_dir: " + dir_ +
+         "/maps\n"
+         "worker_groups:\n  - name: g0\n" +
+         group_keys + "    workers:\n      - device: cpu\nrouter:\n  listen: 127.0.0.1:" +
+         std::to_string(http_port) +
+         "\n  worker_endpoint: tcp://127.0.0.1:" + std::to_string(FreeTcpPort()) + "\n" +
+         router_keys +
+         "heartbeat:\n  interval_ms: 100\n  timeout_ms: " + std::to_string(heartbeat_timeout_ms) +
+         "\nlauncher:\n  run_dir: " + dir_ + "/run\n  ready_timeout_s: 120\n";
+}
+
 bool LaunchedCluster::Start(const std::string& manifest_yaml, int http_port, int timeout_ms) {
   const std::string manifest = dir_ + "/manifest.yaml";
   WriteFile(manifest, manifest_yaml);

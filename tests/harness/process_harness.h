@@ -57,6 +57,12 @@ class LaunchedCluster {
   LaunchedCluster& operator=(const LaunchedCluster&) = delete;
 
   const std::string& dir() const { return dir_; }
+  // A manifest for the shipped tiny model: its map service, one group g0 of one cpu rank and
+  // the router on free loopback ports (the router's HTTP on `http_port`), data and run
+  // directories in dir(). `group_keys` and `router_keys` are more YAML lines of those sections
+  // (indented as their keys: 4 and 2 spaces).
+  std::string TinyManifest(int http_port, const std::string& group_keys,
+                           const std::string& router_keys, int heartbeat_timeout_ms) const;
   // Writes `manifest_yaml` to dir()/manifest.yaml and launches it; true once 127.0.0.1:http_port
   // answers /health 200 within timeout_ms.
   bool Start(const std::string& manifest_yaml, int http_port, int timeout_ms);

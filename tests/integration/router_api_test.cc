@@ -34,23 +34,10 @@ class RouterApiTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     cluster_ = new testing::LaunchedCluster("fmoe-router-api");
-    const std::string& dir = cluster_->dir();
     http_ = FreeTcpPort();
     ASSERT_TRUE(cluster_->Start(
-        "model:\n  name: tiny-moe\n  path: " + std::string(FMOE_SOURCE_DIR) +
-            "/deploy/models/tiny-moe\n"
-            "map_service:\n  endpoint: tcp://127.0.0.1:" +
-            std::to_string(FreeTcpPort()) + "\n  data_dir: " + dir +
-            "/maps\n"
-            "worker_groups:\n  - name: g0\n    max_batch: 4\n    queue_limit: 64\n"
-            "    workers:\n      - device: cpu\n"
-            "router:\n  listen: 127.0.0.1:" +
-            std::to_string(http_) +
-            "\n  worker_endpoint: tcp://127.0.0.1:" + std::to_string(FreeTcpPort()) +
-            "\n  cors_allowed_origins: [\"https://app.example.com\"]\n"
-            "heartbeat:\n  interval_ms: 100\n  timeout_ms: 5000\n"
-            "launcher:\n  run_dir: " +
-            dir + "/run\n  ready_timeout_s: 120\n",
+        cluster_->TinyManifest(http_, "    max_batch: 4\n    queue_limit: 64\n",
+                               "  cors_allowed_origins: [\"https://app.example.com\"]\n", 5000),
         http_, 180000))
         << cluster_->LauncherLog();
   }

@@ -52,23 +52,11 @@ class RouterTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     cluster_ = new testing::LaunchedCluster("fmoe-router");
-    const std::string& dir = cluster_->dir();
     http_ = FreeTcpPort();
     ASSERT_TRUE(cluster_->Start(
-        "model:\n  name: tiny-moe\n  path: " + std::string(FMOE_SOURCE_DIR) +
-            "/deploy/models/tiny-moe\n"
-            "map_service:\n  endpoint: tcp://127.0.0.1:" +
-            std::to_string(FreeTcpPort()) + "\n  data_dir: " + dir +
-            "/maps\n"
-            "worker_groups:\n  - name: g0\n    max_batch: 1\n    queue_limit: 2\n"
-            "    workers:\n      - device: cpu\n"
-            "router:\n  listen: 127.0.0.1:" +
-            std::to_string(http_) + "\n  worker_endpoint: tcp://127.0.0.1:" +
-            std::to_string(FreeTcpPort()) + "\n  max_body_bytes: 65536\n  api_keys: [" + kKey +
-            "]\n"
-            "heartbeat:\n  interval_ms: 100\n  timeout_ms: 2000\n"
-            "launcher:\n  run_dir: " +
-            dir + "/run\n  ready_timeout_s: 60\n",
+        cluster_->TinyManifest(http_, "    max_batch: 1\n    queue_limit: 2\n",
+                               std::string("  max_body_bytes: 65536\n  api_keys: [") + kKey + "]\n",
+                               2000),
         http_, 90000))
         << cluster_->LauncherLog();
   }
