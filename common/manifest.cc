@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <span>
@@ -698,18 +699,31 @@ Status ParseWorkerGroups(const Field& field, const std::string& base_dir,
   return Status::Ok();
 }
 
-// "*" or an origin as browsers send it: scheme://host[:port], no path.
-Status ParseCorsOrigins(const Field& field, std::vector<std::string>* origins) {
+// An optional sequence of strings: each element's text goes to `check`, which says what is
+// wrong with it (an element that is not a string is refused here, its text never echoed).
+Status ReadStrings(const Field& field,
+                   const std::function<Status(const Field& element, std::string text)>& check) {
   if (!field.present) return Status::Ok();
   if (field.node.IsNull()) return Error(field.path, "has no value; expected a sequence");
   if (!field.node.IsSequence()) {
     return Error(field.path, "expected a sequence, got " + KindOf(field.node));
   }
-  origins->clear();
   for (size_t i = 0; i < field.node.size(); ++i) {
     const Field element = Element(field, i);
-    if (!element.node.IsScalar()) return Error(element.path, "expected a string");
-    const std::string origin = element.node.Scalar();
+    if (element.node.IsNull()) return Error(element.path, "has no value; expected a string");
+    if (!element.node.IsScalar()) {
+      return Error(element.path, "expected a string, got " +
+                                     std::string(element.node.IsMap() ? "a map" : "a sequence"));
+    }
+    FMOE_RETURN_IF_ERROR(check(element, element.node.Scalar()));
+  }
+  return Status::Ok();
+}
+
+// "*" or an origin as browsers send it: scheme://host[:port], no path.
+Status ParseCorsOrigins(const Field& field, std::vector<std::string>* origins) {
+  origins->clear();
+  return ReadStrings(field, [&](const Field& element, std::string origin) {
     const size_t scheme = origin.find("://");
     const bool ok =
         origin == "*" ||
@@ -721,28 +735,15 @@ Status ParseCorsOrigins(const Field& field, std::vector<std::string>* origins) {
       return Error(element.path,
                    "\"" + origin + "\" is not an origin (http[s]://host[:port], no path) or \"*\"");
     }
-    origins->push_back(origin);
-  }
-  return Status::Ok();
+    origins->push_back(std::move(origin));
+    return Status::Ok();
+  });
 }
 
+// Key text is never echoed: it is a secret.
 Status ParseApiKeys(const Field& field, std::vector<std::string>* keys) {
-  if (!field.present) return Status::Ok();
-  if (field.node.IsNull()) return Error(field.path, "has no value; expected a sequence");
-  if (!field.node.IsSequence()) {
-    return Error(field.path, "expected a sequence, got " + KindOf(field.node));
-  }
   keys->clear();
-  for (size_t i = 0; i < field.node.size(); ++i) {
-    const Field element = Element(field, i);
-    std::string key;
-    // Key text is never echoed: it is a secret.
-    if (element.node.IsNull()) return Error(element.path, "has no value; expected a string");
-    if (!element.node.IsScalar()) {
-      return Error(element.path, "expected a string, got " +
-                                     std::string(element.node.IsMap() ? "a map" : "a sequence"));
-    }
-    key = element.node.Scalar();
+  return ReadStrings(field, [&](const Field& element, std::string key) {
     if (key == kRedactedKey) {
       return Error(element.path,
                    "\"***\" is a redacted key (as DescribeManifest writes it); give the real key");
@@ -764,8 +765,8 @@ Status ParseApiKeys(const Field& field, std::vector<std::string>* keys) {
       }
     }
     keys->push_back(std::move(key));
-  }
-  return Status::Ok();
+    return Status::Ok();
+  });
 }
 
 Status ParseRouter(const Field& field, RouterSpec* spec) {

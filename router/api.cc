@@ -8,6 +8,7 @@
 
 #include "common/model_config.h"
 #include "common/process_util.h"
+#include "router/completion_request.h"
 #include "router/completions.h"
 #include "router/tokenize.h"
 
@@ -174,7 +175,7 @@ void RouterApi::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder
       observed->Respond(std::move(res));
       return;
     }
-    Route(request, observed);
+    Route(request, route, observed);
   } catch (const std::exception& e) {
     spdlog::error("{} {} id={}: {}", request.method, request.path, request_id, e.what());
     if (metrics_ != nullptr) metrics_->CountRequest(route, 500);
@@ -186,8 +187,8 @@ void RouterApi::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder
   }
 }
 
-void RouterApi::Route(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) const {
-  const std::string route = IsKnownRoute(request.path) ? request.path : "other";
+void RouterApi::Route(const HttpRequest& request, const std::string& route,
+                      std::shared_ptr<HttpResponder> responder) const {
   if (!Authorized(request)) {
     HttpResponse res =
         ErrorResponse(401, "missing or invalid API key: send \"Authorization: Bearer <key>\"",
@@ -253,8 +254,7 @@ HttpResponse RouterApi::Models() const {
                           {"owned_by", "fmoe"},
                           {"max_model_len", options_.context_length}};
   HttpResponse res;
-  res.body = nlohmann::json{{"object", "list"}, {"data", nlohmann::json::array({model})}}.dump(
-      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+  res.body = JsonText(nlohmann::json{{"object", "list"}, {"data", nlohmann::json::array({model})}});
   return res;
 }
 
@@ -300,7 +300,7 @@ HttpResponse RouterApi::Health() const {
   if (!ok) body["reason"] = view->UnavailableReason();
   HttpResponse res;
   res.status = ok ? 200 : 503;
-  res.body = body.dump(-1, ' ', false, Json::error_handler_t::replace);
+  res.body = JsonText(body);
   res.headers.emplace_back("Cache-Control", "no-store");
   if (loading) res.headers.emplace_back("Retry-After", "2");
   return res;

@@ -43,7 +43,9 @@ class RouterApi {
   HttpResponse HandleNow(const HttpRequest& request) const;
 
  private:
-  void Route(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) const;
+  // `route`: the path as the metrics name it ("other" for an unknown path).
+  void Route(const HttpRequest& request, const std::string& route,
+             std::shared_ptr<HttpResponder> responder) const;
   HttpResponse Health() const;
   HttpResponse Models() const;
   bool Authorized(const HttpRequest& request) const;

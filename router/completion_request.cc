@@ -53,30 +53,19 @@ bool ReadNumber(const Json& j, const char* key, double lo, double hi, bool lo_op
   return true;
 }
 
-// A non-negative integer parameter up to `hi`.
-bool ReadCount(const Json& j, const char* key, uint64_t hi, uint64_t def, uint64_t* out,
-               HttpResponse* error) {
+// An integer parameter in [lo, hi].
+bool ReadCount(const Json& j, const char* key, uint64_t lo, uint64_t hi, uint64_t def,
+               uint64_t* out, HttpResponse* error) {
   *out = def;
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return true;
   if (!it->is_number_integer() || (!it->is_number_unsigned() && it->get<int64_t>() < 0) ||
-      it->get<uint64_t>() > hi) {
-    *error = BadParam(
-        key, std::string("'") + key + "' must be an integer from 0 to " + std::to_string(hi));
+      it->get<uint64_t>() < lo || it->get<uint64_t>() > hi) {
+    *error = BadParam(key, std::string("'") + key + "' must be an integer from " +
+                               std::to_string(lo) + " to " + std::to_string(hi));
     return false;
   }
   *out = it->get<uint64_t>();
-  return true;
-}
-
-bool ReadBool(const Json& j, const char* key, bool* out, HttpResponse* error) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return true;
-  if (!it->is_boolean()) {
-    *error = BadParam(key, std::string("'") + key + "' must be a boolean");
-    return false;
-  }
-  *out = it->get<bool>();
   return true;
 }
 
@@ -169,6 +158,43 @@ bool ReadLogitBias(const Json& j, uint32_t vocab, SamplingParams* sampling, Http
 
 }  // namespace
 
+std::string JsonText(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+bool ReadBool(const Json& j, const char* key, bool* out, HttpResponse* error) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_boolean()) {
+    *error = BadParam(key, std::string("'") + key + "' must be a boolean");
+    return false;
+  }
+  *out = it->get<bool>();
+  return true;
+}
+
+bool ReadModel(const Json& j, const CompletionsOptions& options, bool required,
+               HttpResponse* error) {
+  auto model = j.find("model");
+  if (model == j.end() || model->is_null()) {
+    if (!required) return true;
+    *error = BadParam("model", "you must provide a model parameter", "missing_required");
+    return false;
+  }
+  if (!model->is_string()) {
+    *error = BadParam("model", "'model' must be a string");
+    return false;
+  }
+  if (model->get<std::string>() != options.model_name) {
+    *error = ApiError(404,
+                      "the model '" + model->get<std::string>() +
+                          "' does not exist; this server serves '" + options.model_name + "'",
+                      "invalid_request_error", "model", "model_not_found");
+    return false;
+  }
+  return true;
+}
+
 HttpResponse ApiError(int status, const std::string& message, const std::string& type,
                       const std::string& param, const std::string& code) {
   Json body = {{"error",
@@ -178,7 +204,7 @@ HttpResponse ApiError(int status, const std::string& message, const std::string&
                  {"code", code.empty() ? Json(nullptr) : Json(code)}}}};
   HttpResponse res;
   res.status = status;
-  res.body = body.dump(-1, ' ', false, Json::error_handler_t::replace);
+  res.body = JsonText(body);
   return res;
 }
 
@@ -239,18 +265,7 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
                            "unsupported_parameter"));
     }
   }
-  // model
-  auto model = j.find("model");
-  if (model == j.end() || model->is_null()) {
-    return fail(BadParam("model", "you must provide a model parameter", "missing_required"));
-  }
-  if (!model->is_string()) return fail(BadParam("model", "'model' must be a string"));
-  if (model->get<std::string>() != options.model_name) {
-    return fail(ApiError(404,
-                         "the model '" + model->get<std::string>() +
-                             "' does not exist; this server serves '" + options.model_name + "'",
-                         "invalid_request_error", "model", "model_not_found"));
-  }
+  if (!ReadModel(j, options, /*required=*/true, error)) return failed();
   CompletionRequest out;
   out.kind = kind;
   const uint32_t vocab = static_cast<uint32_t>(tokenizer.vocab_size());
@@ -391,15 +406,11 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
   }
   // n
   uint64_t count = 1;
-  if (auto it = j.find("n");
-      it != j.end() && !it->is_null() && (!it->is_number_integer() || it->get<int64_t>() < 1)) {
-    return fail(BadParam("n", "'n' must be an integer from 1 to " + std::to_string(kMaxChoices)));
-  }
-  if (!ReadCount(j, "n", kMaxChoices, 1, &count, error)) return failed();
+  if (!ReadCount(j, "n", 1, kMaxChoices, 1, &count, error)) return failed();
   out.n = static_cast<uint32_t>(count);
   // ignore_eos, min_tokens, stop_token_ids
   if (!ReadBool(j, "ignore_eos", &s.ignore_eos, error)) return failed();
-  if (!ReadCount(j, "min_tokens", max_new, 0, &count, error)) {
+  if (!ReadCount(j, "min_tokens", 0, max_new, 0, &count, error)) {
     *error = BadParam("min_tokens", "'min_tokens' must be an integer from 0 to max_tokens (" +
                                         std::to_string(max_new) + ")");
     return failed();
@@ -425,7 +436,7 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
     bool logprobs = false;
     if (!ReadBool(j, "logprobs", &logprobs, error)) return failed();
     uint64_t top = 0;
-    if (!ReadCount(j, "top_logprobs", kMaxLogprobs, 0, &top, error)) return failed();
+    if (!ReadCount(j, "top_logprobs", 0, kMaxLogprobs, 0, &top, error)) return failed();
     if (auto t = j.find("top_logprobs"); t != j.end() && !t->is_null() && !logprobs) {
       return fail(BadParam("top_logprobs", "'top_logprobs' needs 'logprobs': true"));
     }
@@ -437,7 +448,7 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
             "logprobs", "'logprobs' must be an integer from 0 to " + std::to_string(kMaxLogprobs)));
       }
       uint64_t top = 0;
-      if (!ReadCount(j, "logprobs", kMaxLogprobs, 0, &top, error)) return failed();
+      if (!ReadCount(j, "logprobs", 0, kMaxLogprobs, 0, &top, error)) return failed();
       s.logprobs = static_cast<int32_t>(top);
     }
     if (!ReadBool(j, "echo", &out.echo, error)) return failed();

@@ -71,6 +71,17 @@ Result<std::vector<int32_t>> TokenizeChat(const nlohmann::json& messages,
                                           const Tokenizer& tokenizer, bool add_generation_prompt,
                                           HttpResponse* error);
 
+// JSON text of an answer; model text is bytes until proven UTF-8, so ill-formed sequences are
+// written as U+FFFD instead of throwing.
+std::string JsonText(const nlohmann::json& j);
+
+// Readers shared by the routes' parsers (completions, /tokenize): each sets *error (400 or
+// 404, naming the key) and returns false on a bad value. "model", when present or `required`,
+// must be the served model. A boolean key absent or null leaves *out as it is.
+bool ReadModel(const nlohmann::json& body, const CompletionsOptions& options, bool required,
+               HttpResponse* error);
+bool ReadBool(const nlohmann::json& body, const char* key, bool* out, HttpResponse* error);
+
 // The OpenAI error object with `status`, naming `param` (may be empty) and `code`.
 HttpResponse ApiError(int status, const std::string& message, const std::string& type,
                       const std::string& param, const std::string& code);

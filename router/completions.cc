@@ -19,9 +19,6 @@ using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using Ms = std::chrono::duration<double, std::milli>;
 
-// Model text is bytes until proven UTF-8: every answer is serialised with replacement.
-std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
 int64_t UnixSeconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -223,7 +220,7 @@ class CompletionState {
     body["choices"] = std::move(choices);
     body["usage"] = Usage();
     HttpResponse res;
-    res.body = Dump(body);
+    res.body = JsonText(body);
     Count(200);
     responder->Respond(std::move(res));
   }
@@ -340,7 +337,7 @@ class CompletionState {
     return j;
   }
 
-  void Send(const Json& event) { responder->Write("data: " + Dump(event) + "\n\n"); }
+  void Send(const Json& event) { responder->Write("data: " + JsonText(event) + "\n\n"); }
 
   void Emit(size_t i, const std::string& piece) {
     if (piece.empty()) return;

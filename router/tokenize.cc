@@ -9,8 +9,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
 // The body as an object whose "model", when given, is the served one; otherwise *error is set.
 bool ReadBody(const std::string& body, const CompletionsOptions& options, Json* out,
               HttpResponse* error) {
@@ -20,32 +18,7 @@ bool ReadBody(const std::string& body, const CompletionsOptions& options, Json* 
                       "invalid_json");
     return false;
   }
-  if (auto m = out->find("model"); m != out->end() && !m->is_null()) {
-    if (!m->is_string()) {
-      *error = BadParam("model", "'model' must be a string");
-      return false;
-    }
-    if (m->get<std::string>() != options.model_name) {
-      *error = ApiError(404,
-                        "the model '" + m->get<std::string>() +
-                            "' does not exist; this server serves '" + options.model_name + "'",
-                        "invalid_request_error", "model", "model_not_found");
-      return false;
-    }
-  }
-  return true;
-}
-
-bool Flag(const Json& j, const char* key, bool def, bool* out, HttpResponse* error) {
-  *out = def;
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return true;
-  if (!it->is_boolean()) {
-    *error = BadParam(key, std::string("'") + key + "' must be a boolean");
-    return false;
-  }
-  *out = it->get<bool>();
-  return true;
+  return ReadModel(*out, options, /*required=*/false, error);
 }
 
 }  // namespace
@@ -59,9 +32,9 @@ HttpResponse Tokenize(const std::string& body, const CompletionsOptions& options
   bool add_special = !chat;
   bool generation_prompt = true;
   bool token_strs = false;
-  if (!Flag(j, "add_special_tokens", add_special, &add_special, &error) ||
-      !Flag(j, "add_generation_prompt", true, &generation_prompt, &error) ||
-      !Flag(j, "return_token_strs", false, &token_strs, &error)) {
+  if (!ReadBool(j, "add_special_tokens", &add_special, &error) ||
+      !ReadBool(j, "add_generation_prompt", &generation_prompt, &error) ||
+      !ReadBool(j, "return_token_strs", &token_strs, &error)) {
     return error;
   }
   std::vector<int32_t> ids;
@@ -89,7 +62,7 @@ HttpResponse Tokenize(const std::string& body, const CompletionsOptions& options
     out["token_strs"] = nullptr;
   }
   HttpResponse res;
-  res.body = Dump(out);
+  res.body = JsonText(out);
   return res;
 }
 
@@ -106,13 +79,13 @@ HttpResponse Detokenize(const std::string& body, const CompletionsOptions& optio
   const int64_t vocab = static_cast<int64_t>(tokenizer.vocab_size());
   for (const Json& t : *tokens) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
-      return BadParam("tokens",
-                      "token " + Dump(t) + " is not in the vocabulary of " + std::to_string(vocab));
+      return BadParam("tokens", "token " + JsonText(t) + " is not in the vocabulary of " +
+                                    std::to_string(vocab));
     }
     ids.push_back(t.get<int32_t>());
   }
   HttpResponse res;
-  res.body = Dump(Json{{"prompt", ToValidUtf8(tokenizer.Decode(ids, false))}});
+  res.body = JsonText(Json{{"prompt", ToValidUtf8(tokenizer.Decode(ids, false))}});
   return res;
 }
 
