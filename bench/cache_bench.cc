@@ -43,7 +43,7 @@ struct Run {
   double tpot_ms() const { return decode_tokens ? 1e3 * decode_s / decode_tokens : 0; }
 };
 
-void RunOne(MixtralModel& model, ExpertSource& source, const Tokenizer& tok,
+void RunOne(MoeModel& model, ExpertSource& source, const Tokenizer& tok,
             const std::vector<int32_t>& prompt, uint32_t max_tokens, uint64_t id, Run* run) {
   std::vector<int32_t> out;
   BenchClock::time_point first{};
@@ -69,7 +69,7 @@ void RunOne(MixtralModel& model, ExpertSource& source, const Tokenizer& tok,
   run->tokens.push_back(std::move(out));
 }
 
-Run RunPrompts(MixtralModel& model, ExpertSource& source, const Tokenizer& tok,
+Run RunPrompts(MoeModel& model, ExpertSource& source, const Tokenizer& tok,
                const std::vector<std::vector<int32_t>>& prompts, uint32_t max_tokens) {
   Run run;
   for (size_t i = 0; i < prompts.size(); ++i)
@@ -79,7 +79,7 @@ Run RunPrompts(MixtralModel& model, ExpertSource& source, const Tokenizer& tok,
 
 // The same prompts through two sources, request by request, alternating which goes first, so
 // that both see the same machine.
-std::pair<Run, Run> RunInterleaved(MixtralModel& model, ExpertSource& a, ExpertSource& b,
+std::pair<Run, Run> RunInterleaved(MoeModel& model, ExpertSource& a, ExpertSource& b,
                                    const Tokenizer& tok,
                                    const std::vector<std::vector<int32_t>>& prompts,
                                    uint32_t max_tokens) {
@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
   auto device = ResolveDevice("cpu", -1, threads);
   auto tok = Tokenizer::Load(model_dir);
   ExpertTable table;
-  auto model = MixtralModel::Load(*info, RuntimeOptions{}, {}, &table);
+  auto model = MoeModel::Load(*info, RuntimeOptions{}, {}, &table);
   if (!device.ok() || !tok.ok() || !model.ok()) {
     std::fprintf(stderr, "cannot load %s\n", model_dir.c_str());
     return 1;

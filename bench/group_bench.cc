@@ -79,7 +79,7 @@ int RankMain(const Config& c, uint32_t rank, int out_fd) {
   ro.expert_rank = rank;
   ro.expert_world_size = c.world;
   ExpertTable table;
-  auto model = MixtralModel::Load(*info, ro, {}, &table);
+  auto model = MoeModel::Load(*info, ro, {}, &table);
   if (!model.ok()) return fail(model.status().message());
   CachedExpertsOptions o;
   o.policy = c.policy;

@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   options.dtype = dtype;
   options.row_block = row_block;
   ExpertTable table;
-  auto model = MixtralModel::Load(*info, options, {}, &table);
+  auto model = MoeModel::Load(*info, options, {}, &table);
   if (!model.ok()) {
     std::fprintf(stderr, "runtime_bench: %s\n", model.status().message().c_str());
     return 1;

@@ -49,7 +49,7 @@ std::string What(const std::exception_ptr& error) {
 
 }  // namespace
 
-Engine::Engine(EngineOptions options, MixtralModel& model, ExpertSource& experts,
+Engine::Engine(EngineOptions options, MoeModel& model, ExpertSource& experts,
                const Tokenizer* tokenizer, ForwardObserver* observer, EventSink sink)
     : options_(std::move(options)),
       model_(model),

@@ -87,7 +87,7 @@ class Engine final : public RequestExecutor {
   using EventSink = std::function<void(const TokenEvent&)>;
 
   // `tokenizer` may be null: stop strings then fail the request. `observer` may be null.
-  Engine(EngineOptions options, MixtralModel& model, ExpertSource& experts,
+  Engine(EngineOptions options, MoeModel& model, ExpertSource& experts,
          const Tokenizer* tokenizer, ForwardObserver* observer, EventSink sink);
   ~Engine();
 
@@ -138,7 +138,7 @@ class Engine final : public RequestExecutor {
   void GroupFailed(const Status& why);
 
   EngineOptions options_;
-  MixtralModel& model_;
+  MoeModel& model_;
   ExpertSource& experts_;
   const Tokenizer* tokenizer_;
   ForwardObserver* observer_;

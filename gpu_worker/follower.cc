@@ -9,7 +9,7 @@
 
 namespace fmoe {
 
-Follower::Follower(MixtralModel& model, ExpertSource& experts, ExpertGroup& group,
+Follower::Follower(MoeModel& model, ExpertSource& experts, ExpertGroup& group,
                    uint32_t max_batch, std::function<ExpertFigures()> local_figures)
     : model_(model), experts_(experts), group_(group), local_figures_(std::move(local_figures)) {
   limits_.max_sequences = max_batch;

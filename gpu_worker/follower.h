@@ -35,7 +35,7 @@ struct FollowerStats {
 class Follower {
  public:
   // `local_figures` may be empty (figures count as zero).
-  Follower(MixtralModel& model, ExpertSource& experts, ExpertGroup& group, uint32_t max_batch,
+  Follower(MoeModel& model, ExpertSource& experts, ExpertGroup& group, uint32_t max_batch,
            std::function<ExpertFigures()> local_figures);
   ~Follower();
 
@@ -47,7 +47,7 @@ class Follower {
  private:
   Status RunPlan(const IterationPlan& plan);
 
-  MixtralModel& model_;
+  MoeModel& model_;
   ExpertSource& experts_;
   ExpertGroup& group_;
   PlanLimits limits_;

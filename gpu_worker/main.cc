@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   int last_decile = -1;
-  auto loaded = MixtralModel::Load(
+  auto loaded = MoeModel::Load(
       *model, runtime_options,
       [&](uint64_t done, uint64_t total) {
         if (load_reporter) load_reporter->Progress(done, total);
@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
     spdlog::error("{}", loaded.status().message());
     return 1;
   }
-  std::unique_ptr<MixtralModel> runtime = std::move(*loaded);
+  std::unique_ptr<MoeModel> runtime = std::move(*loaded);
   spdlog::info("model loaded in {:.2f} s (dtype {})",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                runtime_options.dtype);

@@ -11,6 +11,7 @@
 #include "common/checkpoint.h"
 #include "common/safetensors.h"
 #include "gpu_worker/expert_group.h"
+#include "gpu_worker/tensor_loader.h"
 
 namespace fmoe {
 namespace {
@@ -57,13 +58,13 @@ at::Tensor RotateHalf(const at::Tensor& x) {
 
 }  // namespace
 
-struct MixtralModel::Layer {
+struct MoeModel::Layer {
   at::Tensor input_norm, post_norm;
   at::Tensor wq, wk, wv, wo;  // [H*hd, h], [KV*hd, h], [KV*hd, h], [h, H*hd]
   at::Tensor gate;            // [J, h]
 };
 
-struct MixtralModel::Impl {
+struct MoeModel::Impl {
   RuntimeOptions options;
   at::ScalarType dtype = at::kFloat;
   at::Device device = at::kCPU;
@@ -80,8 +81,8 @@ struct MixtralModel::Impl {
   }
 };
 
-MixtralModel::MixtralModel(ModelInfo info) : info_(std::move(info)), impl_(new Impl) {}
-MixtralModel::~MixtralModel() = default;
+MoeModel::MoeModel(ModelInfo info) : info_(std::move(info)), impl_(new Impl) {}
+MoeModel::~MoeModel() = default;
 
 size_t KvCache::bytes() const {
   size_t total = 0;
@@ -90,55 +91,8 @@ size_t KvCache::bytes() const {
   return total;
 }
 
-namespace {
 
-// Reads checkpoint tensors into the compute dtype, counting progress in stored bytes.
-class TensorLoader {
- public:
-  TensorLoader(const Checkpoint& ckpt, at::ScalarType dtype, at::Device device,
-               const LoadProgress& progress)
-      : ckpt_(ckpt), dtype_(dtype), device_(device), progress_(progress) {
-    total_ = ckpt.total_bytes();
-  }
-
-  Result<at::Tensor> Load(const std::string& name, const std::vector<int64_t>& shape,
-                          at::Device device) {
-    FMOE_ASSIGN_OR_RETURN(const TensorView* view, ckpt_.Get(name, shape));
-    if (view->dtype != DType::kF32 && view->dtype != DType::kF16 && view->dtype != DType::kBF16) {
-      return InvalidArgument("model: " + ckpt_.FileOf(name) + ": tensor \"" + name + "\": dtype " +
-                             DTypeName(view->dtype) +
-                             " is not a floating-point weight type (F32, F16, BF16)");
-    }
-    at::Tensor f32 = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
-    FMOE_RETURN_IF_ERROR(
-        ConvertToF32(view->dtype, view->data,
-                     std::span<float>(f32.data_ptr<float>(), static_cast<size_t>(f32.numel()))));
-    done_ += view->data.size();
-    if (progress_) progress_(done_, total_);
-    return f32.to(device, dtype_);
-  }
-  Result<at::Tensor> Load(const std::string& name, const std::vector<int64_t>& shape) {
-    return Load(name, shape, device_);
-  }
-  // A tensor another rank loads: checked, counted, not read.
-  Status Skip(const std::string& name, const std::vector<int64_t>& shape) {
-    FMOE_ASSIGN_OR_RETURN(const TensorView* view, ckpt_.Get(name, shape));
-    done_ += view->data.size();
-    if (progress_) progress_(done_, total_);
-    return Status::Ok();
-  }
-
- private:
-  const Checkpoint& ckpt_;
-  at::ScalarType dtype_;
-  at::Device device_;
-  const LoadProgress& progress_;
-  uint64_t done_ = 0, total_ = 0;
-};
-
-}  // namespace
-
-Result<std::unique_ptr<MixtralModel>> MixtralModel::Load(const ModelInfo& info,
+Result<std::unique_ptr<MoeModel>> MoeModel::Load(const ModelInfo& info,
                                                          const RuntimeOptions& options,
                                                          const LoadProgress& progress,
                                                          ExpertTable* experts) {
@@ -163,7 +117,7 @@ Result<std::unique_ptr<MixtralModel>> MixtralModel::Load(const ModelInfo& info,
                            " is odd; rotary embeddings need it even");
   }
   c10::InferenceMode guard;
-  std::unique_ptr<MixtralModel> model(new MixtralModel(info));
+  std::unique_ptr<MoeModel> model(new MoeModel(info));
   Impl& m = *model->impl_;
   m.options = options;
   FMOE_ASSIGN_OR_RETURN(m.dtype, ParseDType(options.dtype));
@@ -226,14 +180,14 @@ Result<std::unique_ptr<MixtralModel>> MixtralModel::Load(const ModelInfo& info,
   return model;
 }
 
-std::unique_ptr<KvCache> MixtralModel::NewKvCache() const {
+std::unique_ptr<KvCache> MoeModel::NewKvCache() const {
   auto kv = std::make_unique<KvCache>();
   kv->k_.resize(info_.num_hidden_layers);
   kv->v_.resize(info_.num_hidden_layers);
   return kv;
 }
 
-Status MixtralModel::Forward(std::span<const SequenceInput> batch, ExpertSource& experts,
+Status MoeModel::Forward(std::span<const SequenceInput> batch, ExpertSource& experts,
                              ForwardObserver* observer, ForwardResult* out, bool record_router) {
   c10::InferenceMode guard;
   Impl& m = *impl_;

@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "gpu_worker/expert_source.h"
 #include "gpu_worker/forward_observer.h"
+#include "gpu_worker/tensor_loader.h"
 
 namespace fmoe {
 
@@ -39,9 +40,6 @@ struct RuntimeOptions {
   uint32_t expert_world_size = 1;
 };
 
-// Bytes converted so far, of the total.
-using LoadProgress = std::function<void(uint64_t done, uint64_t total)>;
-
 // One sequence's keys and values for every layer, grown as it lengthens.
 class KvCache {
  public:
@@ -49,7 +47,7 @@ class KvCache {
   size_t bytes() const;
 
  private:
-  friend class MixtralModel;
+  friend class MoeModel;
   int64_t length_ = 0;
   int64_t capacity_ = 0;
   std::vector<at::Tensor> k_, v_;  // Per layer: [kv_heads, capacity, head_dim].
@@ -72,14 +70,14 @@ struct ForwardResult {
   std::vector<std::vector<int32_t>> router_topk;
 };
 
-class MixtralModel {
+class MoeModel {
  public:
-  ~MixtralModel();
+  ~MoeModel();
 
   // Loads the dense weights from info.dir and the routed experts into `experts` (host memory,
   // compute dtype). Errors name the file and tensor: "model: /m/model.safetensors: tensor
   // \"model.layers.0.self_attn.q_proj.weight\": shape [64, 32], expected [64, 64]".
-  static Result<std::unique_ptr<MixtralModel>> Load(const ModelInfo& info,
+  static Result<std::unique_ptr<MoeModel>> Load(const ModelInfo& info,
                                                     const RuntimeOptions& options,
                                                     const LoadProgress& progress,
                                                     ExpertTable* experts);
@@ -103,7 +101,7 @@ class MixtralModel {
  private:
   struct Layer;
   struct Impl;
-  explicit MixtralModel(ModelInfo info);
+  explicit MoeModel(ModelInfo info);
   ModelInfo info_;
   std::unique_ptr<Impl> impl_;
   ExpertGroup* group_ = nullptr;

@@ -70,7 +70,7 @@ int RunGenerate(const GenerateCommand& cmd) {
   ProgressBar bar("loading " + info->dir);
   const auto load_start = std::chrono::steady_clock::now();
   uint64_t loaded = 0;
-  auto model = MixtralModel::Load(
+  auto model = MoeModel::Load(
       *info, options,
       [&](uint64_t done, uint64_t total) {
         loaded = total;

@@ -26,7 +26,7 @@ const std::string kModelDir = std::string(FMOE_SOURCE_DIR) + "/deploy/models/tin
 struct Loaded {
   ModelInfo info;
   std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<MixtralModel> model;
+  std::unique_ptr<MoeModel> model;
   ExpertTable table;
 };
 
@@ -39,7 +39,7 @@ Loaded& Fixture() {
     auto tok = Tokenizer::Load(kModelDir);
     EXPECT_TRUE(tok.ok()) << tok.status().ToString();
     l->tokenizer = std::move(*tok);
-    auto model = MixtralModel::Load(l->info, RuntimeOptions{}, {}, &l->table);
+    auto model = MoeModel::Load(l->info, RuntimeOptions{}, {}, &l->table);
     EXPECT_TRUE(model.ok()) << model.status().ToString();
     l->model = std::move(*model);
     return l;

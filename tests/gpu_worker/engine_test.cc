@@ -24,7 +24,7 @@ const std::string kModelDir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/mi
 struct Loaded {
   ModelInfo info;
   std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<MixtralModel> model;
+  std::unique_ptr<MoeModel> model;
   std::unique_ptr<ResidentExperts> experts;
 };
 
@@ -38,7 +38,7 @@ Loaded& Fixture() {
     EXPECT_TRUE(tok.ok()) << tok.status().ToString();
     l->tokenizer = std::move(*tok);
     ExpertTable table;
-    auto model = MixtralModel::Load(l->info, RuntimeOptions{}, {}, &table);
+    auto model = MoeModel::Load(l->info, RuntimeOptions{}, {}, &table);
     EXPECT_TRUE(model.ok()) << model.status().ToString();
     l->model = std::move(*model);
     l->experts = std::make_unique<ResidentExperts>(std::move(table));

@@ -61,7 +61,7 @@ Shared& Common() {
 
 // One rank's weights: the dense ones and the experts it owns. Loaded once per (world, rank).
 struct RankWeights {
-  std::unique_ptr<MixtralModel> model;
+  std::unique_ptr<MoeModel> model;
   ExpertTable table;
 };
 
@@ -75,7 +75,7 @@ RankWeights& Weights(uint32_t world, uint32_t rank) {
     RuntimeOptions options;
     options.expert_rank = rank;
     options.expert_world_size = world;
-    auto model = MixtralModel::Load(Common().info, options, {}, &slot->table);
+    auto model = MoeModel::Load(Common().info, options, {}, &slot->table);
     EXPECT_TRUE(model.ok()) << model.status().ToString();
     slot->model = std::move(*model);
   }
@@ -185,7 +185,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
     auto joined = ExpertGroup::Join(g);
     if (!joined.ok()) return fail(joined.status().ToString());
     ExpertGroup& group = **joined;
-    MixtralModel& model = *Weights(world, r).model;
+    MoeModel& model = *Weights(world, r).model;
     model.set_group(&group);
     CachedExperts& cache = *caches[r];
     auto local = [&cache] {

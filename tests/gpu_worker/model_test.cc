@@ -39,7 +39,7 @@ Json ReadJson(const std::string& path) {
 
 struct Runtime {
   ModelInfo info;
-  std::unique_ptr<MixtralModel> model;
+  std::unique_ptr<MoeModel> model;
   std::unique_ptr<ResidentExperts> experts;
 };
 
@@ -47,7 +47,7 @@ Result<Runtime> LoadRuntime(const std::string& dir, RuntimeOptions options = {})
   Runtime rt;
   FMOE_ASSIGN_OR_RETURN(rt.info, LoadModelInfo(dir));
   ExpertTable table;
-  FMOE_ASSIGN_OR_RETURN(rt.model, MixtralModel::Load(rt.info, options, {}, &table));
+  FMOE_ASSIGN_OR_RETURN(rt.model, MoeModel::Load(rt.info, options, {}, &table));
   rt.experts = std::make_unique<ResidentExperts>(std::move(table));
   return rt;
 }
@@ -168,7 +168,7 @@ TEST(MixtralReference, TokenizerIdsMatchTransformers) {
 }
 
 // A sequence's logits are bit-for-bit the same alone and in any batch, in prefill and decode.
-TEST(MixtralModel, LogitsDoNotDependOnTheBatch) {
+TEST(MoeModel, LogitsDoNotDependOnTheBatch) {
   Runtime& rt = Reference();
   std::vector<std::vector<int32_t>> prompts;
   for (const Json& p : ReferenceJson()["prompts"]) prompts.push_back(Ids(p["ids"]));
@@ -214,7 +214,7 @@ TEST(MixtralModel, LogitsDoNotDependOnTheBatch) {
   }
 }
 
-TEST(MixtralModel, DecodeMatchesPrefill) {
+TEST(MoeModel, DecodeMatchesPrefill) {
   Runtime& rt = Reference();
   const std::vector<int32_t> ids = Ids(ReferenceJson()["prompts"][4]["ids"]);
   const size_t vocab = rt.info.vocab_size;
@@ -234,7 +234,7 @@ TEST(MixtralModel, DecodeMatchesPrefill) {
   }
 }
 
-TEST(MixtralModel, RejectsTokensOutOfRangeAndPastTheContext) {
+TEST(MoeModel, RejectsTokensOutOfRangeAndPastTheContext) {
   Runtime& rt = Reference();
   auto kv = rt.model->NewKvCache();
   std::vector<int32_t> bad = {1, 5, static_cast<int32_t>(rt.info.vocab_size)};
