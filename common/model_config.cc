@@ -31,9 +31,6 @@ uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
   return h;
 }
 
-const char* const kSupported[] = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "PhimoeForCausalLM",
-                                  "OlmoeForCausalLM", "Qwen3MoeForCausalLM"};
-
 // Reads a positive integer key that fits uint32; `required` says whether absence is an error.
 Status ReadCount(const Json& j, const char* key, bool required, uint32_t* out) {
   auto it = j.find(key);
@@ -79,7 +76,6 @@ Status ReadTokenId(const Json& v, const std::string& key, int32_t* out) {
 
 // The hyperparameters the model runtime needs (read for every family for now).
 Status ParseRuntimeFields(const Json& j, ModelInfo* info) {
-  FMOE_RETURN_IF_ERROR(ReadCount(j, "intermediate_size", true, &info->intermediate_size));
   FMOE_RETURN_IF_ERROR(ReadCount(j, "num_attention_heads", true, &info->num_attention_heads));
   info->num_key_value_heads = info->num_attention_heads;
   FMOE_RETURN_IF_ERROR(ReadCount(j, "num_key_value_heads", false, &info->num_key_value_heads));
@@ -129,6 +125,69 @@ Status ParseRuntimeFields(const Json& j, ModelInfo* info) {
     if (!it->is_string()) return InvalidArgument("torch_dtype: " + it->dump() + " is not a string");
     info->torch_dtype = it->get<std::string>();
   }
+  return Status::Ok();
+}
+
+// Reads a boolean key; absence or null keeps `*out` (the family's default).
+Status ReadBool(const Json& j, const char* key, bool* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return Status::Ok();
+  if (!it->is_boolean())
+    return InvalidArgument(std::string(key) + ": " + it->dump() + " is not a boolean");
+  *out = it->get<bool>();
+  return Status::Ok();
+}
+
+// Fields every family shares that change the computation in ways the runtime does not implement.
+Status RefuseUnimplemented(const Json& j) {
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    return InvalidArgument("rope_scaling: " + it->dump() +
+                           " is not implemented by the model runtime (only plain RoPE is)");
+  }
+  if (auto it = j.find("hidden_act"); it != j.end() && !it->is_null()) {
+    if (!it->is_string() || it->get<std::string>() != "silu") {
+      return InvalidArgument("hidden_act: " + it->dump() +
+                             " is not implemented by the model runtime (only \"silu\" is)");
+    }
+  }
+  return Status::Ok();
+}
+
+// The MoE layers: Qwen's families interleave dense layers by decoder_sparse_step and
+// mlp_only_layers (transformers: layer i is sparse when i is not in mlp_only_layers and
+// (i + 1) % decoder_sparse_step == 0).
+Status ReadQwenLayers(const Json& j, ModelInfo* info) {
+  uint32_t sparse_step = 1;
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "decoder_sparse_step", false, &sparse_step));
+  std::set<int64_t> dense_layers;
+  if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return InvalidArgument("mlp_only_layers: not a list");
+    for (const auto& v : *it) {
+      if (!v.is_number_integer()) return InvalidArgument("mlp_only_layers: not integers");
+      dense_layers.insert(v.get<int64_t>());
+    }
+  }
+  info->moe_layers.clear();
+  for (uint32_t i = 0; i < info->num_hidden_layers; ++i) {
+    if (dense_layers.count(i) == 0 && (i + 1) % sparse_step == 0) info->moe_layers.push_back(i);
+  }
+  return Status::Ok();
+}
+
+Status RefuseQwenSlidingWindow(const Json& j) {
+  bool use = false;
+  FMOE_RETURN_IF_ERROR(ReadBool(j, "use_sliding_window", &use));
+  if (use) {
+    return InvalidArgument(
+        "use_sliding_window: true is not implemented by the model runtime for this family");
+  }
+  return Status::Ok();
+}
+
+// Each family: what its config.json says beyond the shared fields. Defaults are transformers'.
+Status ParseMixtral(const Json& j, ModelInfo* info) {
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "intermediate_size", true, &info->intermediate_size));
+  info->routing.normalize_topk = true;  // MixtralSparseMoeBlock always renormalises.
   if (auto it = j.find("sliding_window"); it != j.end() && !it->is_null()) {
     uint32_t window = 0;
     FMOE_RETURN_IF_ERROR(ReadCount(j, "sliding_window", true, &window));
@@ -136,6 +195,69 @@ Status ParseRuntimeFields(const Json& j, ModelInfo* info) {
   }
   return Status::Ok();
 }
+
+Status ParseQwen2Moe(const Json& j, ModelInfo* info) {
+  FMOE_RETURN_IF_ERROR(ReadQwenLayers(j, info));
+  FMOE_RETURN_IF_ERROR(RefuseQwenSlidingWindow(j));
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "moe_intermediate_size", true, &info->intermediate_size));
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "shared_expert_intermediate_size", true,
+                                 &info->shared_expert_intermediate_size));
+  info->shared_expert_gated = true;
+  info->qkv_bias = true;  // Qwen2MoeConfig's qkv_bias (absent from the Hub's configs: true).
+  FMOE_RETURN_IF_ERROR(ReadBool(j, "qkv_bias", &info->qkv_bias));
+  info->routing.normalize_topk = false;
+  return ReadBool(j, "norm_topk_prob", &info->routing.normalize_topk);
+}
+
+Status ParseQwen3Moe(const Json& j, ModelInfo* info) {
+  FMOE_RETURN_IF_ERROR(ReadQwenLayers(j, info));
+  FMOE_RETURN_IF_ERROR(RefuseQwenSlidingWindow(j));
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "moe_intermediate_size", true, &info->intermediate_size));
+  FMOE_RETURN_IF_ERROR(ReadBool(j, "attention_bias", &info->qkv_bias));
+  info->o_bias = info->qkv_bias;
+  info->qk_norm = QkNorm::kPerHead;
+  info->routing.normalize_topk = false;
+  return ReadBool(j, "norm_topk_prob", &info->routing.normalize_topk);
+}
+
+Status ParseOlmoe(const Json& j, ModelInfo* info) {
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "intermediate_size", true, &info->intermediate_size));
+  FMOE_RETURN_IF_ERROR(ReadBool(j, "attention_bias", &info->qkv_bias));
+  info->o_bias = info->qkv_bias;
+  info->qk_norm = QkNorm::kWhole;
+  if (auto it = j.find("clip_qkv"); it != j.end() && !it->is_null()) {
+    double clip = 0;
+    FMOE_RETURN_IF_ERROR(ReadPositiveDouble(j, "clip_qkv", &clip));
+    info->clip_qkv = clip;
+  }
+  info->routing.normalize_topk = false;
+  return ReadBool(j, "norm_topk_prob", &info->routing.normalize_topk);
+}
+
+Status ParsePhimoe(const Json& j, ModelInfo* info) {
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "intermediate_size", true, &info->intermediate_size));
+  info->runtime_unsupported =
+      "PhimoeForCausalLM is not implemented by the model runtime yet (sparsemixer routing, "
+      "LayerNorm, LongRoPE); its shapes are known to the map service and the benchmarks only";
+  return Status::Ok();
+}
+
+struct Family {
+  const char* architecture;
+  const char* experts_key;  // The config key holding J.
+  // Whether the family's attention reads config "head_dim"; otherwise it is always
+  // hidden_size / num_attention_heads (transformers' Qwen2-MoE and OLMoE).
+  bool reads_head_dim;
+  Status (*parse)(const Json&, ModelInfo*);
+};
+
+const Family kFamilies[] = {
+    {"MixtralForCausalLM", "num_local_experts", true, ParseMixtral},
+    {"Qwen2MoeForCausalLM", "num_experts", false, ParseQwen2Moe},
+    {"Qwen3MoeForCausalLM", "num_experts", true, ParseQwen3Moe},
+    {"OlmoeForCausalLM", "num_experts", false, ParseOlmoe},
+    {"PhimoeForCausalLM", "num_local_experts", true, ParsePhimoe},
+};
 
 Status ParseInto(const std::string& text, ModelInfo* info) {
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -147,10 +269,14 @@ Status ParseInto(const std::string& text, ModelInfo* info) {
     return InvalidArgument("architectures: missing or not a list of names");
   }
   info->architecture = (*arch)[0].get<std::string>();
-  if (std::find(std::begin(kSupported), std::end(kSupported), info->architecture) ==
-      std::end(kSupported)) {
+  const Family* family = nullptr;
+  for (const Family& f : kFamilies) {
+    if (info->architecture == f.architecture) family = &f;
+  }
+  if (family == nullptr) {
     std::string list;
-    for (const char* s : kSupported) list += (list.empty() ? "" : ", ") + std::string(s);
+    for (const Family& f : kFamilies)
+      list += (list.empty() ? "" : ", ") + std::string(f.architecture);
     return InvalidArgument("architectures: \"" + info->architecture +
                            "\" is not a supported MoE architecture (" + list + ")");
   }
@@ -161,30 +287,28 @@ Status ParseInto(const std::string& text, ModelInfo* info) {
   FMOE_RETURN_IF_ERROR(ReadCount(j, "num_experts_per_tok", true, &info->top_k));
   FMOE_RETURN_IF_ERROR(
       ReadCount(j, "max_position_embeddings", false, &info->max_position_embeddings));
-  const char* experts_key = j.contains("num_local_experts") ? "num_local_experts" : "num_experts";
-  FMOE_RETURN_IF_ERROR(ReadCount(j, experts_key, true, &info->num_experts));
+  FMOE_RETURN_IF_ERROR(ReadCount(j, family->experts_key, true, &info->num_experts));
   if (info->top_k > info->num_experts) {
     return InvalidArgument("num_experts_per_tok (" + std::to_string(info->top_k) +
                            ") > number of experts (" + std::to_string(info->num_experts) + ")");
   }
-
-  // Qwen MoE families can interleave dense layers: decoder_sparse_step and mlp_only_layers.
-  uint32_t sparse_step = 1;
-  FMOE_RETURN_IF_ERROR(ReadCount(j, "decoder_sparse_step", false, &sparse_step));
-  std::set<int64_t> dense_layers;
-  if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
-    if (!it->is_array()) return InvalidArgument("mlp_only_layers: not a list");
-    for (const auto& v : *it) {
-      if (!v.is_number_integer()) return InvalidArgument("mlp_only_layers: not integers");
-      dense_layers.insert(v.get<int64_t>());
-    }
-  }
-  info->num_moe_layers = 0;
-  for (uint32_t i = 0; i < info->num_hidden_layers; ++i) {
-    if (dense_layers.count(i) == 0 && (i + 1) % sparse_step == 0) ++info->num_moe_layers;
-  }
+  info->moe_layers.clear();
+  for (uint32_t i = 0; i < info->num_hidden_layers; ++i) info->moe_layers.push_back(i);
+  FMOE_RETURN_IF_ERROR(family->parse(j, info));
+  info->num_moe_layers = static_cast<uint32_t>(info->moe_layers.size());
   if (info->num_moe_layers == 0) return InvalidArgument("the model has no MoE layer");
-  return ParseRuntimeFields(j, info);
+  if (info->num_moe_layers < info->num_hidden_layers) {
+    // Dense layers' MLP width (transformers' Qwen MLP uses intermediate_size).
+    FMOE_RETURN_IF_ERROR(ReadCount(j, "intermediate_size", true, &info->dense_intermediate_size)
+                             .WithContext("a dense layer's MLP width"));
+  }
+  info->routing.num_experts = info->num_experts;
+  info->routing.top_k = info->top_k;
+  FMOE_RETURN_IF_ERROR(RefuseUnimplemented(j));
+  if (family->reads_head_dim) return ParseRuntimeFields(j, info);
+  Json plain = j;
+  plain.erase("head_dim");
+  return ParseRuntimeFields(plain, info);
 }
 
 // Folds a safetensors file's header (length prefix and JSON) into the fingerprint: it names

@@ -1,8 +1,11 @@
 // The shape of a Hugging Face MoE checkpoint, read from its config.json, and the model's
-// fingerprint (the map service keys its stores by it). Families: Mixtral, Qwen2-MoE, Phi-3.5-MoE,
-// OLMoE, Qwen3-MoE. The full loader (weights, tokenizer) belongs to the worker's model runtime;
-// this file reads what every process needs to agree on and the hyperparameters the runtime
-// builds the model from. Pure functions.
+// fingerprint (the map service keys its stores by it). Families: Mixtral, Qwen2-MoE, Qwen3-MoE,
+// OLMoE (run by the model runtime) and Phi-3.5-MoE (shapes only: `runtime_unsupported` says
+// why). The full loader (weights, tokenizer) belongs to the worker's model runtime; this file
+// reads what every process needs to agree on and the hyperparameters the runtime builds the
+// model from, and refuses a config field that changes the computation in a way the runtime does
+// not implement (rope_scaling, an activation other than SiLU, Qwen's sliding window), naming it.
+// docs/MODELS.md lists what each family reads. Pure functions.
 #pragma once
 
 #include <cstdint>
@@ -10,21 +13,47 @@
 #include <string>
 #include <vector>
 
+#include "common/routing.h"
 #include "common/status.h"
 
 namespace fmoe {
+
+// How attention normalises queries and keys before RoPE.
+enum class QkNorm : uint8_t {
+  kNone,
+  kPerHead,  // RMSNorm over each head's head_dim values (Qwen3-MoE).
+  kWhole,    // RMSNorm over the whole projection (OLMoE: H*hd for q, KV*hd for k).
+};
 
 struct ModelInfo {
   std::string dir;                 // Absolute model directory.
   std::string architecture;        // e.g. "MixtralForCausalLM".
   uint32_t num_hidden_layers = 0;  // Transformer layers.
   uint32_t num_moe_layers = 0;     // L: layers with routed experts.
-  uint32_t num_experts = 0;        // J: routed experts per MoE layer.
-  uint32_t top_k = 0;              // K.
-  uint32_t hidden_size = 0;        // h.
+  // The transformer layer of each MoE layer, ascending (size L): MoE layer l is transformer layer
+  // moe_layers[l]. Maps, caches and traces count MoE layers; the others are dense.
+  std::vector<uint32_t> moe_layers;
+  uint32_t num_experts = 0;  // J: routed experts per MoE layer.
+  uint32_t top_k = 0;        // K.
+  uint32_t hidden_size = 0;  // h.
   uint32_t vocab_size = 0;
   uint32_t max_position_embeddings = 0;
-  uint32_t intermediate_size = 0;          // Expert FFN width. Required.
+  uint32_t intermediate_size = 0;  // One routed expert's FFN width. Required.
+  // A dense layer's MLP width (Qwen's intermediate_size); 0 when every layer is sparse.
+  uint32_t dense_intermediate_size = 0;
+  // Shared experts (Qwen2-MoE): one dense MLP of this width in every MoE layer, always resident,
+  // never in the expert cache; 0 = none. `shared_expert_gated`: its output is scaled by
+  // sigmoid(shared_expert_gate(x)).
+  uint32_t shared_expert_intermediate_size = 0;
+  bool shared_expert_gated = false;
+  RoutingSpec routing;    // The router's function (common/routing.h).
+  bool qkv_bias = false;  // q/k/v projections carry biases.
+  bool o_bias = false;    // The output projection carries a bias.
+  QkNorm qk_norm = QkNorm::kNone;
+  std::optional<double> clip_qkv;  // OLMoE: q, k and v clamped to [-c, c].
+  // Why the model runtime cannot run this model ("" = it can): a family whose shapes are known
+  // (maps, replay, make-model) but whose computation is not implemented.
+  std::string runtime_unsupported;
   uint32_t num_attention_heads = 0;        // Required.
   uint32_t num_key_value_heads = 0;        // Default: num_attention_heads; divides it.
   uint32_t head_dim = 0;                   // Default: hidden_size / num_attention_heads (exact).

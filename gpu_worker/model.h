@@ -1,8 +1,9 @@
-// The model runtime: a Mixtral-architecture MoE (MixtralForCausalLM) in LibTorch, loaded from a
-// Hugging Face checkpoint, running one iteration of a ragged batch: each sequence brings its new
-// tokens (the whole prompt in prefill, one token in decode) and its own KV cache. Dense weights
-// live here; routed experts are reached only through an ExpertSource. One owner thread (the
-// engine's); nothing here is thread-safe.
+// The model runtime: a Mixture-of-Experts decoder in LibTorch (Mixtral, Qwen2-MoE, Qwen3-MoE,
+// OLMoE: a stack of blocks.h's blocks chosen from config.json, model_families.h's tensor names),
+// loaded from a Hugging Face checkpoint, running one iteration of a ragged batch: each sequence
+// brings its new tokens (the whole prompt in prefill, one token in decode) and its own KV cache.
+// Dense weights live here; routed experts are reached only through an ExpertSource. One owner
+// thread (the engine's); nothing here is thread-safe.
 //
 // Batch invariance: a sequence's logits do not depend on what else is in the batch. Attention
 // runs per sequence; every matrix product on the CPU runs over fixed blocks of `row_block` rows
@@ -47,10 +48,10 @@ class KvCache {
   size_t bytes() const;
 
  private:
-  friend class MoeModel;
+  friend class MoeModel;  // Grows the tensors and hands each layer's to blocks.h's Attention.
   int64_t length_ = 0;
   int64_t capacity_ = 0;
-  std::vector<at::Tensor> k_, v_;  // Per layer: [kv_heads, capacity, head_dim].
+  std::vector<at::Tensor> k_, v_;  // Per transformer layer: [kv_heads, capacity, head_dim].
 };
 
 struct SequenceInput {
@@ -75,12 +76,13 @@ class MoeModel {
   ~MoeModel();
 
   // Loads the dense weights from info.dir and the routed experts into `experts` (host memory,
-  // compute dtype). Errors name the file and tensor: "model: /m/model.safetensors: tensor
-  // \"model.layers.0.self_attn.q_proj.weight\": shape [64, 32], expected [64, 64]".
+  // compute dtype; experts[l] is MoE layer l). Errors name the file and tensor: "model:
+  // /m/model.safetensors: tensor \"model.layers.0.self_attn.q_proj.weight\": shape [64, 32],
+  // expected [64, 64]"; a family the runtime does not run is kFailedPrecondition; a LibTorch
+  // error becomes kInternal naming the model.
   static Result<std::unique_ptr<MoeModel>> Load(const ModelInfo& info,
-                                                    const RuntimeOptions& options,
-                                                    const LoadProgress& progress,
-                                                    ExpertTable* experts);
+                                                const RuntimeOptions& options,
+                                                const LoadProgress& progress, ExpertTable* experts);
 
   const ModelInfo& info() const { return info_; }
   std::unique_ptr<KvCache> NewKvCache() const;
@@ -91,8 +93,9 @@ class MoeModel {
   void set_group(ExpertGroup* group) { group_ = group; }
 
   // Runs one iteration. Appends each sequence's new tokens to its KV cache. kInvalidArgument for
-  // a token id out of range or a sequence past max_position_embeddings. `out` may be null (a
-  // rank that does not sample): no logits are computed. `observer` (may be null) is called as
+  // a token id out of range or a sequence past max_position_embeddings; a LibTorch error is
+  // kInternal (the KV caches of the batch are then unusable: end its requests). `out` may be null
+  // (a rank that does not sample): no logits are computed. `observer` (may be null) is called as
   // forward_observer.h describes; speculative gates are computed up to the larger of the
   // source's and the observer's distance, and each sees only the targets within its own.
   Status Forward(std::span<const SequenceInput> batch, ExpertSource& experts,
@@ -101,7 +104,19 @@ class MoeModel {
  private:
   struct Layer;
   struct Impl;
+  struct Batch;
   explicit MoeModel(ModelInfo info);
+  static Result<std::unique_ptr<MoeModel>> LoadImpl(const ModelInfo& info,
+                                                    const RuntimeOptions& options,
+                                                    const LoadProgress& progress,
+                                                    ExpertTable* experts);
+  Status ForwardImpl(std::span<const SequenceInput> batch, ExpertSource& experts,
+                     ForwardObserver* observer, ForwardResult* out, bool record_router);
+  // MoE layer l over the normed hidden state `hn`: routing, observer calls, speculation (from the
+  // residual `x`), the routed experts through the source, the group's combine, the shared expert.
+  Result<at::Tensor> MixtureOfExperts(uint32_t l, const at::Tensor& x, const at::Tensor& hn,
+                                      const Batch& batch, ExpertSource& experts);
+  void Speculate(uint32_t l, const at::Tensor& x, const Batch& batch, ExpertSource& experts);
   ModelInfo info_;
   std::unique_ptr<Impl> impl_;
   ExpertGroup* group_ = nullptr;

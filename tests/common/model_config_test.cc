@@ -29,11 +29,114 @@ TEST(ModelConfig, QwenDenseLayersAreNotMoeLayers) {
   auto info = ParseModelConfig(R"({"architectures": ["Qwen2MoeForCausalLM"],
     "num_hidden_layers": 24, "hidden_size": 2048, "vocab_size": 151936, "num_experts": 60,
     "num_experts_per_tok": 4, "decoder_sparse_step": 1, "mlp_only_layers": [0, 5],
-    "intermediate_size": 5632, "num_attention_heads": 16})",
+    "intermediate_size": 5632, "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632, "num_attention_heads": 16})",
                                "/q");
   ASSERT_TRUE(info.ok()) << info.status().ToString();
   EXPECT_EQ(info->num_experts, 60u);
   EXPECT_EQ(info->num_moe_layers, 22u);
+  ASSERT_EQ(info->moe_layers.size(), 22u);
+  EXPECT_EQ(info->moe_layers[0], 1u);
+  EXPECT_EQ(info->moe_layers[3], 4u);
+  EXPECT_EQ(info->moe_layers[4], 6u);
+  EXPECT_EQ(info->intermediate_size, 1408u) << "a routed expert's width";
+  EXPECT_EQ(info->dense_intermediate_size, 5632u);
+  EXPECT_EQ(info->shared_expert_intermediate_size, 5632u);
+  EXPECT_TRUE(info->shared_expert_gated);
+  EXPECT_TRUE(info->qkv_bias);
+  EXPECT_FALSE(info->o_bias);
+  EXPECT_FALSE(info->routing.normalize_topk) << "Qwen2MoeConfig's norm_topk_prob default";
+  EXPECT_EQ(info->routing.top_k, 4u);
+  EXPECT_EQ(info->routing.num_experts, 60u);
+  EXPECT_TRUE(info->runtime_unsupported.empty());
+
+  // decoder_sparse_step 2: every second layer is sparse.
+  auto step = ParseModelConfig(R"({"architectures": ["Qwen2MoeForCausalLM"],
+    "num_hidden_layers": 6, "hidden_size": 64, "vocab_size": 100, "num_experts": 8,
+    "num_experts_per_tok": 2, "decoder_sparse_step": 2, "intermediate_size": 96,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+    "num_attention_heads": 4, "norm_topk_prob": true})",
+                               "/q");
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  EXPECT_EQ(step->moe_layers, (std::vector<uint32_t>{1, 3, 5}));
+  EXPECT_TRUE(step->routing.normalize_topk);
+}
+
+TEST(ModelConfig, ReadsQwen3MoeAndOlmoe) {
+  auto qwen3 = ParseModelConfig(R"({"architectures": ["Qwen3MoeForCausalLM"],
+    "num_hidden_layers": 48, "hidden_size": 2048, "vocab_size": 151936, "num_experts": 128,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 768, "intermediate_size": 6144,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "use_sliding_window": false, "sliding_window": null, "attention_bias": false,
+    "hidden_act": "silu", "rope_scaling": null})",
+                                "/q3");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status().ToString();
+  EXPECT_EQ(qwen3->num_moe_layers, 48u);
+  EXPECT_EQ(qwen3->head_dim, 128u) << "independent of hidden_size / heads";
+  EXPECT_EQ(qwen3->intermediate_size, 768u);
+  EXPECT_EQ(qwen3->dense_intermediate_size, 0u) << "no dense layer";
+  EXPECT_EQ(qwen3->qk_norm, QkNorm::kPerHead);
+  EXPECT_TRUE(qwen3->routing.normalize_topk);
+  EXPECT_EQ(qwen3->shared_expert_intermediate_size, 0u);
+
+  auto olmoe = ParseModelConfig(R"({"architectures": ["OlmoeForCausalLM"],
+    "num_hidden_layers": 16, "hidden_size": 2048, "vocab_size": 50304, "num_experts": 64,
+    "num_experts_per_tok": 8, "intermediate_size": 1024, "num_attention_heads": 16,
+    "clip_qkv": 8.0, "norm_topk_prob": false})",
+                                "/o");
+  ASSERT_TRUE(olmoe.ok()) << olmoe.status().ToString();
+  EXPECT_EQ(olmoe->qk_norm, QkNorm::kWhole);
+  ASSERT_TRUE(olmoe->clip_qkv.has_value());
+  EXPECT_EQ(*olmoe->clip_qkv, 8.0);
+  EXPECT_FALSE(olmoe->routing.normalize_topk);
+  EXPECT_EQ(olmoe->intermediate_size, 1024u);
+
+  auto phi = ParseModelConfig(R"({"architectures": ["PhimoeForCausalLM"],
+    "num_hidden_layers": 32, "hidden_size": 4096, "vocab_size": 32064, "num_local_experts": 16,
+    "num_experts_per_tok": 2, "intermediate_size": 6400, "num_attention_heads": 32})",
+                              "/p");
+  ASSERT_TRUE(phi.ok()) << phi.status().ToString();
+  EXPECT_EQ(phi->num_moe_layers, 32u) << "shapes are known";
+  EXPECT_NE(phi->runtime_unsupported.find("not implemented by the model runtime"),
+            std::string::npos);
+}
+
+TEST(ModelConfig, RefusesWhatTheRuntimeDoesNotCompute) {
+  const std::string qwen = R"({"architectures": ["Qwen2MoeForCausalLM"], "num_hidden_layers": 2,
+    "hidden_size": 64, "vocab_size": 100, "num_experts": 8, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+    "num_attention_heads": 4)";
+  struct Case {
+    std::string json;
+    const char* error;
+  } cases[] = {
+      {qwen + R"(, "use_sliding_window": true})",
+       "use_sliding_window: true is not implemented by the model runtime"},
+      {qwen + R"(, "rope_scaling": {"type": "yarn", "factor": 4.0}})",
+       "rope_scaling: {\"factor\":4.0,\"type\":\"yarn\"} is not implemented"},
+      {qwen + R"(, "hidden_act": "gelu_pytorch_tanh"})",
+       "hidden_act: \"gelu_pytorch_tanh\" is not implemented by the model runtime"},
+      {qwen + R"(, "norm_topk_prob": "yes"})", "norm_topk_prob: \"yes\" is not a boolean"},
+      {qwen + R"(, "mlp_only_layers": [0]})",
+       "a dense layer's MLP width: intermediate_size: missing"},
+      {qwen + R"(, "mlp_only_layers": [0, 1], "intermediate_size": 64})",
+       "the model has no MoE layer"},
+      {R"({"architectures": ["Qwen2MoeForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+         "vocab_size": 100, "num_experts": 8, "num_experts_per_tok": 2,
+         "moe_intermediate_size": 32, "num_attention_heads": 4})",
+       "shared_expert_intermediate_size: missing"},
+      {R"({"architectures": ["OlmoeForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+         "vocab_size": 100, "num_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32,
+         "num_attention_heads": 4, "clip_qkv": -1})",
+       "clip_qkv: -1 is out of range"},
+  };
+  for (const auto& c : cases) {
+    auto info = ParseModelConfig(c.json, "/m");
+    ASSERT_FALSE(info.ok()) << c.json;
+    EXPECT_NE(info.status().message().find(c.error), std::string::npos)
+        << info.status().message() << "\n wanted: " << c.error;
+  }
 }
 
 TEST(ModelConfig, RejectsWhatCannotBeServed) {

@@ -466,7 +466,7 @@ TEST(Engine, AThrowingForwardFailsTheBatchAndTheEngineServesOn) {
   for (uint64_t id : {1, 2}) {
     EXPECT_EQ(h.outcomes[id].finish, FinishReason::kError) << id;
     EXPECT_EQ(h.outcomes[id].events, 1) << id;
-    EXPECT_NE(h.outcomes[id].error.find("the forward pass threw: injected failure"),
+    EXPECT_NE(h.outcomes[id].error.find("model: forward: injected failure"),
               std::string::npos)
         << h.outcomes[id].error;
   }

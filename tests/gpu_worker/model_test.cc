@@ -1,6 +1,7 @@
-// The Mixtral runtime against Hugging Face transformers (tests/fixtures/mixtral-ref, made by
-// tests/fixtures/gen_mixtral_reference.py): prefill logits, router probabilities and top-k,
-// greedy continuations, tokenizer ids; batch invariance; and bad checkpoints.
+// The model runtime against Hugging Face transformers, one fixture per family
+// (tests/fixtures/<family>-ref, made by tests/fixtures/gen_moe_reference.py): prefill logits,
+// router probabilities and top-k, greedy continuations, tokenizer ids; batch invariance; a
+// LibTorch error as a Status; and bad checkpoints.
 #include "gpu_worker/model.h"
 
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -52,19 +54,35 @@ Result<Runtime> LoadRuntime(const std::string& dir, RuntimeOptions options = {})
   return rt;
 }
 
-Runtime& Reference() {
-  static Runtime* rt = [] {
-    auto loaded = LoadRuntime(kRefDir);
-    EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
-    return new Runtime(std::move(*loaded));
-  }();
+// The fixtures, one per supported family.
+const char* const kFamilies[] = {"mixtral-ref", "qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref"};
+
+std::string FixtureDir(const std::string& name) {
+  return std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + name;
+}
+
+Runtime& Fixture(const std::string& name) {
+  static auto* loaded = new std::map<std::string, std::unique_ptr<Runtime>>();
+  auto& rt = (*loaded)[name];
+  if (!rt) {
+    auto r = LoadRuntime(FixtureDir(name));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    rt = std::make_unique<Runtime>(std::move(*r));
+  }
   return *rt;
 }
 
-const Json& ReferenceJson() {
-  static Json* j = new Json(ReadJson(kRefDir + "/reference.json"));
-  return *j;
+const Json& FixtureJson(const std::string& name) {
+  static auto* loaded = new std::map<std::string, Json>();
+  auto it = loaded->find(name);
+  if (it == loaded->end()) {
+    it = loaded->emplace(name, ReadJson(FixtureDir(name) + "/reference.json")).first;
+  }
+  return it->second;
 }
+
+Runtime& Reference() { return Fixture("mixtral-ref"); }
+const Json& ReferenceJson() { return FixtureJson("mixtral-ref"); }
 
 std::vector<int32_t> Ids(const Json& j) { return j.get<std::vector<int32_t>>(); }
 
@@ -89,12 +107,22 @@ size_t ArgMax(std::span<const float> v) {
   return best;
 }
 
-TEST(MixtralReference, PrefillLogitsAndRouterMatchTransformers) {
-  Runtime& rt = Reference();
+class FamilyReference : public ::testing::TestWithParam<const char*> {};
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyReference, ::testing::ValuesIn(kFamilies),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::erase(name, '-');
+                           return name;
+                         });
+
+TEST_P(FamilyReference, PrefillLogitsAndRouterMatchTransformers) {
+  Runtime& rt = Fixture(GetParam());
+  const Json& ref = FixtureJson(GetParam());
   const size_t vocab = rt.info.vocab_size, experts = rt.info.num_experts;
-  const size_t layers = rt.info.num_hidden_layers, top_k = rt.info.top_k;
-  ASSERT_GE(ReferenceJson()["prompts"].size(), 4u);
-  for (const Json& p : ReferenceJson()["prompts"]) {
+  const size_t layers = rt.info.num_moe_layers, top_k = rt.info.top_k;
+  ASSERT_GE(ref["prompts"].size(), 4u);
+  for (const Json& p : ref["prompts"]) {
     const std::vector<int32_t> ids = Ids(p["ids"]);
     const size_t t = ids.size();
     ForwardResult out = Prefill(rt, ids, /*record_router=*/true);
@@ -108,6 +136,7 @@ TEST(MixtralReference, PrefillLogitsAndRouterMatchTransformers) {
     }
     EXPECT_LE(max_logit_diff, 1e-4) << "prompt " << p["text"];
     ASSERT_EQ(out.router_probs.size(), layers);
+    ASSERT_EQ(p["router_probs"].size(), layers);
     double max_router_diff = 0;
     for (size_t l = 0; l < layers; ++l) {
       for (size_t i = 0; i < t; ++i) {
@@ -125,9 +154,9 @@ TEST(MixtralReference, PrefillLogitsAndRouterMatchTransformers) {
   }
 }
 
-TEST(MixtralReference, GreedyContinuationMatchesTransformers) {
-  Runtime& rt = Reference();
-  for (const Json& p : ReferenceJson()["prompts"]) {
+TEST_P(FamilyReference, GreedyContinuationMatchesTransformers) {
+  Runtime& rt = Fixture(GetParam());
+  for (const Json& p : FixtureJson(GetParam())["prompts"]) {
     const std::vector<int32_t> expected = Ids(p["generated_ids"]);
     auto kv = rt.model->NewKvCache();
     std::vector<int32_t> next = Ids(p["ids"]), generated;
@@ -146,14 +175,19 @@ TEST(MixtralReference, GreedyContinuationMatchesTransformers) {
   }
 }
 
-TEST(MixtralReference, TokenizerIdsMatchTransformers) {
-  auto tok = Tokenizer::Load(kRefDir);
+TEST_P(FamilyReference, TokenizerIdsMatchTransformers) {
+  auto tok = Tokenizer::Load(FixtureDir(GetParam()));
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
-  for (const Json& p : ReferenceJson()["prompts"]) {
+  for (const Json& p : FixtureJson(GetParam())["prompts"]) {
     auto ids = (*tok)->Encode(p["text"].get<std::string>(), true);
     ASSERT_TRUE(ids.ok());
     EXPECT_EQ(*ids, Ids(p["ids"])) << p["text"];
   }
+}
+
+TEST(MixtralReference, HardStringsMatchTransformers) {
+  auto tok = Tokenizer::Load(kRefDir);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
   const Json hard = ReadJson(kRefDir + "/hard_strings.json");
   ASSERT_GE(hard.size(), 20u);
   for (const Json& h : hard) {
@@ -251,6 +285,42 @@ TEST(MoeModel, RejectsTokensOutOfRangeAndPastTheContext) {
   in.tokens = too_long;
   s = rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out);
   EXPECT_EQ(s.message(), "req=9: 257 positions exceed max_position_embeddings 256");
+}
+
+// An expert source whose weights have the wrong shape: LibTorch throws inside the expert's
+// product; Forward returns kInternal and the next batch runs as if nothing happened.
+class MisshapenExperts final : public ExpertSource {
+ public:
+  explicit MisshapenExperts(ExpertSource& inner) : inner_(inner) {}
+  Status BeginLayer(const LayerRouting& routing) override { return inner_.BeginLayer(routing); }
+  Result<std::pair<uint32_t, ExpertWeights>> Next() override {
+    auto next = inner_.Next();
+    if (!next.ok()) return next;
+    next->second.w1 = next->second.w1.t();  // [h, inter]: the product cannot be formed.
+    return next;
+  }
+  void EndLayer() override { inner_.EndLayer(); }
+
+ private:
+  ExpertSource& inner_;
+};
+
+TEST(MoeModel, ALibTorchErrorIsAStatus) {
+  Runtime& rt = Reference();
+  const std::vector<int32_t> ids = Ids(ReferenceJson()["prompts"][1]["ids"]);
+  MisshapenExperts bad(*rt.experts);
+  auto kv = rt.model->NewKvCache();
+  SequenceInput in;
+  in.request_id = 3;
+  in.tokens = ids;
+  in.kv = kv.get();
+  ForwardResult out;
+  Status s = rt.model->Forward({&in, 1}, bad, nullptr, &out);
+  EXPECT_EQ(s.code(), ErrorCode::kInternal);
+  EXPECT_NE(s.message().find("model: forward: LibTorch: "), std::string::npos) << s.message();
+  // The runtime serves on.
+  ForwardResult good = Prefill(rt, ids);
+  EXPECT_EQ(good.logits[0].size(), ids.size() * rt.info.vocab_size);
 }
 
 // ---- bad checkpoints: copies of the reference with one thing wrong ----
@@ -407,13 +477,40 @@ TEST_F(BadCheckpoint, ConfigProblemsAreNamed) {
   EXPECT_EQ(s.message(), "model: " + dir_.string() + "/config.json: num_attention_heads: missing");
   EditConfig([](Json& c) {
     c["num_attention_heads"] = 8;
-    c["architectures"] = {"Qwen2MoeForCausalLM"};
+    c["architectures"] = {"PhimoeForCausalLM"};
   });
   s = Load();
   EXPECT_EQ(s.code(), ErrorCode::kFailedPrecondition);
   EXPECT_EQ(s.message(), "model: " + dir_.string() +
-                             "/config.json: architectures: \"Qwen2MoeForCausalLM\" is not "
-                             "supported by the model runtime yet (supported: MixtralForCausalLM)");
+                             "/config.json: PhimoeForCausalLM is not implemented by the model "
+                             "runtime yet (sparsemixer routing, LayerNorm, LongRoPE); its shapes "
+                             "are known to the map service and the benchmarks only");
+  // A family's own required field, and a field that changes the computation.
+  EditConfig([](Json& c) { c["architectures"] = {"Qwen2MoeForCausalLM"}; });
+  s = Load();
+  EXPECT_EQ(s.message(), "model: " + dir_.string() + "/config.json: num_experts: missing");
+  EditConfig([](Json& c) { c["num_experts"] = 8; });
+  s = Load();
+  EXPECT_EQ(s.message(),
+            "model: " + dir_.string() + "/config.json: moe_intermediate_size: missing");
+  EditConfig([](Json& c) {
+    c["architectures"] = {"MixtralForCausalLM"};
+    c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  });
+  s = Load();
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("rope_scaling: {\"factor\":2.0,\"type\":\"linear\"} is not "
+                             "implemented by the model runtime"),
+            std::string::npos)
+      << s.message();
+  EditConfig([](Json& c) {
+    c.erase("rope_scaling");
+    c["hidden_act"] = "gelu";
+  });
+  s = Load();
+  EXPECT_NE(s.message().find("hidden_act: \"gelu\" is not implemented"), std::string::npos)
+      << s.message();
+  EditConfig([](Json& c) { c.erase("hidden_act"); });
   EditConfig([](Json& c) { c["architectures"] = {"LlamaForCausalLM"}; });
   s = Load();
   EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);

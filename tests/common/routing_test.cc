@@ -1,0 +1,114 @@
+#include "common/routing.h"
+
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace fmoe {
+namespace {
+
+struct Routed {
+  std::vector<float> probs;
+  std::vector<int32_t> experts;
+  std::vector<float> weights;
+};
+
+Routed Route(const RoutingSpec& spec, const std::vector<float>& logits) {
+  Routed r{std::vector<float>(spec.num_experts), std::vector<int32_t>(spec.top_k),
+           std::vector<float>(spec.top_k)};
+  Status s = RouteToken(spec, logits, r.probs, r.experts, r.weights);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return r;
+}
+
+TEST(Routing, SoftmaxTopKRenormalised) {
+  // Mixtral: softmax over all experts, the two largest, renormalised.
+  const RoutingSpec spec{RouterScoring::kSoftmax, 4, 2, true};
+  const std::vector<float> logits = {1.0f, 3.0f, 0.0f, 2.0f};
+  Routed r = Route(spec, logits);
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  for (size_t e = 0; e < 4; ++e) EXPECT_NEAR(r.probs[e], std::exp(logits[e]) / z, 1e-7);
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{1, 3}));  // Descending weight.
+  const double p1 = std::exp(3.0) / z, p3 = std::exp(2.0) / z;
+  EXPECT_NEAR(r.weights[0], p1 / (p1 + p3), 1e-7);
+  EXPECT_NEAR(r.weights[1], p3 / (p1 + p3), 1e-7);
+  EXPECT_NEAR(r.weights[0] + r.weights[1], 1.0, 1e-7);
+}
+
+TEST(Routing, WithoutRenormalisationTheWeightsAreTheProbabilities) {
+  // Qwen1.5-MoE and OLMoE (norm_topk_prob false): the top-k probabilities as they are.
+  const RoutingSpec spec{RouterScoring::kSoftmax, 6, 3, false};
+  Routed r = Route(spec, {0.5f, -1.0f, 2.0f, 2.5f, 0.0f, 1.5f});
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{3, 2, 5}));
+  for (size_t s = 0; s < 3; ++s) EXPECT_EQ(r.weights[s], r.probs[r.experts[s]]);
+  EXPECT_LT(r.weights[0] + r.weights[1] + r.weights[2], 1.0f);
+}
+
+TEST(Routing, TiesGoToTheLowerExpert) {
+  const RoutingSpec spec{RouterScoring::kSoftmax, 5, 2, true};
+  Routed r = Route(spec, {1.0f, 4.0f, 4.0f, 0.0f, 4.0f});
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{1, 2}));
+  EXPECT_FLOAT_EQ(r.weights[0], 0.5f);
+}
+
+TEST(Routing, LargeLogitsStayFinite) {
+  // Max-subtracted: exp never overflows.
+  const RoutingSpec spec{RouterScoring::kSoftmax, 3, 1, true};
+  Routed r = Route(spec, {1000.0f, 999.0f, -1000.0f});
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{0}));
+  EXPECT_FLOAT_EQ(r.weights[0], 1.0f);
+  for (float p : r.probs) EXPECT_TRUE(std::isfinite(p));
+  EXPECT_NEAR(r.probs[0], 1.0 / (1.0 + std::exp(-1.0)), 1e-6);
+}
+
+TEST(Routing, NanNeverWins) {
+  const RoutingSpec spec{RouterScoring::kSoftmax, 3, 1, false};
+  std::vector<float> probs(3);
+  std::vector<int32_t> experts(1);
+  std::vector<float> weights(1);
+  // One NaN logit makes every probability NaN (as torch's softmax): the choice is still an
+  // expert in range, and deterministic.
+  ASSERT_TRUE(RouteToken(spec, std::vector<float>{NAN, 1.0f, 2.0f}, probs, experts, weights).ok());
+  EXPECT_GE(experts[0], 0);
+  EXPECT_LT(experts[0], 3);
+}
+
+TEST(Routing, ManyTokensRouteRowByRow) {
+  const RoutingSpec spec{RouterScoring::kSoftmax, 4, 2, true};
+  const std::vector<float> logits = {1, 3, 0, 2, /**/ 5, 0, 0, 4, /**/ 0, 0, 1, 0};
+  std::vector<float> probs(12), weights(6);
+  std::vector<int32_t> experts(6);
+  ASSERT_TRUE(RouteTokens(spec, 3, logits, probs, experts, weights).ok());
+  EXPECT_EQ(experts, (std::vector<int32_t>{1, 3, 0, 3, 2, 0}));
+  for (size_t r = 0; r < 3; ++r) {
+    Routed one =
+        Route(spec, std::vector<float>(logits.begin() + 4 * r, logits.begin() + 4 * r + 4));
+    EXPECT_EQ(one.weights[0], weights[2 * r]);
+    EXPECT_EQ(one.weights[1], weights[2 * r + 1]);
+  }
+}
+
+TEST(Routing, BadSpecsAndSpansAreRefused) {
+  std::vector<float> probs(4), weights(2);
+  std::vector<int32_t> experts(2);
+  const std::vector<float> logits(4, 0.0f);
+  Status s =
+      RouteToken(RoutingSpec{RouterScoring::kSoftmax, 4, 5, true}, logits, probs, experts, weights);
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("top-k 5 is not in [1, 4]"), std::string::npos) << s.message();
+  s = RouteToken(RoutingSpec{RouterScoring::kSoftmax, 0, 0, true}, {}, {}, {}, {});
+  EXPECT_NE(s.message().find("number of experts is 0"), std::string::npos) << s.message();
+  s = RouteToken(RoutingSpec{RouterScoring::kSoftmax, 4, 2, true}, std::vector<float>(3), probs,
+                 experts, weights);
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  s = RouteTokens(RoutingSpec{RouterScoring::kSoftmax, 4, 2, true}, 2, logits, probs, experts,
+                  weights);
+  EXPECT_NE(s.message().find("do not hold 2 tokens"), std::string::npos) << s.message();
+  EXPECT_EQ(RoutingSpec({RouterScoring::kSoftmax, 8, 2, false}).Describe(),
+            "softmax, top-2 of 8, not renormalised");
+}
+
+}  // namespace
+}  // namespace fmoe
