@@ -30,21 +30,23 @@ struct Loaded {
   ExpertTable table;
 };
 
-Loaded& Fixture() {
-  static Loaded* loaded = [] {
-    auto* l = new Loaded;
-    auto info = LoadModelInfo(kModelDir);
+// The model in `dir` (default: the shipped tiny model; the family tests use the fixtures).
+Loaded& Fixture(const std::string& dir = kModelDir) {
+  static auto* loaded = new std::map<std::string, std::unique_ptr<Loaded>>();
+  auto& l = (*loaded)[dir];
+  if (!l) {
+    l = std::make_unique<Loaded>();
+    auto info = LoadModelInfo(dir);
     EXPECT_TRUE(info.ok()) << info.status().ToString();
     l->info = *info;
-    auto tok = Tokenizer::Load(kModelDir);
+    auto tok = Tokenizer::Load(dir);
     EXPECT_TRUE(tok.ok()) << tok.status().ToString();
     l->tokenizer = std::move(*tok);
     auto model = MoeModel::Load(l->info, RuntimeOptions{}, {}, &l->table);
     EXPECT_TRUE(model.ok()) << model.status().ToString();
     l->model = std::move(*model);
-    return l;
-  }();
-  return *loaded;
+  }
+  return *l;
 }
 
 // A stand-in for the map service: after each layer's gates, directs a prefetch of that layer's
@@ -84,8 +86,9 @@ const std::vector<std::string> kPrompts = {
     "The theorem states that for every prime", "She opened the door and saw",  "Water boils at"};
 
 Tokens RunPrompts(ExpertSource& source, ForwardObserver* observer,
-                  const std::function<void()>& after_step = {}) {
-  Loaded& f = Fixture();
+                  const std::function<void()>& after_step = {},
+                  const std::string& dir = kModelDir) {
+  Loaded& f = Fixture(dir);
   Tokens out;
   EngineOptions options;
   options.max_batch = 4;  // Six prompts: requests join and leave mid-run.
@@ -116,16 +119,58 @@ struct Reference {
   std::vector<LayerAccess> accesses;
 };
 
-const Reference& AllResident() {
-  static Reference* ref = [] {
-    auto* r = new Reference;
-    ResidentExperts resident(CloneExpertTable(Fixture().table));
+const Reference& AllResident(const std::string& dir = kModelDir) {
+  static auto* refs = new std::map<std::string, std::unique_ptr<Reference>>();
+  auto& r = (*refs)[dir];
+  if (!r) {
+    r = std::make_unique<Reference>();
+    ResidentExperts resident(CloneExpertTable(Fixture(dir).table));
     RecordingExperts recording(resident);
-    r->tokens = RunPrompts(recording, nullptr);
+    r->tokens = RunPrompts(recording, nullptr, {}, dir);
     r->accesses = recording.accesses();
-    return r;
-  }();
-  return *ref;
+  }
+  return *r;
+}
+
+// Every family (tests/fixtures/<family>-ref): every policy at a quarter of the experts gives the
+// all-resident tokens (Qwen2-MoE's shared experts and dense layer stay outside the cache).
+class FamilyOffload : public ::testing::TestWithParam<const char*> {};
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyOffload,
+                         ::testing::Values("mixtral-ref", "qwen2-moe-ref", "qwen3-moe-ref",
+                                           "olmoe-ref"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::erase(name, '-');
+                           return name;
+                         });
+
+TEST_P(FamilyOffload, EveryPolicyAtAQuarterGivesTheAllResidentTokens) {
+  const std::string dir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + GetParam();
+  const Reference& ref = AllResident(dir);
+  ASSERT_EQ(ref.tokens.size(), kPrompts.size());
+  const ModelInfo& info = Fixture(dir).info;
+  for (const char* policy : {"fmoe", "fmoe-nextuse", "moe-infinity", "speculative", "on-demand",
+                             "lru", "lfu", "oracle"}) {
+    CachedExpertsOptions o;
+    o.policy = policy;
+    o.top_k = info.top_k;
+    o.cache_fraction = 0.25;
+    o.policy_options.prefetch_distance = 2;
+    o.policy_options.future = ref.accesses;
+    o.link.gbps = 8;
+    o.link.latency_us = 10;
+    auto cached = CachedExperts::Create(CloneExpertTable(Fixture(dir).table), o);
+    ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+    CachedExperts& c = **cached;
+    EchoDirectives directives(&c, info.num_moe_layers);
+    const Tokens got = RunPrompts(
+        c, &directives, [&] { ASSERT_TRUE(c.cache().CheckInvariants().ok()) << policy; }, dir);
+    EXPECT_EQ(got, ref.tokens) << "policy " << policy;
+    const CacheStats st = c.stats();
+    EXPECT_EQ(st.slots, info.num_moe_layers * info.num_experts / 4) << policy;
+    EXPECT_GT(st.total.misses, 0u) << policy;
+  }
 }
 
 TEST(CachedExperts, EveryPolicyAndBudgetGivesTheAllResidentTokens) {

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -44,18 +45,22 @@ struct Shared {
   std::unique_ptr<Tokenizer> tokenizer;
 };
 
-Shared& Common() {
-  static Shared* shared = [] {
+// The model in `dir` (default: the shipped tiny model; the family tests use the fixtures).
+Shared& Common(const std::string& dir = kModelDir) {
+  static std::mutex mu;
+  static auto* loaded = new std::map<std::string, std::unique_ptr<Shared>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& shared = (*loaded)[dir];
+  if (!shared) {
     at::set_num_threads(1);  // The ranks are threads: one core each, as in a real group.
-    auto* s = new Shared;
-    auto info = LoadModelInfo(kModelDir);
+    shared = std::make_unique<Shared>();
+    auto info = LoadModelInfo(dir);
     EXPECT_TRUE(info.ok()) << info.status().ToString();
-    s->info = *info;
-    auto tok = Tokenizer::Load(kModelDir);
+    shared->info = *info;
+    auto tok = Tokenizer::Load(dir);
     EXPECT_TRUE(tok.ok()) << tok.status().ToString();
-    s->tokenizer = std::move(*tok);
-    return s;
-  }();
+    shared->tokenizer = std::move(*tok);
+  }
   return *shared;
 }
 
@@ -65,17 +70,18 @@ struct RankWeights {
   ExpertTable table;
 };
 
-RankWeights& Weights(uint32_t world, uint32_t rank) {
+RankWeights& Weights(uint32_t world, uint32_t rank, const std::string& dir = kModelDir) {
+  const ModelInfo& info = Common(dir).info;
   static std::mutex mu;
-  static std::map<std::pair<uint32_t, uint32_t>, std::unique_ptr<RankWeights>> loaded;
+  static std::map<std::tuple<std::string, uint32_t, uint32_t>, std::unique_ptr<RankWeights>> loaded;
   std::lock_guard<std::mutex> lock(mu);
-  auto& slot = loaded[{world, rank}];
+  auto& slot = loaded[{dir, world, rank}];
   if (!slot) {
     slot = std::make_unique<RankWeights>();
     RuntimeOptions options;
     options.expert_rank = rank;
     options.expert_world_size = world;
-    auto model = MoeModel::Load(Common().info, options, {}, &slot->table);
+    auto model = MoeModel::Load(info, options, {}, &slot->table);
     EXPECT_TRUE(model.ok()) << model.status().ToString();
     slot->model = std::move(*model);
   }
@@ -84,12 +90,12 @@ RankWeights& Weights(uint32_t world, uint32_t rank) {
 
 uint16_t FreePort() { return static_cast<uint16_t>(testing::FreeTcpPort()); }
 
-std::vector<Generate> Requests() {
+std::vector<Generate> Requests(const std::string& dir = kModelDir) {
   std::vector<Generate> out;
   for (size_t i = 0; i < kPrompts.size(); ++i) {
     Generate g;
     g.request_id = i + 1;
-    g.token_ids = *Common().tokenizer->Encode(kPrompts[i], true);
+    g.token_ids = *Common(dir).tokenizer->Encode(kPrompts[i], true);
     g.sampling.max_tokens = 10 + static_cast<uint32_t>(i);
     if (i % 2 == 1) {  // Half sampled with a seed, half greedy.
       g.sampling.temperature = 0.8f;
@@ -141,8 +147,8 @@ struct GroupRun {
 
 // Runs the prompts through a group of `world` rank threads; rank 0 serves them.
 GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
-                  const std::vector<LayerAccess>& future = {}) {
-  const ModelInfo& info = Common().info;
+                  const std::vector<LayerAccess>& future = {}, const std::string& dir = kModelDir) {
+  const ModelInfo& info = Common(dir).info;
   GroupRun run;
   std::mutex mu;
   const uint16_t port = FreePort();
@@ -158,7 +164,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
     o.policy_options.future = future;
     o.link.gbps = 8;
     o.link.latency_us = 10;
-    auto cached = CachedExperts::Create(CloneExpertTable(Weights(world, r).table), o);
+    auto cached = CachedExperts::Create(CloneExpertTable(Weights(world, r, dir).table), o);
     EXPECT_TRUE(cached.ok()) << cached.status().ToString();
     if (!cached.ok()) return run;
     caches[r] = std::move(*cached);
@@ -185,7 +191,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
     auto joined = ExpertGroup::Join(g);
     if (!joined.ok()) return fail(joined.status().ToString());
     ExpertGroup& group = **joined;
-    MoeModel& model = *Weights(world, r).model;
+    MoeModel& model = *Weights(world, r, dir).model;
     model.set_group(&group);
     CachedExperts& cache = *caches[r];
     auto local = [&cache] {
@@ -206,7 +212,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
       options.local_figures = local;
       options.on_group_failure = [&](const Status& s) { fail(s.ToString()); };
       std::atomic<size_t> finished{0};
-      Engine engine(options, model, cache, Common().tokenizer.get(), &directives,
+      Engine engine(options, model, cache, Common(dir).tokenizer.get(), &directives,
                     [&](const TokenEvent& ev) {
                       std::lock_guard<std::mutex> lock(mu);
                       if (ev.token_id >= 0) run.tokens[ev.request_id].push_back(ev.token_id);
@@ -214,7 +220,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
                       run.last_events[ev.request_id] = ev;
                       if (ev.finish != FinishReason::kNone) ++finished;
                     });
-      for (Generate& req : Requests()) engine.Submit(std::move(req));
+      for (Generate& req : Requests(dir)) engine.Submit(std::move(req));
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
       engine.Run([&] {
         if (Status s = cache.cache().CheckInvariants(); !s.ok() && invariants.ok()) invariants = s;
@@ -245,25 +251,26 @@ struct Reference {
 };
 
 // One rank, every expert resident: what every group must produce.
-const Reference& AllResident() {
-  static Reference* ref = [] {
-    auto* r = new Reference;
-    RankWeights& w = Weights(1, 0);
+const Reference& AllResident(const std::string& dir = kModelDir) {
+  static auto* refs = new std::map<std::string, std::unique_ptr<Reference>>();
+  auto& r = (*refs)[dir];
+  if (!r) {
+    r = std::make_unique<Reference>();
+    RankWeights& w = Weights(1, 0, dir);
     ResidentExperts resident(CloneExpertTable(w.table));
     RecordingExperts recording(resident);
     EngineOptions options;
     options.max_batch = 4;
-    Engine engine(options, *w.model, recording, Common().tokenizer.get(), nullptr,
+    Engine engine(options, *w.model, recording, Common(dir).tokenizer.get(), nullptr,
                   [&](const TokenEvent& ev) {
                     if (ev.token_id >= 0) r->tokens[ev.request_id].push_back(ev.token_id);
                   });
-    for (Generate& req : Requests()) engine.Submit(std::move(req));
+    for (Generate& req : Requests(dir)) engine.Submit(std::move(req));
     for (int step = 0; step < 200 && engine.Step(); ++step) {
     }
     r->accesses = recording.accesses();
-    return r;
-  }();
-  return *ref;
+  }
+  return *r;
 }
 
 TEST(ExpertParallel, EachRankLoadsOnlyItsOwnExperts) {
@@ -329,6 +336,35 @@ TEST(ExpertParallel, EveryWorldSizeAndPolicyGivesTheAllResidentTokens) {
       for (const auto& [id, ev] : run.last_events) uses[id] = ev.expert_hits + ev.expert_misses;
       if (request_uses.empty()) request_uses = uses;
       EXPECT_EQ(uses, request_uses);
+    }
+  }
+}
+
+// Every family (tests/fixtures/<family>-ref): a group of two ranks at a quarter of the experts
+// gives the tokens one rank with every expert resident gives. Qwen2-MoE's shared experts and
+// dense layer are computed by every rank outside the cache.
+class FamilyGroup : public ::testing::TestWithParam<const char*> {};
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyGroup,
+                         ::testing::Values("qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::erase(name, '-');
+                           return name;
+                         });
+
+TEST_P(FamilyGroup, WorldTwoGivesTheAllResidentTokens) {
+  const std::string dir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + GetParam();
+  const Reference& ref = AllResident(dir);
+  ASSERT_EQ(ref.tokens.size(), kPrompts.size());
+  for (const char* policy : {"fmoe", "lru"}) {
+    SCOPED_TRACE(std::string("policy ") + policy);
+    GroupRun run = RunGroup(2, policy, 0.25, ref.accesses, dir);
+    EXPECT_TRUE(run.errors.empty()) << run.errors.front();
+    EXPECT_EQ(run.tokens, ref.tokens);
+    for (uint32_t r = 0; r < 2; ++r) {
+      EXPECT_GT(run.rank_stats[r].total.misses, 0u) << "rank " << r << " never missed";
+      EXPECT_GT(run.group_stats[r].combines, 0u) << "rank " << r;
     }
   }
 }
