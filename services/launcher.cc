@@ -160,8 +160,10 @@ Status Preflight(const Manifest& manifest, const std::vector<ProcessSpec>& plan,
       return NotFound(p.argv[0] + ": not found or not executable (build the project first)");
     }
   }
-  if (auto model = LoadModelInfo(manifest.model.path); !model.ok()) {
-    return model.status().WithContext("model.path");
+  auto model = LoadModelInfo(manifest.model.path);
+  if (!model.ok()) return model.status().WithContext("model.path");
+  if (!model->runtime_unsupported.empty()) {
+    return FailedPrecondition("model.path: " + model->dir + ": " + model->runtime_unsupported);
   }
   FMOE_RETURN_IF_ERROR(
       EnsureWritableDir(manifest.launcher.run_dir).WithContext("launcher.run_dir"));

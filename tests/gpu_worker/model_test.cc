@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/chat_template.h"
 #include "common/checkpoint.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
@@ -182,6 +183,38 @@ TEST_P(FamilyReference, TokenizerIdsMatchTransformers) {
     auto ids = (*tok)->Encode(p["text"].get<std::string>(), true);
     ASSERT_TRUE(ids.ok());
     EXPECT_EQ(*ids, Ids(p["ids"])) << p["text"];
+  }
+}
+
+// The family's chat template (the real model's, in the fixture's tokenizer_config.json) renders
+// each conversation as transformers' apply_chat_template does, text and ids, with the BOS and
+// EOS strings the router passes.
+TEST_P(FamilyReference, ChatTemplateRendersAsTransformers) {
+  const Json& ref = FixtureJson(GetParam());
+  if (!ref.contains("chat")) {
+    GTEST_SKIP() << GetParam()
+                 << " predates the chat conversations; "
+                    "tests/fixtures/chat_templates/mixtral_*.json cover its template";
+  }
+  auto tok = Tokenizer::Load(FixtureDir(GetParam()));
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  const Tokenizer& t = **tok;
+  ASSERT_FALSE(t.chat_template().empty());
+  const std::string bos = t.bos_id() ? t.IdToToken(*t.bos_id()) : "";
+  const std::string eos = t.eos_id() ? t.IdToToken(*t.eos_id()) : "";
+  ASSERT_GE(ref["chat"].size(), 2u);
+  for (const Json& c : ref["chat"]) {
+    std::vector<ChatMessage> messages;
+    for (const Json& m : c["messages"]) {
+      messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+    auto text = RenderChatTemplate(t.chat_template(), messages, bos, eos,
+                                   c["add_generation_prompt"].get<bool>());
+    ASSERT_TRUE(text.ok()) << text.status().ToString();
+    EXPECT_EQ(*text, c["text"].get<std::string>());
+    auto ids = t.Encode(*text, /*add_special_tokens=*/false);
+    ASSERT_TRUE(ids.ok());
+    EXPECT_EQ(*ids, Ids(c["ids"]));
   }
 }
 
