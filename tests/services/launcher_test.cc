@@ -217,9 +217,10 @@ TEST(Preflight, WorkersOnlySkipsTheRouterAndMapServiceChecks) {
   phi_model.model.path = phi;
   Status refused = Preflight(phi_model, PlanProcesses(phi_model, options), options);
   EXPECT_EQ(refused.code(), ErrorCode::kFailedPrecondition);
-  EXPECT_NE(refused.message().find("model.path: " + phi +
-                                   ": PhimoeForCausalLM is not implemented by the model runtime yet"),
-            std::string::npos)
+  EXPECT_EQ(refused.message().rfind("model.path: ", 0), 0u) << refused.message();
+  EXPECT_NE(
+      refused.message().find("/phi: PhimoeForCausalLM is not implemented by the model runtime"),
+      std::string::npos)
       << refused.message();
 }
 
