@@ -338,6 +338,21 @@ Status FoldSafetensorsHeader(const fs::path& path, uint64_t* h) {
 
 }  // namespace
 
+uint64_t RoutedExpertParams(const ModelInfo& info) {
+  return 3ull * info.intermediate_size * info.hidden_size;
+}
+
+uint64_t SharedExpertParams(const ModelInfo& info) {
+  if (info.shared_expert_intermediate_size == 0) return 0;
+  return 3ull * info.shared_expert_intermediate_size * info.hidden_size +
+         (info.shared_expert_gated ? info.hidden_size : 0);
+}
+
+uint32_t CheckpointBytesPerParam(const ModelInfo& info) {
+  if (info.torch_dtype == "bfloat16" || info.torch_dtype == "float16") return 2;
+  return 4;
+}
+
 std::string FingerprintHex(uint64_t fingerprint) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(fingerprint));

@@ -68,6 +68,14 @@ struct ModelInfo {
   uint64_t fingerprint = 0;                // FNV-1a over config.json and the safetensors headers.
 };
 
+// Parameters of one routed expert (its gate, up and down matrices: 3 * intermediate * hidden).
+uint64_t RoutedExpertParams(const ModelInfo& info);
+// Parameters of one MoE layer's shared expert with its gate (0 without one).
+uint64_t SharedExpertParams(const ModelInfo& info);
+// Bytes per parameter of the checkpoint's torch_dtype (float32: 4, bfloat16/float16: 2; 4 when
+// absent or unknown).
+uint32_t CheckpointBytesPerParam(const ModelInfo& info);
+
 // Reads DIR/config.json. Errors name the file and key:
 //   "model: /m/config.json: num_experts_per_tok (9) > number of experts (8)".
 Result<ModelInfo> LoadModelInfo(const std::string& dir);

@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
   if (auto eos = (*tokenizer)->eos_id())
     completions_options.eos_token = (*tokenizer)->IdToToken(*eos);
   RouterMetrics metrics;
+  metrics.SetModel(*model);
   Completions completions(completions_options, **tokenizer, link, &metrics);
   RouterApi api({manifest.model.name, model->max_position_embeddings, manifest.router.api_keys,
                  manifest.router.cors_allowed_origins},

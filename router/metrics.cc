@@ -64,6 +64,11 @@ RouterMetrics::RouterMetrics()
       queue_ms_(kLatencyMs),
       prompt_tokens_hist_(kPromptTokens) {}
 
+void RouterMetrics::SetModel(const ModelInfo& info) {
+  std::lock_guard<std::mutex> lock(mu_);
+  model_ = info;
+}
+
 void RouterMetrics::CountRequest(const std::string& route, int status) {
   std::lock_guard<std::mutex> lock(mu_);
   ++requests_[{route, status}];
@@ -111,6 +116,29 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
   out << "# HELP fmoe_generation_tokens_total Completion tokens generated.\n"
          "# TYPE fmoe_generation_tokens_total counter\nfmoe_generation_tokens_total "
       << generated_tokens_ << "\n";
+  if (model_) {
+    const ModelInfo& m = *model_;
+    auto gauge = [&](const char* name, const char* help, uint64_t value) {
+      out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"
+          << name << " " << value << "\n";
+    };
+    out << "# HELP fmoe_model_info The served model (always 1).\n# TYPE fmoe_model_info gauge\n"
+        << "fmoe_model_info{architecture=\"" << Escape(m.architecture) << "\",fingerprint=\""
+        << FingerprintHex(m.fingerprint) << "\"} 1\n";
+    gauge("fmoe_model_moe_layers", "MoE layers (L): transformer layers with routed experts.",
+          m.num_moe_layers);
+    gauge("fmoe_model_layers", "Transformer layers, dense ones included.", m.num_hidden_layers);
+    gauge("fmoe_model_routed_experts", "Routed experts per MoE layer (J).", m.num_experts);
+    gauge("fmoe_model_experts_per_token", "Routed experts each token uses per layer (K).", m.top_k);
+    const uint32_t width = CheckpointBytesPerParam(m);
+    gauge("fmoe_model_routed_expert_bytes",
+          "Bytes of one routed expert in the checkpoint's dtype (what the expert cache holds).",
+          RoutedExpertParams(m) * width);
+    gauge("fmoe_model_shared_expert_bytes",
+          "Bytes of one MoE layer's shared expert in the checkpoint's dtype (resident, outside "
+          "the expert cache; 0 = none).",
+          SharedExpertParams(m) * width);
+  }
   RenderPerGroup(out, "fmoe_group_alive", "gauge", "Whether a worker group serves (1) or not (0).",
                  view, [](const GroupView& g) { return g.alive ? 1 : 0; });
   RenderPerGroup(out, "fmoe_group_loading", "gauge",

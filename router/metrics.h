@@ -3,16 +3,19 @@
 // route and status; time to first token, time per output token, end-to-end latency, queue time
 // and prompt length histograms; prompt and generated token counters; from the cluster view,
 // queue depth, running requests and loading state per group, the workers' expert hits, misses
-// and bytes moved, and the map service's match latency. Thread-safe.
+// and bytes moved, and the map service's match latency; the model's expert shape (L, J, K, bytes
+// of a routed and of a shared expert). Thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "common/histogram.h"
+#include "common/model_config.h"
 #include "router/worker_link.h"
 
 namespace fmoe {
@@ -29,6 +32,9 @@ class RouterMetrics {
     double e2e_ms = 0.0;             // Arrival to the last token.
     double queue_ms = 0.0;           // Arrival to the start of its prefill (the longest choice).
   };
+
+  // The served model's shape, rendered as fmoe_model_* gauges (set once, before serving).
+  void SetModel(const ModelInfo& info);
 
   void CountRequest(const std::string& route, int status);
   // A finished generation (one choice): time to its first token, mean time per later token,
@@ -49,6 +55,7 @@ class RouterMetrics {
   Histogram prompt_tokens_hist_;                              // GUARDED_BY(mu_)
   uint64_t generated_tokens_ = 0;                             // GUARDED_BY(mu_)
   uint64_t prompt_tokens_ = 0;                                // GUARDED_BY(mu_)
+  std::optional<ModelInfo> model_;                            // GUARDED_BY(mu_)
 };
 
 }  // namespace fmoe

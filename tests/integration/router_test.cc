@@ -396,6 +396,15 @@ TEST_F(RouterTest, MetricsCountRequestsLatencyAndExperts) {
   EXPECT_EQ(value("fmoe_queue_depth{group=\"g0\"}"), 0);
   EXPECT_EQ(value("fmoe_map_service_up"), 1);
   EXPECT_GT(value("fmoe_map_service_match_latency_seconds_count"), 0);
+  // The model's expert shape (deploy/models/tiny-moe: 8 layers, 8 experts, top-2, bfloat16
+  // experts of 3 x 128 x 256 parameters, no shared expert).
+  EXPECT_NE(m.body.find("\nfmoe_model_info{architecture=\"MixtralForCausalLM\",fingerprint=\""),
+            std::string::npos);
+  EXPECT_EQ(value("fmoe_model_moe_layers"), 8);
+  EXPECT_EQ(value("fmoe_model_routed_experts"), 8);
+  EXPECT_EQ(value("fmoe_model_experts_per_token"), 2);
+  EXPECT_EQ(value("fmoe_model_routed_expert_bytes"), 3 * 128 * 256 * 2);
+  EXPECT_EQ(value("fmoe_model_shared_expert_bytes"), 0);
 }
 
 // The official `openai` Python client, from the virtual environment deploy/test.sh prepares
