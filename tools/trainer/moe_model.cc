@@ -10,10 +10,28 @@
 
 #include "common/checkpoint.h"
 #include "common/model_config.h"
+#include "common/routing.h"
 #include "common/safetensors.h"
 
 namespace fmoe::trainer {
 namespace {
+
+// Mixtral's routing (softmax, top-k, renormalised) of each row of `logits` [N, J]: the chosen
+// experts [N, K] as int64, by descending weight.
+torch::Tensor ChooseExperts(const torch::Tensor& logits, int64_t experts, int64_t k) {
+  const RoutingSpec spec{RouterScoring::kSoftmax, static_cast<uint32_t>(experts),
+                         static_cast<uint32_t>(k), true};
+  auto cpu = logits.detach().to(torch::kCPU, torch::kFloat).contiguous();
+  const size_t n = static_cast<size_t>(cpu.size(0));
+  std::vector<float> probs(n * experts), weights(n * k);
+  std::vector<int32_t> chosen(n * k);
+  Status s = RouteTokens(spec, n, {cpu.data_ptr<float>(), n * experts}, probs, chosen, weights);
+  TORCH_CHECK(s.ok(), s.message());
+  return torch::tensor(chosen, torch::kInt)
+      .to(torch::kLong)
+      .view({static_cast<int64_t>(n), k})
+      .to(logits.device());
+}
 
 // One decoder layer. Experts are stacked along dim 0: w1/w3 [J, I, h], w2 [J, h, I].
 struct Layer {
@@ -139,7 +157,10 @@ struct MoeModel::Impl {
     auto xf = x.reshape({n, h});
     auto logits = torch::matmul(xf, l.gate.t());  // [N, J]
     auto probs = torch::softmax(logits, -1);      // over all experts
-    auto [top_w, top_i] = probs.topk(k, -1);
+    // The experts each token uses, chosen as the model runtime chooses them (common/routing.h);
+    // their weights stay in the graph so the router learns.
+    auto top_i = ChooseExperts(logits, experts, k);
+    auto top_w = probs.gather(-1, top_i);
     top_w = top_w / top_w.sum(-1, /*keepdim=*/true);
     auto out = torch::zeros_like(xf);
     for (int64_t j = 0; j < experts; ++j) {
