@@ -154,6 +154,14 @@ std::string Checkpoint::FileOf(const std::string& name) const {
   return it == tensors_.end() ? std::string() : it->second.file->path();
 }
 
+Status Checkpoint::ReleasePages(const std::string& name, uint64_t offset, uint64_t bytes) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return NotFound("model: " + dir_ + ": tensor " + Quote(name) + " is missing");
+  }
+  return it->second.file->ReleasePages(*it->second.view, offset, bytes).WithContext("model");
+}
+
 std::vector<std::string> Checkpoint::TensorNames() const {
   std::vector<std::string> names;
   names.reserve(tensors_.size());

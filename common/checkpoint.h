@@ -40,6 +40,12 @@ class Checkpoint {
   Result<const TensorView*> Get(const std::string& name, const std::vector<int64_t>& shape) const;
   // The path of the file that holds `name` ("" when absent), for messages.
   std::string FileOf(const std::string& name) const;
+  // Drops the resident mapped pages under bytes [offset, offset + bytes) of tensor `name` once
+  // they have been copied out, so a load's peak memory is the loaded tensors, not them and the
+  // mapped files too (SafetensorsFile::ReleasePages: the view stays valid, and reads back from
+  // the file). kNotFound when absent; kInvalidArgument for a range outside the tensor; kIoError
+  // "model: /m/model.safetensors: tensor \"x\": madvise..." when the kernel refuses.
+  Status ReleasePages(const std::string& name, uint64_t offset, uint64_t bytes) const;
   std::vector<std::string> TensorNames() const;
   uint64_t total_bytes() const;
 

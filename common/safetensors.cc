@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -414,6 +415,31 @@ const TensorView* SafetensorsFile::Find(const std::string& name) const {
                              [](const TensorView& t, const std::string& n) { return t.name < n; });
   if (it == tensors_.end() || it->name != name) return nullptr;
   return &*it;
+}
+
+Status SafetensorsFile::ReleasePages(const TensorView& tensor, uint64_t offset,
+                                     uint64_t bytes) const {
+  const std::string where = path_ + ": tensor " + Quote(tensor.name);
+  const auto base = reinterpret_cast<uintptr_t>(map_);
+  const auto data = reinterpret_cast<uintptr_t>(tensor.data.data());
+  if (data < base || data - base > file_bytes_ ||
+      tensor.data.size() > file_bytes_ - (data - base)) {
+    return InvalidArgument(where + ": its data is not in this file's mapping");
+  }
+  if (offset > tensor.data.size() || bytes > tensor.data.size() - offset) {
+    return InvalidArgument(where + ": bytes [" + std::to_string(offset) + ", +" +
+                           std::to_string(bytes) + ") run past its " +
+                           std::to_string(tensor.data.size()));
+  }
+  if (bytes == 0) return Status::Ok();
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  // The mapping starts on a page boundary; its last page, past the file's end, is whole too.
+  const uintptr_t first = (data + offset) & ~(page - 1);
+  const uintptr_t last = (data + offset + bytes + page - 1) & ~(page - 1);
+  if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) {
+    return IoError(where + ": madvise(MADV_DONTNEED): " + std::strerror(errno));
+  }
+  return Status::Ok();
 }
 
 namespace {

@@ -56,6 +56,16 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   uint64_t file_bytes() const { return file_bytes_; }
 
+  // Drops this process's copies of the mapped pages under bytes [offset, offset + bytes) of
+  // `tensor`'s data (one of this file's views, once those bytes have been copied out), so they
+  // stop counting in the resident set (madvise MADV_DONTNEED). The mapping stays valid: a
+  // released page read again is read back from the file, through the page cache, which this
+  // leaves alone (another process loading the same file still finds it there). Whole pages go:
+  // one shared with neighbouring bytes is read back when they are read. Safe from any thread,
+  // while others read the file. kInvalidArgument for a range outside the tensor or a view not in
+  // this file's mapping; kIoError when madvise fails. Errors name the file and the tensor.
+  Status ReleasePages(const TensorView& tensor, uint64_t offset, uint64_t bytes) const;
+
  private:
   SafetensorsFile() = default;
   std::string path_;

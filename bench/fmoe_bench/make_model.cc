@@ -277,13 +277,20 @@ Result<Plan> MakePlan(const Args& a, std::optional<TokenizerInfo>* tokenizer) {
   }
   plan.bos_id = s.bos_token_id;
   plan.eos_id = s.eos_token_id;
-  if (tokenizer->has_value() && (static_cast<uint32_t>(s.bos_token_id) >= plan.size.vocab ||
-                                 static_cast<uint32_t>(s.eos_token_id) >= plan.size.vocab)) {
-    plan.bos_id = (*tokenizer)->bos_id;
+  const bool bos_fits = !s.bos_token_id || static_cast<uint32_t>(*s.bos_token_id) < plan.size.vocab;
+  const bool eos_fits = static_cast<uint32_t>(s.eos_token_id) < plan.size.vocab;
+  if (tokenizer->has_value() && (!bos_fits || !eos_fits)) {
+    const std::string eos = std::to_string(s.eos_token_id);
+    const std::string vocab = std::to_string(plan.size.vocab);
     plan.eos_id = (*tokenizer)->eos_id;
-    plan.bos_eos_note = "bos/eos ids " + std::to_string(s.bos_token_id) + "/" +
-                        std::to_string(s.eos_token_id) + " do not fit vocab " +
-                        std::to_string(plan.size.vocab) + "; the tokenizer's are used";
+    if (s.bos_token_id) {
+      plan.bos_id = (*tokenizer)->bos_id;
+      plan.bos_eos_note = "bos/eos ids " + std::to_string(*s.bos_token_id) + "/" + eos +
+                          " do not fit vocab " + vocab + "; the tokenizer's are used";
+    } else {  // A model without a bos id keeps none.
+      plan.bos_eos_note =
+          "eos id " + eos + " does not fit vocab " + vocab + "; the tokenizer's is used";
+    }
   }
 
   plan.tensors = PlanTensors(s, plan.size);

@@ -8,22 +8,32 @@ namespace {
 using Json = nlohmann::json;
 
 // Checked against each model's config.json on the Hub and the transformers model definitions
-// (modeling_mixtral, modeling_qwen2_moe, modeling_phimoe).
+// (modeling_mixtral, modeling_qwen2_moe, modeling_phimoe, modeling_qwen3_moe, modeling_olmoe).
 const std::vector<ModelShape> kShapes = {
     {"mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", ModelFamily::kMixtral, "MixtralForCausalLM",
      "mixtral", /*hidden=*/4096, /*expert_inter=*/14336, /*shared_inter=*/0, /*layers=*/32,
-     /*heads=*/32, /*kv_heads=*/8, /*experts=*/8, /*top_k=*/2, /*vocab=*/32000, /*bos=*/1,
-     /*eos=*/2, 46.7e9},
+     /*heads=*/32, /*kv_heads=*/8, /*head_dim=*/0, /*experts=*/8, /*top_k=*/2, /*vocab=*/32000,
+     /*bos=*/1, /*eos=*/2, 46.7e9},
     {"qwen1.5-moe-a2.7b", "Qwen/Qwen1.5-MoE-A2.7B", ModelFamily::kQwen2Moe, "Qwen2MoeForCausalLM",
      "qwen2_moe", /*hidden=*/2048, /*expert_inter=*/1408, /*shared_inter=*/5632, /*layers=*/24,
-     /*heads=*/16, /*kv_heads=*/16, /*experts=*/60, /*top_k=*/4, /*vocab=*/151936,
-     /*bos=*/151643, /*eos=*/151643, 14.3e9},
+     /*heads=*/16, /*kv_heads=*/16, /*head_dim=*/0, /*experts=*/60, /*top_k=*/4,
+     /*vocab=*/151936, /*bos=*/151643, /*eos=*/151643, 14.3e9},
     // The Hub's remote code names it "PhiMoEForCausalLM"; transformers (and our loader) name the
     // same checkpoint layout "PhimoeForCausalLM".
     {"phi-3.5-moe", "microsoft/Phi-3.5-MoE-instruct", ModelFamily::kPhimoe, "PhimoeForCausalLM",
      "phimoe", /*hidden=*/4096, /*expert_inter=*/6400, /*shared_inter=*/0, /*layers=*/32,
-     /*heads=*/32, /*kv_heads=*/8, /*experts=*/16, /*top_k=*/2, /*vocab=*/32064, /*bos=*/1,
-     /*eos=*/32000, 41.9e9},
+     /*heads=*/32, /*kv_heads=*/8, /*head_dim=*/0, /*experts=*/16, /*top_k=*/2, /*vocab=*/32064,
+     /*bos=*/1, /*eos=*/32000, 41.9e9},
+    // head_dim 128 is set in config.json: 32 heads of 128 are twice the hidden size.
+    {"qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", ModelFamily::kQwen3Moe, "Qwen3MoeForCausalLM",
+     "qwen3_moe", /*hidden=*/2048, /*expert_inter=*/768, /*shared_inter=*/0, /*layers=*/48,
+     /*heads=*/32, /*kv_heads=*/4, /*head_dim=*/128, /*experts=*/128, /*top_k=*/8,
+     /*vocab=*/151936, /*bos=*/151643, /*eos=*/151645, 30.5e9},
+    // The 0924 release; its config.json has no bos_token_id.
+    {"olmoe-1b-7b", "allenai/OLMoE-1B-7B-0924", ModelFamily::kOlmoe, "OlmoeForCausalLM", "olmoe",
+     /*hidden=*/2048, /*expert_inter=*/1024, /*shared_inter=*/0, /*layers=*/16, /*heads=*/16,
+     /*kv_heads=*/16, /*head_dim=*/0, /*experts=*/64, /*top_k=*/8, /*vocab=*/50304,
+     /*bos=*/std::nullopt, /*eos=*/50279, 6.9e9},
 };
 
 void Add(std::vector<PlannedTensor>* out, std::string name, std::vector<int64_t> shape,
@@ -76,18 +86,34 @@ uint64_t RoutedExpertParams(const ModelShape& shape) {
   return 3ull * shape.hidden_size * shape.expert_intermediate_size;
 }
 
+int64_t HeadDim(const ModelShape& shape) {
+  return shape.head_dim != 0 ? shape.head_dim : shape.hidden_size / shape.num_attention_heads;
+}
+
 std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize& size) {
   const int64_t h = shape.hidden_size;
-  const int64_t head_dim = h / shape.num_attention_heads;
+  const int64_t head_dim = HeadDim(shape);
   const int64_t q_dim = int64_t{shape.num_attention_heads} * head_dim;
   const int64_t kv_dim = int64_t{shape.num_key_value_heads} * head_dim;
   const int64_t inter = shape.expert_intermediate_size;
   const int64_t experts = size.experts;
   const bool qwen = shape.family == ModelFamily::kQwen2Moe;
   const bool phi = shape.family == ModelFamily::kPhimoe;
-  // Qwen2-MoE: bias on q, k and v only; Phi-3.5-MoE: on all four (attention_bias).
+  // Qwen2-MoE: bias on q, k and v only (qkv_bias); Phi-3.5-MoE: on all four (attention_bias).
   const bool qkv_bias = qwen || phi;
   const bool o_bias = phi;
+  // RMSNorm of the projected queries and keys, between the projection and RoPE: Qwen3-MoE's over
+  // each head (weight [head_dim], shared by the heads), OLMoE's over the whole projection.
+  int64_t q_norm = 0, k_norm = 0;
+  if (shape.family == ModelFamily::kQwen3Moe) q_norm = k_norm = head_dim;
+  if (shape.family == ModelFamily::kOlmoe) {
+    q_norm = q_dim;
+    k_norm = kv_dim;
+  }
+  // Mixtral and Phi-3.5-MoE: block_sparse_moe, experts w1 (gate), w2 (down), w3 (up). The Qwen
+  // families and OLMoE: mlp, experts gate_proj, up_proj, down_proj.
+  const bool block_sparse_moe =
+      shape.family == ModelFamily::kMixtral || shape.family == ModelFamily::kPhimoe;
 
   std::vector<PlannedTensor> out;
   Add(&out, "model.embed_tokens.weight", {int64_t{size.vocab}, h});
@@ -97,8 +123,22 @@ std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize&
     AddLinear(&out, p + "self_attn.k_proj", kv_dim, h, qkv_bias);
     AddLinear(&out, p + "self_attn.v_proj", kv_dim, h, qkv_bias);
     AddLinear(&out, p + "self_attn.o_proj", h, q_dim, o_bias);
-    if (qwen) {
-      // Qwen2MoeSparseMoeBlock: gate, experts (gate/up/down), shared_expert, shared_expert_gate.
+    if (q_norm > 0) {
+      AddNorm(&out, p + "self_attn.q_norm", q_norm, false);
+      AddNorm(&out, p + "self_attn.k_norm", k_norm, false);
+    }
+    if (block_sparse_moe) {
+      const std::string m = p + "block_sparse_moe.";
+      AddLinear(&out, m + "gate", experts, h, false);
+      for (int64_t e = 0; e < experts; ++e) {
+        const std::string q = m + "experts." + std::to_string(e) + ".";
+        AddLinear(&out, q + "w1", inter, h, false, TensorRole::kRoutedExpert);
+        AddLinear(&out, q + "w2", h, inter, false, TensorRole::kRoutedExpert);
+        AddLinear(&out, q + "w3", inter, h, false, TensorRole::kRoutedExpert);
+      }
+    } else {
+      // Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock, OlmoeSparseMoeBlock: gate, experts; Qwen2
+      // MoE's also shared_expert and shared_expert_gate.
       const std::string m = p + "mlp.";
       AddLinear(&out, m + "gate", experts, h, false);
       for (int64_t e = 0; e < experts; ++e) {
@@ -108,19 +148,11 @@ std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize&
         AddLinear(&out, q + "down_proj", h, inter, false, TensorRole::kRoutedExpert);
       }
       const int64_t shared = shape.shared_expert_intermediate_size;
-      AddLinear(&out, m + "shared_expert.gate_proj", shared, h, false, TensorRole::kSharedExpert);
-      AddLinear(&out, m + "shared_expert.up_proj", shared, h, false, TensorRole::kSharedExpert);
-      AddLinear(&out, m + "shared_expert.down_proj", h, shared, false, TensorRole::kSharedExpert);
-      AddLinear(&out, m + "shared_expert_gate", 1, h, false, TensorRole::kSharedExpert);
-    } else {
-      // Mixtral and Phimoe: block_sparse_moe with gate and experts w1 (gate), w2 (down), w3 (up).
-      const std::string m = p + "block_sparse_moe.";
-      AddLinear(&out, m + "gate", experts, h, false);
-      for (int64_t e = 0; e < experts; ++e) {
-        const std::string q = m + "experts." + std::to_string(e) + ".";
-        AddLinear(&out, q + "w1", inter, h, false, TensorRole::kRoutedExpert);
-        AddLinear(&out, q + "w2", h, inter, false, TensorRole::kRoutedExpert);
-        AddLinear(&out, q + "w3", inter, h, false, TensorRole::kRoutedExpert);
+      if (shared > 0) {
+        AddLinear(&out, m + "shared_expert.gate_proj", shared, h, false, TensorRole::kSharedExpert);
+        AddLinear(&out, m + "shared_expert.up_proj", shared, h, false, TensorRole::kSharedExpert);
+        AddLinear(&out, m + "shared_expert.down_proj", h, shared, false, TensorRole::kSharedExpert);
+        AddLinear(&out, m + "shared_expert_gate", 1, h, false, TensorRole::kSharedExpert);
       }
     }
     AddNorm(&out, p + "input_layernorm", h, phi);
@@ -172,6 +204,10 @@ std::string ConfigJson(const ModelShape& shape, const ModelSize& size,
       c["shared_expert_intermediate_size"] = shape.shared_expert_intermediate_size;
       c["num_experts"] = size.experts;
       c["decoder_sparse_step"] = 1;
+      // Not in the Hub's config.json: Qwen2MoeConfig's defaults, written so a loader sees them.
+      c["mlp_only_layers"] = Json::array();
+      c["qkv_bias"] = true;
+      c["rope_scaling"] = nullptr;
       c["norm_topk_prob"] = false;
       c["max_position_embeddings"] = 8192;
       c["max_window_layers"] = 21;
@@ -180,6 +216,40 @@ std::string ConfigJson(const ModelShape& shape, const ModelSize& size,
       c["router_aux_loss_coef"] = 0.001;
       c["sliding_window"] = 32768;
       c["use_sliding_window"] = false;
+      break;
+    case ModelFamily::kQwen3Moe:
+      // As Qwen/Qwen3-30B-A3B's config.json: intermediate_size is the width of a dense layer's
+      // MLP (mlp_only_layers; none here), moe_intermediate_size the routed experts'.
+      c["intermediate_size"] = 6144;
+      c["moe_intermediate_size"] = shape.expert_intermediate_size;
+      c["num_experts"] = size.experts;
+      c["head_dim"] = shape.head_dim;
+      c["attention_bias"] = false;
+      c["decoder_sparse_step"] = 1;
+      c["mlp_only_layers"] = Json::array();
+      c["norm_topk_prob"] = true;
+      c["max_position_embeddings"] = 40960;
+      c["max_window_layers"] = 48;
+      c["rms_norm_eps"] = 1e-6;
+      c["rope_scaling"] = nullptr;
+      c["rope_theta"] = 1e6;
+      c["router_aux_loss_coef"] = 0.001;
+      c["sliding_window"] = nullptr;
+      c["use_sliding_window"] = false;
+      break;
+    case ModelFamily::kOlmoe:
+      // As allenai/OLMoE-1B-7B-0924's config.json.
+      c["intermediate_size"] = shape.expert_intermediate_size;
+      c["num_experts"] = size.experts;
+      c["attention_bias"] = false;
+      c["clip_qkv"] = nullptr;
+      c["norm_topk_prob"] = false;
+      c["max_position_embeddings"] = 4096;
+      c["pad_token_id"] = 1;
+      c["rms_norm_eps"] = 1e-5;
+      c["rope_scaling"] = nullptr;
+      c["rope_theta"] = 10000.0;
+      c["router_aux_loss_coef"] = 0.01;
       break;
     case ModelFamily::kPhimoe:
       c["intermediate_size"] = shape.expert_intermediate_size;

@@ -1,7 +1,7 @@
-// The shapes of real MoE models for `fmoe-bench make-model`: Mixtral-8x7B, Qwen1.5-MoE-A2.7B and
-// Phi-3.5-MoE as their Hugging Face config.json files give them, every tensor their checkpoints
-// hold (names, shapes and order as transformers saves them), and the config.json to write with
-// the weights. Pure functions over constant tables; no I/O.
+// The shapes of real MoE models for `fmoe-bench make-model`: Mixtral-8x7B, Qwen1.5-MoE-A2.7B,
+// Phi-3.5-MoE, Qwen3-30B-A3B and OLMoE-1B-7B as their Hugging Face config.json files give them,
+// every tensor their checkpoints hold (names, shapes and order as transformers saves them), and
+// the config.json to write with the weights. Pure functions over constant tables; no I/O.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@
 
 namespace fmoe::bench {
 
-enum class ModelFamily { kMixtral, kQwen2Moe, kPhimoe };
+enum class ModelFamily { kMixtral, kQwen2Moe, kPhimoe, kQwen3Moe, kOlmoe };
 
 // One real model's hyperparameters (its config.json on the Hub).
 struct ModelShape {
@@ -27,19 +27,20 @@ struct ModelShape {
   uint32_t num_hidden_layers;
   uint32_t num_attention_heads;
   uint32_t num_key_value_heads;
+  uint32_t head_dim;     // 0: hidden_size / num_attention_heads (config.json has no head_dim).
   uint32_t num_experts;  // Routed experts per layer.
   uint32_t top_k;
   uint32_t vocab_size;
-  int32_t bos_token_id;
+  std::optional<int32_t> bos_token_id;  // nullopt: null in config.json (OLMoE has none).
   int32_t eos_token_id;
   double published_params;  // The model card's total, e.g. 46.7e9.
 };
 
-// The three shapes, in --shape order.
+// The five shapes, in --shape order.
 const std::vector<ModelShape>& ModelShapes();
 // nullptr when `name` is none of them.
 const ModelShape* FindModelShape(std::string_view name);
-// "mixtral-8x7b, qwen1.5-moe-a2.7b, phi-3.5-moe", for messages.
+// "mixtral-8x7b, qwen1.5-moe-a2.7b, phi-3.5-moe, qwen3-30b-a3b, olmoe-1b-7b", for messages.
 std::string ModelShapeNames();
 
 // What make-model builds: a real shape, possibly cut down (fewer layers, experts or vocabulary).
@@ -65,7 +66,8 @@ struct PlannedTensor {
 };
 
 // Every tensor of the checkpoint, in transformers' state_dict order: the embedding, each layer
-// (attention, router, experts, norms), the final norm, lm_head.
+// (attention with its q/k norms, router, experts, shared expert, norms), the final norm,
+// lm_head.
 std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize& size);
 
 // Parameters of one routed expert (its three matrices).
@@ -73,7 +75,10 @@ uint64_t RoutedExpertParams(const ModelShape& shape);
 
 // config.json as transformers writes it for the model (keys sorted), with `size` applied,
 // torch_dtype set, and the given bos/eos ids. Every key our loader (common/model_config.h) reads
-// is present and valid.
+// is present and valid, and so is every key of the family's transformers config class that
+// changes the computation (attention biases, head_dim, clip_qkv, norm_topk_prob, dense layers,
+// sliding window, rope_scaling), at the real model's value, so a loader can refuse what it does
+// not implement.
 std::string ConfigJson(const ModelShape& shape, const ModelSize& size,
                        const std::string& torch_dtype, std::optional<int32_t> bos_token_id,
                        std::optional<int32_t> eos_token_id);

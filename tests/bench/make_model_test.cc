@@ -1,7 +1,8 @@
-// `fmoe-bench make-model`, run as a binary: dry runs of the three real shapes (tensor names and
-// shapes, parameter counts against the published totals), a cut-down Qwen1.5-MoE checkpoint
-// written and read back through our Torch-free loaders (common/model_config.h,
-// common/checkpoint.h), determinism across shard sizes, --force, and argument errors.
+// `fmoe-bench make-model`, run as a binary: dry runs of the five real shapes (tensor names and
+// shapes, parameter counts against the published totals), cut-down Qwen1.5-MoE, Qwen3-MoE and
+// OLMoE checkpoints written and read back through our Torch-free loaders (common/model_config.h,
+// common/checkpoint.h) with the config keys that change the computation, determinism across shard
+// sizes, --force, and argument errors.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "common/checkpoint.h"
 #include "common/model_config.h"
@@ -25,6 +27,7 @@ namespace fmoe {
 namespace {
 
 namespace fs = std::filesystem;
+using Json = nlohmann::json;
 
 struct RunResult {
   int code = -1;
@@ -36,6 +39,19 @@ std::string ReadAll(const fs::path& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// DIR/config.json, parsed (discarded when it is not JSON).
+Json ReadConfig(const fs::path& dir) {
+  return Json::parse(ReadAll(dir / "config.json"), nullptr, /*allow_exceptions=*/false);
+}
+
+// Each key of `want` is in `config` with that value.
+void ExpectKeys(const Json& config, const Json& want) {
+  for (const auto& [key, value] : want.items()) {
+    ASSERT_TRUE(config.contains(key)) << "config.json has no " << key;
+    EXPECT_EQ(config[key], value) << key;
+  }
 }
 
 class MakeModelTest : public ::testing::Test {
@@ -140,6 +156,48 @@ TEST_F(MakeModelTest, DryRunsHaveTheRealShapesAndParameterCounts) {
         "tensor model.layers.31.input_layernorm.bias BF16 [4096] 8192 ",
         "tensor model.norm.bias BF16 [4096] 8192 ", "tensor lm_head.bias BF16 [32064] 64128 "},
        {"tensor model.layers.32.", "tensor model.layers.0.block_sparse_moe.experts.16."}},
+      {"qwen3-30b-a3b",
+       30532122624,
+       30.5e9,
+       9437184,
+       128,
+       18867,
+       {"tensor model.embed_tokens.weight BF16 [151936, 2048] 622329856 ",
+        // 32 heads of head_dim 128: q is twice the hidden size.
+        "tensor model.layers.0.self_attn.q_proj.weight BF16 [4096, 2048] 16777216 ",
+        "tensor model.layers.0.self_attn.k_proj.weight BF16 [512, 2048] 2097152 ",
+        "tensor model.layers.0.self_attn.v_proj.weight BF16 [512, 2048] 2097152 ",
+        "tensor model.layers.0.self_attn.o_proj.weight BF16 [2048, 4096] 16777216 ",
+        "tensor model.layers.0.self_attn.q_norm.weight BF16 [128] 256 ",
+        "tensor model.layers.0.self_attn.k_norm.weight BF16 [128] 256 ",
+        "tensor model.layers.0.mlp.gate.weight BF16 [128, 2048] 524288 ",
+        "tensor model.layers.47.mlp.experts.127.gate_proj.weight BF16 [768, 2048] 3145728 ",
+        "tensor model.layers.47.mlp.experts.127.up_proj.weight BF16 [768, 2048] 3145728 ",
+        "tensor model.layers.47.mlp.experts.127.down_proj.weight BF16 [2048, 768] 3145728 ",
+        "tensor model.layers.47.post_attention_layernorm.weight BF16 [2048] 4096 ",
+        "tensor lm_head.weight BF16 [151936, 2048] 622329856 "},
+       {"tensor model.layers.48.", "tensor model.layers.0.self_attn.q_proj.bias",
+        "tensor model.layers.0.mlp.shared_expert", "tensor model.layers.0.mlp.experts.128.",
+        "tensor model.layers.0.block_sparse_moe", "tensor model.norm.bias"}},
+      {"olmoe-1b-7b",
+       6919161856,
+       6.9e9,
+       12582912,
+       64,
+       3219,
+       {"tensor model.embed_tokens.weight BF16 [50304, 2048] 206045184 ",
+        "tensor model.layers.0.self_attn.q_proj.weight BF16 [2048, 2048] 8388608 ",
+        "tensor model.layers.0.self_attn.k_proj.weight BF16 [2048, 2048] 8388608 ",
+        // q_norm and k_norm span the whole projections, not one head.
+        "tensor model.layers.0.self_attn.q_norm.weight BF16 [2048] 4096 ",
+        "tensor model.layers.0.self_attn.k_norm.weight BF16 [2048] 4096 ",
+        "tensor model.layers.0.mlp.gate.weight BF16 [64, 2048] 262144 ",
+        "tensor model.layers.15.mlp.experts.63.gate_proj.weight BF16 [1024, 2048] 4194304 ",
+        "tensor model.layers.15.mlp.experts.63.down_proj.weight BF16 [2048, 1024] 4194304 ",
+        "tensor model.layers.15.input_layernorm.weight BF16 [2048] 4096 ",
+        "tensor lm_head.weight BF16 [50304, 2048] 206045184 "},
+       {"tensor model.layers.16.", "tensor model.layers.0.self_attn.o_proj.bias",
+        "tensor model.layers.0.mlp.shared_expert", "tensor model.layers.0.mlp.experts.64."}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.shape);
@@ -220,6 +278,21 @@ TEST_F(MakeModelTest, ReducedQwenLoadsThroughOurLoadersAndIsDeterministic) {
   EXPECT_EQ(info->bos_token_id, 1);
   EXPECT_EQ(info->eos_token_ids, std::vector<int32_t>{2});
   EXPECT_EQ(info->weight_files.size(), 5u);
+  // The keys of Qwen2MoeConfig that change the computation, at the real model's values.
+  ExpectKeys(ReadConfig(out), {{"architectures", {"Qwen2MoeForCausalLM"}},
+                               {"model_type", "qwen2_moe"},
+                               {"qkv_bias", true},
+                               {"decoder_sparse_step", 1},
+                               {"mlp_only_layers", Json::array()},
+                               {"norm_topk_prob", false},
+                               {"moe_intermediate_size", 1408},
+                               {"shared_expert_intermediate_size", 5632},
+                               {"intermediate_size", 5632},
+                               {"num_experts", 4},
+                               {"num_experts_per_tok", 4},
+                               {"use_sliding_window", false},
+                               {"rope_scaling", nullptr},
+                               {"hidden_act", "silu"}});
   EXPECT_TRUE(fs::exists(out / "model.safetensors.index.json"));
   EXPECT_TRUE(fs::exists(out / "README.md"));
   for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
@@ -317,6 +390,145 @@ TEST_F(MakeModelTest, ReducedQwenLoadsThroughOurLoadersAndIsDeterministic) {
   }
 }
 
+// The tensors a cut-down checkpoint of `shape` must hold with one layer: the embedding, the
+// attention projections of `q_dim`/`kv_dim` rows, q/k norms of `q_norm`/`k_norm`, the router and
+// `experts` experts of width `inter` under mlp., the layer norms, the final norm and lm_head.
+std::map<std::string, std::vector<int64_t>> OneLayerTensors(int64_t vocab, int64_t h, int64_t q_dim,
+                                                            int64_t kv_dim, int64_t q_norm,
+                                                            int64_t k_norm, int64_t experts,
+                                                            int64_t inter) {
+  std::map<std::string, std::vector<int64_t>> want = {
+      {"model.embed_tokens.weight", {vocab, h}},
+      {"model.norm.weight", {h}},
+      {"lm_head.weight", {vocab, h}},
+  };
+  const std::string p = "model.layers.0.";
+  want[p + "self_attn.q_proj.weight"] = {q_dim, h};
+  want[p + "self_attn.k_proj.weight"] = {kv_dim, h};
+  want[p + "self_attn.v_proj.weight"] = {kv_dim, h};
+  want[p + "self_attn.o_proj.weight"] = {h, q_dim};
+  want[p + "self_attn.q_norm.weight"] = {q_norm};
+  want[p + "self_attn.k_norm.weight"] = {k_norm};
+  want[p + "mlp.gate.weight"] = {experts, h};
+  for (int64_t e = 0; e < experts; ++e) {
+    const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
+    want[q + "gate_proj.weight"] = {inter, h};
+    want[q + "up_proj.weight"] = {inter, h};
+    want[q + "down_proj.weight"] = {h, inter};
+  }
+  want[p + "input_layernorm.weight"] = {h};
+  want[p + "post_attention_layernorm.weight"] = {h};
+  return want;
+}
+
+// Opens `dir` and expects exactly the tensors `want`, in bfloat16; q/k norms are ones.
+void ExpectTensors(const fs::path& dir, const std::map<std::string, std::vector<int64_t>>& want) {
+  auto ckpt = Checkpoint::Open(dir.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  EXPECT_EQ((*ckpt)->TensorNames().size(), want.size());
+  for (const auto& [name, shape] : want) {
+    auto view = (*ckpt)->Get(name, shape);
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    EXPECT_EQ((*view)->dtype, DType::kBF16) << name;
+  }
+  const TensorView* k_norm = (*ckpt)->Find("model.layers.0.self_attn.k_norm.weight");
+  ASSERT_NE(k_norm, nullptr);
+  std::vector<float> ones(static_cast<size_t>(k_norm->numel()));
+  ASSERT_TRUE(ConvertToF32(k_norm->dtype, k_norm->data, ones).ok());
+  for (float v : ones) ASSERT_EQ(v, 1.0f);
+}
+
+TEST_F(MakeModelTest, ReducedQwen3MoeLoadsThroughOurLoaders) {
+  const fs::path out = dir_ / "qwen3";
+  RunResult r = Run({"--shape", "qwen3-30b-a3b", "--layers", "1", "--experts", "8", "--vocab",
+                     "4096", "--out", out.string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(SummaryNumber(r.out, "parameters"), 73423104);
+
+  auto info = LoadModelInfo(out.string());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->architecture, "Qwen3MoeForCausalLM");
+  EXPECT_EQ(info->num_hidden_layers, 1u);
+  EXPECT_EQ(info->num_moe_layers, 1u);
+  EXPECT_EQ(info->num_experts, 8u);
+  EXPECT_EQ(info->top_k, 8u);
+  EXPECT_EQ(info->hidden_size, 2048u);
+  EXPECT_EQ(info->num_attention_heads, 32u);
+  EXPECT_EQ(info->num_key_value_heads, 4u);
+  EXPECT_EQ(info->head_dim, 128u) << "set in config.json, not hidden_size / heads";
+  EXPECT_EQ(info->max_position_embeddings, 40960u);
+  EXPECT_DOUBLE_EQ(info->rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(info->rms_norm_eps, 1e-6);
+  EXPECT_FALSE(info->tie_word_embeddings);
+  EXPECT_FALSE(info->sliding_window.has_value());
+  // 151643/151645 do not fit a 4096 vocabulary: the copied tokenizer's ids stand in.
+  EXPECT_EQ(info->bos_token_id, 1);
+  EXPECT_EQ(info->eos_token_ids, std::vector<int32_t>{2});
+  // The keys of Qwen3MoeConfig that change the computation, at the real model's values.
+  ExpectKeys(ReadConfig(out), {{"model_type", "qwen3_moe"},
+                               {"head_dim", 128},
+                               {"attention_bias", false},
+                               {"norm_topk_prob", true},
+                               {"decoder_sparse_step", 1},
+                               {"mlp_only_layers", Json::array()},
+                               {"moe_intermediate_size", 768},
+                               {"intermediate_size", 6144},
+                               {"use_sliding_window", false},
+                               {"sliding_window", nullptr},
+                               {"max_window_layers", 48},
+                               {"rope_scaling", nullptr},
+                               {"hidden_act", "silu"}});
+  const Json config = ReadConfig(out);
+  EXPECT_FALSE(config.contains("shared_expert_intermediate_size"));
+  EXPECT_FALSE(config.contains("num_local_experts"));
+  ExpectTensors(out, OneLayerTensors(4096, 2048, /*q_dim=*/4096, /*kv_dim=*/512, /*q_norm=*/128,
+                                     /*k_norm=*/128, /*experts=*/8, /*inter=*/768));
+}
+
+TEST_F(MakeModelTest, ReducedOlmoeLoadsThroughOurLoaders) {
+  const fs::path out = dir_ / "olmoe";
+  RunResult r = Run({"--shape", "olmoe-1b-7b", "--layers", "1", "--experts", "8", "--vocab", "4096",
+                     "--out", out.string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(SummaryNumber(r.out, "parameters"), 83912704);
+  EXPECT_NE(r.out.find("note: eos id 50279 does not fit vocab 4096"), std::string::npos) << r.out;
+
+  auto info = LoadModelInfo(out.string());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->architecture, "OlmoeForCausalLM");
+  EXPECT_EQ(info->num_moe_layers, 1u);
+  EXPECT_EQ(info->num_experts, 8u);
+  EXPECT_EQ(info->top_k, 8u);
+  EXPECT_EQ(info->intermediate_size, 1024u);
+  EXPECT_EQ(info->num_attention_heads, 16u);
+  EXPECT_EQ(info->num_key_value_heads, 16u);
+  EXPECT_EQ(info->head_dim, 128u);
+  EXPECT_EQ(info->max_position_embeddings, 4096u);
+  EXPECT_DOUBLE_EQ(info->rope_theta, 10000.0);
+  EXPECT_DOUBLE_EQ(info->rms_norm_eps, 1e-5);
+  // OLMoE has no bos id, and keeps none; 50279 does not fit: the tokenizer's eos stands in.
+  EXPECT_FALSE(info->bos_token_id.has_value());
+  EXPECT_EQ(info->eos_token_ids, std::vector<int32_t>{2});
+  ExpectKeys(ReadConfig(out), {{"model_type", "olmoe"},
+                               {"bos_token_id", nullptr},
+                               {"pad_token_id", 1},
+                               {"attention_bias", false},
+                               {"clip_qkv", nullptr},
+                               {"norm_topk_prob", false},
+                               {"rope_scaling", nullptr},
+                               {"hidden_act", "silu"},
+                               {"tie_word_embeddings", false}});
+  ExpectTensors(out, OneLayerTensors(4096, 2048, /*q_dim=*/2048, /*kv_dim=*/2048,
+                                     /*q_norm=*/2048, /*k_norm=*/2048, /*experts=*/8,
+                                     /*inter=*/1024));
+
+  // With the real vocabulary the real ids are written: eos 50279 and no bos.
+  const fs::path full = dir_ / "olmoe-vocab";
+  r = Run({"--shape", "olmoe-1b-7b", "--layers", "1", "--experts", "8", "--out", full.string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  ExpectKeys(ReadConfig(full), {{"bos_token_id", nullptr}, {"eos_token_id", 50279}});
+}
+
 TEST_F(MakeModelTest, BadArgumentsExitTwoAndIoFailuresOne) {
   const std::string out = (dir_ / "m").string();
   struct Case {
@@ -324,13 +536,18 @@ TEST_F(MakeModelTest, BadArgumentsExitTwoAndIoFailuresOne) {
     const char* error;
   } cases[] = {
       {{"--dry-run"}, "--shape: required"},
-      {{"--shape", "mixtral", "--dry-run"}, "--shape: \"mixtral\" is not one of mixtral-8x7b"},
+      {{"--shape", "mixtral", "--dry-run"},
+       "--shape: \"mixtral\" is not one of mixtral-8x7b, qwen1.5-moe-a2.7b, phi-3.5-moe, "
+       "qwen3-30b-a3b, olmoe-1b-7b"},
       {{"--shape", "mixtral-8x7b"}, "--out: required"},
       {{"--shape", "mixtral-8x7b", "--dry-run", "--layers", "0"}, "--layers: 0 is not in [1, 32]"},
       {{"--shape", "phi-3.5-moe", "--dry-run", "--layers", "33"}, "--layers: 33 is not in [1, 32]"},
       {{"--shape", "mixtral-8x7b", "--dry-run", "--layers", "two"}, "is not a whole number"},
       {{"--shape", "qwen1.5-moe-a2.7b", "--dry-run", "--experts", "3"},
        "--experts: 3 is not in [4, 60]"},
+      {{"--shape", "qwen3-30b-a3b", "--dry-run", "--experts", "7"},
+       "--experts: 7 is not in [8, 128]"},
+      {{"--shape", "olmoe-1b-7b", "--dry-run", "--layers", "17"}, "--layers: 17 is not in [1, 16]"},
       {{"--shape", "mixtral-8x7b", "--dry-run", "--vocab", "1000"},
        "--vocab: 1000 is not in [4096, 32000]"},
       {{"--shape", "mixtral-8x7b", "--dry-run", "--dtype", "int8"}, "--dtype: \"int8\""},

@@ -197,6 +197,25 @@ TEST_F(CheckpointTest, MissingDirectoryOrWeights) {
   EXPECT_EQ(OpenError().code(), ErrorCode::kNotFound) << "shards without an index are not read";
 }
 
+TEST_F(CheckpointTest, ReleasePagesNamesTheFileAndTensor) {
+  WriteSharded();
+  auto ckpt = Checkpoint::Open(Dir());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  const std::vector<int64_t> shape = {8, 4};
+  EXPECT_TRUE((*ckpt)->ReleasePages("model.layers.0.w1", 0, 128).ok());
+  EXPECT_TRUE((*ckpt)->ReleasePages("model.layers.0.w1", 64, 64).ok());
+  // The data reads back after the release.
+  EXPECT_EQ(FirstFloat(*(*ckpt)->Get("model.layers.0.w1", shape)), 3.0f);
+
+  Status missing = (*ckpt)->ReleasePages("zz", 0, 1);
+  EXPECT_EQ(missing.code(), ErrorCode::kNotFound);
+  EXPECT_EQ(missing.message(), "model: " + Dir() + ": tensor \"zz\" is missing");
+  Status past = (*ckpt)->ReleasePages("model.layers.0.w1", 64, 65);
+  EXPECT_EQ(past.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(past.message(), "model: " + Path("model-00002-of-00003.safetensors") +
+                                ": tensor \"model.layers.0.w1\": bytes [64, +65) run past its 128");
+}
+
 TEST_F(CheckpointTest, CorruptSingleFile) {
   WriteText("model.safetensors", "short");
   Status s = OpenError();

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -528,6 +530,72 @@ TEST_F(SafetensorsTest, RandomHeaderCorruptionNeverCrashes) {
   // Some mutations (inside names or metadata values) leave a valid file.
   EXPECT_GT(opened, 0);
   EXPECT_LT(opened, kIterations);
+}
+
+// Resident bytes of this process's mapping of `path` (/proc/self/smaps), or -1 when unmapped.
+int64_t MappedRss(const std::string& path) {
+  std::ifstream in("/proc/self/smaps");
+  bool in_mapping = false;
+  int64_t rss = -1;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+        line.find('-') < line.find(' ')) {
+      in_mapping = line.size() >= path.size() &&
+                   line.compare(line.size() - path.size(), path.size(), path) == 0;
+    } else if (in_mapping && line.rfind("Rss:", 0) == 0) {
+      rss = std::max<int64_t>(rss, 0) + std::stoll(line.substr(4)) * 1024;
+    }
+  }
+  return rss;
+}
+
+TEST_F(SafetensorsTest, ReleasePagesDropsResidentPagesAndTheDataReadsBack) {
+  std::mt19937 rng(11);
+  const std::vector<std::byte> a = RandomBytes(4 << 20, &rng);
+  const std::vector<std::byte> b = RandomBytes((4 << 20) + 6, &rng);
+  const std::vector<TensorToWrite> tensors = {{"a", DType::kU8, {4 << 20}, a},
+                                              {"b", DType::kU8, {(4 << 20) + 6}, b}};
+  const std::string path = Path("m.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const TensorView& va = *(*file)->Find("a");
+  const TensorView& vb = *(*file)->Find("b");
+  auto touch = [](const TensorView& v) {
+    unsigned sum = 0;
+    for (size_t i = 0; i < v.data.size(); i += 4096) sum += static_cast<unsigned>(v.data[i]);
+    return sum;
+  };
+  volatile unsigned sink = touch(va) + touch(vb);  // volatile: the reads must happen.
+  (void)sink;
+  const int64_t all = MappedRss(path);
+  EXPECT_GE(all, 8 << 20);
+
+  // Half of a: 2 MiB fewer resident; then the rest of a and all of b: next to nothing.
+  ASSERT_TRUE((*file)->ReleasePages(va, 0, 2 << 20).ok());
+  // At least the range goes (the kernel may drop a whole huge-page mapping around it: such pages
+  // read back from the file too).
+  EXPECT_LE(MappedRss(path), all - (2 << 20) + 8192);
+  ASSERT_TRUE((*file)->ReleasePages(va, 2 << 20, 2 << 20).ok());
+  ASSERT_TRUE((*file)->ReleasePages(vb, 0, vb.data.size()).ok());
+  EXPECT_LT(MappedRss(path), 256 << 10);
+  ASSERT_TRUE((*file)->ReleasePages(vb, 3, 0).ok()) << "an empty range is nothing to do";
+
+  // The mapping stays valid: released pages read back the file's bytes.
+  EXPECT_EQ(std::memcmp(va.data.data(), a.data(), a.size()), 0);
+  EXPECT_EQ(std::memcmp(vb.data.data(), b.data(), b.size()), 0);
+
+  // A range past the tensor, or a view of another file, is refused naming the file and tensor.
+  Status past = (*file)->ReleasePages(vb, 7, vb.data.size() - 6);
+  EXPECT_EQ(past.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(past.message().rfind(path + ": tensor \"b\": bytes [7, +", 0), 0u) << past.message();
+  EXPECT_EQ((*file)->ReleasePages(vb, vb.data.size() + 1, 0).code(), ErrorCode::kInvalidArgument);
+  ASSERT_TRUE(WriteSafetensors(Path("other.safetensors"), tensors).ok());
+  auto other = SafetensorsFile::Open(Path("other.safetensors"));
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  Status foreign = (*file)->ReleasePages(*(*other)->Find("a"), 0, 1);
+  EXPECT_EQ(foreign.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(foreign.message(), path + ": tensor \"a\": its data is not in this file's mapping");
 }
 
 TEST(SafetensorsConvert, F16ToF32IsExactForEveryValue) {
