@@ -21,6 +21,8 @@
 #include <system_error>
 #include <utility>
 
+#include "common/policy_names.h"
+
 namespace fmoe {
 namespace {
 
@@ -609,14 +611,16 @@ Status ParsePolicy(const Field& field, std::string* out) {
   if (!field.present) return Status::Ok();
   std::string text;
   FMOE_RETURN_IF_ERROR(ReadString(field, &text));
-  if (text == "oracle") {
-    return Error(field.path,
-                 "\"oracle\" is replay-only (it needs perfect knowledge of the future) and cannot "
-                 "be served; valid policies: " +
-                     Join(kPolicies));
+  const PolicyName* policy = FindPolicyName(text);
+  const std::string valid = PolicyNameList(/*servable_only=*/true);
+  if (policy != nullptr && !policy->servable) {
+    return Error(field.path, Quote(text) +
+                                 " is replay-only (it needs perfect knowledge of the future) and "
+                                 "cannot be served; valid policies: " +
+                                 valid);
   }
-  if (!Contains(kPolicies, text)) {
-    return Error(field.path, Quote(text) + " is not a policy; valid policies: " + Join(kPolicies));
+  if (policy == nullptr) {
+    return Error(field.path, Quote(text) + " is not a policy; valid policies: " + valid);
   }
   *out = std::move(text);
   return Status::Ok();

@@ -15,12 +15,6 @@
 
 namespace fmoe {
 
-// Routed-expert policies a worker group can run (DESIGN section 6). `oracle` is replay-only and
-// is therefore not accepted in a manifest.
-inline constexpr std::string_view kPolicies[] = {
-    "fmoe",         "fmoe-traj",   "fmoe-traj-sem", "fmoe-pfreq", "fmoe-nextuse",
-    "moe-infinity", "speculative", "on-demand",     "lru",        "lfu"};
-
 struct HostPort {
   std::string host;  // IPv4 literal or host name, e.g. "127.0.0.1".
   uint16_t port = 0;
@@ -58,10 +52,11 @@ struct WorkerSpec {
 };
 
 struct WorkerGroupSpec {
-  std::string name;             // Required, [A-Za-z0-9_-]{1,32}, unique across groups.
-  std::string policy = "fmoe";  // One of kPolicies. Default: fmoe
-  int max_batch = 8;            // Requests per iteration, 1..1024. Default: 8
-  int queue_limit = 64;         // Router admission queue for this group, 1..100000. Default: 64
+  std::string name;  // Required, [A-Za-z0-9_-]{1,32}, unique across groups.
+  // A servable name of common/policy_names.h (oracle is replay-only). Default: fmoe
+  std::string policy = "fmoe";
+  int max_batch = 8;     // Requests per iteration, 1..1024. Default: 8
+  int queue_limit = 64;  // Router admission queue for this group, 1..100000. Default: 64
   // Expert cache budget per rank: at most one of the two. Default: fraction 1.0 (all resident).
   std::optional<double> expert_cache_gb;        // (0, 100000]
   std::optional<double> expert_cache_fraction;  // (0, 1]

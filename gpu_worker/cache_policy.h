@@ -97,8 +97,8 @@ struct PolicyOptions {
   std::vector<LayerAccess> future;
 };
 
-// Names: fmoe, fmoe-traj, fmoe-traj-sem, fmoe-pfreq, fmoe-nextuse, moe-infinity, speculative,
-// on-demand, lru, lfu, oracle. kInvalidArgument naming the valid ones otherwise.
+// Builds the policy `name`, any name of common/policy_names.h (oracle needs options.future).
+// kInvalidArgument listing the table's names for any other name.
 Result<std::unique_ptr<CachePolicy>> MakePolicy(std::string_view name,
                                                 const PolicyOptions& options);
 

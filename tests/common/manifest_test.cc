@@ -1,4 +1,5 @@
 #include "common/manifest.h"
+#include "common/policy_names.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -218,6 +219,18 @@ TEST(Manifest, MinimalGetsAllDefaults) {
   EXPECT_EQ(m.launcher.restart.max_backoff_ms, 10000);
   EXPECT_EQ(m.launcher.restart.max_restarts, 5);
   EXPECT_EQ(m.launcher.restart.window_s, 60);
+}
+
+TEST(Manifest, EveryServablePolicyOfTheTableIsAccepted) {
+  for (const PolicyName& p : kPolicyNames) {
+    auto m = ParseManifest("model: {path: m}\nworker_groups:\n  - {name: g, policy: " +
+                               std::string(p.name) + ", workers: [{}]}\n",
+                           "/srv");
+    EXPECT_EQ(m.ok(), p.servable) << p.name << ": " << m.status().message();
+    if (m.ok()) {
+      EXPECT_EQ(m->worker_groups[0].policy, p.name);
+    }
+  }
 }
 
 TEST(Manifest, WorkerEntryMayBeEmptyMap) {
