@@ -58,7 +58,7 @@ constexpr std::string_view kLauncherKeys[] = {"run_dir", "ready_timeout_s", "sto
                                               "restart"};
 constexpr std::string_view kRestartKeys[] = {"initial_backoff_ms", "max_backoff_ms", "max_restarts",
                                              "window_s"};
-constexpr std::string_view kDtypes[] = {"float32", "bfloat16", "float16"};
+constexpr std::string_view kDtypes[] = {"auto", "float32", "bfloat16", "float16"};
 constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "error"};
 
 constexpr size_t kMaxGroups = 64;

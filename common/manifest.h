@@ -26,9 +26,12 @@ Result<HostPort> ParseHostPort(std::string_view text);
 Status ValidateZmqEndpoint(std::string_view endpoint);
 
 struct ModelSpec {
-  std::string path;               // Required. Hugging Face model directory (absolute after load).
-  std::string name;               // Served model id. Default: the directory's base name.
-  std::string dtype = "float32";  // float32 | bfloat16 | float16. Default: float32
+  std::string path;  // Required. Hugging Face model directory (absolute after load).
+  std::string name;  // Served model id. Default: the directory's base name.
+  // Compute dtype: auto | float32 | bfloat16 | float16. auto: the checkpoint's torch_dtype
+  // (bfloat16 or float16) on cuda ranks, float32 on cpu ranks and in a group mixing the two.
+  // Default: auto
+  std::string dtype = "auto";
 };
 
 struct MapServiceSpec {
