@@ -69,9 +69,10 @@ Result<std::string> ResolveDtype(std::string_view requested, const ModelInfo& in
 Result<std::unique_ptr<Rank>> Rank::Assemble(RankOptions options, RankStage* failed) {
   RankStage stage = RankStage::kOptions;
   std::unique_ptr<Rank> rank(new Rank(std::move(options)));
-  Status s = rank->Build(&stage);
-  if (failed != nullptr) *failed = stage;
-  if (!s.ok()) return s;
+  if (Status s = rank->Build(&stage); !s.ok()) {
+    if (failed != nullptr) *failed = stage;
+    return s;  // `rank` goes, with whatever was built, in reverse order.
+  }
   return rank;
 }
 
@@ -144,7 +145,7 @@ Status Rank::Build(RankStage* stage) {
   FMOE_ASSIGN_OR_RETURN(group_, ExpertGroup::Join(g));
   model_->set_group(group_.get());
 
-  *stage = RankStage::kOptions;  // Nothing below fails.
+  // Nothing below fails.
   if (!o.compute) return Status::Ok();
   if (leader()) {
     // Only the leader publishes contexts (DESIGN section 7).

@@ -111,9 +111,9 @@ Result<std::string> ResolveDtype(std::string_view requested, const ModelInfo& in
 class Rank {
  public:
   // Builds every part in order; on failure nothing is left running, and `failed` (when given)
-  // says which stage failed. Errors name what was wrong: "rank: device \"gpu\" is not cpu or
-  // cuda:N", the model loader's "model: /m/model.safetensors: tensor ...", the group's
-  // "expert group g0: rank 1/2: ...".
+  // is set to the stage that failed (untouched on success). Errors name what was wrong: "rank:
+  // device \"gpu\" is not cpu or cuda:N", the model loader's "model: /m/model.safetensors: tensor
+  // ...", the group's "expert group g0: rank 1/2: ...".
   static Result<std::unique_ptr<Rank>> Assemble(RankOptions options, RankStage* failed = nullptr);
   ~Rank();
   Rank(const Rank&) = delete;
