@@ -1,14 +1,12 @@
-// A rank: one copy of the model's dense weights and this rank's routed experts on one device,
-// with what runs them, assembled in the one order every user needs (DESIGN section 7): the
-// model's config, the device, the compute dtype, the trace recorder (the leader; opened before
-// the weights so a bad path fails the start at once), the tokenizer (the leader), the weights and
-// this rank's experts, the expert source (all resident, or the expert cache with its policy,
-// budget and link), the expert group (joined once the weights are in, so a slow loader does not
-// eat the others' timeout), the observers (map-service publisher, trace recorder) and the
-// compute: the engine on rank 0, the follower on the others. fmoe-worker, fmoe-generate and the
-// benchmarks all assemble through here and keep only their own loops.
-// Threads: Assemble, Finish and the accessors on the owner's thread; RunCompute on the one
-// compute thread; Wake, PostDirective, group_failed and group_failure from any thread.
+// A rank: the model's dense weights and this rank's routed experts on one device, with what runs
+// them, assembled in the one order every user needs (DESIGN section 7): config, device, dtype,
+// trace (leader; before the weights, so a bad path fails at once), tokenizer (leader), weights,
+// expert source (all resident, or the cache with its policy, budget and link), the group (joined
+// once the weights are in, so a slow loader does not eat the others' timeout), the observers and
+// the compute (the engine on rank 0, the follower elsewhere). fmoe-worker, fmoe-generate and the
+// benchmarks assemble through here and keep only their own loops. The owner's thread: Assemble,
+// Finish, accessors; the compute thread: RunCompute; any thread: Wake, PostDirective,
+// group_failed, group_failure.
 #pragma once
 
 #include <atomic>
