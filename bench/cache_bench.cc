@@ -1,5 +1,7 @@
 // cache_bench: decode TPOT of the model with its experts offloaded, for each policy and budget,
-// against the all-resident reference, through the same engine and expert cache a worker runs.
+// against the all-resident reference, through the same engine and expert cache a worker runs (the
+// rank assembled by gpu_worker/rank.h, every expert resident; each configuration's cache over a
+// copy of its experts, Rank::NewCachedExperts).
 // cpu mode: the emulated link. The link is set from a measured all-resident run so that loading
 // one expert takes --load-ratio times the compute of one layer (decode iteration time / L),
 // unless --gbps is given. Each configuration generates --tokens tokens greedily for each of
@@ -22,12 +24,8 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_prompts.h"
-#include "common/model_config.h"
-#include "common/tokenizer.h"
-#include "gpu_worker/cached_experts.h"
-#include "gpu_worker/device.h"
-#include "gpu_worker/engine.h"
-#include "gpu_worker/model.h"
+#include "common/policy_names.h"
+#include "gpu_worker/rank.h"
 
 namespace {
 
@@ -123,42 +121,45 @@ int main(int argc, char** argv) {
   app.add_option("--latency-us", latency_us, "link latency per transfer");
   app.add_option("--distance", distance, "prefetch distance d (speculative, oracle)");
   app.add_option("--repeats", repeats, "runs per configuration; the median TPOT is reported");
-  app.add_option("--policy", policies, "policies to run");
+  app.add_option("--policy", policies, "policies to run (repeatable)");
   app.add_option("--budget", budgets, "expert budgets as fractions of the experts");
+  app.footer("Policies:\n" + PolicyHelp(/*servable_only=*/false));
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
 
-  auto info = LoadModelInfo(model_dir);
-  if (!info.ok()) {
-    std::fprintf(stderr, "%s\n", info.status().message().c_str());
+  RankOptions options;
+  options.model_dir = model_dir;
+  options.threads = threads;
+  options.dtype = "float32";
+  options.experts = RankExperts::kResident;
+  options.compute = false;  // An engine per request and source, below.
+  auto rank = Rank::Assemble(std::move(options));
+  if (!rank.ok()) {
+    std::fprintf(stderr, "cannot load %s: %s\n", model_dir.c_str(),
+                 rank.status().message().c_str());
     return 1;
   }
-  auto device = ResolveDevice("cpu", -1, threads);
-  auto tok = Tokenizer::Load(model_dir);
-  ExpertTable table;
-  auto model = MoeModel::Load(*info, RuntimeOptions{}, {}, &table);
-  if (!device.ok() || !tok.ok() || !model.ok()) {
-    std::fprintf(stderr, "cannot load %s\n", model_dir.c_str());
-    return 1;
-  }
+  const ModelInfo& info = (*rank)->info();
+  MoeModel& model = (*rank)->model();
+  const Tokenizer& tok = *(*rank)->tokenizer();
+  ResidentExperts& resident = *(*rank)->resident();
   std::vector<std::vector<int32_t>> prompts;
   for (const std::string& p : bench::ReadPrompts(prompts_file, num_prompts, kFallback, 600)) {
-    prompts.push_back(*(*tok)->Encode(p, true));
+    prompts.push_back(*tok.Encode(p, true));
   }
 
   // The reference, twice (the first warms caches), recording the routing for the oracle.
-  ResidentExperts resident(CloneExpertTable(table));
-  RunPrompts(**model, resident, **tok, prompts, max_tokens);
+  RunPrompts(model, resident, tok, prompts, max_tokens);
   RecordingExperts recording(resident);
-  Run reference = RunPrompts(**model, recording, **tok, prompts, max_tokens);
+  Run reference = RunPrompts(model, recording, tok, prompts, max_tokens);
   std::vector<double> reference_tpots = {reference.tpot_ms()};
   for (int r = 1; r < repeats; ++r) {
-    reference_tpots.push_back(RunPrompts(**model, resident, **tok, prompts, max_tokens).tpot_ms());
+    reference_tpots.push_back(RunPrompts(model, resident, tok, prompts, max_tokens).tpot_ms());
   }
   std::sort(reference_tpots.begin(), reference_tpots.end());
   const double reference_tpot = reference_tpots[reference_tpots.size() / 2];
-  const double layer_ms = reference_tpot / info->num_moe_layers;
-  const size_t expert_bytes = table[0][0].bytes();
+  const double layer_ms = reference_tpot / info.num_moe_layers;
+  const size_t expert_bytes = resident.experts()[0][0].bytes();
   if (gbps <= 0) {
     const double load_s = load_ratio * layer_ms / 1e3 - latency_us / 1e6;
     gbps = expert_bytes / std::max(load_s, 1e-6) / 1e9;
@@ -168,7 +169,7 @@ int main(int argc, char** argv) {
       "model %s: L=%u J=%u K=%u, expert %zu bytes (fp32); all-resident TPOT %.2f ms, %.3f ms "
       "per layer\nemulated link: %.3f GB/s + %.0f us = %.3f ms per expert (%.1f x a layer); "
       "%zu prompts x %u tokens, batch 1, %d thread(s), d=%u\n\n",
-      model_dir.c_str(), info->num_moe_layers, info->num_experts, info->top_k, expert_bytes,
+      model_dir.c_str(), info.num_moe_layers, info.num_experts, info.top_k, expert_bytes,
       reference_tpot, layer_ms, gbps, latency_us, load_ms, load_ms / layer_ms, prompts.size(),
       max_tokens, threads, distance);
   std::printf(
@@ -181,7 +182,6 @@ int main(int argc, char** argv) {
     for (double budget : budgets) {
       CachedExpertsOptions o;
       o.policy = policy;
-      o.top_k = info->top_k;
       o.cache_fraction = budget;
       o.link.gbps = gbps;
       o.link.latency_us = latency_us;
@@ -192,13 +192,13 @@ int main(int argc, char** argv) {
       Run run;
       CacheStats st;
       for (int r = 0; r < std::max(1, repeats); ++r) {
-        auto cached = CachedExperts::Create(CloneExpertTable(table), o);
+        auto cached = (*rank)->NewCachedExperts(o);
         if (!cached.ok()) {
           std::fprintf(stderr, "%s\n", cached.status().message().c_str());
           return 1;
         }
         auto [base_run, cached_run] =
-            RunInterleaved(**model, resident, **cached, **tok, prompts, max_tokens);
+            RunInterleaved(model, resident, **cached, tok, prompts, max_tokens);
         run = std::move(cached_run);
         tpots.push_back(run.tpot_ms());
         paired.push_back(base_run.tpot_ms());

@@ -1,9 +1,10 @@
 // group_bench: decode TPOT and tokens/s of an expert-parallel group against its world size, and
 // what each rank moves: the expert outputs and plans through the group's collectives (c10d;
 // Gloo over loopback in cpu mode) and the experts over the (emulated) link. Each rank is its
-// own process, as in a served group, forked before anything touches LibTorch; rank 0 runs the
-// engine (the leader), the others the follower loop; they join through a TCPStore on
-// 127.0.0.1. Every configuration checks that the tokens equal world size 1's.
+// own process, as in a served group, forked before anything touches LibTorch, and assembled as a
+// worker's rank is (gpu_worker/rank.h); rank 0 runs the engine (the leader), the others the
+// follower loop; they join through a TCPStore on 127.0.0.1. Every configuration checks that the
+// tokens equal world size 1's.
 //
 // For each world size, batch size and budget: --prompts prompts, --tokens tokens each, greedy;
 // batch 1 runs the prompts one after another, batch B runs B at once. TPOT = decode time /
@@ -31,13 +32,8 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_prompts.h"
-#include "common/model_config.h"
-#include "common/tokenizer.h"
-#include "gpu_worker/cached_experts.h"
-#include "gpu_worker/engine.h"
 #include "gpu_worker/expert_group.h"
-#include "gpu_worker/follower.h"
-#include "gpu_worker/model.h"
+#include "gpu_worker/rank.h"
 
 namespace {
 
@@ -63,7 +59,6 @@ struct Config {
 // One rank of one configuration; the result as one JSON line on `out_fd`.
 int RankMain(const Config& c, uint32_t rank, int out_fd) {
   spdlog::set_level(spdlog::level::warn);
-  at::set_num_threads(c.threads);
   Json result = {{"rank", rank}};
   auto fail = [&](const std::string& why) {
     result["error"] = why;
@@ -71,68 +66,47 @@ int RankMain(const Config& c, uint32_t rank, int out_fd) {
     if (write(out_fd, line.data(), line.size()) < 0) return 1;
     return 1;
   };
-  auto info = LoadModelInfo(c.model_dir);
-  if (!info.ok()) return fail(info.status().message());
-  auto tok = Tokenizer::Load(c.model_dir);
-  if (!tok.ok()) return fail(tok.status().message());
-  RuntimeOptions ro;
-  ro.expert_rank = rank;
-  ro.expert_world_size = c.world;
-  ExpertTable table;
-  auto model = MoeModel::Load(*info, ro, {}, &table);
-  if (!model.ok()) return fail(model.status().message());
-  CachedExpertsOptions o;
-  o.policy = c.policy;
-  o.top_k = info->top_k;
-  o.cache_fraction = c.budget;
+  std::map<uint64_t, std::vector<int32_t>> tokens;
+  std::map<uint64_t, BenchClock::time_point> first, last;
+  size_t finished = 0;
+  RankOptions o;
+  o.model_dir = c.model_dir;
+  o.threads = c.threads;
+  o.dtype = "float32";
+  o.experts = RankExperts::kCached;
+  o.cache.policy = c.policy;
+  o.cache.cache_fraction = c.budget;
+  o.cache.link.gbps = c.gbps;
+  o.cache.link.latency_us = 10;
+  o.group = "bench";
   o.rank = rank;
   o.world_size = c.world;
-  o.link.gbps = c.gbps;
-  o.link.latency_us = 10;
-  auto cache = CachedExperts::Create(std::move(table), o);
-  if (!cache.ok()) return fail(cache.status().message());
-  ExpertGroupOptions g;
-  g.group = "bench";
-  g.rank = rank;
-  g.world_size = c.world;
-  g.rendezvous_host = "127.0.0.1";
-  g.rendezvous_port = c.port;
-  g.rendezvous_timeout = std::chrono::seconds(60);
-  g.collective_timeout = std::chrono::seconds(60);
-  auto group = ExpertGroup::Join(g);
-  if (!group.ok()) return fail(group.status().message());
-  (*model)->set_group(group->get());
-  auto local = [&] {
-    const CacheCounters t = (*cache)->stats().total;
-    return ExpertFigures{t.hits,
-                         t.misses,
-                         t.prefetches_issued,
-                         t.prefetches_used,
-                         t.bytes_moved,
-                         static_cast<uint64_t>(t.stall_ns / 1000)};
+  o.rendezvous_host = "127.0.0.1";
+  o.rendezvous_port = c.port;
+  o.rendezvous_timeout = std::chrono::seconds(60);
+  o.collective_timeout = std::chrono::seconds(60);
+  o.max_batch = c.batch;
+  o.stop_at_eos = false;  // Every request runs to --tokens.
+  o.on_token = [&](const TokenEvent& ev) {
+    if (ev.token_id >= 0) {
+      tokens[ev.request_id].push_back(ev.token_id);
+      (tokens[ev.request_id].size() == 1 ? first : last)[ev.request_id] = BenchClock::now();
+    }
+    if (ev.finish != FinishReason::kNone) ++finished;
   };
+  auto assembled = Rank::Assemble(std::move(o));
+  if (!assembled.ok()) return fail(assembled.status().message());
+  Rank& r = **assembled;
+  ExpertGroup& group = r.group();
 
   if (rank == 0) {
     std::vector<std::vector<int32_t>> prompts;
-    for (const std::string& p : c.prompts) prompts.push_back(*(*tok)->Encode(p, true));
-    EngineOptions eo;
-    eo.max_batch = c.batch;
-    eo.group = group->get();
-    eo.local_figures = local;
-    std::map<uint64_t, std::vector<int32_t>> tokens;
-    std::map<uint64_t, BenchClock::time_point> first, last;
-    size_t finished = 0;
-    Engine engine(eo, **model, **cache, tok->get(), nullptr, [&](const TokenEvent& ev) {
-      if (ev.token_id >= 0) {
-        tokens[ev.request_id].push_back(ev.token_id);
-        (tokens[ev.request_id].size() == 1 ? first : last)[ev.request_id] = BenchClock::now();
-      }
-      if (ev.finish != FinishReason::kNone) ++finished;
-    });
+    for (const std::string& p : c.prompts) prompts.push_back(*r.tokenizer()->Encode(p, true));
+    Engine& engine = *r.engine();
     // Batches of `batch` requests, one batch after another.
     BenchClock::time_point decode_start{}, decode_end{};
     double decode_wall = 0;
-    const GroupStats before = group->get()->stats();
+    const GroupStats before = group.stats();
     for (size_t at = 0; at < prompts.size(); at += c.batch) {
       const size_t n = std::min<size_t>(c.batch, prompts.size() - at);
       for (size_t i = 0; i < n; ++i) {
@@ -170,15 +144,14 @@ int RankMain(const Config& c, uint32_t rank, int out_fd) {
     result["tokens_per_s"] = decode_tokens / std::max(decode_wall, 1e-9);
     result["generated"] = generated;
     result["tokens"] = all_tokens;
-    const GroupStats after = group->get()->stats();
+    const GroupStats after = group.stats();
     result["leader_wait_ms"] = (after.wait_us - before.wait_us) / 1e3;
   } else {
-    Follower follower(**model, **cache, *group->get(), c.batch, local);
-    Status s = follower.Run([] { return false; }, std::chrono::milliseconds(0));
+    Status s = r.follower()->Run([] { return false; }, std::chrono::milliseconds(0));
     if (!s.ok()) return fail(s.message());
   }
-  const GroupStats gs = group->get()->stats();
-  const CacheStats cs = (*cache)->stats();
+  const GroupStats gs = group.stats();
+  const CacheStats cs = r.cached()->stats();
   result["payload_bytes"] = gs.payload_bytes;
   result["combines"] = gs.combines;
   result["wait_ms"] = gs.wait_us / 1e3;

@@ -1,9 +1,9 @@
 // runtime_bench: prefill and decode throughput of the model runtime on this machine, every expert
-// resident, through the same engine a worker runs. For each batch size: B requests of
-// --prompt-tokens tokens (real text from --prompts, one prompt per request, cut or repeated to
-// length) submitted together; prefill tokens/s = B * prompt tokens / time of the first
-// iteration, decode tokens/s = tokens generated after it / the time they took. Peak resident
-// memory (VmHWM) at the end. Prints a Markdown table.
+// resident (a rank assembled by gpu_worker/rank.h), through the same engine a worker runs. For
+// each batch size: B requests of --prompt-tokens tokens (real text from --prompts, one prompt per
+// request, cut or repeated to length) submitted together; prefill tokens/s = B * prompt tokens /
+// time of the first iteration, decode tokens/s = tokens generated after it / the time they took.
+// Peak resident memory (VmHWM) at the end. Prints a Markdown table.
 //
 //   build/bin/runtime_bench --model deploy/models/tiny-moe --batch 1 --batch 8
 #include <sys/resource.h>
@@ -16,12 +16,8 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_prompts.h"
-#include "common/model_config.h"
-#include "common/tokenizer.h"
-#include "gpu_worker/device.h"
-#include "gpu_worker/engine.h"
-#include "gpu_worker/expert_source.h"
-#include "gpu_worker/model.h"
+#include "common/log.h"
+#include "gpu_worker/rank.h"
 
 namespace {
 
@@ -57,34 +53,32 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "intra-op threads, 0 = LibTorch default");
   app.add_option("--row-block", row_block, "rows per matrix block (0 = whole batch)")
       ->capture_default_str();
-  app.add_option("--dtype", dtype)->capture_default_str();
+  app.add_option("--dtype", dtype, "auto | float32 | bfloat16 | float16")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (batches.empty()) batches = {1, 8};
 
-  auto info = LoadModelInfo(model_dir);
-  auto tokenizer =
-      info.ok() ? Tokenizer::Load(info->dir) : Result<std::unique_ptr<Tokenizer>>(info.status());
-  if (!tokenizer.ok()) {
-    std::fprintf(stderr, "runtime_bench: %s\n", tokenizer.status().message().c_str());
-    return 1;
-  }
-  auto device = ResolveDevice("cpu", -1, threads);
-  RuntimeOptions options;
+  spdlog::set_level(spdlog::level::warn);  // The table alone on stdout.
+  RankOptions options;
+  options.model_dir = model_dir;
+  options.threads = threads;
   options.dtype = dtype;
   options.row_block = row_block;
-  ExpertTable table;
-  auto model = MoeModel::Load(*info, options, {}, &table);
-  if (!model.ok()) {
-    std::fprintf(stderr, "runtime_bench: %s\n", model.status().message().c_str());
+  options.experts = RankExperts::kResident;
+  options.compute = false;  // An engine per batch size, below.
+  auto rank = Rank::Assemble(std::move(options));
+  if (!rank.ok()) {
+    std::fprintf(stderr, "runtime_bench: %s\n", rank.status().message().c_str());
     return 1;
   }
-  ResidentExperts experts(std::move(table));
+  MoeModel& model = (*rank)->model();
+  ExpertSource& experts = (*rank)->experts();
+  const Tokenizer* tokenizer = (*rank)->tokenizer();
 
   uint32_t max_batch = 1;
   for (uint32_t b : batches) max_batch = std::max(max_batch, b);
   std::vector<std::vector<int32_t>> prompts;
   for (const std::string& text : bench::ReadPrompts(prompts_path, max_batch, kFallback)) {
-    auto ids = (*tokenizer)->Encode(text, true);
+    auto ids = tokenizer->Encode(text, true);
     if (!ids.ok() || ids->empty()) return 1;
     std::vector<int32_t> p;
     while (p.size() < prompt_tokens) p.insert(p.end(), ids->begin(), ids->end());
@@ -98,7 +92,7 @@ int main(int argc, char** argv) {
     EngineOptions eo;
     eo.max_batch = batch;
     uint32_t done = 0;
-    Engine engine(eo, **model, experts, nullptr, nullptr, [&](const TokenEvent& ev) {
+    Engine engine(eo, model, experts, nullptr, nullptr, [&](const TokenEvent& ev) {
       if (ev.finish != FinishReason::kNone) ++done;
     });
     for (uint32_t r = 0; r < batch; ++r) {
@@ -124,7 +118,7 @@ int main(int argc, char** argv) {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   std::printf("\npeak resident memory: %.1f MB; %s; model %s, dtype %s, row block %d\n",
-              usage.ru_maxrss / 1024.0, device.ok() ? device->description.c_str() : "cpu",
-              info->dir.c_str(), dtype.c_str(), row_block);
+              usage.ru_maxrss / 1024.0, (*rank)->device().description.c_str(),
+              (*rank)->info().dir.c_str(), (*rank)->dtype().c_str(), row_block);
   return 0;
 }

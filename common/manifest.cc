@@ -21,6 +21,8 @@
 #include <system_error>
 #include <utility>
 
+#include "common/policy_names.h"
+
 namespace fmoe {
 namespace {
 
@@ -56,7 +58,7 @@ constexpr std::string_view kLauncherKeys[] = {"run_dir", "ready_timeout_s", "sto
                                               "restart"};
 constexpr std::string_view kRestartKeys[] = {"initial_backoff_ms", "max_backoff_ms", "max_restarts",
                                              "window_s"};
-constexpr std::string_view kDtypes[] = {"float32", "bfloat16", "float16"};
+constexpr std::string_view kDtypes[] = {"auto", "float32", "bfloat16", "float16"};
 constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "error"};
 
 constexpr size_t kMaxGroups = 64;
@@ -609,14 +611,16 @@ Status ParsePolicy(const Field& field, std::string* out) {
   if (!field.present) return Status::Ok();
   std::string text;
   FMOE_RETURN_IF_ERROR(ReadString(field, &text));
-  if (text == "oracle") {
-    return Error(field.path,
-                 "\"oracle\" is replay-only (it needs perfect knowledge of the future) and cannot "
-                 "be served; valid policies: " +
-                     Join(kPolicies));
+  const PolicyName* policy = FindPolicyName(text);
+  const std::string valid = PolicyNameList(/*servable_only=*/true);
+  if (policy != nullptr && !policy->servable) {
+    return Error(field.path, Quote(text) +
+                                 " is replay-only (it needs perfect knowledge of the future) and "
+                                 "cannot be served; valid policies: " +
+                                 valid);
   }
-  if (!Contains(kPolicies, text)) {
-    return Error(field.path, Quote(text) + " is not a policy; valid policies: " + Join(kPolicies));
+  if (policy == nullptr) {
+    return Error(field.path, Quote(text) + " is not a policy; valid policies: " + valid);
   }
   *out = std::move(text);
   return Status::Ok();

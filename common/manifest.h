@@ -15,12 +15,6 @@
 
 namespace fmoe {
 
-// Routed-expert policies a worker group can run (DESIGN section 6). `oracle` is replay-only and
-// is therefore not accepted in a manifest.
-inline constexpr std::string_view kPolicies[] = {
-    "fmoe",         "fmoe-traj",   "fmoe-traj-sem", "fmoe-pfreq", "fmoe-nextuse",
-    "moe-infinity", "speculative", "on-demand",     "lru",        "lfu"};
-
 struct HostPort {
   std::string host;  // IPv4 literal or host name, e.g. "127.0.0.1".
   uint16_t port = 0;
@@ -32,9 +26,12 @@ Result<HostPort> ParseHostPort(std::string_view text);
 Status ValidateZmqEndpoint(std::string_view endpoint);
 
 struct ModelSpec {
-  std::string path;               // Required. Hugging Face model directory (absolute after load).
-  std::string name;               // Served model id. Default: the directory's base name.
-  std::string dtype = "float32";  // float32 | bfloat16 | float16. Default: float32
+  std::string path;  // Required. Hugging Face model directory (absolute after load).
+  std::string name;  // Served model id. Default: the directory's base name.
+  // Compute dtype: auto | float32 | bfloat16 | float16. auto: the checkpoint's torch_dtype
+  // (bfloat16 or float16) on cuda ranks, float32 on cpu ranks and in a group mixing the two.
+  // Default: auto
+  std::string dtype = "auto";
 };
 
 struct MapServiceSpec {
@@ -58,10 +55,11 @@ struct WorkerSpec {
 };
 
 struct WorkerGroupSpec {
-  std::string name;             // Required, [A-Za-z0-9_-]{1,32}, unique across groups.
-  std::string policy = "fmoe";  // One of kPolicies. Default: fmoe
-  int max_batch = 8;            // Requests per iteration, 1..1024. Default: 8
-  int queue_limit = 64;         // Router admission queue for this group, 1..100000. Default: 64
+  std::string name;  // Required, [A-Za-z0-9_-]{1,32}, unique across groups.
+  // A servable name of common/policy_names.h (oracle is replay-only). Default: fmoe
+  std::string policy = "fmoe";
+  int max_batch = 8;     // Requests per iteration, 1..1024. Default: 8
+  int queue_limit = 64;  // Router admission queue for this group, 1..100000. Default: 64
   // Expert cache budget per rank: at most one of the two. Default: fraction 1.0 (all resident).
   std::optional<double> expert_cache_gb;        // (0, 100000]
   std::optional<double> expert_cache_fraction;  // (0, 1]

@@ -17,32 +17,9 @@
 
 #include "common/messages.h"
 #include "common/status.h"
+#include "gpu_worker/sequence.h"
 
 namespace fmoe {
-
-struct SequenceInfo {
-  uint64_t request_id = 0;
-  uint32_t iteration = 0;  // 0 = prefill.
-  uint32_t tokens = 0;     // New tokens this iteration.
-};
-
-// One request's expert figures so far (its share of the batch's hits, misses and the bytes of
-// the loads its misses started).
-struct RequestUsage {
-  uint64_t hits = 0;
-  uint64_t misses = 0;
-  uint64_t bytes_moved = 0;
-};
-
-// The gate's decision for one MoE layer of the running batch.
-struct LayerRouting {
-  uint32_t layer = 0;
-  std::span<const uint32_t> experts;  // Sorted, unique experts used (every rank's).
-  std::span<const uint32_t> tokens;   // Tokens routed to each of `experts`.
-  // Iteration-level expert activation, row-major [sequences x J]: tokens of sequence s routed
-  // to expert j (the rows of MoE-Infinity's iteration EAM). Sequences in OnIterationStart order.
-  std::span<const uint32_t> sequence_counts;
-};
 
 // What a policy may ask of the cache. Implemented by ExpertCache.
 class CacheControl {
@@ -120,8 +97,8 @@ struct PolicyOptions {
   std::vector<LayerAccess> future;
 };
 
-// Names: fmoe, fmoe-traj, fmoe-traj-sem, fmoe-pfreq, fmoe-nextuse, moe-infinity, speculative,
-// on-demand, lru, lfu, oracle. kInvalidArgument naming the valid ones otherwise.
+// Builds the policy `name`, any name of common/policy_names.h (oracle needs options.future).
+// kInvalidArgument listing the table's names for any other name.
 Result<std::unique_ptr<CachePolicy>> MakePolicy(std::string_view name,
                                                 const PolicyOptions& options);
 

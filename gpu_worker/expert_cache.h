@@ -32,6 +32,7 @@
 #include "common/messages.h"
 #include "common/status.h"
 #include "gpu_worker/cache_policy.h"
+#include "gpu_worker/sequence.h"
 #include "gpu_worker/transfer_engine.h"
 
 namespace fmoe {

@@ -19,7 +19,8 @@
 #include <ATen/core/Tensor.h>
 
 #include "common/status.h"
-#include "gpu_worker/cache_policy.h"
+#include "gpu_worker/cache_policy.h"  // LayerAccess, for RecordingExperts.
+#include "gpu_worker/sequence.h"
 
 namespace fmoe {
 

@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "gpu_worker/cache_policy.h"
+#include "gpu_worker/sequence.h"
 
 namespace fmoe {
 

@@ -17,7 +17,7 @@
 
 #include "common/messages.h"
 #include "common/status.h"
-#include "gpu_worker/cache_policy.h"
+#include "gpu_worker/sequence.h"
 
 namespace fmoe {
 

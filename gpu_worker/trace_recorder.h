@@ -19,6 +19,7 @@
 #include "common/model_config.h"
 #include "common/status.h"
 #include "gpu_worker/forward_observer.h"
+#include "gpu_worker/sequence.h"
 
 namespace fmoe {
 

@@ -1,30 +1,19 @@
-// `fmoe generate --model DIR --prompt TEXT`: a quick local check of a checkpoint. Loads the model
-// in this process (a progress bar while the weights load), runs one request through the same
-// engine a worker uses with every expert resident, streams the text to stdout and prints timings
-// to stderr. Needs a LibTorch build.
+// `fmoe generate --model DIR --prompt TEXT ...`: a quick local check of a checkpoint. The model
+// runtime needs LibTorch and the launcher must not link it, so `fmoe` execs `fmoe-generate`
+// (gpu_worker/generate_main.cc) from its own directory with every argument after `generate`;
+// that binary parses them and prints the text, the timings and its errors. Torch-free.
 #pragma once
 
-#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace fmoe {
 
-struct GenerateCommand {
-  std::string model_dir;
-  std::string prompt;
-  uint32_t max_tokens = 64;       // Default: 64
-  float temperature = 0.0f;       // Default: 0 (greedy)
-  float top_p = 1.0f;             // Default: 1
-  int32_t top_k = 0;              // Default: 0 (off)
-  uint64_t seed = 0;              // Default: 0
-  std::vector<std::string> stop;  // Stop strings. Default: none
-  std::string dtype = "float32";  // Default: float32
-  int threads = 0;                // Intra-op threads; 0 = LibTorch's choice. Default: 0
-  bool no_bos = false;            // Do not add the tokenizer's BOS. Default: false
-};
-
-// Returns the process exit code: 0 done, 1 load or run failure, 2 bad arguments.
-int RunGenerate(const GenerateCommand& command);
+// Replaces this process with `<bin_dir>/fmoe-generate ARGS...`, its argv[0] `name` (what its
+// help shows, e.g. "build/bin/fmoe generate"), and returns only on failure, with the exit code
+// after printing why to stderr: 1 when this build has no model runtime (built without LibTorch)
+// or the binary cannot be run.
+int ExecGenerate(const std::string& bin_dir, const std::string& name,
+                 const std::vector<std::string>& args);
 
 }  // namespace fmoe

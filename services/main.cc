@@ -3,20 +3,22 @@
 //     [--workers-only] [--host NAME]   only this host's worker ranks (the other hosts)
 //   fmoe status MANIFEST     each process and its health
 //   fmoe validate MANIFEST   check a manifest and print the effective configuration
-//   fmoe generate --model DIR --prompt TEXT   run a model locally (LibTorch builds)
+//   fmoe generate --model DIR --prompt TEXT   run a model locally: execs fmoe-generate, the
+//                                            LibTorch binary next to this one (LibTorch builds)
 #include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
 #include "common/manifest.h"
 #include "common/process_util.h"
+#include "services/generate_cmd.h"
 #include "services/launcher.h"
 #include "services/maps_cmd.h"
 #include "services/status_cmd.h"
-#ifdef FMOE_HAVE_TORCH
-#include "services/generate_cmd.h"
-#endif
 
 namespace {
 
@@ -34,6 +36,12 @@ int LoadOrExplain(const std::string& path, fmoe::Manifest* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `fmoe generate ARGS...` runs in fmoe-generate, which links the model runtime (this binary
+  // does not link LibTorch); it parses ARGS itself, --help included.
+  if (argc >= 2 && std::strcmp(argv[1], "generate") == 0) {
+    return fmoe::ExecGenerate(fmoe::ExecutableDir(), std::string(argv[0]) + " generate",
+                              std::vector<std::string>(argv + 2, argv + argc));
+  }
   CLI::App app{"fmoe: serve Mixture-of-Experts models with offloaded, prefetched experts"};
   app.require_subcommand(1);
   std::string manifest_path;
@@ -72,36 +80,10 @@ int main(int argc, char** argv) {
   maps->add_flag("--json", maps_cmd.json, "print the service's JSON reply");
   auto* validate = app.add_subcommand("validate", "check a manifest, print the effective config");
   validate->add_option("manifest", manifest_path, "cluster manifest (YAML)")->required();
-#ifdef FMOE_HAVE_TORCH
-  fmoe::GenerateCommand gen;
-  auto* generate = app.add_subcommand("generate", "run a model locally on one prompt");
-  generate->add_option("--model", gen.model_dir, "Hugging Face model directory")->required();
-  generate->add_option("--prompt", gen.prompt, "prompt text")->required();
-  generate->add_option("--max-tokens", gen.max_tokens, "tokens to generate")
-      ->capture_default_str()
-      ->check(CLI::Range(1u, 1u << 20));
-  generate->add_option("--temperature", gen.temperature, "0 = greedy")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0f, 100.0f));
-  generate->add_option("--top-p", gen.top_p, "nucleus sampling mass")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0f, 1.0f));
-  generate->add_option("--top-k", gen.top_k, "0 = off")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  generate->add_option("--seed", gen.seed, "sampling seed")->capture_default_str();
-  generate->add_option("--stop", gen.stop, "stop string (repeatable)");
-  generate->add_option("--dtype", gen.dtype, "compute dtype")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
-  generate->add_option("--threads", gen.threads, "intra-op threads (0 = default)")
-      ->check(CLI::NonNegativeNumber);
-  generate->add_flag("--no-bos", gen.no_bos, "do not add the tokenizer's BOS token");
-#endif
+  // Listed for --help; main() hands it to fmoe-generate before parsing.
+  app.add_subcommand("generate",
+                     "run a model locally on one prompt (fmoe generate --help for its options)");
   CLI11_PARSE(app, argc, argv);
-#ifdef FMOE_HAVE_TORCH
-  if (generate->parsed()) return fmoe::RunGenerate(gen);
-#endif
 
   fmoe::Manifest manifest;
   if (int rc = LoadOrExplain(manifest_path, &manifest); rc != 0) return rc;

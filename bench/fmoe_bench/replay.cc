@@ -23,15 +23,20 @@
 #include "bench/fmoe_bench/plot.h"
 #include "bench/fmoe_bench/replay_core.h"
 #include "common/expert_trace.h"
+#include "common/policy_names.h"
 
 namespace fmoe::bench {
 namespace {
 
+std::vector<std::string> AllPolicies() {
+  std::vector<std::string> out;
+  for (const PolicyName& p : kPolicyNames) out.emplace_back(p.name);
+  return out;
+}
+
 struct ReplayOptions {
   std::string trace;
-  std::vector<std::string> policies = {
-      "fmoe",        "fmoe-traj", "fmoe-traj-sem", "fmoe-pfreq", "fmoe-nextuse", "moe-infinity",
-      "speculative", "on-demand", "lru",           "lfu",        "oracle"};
+  std::vector<std::string> policies = AllPolicies();  // Every name of common/policy_names.h.
   std::vector<double> budgets = {0.1, 0.25, 0.5, 0.75, 1.0};
   std::vector<uint32_t> distances = {1, 2, 3, 4, 5, 6};
   double main_budget = 0.25;
@@ -336,6 +341,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<ReplayOptions>();
   auto* cmd = app.add_subcommand(
       "replay", "replay a routing trace through every cache policy and the oracle");
+  cmd->footer("Policies (--policies):\n" + PolicyHelp(/*servable_only=*/false));
   cmd->add_option("--trace", o->trace, "fmoe trace (worker --record-trace, or import-trace)")
       ->required();
   cmd->add_option("--policies", o->policies, "policies to run")

@@ -31,6 +31,7 @@
 #include "bench/fmoe_bench/serve_workload.h"
 #include "common/manifest.h"
 #include "common/model_config.h"
+#include "common/policy_names.h"
 #include "common/process_util.h"
 #include "common/tokenizer.h"
 
@@ -253,13 +254,17 @@ int RunServe(ServeOptions o) {
     std::fprintf(stderr, "fmoe-bench serve: %s\n", what.c_str());
     return 2;
   };
-  if (o.policies.empty()) o.policies.assign(std::begin(kPolicies), std::end(kPolicies));
+  if (o.policies.empty()) {
+    for (const PolicyName& p : kPolicyNames) {
+      if (p.servable) o.policies.emplace_back(p.name);
+    }
+  }
   for (size_t i = 0; i < o.policies.size(); ++i) {
     const std::string& p = o.policies[i];
-    if (std::find(std::begin(kPolicies), std::end(kPolicies), p) == std::end(kPolicies)) {
-      std::string all;
-      for (std::string_view k : kPolicies) all += (all.empty() ? "" : ", ") + std::string(k);
-      return bad("--policies: \"" + p + "\" is not a manifest policy (" + all + ")");
+    const PolicyName* known = FindPolicyName(p);
+    if (known == nullptr || !known->servable) {
+      return bad("--policies: \"" + p + "\" is not a manifest policy (" +
+                 PolicyNameList(/*servable_only=*/true) + ")");
     }
     if (std::find(o.policies.begin(), o.policies.begin() + static_cast<long>(i), p) !=
         o.policies.begin() + static_cast<long>(i)) {
@@ -361,6 +366,7 @@ void AddServeCommand(CLI::App& app, int& exit_code) {
       "serve",
       "launch the real processes once per policy and the all-resident reference, drive "
       "the router with a trace, report TTFT/TPOT/throughput/hit rate");
+  cmd->footer("Manifest policies (--policies):\n" + PolicyHelp(/*servable_only=*/true));
   cmd->add_option("--manifest", o->manifest, "base manifest (e.g. deploy/manifests/local.yaml)")
       ->required()
       ->check(CLI::ExistingFile);

@@ -1,4 +1,5 @@
 #include "common/manifest.h"
+#include "common/policy_names.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -180,7 +181,7 @@ TEST(Manifest, MinimalGetsAllDefaults) {
   EXPECT_EQ(m.source_path, "");
   EXPECT_EQ(m.model.path, "/srv/cluster/models/tiny");
   EXPECT_EQ(m.model.name, "tiny");
-  EXPECT_EQ(m.model.dtype, "float32");
+  EXPECT_EQ(m.model.dtype, "auto");  // float32 on cpu (gpu_worker/rank.h ResolveDtype).
   EXPECT_EQ(m.map_service.endpoint, "tcp://127.0.0.1:5555");
   EXPECT_EQ(m.map_service.data_dir, "/srv/cluster/.fmoe/maps");
   EXPECT_EQ(m.map_service.store_capacity, 1000);
@@ -218,6 +219,18 @@ TEST(Manifest, MinimalGetsAllDefaults) {
   EXPECT_EQ(m.launcher.restart.max_backoff_ms, 10000);
   EXPECT_EQ(m.launcher.restart.max_restarts, 5);
   EXPECT_EQ(m.launcher.restart.window_s, 60);
+}
+
+TEST(Manifest, EveryServablePolicyOfTheTableIsAccepted) {
+  for (const PolicyName& p : kPolicyNames) {
+    auto m = ParseManifest("model: {path: m}\nworker_groups:\n  - {name: g, policy: " +
+                               std::string(p.name) + ", workers: [{}]}\n",
+                           "/srv");
+    EXPECT_EQ(m.ok(), p.servable) << p.name << ": " << m.status().message();
+    if (m.ok()) {
+      EXPECT_EQ(m->worker_groups[0].policy, p.name);
+    }
+  }
 }
 
 TEST(Manifest, WorkerEntryMayBeEmptyMap) {
@@ -732,7 +745,7 @@ std::vector<BadCase> BadCases() {
       {"ApiKeysNotSequence", Minimal("router: {api_keys: abcdefghij}\n"),
        "manifest: router.api_keys: expected a sequence, got scalar \"abcdefghij\""},
       {"BadDtype", "model: {path: m, dtype: fp8}\nworker_groups: [{name: g, workers: [{}]}]\n",
-       "manifest: model.dtype: \"fp8\" is not one of float32, bfloat16, float16"},
+       "manifest: model.dtype: \"fp8\" is not one of auto, float32, bfloat16, float16"},
       {"BadLogLevel", Minimal("logging: {level: verbose}\n"),
        "manifest: logging.level: \"verbose\" is not one of trace, debug, info, warn, error"},
       {"TildePath", "model: {path: ~/m}\nworker_groups: [{name: g, workers: [{}]}]\n",

@@ -1,5 +1,6 @@
-// The fmoe policy's cache (PredictedUsePolicy in cache_policy.cc): eviction by expected next
-// use from the running requests' expert frequencies and the map service's directives.
+// The policy factory against the table of names (common/policy_names.h), and the fmoe policy's
+// cache (PredictedUsePolicy in cache_policy.cc): eviction by expected next use from the running
+// requests' expert frequencies and the map service's directives.
 #include "gpu_worker/cache_policy.h"
 
 #include <algorithm>
@@ -7,6 +8,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "common/policy_names.h"
 
 namespace fmoe {
 namespace {
@@ -40,6 +43,44 @@ void Iterate(CachePolicy& p, Control& c, uint64_t id, uint32_t iteration, uint32
     p.OnLayerEnd(l);
   }
   p.OnIterationEnd();
+}
+
+TEST(MakePolicyTest, BuildsEveryNameOfTheTable) {
+  PolicyOptions options;
+  options.future = {{0, {0, 1}}, {1, {2, 3}}};  // The oracle replays a recorded future.
+  for (const PolicyName& p : kPolicyNames) {
+    auto policy = MakePolicy(p.name, options);
+    ASSERT_TRUE(policy.ok()) << p.name << ": " << policy.status().message();
+    EXPECT_EQ((*policy)->name(), p.name);
+    EXPECT_FALSE(p.description.empty()) << p.name;
+    Control c;
+    (*policy)->Attach(&c);
+  }
+}
+
+TEST(MakePolicyTest, AnUnknownNameIsRefusedListingTheTable) {
+  auto policy = MakePolicy("belady", PolicyOptions{});
+  ASSERT_FALSE(policy.ok());
+  EXPECT_EQ(policy.status().code(), ErrorCode::kInvalidArgument);
+  const std::string message = policy.status().message();
+  EXPECT_NE(message.find("unknown policy \"belady\""), std::string::npos) << message;
+  for (const PolicyName& p : kPolicyNames) {
+    EXPECT_NE(message.find(std::string(p.name)), std::string::npos) << p.name << ": " << message;
+  }
+  EXPECT_NE(message.find(PolicyNameList(/*servable_only=*/false)), std::string::npos) << message;
+}
+
+TEST(MakePolicyTest, TheTableNamesEachPolicyOnceAndOnlyTheOracleIsReplayOnly) {
+  std::vector<std::string_view> names;
+  for (const PolicyName& p : kPolicyNames) {
+    EXPECT_EQ(std::count(names.begin(), names.end(), p.name), 0) << p.name;
+    names.push_back(p.name);
+    EXPECT_EQ(p.servable, p.name != "oracle") << p.name;
+    EXPECT_EQ(FindPolicyName(p.name), &p);
+  }
+  EXPECT_EQ(FindPolicyName("belady"), nullptr);
+  EXPECT_EQ(PolicyNameList(/*servable_only=*/true).find("oracle"), std::string::npos);
+  EXPECT_NE(PolicyHelp(/*servable_only=*/false).find("oracle"), std::string::npos);
 }
 
 TEST(FmoePolicyTest, KeepsWhatTheRunningRequestUsesOftenOverWhatItUsedOnceRecently) {

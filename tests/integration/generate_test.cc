@@ -1,0 +1,105 @@
+// `fmoe generate`, run as the user runs it: the launcher (which must not link LibTorch) execs
+// fmoe-generate from its own directory with the arguments, and the output is that binary's. On
+// the shipped tiny model: the text and timings, the same tokens as fmoe-generate run directly,
+// the options in --help, and the errors. A build without LibTorch says it has no model runtime.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/harness/process_harness.h"
+
+namespace fmoe {
+namespace {
+
+using testing::BinDir;
+using testing::RunCommand;
+
+const std::string kModel = std::string(FMOE_SOURCE_DIR) + "/deploy/models/tiny-moe";
+
+std::pair<int, std::string> Fmoe(std::vector<std::string> args) {
+  args.insert(args.begin(), BinDir() + "/fmoe");
+  return RunCommand(args, 120000);
+}
+
+TEST(Generate, TheLauncherDoesNotLinkLibTorch) {
+  if (std::system("command -v ldd >/dev/null 2>&1") != 0) GTEST_SKIP() << "no ldd";
+  auto [code, out] = RunCommand({"/bin/sh", "-c", "ldd '" + BinDir() + "/fmoe'"}, 30000);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(out.find("torch"), std::string::npos) << out;
+  EXPECT_EQ(out.find("c10"), std::string::npos) << out;
+}
+
+#ifdef FMOE_HAVE_TORCH
+
+TEST(Generate, StreamsAContinuationAndItsTimings) {
+  auto [code, out] =
+      Fmoe({"generate", "--model", kModel, "--prompt", "In the beginning", "--max-tokens", "8"});
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("In the beginning"), std::string::npos) << out;
+  EXPECT_NE(out.find("loading " + std::filesystem::canonical(kModel).string()), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("prompt tokens, 8 generated"), std::string::npos) << out;
+  EXPECT_NE(out.find("cpu (LibTorch"), std::string::npos) << out;
+}
+
+TEST(Generate, GivesTheTokensOfFmoeGenerateRunDirectly) {
+  const std::vector<std::string> args = {"--model",      kModel, "--prompt", "The word",
+                                         "--max-tokens", "12",   "--dtype",  "float32"};
+  std::vector<std::string> launcher = {BinDir() + "/fmoe", "generate"};
+  launcher.insert(launcher.end(), args.begin(), args.end());
+  std::vector<std::string> direct = {BinDir() + "/fmoe-generate"};
+  direct.insert(direct.end(), args.begin(), args.end());
+  auto [code_a, out_a] = RunCommand(launcher, 120000);
+  auto [code_b, out_b] = RunCommand(direct, 120000);
+  ASSERT_EQ(code_a, 0) << out_a;
+  ASSERT_EQ(code_b, 0) << out_b;
+  // The text is the line after the loading line; the timings differ.
+  auto text = [](const std::string& out) {
+    const size_t at = out.find("The word");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_FALSE(text(out_a).empty()) << out_a;
+  EXPECT_EQ(text(out_a), text(out_b)) << out_a << "\n---\n" << out_b;
+}
+
+TEST(Generate, HelpListsTheOptions) {
+  auto [code, out] = Fmoe({"generate", "--help"});
+  EXPECT_EQ(code, 0) << out;
+  for (const char* option : {"--model", "--prompt", "--max-tokens", "--temperature", "--top-p",
+                             "--top-k", "--seed", "--stop", "--dtype", "--threads", "--no-bos"}) {
+    EXPECT_NE(out.find(option), std::string::npos) << option << "\n" << out;
+  }
+  EXPECT_NE(out.find("fmoe generate [OPTIONS]"), std::string::npos) << out;
+  EXPECT_NE(out.find("{auto,float32,bfloat16,float16}=auto"), std::string::npos) << out;
+}
+
+TEST(Generate, ErrorsNameTheCause) {
+  auto [code, out] = Fmoe({"generate", "--model", "/nonexistent/model", "--prompt", "x"});
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("fmoe generate: model: /nonexistent/model: no such directory"),
+            std::string::npos)
+      << out;
+  auto [usage_code, usage] = Fmoe({"generate", "--model", kModel});
+  EXPECT_NE(usage_code, 0) << usage;
+  EXPECT_NE(usage.find("--prompt is required"), std::string::npos) << usage;
+  auto [dtype_code, dtype] =
+      Fmoe({"generate", "--model", kModel, "--prompt", "x", "--dtype", "fp8"});
+  EXPECT_NE(dtype_code, 0) << dtype;
+  EXPECT_NE(dtype.find("fp8"), std::string::npos) << dtype;
+}
+
+#else
+
+TEST(Generate, ABuildWithoutLibTorchSaysItHasNoModelRuntime) {
+  auto [code, out] = Fmoe({"generate", "--model", kModel, "--prompt", "x"});
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("fmoe generate: this build has no model runtime"), std::string::npos) << out;
+}
+
+#endif
+
+}  // namespace
+}  // namespace fmoe
