@@ -353,6 +353,56 @@ uint32_t CheckpointBytesPerParam(const ModelInfo& info) {
   return 4;
 }
 
+std::string DescribeModel(const ModelInfo& info) {
+  std::ostringstream out;
+  const uint32_t width = CheckpointBytesPerParam(info);
+  const std::string dtype = info.torch_dtype.empty() ? "float32" : info.torch_dtype;
+  auto mb = [&](uint64_t params) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.1f MB", static_cast<double>(params) * width / 1e6);
+    return std::string(buf);
+  };
+  out << "model: " << info.dir << "\n";
+  out << "  architecture: " << info.architecture
+      << (info.runtime_unsupported.empty() ? "" : " (not run: " + info.runtime_unsupported + ")")
+      << "\n";
+  out << "  layers: " << info.num_hidden_layers << ", of which L = " << info.num_moe_layers
+      << " MoE";
+  if (info.num_moe_layers < info.num_hidden_layers) {
+    out << " (dense:";
+    size_t next = 0;
+    for (uint32_t i = 0; i < info.num_hidden_layers; ++i) {
+      if (next < info.moe_layers.size() && info.moe_layers[next] == i) {
+        ++next;
+        continue;
+      }
+      out << " " << i;
+    }
+    out << ", MLP width " << info.dense_intermediate_size << ")";
+  }
+  out << "\n";
+  out << "  experts: J = " << info.num_experts << " per MoE layer, K = " << info.top_k
+      << " per token (" << info.routing.Describe() << ")\n";
+  out << "  routed expert: 3 x " << info.intermediate_size << " x " << info.hidden_size << " = "
+      << RoutedExpertParams(info) << " parameters, " << mb(RoutedExpertParams(info)) << " in "
+      << dtype << "; " << uint64_t{info.num_moe_layers} * info.num_experts << " in all\n";
+  if (info.shared_expert_intermediate_size > 0) {
+    out << "  shared expert: 3 x " << info.shared_expert_intermediate_size << " x "
+        << info.hidden_size << (info.shared_expert_gated ? " with a sigmoid gate" : "") << ", "
+        << mb(SharedExpertParams(info)) << " per MoE layer, resident outside the expert cache\n";
+  }
+  out << "  attention: " << info.num_attention_heads << " heads, " << info.num_key_value_heads
+      << " kv heads, head_dim " << info.head_dim;
+  if (info.qkv_bias) out << ", q/k/v biases";
+  if (info.o_bias) out << ", output bias";
+  if (info.qk_norm == QkNorm::kPerHead) out << ", q/k RMSNorm per head";
+  if (info.qk_norm == QkNorm::kWhole) out << ", q/k RMSNorm over the projection";
+  if (info.clip_qkv) out << ", q/k/v clipped to " << *info.clip_qkv;
+  if (info.sliding_window) out << ", sliding window " << *info.sliding_window;
+  out << "\n  fingerprint: " << FingerprintHex(info.fingerprint) << "\n";
+  return out.str();
+}
+
 std::string FingerprintHex(uint64_t fingerprint) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(fingerprint));

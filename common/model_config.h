@@ -76,6 +76,11 @@ uint64_t SharedExpertParams(const ModelInfo& info);
 // absent or unknown).
 uint32_t CheckpointBytesPerParam(const ModelInfo& info);
 
+// A few lines for `fmoe validate`: the family (and whether the runtime runs it), L among the
+// transformer layers, J, K and the routing, a routed and a shared expert's size, the attention
+// variant, the fingerprint.
+std::string DescribeModel(const ModelInfo& info);
+
 // Reads DIR/config.json. Errors name the file and key:
 //   "model: /m/config.json: num_experts_per_tok (9) > number of experts (8)".
 Result<ModelInfo> LoadModelInfo(const std::string& dir);

@@ -14,6 +14,7 @@
 
 #include "common/log.h"
 #include "common/manifest.h"
+#include "common/model_config.h"
 #include "common/process_util.h"
 #include "services/generate_cmd.h"
 #include "services/launcher.h"
@@ -89,6 +90,18 @@ int main(int argc, char** argv) {
   if (int rc = LoadOrExplain(manifest_path, &manifest); rc != 0) return rc;
   if (validate->parsed()) {
     std::printf("%s", fmoe::DescribeManifest(manifest).c_str());
+    // The model as every process will read it; a family the runtime does not run fails here.
+    auto model = fmoe::LoadModelInfo(manifest.model.path);
+    if (!model.ok()) {
+      std::fprintf(stderr, "fmoe: model.path: %s\n", model.status().message().c_str());
+      return 1;
+    }
+    std::printf("%s", fmoe::DescribeModel(*model).c_str());
+    if (!model->runtime_unsupported.empty()) {
+      std::fprintf(stderr, "fmoe: model.path: %s: %s\n", model->dir.c_str(),
+                   model->runtime_unsupported.c_str());
+      return 1;
+    }
     return 0;
   }
   if (status->parsed()) return fmoe::PrintStatus(manifest, json);

@@ -102,6 +102,31 @@ TEST(ModelConfig, ReadsQwen3MoeAndOlmoe) {
             std::string::npos);
 }
 
+TEST(ModelConfig, DescribesTheExpertShapes) {
+  auto info = ParseModelConfig(R"({"architectures": ["Qwen2MoeForCausalLM"],
+    "num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 100, "num_experts": 8,
+    "num_experts_per_tok": 2, "mlp_only_layers": [1], "intermediate_size": 128,
+    "moe_intermediate_size": 48, "shared_expert_intermediate_size": 96,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "torch_dtype": "bfloat16"})",
+                               "/q");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  const std::string d = DescribeModel(*info);
+  EXPECT_NE(d.find("architecture: Qwen2MoeForCausalLM\n"), std::string::npos) << d;
+  EXPECT_NE(d.find("layers: 4, of which L = 3 MoE (dense: 1, MLP width 128)"), std::string::npos)
+      << d;
+  EXPECT_NE(d.find("J = 8 per MoE layer, K = 2 per token (softmax, top-2 of 8, not renormalised)"),
+            std::string::npos)
+      << d;
+  EXPECT_NE(d.find("routed expert: 3 x 48 x 64 = 9216 parameters, 0.0 MB in bfloat16; 24 in all"),
+            std::string::npos)
+      << d;
+  EXPECT_NE(d.find("shared expert: 3 x 96 x 64 with a sigmoid gate"), std::string::npos) << d;
+  EXPECT_NE(d.find("head_dim 8, q/k/v biases"), std::string::npos) << d;
+  EXPECT_EQ(RoutedExpertParams(*info), 3u * 48 * 64);
+  EXPECT_EQ(SharedExpertParams(*info), 3u * 96 * 64 + 64);
+  EXPECT_EQ(CheckpointBytesPerParam(*info), 2u);
+}
+
 TEST(ModelConfig, RefusesWhatTheRuntimeDoesNotCompute) {
   const std::string qwen = R"({"architectures": ["Qwen2MoeForCausalLM"], "num_hidden_layers": 2,
     "hidden_size": 64, "vocab_size": 100, "num_experts": 8, "num_experts_per_tok": 2,

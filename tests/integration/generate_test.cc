@@ -2,9 +2,12 @@
 // fmoe-generate from its own directory with the arguments, and the output is that binary's. On
 // the shipped tiny model: the text and timings, the same tokens as fmoe-generate run directly,
 // the options in --help, and the errors. A build without LibTorch says it has no model runtime.
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -32,7 +35,57 @@ TEST(Generate, TheLauncherDoesNotLinkLibTorch) {
   EXPECT_EQ(out.find("c10"), std::string::npos) << out;
 }
 
+// `fmoe validate` prints the model as every process reads it, and fails for a family the
+// runtime does not run.
+TEST(Validate, PrintsTheModelsExpertShapes) {
+  const std::string dir = ::testing::TempDir() + "/fmoe-validate-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string manifest = dir + "/m.yaml";
+  auto write = [&](const std::string& model) {
+    std::FILE* f = std::fopen(manifest.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "model: {path: %s}\nworker_groups: [{name: g0, workers: [{}]}]\n",
+                 model.c_str());
+    std::fclose(f);
+  };
+  write(std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/qwen2-moe-ref");
+  auto [code, out] = Fmoe({"validate", manifest});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("architecture: Qwen2MoeForCausalLM"), std::string::npos) << out;
+  EXPECT_NE(out.find("of which L = 3 MoE (dense: 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("shared expert:"), std::string::npos) << out;
+
+  const std::string phi = dir + "/phi";
+  std::filesystem::create_directories(phi);
+  std::FILE* f = std::fopen((phi + "/config.json").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs(R"({"architectures": ["PhimoeForCausalLM"], "num_hidden_layers": 2,
+    "hidden_size": 64, "vocab_size": 100, "num_local_experts": 4, "num_experts_per_tok": 2,
+    "intermediate_size": 32, "num_attention_heads": 4})",
+             f);
+  std::fclose(f);
+  write(phi);
+  std::tie(code, out) = Fmoe({"validate", manifest});
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("PhimoeForCausalLM is not implemented by the model runtime yet"),
+            std::string::npos)
+      << out;
+  std::filesystem::remove_all(dir);
+}
+
 #ifdef FMOE_HAVE_TORCH
+
+// The other families, through the whole command: each fixture generates.
+TEST(Generate, RunsEverySupportedFamily) {
+  for (const char* family : {"qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref"}) {
+    auto [code, out] =
+        Fmoe({"generate", "--model", std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + family,
+              "--prompt", "The river", "--max-tokens", "6"});
+    EXPECT_EQ(code, 0) << family << ": " << out;
+    // Greedy may meet the family's EOS before 6 tokens.
+    EXPECT_NE(out.find(" generated; prefill"), std::string::npos) << family << ": " << out;
+  }
+}
 
 TEST(Generate, StreamsAContinuationAndItsTimings) {
   auto [code, out] =
