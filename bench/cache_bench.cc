@@ -24,6 +24,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_prompts.h"
+#include "common/log.h"
 #include "common/policy_names.h"
 #include "gpu_worker/rank.h"
 
@@ -97,6 +98,8 @@ std::pair<Run, Run> RunInterleaved(MoeModel& model, ExpertSource& a, ExpertSourc
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Logs go to stderr: stdout carries the tables.
+  if (fmoe::Status s = fmoe::InitLogging("cache_bench", "info"); !s.ok()) return 2;
   CLI::App app{"cache_bench: decode TPOT per policy and expert budget (emulated link)"};
   std::string model_dir = "deploy/models/tiny-moe";
   std::string prompts_file;

@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_prompts.h"
+#include "common/log.h"
 #include "gpu_worker/expert_group.h"
 #include "gpu_worker/rank.h"
 
@@ -246,6 +247,8 @@ std::vector<Json> RunConfig(Config c, uint32_t seed, bool collectives = false) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Logs go to stderr: stdout carries the tables.
+  if (fmoe::Status s = fmoe::InitLogging("group_bench", "info"); !s.ok()) return 2;
   CLI::App app{"group_bench: decode TPOT and bytes moved per rank against the group's world size"};
   Config base;
   base.model_dir = "deploy/models/tiny-moe";

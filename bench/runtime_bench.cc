@@ -35,6 +35,8 @@ const std::vector<std::string> kFallback = {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Logs go to stderr: stdout carries the tables.
+  if (fmoe::Status s = fmoe::InitLogging("runtime_bench", "info"); !s.ok()) return 2;
   using namespace fmoe;
   CLI::App app{"runtime_bench: prefill and decode tokens/s of the model runtime"};
   std::string model_dir = "deploy/models/tiny-moe";
