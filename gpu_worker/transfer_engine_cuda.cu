@@ -124,6 +124,13 @@ class CudaLink final : public TransferEngine {
     }
     return p;
   }
+  Result<uint64_t> FreeDeviceBytes() const override {
+    size_t free = 0, total = 0;
+    cudaError_t err = cudaSetDevice(device_);
+    if (err == cudaSuccess) err = cudaMemGetInfo(&free, &total);
+    if (err != cudaSuccess) return CudaStatus(err, device_, "cudaMemGetInfo");
+    return static_cast<uint64_t>(free);
+  }
   void FreeDevice(void* ptr) override {
     cudaError_t err = cudaFree(ptr);
     if (err != cudaSuccess) spdlog::error("{}", CudaStatus(err, device_, "cudaFree").message());
