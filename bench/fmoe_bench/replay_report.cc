@@ -37,7 +37,7 @@ PhaseSummary Summarise(const PhaseFigures& p, double expert_mb) {
   s.units = p.requests;
   s.hit_rate = p.hit_rate();
   s.stall_ms = Per(p.stall_ns, p.requests) / 1e6;
-  s.loads = Per(static_cast<double>(p.loads()), p.requests);
+  s.loads = Per(p.experts_moved, p.requests);
   s.mb = s.loads * expert_mb;
   s.precision = p.precision();
   s.recall = p.recall();

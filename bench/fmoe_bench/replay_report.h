@@ -25,7 +25,7 @@ struct PhaseSummary {
   uint64_t units = 0;  // Prefills (prefill) or decode tokens (decode).
   double hit_rate = 0;
   double stall_ms = 0;   // Per unit.
-  double loads = 0;      // Experts moved per unit (whole or partial).
+  double loads = 0;      // Experts' worth of bytes moved per unit (cancelled copies in part).
   double mb = 0;         // MB moved per unit.
   double precision = 0;  // Prefetched experts used / prefetches handed to the link.
   double recall = 0;     // Loads a prefetch covered / loads a layer needed.

@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <unordered_map>
 
 #include "bench/fmoe_bench/sim_link.h"
 #include "common/clock.h"
@@ -174,9 +175,11 @@ class ServeRun {
     if (slot_memory_ != nullptr) link_.FreeDevice(slot_memory_);
   }
 
-  // Serves `reqs` (workload indices), request k arriving arrival_ns[k] after now.
+  // Serves `reqs` (workload indices), request k arriving arrival_ns[k] after now: batched
+  // continuously, or as `forced` says (its batches in order, each waiting for its new requests to
+  // arrive; slots hold workload indices).
   Status Serve(const std::vector<uint32_t>& reqs, const std::vector<int64_t>& arrival_ns,
-               bool match, Measured* out) {
+               bool match, Measured* out, const Schedule* forced = nullptr) {
     const int64_t t0 = clock_.NowNs();
     std::vector<int64_t> at(arrival_ns.size());
     std::vector<uint32_t> steps;
@@ -194,8 +197,37 @@ class ServeRun {
       t.steps = steps[k];
       t.arrival_ns = arrival_ns[k];
     }
+    std::vector<ContinuousBatcher::Slot> local;
+    if (forced != nullptr) {
+      std::unordered_map<uint32_t, uint32_t> local_of;
+      for (uint32_t k = 0; k < reqs.size(); ++k) local_of[reqs[k]] = k;
+      std::vector<uint32_t> ran(reqs.size(), 0);
+      for (const auto& batch : *forced) {
+        local.clear();
+        int64_t ready = clock_.NowNs();
+        for (const auto& s : batch) {
+          auto it = local_of.find(s.request);
+          if (it == local_of.end() || s.step != ran[it->second]++) {
+            return Internal("serving replay: the forced schedule does not fit the requests");
+          }
+          local.push_back({it->second, s.step});
+          if (s.step == 0) ready = std::max(ready, at[it->second]);
+        }
+        if (ready > clock_.NowNs()) {
+          clock_.AdvanceNs(ready - clock_.NowNs());
+          cache_->Pump();
+        }
+        FMOE_RETURN_IF_ERROR(RunBatch(reqs, local, match, t0, out));
+        for (const auto& s : local) {
+          if (s.step + 1 == steps[s.request]) cache_->OnRequestEnd(w_.requests[reqs[s.request]].id);
+        }
+      }
+      if (ran != steps) {
+        return Internal("serving replay: the forced schedule does not fit the requests");
+      }
+      return Status::Ok();
+    }
     ContinuousBatcher batcher(at, steps, c_.max_batch);
-    std::vector<ContinuousBatcher::Slot> batch;
     std::vector<uint32_t> finished;
     while (!batcher.done()) {
       const auto& running = batcher.Admit(clock_.NowNs());
@@ -204,42 +236,8 @@ class ServeRun {
         cache_->Pump();
         continue;
       }
-      batch.clear();
-      bool prefill = false;
-      for (const auto& s : running) {
-        batch.push_back({reqs[s.request], s.step});
-        if (s.step == 0) {
-          out->timings[s.request].start_ns = clock_.NowNs() - t0;
-          prefill = prefill || w_.requests[reqs[s.request]].has_prefill;
-        }
-      }
-      const CacheCounters before = cache_->stats().total;
-      const int64_t start = clock_.NowNs();
-      FMOE_RETURN_IF_ERROR(Iteration(batch, match));
-      const CacheCounters after = cache_->stats().total;
-      const int64_t end = clock_.NowNs();
-      PhaseFigures& p = prefill ? out->prefill : out->decode;
-      ++p.iterations;
-      for (const auto& s : batch) {
-        p.tokens += w_.requests[s.request].steps[s.step]->tokens;
-        if (!prefill || s.step == 0) ++p.requests;
-      }
-      p.hits += after.hits - before.hits;
-      p.misses += after.misses - before.misses;
-      p.late_prefetches += after.late_prefetches - before.late_prefetches;
-      p.on_demand_loads += after.on_demand_loads - before.on_demand_loads;
-      p.prefetches_issued += after.prefetches_issued - before.prefetches_issued;
-      p.prefetches_used += after.prefetches_used - before.prefetches_used;
-      p.stall_ns += static_cast<double>(after.stall_ns - before.stall_ns);
-      p.time_ns += static_cast<double>(end - start);
-      ++out->iterations;
-      out->batch_sum += batch.size();
-      out->schedule.push_back(batch);
-      for (const auto& s : running) {
-        RequestTiming& t = out->timings[s.request];
-        if (s.step == 0) t.first_token_ns = end - t0;
-        t.last_token_ns = end - t0;
-      }
+      local.assign(running.begin(), running.end());
+      FMOE_RETURN_IF_ERROR(RunBatch(reqs, local, match, t0, out));
       finished.clear();
       batcher.Advance(&finished);
       for (uint32_t k : finished) cache_->OnRequestEnd(w_.requests[reqs[k]].id);
@@ -297,6 +295,51 @@ class ServeRun {
       matcher_ = std::make_unique<MapMatcher>(*store_, mo);
     }
     probs_.assign(J, 0.0f);
+    return Status::Ok();
+  }
+
+  // One iteration of `local` (positions in `reqs` and their steps), with its figures.
+  Status RunBatch(const std::vector<uint32_t>& reqs,
+                  const std::vector<ContinuousBatcher::Slot>& local, bool match, int64_t t0,
+                  Measured* out) {
+    batch_.clear();
+    bool prefill = false;
+    for (const auto& s : local) {
+      batch_.push_back({reqs[s.request], s.step});
+      if (s.step == 0) {
+        out->timings[s.request].start_ns = clock_.NowNs() - t0;
+        prefill = prefill || w_.requests[reqs[s.request]].has_prefill;
+      }
+    }
+    const CacheCounters before = cache_->stats().total;
+    const int64_t start = clock_.NowNs();
+    FMOE_RETURN_IF_ERROR(Iteration(batch_, match));
+    const CacheCounters after = cache_->stats().total;
+    const int64_t end = clock_.NowNs();
+    PhaseFigures& p = prefill ? out->prefill : out->decode;
+    ++p.iterations;
+    for (const auto& s : batch_) {
+      p.tokens += w_.requests[s.request].steps[s.step]->tokens;
+      if (!prefill || s.step == 0) ++p.requests;
+    }
+    p.hits += after.hits - before.hits;
+    p.misses += after.misses - before.misses;
+    p.late_prefetches += after.late_prefetches - before.late_prefetches;
+    p.on_demand_loads += after.on_demand_loads - before.on_demand_loads;
+    p.prefetches_issued += after.prefetches_issued - before.prefetches_issued;
+    p.prefetches_used += after.prefetches_used - before.prefetches_used;
+    p.experts_moved += static_cast<double>(after.bytes_moved - before.bytes_moved) /
+                       static_cast<double>(kNominalExpertBytes);
+    p.stall_ns += static_cast<double>(after.stall_ns - before.stall_ns);
+    p.time_ns += static_cast<double>(end - start);
+    ++out->iterations;
+    out->batch_sum += batch_.size();
+    out->schedule.push_back(batch_);
+    for (const auto& s : local) {
+      RequestTiming& t = out->timings[s.request];
+      if (s.step == 0) t.first_token_ns = end - t0;
+      t.last_token_ns = end - t0;
+    }
     return Status::Ok();
   }
 
@@ -413,6 +456,7 @@ class ServeRun {
   uint64_t score_count_ = 0;
   std::vector<PrefetchDirective> directives_;
   std::vector<SequenceInfo> seqs_;
+  std::vector<ContinuousBatcher::Slot> batch_;  // Workload indices of the running iteration.
   std::vector<std::vector<float>> maps_;
   std::vector<uint32_t> experts_, tokens_, sequence_counts_;
   std::vector<float> probs_;
@@ -476,16 +520,16 @@ Result<ServeResult> RunServeReplay(const ServeWorkload& w, const std::vector<uin
     // The oracle knows the accesses to come, but batches depend on timing, which depends on the
     // oracle: run until the schedule it was told is the one it ran (or out of passes).
     Schedule told = ComputeOnlySchedule(w, test, arrival_ns, c);
-    result.oracle_exact = false;
-    for (uint32_t pass = 1; pass <= std::max<uint32_t>(c.oracle_passes, 1); ++pass) {
+    for (uint32_t pass = 1;; ++pass) {
+      // The last pass runs the schedule it was told, each batch waiting for its new requests.
+      const bool force = pass > c.oracle_passes;
       FMOE_ASSIGN_OR_RETURN(run, ServeRun::Create(w, c, AccessLog(w, told), nullptr));
       measured = ServeRun::Measured{};
-      FMOE_RETURN_IF_ERROR(run->Serve(test, arrival_ns, /*match=*/false, &measured));
+      FMOE_RETURN_IF_ERROR(
+          run->Serve(test, arrival_ns, /*match=*/false, &measured, force ? &told : nullptr));
       result.oracle_passes = pass;
-      if (SameSchedule(measured.schedule, told)) {
-        result.oracle_exact = true;
-        break;
-      }
+      result.oracle_forced = force;
+      if (force || SameSchedule(measured.schedule, told)) break;
       told = std::move(measured.schedule);
     }
   } else {

@@ -67,8 +67,11 @@ struct ServeConfig {
   TimeModel time;
   uint32_t store_capacity = 1000;
   uint32_t max_inflight_prefetches = 2;
-  // oracle: runs until its schedule is the one it was told (batches depend on timing).
-  uint32_t oracle_passes = 4;
+  // oracle: it knows the accesses to come, but batches depend on timing, which depends on the
+  // oracle. It runs told the schedule of a run without stalls, then of its own previous run,
+  // until the two agree; after this many runs, once more keeping to the last schedule (a batch
+  // waits for its requests to arrive), so its knowledge is exact in every case.
+  uint32_t oracle_passes = 3;
 };
 
 struct RequestTiming {
@@ -94,10 +97,10 @@ struct PhaseFigures {
   uint64_t requests = 0;  // Request-steps (a prefill, or one request's decode token).
   uint64_t hits = 0, misses = 0, late_prefetches = 0;
   uint64_t on_demand_loads = 0, prefetches_issued = 0, prefetches_used = 0;
+  double experts_moved = 0;  // Bytes copied over the link, in experts (cancelled copies in part).
   double stall_ns = 0;
   double time_ns = 0;  // The iterations' simulated time, stall included.
 
-  uint64_t loads() const { return on_demand_loads + prefetches_issued; }
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0; }
   double precision() const {
     return prefetches_issued ? double(prefetches_used) / double(prefetches_issued) : 0;
@@ -118,7 +121,9 @@ struct ServeResult {
   uint64_t directives = 0;
   double match_score = 0;
   uint32_t oracle_passes = 0;  // oracle: runs made.
-  bool oracle_exact = true;    // oracle: its last run followed the schedule it was told.
+  // oracle: its last run kept to the schedule it was told rather than batching as it went (its
+  // schedule had not settled after `oracle_passes` runs).
+  bool oracle_forced = false;
   double wall_s = 0;
 };
 

@@ -260,11 +260,11 @@ int RunServingReplay(const ReplayOptions& o) {
                   c.budget, c.distance, c.policy.c_str(), job->result.status().message().c_str());
       continue;
     }
-    if (c.policy == "oracle" && !job->result->oracle_exact) {
+    if (c.policy == "oracle" && job->result->oracle_forced) {
       notes.push_back("oracle at " + ModeName(c) + " batch " + std::to_string(c.max_batch) +
-                      " budget " + Fixed(c.budget, 2) + ": its schedule still changed after " +
-                      std::to_string(job->result->oracle_passes) +
-                      " runs; its knowledge of the future was not exact");
+                      " budget " + Fixed(c.budget, 2) + ": its batches still changed after " +
+                      std::to_string(job->result->oracle_passes - 1) +
+                      " runs; the last kept to the previous run's batches");
     }
     rows.emplace_back(c.policy, job->summary);
     csv << ServeCsvRow(c, job->summary) << '\n';

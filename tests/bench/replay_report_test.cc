@@ -36,6 +36,7 @@ TEST(ServeReportTest, PhaseFiguresArePerPrefillOrPerDecodeToken) {
   p.on_demand_loads = 6;
   p.prefetches_issued = 4;
   p.prefetches_used = 2;
+  p.experts_moved = 10;
   p.stall_ns = 20 * kMs;
   PhaseSummary s = Summarise(p, 352.3);
   EXPECT_EQ(s.units, 4u);
