@@ -130,6 +130,15 @@ TargetCheck CheckTargets(const std::vector<std::pair<std::string, ServeSummary>>
       t.best_ttft = name;
       t.best_ttft_ms = s.ttft.mean_ms;
     }
+    if (name == "fmoe" || name == "fmoe-traj" || name == "fmoe-traj-sem") continue;
+    if (t.baseline_tpot.empty() || s.tpot.mean_ms < t.baseline_tpot_ms) {
+      t.baseline_tpot = name;
+      t.baseline_tpot_ms = s.tpot.mean_ms;
+    }
+    if (t.baseline_ttft.empty() || s.ttft.mean_ms < t.baseline_ttft_ms) {
+      t.baseline_ttft = name;
+      t.baseline_ttft_ms = s.ttft.mean_ms;
+    }
   }
   if (fmoe == nullptr) return t;
   t.fmoe_tpot_ms = fmoe->tpot.mean_ms;

@@ -51,11 +51,15 @@ std::string ServeCsvHeader();
 std::string ServeCsvRow(const ServeConfig& config, const ServeSummary& s);
 
 // The design's targets at one (mode, batch): `fmoe` against the other policies that can be built
-// (everything but the oracle), LRU and the oracle. Missing policies are skipped.
+// (everything but the oracle), against the baselines among them (also leaving out fmoe-traj and
+// fmoe-traj-sem, which are fmoe's cache with other matching), LRU and the oracle. Missing
+// policies are skipped.
 struct TargetCheck {
-  std::string best_tpot, best_ttft;  // Lowest mean decode TPOT / TTFT of the realizable policies.
+  std::string best_tpot, best_ttft;  // Lowest mean TPOT / TTFT of the realizable policies.
   double fmoe_tpot_ms = 0, best_tpot_ms = 0;
   double fmoe_ttft_ms = 0, best_ttft_ms = 0;
+  std::string baseline_tpot, baseline_ttft;  // The same among the baselines.
+  double baseline_tpot_ms = 0, baseline_ttft_ms = 0;
   double decode_stall_vs_lru = 0;  // fmoe's decode stall per token / LRU's.
   double tpot_vs_oracle = 0;       // fmoe's mean TPOT / the oracle's.
   double ttft_vs_oracle = 0;
