@@ -1,18 +1,11 @@
 // The serving replay (DESIGN section 11): a ServeWorkload (replay_workload.h) run as the worker's
-// engine runs requests, through the real expert cache (gpu_worker/expert_cache.h) and policy over
-// the simulated link (sim_link.h), with the map service's store and matcher for the fmoe
-// policies, in simulated time (replay_time.h). One thread.
-//
-// Continuous batching (ContinuousBatcher), as gpu_worker/engine.h: at each iteration boundary
-// the requests that have arrived join, oldest first, up to max_batch; one iteration runs every
-// running request's next step (a prefill of the whole prompt for a request that just joined, one
-// decode token for the others); a request leaves after its last step. Each MoE layer needs the
-// union of the batch's experts and computes for the time model's time at the iteration's tokens,
-// once every expert it needs is resident.
-//
-// Per request: TTFT = end of its first iteration - arrival; TPOT = (end of its last iteration -
-// end of its first) / the steps after the first. Cache figures are kept apart for iterations
-// that hold a prefill ("prefill") and those of decode steps only ("decode").
+// engine runs requests, batched continuously, through the real expert cache
+// (gpu_worker/expert_cache.h) and policy over the simulated link (sim_link.h), with the map
+// service's store and matcher for the fmoe policies, in simulated time (replay_time.h). Each MoE
+// layer needs the union of the batch's experts and computes for the time model's time at the
+// iteration's tokens once every expert it needs is resident. Cache figures are kept apart for
+// iterations that hold a prefill ("prefill") and those of decode steps only ("decode"). One
+// thread.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +19,11 @@
 
 namespace fmoe::bench {
 
-// Which requests run in each iteration. Requests are indices 0..n-1 with their arrival times
-// and step counts (>= 1).
+// Which requests run in each iteration, as gpu_worker/engine.h batches: at each iteration
+// boundary the requests that have arrived join, oldest first, up to max_batch; an iteration runs
+// every running request's next step (the prefill of a request that just joined, a decode token
+// for the others); a request leaves after its last step. Requests are indices 0..n-1 with their
+// arrival times and step counts (>= 1).
 class ContinuousBatcher {
  public:
   struct Slot {
@@ -74,6 +70,8 @@ struct ServeConfig {
   uint32_t oracle_passes = 3;
 };
 
+// TTFT = end of its first iteration - arrival; TPOT = (end of its last iteration - end of its
+// first) / the steps after the first.
 struct RequestTiming {
   uint64_t id = 0;
   bool has_prefill = true;

@@ -1,19 +1,9 @@
 // The serving workload of the policy replay (DESIGN section 11): a trace's requests as a serving
 // engine runs them. Each request is one prefill iteration (the union of its prompt tokens'
 // experts, with per-expert token counts, all its tokens at once), then decode iterations of one
-// token each. Arrival times come from an Azure arrival trace (serve_workload.h), scaled. Pure
-// functions over a Trace, which must outlive the workload; no threads.
-//
-// What a trace's iterations become (TraceKind):
-//   iterations        the worker's engine iterations: 0 is the prefill, each later one a decode
-//                     step, used as recorded.
-//   prompt-positions  one record per prompt token position (the DeepSeek-V2-Lite trace, a prefill
-//                     of the Mixtral files): the first positions are merged into the prefill; the
-//                     last round(T * decode_share) positions (at least 1 when T >= 2, at most
-//                     T - 1) are replayed as the decode steps, one each, standing in for the
-//                     unrecorded decode.
-//   decode-positions  one record per generated token (the Mixtral GSM8K and HumanEval files): no
-//                     prefill was recorded; every record is a decode step.
+// token each (TraceKind says what a trace's records become). Arrival times come from an Azure
+// arrival trace (serve_workload.h), scaled. Pure functions over a Trace, which must outlive the
+// workload; no threads.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +19,16 @@
 
 namespace fmoe::bench {
 
+// What a trace's records become:
+//   iterations        the worker's engine iterations: 0 is the prefill, each later one a decode
+//                     step, used as recorded.
+//   prompt-positions  one record per prompt token position (the DeepSeek-V2-Lite trace, a prefill
+//                     of the Mixtral files): the first positions are merged into the prefill; the
+//                     last round(T * decode_share) positions (at least 1 when T >= 2, at most
+//                     T - 1) are replayed as the decode steps, one each, standing in for the
+//                     unrecorded decode.
+//   decode-positions  one record per generated token (the Mixtral GSM8K and HumanEval files): no
+//                     prefill was recorded; every record is a decode step.
 enum class TraceKind { kIterations, kPromptPositions, kDecodePositions };
 
 std::string_view TraceKindName(TraceKind kind);  // "iterations", "prompt-positions", ...
