@@ -22,19 +22,17 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include <benchmark/benchmark.h>
-#include <flatbuffers/flatbuffers.h>
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
+#include "map_service/export_file.h"
 #include "map_service/map_service.h"
-#include "schemas/export_generated.h"
 
 namespace {
 
@@ -148,24 +146,21 @@ std::unique_ptr<Bench> Start(int shape_index, uint32_t capacity, std::string* er
     return nullptr;
   }
   // Fill the store: an export file of C random maps, imported.
-  namespace fbs = fmoe::store;
   const Shape& s = b->shape;
-  flatbuffers::FlatBufferBuilder fbb(1 << 20);
-  std::vector<flatbuffers::Offset<fbs::StoredMap>> maps;
+  std::vector<MapRow> maps(capacity);
   for (uint32_t i = 0; i < capacity; ++i) {
-    auto sem = fbb.CreateVector(Random(b->rng, s.hidden, false));
-    auto map = fbb.CreateVector(Random(b->rng, static_cast<size_t>(s.layers) * s.experts, true));
-    maps.push_back(fbs::CreateStoredMap(fbb, i + 1, i, i, 0, 0, sem, map));
+    maps[i].id = i + 1;
+    maps[i].row = i;
+    maps[i].request_id = i;
+    maps[i].sem = Random(b->rng, s.hidden, false);
+    maps[i].map = Random(b->rng, static_cast<size_t>(s.layers) * s.experts, true);
   }
-  auto vec = fbb.CreateVector(maps);
-  fbb.Finish(
-      fbs::CreateMapExport(fbb, 1, kFingerprint, s.layers, s.experts, s.top_k, s.hidden, 0, vec),
-      fbs::MapExportIdentifier());
   const std::string path = b->dir + "/fill.fmx";
-  {
-    std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(fbb.GetBufferPointer()),
-              static_cast<std::streamsize>(fbb.GetSize()));
+  if (auto written =
+          WriteMapExport(path, {kFingerprint, s.layers, s.experts, s.top_k, s.hidden, 0}, maps);
+      !written.ok()) {
+    *error = written.status().ToString();
+    return nullptr;
   }
   auto reply = b->Admin(AdminOp::kImport, path);
   if (!reply || !reply->ok) {

@@ -1,18 +1,13 @@
 #include "map_service/map_service.h"
 
-#include <sys/stat.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-
-#include <flatbuffers/flatbuffers.h>
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
 #include "common/model_config.h"
-#include "schemas/export_generated.h"
+#include "map_service/export_file.h"
 
 namespace fmoe {
 
@@ -377,87 +372,27 @@ Result<std::string> MapService::Export(const AdminRequest& request) {
   FMOE_ASSIGN_OR_RETURN(StoreDb::MapContents contents,
                         db_->LoadMaps(shape.fingerprint, shape.hidden_size,
                                       static_cast<size_t>(shape.num_layers) * shape.num_experts));
-  namespace fbs = fmoe::store;
-  flatbuffers::FlatBufferBuilder b(1024);
-  std::vector<flatbuffers::Offset<fbs::StoredMap>> maps;
-  for (const MapRow& m : contents.maps) {
-    auto sem = b.CreateVector(m.sem);
-    auto map = b.CreateVector(m.map);
-    maps.push_back(fbs::CreateStoredMap(b, m.id, m.row, m.request_id, m.iteration, m.stored_unix_ms,
-                                        sem, map));
-  }
-  auto vec = b.CreateVector(maps);
-  b.Finish(fbs::CreateMapExport(b, 1, shape.fingerprint, shape.num_layers, shape.num_experts,
-                                shape.top_k, shape.hidden_size, UnixMs(), vec),
-           fbs::MapExportIdentifier());
-  // Written beside the target and renamed over it: a reader never sees half a file.
-  const std::string tmp = request.path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(b.GetBufferPointer()),
-              static_cast<std::streamsize>(b.GetSize()));
-    out.flush();
-    if (!out) return IoError("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), request.path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return IoError("cannot rename " + tmp + " to " + request.path);
-  }
+  FMOE_ASSIGN_OR_RETURN(uint64_t bytes, WriteMapExport(request.path, shape, contents.maps));
   spdlog::info("exported {} maps of model {} to {} ({} bytes)", contents.maps.size(),
-               FingerprintHex(shape.fingerprint), request.path, b.GetSize());
+               FingerprintHex(shape.fingerprint), request.path, bytes);
   nlohmann::json body = {{"model", FingerprintHex(shape.fingerprint)},
                          {"maps", contents.maps.size()},
                          {"corrupt_skipped", contents.corrupt.size()},
                          {"path", request.path},
-                         {"bytes", b.GetSize()}};
+                         {"bytes", bytes}};
   return body.dump();
 }
 
 Result<std::string> MapService::Import(const AdminRequest& request) {
-  namespace fbs = fmoe::store;
   if (request.path.empty() || request.path[0] != '/') {
     return InvalidArgument("import path \"" + request.path +
                            "\" must be absolute (it is read by the map service)");
   }
-  struct stat st {};
-  if (::stat(request.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    return NotFound("import file " + request.path + " does not exist or is not a file");
-  }
-  if (static_cast<uint64_t>(st.st_size) > options_.max_import_bytes) {
-    return InvalidArgument("import file " + request.path + " is " + std::to_string(st.st_size) +
-                           " bytes, above the limit of " +
-                           std::to_string(options_.max_import_bytes));
-  }
-  // 8-byte aligned storage for the FlatBuffers verifier.
-  std::vector<uint64_t> storage((static_cast<size_t>(st.st_size) + 7) / 8);
-  {
-    std::ifstream in(request.path, std::ios::binary);
-    in.read(reinterpret_cast<char*>(storage.data()), st.st_size);
-    if (!in) return IoError("cannot read " + request.path);
-  }
-  const auto* buf = reinterpret_cast<const uint8_t*>(storage.data());
-  const size_t size = static_cast<size_t>(st.st_size);
-  if (size < 8 || !fbs::MapExportBufferHasIdentifier(buf)) {
-    return InvalidArgument(request.path + " is not an fmoe map export (bad identifier)");
-  }
-  flatbuffers::Verifier verifier(buf, size, /*max_depth=*/8, /*max_tables=*/4000000);
-  if (!fbs::VerifyMapExportBuffer(verifier)) {
-    return InvalidArgument(request.path + " is a damaged map export (fails verification)");
-  }
-  const fbs::MapExport* ex = fbs::GetMapExport(buf);
-  if (request.model_fingerprint != 0 && request.model_fingerprint != ex->fingerprint()) {
-    return InvalidArgument(request.path + " holds model " + FingerprintHex(ex->fingerprint()) +
-                           ", not " + FingerprintHex(request.model_fingerprint));
-  }
-  ModelRow shape{ex->fingerprint(), ex->num_layers(),  ex->num_experts(),
-                 ex->top_k(),       ex->hidden_size(), UnixMs()};
-  if (shape.fingerprint == 0 || shape.num_layers == 0 || shape.num_experts == 0 ||
-      shape.hidden_size == 0 || shape.top_k == 0 || shape.top_k > shape.num_experts) {
-    return InvalidArgument(request.path + ": model shape L=" + std::to_string(shape.num_layers) +
-                           " J=" + std::to_string(shape.num_experts) +
-                           " K=" + std::to_string(shape.top_k) +
-                           " h=" + std::to_string(shape.hidden_size) + " is not valid");
-  }
+  FMOE_ASSIGN_OR_RETURN(
+      MapExportContents file,
+      ReadMapExport(request.path, options_.max_import_bytes, request.model_fingerprint));
+  ModelRow shape = file.shape;
+  shape.first_seen_unix_ms = UnixMs();
   auto known = models_.find(shape.fingerprint);
   if (known != models_.end()) {
     const ModelRow& k = known->second;
@@ -476,32 +411,19 @@ Result<std::string> MapService::Import(const AdminRequest& request) {
     models_[shape.fingerprint] = shape;
   }
   FMOE_ASSIGN_OR_RETURN(ModelMaps * model, ModelFor(shape.fingerprint));
-  const size_t width = static_cast<size_t>(shape.num_layers) * shape.num_experts;
-  uint64_t imported = 0, replaced = 0, skipped = 0;
-  if (ex->maps() != nullptr) {
-    for (const fbs::StoredMap* m : *ex->maps()) {
-      if (m->sem() == nullptr || m->map() == nullptr || m->sem()->size() != shape.hidden_size ||
-          m->map()->size() != width) {
+  uint64_t imported = 0, replaced = 0, skipped = file.skipped;
+  for (MapRow& row : file.maps) {
+    auto stored = StoreMap(*model, &row);
+    if (!stored.ok()) {
+      if (stored.status().code() == ErrorCode::kInvalidArgument) {
         ++skipped;
         continue;
       }
-      MapRow row;
-      row.request_id = m->request_id();
-      row.iteration = m->iteration();
-      row.sem.assign(m->sem()->begin(), m->sem()->end());
-      row.map.assign(m->map()->begin(), m->map()->end());
-      auto stored = StoreMap(*model, &row);
-      if (!stored.ok()) {
-        if (stored.status().code() == ErrorCode::kInvalidArgument) {
-          ++skipped;  // A non-finite value.
-          continue;
-        }
-        return Status(stored.status().code(), "import stopped after " + std::to_string(imported) +
-                                                  " maps: " + stored.status().message());
-      }
-      ++imported;
-      if (stored->replaced) ++replaced;
+      return Status(stored.status().code(), "import stopped after " + std::to_string(imported) +
+                                                " maps: " + stored.status().message());
     }
+    ++imported;
+    if (stored->replaced) ++replaced;
   }
   spdlog::info("imported {} maps of model {} from {} ({} replaced by deduplication, {} skipped)",
                imported, FingerprintHex(shape.fingerprint), request.path, replaced, skipped);
