@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <stop_token>
 #include <string>
 #include <vector>
@@ -22,8 +23,29 @@ struct MapExportContents {
   uint64_t skipped = 0;      // Maps of another shape or with a non-finite value.
 };
 
-// Writes `maps` of model `shape` to `path` (absolute), through `path`.tmp renamed over it, so a
-// reader never sees half a file. Returns the file's size in bytes.
+// Builds an export file map by map, in any order: the file lists them by row, then id. The maps
+// are copied once, into the file's bytes (no FlatBuffers type leaves this file).
+class MapExportBuilder {
+ public:
+  // `expected_maps` sizes the buffer once (0: it grows as maps come).
+  MapExportBuilder(const ModelRow& shape, size_t expected_maps);
+  ~MapExportBuilder();
+  MapExportBuilder(const MapExportBuilder&) = delete;
+  MapExportBuilder& operator=(const MapExportBuilder&) = delete;
+
+  void Add(const MapView& map);
+  size_t maps() const;
+  // Writes the file to `path` (absolute) through `path`.tmp renamed over it, so a reader never
+  // sees half a file; returns its size in bytes. kResourceExhausted when the maps do not fit in
+  // one FlatBuffer (2 GiB). Once only.
+  Result<uint64_t> Write(const std::string& path, std::stop_token stop = {});
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The same for maps at hand (tests, benchmarks).
 Result<uint64_t> WriteMapExport(const std::string& path, const ModelRow& shape,
                                 const std::vector<MapRow>& maps, std::stop_token stop = {});
 
