@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <exception>
 
 #include <nlohmann/json.hpp>
 
@@ -11,19 +10,6 @@
 #include "map_service/export_file.h"
 
 namespace fmoe {
-namespace {
-
-std::string CurrentWhat() {
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
-}  // namespace
 
 MapService::MapService(MapServiceOptions options, const Clock& clock)
     : options_(std::move(options)), clock_(clock), ranks_(clock, options_.heartbeat_timeout_ms) {}
@@ -146,12 +132,12 @@ void MapService::Turn(int timeout_ms, bool read_socket) {
           Handle(incoming->peer, incoming->message);
         } catch (...) {
           spdlog::error("peer={} {}: handling threw: {}; serving on", incoming->peer,
-                        wire::MessageName(incoming->message), CurrentWhat());
+                        wire::MessageName(incoming->message), CurrentExceptionText());
         }
       }
     }
   } catch (...) {
-    spdlog::error("the service loop threw: {}; serving on", CurrentWhat());
+    spdlog::error("the service loop threw: {}; serving on", CurrentExceptionText());
   }
   const int64_t now = clock_.NowMs();
   if (now - last_expiry_ms_ >= 100) {

@@ -7,25 +7,11 @@
 
 #include <cerrno>
 #include <cstring>
-#include <exception>
 #include <string>
 
 #include "common/log.h"
 
 namespace fmoe {
-namespace {
-
-std::string CurrentWhat() {
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
-}  // namespace
 
 StoreWriter::StoreWriter(std::unique_ptr<StoreDb> db, StoreWriterOptions options,
                          wire::Notifier* notifier)
@@ -78,7 +64,7 @@ void StoreWriter::Loop() {
       if (options_.before_job) options_.before_job(stop_.get_token());
       job.run(*db_, stop_.get_token());
     } catch (...) {
-      ran = Internal("store job threw: " + CurrentWhat());
+      ran = Internal("store job threw: " + CurrentExceptionText());
       spdlog::error("{}", ran.message());
     }
     {
@@ -107,7 +93,7 @@ void StoreWriter::Done(StoreJob& job, const Status& ran) {
   try {
     job.done(ran);
   } catch (...) {
-    spdlog::error("a store job's completion threw: {}", CurrentWhat());
+    spdlog::error("a store job's completion threw: {}", CurrentExceptionText());
   }
 }
 
