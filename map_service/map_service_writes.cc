@@ -104,7 +104,8 @@ void MapService::PumpWrites(ModelMaps& model) {
       PumpWrites(model);
     };
     model.writing = true;
-    if (!writer_->TrySubmit(std::move(job))) {  // Not full, so stopped: keep it for the count.
+    if (!writer_->TrySubmit(std::move(job))) {
+      // Not after full() said no; should it happen, the map waits instead of vanishing.
       model.writing = false;
       queue.push_front(std::move(*map));
       if (live) ++completed_waiting_;
