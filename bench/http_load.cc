@@ -7,12 +7,6 @@
 //   build/bin/http_load --port 8000 --path /health --connections 8 --seconds 10
 //   build/bin/http_load --port 8000 --path /v1/completions --key KEY --rate 200 --seconds 10
 //       --body '{"model":"tiny-moe","prompt":"Hi","max_tokens":1}'
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -24,6 +18,8 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "common/http_client.h"
 
 namespace {
 
@@ -40,59 +36,20 @@ struct Options {
   double seconds = 10;
 };
 
-int Connect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  timeval tv{30, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
+// Each request's answer within this long, or it counts as failed (status 0).
+constexpr int kRequestTimeoutMs = 30000;
+
+fmoe::http::Request BuildRequest(const Options& o) {
+  fmoe::http::Request r;
+  r.method = o.body.empty() ? "GET" : "POST";
+  r.target = o.path;
+  r.body = o.body;
+  if (!o.key.empty()) r.headers.emplace_back("Authorization", "Bearer " + o.key);
+  return r;
 }
 
-std::string BuildRequest(const Options& o, bool keep_alive) {
-  std::string r = (o.body.empty() ? "GET " : "POST ") + o.path + " HTTP/1.1\r\nHost: bench\r\n";
-  if (!o.key.empty()) r += "Authorization: Bearer " + o.key + "\r\n";
-  if (!keep_alive) r += "Connection: close\r\n";
-  if (!o.body.empty()) {
-    r += "Content-Type: application/json\r\nContent-Length: " + std::to_string(o.body.size()) +
-         "\r\n";
-  }
-  return r + "\r\n" + o.body;
-}
-
-// Sends one request and reads one whole response (Content-Length or chunked); the status, or
-// 0 on a broken connection.
-int RoundTrip(int fd, const std::string& request, std::string& buffer) {
-  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(request.size())) {
-    return 0;
-  }
-  buffer.clear();
-  char chunk[16384];
-  for (;;) {
-    const size_t head = buffer.find("\r\n\r\n");
-    if (head != std::string::npos) {
-      const size_t cl = buffer.find("Content-Length: ");
-      if (cl != std::string::npos && cl < head) {
-        if (buffer.size() >= head + 4 + std::stoul(buffer.substr(cl + 16))) break;
-      } else if (buffer.find("\r\n0\r\n\r\n", head) != std::string::npos) {
-        break;
-      }
-    }
-    const ssize_t n = recv(fd, chunk, sizeof(chunk), 0);
-    if (n <= 0) return 0;
-    buffer.append(chunk, static_cast<size_t>(n));
-  }
-  return buffer.size() > 12 ? std::atoi(buffer.c_str() + 9) : 0;
-}
+// The status of one whole response, or 0 when none came (refused, reset, timed out).
+int StatusOf(const fmoe::Result<fmoe::http::Response>& res) { return res.ok() ? res->status : 0; }
 
 struct Results {
   std::mutex mu;
@@ -125,23 +82,18 @@ int main(int argc, char** argv) {
   std::atomic<int> inflight{0};
   std::atomic<uint64_t> skipped{0};
   std::vector<std::thread> threads;
-  const std::string request = BuildRequest(o, /*keep_alive=*/o.rate <= 0);
+  const fmoe::http::Request request = BuildRequest(o);
   if (o.rate <= 0) {
     for (int c = 0; c < o.connections; ++c) {
       threads.emplace_back([&] {
-        std::string buffer;
-        int fd = Connect(o.port);
+        // Keep-alive: the client reconnects after a failure or a close by the router.
+        fmoe::http::Client client("127.0.0.1", o.port);
         while (Clock::now() < end) {
-          if (fd < 0) fd = Connect(o.port);
           const auto t0 = Clock::now();
-          const int status = fd < 0 ? 0 : RoundTrip(fd, request, buffer);
+          const int status = StatusOf(client.Call(request, kRequestTimeoutMs));
           results.Add(status, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-          if (status == 0 && fd >= 0) {
-            close(fd);
-            fd = -1;
-          }
+          if (status == 0) client.Close();
         }
-        if (fd >= 0) close(fd);
       });
     }
   } else {
@@ -155,12 +107,10 @@ int main(int argc, char** argv) {
         continue;
       }
       ++inflight;
-      std::thread([&, request] {
-        std::string buffer;
+      std::thread([&] {
         const auto t0 = Clock::now();
-        const int fd = Connect(o.port);
-        const int status = fd < 0 ? 0 : RoundTrip(fd, request, buffer);
-        if (fd >= 0) close(fd);
+        const int status =
+            StatusOf(fmoe::http::Fetch("127.0.0.1", o.port, request, kRequestTimeoutMs));
         results.Add(status, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
         --inflight;
       }).detach();

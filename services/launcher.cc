@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
-#include "common/http_probe.h"
+#include "common/http_client.h"
 #include "common/model_config.h"
 #include "common/process_util.h"
 #include "services/supervisor.h"
@@ -265,7 +265,7 @@ int Launch(const Manifest& manifest, const LaunchOptions& options) {
       if (health_deadline == 0) health_deadline = now + sup_options.ready_timeout_ms;
       if (now >= next_probe) {
         next_probe = now + 200;
-        auto health = HttpGet(listen->host, listen->port, "/health", 1000);
+        auto health = http::Get(listen->host, listen->port, "/health", 1000);
         if (health.ok() && health->status == 200) {
           announced = true;
           std::printf(

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/http_probe.h"
+#include "common/http_client.h"
 #include "common/wire.h"
 #include "services/launcher.h"
 
@@ -67,7 +67,7 @@ int PrintStatus(const Manifest& manifest, bool json) {
   std::string router_error;
   auto listen = ParseHostPort(manifest.router.listen);
   if (listen.ok()) {
-    auto res = HttpGet(listen->host, listen->port, "/health", 2000);
+    auto res = http::Get(listen->host, listen->port, "/health", 2000);
     if (res.ok()) {
       health = Json::parse(res->body, nullptr, false);
       if (health.is_discarded()) health = Json::object();

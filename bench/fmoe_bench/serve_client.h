@@ -1,8 +1,8 @@
 // One streamed completion for `fmoe-bench serve`: POST /v1/completions with "stream": true over
-// its own HTTP/1.1 connection ("Connection: close"; plain sockets, since Beast belongs to the
-// router's server alone), the chunked body de-chunked and the server-sent events parsed as they
-// arrive, each timed when its bytes are received. Thread-safe: every call owns its connection, so
-// one thread per in-flight request may call it concurrently.
+// its own HTTP/1.1 connection ("Connection: close"; the project's client, common/http_client.h),
+// the server-sent events parsed as the body arrives, each timed when its bytes are received.
+// Thread-safe: every call owns its connection, so one thread per in-flight request may call it
+// concurrently.
 #pragma once
 
 #include <atomic>

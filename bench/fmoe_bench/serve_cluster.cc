@@ -23,7 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/http_probe.h"
+#include "common/http_client.h"
 #include "services/process.h"
 
 namespace fmoe::bench {
@@ -240,7 +240,7 @@ Status LaunchedCluster::WaitReady(double timeout_s, const std::function<bool()>&
       return Unavailable("the launcher exited (" + exit_ + ") before the router was ready");
     }
     if (stop && stop()) return FailedPrecondition("interrupted while waiting for the router");
-    Result<HttpProbeResponse> health = HttpGet("127.0.0.1", router_port_, "/health", 1000);
+    Result<http::Response> health = http::Get("127.0.0.1", router_port_, "/health", 1000);
     if (health.ok()) {
       last = std::to_string(health->status) + " " + health->body.substr(0, 300);
       nlohmann::json j = nlohmann::json::parse(health->body, nullptr, false);

@@ -1,6 +1,7 @@
-// A raw HTTP/1.1 client for integration tests: one request per connection, read to the end, the
-// chunked body de-chunked; and the data: payloads of a server-sent event stream. Raw, so tests
-// see exactly what the router writes (status line, headers, chunking).
+// HTTP for the integration tests, on the project's one client (common/http_client.h): a call
+// read whole (the body de-chunked, the head as received, so tests see the router's status line
+// and header fields), the data: payloads of a server-sent event stream, and a request read by a
+// thread of its own.
 #pragma once
 
 #include <condition_variable>
@@ -8,6 +9,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "common/http_client.h"
 
 namespace fmoe::testing {
 
@@ -17,13 +20,8 @@ struct HttpReply {
   std::string body;  // De-chunked.
 };
 
-// A connected socket to 127.0.0.1:port with a 60 s receive timeout, or -1.
-int ConnectLoopback(int port);
-// The request text; `auth` is the Authorization header's value (none when empty); `headers`
-// are more header lines, each ending in "\r\n".
-std::string HttpRequestText(const std::string& method, const std::string& path,
-                            const std::string& body, const std::string& auth = "",
-                            const std::string& headers = "");
+// One request on a connection of its own; `auth` is the Authorization header's value (none when
+// empty); `headers` are more header lines, each ending in "\r\n". Status 0 without an answer.
 HttpReply HttpCall(int port, const std::string& method, const std::string& path,
                    const std::string& body = "", const std::string& auth = "",
                    const std::string& headers = "");
@@ -45,7 +43,7 @@ class AsyncCall {
   bool WaitForEvents(size_t n, int timeout_ms);
   // True once the server has ended the answer (within timeout_ms).
   bool WaitForEnd(int timeout_ms);
-  // The raw bytes received so far.
+  // The head and the body received so far.
   std::string Received();
   // Closes the connection now; the reply keeps what had arrived.
   void Leave();
@@ -55,11 +53,12 @@ class AsyncCall {
  private:
   void Read();
 
-  int fd_ = -1;
+  http::Client client_;
+  http::Request request_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::string in_;      // GUARDED_BY(mu_): raw bytes received so far.
-  bool ended_ = false;  // GUARDED_BY(mu_): the reader closed fd_.
+  HttpReply reply_;     // GUARDED_BY(mu_): the head and the body received so far.
+  bool ended_ = false;  // GUARDED_BY(mu_): the call has returned.
   std::thread reader_;
 };
 

@@ -21,7 +21,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/http_probe.h"
+#include "common/http_client.h"
 #include "tests/harness/http_call.h"
 #include "tests/harness/process_harness.h"
 
@@ -88,7 +88,7 @@ class Launched {
         timeout_ms);
   }
   Json Health() const {
-    auto res = HttpGet("127.0.0.1", http_, "/health", 1000);
+    auto res = http::Get("127.0.0.1", http_, "/health", 1000);
     if (!res.ok()) return Json();
     return Json::parse(res->body, nullptr, false);
   }

@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/http_probe.h"
+#include "common/http_client.h"
 #include "tests/harness/process_harness.h"
 
 namespace fmoe {
@@ -94,7 +94,7 @@ class LaunchTest : public ::testing::Test {
   }
 
   int HealthStatus() {
-    auto res = HttpGet("127.0.0.1", ports_.http, "/health", 1000);
+    auto res = http::Get("127.0.0.1", ports_.http, "/health", 1000);
     return res.ok() ? res->status : 0;
   }
 
@@ -130,7 +130,7 @@ TEST_F(LaunchTest, HealthRestartAndCleanStop) {
       << "launcher log:\n"
       << ReadFile(dir_ + "/launcher.log");
 
-  auto health = HttpGet("127.0.0.1", ports_.http, "/health", 1000);
+  auto health = http::Get("127.0.0.1", ports_.http, "/health", 1000);
   ASSERT_TRUE(health.ok());
   Json body = Json::parse(health->body);
   EXPECT_EQ(body["status"], "ok");
@@ -169,7 +169,7 @@ TEST_F(LaunchTest, HealthRestartAndCleanStop) {
   pids.insert(new_pid);
   ASSERT_TRUE(WaitUntil(
       [&] {
-        auto res = HttpGet("127.0.0.1", ports_.http, "/health", 1000);
+        auto res = http::Get("127.0.0.1", ports_.http, "/health", 1000);
         if (!res.ok() || res->status != 200) return false;
         Json j = Json::parse(res->body, nullptr, false);
         return !j.is_discarded() && j["groups"][0]["alive"] == true;

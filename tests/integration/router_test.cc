@@ -7,7 +7,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,7 +18,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/http_probe.h"
+#include "common/http_client.h"
 #include "tests/harness/http_call.h"
 #include "tests/harness/process_harness.h"
 
@@ -75,14 +74,14 @@ class RouterTest : public ::testing::Test {
   }
 
   static int RunningAtRouter() {
-    auto res = HttpGet("127.0.0.1", http_, "/health", 1000);
+    auto res = http::Get("127.0.0.1", http_, "/health", 1000);
     if (!res.ok()) return -1;
     Json j = Json::parse(res->body, nullptr, false);
     return j.is_discarded() ? -1 : j["groups"][0].value("running", -1);
   }
 
   static int QueuedAtRouter() {
-    auto res = HttpGet("127.0.0.1", http_, "/health", 1000);
+    auto res = http::Get("127.0.0.1", http_, "/health", 1000);
     if (!res.ok()) return -1;
     Json j = Json::parse(res->body, nullptr, false);
     return j.is_discarded() ? -1 : j["groups"][0].value("queued", -1);
@@ -425,22 +424,13 @@ TEST_F(RouterTest, OfficialOpenAIClient) {
 }
 
 TEST_F(RouterTest, ADisconnectingClientCancelsItsRequest) {
-  const int fd = testing::ConnectLoopback(http_);
-  ASSERT_GE(fd, 0);
-  const std::string req = testing::HttpRequestText(
-      "POST", "/v1/completions",
+  testing::AsyncCall call(
+      http_, "POST", "/v1/completions",
       Completion({{"max_tokens", 1000}, {"stream", true}, {"prompt", "And God said"}}).dump(),
       std::string("Bearer ") + kKey);
-  send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  char buf[4096];
-  std::string in;
-  while (in.find("data: ") == std::string::npos) {
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    ASSERT_GT(n, 0);
-    in.append(buf, static_cast<size_t>(n));
-  }
+  ASSERT_TRUE(call.WaitForEvents(1, 60000)) << call.Received();
   EXPECT_EQ(RunningAtRouter(), 1);
-  close(fd);
+  call.Leave();  // Closes the connection.
   // Cancelled: its slot is free well before 1000 tokens could have been generated (the router
   // notices at its next write, one token later, however slow the machine).
   EXPECT_TRUE(WaitUntil([] { return RunningAtRouter() == 0; }, 15000, 20));
@@ -505,7 +495,7 @@ TEST(RouterGroupsTest, ALostGroupsQueuedRequestsMoveToTheOther) {
                          "    max_backoff_ms: 5000\n");
   Child launcher({BinDir() + "/fmoe", "launch", manifest}, dir + "/launcher.log");
   auto health = [&]() {
-    auto res = HttpGet("127.0.0.1", http, "/health", 1000);
+    auto res = http::Get("127.0.0.1", http, "/health", 1000);
     return res.ok() ? Json::parse(res->body, nullptr, false) : Json();
   };
   ASSERT_TRUE(WaitUntil(
@@ -608,7 +598,7 @@ TEST(RouterTimeoutTest, ARequestPastItsDeadlineIsCancelledAndAnswered503) {
                                    dir + "/run\n  ready_timeout_s: 60\n");
   Child launcher({BinDir() + "/fmoe", "launch", manifest}, dir + "/launcher.log");
   auto health = [&]() {
-    auto res = HttpGet("127.0.0.1", http, "/health", 1000);
+    auto res = http::Get("127.0.0.1", http, "/health", 1000);
     return res.ok() ? Json::parse(res->body, nullptr, false) : Json();
   };
   ASSERT_TRUE(WaitUntil(

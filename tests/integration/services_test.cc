@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/http_probe.h"
+#include "common/http_client.h"
 #include "common/wire.h"
 #include "tests/harness/process_harness.h"
 
@@ -154,9 +154,9 @@ TEST_F(ServicesTest, RouterHealthWithoutWorkersAndUnknownRoutes) {
   const int http = FreeTcpPort();
   std::string manifest = WriteManifest("r", FreeTcpPort(), http);
   Child router({BinDir() + "/fmoe-router", "--manifest", manifest}, dir_ + "/router.log");
-  ASSERT_TRUE(WaitUntil([&] { return HttpGet("127.0.0.1", http, "/health", 500).ok(); }, 20000))
+  ASSERT_TRUE(WaitUntil([&] { return http::Get("127.0.0.1", http, "/health", 500).ok(); }, 20000))
       << ReadFile(dir_ + "/router.log");
-  auto health = HttpGet("127.0.0.1", http, "/health", 1000);
+  auto health = http::Get("127.0.0.1", http, "/health", 1000);
   ASSERT_TRUE(health.ok());
   EXPECT_EQ(health->status, 503);
   Json body = Json::parse(health->body);
@@ -164,7 +164,7 @@ TEST_F(ServicesTest, RouterHealthWithoutWorkersAndUnknownRoutes) {
   EXPECT_EQ(body["reason"], "no worker group is alive: g0: never connected");
   EXPECT_EQ(body["map_service"]["alive"], false);
 
-  auto missing = HttpGet("127.0.0.1", http, "/v1/nothing", 1000);
+  auto missing = http::Get("127.0.0.1", http, "/v1/nothing", 1000);
   ASSERT_TRUE(missing.ok());
   EXPECT_EQ(missing->status, 404);
   Json err = Json::parse(missing->body);
