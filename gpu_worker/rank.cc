@@ -1,8 +1,10 @@
 #include "gpu_worker/rank.h"
 
 #include <charconv>
+#include <chrono>
 #include <exception>
 #include <filesystem>
+#include <thread>
 #include <utility>
 
 #include "common/log.h"
@@ -281,6 +283,15 @@ void Rank::RunCompute(const std::function<bool()>& stop, std::chrono::millisecon
     s = follower_->Run(stop, grace);
   } catch (const std::exception& e) {  // The group cannot go on, but the rank says so.
     s = Internal(std::string("the follower loop threw: ") + e.what());
+  }
+  if (s.ok()) {
+    // The leader stopped cleanly. When the whole group is stopping (the launcher signals every
+    // rank at once), this rank's own stop request is on its way: wait for it up to the grace
+    // period rather than leaving with an error.
+    const auto until = std::chrono::steady_clock::now() + grace;
+    while (!stop() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
   if (stop()) return;
   OnGroupFailure(s.ok() ? Unavailable("the leader of group " + options_.group + " stopped") : s);

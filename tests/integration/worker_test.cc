@@ -83,7 +83,7 @@ class WorkerTest : public ::testing::Test {
   void Send(const WorkerMessage& message) { ASSERT_TRUE(socket_->Send(message, peer_).ok()); }
 
   // Receives until every id in `ids` has finished (or the deadline); answers heartbeats.
-  void Collect(const std::vector<uint64_t>& ids, int timeout_ms = 60000,
+  void Collect(const std::vector<uint64_t>& ids, int timeout_ms = 180000,
                uint64_t cancel_after_first = 0) {
     auto done = [&] {
       return std::all_of(ids.begin(), ids.end(), [&](uint64_t id) {
