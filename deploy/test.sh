@@ -6,7 +6,11 @@
 #      tests labelled gpu run too, one at a time;
 #   2. an ASan+UBSan build of the Torch-free libraries and their tests, ctest;
 #   3. a clang build of the libFuzzer targets (tests/fuzz/), ctest -L fuzz: short fuzz runs of
-#      the wire decoder and of the router's request parsing, from generated seeds.
+#      the wire decoder and of the router's request parsing, from generated seeds;
+#   4. when stage 1 used Debian's LibTorch: the GPU build's guard, for machines without a GPU
+#      (CI): build-cuda/ against PyPI's CUDA LibTorch with FMOE_CUDA=ON, and the tests that run
+#      LibTorch code (ctest -L torch -LE gpu). Skipped, saying so, when PyPI is unreachable or
+#      nvcc is missing; FMOE_CUDA=0 leaves it out.
 # Before stage 1 it prepares .venv with the official `openai` Python client from PyPI for the
 # router's compatibility test; without PyPI that test says it was skipped.
 # Exits non-zero on any failure.
@@ -59,5 +63,37 @@ fmoe_build "$FMOE_ROOT/build-fuzz" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER
 fmoe_log "running the fuzz suite (build-fuzz/: libFuzzer+ASan+UBSan, clang)"
 (cd "$FMOE_ROOT/build-fuzz" && ctest --output-on-failure -L fuzz)
 stage_done "stage 3 (build-fuzz/)"
+
+# Stage 4: what a GPU machine builds, checked on one without a GPU. Every break of the CUDA
+# LibTorch 2.x build (headers, c10d's API, the libraries it loads, symbols it exports) shows here.
+# To fit CI's budget (2 cores, 40 min for this whole command) it builds the targets that compile
+# LibTorch code and the programs the LibTorch tests start (target torch_suite), not the
+# Torch-free tests and benchmarks that stages 1-2 already build and run from the same sources,
+# and runs the tests labelled torch: those linking LibTorch and those starting fmoe-worker or
+# fmoe-generate (bench/RESULTS.md, "Build and test time").
+case "${FMOE_CUDA:-}" in 0 | OFF | off | no | false) gpu_guard=no ;; *) gpu_guard=yes ;; esac
+if [ "$main_build" = "$FMOE_ROOT/build" ] && [ "$gpu_guard" = yes ]; then
+  torch_rc=0
+  if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+    fmoe_log "stage 4 (build-cuda/) SKIPPED: no nvcc (the CUDA 13 toolkit) on this machine"
+  else
+    torch_dir="$(fmoe_cuda_libtorch)" || torch_rc=$?
+    if [ "$torch_rc" -eq 2 ]; then
+      fmoe_log "stage 4 (build-cuda/) SKIPPED: PyPI is unreachable, and" \
+               "torch==$FMOE_TORCH_CUDA_VERSION is neither in .venv nor kept in $FMOE_WHEELS"
+    elif [ "$torch_rc" -ne 0 ]; then
+      fmoe_die "installing torch==$FMOE_TORCH_CUDA_VERSION into .venv failed"
+    else
+      stage_done "stage 4: the CUDA LibTorch in .venv"
+      fmoe_build_cuda "$FMOE_ROOT/build-cuda" -DCMAKE_BUILD_TYPE=Release -DFMOE_WERROR=ON -- \
+        torch_suite
+      stage_done "stage 4: build (build-cuda/, target torch_suite)"
+      fmoe_log "running the LibTorch tests against PyPI's CUDA LibTorch (build-cuda/, no GPU used)"
+      (cd "$FMOE_ROOT/build-cuda" && \
+        ctest --output-on-failure --timeout 900 -j 2 -L torch -LE gpu)
+      stage_done "stage 4: tests (build-cuda/, ctest -L torch -LE gpu)"
+    fi
+  fi
+fi
 
 fmoe_log "all tests passed in $(( $(date +%s) - start )) s"
