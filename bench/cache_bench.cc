@@ -24,6 +24,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_prompts.h"
+#include "common/log.h"
 #include "common/policy_names.h"
 #include "gpu_worker/rank.h"
 
@@ -97,12 +98,18 @@ std::pair<Run, Run> RunInterleaved(MoeModel& model, ExpertSource& a, ExpertSourc
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"cache_bench: decode TPOT per policy and expert budget (emulated link)"};
+  // Logs go to stderr: stdout carries the tables.
+  if (fmoe::Status s = fmoe::InitLogging("cache_bench", "info"); !s.ok()) return 2;
+  CLI::App app{
+      "cache_bench: decode TPOT per policy and expert budget (emulated link on cpu, the "
+      "CUDA link on cuda)"};
   std::string model_dir = "deploy/models/tiny-moe";
   std::string prompts_file;
   size_t num_prompts = 8;
   uint32_t max_tokens = 32;
   int threads = 1;
+  std::string device = "cpu";
+  std::string dtype = "float32";
   double load_ratio = 3.0;
   double gbps = 0;
   double latency_us = 10;
@@ -116,6 +123,9 @@ int main(int argc, char** argv) {
   app.add_option("--prompts", num_prompts, "prompts, one request each");
   app.add_option("--tokens", max_tokens, "tokens generated per prompt");
   app.add_option("--threads", threads, "intra-op threads");
+  app.add_option("--device", device, "cpu (emulated link) | cuda:N (the CUDA link)")
+      ->capture_default_str();
+  app.add_option("--dtype", dtype, "auto | float32 | bfloat16 | float16")->capture_default_str();
   app.add_option("--load-ratio", load_ratio, "one expert's load time / one layer's compute");
   app.add_option("--gbps", gbps, "link GB/s (overrides --load-ratio)");
   app.add_option("--latency-us", latency_us, "link latency per transfer");
@@ -130,7 +140,8 @@ int main(int argc, char** argv) {
   RankOptions options;
   options.model_dir = model_dir;
   options.threads = threads;
-  options.dtype = "float32";
+  options.device = device;
+  options.dtype = dtype;
   options.experts = RankExperts::kResident;
   options.compute = false;  // An engine per request and source, below.
   auto rank = Rank::Assemble(std::move(options));
@@ -165,13 +176,20 @@ int main(int argc, char** argv) {
     gbps = expert_bytes / std::max(load_s, 1e-6) / 1e9;
   }
   const double load_ms = latency_us / 1e3 + expert_bytes / (gbps * 1e9) * 1e3;
+  const bool cuda = (*rank)->device().cuda_index >= 0;
   std::printf(
-      "model %s: L=%u J=%u K=%u, expert %zu bytes (fp32); all-resident TPOT %.2f ms, %.3f ms "
-      "per layer\nemulated link: %.3f GB/s + %.0f us = %.3f ms per expert (%.1f x a layer); "
-      "%zu prompts x %u tokens, batch 1, %d thread(s), d=%u\n\n",
+      "model %s: L=%u J=%u K=%u, expert %zu bytes (%s); all-resident TPOT %.2f ms, %.3f ms "
+      "per layer on %s\n",
       model_dir.c_str(), info.num_moe_layers, info.num_experts, info.top_k, expert_bytes,
-      reference_tpot, layer_ms, gbps, latency_us, load_ms, load_ms / layer_ms, prompts.size(),
-      max_tokens, threads, distance);
+      (*rank)->dtype().c_str(), reference_tpot, layer_ms, (*rank)->device().description.c_str());
+  if (cuda) {
+    std::printf("link: the CUDA link (pinned host memory to device slots)");
+  } else {
+    std::printf("emulated link: %.3f GB/s + %.0f us = %.3f ms per expert (%.1f x a layer)", gbps,
+                latency_us, load_ms, load_ms / layer_ms);
+  }
+  std::printf("; %zu prompts x %u tokens, batch 1, %d thread(s), d=%u\n\n", prompts.size(),
+              max_tokens, threads, distance);
   std::printf(
       "| policy | budget | TPOT ms | vs all-resident (paired) | hit rate | stall ms/token | MB "
       "moved/token | prefetches used / issued | identical tokens |\n|---|---:|---:|---:|---:|---:|"

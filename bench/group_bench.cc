@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_prompts.h"
+#include "common/log.h"
 #include "gpu_worker/expert_group.h"
 #include "gpu_worker/rank.h"
 
@@ -45,6 +46,8 @@ const std::vector<std::string>& kFallback = bench::kFallbackPrompts;
 
 struct Config {
   std::string model_dir;
+  std::string device = "cpu";  // Every rank's: cpu | cuda:N.
+  std::string dtype = "float32";
   std::vector<std::string> prompts;
   uint32_t tokens = 32;
   uint32_t world = 1;
@@ -72,7 +75,8 @@ int RankMain(const Config& c, uint32_t rank, int out_fd) {
   RankOptions o;
   o.model_dir = c.model_dir;
   o.threads = c.threads;
-  o.dtype = "float32";
+  o.device = c.device;
+  o.dtype = c.dtype;
   o.experts = RankExperts::kCached;
   o.cache.policy = c.policy;
   o.cache.cache_fraction = c.budget;
@@ -246,6 +250,8 @@ std::vector<Json> RunConfig(Config c, uint32_t seed, bool collectives = false) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Logs go to stderr: stdout carries the tables.
+  if (fmoe::Status s = fmoe::InitLogging("group_bench", "info"); !s.ok()) return 2;
   CLI::App app{"group_bench: decode TPOT and bytes moved per rank against the group's world size"};
   Config base;
   base.model_dir = "deploy/models/tiny-moe";
@@ -262,7 +268,11 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batches, "batch sizes")->delimiter(',');
   app.add_option("--budget", budgets, "expert budgets per rank, fractions")->delimiter(',');
   app.add_option("--policy", base.policy, "cache policy below 100%");
-  app.add_option("--gbps", base.gbps, "emulated link GB/s");
+  app.add_option("--gbps", base.gbps, "emulated link GB/s (cpu)");
+  app.add_option("--device", base.device, "every rank's device: cpu | cuda:N")
+      ->capture_default_str();
+  app.add_option("--dtype", base.dtype, "auto | float32 | bfloat16 | float16")
+      ->capture_default_str();
   bool collectives = false;
   app.add_flag("--collectives", collectives,
                "time the group's collectives alone (each way of summing) instead");

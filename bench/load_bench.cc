@@ -22,6 +22,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/checkpoint.h"
+#include "common/log.h"
 #include "common/safetensors.h"
 #include "gpu_worker/tensor_loader.h"
 
@@ -56,6 +57,8 @@ double Gb(uint64_t bytes) { return static_cast<double>(bytes) / 1e9; }
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Logs go to stderr: stdout carries the tables.
+  if (fmoe::Status s = fmoe::InitLogging("load_bench", "info"); !s.ok()) return 2;
   using namespace fmoe;
   CLI::App app{"load_bench: checkpoint load rate and peak resident memory"};
   std::string model_dir;

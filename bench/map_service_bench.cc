@@ -4,6 +4,10 @@
 //   RoundTrip: LayerObserved sent -> its PrefetchDirective (target l + d) received, one at a
 //     time; p50 and p99 over every layer of every iteration. Only layers that produce a
 //     directive are timed; the iteration start (semantic search) is not.
+//   RoundTripDuringExport (C = 10K): the same while a second client alternates an Export of the
+//     whole store to a file with a pause as long; the round trips made while an export was in
+//     flight ("_export") and those made while none was ("_idle") are counted apart, so both
+//     p99s come from the same minutes of a shared machine.
 //   Ingest: a stream of contexts (IterationStart, then every layer's LayerObserved) sent as fast
 //     as the socket takes them; the time until the service has handled them all (a Stats
 //     request queued behind them is answered). Iterations are left incomplete, so nothing is
@@ -11,7 +15,7 @@
 // Shapes: Mixtral-8x7B (L=32, J=8, h=4096), Qwen1.5-MoE-A2.7B (L=24, J=60, h=2048), Phi-3.5-MoE
 // (L=32, J=16, h=4096); C = 1K and 10K; d = 3.
 //
-//   build/bin/map_service_bench --benchmark_min_time=1
+//   build/bin/map_service_bench --benchmark_min_time=1 [--writer_nice=N (default: the service's)]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -20,21 +24,23 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include <benchmark/benchmark.h>
-#include <flatbuffers/flatbuffers.h>
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
+#include "map_service/export_file.h"
 #include "map_service/map_service.h"
-#include "schemas/export_generated.h"
 
 namespace {
 
@@ -50,6 +56,7 @@ const Shape kShapes[] = {{"mixtral", 32, 8, 2, 4096},
                          {"phi-3.5-moe", 32, 16, 2, 4096}};
 constexpr uint32_t kDistance = 3;
 constexpr uint64_t kFingerprint = 0x5eed;
+int g_writer_nice = MapServiceOptions{}.writer_nice;
 
 int FreeTcpPort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -75,6 +82,7 @@ struct Bench {
   Shape shape{};
   uint32_t capacity = 0;
   std::string dir;
+  std::string endpoint;
   std::unique_ptr<MapService> service;
   std::thread thread;
   std::atomic<bool> stop{false};
@@ -115,10 +123,12 @@ std::unique_ptr<Bench> Start(int shape_index, uint32_t capacity, std::string* er
   b->dir = mkdtemp(tmpl);
   MapServiceOptions o;
   o.endpoint = "tcp://127.0.0.1:" + std::to_string(FreeTcpPort());
+  b->endpoint = o.endpoint;
   o.data_dir = b->dir + "/db";
   o.store_capacity = static_cast<int>(capacity);
   o.prefetch_distance = kDistance;
   o.heartbeat_timeout_ms = 600000;
+  o.writer_nice = g_writer_nice;
   b->service = std::make_unique<MapService>(o, SteadyClock::Get());
   if (Status s = b->service->Start(); !s.ok()) {
     *error = s.ToString();
@@ -148,30 +158,30 @@ std::unique_ptr<Bench> Start(int shape_index, uint32_t capacity, std::string* er
     return nullptr;
   }
   // Fill the store: an export file of C random maps, imported.
-  namespace fbs = fmoe::store;
   const Shape& s = b->shape;
-  flatbuffers::FlatBufferBuilder fbb(1 << 20);
-  std::vector<flatbuffers::Offset<fbs::StoredMap>> maps;
+  std::vector<MapRow> maps(capacity);
   for (uint32_t i = 0; i < capacity; ++i) {
-    auto sem = fbb.CreateVector(Random(b->rng, s.hidden, false));
-    auto map = fbb.CreateVector(Random(b->rng, static_cast<size_t>(s.layers) * s.experts, true));
-    maps.push_back(fbs::CreateStoredMap(fbb, i + 1, i, i, 0, 0, sem, map));
+    maps[i].id = i + 1;
+    maps[i].row = i;
+    maps[i].request_id = i;
+    maps[i].sem = Random(b->rng, s.hidden, false);
+    maps[i].map = Random(b->rng, static_cast<size_t>(s.layers) * s.experts, true);
   }
-  auto vec = fbb.CreateVector(maps);
-  fbb.Finish(
-      fbs::CreateMapExport(fbb, 1, kFingerprint, s.layers, s.experts, s.top_k, s.hidden, 0, vec),
-      fbs::MapExportIdentifier());
   const std::string path = b->dir + "/fill.fmx";
-  {
-    std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(fbb.GetBufferPointer()),
-              static_cast<std::streamsize>(fbb.GetSize()));
+  if (auto written =
+          WriteMapExport(path, {kFingerprint, s.layers, s.experts, s.top_k, s.hidden, 0}, maps);
+      !written.ok()) {
+    *error = written.status().ToString();
+    return nullptr;
   }
+  const auto import_start = Clock::now();
   auto reply = b->Admin(AdminOp::kImport, path);
   if (!reply || !reply->ok) {
     *error = reply ? reply->error : "no import reply";
     return nullptr;
   }
+  std::fprintf(stderr, "%s C=%u: the Import that fills the store took %.2f s\n", s.name, capacity,
+               std::chrono::duration<double>(Clock::now() - import_start).count());
   // Let RocksDB's background flush of the import finish before timing anything.
   std::this_thread::sleep_for(std::chrono::seconds(3));
   return b;
@@ -196,15 +206,22 @@ std::vector<float> LayerProbs(std::mt19937& rng, uint32_t experts) {
   return p;
 }
 
-void BM_RoundTrip(benchmark::State& state) {
-  std::string error;
-  Bench* b = Get(static_cast<int>(state.range(0)), static_cast<uint32_t>(state.range(1)), &error);
-  if (b == nullptr) {
-    state.SkipWithError(error.c_str());
-    return;
-  }
+// p50 and p99 of a sample, as counters "p50_us<suffix>" and "p99_us<suffix>".
+void Percentiles(benchmark::State& state, std::vector<double> us, const std::string& suffix) {
+  if (us.empty()) return;
+  std::sort(us.begin(), us.end());
+  if (suffix.empty()) state.counters["max_us"] = us.back();
+  state.counters["p50_us" + suffix] = us[us.size() / 2];
+  state.counters["p99_us" + suffix] = us[std::min(us.size() - 1, us.size() * 99 / 100)];
+}
+
+// The round trip, timed per layer: every sample ("p50_us", "p99_us", "max_us"). With `phase`,
+// also apart by the phase at its send and at its directive when both are the same: odd (an
+// export running throughout: "_export"), even (none running: "_idle"). A round trip held up
+// across the end of an export counts in neither, only in the first.
+void RoundTrip(benchmark::State& state, Bench* b, const std::atomic<uint64_t>* phase = nullptr) {
   const Shape& s = b->shape;
-  std::vector<double> us;
+  std::vector<double> all, idle, exporting;
   uint64_t request = 0;
   uint32_t layer = s.layers;  // Start a new iteration at once.
   auto drain_until = [&](uint32_t target) {
@@ -230,6 +247,7 @@ void BM_RoundTrip(benchmark::State& state) {
       layer = 0;
     }
     LayerObserved m{request, 0, layer, LayerProbs(b->rng, s.experts)};
+    const uint64_t phase_before = phase != nullptr ? phase->load() : 0;
     const auto t0 = Clock::now();
     (void)b->client->Send(m);
     if (!drain_until(layer + kDistance)) {
@@ -238,16 +256,102 @@ void BM_RoundTrip(benchmark::State& state) {
     }
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
     state.SetIterationTime(elapsed);
-    us.push_back(elapsed * 1e6);
+    all.push_back(elapsed * 1e6);
+    if (phase != nullptr && phase->load() == phase_before) {
+      (phase_before % 2 == 1 ? exporting : idle).push_back(elapsed * 1e6);
+    }
     ++layer;
   }
   (void)b->client->Send(IterationEnd{request, 0, true});
-  std::sort(us.begin(), us.end());
-  if (!us.empty()) {
-    state.counters["p50_us"] = us[us.size() / 2];
-    state.counters["p99_us"] = us[std::min(us.size() - 1, us.size() * 99 / 100)];
-  }
+  Percentiles(state, std::move(all), "");
+  Percentiles(state, std::move(idle), "_idle");
+  Percentiles(state, std::move(exporting), "_export");
   state.SetLabel(s.name);
+}
+
+void BM_RoundTrip(benchmark::State& state) {
+  std::string error;
+  Bench* b = Get(static_cast<int>(state.range(0)), static_cast<uint32_t>(state.range(1)), &error);
+  if (b == nullptr) {
+    state.SkipWithError(error.c_str());
+    return;
+  }
+  RoundTrip(state, b);
+}
+
+// A second client (its own DEALER, on its own thread) alternating until stopped: one Export of
+// the whole store, then a pause as long as that export took. `phase` counts the changes: odd
+// while an export is in flight (from its request sent to its reply received), even between.
+class Exporter {
+ public:
+  Exporter(Bench* b, const std::string& endpoint) {
+    thread_ = std::thread([this, b, endpoint] { Loop(b, endpoint); });
+    // Starts timing at the first export.
+    while (phase_.load() == 0 && !done_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~Exporter() {
+    stop_ = true;
+    thread_.join();
+  }
+  const std::atomic<uint64_t>& phase() const { return phase_; }
+  uint64_t exports() const { return exports_; }
+  uint64_t failures() const { return failures_; }
+
+ private:
+  void Loop(Bench* b, const std::string& endpoint) {
+    wire::SocketOptions so;
+    so.routing_id = "admin/exporter";
+    auto socket = wire::MapSocket::Connect(b->context, wire::Role::kDealer, endpoint, so);
+    for (uint64_t id = 1; !stop_; ++id) {
+      AdminRequest r;
+      r.id = id;
+      r.op = AdminOp::kExport;
+      r.path = b->dir + "/export.fmx";
+      ++phase_;
+      const auto t0 = Clock::now();
+      if (!socket.ok() || !(*socket)->Send(r).ok()) break;
+      std::optional<AdminReply> reply;
+      while (!reply) {
+        auto in = (*socket)->Receive(600000);
+        if (!in) break;
+        if (auto* a = std::get_if<AdminReply>(&in->message); a && a->id == id) reply = *a;
+      }
+      ++phase_;
+      if (!reply || !reply->ok) break;
+      ++exports_;
+      const auto pause_end = Clock::now() + (Clock::now() - t0);
+      while (!stop_ && Clock::now() < pause_end) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    if (!stop_) ++failures_;
+    done_ = true;
+  }
+
+  std::thread thread_;
+  std::atomic<uint64_t> phase_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> done_{false};
+  std::atomic<uint64_t> exports_{0};
+  std::atomic<uint64_t> failures_{0};
+};
+
+void BM_RoundTripDuringExport(benchmark::State& state) {
+  std::string error;
+  Bench* b = Get(static_cast<int>(state.range(0)), static_cast<uint32_t>(state.range(1)), &error);
+  if (b == nullptr) {
+    state.SkipWithError(error.c_str());
+    return;
+  }
+  uint64_t exports = 0, failures = 0;
+  {
+    Exporter exporter(b, b->endpoint);
+    RoundTrip(state, b, &exporter.phase());
+    exports = exporter.exports();
+    failures = exporter.failures();
+  }  // Waits for the export in flight.
+  if (failures > 0) state.SkipWithError("an export failed");
+  state.counters["exports"] = static_cast<double>(exports);
 }
 
 void BM_Ingest(benchmark::State& state) {
@@ -292,6 +396,17 @@ void BM_Ingest(benchmark::State& state) {
 
 int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);
+  // Our own flag, taken out before Google Benchmark reads the rest.
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg.starts_with("--writer_nice=")) {
+      g_writer_nice = std::atoi(argv[i] + std::strlen("--writer_nice="));
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
   // Both benchmarks of one (shape, C) run back to back on the same filled service.
   for (int shape = 0; shape < 3; ++shape) {
     for (int c : {1000, 10000}) {
@@ -300,6 +415,13 @@ int main(int argc, char** argv) {
           ->ArgNames({"shape", "C"})
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
+      if (c == 10000) {
+        benchmark::RegisterBenchmark("BM_RoundTripDuringExport", BM_RoundTripDuringExport)
+            ->Args({shape, c})
+            ->ArgNames({"shape", "C"})
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
       benchmark::RegisterBenchmark("BM_Ingest", BM_Ingest)
           ->Args({shape, c})
           ->ArgNames({"shape", "C"})

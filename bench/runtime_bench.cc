@@ -35,6 +35,8 @@ const std::vector<std::string> kFallback = {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Logs go to stderr: stdout carries the tables.
+  if (fmoe::Status s = fmoe::InitLogging("runtime_bench", "info"); !s.ok()) return 2;
   using namespace fmoe;
   CLI::App app{"runtime_bench: prefill and decode tokens/s of the model runtime"};
   std::string model_dir = "deploy/models/tiny-moe";
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
   int threads = 0;
   int row_block = 4;
   std::string dtype = "float32";
+  std::string device = "cpu";
   app.add_option("--model", model_dir)->capture_default_str();
   app.add_option("--prompts", prompts_path, "JSONL prompts (the text is cut to length)")
       ->capture_default_str();
@@ -54,6 +57,7 @@ int main(int argc, char** argv) {
   app.add_option("--row-block", row_block, "rows per matrix block (0 = whole batch)")
       ->capture_default_str();
   app.add_option("--dtype", dtype, "auto | float32 | bfloat16 | float16")->capture_default_str();
+  app.add_option("--device", device, "cpu | cuda:N")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (batches.empty()) batches = {1, 8};
 
@@ -61,6 +65,7 @@ int main(int argc, char** argv) {
   RankOptions options;
   options.model_dir = model_dir;
   options.threads = threads;
+  options.device = device;
   options.dtype = dtype;
   options.row_block = row_block;
   options.experts = RankExperts::kResident;

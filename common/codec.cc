@@ -2,7 +2,8 @@
 // Decode is the trust boundary: size and identifier checks, a copy into 8-byte-aligned memory,
 // the FlatBuffers Verifier, then semantic range checks while the plain struct is filled in.
 // Union tags are the variant index + 1 (0 is NONE); the static_asserts below keep
-// schemas/*.fbs and common/messages.h in step.
+// schemas/*.fbs and common/messages.h in step. Both channels go through one template over the
+// envelope (Channel<WorkerMessage>, Channel<MapMessage>); each message has its Build and Read.
 #include "common/codec.h"
 
 #include <array>
@@ -74,48 +75,33 @@ SplitPairs(Builder& fbb, const std::vector<std::pair<int32_t, float>>& pairs) {
   return {fbb.CreateVector(ids), fbb.CreateVector(values)};
 }
 
-// Bytes of variable-length payload, to size the builder once.
-size_t PayloadBytes(const WorkerMessage& message) {
-  return std::visit(
-      [](const auto& m) -> size_t {
-        using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, WorkerHello>) return m.group.size() + m.model_name.size();
-        if constexpr (std::is_same_v<T, WorkerHelloAck>) return m.reason.size();
-        if constexpr (std::is_same_v<T, WorkerHeartbeat>) return m.group.size();
-        if constexpr (std::is_same_v<T, Generate>) {
-          size_t bytes = 4 * (m.token_ids.size() + m.sampling.stop_token_ids.size()) +
-                         8 * m.sampling.logit_bias.size();
-          for (const auto& s : m.sampling.stop) bytes += s.size() + 8;
-          return bytes;
-        }
-        if constexpr (std::is_same_v<T, TokenEvent>) {
-          return m.error.size() + 8 * m.top_logprobs.size();
-        }
-        if constexpr (std::is_same_v<T, WorkerGoodbye>) return m.group.size() + m.reason.size();
-        if constexpr (std::is_same_v<T, WorkerLoading>) return m.group.size();
-        return 0;
-      },
-      message);
+// Bytes of variable-length payload of each message, to size the builder once; 0 for the rest.
+template <class T>
+size_t PayloadBytes(const T&) {
+  return 0;
 }
-
-size_t PayloadBytes(const MapMessage& message) {
-  return std::visit(
-      [](const auto& m) -> size_t {
-        using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, Register>) return m.group.size();
-        if constexpr (std::is_same_v<T, RegisterAck>) return m.reason.size();
-        if constexpr (std::is_same_v<T, RankHeartbeat>) return m.group.size();
-        if constexpr (std::is_same_v<T, IterationStart>) return 4 * m.sem.size();
-        if constexpr (std::is_same_v<T, LayerObserved>) return 4 * m.probs.size();
-        if constexpr (std::is_same_v<T, PrefetchDirective>) {
-          return sizeof(fb::PrefetchEntry) * m.entries.size();
-        }
-        if constexpr (std::is_same_v<T, AdminRequest>) return m.path.size();
-        if constexpr (std::is_same_v<T, AdminReply>) return m.error.size() + m.json.size();
-        return 0;
-      },
-      message);
+size_t PayloadBytes(const WorkerHello& m) { return m.group.size() + m.model_name.size(); }
+size_t PayloadBytes(const WorkerHelloAck& m) { return m.reason.size(); }
+size_t PayloadBytes(const WorkerHeartbeat& m) { return m.group.size(); }
+size_t PayloadBytes(const Generate& m) {
+  size_t bytes = 4 * (m.token_ids.size() + m.sampling.stop_token_ids.size()) +
+                 8 * m.sampling.logit_bias.size();
+  for (const auto& s : m.sampling.stop) bytes += s.size() + 8;
+  return bytes;
 }
+size_t PayloadBytes(const TokenEvent& m) { return m.error.size() + 8 * m.top_logprobs.size(); }
+size_t PayloadBytes(const WorkerGoodbye& m) { return m.group.size() + m.reason.size(); }
+size_t PayloadBytes(const WorkerLoading& m) { return m.group.size(); }
+size_t PayloadBytes(const Register& m) { return m.group.size(); }
+size_t PayloadBytes(const RegisterAck& m) { return m.reason.size(); }
+size_t PayloadBytes(const RankHeartbeat& m) { return m.group.size(); }
+size_t PayloadBytes(const IterationStart& m) { return 4 * m.sem.size(); }
+size_t PayloadBytes(const LayerObserved& m) { return 4 * m.probs.size(); }
+size_t PayloadBytes(const PrefetchDirective& m) {
+  return sizeof(fb::PrefetchEntry) * m.entries.size();
+}
+size_t PayloadBytes(const AdminRequest& m) { return m.path.size(); }
+size_t PayloadBytes(const AdminReply& m) { return m.error.size() + m.json.size(); }
 
 flatbuffers::Offset<fb::WorkerHello> Build(Builder& fbb, const WorkerHello& m) {
   auto group = OptString(fbb, m.group);
@@ -784,12 +770,26 @@ bool Read(const fb::MapStored& t, const Checker&, MapStored* m) {
   return true;
 }
 
+// The FlatBuffers table of a plain message: what its Build returns an offset to.
+template <class Plain>
+using FbOf = typename OffsetTarget<decltype(Build(std::declval<Builder&>(),
+                                                  std::declval<const Plain&>()))>::type;
+
 // Reads body table Fb into the variant alternative Plain.
-template <class Plain, class Fb, class Variant>
+template <class Plain, class Variant>
 bool ReadBody(const void* body, const Checker& c, Variant* out) {
+  using Fb = FbOf<Plain>;
   static_assert(TagOf<Fb>() == IndexOf<Variant, Plain>() + 1, "union tag != variant index + 1");
   Plain& plain = out->template emplace<Plain>();
   return Read(*static_cast<const Fb*>(body), c, &plain);
+}
+
+// ReadBody of every alternative, indexed by union tag - 1.
+template <class Variant>
+using BodyReader = bool (*)(const void* body, const Checker& c, Variant* out);
+template <class Variant, size_t... I>
+constexpr std::array<BodyReader<Variant>, sizeof...(I)> BodyReaders(std::index_sequence<I...>) {
+  return {&ReadBody<std::variant_alternative_t<I, Variant>, Variant>...};
 }
 
 // Size, identifier and Verifier checks. On success returns the root table, which points into
@@ -853,13 +853,78 @@ bool MissingOrUnknownBody(Tag tag, const void* body, const char* envelope_name, 
   return false;
 }
 
-constexpr std::array<std::string_view, std::variant_size_v<WorkerMessage>> kWorkerNames = {
-    "WorkerHello", "WorkerHelloAck", "WorkerHeartbeat", "WorkerHeartbeatAck", "Generate",
-    "Cancel",      "TokenEvent",     "WorkerGoodbye",   "WorkerLoading"};
-constexpr std::array<std::string_view, std::variant_size_v<MapMessage>> kMapNames = {
-    "Register",       "RegisterAck",   "RankHeartbeat", "RankHeartbeatAck",
-    "IterationStart", "LayerObserved", "IterationEnd",  "PrefetchDirective",
-    "AdminRequest",   "AdminReply",    "MapStored"};
+// What tells the two channels apart: the envelope table (its builder and union tag come with
+// it), the union's traits and names, the file identifier and the name errors use.
+template <class Env, template <class> class Traits, auto kBodyName, const char* kId,
+          const char* kEnvelopeName>
+struct ChannelOf {
+  using Envelope = Env;
+  using EnvelopeBuilder = typename Env::Builder;
+  using Body = decltype(std::declval<const Env&>().body_type());
+  template <class Fb>
+  static constexpr Body kTag = Traits<Fb>::enum_value;
+  static constexpr const char* kIdentifier = kId;
+  static constexpr const char* kName = kEnvelopeName;
+  static const char* BodyName(Body tag) { return kBodyName(tag); }
+};
+
+constexpr char kWorkerEnvelopeName[] = "WorkerEnvelope";
+constexpr char kMapEnvelopeName[] = "MapEnvelope";
+
+template <class Variant>
+struct Channel;
+template <>
+struct Channel<WorkerMessage>
+    : ChannelOf<fb::WorkerEnvelope, fb::WorkerBodyTraits, fb::EnumNameWorkerBody, kWorkerIdentifier,
+                kWorkerEnvelopeName> {};
+template <>
+struct Channel<MapMessage> : ChannelOf<fb::MapEnvelope, fb::MapBodyTraits, fb::EnumNameMapBody,
+                                       kMapIdentifier, kMapEnvelopeName> {};
+
+template <class Variant>
+std::vector<uint8_t> EncodeEnvelope(const Variant& message) {
+  using C = Channel<Variant>;
+  Builder fbb(256 + std::visit([](const auto& m) { return PayloadBytes(m); }, message));
+  typename C::Body tag = C::Body::NONE;
+  flatbuffers::Offset<void> body;
+  std::visit(
+      [&](const auto& m) {
+        auto offset = Build(fbb, m);
+        tag = C::template kTag<typename OffsetTarget<decltype(offset)>::type>;
+        body = offset.Union();
+      },
+      message);
+  typename C::EnvelopeBuilder b(fbb);
+  b.add_protocol_version(kProtocolVersion);
+  b.add_body_type(tag);
+  b.add_body(body);
+  fbb.Finish(b.Finish(), C::kIdentifier);  // As flatc's Finish<Envelope>Buffer does.
+  return Release(fbb);
+}
+
+template <class Variant>
+bool DecodeEnvelope(std::span<const uint8_t> frame, const DecodeLimits& limits, Variant* out,
+                    DecodeError* error) {
+  using C = Channel<Variant>;
+  static constexpr auto kReaders =
+      BodyReaders<Variant>(std::make_index_sequence<std::variant_size_v<Variant>>{});
+  std::vector<uint64_t> storage;
+  const auto* env =
+      VerifyFrame<typename C::Envelope>(frame, limits, C::kIdentifier, C::kName, &storage, error);
+  if (env == nullptr) return false;
+  const Checker c(limits, error);
+  const typename C::Body tag = env->body_type();
+  const void* body = env->body();
+  if (MissingOrUnknownBody(tag, body, C::kName, c)) return false;
+  // NONE and tags past MAX were refused above; the static_asserts make the table cover the rest.
+  return kReaders[static_cast<size_t>(tag) - 1](body, c, out);
+}
+
+template <class Variant>
+std::string_view NameOf(const Variant& message) {
+  using C = Channel<Variant>;
+  return C::BodyName(static_cast<typename C::Body>(message.index() + 1));
+}
 
 }  // namespace
 
@@ -883,122 +948,19 @@ std::string_view DropReasonName(DropReason reason) {
   return "unknown";
 }
 
-std::vector<uint8_t> Encode(const WorkerMessage& message) {
-  Builder fbb(256 + PayloadBytes(message));
-  fb::WorkerBody tag = fb::WorkerBody::NONE;
-  flatbuffers::Offset<void> body;
-  std::visit(
-      [&](const auto& m) {
-        auto offset = Build(fbb, m);
-        using Fb = typename OffsetTarget<decltype(offset)>::type;
-        tag = fb::WorkerBodyTraits<Fb>::enum_value;
-        body = offset.Union();
-      },
-      message);
-  fb::WorkerEnvelopeBuilder b(fbb);
-  b.add_protocol_version(kProtocolVersion);
-  b.add_body_type(tag);
-  b.add_body(body);
-  fb::FinishWorkerEnvelopeBuffer(fbb, b.Finish());
-  return Release(fbb);
-}
-
-std::vector<uint8_t> Encode(const MapMessage& message) {
-  Builder fbb(256 + PayloadBytes(message));
-  fb::MapBody tag = fb::MapBody::NONE;
-  flatbuffers::Offset<void> body;
-  std::visit(
-      [&](const auto& m) {
-        auto offset = Build(fbb, m);
-        using Fb = typename OffsetTarget<decltype(offset)>::type;
-        tag = fb::MapBodyTraits<Fb>::enum_value;
-        body = offset.Union();
-      },
-      message);
-  fb::MapEnvelopeBuilder b(fbb);
-  b.add_protocol_version(kProtocolVersion);
-  b.add_body_type(tag);
-  b.add_body(body);
-  fb::FinishMapEnvelopeBuffer(fbb, b.Finish());
-  return Release(fbb);
-}
+std::vector<uint8_t> Encode(const WorkerMessage& message) { return EncodeEnvelope(message); }
+std::vector<uint8_t> Encode(const MapMessage& message) { return EncodeEnvelope(message); }
 
 bool Decode(std::span<const uint8_t> frame, const DecodeLimits& limits, WorkerMessage* out,
             DecodeError* error) {
-  std::vector<uint64_t> storage;
-  const fb::WorkerEnvelope* env = VerifyFrame<fb::WorkerEnvelope>(
-      frame, limits, kWorkerIdentifier, "WorkerEnvelope", &storage, error);
-  if (env == nullptr) return false;
-  const Checker c(limits, error);
-  const fb::WorkerBody tag = env->body_type();
-  const void* body = env->body();
-  if (MissingOrUnknownBody(tag, body, "WorkerEnvelope", c)) return false;
-  switch (tag) {
-    case fb::WorkerBody::WorkerHello:
-      return ReadBody<WorkerHello, fb::WorkerHello>(body, c, out);
-    case fb::WorkerBody::WorkerHelloAck:
-      return ReadBody<WorkerHelloAck, fb::WorkerHelloAck>(body, c, out);
-    case fb::WorkerBody::WorkerHeartbeat:
-      return ReadBody<WorkerHeartbeat, fb::WorkerHeartbeat>(body, c, out);
-    case fb::WorkerBody::WorkerHeartbeatAck:
-      return ReadBody<WorkerHeartbeatAck, fb::WorkerHeartbeatAck>(body, c, out);
-    case fb::WorkerBody::Generate:
-      return ReadBody<Generate, fb::Generate>(body, c, out);
-    case fb::WorkerBody::Cancel:
-      return ReadBody<Cancel, fb::Cancel>(body, c, out);
-    case fb::WorkerBody::TokenEvent:
-      return ReadBody<TokenEvent, fb::TokenEvent>(body, c, out);
-    case fb::WorkerBody::WorkerGoodbye:
-      return ReadBody<WorkerGoodbye, fb::WorkerGoodbye>(body, c, out);
-    case fb::WorkerBody::WorkerLoading:
-      return ReadBody<WorkerLoading, fb::WorkerLoading>(body, c, out);
-    case fb::WorkerBody::NONE:
-      break;
-  }
-  return c.OutOfRange("WorkerEnvelope.body_type: unhandled tag");
+  return DecodeEnvelope(frame, limits, out, error);
 }
-
 bool Decode(std::span<const uint8_t> frame, const DecodeLimits& limits, MapMessage* out,
             DecodeError* error) {
-  std::vector<uint64_t> storage;
-  const fb::MapEnvelope* env =
-      VerifyFrame<fb::MapEnvelope>(frame, limits, kMapIdentifier, "MapEnvelope", &storage, error);
-  if (env == nullptr) return false;
-  const Checker c(limits, error);
-  const fb::MapBody tag = env->body_type();
-  const void* body = env->body();
-  if (MissingOrUnknownBody(tag, body, "MapEnvelope", c)) return false;
-  switch (tag) {
-    case fb::MapBody::Register:
-      return ReadBody<Register, fb::Register>(body, c, out);
-    case fb::MapBody::RegisterAck:
-      return ReadBody<RegisterAck, fb::RegisterAck>(body, c, out);
-    case fb::MapBody::RankHeartbeat:
-      return ReadBody<RankHeartbeat, fb::RankHeartbeat>(body, c, out);
-    case fb::MapBody::RankHeartbeatAck:
-      return ReadBody<RankHeartbeatAck, fb::RankHeartbeatAck>(body, c, out);
-    case fb::MapBody::IterationStart:
-      return ReadBody<IterationStart, fb::IterationStart>(body, c, out);
-    case fb::MapBody::LayerObserved:
-      return ReadBody<LayerObserved, fb::LayerObserved>(body, c, out);
-    case fb::MapBody::IterationEnd:
-      return ReadBody<IterationEnd, fb::IterationEnd>(body, c, out);
-    case fb::MapBody::PrefetchDirective:
-      return ReadBody<PrefetchDirective, fb::PrefetchDirective>(body, c, out);
-    case fb::MapBody::AdminRequest:
-      return ReadBody<AdminRequest, fb::AdminRequest>(body, c, out);
-    case fb::MapBody::AdminReply:
-      return ReadBody<AdminReply, fb::AdminReply>(body, c, out);
-    case fb::MapBody::MapStored:
-      return ReadBody<MapStored, fb::MapStored>(body, c, out);
-    case fb::MapBody::NONE:
-      break;
-  }
-  return c.OutOfRange("MapEnvelope.body_type: unhandled tag");
+  return DecodeEnvelope(frame, limits, out, error);
 }
 
-std::string_view MessageName(const WorkerMessage& message) { return kWorkerNames[message.index()]; }
-
-std::string_view MessageName(const MapMessage& message) { return kMapNames[message.index()]; }
+std::string_view MessageName(const WorkerMessage& message) { return NameOf(message); }
+std::string_view MessageName(const MapMessage& message) { return NameOf(message); }
 
 }  // namespace fmoe::wire

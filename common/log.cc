@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <exception>
 #include <string>
 
 #include <spdlog/sinks/stdout_sinks.h>
@@ -21,6 +22,16 @@ Status InitLogging(std::string_view process_name, std::string_view level) {
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);
   return Status::Ok();
+}
+
+std::string CurrentExceptionText() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
 }
 
 }  // namespace fmoe

@@ -4,6 +4,7 @@
 // token at info level. InitLogging once, at the start of main(), before any thread starts.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include <spdlog/spdlog.h>
@@ -14,5 +15,9 @@ namespace fmoe {
 
 // level: trace | debug | info | warn | error.
 Status InitLogging(std::string_view process_name, std::string_view level);
+
+// What the exception being handled says ("unknown exception" if it is no std::exception), for
+// the log line of a loop or handler that serves on. Call inside a catch block only.
+std::string CurrentExceptionText();
 
 }  // namespace fmoe

@@ -41,6 +41,7 @@ constexpr std::string_view kGroupKeys[] = {"name",
                                            "queue_limit",
                                            "expert_cache_gb",
                                            "expert_cache_fraction",
+                                           "memory_utilization",
                                            "link",
                                            "rendezvous",
                                            "collective_timeout_s",
@@ -652,7 +653,15 @@ Status ParseGroup(const Field& field, size_t index, const std::string& base_dir,
     return Error(section.path(),
                  "expert_cache_gb and expert_cache_fraction are both set; set at most one");
   }
-  if (gb.present) {
+  const Field utilization = section.Get("memory_utilization");
+  if (gb.present && gb.node.IsScalar() && gb.node.Scalar() == "auto") {
+    group->expert_cache_auto = true;
+    group->expert_cache_gb.reset();
+    group->expert_cache_fraction.reset();
+    FMOE_RETURN_IF_ERROR(ReadDouble(utilization, {0, true, 1}, &group->memory_utilization));
+  } else if (utilization.present) {
+    return Error(utilization.path, "applies only with expert_cache_gb: auto");
+  } else if (gb.present) {
     double value = 0;
     FMOE_RETURN_IF_ERROR(ReadDouble(gb, {0, true, 100000}, &value));
     group->expert_cache_gb = value;
@@ -995,8 +1004,12 @@ std::string DescribeManifest(const Manifest& m) {
     EmitValue(out, "policy", g.policy);
     EmitValue(out, "max_batch", g.max_batch);
     EmitValue(out, "queue_limit", g.queue_limit);
+    if (g.expert_cache_auto) {
+      EmitValue(out, "expert_cache_gb", std::string("auto"));
+      EmitDouble(out, "memory_utilization", g.memory_utilization);
+    }
     if (g.expert_cache_gb) EmitDouble(out, "expert_cache_gb", *g.expert_cache_gb);
-    if (g.expert_cache_fraction || !g.expert_cache_gb) {
+    if (!g.expert_cache_auto && (g.expert_cache_fraction || !g.expert_cache_gb)) {
       EmitDouble(out, "expert_cache_fraction", g.expert_cache_fraction.value_or(1.0));
     }
     out << YAML::Key << "link" << YAML::Value << YAML::BeginMap;

@@ -61,8 +61,13 @@ struct WorkerGroupSpec {
   int max_batch = 8;     // Requests per iteration, 1..1024. Default: 8
   int queue_limit = 64;  // Router admission queue for this group, 1..100000. Default: 64
   // Expert cache budget per rank: at most one of the two. Default: fraction 1.0 (all resident).
+  // `expert_cache_gb: auto` (expert_cache_auto): each rank sizes its cache once its dense weights
+  // are loaded, to memory_utilization x the free device memory (cpu: the host's available
+  // memory) less a KV reserve of max_batch full contexts, at most every expert it owns.
   std::optional<double> expert_cache_gb;        // (0, 100000]
   std::optional<double> expert_cache_fraction;  // (0, 1]
+  bool expert_cache_auto = false;
+  double memory_utilization = 0.9;  // (0, 1], with expert_cache_gb: auto. Default: 0.9
   LinkSpec link;
   std::string rendezvous;  // c10d TCPStore HOST:PORT. Default: 127.0.0.1:(29500 + group index)
   // A collective of the group (per-layer all-reduce, iteration broadcast) that does not complete

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace fmoe {
 
@@ -30,6 +31,13 @@ inline constexpr PolicyName kPolicyNames[] = {
     {"lfu", "no prefetch; evicts the least frequently used"},
     {"oracle", "replay only: the recorded future accesses (Belady)", /*servable=*/false},
 };
+
+// Every name, in table order.
+inline std::vector<std::string> AllPolicyNames() {
+  std::vector<std::string> out;
+  for (const PolicyName& p : kPolicyNames) out.emplace_back(p.name);
+  return out;
+}
 
 // The table entry for `name`; nullptr when there is none.
 inline const PolicyName* FindPolicyName(std::string_view name) {

@@ -1,6 +1,7 @@
 #include "gpu_worker/cache_policy.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -157,16 +158,26 @@ class NextUsePolicy final : public FmoePolicy {
 // oracle (replay only): knows the whole access sequence. Prefetches the next d layers' experts
 // exactly (nearer first) and evicts the expert used again furthest in the future (Belady).
 // fmoe's cache (beyond fMoE 4.5's p * freq; DESIGN section 6 "Beyond the paper"): evicts the
-// resident expert whose next use is expected furthest away, a Belady estimate from three sources:
+// resident expert whose next use is expected furthest away, a Belady estimate from four sources:
+//  - draws: an iteration of T tokens of one request uses about as many experts per layer as m(T)
+//    independent single-token draws would (m(1) = 1; m(T) learned from the observed union sizes,
+//    c = 1 - (1 - K/J)^m, per power-of-two bucket of T), so a prefill and a decode step are
+//    counted on one scale;
 //  - this iteration's later layers: the matched map's probability from the map service's
-//    directives (usage probability min(1, K * p)), while the directive is for the running
-//    iteration;
-//  - every later iteration: q, the per-iteration use frequency of the expert within the running
-//    requests (decayed by `decay` per iteration, smoothed toward the expert's frequency over
-//    every request so far with the weight of `prior_weight` iterations), so an expert is used
-//    about every 1/q iterations;
+//    directives, for each request of the batch 1 - (1 - min(1, K * p))^m, and for the batch one
+//    minus the product over its requests; without a directive, the batch's probability from the
+//    running requests' frequencies, 1 - prod (1 - q_r)^m_r. A prompt's union thus keeps the
+//    experts its own later layers will use (scan resistance) rather than what it just used;
+//  - every later iteration: q, the batch's per-iteration use probability, 1 - prod (1 - q_r), q_r
+//    the per-draw use frequency of the expert within request r (its uses over the draws of its
+//    completed iterations, decayed by `decay` per iteration, smoothed toward the share of all
+//    iterations so far that used the expert with the weight of `prior_weight` draws), so an
+//    expert is used about every 1/q iterations. That prior counts batches, not requests: at large
+//    batches it makes q high for most experts, and the layer distance then decides, which suits
+//    a batch that needs half of every layer (evict what the layer that just ran used);
 //  - recency: an expert used the last time its layer ran gets q at least the measured repeat
-//    rate (the share of uses whose expert the previous iteration used too, over all requests).
+//    rate (the share of uses whose expert the next iteration used too, over all requests), kept
+//    apart for iterations with a prefill and iterations of decode steps only.
 // Expected distance in layers for expert (l', j) while layer l runs, q' = max(q, 1e-4):
 //   l' > l:  u * (l' - l) + (1 - u) * (l' - l + L / q'),  u = this iteration's usage probability
 //   l' <= l: (L - l + l') + L * (1 / q' - 1)
@@ -185,32 +196,66 @@ class PredictedUsePolicy final : public Tracked {
     directive_p_.assign(n, 0.0f);
     directive_iteration_.assign(n, 0);
     q_.assign(n, 0.0);
+    now_.assign(n, 0.0);
     last_iteration_.assign(n, 0);
+    const double K = control->top_k(), J = control->num_experts();
+    log_miss_per_draw_ = K < J ? std::log1p(-K / J) : -1.0;
   }
   void OnIterationStart(std::span<const SequenceInfo> sequences) override {
     ++iteration_;
     batch_.clear();
+    draws_.clear();
+    tokens_.clear();
+    slot_of_.clear();
+    bool wide = false;
     for (const SequenceInfo& s : sequences) {
       auto [it, inserted] = requests_.try_emplace(s.request_id);
       if (inserted) it->second.uses.assign(last_use_.size(), {0.0f, 0});
-      ++it->second.iterations;
-      it->second.weight = it->second.weight * decay_ + 1.0;
+      const double m = Draws(s.tokens);
+      Request& r = it->second;
+      ++r.iterations;
+      // The request's previous iteration is complete: its draws count (this one's uses are not
+      // known yet).
+      r.weight = r.weight * decay_ + r.pending;
+      r.pending = m;
+      slot_of_[s.request_id] = batch_.size();
       batch_.push_back(s.request_id);
+      draws_.push_back(m);
+      tokens_.push_back(s.tokens);
+      wide = wide || s.tokens > 1;
     }
     ++global_iterations_;
-    candidates_ += used_this_iteration_;
+    // The uses of the iteration that ended are candidates for a repeat in this one.
+    candidates_[wide_] += used_this_iteration_;
     used_this_iteration_ = 0;
+    prev_wide_ = wide_;
+    wide_ = wide ? 1 : 0;
+    const size_t n = last_use_.size();
+    if (directive_slots_.size() < batch_.size() * n) {
+      directive_slots_.resize(batch_.size() * n, 0.0f);
+      directive_slot_iteration_.resize(batch_.size() * n, 0);
+    }
     RefreshQ();
+    log_miss_used_ = log_miss_predicted_ = 0.0;
   }
   void OnLayerStart(const LayerRouting& routing) override {
     const uint32_t J = control_->num_experts();
     const bool per_sequence = routing.sequence_counts.size() == batch_.size() * J;
+    if (per_sequence) LearnDraws(routing.sequence_counts);
+    // How much of this layer the batch uses against what was predicted for it: the later layers
+    // of this iteration are expected to follow suit.
+    if (routing.layer < predicted_coverage_.size()) {
+      const double cap = 1.0 - 0.5 / J;
+      const double used = std::min(static_cast<double>(routing.experts.size()) / J, cap);
+      log_miss_used_ += std::log1p(-used);
+      log_miss_predicted_ += std::log1p(-std::min(predicted_coverage_[routing.layer], cap));
+    }
     for (uint32_t e : routing.experts) {
       const size_t k = Key(routing.layer, e);
-      ++global_uses_[k];
-      if (last_iteration_[k] + 1 == iteration_) ++repeats_;
+      if (last_iteration_[k] + 1 == iteration_) ++repeats_[prev_wide_];
       last_iteration_[k] = iteration_;
       ++used_this_iteration_;
+      ++global_uses_[k];
       for (size_t s = 0; s < batch_.size(); ++s) {
         if (per_sequence && routing.sequence_counts[s * J + e] == 0) continue;
         Request& r = requests_[batch_[s]];
@@ -223,11 +268,29 @@ class PredictedUsePolicy final : public Tracked {
   void OnRequestEnd(uint64_t request_id) override { requests_.erase(request_id); }
   void OnDirective(const PrefetchDirective& d) override {
     const double K = control_->top_k();
+    const size_t n = last_use_.size();
+    auto slot = slot_of_.find(d.request_id);
     for (const PrefetchEntry& e : d.entries) {
       if (e.expert >= control_->num_experts()) continue;
       const size_t k = Key(d.target_layer, e.expert);
-      const double u = std::min(1.0, K * e.probability);
-      directive_p_[k] = static_cast<float>(u);
+      const double per_draw = std::min(1.0, K * e.probability);
+      if (slot == slot_of_.end()) {
+        directive_p_[k] = static_cast<float>(per_draw);
+      } else {
+        // This request's prediction replaces its earlier one; the batch uses the expert unless
+        // every request with a prediction for it does not.
+        const size_t at = slot->second * n + k;
+        directive_slots_[at] =
+            static_cast<float>(1.0 - std::pow(1.0 - per_draw, draws_[slot->second]));
+        directive_slot_iteration_[at] = iteration_;
+        double miss = 1.0;
+        for (size_t s = 0; s < batch_.size(); ++s) {
+          if (directive_slot_iteration_[s * n + k] == iteration_) {
+            miss *= 1.0 - directive_slots_[s * n + k];
+          }
+        }
+        directive_p_[k] = static_cast<float>(1.0 - miss);
+      }
       directive_iteration_[k] = iteration_;
       control_->Prefetch(d.target_layer, e.expert, e.priority);
     }
@@ -238,15 +301,25 @@ class PredictedUsePolicy final : public Tracked {
     const double now = control_->current_layer();
     double q = std::max(q_[k], 1e-4);
     // Used the last time its layer ran: at least as likely as any expert to be used again
-    // the next time (the measured repeat rate over every request).
+    // the next time (the measured repeat rate after such an iteration, over every request).
+    const bool upcoming = layer > now;
     const bool recent =
-        layer > now ? last_iteration_[k] + 1 == iteration_ : last_iteration_[k] == iteration_;
-    if (recent && candidates_ >= kMinCandidates) {
-      q = std::max(q, static_cast<double>(repeats_) / static_cast<double>(candidates_));
+        upcoming ? last_iteration_[k] + 1 == iteration_ : last_iteration_[k] == iteration_;
+    const int used_in = upcoming ? prev_wide_ : wide_;
+    if (recent && candidates_[used_in] >= kMinCandidates) {
+      q = std::max(
+          q, static_cast<double>(repeats_[used_in]) / static_cast<double>(candidates_[used_in]));
     }
     double distance;
-    if (layer > now) {
-      const double u = directive_iteration_[k] == iteration_ ? directive_p_[k] : std::min(q, 1.0);
+    if (upcoming) {
+      // This iteration's probability, scaled by how much more (or less) of the layers so far the
+      // batch used than predicted.
+      double now_k = now_[k];
+      if (log_miss_predicted_ < 0.0 && now_k < 1.0) {
+        now_k = -std::expm1(std::log1p(-now_k) * (log_miss_used_ / log_miss_predicted_));
+      }
+      double u = std::max(now_k, recent ? std::min(q, 1.0) : 0.0);
+      if (directive_iteration_[k] == iteration_) u = std::max<double>(u, directive_p_[k]);
       distance = (layer - now) + (1.0 - u) * L / q;
     } else {
       distance = (L - now + layer) + L * (1.0 / q - 1.0);
@@ -263,42 +336,88 @@ class PredictedUsePolicy final : public Tracked {
   struct Request {
     std::vector<Use> uses;  // By key.
     uint32_t iterations = 0;
-    double weight = 0.0;  // Decayed iteration count (sum of decay^age).
+    double weight = 0.0;   // Decayed draws of its completed iterations (sum of decay^age * m).
+    double pending = 0.0;  // Draws of the running iteration.
   };
   double Decay(uint32_t age) const { return decay_ >= 1.0 ? 1.0 : std::pow(decay_, age); }
-  // q for every expert: the batch's probability of using it in an iteration.
+  static size_t Bucket(uint32_t tokens) { return std::min<size_t>(std::bit_width(tokens), 31); }
+  // m(T): single-token draws that use as many experts as T tokens of one request; before any
+  // iteration of that size was seen, the next smaller size's (and 1 for one token).
+  double Draws(uint32_t tokens) const {
+    if (tokens <= 1) return 1.0;
+    for (size_t b = Bucket(tokens); b > 1; --b) {
+      if (draws_by_size_[b] > 0.0) return std::min<double>(draws_by_size_[b], tokens);
+    }
+    return 1.0;
+  }
+  // Each multi-token request's union at this layer is a sample of m for its size.
+  void LearnDraws(std::span<const uint32_t> sequence_counts) {
+    const uint32_t J = control_->num_experts();
+    for (size_t s = 0; s < batch_.size(); ++s) {
+      if (tokens_[s] <= 1) continue;
+      uint32_t used = 0;
+      for (uint32_t j = 0; j < J; ++j) used += sequence_counts[s * J + j] > 0 ? 1 : 0;
+      const double c = std::min(static_cast<double>(used) / J, 1.0 - 0.5 / J);
+      const double m =
+          std::clamp(std::log1p(-c) / log_miss_per_draw_, 1.0, static_cast<double>(tokens_[s]));
+      double& avg = draws_by_size_[Bucket(tokens_[s])];
+      avg = avg == 0.0 ? m : (1.0 - kDrawsWeight) * avg + kDrawsWeight * m;
+    }
+  }
+  // For every expert: q, the batch's probability of using it in a later (decode) iteration, and
+  // now, in this one.
   void RefreshQ() {
-    const double g_den = static_cast<double>(global_iterations_);
     for (size_t k = 0; k < q_.size(); ++k) {
-      const double g = g_den > 0 ? static_cast<double>(global_uses_[k]) / g_den : 0.0;
-      double miss = 1.0;
-      for (uint64_t id : batch_) {
-        const Request& r = requests_[id];
+      const double g = global_iterations_ > 0 ? static_cast<double>(global_uses_[k]) /
+                                                    static_cast<double>(global_iterations_)
+                                              : 0.0;
+      double miss = 1.0, miss_now = 1.0;
+      for (size_t s = 0; s < batch_.size(); ++s) {
+        const Request& r = requests_[batch_[s]];
         const Use& u = r.uses[k];
         const double uses = u.value * Decay(r.iterations - u.iteration);
-        const double qr = (uses + prior_weight_ * g) / (r.weight + prior_weight_);
-        miss *= 1.0 - std::min(qr, 1.0);
+        const double qr = std::min((uses + prior_weight_ * g) / (r.weight + prior_weight_), 1.0);
+        miss *= 1.0 - qr;
+        miss_now *= draws_[s] == 1.0 ? 1.0 - qr : std::pow(1.0 - qr, draws_[s]);
       }
       q_[k] = batch_.empty() ? g : 1.0 - miss;
+      now_[k] = batch_.empty() ? g : 1.0 - miss_now;
     }
+    const uint32_t L = control_->num_layers(), J = control_->num_experts();
+    predicted_coverage_.assign(L, 0.0);
+    for (size_t k = 0; k < now_.size(); ++k) predicted_coverage_[k / J] += now_[k] / J;
   }
 
   static constexpr uint64_t kMinCandidates = 64;  // Before that, no repeat rate is trusted.
+  static constexpr double kDrawsWeight = 0.05;    // Of a new sample in m(T)'s moving average.
   std::string name_;
   double decay_;
   double prior_weight_;
+  double log_miss_per_draw_ = -1.0;  // log(1 - K / J).
   uint64_t iteration_ = 0;
   uint64_t global_iterations_ = 0;
-  std::vector<uint64_t> global_uses_;
-  std::vector<float> directive_p_;
+  std::vector<uint64_t> global_uses_;  // Iterations that used each expert.
+  std::vector<float> directive_p_;     // The batch's, this iteration (directive_iteration_).
   std::vector<uint64_t> directive_iteration_;
-  std::vector<double> q_;
+  std::vector<float> directive_slots_;  // [batch slot x key]: each request's prediction.
+  std::vector<uint64_t> directive_slot_iteration_;
+  std::vector<double> q_, now_;
+  std::vector<double> predicted_coverage_;  // Mean of now_ per layer.
+  // Sums over this iteration's layers so far of log(1 - share of the layer's experts used) and
+  // of log(1 - predicted share).
+  double log_miss_used_ = 0.0, log_miss_predicted_ = 0.0;
   std::vector<uint64_t> last_iteration_;  // iteration_ of the expert's last use (0 = none).
-  uint64_t repeats_ = 0;     // Uses of an expert that the previous iteration also used.
-  uint64_t candidates_ = 0;  // Uses in iterations that another iteration followed.
+  // [0]: after an iteration of decode steps only; [1]: after one with a prefill.
+  uint64_t repeats_[2] = {0, 0};     // Uses of an expert that the previous iteration also used.
+  uint64_t candidates_[2] = {0, 0};  // Uses in iterations that another iteration followed.
+  int wide_ = 0, prev_wide_ = 0;     // The running / the previous iteration had a prefill.
   uint64_t used_this_iteration_ = 0;
+  double draws_by_size_[32] = {};  // m(T) by Bucket(T); 0 = not seen.
   std::unordered_map<uint64_t, Request> requests_;
+  std::unordered_map<uint64_t, size_t> slot_of_;  // Request -> its position in batch_.
   std::vector<uint64_t> batch_;
+  std::vector<double> draws_;     // m of each request of the batch.
+  std::vector<uint32_t> tokens_;  // Tokens of each request of the batch.
 };
 
 class OraclePolicy final : public CachePolicy {

@@ -1,5 +1,7 @@
 #include "gpu_worker/cached_experts.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -9,6 +11,39 @@
 #include <spdlog/spdlog.h>
 
 namespace fmoe {
+
+namespace {
+
+// expert_cache_gb: auto. The free memory is read after the dense weights and the host store are
+// in place, so only the slots and the KV reserve come out of it.
+Result<uint32_t> AutoSlots(const TransferEngine& link, const CachedExpertsOptions& options,
+                           size_t expert_bytes, uint32_t owned) {
+  if (!(options.memory_utilization > 0 && options.memory_utilization <= 1)) {
+    return InvalidArgument("expert cache: memory_utilization " +
+                           std::to_string(options.memory_utilization) + " is not in (0, 1]");
+  }
+  FMOE_ASSIGN_OR_RETURN(uint64_t free, link.FreeDeviceBytes());
+  const double usable = options.memory_utilization * static_cast<double>(free) -
+                        static_cast<double>(options.reserve_bytes);
+  const double fits = std::floor(std::max(usable, 0.0) / static_cast<double>(expert_bytes));
+  const auto slots = static_cast<uint32_t>(std::min<double>(fits, owned));
+  spdlog::info(
+      "expert cache: auto: {:.2f} GB free on the {} link x {:g} - {:.2f} GB KV reserve = {:.2f} "
+      "GB for experts of {} bytes: {} slots of {} owned experts",
+      static_cast<double>(free) / 1e9, link.name(), options.memory_utilization,
+      static_cast<double>(options.reserve_bytes) / 1e9, std::max(usable, 0.0) / 1e9, expert_bytes,
+      slots, owned);
+  if (slots == 0) {
+    return ResourceExhausted("expert cache: auto: " + std::to_string(free) + " free bytes x " +
+                             std::to_string(options.memory_utilization) + " less a KV reserve of " +
+                             std::to_string(options.reserve_bytes) + " bytes holds no expert of " +
+                             std::to_string(expert_bytes) +
+                             " bytes; lower max_batch or use a larger device");
+  }
+  return slots;
+}
+
+}  // namespace
 
 Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts,
                                                              const CachedExpertsOptions& options,
@@ -41,8 +76,11 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   self->element_size_ = static_cast<int>(first->w1.element_size());
   const size_t expert_bytes = first->bytes();
 
-  FMOE_ASSIGN_OR_RETURN(uint32_t slots,
-                        BudgetSlots(options.cache_gb, options.cache_fraction, expert_bytes, owned));
+  uint32_t slots = owned;
+  if (!options.cache_auto) {
+    FMOE_ASSIGN_OR_RETURN(
+        slots, BudgetSlots(options.cache_gb, options.cache_fraction, expert_bytes, owned));
+  }
   PolicyOptions policy_options = options.policy_options;
   FMOE_ASSIGN_OR_RETURN(std::unique_ptr<CachePolicy> policy,
                         MakePolicy(options.policy, policy_options));
@@ -84,6 +122,9 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
     experts[l].clear();
   }
   FMOE_RETURN_IF_ERROR(self->link_->RegisterHost(self->host_, self->host_bytes_));
+  if (options.cache_auto) {
+    FMOE_ASSIGN_OR_RETURN(slots, AutoSlots(*self->link_, options, expert_bytes, owned));
+  }
   FMOE_ASSIGN_OR_RETURN(self->slots_,
                         self->link_->AllocateDevice(static_cast<size_t>(slots) * expert_bytes));
   // Each slot's weight views, made once: a slot's address never changes.

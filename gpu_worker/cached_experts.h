@@ -25,6 +25,13 @@ struct CachedExpertsOptions {
   // Budget: at most one of the two; neither = every expert of this rank (fraction 1).
   std::optional<double> cache_gb;
   std::optional<double> cache_fraction;
+  // Auto (manifest expert_cache_gb: auto), which overrides both: once this rank's host store is
+  // packed, slots = (memory_utilization x the link's free device bytes - reserve_bytes) /
+  // expert bytes, at most every expert it owns; kResourceExhausted naming the figures when not
+  // one fits. The figures are logged.
+  bool cache_auto = false;
+  double memory_utilization = 0.9;  // (0, 1]. Default: 0.9
+  uint64_t reserve_bytes = 0;       // Kept free (the KV reserve). Default: 0
   uint32_t rank = 0;
   uint32_t world_size = 1;
   uint32_t max_inflight_prefetches = 2;  // Default: 2

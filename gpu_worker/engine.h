@@ -87,8 +87,8 @@ class Engine final : public RequestExecutor {
   using EventSink = std::function<void(const TokenEvent&)>;
 
   // `tokenizer` may be null: stop strings then fail the request. `observer` may be null.
-  Engine(EngineOptions options, MoeModel& model, ExpertSource& experts,
-         const Tokenizer* tokenizer, ForwardObserver* observer, EventSink sink);
+  Engine(EngineOptions options, MoeModel& model, ExpertSource& experts, const Tokenizer* tokenizer,
+         ForwardObserver* observer, EventSink sink);
   ~Engine();
 
   // Any thread.

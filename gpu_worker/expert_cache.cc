@@ -546,7 +546,8 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
     }
     if (!full_) policy_->OnUse(layer, expert, hit);
   }
-  // Protection ends when the layer it was for starts: what it did not use was wasted.
+  // Protection ends when the layer it was for starts: what it did not use was wasted, and a
+  // prefetch for it still on the link is cancelled.
   for (uint32_t key = 0; key < entries_.size(); ++key) {
     Entry& e = entries_[key];
     if (e.protect_until == 0 || e.protect_until > started_) continue;
@@ -554,6 +555,9 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
     if (e.prefetched) {
       ++counters_[key / options_.num_experts].prefetches_wasted;
       e.prefetched = false;
+      // Still on the link: its layer has started without it, so its copy would only take link
+      // time and a slot from the loads to come. The link reports it cancelled (Complete).
+      if (e.state == Residency::kLoading && !e.on_demand) link_->Cancel(e.task);
     }
   }
   if (full_) return Status::Ok();

@@ -9,8 +9,8 @@
 
 namespace fmoe {
 
-Follower::Follower(MoeModel& model, ExpertSource& experts, ExpertGroup& group,
-                   uint32_t max_batch, std::function<ExpertFigures()> local_figures)
+Follower::Follower(MoeModel& model, ExpertSource& experts, ExpertGroup& group, uint32_t max_batch,
+                   std::function<ExpertFigures()> local_figures)
     : model_(model), experts_(experts), group_(group), local_figures_(std::move(local_figures)) {
   limits_.max_sequences = max_batch;
   limits_.vocab_size = model.info().vocab_size;

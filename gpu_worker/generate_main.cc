@@ -34,6 +34,7 @@ struct GenerateCommand {
   std::vector<std::string> stop;  // Stop strings. Default: none
   std::string dtype = "auto";     // auto (float32 on cpu) | float32 | bfloat16 | float16
   int threads = 0;                // Intra-op threads; 0 = LibTorch's choice. Default: 0
+  std::string device = "cpu";     // cpu | cuda:N. Default: cpu
   bool no_bos = false;            // Do not add the tokenizer's BOS. Default: false
 };
 
@@ -106,7 +107,7 @@ int RunGenerate(const GenerateCommand& cmd) {
   RankOptions options;
   options.model_dir = info->dir;
   options.model = *info;
-  options.device = "cpu";
+  options.device = cmd.device;
   options.threads = cmd.threads;
   options.dtype = cmd.dtype;
   options.experts = RankExperts::kResident;
@@ -189,6 +190,7 @@ int main(int argc, char** argv) {
                  "compute dtype; auto = the checkpoint's torch_dtype on cuda, float32 on cpu")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}));
+  app.add_option("--device", gen.device, "cpu | cuda:N")->capture_default_str();
   app.add_option("--threads", gen.threads, "intra-op threads (0 = default)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-bos", gen.no_bos, "do not add the tokenizer's BOS token");

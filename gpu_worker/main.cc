@@ -58,6 +58,8 @@ RankOptions RankFromManifest(const Manifest& manifest, const WorkerGroupSpec& gr
       static_cast<uint32_t>(manifest.map_service.prefetch_distance);
   o.cache.cache_gb = group.expert_cache_gb;
   o.cache.cache_fraction = group.expert_cache_fraction;
+  o.cache.cache_auto = group.expert_cache_auto;
+  o.cache.memory_utilization = group.memory_utilization;
   o.cache.link.gbps = group.link.gbps;
   o.cache.link.latency_us = group.link.latency_us;
   o.group = group.name;

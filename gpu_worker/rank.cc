@@ -46,11 +46,20 @@ Status Check(const RankOptions& o) {
 }
 
 std::string CacheDescription(const CachedExpertsOptions& c) {
+  if (c.cache_auto) return fmt::format("auto ({:g} of free memory)", c.memory_utilization);
   return c.cache_gb ? fmt::format("{:g} GB", *c.cache_gb)
                     : fmt::format("{:g} of experts", c.cache_fraction.value_or(1.0));
 }
 
 }  // namespace
+
+uint64_t KvReserveBytes(const ModelInfo& info, uint32_t max_batch, const std::string& dtype) {
+  const uint64_t width = dtype == "float32" ? 4 : 2;
+  const uint64_t per_token =
+      2ull * info.num_hidden_layers * info.num_key_value_heads * info.head_dim * width;
+  const uint64_t context = info.max_position_embeddings > 0 ? info.max_position_embeddings : 4096;
+  return uint64_t{max_batch} * context * per_token;
+}
 
 Result<std::string> ResolveDtype(std::string_view requested, const ModelInfo& info, bool cuda) {
   if (requested == "float32" || requested == "bfloat16" || requested == "float16") {
@@ -126,6 +135,7 @@ Status Rank::Build(RankStage* stage) {
     cache.rank = o.rank;
     cache.world_size = o.world_size;
     cache.cuda_index = device_.cuda_index;
+    if (cache.cache_auto) cache.reserve_bytes = KvReserveBytes(info_, o.max_batch, dtype_);
     FMOE_ASSIGN_OR_RETURN(cached_, CachedExperts::Create(std::move(table), cache));
     source_ = cached_.get();
   }

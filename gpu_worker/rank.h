@@ -104,6 +104,10 @@ struct RankOptions {
 // The compute dtype for `requested`: float32, bfloat16 or float16 as given; "auto" is the
 // checkpoint's torch_dtype when the device is cuda and that is bfloat16 or float16, else float32
 // (so cpu stays float32). kInvalidArgument naming the accepted values otherwise.
+// The KV cache memory `expert_cache_gb: auto` keeps free: max_batch sequences at the model's
+// full context (max_position_embeddings, 4096 when unset), keys and values of every layer.
+uint64_t KvReserveBytes(const ModelInfo& info, uint32_t max_batch, const std::string& dtype);
+
 Result<std::string> ResolveDtype(std::string_view requested, const ModelInfo& info, bool cuda);
 
 class Rank {

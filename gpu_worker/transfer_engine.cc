@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <new>
 #include <string>
@@ -39,6 +40,18 @@ void WaitUntil(int64_t deadline_ns) {
   }
 }
 
+// /proc/meminfo's MemAvailable, in bytes.
+Result<uint64_t> HostAvailableBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return Unavailable("link: /proc/meminfo has no MemAvailable line");
+}
+
 class EmulatedLink final : public TransferEngine {
  public:
   explicit EmulatedLink(const LinkOptions& options)
@@ -61,6 +74,8 @@ class EmulatedLink final : public TransferEngine {
     return queue_.Wait(out, timeout);
   }
   TransferStats stats() const override { return queue_.stats(); }
+
+  Result<uint64_t> FreeDeviceBytes() const override { return HostAvailableBytes(); }
 
   Result<void*> AllocateDevice(size_t bytes) override {
     void* p = ::operator new(bytes, kDeviceAlign, std::nothrow);

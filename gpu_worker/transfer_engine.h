@@ -86,6 +86,13 @@ class TransferEngine {
   // aligned). kResourceExhausted when it cannot be had.
   virtual Result<void*> AllocateDevice(size_t bytes) = 0;
   virtual void FreeDevice(void* ptr) = 0;
+  // Bytes the slot pool could still take: cuda: the device's free memory (cudaMemGetInfo); cpu:
+  // the host's available memory (/proc/meminfo MemAvailable), which the emulated slots use.
+  // Links that cannot tell (test and replay links): kFailedPrecondition.
+  virtual Result<uint64_t> FreeDeviceBytes() const {
+    return FailedPrecondition(std::string("link: ") + std::string(name()) +
+                              " cannot tell its free memory");
+  }
   // Makes host memory a copy source at full speed (cuda: cudaHostRegister, page-locked);
   // cpu: nothing to do.
   virtual Status RegisterHost(void* ptr, size_t bytes) { return Status::Ok(); }

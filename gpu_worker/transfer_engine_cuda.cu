@@ -5,15 +5,18 @@
 // after its last chunk has completed (cudaEventSynchronize).
 //
 // Compute fences: RecordComputeFence() records an event on the legacy default stream (LibTorch's
-// default). The link owns fence events: a fence lives while a submitted task that has not started
-// copying names it, and at least until the next RecordComputeFence(); the rest are destroyed with
-// the link. A task naming a fence that is gone waits on a fresh event on the legacy default
-// stream instead (later in that stream, so still safe, only more conservative).
+// default). The link owns fence events (fence_registry.h): a fence lives while a submitted task
+// that has not started copying names it, and while it is the newest (the expert cache names the
+// newest fence in every copy until the next one); the rest are destroyed with the link. A task
+// naming a fence that is gone (a bookkeeping error, logged) waits on a fresh event on the legacy
+// default stream instead (later in that stream, so still safe, only more conservative).
 //
-// Lock order: queue (inside TransferQueue) and fence_mu_ are never held together.
+// Lock order: the queue (inside TransferQueue) and the fence registry's lock are never held
+// together.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +28,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "gpu_worker/fence_registry.h"
 #include "gpu_worker/transfer_engine.h"
 #include "gpu_worker/transfer_queue.h"
 
@@ -71,24 +75,19 @@ class CudaLink final : public TransferEngine {
     for (cudaEvent_t ev : chunk_events_) {
       if (ev != nullptr) cudaEventDestroy(ev);
     }
-    for (auto& [id, fence] : fences_) cudaEventDestroy(fence.event);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   std::string_view name() const override { return "cuda"; }
 
   void Submit(const TransferTask& task) override {
-    if (task.wait_fence != 0) {
-      std::lock_guard<std::mutex> lock(fence_mu_);
-      auto it = fences_.find(task.wait_fence);
-      if (it != fences_.end()) ++it->second.users;
-    }
+    if (task.wait_fence != 0) fences_.Acquire(task.wait_fence);
     queue_.Submit(task);
   }
 
   void Cancel(uint64_t id) override {
     std::optional<LinkTask> t = queue_.Cancel(id);
-    if (t && !t->started && t->task.wait_fence != 0) ReleaseFence(t->task.wait_fence);
+    if (t && !t->started && t->task.wait_fence != 0) fences_.Release(t->task.wait_fence);
   }
 
   void Promote(uint64_t id) override { queue_.Promote(id); }
@@ -112,17 +111,8 @@ class CudaLink final : public TransferEngine {
       cudaStreamSynchronize(cudaStreamLegacy);
       return 0;
     }
-    const auto id = reinterpret_cast<uint64_t>(ev);
-    std::lock_guard<std::mutex> lock(fence_mu_);
-    for (auto it = fences_.begin(); it != fences_.end();) {  // Unused fences go now.
-      if (it->second.users == 0) {
-        cudaEventDestroy(it->second.event);
-        it = fences_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    fences_[id] = Fence{ev, 0};
+    const uint64_t id = next_fence_++;
+    fences_.Add(id, ev);
     return id;
   }
 
@@ -133,6 +123,13 @@ class CudaLink final : public TransferEngine {
       return CudaStatus(err, device_, ("cudaMalloc(" + std::to_string(bytes) + ")").c_str());
     }
     return p;
+  }
+  Result<uint64_t> FreeDeviceBytes() const override {
+    size_t free = 0, total = 0;
+    cudaError_t err = cudaSetDevice(device_);
+    if (err == cudaSuccess) err = cudaMemGetInfo(&free, &total);
+    if (err != cudaSuccess) return CudaStatus(err, device_, "cudaMemGetInfo");
+    return static_cast<uint64_t>(free);
   }
   void FreeDevice(void* ptr) override {
     cudaError_t err = cudaFree(ptr);
@@ -151,39 +148,15 @@ class CudaLink final : public TransferEngine {
   }
 
  private:
-  struct Fence {
-    cudaEvent_t event = nullptr;
-    int users = 0;  // Submitted tasks naming it that have not started copying.
-  };
-
-  // Drops one user of a fence; destroys it when none is left.
-  void ReleaseFence(uint64_t id) {
-    std::lock_guard<std::mutex> lock(fence_mu_);
-    auto it = fences_.find(id);
-    if (it == fences_.end()) return;
-    if (--it->second.users <= 0) {
-      cudaEventDestroy(it->second.event);  // Safe while pending: CUDA frees it once complete.
-      fences_.erase(it);
-    }
-  }
-
   // Makes the copy stream wait for fence `id`. Worker thread.
   cudaError_t WaitForFence(uint64_t id) {
-    {
-      std::lock_guard<std::mutex> lock(fence_mu_);
-      auto it = fences_.find(id);
-      if (it != fences_.end()) {
-        cudaError_t err = cudaStreamWaitEvent(stream_, it->second.event, 0);
-        if (--it->second.users <= 0) {
-          cudaEventDestroy(it->second.event);
-          fences_.erase(it);
-        }
-        return err;
-      }
+    cudaError_t err = cudaSuccess;
+    if (fences_.Use(id, [&](cudaEvent_t ev) { err = cudaStreamWaitEvent(stream_, ev, 0); })) {
+      return err;
     }
     spdlog::warn("link: cuda:{}: fence {:#x} is gone; waiting on a newer one", device_, id);
     cudaEvent_t ev = nullptr;
-    cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
     if (err != cudaSuccess) return err;
     err = cudaEventRecord(ev, cudaStreamLegacy);
     if (err == cudaSuccess) err = cudaStreamWaitEvent(stream_, ev, 0);
@@ -265,8 +238,9 @@ class CudaLink final : public TransferEngine {
   const size_t chunk_bytes_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t chunk_events_[kWindow] = {};  // Worker thread only (after Init).
-  std::mutex fence_mu_;
-  std::unordered_map<uint64_t, Fence> fences_;  // GUARDED_BY(fence_mu_)
+  // Destroying a pending event is safe: CUDA frees it once it completes.
+  FenceRegistry<cudaEvent_t> fences_{[](cudaEvent_t ev) { cudaEventDestroy(ev); }};
+  std::atomic<uint64_t> next_fence_{1};
   TransferQueue queue_;
   std::thread thread_;
 };

@@ -33,9 +33,10 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout_ms = manifest.heartbeat.timeout_ms;
   spdlog::info(
       "effective config: endpoint={} data_dir={} sync={} store_capacity={} prefetch_distance={} "
-      "heartbeat_timeout_ms={}",
+      "heartbeat_timeout_ms={} max_pending_writes={} drain_timeout_ms={} writer_nice={}",
       options.endpoint, options.data_dir, options.sync, options.store_capacity,
-      options.prefetch_distance, options.heartbeat_timeout_ms);
+      options.prefetch_distance, options.heartbeat_timeout_ms, options.max_pending_writes,
+      options.drain_timeout_ms, options.writer_nice);
 
   MapService service(options, SteadyClock::Get());
   if (Status s = service.Start(); !s.ok()) {

@@ -1,40 +1,48 @@
 #include "map_service/map_service.h"
 
-#include <sys/stat.h>
-
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <fstream>
 
-#include <flatbuffers/flatbuffers.h>
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
 #include "common/model_config.h"
-#include "schemas/export_generated.h"
+#include "map_service/export_file.h"
 
 namespace fmoe {
 
 MapService::MapService(MapServiceOptions options, const Clock& clock)
     : options_(std::move(options)), clock_(clock), ranks_(clock, options_.heartbeat_timeout_ms) {}
 
-MapService::~MapService() = default;
+MapService::~MapService() {
+  // Run() stops the writer after its drain; without Run, whatever is pending is abandoned here,
+  // while every member its completions touch is still alive.
+  if (writer_ != nullptr) AbandonPendingWrites();
+}
 
 Status MapService::Start() {
   started_ms_ = clock_.NowMs();
-  FMOE_ASSIGN_OR_RETURN(db_, StoreDb::Open({options_.data_dir, options_.sync}));
-  FMOE_ASSIGN_OR_RETURN(StoreDb::Contents contents, db_->LoadAll());
+  if (options_.max_pending_writes == 0) {
+    return InvalidArgument("map service: max_pending_writes is 0 (must be at least 1)");
+  }
+  if (options_.writer_nice < 0 || options_.writer_nice > 19) {
+    return InvalidArgument("map service: writer_nice " + std::to_string(options_.writer_nice) +
+                           " is not in 0..19");
+  }
+  // Loaded here, on the service thread; from then on the store writer owns the database.
+  FMOE_ASSIGN_OR_RETURN(std::unique_ptr<StoreDb> db,
+                        StoreDb::Open({options_.data_dir, options_.sync}));
+  FMOE_ASSIGN_OR_RETURN(StoreDb::Contents contents, db->LoadAll());
   for (const auto& bad : contents.corrupt) {
     spdlog::error("store: skipped corrupt record {}", bad);
   }
   size_t corrupt_maps = 0;
   for (const auto& m : contents.models) {
-    models_[m.fingerprint] = m;
     FMOE_ASSIGN_OR_RETURN(ModelMaps * model, OpenModel(m));
+    model->recorded = true;
     FMOE_ASSIGN_OR_RETURN(StoreDb::MapContents maps,
-                          db_->LoadMaps(m.fingerprint, m.hidden_size,
-                                        static_cast<size_t>(m.num_layers) * m.num_experts));
+                          db->LoadMaps(m.fingerprint, m.hidden_size,
+                                       static_cast<size_t>(m.num_layers) * m.num_experts));
     for (const auto& bad : maps.corrupt) spdlog::error("store: skipped corrupt record {}", bad);
     corrupt_maps += maps.corrupt.size();
     size_t beyond = 0;
@@ -61,6 +69,11 @@ Status MapService::Start() {
                contents.corrupt.size() + corrupt_maps);
   FMOE_ASSIGN_OR_RETURN(socket_,
                         wire::MapSocket::Bind(context_, wire::Role::kRouter, options_.endpoint));
+  writer_ = std::make_unique<StoreWriter>(
+      std::move(db),
+      StoreWriterOptions{options_.max_pending_writes, options_.writer_nice,
+                         options_.before_store_job},
+      &writer_done_);
   spdlog::info("listening on {}", options_.endpoint);
   return Status::Ok();
 }
@@ -92,25 +105,51 @@ uint32_t MapService::stored_maps(uint64_t fingerprint) const {
 }
 
 void MapService::Run(const std::function<bool()>& stop) {
-  int64_t last_expiry = clock_.NowMs();
-  rate_window_start_ms_ = last_expiry;
-  while (!stop()) {
-    auto incoming = socket_->Receive(100);
-    if (incoming) Handle(incoming->peer, incoming->message);
-    const int64_t now = clock_.NowMs();
-    if (now - last_expiry >= 100) {
-      ExpireRanks();
-      last_expiry = now;
-    }
-    if (now - rate_window_start_ms_ >= 10000) {
-      ingest_rate_ = static_cast<double>(contexts_ - rate_window_start_count_) * 1000.0 /
-                     static_cast<double>(now - rate_window_start_ms_);
-      rate_window_start_ms_ = now;
-      rate_window_start_count_ = contexts_;
-    }
-  }
+  last_expiry_ms_ = clock_.NowMs();
+  rate_window_start_ms_ = last_expiry_ms_;
+  while (!stop()) Turn(100, /*read_socket=*/true);
+  Drain();
   spdlog::info("stopping: {} registrations, {} dropped frames", counters_.registrations,
                socket_->stats().dropped_total());
+}
+
+void MapService::Turn(int timeout_ms, bool read_socket) {
+  // The loop is a boundary: what one message or one completion throws is logged, and the
+  // service serves on.
+  try {
+    wire::SocketBase* sockets[] = {socket_.get()};
+    std::span<wire::SocketBase* const> polled_sockets(sockets, read_socket ? 1 : 0);
+    bool notified = false;
+    auto polled = wire::Poll(polled_sockets, timeout_ms, &readable_, &writer_done_, &notified);
+    if (polled.ok() && notified) writer_done_.Drain();
+    if (writer_->RunDone() > 0) PumpAllWrites();
+    if (read_socket && polled.ok() && readable_[0]) {
+      // A bounded batch, so finished writes are acknowledged promptly under a flood.
+      for (int i = 0; i < 256; ++i) {
+        auto incoming = socket_->Receive(0);
+        if (!incoming) break;
+        try {
+          Handle(incoming->peer, incoming->message);
+        } catch (...) {
+          spdlog::error("peer={} {}: handling threw: {}; serving on", incoming->peer,
+                        wire::MessageName(incoming->message), CurrentExceptionText());
+        }
+      }
+    }
+  } catch (...) {
+    spdlog::error("the service loop threw: {}; serving on", CurrentExceptionText());
+  }
+  const int64_t now = clock_.NowMs();
+  if (now - last_expiry_ms_ >= 100) {
+    ExpireRanks();
+    last_expiry_ms_ = now;
+  }
+  if (now - rate_window_start_ms_ >= 10000) {
+    ingest_rate_ = static_cast<double>(contexts_ - rate_window_start_count_) * 1000.0 /
+                   static_cast<double>(now - rate_window_start_ms_);
+    rate_window_start_ms_ = now;
+    rate_window_start_count_ = contexts_;
+  }
 }
 
 void MapService::Reply(const std::string& peer, const MapMessage& message) {
@@ -125,11 +164,21 @@ bool MapService::FromRegistered(const std::string& peer) {
 }
 
 void MapService::Handle(const std::string& peer, const MapMessage& message) {
+  if (auto held = held_.find(peer); held != held_.end()) {
+    // Its registration is being written: what it sends meanwhile waits, so that a peer's
+    // messages are handled in the order it sent them (ReleaseHeld).
+    if (held->second.size() < kMaxHeldPerPeer) {
+      held->second.push_back(message);
+    } else {
+      ++counters_.held_dropped;
+    }
+    return;
+  }
   std::visit(
       [&](const auto& m) {
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, Register>) {
-          Reply(peer, OnRegister(peer, m));
+          OnRegister(peer, m);
         } else if constexpr (std::is_same_v<T, RankHeartbeat>) {
           bool known = ranks_.Touch(peer);
           Reply(peer, RankHeartbeatAck{m.seq, known});
@@ -146,14 +195,14 @@ void MapService::Handle(const std::string& peer, const MapMessage& message) {
       message);
 }
 
-RegisterAck MapService::OnRegister(const std::string& peer, const Register& reg) {
-  RegisterAck ack;
+void MapService::OnRegister(const std::string& peer, const Register& reg) {
   auto refuse = [&](std::string reason) {
     ++counters_.registrations_refused;
     spdlog::warn("refused registration of {}/{} (peer={}): {}", reg.group, reg.rank, peer, reason);
+    RegisterAck ack;
     ack.accepted = false;
     ack.reason = std::move(reason);
-    return ack;
+    Reply(peer, ack);
   };
   if (reg.group.empty()) return refuse("group is empty");
   if (reg.world_size == 0 || reg.rank >= reg.world_size) {
@@ -166,12 +215,10 @@ RegisterAck MapService::OnRegister(const std::string& peer, const Register& reg)
                   " J=" + std::to_string(reg.num_experts) + " K=" + std::to_string(reg.top_k) +
                   " h=" + std::to_string(reg.hidden_size) + " is not valid");
   }
-  ModelRow shape{reg.model_fingerprint, reg.num_layers, reg.num_experts, reg.top_k,
-                 reg.hidden_size,       UnixMs()};
-  const ModelRow* new_model = nullptr;
-  auto known = models_.find(reg.model_fingerprint);
-  if (known != models_.end()) {
-    const ModelRow& k = known->second;
+  const ModelRow shape{reg.model_fingerprint, reg.num_layers, reg.num_experts, reg.top_k,
+                       reg.hidden_size,       UnixMs()};
+  if (auto known = stores_.find(reg.model_fingerprint); known != stores_.end()) {
+    const ModelRow& k = known->second->shape;
     if (k.num_layers != reg.num_layers || k.num_experts != reg.num_experts ||
         k.top_k != reg.top_k || k.hidden_size != reg.hidden_size) {
       return refuse("model " + FingerprintHex(reg.model_fingerprint) +
@@ -179,20 +226,61 @@ RegisterAck MapService::OnRegister(const std::string& peer, const Register& reg)
                     " J=" + std::to_string(k.num_experts) + " K=" + std::to_string(k.top_k) +
                     " h=" + std::to_string(k.hidden_size) + ")");
     }
-  } else {
-    new_model = &shape;
   }
-  RankRow row{reg.group, reg.rank, reg.world_size, reg.instance_id, reg.model_fingerprint,
-              UnixMs()};
-  // The in-memory store first (it can refuse a shape), then the durable record, then the ack.
-  auto model = OpenModel(new_model != nullptr ? shape : known->second);
+  if (std::string why; Busy(&why)) return refuse(why + "; register again later");
+  // The in-memory store first (it can refuse a shape), then the durable record (on the store
+  // writer), then the ack (OnRegistered).
+  auto model = OpenModel(shape);
   if (!model.ok()) return refuse(model.status().message());
-  Status s = db_->RecordRegistration(new_model, row);
-  if (!s.ok()) {
-    if (new_model != nullptr) stores_.erase(shape.fingerprint);
-    return refuse("store write failed: " + s.message());
+  const bool record_model = !(*model)->recorded;
+  const RankRow row{reg.group, reg.rank, reg.world_size, reg.instance_id, reg.model_fingerprint,
+                    UnixMs()};
+  auto written = std::make_shared<Status>();
+  StoreJob job;
+  job.run = [written, shape, row, record_model](StoreDb& db, std::stop_token) {
+    *written = db.RecordRegistration(record_model ? &shape : nullptr, row);
+  };
+  job.done = [this, written, peer, reg](const Status& ran) {
+    OnRegistered(peer, reg, ran.ok() ? *written : ran);
+  };
+  ++(*model)->recording;
+  if (!writer_->TrySubmit(std::move(job))) {
+    --(*model)->recording;
+    ForgetIfUnrecorded(shape.fingerprint);
+    return refuse("the map service is stopping");
   }
-  if (new_model != nullptr) models_[shape.fingerprint] = shape;
+  held_.try_emplace(peer);
+}
+
+void MapService::ReleaseHeld(const std::string& peer) {
+  auto it = held_.find(peer);
+  if (it == held_.end()) return;
+  std::deque<MapMessage> held = std::move(it->second);
+  held_.erase(it);
+  while (!held.empty()) {
+    const MapMessage message = std::move(held.front());
+    held.pop_front();
+    Handle(peer, message);
+    if (auto again = held_.find(peer); again != held_.end()) {
+      // Another registration of this peer is being written now: the rest waits for that one.
+      again->second = std::move(held);
+      return;
+    }
+  }
+}
+
+void MapService::OnRegistered(const std::string& peer, const Register& reg, const Status& written) {
+  ModelMaps* model = stores_.at(reg.model_fingerprint).get();
+  --model->recording;
+  if (!written.ok()) {
+    ForgetIfUnrecorded(reg.model_fingerprint);
+    ++counters_.registrations_refused;
+    spdlog::warn("refused registration of {}/{} (peer={}): store write failed: {}", reg.group,
+                 reg.rank, peer, written.message());
+    Reply(peer, RegisterAck{false, "store write failed: " + written.message(), 0});
+    return ReleaseHeld(peer);
+  }
+  model->recorded = true;
 
   // A restarted rank reconnects with a new routing id: drop its stale entry.
   std::string stale;
@@ -211,14 +299,25 @@ RegisterAck MapService::OnRegister(const std::string& peer, const Register& reg)
   mo.semantic = options_.semantic && reg.semantic;
   mo.delta = options_.delta && reg.delta;
   mo.max_requests = options_.max_requests_per_rank;
-  matchers_[peer] = std::make_unique<MapMatcher>(*(*model)->store, mo);
+  matchers_[peer] = std::make_unique<MapMatcher>(*model->store, mo);
   ++counters_.registrations;
-  ack.accepted = true;
-  ack.stored_maps = (*model)->store->size();
   spdlog::info("registered group={} rank={}/{} model={} L={} J={} K={} h={} peer={}", reg.group,
                reg.rank, reg.world_size, FingerprintHex(reg.model_fingerprint), reg.num_layers,
                reg.num_experts, reg.top_k, reg.hidden_size, peer);
-  return ack;
+  Reply(peer, RegisterAck{true, "", model->store->size()});
+  ReleaseHeld(peer);
+}
+
+// A model whose record never reached the disk (every write that would record it failed) and
+// that nothing else refers to is forgotten, as if it had never been seen.
+void MapService::ForgetIfUnrecorded(uint64_t fingerprint) {
+  auto it = stores_.find(fingerprint);
+  if (it == stores_.end()) return;
+  const ModelMaps& m = *it->second;
+  if (!m.recorded && m.recording == 0 && !m.writing && m.completed.empty() && m.imported.empty() &&
+      m.store->size() == 0) {
+    stores_.erase(it);
+  }
 }
 
 void MapService::OnAdmin(const std::string& peer, const AdminRequest& request) {
@@ -232,18 +331,23 @@ void MapService::OnAdmin(const std::string& peer, const AdminRequest& request) {
       reply.json = StatsJson();
       break;
     case AdminOp::kExport:
-    case AdminOp::kImport: {
-      auto body = request.op == AdminOp::kExport ? Export(request) : Import(request);
-      reply.ok = body.ok();
-      if (body.ok()) {
-        reply.json = std::move(*body);
-      } else {
-        reply.error = body.status().message();
-        spdlog::warn("admin {} {} failed: {}", request.op == AdminOp::kExport ? "export" : "import",
-                     request.path, reply.error);
-      }
-      break;
-    }
+      return StartExport(peer, request);
+    case AdminOp::kImport:
+      return StartImport(peer, request);
+  }
+  Reply(peer, reply);
+}
+
+void MapService::ReplyAdmin(const std::string& peer, uint64_t id, const char* op,
+                            const std::string& path, const Result<std::string>& body) {
+  AdminReply reply;
+  reply.id = id;
+  reply.ok = body.ok();
+  if (body.ok()) {
+    reply.json = *body;
+  } else {
+    reply.error = body.status().message();
+    spdlog::warn("admin {} {} failed: {}", op, path, reply.error);
   }
   Reply(peer, reply);
 }
@@ -289,24 +393,21 @@ void MapService::OnContext(const std::string& peer, const MapMessage& message) {
     ++counters_.iteration_ends;
     std::optional<CompletedMap> done = matcher.OnIterationEnd(*end);
     if (done) {
+      PendingMap map;
+      map.row.request_id = done->request_id;
+      map.row.iteration = done->iteration;
+      map.row.sem = std::move(done->sem);
+      map.row.map = std::move(done->map);
+      map.peer = peer;
+      map.completed = started;
       auto model = ModelFor(rank->model_fingerprint);
-      MapRow row;
-      row.request_id = done->request_id;
-      row.iteration = done->iteration;
-      row.sem = std::move(done->sem);
-      row.map = std::move(done->map);
-      auto stored = model.ok() ? StoreMap(**model, &row) : Result<InsertResult>(model.status());
-      if (stored.ok()) {
-        Reply(peer, MapStored{row.request_id, row.iteration, row.id,
-                              stored->replaced ? stored->replaced_id : 0});
+      if (model.ok()) {
+        QueueCompletedMap(**model, std::move(map));
       } else {
         ++counters_.maps_failed;
-        spdlog::error("req={} iteration {}: map not stored: {}", row.request_id, row.iteration,
-                      stored.status().message());
+        spdlog::error("req={} iteration {}: map not stored: {}", map.row.request_id,
+                      map.row.iteration, model.status().message());
       }
-      insert_us_.Add(
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - started)
-              .count());
     }
   }
   const MatcherCounters& after = matcher.counters();
@@ -335,182 +436,23 @@ void MapService::SendDirectives(const std::string& group,
   }
 }
 
+// A model whose record is on disk (one still being registered is not stored yet).
 Result<MapService::ModelMaps*> MapService::ModelFor(uint64_t fingerprint) {
   if (fingerprint == 0) {
-    if (stores_.size() == 1) return stores_.begin()->second.get();
-    if (stores_.empty()) return NotFound("no model is stored");
-    return InvalidArgument(std::to_string(stores_.size()) +
+    std::vector<ModelMaps*> recorded;
+    for (auto& [fp, model] : stores_) {
+      if (model->recorded) recorded.push_back(model.get());
+    }
+    if (recorded.size() == 1) return recorded[0];
+    if (recorded.empty()) return NotFound("no model is stored");
+    return InvalidArgument(std::to_string(recorded.size()) +
                            " models are stored; name one by its fingerprint");
   }
   auto it = stores_.find(fingerprint);
-  if (it == stores_.end())
+  if (it == stores_.end() || !it->second->recorded) {
     return NotFound("model " + FingerprintHex(fingerprint) + " is not stored");
+  }
   return it->second.get();
-}
-
-Result<InsertResult> MapService::StoreMap(ModelMaps& model, MapRow* row) {
-  FMOE_ASSIGN_OR_RETURN(InsertResult plan, model.store->PlanInsert(row->sem, row->map));
-  row->id = model.next_id;
-  row->row = plan.index;
-  row->stored_unix_ms = UnixMs();
-  // Durable first: a failed write leaves the in-memory store as it was.
-  FMOE_RETURN_IF_ERROR(
-      db_->PutMap(model.shape.fingerprint, *row, plan.replaced ? plan.replaced_id : 0));
-  ++model.next_id;
-  FMOE_RETURN_IF_ERROR(model.store->Put(plan.index, row->id, row->sem, row->map));
-  ++model.inserted;
-  ++counters_.maps_stored;
-  if (plan.replaced) {
-    ++model.replaced;
-    ++counters_.maps_replaced;
-  }
-  return plan;
-}
-
-Result<std::string> MapService::Export(const AdminRequest& request) {
-  if (request.path.empty() || request.path[0] != '/') {
-    return InvalidArgument("export path \"" + request.path +
-                           "\" must be absolute (it is written by the map service)");
-  }
-  FMOE_ASSIGN_OR_RETURN(ModelMaps * model, ModelFor(request.model_fingerprint));
-  const ModelRow& shape = model->shape;
-  FMOE_ASSIGN_OR_RETURN(StoreDb::MapContents contents,
-                        db_->LoadMaps(shape.fingerprint, shape.hidden_size,
-                                      static_cast<size_t>(shape.num_layers) * shape.num_experts));
-  namespace fbs = fmoe::store;
-  flatbuffers::FlatBufferBuilder b(1024);
-  std::vector<flatbuffers::Offset<fbs::StoredMap>> maps;
-  for (const MapRow& m : contents.maps) {
-    auto sem = b.CreateVector(m.sem);
-    auto map = b.CreateVector(m.map);
-    maps.push_back(fbs::CreateStoredMap(b, m.id, m.row, m.request_id, m.iteration, m.stored_unix_ms,
-                                        sem, map));
-  }
-  auto vec = b.CreateVector(maps);
-  b.Finish(fbs::CreateMapExport(b, 1, shape.fingerprint, shape.num_layers, shape.num_experts,
-                                shape.top_k, shape.hidden_size, UnixMs(), vec),
-           fbs::MapExportIdentifier());
-  // Written beside the target and renamed over it: a reader never sees half a file.
-  const std::string tmp = request.path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(b.GetBufferPointer()),
-              static_cast<std::streamsize>(b.GetSize()));
-    out.flush();
-    if (!out) return IoError("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), request.path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return IoError("cannot rename " + tmp + " to " + request.path);
-  }
-  spdlog::info("exported {} maps of model {} to {} ({} bytes)", contents.maps.size(),
-               FingerprintHex(shape.fingerprint), request.path, b.GetSize());
-  nlohmann::json body = {{"model", FingerprintHex(shape.fingerprint)},
-                         {"maps", contents.maps.size()},
-                         {"corrupt_skipped", contents.corrupt.size()},
-                         {"path", request.path},
-                         {"bytes", b.GetSize()}};
-  return body.dump();
-}
-
-Result<std::string> MapService::Import(const AdminRequest& request) {
-  namespace fbs = fmoe::store;
-  if (request.path.empty() || request.path[0] != '/') {
-    return InvalidArgument("import path \"" + request.path +
-                           "\" must be absolute (it is read by the map service)");
-  }
-  struct stat st {};
-  if (::stat(request.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    return NotFound("import file " + request.path + " does not exist or is not a file");
-  }
-  if (static_cast<uint64_t>(st.st_size) > options_.max_import_bytes) {
-    return InvalidArgument("import file " + request.path + " is " + std::to_string(st.st_size) +
-                           " bytes, above the limit of " +
-                           std::to_string(options_.max_import_bytes));
-  }
-  // 8-byte aligned storage for the FlatBuffers verifier.
-  std::vector<uint64_t> storage((static_cast<size_t>(st.st_size) + 7) / 8);
-  {
-    std::ifstream in(request.path, std::ios::binary);
-    in.read(reinterpret_cast<char*>(storage.data()), st.st_size);
-    if (!in) return IoError("cannot read " + request.path);
-  }
-  const auto* buf = reinterpret_cast<const uint8_t*>(storage.data());
-  const size_t size = static_cast<size_t>(st.st_size);
-  if (size < 8 || !fbs::MapExportBufferHasIdentifier(buf)) {
-    return InvalidArgument(request.path + " is not an fmoe map export (bad identifier)");
-  }
-  flatbuffers::Verifier verifier(buf, size, /*max_depth=*/8, /*max_tables=*/4000000);
-  if (!fbs::VerifyMapExportBuffer(verifier)) {
-    return InvalidArgument(request.path + " is a damaged map export (fails verification)");
-  }
-  const fbs::MapExport* ex = fbs::GetMapExport(buf);
-  if (request.model_fingerprint != 0 && request.model_fingerprint != ex->fingerprint()) {
-    return InvalidArgument(request.path + " holds model " + FingerprintHex(ex->fingerprint()) +
-                           ", not " + FingerprintHex(request.model_fingerprint));
-  }
-  ModelRow shape{ex->fingerprint(), ex->num_layers(),  ex->num_experts(),
-                 ex->top_k(),       ex->hidden_size(), UnixMs()};
-  if (shape.fingerprint == 0 || shape.num_layers == 0 || shape.num_experts == 0 ||
-      shape.hidden_size == 0 || shape.top_k == 0 || shape.top_k > shape.num_experts) {
-    return InvalidArgument(request.path + ": model shape L=" + std::to_string(shape.num_layers) +
-                           " J=" + std::to_string(shape.num_experts) +
-                           " K=" + std::to_string(shape.top_k) +
-                           " h=" + std::to_string(shape.hidden_size) + " is not valid");
-  }
-  auto known = models_.find(shape.fingerprint);
-  if (known != models_.end()) {
-    const ModelRow& k = known->second;
-    if (k.num_layers != shape.num_layers || k.num_experts != shape.num_experts ||
-        k.top_k != shape.top_k || k.hidden_size != shape.hidden_size) {
-      return FailedPrecondition(request.path + " holds model " + FingerprintHex(shape.fingerprint) +
-                                " with a different shape than the one stored");
-    }
-  } else {
-    FMOE_ASSIGN_OR_RETURN(ModelMaps * created, OpenModel(shape));
-    (void)created;
-    if (Status s = db_->RecordModel(shape); !s.ok()) {
-      stores_.erase(shape.fingerprint);
-      return s;
-    }
-    models_[shape.fingerprint] = shape;
-  }
-  FMOE_ASSIGN_OR_RETURN(ModelMaps * model, ModelFor(shape.fingerprint));
-  const size_t width = static_cast<size_t>(shape.num_layers) * shape.num_experts;
-  uint64_t imported = 0, replaced = 0, skipped = 0;
-  if (ex->maps() != nullptr) {
-    for (const fbs::StoredMap* m : *ex->maps()) {
-      if (m->sem() == nullptr || m->map() == nullptr || m->sem()->size() != shape.hidden_size ||
-          m->map()->size() != width) {
-        ++skipped;
-        continue;
-      }
-      MapRow row;
-      row.request_id = m->request_id();
-      row.iteration = m->iteration();
-      row.sem.assign(m->sem()->begin(), m->sem()->end());
-      row.map.assign(m->map()->begin(), m->map()->end());
-      auto stored = StoreMap(*model, &row);
-      if (!stored.ok()) {
-        if (stored.status().code() == ErrorCode::kInvalidArgument) {
-          ++skipped;  // A non-finite value.
-          continue;
-        }
-        return Status(stored.status().code(), "import stopped after " + std::to_string(imported) +
-                                                  " maps: " + stored.status().message());
-      }
-      ++imported;
-      if (stored->replaced) ++replaced;
-    }
-  }
-  spdlog::info("imported {} maps of model {} from {} ({} replaced by deduplication, {} skipped)",
-               imported, FingerprintHex(shape.fingerprint), request.path, replaced, skipped);
-  nlohmann::json body = {{"model", FingerprintHex(shape.fingerprint)},
-                         {"imported", imported},
-                         {"replaced", replaced},
-                         {"skipped", skipped},
-                         {"maps", model->store->size()}};
-  return body.dump();
 }
 
 std::string MapService::StatsJson() const {
@@ -525,18 +467,18 @@ std::string MapService::StatsJson() const {
                      {"silence_ms", clock_.NowMs() - entry.last_seen_ms}});
   }
   Json models = Json::array();
-  for (const auto& [fp, m] : models_) {
-    auto st = stores_.find(fp);
-    const ModelMaps* mm = st == stores_.end() ? nullptr : st->second.get();
+  for (const auto& [fp, mm] : stores_) {
+    if (!mm->recorded) continue;  // Its first registration is still being written.
+    const ModelRow& m = mm->shape;
     models.push_back({{"fingerprint", FingerprintHex(fp)},
                       {"num_layers", m.num_layers},
                       {"num_experts", m.num_experts},
                       {"top_k", m.top_k},
                       {"hidden_size", m.hidden_size},
-                      {"maps", mm ? mm->store->size() : 0},
+                      {"maps", mm->store->size()},
                       {"capacity", options_.store_capacity},
-                      {"inserted", mm ? mm->inserted : 0},
-                      {"replaced", mm ? mm->replaced : 0}});
+                      {"inserted", mm->inserted},
+                      {"replaced", mm->replaced}});
   }
   size_t in_flight = 0;
   for (const auto& [peer, matcher] : matchers_) in_flight += matcher->in_flight();
@@ -577,12 +519,20 @@ std::string MapService::StatsJson() const {
                  {"maps_replaced", counters_.maps_replaced},
                  {"maps_incomplete", counters_.maps_incomplete},
                  {"maps_failed", counters_.maps_failed},
+                 {"maps_dropped", counters_.maps_dropped},
+                 {"maps_abandoned", counters_.maps_abandoned},
+                 {"busy_refusals", counters_.busy_refusals},
+                 {"held_dropped", counters_.held_dropped},
                  {"admin_requests", counters_.admin_requests}}},
                {"contexts", contexts_},
                {"ingest_per_s", ingest_rate_},
                {"requests_in_flight", in_flight},
                {"match_latency_us", histogram(match_us_)},
                {"insert_latency_us", histogram(insert_us_)},
+               {"store_writes",
+                {{"pending", pending_writes()},
+                 {"limit", options_.max_pending_writes},
+                 {"maps_waiting", completed_waiting_}}},
                {"wire",
                 {{"received", ws.received},
                  {"sent", ws.sent},

@@ -1,17 +1,22 @@
-// The map service process's core: one thread owns the ROUTER socket, the registrations, the
-// expert map stores and RocksDB (DESIGN sections 5 and 8). Ranks Register (recorded durably
-// before the ack), heartbeat and stream their contexts; each context is matched against the
-// model's MapStore by the sending rank's MapMatcher and the resulting PrefetchDirectives go to
-// every live rank of the sender's group; a completed map is written to RocksDB, then to the
+// The map service process's core (DESIGN sections 5 and 8). The service thread owns the ROUTER
+// socket, the registrations, the matchers and the expert map stores; the store writer thread
+// (store_writer.h) owns RocksDB and the export/import files, so no disk write, fsync or file
+// delays a directive. Ranks Register (recorded durably before the ack), heartbeat and stream
+// their contexts; each context is matched against the model's MapStore by the sending rank's
+// MapMatcher and the resulting PrefetchDirectives go to every live rank of the sender's group. A
+// completed map waits for its model's turn, is written to RocksDB by the writer, then put in the
 // store, then acknowledged (MapStored). Admin clients ask for Ping/Stats/Export/Import.
-// Start() then Run() on the same thread; Run() returns when `stop` says so.
+// Start() then Run() on the same thread; Run() returns when `stop` says so, after the drain.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/histogram.h"
@@ -19,9 +24,11 @@
 #include "common/peer_table.h"
 #include "common/status.h"
 #include "common/wire.h"
+#include "map_service/export_file.h"
 #include "map_service/map_matcher.h"
 #include "map_service/map_store.h"
 #include "map_service/store_db.h"
+#include "map_service/store_writer.h"
 
 namespace fmoe {
 
@@ -36,6 +43,15 @@ struct MapServiceOptions {
   bool delta = true;                       // Similarity-aware expert selection. Default: on
   uint32_t max_requests_per_rank = 65536;  // In-flight requests matched per rank. Default: 65536
   uint64_t max_import_bytes = 4ull << 30;  // Largest export file Import reads. Default: 4 GiB
+  // Durable work pending at once: store writer jobs queued or running (map and registration
+  // writes, exports, imports) plus completed maps waiting for their write. At the limit new work
+  // is refused (README, "Back-pressure"). Default: 1024
+  uint32_t max_pending_writes = 1024;
+  int drain_timeout_ms = 2000;  // At stop, how long pending writes may still take. Default: 2000
+  // The store writer thread's nice value, 0..19: its work yields the CPU to matching. Default: 10
+  int writer_nice = 10;
+  // Tests only: runs on the store writer before each job (StoreWriterOptions). Default: none
+  std::function<void(std::stop_token)> before_store_job;
 };
 
 struct MapServiceCounters {
@@ -54,6 +70,10 @@ struct MapServiceCounters {
   uint64_t maps_replaced = 0;    // Stored maps that replaced another (deduplication).
   uint64_t maps_incomplete = 0;  // Iterations that ended before every layer was observed.
   uint64_t maps_failed = 0;      // Write failures: the map was not stored nor acknowledged.
+  uint64_t maps_dropped = 0;     // Not stored nor acknowledged: max_pending_writes were pending.
+  uint64_t maps_abandoned = 0;   // Not stored nor acknowledged: still pending when the drain ended.
+  uint64_t busy_refusals = 0;    // Registrations and admin requests refused at max_pending_writes.
+  uint64_t held_dropped = 0;  // Beyond kMaxHeldPerPeer while the peer's registration was written.
   uint64_t admin_requests = 0;
 };
 
@@ -65,7 +85,9 @@ class MapService {
   // Opens the store and binds the socket. Errors are one line, e.g.
   // "data directory /d is in use by another map service (its RocksDB lock is held)".
   Status Start();
-  // Serves until stop() returns true (checked at least every 100 ms).
+  // Serves until stop() returns true (checked at least every 100 ms), then stops reading, gives
+  // pending writes up to drain_timeout_ms (acknowledging those written), abandons the rest and
+  // returns.
   void Run(const std::function<bool()>& stop);
 
   const MapServiceCounters& counters() const { return counters_; }
@@ -75,13 +97,28 @@ class MapService {
   uint32_t stored_maps(uint64_t fingerprint) const;
 
  private:
-  // One model's store; `store` has a stable address (matchers refer to it).
+  struct ImportState;
+  // A completed map on its way to disk, then into the store, then to its sender.
+  struct PendingMap {
+    MapRow row;
+    std::string peer;                     // Gets MapStored; empty for an imported map.
+    std::shared_ptr<ImportState> import;  // The import it comes from, or null.
+    std::chrono::steady_clock::time_point completed;
+  };
+  // One model's store; `store` has a stable address (matchers refer to it). Its maps are written
+  // one at a time: a map is planned (its row, the entry it replaces) against the store that holds
+  // every map written before it, so the store only ever holds what is on disk.
   struct ModelMaps {
     ModelRow shape;
     std::unique_ptr<MapStore> store;
     uint64_t next_id = 1;
     uint64_t inserted = 0;
     uint64_t replaced = 0;
+    bool recorded = false;  // Its model record is on disk.
+    int recording = 0;      // Writes in flight that record it (registrations, an import's).
+    bool writing = false;   // One of its maps is with the store writer.
+    std::deque<PendingMap> completed;  // From contexts, in completion order.
+    std::deque<PendingMap> imported;   // From imports; written while `completed` is empty.
   };
   struct RankState {
     std::string group;
@@ -91,29 +128,54 @@ class MapService {
     uint64_t model_fingerprint = 0;
   };
 
+  void Turn(int timeout_ms, bool read_socket);
+  void Drain();
   void Handle(const std::string& peer, const MapMessage& message);
-  RegisterAck OnRegister(const std::string& peer, const Register& reg);
+  void OnRegister(const std::string& peer, const Register& reg);
+  void OnRegistered(const std::string& peer, const Register& reg, const Status& written);
+  void ReleaseHeld(const std::string& peer);
   void OnAdmin(const std::string& peer, const AdminRequest& request);
   bool FromRegistered(const std::string& peer);
   void Reply(const std::string& peer, const MapMessage& message);
+  void ReplyAdmin(const std::string& peer, uint64_t id, const char* op, const std::string& path,
+                  const Result<std::string>& body);
   void ExpireRanks();
   void DropPeer(const std::string& peer);
   Result<ModelMaps*> OpenModel(const ModelRow& shape);
-  // Persists, then stores, one map; fills `row->id` and `row->row`.
-  Result<InsertResult> StoreMap(ModelMaps& model, MapRow* row);
+  void ForgetIfUnrecorded(uint64_t fingerprint);
   void OnContext(const std::string& peer, const MapMessage& message);
   void SendDirectives(const std::string& group, const std::vector<PrefetchDirective>& directives);
-  Result<std::string> Export(const AdminRequest& request);
-  Result<std::string> Import(const AdminRequest& request);
   Result<ModelMaps*> ModelFor(uint64_t fingerprint);
+
+  // Durable work (map_service_writes.cc).
+  size_t pending_writes() const;
+  bool Busy(std::string* why);
+  void QueueCompletedMap(ModelMaps& model, PendingMap map);
+  void PumpWrites(ModelMaps& model);
+  void PumpAllWrites();
+  void MapSettled(ModelMaps& model, PendingMap& map, const Status& status,
+                  const InsertResult& plan);
+  void StartExport(const std::string& peer, const AdminRequest& request);
+  void StartImport(const std::string& peer, const AdminRequest& request);
+  void OnImportRead(const std::shared_ptr<ImportState>& import, Result<MapExportContents> file);
+  void QueueImportedMaps(const std::shared_ptr<ImportState>& import, ModelMaps& model,
+                         std::vector<MapRow> maps);
+  void FinishImport(ImportState& import, const Status& status);
+  void AbandonPendingWrites();
 
   MapServiceOptions options_;
   const Clock& clock_;
   int64_t started_ms_ = 0;
   wire::Context context_;
   std::unique_ptr<wire::MapSocket> socket_;
-  std::unique_ptr<StoreDb> db_;
-  std::unordered_map<uint64_t, ModelRow> models_;
+  wire::Notifier writer_done_;  // The store writer finished a job.
+  std::unique_ptr<StoreWriter> writer_;
+  size_t completed_waiting_ = 0;  // Completed maps in every model's `completed` queue.
+  bool dropping_ = false;         // Completed maps are being dropped (back-pressure).
+  uint64_t dropped_since_ = 0;    // maps_dropped when dropping began.
+  // Per peer whose registration is being written: the messages it sent since, in order.
+  static constexpr size_t kMaxHeldPerPeer = 1024;
+  std::unordered_map<std::string, std::deque<MapMessage>> held_;
   PeerTable<RankState> ranks_;
   std::unordered_map<uint64_t, std::unique_ptr<ModelMaps>> stores_;
   std::unordered_map<std::string, std::unique_ptr<MapMatcher>> matchers_;  // Per rank peer.
@@ -122,6 +184,8 @@ class MapService {
   Histogram match_us_ = Histogram::LatencyUs();   // Context received -> its directives sent.
   Histogram insert_us_ = Histogram::LatencyUs();  // Completed map -> written and stored.
   uint64_t contexts_ = 0;                         // Context messages received.
+  std::vector<bool> readable_;                    // Poll's scratch.
+  int64_t last_expiry_ms_ = 0;
   int64_t rate_window_start_ms_ = 0;
   uint64_t rate_window_start_count_ = 0;
   double ingest_rate_ = 0.0;  // Contexts per second over the last full 10 s window.

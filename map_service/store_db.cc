@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <string_view>
 
 #include <flatbuffers/flatbuffers.h>
 #include <rocksdb/db.h>
@@ -74,7 +75,7 @@ std::string EncodeRank(const RankRow& r) {
 }
 
 // Verifies a stored value; returns the record or nullptr with *why set.
-const fb::StoreRecord* VerifyRecord(const std::string& value, std::vector<uint64_t>* aligned,
+const fb::StoreRecord* VerifyRecord(std::string_view value, std::vector<uint64_t>* aligned,
                                     std::string* why) {
   aligned->assign((value.size() + 7) / 8, 0);
   std::memcpy(aligned->data(), value.data(), value.size());
@@ -162,7 +163,8 @@ Result<StoreDb::Contents> StoreDb::LoadAll() {
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     std::string key = it->key().ToString();
     std::string why;
-    const fb::StoreRecord* rec = VerifyRecord(it->value().ToString(), &aligned, &why);
+    const fb::StoreRecord* rec =
+        VerifyRecord(std::string_view(it->value().data(), it->value().size()), &aligned, &why);
     if (rec == nullptr) {
       out.corrupt.push_back(key + ": " + why);
       continue;
@@ -225,12 +227,12 @@ Status StoreDb::PutMap(uint64_t fingerprint, const MapRow& map, uint64_t replace
                    "writing map " + std::to_string(map.id));
 }
 
-Result<StoreDb::MapContents> StoreDb::LoadMaps(uint64_t fingerprint, uint32_t hidden,
-                                               size_t map_width) {
-  MapContents out;
+Status StoreDb::ScanMaps(uint64_t fingerprint, uint32_t hidden, size_t map_width,
+                         const std::function<bool(const MapView&)>& visit,
+                         std::vector<std::string>* corrupt) {
   const std::string family = MapsFamily(fingerprint);
   auto fam = impl_->families.find(family);
-  if (fam == impl_->families.end()) return out;
+  if (fam == impl_->families.end()) return Status::Ok();
   std::unique_ptr<rocksdb::Iterator> it(
       impl_->db->NewIterator(rocksdb::ReadOptions(), fam->second));
   std::vector<uint64_t> aligned;
@@ -240,38 +242,54 @@ Result<StoreDb::MapContents> StoreDb::LoadMaps(uint64_t fingerprint, uint32_t hi
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     uint64_t key_id = 0;
     const bool key_ok = ParseMapKey(it->key(), &key_id);
-    const std::string where = family + "/" +
-                              (key_ok ? std::to_string(key_id)
-                                      : "<key of " + std::to_string(it->key().size()) + " bytes>");
+    auto where = [&] {
+      return family + "/" +
+             (key_ok ? std::to_string(key_id)
+                     : "<key of " + std::to_string(it->key().size()) + " bytes>");
+    };
     std::string why;
-    const fb::StoreRecord* rec = VerifyRecord(it->value().ToString(), &aligned, &why);
+    const fb::StoreRecord* rec =
+        VerifyRecord(std::string_view(it->value().data(), it->value().size()), &aligned, &why);
     const fb::StoredMap* m = rec != nullptr ? rec->record_as_StoredMap() : nullptr;
     if (rec == nullptr) {
-      out.corrupt.push_back(where + ": " + why);
+      corrupt->push_back(where() + ": " + why);
     } else if (!key_ok || m == nullptr) {
-      out.corrupt.push_back(where + ": not a stored map");
+      corrupt->push_back(where() + ": not a stored map");
     } else if (m->id() != key_id || m->id() == 0) {
-      out.corrupt.push_back(where + ": holds id " + std::to_string(m->id()));
+      corrupt->push_back(where() + ": holds id " + std::to_string(m->id()));
     } else if (m->sem() == nullptr || m->sem()->size() != hidden) {
-      out.corrupt.push_back(where + ": semantic embedding is not " + std::to_string(hidden) +
-                            " floats");
+      corrupt->push_back(where() + ": semantic embedding is not " + std::to_string(hidden) +
+                         " floats");
     } else if (m->map() == nullptr || m->map()->size() != map_width) {
-      out.corrupt.push_back(where + ": expert map is not " + std::to_string(map_width) + " floats");
+      corrupt->push_back(where() + ": expert map is not " + std::to_string(map_width) + " floats");
     } else if (!finite(m->sem()) || !finite(m->map())) {
-      out.corrupt.push_back(where + ": holds a non-finite value");
+      corrupt->push_back(where() + ": holds a non-finite value");
     } else {
-      MapRow row;
-      row.id = m->id();
-      row.row = m->row();
-      row.request_id = m->request_id();
-      row.iteration = m->iteration();
-      row.stored_unix_ms = m->stored_unix_ms();
-      row.sem.assign(m->sem()->begin(), m->sem()->end());
-      row.map.assign(m->map()->begin(), m->map()->end());
-      out.maps.push_back(std::move(row));
+      const MapView view{m->id(),
+                         m->row(),
+                         m->request_id(),
+                         m->iteration(),
+                         m->stored_unix_ms(),
+                         {m->sem()->data(), m->sem()->size()},
+                         {m->map()->data(), m->map()->size()}};
+      if (!visit(view)) return Status::Ok();
     }
   }
-  FMOE_RETURN_IF_ERROR(FromRocks(it->status(), "reading " + family));
+  return FromRocks(it->status(), "reading " + family);
+}
+
+Result<StoreDb::MapContents> StoreDb::LoadMaps(uint64_t fingerprint, uint32_t hidden,
+                                               size_t map_width) {
+  MapContents out;
+  FMOE_RETURN_IF_ERROR(ScanMaps(
+      fingerprint, hidden, map_width,
+      [&](const MapView& m) {
+        out.maps.push_back({m.id, m.row, m.request_id, m.iteration, m.stored_unix_ms,
+                            std::vector<float>(m.sem.begin(), m.sem.end()),
+                            std::vector<float>(m.map.begin(), m.map.end())});
+        return true;
+      },
+      &out.corrupt));
   std::sort(out.maps.begin(), out.maps.end(), [](const MapRow& a, const MapRow& b) {
     return a.row != b.row ? a.row < b.row : a.id < b.id;
   });

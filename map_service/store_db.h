@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,17 @@ struct MapRow {
   std::vector<float> map;  // L x J
 };
 
+// A stored map as read: valid only during the ScanMaps callback that receives it.
+struct MapView {
+  uint64_t id = 0;
+  uint32_t row = 0;
+  uint64_t request_id = 0;
+  uint32_t iteration = 0;
+  uint64_t stored_unix_ms = 0;
+  std::span<const float> sem;
+  std::span<const float> map;
+};
+
 class StoreDb {
  public:
   // Errors: kAlreadyExists "data directory D is in use by another map service" when its lock is
@@ -80,6 +93,12 @@ class StoreDb {
   // Every stored map of a model, verified against its shape (sem of `hidden` floats, map of
   // `map_width` finite floats, key equal to the id).
   Result<MapContents> LoadMaps(uint64_t fingerprint, uint32_t hidden, size_t map_width);
+
+  // The same maps and checks in id order, each handed to `visit` without a copy (false from
+  // `visit` ends the scan); the corrupt ones are appended to *corrupt instead.
+  Status ScanMaps(uint64_t fingerprint, uint32_t hidden, size_t map_width,
+                  const std::function<bool(const MapView&)>& visit,
+                  std::vector<std::string>* corrupt);
 
   // Number of stored maps of a model (0 when it has none).
   uint64_t CountMaps(uint64_t fingerprint);

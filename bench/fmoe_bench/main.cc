@@ -6,8 +6,11 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/fmoe_bench/commands.h"
+#include "common/log.h"
 
 int main(int argc, char** argv) {
+  // Logs go to stderr: stdout carries the tables.
+  if (fmoe::Status s = fmoe::InitLogging("fmoe-bench", "info"); !s.ok()) return 2;
   CLI::App app{"fmoe-bench: compare expert cache policies on traces and on the running system"};
   app.require_subcommand(1);
   int exit_code = 0;

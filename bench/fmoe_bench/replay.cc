@@ -1,7 +1,9 @@
 // fmoe-bench replay: every cache policy and the oracle over one trace, at several cache budgets
 // and prefetch distances, offline (map store and caches warmed on a train split, measured on the
-// test split) and online (empty store, learning as it goes, on the same test split), through the
-// link model of replay_core.h. One table on stdout, the same rows as CSV, a PNG through gnuplot.
+// test split) and online (empty store, learning as it goes, on the same test split). The flags
+// (one place for both models), the serving model's dispatch (replay_serving.cc), and the
+// per-position model of replay_core.h: each record one iteration, one request at a time. One
+// table on stdout, the same rows as CSV, a PNG through gnuplot.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -21,40 +23,13 @@
 
 #include "bench/fmoe_bench/commands.h"
 #include "bench/fmoe_bench/plot.h"
+#include "bench/fmoe_bench/replay_command.h"
 #include "bench/fmoe_bench/replay_core.h"
 #include "common/expert_trace.h"
 #include "common/policy_names.h"
 
 namespace fmoe::bench {
 namespace {
-
-std::vector<std::string> AllPolicies() {
-  std::vector<std::string> out;
-  for (const PolicyName& p : kPolicyNames) out.emplace_back(p.name);
-  return out;
-}
-
-struct ReplayOptions {
-  std::string trace;
-  std::vector<std::string> policies = AllPolicies();  // Every name of common/policy_names.h.
-  std::vector<double> budgets = {0.1, 0.25, 0.5, 0.75, 1.0};
-  std::vector<uint32_t> distances = {1, 2, 3, 4, 5, 6};
-  double main_budget = 0.25;
-  uint32_t main_distance = 3;
-  bool full_grid = false;
-  std::vector<std::string> modes = {"offline", "online"};
-  uint32_t requests = 0;
-  double train_fraction = 0.7;
-  uint32_t test_requests = 0;
-  double layer_ms = 0.842;
-  double load_ms = 11.01;
-  double expert_mb = 352.3;
-  uint32_t store_capacity = 1000;
-  uint32_t inflight = 2;
-  uint32_t threads = 0;
-  std::string csv;
-  std::string png;
-};
 
 struct Job {
   ReplayConfig config;
@@ -70,7 +45,9 @@ std::string Fixed(double v, int digits) {
 
 double PerToken(double v, uint64_t tokens) { return tokens ? v / static_cast<double>(tokens) : 0; }
 
-int Run(const ReplayOptions& o) {
+}  // namespace
+
+int RunPositionReplay(const ReplayOptions& o) {
   auto trace = ReadTrace(o.trace);
   if (!trace.ok()) {
     std::fprintf(stderr, "fmoe-bench replay: %s\n", trace.status().message().c_str());
@@ -107,15 +84,17 @@ int Run(const ReplayOptions& o) {
   }
 
   // Configurations: budgets at the main distance, distances at the main budget.
+  std::vector<uint32_t> distances = o.distances;
+  if (distances.empty()) distances = {1, 2, 3, 4, 5, 6};
   std::set<std::pair<double, uint32_t>> points;
   for (double b : o.budgets) {
     if (o.full_grid) {
-      for (uint32_t d : o.distances) points.insert({b, d});
+      for (uint32_t d : distances) points.insert({b, d});
     } else {
       points.insert({b, o.main_distance});
     }
   }
-  for (uint32_t d : o.distances) points.insert({o.main_budget, d});
+  for (uint32_t d : distances) points.insert({o.main_budget, d});
 
   // One warm store per distance (offline fmoe policies).
   std::map<uint32_t, std::unique_ptr<MapStore>> warm;
@@ -130,8 +109,8 @@ int Run(const ReplayOptions& o) {
         job->config.budget = b;
         job->config.distance = d;
         job->config.online = mode == "online";
-        job->config.layer_ns = static_cast<int64_t>(o.layer_ms * 1e6);
-        job->config.load_ns = static_cast<int64_t>(o.load_ms * 1e6);
+        job->config.layer_ns = o.time.LayerNs(1);
+        job->config.load_ns = o.time.LoadNs();
         job->config.store_capacity = o.store_capacity;
         job->config.max_inflight_prefetches = o.inflight;
         if (UsesMapService(p) && !job->config.online) warm[d] = nullptr;
@@ -143,11 +122,13 @@ int Run(const ReplayOptions& o) {
       o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   std::printf("trace %s: %s, %s; L=%u J=%u K=%u h=%u\n", o.trace.c_str(), h.model.c_str(),
               h.iteration_unit.c_str(), h.num_layers, h.num_experts, h.top_k, h.hidden);
+  const double layer_ms = static_cast<double>(o.time.LayerNs(1)) / 1e6;
+  const double load_ms = static_cast<double>(o.time.LoadNs()) / 1e6;
   std::printf(
-      "requests: %u train, %zu test (%u in all); link: layer %.3f ms, expert load %.3f "
-      "ms (ratio %.2f); store capacity %u; %u threads\n",
-      n_train, test.size(), n, o.layer_ms, o.load_ms, o.load_ms / o.layer_ms, o.store_capacity,
-      threads);
+      "requests: %u train, %zu test (%u in all); per-position model; link (time model %s): layer "
+      "%.3f ms, expert load %.3f ms (ratio %.2f); store capacity %u; %u threads\n",
+      n_train, test.size(), n, o.time.name.c_str(), layer_ms, load_ms, load_ms / layer_ms,
+      o.store_capacity, threads);
   std::fflush(stdout);
 
   auto parallel = [threads](size_t count, auto&& fn) {
@@ -220,11 +201,11 @@ int Run(const ReplayOptions& o) {
     const double loads = PerToken(static_cast<double>(r.loads), r.tokens);
     std::printf("%-7s %6.2f %2u %-13s %7.2f %11.3f %9.3f %9.3f %7.3f %9.3f %9.1f\n", mode.c_str(),
                 c.budget, c.distance, c.policy.c_str(), 100 * r.hit_rate(), stall, per_token,
-                r.precision(), r.recall(), loads, loads * o.expert_mb);
+                r.precision(), r.recall(), loads, loads * o.time.expert_mb);
     csv << mode << ',' << Fixed(c.budget, 2) << ',' << c.distance << ',' << c.policy << ','
         << r.tokens << ',' << Fixed(r.hit_rate(), 5) << ',' << Fixed(stall, 4) << ','
         << Fixed(per_token, 4) << ',' << Fixed(r.precision(), 4) << ',' << Fixed(r.recall(), 4)
-        << ',' << Fixed(loads, 4) << ',' << Fixed(loads * o.expert_mb, 2) << ','
+        << ',' << Fixed(loads, 4) << ',' << Fixed(loads * o.time.expert_mb, 2) << ','
         << r.late_prefetches << ',' << r.prefetches_issued << ',' << r.prefetches_used << ','
         << r.on_demand_loads << ',' << Fixed(r.match_score, 4) << ',' << Fixed(r.wall_s, 2) << '\n';
   }
@@ -323,7 +304,7 @@ int Run(const ReplayOptions& o) {
     }
     std::string title = "Policy replay: " + h.model + ", " + std::to_string(test.size()) +
                         " test requests (" + h.iteration_unit +
-                        "); link: expert load = " + Fixed(o.load_ms / o.layer_ms, 1) +
+                        "); link: expert load = " + Fixed(load_ms / layer_ms, 1) +
                         " layers of compute";
     Status s = WritePlot(o.png, title, panels, static_cast<uint32_t>(o.modes.size()), 3);
     if (s.ok()) {
@@ -333,6 +314,55 @@ int Run(const ReplayOptions& o) {
     }
   }
   return failed ? 1 : 0;
+}
+
+namespace {
+
+// The time model's flags; zero (or negative latency) leaves the preset's figure.
+struct TimeFlags {
+  std::string preset = "dev-vm";
+  std::string layer_times;
+  double layer_ms = 0;
+  double load_ms = 0;
+  double expert_mb = 0;
+  double link_gbps = 0;
+  double link_latency_us = -1;
+};
+
+Result<TimeModel> ResolveTime(const TimeFlags& f) {
+  FMOE_ASSIGN_OR_RETURN(TimeModel m, TimeModelPreset(f.preset));
+  bool changed = false;
+  if (!f.layer_times.empty()) {
+    FMOE_ASSIGN_OR_RETURN(m.layer, ParseLayerTimes(f.layer_times));
+    changed = true;
+  }
+  if (f.layer_ms > 0) {
+    m.layer = {{1, f.layer_ms}};
+    changed = true;
+  }
+  if (f.expert_mb > 0) {
+    m.expert_mb = f.expert_mb;
+    changed = true;
+  }
+  if (f.link_gbps > 0) {
+    m.link_gbps = f.link_gbps;
+    changed = true;
+  }
+  if (f.link_latency_us >= 0) {
+    m.link_latency_us = f.link_latency_us;
+    changed = true;
+  }
+  if (f.load_ms > 0) {
+    m.link_latency_us = 0;
+    m.link_gbps = m.expert_mb / f.load_ms;
+    changed = true;
+  }
+  if (changed) {
+    m.name = "custom (from " + f.preset + ")";
+    m.source += "; changed by flags";
+  }
+  FMOE_RETURN_IF_ERROR(ValidateTimeModel(m));
+  return m;
 }
 
 }  // namespace
@@ -351,10 +381,10 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
       ->delimiter(',')
       ->check(CLI::Range(1e-6, 1.0))
       ->capture_default_str();
-  cmd->add_option("--distances", o->distances, "prefetch distances d")
+  cmd->add_option("--distances", o->distances,
+                  "prefetch distances d (default: --distance for serving, 1-6 for positions)")
       ->delimiter(',')
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--budget", o->main_budget, "the budget the distance sweep runs at")
       ->check(CLI::Range(1e-6, 1.0))
       ->capture_default_str();
@@ -372,17 +402,61 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();
   cmd->add_option("--test-requests", o->test_requests, "measure at most N requests (0: all)");
-  cmd->add_option("--layer-ms", o->layer_ms,
-                  "one layer's compute (default: Mixtral-8x7B decode on an RTX 3090: two "
-                  "experts and attention, 789 MB read at 936 GB/s)")
-      ->check(CLI::Range(1e-6, 1e6))
+  auto t = std::make_shared<TimeFlags>();
+  std::string presets;
+  for (const std::string& p : TimeModelPresetNames()) presets += (presets.empty() ? "" : ", ") + p;
+  cmd->add_option("--time-model", t->preset,
+                  "the time model's preset (" + presets +
+                      "): dev-vm is measured on the 2-vCPU dev VM (bench/RESULTS.md: "
+                      "runtime_bench, cache_bench's link); fmoe-paper is Mixtral-8x7B on an RTX "
+                      "3090 over PCIe 4.0, the fMoE paper's testbed")
+      ->check(CLI::IsMember(TimeModelPresetNames()))
       ->capture_default_str();
-  cmd->add_option("--load-ms", o->load_ms,
-                  "one expert over the link (default: a Mixtral-8x7B expert, 352 MB, over PCIe "
-                  "4.0 at 32 GB/s)")
-      ->check(CLI::Range(1e-6, 1e6))
+  cmd->add_option("--layer-ms-at", t->layer_times,
+                  "one layer's compute against the iteration's tokens, TOKENS:MS,... (piecewise "
+                  "linear; default: the preset's)");
+  cmd->add_option("--layer-ms", t->layer_ms,
+                  "one layer's compute at any number of tokens (flat; overrides --layer-ms-at)")
+      ->check(CLI::Range(1e-6, 1e6));
+  cmd->add_option("--expert-mb", t->expert_mb, "MB (10^6 bytes) of one expert (default: preset's)")
+      ->check(CLI::Range(1e-9, 1e6));
+  cmd->add_option("--link-gbps", t->link_gbps, "link bandwidth, GB/s (default: the preset's)")
+      ->check(CLI::Range(1e-9, 1e6));
+  cmd->add_option("--link-latency-us", t->link_latency_us,
+                  "link latency per transfer, us (default: the preset's)")
+      ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--load-ms", t->load_ms,
+                  "one expert over the link, ms (sets the bandwidth for --expert-mb, latency 0)")
+      ->check(CLI::Range(1e-6, 1e6));
+  cmd->add_option("--model", o->model,
+                  "serving: a prefill per request, decode steps, continuous batching, TTFT and "
+                  "TPOT; positions: each trace record one iteration, one request at a time (the "
+                  "first replay's model)")
+      ->check(CLI::IsMember({"serving", "positions"}))
       ->capture_default_str();
-  cmd->add_option("--expert-mb", o->expert_mb, "MB of one expert, for MB moved per token")
+  cmd->add_option("--batches", o->batches, "serving: max batch sizes to run")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--trace-kind", o->trace_kind,
+                  "serving: what the records are (auto: from the trace header; iterations, "
+                  "prompt-positions, decode-positions)")
+      ->check(CLI::IsMember({"auto", "iterations", "prompt-positions", "decode-positions"}))
+      ->capture_default_str();
+  cmd->add_option("--decode-share", o->decode_share,
+                  "serving, prompt-positions: the share of each prompt's positions replayed as "
+                  "its decode steps (Azure conversations: 0.155 of tokens are generated)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--arrivals", o->arrivals,
+                  "serving: arrival trace (Azure CSV: TIMESTAMP,ContextTokens,GeneratedTokens); "
+                  "without it every request arrives at once");
+  cmd->add_option("--arrival-offset", o->arrival_offset, "serving: first row of --arrivals")
+      ->capture_default_str();
+  cmd->add_option("--rate", o->rate, "serving: rescale the arrival gaps to this many requests/s")
+      ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--time-scale", o->time_scale, "serving: multiply the arrival gaps")
+      ->check(CLI::Range(1e-9, 1e9))
       ->capture_default_str();
   cmd->add_option("--store-capacity", o->store_capacity, "maps the store keeps (C)")
       ->check(CLI::Range(1, 1000000))
@@ -393,7 +467,16 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--threads", o->threads, "replays run in parallel (0: one per core)");
   cmd->add_option("--csv", o->csv, "write the table as CSV");
   cmd->add_option("--png", o->png, "plot with gnuplot");
-  cmd->callback([o, &exit_code] { exit_code = Run(*o); });
+  cmd->callback([o, t, &exit_code] {
+    auto time = ResolveTime(*t);
+    if (!time.ok()) {
+      std::fprintf(stderr, "fmoe-bench replay: %s\n", time.status().message().c_str());
+      exit_code = 2;
+      return;
+    }
+    o->time = std::move(*time);
+    exit_code = o->model == "serving" ? RunServingReplay(*o) : RunPositionReplay(*o);
+  });
 }
 
 }  // namespace fmoe::bench

@@ -4,8 +4,10 @@
 //     "experts": [T][L][K]} per prompt (prefill routing, expert ids only). One iteration per
 //     prompt token position; the map is derived from the ids (1/K on each picked expert).
 //   mixtral-vllm: {"dataset", "problem_id", "layer", "token_pos" | "token_idx", "experts": [K],
-//     "gating_probs": [K]} per (layer, token). One request per (dataset, problem_id), one
-//     iteration per token position; the map is the given top-K weights.
+//     "gating_probs": [K]} per (layer, token), from one or more files. One request per (dataset,
+//     problem_id), one iteration per token position; the map is the given top-K weights. The
+//     files do not say which phase they hold: --phase does (the header's iteration_unit then
+//     starts "prefill token position" or "decode token position", which the replay reads).
 // Semantic embeddings come from a model's input embedding layer (--embed-model, by default the
 // shipped tiny model): the mean of the rows of the prompt's tokens for the first position, the
 // mean of the rows of the position's own token text after it (DESIGN section 4's definition,
@@ -122,7 +124,8 @@ class Embedder {
 
 struct ImportOptions {
   std::string format;
-  std::string input;
+  std::vector<std::string> inputs;
+  std::string phase;  // mixtral-vllm: prefill or decode.
   std::string out;
   std::string embed_model;
   uint32_t skip = 0;
@@ -162,7 +165,9 @@ Status SetRouting(const nlohmann::json& layers, const TraceHeader& h, TraceItera
 
 Status ImportDeepSeek(const ImportOptions& o, const Embedder& embed, uint64_t* requests,
                       uint64_t* iterations) {
-  FMOE_ASSIGN_OR_RETURN(auto reader, LineReader::Open(o.input));
+  if (o.inputs.size() != 1) return InvalidArgument("deepseek-jsonl reads one --input");
+  const std::string& input = o.inputs.front();
+  FMOE_ASSIGN_OR_RETURN(auto reader, LineReader::Open(input));
   std::optional<TraceWriter> writer;
   TraceHeader h;
   std::string line;
@@ -174,7 +179,7 @@ Status ImportDeepSeek(const ImportOptions& o, const Embedder& embed, uint64_t* r
     if (line.empty()) continue;
     if (line_no <= o.skip) continue;
     if (o.limit != 0 && *requests >= o.limit) break;
-    const std::string at = o.input + ": line " + std::to_string(line_no);
+    const std::string at = input + ": line " + std::to_string(line_no);
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
@@ -199,7 +204,7 @@ Status ImportDeepSeek(const ImportOptions& o, const Embedder& embed, uint64_t* r
     }
     if (!writer) {
       h = lh;
-      h.source = "import:deepseek-jsonl " + std::filesystem::path(o.input).filename().string();
+      h.source = "import:deepseek-jsonl " + std::filesystem::path(input).filename().string();
       h.iteration_unit = "prompt token position (prefill routing, one iteration per position)";
       h.semantic = "input embedding of " + embed.name() +
                    " (model.embed_tokens.weight), mean over its tokenizer's tokens: the whole "
@@ -239,13 +244,18 @@ Status ImportDeepSeek(const ImportOptions& o, const Embedder& embed, uint64_t* r
     }
     ++*requests;
   }
-  if (!writer) return InvalidArgument(o.input + ": no request to import");
+  if (!writer) return InvalidArgument(input + ": no request to import");
   return writer->Close();
 }
 
 Status ImportMixtral(const ImportOptions& o, uint64_t* requests, uint64_t* iterations,
                      uint64_t* dropped) {
-  FMOE_ASSIGN_OR_RETURN(auto reader, LineReader::Open(o.input));
+  if (o.phase != "prefill" && o.phase != "decode") {
+    return InvalidArgument(
+        "mixtral-vllm needs --phase prefill or decode (the files do not say: in "
+        "mixtral-8x7b-vllm/, gsm8k_2_routing.jsonl and humaneval_2_routing.jsonl hold decode "
+        "steps, routing_raw.jsonl a prefill)");
+  }
   // (request key) -> position -> layer -> (experts, probs).
   struct Position {
     std::map<uint32_t, std::pair<std::vector<int64_t>, std::vector<float>>> layers;
@@ -253,42 +263,48 @@ Status ImportMixtral(const ImportOptions& o, uint64_t* requests, uint64_t* itera
   std::map<std::pair<std::string, int64_t>, std::map<uint32_t, Position>> problems;
   std::vector<std::pair<std::string, int64_t>> order;
   uint32_t max_layer = 0, k = 0;
-  std::string line;
-  uint64_t line_no = 0;
-  while (true) {
-    FMOE_ASSIGN_OR_RETURN(bool more, reader.Next(&line));
-    if (!more) break;
-    ++line_no;
-    if (line.empty()) continue;
-    const std::string at = o.input + ": line " + std::to_string(line_no);
-    try {
-      auto j = nlohmann::json::parse(line);
-      auto key =
-          std::make_pair(j.at("dataset").get<std::string>(), j.at("problem_id").get<int64_t>());
-      const uint32_t layer = j.at("layer").get<uint32_t>();
-      const uint32_t pos = j.contains("token_pos") ? j.at("token_pos").get<uint32_t>()
-                                                   : j.at("token_idx").get<uint32_t>();
-      auto ids = j.at("experts").get<std::vector<int64_t>>();
-      auto probs = j.at("gating_probs").get<std::vector<float>>();
-      if (ids.empty() || ids.size() != probs.size() || (k != 0 && ids.size() != k) ||
-          layer > 1023) {
-        return InvalidArgument(at + ": experts and gating_probs must have the same top-k length");
+  std::string line, names;
+  for (const std::string& input : o.inputs) {
+    names += (names.empty() ? "" : ", ") + std::filesystem::path(input).filename().string();
+    FMOE_ASSIGN_OR_RETURN(auto reader, LineReader::Open(input));
+    uint64_t line_no = 0;
+    while (true) {
+      FMOE_ASSIGN_OR_RETURN(bool more, reader.Next(&line));
+      if (!more) break;
+      ++line_no;
+      if (line.empty()) continue;
+      const std::string at = input + ": line " + std::to_string(line_no);
+      try {
+        auto j = nlohmann::json::parse(line);
+        auto key =
+            std::make_pair(j.at("dataset").get<std::string>(), j.at("problem_id").get<int64_t>());
+        const uint32_t layer = j.at("layer").get<uint32_t>();
+        const uint32_t pos = j.contains("token_pos") ? j.at("token_pos").get<uint32_t>()
+                                                     : j.at("token_idx").get<uint32_t>();
+        auto ids = j.at("experts").get<std::vector<int64_t>>();
+        auto probs = j.at("gating_probs").get<std::vector<float>>();
+        if (ids.empty() || ids.size() != probs.size() || (k != 0 && ids.size() != k) ||
+            layer > 1023) {
+          return InvalidArgument(at + ": experts and gating_probs must have the same top-k length");
+        }
+        k = static_cast<uint32_t>(ids.size());
+        max_layer = std::max(max_layer, layer);
+        if (!problems.contains(key)) order.push_back(key);
+        problems[key][pos].layers[layer] = {std::move(ids), std::move(probs)};
+      } catch (const nlohmann::json::exception& e) {
+        return InvalidArgument(at + ": " + e.what());
       }
-      k = static_cast<uint32_t>(ids.size());
-      max_layer = std::max(max_layer, layer);
-      if (!problems.contains(key)) order.push_back(key);
-      problems[key][pos].layers[layer] = {std::move(ids), std::move(probs)};
-    } catch (const nlohmann::json::exception& e) {
-      return InvalidArgument(at + ": " + e.what());
     }
   }
-  if (order.empty()) return InvalidArgument(o.input + ": no routing to import");
+  if (order.empty()) return InvalidArgument(names + ": no routing to import");
   TraceHeader h;
   h.model = "Mixtral-8x7B-Instruct";
-  h.source = "import:mixtral-vllm " + std::filesystem::path(o.input).filename().string();
-  h.iteration_unit =
-      "token position (prefill and decode, one iteration per position; positions with a layer "
-      "missing left out)";
+  h.source = "import:mixtral-vllm " + names;
+  h.iteration_unit = o.phase == "decode"
+                         ? "decode token position (decode steps only, one iteration per "
+                           "generated token; positions with a layer missing left out)"
+                         : "prefill token position (prompt routing, one iteration per position; "
+                           "positions with a layer missing left out)";
   h.semantic = "none (the trace has no text)";
   h.num_layers = max_layer + 1;
   h.num_experts = 8;
@@ -311,7 +327,7 @@ Status ImportMixtral(const ImportOptions& o, uint64_t* requests, uint64_t* itera
     const uint64_t id = index;
     for (uint32_t pos = 0; pos < complete.size(); ++pos) {
       const Position& p = *complete[pos];
-      const std::string at = o.input + ": " + key.first + " problem " + std::to_string(key.second) +
+      const std::string at = names + ": " + key.first + " problem " + std::to_string(key.second) +
                              " position " + std::to_string(pos);
       TraceIteration it;
       it.request_id = id;
@@ -353,7 +369,14 @@ void AddImportTraceCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--format", o->format, "deepseek-jsonl or mixtral-vllm")
       ->required()
       ->check(CLI::IsMember({"deepseek-jsonl", "mixtral-vllm"}));
-  cmd->add_option("--input", o->input, "the recorded routing (.jsonl, or .jsonl.gz)")->required();
+  cmd->add_option("--input", o->inputs,
+                  "the recorded routing (.jsonl, or .jsonl.gz); mixtral-vllm takes several, "
+                  "requests keyed by (dataset, problem_id)")
+      ->required();
+  cmd->add_option("--phase", o->phase,
+                  "mixtral-vllm: what the files hold, prefill or decode (gsm8k_2_routing and "
+                  "humaneval_2_routing: decode; routing_raw: prefill)")
+      ->check(CLI::IsMember({"prefill", "decode"}));
   cmd->add_option("--out", o->out, "the fmoe trace to write")->required();
   cmd->add_option("--embed-model", o->embed_model,
                   "model directory whose input embedding gives the semantic embeddings")

@@ -118,6 +118,8 @@ void ExpectManifestEq(const Manifest& a, const Manifest& b) {
     EXPECT_EQ(x.queue_limit, y.queue_limit);
     EXPECT_EQ(x.expert_cache_gb, y.expert_cache_gb);
     EXPECT_EQ(x.expert_cache_fraction, y.expert_cache_fraction);
+    EXPECT_EQ(x.expert_cache_auto, y.expert_cache_auto);
+    EXPECT_EQ(x.memory_utilization, y.memory_utilization);
     EXPECT_EQ(x.link.gbps, y.link.gbps);
     EXPECT_EQ(x.link.latency_us, y.link.latency_us);
     EXPECT_EQ(x.rendezvous, y.rendezvous);
@@ -690,7 +692,8 @@ std::vector<BadCase> BadCases() {
        "manifest: worker_groups[0].rendezvous_timeout_s: has no value; expected a number"},
       {"UnknownGroupKey", OneGroup("{name: g, collective_timeout: 5, workers: [{}]}"),
        "manifest: worker_groups[0].collective_timeout: unknown key; allowed keys: name, policy, "
-       "max_batch, queue_limit, expert_cache_gb, expert_cache_fraction, link, rendezvous, "
+       "max_batch, queue_limit, expert_cache_gb, expert_cache_fraction, memory_utilization, link, "
+       "rendezvous, "
        "collective_timeout_s, rendezvous_timeout_s, record_trace, workers"},
       {"RecordTraceEmpty", OneGroup("{name: g, record_trace: \"\", workers: [{}]}"),
        "manifest: worker_groups[0].record_trace: must not be empty"},
@@ -804,6 +807,56 @@ INSTANTIATE_TEST_SUITE_P(Manifest, BadManifest, ::testing::ValuesIn(BadCases()),
                          [](const ::testing::TestParamInfo<BadCase>& info) {
                            return std::string(info.param.name);
                          });
+
+}  // namespace
+}  // namespace fmoe
+
+namespace fmoe {
+namespace {
+
+TEST(Manifest, ExpertCacheAutoSizesFromFreeMemory) {
+  auto m = ParseManifest(R"(model: {path: /m}
+worker_groups:
+  - name: g0
+    expert_cache_gb: auto
+    memory_utilization: 0.8
+    workers: [{}]
+  - name: g1
+    expert_cache_gb: auto
+    workers: [{}]
+)",
+                         "/etc/fmoe.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const WorkerGroupSpec& g0 = m->worker_groups[0];
+  EXPECT_TRUE(g0.expert_cache_auto);
+  EXPECT_EQ(g0.memory_utilization, 0.8);
+  EXPECT_FALSE(g0.expert_cache_gb.has_value());
+  EXPECT_FALSE(g0.expert_cache_fraction.has_value());
+  EXPECT_EQ(m->worker_groups[1].memory_utilization, 0.9) << "the default";
+  const std::string described = DescribeManifest(*m);
+  EXPECT_NE(described.find("expert_cache_gb: auto"), std::string::npos) << described;
+  EXPECT_NE(described.find("memory_utilization: 0.8"), std::string::npos) << described;
+  auto again = ParseManifest(described, "/etc/fmoe.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << described;
+  EXPECT_TRUE(again->worker_groups[0].expert_cache_auto);
+
+  for (const char* bad :
+       {"expert_cache_fraction: 0.5\n    memory_utilization: 0.8",
+        "expert_cache_gb: auto\n    memory_utilization: 1.5", "expert_cache_gb: automatic"}) {
+    auto r = ParseManifest(std::string("model: {path: /m}\nworker_groups:\n  - name: g0\n    ") +
+                               bad + "\n    workers: [{}]\n",
+                           "/etc/fmoe.yaml");
+    EXPECT_FALSE(r.ok()) << bad;
+  }
+  auto only = ParseManifest(
+      "model: {path: /m}\nworker_groups:\n  - name: g0\n    memory_utilization: 0.8\n"
+      "    workers: [{}]\n",
+      "/etc/fmoe.yaml");
+  ASSERT_FALSE(only.ok());
+  EXPECT_NE(only.status().message().find("applies only with expert_cache_gb: auto"),
+            std::string::npos)
+      << only.status().message();
+}
 
 }  // namespace
 }  // namespace fmoe

@@ -1,6 +1,7 @@
 // The policy factory against the table of names (common/policy_names.h), and the fmoe policy's
 // cache (PredictedUsePolicy in cache_policy.cc): eviction by expected next use from the running
-// requests' expert frequencies and the map service's directives.
+// requests' expert frequencies and the map service's directives, with prefills and batches
+// counted as what they are.
 #include "gpu_worker/cache_policy.h"
 
 #include <algorithm>
@@ -162,6 +163,102 @@ TEST(FmoePolicyTest, WhatTheLastIterationUsedComesBackAtTheMeasuredRepeatRate) {
   c.layer = 0;
   EXPECT_GT((*p)->EvictionScore(1, 2), (*p)->EvictionScore(1, 0));
   EXPECT_GT((*p)->EvictionScore(3, 3), (*p)->EvictionScore(3, 1));
+}
+
+// Starts an iteration of `seqs` and runs its layers 0..`layers`-1, sequence s using `uses[s]` at
+// each of them (with `tokens` of the sequence routed to each).
+void StartBatch(CachePolicy& p, Control& c, const std::vector<SequenceInfo>& seqs,
+                const std::vector<std::vector<uint32_t>>& uses, uint32_t layers) {
+  p.OnIterationStart(seqs);
+  for (uint32_t l = 0; l < layers; ++l) {
+    c.layer = l;
+    std::vector<uint32_t> counts(seqs.size() * 4, 0);
+    std::vector<uint32_t> experts, tokens;
+    for (uint32_t j = 0; j < 4; ++j) {
+      uint32_t sum = 0;
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        if (std::find(uses[s].begin(), uses[s].end(), j) == uses[s].end()) continue;
+        counts[s * 4 + j] = seqs[s].tokens;
+        sum += seqs[s].tokens;
+      }
+      if (sum == 0) continue;
+      experts.push_back(j);
+      tokens.push_back(sum);
+    }
+    p.OnLayerStart(LayerRouting{l, experts, tokens, counts});
+    for (uint32_t e : experts) p.OnUse(l, e, true);
+    if (l + 1 < layers) p.OnLayerEnd(l);
+  }
+}
+
+// Request 1: a prefill of 8 tokens using every expert, then decode steps using experts 0 and 1.
+void PrefillThenDecode(CachePolicy& p, Control& c, uint64_t id, uint32_t steps) {
+  StartBatch(p, c, {{id, 0, 8}}, {{0, 1, 2, 3}}, 4);
+  p.OnLayerEnd(3);
+  p.OnIterationEnd();
+  for (uint32_t i = 1; i <= steps; ++i) Iterate(p, c, id, i, 0, 1);
+  p.OnRequestEnd(id);
+}
+
+TEST(FmoePolicyTest, APromptKeepsMoreOfItsLaterLayersThanADecodeStepWould) {
+  // Scan resistance: a prefill of many tokens uses most of every layer, so while it runs, an
+  // expert of a later layer is more likely needed soon than while a decode step runs.
+  Control c;
+  auto prefill = MakePolicy("fmoe", PolicyOptions{});
+  auto decode = MakePolicy("fmoe", PolicyOptions{});
+  ASSERT_TRUE(prefill.ok() && decode.ok());
+  for (auto* p : {&**prefill, &**decode}) {
+    p->Attach(&c);
+    PrefillThenDecode(*p, c, 1, 6);
+  }
+  StartBatch(**prefill, c, {{2, 0, 8}}, {{0, 1, 2, 3}}, 2);
+  const double kept_in_prefill = (*prefill)->EvictionScore(3, 2);
+  StartBatch(**decode, c, {{2, 0, 1}}, {{0, 1}}, 2);
+  const double kept_in_decode = (*decode)->EvictionScore(3, 2);
+  EXPECT_GT(kept_in_prefill, kept_in_decode);
+}
+
+TEST(FmoePolicyTest, AnIterationThatUsesMoreThanPredictedExpectsItsLaterLayersToFollow) {
+  Control c;
+  auto wide = MakePolicy("fmoe", PolicyOptions{});
+  auto narrow = MakePolicy("fmoe", PolicyOptions{});
+  ASSERT_TRUE(wide.ok() && narrow.ok());
+  for (auto* p : {&**wide, &**narrow}) {
+    p->Attach(&c);
+    PrefillThenDecode(*p, c, 1, 6);
+  }
+  // The same 8-token prefill; one uses every expert of layers 0 and 1, the other only 0 and 1.
+  StartBatch(**wide, c, {{2, 0, 8}}, {{0, 1, 2, 3}}, 2);
+  StartBatch(**narrow, c, {{2, 0, 8}}, {{0, 1}}, 2);
+  EXPECT_GT((*wide)->EvictionScore(3, 2), (*narrow)->EvictionScore(3, 2));
+  EXPECT_GT((*wide)->EvictionScore(2, 3), (*narrow)->EvictionScore(2, 3));
+}
+
+TEST(FmoePolicyTest, TheBatchsDirectivesCombineAndARequestsNewerOneReplacesItsOwn) {
+  Control c;
+  auto p = MakePolicy("fmoe", PolicyOptions{});
+  ASSERT_TRUE(p.ok());
+  (*p)->Attach(&c);
+  for (uint32_t i = 0; i < 3; ++i) Iterate(**p, c, 1, i, 0, 1);
+  StartBatch(**p, c, {{1, 3, 1}, {2, 0, 1}}, {{0, 1}, {0, 1}}, 1);
+  const auto directive = [](uint64_t request, uint32_t iteration, float p) {
+    PrefetchDirective d;
+    d.request_id = request;
+    d.iteration = iteration;
+    d.target_layer = 3;
+    d.score = 0.9f;
+    d.entries = {{2, p, p / 3}};
+    return d;
+  };
+  (*p)->OnDirective(directive(1, 3, 0.25f));
+  const double one = (*p)->EvictionScore(3, 2);
+  (*p)->OnDirective(directive(2, 0, 0.25f));
+  const double both = (*p)->EvictionScore(3, 2);
+  EXPECT_GT(both, one);  // Either request may use it: 1 - (1 - 0.5)^2.
+  (*p)->OnDirective(directive(1, 3, 0.05f));
+  const double revised = (*p)->EvictionScore(3, 2);
+  EXPECT_LT(revised, both);
+  EXPECT_GT(revised, (*p)->EvictionScore(3, 3));
 }
 
 TEST(FmoePolicyTest, PaperRuleStaysAvailableAsAnAblation) {

@@ -336,6 +336,32 @@ TEST(ExpertCache, UsedPrefetchIsAHitAndAnUnusedOneIsWasted) {
   EXPECT_EQ(st.directives, 1u);
 }
 
+TEST(ExpertCache, APrefetchItsLayerStartedWithoutIsCancelledOnTheLink) {
+  Fixture f("fmoe", 4);
+  SequenceInfo s{7, 0, 1};
+  f.cache->BeginIteration({&s, 1});
+  f.cache->PostDirective(Directive(7, 0, 1, {5, 6}));
+  f.cache->Pump();
+  ASSERT_EQ(f.link.submitted.size(), 2u);
+  f.RunLayer(0, {0});  // Its on-demand load goes first; the prefetches stay on the link.
+  ASSERT_EQ(f.link.live(), 2u);
+  // Layer 1 uses expert 5 (promoted, it waits for it) but not 6: 6's copy is cancelled, and its
+  // slot comes back.
+  f.RunLayer(1, {5});
+  EXPECT_EQ(f.link.cancels, 1);
+  EXPECT_EQ(f.link.promotions, 1);
+  EXPECT_EQ(f.link.live(), 0u);
+  f.cache->Pump();
+  const CacheStats st = f.cache->stats();
+  EXPECT_EQ(st.layers[1].prefetches_used, 1u);
+  EXPECT_EQ(st.layers[1].prefetches_wasted, 1u);
+  EXPECT_EQ(st.layers[1].prefetches_cancelled, 1u);
+  EXPECT_EQ(st.resident, 2u);  // Experts 0 and 5 of layer 0 and 1.
+  f.RunLayer(2, {1, 2});       // The freed slot serves the next layer's loads.
+  f.cache->EndIteration();
+  ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+}
+
 TEST(ExpertCache, StaleDirectivesAreDropped) {
   Fixture f("fmoe", 4);
   SequenceInfo s{7, 3, 1};

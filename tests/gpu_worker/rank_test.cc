@@ -127,6 +127,37 @@ TEST(Rank, AnOffloadedRankGivesTheAllResidentTokens) {
   EXPECT_EQ((*b)->group_figures().misses, (*b)->local_figures().misses);
 }
 
+// expert_cache_gb: auto on cpu sizes the cache from the host's available memory less the KV
+// reserve: the tiny model's experts all fit; a reserve larger than any machine's memory is an
+// error naming the figures.
+TEST(Rank, AnAutoCacheSizesItselfFromFreeMemory) {
+  std::vector<std::vector<int32_t>> tokens;
+  RankOptions o = Options(&tokens);
+  o.experts = RankExperts::kCached;
+  o.cache.policy = "lru";
+  o.cache.cache_auto = true;
+  auto rank = Rank::Assemble(o);
+  ASSERT_TRUE(rank.ok()) << rank.status().message();
+  const ModelInfo& info = (*rank)->info();
+  EXPECT_EQ((*rank)->cached()->cache().slots(), info.num_moe_layers * info.num_experts);
+  // The tiny model (8 layers, 4 kv heads of 32, 1024 positions) at max_batch 1 in float32.
+  EXPECT_EQ(KvReserveBytes(info, 1, "float32"), 2ull * 8 * 4 * 32 * 4 * 1024);
+  EXPECT_EQ(KvReserveBytes(info, 8, "bfloat16"), 8 * 2ull * 8 * 4 * 32 * 2 * 1024);
+
+  // A utilization that leaves less than one expert:
+  std::vector<std::vector<int32_t>> more;
+  RankOptions huge = Options(&more);
+  huge.experts = RankExperts::kCached;
+  huge.cache.policy = "lru";
+  huge.cache.cache_auto = true;
+  huge.cache.memory_utilization = 1e-9;
+  auto refused = Rank::Assemble(huge);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("holds no expert of 393216 bytes"), std::string::npos)
+      << refused.status().message();
+}
+
 TEST(Rank, NewCachedExpertsCopiesAResidentRanksExperts) {
   RankOptions o;
   o.model_dir = kModelDir;

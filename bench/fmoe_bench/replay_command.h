@@ -1,0 +1,49 @@
+// fmoe-bench replay's options, shared by its two models of a trace: `serving` (replay_serve.h:
+// a prefill per request, decode steps, continuous batching by an arrival trace, TTFT and TPOT)
+// and `positions` (replay_core.h: each record one iteration, one request at a time, as the
+// first replay did; kept to compare with the fMoE paper's figures). replay.cc maps the flags.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/fmoe_bench/replay_time.h"
+#include "common/policy_names.h"
+
+namespace fmoe::bench {
+
+struct ReplayOptions {
+  std::string trace;
+  std::string model = "serving";  // serving or positions. Default: serving
+  std::vector<std::string> policies = AllPolicyNames();  // Every name of common/policy_names.h.
+  std::vector<double> budgets = {0.1, 0.25, 0.5, 1.0};
+  std::vector<uint32_t> distances;  // Default: the main distance (serving), 1..6 (positions).
+  double main_budget = 0.25;
+  uint32_t main_distance = 3;
+  bool full_grid = false;
+  std::vector<std::string> modes = {"offline", "online"};
+  uint32_t requests = 0;
+  double train_fraction = 0.7;
+  uint32_t test_requests = 0;
+  uint32_t store_capacity = 1000;
+  uint32_t inflight = 2;
+  uint32_t threads = 0;
+  std::string csv;
+  std::string png;
+  TimeModel time;  // Resolved from --time-model and the flags that change it.
+
+  // serving only.
+  std::vector<uint32_t> batches = {1, 8};
+  std::string trace_kind = "auto";
+  double decode_share = 0.15;
+  std::string arrivals;  // Empty: every request arrives at once.
+  uint32_t arrival_offset = 0;
+  double rate = 0;
+  double time_scale = 1.0;
+};
+
+int RunServingReplay(const ReplayOptions& options);   // replay_serving.cc
+int RunPositionReplay(const ReplayOptions& options);  // replay.cc
+
+}  // namespace fmoe::bench

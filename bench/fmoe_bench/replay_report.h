@@ -1,0 +1,70 @@
+// The serving replay's report (DESIGN section 11): per run, the requests' TTFT and TPOT (p50,
+// p90, p99, mean; nearest-rank percentiles), and the cache figures of prefill and decode apart
+// (hit rate, stall, MB moved, prefetch precision and recall); the table and CSV rows
+// `fmoe-bench replay` prints, and the checks of the design's targets. Pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/fmoe_bench/replay_serve.h"
+
+namespace fmoe::bench {
+
+struct LatencySummary {
+  uint64_t count = 0;  // Requests with the figure.
+  double p50_ms = 0, p90_ms = 0, p99_ms = 0, mean_ms = 0;
+};
+
+// Nearest-rank percentiles and the mean of `ns` (nanoseconds), in milliseconds.
+LatencySummary Summarise(std::vector<double> ns);
+
+struct PhaseSummary {
+  uint64_t iterations = 0;
+  uint64_t units = 0;  // Prefills (prefill) or decode tokens (decode).
+  double hit_rate = 0;
+  double stall_ms = 0;   // Per unit.
+  double loads = 0;      // Experts' worth of bytes moved per unit (cancelled copies in part).
+  double mb = 0;         // MB moved per unit.
+  double precision = 0;  // Prefetched experts used / prefetches handed to the link.
+  double recall = 0;     // Loads a prefetch covered / loads a layer needed.
+};
+
+PhaseSummary Summarise(const PhaseFigures& phase, double expert_mb);
+
+struct ServeSummary {
+  LatencySummary ttft, tpot;
+  PhaseSummary prefill, decode;
+  double mean_batch = 0;
+  double total_s = 0;  // First arrival to last token.
+};
+
+ServeSummary Summarise(const ServeResult& result, double expert_mb);
+
+// A text table, one row per (label, summary): TTFT and TPOT p50 / p90 / p99 / mean in ms, then
+// prefill and decode hit rate, stall, MB, precision and recall, and the mean batch.
+std::string ServeTable(const std::vector<std::pair<std::string, ServeSummary>>& rows);
+
+// CSV: the header (no newline), and one row for a run (no newline).
+std::string ServeCsvHeader();
+std::string ServeCsvRow(const ServeConfig& config, const ServeSummary& s);
+
+// The design's targets at one (mode, batch): `fmoe` against the other policies that can be built
+// (everything but the oracle), against the baselines among them (also leaving out fmoe-traj and
+// fmoe-traj-sem, which are fmoe's cache with other matching), LRU and the oracle. Missing
+// policies are skipped.
+struct TargetCheck {
+  std::string best_tpot, best_ttft;  // Lowest mean TPOT / TTFT of the realizable policies.
+  double fmoe_tpot_ms = 0, best_tpot_ms = 0;
+  double fmoe_ttft_ms = 0, best_ttft_ms = 0;
+  std::string baseline_tpot, baseline_ttft;  // The same among the baselines.
+  double baseline_tpot_ms = 0, baseline_ttft_ms = 0;
+  double decode_stall_vs_lru = 0;  // fmoe's decode stall per token / LRU's.
+  double tpot_vs_oracle = 0;       // fmoe's mean TPOT / the oracle's.
+  double ttft_vs_oracle = 0;
+  double decode_stall_vs_oracle = 0;
+};
+TargetCheck CheckTargets(const std::vector<std::pair<std::string, ServeSummary>>& policies);
+
+}  // namespace fmoe::bench

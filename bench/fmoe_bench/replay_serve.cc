@@ -1,0 +1,570 @@
+#include "bench/fmoe_bench/replay_serve.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <unordered_map>
+
+#include "bench/fmoe_bench/sim_link.h"
+#include "common/clock.h"
+#include "gpu_worker/cache_policy.h"
+#include "gpu_worker/expert_cache.h"
+#include "map_service/map_matcher.h"
+
+namespace fmoe::bench {
+
+// ---- ContinuousBatcher ----
+
+ContinuousBatcher::ContinuousBatcher(std::vector<int64_t> arrival_ns, std::vector<uint32_t> steps,
+                                     uint32_t max_batch)
+    : arrival_ns_(std::move(arrival_ns)),
+      steps_(std::move(steps)),
+      max_batch_(std::max<uint32_t>(max_batch, 1)) {
+  order_.resize(arrival_ns_.size());
+  std::iota(order_.begin(), order_.end(), 0u);
+  std::stable_sort(order_.begin(), order_.end(),
+                   [this](uint32_t a, uint32_t b) { return arrival_ns_[a] < arrival_ns_[b]; });
+}
+
+const std::vector<ContinuousBatcher::Slot>& ContinuousBatcher::Admit(int64_t now_ns) {
+  while (running_.size() < max_batch_ && next_ < order_.size() &&
+         arrival_ns_[order_[next_]] <= now_ns) {
+    running_.push_back(Slot{order_[next_++], 0});
+  }
+  return running_;
+}
+
+int64_t ContinuousBatcher::NextArrival() const {
+  return next_ < order_.size() ? arrival_ns_[order_[next_]] : -1;
+}
+
+void ContinuousBatcher::Advance(std::vector<uint32_t>* finished) {
+  size_t kept = 0;
+  for (Slot& s : running_) {
+    if (++s.step >= steps_[s.request]) {
+      finished->push_back(s.request);
+      ++finished_;
+    } else {
+      running_[kept++] = s;
+    }
+  }
+  running_.resize(kept);
+}
+
+namespace {
+
+// The cache moves these many bytes per expert; the link's time per expert does not depend on
+// them, and the report scales expert counts to real sizes.
+constexpr size_t kNominalExpertBytes = 64;
+
+using Schedule = std::vector<std::vector<ContinuousBatcher::Slot>>;  // Slots use workload indices.
+
+std::vector<float> SemOf(const TraceHeader& h, const TraceIteration& it) {
+  return h.hidden > 0 ? it.sem : std::vector<float>{1.0f};
+}
+
+MapStoreOptions StoreOptions(const TraceHeader& h, uint32_t capacity, uint32_t distance) {
+  MapStoreOptions o;
+  o.num_layers = h.num_layers;
+  o.num_experts = h.num_experts;
+  o.top_k = h.top_k;
+  o.hidden = h.hidden > 0 ? h.hidden : 1;
+  o.capacity = capacity;
+  o.prefetch_distance = distance;
+  return o;
+}
+
+// The union of the batch's experts at `layer`: sorted experts, their summed tokens, and the
+// per-sequence counts (rows in batch order, J wide).
+void BatchUnion(const ServeWorkload& w, const std::vector<ContinuousBatcher::Slot>& batch,
+                uint32_t layer, std::vector<uint32_t>* experts, std::vector<uint32_t>* tokens,
+                std::vector<uint32_t>* sequence_counts) {
+  const uint32_t J = w.trace->header.num_experts;
+  sequence_counts->assign(batch.size() * J, 0);
+  std::vector<uint32_t> sum(J, 0);
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const TraceIteration& it = *w.requests[batch[s].request].steps[batch[s].step];
+    auto used = it.used(layer);
+    auto counts = it.used_counts(layer);
+    for (size_t e = 0; e < used.size(); ++e) {
+      sum[used[e]] += counts[e];
+      (*sequence_counts)[s * J + used[e]] = counts[e];
+    }
+  }
+  experts->clear();
+  tokens->clear();
+  for (uint32_t j = 0; j < J; ++j) {
+    if (sum[j] == 0) continue;
+    experts->push_back(j);
+    tokens->push_back(sum[j]);
+  }
+}
+
+std::vector<LayerAccess> AccessLog(const ServeWorkload& w, const Schedule& schedule) {
+  std::vector<LayerAccess> out;
+  std::vector<uint32_t> experts, tokens, counts;
+  for (const auto& batch : schedule) {
+    for (uint32_t l = 0; l < w.trace->header.num_layers; ++l) {
+      BatchUnion(w, batch, l, &experts, &tokens, &counts);
+      out.push_back(LayerAccess{l, experts});
+    }
+  }
+  return out;
+}
+
+bool SameSchedule(const Schedule& a, const Schedule& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size()) return false;
+    for (size_t s = 0; s < a[i].size(); ++s) {
+      if (a[i][s].request != b[i][s].request || a[i][s].step != b[i][s].step) return false;
+    }
+  }
+  return true;
+}
+
+// The schedule of `reqs` when every layer takes its compute time and nothing stalls: the
+// oracle's first guess at its own schedule.
+Schedule ComputeOnlySchedule(const ServeWorkload& w, const std::vector<uint32_t>& reqs,
+                             const std::vector<int64_t>& arrival_ns, const ServeConfig& c) {
+  std::vector<uint32_t> steps;
+  for (uint32_t r : reqs) steps.push_back(static_cast<uint32_t>(w.requests[r].steps.size()));
+  ContinuousBatcher batcher(arrival_ns, steps, c.max_batch);
+  Schedule out;
+  int64_t now = 0;
+  std::vector<uint32_t> finished;
+  while (!batcher.done()) {
+    const auto& running = batcher.Admit(now);
+    if (running.empty()) {
+      now = std::max(now, batcher.NextArrival());
+      continue;
+    }
+    uint64_t tokens = 0;
+    auto& batch = out.emplace_back();
+    for (const auto& s : running) {
+      batch.push_back({reqs[s.request], s.step});
+      tokens += w.requests[reqs[s.request]].steps[s.step]->tokens;
+    }
+    now += c.time.LayerNs(tokens) * w.trace->header.num_layers;
+    batcher.Advance(&finished);
+  }
+  return out;
+}
+
+// One cache, link and (for the fmoe policies) map store, serving requests in simulated time.
+class ServeRun {
+ public:
+  struct Measured {
+    std::vector<RequestTiming> timings;  // By position in the request list.
+    PhaseFigures prefill, decode;
+    uint64_t iterations = 0, batch_sum = 0;
+    Schedule schedule;
+  };
+
+  static Result<std::unique_ptr<ServeRun>> Create(const ServeWorkload& w, const ServeConfig& c,
+                                                  std::vector<LayerAccess> future,
+                                                  const MapStore* store) {
+    std::unique_ptr<ServeRun> run(new ServeRun(w, c));
+    FMOE_RETURN_IF_ERROR(run->Init(std::move(future), store));
+    return run;
+  }
+  ~ServeRun() {
+    cache_.reset();  // Cancels what is on the link before the slots go.
+    if (slot_memory_ != nullptr) link_.FreeDevice(slot_memory_);
+  }
+
+  // Serves `reqs` (workload indices), request k arriving arrival_ns[k] after now: batched
+  // continuously, or as `forced` says (its batches in order, each waiting for its new requests to
+  // arrive; slots hold workload indices).
+  Status Serve(const std::vector<uint32_t>& reqs, const std::vector<int64_t>& arrival_ns,
+               bool match, Measured* out, const Schedule* forced = nullptr) {
+    const int64_t t0 = clock_.NowNs();
+    std::vector<int64_t> at(arrival_ns.size());
+    std::vector<uint32_t> steps;
+    for (size_t k = 0; k < reqs.size(); ++k) {
+      at[k] = t0 + arrival_ns[k];
+      steps.push_back(static_cast<uint32_t>(w_.requests[reqs[k]].steps.size()));
+    }
+    out->timings.assign(reqs.size(), RequestTiming{});
+    for (size_t k = 0; k < reqs.size(); ++k) {
+      const ServeRequest& r = w_.requests[reqs[k]];
+      RequestTiming& t = out->timings[k];
+      t.id = r.id;
+      t.has_prefill = r.has_prefill;
+      t.prompt_tokens = r.prompt_tokens;
+      t.steps = steps[k];
+      t.arrival_ns = arrival_ns[k];
+    }
+    std::vector<ContinuousBatcher::Slot> local;
+    if (forced != nullptr) {
+      std::unordered_map<uint32_t, uint32_t> local_of;
+      for (uint32_t k = 0; k < reqs.size(); ++k) local_of[reqs[k]] = k;
+      std::vector<uint32_t> ran(reqs.size(), 0);
+      for (const auto& batch : *forced) {
+        local.clear();
+        int64_t ready = clock_.NowNs();
+        for (const auto& s : batch) {
+          auto it = local_of.find(s.request);
+          if (it == local_of.end() || s.step != ran[it->second]++) {
+            return Internal("serving replay: the forced schedule does not fit the requests");
+          }
+          local.push_back({it->second, s.step});
+          if (s.step == 0) ready = std::max(ready, at[it->second]);
+        }
+        if (ready > clock_.NowNs()) {
+          clock_.AdvanceNs(ready - clock_.NowNs());
+          cache_->Pump();
+        }
+        FMOE_RETURN_IF_ERROR(RunBatch(reqs, local, match, t0, out));
+        for (const auto& s : local) {
+          if (s.step + 1 == steps[s.request]) cache_->OnRequestEnd(w_.requests[reqs[s.request]].id);
+        }
+      }
+      if (ran != steps) {
+        return Internal("serving replay: the forced schedule does not fit the requests");
+      }
+      return Status::Ok();
+    }
+    ContinuousBatcher batcher(at, steps, c_.max_batch);
+    std::vector<uint32_t> finished;
+    while (!batcher.done()) {
+      const auto& running = batcher.Admit(clock_.NowNs());
+      if (running.empty()) {
+        clock_.AdvanceNs(std::max<int64_t>(0, batcher.NextArrival() - clock_.NowNs()));
+        cache_->Pump();
+        continue;
+      }
+      local.assign(running.begin(), running.end());
+      FMOE_RETURN_IF_ERROR(RunBatch(reqs, local, match, t0, out));
+      finished.clear();
+      batcher.Advance(&finished);
+      for (uint32_t k : finished) cache_->OnRequestEnd(w_.requests[reqs[k]].id);
+    }
+    return Status::Ok();
+  }
+
+  uint64_t directives() const { return cache_->stats().directives; }
+  double match_score() const {
+    return score_count_ ? score_sum_ / static_cast<double>(score_count_) : 0.0;
+  }
+  bool full() const { return slots_ >= owned_; }
+  Status CheckInvariants() const { return cache_->CheckInvariants(); }
+
+ private:
+  ServeRun(const ServeWorkload& w, const ServeConfig& c)
+      : w_(w), c_(c), clock_(0), link_(clock_, c.time.LoadNs()) {}
+
+  Status Init(std::vector<LayerAccess> future, const MapStore* store) {
+    const TraceHeader& h = w_.trace->header;
+    const uint32_t L = h.num_layers, J = h.num_experts;
+    PolicyOptions po;
+    po.prefetch_distance = c_.distance;
+    po.future = std::move(future);
+    FMOE_ASSIGN_OR_RETURN(auto policy, MakePolicy(c_.policy, po));
+    owned_ = L * J;
+    FMOE_ASSIGN_OR_RETURN(slots_,
+                          BudgetSlots(std::nullopt, c_.budget, kNominalExpertBytes, owned_));
+    host_.resize(static_cast<size_t>(owned_) * kNominalExpertBytes);
+    std::vector<const void*> host_ptrs(owned_);
+    for (uint32_t k = 0; k < owned_; ++k) host_ptrs[k] = host_.data() + k * kNominalExpertBytes;
+    FMOE_ASSIGN_OR_RETURN(slot_memory_, link_.AllocateDevice(slots_ * kNominalExpertBytes));
+    ExpertCacheOptions co;
+    co.num_layers = L;
+    co.num_experts = J;
+    co.top_k = h.top_k;
+    co.expert_bytes = kNominalExpertBytes;
+    co.slots = slots_;
+    co.max_inflight_prefetches = c_.max_inflight_prefetches;
+    co.preload = true;
+    FMOE_ASSIGN_OR_RETURN(cache_, ExpertCache::Create(co, std::move(policy), &link_,
+                                                      std::move(host_ptrs), slot_memory_, clock_));
+    if (UsesMapService(c_.policy)) {
+      if (store != nullptr) {
+        store_.emplace(*store);
+      } else {
+        FMOE_ASSIGN_OR_RETURN(MapStore empty,
+                              MapStore::Create(StoreOptions(h, c_.store_capacity, c_.distance)));
+        store_.emplace(std::move(empty));
+      }
+      MatcherOptions mo;
+      mo.prefetch_distance = c_.distance;
+      mo.semantic = c_.policy != "fmoe-traj" && h.hidden > 0;
+      mo.delta = c_.policy != "fmoe-traj-sem";
+      matcher_ = std::make_unique<MapMatcher>(*store_, mo);
+    }
+    probs_.assign(J, 0.0f);
+    return Status::Ok();
+  }
+
+  // One iteration of `local` (positions in `reqs` and their steps), with its figures.
+  Status RunBatch(const std::vector<uint32_t>& reqs,
+                  const std::vector<ContinuousBatcher::Slot>& local, bool match, int64_t t0,
+                  Measured* out) {
+    batch_.clear();
+    bool prefill = false;
+    for (const auto& s : local) {
+      batch_.push_back({reqs[s.request], s.step});
+      if (s.step == 0) {
+        out->timings[s.request].start_ns = clock_.NowNs() - t0;
+        prefill = prefill || w_.requests[reqs[s.request]].has_prefill;
+      }
+    }
+    const CacheCounters before = cache_->stats().total;
+    const int64_t start = clock_.NowNs();
+    FMOE_RETURN_IF_ERROR(Iteration(batch_, match));
+    const CacheCounters after = cache_->stats().total;
+    const int64_t end = clock_.NowNs();
+    PhaseFigures& p = prefill ? out->prefill : out->decode;
+    ++p.iterations;
+    for (const auto& s : batch_) {
+      p.tokens += w_.requests[s.request].steps[s.step]->tokens;
+      if (!prefill || s.step == 0) ++p.requests;
+    }
+    p.hits += after.hits - before.hits;
+    p.misses += after.misses - before.misses;
+    p.late_prefetches += after.late_prefetches - before.late_prefetches;
+    p.on_demand_loads += after.on_demand_loads - before.on_demand_loads;
+    p.prefetches_issued += after.prefetches_issued - before.prefetches_issued;
+    p.prefetches_used += after.prefetches_used - before.prefetches_used;
+    p.experts_moved += static_cast<double>(after.bytes_moved - before.bytes_moved) /
+                       static_cast<double>(kNominalExpertBytes);
+    p.stall_ns += static_cast<double>(after.stall_ns - before.stall_ns);
+    p.time_ns += static_cast<double>(end - start);
+    ++out->iterations;
+    out->batch_sum += batch_.size();
+    out->schedule.push_back(batch_);
+    for (const auto& s : local) {
+      RequestTiming& t = out->timings[s.request];
+      if (s.step == 0) t.first_token_ns = end - t0;
+      t.last_token_ns = end - t0;
+    }
+    return Status::Ok();
+  }
+
+  void Post() {
+    for (PrefetchDirective& d : directives_) {
+      score_sum_ += d.score;
+      ++score_count_;
+      cache_->PostDirective(std::move(d));
+    }
+    directives_.clear();
+  }
+
+  // One engine iteration of `batch` (workload request indices and their steps).
+  Status Iteration(const std::vector<ContinuousBatcher::Slot>& batch, bool match) {
+    const TraceHeader& h = w_.trace->header;
+    const uint32_t L = h.num_layers, J = h.num_experts;
+    seqs_.clear();
+    uint64_t tokens = 0;
+    for (const auto& s : batch) {
+      const ServeRequest& r = w_.requests[s.request];
+      const TraceIteration& it = *r.steps[s.step];
+      seqs_.push_back(SequenceInfo{r.id, s.step, it.tokens});
+      tokens += it.tokens;
+    }
+    cache_->BeginIteration(seqs_);
+    if (match) {
+      maps_.resize(batch.size());
+      for (size_t s = 0; s < batch.size(); ++s) {
+        const TraceIteration& it = *w_.requests[batch[s].request].steps[batch[s].step];
+        it.FillMap(h, &maps_[s]);
+        matcher_->OnIterationStart(
+            IterationStart{seqs_[s].request_id, seqs_[s].iteration, SemOf(h, it)}, &directives_);
+        Post();
+      }
+    }
+    cache_->Pump();
+    const uint32_t speculate = cache_->speculation_distance();
+    for (uint32_t l = 0; l < L; ++l) {
+      if (speculate > 0) Speculate(batch, l, speculate, tokens);
+      BatchUnion(w_, batch, l, &experts_, &tokens_, &sequence_counts_);
+      FMOE_RETURN_IF_ERROR(
+          cache_->BeginLayer(LayerRouting{l, experts_, tokens_, sequence_counts_}));
+      if (match) {
+        for (size_t s = 0; s < batch.size(); ++s) {
+          const float* row = maps_[s].data() + static_cast<size_t>(l) * J;
+          matcher_->OnLayerObserved(LayerObserved{seqs_[s].request_id, seqs_[s].iteration, l,
+                                                  std::vector<float>(row, row + J)},
+                                    &directives_);
+          Post();
+        }
+      }
+      while (true) {
+        auto ready = cache_->Next();
+        if (!ready.ok()) {
+          if (ready.status().code() == ErrorCode::kNotFound) break;
+          return ready.status();
+        }
+        cache_->Done(ready->expert);
+      }
+      clock_.AdvanceNs(c_.time.LayerNs(tokens));
+      cache_->EndLayer();
+    }
+    cache_->EndIteration();
+    if (match) {
+      for (size_t s = 0; s < batch.size(); ++s) {
+        const ServeRequest& r = w_.requests[batch[s].request];
+        const bool last = batch[s].step + 1 == r.steps.size();
+        auto done = matcher_->OnIterationEnd(IterationEnd{r.id, batch[s].step, last});
+        if (done) {
+          FMOE_ASSIGN_OR_RETURN(auto inserted,
+                                store_->Insert(next_map_id_++, done->sem, done->map));
+          (void)inserted;
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  // The batch's speculative predictions made before layer `l`: per target, each request's
+  // fractions weighted by its share of the iteration's tokens.
+  void Speculate(const std::vector<ContinuousBatcher::Slot>& batch, uint32_t l, uint32_t ahead,
+                 uint64_t tokens) {
+    const uint32_t L = w_.trace->header.num_layers;
+    for (uint32_t target = l + 1; target < L && target <= l + ahead; ++target) {
+      std::fill(probs_.begin(), probs_.end(), 0.0f);
+      bool any = false;
+      for (const auto& s : batch) {
+        const TraceIteration& it = *w_.requests[s.request].steps[s.step];
+        const float share = static_cast<float>(it.tokens) / static_cast<float>(tokens);
+        for (const TraceSpeculation& sp : it.speculation) {
+          if (sp.layer != l || sp.target != target) continue;
+          for (size_t e = 0; e < sp.experts.size(); ++e) {
+            probs_[sp.experts[e]] += sp.fractions[e] * share;
+          }
+          any = true;
+        }
+      }
+      if (any) cache_->Speculate(l, target, probs_);
+    }
+  }
+
+  const ServeWorkload& w_;
+  ServeConfig c_;
+  ManualClock clock_;
+  SimLink link_;
+  uint32_t owned_ = 0, slots_ = 0;
+  std::vector<char> host_;
+  void* slot_memory_ = nullptr;
+  std::unique_ptr<ExpertCache> cache_;
+  std::optional<MapStore> store_;
+  std::unique_ptr<MapMatcher> matcher_;
+  uint64_t next_map_id_ = 1'000'000'000;
+  double score_sum_ = 0;
+  uint64_t score_count_ = 0;
+  std::vector<PrefetchDirective> directives_;
+  std::vector<SequenceInfo> seqs_;
+  std::vector<ContinuousBatcher::Slot> batch_;  // Workload indices of the running iteration.
+  std::vector<std::vector<float>> maps_;
+  std::vector<uint32_t> experts_, tokens_, sequence_counts_;
+  std::vector<float> probs_;
+};
+
+}  // namespace
+
+Result<MapStore> WarmServeStore(const ServeWorkload& w, const std::vector<uint32_t>& train,
+                                uint32_t capacity, uint32_t distance) {
+  const TraceHeader& h = w.trace->header;
+  FMOE_ASSIGN_OR_RETURN(MapStore store, MapStore::Create(StoreOptions(h, capacity, distance)));
+  std::vector<float> map;
+  uint64_t id = 1;
+  for (uint32_t r : train) {
+    for (const TraceIteration* it : w.requests.at(r).steps) {
+      it->FillMap(h, &map);
+      FMOE_ASSIGN_OR_RETURN(auto inserted, store.Insert(id++, SemOf(h, *it), map));
+      (void)inserted;
+    }
+  }
+  return store;
+}
+
+Result<ServeResult> RunServeReplay(const ServeWorkload& w, const std::vector<uint32_t>& train,
+                                   const std::vector<uint32_t>& test,
+                                   const std::vector<int64_t>& arrival_ns, const ServeConfig& c,
+                                   const MapStore* warm_store) {
+  const auto wall_start = std::chrono::steady_clock::now();
+  const uint32_t L = w.trace->header.num_layers;
+  if (!(c.budget > 0.0 && c.budget <= 1.0)) {
+    return InvalidArgument("budget " + std::to_string(c.budget) + " is not in (0, 1]");
+  }
+  if (c.distance < 1 || c.distance > L) {
+    return InvalidArgument("prefetch distance " + std::to_string(c.distance) + " is not in 1.." +
+                           std::to_string(L));
+  }
+  if (c.max_batch < 1) return InvalidArgument("max batch must be at least 1");
+  if (arrival_ns.size() != test.size()) {
+    return InvalidArgument(std::to_string(arrival_ns.size()) + " arrival times for " +
+                           std::to_string(test.size()) + " requests");
+  }
+  for (uint32_t r : train) {
+    if (r >= w.requests.size()) return InvalidArgument("train request out of range");
+  }
+  for (uint32_t r : test) {
+    if (r >= w.requests.size()) return InvalidArgument("test request out of range");
+  }
+  FMOE_RETURN_IF_ERROR(ValidateTimeModel(c.time));
+  const bool fmoe = UsesMapService(c.policy);
+  const bool oracle = c.policy == "oracle";
+  const bool warm = !c.online && !oracle;
+  if (fmoe && warm && warm_store == nullptr) {
+    return InvalidArgument("offline replay of " + c.policy + " needs a warmed store");
+  }
+
+  ServeResult result;
+  result.config = c;
+  ServeRun::Measured measured;
+  std::unique_ptr<ServeRun> run;
+  if (oracle) {
+    // The oracle knows the accesses to come, but batches depend on timing, which depends on the
+    // oracle: run until the schedule it was told is the one it ran (or out of passes).
+    Schedule told = ComputeOnlySchedule(w, test, arrival_ns, c);
+    for (uint32_t pass = 1;; ++pass) {
+      // The last pass runs the schedule it was told, each batch waiting for its new requests.
+      const bool force = pass > c.oracle_passes;
+      FMOE_ASSIGN_OR_RETURN(run, ServeRun::Create(w, c, AccessLog(w, told), nullptr));
+      measured = ServeRun::Measured{};
+      FMOE_RETURN_IF_ERROR(
+          run->Serve(test, arrival_ns, /*match=*/false, &measured, force ? &told : nullptr));
+      result.oracle_passes = pass;
+      result.oracle_forced = force;
+      if (force || SameSchedule(measured.schedule, told)) break;
+      told = std::move(measured.schedule);
+    }
+  } else {
+    FMOE_ASSIGN_OR_RETURN(run, ServeRun::Create(w, c, {}, warm ? warm_store : nullptr));
+    if (warm) {
+      // The train split warms the caches, frequency counts and EAM collections; the fmoe
+      // policies' store is already warm, so their directives are not computed here.
+      ServeRun::Measured ignored;
+      FMOE_RETURN_IF_ERROR(run->Serve(train, std::vector<int64_t>(train.size(), 0),
+                                      /*match=*/false, &ignored));
+    }
+    // A budget that holds every expert moves nothing and the cache consults no policy.
+    const bool match = fmoe && !run->full();
+    const uint64_t directives_before = run->directives();
+    FMOE_RETURN_IF_ERROR(run->Serve(test, arrival_ns, match, &measured));
+    result.directives = run->directives() - directives_before;
+    result.match_score = run->match_score();
+  }
+  FMOE_RETURN_IF_ERROR(run->CheckInvariants());
+  result.requests = std::move(measured.timings);
+  result.prefill = measured.prefill;
+  result.decode = measured.decode;
+  result.iterations = measured.iterations;
+  result.mean_batch = measured.iterations ? static_cast<double>(measured.batch_sum) /
+                                                static_cast<double>(measured.iterations)
+                                          : 0.0;
+  int64_t first = std::numeric_limits<int64_t>::max(), last = 0;
+  for (const RequestTiming& t : result.requests) {
+    first = std::min(first, t.arrival_ns);
+    last = std::max(last, t.last_token_ns);
+  }
+  result.total_ns = result.requests.empty() ? 0.0 : static_cast<double>(last - first);
+  result.wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  return result;
+}
+
+}  // namespace fmoe::bench

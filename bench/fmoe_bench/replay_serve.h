@@ -1,0 +1,142 @@
+// The serving replay (DESIGN section 11): a ServeWorkload (replay_workload.h) run as the worker's
+// engine runs requests, batched continuously, through the real expert cache
+// (gpu_worker/expert_cache.h) and policy over the simulated link (sim_link.h), with the map
+// service's store and matcher for the fmoe policies, in simulated time (replay_time.h). Each MoE
+// layer needs the union of the batch's experts and computes for the time model's time at the
+// iteration's tokens once every expert it needs is resident. Cache figures are kept apart for
+// iterations that hold a prefill ("prefill") and those of decode steps only ("decode"). One
+// thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/fmoe_bench/replay_time.h"
+#include "bench/fmoe_bench/replay_workload.h"
+#include "common/status.h"
+#include "map_service/map_store.h"
+
+namespace fmoe::bench {
+
+// Which requests run in each iteration, as gpu_worker/engine.h batches: at each iteration
+// boundary the requests that have arrived join, oldest first, up to max_batch; an iteration runs
+// every running request's next step (the prefill of a request that just joined, a decode token
+// for the others); a request leaves after its last step. Requests are indices 0..n-1 with their
+// arrival times and step counts (>= 1).
+class ContinuousBatcher {
+ public:
+  struct Slot {
+    uint32_t request = 0;
+    uint32_t step = 0;  // 0 = the request's first iteration.
+  };
+  ContinuousBatcher(std::vector<int64_t> arrival_ns, std::vector<uint32_t> steps,
+                    uint32_t max_batch);
+
+  // Admits the requests that arrived by `now_ns` into free slots (earliest arrival first, the
+  // lower index on ties) and returns the running ones, in the order they joined; empty when
+  // none is running.
+  const std::vector<Slot>& Admit(int64_t now_ns);
+  // Arrival of the next request not yet admitted; -1 when every one was.
+  int64_t NextArrival() const;
+  // Ends the iteration: every running request has run its step; those that ran their last leave
+  // (appended to `finished`).
+  void Advance(std::vector<uint32_t>* finished);
+  bool done() const { return finished_ == arrival_ns_.size(); }
+
+ private:
+  std::vector<int64_t> arrival_ns_;
+  std::vector<uint32_t> steps_;
+  std::vector<uint32_t> order_;  // Requests by arrival.
+  size_t next_ = 0;              // Next in order_ to admit.
+  uint32_t max_batch_;
+  std::vector<Slot> running_;
+  size_t finished_ = 0;
+};
+
+struct ServeConfig {
+  std::string policy;     // A MakePolicy name, oracle included.
+  double budget = 0.25;   // Fraction of the L * J experts the cache holds, (0, 1].
+  uint32_t distance = 3;  // Prefetch distance d.
+  bool online = false;    // Store starts empty (online) or warmed on the train split (offline).
+  uint32_t max_batch = 1;
+  TimeModel time;
+  uint32_t store_capacity = 1000;
+  uint32_t max_inflight_prefetches = 2;
+  // oracle: it knows the accesses to come, but batches depend on timing, which depends on the
+  // oracle. It runs told the schedule of a run without stalls, then of its own previous run,
+  // until the two agree; after this many runs, once more keeping to the last schedule (a batch
+  // waits for its requests to arrive), so its knowledge is exact in every case.
+  uint32_t oracle_passes = 3;
+};
+
+// TTFT = end of its first iteration - arrival; TPOT = (end of its last iteration - end of its
+// first) / the steps after the first.
+struct RequestTiming {
+  uint64_t id = 0;
+  bool has_prefill = true;
+  uint32_t prompt_tokens = 0;
+  uint32_t steps = 0;  // Iterations it ran (prefill included).
+  // From the start of the measured part: arrival, the start of its first iteration, the end of
+  // its first and of its last.
+  int64_t arrival_ns = 0, start_ns = 0, first_token_ns = 0, last_token_ns = 0;
+  double ttft_ns() const { return static_cast<double>(first_token_ns - arrival_ns); }
+  // 0 steps after the first: no TPOT.
+  bool has_tpot() const { return steps >= 2; }
+  double tpot_ns() const {
+    return has_tpot() ? static_cast<double>(last_token_ns - first_token_ns) / (steps - 1) : 0.0;
+  }
+};
+
+// Cache figures of one kind of iteration.
+struct PhaseFigures {
+  uint64_t iterations = 0;
+  uint64_t tokens = 0;    // The batch's new tokens.
+  uint64_t requests = 0;  // Request-steps (a prefill, or one request's decode token).
+  uint64_t hits = 0, misses = 0, late_prefetches = 0;
+  uint64_t on_demand_loads = 0, prefetches_issued = 0, prefetches_used = 0;
+  double experts_moved = 0;  // Bytes copied over the link, in experts (cancelled copies in part).
+  double stall_ns = 0;
+  double time_ns = 0;  // The iterations' simulated time, stall included.
+
+  double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0; }
+  double precision() const {
+    return prefetches_issued ? double(prefetches_used) / double(prefetches_issued) : 0;
+  }
+  double recall() const {
+    const uint64_t needed = prefetches_used + on_demand_loads;
+    return needed ? double(prefetches_used) / double(needed) : 0;
+  }
+};
+
+struct ServeResult {
+  ServeConfig config;
+  std::vector<RequestTiming> requests;  // The measured requests, in workload order.
+  PhaseFigures prefill, decode;
+  uint64_t iterations = 0;
+  double mean_batch = 0;  // Requests per iteration.
+  double total_ns = 0;    // First arrival to last token.
+  uint64_t directives = 0;
+  double match_score = 0;
+  uint32_t oracle_passes = 0;  // oracle: runs made.
+  // oracle: its last run kept to the schedule it was told rather than batching as it went (its
+  // schedule had not settled after `oracle_passes` runs).
+  bool oracle_forced = false;
+  double wall_s = 0;
+};
+
+// Runs the `train` requests first when offline (all arriving at once, unmeasured: caches,
+// frequency counts and EAM collections warm up), then measures `test`, request k arriving at
+// `arrival_ns[k]` after the measured part starts. `warm_store`: offline fmoe policies (from
+// WarmServeStore). kInvalidArgument for a bad config.
+Result<ServeResult> RunServeReplay(const ServeWorkload& workload,
+                                   const std::vector<uint32_t>& train,
+                                   const std::vector<uint32_t>& test,
+                                   const std::vector<int64_t>& arrival_ns,
+                                   const ServeConfig& config, const MapStore* warm_store);
+
+// The store a map service would hold after serving `train`: every step's map, request by request.
+Result<MapStore> WarmServeStore(const ServeWorkload& workload, const std::vector<uint32_t>& train,
+                                uint32_t capacity, uint32_t distance);
+
+}  // namespace fmoe::bench

@@ -1,0 +1,350 @@
+// fmoe-bench replay --model serving: every policy and the oracle over a trace's requests served
+// as the engine serves them (replay_serve.h), at each max batch, cache budget and prefetch
+// distance, offline and online, in one run. One table per (mode, batch, budget, d) on stdout,
+// every row as CSV, the targets of the design at the main point, and TTFT and TPOT against the
+// budget as a PNG through gnuplot.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "bench/fmoe_bench/plot.h"
+#include "bench/fmoe_bench/replay_command.h"
+#include "bench/fmoe_bench/replay_core.h"
+#include "bench/fmoe_bench/replay_report.h"
+#include "bench/fmoe_bench/replay_serve.h"
+#include "bench/fmoe_bench/replay_workload.h"
+#include "common/expert_trace.h"
+
+namespace fmoe::bench {
+namespace {
+
+struct ServeJob {
+  ServeConfig config;
+  const MapStore* warm = nullptr;
+  Result<ServeResult> result = Internal("not run");
+  ServeSummary summary;
+};
+
+std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+std::string ModeName(const ServeConfig& c) { return c.online ? "online" : "offline"; }
+
+template <class Fn>
+void Parallel(uint32_t threads, size_t count, Fn&& fn) {
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (uint32_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (size_t i; (i = next.fetch_add(1)) < count;) fn(i);
+    });
+  }
+  for (auto& t : pool) t.join();
+}
+
+}  // namespace
+
+int RunServingReplay(const ReplayOptions& o) {
+  auto trace = ReadTrace(o.trace);
+  if (!trace.ok()) {
+    std::fprintf(stderr, "fmoe-bench replay: %s\n", trace.status().message().c_str());
+    return 2;
+  }
+  const TraceHeader& h = trace->header;
+  auto kind = o.trace_kind == "auto" ? DetectTraceKind(h) : ParseTraceKind(o.trace_kind);
+  if (!kind.ok()) {
+    std::fprintf(stderr, "fmoe-bench replay: %s\n", kind.status().message().c_str());
+    return 2;
+  }
+  TraceRequests grouped = GroupByRequest(*trace);
+  ServeWorkloadOptions wo;
+  wo.kind = *kind;
+  wo.decode_share = o.decode_share;
+  auto workload = BuildServeWorkload(grouped, wo);
+  if (!workload.ok()) {
+    std::fprintf(stderr, "fmoe-bench replay: %s\n", workload.status().message().c_str());
+    return 2;
+  }
+  uint32_t n = static_cast<uint32_t>(workload->requests.size());
+  if (o.requests != 0) n = std::min(n, o.requests);
+  const uint32_t n_train = static_cast<uint32_t>(std::floor(n * o.train_fraction));
+  std::vector<uint32_t> train, test;
+  for (uint32_t r = 0; r < n; ++r) (r < n_train ? train : test).push_back(r);
+  if (o.test_requests != 0 && test.size() > o.test_requests) test.resize(o.test_requests);
+  if (test.empty()) {
+    std::fprintf(stderr, "fmoe-bench replay: no test requests (%u requests, train fraction %g)\n",
+                 n, o.train_fraction);
+    return 2;
+  }
+  std::optional<ArrivalTrace> arrival_trace;
+  if (!o.arrivals.empty()) {
+    auto a = LoadArrivals(o.arrivals);
+    if (!a.ok()) {
+      std::fprintf(stderr, "fmoe-bench replay: %s\n", a.status().message().c_str());
+      return 2;
+    }
+    arrival_trace = std::move(*a);
+  }
+  ArrivalOptions ao;
+  ao.offset = o.arrival_offset;
+  ao.rate = o.rate;
+  ao.time_scale = o.time_scale;
+  auto arrivals = ArrivalOffsets(arrival_trace ? &*arrival_trace : nullptr, test.size(), ao);
+  if (!arrivals.ok()) {
+    std::fprintf(stderr, "fmoe-bench replay: %s\n", arrivals.status().message().c_str());
+    return 2;
+  }
+
+  bool has_speculation = false;
+  for (const auto& it : trace->iterations) has_speculation |= !it.speculation.empty();
+  std::vector<std::string> policies;
+  std::vector<std::string> notes;
+  for (const auto& p : o.policies) {
+    if (p == "speculative" && !has_speculation) {
+      notes.push_back(
+          "speculative: not run (the trace has no speculative predictions: they need the "
+          "model's hidden states, which only a trace the worker recorded has)");
+      continue;
+    }
+    policies.push_back(p);
+  }
+  if (h.hidden == 0) {
+    notes.push_back("the trace has no semantic embeddings: fmoe's semantic search is off");
+  }
+  if (*kind == TraceKind::kPromptPositions) {
+    notes.push_back("the trace has prompt routing only: each prompt's last " +
+                    Fixed(100 * o.decode_share, 0) +
+                    "% of positions stand in for its decode steps (one token each); the rest is "
+                    "its prefill");
+  }
+  if (*kind == TraceKind::kDecodePositions) {
+    notes.push_back(
+        "the trace has decode steps only (no prefill recorded): TTFT is the first decode "
+        "step's, queueing included; every iteration counts as decode");
+  }
+
+  // The workload, as run.
+  uint64_t prompt_tokens = 0, decode_steps = 0, union_sum = 0, prefills = 0;
+  for (uint32_t r : test) {
+    const ServeRequest& req = workload->requests[r];
+    prompt_tokens += req.prompt_tokens;
+    decode_steps += req.decode_steps();
+    if (req.has_prefill) {
+      ++prefills;
+      for (uint32_t l = 0; l < h.num_layers; ++l) union_sum += req.steps[0]->used(l).size();
+    }
+  }
+  const uint32_t threads =
+      o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  std::printf("trace %s: %s, %s; L=%u J=%u K=%u h=%u; replayed as %s\n", o.trace.c_str(),
+              h.model.c_str(), h.iteration_unit.c_str(), h.num_layers, h.num_experts, h.top_k,
+              h.hidden, std::string(TraceKindName(*kind)).c_str());
+  std::printf(
+      "requests: %u train, %zu test (%u in all); test: %llu prefills of %llu prompt tokens "
+      "(%.1f of %u experts per layer each), %llu decode steps\n",
+      n_train, test.size(), n, static_cast<unsigned long long>(prefills),
+      static_cast<unsigned long long>(prompt_tokens),
+      prefills ? static_cast<double>(union_sum) / (prefills * h.num_layers) : 0.0, h.num_experts,
+      static_cast<unsigned long long>(decode_steps));
+  if (arrival_trace) {
+    const double span = arrivals->empty() ? 0 : static_cast<double>(arrivals->back()) / 1e9;
+    std::printf("arrivals: %s rows %u.., %.1f s for %zu requests (%.2f requests/s)\n",
+                o.arrivals.c_str(), o.arrival_offset, span, test.size(),
+                span > 0 ? static_cast<double>(test.size() - 1) / span : 0.0);
+  } else {
+    std::printf("arrivals: every request at once\n");
+  }
+  std::printf("time model %s\n  (%s)\nstore capacity %u; %u threads\n", o.time.Describe().c_str(),
+              o.time.source.c_str(), o.store_capacity, threads);
+  std::fflush(stdout);
+
+  // Configurations: budgets at the main distance, distances at the main budget.
+  std::vector<uint32_t> distances = o.distances;
+  if (distances.empty()) distances = {o.main_distance};
+  std::set<std::pair<double, uint32_t>> points;
+  for (double b : o.budgets) {
+    if (o.full_grid) {
+      for (uint32_t d : distances) points.insert({b, d});
+    } else {
+      points.insert({b, o.main_distance});
+    }
+  }
+  for (uint32_t d : distances) points.insert({o.main_budget, d});
+
+  std::map<uint32_t, std::unique_ptr<MapStore>> warm;
+  std::vector<std::unique_ptr<ServeJob>> jobs;
+  for (const auto& mode : o.modes) {
+    for (uint32_t batch : o.batches) {
+      for (const auto& [b, d] : points) {
+        for (const auto& p : policies) {
+          auto job = std::make_unique<ServeJob>();
+          ServeConfig& c = job->config;
+          c.policy = p;
+          c.budget = b;
+          c.distance = d;
+          c.online = mode == "online";
+          c.max_batch = batch;
+          c.time = o.time;
+          c.store_capacity = o.store_capacity;
+          c.max_inflight_prefetches = o.inflight;
+          if (UsesMapService(p) && !c.online) warm[d] = nullptr;
+          jobs.push_back(std::move(job));
+        }
+      }
+    }
+  }
+  {
+    std::vector<uint32_t> ds;
+    for (auto& [d, s] : warm) ds.push_back(d);
+    std::vector<Result<MapStore>> stores(ds.size(), Internal("not built"));
+    Parallel(threads, ds.size(), [&](size_t i) {
+      stores[i] = WarmServeStore(*workload, train, o.store_capacity, ds[i]);
+    });
+    for (size_t i = 0; i < ds.size(); ++i) {
+      if (!stores[i].ok()) {
+        std::fprintf(stderr, "fmoe-bench replay: warming the store: %s\n",
+                     stores[i].status().message().c_str());
+        return 1;
+      }
+      warm[ds[i]] = std::make_unique<MapStore>(std::move(*stores[i]));
+    }
+  }
+  for (auto& job : jobs) {
+    if (UsesMapService(job->config.policy) && !job->config.online) {
+      job->warm = warm[job->config.distance].get();
+    }
+  }
+  std::mutex print_mu;
+  std::atomic<size_t> finished{0};
+  Parallel(threads, jobs.size(), [&](size_t i) {
+    ServeJob& job = *jobs[i];
+    job.result = RunServeReplay(*workload, train, test, *arrivals, job.config, job.warm);
+    if (job.result.ok()) job.summary = Summarise(*job.result, o.time.expert_mb);
+    std::lock_guard<std::mutex> lock(print_mu);
+    std::fprintf(stderr, "[%zu/%zu] %s batch %u %s budget %.2f d %u%s\n", ++finished, jobs.size(),
+                 ModeName(job.config).c_str(), job.config.max_batch, job.config.policy.c_str(),
+                 job.config.budget, job.config.distance,
+                 job.result.ok() ? "" : (": " + job.result.status().message()).c_str());
+  });
+
+  // Tables, one per (mode, batch, budget, d), and the CSV.
+  std::ostringstream csv;
+  csv << ServeCsvHeader() << '\n';
+  bool failed = false;
+  using Key = std::tuple<std::string, uint32_t, double, uint32_t>;
+  std::map<Key, std::vector<std::pair<std::string, ServeSummary>>> groups;
+  std::vector<Key> order;
+  for (const auto& job : jobs) {
+    const ServeConfig& c = job->config;
+    const Key key{ModeName(c), c.max_batch, c.budget, c.distance};
+    if (!groups.contains(key)) order.push_back(key);
+    auto& rows = groups[key];
+    if (!job->result.ok()) {
+      failed = true;
+      std::printf("%s batch %u budget %.2f d %u %s failed: %s\n", ModeName(c).c_str(), c.max_batch,
+                  c.budget, c.distance, c.policy.c_str(), job->result.status().message().c_str());
+      continue;
+    }
+    if (c.policy == "oracle" && job->result->oracle_forced) {
+      notes.push_back("oracle at " + ModeName(c) + " batch " + std::to_string(c.max_batch) +
+                      " budget " + Fixed(c.budget, 2) + ": its batches still changed after " +
+                      std::to_string(job->result->oracle_passes - 1) +
+                      " runs; the last kept to the previous run's batches");
+    }
+    rows.emplace_back(c.policy, job->summary);
+    csv << ServeCsvRow(c, job->summary) << '\n';
+  }
+  for (const Key& key : order) {
+    const auto& [mode, batch, budget, d] = key;
+    std::printf("\n%s, max batch %u, budget %.2f, d=%u\n%s", mode.c_str(), batch, budget, d,
+                ServeTable(groups[key]).c_str());
+  }
+  for (const auto& note : notes) std::printf("note: %s\n", note.c_str());
+
+  // The design's targets at the main point.
+  std::printf("\ntargets at budget %.2f, d=%u (means over requests):\n", o.main_budget,
+              o.main_distance);
+  for (const Key& key : order) {
+    const auto& [mode, batch, budget, d] = key;
+    if (budget != o.main_budget || d != o.main_distance) continue;
+    const TargetCheck t = CheckTargets(groups[key]);
+    if (t.fmoe_tpot_ms == 0 && t.fmoe_ttft_ms == 0) continue;
+    std::printf(
+        "  %s batch %u: fmoe TPOT %.3f ms, TTFT %.1f ms; lowest of all realizable: TPOT %s "
+        "(%.3f), TTFT %s (%.1f); of the baselines: TPOT %s (%.3f), TTFT %s (%.1f); fmoe decode "
+        "stall / lru %.3f; fmoe / oracle: TPOT %.2f, TTFT %.2f, decode stall %.2f\n",
+        mode.c_str(), batch, t.fmoe_tpot_ms, t.fmoe_ttft_ms, t.best_tpot.c_str(), t.best_tpot_ms,
+        t.best_ttft.c_str(), t.best_ttft_ms, t.baseline_tpot.c_str(), t.baseline_tpot_ms,
+        t.baseline_ttft.c_str(), t.baseline_ttft_ms, t.decode_stall_vs_lru, t.tpot_vs_oracle,
+        t.ttft_vs_oracle, t.decode_stall_vs_oracle);
+  }
+
+  if (!o.csv.empty()) {
+    std::ofstream out(o.csv);
+    out << csv.str();
+    if (!out) {
+      std::fprintf(stderr, "fmoe-bench replay: cannot write %s\n", o.csv.c_str());
+      return 1;
+    }
+    std::printf("\nwrote %s\n", o.csv.c_str());
+  }
+  if (!o.png.empty()) {
+    // Per (mode, batch): mean TTFT and mean TPOT against the budget at the main distance.
+    std::vector<PlotPanel> panels;
+    for (const auto& mode : o.modes) {
+      for (uint32_t batch : o.batches) {
+        const std::string at = mode + ", batch " + std::to_string(batch);
+        PlotPanel ttft{
+            at + ": mean TTFT", "cache budget (fraction of experts)", "TTFT ms", true, {}};
+        PlotPanel tpot{
+            at + ": mean TPOT", "cache budget (fraction of experts)", "TPOT ms", false, {}};
+        for (const auto& p : policies) {
+          PlotSeries s1{p, {}}, s2{p, {}};
+          for (const auto& job : jobs) {
+            const ServeConfig& c = job->config;
+            if (ModeName(c) != mode || c.max_batch != batch || c.policy != p ||
+                c.distance != o.main_distance || !job->result.ok()) {
+              continue;
+            }
+            s1.points.push_back({c.budget, job->summary.ttft.mean_ms});
+            s2.points.push_back({c.budget, job->summary.tpot.mean_ms});
+          }
+          ttft.series.push_back(s1);
+          tpot.series.push_back(s2);
+        }
+        panels.push_back(ttft);
+        panels.push_back(tpot);
+      }
+    }
+    const std::string title =
+        "Serving replay: " + h.model + ", " + std::to_string(test.size()) + " test requests (" +
+        std::string(TraceKindName(*kind)) + "); time model " + o.time.name + " (expert load = " +
+        Fixed(static_cast<double>(o.time.LoadNs()) / static_cast<double>(o.time.LayerNs(1)), 1) +
+        " layers of 1-token compute)";
+    const uint32_t rows = static_cast<uint32_t>(o.modes.size() * o.batches.size());
+    Status s = WritePlot(o.png, title, panels, rows, 2);
+    if (s.ok()) {
+      std::printf("wrote %s\n", o.png.c_str());
+    } else {
+      std::printf("no plot: %s\n", s.message().c_str());
+    }
+  }
+  return failed ? 1 : 0;
+}
+
+}  // namespace fmoe::bench

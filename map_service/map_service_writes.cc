@@ -1,0 +1,341 @@
+// MapService's durable work (map_service.h): completed maps through the store writer into the
+// store and to their sender, exports and imports, back-pressure, and the drain at stop. A job's
+// `run` runs on the store writer thread and touches only the database, the file and the state
+// its lambdas share; everything else here runs on the service thread.
+#include <algorithm>
+#include <chrono>
+
+#include <nlohmann/json.hpp>
+
+#include "common/log.h"
+#include "common/model_config.h"
+#include "map_service/map_service.h"
+
+namespace fmoe {
+
+struct MapService::ImportState {
+  std::string peer;
+  uint64_t id = 0;  // The AdminRequest's.
+  std::string path;
+  uint64_t fingerprint = 0;
+  size_t remaining = 0;  // Maps queued or being written.
+  uint64_t imported = 0;
+  uint64_t replaced = 0;
+  uint64_t skipped = 0;
+  bool finished = false;  // Answered.
+};
+
+size_t MapService::pending_writes() const {
+  return (writer_ != nullptr ? writer_->pending() : 0) + completed_waiting_;
+}
+
+bool MapService::Busy(std::string* why) {
+  const size_t pending = pending_writes();
+  if (pending < options_.max_pending_writes) return false;
+  ++counters_.busy_refusals;
+  *why = "map service busy: " + std::to_string(pending) +
+         " store writes pending (max_pending_writes " +
+         std::to_string(options_.max_pending_writes) + ")";
+  return true;
+}
+
+void MapService::QueueCompletedMap(ModelMaps& model, PendingMap map) {
+  if (pending_writes() >= options_.max_pending_writes) {
+    // Back-pressure: the map is neither stored nor acknowledged; the service never blocks.
+    ++counters_.maps_dropped;
+    if (!dropping_) {
+      dropping_ = true;
+      dropped_since_ = counters_.maps_dropped - 1;
+      spdlog::warn(
+          "store writes: {} pending (max_pending_writes): completed maps are dropped, neither "
+          "stored nor acknowledged, until they drain",
+          pending_writes());
+    }
+    return;
+  }
+  if (dropping_) {
+    dropping_ = false;
+    spdlog::warn("store writes below max_pending_writes again: {} completed maps were dropped",
+                 counters_.maps_dropped - dropped_since_);
+  }
+  model.completed.push_back(std::move(map));
+  ++completed_waiting_;
+  PumpWrites(model);
+}
+
+void MapService::PumpAllWrites() {
+  for (auto& [fingerprint, model] : stores_) PumpWrites(*model);
+}
+
+// Hands the model's next map to the store writer, one at a time: the next map is planned against
+// a store that holds the one before it. Completed maps go before imported ones.
+void MapService::PumpWrites(ModelMaps& model) {
+  while (!model.writing && !writer_->full()) {
+    const bool live = !model.completed.empty();
+    std::deque<PendingMap>& queue = live ? model.completed : model.imported;
+    if (queue.empty()) return;
+    auto map = std::make_shared<PendingMap>(std::move(queue.front()));
+    queue.pop_front();
+    if (live) --completed_waiting_;
+    auto plan = model.store->PlanInsert(map->row.sem, map->row.map);
+    if (!plan.ok()) {
+      MapSettled(model, *map, plan.status(), {});
+      continue;
+    }
+    map->row.id = model.next_id;
+    map->row.row = plan->index;
+    map->row.stored_unix_ms = UnixMs();
+    auto written = std::make_shared<Status>();
+    StoreJob job;
+    job.run = [map, written, fingerprint = model.shape.fingerprint,
+               replaced_id = plan->replaced ? plan->replaced_id : 0](StoreDb& db, std::stop_token) {
+      *written = db.PutMap(fingerprint, map->row, replaced_id);
+    };
+    // `model` outlives the job: a model is never forgotten while it is writing.
+    job.done = [this, &model, map, written, plan = *plan](const Status& ran) {
+      model.writing = false;
+      // Durable first: a failed write leaves the in-memory store as it was.
+      Status s = ran.ok() ? *written : ran;
+      if (s.ok()) {
+        ++model.next_id;
+        s = model.store->Put(plan.index, map->row.id, map->row.sem, map->row.map);
+      }
+      MapSettled(model, *map, s, plan);
+      PumpWrites(model);
+    };
+    model.writing = true;
+    if (!writer_->TrySubmit(std::move(job))) {
+      // Not after full() said no; should it happen, the map waits instead of vanishing.
+      model.writing = false;
+      queue.push_front(std::move(*map));
+      if (live) ++completed_waiting_;
+      return;
+    }
+  }
+}
+
+void MapService::MapSettled(ModelMaps& model, PendingMap& map, const Status& status,
+                            const InsertResult& plan) {
+  ImportState* import = map.import.get();
+  const double us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - map.completed)
+          .count();
+  if (status.ok()) {
+    ++model.inserted;
+    ++counters_.maps_stored;
+    if (plan.replaced) {
+      ++model.replaced;
+      ++counters_.maps_replaced;
+    }
+    if (import == nullptr) {
+      insert_us_.Add(us);
+      Reply(map.peer, MapStored{map.row.request_id, map.row.iteration, map.row.id,
+                                plan.replaced ? plan.replaced_id : 0});
+    } else {
+      ++import->imported;
+      if (plan.replaced) ++import->replaced;
+    }
+  } else if (import != nullptr) {
+    if (status.code() != ErrorCode::kInvalidArgument) {
+      // The rest of the import is not written.
+      std::erase_if(model.imported, [&](const PendingMap& p) { return p.import.get() == import; });
+      FinishImport(*import, Status(status.code(), "import stopped after " +
+                                                      std::to_string(import->imported) +
+                                                      " maps: " + status.message()));
+      return;
+    }
+    ++import->skipped;  // A map the store refuses (a non-finite value).
+  } else if (status.code() == ErrorCode::kUnavailable) {
+    ++counters_.maps_abandoned;  // Still pending when the drain at stop ended.
+  } else {
+    ++counters_.maps_failed;
+    insert_us_.Add(us);
+    spdlog::error("req={} iteration {}: map not stored: {}", map.row.request_id, map.row.iteration,
+                  status.message());
+  }
+  if (import != nullptr && --import->remaining == 0) FinishImport(*import, Status::Ok());
+}
+
+void MapService::StartExport(const std::string& peer, const AdminRequest& request) {
+  auto fail = [&](const Status& s) { ReplyAdmin(peer, request.id, "export", request.path, s); };
+  if (request.path.empty() || request.path[0] != '/') {
+    return fail(InvalidArgument("export path \"" + request.path +
+                                "\" must be absolute (it is written by the map service)"));
+  }
+  auto model = ModelFor(request.model_fingerprint);
+  if (!model.ok()) return fail(model.status());
+  if (std::string why; Busy(&why)) return fail(Unavailable(why + "; try again later"));
+  // Read back from RocksDB, the durable truth, behind every write submitted before it, and
+  // copied once, into the file's buffer.
+  auto body = std::make_shared<Result<std::string>>(Internal("export did not run"));
+  StoreJob job;
+  job.run = [body, shape = (*model)->shape, expected = (*model)->store->size(),
+             path = request.path](StoreDb& db, std::stop_token stop) {
+    MapExportBuilder file(shape, expected);
+    std::vector<std::string> corrupt;
+    const Status scanned = db.ScanMaps(
+        shape.fingerprint, shape.hidden_size,
+        static_cast<size_t>(shape.num_layers) * shape.num_experts,
+        [&](const MapView& m) {
+          file.Add(m);
+          return !stop.stop_requested();
+        },
+        &corrupt);
+    if (!scanned.ok()) {
+      *body = scanned;
+      return;
+    }
+    auto bytes = file.Write(path, stop);
+    if (!bytes.ok()) {
+      *body = bytes.status();
+      return;
+    }
+    spdlog::info("exported {} maps of model {} to {} ({} bytes)", file.maps(),
+                 FingerprintHex(shape.fingerprint), path, *bytes);
+    nlohmann::json json = {{"model", FingerprintHex(shape.fingerprint)},
+                           {"maps", file.maps()},
+                           {"corrupt_skipped", corrupt.size()},
+                           {"path", path},
+                           {"bytes", *bytes}};
+    *body = json.dump();
+  };
+  job.done = [this, body, peer, id = request.id, path = request.path](const Status& ran) {
+    ReplyAdmin(peer, id, "export", path, ran.ok() ? *body : Result<std::string>(ran));
+  };
+  if (!writer_->TrySubmit(std::move(job))) fail(Unavailable("the map service is stopping"));
+}
+
+void MapService::StartImport(const std::string& peer, const AdminRequest& request) {
+  auto fail = [&](const Status& s) { ReplyAdmin(peer, request.id, "import", request.path, s); };
+  if (request.path.empty() || request.path[0] != '/') {
+    return fail(InvalidArgument("import path \"" + request.path +
+                                "\" must be absolute (it is read by the map service)"));
+  }
+  if (std::string why; Busy(&why)) return fail(Unavailable(why + "; try again later"));
+  auto import = std::make_shared<ImportState>();
+  import->peer = peer;
+  import->id = request.id;
+  import->path = request.path;
+  // The file is read and verified on the store writer; its maps are then inserted here as
+  // completed ones (OnImportRead).
+  auto file = std::make_shared<Result<MapExportContents>>(Internal("import did not run"));
+  StoreJob job;
+  job.run = [file, path = request.path, max_bytes = options_.max_import_bytes,
+             fingerprint = request.model_fingerprint](StoreDb&, std::stop_token stop) {
+    *file = ReadMapExport(path, max_bytes, fingerprint, stop);
+  };
+  job.done = [this, import, file](const Status& ran) {
+    OnImportRead(import, ran.ok() ? std::move(*file) : Result<MapExportContents>(ran));
+  };
+  if (!writer_->TrySubmit(std::move(job))) fail(Unavailable("the map service is stopping"));
+}
+
+void MapService::OnImportRead(const std::shared_ptr<ImportState>& import,
+                              Result<MapExportContents> file) {
+  if (!file.ok()) return FinishImport(*import, file.status());
+  ModelRow shape = file->shape;
+  shape.first_seen_unix_ms = UnixMs();
+  import->fingerprint = shape.fingerprint;
+  import->skipped = file->skipped;
+  if (auto known = stores_.find(shape.fingerprint); known != stores_.end()) {
+    const ModelRow& k = known->second->shape;
+    if (k.num_layers != shape.num_layers || k.num_experts != shape.num_experts ||
+        k.top_k != shape.top_k || k.hidden_size != shape.hidden_size) {
+      return FinishImport(*import, FailedPrecondition(import->path + " holds model " +
+                                                      FingerprintHex(shape.fingerprint) +
+                                                      " with a different shape than the one "
+                                                      "stored"));
+    }
+  }
+  auto model = OpenModel(shape);
+  if (!model.ok()) return FinishImport(*import, model.status());
+  if ((*model)->recorded) return QueueImportedMaps(import, **model, std::move(file->maps));
+  // A model no rank has registered yet: its record is written before its maps.
+  auto maps = std::make_shared<std::vector<MapRow>>(std::move(file->maps));
+  auto written = std::make_shared<Status>();
+  StoreJob job;
+  job.run = [written, shape](StoreDb& db, std::stop_token) { *written = db.RecordModel(shape); };
+  job.done = [this, import, maps, written, fingerprint = shape.fingerprint](const Status& ran) {
+    ModelMaps& m = *stores_.at(fingerprint);
+    --m.recording;
+    const Status s = ran.ok() ? *written : ran;
+    if (!s.ok()) {
+      ForgetIfUnrecorded(fingerprint);
+      return FinishImport(*import, s);
+    }
+    m.recorded = true;
+    QueueImportedMaps(import, m, std::move(*maps));
+  };
+  ++(*model)->recording;
+  if (!writer_->TrySubmit(std::move(job))) {
+    --(*model)->recording;
+    ForgetIfUnrecorded(shape.fingerprint);
+    FinishImport(*import, Unavailable("the map service is stopping"));
+  }
+}
+
+void MapService::QueueImportedMaps(const std::shared_ptr<ImportState>& import, ModelMaps& model,
+                                   std::vector<MapRow> maps) {
+  import->remaining = maps.size();
+  if (maps.empty()) return FinishImport(*import, Status::Ok());
+  const auto now = std::chrono::steady_clock::now();
+  for (MapRow& row : maps) model.imported.push_back({std::move(row), "", import, now});
+  PumpWrites(model);
+}
+
+void MapService::FinishImport(ImportState& import, const Status& status) {
+  if (import.finished) return;
+  import.finished = true;
+  import.remaining = 0;
+  if (!status.ok()) return ReplyAdmin(import.peer, import.id, "import", import.path, status);
+  spdlog::info("imported {} maps of model {} from {} ({} replaced by deduplication, {} skipped)",
+               import.imported, FingerprintHex(import.fingerprint), import.path, import.replaced,
+               import.skipped);
+  auto model = stores_.find(import.fingerprint);
+  nlohmann::json body = {{"model", FingerprintHex(import.fingerprint)},
+                         {"imported", import.imported},
+                         {"replaced", import.replaced},
+                         {"skipped", import.skipped},
+                         {"maps", model == stores_.end() ? 0 : model->second->store->size()}};
+  ReplyAdmin(import.peer, import.id, "import", import.path, body.dump());
+}
+
+void MapService::Drain() {
+  writer_->RequestStop();  // Exports and imports end early; writes go on.
+  const size_t at_stop = pending_writes();
+  if (at_stop == 0) return AbandonPendingWrites();
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.drain_timeout_ms);
+  while (pending_writes() > 0 && std::chrono::steady_clock::now() < deadline) {
+    Turn(20, /*read_socket=*/false);
+  }
+  const size_t left = pending_writes();
+  const uint64_t abandoned_before = counters_.maps_abandoned;
+  AbandonPendingWrites();
+  if (left == 0) {
+    spdlog::info("stopping: the {} store writes pending at stop were drained", at_stop);
+  } else {
+    spdlog::warn(
+        "stopping: {} store writes pending at stop, {} still pending after {} ms were abandoned "
+        "({} completed maps neither stored nor acknowledged)",
+        at_stop, left, options_.drain_timeout_ms, counters_.maps_abandoned - abandoned_before);
+  }
+}
+
+void MapService::AbandonPendingWrites() {
+  writer_->Stop();  // Runs `done` of the finished jobs, then of the abandoned ones.
+  const Status stopping = Unavailable("the map service is stopping");
+  for (auto& [fingerprint, model] : stores_) {
+    counters_.maps_abandoned += model->completed.size();
+    model->completed.clear();
+    for (PendingMap& p : model->imported) {
+      FinishImport(*p.import, Status(stopping.code(), "import stopped after " +
+                                                          std::to_string(p.import->imported) +
+                                                          " maps: " + stopping.message()));
+    }
+    model->imported.clear();
+  }
+  completed_waiting_ = 0;
+}
+
+}  // namespace fmoe

@@ -1,0 +1,321 @@
+// The serving replay: continuous batching, TTFT and TPOT in simulated time, a batch's union of
+// experts, prefill and decode figures apart, and the oracle's schedule.
+#include "bench/fmoe_bench/replay_serve.h"
+
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "tests/bench/replay_fixtures.h"
+
+namespace fmoe::bench {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+using Routing = std::vector<std::vector<std::vector<std::vector<uint16_t>>>>;
+
+TEST(ContinuousBatcherTest, AdmitsArrivedRequestsOldestFirstUpToTheBatch) {
+  // Request 2 arrives first; 0 and 1 tie (the lower index first); 3 comes later.
+  ContinuousBatcher b({5, 5, 0, 100}, {2, 1, 3, 1}, 2);
+  EXPECT_EQ(b.NextArrival(), 0);
+  auto running = b.Admit(0);
+  ASSERT_EQ(running.size(), 1u);
+  EXPECT_EQ(running[0].request, 2u);
+  std::vector<uint32_t> finished;
+  b.Advance(&finished);
+  EXPECT_TRUE(finished.empty());
+  running = b.Admit(5);  // 0 joins; 1 waits for a slot.
+  ASSERT_EQ(running.size(), 2u);
+  EXPECT_EQ(running[0].request, 2u);
+  EXPECT_EQ(running[0].step, 1u);
+  EXPECT_EQ(running[1].request, 0u);
+  EXPECT_EQ(running[1].step, 0u);
+  EXPECT_EQ(b.NextArrival(), 5);
+  b.Advance(&finished);  // 2 is at its last step next; 0 has one more.
+  EXPECT_TRUE(finished.empty());
+  running = b.Admit(6);
+  ASSERT_EQ(running.size(), 2u);
+  b.Advance(&finished);
+  EXPECT_EQ(finished, (std::vector<uint32_t>{2, 0}));
+  running = b.Admit(7);
+  ASSERT_EQ(running.size(), 1u);
+  EXPECT_EQ(running[0].request, 1u);
+  b.Advance(&finished);
+  EXPECT_TRUE(b.Admit(50).empty());  // 3 has not arrived.
+  EXPECT_EQ(b.NextArrival(), 100);
+  EXPECT_EQ(b.Admit(100).size(), 1u);
+  b.Advance(&finished);
+  EXPECT_TRUE(b.done());
+  EXPECT_EQ(b.NextArrival(), -1);
+}
+
+TimeModel Time(double layer_ms, double per_token_ms, double load_ms) {
+  TimeModel m;
+  m.name = "test";
+  m.layer = {{1, layer_ms}, {2, layer_ms + per_token_ms}};
+  m.expert_mb = 1;
+  m.link_gbps = 1.0 / load_ms;  // 1 MB in load_ms.
+  m.link_latency_us = 0;
+  return m;
+}
+
+ServeConfig Config(const std::string& policy, double budget, uint32_t batch, TimeModel time) {
+  ServeConfig c;
+  c.policy = policy;
+  c.budget = budget;
+  c.distance = 1;
+  c.online = true;
+  c.max_batch = batch;
+  c.time = std::move(time);
+  return c;
+}
+
+// Prompt positions over 2 layers of 4 experts, top-1: every position of request r uses expert
+// r % 4 at layer 0 and expert 0 at layer 1.
+Trace PromptTrace(const std::vector<int>& lengths) {
+  Routing r;
+  for (size_t q = 0; q < lengths.size(); ++q) {
+    auto& req = r.emplace_back();
+    for (int p = 0; p < lengths[q]; ++p) req.push_back({{static_cast<uint16_t>(q % 4)}, {0}});
+  }
+  return MakeTrace(2, 4, 1, r, {}, 0, "prompt token position");
+}
+
+Result<ServeWorkload> Workload(const Trace& trace, const TraceRequests& grouped, double share) {
+  ServeWorkloadOptions o;
+  o.kind = TraceKind::kPromptPositions;
+  o.decode_share = share;
+  return BuildServeWorkload(grouped, o);
+}
+
+TEST(ServeReplayTest, TtftIsThePrefillAndTpotTheDecodeStepsWithNothingToLoad) {
+  Trace trace = PromptTrace({10});
+  TraceRequests grouped = GroupByRequest(trace);
+  auto w = Workload(trace, grouped, 0.3);  // 7 prompt tokens, 3 decode steps.
+  ASSERT_TRUE(w.ok());
+  // Layer compute: 1 ms + 0.5 ms per token beyond the first.
+  auto r = RunServeReplay(*w, {}, {0}, {2 * kMs}, Config("lru", 1.0, 1, Time(1, 0.5, 5)), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->requests.size(), 1u);
+  const RequestTiming& t = r->requests[0];
+  EXPECT_EQ(t.prompt_tokens, 7u);
+  EXPECT_EQ(t.steps, 4u);
+  EXPECT_EQ(t.arrival_ns, 2 * kMs);
+  EXPECT_EQ(t.start_ns, 2 * kMs);                // Idle until it arrives.
+  EXPECT_DOUBLE_EQ(t.ttft_ns(), 2 * 4.0 * kMs);  // 2 layers at 7 tokens.
+  EXPECT_DOUBLE_EQ(t.tpot_ns(), 2.0 * kMs);      // 2 layers at 1 token.
+  EXPECT_EQ(r->prefill.iterations, 1u);
+  EXPECT_EQ(r->prefill.requests, 1u);
+  EXPECT_EQ(r->prefill.tokens, 7u);
+  EXPECT_EQ(r->decode.iterations, 3u);
+  EXPECT_EQ(r->decode.requests, 3u);
+  EXPECT_EQ(r->prefill.misses + r->decode.misses, 0u);
+  EXPECT_EQ(r->prefill.hits, 2u);
+  EXPECT_DOUBLE_EQ(r->total_ns, 14.0 * kMs);
+  EXPECT_DOUBLE_EQ(r->mean_batch, 1.0);
+}
+
+TEST(ServeReplayTest, RequestsBatchTogetherAndWaitForASlot) {
+  Trace trace = PromptTrace({3, 3, 3});
+  TraceRequests grouped = GroupByRequest(trace);
+  auto w = Workload(trace, grouped, 0.34);  // 2 prompt tokens and 1 decode step each.
+  ASSERT_TRUE(w.ok());
+  ServeConfig c = Config("lru", 1.0, 2, Time(1, 1, 5));
+  auto r = RunServeReplay(*w, {}, {0, 1, 2}, {0, 0, 0}, c, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // Iteration 1: prefills of 0 and 1 (4 tokens: 4 ms a layer); iteration 2: their decode steps
+  // (2 tokens: 2 ms); iteration 3: prefill of 2 (2 tokens); iteration 4: its decode step.
+  EXPECT_EQ(r->iterations, 4u);
+  EXPECT_DOUBLE_EQ(r->requests[0].ttft_ns(), 8.0 * kMs);
+  EXPECT_DOUBLE_EQ(r->requests[1].ttft_ns(), 8.0 * kMs);
+  EXPECT_DOUBLE_EQ(r->requests[0].tpot_ns(), 4.0 * kMs);
+  EXPECT_EQ(r->requests[2].start_ns, 12 * kMs);
+  EXPECT_DOUBLE_EQ(r->requests[2].ttft_ns(), 16.0 * kMs);
+  EXPECT_DOUBLE_EQ(r->requests[2].tpot_ns(), 2.0 * kMs);
+  EXPECT_DOUBLE_EQ(r->mean_batch, 1.5);
+  EXPECT_EQ(r->prefill.iterations, 2u);
+  EXPECT_EQ(r->prefill.requests, 3u);
+  EXPECT_EQ(r->decode.iterations, 2u);
+  EXPECT_EQ(r->decode.requests, 3u);
+}
+
+TEST(ServeReplayTest, ABatchLoadsItsUnionOnce) {
+  // One layer of 4 experts and 1 slot (expert 0 preloaded); two requests decode with expert 1.
+  Routing r(2);
+  for (auto& req : r) {
+    for (int i = 0; i < 4; ++i) req.push_back({{1}});
+  }
+  Trace trace = MakeTrace(1, 4, 1, r);
+  TraceRequests grouped = GroupByRequest(trace);
+  ServeWorkloadOptions o;
+  o.kind = TraceKind::kDecodePositions;
+  auto w = BuildServeWorkload(grouped, o);
+  ASSERT_TRUE(w.ok());
+  auto together =
+      RunServeReplay(*w, {}, {0, 1}, {0, 0}, Config("lru", 0.25, 2, Time(1, 0, 5)), nullptr);
+  ASSERT_TRUE(together.ok()) << together.status().ToString();
+  EXPECT_EQ(together->decode.on_demand_loads, 1u);
+  EXPECT_EQ(together->decode.misses, 1u);
+  EXPECT_EQ(together->decode.hits, 3u);
+  EXPECT_EQ(together->prefill.iterations, 0u);  // No prefill in the trace.
+  EXPECT_DOUBLE_EQ(together->decode.stall_ns, 5.0 * kMs);
+  EXPECT_DOUBLE_EQ(together->decode.experts_moved, 1.0);
+  // TTFT of a decode-only request: its first step, the load included.
+  EXPECT_DOUBLE_EQ(together->requests[0].ttft_ns(), 6.0 * kMs);
+}
+
+TEST(ServeReplayTest, TheSameRequestsAloneMissEachOnItsOwn) {
+  // Request 0 uses expert 1, request 1 expert 2, at each of 3 steps, one slot.
+  Routing r = {{{{1}}, {{1}}, {{1}}}, {{{2}}, {{2}}, {{2}}}};
+  Trace trace = MakeTrace(1, 4, 1, r);
+  TraceRequests grouped = GroupByRequest(trace);
+  ServeWorkloadOptions o;
+  o.kind = TraceKind::kDecodePositions;
+  auto w = BuildServeWorkload(grouped, o);
+  ASSERT_TRUE(w.ok());
+  auto alone =
+      RunServeReplay(*w, {}, {0, 1}, {0, 0}, Config("lru", 0.25, 1, Time(1, 0, 5)), nullptr);
+  auto together =
+      RunServeReplay(*w, {}, {0, 1}, {0, 0}, Config("lru", 0.5, 2, Time(1, 0, 5)), nullptr);
+  ASSERT_TRUE(alone.ok() && together.ok());
+  EXPECT_EQ(alone->decode.misses, 2u);  // One switch of expert per request.
+  EXPECT_EQ(alone->decode.iterations, 6u);
+  EXPECT_EQ(together->decode.iterations, 3u);
+  // Two slots (0 and 1 preloaded): expert 2 is loaded once, then both stay.
+  EXPECT_EQ(together->decode.misses, 1u);
+  EXPECT_EQ(together->decode.hits, 5u);
+}
+
+// Random prompts over 4 layers of 8 experts, top-2.
+Trace RandomPrompts(uint32_t seed, int requests) {
+  std::mt19937 rng(seed);
+  Routing r(requests);
+  for (auto& req : r) {
+    const int positions = 2 + static_cast<int>(rng() % 8);
+    for (int p = 0; p < positions; ++p) {
+      std::vector<std::vector<uint16_t>> layers;
+      for (int l = 0; l < 4; ++l) {
+        uint16_t a = static_cast<uint16_t>(rng() % 8), b = static_cast<uint16_t>(rng() % 7);
+        if (b >= a) ++b;
+        layers.push_back({std::min(a, b), std::max(a, b)});
+      }
+      req.push_back(layers);
+    }
+  }
+  return MakeTrace(4, 8, 2, r, {}, 0, "prompt token position");
+}
+
+TEST(ServeReplayTest, TheOracleFollowsItsOwnScheduleAndBeatsLru) {
+  Trace trace = RandomPrompts(5, 12);
+  TraceRequests grouped = GroupByRequest(trace);
+  auto w = Workload(trace, grouped, 0.5);
+  ASSERT_TRUE(w.ok());
+  std::vector<uint32_t> test;
+  std::vector<int64_t> arrivals;
+  for (uint32_t i = 0; i < 12; ++i) {
+    test.push_back(i);
+    arrivals.push_back(i * 7 * kMs);
+  }
+  for (uint32_t batch : {1u, 4u}) {
+    auto lru = RunServeReplay(*w, {}, test, arrivals, Config("lru", 0.25, batch, Time(1, 0.1, 3)),
+                              nullptr);
+    auto oracle = RunServeReplay(*w, {}, test, arrivals,
+                                 Config("oracle", 0.25, batch, Time(1, 0.1, 3)), nullptr);
+    ASSERT_TRUE(lru.ok() && oracle.ok()) << oracle.status().ToString();
+    EXPECT_GE(oracle->oracle_passes, 1u);
+    if (batch == 1) {
+      EXPECT_FALSE(oracle->oracle_forced);  // FIFO: timing changes nothing.
+    }
+    EXPECT_GT(oracle->decode.hit_rate() + oracle->prefill.hit_rate(),
+              lru->decode.hit_rate() + lru->prefill.hit_rate())
+        << batch;
+    EXPECT_LT(oracle->prefill.stall_ns + oracle->decode.stall_ns,
+              lru->prefill.stall_ns + lru->decode.stall_ns)
+        << batch;
+  }
+}
+
+TEST(ServeReplayTest, AnOracleKeptToAScheduleWaitsForItsRequestsAndServesEveryOne) {
+  Trace trace = RandomPrompts(6, 10);
+  TraceRequests grouped = GroupByRequest(trace);
+  auto w = Workload(trace, grouped, 0.5);
+  ASSERT_TRUE(w.ok());
+  std::vector<uint32_t> test;
+  std::vector<int64_t> arrivals;
+  for (uint32_t i = 0; i < 10; ++i) {
+    test.push_back(i);
+    arrivals.push_back(i * 20 * kMs);
+  }
+  ServeConfig c = Config("oracle", 0.25, 4, Time(1, 0.1, 3));
+  c.oracle_passes = 0;  // Kept to the schedule of a run without stalls.
+  auto forced = RunServeReplay(*w, {}, test, arrivals, c, nullptr);
+  ASSERT_TRUE(forced.ok()) << forced.status().ToString();
+  EXPECT_TRUE(forced->oracle_forced);
+  EXPECT_EQ(forced->oracle_passes, 1u);
+  for (size_t k = 0; k < test.size(); ++k) {
+    const RequestTiming& t = forced->requests[k];
+    EXPECT_GE(t.start_ns, t.arrival_ns) << k;
+    EXPECT_GT(t.first_token_ns, t.start_ns) << k;
+    EXPECT_GE(t.last_token_ns, t.first_token_ns) << k;
+  }
+  auto lru =
+      RunServeReplay(*w, {}, test, arrivals, Config("lru", 0.25, 4, Time(1, 0.1, 3)), nullptr);
+  ASSERT_TRUE(lru.ok());
+  EXPECT_LT(forced->prefill.stall_ns + forced->decode.stall_ns,
+            lru->prefill.stall_ns + lru->decode.stall_ns);
+}
+
+TEST(ServeReplayTest, EveryPolicyRunsAndAFullBudgetNeverMisses) {
+  Trace trace = RandomPrompts(9, 10);
+  TraceRequests grouped = GroupByRequest(trace);
+  auto w = Workload(trace, grouped, 0.5);
+  ASSERT_TRUE(w.ok());
+  const std::vector<uint32_t> train = {0, 1, 2, 3}, test = {4, 5, 6, 7, 8, 9};
+  const std::vector<int64_t> arrivals = {0, 1, 2, 30, 31, 32};
+  auto store = WarmServeStore(*w, train, 100, 1);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_GT(store->size(), 4u);
+  for (const char* policy : {"lru", "lfu", "on-demand", "moe-infinity", "fmoe", "fmoe-pfreq",
+                             "fmoe-nextuse", "oracle"}) {
+    for (double budget : {0.25, 1.0}) {
+      for (bool online : {false, true}) {
+        ServeConfig c = Config(policy, budget, 4, Time(1, 0.1, 3));
+        c.online = online;
+        auto r = RunServeReplay(*w, train, test, arrivals, c, &*store);
+        ASSERT_TRUE(r.ok()) << policy << ": " << r.status().ToString();
+        EXPECT_EQ(r->requests.size(), 6u);
+        if (budget == 1.0) {
+          EXPECT_EQ(r->prefill.misses + r->decode.misses, 0u) << policy;
+          EXPECT_EQ(r->prefill.stall_ns + r->decode.stall_ns, 0.0) << policy;
+        }
+      }
+    }
+  }
+}
+
+TEST(ServeReplayTest, BadConfigsAreRefused) {
+  Trace trace = RandomPrompts(3, 2);
+  TraceRequests grouped = GroupByRequest(trace);
+  auto w = Workload(trace, grouped, 0.5);
+  ASSERT_TRUE(w.ok());
+  const TimeModel t = Time(1, 0, 3);
+  auto code = [&](const ServeConfig& c, std::vector<int64_t> arrivals = {0}) {
+    return RunServeReplay(*w, {}, {0}, arrivals, c, nullptr).status().code();
+  };
+  EXPECT_EQ(code(Config("lru", 0.0, 1, t)), ErrorCode::kInvalidArgument);
+  ServeConfig c = Config("lru", 0.5, 1, t);
+  c.distance = 5;
+  EXPECT_EQ(code(c), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code(Config("lru", 0.5, 0, t)), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code(Config("lru", 0.5, 1, t), {0, 0}), ErrorCode::kInvalidArgument);
+  c = Config("fmoe", 0.5, 1, t);
+  c.online = false;
+  EXPECT_EQ(code(c), ErrorCode::kInvalidArgument);  // Offline fmoe needs a warmed store.
+  c = Config("lru", 0.5, 1, t);
+  c.time.link_gbps = 0;
+  EXPECT_EQ(code(c), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code(Config("belady", 0.5, 1, t)), ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace fmoe::bench

@@ -1,0 +1,390 @@
+// The map service in-process, its store writer held at a gate before each job: contexts are
+// still matched while a write is stuck; at max_pending_writes completed maps are dropped and
+// registrations and exports refused as busy; once released, the held maps are acknowledged in
+// completion order. At stop the drain writes what it can within drain_timeout_ms and abandons
+// the rest, and every acknowledged map is on disk after a restart. An import of a model that no
+// rank registered creates it. (The process itself: tests/integration/map_service_test.cc.)
+#include "map_service/map_service.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "map_service/export_file.h"
+#include "tests/harness/process_harness.h"
+
+namespace fmoe {
+namespace {
+
+using Json = nlohmann::json;
+constexpr uint32_t kL = 8, kJ = 8, kK = 2, kH = 16, kD = 3;
+constexpr uint64_t kModel = 0x77;
+
+// Holds the store writer before each job while closed.
+class Gate {
+ public:
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = false;
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  void Pass() {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++waiting_;
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return open_; });
+    --waiting_;
+  }
+  // True once a job waits at the closed gate.
+  bool WaitForJob(int timeout_ms) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                        [this] { return waiting_ > 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = true;
+  int waiting_ = 0;
+};
+
+// A service running on its own thread.
+class Service {
+ public:
+  Service(MapServiceOptions options, Gate* gate) {
+    if (gate != nullptr) options.before_store_job = [gate](std::stop_token) { gate->Pass(); };
+    service_ = std::make_unique<MapService>(options, SteadyClock::Get());
+    Status s = service_->Start();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    thread_ = std::thread([this] { service_->Run([this] { return stop_.load(); }); });
+  }
+  ~Service() { Stop(); }
+  void RequestStop() { stop_ = true; }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  const MapServiceCounters& counters() const { return service_->counters(); }  // After Stop.
+
+ private:
+  std::unique_ptr<MapService> service_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+std::vector<float> RandomMap(std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(0.01f, 1.0f);
+  std::vector<float> map(kL * kJ);
+  for (uint32_t l = 0; l < kL; ++l) {
+    float sum = 0;
+    for (uint32_t j = 0; j < kJ; ++j) sum += map[l * kJ + j] = u(rng);
+    for (uint32_t j = 0; j < kJ; ++j) map[l * kJ + j] /= sum;
+  }
+  return map;
+}
+
+std::vector<float> RandomSem(std::mt19937& rng) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> sem(kH);
+  for (float& x : sem) x = n(rng);
+  return sem;
+}
+
+// One rank's DEALER.
+class Client {
+ public:
+  Client(const std::string& endpoint, const std::string& id, const std::string& group = "g0") {
+    wire::SocketOptions o;
+    o.routing_id = id;
+    auto s = wire::MapSocket::Connect(context_, wire::Role::kDealer, endpoint, o);
+    EXPECT_TRUE(s.ok());
+    socket_ = std::move(*s);
+    reg_.group = group;
+    reg_.world_size = 1;
+    reg_.model_fingerprint = kModel;
+    reg_.num_layers = kL;
+    reg_.num_experts = kJ;
+    reg_.top_k = kK;
+    reg_.hidden_size = kH;
+  }
+  const fmoe::Register& registration() const { return reg_; }
+  std::optional<RegisterAck> Register() {
+    if (!socket_->Send(reg_).ok()) return std::nullopt;
+    return Await<RegisterAck>([](const RegisterAck&) { return true; });
+  }
+  void Send(const MapMessage& m) { ASSERT_TRUE(socket_->Send(m).ok()); }
+  // One whole iteration: a complete map.
+  void Stream(uint64_t request, std::mt19937& rng) {
+    Send(IterationStart{request, 0, RandomSem(rng)});
+    const std::vector<float> map = RandomMap(rng);
+    for (uint32_t l = 0; l < kL; ++l) {
+      Send(LayerObserved{request, 0, l, {map.begin() + l * kJ, map.begin() + (l + 1) * kJ}});
+    }
+    Send(IterationEnd{request, 0, true});
+  }
+  // The next message of type T that `match` accepts; others are skipped (and counted).
+  template <class T, class Match>
+  std::optional<T> Await(Match match, int timeout_ms = 10000) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto in = socket_->Receive(50);
+      if (!in) continue;
+      if (auto* s = std::get_if<MapStored>(&in->message)) stored_.push_back(s->request_id);
+      if (auto* t = std::get_if<T>(&in->message); t != nullptr && match(*t)) return *t;
+    }
+    return std::nullopt;
+  }
+  std::optional<AdminReply> Admin(AdminOp op, const std::string& path = {}) {
+    AdminRequest r;
+    r.id = ++admin_id_;
+    r.op = op;
+    r.path = path;
+    Send(r);
+    return Await<AdminReply>([&](const AdminReply& a) { return a.id == r.id; });
+  }
+  Json Stats() {
+    auto reply = Admin(AdminOp::kStats);
+    return reply ? Json::parse(reply->json) : Json();
+  }
+  // True once the MapStored of `request` arrived (before this call or within 10 s).
+  bool AwaitStored(uint64_t request) {
+    if (std::find(stored_.begin(), stored_.end(), request) != stored_.end()) return true;
+    return Await<MapStored>([&](const MapStored& s) { return s.request_id == request; })
+        .has_value();
+  }
+  // Request ids of every MapStored seen so far, in arrival order.
+  const std::vector<uint64_t>& stored() const { return stored_; }
+  void Drain(int ms) {
+    Await<MapStored>([](const MapStored&) { return false; }, ms);
+  }
+
+ private:
+  wire::Context context_;
+  std::unique_ptr<wire::MapSocket> socket_;
+  fmoe::Register reg_;
+  uint64_t admin_id_ = 0;
+  std::vector<uint64_t> stored_;
+};
+
+class MapServiceCoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("fmoe-map-service-core");
+    options_.endpoint = "tcp://127.0.0.1:" + std::to_string(testing::FreeTcpPort());
+    options_.data_dir = dir_ + "/db";
+    options_.store_capacity = 100;
+    options_.prefetch_distance = kD;
+    options_.heartbeat_timeout_ms = 60000;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!HasFailure()) std::filesystem::remove_all(dir_, ec);
+  }
+
+  std::string dir_;
+  MapServiceOptions options_;
+  std::mt19937 rng_{5};
+};
+
+TEST_F(MapServiceCoreTest, MatchingGoesOnWhileAWriteIsHeldAndTheLimitDropsMaps) {
+  Gate gate;
+  options_.max_pending_writes = 4;
+  Service service(options_, &gate);
+  Client c(options_.endpoint, "w/g0/0");
+  auto ack = c.Register();
+  ASSERT_TRUE(ack && ack->accepted) << (ack ? ack->reason : "no ack");
+  for (uint64_t req = 1; req <= 2; ++req) {
+    c.Stream(req, rng_);
+    ASSERT_TRUE(c.AwaitStored(req));
+  }
+
+  gate.Close();
+  c.Stream(3, rng_);
+  ASSERT_TRUE(gate.WaitForJob(10000));                          // Map 3's write holds the writer.
+  for (uint64_t req = 4; req <= 7; ++req) c.Stream(req, rng_);  // 4..6 wait; 7 is one too many.
+
+  // Matching goes on: an iteration's directives arrive while the write is held.
+  c.Send(IterationStart{100, 0, RandomSem(rng_)});
+  const std::vector<float> map = RandomMap(rng_);
+  for (uint32_t l = 0; l < 3; ++l) {
+    c.Send(LayerObserved{100, 0, l, {map.begin() + l * kJ, map.begin() + (l + 1) * kJ}});
+  }
+  for (uint32_t target = 0; target < 6; ++target) {
+    EXPECT_TRUE(c.Await<PrefetchDirective>([&](const PrefetchDirective& d) {
+      return d.request_id == 100 && d.target_layer == target;
+    })) << "no directive for layer "
+        << target << " while the write is held";
+  }
+  c.Send(IterationEnd{100, 0, true});  // Incomplete: nothing to store.
+
+  Json stats = c.Stats();
+  EXPECT_EQ(stats["store_writes"]["pending"], 4) << stats.dump();
+  EXPECT_EQ(stats["store_writes"]["maps_waiting"], 3) << stats.dump();
+  EXPECT_EQ(stats["counters"]["maps_dropped"], 1) << stats.dump();
+  EXPECT_EQ(stats["counters"]["maps_stored"], 2) << stats.dump();
+
+  // Registrations and exports are refused while the limit is reached.
+  Client other(options_.endpoint, "w/g1/0", "g1");
+  ack = other.Register();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_FALSE(ack->accepted);
+  EXPECT_NE(ack->reason.find("map service busy: 4 store writes pending"), std::string::npos)
+      << ack->reason;
+  auto reply = c.Admin(AdminOp::kExport, dir_ + "/busy.fmx");
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_FALSE(reply->ok);
+  EXPECT_NE(reply->error.find("busy"), std::string::npos) << reply->error;
+
+  // Released: the held maps are acknowledged in completion order, the dropped one never.
+  gate.Open();
+  ASSERT_TRUE(c.AwaitStored(6));
+  c.Drain(300);
+  EXPECT_EQ(c.stored(), (std::vector<uint64_t>{1, 2, 3, 4, 5, 6}));
+  stats = c.Stats();
+  EXPECT_EQ(stats["counters"]["maps_stored"], 6) << stats.dump();
+  EXPECT_EQ(stats["counters"]["maps_dropped"], 1);
+  EXPECT_EQ(stats["counters"]["busy_refusals"], 2);
+  EXPECT_EQ(stats["store_writes"]["pending"], 0);
+  ack = other.Register();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_TRUE(ack->accepted) << ack->reason;
+}
+
+// A rank retries its Register and streams at once: everything it sends while its registration
+// is being written waits for it and is then handled in order, so neither the contexts nor the
+// map they complete are lost to the second registration's fresh matcher.
+TEST_F(MapServiceCoreTest, APeersMessagesWaitForItsRegistrationInOrder) {
+  Gate gate;
+  Service service(options_, &gate);
+  Client c(options_.endpoint, "w/g0/0");
+  gate.Close();
+  c.Send(c.registration());
+  ASSERT_TRUE(gate.WaitForJob(10000));
+  c.Send(c.registration());  // A retry.
+  c.Stream(1, rng_);
+  AdminRequest ping;
+  ping.id = 42;
+  ping.op = AdminOp::kPing;
+  c.Send(ping);  // Waits behind the registration too.
+  EXPECT_FALSE(c.Await<AdminReply>([](const AdminReply&) { return true; }, 300));
+  gate.Open();
+  auto ack = c.Await<RegisterAck>([](const RegisterAck&) { return true; });
+  ASSERT_TRUE(ack && ack->accepted);
+  ack = c.Await<RegisterAck>([](const RegisterAck&) { return true; });
+  ASSERT_TRUE(ack && ack->accepted);
+  EXPECT_TRUE(c.Await<AdminReply>([](const AdminReply& a) { return a.id == 42; }));
+  EXPECT_TRUE(c.AwaitStored(1));
+  const Json stats = c.Stats();
+  EXPECT_EQ(stats["counters"]["maps_stored"], 1) << stats.dump();
+  EXPECT_EQ(stats["counters"]["from_unregistered"], 0) << stats.dump();
+  EXPECT_EQ(stats["counters"]["contexts_invalid"], 0) << stats.dump();
+  EXPECT_EQ(stats["counters"]["registrations"], 2) << stats.dump();
+}
+
+TEST_F(MapServiceCoreTest, TheDrainAtStopWritesWhatItCanAndAbandonsTheRest) {
+  Gate gate;
+  {
+    // Released during the drain: all three are written and acknowledged before Run returns.
+    options_.drain_timeout_ms = 10000;
+    Service service(options_, &gate);
+    Client c(options_.endpoint, "w/g0/0");
+    ASSERT_TRUE(c.Register());
+    gate.Close();
+    for (uint64_t req = 1; req <= 3; ++req) c.Stream(req, rng_);
+    ASSERT_TRUE(gate.WaitForJob(10000));
+    ASSERT_TRUE(
+        testing::WaitUntil([&] { return c.Stats()["store_writes"]["pending"] == 3; }, 10000));
+    service.RequestStop();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    gate.Open();
+    service.Stop();
+    EXPECT_EQ(service.counters().maps_stored, 3u);
+    EXPECT_EQ(service.counters().maps_abandoned, 0u);
+    c.Drain(500);
+    EXPECT_EQ(c.stored(), (std::vector<uint64_t>{1, 2, 3}));
+  }
+  {
+    // Not released within the drain: the write in progress finishes, the two waiting maps are
+    // abandoned, neither stored nor acknowledged.
+    options_.drain_timeout_ms = 100;
+    Service service(options_, &gate);
+    Client c(options_.endpoint, "w/g0/0/2");
+    ASSERT_TRUE(c.Register());
+    gate.Close();
+    for (uint64_t req = 11; req <= 13; ++req) c.Stream(req, rng_);
+    ASSERT_TRUE(gate.WaitForJob(10000));
+    ASSERT_TRUE(
+        testing::WaitUntil([&] { return c.Stats()["store_writes"]["pending"] == 3; }, 10000));
+    service.RequestStop();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // Past the drain.
+    gate.Open();
+    service.Stop();
+    EXPECT_EQ(service.counters().maps_stored, 1u);
+    EXPECT_EQ(service.counters().maps_abandoned, 2u);
+    c.Drain(500);
+    EXPECT_EQ(c.stored(), (std::vector<uint64_t>{11}));
+  }
+  // Every acknowledged map is on disk.
+  Service service(options_, nullptr);
+  Client c(options_.endpoint, "w/g0/0/3");
+  ASSERT_TRUE(c.Register());
+  EXPECT_EQ(c.Stats()["models"][0]["maps"], 4);
+}
+
+TEST_F(MapServiceCoreTest, AnImportCreatesAModelNoRankRegistered) {
+  std::vector<MapRow> maps(5);
+  for (size_t i = 0; i < maps.size(); ++i) {
+    maps[i].id = i + 1;
+    maps[i].row = static_cast<uint32_t>(i);
+    maps[i].sem = RandomSem(rng_);
+    maps[i].map = RandomMap(rng_);
+  }
+  maps[2].map[0] = std::nanf("");  // Skipped.
+  const std::string path = dir_ + "/in.fmx";
+  ASSERT_TRUE(WriteMapExport(path, {kModel, kL, kJ, kK, kH, 0}, maps).ok());
+  {
+    Service service(options_, nullptr);
+    Client admin(options_.endpoint, "admin");
+    auto reply = admin.Admin(AdminOp::kImport, path);
+    ASSERT_TRUE(reply && reply->ok) << (reply ? reply->error : "no reply");
+    const Json body = Json::parse(reply->json);
+    EXPECT_EQ(body["imported"], 4) << reply->json;
+    EXPECT_EQ(body["skipped"], 1) << reply->json;
+    EXPECT_EQ(body["maps"], 4) << reply->json;
+  }
+  Service service(options_, nullptr);
+  Client admin(options_.endpoint, "admin/2");
+  const Json stats = admin.Stats();
+  ASSERT_EQ(stats["models"].size(), 1u) << stats.dump();
+  EXPECT_EQ(stats["models"][0]["maps"], 4) << stats.dump();
+  auto reply = admin.Admin(AdminOp::kExport, dir_ + "/out.fmx");
+  ASSERT_TRUE(reply && reply->ok) << (reply ? reply->error : "no reply");
+  EXPECT_EQ(Json::parse(reply->json)["maps"], 4);
+  auto back = ReadMapExport(dir_ + "/out.fmx", 1u << 20, kModel);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->maps.size(), 4u);
+  EXPECT_EQ(back->maps[0].sem, maps[0].sem);
+  EXPECT_EQ(back->maps[3].map, maps[4].map);
+}
+
+}  // namespace
+}  // namespace fmoe
