@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Quick start, command 2: installs what is missing, builds, and runs the whole test suite:
-#   1. the full build (LibTorch, CUDA sources when nvcc is present), warnings as errors, ctest;
+#   1. the full build (LibTorch, CUDA sources when nvcc is present), warnings as errors, ctest.
+#      Its LibTorch is Debian's (cpu), or, on a machine with an NVIDIA GPU (or with FMOE_CUDA=1),
+#      PyPI's CUDA LibTorch (deploy/lib.sh pins it) in build-cuda/ with FMOE_CUDA=ON; there the
+#      tests labelled gpu run too, one at a time;
 #   2. an ASan+UBSan build of the Torch-free libraries and their tests, ctest;
 #   3. a clang build of the libFuzzer targets (tests/fuzz/), ctest -L fuzz: short fuzz runs of
-#      the wire decoder and of the router's request parsing, from generated seeds.
+#      the wire decoder and of the router's request parsing, from generated seeds;
+#   4. when stage 1 used Debian's LibTorch: the GPU build's guard, for machines without a GPU
+#      (CI): build-cuda/ against PyPI's CUDA LibTorch with FMOE_CUDA=ON, and the tests that run
+#      LibTorch code (ctest -L torch -LE gpu). Skipped, saying so, when PyPI is unreachable or
+#      nvcc is missing; FMOE_CUDA=0 leaves it out.
 # Before stage 1 it prepares .venv with the official `openai` Python client from PyPI for the
 # router's compatibility test; without PyPI that test says it was skipped.
 # Exits non-zero on any failure.
@@ -11,18 +18,36 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 start=$(date +%s)
+stage_start=$start
+# Logs how long the stage that just ended took.
+stage_done() {
+  local now
+  now=$(date +%s)
+  fmoe_log "$1 took $((now - stage_start)) s"
+  stage_start=$now
+}
+
 fmoe_install_deps
 
-fmoe_build "$FMOE_ROOT/build" -DCMAKE_BUILD_TYPE=Release -DFMOE_WERROR=ON
+if fmoe_want_cuda; then
+  main_build="$FMOE_ROOT/build-cuda"
+  fmoe_build_cuda "$main_build" -DCMAKE_BUILD_TYPE=Release -DFMOE_WERROR=ON
+else
+  main_build="$FMOE_ROOT/build"
+  fmoe_build "$main_build" -DCMAKE_BUILD_TYPE=Release -DFMOE_WERROR=ON
+fi
 if [ ! -x "$FMOE_ROOT/.venv/bin/python" ] || ! "$FMOE_ROOT/.venv/bin/python" -c "import openai" 2>/dev/null; then
   fmoe_log "installing the openai Python client into .venv (for the router compatibility test)"
-  if ! { python3 -m venv "$FMOE_ROOT/.venv" && \
+  if ! { fmoe_venv && \
          "$FMOE_ROOT/.venv/bin/pip" install -q --disable-pip-version-check openai; }; then
     fmoe_log "PyPI is unreachable: the openai client test will be SKIPPED"
   fi
 fi
-fmoe_log "running the test suite (build/)"
-(cd "$FMOE_ROOT/build" && ctest --output-on-failure --timeout 900 -j 2)
+fmoe_log "running the test suite ($(basename "$main_build")/)"
+(cd "$main_build" && ctest --output-on-failure --timeout 900 -j 2 -LE gpu)
+fmoe_log "running the gpu tests ($(basename "$main_build")/, label gpu; skipped without a GPU)"
+(cd "$main_build" && ctest --output-on-failure --timeout 900 -L gpu)
+stage_done "stage 1 ($(basename "$main_build")/)"
 
 fmoe_build "$FMOE_ROOT/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFMOE_SANITIZE=ON \
   -DFMOE_WERROR=ON -DFMOE_CUDA=OFF -DFMOE_BUILD_BENCH=OFF
@@ -30,11 +55,45 @@ fmoe_log "running the sanitizer suite (build-asan/: ASan+UBSan, Torch-free)"
 (cd "$FMOE_ROOT/build-asan" && \
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --output-on-failure --timeout 900 -j 2)
+stage_done "stage 2 (build-asan/)"
 
 fmoe_build "$FMOE_ROOT/build-fuzz" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DFMOE_FUZZ=ON -DFMOE_TORCH=OFF -DFMOE_CUDA=OFF -DFMOE_BUILD_BENCH=OFF -DFMOE_BUILD_TESTS=OFF \
   -DFMOE_WERROR=ON -- codec_fuzz make_corpus request_fuzz make_request_corpus
 fmoe_log "running the fuzz suite (build-fuzz/: libFuzzer+ASan+UBSan, clang)"
 (cd "$FMOE_ROOT/build-fuzz" && ctest --output-on-failure -L fuzz)
+stage_done "stage 3 (build-fuzz/)"
+
+# Stage 4: what a GPU machine builds, checked on one without a GPU. Every break of the CUDA
+# LibTorch 2.x build (headers, c10d's API, the libraries it loads, symbols it exports) shows here.
+# To fit CI's budget (2 cores, 40 min for this whole command) it builds the targets that compile
+# LibTorch code and the programs the LibTorch tests start (target torch_suite), not the
+# Torch-free tests and benchmarks that stages 1-2 already build and run from the same sources,
+# and runs the tests labelled torch: those linking LibTorch and those starting fmoe-worker or
+# fmoe-generate (bench/RESULTS.md, "Build and test time").
+case "${FMOE_CUDA:-}" in 0 | OFF | off | no | false) gpu_guard=no ;; *) gpu_guard=yes ;; esac
+if [ "$main_build" = "$FMOE_ROOT/build" ] && [ "$gpu_guard" = yes ]; then
+  torch_rc=0
+  if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+    fmoe_log "stage 4 (build-cuda/) SKIPPED: no nvcc (the CUDA 13 toolkit) on this machine"
+  else
+    torch_dir="$(fmoe_cuda_libtorch)" || torch_rc=$?
+    if [ "$torch_rc" -eq 2 ]; then
+      fmoe_log "stage 4 (build-cuda/) SKIPPED: PyPI is unreachable, and" \
+               "torch==$FMOE_TORCH_CUDA_VERSION is neither in .venv nor kept in $FMOE_WHEELS"
+    elif [ "$torch_rc" -ne 0 ]; then
+      fmoe_die "installing torch==$FMOE_TORCH_CUDA_VERSION into .venv failed"
+    else
+      stage_done "stage 4: the CUDA LibTorch in .venv"
+      fmoe_build_cuda "$FMOE_ROOT/build-cuda" -DCMAKE_BUILD_TYPE=Release -DFMOE_WERROR=ON -- \
+        torch_suite
+      stage_done "stage 4: build (build-cuda/, target torch_suite)"
+      fmoe_log "running the LibTorch tests against PyPI's CUDA LibTorch (build-cuda/, no GPU used)"
+      (cd "$FMOE_ROOT/build-cuda" && \
+        ctest --output-on-failure --timeout 900 -j 2 -L torch -LE gpu)
+      stage_done "stage 4: tests (build-cuda/, ctest -L torch -LE gpu)"
+    fi
+  fi
+fi
 
 fmoe_log "all tests passed in $(( $(date +%s) - start )) s"

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <exception>
+#include <type_traits>
 
 // Debian's LibTorch is built with Gloo, but its headers leave the Gloo process group out unless
 // the includer says so.
@@ -10,6 +11,7 @@
 #endif
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef FMOE_HAVE_NCCL
@@ -26,6 +28,12 @@ namespace {
 // iteration's plan needs one collective.
 constexpr int64_t kInlineBytes = 1024;
 
+// What the Gloo and NCCL process groups derive from, and what the collectives are called on:
+// c10d::ProcessGroup in LibTorch 1.x, c10d::Backend in 2.x (where a ProcessGroup dispatches to
+// backends by device).
+using Collectives = std::conditional_t<std::is_base_of_v<c10d::Backend, c10d::ProcessGroupGloo>,
+                                       c10d::Backend, c10d::ProcessGroup>;
+
 // c10d's exceptions carry a C++ backtrace in what(); the first line is the message.
 std::string Why(const std::exception& e) {
   if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) {
@@ -40,7 +48,7 @@ std::string Why(const std::exception& e) {
 
 struct ExpertGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<Collectives> pg;
   at::Device device = at::kCPU;  // Where the backend wants its tensors.
   bool gather = false;           // Sum by all-gather and a local sum.
 
