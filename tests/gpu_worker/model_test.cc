@@ -56,7 +56,8 @@ Result<Runtime> LoadRuntime(const std::string& dir, RuntimeOptions options = {})
 }
 
 // The fixtures, one per supported family.
-const char* const kFamilies[] = {"mixtral-ref", "qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref"};
+const char* const kFamilies[] = {"mixtral-ref", "qwen2-moe-ref",   "qwen3-moe-ref",
+                                 "olmoe-ref",   "deepseek-v2-ref", "deepseek-v3-ref"};
 
 std::string FixtureDir(const std::string& name) {
   return std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + name;
@@ -193,8 +194,8 @@ TEST_P(FamilyReference, ChatTemplateRendersAsTransformers) {
   const Json& ref = FixtureJson(GetParam());
   if (!ref.contains("chat")) {
     GTEST_SKIP() << GetParam()
-                 << " predates the chat conversations; "
-                    "tests/fixtures/chat_templates/mixtral_*.json cover its template";
+                 << " has no chat conversations (mixtral-ref predates them: "
+                    "tests/fixtures/chat_templates/mixtral_*.json cover its template)";
   }
   auto tok = Tokenizer::Load(FixtureDir(GetParam()));
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
