@@ -571,11 +571,30 @@ void MoeModel::Speculate(uint32_t l, const at::Tensor& x, const Batch& batch,
   const size_t distance = std::max(source_distance, observer_distance);
   for (size_t t = l + 1; t < info.num_moe_layers && t <= l + distance; ++t) {
     const Layer& ahead = m.layers[info.moe_layers[t]];
-    auto guess =
-        m.Linear(RmsNorm(x, ahead.post_norm, info.rms_norm_eps), ahead.gate).topk(top_k, -1);
-    at::Tensor picked = std::get<1>(guess).to(at::kCPU).contiguous();
+    at::Tensor logits = m.Linear(RmsNorm(x, ahead.post_norm, info.rms_norm_eps), ahead.gate);
+    std::vector<int64_t> picked(static_cast<size_t>(rows * top_k));
+    const RoutingSpec& spec = info.routing;
+    if (spec.scoring == RouterScoring::kSoftmax && spec.groups == GroupScoring::kNone &&
+        !spec.correction_bias) {
+      // The softmax keeps the logits' order: their top-k is the router's.
+      at::Tensor top = std::get<1>(logits.topk(top_k, -1)).to(at::kCPU).contiguous();
+      std::copy_n(top.data_ptr<int64_t>(), picked.size(), picked.begin());
+    } else {
+      // Sigmoid scores, a correction bias or groups: the router's own choice.
+      at::Tensor lc = logits.to(at::kCPU, at::kFloat).contiguous();
+      std::vector<float> probs(static_cast<size_t>(rows * n_experts));
+      std::vector<int32_t> chosen(picked.size());
+      std::vector<float> weights(picked.size());
+      if (!RouteTokens(spec, static_cast<size_t>(rows),
+                       {lc.data_ptr<float>(), static_cast<size_t>(rows * n_experts)}, probs, chosen,
+                       weights, ahead.router_bias)
+               .ok()) {
+        return;  // A guess only: the layer's own routing reports the error.
+      }
+      std::copy(chosen.begin(), chosen.end(), picked.begin());
+    }
     std::vector<float> share(static_cast<size_t>(n_experts), 0.0f);
-    const int64_t* pk = picked.data_ptr<int64_t>();
+    const int64_t* pk = picked.data();
     for (int64_t k = 0; k < rows * top_k; ++k) share[pk[k]] += 1.0f / static_cast<float>(rows);
     if (t <= l + source_distance) experts.Speculate(l, static_cast<uint32_t>(t), share);
     if (t <= l + observer_distance) {

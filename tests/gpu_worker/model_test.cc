@@ -235,6 +235,28 @@ TEST(MixtralReference, HardStringsMatchTransformers) {
   }
 }
 
+// DeepSeek's KV cache keeps one latent (kv_lora_rank) and one rotary key (qk_rope_head_dim) per
+// token and layer, not per-head keys and values: its bytes are those of KvBytesPerToken.
+TEST(MoeModel, LatentAttentionCachesTheLatentAndTheRotaryKey) {
+  for (const char* name : {"deepseek-v2-ref", "deepseek-v3-ref"}) {
+    Runtime& rt = Fixture(name);
+    ASSERT_TRUE(rt.info.mla.has_value()) << name;
+    const std::vector<int32_t> tokens = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+    auto kv = rt.model->NewKvCache();
+    SequenceInput in;
+    in.tokens = tokens;
+    in.kv = kv.get();
+    ForwardResult out;
+    ASSERT_TRUE(rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out).ok());
+    ASSERT_EQ(kv->length(), 10);
+    // Capacity grows by 64 tokens; float32 values.
+    const size_t per_token = KvBytesPerToken(rt.info, 4);
+    EXPECT_EQ(per_token, size_t{3} * (16 + 8) * 4) << name;
+    EXPECT_EQ(kv->bytes(), 64 * per_token) << name;
+    EXPECT_LT(kv->bytes(), 64 * ExpandedKvBytesPerToken(rt.info, 4)) << name;
+  }
+}
+
 // A sequence's logits are bit-for-bit the same alone and in any batch, in prefill and decode.
 TEST(MoeModel, LogitsDoNotDependOnTheBatch) {
   Runtime& rt = Reference();
