@@ -139,8 +139,22 @@ Status ReadBool(const Json& j, const char* key, bool* out) {
 }
 
 // Fields every family shares that change the computation in ways the runtime does not implement.
-Status RefuseUnimplemented(const Json& j) {
-  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+// `rope_scaling_read`: the family's parser read rope_scaling (DeepSeek's YaRN).
+Status RefuseUnimplemented(const Json& j, bool rope_scaling_read) {
+  if (auto it = j.find("quantization_config"); it != j.end() && !it->is_null()) {
+    std::string format = "an unknown format";
+    if (it->is_object()) {
+      for (const char* key : {"quant_method", "fmt"}) {
+        if (auto f = it->find(key); f != it->end() && f->is_string()) {
+          format = (format == "an unknown format" ? "" : format + " ") + f->get<std::string>();
+        }
+      }
+    }
+    return InvalidArgument("quantization_config: quantized weights (" + format +
+                           ") are not implemented by the model runtime; use a bfloat16 or float32 "
+                           "checkpoint");
+  }
+  if (auto it = j.find("rope_scaling"); !rope_scaling_read && it != j.end() && !it->is_null()) {
     return InvalidArgument("rope_scaling: " + it->dump() +
                            " is not implemented by the model runtime (only plain RoPE is)");
   }
@@ -242,6 +256,164 @@ Status ParsePhimoe(const Json& j, ModelInfo* info) {
   return Status::Ok();
 }
 
+// DeepSeek's MoE layers: layer i is sparse when i >= first_k_dense_replace and
+// i % moe_layer_freq == 0 (DeepSeek's modelling code; transformers reads first_k_dense_replace
+// only, which agrees while moe_layer_freq is 1, as in every released checkpoint).
+Status ReadDeepseekLayers(const Json& j, ModelInfo* info) {
+  uint32_t first_dense = 0, freq = 1;
+  if (auto it = j.find("first_k_dense_replace"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 ||
+        it->get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return InvalidArgument("first_k_dense_replace: " + it->dump() + " is out of range");
+    }
+    first_dense = static_cast<uint32_t>(it->get<int64_t>());
+  }
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "moe_layer_freq", false, &freq));
+  info->moe_layers.clear();
+  for (uint32_t i = first_dense; i < info->num_hidden_layers; ++i) {
+    if (i % freq == 0) info->moe_layers.push_back(i);
+  }
+  return Status::Ok();
+}
+
+// Reads a finite number >= 0; absence keeps `*out`.
+Status ReadNonNegativeDouble(const Json& j, const char* key, double* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return Status::Ok();
+  if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < 0) {
+    return InvalidArgument(std::string(key) + ": " + it->dump() + " is not a number >= 0");
+  }
+  *out = it->get<double>();
+  return Status::Ok();
+}
+
+// DeepSeek's rope_scaling: YaRN only ({"type" or "rope_type": "yarn", "factor",
+// "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"}).
+Status ReadYarn(const Json& j, ModelInfo* info) {
+  auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) return Status::Ok();
+  if (!it->is_object()) return InvalidArgument("rope_scaling: " + it->dump() + " is not an object");
+  const Json& r = *it;
+  std::string type;
+  for (const char* key : {"type", "rope_type"}) {
+    if (auto t = r.find(key); t != r.end() && t->is_string()) type = t->get<std::string>();
+  }
+  if (type != "yarn") {
+    return InvalidArgument("rope_scaling: type \"" + type +
+                           "\" is not implemented by the model runtime for this family (only "
+                           "\"yarn\" is)");
+  }
+  static const std::set<std::string> kKnown = {
+      "type",      "rope_type", "factor", "original_max_position_embeddings",
+      "beta_fast", "beta_slow", "mscale", "mscale_all_dim"};
+  for (const auto& [key, value] : r.items()) {
+    if (kKnown.count(key) == 0) {
+      return InvalidArgument("rope_scaling: " + key + " is not implemented by the model runtime");
+    }
+  }
+  YarnSpec y;
+  FMOE_RETURN_IF_ERROR(ReadPositiveDouble(r, "factor", &y.factor).WithContext("rope_scaling"));
+  if (r.find("factor") == r.end()) return InvalidArgument("rope_scaling: factor: missing");
+  FMOE_RETURN_IF_ERROR(
+      ReadCount(r, "original_max_position_embeddings", true, &y.original_max_position_embeddings)
+          .WithContext("rope_scaling"));
+  FMOE_RETURN_IF_ERROR(
+      ReadPositiveDouble(r, "beta_fast", &y.beta_fast).WithContext("rope_scaling"));
+  FMOE_RETURN_IF_ERROR(
+      ReadPositiveDouble(r, "beta_slow", &y.beta_slow).WithContext("rope_scaling"));
+  FMOE_RETURN_IF_ERROR(ReadNonNegativeDouble(r, "mscale", &y.mscale).WithContext("rope_scaling"));
+  FMOE_RETURN_IF_ERROR(
+      ReadNonNegativeDouble(r, "mscale_all_dim", &y.mscale_all_dim).WithContext("rope_scaling"));
+  info->yarn = y;
+  return Status::Ok();
+}
+
+// DeepSeek-V2 and V3 (one code path): MLA, shared experts, dense first layers, group-limited
+// routing; V3 scores with a sigmoid and a correction bias.
+Status ParseDeepseek(const Json& j, ModelInfo* info, bool v3) {
+  FMOE_RETURN_IF_ERROR(ReadDeepseekLayers(j, info));
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "moe_intermediate_size", true, &info->intermediate_size));
+  uint32_t shared = 0;
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "n_shared_experts", false, &shared));
+  info->shared_expert_intermediate_size = shared * info->intermediate_size;
+  info->shared_expert_gated = false;
+
+  MlaSpec mla;
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "q_lora_rank", false, &mla.q_lora_rank));
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "kv_lora_rank", true, &mla.kv_lora_rank));
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "qk_nope_head_dim", true, &mla.qk_nope_head_dim));
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "qk_rope_head_dim", true, &mla.qk_rope_head_dim));
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "v_head_dim", true, &mla.v_head_dim));
+  if (mla.qk_rope_head_dim % 2 != 0) {
+    return InvalidArgument("qk_rope_head_dim: " + std::to_string(mla.qk_rope_head_dim) +
+                           " is odd; rotary embeddings need it even");
+  }
+  if (v3) FMOE_RETURN_IF_ERROR(ReadBool(j, "rope_interleave", &mla.rope_interleave));
+  info->mla = mla;
+  FMOE_RETURN_IF_ERROR(ReadYarn(j, info));
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    bool on = false;
+    FMOE_RETURN_IF_ERROR(ReadBool(j, key, &on));
+    if (on) {
+      return InvalidArgument(std::string(key) +
+                             ": true is not implemented by the model runtime for this family");
+    }
+  }
+
+  RoutingSpec& r = info->routing;
+  const std::string scoring_default = v3 ? "sigmoid" : "softmax";
+  const std::string method_default = v3 ? "noaux_tc" : "greedy";
+  std::string scoring = scoring_default, method = method_default;
+  for (auto [key, out] : {std::pair{"scoring_func", &scoring}, std::pair{"topk_method", &method}}) {
+    if (auto it = j.find(key); it != j.end() && !it->is_null()) {
+      if (!it->is_string()) return InvalidArgument(std::string(key) + ": not a string");
+      *out = it->get<std::string>();
+    }
+  }
+  if (scoring != scoring_default) {
+    return InvalidArgument("scoring_func: \"" + scoring + "\" is not implemented for " +
+                           info->architecture + " (only \"" + scoring_default + "\" is)");
+  }
+  r.scoring = v3 ? RouterScoring::kSigmoid : RouterScoring::kSoftmax;
+  r.correction_bias = v3;
+  info->router_correction_bias = v3;
+  uint32_t n_group = 1, topk_group = 1;
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "n_group", false, &n_group));
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "topk_group", false, &topk_group));
+  if (v3) {
+    // transformers' DeepseekV3TopkRouter always selects groups by their top-2 sum.
+    if (method != "noaux_tc") {
+      return InvalidArgument("topk_method: \"" + method +
+                             "\" is not implemented for DeepseekV3ForCausalLM (only noaux_tc)");
+    }
+    r.groups = GroupScoring::kTopTwoSum;
+  } else if (method == "group_limited_greedy") {
+    r.groups = GroupScoring::kMaxScore;
+  } else if (method != "greedy") {
+    return InvalidArgument("topk_method: \"" + method +
+                           "\" is not implemented for DeepseekV2ForCausalLM (greedy, "
+                           "group_limited_greedy)");
+  }
+  r.num_groups = n_group;
+  r.topk_groups = topk_group;
+  double scaling = 1.0;
+  FMOE_RETURN_IF_ERROR(ReadPositiveDouble(j, "routed_scaling_factor", &scaling));
+  r.scaling = static_cast<float>(scaling);
+  r.normalize_topk = false;
+  FMOE_RETURN_IF_ERROR(ReadBool(j, "norm_topk_prob", &r.normalize_topk));
+  if (!v3 && r.normalize_topk) {
+    // DeepSeek's V2 code renormalises and then skips the scaling; transformers scales and never
+    // renormalises. No released V2 checkpoint sets it.
+    return InvalidArgument(
+        "norm_topk_prob: true is not implemented for DeepseekV2ForCausalLM (DeepSeek's code and "
+        "transformers compute it differently)");
+  }
+  return Status::Ok();
+}
+
+Status ParseDeepseekV2(const Json& j, ModelInfo* info) { return ParseDeepseek(j, info, false); }
+Status ParseDeepseekV3(const Json& j, ModelInfo* info) { return ParseDeepseek(j, info, true); }
+
 struct Family {
   const char* architecture;
   const char* experts_key;  // The config key holding J.
@@ -249,6 +421,7 @@ struct Family {
   // hidden_size / num_attention_heads (transformers' Qwen2-MoE and OLMoE).
   bool reads_head_dim;
   Status (*parse)(const Json&, ModelInfo*);
+  bool reads_rope_scaling = false;  // The parser reads rope_scaling (DeepSeek's YaRN).
 };
 
 const Family kFamilies[] = {
@@ -257,6 +430,8 @@ const Family kFamilies[] = {
     {"Qwen3MoeForCausalLM", "num_experts", true, ParseQwen3Moe},
     {"OlmoeForCausalLM", "num_experts", false, ParseOlmoe},
     {"PhimoeForCausalLM", "num_local_experts", true, ParsePhimoe},
+    {"DeepseekV2ForCausalLM", "n_routed_experts", false, ParseDeepseekV2, true},
+    {"DeepseekV3ForCausalLM", "n_routed_experts", false, ParseDeepseekV3, true},
 };
 
 Status ParseInto(const std::string& text, ModelInfo* info) {
@@ -304,10 +479,12 @@ Status ParseInto(const std::string& text, ModelInfo* info) {
   }
   info->routing.num_experts = info->num_experts;
   info->routing.top_k = info->top_k;
-  FMOE_RETURN_IF_ERROR(RefuseUnimplemented(j));
+  FMOE_RETURN_IF_ERROR(info->routing.Validate());
+  FMOE_RETURN_IF_ERROR(RefuseUnimplemented(j, family->reads_rope_scaling));
   if (family->reads_head_dim) return ParseRuntimeFields(j, info);
   Json plain = j;
   plain.erase("head_dim");
+  if (info->mla) plain["head_dim"] = info->mla->qk_rope_head_dim;  // The rotary width.
   return ParseRuntimeFields(plain, info);
 }
 
@@ -346,6 +523,21 @@ uint64_t SharedExpertParams(const ModelInfo& info) {
   if (info.shared_expert_intermediate_size == 0) return 0;
   return 3ull * info.shared_expert_intermediate_size * info.hidden_size +
          (info.shared_expert_gated ? info.hidden_size : 0);
+}
+
+uint64_t KvBytesPerToken(const ModelInfo& info, uint32_t bytes_per_value) {
+  const uint64_t per_layer = info.mla
+                                 ? uint64_t{info.mla->kv_lora_rank} + info.mla->qk_rope_head_dim
+                                 : 2ull * info.num_key_value_heads * info.head_dim;
+  return per_layer * info.num_hidden_layers * bytes_per_value;
+}
+
+uint64_t ExpandedKvBytesPerToken(const ModelInfo& info, uint32_t bytes_per_value) {
+  if (!info.mla) return KvBytesPerToken(info, bytes_per_value);
+  const MlaSpec& m = *info.mla;
+  const uint64_t per_layer =
+      uint64_t{info.num_attention_heads} * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim);
+  return per_layer * info.num_hidden_layers * bytes_per_value;
 }
 
 uint32_t CheckpointBytesPerParam(const ModelInfo& info) {
@@ -390,6 +582,18 @@ std::string DescribeModel(const ModelInfo& info) {
     out << "  shared expert: 3 x " << info.shared_expert_intermediate_size << " x "
         << info.hidden_size << (info.shared_expert_gated ? " with a sigmoid gate" : "") << ", "
         << mb(SharedExpertParams(info)) << " per MoE layer, resident outside the expert cache\n";
+  }
+  if (info.mla) {
+    const MlaSpec& a = *info.mla;
+    out << "  attention: multi-head latent, " << info.num_attention_heads << " heads, q "
+        << (a.q_lora_rank > 0 ? "LoRA rank " + std::to_string(a.q_lora_rank) : "plain")
+        << ", kv_lora_rank " << a.kv_lora_rank << ", qk " << a.qk_nope_head_dim << " + rope "
+        << a.qk_rope_head_dim << ", v " << a.v_head_dim;
+    if (info.yarn) out << ", YaRN x" << info.yarn->factor;
+    out << "; KV cache " << KvBytesPerToken(info, CheckpointBytesPerParam(info))
+        << " B/token (expanded: " << ExpandedKvBytesPerToken(info, CheckpointBytesPerParam(info))
+        << ")\n  fingerprint: " << FingerprintHex(info.fingerprint) << "\n";
+    return out.str();
   }
   out << "  attention: " << info.num_attention_heads << " heads, " << info.num_key_value_heads
       << " kv heads, head_dim " << info.head_dim;

@@ -1,11 +1,12 @@
 // The shape of a Hugging Face MoE checkpoint, read from its config.json, and the model's
 // fingerprint (the map service keys its stores by it). Families: Mixtral, Qwen2-MoE, Qwen3-MoE,
-// OLMoE (run by the model runtime) and Phi-3.5-MoE (shapes only: `runtime_unsupported` says
-// why). The full loader (weights, tokenizer) belongs to the worker's model runtime; this file
-// reads what every process needs to agree on and the hyperparameters the runtime builds the
-// model from, and refuses a config field that changes the computation in a way the runtime does
-// not implement (rope_scaling, an activation other than SiLU, Qwen's sliding window), naming it.
-// docs/MODELS.md lists what each family reads. Pure functions.
+// OLMoE, DeepSeek-V2 and DeepSeek-V3 (run by the model runtime) and Phi-3.5-MoE (shapes only:
+// `runtime_unsupported` says why). The full loader (weights, tokenizer) belongs to the worker's
+// model runtime; this file reads what every process needs to agree on and the hyperparameters the
+// runtime builds the model from, and refuses a config field that changes the computation in a way
+// the runtime does not implement (rope_scaling other than DeepSeek's YaRN, an activation other than
+// SiLU, Qwen's sliding window, quantized weights), naming it. docs/MODELS.md lists what each family
+// reads. Pure functions.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,31 @@ enum class QkNorm : uint8_t {
   kNone,
   kPerHead,  // RMSNorm over each head's head_dim values (Qwen3-MoE).
   kWhole,    // RMSNorm over the whole projection (OLMoE: H*hd for q, KV*hd for k).
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3). Queries: q_proj, or with q_lora_rank > 0
+// q_b_proj(RMSNorm(q_a_proj x)); keys and values come from one latent per token,
+// RMSNorm(kv_a_proj_with_mqa x [:kv_lora_rank]), expanded per head by kv_b_proj, plus one rotary
+// key of qk_rope_head_dim shared by every head. The KV cache keeps the latent and the rotary key.
+struct MlaSpec {
+  uint32_t q_lora_rank = 0;  // 0: a plain q_proj (config null).
+  uint32_t kv_lora_rank = 0;
+  uint32_t qk_nope_head_dim = 0;
+  uint32_t qk_rope_head_dim = 0;
+  uint32_t v_head_dim = 0;
+  // The rotary part of q and k is stored interleaved (pairs 2i, 2i+1 rotate together:
+  // DeepSeek-V2 always, V3 by rope_interleave, default true); false: halves (i, i + d/2).
+  bool rope_interleave = true;
+};
+
+// YaRN rotary scaling (DeepSeek's rope_scaling {"type": "yarn", ...}); only with MLA.
+struct YarnSpec {
+  double factor = 1.0;                            // > 0.
+  uint32_t original_max_position_embeddings = 0;  // Required.
+  double beta_fast = 32.0;                        // Default: 32
+  double beta_slow = 1.0;                         // Default: 1
+  double mscale = 1.0;                            // Default: 1
+  double mscale_all_dim = 0.0;                    // Default: 0 (no softmax correction)
 };
 
 struct ModelInfo {
@@ -46,17 +72,23 @@ struct ModelInfo {
   // sigmoid(shared_expert_gate(x)).
   uint32_t shared_expert_intermediate_size = 0;
   bool shared_expert_gated = false;
-  RoutingSpec routing;    // The router's function (common/routing.h).
-  bool qkv_bias = false;  // q/k/v projections carry biases.
-  bool o_bias = false;    // The output projection carries a bias.
+  // DeepSeek-V3: each MoE layer's router carries e_score_correction_bias [J].
+  bool router_correction_bias = false;
+  std::optional<MlaSpec> mla;    // Multi-head latent attention instead of grouped-query.
+  std::optional<YarnSpec> yarn;  // YaRN rotary scaling; absent: plain RoPE.
+  RoutingSpec routing;           // The router's function (common/routing.h).
+  bool qkv_bias = false;         // q/k/v projections carry biases.
+  bool o_bias = false;           // The output projection carries a bias.
   QkNorm qk_norm = QkNorm::kNone;
   std::optional<double> clip_qkv;  // OLMoE: q, k and v clamped to [-c, c].
   // Why the model runtime cannot run this model ("" = it can): a family whose shapes are known
   // (maps, replay, make-model) but whose computation is not implemented.
   std::string runtime_unsupported;
-  uint32_t num_attention_heads = 0;        // Required.
-  uint32_t num_key_value_heads = 0;        // Default: num_attention_heads; divides it.
-  uint32_t head_dim = 0;                   // Default: hidden_size / num_attention_heads (exact).
+  uint32_t num_attention_heads = 0;  // Required.
+  uint32_t num_key_value_heads = 0;  // Default: num_attention_heads; divides it.
+  // Default: hidden_size / num_attention_heads (exact). With MLA: qk_rope_head_dim, the rotary
+  // width (as transformers' DeepseekV3Config sets head_dim).
+  uint32_t head_dim = 0;
   double rms_norm_eps = 1e-5;              // Default: 1e-5; > 0.
   double rope_theta = 1e6;                 // Default: 1e6 (HF MixtralConfig); > 0.
   bool tie_word_embeddings = false;        // Default: false.
@@ -72,6 +104,12 @@ struct ModelInfo {
 uint64_t RoutedExpertParams(const ModelInfo& info);
 // Parameters of one MoE layer's shared expert with its gate (0 without one).
 uint64_t SharedExpertParams(const ModelInfo& info);
+// KV cache bytes one token takes over every layer at `bytes_per_value` per element: MLA keeps
+// kv_lora_rank + qk_rope_head_dim values per layer; grouped-query attention 2 x KV x head_dim.
+uint64_t KvBytesPerToken(const ModelInfo& info, uint32_t bytes_per_value);
+// The same for MLA's keys and values expanded per head (a plain cache of the same model:
+// H x (qk_nope + qk_rope + v_head_dim) per layer); equal to KvBytesPerToken without MLA.
+uint64_t ExpandedKvBytesPerToken(const ModelInfo& info, uint32_t bytes_per_value);
 // Bytes per parameter of the checkpoint's torch_dtype (float32: 4, bfloat16/float16: 2; 4 when
 // absent or unknown).
 uint32_t CheckpointBytesPerParam(const ModelInfo& info);

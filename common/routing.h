@@ -2,11 +2,18 @@
 // weights, as each supported family computes it at inference. Torch-free, so the model runtime,
 // the sanitizer build and the benchmarks share one definition.
 //
-// Every family today scores with a float32 softmax over all J experts, keeps the K largest
-// probabilities (ties: the lower expert index first, as torch.topk on CPU), and either uses those
-// probabilities as they are or renormalises them to sum to 1 (`normalize_topk`: Mixtral always;
-// Qwen2-MoE, Qwen3-MoE and OLMoE by their `norm_topk_prob`). The experts are reported in
-// descending weight order. Pure functions.
+// A router scores every expert from its logit: a float32 softmax over all J (Mixtral, Qwen,
+// OLMoE, DeepSeek-V2) or an element-wise sigmoid (DeepSeek-V3). The choice score is the score,
+// plus a per-expert correction bias where the layer has one (DeepSeek-V3's
+// e_score_correction_bias). With groups (DeepSeek's n_group / topk_group) the J experts form G
+// equal groups, each group is scored from its choice scores (kMaxScore: its best expert,
+// DeepSeek-V2's group_limited_greedy; kTopTwoSum: its two best summed, DeepSeek-V3's noaux_tc),
+// the topk_group best groups stay and every other expert's choice score becomes 0 (as
+// transformers' masked_fill: 0, not -inf). The K largest choice scores are picked (ties: the
+// lower index first, as torch.topk on CPU); their weights are the uncorrected scores, optionally
+// renormalised to sum to 1 (`normalize_topk`; DeepSeek adds 1e-20 to the sum), then multiplied by
+// `scaling` (DeepSeek's routed_scaling_factor). The experts are reported by descending choice
+// score. Pure functions.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +25,15 @@
 namespace fmoe {
 
 enum class RouterScoring : uint8_t {
-  kSoftmax,  // p = softmax(logits) in float32.
+  kSoftmax,  // s = softmax(logits) in float32.
+  kSigmoid,  // s = sigmoid(logits) in float32, each expert on its own (DeepSeek-V3).
+};
+
+// How a group of experts is scored for group-limited routing.
+enum class GroupScoring : uint8_t {
+  kNone,       // No groups: every expert competes.
+  kMaxScore,   // The group's largest choice score (DeepSeek-V2 "group_limited_greedy").
+  kTopTwoSum,  // The sum of its two largest choice scores (DeepSeek-V3 "noaux_tc").
 };
 
 struct RoutingSpec {
@@ -26,22 +41,32 @@ struct RoutingSpec {
   uint32_t num_experts = 0;    // J.
   uint32_t top_k = 0;          // K, 1 <= K <= J.
   bool normalize_topk = true;  // Divide the K weights by their sum.
+  GroupScoring groups = GroupScoring::kNone;
+  uint32_t num_groups = 1;       // G: divides J (kTopTwoSum: J / G >= 2). Default: 1
+  uint32_t topk_groups = 1;      // Groups kept, 1 <= topk_groups <= G. Default: 1
+  float scaling = 1.0f;          // The weights' final factor (routed_scaling_factor). Default: 1
+  bool correction_bias = false;  // Each call passes J biases added to the choice scores.
 
-  // kInvalidArgument naming the field when K or J is out of range.
+  // kInvalidArgument naming the field when K, J or the groups are out of range.
   Status Validate() const;
   // e.g. "softmax, top-2 of 8, renormalised".
   std::string Describe() const;
 };
 
-// One token. `logits` and `probs` hold J values, `experts` and `weights` K. `probs` receives the
-// scores over every expert (the gate distribution the expert maps record); `experts` and
-// `weights` the chosen experts by descending weight. The spec must be valid and the spans of
-// the right sizes (checked: kInvalidArgument).
+// One token. `logits` and `probs` hold J values, `experts` and `weights` K, `bias` J values when
+// spec.correction_bias (else empty). `probs` receives the gate distribution the expert maps record:
+// the softmax probabilities, or with sigmoid scoring the (uncorrected) sigmoid scores divided by
+// their sum, so that it is a distribution over the J experts ordered as the scores are. `experts`
+// and `weights` receive the chosen experts by descending choice score. The spec must be valid and
+// the spans of the right sizes (checked: kInvalidArgument).
 Status RouteToken(const RoutingSpec& spec, std::span<const float> logits, std::span<float> probs,
-                  std::span<int32_t> experts, std::span<float> weights);
+                  std::span<int32_t> experts, std::span<float> weights,
+                  std::span<const float> bias = {});
 
-// `rows` tokens laid out row-major: logits and probs [rows x J], experts and weights [rows x K].
+// `rows` tokens laid out row-major: logits and probs [rows x J], experts and weights [rows x K];
+// `bias` (J values) is the layer's, shared by every row.
 Status RouteTokens(const RoutingSpec& spec, size_t rows, std::span<const float> logits,
-                   std::span<float> probs, std::span<int32_t> experts, std::span<float> weights);
+                   std::span<float> probs, std::span<int32_t> experts, std::span<float> weights,
+                   std::span<const float> bias = {});
 
 }  // namespace fmoe

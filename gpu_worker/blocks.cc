@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 
 namespace fmoe {
 
@@ -115,6 +117,125 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
         .copy_(o.reshape({n_kv, group, t, hd}).permute({2, 0, 1, 3}).reshape({t, n_heads * hd}));
   }
   return BlockLinear(attn, w.wo, row_block, w.bo);
+}
+
+namespace {
+
+// mscale(s, m) = 0.1 m ln(s) + 1 for s > 1, else 1 (YaRN).
+double YarnMscale(double scale, double m) {
+  return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+}
+
+// The eps of MLA's own RMSNorms (q_a_layernorm, kv_a_layernorm): transformers' and DeepSeek's
+// RMSNorm default, not the config's rms_norm_eps.
+constexpr double kLatentNormEps = 1e-6;
+
+// [.., d] stored as pairs (2i, 2i+1) -> halves (i, i + d/2), as
+// transformers' apply_rotary_pos_emb_interleave.
+at::Tensor Deinterleave(const at::Tensor& x) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  const int64_t d = shape.back();
+  std::vector<int64_t> pairs = shape;
+  pairs.back() = d / 2;
+  pairs.push_back(2);
+  return x.reshape(pairs).transpose(-1, -2).reshape(shape);
+}
+
+}  // namespace
+
+at::Tensor RotaryInverseFrequencies(const ModelInfo& info) {
+  const int64_t dim = info.head_dim;
+  const double base = info.rope_theta;
+  at::Tensor exponents =
+      at::arange(int64_t{0}, dim, int64_t{2}, at::kLong).to(at::kFloat) / static_cast<double>(dim);
+  if (!info.yarn) return 1.0 / at::pow(base, exponents);
+  const YarnSpec& y = *info.yarn;
+  at::Tensor pos_freqs = at::pow(base, exponents);
+  at::Tensor extrapolation = 1.0 / pos_freqs;
+  at::Tensor interpolation = 1.0 / (y.factor * pos_freqs);
+  // The dimension range whose rotations during the original context fall between beta_fast and
+  // beta_slow turns: interpolated below it, extrapolated above, a linear ramp between.
+  auto correction_dim = [&](double rotations) {
+    return static_cast<double>(dim) *
+           std::log(y.original_max_position_embeddings / (rotations * 2 * std::numbers::pi)) /
+           (2 * std::log(base));
+  };
+  const double low = std::max(std::floor(correction_dim(y.beta_fast)), 0.0);
+  double high = std::min(std::ceil(correction_dim(y.beta_slow)), static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  at::Tensor ramp = ((at::arange(dim / 2, at::kFloat) - low) / (high - low)).clamp(0.0, 1.0);
+  at::Tensor extrapolation_factor = 1.0 - ramp;
+  return interpolation * (1.0 - extrapolation_factor) + extrapolation * extrapolation_factor;
+}
+
+double RotaryAttentionFactor(const ModelInfo& info) {
+  if (!info.yarn) return 1.0;
+  const YarnSpec& y = *info.yarn;
+  return YarnMscale(y.factor, y.mscale) / YarnMscale(y.factor, y.mscale_all_dim);
+}
+
+double LatentSoftmaxScale(const ModelInfo& info) {
+  const MlaSpec& a = *info.mla;
+  double scale = 1.0 / std::sqrt(static_cast<double>(a.qk_nope_head_dim + a.qk_rope_head_dim));
+  if (info.yarn && info.yarn->mscale_all_dim > 0) {
+    const double m = YarnMscale(info.yarn->factor, info.yarn->mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
+
+at::Tensor LatentAttention(const ModelInfo& info, const MlaWeights& w, const at::Tensor& hn,
+                           std::span<const AttentionSpan> spans, const RotaryTables& rope,
+                           int64_t row_block) {
+  const MlaSpec& a = *info.mla;
+  const int64_t n_heads = info.num_attention_heads, rows = hn.size(0);
+  const int64_t nope = a.qk_nope_head_dim, rot = a.qk_rope_head_dim, r = a.kv_lora_rank;
+  const int64_t vd = a.v_head_dim;
+  at::Tensor q =
+      w.wq.defined()
+          ? BlockLinear(hn, w.wq, row_block)
+          : BlockLinear(RmsNorm(BlockLinear(hn, w.wq_a, row_block), w.q_a_norm, kLatentNormEps),
+                        w.wq_b, row_block);
+  at::Tensor kv = BlockLinear(hn, w.wkv_a, row_block);  // [rows, r + rope]
+  at::Tensor latent = RmsNorm(kv.narrow(1, 0, r), w.kv_a_norm, kLatentNormEps);
+  at::Tensor k_rot = kv.narrow(1, r, rot);
+  q = q.view({rows, n_heads, nope + rot});
+  at::Tensor q_nope = q.narrow(2, 0, nope);
+  at::Tensor q_rot = q.narrow(2, nope, rot);
+  if (a.rope_interleave) {
+    q_rot = Deinterleave(q_rot);
+    k_rot = Deinterleave(k_rot);
+  }
+  const double scale = LatentSoftmaxScale(info);
+  at::Tensor attn = at::empty({rows, n_heads * vd}, hn.options());
+  for (const AttentionSpan& s : spans) {
+    const int64_t t = s.tokens, p0 = s.position, len = p0 + t;
+    at::Tensor cos = rope.cos.narrow(0, p0, t);  // [t, rope]
+    at::Tensor sin = rope.sin.narrow(0, p0, t);
+    at::Tensor qr = q_rot.narrow(0, s.row, t);  // [t, H, rope]
+    qr = qr * cos.unsqueeze(1) + RotateHalf(qr) * sin.unsqueeze(1);
+    at::Tensor kr = k_rot.narrow(0, s.row, t);  // [t, rope]
+    kr = kr * cos + RotateHalf(kr) * sin;
+    s.k_cache->select(0, 0).narrow(0, p0, t).copy_(latent.narrow(0, s.row, t));
+    s.v_cache->select(0, 0).narrow(0, p0, t).copy_(kr);
+    at::Tensor latents = s.k_cache->select(0, 0).narrow(0, 0, len);   // [len, r]
+    at::Tensor rot_keys = s.v_cache->select(0, 0).narrow(0, 0, len);  // [len, rope]
+    // Queries into latent space per head: [H, t, nope] x [H, nope, r] -> [H, t, r].
+    at::Tensor q_lat = at::matmul(q_nope.narrow(0, s.row, t).permute({1, 0, 2}), w.w_uk);
+    at::Tensor scores = at::matmul(q_lat, latents.t()) +
+                        at::matmul(qr.permute({1, 0, 2}), rot_keys.t());  // [H, t, len]
+    scores = scores * scale;
+    if (t > 1) {
+      at::Tensor mask =
+          at::ones({t, len}, at::TensorOptions().dtype(at::kBool).device(hn.device())).triu(p0 + 1);
+      scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+    }
+    at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(hn.scalar_type());
+    // [H, t, len] x [len, r] -> [H, t, r]; x [H, r, v] -> [H, t, v].
+    at::Tensor o = at::matmul(at::matmul(probs, latents), w.w_uv.transpose(1, 2));
+    attn.narrow(0, s.row, t).copy_(o.permute({1, 0, 2}).reshape({t, n_heads * vd}));
+  }
+  return BlockLinear(attn, w.wo, row_block);
 }
 
 }  // namespace fmoe

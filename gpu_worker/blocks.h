@@ -1,8 +1,9 @@
 // The model runtime's building blocks, one function each, shared by every architecture
 // (model_families.h says which a family uses): the batch-invariant linear map, RMSNorm, rotary
 // embeddings, grouped-query attention with its variants (q/k/v biases, q/k RMSNorm per head or
-// over the whole projection, q/k/v clipping, a sliding window) and the SwiGLU MLP that dense
-// layers, shared experts and routed experts compute. Each follows the Hugging Face transformers
+// over the whole projection, q/k/v clipping, a sliding window), DeepSeek's multi-head latent
+// attention with its decoupled (YaRN) RoPE, and the SwiGLU MLP that dense layers, shared experts
+// and routed experts compute. Each follows the Hugging Face transformers
 // implementation of the families it serves, operation for operation.
 #pragma once
 
@@ -41,8 +42,9 @@ struct AttentionWeights {
 };
 
 // One sequence's part of a ragged batch: rows [row, row + tokens) of the batch's hidden state,
-// at positions [position, position + tokens), with the layer's KV cache tensors
-// ([KV, capacity, hd], already large enough).
+// at positions [position, position + tokens), with the layer's two KV cache tensors, already
+// large enough: grouped-query attention's keys and values ([KV, capacity, hd] each); MLA's
+// latents and rotary keys ([1, capacity, kv_lora_rank] and [1, capacity, qk_rope_head_dim]).
 struct AttentionSpan {
   int64_t row = 0;
   int64_t tokens = 0;
@@ -51,7 +53,7 @@ struct AttentionSpan {
   at::Tensor* v_cache = nullptr;
 };
 
-// The rotary tables, [positions, hd] in the compute dtype.
+// The rotary tables, [positions, hd] in the compute dtype (YaRN's attention factor applied).
 struct RotaryTables {
   at::Tensor cos, sin;
 };
@@ -62,5 +64,37 @@ struct RotaryTables {
 at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at::Tensor& hn,
                      std::span<const AttentionSpan> spans, const RotaryTables& rope,
                      int64_t row_block);
+
+// The rotary inverse frequencies [head_dim / 2] in float32, as transformers computes them: plain
+// RoPE, or YaRN's blend of interpolated and extrapolated frequencies (info.yarn).
+at::Tensor RotaryInverseFrequencies(const ModelInfo& info);
+// YaRN's factor on the cos and sin tables (1 without YaRN): mscale(factor, mscale) /
+// mscale(factor, mscale_all_dim), mscale(s, m) = 0.1 m ln(s) + 1 for s > 1.
+double RotaryAttentionFactor(const ModelInfo& info);
+
+// Multi-head latent attention (DeepSeek-V2/V3). kv_b_proj is split per head into its key rows
+// (w_uk) and value rows (w_uv), so that attention runs on the cached latents directly: scores
+// are (q_nope w_uk) . latent + q_rope . k_rope, the output (probs . latent) w_uv^T. Numerically
+// the same map as transformers' expansion into per-head keys and values.
+struct MlaWeights {
+  at::Tensor wq;                    // [H*(nope+rope), h]; undefined with q LoRA.
+  at::Tensor wq_a, q_a_norm, wq_b;  // q LoRA: [rq, h], [rq], [H*(nope+rope), rq].
+  at::Tensor wkv_a;                 // kv_a_proj_with_mqa: [r + rope, h].
+  at::Tensor kv_a_norm;             // [r]
+  at::Tensor w_uk;                  // [H, nope, r]
+  at::Tensor w_uv;                  // [H, v, r]
+  at::Tensor wo;                    // [h, H*v]
+};
+
+// The softmax scale: (nope + rope)^-1/2, times mscale(factor, mscale_all_dim)^2 with YaRN and
+// mscale_all_dim > 0 (DeepSeek's code and transformers' DeepseekV3Attention).
+double LatentSoftmaxScale(const ModelInfo& info);
+
+// MLA over the normed hidden state `hn` [rows, h]: the projections, RoPE on the rotary parts
+// (de-interleaved first when info.mla->rope_interleave), each sequence's new latents and rotary
+// keys appended to its cache, causal softmax attention per sequence, the output projection.
+at::Tensor LatentAttention(const ModelInfo& info, const MlaWeights& w, const at::Tensor& hn,
+                           std::span<const AttentionSpan> spans, const RotaryTables& rope,
+                           int64_t row_block);
 
 }  // namespace fmoe

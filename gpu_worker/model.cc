@@ -32,12 +32,14 @@ constexpr uint32_t kDense = UINT32_MAX;
 // One transformer layer: attention, then a dense MLP or a mixture of experts.
 struct MoeModel::Layer {
   at::Tensor input_norm, post_norm;
-  AttentionWeights attention;
-  uint32_t moe = kDense;   // The MoE layer index, or kDense.
-  MlpWeights dense;        // A dense layer's MLP.
-  at::Tensor gate;         // The router, [J, h].
-  MlpWeights shared;       // The shared expert (resident), if the family has one.
-  at::Tensor shared_gate;  // [1, h], if gated.
+  AttentionWeights attention;      // Grouped-query attention, or
+  MlaWeights latent;               // multi-head latent attention (info.mla).
+  uint32_t moe = kDense;           // The MoE layer index, or kDense.
+  MlpWeights dense;                // A dense layer's MLP.
+  at::Tensor gate;                 // The router, [J, h].
+  MlpWeights shared;               // The shared expert (resident), if the family has one.
+  at::Tensor shared_gate;          // [1, h], if gated.
+  std::vector<float> router_bias;  // DeepSeek-V3's e_score_correction_bias [J], or empty.
 };
 
 struct MoeModel::Impl {
@@ -48,8 +50,9 @@ struct MoeModel::Impl {
   at::Tensor final_norm;
   at::Tensor lm_head;  // [V, h]; the embedding when tied.
   std::vector<Layer> layers;
-  at::Tensor inv_freq;  // [hd/2], float32
-  RotaryTables rope;    // [positions, hd], compute dtype; grown on demand.
+  at::Tensor inv_freq;       // [hd/2], float32
+  double rope_factor = 1.0;  // YaRN's factor on cos and sin.
+  RotaryTables rope;         // [positions, hd], compute dtype; grown on demand.
 
   at::TensorOptions opts() const { return at::TensorOptions().dtype(dtype).device(device); }
   at::Tensor Linear(const at::Tensor& x, const at::Tensor& w) const {
@@ -103,6 +106,11 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
                            " is not below the group's size " +
                            std::to_string(options.expert_world_size));
   }
+  if (info.mla && info.num_key_value_heads != info.num_attention_heads) {
+    return InvalidArgument("model: " + info.dir + "/config.json: num_key_value_heads " +
+                           std::to_string(info.num_key_value_heads) +
+                           " differs from num_attention_heads; MLA needs them equal");
+  }
   if (info.head_dim % 2 != 0) {
     return InvalidArgument("model: " + info.dir + "/config.json: head_dim " +
                            std::to_string(info.head_dim) +
@@ -143,26 +151,30 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
     Layer& layer = m.layers[i];
     FMOE_ASSIGN_OR_RETURN(layer.input_norm, loader.Load(p + "input_layernorm.weight", {h}));
     FMOE_ASSIGN_OR_RETURN(layer.post_norm, loader.Load(p + "post_attention_layernorm.weight", {h}));
-    AttentionWeights& a = layer.attention;
     const std::string at_p = p + "self_attn.";
-    FMOE_ASSIGN_OR_RETURN(a.wq, loader.Load(at_p + "q_proj.weight", {q_dim, h}));
-    FMOE_ASSIGN_OR_RETURN(a.wk, loader.Load(at_p + "k_proj.weight", {kv_dim, h}));
-    FMOE_ASSIGN_OR_RETURN(a.wv, loader.Load(at_p + "v_proj.weight", {kv_dim, h}));
-    FMOE_ASSIGN_OR_RETURN(a.wo, loader.Load(at_p + "o_proj.weight", {h, q_dim}));
-    if (info.qkv_bias) {
-      FMOE_ASSIGN_OR_RETURN(a.bq, loader.Load(at_p + "q_proj.bias", {q_dim}));
-      FMOE_ASSIGN_OR_RETURN(a.bk, loader.Load(at_p + "k_proj.bias", {kv_dim}));
-      FMOE_ASSIGN_OR_RETURN(a.bv, loader.Load(at_p + "v_proj.bias", {kv_dim}));
-    }
-    if (info.o_bias) {
-      FMOE_ASSIGN_OR_RETURN(a.bo, loader.Load(at_p + "o_proj.bias", {h}));
-    }
-    if (info.qk_norm == QkNorm::kPerHead) {
-      FMOE_ASSIGN_OR_RETURN(a.q_norm, loader.Load(at_p + "q_norm.weight", {hd}));
-      FMOE_ASSIGN_OR_RETURN(a.k_norm, loader.Load(at_p + "k_norm.weight", {hd}));
-    } else if (info.qk_norm == QkNorm::kWhole) {
-      FMOE_ASSIGN_OR_RETURN(a.q_norm, loader.Load(at_p + "q_norm.weight", {q_dim}));
-      FMOE_ASSIGN_OR_RETURN(a.k_norm, loader.Load(at_p + "k_norm.weight", {kv_dim}));
+    if (info.mla) {
+      FMOE_RETURN_IF_ERROR(LoadLatentAttention(info, loader, at_p, &layer.latent));
+    } else {
+      AttentionWeights& a = layer.attention;
+      FMOE_ASSIGN_OR_RETURN(a.wq, loader.Load(at_p + "q_proj.weight", {q_dim, h}));
+      FMOE_ASSIGN_OR_RETURN(a.wk, loader.Load(at_p + "k_proj.weight", {kv_dim, h}));
+      FMOE_ASSIGN_OR_RETURN(a.wv, loader.Load(at_p + "v_proj.weight", {kv_dim, h}));
+      FMOE_ASSIGN_OR_RETURN(a.wo, loader.Load(at_p + "o_proj.weight", {h, q_dim}));
+      if (info.qkv_bias) {
+        FMOE_ASSIGN_OR_RETURN(a.bq, loader.Load(at_p + "q_proj.bias", {q_dim}));
+        FMOE_ASSIGN_OR_RETURN(a.bk, loader.Load(at_p + "k_proj.bias", {kv_dim}));
+        FMOE_ASSIGN_OR_RETURN(a.bv, loader.Load(at_p + "v_proj.bias", {kv_dim}));
+      }
+      if (info.o_bias) {
+        FMOE_ASSIGN_OR_RETURN(a.bo, loader.Load(at_p + "o_proj.bias", {h}));
+      }
+      if (info.qk_norm == QkNorm::kPerHead) {
+        FMOE_ASSIGN_OR_RETURN(a.q_norm, loader.Load(at_p + "q_norm.weight", {hd}));
+        FMOE_ASSIGN_OR_RETURN(a.k_norm, loader.Load(at_p + "k_norm.weight", {hd}));
+      } else if (info.qk_norm == QkNorm::kWhole) {
+        FMOE_ASSIGN_OR_RETURN(a.q_norm, loader.Load(at_p + "q_norm.weight", {q_dim}));
+        FMOE_ASSIGN_OR_RETURN(a.k_norm, loader.Load(at_p + "k_norm.weight", {kv_dim}));
+      }
     }
     if (layer.moe == kDense) {
       FMOE_RETURN_IF_ERROR(load_mlp(p + "mlp.", info.dense_intermediate_size, &layer.dense));
@@ -170,9 +182,15 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
     }
     const std::string moe = p + family->moe;
     FMOE_ASSIGN_OR_RETURN(layer.gate, loader.Load(moe + "gate.weight", {j, h}));
+    if (info.router_correction_bias) {
+      FMOE_ASSIGN_OR_RETURN(at::Tensor bias,
+                            loader.Load(moe + "gate.e_score_correction_bias", {j}, at::kCPU));
+      at::Tensor bf = bias.to(at::kFloat).contiguous();
+      layer.router_bias.assign(bf.data_ptr<float>(), bf.data_ptr<float>() + j);
+    }
     if (info.shared_expert_intermediate_size > 0) {
-      FMOE_RETURN_IF_ERROR(
-          load_mlp(moe + "shared_expert.", info.shared_expert_intermediate_size, &layer.shared));
+      FMOE_RETURN_IF_ERROR(load_mlp(moe + family->shared_expert,
+                                    info.shared_expert_intermediate_size, &layer.shared));
       if (info.shared_expert_gated) {
         FMOE_ASSIGN_OR_RETURN(layer.shared_gate,
                               loader.Load(moe + "shared_expert_gate.weight", {1, h}));
@@ -203,10 +221,35 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
     FMOE_ASSIGN_OR_RETURN(m.lm_head, loader.Load("lm_head.weight", {v, h}));
   }
   // HF's rotary inverse frequencies, computed the same way in float32.
-  m.inv_freq = 1.0 / at::pow(info.rope_theta,
-                             at::arange(int64_t{0}, hd, int64_t{2}, at::kLong).to(at::kFloat) /
-                                 static_cast<double>(hd));
+  m.inv_freq = RotaryInverseFrequencies(info);
+  m.rope_factor = RotaryAttentionFactor(info);
   return model;
+}
+
+Status MoeModel::LoadLatentAttention(const ModelInfo& info, TensorLoader& loader,
+                                     const std::string& p, MlaWeights* w) {
+  const MlaSpec& a = *info.mla;
+  const int64_t h = info.hidden_size, n_heads = info.num_attention_heads;
+  const int64_t q_dim = n_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim);
+  const int64_t r = a.kv_lora_rank, nope = a.qk_nope_head_dim, vd = a.v_head_dim;
+  if (a.q_lora_rank == 0) {
+    FMOE_ASSIGN_OR_RETURN(w->wq, loader.Load(p + "q_proj.weight", {q_dim, h}));
+  } else {
+    const int64_t rq = a.q_lora_rank;
+    FMOE_ASSIGN_OR_RETURN(w->wq_a, loader.Load(p + "q_a_proj.weight", {rq, h}));
+    FMOE_ASSIGN_OR_RETURN(w->q_a_norm, loader.Load(p + "q_a_layernorm.weight", {rq}));
+    FMOE_ASSIGN_OR_RETURN(w->wq_b, loader.Load(p + "q_b_proj.weight", {q_dim, rq}));
+  }
+  FMOE_ASSIGN_OR_RETURN(w->wkv_a,
+                        loader.Load(p + "kv_a_proj_with_mqa.weight", {r + a.qk_rope_head_dim, h}));
+  FMOE_ASSIGN_OR_RETURN(w->kv_a_norm, loader.Load(p + "kv_a_layernorm.weight", {r}));
+  FMOE_ASSIGN_OR_RETURN(at::Tensor kv_b,
+                        loader.Load(p + "kv_b_proj.weight", {n_heads * (nope + vd), r}));
+  at::Tensor per_head = kv_b.view({n_heads, nope + vd, r});
+  w->w_uk = per_head.narrow(1, 0, nope).contiguous();
+  w->w_uv = per_head.narrow(1, nope, vd).contiguous();
+  FMOE_ASSIGN_OR_RETURN(w->wo, loader.Load(p + "o_proj.weight", {h, n_heads * vd}));
+  return Status::Ok();
 }
 
 std::unique_ptr<KvCache> MoeModel::NewKvCache() const {
@@ -237,6 +280,10 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
   const int64_t h = info.hidden_size, hd = info.head_dim;
   const int64_t n_kv = info.num_key_value_heads;
   const int64_t vocab = info.vocab_size;
+  // Each layer's two cache tensors [rows, capacity, width] (KvCache).
+  const int64_t k_rows = info.mla ? 1 : n_kv, v_rows = k_rows;
+  const int64_t k_width = info.mla ? int64_t{info.mla->kv_lora_rank} : hd;
+  const int64_t v_width = info.mla ? int64_t{info.mla->qk_rope_head_dim} : hd;
 
   // Validate and lay out the ragged batch.
   Batch batch;
@@ -283,8 +330,8 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
         std::max<int64_t>(max_end, m.rope.cos.defined() ? 2 * m.rope.cos.size(0) : 256);
     at::Tensor freqs = at::outer(at::arange(n, at::kLong).to(at::kFloat), m.inv_freq);
     at::Tensor emb = at::cat({freqs, freqs}, -1);
-    m.rope.cos = emb.cos().to(m.device, m.dtype);
-    m.rope.sin = emb.sin().to(m.device, m.dtype);
+    m.rope.cos = (emb.cos() * m.rope_factor).to(m.device, m.dtype);
+    m.rope.sin = (emb.sin() * m.rope_factor).to(m.device, m.dtype);
   }
   for (const SequenceInput& s : inputs) {
     KvCache& kv = *s.kv;
@@ -292,8 +339,8 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
     if (need <= kv.capacity_) continue;
     const int64_t cap = std::max<int64_t>((need + 63) / 64 * 64, 2 * kv.capacity_);
     for (size_t l = 0; l < kv.k_.size(); ++l) {
-      at::Tensor k = at::zeros({n_kv, cap, hd}, m.opts());
-      at::Tensor v = at::zeros({n_kv, cap, hd}, m.opts());
+      at::Tensor k = at::zeros({k_rows, cap, k_width}, m.opts());
+      at::Tensor v = at::zeros({v_rows, cap, v_width}, m.opts());
       if (kv.length_ > 0) {
         k.narrow(1, 0, kv.length_).copy_(kv.k_[l].narrow(1, 0, kv.length_));
         v.narrow(1, 0, kv.length_).copy_(kv.v_[l].narrow(1, 0, kv.length_));
@@ -336,8 +383,10 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
       spans[i] = {batch.offset[i], batch.offset[i + 1] - batch.offset[i], kv.length_, &kv.k_[l],
                   &kv.v_[l]};
     }
-    x = x + Attention(info, layer.attention, RmsNorm(x, layer.input_norm, info.rms_norm_eps), spans,
-                      m.rope, m.options.row_block);
+    at::Tensor normed = RmsNorm(x, layer.input_norm, info.rms_norm_eps);
+    x = x + (info.mla
+                 ? LatentAttention(info, layer.latent, normed, spans, m.rope, m.options.row_block)
+                 : Attention(info, layer.attention, normed, spans, m.rope, m.options.row_block));
     at::Tensor hn = RmsNorm(x, layer.post_norm, info.rms_norm_eps);
     if (layer.moe == kDense) {
       x = x + SwiGlu(hn, layer.dense.gate, layer.dense.up, layer.dense.down, m.options.row_block);
@@ -397,7 +446,7 @@ Result<at::Tensor> MoeModel::MixtureOfExperts(uint32_t l, const at::Tensor& x, c
   FMOE_RETURN_IF_ERROR(
       RouteTokens(info.routing, static_cast<size_t>(rows),
                   {logits_cpu.data_ptr<float>(), static_cast<size_t>(rows * n_experts)}, probs,
-                  chosen, weights));
+                  chosen, weights, layer.router_bias));
   if (observer != nullptr) {
     for (size_t i = 0; i < inputs.size(); ++i) {
       std::vector<float> mean(static_cast<size_t>(n_experts), 0.0f);
@@ -522,11 +571,30 @@ void MoeModel::Speculate(uint32_t l, const at::Tensor& x, const Batch& batch,
   const size_t distance = std::max(source_distance, observer_distance);
   for (size_t t = l + 1; t < info.num_moe_layers && t <= l + distance; ++t) {
     const Layer& ahead = m.layers[info.moe_layers[t]];
-    auto guess =
-        m.Linear(RmsNorm(x, ahead.post_norm, info.rms_norm_eps), ahead.gate).topk(top_k, -1);
-    at::Tensor picked = std::get<1>(guess).to(at::kCPU).contiguous();
+    at::Tensor logits = m.Linear(RmsNorm(x, ahead.post_norm, info.rms_norm_eps), ahead.gate);
+    std::vector<int64_t> picked(static_cast<size_t>(rows * top_k));
+    const RoutingSpec& spec = info.routing;
+    if (spec.scoring == RouterScoring::kSoftmax && spec.groups == GroupScoring::kNone &&
+        !spec.correction_bias) {
+      // The softmax keeps the logits' order: their top-k is the router's.
+      at::Tensor top = std::get<1>(logits.topk(top_k, -1)).to(at::kCPU).contiguous();
+      std::copy_n(top.data_ptr<int64_t>(), picked.size(), picked.begin());
+    } else {
+      // Sigmoid scores, a correction bias or groups: the router's own choice.
+      at::Tensor lc = logits.to(at::kCPU, at::kFloat).contiguous();
+      std::vector<float> probs(static_cast<size_t>(rows * n_experts));
+      std::vector<int32_t> chosen(picked.size());
+      std::vector<float> weights(picked.size());
+      if (!RouteTokens(spec, static_cast<size_t>(rows),
+                       {lc.data_ptr<float>(), static_cast<size_t>(rows * n_experts)}, probs, chosen,
+                       weights, ahead.router_bias)
+               .ok()) {
+        return;  // A guess only: the layer's own routing reports the error.
+      }
+      std::copy(chosen.begin(), chosen.end(), picked.begin());
+    }
     std::vector<float> share(static_cast<size_t>(n_experts), 0.0f);
-    const int64_t* pk = picked.data_ptr<int64_t>();
+    const int64_t* pk = picked.data();
     for (int64_t k = 0; k < rows * top_k; ++k) share[pk[k]] += 1.0f / static_cast<float>(rows);
     if (t <= l + source_distance) experts.Speculate(l, static_cast<uint32_t>(t), share);
     if (t <= l + observer_distance) {

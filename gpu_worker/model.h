@@ -1,9 +1,9 @@
 // The model runtime: a Mixture-of-Experts decoder in LibTorch (Mixtral, Qwen2-MoE, Qwen3-MoE,
-// OLMoE: a stack of blocks.h's blocks chosen from config.json, model_families.h's tensor names),
-// loaded from a Hugging Face checkpoint, running one iteration of a ragged batch: each sequence
-// brings its new tokens (the whole prompt in prefill, one token in decode) and its own KV cache.
-// Dense weights live here; routed experts are reached only through an ExpertSource. One owner
-// thread (the engine's); nothing here is thread-safe.
+// OLMoE, DeepSeek-V2/V3: a stack of blocks.h's blocks chosen from config.json, model_families.h's
+// tensor names), loaded from a Hugging Face checkpoint, running one iteration of a ragged batch:
+// each sequence brings its new tokens (the whole prompt in prefill, one token in decode) and its
+// own KV cache. Dense weights live here; routed experts are reached only through an ExpertSource.
+// One owner thread (the engine's); nothing here is thread-safe.
 //
 // Batch invariance: a sequence's logits do not depend on what else is in the batch. Attention
 // runs per sequence; every matrix product on the CPU runs over fixed blocks of `row_block` rows
@@ -28,6 +28,7 @@
 namespace fmoe {
 
 class ExpertGroup;
+struct MlaWeights;
 
 struct RuntimeOptions {
   std::string dtype = "float32";  // Compute dtype: float32 | bfloat16 | float16. Default: float32
@@ -48,10 +49,14 @@ class KvCache {
   size_t bytes() const;
 
  private:
-  friend class MoeModel;  // Grows the tensors and hands each layer's to blocks.h's Attention.
+  friend class MoeModel;  // Grows the tensors and hands each layer's to blocks.h's attention.
   int64_t length_ = 0;
   int64_t capacity_ = 0;
-  std::vector<at::Tensor> k_, v_;  // Per transformer layer: [kv_heads, capacity, head_dim].
+  // Per transformer layer, two tensors: grouped-query attention's keys and values
+  // ([kv_heads, capacity, head_dim] each); with MLA the compressed latents after kv_a_layernorm
+  // ([1, capacity, kv_lora_rank]) and the rotated rotary keys ([1, capacity, qk_rope_head_dim]),
+  // never per-head keys and values (model_config.h KvBytesPerToken).
+  std::vector<at::Tensor> k_, v_;
 };
 
 struct SequenceInput {
@@ -110,6 +115,8 @@ class MoeModel {
                                                     const RuntimeOptions& options,
                                                     const LoadProgress& progress,
                                                     ExpertTable* experts);
+  static Status LoadLatentAttention(const ModelInfo& info, TensorLoader& loader,
+                                    const std::string& prefix, MlaWeights* w);
   Status ForwardImpl(std::span<const SequenceInput> batch, ExpertSource& experts,
                      ForwardObserver* observer, ForwardResult* out, bool record_router);
   // MoE layer l over the normed hidden state `hn`: routing, observer calls, speculation (from the

@@ -18,6 +18,9 @@ struct FamilyTensors {
   const char* expert_gate;  // e.g. "w1.weight" or "gate_proj.weight"
   const char* expert_up;    // e.g. "w3.weight" or "up_proj.weight"
   const char* expert_down;  // e.g. "w2.weight" or "down_proj.weight"
+  // Under "<moe>": the shared experts' MLP ("shared_expert." Qwen2-MoE, "shared_experts."
+  // DeepSeek), when config.json gives them a width.
+  const char* shared_expert;
 };
 
 // The entry for `architecture`; kFailedPrecondition naming the supported ones when the model

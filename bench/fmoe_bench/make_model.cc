@@ -385,13 +385,19 @@ void Fill(TensorInit init, DType dtype, uint64_t* state, size_t n, std::byte* ou
 void PrintSummary(const Plan& plan) {
   const ModelShape& s = *plan.shape;
   const ModelSize real = RealSize(s);
-  uint64_t params = 0, bytes = 0, routed = 0, shared = 0;
+  uint64_t params = 0, bytes = 0, routed = 0, shared = 0, routed_matrices = 0;
   for (const PlannedTensor& t : plan.tensors) {
     params += t.numel();
     bytes += plan.Bytes(t);
-    if (t.role == TensorRole::kRoutedExpert) routed += plan.Bytes(t);
+    if (t.role == TensorRole::kRoutedExpert) {
+      routed += plan.Bytes(t);
+      ++routed_matrices;
+    }
     if (t.role == TensorRole::kSharedExpert) shared += plan.Bytes(t);
   }
+  // DeepSeek's dense first layers have no experts: count the MoE layers from the tensors.
+  const uint64_t routed_experts = routed_matrices / 3;
+  const uint64_t moe_layers = plan.size.experts == 0 ? 0 : routed_experts / plan.size.experts;
   const uint64_t expert_bytes = RoutedExpertParams(s) * DTypeSize(plan.dtype);
   std::printf("shape: %s (%s, the shape of %s)\n", s.name, s.architecture, s.hub_id);
   std::printf("layers: %u of %u; vocab: %u of %u; dtype: %s; seed: %llu\n", plan.size.layers,
@@ -407,12 +413,12 @@ void PrintSummary(const Plan& plan) {
               s.hidden_size, s.expert_intermediate_size);
   std::printf("experts per layer: %u of %u, top-%u\n", plan.size.experts, real.experts, s.top_k);
   std::printf("routed experts: %llu, %llu bytes (%.1f%% of the bytes)\n",
-              static_cast<unsigned long long>(uint64_t{plan.size.layers} * plan.size.experts),
+              static_cast<unsigned long long>(routed_experts),
               static_cast<unsigned long long>(routed),
               bytes == 0 ? 0.0 : 100.0 * static_cast<double>(routed) / static_cast<double>(bytes));
   if (shared > 0) {
     std::printf("shared expert bytes per layer: %llu\n",
-                static_cast<unsigned long long>(shared / plan.size.layers));
+                static_cast<unsigned long long>(moe_layers == 0 ? 0 : shared / moe_layers));
   }
   std::printf("dense bytes: %llu (everything but the routed experts)\n",
               static_cast<unsigned long long>(bytes - routed));

@@ -1,5 +1,8 @@
 #include "bench/fmoe_bench/make_model_shapes.h"
 
+#include <algorithm>
+#include <utility>
+
 #include <nlohmann/json.hpp>
 
 namespace fmoe::bench {
@@ -7,33 +10,82 @@ namespace {
 
 using Json = nlohmann::json;
 
+// deepseek-ai/DeepSeek-V2-Lite: q without LoRA, 2 shared experts, one dense first layer, greedy
+// softmax routing; YaRN factor 40 with mscale 0.707.
+constexpr DeepseekShape kDeepseekV2Lite = {
+    /*q_lora_rank=*/0,
+    /*kv_lora_rank=*/512,
+    /*qk_nope_head_dim=*/128,
+    /*qk_rope_head_dim=*/64,
+    /*v_head_dim=*/128,
+    /*first_k_dense_replace=*/1,
+    /*dense_intermediate_size=*/10944,
+    /*n_shared_experts=*/2,
+    /*n_group=*/1,
+    /*topk_group=*/1,
+    "greedy",
+    "softmax",
+    /*norm_topk_prob=*/false,
+    /*routed_scaling_factor=*/1.0,
+    /*yarn_mscale=*/0.707};
+// deepseek-ai/DeepSeek-V3 (the 61 layers; its multi-token-prediction layer 61 is not written):
+// q LoRA 1536, 1 shared expert, 3 dense layers, sigmoid routing with noaux_tc over 8 groups.
+constexpr DeepseekShape kDeepseekV3 = {
+    /*q_lora_rank=*/1536,
+    /*kv_lora_rank=*/512,
+    /*qk_nope_head_dim=*/128,
+    /*qk_rope_head_dim=*/64,
+    /*v_head_dim=*/128,
+    /*first_k_dense_replace=*/3,
+    /*dense_intermediate_size=*/18432,
+    /*n_shared_experts=*/1,
+    /*n_group=*/8,
+    /*topk_group=*/4,
+    "noaux_tc",
+    "sigmoid",
+    /*norm_topk_prob=*/true,
+    /*routed_scaling_factor=*/2.5,
+    /*yarn_mscale=*/1.0};
+
 // Checked against each model's config.json on the Hub and the transformers model definitions
-// (modeling_mixtral, modeling_qwen2_moe, modeling_phimoe, modeling_qwen3_moe, modeling_olmoe).
+// (modeling_mixtral, modeling_qwen2_moe, modeling_phimoe, modeling_qwen3_moe, modeling_olmoe,
+// modeling_deepseek_v2, modeling_deepseek_v3).
 const std::vector<ModelShape> kShapes = {
     {"mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", ModelFamily::kMixtral, "MixtralForCausalLM",
      "mixtral", /*hidden=*/4096, /*expert_inter=*/14336, /*shared_inter=*/0, /*layers=*/32,
      /*heads=*/32, /*kv_heads=*/8, /*head_dim=*/0, /*experts=*/8, /*top_k=*/2, /*vocab=*/32000,
-     /*bos=*/1, /*eos=*/2, 46.7e9},
+     /*bos=*/1, /*eos=*/2, 46.7e9, nullptr},
     {"qwen1.5-moe-a2.7b", "Qwen/Qwen1.5-MoE-A2.7B", ModelFamily::kQwen2Moe, "Qwen2MoeForCausalLM",
      "qwen2_moe", /*hidden=*/2048, /*expert_inter=*/1408, /*shared_inter=*/5632, /*layers=*/24,
      /*heads=*/16, /*kv_heads=*/16, /*head_dim=*/0, /*experts=*/60, /*top_k=*/4,
-     /*vocab=*/151936, /*bos=*/151643, /*eos=*/151643, 14.3e9},
+     /*vocab=*/151936, /*bos=*/151643, /*eos=*/151643, 14.3e9, nullptr},
     // The Hub's remote code names it "PhiMoEForCausalLM"; transformers (and our loader) name the
     // same checkpoint layout "PhimoeForCausalLM".
     {"phi-3.5-moe", "microsoft/Phi-3.5-MoE-instruct", ModelFamily::kPhimoe, "PhimoeForCausalLM",
      "phimoe", /*hidden=*/4096, /*expert_inter=*/6400, /*shared_inter=*/0, /*layers=*/32,
      /*heads=*/32, /*kv_heads=*/8, /*head_dim=*/0, /*experts=*/16, /*top_k=*/2, /*vocab=*/32064,
-     /*bos=*/1, /*eos=*/32000, 41.9e9},
+     /*bos=*/1, /*eos=*/32000, 41.9e9, nullptr},
     // head_dim 128 is set in config.json: 32 heads of 128 are twice the hidden size.
     {"qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", ModelFamily::kQwen3Moe, "Qwen3MoeForCausalLM",
      "qwen3_moe", /*hidden=*/2048, /*expert_inter=*/768, /*shared_inter=*/0, /*layers=*/48,
      /*heads=*/32, /*kv_heads=*/4, /*head_dim=*/128, /*experts=*/128, /*top_k=*/8,
-     /*vocab=*/151936, /*bos=*/151643, /*eos=*/151645, 30.5e9},
+     /*vocab=*/151936, /*bos=*/151643, /*eos=*/151645, 30.5e9, nullptr},
     // The 0924 release; its config.json has no bos_token_id.
     {"olmoe-1b-7b", "allenai/OLMoE-1B-7B-0924", ModelFamily::kOlmoe, "OlmoeForCausalLM", "olmoe",
      /*hidden=*/2048, /*expert_inter=*/1024, /*shared_inter=*/0, /*layers=*/16, /*heads=*/16,
      /*kv_heads=*/16, /*head_dim=*/0, /*experts=*/64, /*top_k=*/8, /*vocab=*/50304,
-     /*bos=*/std::nullopt, /*eos=*/50279, 6.9e9},
+     /*bos=*/std::nullopt, /*eos=*/50279, 6.9e9, nullptr},
+    // expert_inter is moe_intermediate_size; shared_inter = n_shared_experts x it.
+    {"deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", ModelFamily::kDeepseekV2,
+     "DeepseekV2ForCausalLM", "deepseek_v2", /*hidden=*/2048, /*expert_inter=*/1408,
+     /*shared_inter=*/2816, /*layers=*/27, /*heads=*/16, /*kv_heads=*/16, /*head_dim=*/0,
+     /*experts=*/64, /*top_k=*/6, /*vocab=*/102400, /*bos=*/100000, /*eos=*/100001, 15.7e9,
+     &kDeepseekV2Lite},
+    // The model card's 671B main-model parameters (685B with the MTP module, not written).
+    {"deepseek-v3", "deepseek-ai/DeepSeek-V3", ModelFamily::kDeepseekV3, "DeepseekV3ForCausalLM",
+     "deepseek_v3", /*hidden=*/7168, /*expert_inter=*/2048, /*shared_inter=*/2048,
+     /*layers=*/61, /*heads=*/128, /*kv_heads=*/128, /*head_dim=*/0, /*experts=*/256,
+     /*top_k=*/8, /*vocab=*/129280, /*bos=*/0, /*eos=*/1, 671e9, &kDeepseekV3},
 };
 
 void Add(std::vector<PlannedTensor>* out, std::string name, std::vector<int64_t> shape,
@@ -53,6 +105,65 @@ void AddNorm(std::vector<PlannedTensor>* out, const std::string& prefix, int64_t
              bool layer_norm) {
   Add(out, prefix + ".weight", {h}, TensorInit::kOnes);
   if (layer_norm) Add(out, prefix + ".bias", {h}, TensorInit::kZeros);
+}
+
+// The dense first layers of a DeepSeek model cut to `layers`: at least one MoE layer stays.
+uint32_t DeepseekDenseLayers(const DeepseekShape& d, uint32_t layers) {
+  return std::min(d.first_k_dense_replace, layers - 1);
+}
+
+// DeepSeek's groups for `experts` routed experts: the real ones when they still divide them (two
+// experts per group at least), else one group.
+std::pair<uint32_t, uint32_t> DeepseekGroups(const DeepseekShape& d, uint32_t experts) {
+  if (experts % d.n_group == 0 && experts / d.n_group >= 2) return {d.n_group, d.topk_group};
+  return {1, 1};
+}
+
+// One DeepSeek decoder layer: MLA, then a dense MLP or experts, gate (with V3's correction
+// bias) and shared experts, in transformers' state_dict order.
+void PlanDeepseekLayer(std::vector<PlannedTensor>* out, const ModelShape& shape,
+                       const ModelSize& size, uint32_t l) {
+  const DeepseekShape& d = *shape.deepseek;
+  const int64_t h = shape.hidden_size, heads = shape.num_attention_heads;
+  const int64_t qk = int64_t{d.qk_nope_head_dim} + d.qk_rope_head_dim;
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  const std::string a = p + "self_attn.";
+  if (d.q_lora_rank == 0) {
+    AddLinear(out, a + "q_proj", heads * qk, h, false);
+  } else {
+    AddLinear(out, a + "q_a_proj", d.q_lora_rank, h, false);
+    AddNorm(out, a + "q_a_layernorm", d.q_lora_rank, false);
+    AddLinear(out, a + "q_b_proj", heads * qk, d.q_lora_rank, false);
+  }
+  AddLinear(out, a + "kv_a_proj_with_mqa", int64_t{d.kv_lora_rank} + d.qk_rope_head_dim, h, false);
+  AddNorm(out, a + "kv_a_layernorm", d.kv_lora_rank, false);
+  AddLinear(out, a + "kv_b_proj", heads * (int64_t{d.qk_nope_head_dim} + d.v_head_dim),
+            d.kv_lora_rank, false);
+  AddLinear(out, a + "o_proj", h, heads * d.v_head_dim, false);
+  const std::string m = p + "mlp.";
+  if (l < DeepseekDenseLayers(d, size.layers)) {
+    AddLinear(out, m + "gate_proj", d.dense_intermediate_size, h, false);
+    AddLinear(out, m + "up_proj", d.dense_intermediate_size, h, false);
+    AddLinear(out, m + "down_proj", h, d.dense_intermediate_size, false);
+  } else {
+    const int64_t inter = shape.expert_intermediate_size;
+    for (int64_t e = 0; e < size.experts; ++e) {
+      const std::string q = m + "experts." + std::to_string(e) + ".";
+      AddLinear(out, q + "gate_proj", inter, h, false, TensorRole::kRoutedExpert);
+      AddLinear(out, q + "up_proj", inter, h, false, TensorRole::kRoutedExpert);
+      AddLinear(out, q + "down_proj", h, inter, false, TensorRole::kRoutedExpert);
+    }
+    AddLinear(out, m + "gate", size.experts, h, false);
+    if (shape.family == ModelFamily::kDeepseekV3) {
+      Add(out, m + "gate.e_score_correction_bias", {int64_t{size.experts}}, TensorInit::kZeros);
+    }
+    const int64_t shared = shape.shared_expert_intermediate_size;
+    AddLinear(out, m + "shared_experts.gate_proj", shared, h, false, TensorRole::kSharedExpert);
+    AddLinear(out, m + "shared_experts.up_proj", shared, h, false, TensorRole::kSharedExpert);
+    AddLinear(out, m + "shared_experts.down_proj", h, shared, false, TensorRole::kSharedExpert);
+  }
+  AddNorm(out, p + "input_layernorm", h, false);
+  AddNorm(out, p + "post_attention_layernorm", h, false);
 }
 
 }  // namespace
@@ -117,6 +228,12 @@ std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize&
 
   std::vector<PlannedTensor> out;
   Add(&out, "model.embed_tokens.weight", {int64_t{size.vocab}, h});
+  if (shape.deepseek != nullptr) {
+    for (uint32_t l = 0; l < size.layers; ++l) PlanDeepseekLayer(&out, shape, size, l);
+    AddNorm(&out, "model.norm", h, false);
+    AddLinear(&out, "lm_head", size.vocab, h, false);
+    return out;
+  }
   for (uint32_t l = 0; l < size.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     AddLinear(&out, p + "self_attn.q_proj", q_dim, h, qkv_bias);
@@ -269,6 +386,47 @@ std::string ConfigJson(const ModelShape& shape, const ModelSize& size,
       c["rope_scaling"] = nullptr;
       c["sliding_window"] = 131072;
       break;
+    case ModelFamily::kDeepseekV2:
+    case ModelFamily::kDeepseekV3: {
+      // As the Hub's config.json (V3's without its FP8 quantization_config: these weights are
+      // written in torch_dtype).
+      const DeepseekShape& d = *shape.deepseek;
+      const auto [n_group, topk_group] = DeepseekGroups(d, size.experts);
+      c["intermediate_size"] = d.dense_intermediate_size;
+      c["moe_intermediate_size"] = shape.expert_intermediate_size;
+      c["n_routed_experts"] = size.experts;
+      c["n_shared_experts"] = d.n_shared_experts;
+      c["first_k_dense_replace"] = DeepseekDenseLayers(d, size.layers);
+      c["moe_layer_freq"] = 1;
+      c["n_group"] = n_group;
+      c["topk_group"] = topk_group;
+      c["topk_method"] = d.topk_method;
+      c["scoring_func"] = d.scoring_func;
+      c["norm_topk_prob"] = d.norm_topk_prob;
+      c["routed_scaling_factor"] = d.routed_scaling_factor;
+      c["q_lora_rank"] = d.q_lora_rank == 0 ? Json(nullptr) : Json(d.q_lora_rank);
+      c["kv_lora_rank"] = d.kv_lora_rank;
+      c["qk_nope_head_dim"] = d.qk_nope_head_dim;
+      c["qk_rope_head_dim"] = d.qk_rope_head_dim;
+      c["v_head_dim"] = d.v_head_dim;
+      c["attention_bias"] = false;
+      c["aux_loss_alpha"] = 0.001;
+      c["seq_aux"] = true;
+      c["ep_size"] = 1;
+      c["pretraining_tp"] = 1;
+      c["max_position_embeddings"] = 163840;
+      c["rms_norm_eps"] = 1e-6;
+      c["rope_theta"] = 10000.0;
+      c["rope_scaling"] = {{"beta_fast", 32},
+                           {"beta_slow", 1},
+                           {"factor", 40},
+                           {"mscale", d.yarn_mscale},
+                           {"mscale_all_dim", d.yarn_mscale},
+                           {"original_max_position_embeddings", 4096},
+                           {"type", "yarn"}};
+      if (shape.family == ModelFamily::kDeepseekV3) c["num_nextn_predict_layers"] = 0;
+      break;
+    }
   }
   return c.dump(2) + "\n";
 }

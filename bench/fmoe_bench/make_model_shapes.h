@@ -1,7 +1,8 @@
 // The shapes of real MoE models for `fmoe-bench make-model`: Mixtral-8x7B, Qwen1.5-MoE-A2.7B,
-// Phi-3.5-MoE, Qwen3-30B-A3B and OLMoE-1B-7B as their Hugging Face config.json files give them,
-// every tensor their checkpoints hold (names, shapes and order as transformers saves them), and
-// the config.json to write with the weights. Pure functions over constant tables; no I/O.
+// Phi-3.5-MoE, Qwen3-30B-A3B, OLMoE-1B-7B, DeepSeek-V2-Lite and DeepSeek-V3 as their Hugging Face
+// config.json files give them, every tensor their checkpoints hold (names, shapes and order as
+// transformers saves them), and the config.json to write with the weights. Pure functions over
+// constant tables; no I/O.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,35 @@
 
 namespace fmoe::bench {
 
-enum class ModelFamily { kMixtral, kQwen2Moe, kPhimoe, kQwen3Moe, kOlmoe };
+enum class ModelFamily {
+  kMixtral,
+  kQwen2Moe,
+  kPhimoe,
+  kQwen3Moe,
+  kOlmoe,
+  kDeepseekV2,
+  kDeepseekV3
+};
+
+// What DeepSeek-V2/V3 add: multi-head latent attention, dense first layers, group-limited
+// routing, YaRN (their config.json).
+struct DeepseekShape {
+  uint32_t q_lora_rank;  // 0: a plain q_proj (null in config.json).
+  uint32_t kv_lora_rank;
+  uint32_t qk_nope_head_dim;
+  uint32_t qk_rope_head_dim;
+  uint32_t v_head_dim;
+  uint32_t first_k_dense_replace;    // Dense layers before the first MoE layer.
+  uint32_t dense_intermediate_size;  // Their MLP width (config intermediate_size).
+  uint32_t n_shared_experts;         // Of the routed experts' width each.
+  uint32_t n_group;
+  uint32_t topk_group;
+  const char* topk_method;   // "greedy", "group_limited_greedy", "noaux_tc".
+  const char* scoring_func;  // "softmax" or "sigmoid".
+  bool norm_topk_prob;
+  double routed_scaling_factor;
+  double yarn_mscale;  // rope_scaling mscale and mscale_all_dim (equal in both models).
+};
 
 // One real model's hyperparameters (its config.json on the Hub).
 struct ModelShape {
@@ -33,14 +62,15 @@ struct ModelShape {
   uint32_t vocab_size;
   std::optional<int32_t> bos_token_id;  // nullopt: null in config.json (OLMoE has none).
   int32_t eos_token_id;
-  double published_params;  // The model card's total, e.g. 46.7e9.
+  double published_params;        // The model card's total, e.g. 46.7e9.
+  const DeepseekShape* deepseek;  // DeepSeek-V2/V3 only, else nullptr.
 };
 
-// The five shapes, in --shape order.
+// The shapes, in --shape order.
 const std::vector<ModelShape>& ModelShapes();
 // nullptr when `name` is none of them.
 const ModelShape* FindModelShape(std::string_view name);
-// "mixtral-8x7b, qwen1.5-moe-a2.7b, phi-3.5-moe, qwen3-30b-a3b, olmoe-1b-7b", for messages.
+// "mixtral-8x7b, qwen1.5-moe-a2.7b, phi-3.5-moe, qwen3-30b-a3b, olmoe-1b-7b, ...", for messages.
 std::string ModelShapeNames();
 
 // What make-model builds: a real shape, possibly cut down (fewer layers, experts or vocabulary).

@@ -198,6 +198,51 @@ TEST_F(MakeModelTest, DryRunsHaveTheRealShapesAndParameterCounts) {
         "tensor lm_head.weight BF16 [50304, 2048] 206045184 "},
        {"tensor model.layers.16.", "tensor model.layers.0.self_attn.o_proj.bias",
         "tensor model.layers.0.mlp.shared_expert", "tensor model.layers.0.mlp.experts.64."}},
+      // 2 x 102400 x 2048 embeddings + 27 MLA layers of 13763072 + 2 norms, one dense MLP of
+      // 3 x 10944 x 2048, 26 MoE layers of 64 experts, a gate and 2 shared experts (571080704).
+      {"deepseek-v2-lite",
+       15706484224,
+       15.7e9,
+       17301504,
+       64,
+       5291,
+       {"tensor model.embed_tokens.weight BF16 [102400, 2048] 419430400 ",
+        "tensor model.layers.0.self_attn.q_proj.weight BF16 [3072, 2048] 12582912 ",
+        "tensor model.layers.0.self_attn.kv_a_proj_with_mqa.weight BF16 [576, 2048] 2359296 ",
+        "tensor model.layers.0.self_attn.kv_a_layernorm.weight BF16 [512] 1024 ",
+        "tensor model.layers.0.self_attn.kv_b_proj.weight BF16 [4096, 512] 4194304 ",
+        "tensor model.layers.0.self_attn.o_proj.weight BF16 [2048, 2048] 8388608 ",
+        "tensor model.layers.0.mlp.gate_proj.weight BF16 [10944, 2048] 44826624 ",
+        "tensor model.layers.1.mlp.gate.weight BF16 [64, 2048] 262144 ",
+        "tensor model.layers.26.mlp.experts.63.down_proj.weight BF16 [2048, 1408] 5767168 ",
+        "tensor model.layers.26.mlp.shared_experts.up_proj.weight BF16 [2816, 2048] 11534336 ",
+        "tensor lm_head.weight BF16 [102400, 2048] 419430400 "},
+       {"tensor model.layers.27.", "tensor model.layers.0.mlp.experts.",
+        "tensor model.layers.0.self_attn.q_a_proj", "tensor model.layers.1.mlp.gate_proj",
+        "tensor model.layers.1.mlp.gate.e_score_correction_bias",
+        "tensor model.layers.1.mlp.experts.64."}},
+      // 61 MLA layers with q LoRA (187107328 + 2 norms), 3 dense MLPs of 3 x 18432 x 7168, 58 MoE
+      // layers of 256 experts, a gate with its correction bias and a shared expert.
+      {"deepseek-v3",
+       671026419200,
+       671e9,
+       88080384,
+       256,
+       45395,
+       {"tensor model.embed_tokens.weight BF16 [129280, 7168] 1853358080 ",
+        "tensor model.layers.0.self_attn.q_a_proj.weight BF16 [1536, 7168] 22020096 ",
+        "tensor model.layers.0.self_attn.q_a_layernorm.weight BF16 [1536] 3072 ",
+        "tensor model.layers.0.self_attn.q_b_proj.weight BF16 [24576, 1536] 75497472 ",
+        "tensor model.layers.0.self_attn.kv_b_proj.weight BF16 [32768, 512] 33554432 ",
+        "tensor model.layers.0.self_attn.o_proj.weight BF16 [7168, 16384] 234881024 ",
+        "tensor model.layers.2.mlp.down_proj.weight BF16 [7168, 18432] 264241152 ",
+        "tensor model.layers.3.mlp.gate.weight BF16 [256, 7168] 3670016 ",
+        "tensor model.layers.3.mlp.gate.e_score_correction_bias BF16 [256] 512 ",
+        "tensor model.layers.60.mlp.experts.255.gate_proj.weight BF16 [2048, 7168] 29360128 ",
+        "tensor model.layers.60.mlp.shared_experts.down_proj.weight BF16 [7168, 2048] 29360128 ",
+        "tensor lm_head.weight BF16 [129280, 7168] 1853358080 "},
+       {"tensor model.layers.61.", "tensor model.layers.2.mlp.experts.",
+        "tensor model.layers.0.self_attn.q_proj", "tensor model.layers.3.mlp.experts.256."}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.shape);
@@ -237,6 +282,49 @@ TEST_F(MakeModelTest, DryRunsHaveTheRealShapesAndParameterCounts) {
   ASSERT_EQ(two.code, 0) << two.err;
   const long long per_layer = (46702792704LL - 2LL * 32000 * 4096 - 4096) / 32;
   EXPECT_EQ(SummaryNumber(two.out, "parameters"), 2LL * 32000 * 4096 + 4096 + 2 * per_layer);
+}
+
+// DeepSeek cut to a few layers: V3's tensors keep the real attention, dense-layer and router
+// layout; a written V2-Lite reads through our config reader as the real model.
+TEST_F(MakeModelTest, FewLayersOfDeepseekKeepTheRealLayout) {
+  RunResult r = Run({"--shape", "deepseek-v3", "--layers", "4", "--experts", "16", "--vocab",
+                     "4096", "--dry-run", "--out", (dir_ / "v3").string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(SummaryNumber(r.out, "experts per layer"), 16);
+  EXPECT_EQ(SummaryNumber(r.out, "routed experts"), 16);  // One MoE layer after 3 dense ones.
+  EXPECT_TRUE(HasLine(r.out, "tensor model.layers.2.mlp.up_proj.weight BF16 [18432, 7168] "));
+  EXPECT_TRUE(HasLine(r.out, "tensor model.layers.3.mlp.gate.e_score_correction_bias BF16 [16] "));
+  EXPECT_TRUE(HasLine(r.out, "tensor model.layers.3.mlp.experts.15.up_proj.weight BF16 "));
+  EXPECT_FALSE(HasLine(r.out, "tensor model.layers.2.mlp.experts."));
+  // Two layers: the dense prefix is cut to one so that a MoE layer stays.
+  r = Run({"--shape", "deepseek-v3", "--layers", "2", "--experts", "16", "--vocab", "4096",
+           "--dry-run", "--out", (dir_ / "v3-two").string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(HasLine(r.out, "tensor model.layers.1.mlp.experts.0.gate_proj.weight BF16 "));
+
+  const fs::path out = dir_ / "deepseek-v2-lite";
+  r = Run({"--shape", "deepseek-v2-lite", "--layers", "2", "--experts", "6", "--vocab", "4096",
+           "--out", out.string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto info = LoadModelInfo(out.string());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->architecture, "DeepseekV2ForCausalLM");
+  EXPECT_EQ(info->moe_layers, std::vector<uint32_t>{1});
+  EXPECT_EQ(info->num_experts, 6u);
+  EXPECT_EQ(info->top_k, 6u);
+  ASSERT_TRUE(info->mla.has_value());
+  EXPECT_EQ(info->mla->q_lora_rank, 0u);
+  EXPECT_EQ(info->mla->kv_lora_rank, 512u);
+  EXPECT_EQ(info->head_dim, 64u);
+  ASSERT_TRUE(info->yarn.has_value());
+  EXPECT_DOUBLE_EQ(info->yarn->mscale_all_dim, 0.707);
+  EXPECT_EQ(info->routing.groups, GroupScoring::kNone);
+  EXPECT_FALSE(info->routing.correction_bias);
+  EXPECT_EQ(info->dense_intermediate_size, 10944u);
+  EXPECT_EQ(info->shared_expert_intermediate_size, 2816u);
+  // MLA's cache against a plain one: 576 values per layer against 16 x 320.
+  EXPECT_EQ(KvBytesPerToken(*info, 2), 2u * 576u * 2u);
+  EXPECT_EQ(ExpandedKvBytesPerToken(*info, 2), 2u * 5120u * 2u);
 }
 
 // FNV-1a of a tensor's bytes.
@@ -538,7 +626,7 @@ TEST_F(MakeModelTest, BadArgumentsExitTwoAndIoFailuresOne) {
       {{"--dry-run"}, "--shape: required"},
       {{"--shape", "mixtral", "--dry-run"},
        "--shape: \"mixtral\" is not one of mixtral-8x7b, qwen1.5-moe-a2.7b, phi-3.5-moe, "
-       "qwen3-30b-a3b, olmoe-1b-7b"},
+       "qwen3-30b-a3b, olmoe-1b-7b, deepseek-v2-lite, deepseek-v3"},
       {{"--shape", "mixtral-8x7b"}, "--out: required"},
       {{"--shape", "mixtral-8x7b", "--dry-run", "--layers", "0"}, "--layers: 0 is not in [1, 32]"},
       {{"--shape", "phi-3.5-moe", "--dry-run", "--layers", "33"}, "--layers: 33 is not in [1, 32]"},

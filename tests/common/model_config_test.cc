@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace fmoe {
 namespace {
@@ -362,6 +363,132 @@ TEST(ModelConfig, FingerprintFollowsConfigAndWeightsHeader) {
   auto missing = LoadModelInfo("/nonexistent/model");
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().message(), "model: /nonexistent/model: no such directory");
+}
+
+}  // namespace
+}  // namespace fmoe
+
+namespace fmoe {
+namespace {
+
+// deepseek-ai/DeepSeek-V2-Lite's config.json (the keys that matter).
+const char* kDeepseekV2Lite = R"({"architectures": ["DeepseekV2ForCausalLM"],
+  "attention_bias": false, "bos_token_id": 100000, "eos_token_id": 100001,
+  "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048,
+  "intermediate_size": 10944, "kv_lora_rank": 512, "max_position_embeddings": 163840,
+  "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64,
+  "n_shared_experts": 2, "norm_topk_prob": false, "num_attention_heads": 16,
+  "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+  "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+    "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096, "type": "yarn"},
+  "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax",
+  "tie_word_embeddings": false, "topk_group": 1, "topk_method": "greedy",
+  "torch_dtype": "bfloat16", "v_head_dim": 128, "vocab_size": 102400})";
+
+TEST(ModelConfig, ReadsDeepseekV2Lite) {
+  auto info = ParseModelConfig(kDeepseekV2Lite, "/d");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->num_moe_layers, 26u);
+  EXPECT_EQ(info->moe_layers.front(), 1u) << "first_k_dense_replace 1";
+  EXPECT_EQ(info->dense_intermediate_size, 10944u);
+  EXPECT_EQ(info->intermediate_size, 1408u);
+  EXPECT_EQ(info->shared_expert_intermediate_size, 2u * 1408u);
+  EXPECT_FALSE(info->shared_expert_gated);
+  ASSERT_TRUE(info->mla.has_value());
+  EXPECT_EQ(info->mla->q_lora_rank, 0u);
+  EXPECT_EQ(info->mla->kv_lora_rank, 512u);
+  EXPECT_EQ(info->head_dim, 64u) << "the rotary width";
+  ASSERT_TRUE(info->yarn.has_value());
+  EXPECT_DOUBLE_EQ(info->yarn->factor, 40.0);
+  EXPECT_DOUBLE_EQ(info->yarn->mscale_all_dim, 0.707);
+  EXPECT_EQ(info->yarn->original_max_position_embeddings, 4096u);
+  EXPECT_EQ(info->routing.scoring, RouterScoring::kSoftmax);
+  EXPECT_EQ(info->routing.groups, GroupScoring::kNone);
+  EXPECT_FALSE(info->routing.normalize_topk);
+  EXPECT_FALSE(info->routing.correction_bias);
+  // MLA's cache: 512 + 64 values per layer, against 16 x (128 + 64 + 128) expanded.
+  EXPECT_EQ(KvBytesPerToken(*info, 2), 27u * 576u * 2u);
+  EXPECT_EQ(ExpandedKvBytesPerToken(*info, 2), 27u * 16u * 320u * 2u);
+  EXPECT_NE(DescribeModel(*info).find("multi-head latent"), std::string::npos);
+}
+
+// deepseek-ai/DeepSeek-V3's config.json (the keys that matter), without its FP8
+// quantization_config.
+const char* kDeepseekV3 = R"({"architectures": ["DeepseekV3ForCausalLM"],
+  "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+  "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 163840,
+  "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+  "n_shared_experts": 1, "norm_topk_prob": true, "num_attention_heads": 128,
+  "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+  "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+    "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+  "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+  "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "v_head_dim": 128,
+  "vocab_size": 129280})";
+
+TEST(ModelConfig, ReadsDeepseekV3) {
+  auto info = ParseModelConfig(kDeepseekV3, "/d");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->num_moe_layers, 58u);
+  EXPECT_EQ(info->moe_layers.front(), 3u);
+  EXPECT_EQ(info->mla->q_lora_rank, 1536u);
+  EXPECT_TRUE(info->mla->rope_interleave);
+  EXPECT_EQ(info->routing.scoring, RouterScoring::kSigmoid);
+  EXPECT_EQ(info->routing.groups, GroupScoring::kTopTwoSum);
+  EXPECT_EQ(info->routing.num_groups, 8u);
+  EXPECT_EQ(info->routing.topk_groups, 4u);
+  EXPECT_FLOAT_EQ(info->routing.scaling, 2.5f);
+  EXPECT_TRUE(info->routing.normalize_topk);
+  EXPECT_TRUE(info->routing.correction_bias);
+  EXPECT_TRUE(info->router_correction_bias);
+
+  // moe_layer_freq 2: every second layer from first_k_dense_replace.
+  nlohmann::json j = nlohmann::json::parse(kDeepseekV3);
+  j["moe_layer_freq"] = 2;
+  j["num_hidden_layers"] = 8;
+  auto freq = ParseModelConfig(j.dump(), "/d");
+  ASSERT_TRUE(freq.ok()) << freq.status().ToString();
+  EXPECT_EQ(freq->moe_layers, (std::vector<uint32_t>{4, 6}));
+}
+
+TEST(ModelConfig, RefusesWhatDeepseekDoesNotRun) {
+  auto refused = [](const char* base, const char* key, nlohmann::json value) {
+    nlohmann::json j = nlohmann::json::parse(base);
+    j[key] = std::move(value);
+    auto info = ParseModelConfig(j.dump(), "/d");
+    EXPECT_FALSE(info.ok()) << key;
+    return info.ok() ? std::string() : info.status().message();
+  };
+  std::string m = refused(kDeepseekV3, "quantization_config",
+                          {{"activation_scheme", "dynamic"},
+                           {"fmt", "e4m3"},
+                           {"quant_method", "fp8"},
+                           {"weight_block_size", {128, 128}}});
+  EXPECT_NE(m.find("quantization_config: quantized weights (fp8 e4m3)"), std::string::npos) << m;
+  m = refused(kDeepseekV2Lite, "rope_scaling", {{"type", "linear"}, {"factor", 2.0}});
+  EXPECT_NE(m.find("rope_scaling: type \"linear\""), std::string::npos) << m;
+  m = refused(kDeepseekV2Lite, "rope_scaling",
+              {{"type", "yarn"},
+               {"factor", 2.0},
+               {"original_max_position_embeddings", 64},
+               {"attention_factor", 1.5}});
+  EXPECT_NE(m.find("rope_scaling: attention_factor"), std::string::npos) << m;
+  m = refused(kDeepseekV2Lite, "norm_topk_prob", true);
+  EXPECT_NE(m.find("norm_topk_prob"), std::string::npos) << m;
+  m = refused(kDeepseekV2Lite, "topk_method", "noaux_tc");
+  EXPECT_NE(m.find("topk_method: \"noaux_tc\""), std::string::npos) << m;
+  m = refused(kDeepseekV3, "scoring_func", "softmax");
+  EXPECT_NE(m.find("scoring_func: \"softmax\""), std::string::npos) << m;
+  m = refused(kDeepseekV3, "n_group", 3);
+  EXPECT_NE(m.find("n_group 3 does not divide the 256 experts"), std::string::npos) << m;
+  m = refused(kDeepseekV3, "attention_bias", true);
+  EXPECT_NE(m.find("attention_bias"), std::string::npos) << m;
+  // Other families still refuse any rope_scaling.
+  nlohmann::json mixtral = nlohmann::json::parse(kMixtral);
+  mixtral["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}};
+  EXPECT_FALSE(ParseModelConfig(mixtral.dump(), "/m").ok());
 }
 
 }  // namespace

@@ -110,5 +110,109 @@ TEST(Routing, BadSpecsAndSpansAreRefused) {
             "softmax, top-2 of 8, not renormalised");
 }
 
+Routed RouteWithBias(const RoutingSpec& spec, const std::vector<float>& logits,
+                     const std::vector<float>& bias) {
+  Routed r{std::vector<float>(spec.num_experts), std::vector<int32_t>(spec.top_k),
+           std::vector<float>(spec.top_k)};
+  Status s = RouteToken(spec, logits, r.probs, r.experts, r.weights, bias);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return r;
+}
+
+double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+TEST(Routing, GroupLimitedGreedyKeepsTheBestGroupsByTheirMax) {
+  // DeepSeek-V2 group_limited_greedy: 8 experts in 4 groups of 2, one group kept, top-2 inside
+  // it, not renormalised, scaled by routed_scaling_factor 2. Unlimited, the top-2 would be
+  // experts 2 and 4; group 1 ({2, 3}, max 3.0) beats group 2 ({4, 5}, max 2.95).
+  RoutingSpec spec{RouterScoring::kSoftmax, 8, 2, false};
+  spec.groups = GroupScoring::kMaxScore;
+  spec.num_groups = 4;
+  spec.topk_groups = 1;
+  spec.scaling = 2.0f;
+  const std::vector<float> logits = {0.0f, 0.0f, 3.0f, 2.9f, 2.95f, 0.0f, 1.0f, 0.0f};
+  Routed r = Route(spec, logits);
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{2, 3}));
+  EXPECT_NEAR(r.weights[0], 2.0 * std::exp(3.0) / z, 1e-6);
+  EXPECT_NEAR(r.weights[1], 2.0 * std::exp(2.9) / z, 1e-6);
+  for (size_t e = 0; e < 8; ++e) EXPECT_NEAR(r.probs[e], std::exp(logits[e]) / z, 1e-7);
+  // Two groups kept: {2, 3} and {4, 5}; expert 4 now beats expert 3.
+  spec.topk_groups = 2;
+  EXPECT_EQ(Route(spec, logits).experts, (std::vector<int32_t>{2, 4}));
+}
+
+TEST(Routing, NoauxTcPicksGroupsByTheirTopTwoSumAndWeighsUncorrectedScores) {
+  // DeepSeek-V3 noaux_tc: sigmoid scores plus the correction bias choose; groups are ranked by
+  // the sum of their two best choice scores; the weights are the uncorrected sigmoid scores,
+  // renormalised, times routed_scaling_factor 2.5.
+  RoutingSpec spec{RouterScoring::kSigmoid, 8, 2, true};
+  spec.groups = GroupScoring::kTopTwoSum;
+  spec.num_groups = 4;
+  spec.topk_groups = 2;
+  spec.scaling = 2.5f;
+  spec.correction_bias = true;
+  const std::vector<float> logits = {3.0f, -3.0f, 1.0f, 0.9f, 0.5f, 0.5f, 2.0f, -2.0f};
+  const std::vector<float> bias = {0.0f, 0.0f, 0.2f, 0.0f, 0.0f, 0.0f, -0.5f, 0.0f};
+  // Choice scores: g0 {0.953, 0.047} sums 1.0 (but has the best single expert), g1 {0.931,
+  // 0.711} 1.642, g2 {0.622, 0.622} 1.245, g3 {0.381, 0.119} 0.5: g1 and g2 stay. Expert 0
+  // (the best score) and expert 6 (second best before its bias) are out.
+  Routed r = RouteWithBias(spec, logits, bias);
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{2, 3}));
+  const double s2 = Sigmoid(1.0), s3 = Sigmoid(0.9);
+  EXPECT_NEAR(r.weights[0], 2.5 * s2 / (s2 + s3), 1e-6);
+  EXPECT_NEAR(r.weights[1], 2.5 * s3 / (s2 + s3), 1e-6);
+  // The map's distribution: the uncorrected scores over their sum.
+  double total = 0;
+  for (float l : logits) total += Sigmoid(l);
+  for (size_t e = 0; e < 8; ++e) EXPECT_NEAR(r.probs[e], Sigmoid(logits[e]) / total, 1e-7);
+  // Ranked by their best expert instead, group 0 would stay and expert 0 win.
+  spec.groups = GroupScoring::kMaxScore;
+  EXPECT_EQ(RouteWithBias(spec, logits, bias).experts[0], 0);
+}
+
+TEST(Routing, GreedySigmoidWithoutGroupsOrderedByChoiceScore) {
+  // The bias reorders the choice (expert 1 overtakes expert 0), not the weights.
+  RoutingSpec spec{RouterScoring::kSigmoid, 3, 2, false};
+  spec.correction_bias = true;
+  Routed r = RouteWithBias(spec, {2.0f, 1.0f, -1.0f}, {0.0f, 0.5f, 0.0f});
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{1, 0}));
+  EXPECT_NEAR(r.weights[0], Sigmoid(1.0), 1e-7);
+  EXPECT_NEAR(r.weights[1], Sigmoid(2.0), 1e-7);
+}
+
+TEST(Routing, BadGroupsAreRefused) {
+  std::vector<float> probs(6), weights(2);
+  std::vector<int32_t> experts(2);
+  const std::vector<float> logits(6, 0.0f);
+  RoutingSpec spec{RouterScoring::kSoftmax, 6, 2, false};
+  spec.groups = GroupScoring::kMaxScore;
+  spec.num_groups = 4;
+  Status s = RouteToken(spec, logits, probs, experts, weights);
+  EXPECT_NE(s.message().find("n_group 4 does not divide the 6 experts"), std::string::npos)
+      << s.message();
+  spec.num_groups = 3;
+  spec.topk_groups = 4;
+  s = RouteToken(spec, logits, probs, experts, weights);
+  EXPECT_NE(s.message().find("topk_group 4 is not in [1, 3]"), std::string::npos) << s.message();
+  spec.topk_groups = 1;
+  spec.groups = GroupScoring::kTopTwoSum;
+  spec.num_groups = 6;
+  s = RouteToken(spec, logits, probs, experts, weights);
+  EXPECT_NE(s.message().find("at least 2 experts per group"), std::string::npos) << s.message();
+  // A bias the spec does not expect, or a missing one, is a size error.
+  spec.groups = GroupScoring::kNone;
+  s = RouteToken(spec, logits, probs, experts, weights, logits);
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  spec.correction_bias = true;
+  s = RouteToken(spec, logits, probs, experts, weights);
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  spec.correction_bias = false;
+  spec.scaling = 0.0f;
+  s = RouteToken(spec, logits, probs, experts, weights);
+  EXPECT_NE(s.message().find("routed_scaling_factor"), std::string::npos) << s.message();
+}
+
 }  // namespace
 }  // namespace fmoe

@@ -133,12 +133,13 @@ const Reference& AllResident(const std::string& dir = kModelDir) {
 }
 
 // Every family (tests/fixtures/<family>-ref): every policy at a quarter of the experts gives the
-// all-resident tokens (Qwen2-MoE's shared experts and dense layer stay outside the cache).
+// all-resident tokens (Qwen2-MoE's and DeepSeek's shared experts and dense layers stay outside
+// the cache).
 class FamilyOffload : public ::testing::TestWithParam<const char*> {};
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyOffload,
                          ::testing::Values("mixtral-ref", "qwen2-moe-ref", "qwen3-moe-ref",
-                                           "olmoe-ref"),
+                                           "olmoe-ref", "deepseek-v2-ref", "deepseek-v3-ref"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::erase(name, '-');

@@ -341,12 +341,13 @@ TEST(ExpertParallel, EveryWorldSizeAndPolicyGivesTheAllResidentTokens) {
 }
 
 // Every family (tests/fixtures/<family>-ref): a group of two ranks at a quarter of the experts
-// gives the tokens one rank with every expert resident gives. Qwen2-MoE's shared experts and
-// dense layer are computed by every rank outside the cache.
+// gives the tokens one rank with every expert resident gives. Qwen2-MoE's and DeepSeek's shared
+// experts and dense layers are computed by every rank outside the cache.
 class FamilyGroup : public ::testing::TestWithParam<const char*> {};
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyGroup,
-                         ::testing::Values("qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref"),
+                         ::testing::Values("qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref",
+                                           "deepseek-v2-ref", "deepseek-v3-ref"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::erase(name, '-');

@@ -56,7 +56,8 @@ Result<Runtime> LoadRuntime(const std::string& dir, RuntimeOptions options = {})
 }
 
 // The fixtures, one per supported family.
-const char* const kFamilies[] = {"mixtral-ref", "qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref"};
+const char* const kFamilies[] = {"mixtral-ref", "qwen2-moe-ref",   "qwen3-moe-ref",
+                                 "olmoe-ref",   "deepseek-v2-ref", "deepseek-v3-ref"};
 
 std::string FixtureDir(const std::string& name) {
   return std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + name;
@@ -193,8 +194,8 @@ TEST_P(FamilyReference, ChatTemplateRendersAsTransformers) {
   const Json& ref = FixtureJson(GetParam());
   if (!ref.contains("chat")) {
     GTEST_SKIP() << GetParam()
-                 << " predates the chat conversations; "
-                    "tests/fixtures/chat_templates/mixtral_*.json cover its template";
+                 << " has no chat conversations (mixtral-ref predates them: "
+                    "tests/fixtures/chat_templates/mixtral_*.json cover its template)";
   }
   auto tok = Tokenizer::Load(FixtureDir(GetParam()));
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
@@ -231,6 +232,28 @@ TEST(MixtralReference, HardStringsMatchTransformers) {
     EXPECT_EQ(*plain, Ids(h["ids"])) << text;
     EXPECT_EQ(*special, Ids(h["ids_with_special"])) << text;
     EXPECT_EQ((*tok)->Decode(*plain, false), h["decoded"].get<std::string>()) << text;
+  }
+}
+
+// DeepSeek's KV cache keeps one latent (kv_lora_rank) and one rotary key (qk_rope_head_dim) per
+// token and layer, not per-head keys and values: its bytes are those of KvBytesPerToken.
+TEST(MoeModel, LatentAttentionCachesTheLatentAndTheRotaryKey) {
+  for (const char* name : {"deepseek-v2-ref", "deepseek-v3-ref"}) {
+    Runtime& rt = Fixture(name);
+    ASSERT_TRUE(rt.info.mla.has_value()) << name;
+    const std::vector<int32_t> tokens = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+    auto kv = rt.model->NewKvCache();
+    SequenceInput in;
+    in.tokens = tokens;
+    in.kv = kv.get();
+    ForwardResult out;
+    ASSERT_TRUE(rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out).ok());
+    ASSERT_EQ(kv->length(), 10);
+    // Capacity grows by 64 tokens; float32 values.
+    const size_t per_token = KvBytesPerToken(rt.info, 4);
+    EXPECT_EQ(per_token, size_t{3} * (16 + 8) * 4) << name;
+    EXPECT_EQ(kv->bytes(), 64 * per_token) << name;
+    EXPECT_LT(kv->bytes(), 64 * ExpandedKvBytesPerToken(rt.info, 4)) << name;
   }
 }
 

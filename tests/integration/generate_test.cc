@@ -77,7 +77,8 @@ TEST(Validate, PrintsTheModelsExpertShapes) {
 
 // The other families, through the whole command: each fixture generates.
 TEST(Generate, RunsEverySupportedFamily) {
-  for (const char* family : {"qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref"}) {
+  for (const char* family :
+       {"qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref", "deepseek-v2-ref", "deepseek-v3-ref"}) {
     auto [code, out] =
         Fmoe({"generate", "--model", std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + family,
               "--prompt", "The river", "--max-tokens", "6"});
