@@ -272,7 +272,7 @@ int RunServingReplay(const ReplayOptions& o) {
       continue;
     }
     if (c.policy == "oracle" && job->result->oracle_forced) {
-      notes.push_back("oracle at " + ModeName(c) + " batch " + std::to_string(c.max_batch) +
+      notes.push_back(RunLabel(c) + " at " + ModeName(c) + " batch " + std::to_string(c.max_batch) +
                       " budget " + Fixed(c.budget, 2) + ": its batches still changed after " +
                       std::to_string(job->result->oracle_passes - 1) +
                       " runs; the last kept to the previous run's batches");
