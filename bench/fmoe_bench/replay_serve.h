@@ -5,14 +5,7 @@
 // layer needs the union of the batch's experts and computes for the time model's time at the
 // iteration's tokens once every expert it needs is resident. Cache figures are kept apart for
 // iterations that hold a prefill ("prefill") and those of decode steps only ("decode"). One
-// thread.
-//
-// Hybrid execution (`hybrid`, replay_hybrid.h): at each layer start the experts the layer needs
-// that are not resident are split between the link and the CPU (SplitLayer, from the link time
-// each still needs and the CPU model's time at its tokens); the cache sees only the link's
-// share, so a CPU-run expert is neither loaded nor cached, and the policy is told of its use (a
-// miss). The layer computes once the link's experts are resident and the CPU's are done: the
-// CPU's time is not overlapped with the layer's compute (conservative).
+// thread. With `hybrid`, missing experts may be computed on the CPU (replay_hybrid.h).
 #pragma once
 
 #include <cstdint>
@@ -71,7 +64,12 @@ struct ServeConfig {
   TimeModel time;
   uint32_t store_capacity = 1000;
   uint32_t max_inflight_prefetches = 2;
-  // Compute missing experts on the CPU when that has the layer's experts sooner. Default: off
+  // Hybrid execution: at each layer start the experts the layer needs that are not resident are
+  // split between the link and the CPU (SplitLayer, from the link time each still needs and the
+  // CPU model's time at its tokens); the cache sees only the link's share, so a CPU-run expert
+  // is neither loaded nor cached, and the policy is told of its use (a miss). The layer computes
+  // once the link's experts are resident and the CPU's are done: the CPU's time is not
+  // overlapped with the layer's compute (conservative). Default: off
   bool hybrid = false;
   CpuModel cpu;  // Required (enabled) when hybrid.
   // oracle: it knows the accesses to come, but batches depend on timing, which depends on the
