@@ -464,10 +464,29 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--inflight", o->inflight, "prefetches handed to the link at once")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  cmd->add_option("--hybrid", o->hybrid,
+                  "serving: compute missing experts on the CPU when that has the layer's experts "
+                  "sooner (off, on, or both: every run with and without it; on and both need "
+                  "--cpu-factor or --cpu-expert-us)")
+      ->check(CLI::IsMember({"off", "on", "both"}))
+      ->capture_default_str();
+  cmd->add_option("--cpu-factor", o->cpu.factor,
+                  "serving, hybrid: c, the CPU's time for one token's expert / one expert's load "
+                  "time (flat to --cpu-knee-tokens, then linear in the tokens)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--cpu-knee-tokens", o->cpu.knee_tokens,
+                  "serving, hybrid: the tokens up to which a CPU expert takes its 1-token time "
+                  "(memory-bound), with --cpu-factor")
+      ->check(CLI::Range(1.0, 1e6))
+      ->capture_default_str();
+  auto cpu_times = std::make_shared<std::string>();
+  cmd->add_option("--cpu-expert-us", *cpu_times,
+                  "serving, hybrid: one expert's measured CPU time against its tokens, "
+                  "TOKENS:MICROSECONDS,... (piecewise linear; overrides --cpu-factor)");
   cmd->add_option("--threads", o->threads, "replays run in parallel (0: one per core)");
   cmd->add_option("--csv", o->csv, "write the table as CSV");
   cmd->add_option("--png", o->png, "plot with gnuplot");
-  cmd->callback([o, t, &exit_code] {
+  cmd->callback([o, t, cpu_times, &exit_code] {
     auto time = ResolveTime(*t);
     if (!time.ok()) {
       std::fprintf(stderr, "fmoe-bench replay: %s\n", time.status().message().c_str());
@@ -475,6 +494,23 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
       return;
     }
     o->time = std::move(*time);
+    if (!cpu_times->empty()) {
+      auto curve = ParseCpuExpertTimes(*cpu_times);
+      if (!curve.ok()) {
+        std::fprintf(stderr, "fmoe-bench replay: %s\n", curve.status().message().c_str());
+        exit_code = 2;
+        return;
+      }
+      o->cpu.curve = std::move(*curve);
+    }
+    if (o->hybrid != "off" && (!o->cpu.enabled() || o->model != "serving")) {
+      std::fprintf(stderr,
+                   "fmoe-bench replay: --hybrid %s needs --model serving and a CPU model "
+                   "(--cpu-factor or --cpu-expert-us)\n",
+                   o->hybrid.c_str());
+      exit_code = 2;
+      return;
+    }
     exit_code = o->model == "serving" ? RunServingReplay(*o) : RunPositionReplay(*o);
   });
 }

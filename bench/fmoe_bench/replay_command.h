@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/fmoe_bench/replay_hybrid.h"
 #include "bench/fmoe_bench/replay_time.h"
 #include "common/policy_names.h"
 
@@ -15,7 +16,7 @@ namespace fmoe::bench {
 
 struct ReplayOptions {
   std::string trace;
-  std::string model = "serving";  // serving or positions. Default: serving
+  std::string model = "serving";                         // serving or positions. Default: serving
   std::vector<std::string> policies = AllPolicyNames();  // Every name of common/policy_names.h.
   std::vector<double> budgets = {0.1, 0.25, 0.5, 1.0};
   std::vector<uint32_t> distances;  // Default: the main distance (serving), 1..6 (positions).
@@ -41,6 +42,9 @@ struct ReplayOptions {
   uint32_t arrival_offset = 0;
   double rate = 0;
   double time_scale = 1.0;
+  // Hybrid execution (replay_hybrid.h): off, on, or both (every run with and without it).
+  std::string hybrid = "off";  // Default: off
+  CpuModel cpu;                // From --cpu-factor, --cpu-knee-tokens, --cpu-expert-us.
 };
 
 int RunServingReplay(const ReplayOptions& options);   // replay_serving.cc

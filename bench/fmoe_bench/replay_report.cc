@@ -41,6 +41,8 @@ PhaseSummary Summarise(const PhaseFigures& p, double expert_mb) {
   s.mb = s.loads * expert_mb;
   s.precision = p.precision();
   s.recall = p.recall();
+  s.cpu_experts = Per(static_cast<double>(p.cpu_experts), p.requests);
+  s.cpu_ms = Per(p.cpu_ns, p.requests) / 1e6;
   return s;
 }
 
@@ -57,15 +59,21 @@ ServeSummary Summarise(const ServeResult& r, double expert_mb) {
   s.decode = Summarise(r.decode, expert_mb);
   s.mean_batch = r.mean_batch;
   s.total_s = r.total_ns / 1e9;
+  s.hybrid = r.config.hybrid;
   return s;
 }
+
+std::string RunLabel(const ServeConfig& c) { return c.hybrid ? c.policy + "+cpu" : c.policy; }
 
 std::string ServeTable(const std::vector<std::pair<std::string, ServeSummary>>& rows) {
   std::ostringstream out;
   char buf[512];
-  std::snprintf(buf, sizeof(buf), "%-13s %31s %27s | %-32s | %-32s | %5s\n", "",
+  const bool hybrid =
+      std::any_of(rows.begin(), rows.end(), [](const auto& row) { return row.second.hybrid; });
+  std::snprintf(buf, sizeof(buf), "%-17s %31s %27s | %-32s | %-32s | %5s%s\n", "",
                 "TTFT ms p50/p90/p99/mean", "TPOT ms p50/p90/p99/mean",
-                "prefill: hit% stall ms MB P R", "decode: hit% stall ms/t MB/t P R", "batch");
+                "prefill: hit% stall ms MB P R", "decode: hit% stall ms/t MB/t P R", "batch",
+                hybrid ? " | cpu/prefill cpu/token" : "");
   out << buf;
   for (const auto& [label, s] : rows) {
     const std::string ttft = Fixed(s.ttft.p50_ms, 1) + "/" + Fixed(s.ttft.p90_ms, 1) + "/" +
@@ -73,13 +81,19 @@ std::string ServeTable(const std::vector<std::pair<std::string, ServeSummary>>& 
     const std::string tpot = Fixed(s.tpot.p50_ms, 2) + "/" + Fixed(s.tpot.p90_ms, 2) + "/" +
                              Fixed(s.tpot.p99_ms, 2) + "/" + Fixed(s.tpot.mean_ms, 2);
     std::snprintf(buf, sizeof(buf),
-                  "%-13s %31s %27s | %5.1f %8.1f %6.1f %4.2f %4.2f | %5.1f %8.2f %6.2f %4.2f %4.2f "
-                  "| %5.2f\n",
+                  "%-17s %31s %27s | %5.1f %8.1f %6.1f %4.2f %4.2f | %5.1f %8.2f %6.2f %4.2f %4.2f "
+                  "| %5.2f",
                   label.c_str(), ttft.c_str(), tpot.c_str(), 100 * s.prefill.hit_rate,
                   s.prefill.stall_ms, s.prefill.mb, s.prefill.precision, s.prefill.recall,
                   100 * s.decode.hit_rate, s.decode.stall_ms, s.decode.mb, s.decode.precision,
                   s.decode.recall, s.mean_batch);
     out << buf;
+    if (hybrid) {
+      std::snprintf(buf, sizeof(buf), " | %11.2f %9.3f", s.prefill.cpu_experts,
+                    s.decode.cpu_experts);
+      out << buf;
+    }
+    out << '\n';
   }
   return out.str();
 }
@@ -90,7 +104,8 @@ std::string ServeCsvHeader() {
          "prefill_hit_rate,prefill_stall_ms,prefill_loads,prefill_mb,prefill_precision,"
          "prefill_recall,decode_tokens,decode_hit_rate,decode_stall_ms_per_token,"
          "decode_loads_per_token,decode_mb_per_token,decode_precision,decode_recall,mean_batch,"
-         "total_s";
+         "total_s,hybrid,prefill_cpu_experts,prefill_cpu_ms,decode_cpu_experts_per_token,"
+         "decode_cpu_ms_per_token";
 }
 
 std::string ServeCsvRow(const ServeConfig& c, const ServeSummary& s) {
@@ -106,7 +121,10 @@ std::string ServeCsvRow(const ServeConfig& c, const ServeSummary& s) {
       << Fixed(s.prefill.recall, 4) << ',' << s.decode.units << ',' << Fixed(s.decode.hit_rate, 5)
       << ',' << Fixed(s.decode.stall_ms, 4) << ',' << Fixed(s.decode.loads, 4) << ','
       << Fixed(s.decode.mb, 4) << ',' << Fixed(s.decode.precision, 4) << ','
-      << Fixed(s.decode.recall, 4) << ',' << Fixed(s.mean_batch, 3) << ',' << Fixed(s.total_s, 3);
+      << Fixed(s.decode.recall, 4) << ',' << Fixed(s.mean_batch, 3) << ',' << Fixed(s.total_s, 3)
+      << ',' << (c.hybrid ? "on" : "off") << ',' << Fixed(s.prefill.cpu_experts, 3) << ','
+      << Fixed(s.prefill.cpu_ms, 3) << ',' << Fixed(s.decode.cpu_experts, 4) << ','
+      << Fixed(s.decode.cpu_ms, 4);
   return out.str();
 }
 
@@ -151,6 +169,25 @@ TargetCheck CheckTargets(const std::vector<std::pair<std::string, ServeSummary>>
     t.decode_stall_vs_oracle = ratio(fmoe->decode.stall_ms, oracle->decode.stall_ms);
   }
   return t;
+}
+
+HybridCheck CheckHybridTargets(const std::vector<std::pair<std::string, ServeSummary>>& off,
+                               const std::vector<std::pair<std::string, ServeSummary>>& on) {
+  const auto stall = [](const auto& rows, const char* name) {
+    for (const auto& [label, s] : rows) {
+      if (label == name) return s.decode.stall_ms;
+    }
+    return 0.0;
+  };
+  const auto ratio = [](double a, double b) { return a > 0 && b > 0 ? a / b : 0.0; };
+  const double fmoe_off = stall(off, "fmoe"), lru_off = stall(off, "lru");
+  const double fmoe_on = stall(on, "fmoe"), lru_on = stall(on, "lru");
+  HybridCheck h;
+  h.fmoe_vs_lru = ratio(fmoe_on, lru_off);
+  h.fmoe_vs_lru_hybrid = ratio(fmoe_on, lru_on);
+  h.lru_gain = ratio(lru_on, lru_off);
+  h.fmoe_gain = ratio(fmoe_on, fmoe_off);
+  return h;
 }
 
 }  // namespace fmoe::bench

@@ -24,11 +24,13 @@ struct PhaseSummary {
   uint64_t iterations = 0;
   uint64_t units = 0;  // Prefills (prefill) or decode tokens (decode).
   double hit_rate = 0;
-  double stall_ms = 0;   // Per unit.
-  double loads = 0;      // Experts' worth of bytes moved per unit (cancelled copies in part).
-  double mb = 0;         // MB moved per unit.
-  double precision = 0;  // Prefetched experts used / prefetches handed to the link.
-  double recall = 0;     // Loads a prefetch covered / loads a layer needed.
+  double stall_ms = 0;     // Per unit.
+  double loads = 0;        // Experts' worth of bytes moved per unit (cancelled copies in part).
+  double mb = 0;           // MB moved per unit.
+  double precision = 0;    // Prefetched experts used / prefetches handed to the link.
+  double recall = 0;       // Loads a prefetch covered / loads a layer needed.
+  double cpu_experts = 0;  // Hybrid: missing experts computed on the CPU per unit.
+  double cpu_ms = 0;       // Hybrid: the CPU's time on them per unit.
 };
 
 PhaseSummary Summarise(const PhaseFigures& phase, double expert_mb);
@@ -37,13 +39,18 @@ struct ServeSummary {
   LatencySummary ttft, tpot;
   PhaseSummary prefill, decode;
   double mean_batch = 0;
-  double total_s = 0;  // First arrival to last token.
+  double total_s = 0;   // First arrival to last token.
+  bool hybrid = false;  // Run with the CPU path.
 };
+
+// A run's row label: the policy, with "+cpu" when it ran with the CPU path.
+std::string RunLabel(const ServeConfig& config);
 
 ServeSummary Summarise(const ServeResult& result, double expert_mb);
 
 // A text table, one row per (label, summary): TTFT and TPOT p50 / p90 / p99 / mean in ms, then
-// prefill and decode hit rate, stall, MB, precision and recall, and the mean batch.
+// prefill and decode hit rate, stall, MB, precision and recall, and the mean batch; when a row
+// ran with the CPU path, the experts computed on the CPU per prefill and per decode token.
 std::string ServeTable(const std::vector<std::pair<std::string, ServeSummary>>& rows);
 
 // CSV: the header (no newline), and one row for a run (no newline).
@@ -66,5 +73,17 @@ struct TargetCheck {
   double decode_stall_vs_oracle = 0;
 };
 TargetCheck CheckTargets(const std::vector<std::pair<std::string, ServeSummary>>& policies);
+
+// Issue 18's targets at one (mode, batch): fmoe with the CPU path against LRU without it and
+// with it (decode stall per token), from the rows without (`off`) and with it (`on`, labelled by
+// the bare policy names). 0 where a policy is missing.
+struct HybridCheck {
+  double fmoe_vs_lru = 0;         // fmoe with / LRU without (target <= 0.4).
+  double fmoe_vs_lru_hybrid = 0;  // fmoe with / LRU with (target <= 0.95).
+  double lru_gain = 0;            // LRU with / without.
+  double fmoe_gain = 0;           // fmoe with / without.
+};
+HybridCheck CheckHybridTargets(const std::vector<std::pair<std::string, ServeSummary>>& off,
+                               const std::vector<std::pair<std::string, ServeSummary>>& on);
 
 }  // namespace fmoe::bench

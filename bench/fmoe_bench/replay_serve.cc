@@ -153,6 +153,74 @@ Schedule ComputeOnlySchedule(const ServeWorkload& w, const std::vector<uint32_t>
   return out;
 }
 
+// Hybrid runs: stands between the cache and its policy, forwarding every call, and keeps what
+// the CPU path needs: which experts are resident (OnResident / OnEvicted), and for a layer whose
+// missing experts run on the CPU it shows the policy the whole layer, as the cache would have:
+// a use (a miss) of each CPU-run expert and the routing with them (SetCpuRun before BeginLayer).
+class HybridView final : public CachePolicy {
+ public:
+  explicit HybridView(std::unique_ptr<CachePolicy> inner) : inner_(std::move(inner)) {}
+  bool resident(uint32_t key) const { return resident_[key] != 0; }
+  // `full`: the layer's routing, CPU-run experts included; `cpu`: those experts. Both outlive
+  // the next BeginLayer.
+  void SetCpuRun(const LayerRouting* full, const std::vector<uint32_t>* cpu) {
+    full_ = full;
+    cpu_ = cpu;
+  }
+
+  std::string_view name() const override { return inner_->name(); }
+  void Attach(CacheControl* control) override {
+    CachePolicy::Attach(control);
+    inner_->Attach(control);
+    resident_.assign(static_cast<size_t>(control->num_layers()) * control->num_experts(), 0);
+  }
+  void OnIterationStart(std::span<const SequenceInfo> sequences) override {
+    inner_->OnIterationStart(sequences);
+  }
+  void OnLayerStart(const LayerRouting& routing) override {
+    if (full_ != nullptr && full_->layer == routing.layer) {
+      for (uint32_t e : *cpu_) inner_->OnUse(routing.layer, e, /*hit=*/false);
+      inner_->OnLayerStart(*full_);
+    } else {
+      inner_->OnLayerStart(routing);
+    }
+    full_ = nullptr;
+    cpu_ = nullptr;
+  }
+  void OnUse(uint32_t layer, uint32_t expert, bool hit) override {
+    inner_->OnUse(layer, expert, hit);
+  }
+  void OnLayerEnd(uint32_t layer) override { inner_->OnLayerEnd(layer); }
+  void OnIterationEnd() override { inner_->OnIterationEnd(); }
+  void OnRequestEnd(uint64_t request_id) override { inner_->OnRequestEnd(request_id); }
+  void OnResident(uint32_t layer, uint32_t expert) override {
+    resident_[Key(layer, expert)] = 1;
+    inner_->OnResident(layer, expert);
+  }
+  void OnEvicted(uint32_t layer, uint32_t expert) override {
+    resident_[Key(layer, expert)] = 0;
+    inner_->OnEvicted(layer, expert);
+  }
+  void OnDirective(const PrefetchDirective& directive) override { inner_->OnDirective(directive); }
+  uint32_t speculation_distance() const override { return inner_->speculation_distance(); }
+  void OnSpeculation(uint32_t layer, uint32_t target, std::span<const float> probs) override {
+    inner_->OnSpeculation(layer, target, probs);
+  }
+  double EvictionScore(uint32_t layer, uint32_t expert) const override {
+    return inner_->EvictionScore(layer, expert);
+  }
+  bool admit_by_deadline() const override { return inner_->admit_by_deadline(); }
+
+ private:
+  size_t Key(uint32_t layer, uint32_t expert) const {
+    return static_cast<size_t>(layer) * control_->num_experts() + expert;
+  }
+  std::unique_ptr<CachePolicy> inner_;
+  std::vector<uint8_t> resident_;  // By l * J + j.
+  const LayerRouting* full_ = nullptr;
+  const std::vector<uint32_t>* cpu_ = nullptr;
+};
+
 // One cache, link and (for the fmoe policies) map store, serving requests in simulated time.
 class ServeRun {
  public:
@@ -262,7 +330,12 @@ class ServeRun {
     PolicyOptions po;
     po.prefetch_distance = c_.distance;
     po.future = std::move(future);
-    FMOE_ASSIGN_OR_RETURN(auto policy, MakePolicy(c_.policy, po));
+    FMOE_ASSIGN_OR_RETURN(std::unique_ptr<CachePolicy> policy, MakePolicy(c_.policy, po));
+    if (c_.hybrid) {
+      auto view = std::make_unique<HybridView>(std::move(policy));
+      view_ = view.get();
+      policy = std::move(view);
+    }
     owned_ = L * J;
     FMOE_ASSIGN_OR_RETURN(slots_,
                           BudgetSlots(std::nullopt, c_.budget, kNominalExpertBytes, owned_));
@@ -330,7 +403,11 @@ class ServeRun {
     p.prefetches_used += after.prefetches_used - before.prefetches_used;
     p.experts_moved += static_cast<double>(after.bytes_moved - before.bytes_moved) /
                        static_cast<double>(kNominalExpertBytes);
-    p.stall_ns += static_cast<double>(after.stall_ns - before.stall_ns);
+    p.stall_ns += static_cast<double>(after.stall_ns - before.stall_ns) + cpu_stall_ns_;
+    p.misses += cpu_experts_;
+    p.cpu_experts += cpu_experts_;
+    p.cpu_ns += cpu_ns_;
+    p.cpu_stall_ns += cpu_stall_ns_;
     p.time_ns += static_cast<double>(end - start);
     ++out->iterations;
     out->batch_sum += batch_.size();
@@ -365,6 +442,8 @@ class ServeRun {
       tokens += it.tokens;
     }
     cache_->BeginIteration(seqs_);
+    cpu_experts_ = 0;
+    cpu_ns_ = cpu_stall_ns_ = 0;
     if (match) {
       maps_.resize(batch.size());
       for (size_t s = 0; s < batch.size(); ++s) {
@@ -380,6 +459,9 @@ class ServeRun {
     for (uint32_t l = 0; l < L; ++l) {
       if (speculate > 0) Speculate(batch, l, speculate, tokens);
       BatchUnion(w_, batch, l, &experts_, &tokens_, &sequence_counts_);
+      const int64_t layer_start = clock_.NowNs();
+      split_ = LayerSplit{};
+      if (view_ != nullptr) SplitToCpu(l, batch.size());
       FMOE_RETURN_IF_ERROR(
           cache_->BeginLayer(LayerRouting{l, experts_, tokens_, sequence_counts_}));
       if (match) {
@@ -399,6 +481,16 @@ class ServeRun {
         }
         cache_->Done(ready->expert);
       }
+      if (!split_.cpu.empty()) {
+        // The layer computes once the CPU's experts are done too.
+        const int64_t wait = layer_start + split_.cpu_done_ns - clock_.NowNs();
+        if (wait > 0) {
+          clock_.AdvanceNs(wait);
+          cpu_stall_ns_ += static_cast<double>(wait);
+        }
+        cpu_experts_ += split_.cpu.size();
+        cpu_ns_ += static_cast<double>(split_.cpu_busy_ns);
+      }
       clock_.AdvanceNs(c_.time.LayerNs(tokens));
       cache_->EndLayer();
     }
@@ -416,6 +508,46 @@ class ServeRun {
       }
     }
     return Status::Ok();
+  }
+
+  // Hybrid: splits the missing experts of layer `l` (experts_, tokens_: the batch's union)
+  // between the link and the CPU (split_), and leaves in experts_, tokens_ and
+  // sequence_counts_ only the link's share, for the cache; the view shows the policy the whole.
+  void SplitToCpu(uint32_t l, size_t sequences) {
+    const uint32_t J = w_.trace->header.num_experts;
+    cache_->Pump();  // Transfers finished by now count as resident.
+    const int64_t load_ns = c_.time.LoadNs();
+    missing_.clear();
+    for (size_t i = 0; i < experts_.size(); ++i) {
+      const uint32_t key = l * J + experts_[i];
+      if (view_->resident(key)) continue;
+      const int64_t left = link_.RemainingNs(host_.data() + key * kNominalExpertBytes);
+      missing_.push_back(MissingExpert{experts_[i], left >= 0 ? left : load_ns,
+                                       c_.cpu.ExpertNs(tokens_[i], load_ns)});
+    }
+    // On-demand loads go ahead of the prefetches on the link, and the CPU is idle at a layer's
+    // start (the previous layer waited for it).
+    split_ = SplitLayer(missing_, 0, 0);
+    if (split_.cpu.empty()) return;
+    full_experts_ = experts_;
+    full_tokens_ = tokens_;
+    full_counts_ = sequence_counts_;
+    full_routing_ = LayerRouting{l, full_experts_, full_tokens_, full_counts_};
+    size_t kept = 0, next_cpu = 0;
+    for (size_t i = 0; i < experts_.size(); ++i) {
+      const uint32_t e = experts_[i];
+      if (next_cpu < split_.cpu.size() && split_.cpu[next_cpu] == e) {
+        ++next_cpu;
+        for (size_t s = 0; s < sequences; ++s) sequence_counts_[s * J + e] = 0;
+        continue;
+      }
+      experts_[kept] = e;
+      tokens_[kept] = tokens_[i];
+      ++kept;
+    }
+    experts_.resize(kept);
+    tokens_.resize(kept);
+    view_->SetCpuRun(&full_routing_, &split_.cpu);
   }
 
   // The batch's speculative predictions made before layer `l`: per target, each request's
@@ -449,6 +581,13 @@ class ServeRun {
   std::vector<char> host_;
   void* slot_memory_ = nullptr;
   std::unique_ptr<ExpertCache> cache_;
+  HybridView* view_ = nullptr;  // Hybrid runs: owned by the cache, between it and the policy.
+  std::vector<MissingExpert> missing_;
+  LayerSplit split_;
+  std::vector<uint32_t> full_experts_, full_tokens_, full_counts_;  // The layer, CPU's included.
+  LayerRouting full_routing_;                                       // Spans of the three above.
+  uint64_t cpu_experts_ = 0;  // This iteration's, for RunBatch.
+  double cpu_ns_ = 0, cpu_stall_ns_ = 0;
   std::optional<MapStore> store_;
   std::unique_ptr<MapMatcher> matcher_;
   uint64_t next_map_id_ = 1'000'000'000;
@@ -505,6 +644,10 @@ Result<ServeResult> RunServeReplay(const ServeWorkload& w, const std::vector<uin
     if (r >= w.requests.size()) return InvalidArgument("test request out of range");
   }
   FMOE_RETURN_IF_ERROR(ValidateTimeModel(c.time));
+  FMOE_RETURN_IF_ERROR(ValidateCpuModel(c.cpu));
+  if (c.hybrid && !c.cpu.enabled()) {
+    return InvalidArgument("hybrid execution needs a CPU model (a factor c or measured times)");
+  }
   const bool fmoe = UsesMapService(c.policy);
   const bool oracle = c.policy == "oracle";
   const bool warm = !c.online && !oracle;

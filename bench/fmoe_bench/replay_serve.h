@@ -5,13 +5,14 @@
 // layer needs the union of the batch's experts and computes for the time model's time at the
 // iteration's tokens once every expert it needs is resident. Cache figures are kept apart for
 // iterations that hold a prefill ("prefill") and those of decode steps only ("decode"). One
-// thread.
+// thread. With `hybrid`, missing experts may be computed on the CPU (replay_hybrid.h).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "bench/fmoe_bench/replay_hybrid.h"
 #include "bench/fmoe_bench/replay_time.h"
 #include "bench/fmoe_bench/replay_workload.h"
 #include "common/status.h"
@@ -63,6 +64,14 @@ struct ServeConfig {
   TimeModel time;
   uint32_t store_capacity = 1000;
   uint32_t max_inflight_prefetches = 2;
+  // Hybrid execution: at each layer start the experts the layer needs that are not resident are
+  // split between the link and the CPU (SplitLayer, from the link time each still needs and the
+  // CPU model's time at its tokens); the cache sees only the link's share, so a CPU-run expert
+  // is neither loaded nor cached, and the policy is told of its use (a miss). The layer computes
+  // once the link's experts are resident and the CPU's are done: the CPU's time is not
+  // overlapped with the layer's compute (conservative). Default: off
+  bool hybrid = false;
+  CpuModel cpu;  // Required (enabled) when hybrid.
   // oracle: it knows the accesses to come, but batches depend on timing, which depends on the
   // oracle. It runs told the schedule of a run without stalls, then of its own previous run,
   // until the two agree; after this many runs, once more keeping to the last schedule (a batch
@@ -96,8 +105,11 @@ struct PhaseFigures {
   uint64_t hits = 0, misses = 0, late_prefetches = 0;
   uint64_t on_demand_loads = 0, prefetches_issued = 0, prefetches_used = 0;
   double experts_moved = 0;  // Bytes copied over the link, in experts (cancelled copies in part).
-  double stall_ns = 0;
-  double time_ns = 0;  // The iterations' simulated time, stall included.
+  double stall_ns = 0;       // Waiting for the link, and with hybrid for the CPU.
+  double time_ns = 0;        // The iterations' simulated time, stall included.
+  uint64_t cpu_experts = 0;  // Missing experts computed on the CPU (also counted in misses).
+  double cpu_ns = 0;         // The CPU's time on them.
+  double cpu_stall_ns = 0;   // The part of stall_ns spent waiting for the CPU after the link.
 
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0; }
   double precision() const {

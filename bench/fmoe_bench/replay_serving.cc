@@ -171,6 +171,12 @@ int RunServingReplay(const ReplayOptions& o) {
   }
   std::printf("time model %s\n  (%s)\nstore capacity %u; %u threads\n", o.time.Describe().c_str(),
               o.time.source.c_str(), o.store_capacity, threads);
+  std::vector<bool> hybrids;
+  if (o.hybrid != "on") hybrids.push_back(false);
+  if (o.hybrid != "off") hybrids.push_back(true);
+  if (o.hybrid != "off") {
+    std::printf("CPU path (runs labelled +cpu): %s\n", o.cpu.Describe(o.time.LoadNs()).c_str());
+  }
   std::fflush(stdout);
 
   // Configurations: budgets at the main distance, distances at the main budget.
@@ -192,18 +198,22 @@ int RunServingReplay(const ReplayOptions& o) {
     for (uint32_t batch : o.batches) {
       for (const auto& [b, d] : points) {
         for (const auto& p : policies) {
-          auto job = std::make_unique<ServeJob>();
-          ServeConfig& c = job->config;
-          c.policy = p;
-          c.budget = b;
-          c.distance = d;
-          c.online = mode == "online";
-          c.max_batch = batch;
-          c.time = o.time;
-          c.store_capacity = o.store_capacity;
-          c.max_inflight_prefetches = o.inflight;
-          if (UsesMapService(p) && !c.online) warm[d] = nullptr;
-          jobs.push_back(std::move(job));
+          for (bool hybrid : hybrids) {
+            auto job = std::make_unique<ServeJob>();
+            ServeConfig& c = job->config;
+            c.policy = p;
+            c.hybrid = hybrid;
+            c.cpu = o.cpu;
+            c.budget = b;
+            c.distance = d;
+            c.online = mode == "online";
+            c.max_batch = batch;
+            c.time = o.time;
+            c.store_capacity = o.store_capacity;
+            c.max_inflight_prefetches = o.inflight;
+            if (UsesMapService(p) && !c.online) warm[d] = nullptr;
+            jobs.push_back(std::move(job));
+          }
         }
       }
     }
@@ -237,7 +247,7 @@ int RunServingReplay(const ReplayOptions& o) {
     if (job.result.ok()) job.summary = Summarise(*job.result, o.time.expert_mb);
     std::lock_guard<std::mutex> lock(print_mu);
     std::fprintf(stderr, "[%zu/%zu] %s batch %u %s budget %.2f d %u%s\n", ++finished, jobs.size(),
-                 ModeName(job.config).c_str(), job.config.max_batch, job.config.policy.c_str(),
+                 ModeName(job.config).c_str(), job.config.max_batch, RunLabel(job.config).c_str(),
                  job.config.budget, job.config.distance,
                  job.result.ok() ? "" : (": " + job.result.status().message()).c_str());
   });
@@ -257,16 +267,17 @@ int RunServingReplay(const ReplayOptions& o) {
     if (!job->result.ok()) {
       failed = true;
       std::printf("%s batch %u budget %.2f d %u %s failed: %s\n", ModeName(c).c_str(), c.max_batch,
-                  c.budget, c.distance, c.policy.c_str(), job->result.status().message().c_str());
+                  c.budget, c.distance, RunLabel(c).c_str(),
+                  job->result.status().message().c_str());
       continue;
     }
     if (c.policy == "oracle" && job->result->oracle_forced) {
-      notes.push_back("oracle at " + ModeName(c) + " batch " + std::to_string(c.max_batch) +
+      notes.push_back(RunLabel(c) + " at " + ModeName(c) + " batch " + std::to_string(c.max_batch) +
                       " budget " + Fixed(c.budget, 2) + ": its batches still changed after " +
                       std::to_string(job->result->oracle_passes - 1) +
                       " runs; the last kept to the previous run's batches");
     }
-    rows.emplace_back(c.policy, job->summary);
+    rows.emplace_back(RunLabel(c), job->summary);
     csv << ServeCsvRow(c, job->summary) << '\n';
   }
   for (const Key& key : order) {
@@ -282,7 +293,23 @@ int RunServingReplay(const ReplayOptions& o) {
   for (const Key& key : order) {
     const auto& [mode, batch, budget, d] = key;
     if (budget != o.main_budget || d != o.main_distance) continue;
-    const TargetCheck t = CheckTargets(groups[key]);
+    // The design's targets compare runs without the CPU path (or only with it, labelled bare).
+    std::vector<std::pair<std::string, ServeSummary>> off, on;
+    for (const auto& [label, s] : groups[key]) {
+      if (s.hybrid) {
+        on.emplace_back(label.substr(0, label.size() - 4), s);
+      } else {
+        off.emplace_back(label, s);
+      }
+    }
+    if (!off.empty() && !on.empty()) {
+      const HybridCheck hc = CheckHybridTargets(off, on);
+      std::printf(
+          "  %s batch %u, CPU path: fmoe+cpu decode stall / lru %.3f (target <= 0.4), / lru+cpu "
+          "%.3f (target <= 0.95); with / without: lru %.3f, fmoe %.3f\n",
+          mode.c_str(), batch, hc.fmoe_vs_lru, hc.fmoe_vs_lru_hybrid, hc.lru_gain, hc.fmoe_gain);
+    }
+    const TargetCheck t = CheckTargets(off.empty() ? on : off);
     if (t.fmoe_tpot_ms == 0 && t.fmoe_ttft_ms == 0) continue;
     std::printf(
         "  %s batch %u: fmoe TPOT %.3f ms, TTFT %.1f ms; lowest of all realizable: TPOT %s "
@@ -317,8 +344,10 @@ int RunServingReplay(const ReplayOptions& o) {
           PlotSeries s1{p, {}}, s2{p, {}};
           for (const auto& job : jobs) {
             const ServeConfig& c = job->config;
+            // The plot shows the runs without the CPU path (with it, when only those ran).
             if (ModeName(c) != mode || c.max_batch != batch || c.policy != p ||
-                c.distance != o.main_distance || !job->result.ok()) {
+                c.hybrid != (o.hybrid == "on") || c.distance != o.main_distance ||
+                !job->result.ok()) {
               continue;
             }
             s1.points.push_back({c.budget, job->summary.ttft.mean_ms});

@@ -104,6 +104,18 @@ void SimLink::Cancel(uint64_t id) {
   queue_.erase(it);
 }
 
+int64_t SimLink::RemainingNs(const void* src) {
+  const int64_t now = clock_.NowNs();
+  AdvanceTo(now);
+  if (current_ && current_->task.src == src) {
+    return current_->remaining_ns - (now - current_since_);
+  }
+  for (const Task& t : queue_) {
+    if (t.task.src == src) return t.remaining_ns;
+  }
+  return -1;
+}
+
 size_t SimLink::Poll(std::vector<TransferDone>* out) {
   AdvanceTo(clock_.NowNs());
   const size_t n = done_.size();

@@ -33,6 +33,10 @@ class SimLink final : public TransferEngine {
 
   // Tasks submitted and not finished.
   size_t pending() const { return queue_.size() + (current_ ? 1 : 0); }
+  // Link time the task copying from `src` still needs at the clock's time; -1 when no such task
+  // is on the link (one that finished by now included: poll first). The replay's CPU path asks
+  // it of a missing expert's host copy.
+  int64_t RemainingNs(const void* src);
 
  private:
   struct Task {

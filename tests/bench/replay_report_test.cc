@@ -118,5 +118,39 @@ TEST(ServeReportTest, TargetsCompareFmoeWithTheRealizablePoliciesLruAndTheOracle
   EXPECT_EQ(t.fmoe_tpot_ms, 0);
 }
 
+TEST(ServeReportTest, HybridRowsCarryTheirCpuFiguresAndTargets) {
+  ServeResult r = Result3();
+  r.config.hybrid = true;
+  r.decode.requests = 10;
+  r.decode.cpu_experts = 25;
+  r.decode.cpu_ns = 50 * kMs;
+  r.prefill.requests = 2;
+  r.prefill.cpu_experts = 3;
+  const ServeSummary s = Summarise(r, 1.0);
+  EXPECT_TRUE(s.hybrid);
+  EXPECT_DOUBLE_EQ(s.decode.cpu_experts, 2.5);
+  EXPECT_DOUBLE_EQ(s.decode.cpu_ms, 5);
+  EXPECT_DOUBLE_EQ(s.prefill.cpu_experts, 1.5);
+  EXPECT_EQ(RunLabel(r.config), "fmoe+cpu");
+  const std::string row = ServeCsvRow(r.config, s);
+  EXPECT_NE(row.find(",on,1.500,0.000,2.5000,5.0000"), std::string::npos) << row;
+  const std::string table = ServeTable({{"fmoe+cpu", s}});
+  EXPECT_NE(table.find("cpu/token"), std::string::npos) << table;
+  EXPECT_EQ(ServeTable({{"fmoe", Summarise(Result3(), 1.0)}}).find("cpu/token"), std::string::npos);
+
+  auto decode_stall = [](double ms) {
+    ServeSummary x;
+    x.decode.stall_ms = ms;
+    return x;
+  };
+  const HybridCheck h = CheckHybridTargets({{"fmoe", decode_stall(80)}, {"lru", decode_stall(100)}},
+                                           {{"fmoe", decode_stall(30)}, {"lru", decode_stall(40)}});
+  EXPECT_DOUBLE_EQ(h.fmoe_vs_lru, 0.3);
+  EXPECT_DOUBLE_EQ(h.fmoe_vs_lru_hybrid, 0.75);
+  EXPECT_DOUBLE_EQ(h.lru_gain, 0.4);
+  EXPECT_DOUBLE_EQ(h.fmoe_gain, 0.375);
+  EXPECT_EQ(CheckHybridTargets({{"lru", decode_stall(100)}}, {}).fmoe_vs_lru, 0);
+}
+
 }  // namespace
 }  // namespace fmoe::bench

@@ -315,6 +315,144 @@ TEST(ServeReplayTest, BadConfigsAreRefused) {
   c.time.link_gbps = 0;
   EXPECT_EQ(code(c), ErrorCode::kInvalidArgument);
   EXPECT_EQ(code(Config("belady", 0.5, 1, t)), ErrorCode::kInvalidArgument);
+  c = Config("lru", 0.5, 1, t);
+  c.hybrid = true;  // No CPU model.
+  EXPECT_EQ(code(c), ErrorCode::kInvalidArgument);
+  c.cpu.factor = -1;
+  EXPECT_EQ(code(c), ErrorCode::kInvalidArgument);
+}
+
+ServeConfig Hybrid(ServeConfig c, double factor, double knee = 16) {
+  c.hybrid = true;
+  c.cpu.factor = factor;
+  c.cpu.knee_tokens = knee;
+  return c;
+}
+
+// Decode steps only, one layer of 4 experts, top-1 (one slot at 25%: expert 0 preloaded).
+Result<ServeWorkload> DecodeWorkload(const Trace& trace, const TraceRequests& grouped) {
+  ServeWorkloadOptions o;
+  o.kind = TraceKind::kDecodePositions;
+  return BuildServeWorkload(grouped, o);
+}
+
+TEST(ServeReplayTest, HybridComputesAMissOnTheCpuWhenThatIsSooner) {
+  // Every step misses: expert 1, 2, 1, 2, ... against a cache holding one expert. A load takes
+  // 10 ms, a layer 1 ms.
+  Routing r(1);
+  for (int i = 0; i < 4; ++i) r[0].push_back({{static_cast<uint16_t>(1 + i % 2)}});
+  Trace trace = MakeTrace(1, 4, 1, r);
+  TraceRequests grouped = GroupByRequest(trace);
+  auto w = DecodeWorkload(trace, grouped);
+  ASSERT_TRUE(w.ok());
+  const ServeConfig off = Config("lru", 0.25, 1, Time(1, 0, 10));
+  auto link = RunServeReplay(*w, {}, {0}, {0}, off, nullptr);
+  // c = 0.5: 5 ms on the CPU against 10 over the link, every step; the cache keeps expert 0.
+  auto half = RunServeReplay(*w, {}, {0}, {0}, Hybrid(off, 0.5), nullptr);
+  // c = 1.5: 15 ms on the CPU: every miss loads, as without the CPU path.
+  auto slow = RunServeReplay(*w, {}, {0}, {0}, Hybrid(off, 1.5), nullptr);
+  ASSERT_TRUE(link.ok() && half.ok() && slow.ok()) << half.status().ToString();
+  EXPECT_DOUBLE_EQ(link->requests[0].tpot_ns(), 11.0 * kMs);
+  EXPECT_DOUBLE_EQ(link->decode.stall_ns, 40.0 * kMs);
+  EXPECT_DOUBLE_EQ(link->decode.experts_moved, 4.0);
+  EXPECT_EQ(link->decode.cpu_experts, 0u);
+
+  EXPECT_DOUBLE_EQ(half->requests[0].ttft_ns(), 6.0 * kMs);
+  EXPECT_DOUBLE_EQ(half->requests[0].tpot_ns(), 6.0 * kMs);
+  EXPECT_EQ(half->decode.cpu_experts, 4u);
+  EXPECT_EQ(half->decode.misses, 4u);  // CPU-run experts are misses too.
+  EXPECT_EQ(half->decode.hits, 0u);
+  EXPECT_EQ(half->decode.on_demand_loads, 0u);
+  EXPECT_DOUBLE_EQ(half->decode.experts_moved, 0.0);
+  EXPECT_DOUBLE_EQ(half->decode.stall_ns, 20.0 * kMs);
+  EXPECT_DOUBLE_EQ(half->decode.cpu_stall_ns, 20.0 * kMs);
+  EXPECT_DOUBLE_EQ(half->decode.cpu_ns, 20.0 * kMs);
+
+  EXPECT_EQ(slow->decode.cpu_experts, 0u);
+  EXPECT_DOUBLE_EQ(slow->decode.stall_ns, link->decode.stall_ns);
+  EXPECT_DOUBLE_EQ(slow->requests[0].tpot_ns(), link->requests[0].tpot_ns());
+}
+
+TEST(ServeReplayTest, HybridSplitsABatchsMissesBetweenTheLinkAndTheCpu) {
+  // Two requests decode together, one with expert 1, the other with expert 2, for 3 steps; one
+  // slot. Step 1: both miss; link only 20 ms, one on the CPU max(10, 5) = 10, both 10: expert 1
+  // (the lower) runs on the CPU, expert 2 loads. Steps 2 and 3: expert 2 hits, expert 1 runs on
+  // the CPU (5 ms).
+  Routing r = {{{{1}}, {{1}}, {{1}}}, {{{2}}, {{2}}, {{2}}}};
+  Trace trace = MakeTrace(1, 4, 1, r);
+  TraceRequests grouped = GroupByRequest(trace);
+  auto w = DecodeWorkload(trace, grouped);
+  ASSERT_TRUE(w.ok());
+  const ServeConfig off = Config("lru", 0.25, 2, Time(1, 0, 10));
+  auto on = RunServeReplay(*w, {}, {0, 1}, {0, 0}, Hybrid(off, 0.5), nullptr);
+  auto link = RunServeReplay(*w, {}, {0, 1}, {0, 0}, off, nullptr);
+  ASSERT_TRUE(on.ok() && link.ok()) << on.status().ToString();
+  EXPECT_EQ(on->decode.iterations, 3u);
+  EXPECT_DOUBLE_EQ(on->requests[0].ttft_ns(), 11.0 * kMs);
+  EXPECT_DOUBLE_EQ(on->requests[1].tpot_ns(), 6.0 * kMs);
+  EXPECT_EQ(on->decode.cpu_experts, 3u);
+  EXPECT_EQ(on->decode.hits, 2u);
+  EXPECT_EQ(on->decode.misses, 4u);
+  EXPECT_EQ(on->decode.on_demand_loads, 1u);
+  EXPECT_DOUBLE_EQ(on->decode.experts_moved, 1.0);
+  EXPECT_DOUBLE_EQ(on->decode.stall_ns, 20.0 * kMs);      // 10 + 5 + 5.
+  EXPECT_DOUBLE_EQ(on->decode.cpu_stall_ns, 10.0 * kMs);  // Steps 2 and 3.
+  EXPECT_DOUBLE_EQ(on->decode.cpu_ns, 15.0 * kMs);
+  // Without it the two experts take turns in the slot: both load at step 1, then the one that
+  // was not kept at each step (the resident one is computed first, then makes room).
+  EXPECT_DOUBLE_EQ(link->decode.stall_ns, 40.0 * kMs);
+  EXPECT_DOUBLE_EQ(link->decode.experts_moved, 4.0);
+}
+
+TEST(ServeReplayTest, HybridLoadsAPrefillsExpertsWhenTheirTokensMakeTheCpuSlower) {
+  // Request 2's prompt: 10 positions over 2 layers, expert 2 at layer 0 and 0 at layer 1; 20%
+  // decode: a prefill of 8 tokens, then 2 decode steps. 2 slots (layer 0's experts 0 and 1
+  // preloaded). At c = 0.5 flat to 2 tokens, an expert of 8 tokens takes 20 ms on the CPU
+  // against a 10 ms load: the prefill loads both, as without the CPU path, then decode hits.
+  Trace trace = PromptTrace({1, 1, 10});
+  TraceRequests grouped = GroupByRequest(trace);
+  auto w = Workload(trace, grouped, 0.2);
+  ASSERT_TRUE(w.ok());
+  const ServeConfig off = Config("lru", 0.25, 1, Time(1, 0, 10));
+  auto link = RunServeReplay(*w, {}, {2}, {0}, off, nullptr);
+  auto on = RunServeReplay(*w, {}, {2}, {0}, Hybrid(off, 0.5, 2), nullptr);
+  ASSERT_TRUE(link.ok() && on.ok()) << on.status().ToString();
+  EXPECT_EQ(on->prefill.tokens, 8u);
+  EXPECT_EQ(on->prefill.cpu_experts, 0u);
+  EXPECT_EQ(on->prefill.on_demand_loads, 2u);
+  EXPECT_DOUBLE_EQ(on->prefill.stall_ns, 20.0 * kMs);
+  EXPECT_DOUBLE_EQ(on->requests[0].ttft_ns(), link->requests[0].ttft_ns());
+  EXPECT_EQ(on->decode.misses, 0u);
+  // Flat to 16 tokens, the same prefill's experts take 5 ms each on the CPU: both go there.
+  auto flat = RunServeReplay(*w, {}, {2}, {0}, Hybrid(off, 0.5, 16), nullptr);
+  ASSERT_TRUE(flat.ok());
+  EXPECT_EQ(flat->prefill.cpu_experts, 2u);
+  EXPECT_DOUBLE_EQ(flat->prefill.stall_ns, 10.0 * kMs);
+}
+
+TEST(ServeReplayTest, HybridNeverSlowsTheFirstIterationOfAnyPolicy) {
+  // The first iteration starts from the same (preloaded) cache with and without the CPU path.
+  Trace trace = RandomPrompts(11, 8);
+  TraceRequests grouped = GroupByRequest(trace);
+  auto w = Workload(trace, grouped, 0.5);
+  ASSERT_TRUE(w.ok());
+  const std::vector<uint32_t> test = {0, 1, 2, 3, 4, 5, 6, 7};
+  const std::vector<int64_t> arrivals(test.size(), 0);
+  for (const char* policy : {"lru", "lfu", "on-demand", "moe-infinity", "fmoe", "oracle"}) {
+    for (double factor : {0.25, 0.5, 1.0, 3.0}) {
+      for (uint32_t batch : {1u, 4u}) {
+        const ServeConfig off = Config(policy, 0.25, batch, Time(1, 0.1, 3));
+        auto a = RunServeReplay(*w, {}, test, arrivals, off, nullptr);
+        auto b = RunServeReplay(*w, {}, test, arrivals, Hybrid(off, factor), nullptr);
+        ASSERT_TRUE(a.ok() && b.ok()) << policy << ": " << b.status().ToString();
+        EXPECT_LE(b->requests[0].ttft_ns(), a->requests[0].ttft_ns())
+            << policy << " c=" << factor << " batch " << batch;
+        if (factor < 1) {
+          EXPECT_GT(b->prefill.cpu_experts + b->decode.cpu_experts, 0u) << policy;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
