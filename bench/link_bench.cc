@@ -125,6 +125,7 @@ void BM_CudaLink(benchmark::State& state) {
   if (!HaveGpu(state)) return;
   const size_t bytes = static_cast<size_t>(state.range(0)) << 20;
   LinkOptions options;
+  options.cuda_chunk_bytes = static_cast<size_t>(state.range(1)) << 10;
   auto made = NewCudaLink(0, options);
   if (!made.ok()) {
     state.SkipWithError(made.status().ToString().c_str());
@@ -149,11 +150,11 @@ void BM_CudaLink(benchmark::State& state) {
   link->UnregisterHost(src.data());
   link->FreeDevice(*dst);
 }
+// Each expert size at chunk sizes from 256 KiB to 16 MiB (the default is LinkOptions'
+// cuda_chunk_bytes), to compare with BM_PinnedCopy of the same size.
 BENCHMARK(BM_CudaLink)
-    ->ArgName("MiB")
-    ->Arg(16)
-    ->Arg(112)
-    ->Arg(336)
+    ->ArgNames({"MiB", "chunk_KiB"})
+    ->ArgsProduct({{16, 112, 336}, {256, 1024, 4096, 16384}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -54,7 +54,7 @@ Status CudaStatus(cudaError_t err, int device, const char* what) {
 class CudaLink final : public TransferEngine {
  public:
   CudaLink(int device, const LinkOptions& options)
-      : device_(device), chunk_bytes_(options.chunk_bytes) {}
+      : device_(device), chunk_bytes_(options.cuda_chunk_bytes) {}
 
   // Creates the stream and events and starts the worker. REQUIRES: device_ is current.
   Status Init() {

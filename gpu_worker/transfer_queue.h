@@ -46,6 +46,10 @@ inline Status ValidateLinkOptions(const LinkOptions& options) {
     return InvalidArgument("link: chunk_bytes " + std::to_string(options.chunk_bytes) +
                            " is below 4096");
   }
+  if (options.cuda_chunk_bytes < 4096) {
+    return InvalidArgument("link: cuda_chunk_bytes " + std::to_string(options.cuda_chunk_bytes) +
+                           " is below 4096");
+  }
   return Status::Ok();
 }
 
