@@ -38,25 +38,33 @@ std::optional<double> HostTimeModel::Estimate(uint32_t tokens) const {
   return std::nullopt;
 }
 
+bool HostTimeModel::Measured(uint32_t tokens) const {
+  return avg_[std::bit_width(std::max<uint32_t>(tokens, 1))] > 0.0;
+}
+
 std::vector<bool> SplitMissing(std::span<const MissingExpert> missing, double load_ns,
                                double link_ahead_ns, const HostTimeModel& host) {
   std::vector<bool> on_host(missing.size(), false);
   if (missing.empty() || load_ns <= 0.0) return on_host;
-  if (host.samples() == 0) {
-    size_t fewest = 0;
-    for (size_t i = 1; i < missing.size(); ++i) {
-      if (missing[i].tokens < missing[fewest].tokens) fewest = i;
-    }
-    on_host[fewest] = true;
-    return on_host;
+  double host_free = 0.0;
+  // The probe: the lightest expert whose bucket the host has not run yet.
+  size_t probe = missing.size();
+  for (size_t i = 0; i < missing.size(); ++i) {
+    if (host.Measured(missing[i].tokens)) continue;
+    if (probe == missing.size() || missing[i].tokens < missing[probe].tokens) probe = i;
+  }
+  if (probe < missing.size()) {
+    on_host[probe] = true;
+    if (host.samples() == 0) return on_host;  // Nothing else to go by.
+    host_free = host.Estimate(missing[probe].tokens).value_or(0.0);
   }
   std::vector<size_t> order(missing.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return missing[a].tokens > missing[b].tokens; });
   double link_free = std::max(link_ahead_ns, 0.0);
-  double host_free = 0.0;
   for (size_t i : order) {
+    if (i == probe) continue;
     const double host_ns = host.Estimate(missing[i].tokens).value_or(0.0);
     const double by_link = link_free + load_ns;
     const double by_host = host_free + host_ns;

@@ -22,6 +22,8 @@ class HostTimeModel {
   // yet, the nearest larger bucket's, else the nearest smaller one's scaled up linearly by the
   // tokens (both err on the slow side). nullopt when nothing has been measured.
   std::optional<double> Estimate(uint32_t tokens) const;
+  // Whether a run with this many tokens' bucket has been measured.
+  bool Measured(uint32_t tokens) const;
   uint64_t samples() const { return samples_; }
 
  private:
@@ -38,8 +40,10 @@ struct MissingExpert {
 // by descending token count: each expert goes where it would finish first, the link (its loads
 // one after another, starting `link_ahead_ns` from now, `load_ns` each) or the host (its runs
 // one after another, each as `host` estimates); ties go to the link, which also caches the
-// expert. With no link figure yet everything is loaded; with no host figure yet the expert with
-// the fewest tokens runs on the host once, to measure it.
+// expert. With no link figure yet everything is loaded. Where some missing expert's token count
+// has no host figure yet (its bucket), the lightest such expert runs on the host first, to
+// measure it (an estimate from another bucket errs on the slow side and would never be
+// corrected otherwise): one such probe per layer, at most one per bucket ever measured.
 std::vector<bool> SplitMissing(std::span<const MissingExpert> missing, double load_ns,
                                double link_ahead_ns, const HostTimeModel& host);
 

@@ -284,7 +284,8 @@ TEST(CachedExperts, RequestFiguresReachTheTokenEvents) {
 
 // The split follows the measured rates: a slow link and a host as fast as the compute send
 // many missing experts to the host; a fast link and a host 1000x slower send almost none (the
-// one run that measures the host). Both runs give the all-resident tokens.
+// probes that measure the host, one per power-of-two bucket of token counts: a batch here has
+// under 128 rows, so at most 7). Both runs give the all-resident tokens.
 TEST(CachedExperts, HybridSplitFollowsTheMeasuredRates) {
   const Reference& ref = AllResident();
   auto run = [&](double gbps, double slowdown) {
@@ -304,7 +305,8 @@ TEST(CachedExperts, HybridSplitFollowsTheMeasuredRates) {
   const CacheCounters slow_link = run(0.2, 1.0);
   const CacheCounters slow_host = run(32, 1000);
   EXPECT_GT(slow_link.host_runs, slow_link.misses / 4);
-  EXPECT_LT(slow_host.host_runs, 3u);
+  EXPECT_LE(slow_host.host_runs, 7u);
+  EXPECT_GT(slow_link.host_runs, 4 * slow_host.host_runs);
   EXPECT_LT(slow_link.bytes_moved, slow_host.bytes_moved);
 }
 

@@ -39,6 +39,21 @@ TEST(SplitMissing, MeasuresTheHostOnceOnTheLightestExpert) {
             (std::vector<bool>{false, true, false}));
 }
 
+TEST(SplitMissing, ProbesABucketTheHostHasNotRun) {
+  HostTimeModel host;
+  host.Record(8, 400);  // Prefill-sized runs measured, one-token runs not.
+  // The 1-token expert is probed on the host (its estimate, 400, counts against the host); the
+  // 8-token one: link at 100 vs host at 800 -> link; the 2-token one probes nothing (one probe
+  // per layer) and goes by its estimate: link at 200 vs host at 800 -> link.
+  const std::vector<MissingExpert> missing = {{1, 8}, {2, 1}, {3, 2}};
+  EXPECT_EQ(SplitMissing(missing, 100.0, 0.0, host), (std::vector<bool>{false, true, false}));
+  host.Record(1, 50);
+  host.Record(2, 60);
+  // Every bucket measured: no probe; 8 tokens -> link (100 < 400); 2 tokens: link 200 vs host
+  // 60 -> host; 1 token: link 200 vs host 110 -> host.
+  EXPECT_EQ(SplitMissing(missing, 100.0, 0.0, host), (std::vector<bool>{false, true, true}));
+}
+
 TEST(SplitMissing, SendsEachExpertWhereItFinishesFirst) {
   HostTimeModel host;
   host.Record(1, 150);  // One token: 150 ns on the host.
@@ -57,6 +72,7 @@ TEST(SplitMissing, SendsEachExpertWhereItFinishesFirst) {
   // A host slower than any queue of loads gets nothing.
   HostTimeModel slow;
   slow.Record(1, 1e9);
+  slow.Record(8, 1e9);
   EXPECT_EQ(SplitMissing(missing, 100.0, 0.0, slow), std::vector<bool>(5, false));
 }
 
