@@ -18,7 +18,18 @@ void HostTimeModel::Record(uint32_t tokens, int64_t ns) {
   double& avg = avg_[std::bit_width(tokens)];
   const double sample = static_cast<double>(ns);
   avg = avg == 0.0 ? sample : (1.0 - kHostAverageWeight) * avg + kHostAverageWeight * sample;
+  skipped_[std::bit_width(tokens)] = 0;
   ++samples_;
+}
+
+bool HostTimeModel::Due(uint32_t tokens) const {
+  const int b = std::bit_width(std::max<uint32_t>(tokens, 1));
+  return avg_[b] == 0.0 || skipped_[b] >= kReprobeAfter;
+}
+
+void HostTimeModel::Skipped(uint32_t tokens) {
+  uint32_t& n = skipped_[std::bit_width(std::max<uint32_t>(tokens, 1))];
+  n = std::min(n + 1, kReprobeAfter);
 }
 
 std::optional<double> HostTimeModel::Estimate(uint32_t tokens) const {
@@ -43,19 +54,24 @@ bool HostTimeModel::Measured(uint32_t tokens) const {
 }
 
 std::vector<bool> SplitMissing(std::span<const MissingExpert> missing, double load_ns,
-                               double link_ahead_ns, const HostTimeModel& host) {
+                               double link_ahead_ns, HostTimeModel& host) {
   std::vector<bool> on_host(missing.size(), false);
   if (missing.empty() || load_ns <= 0.0) return on_host;
   double host_free = 0.0;
   // The probe: the lightest expert whose bucket the host has not run yet.
   size_t probe = missing.size();
   for (size_t i = 0; i < missing.size(); ++i) {
-    if (host.Measured(missing[i].tokens)) continue;
+    if (!host.Due(missing[i].tokens)) continue;
     if (probe == missing.size() || missing[i].tokens < missing[probe].tokens) probe = i;
   }
   if (probe < missing.size()) {
     on_host[probe] = true;
-    if (host.samples() == 0) return on_host;  // Nothing else to go by.
+    if (host.samples() == 0) {  // Nothing else to go by.
+      for (size_t i = 0; i < missing.size(); ++i) {
+        if (i != probe) host.Skipped(missing[i].tokens);
+      }
+      return on_host;
+    }
     host_free = host.Estimate(missing[probe].tokens).value_or(0.0);
   }
   std::vector<size_t> order(missing.size());
@@ -73,6 +89,7 @@ std::vector<bool> SplitMissing(std::span<const MissingExpert> missing, double lo
       host_free = by_host;
     } else {
       link_free = by_link;
+      host.Skipped(missing[i].tokens);
     }
   }
   return on_host;

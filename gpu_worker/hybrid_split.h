@@ -24,10 +24,19 @@ class HostTimeModel {
   std::optional<double> Estimate(uint32_t tokens) const;
   // Whether a run with this many tokens' bucket has been measured.
   bool Measured(uint32_t tokens) const;
+  // Whether an expert with this many tokens should run on the host to (re)measure its bucket:
+  // never measured, or loaded instead kReprobeAfter times since its last run (so one slow
+  // sample cannot keep the host out for good).
+  bool Due(uint32_t tokens) const;
+  // An expert with this many tokens was loaded instead.
+  void Skipped(uint32_t tokens);
   uint64_t samples() const { return samples_; }
 
+  static constexpr uint32_t kReprobeAfter = 32;
+
  private:
-  std::array<double, 33> avg_{};  // By std::bit_width(tokens); 0 = no sample.
+  std::array<double, 33> avg_{};        // By std::bit_width(tokens); 0 = no sample.
+  std::array<uint32_t, 33> skipped_{};  // Loads since the bucket's last run.
   uint64_t samples_ = 0;
 };
 
@@ -40,11 +49,11 @@ struct MissingExpert {
 // by descending token count: each expert goes where it would finish first, the link (its loads
 // one after another, starting `link_ahead_ns` from now, `load_ns` each) or the host (its runs
 // one after another, each as `host` estimates); ties go to the link, which also caches the
-// expert. With no link figure yet everything is loaded. Where some missing expert's token count
-// has no host figure yet (its bucket), the lightest such expert runs on the host first, to
-// measure it (an estimate from another bucket errs on the slow side and would never be
-// corrected otherwise): one such probe per layer, at most one per bucket ever measured.
+// expert. With no link figure yet everything is loaded. Where some missing expert's bucket is
+// Due (never measured, or long not run: an estimate otherwise stays as wrong as its last sample),
+// the lightest such expert runs on the host first, to measure it: one such probe per layer.
+// Notes each expert it loads in `host` (Skipped).
 std::vector<bool> SplitMissing(std::span<const MissingExpert> missing, double load_ns,
-                               double link_ahead_ns, const HostTimeModel& host);
+                               double link_ahead_ns, HostTimeModel& host);
 
 }  // namespace fmoe

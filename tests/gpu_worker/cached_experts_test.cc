@@ -283,9 +283,10 @@ TEST(CachedExperts, RequestFiguresReachTheTokenEvents) {
 }
 
 // The split follows the measured rates: a slow link and a host as fast as the compute send
-// many missing experts to the host; a fast link and a host 1000x slower send almost none (the
-// probes that measure the host, one per power-of-two bucket of token counts: a batch here has
-// under 128 rows, so at most 7). Both runs give the all-resident tokens.
+// many missing experts to the host; a fast link and a host 1000x slower send almost none: the
+// probes that measure the host, one per power-of-two bucket of token counts (a batch here has
+// under 128 rows, so at most 7) and one per kReprobeAfter loads in a bucket. Both runs give the
+// all-resident tokens.
 TEST(CachedExperts, HybridSplitFollowsTheMeasuredRates) {
   const Reference& ref = AllResident();
   auto run = [&](double gbps, double slowdown) {
@@ -305,8 +306,9 @@ TEST(CachedExperts, HybridSplitFollowsTheMeasuredRates) {
   const CacheCounters slow_link = run(0.2, 1.0);
   const CacheCounters slow_host = run(32, 1000);
   EXPECT_GT(slow_link.host_runs, slow_link.misses / 4);
-  EXPECT_LE(slow_host.host_runs, 7u);
-  EXPECT_GT(slow_link.host_runs, 4 * slow_host.host_runs);
+  EXPECT_LE(slow_host.host_runs, 7 + slow_host.misses / HostTimeModel::kReprobeAfter);
+  EXPECT_GT(slow_link.host_runs, 3 * slow_host.host_runs)
+      << slow_link.host_runs << " " << slow_host.host_runs;
   EXPECT_LT(slow_link.bytes_moved, slow_host.bytes_moved);
 }
 

@@ -35,8 +35,8 @@ TEST(SplitMissing, LoadsEverythingWithoutALinkFigure) {
 
 TEST(SplitMissing, MeasuresTheHostOnceOnTheLightestExpert) {
   const std::vector<MissingExpert> missing = {{1, 5}, {2, 1}, {3, 3}};
-  EXPECT_EQ(SplitMissing(missing, 100.0, 0.0, HostTimeModel{}),
-            (std::vector<bool>{false, true, false}));
+  HostTimeModel host;
+  EXPECT_EQ(SplitMissing(missing, 100.0, 0.0, host), (std::vector<bool>{false, true, false}));
 }
 
 TEST(SplitMissing, ProbesABucketTheHostHasNotRun) {
@@ -52,6 +52,19 @@ TEST(SplitMissing, ProbesABucketTheHostHasNotRun) {
   // Every bucket measured: no probe; 8 tokens -> link (100 < 400); 2 tokens: link 200 vs host
   // 60 -> host; 1 token: link 200 vs host 110 -> host.
   EXPECT_EQ(SplitMissing(missing, 100.0, 0.0, host), (std::vector<bool>{false, true, true}));
+}
+
+TEST(SplitMissing, ReprobesABucketLongLoadedInstead) {
+  HostTimeModel host;
+  host.Record(1, 1e9);  // One slow sample.
+  const std::vector<MissingExpert> one = {{1, 1}};
+  for (uint32_t i = 0; i < HostTimeModel::kReprobeAfter; ++i) {
+    ASSERT_EQ(SplitMissing(one, 100.0, 0.0, host), std::vector<bool>{false}) << i;
+  }
+  EXPECT_TRUE(host.Due(1));
+  EXPECT_EQ(SplitMissing(one, 100.0, 0.0, host), std::vector<bool>{true});
+  host.Record(1, 10);  // The re-measure: the average moves and the count restarts.
+  EXPECT_FALSE(host.Due(1));
 }
 
 TEST(SplitMissing, SendsEachExpertWhereItFinishesFirst) {
