@@ -10,6 +10,10 @@
 // Each run is interleaved request by request with an all-resident run of the same prompts, and
 // "vs all-resident" divides the two medians of the same configuration, so that drift in the
 // machine's speed does not show up as a policy's cost.
+// --hybrid off|on|both: hybrid execution (a missing expert run on the host when that finishes the
+// layer sooner); `both` runs each configuration without and with it. In cpu mode the host runs
+// are slowed to --host-ratio x one expert's load time for one token (the emulated host compute
+// rate, from one expert's measured compute time): every such figure is emulated.
 // Prints a Markdown table.
 //
 //   build/bin/cache_bench --model deploy/models/tiny-moe --prompts-file prompts.jsonl
@@ -20,12 +24,15 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_prompts.h"
 #include "common/log.h"
 #include "common/policy_names.h"
+#include "gpu_worker/blocks.h"
+#include "gpu_worker/model.h"
 #include "gpu_worker/rank.h"
 
 namespace {
@@ -118,6 +125,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> policies = {"fmoe",      "fmoe-nextuse", "moe-infinity", "speculative",
                                        "on-demand", "lru",          "lfu",          "oracle"};
   std::vector<double> budgets = {0.25, 0.5, 1.0};
+  std::string hybrid = "off";
+  double host_ratio = 0.5;
   app.add_option("--model", model_dir, "model directory");
   app.add_option("--prompts-file", prompts_file, "JSONL with a \"prompt\" field per line");
   app.add_option("--prompts", num_prompts, "prompts, one request each");
@@ -133,6 +142,14 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "runs per configuration; the median TPOT is reported");
   app.add_option("--policy", policies, "policies to run (repeatable)");
   app.add_option("--budget", budgets, "expert budgets as fractions of the experts");
+  app.add_option("--hybrid", hybrid, "hybrid execution: off | on | both (without, then with)")
+      ->check(CLI::IsMember({"off", "on", "both"}))
+      ->capture_default_str();
+  app.add_option("--host-ratio", host_ratio,
+                 "cpu mode: a host run of one expert on one token takes this many expert loads "
+                 "(the emulated host compute rate, c)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.footer("Policies:\n" + PolicyHelp(/*servable_only=*/false));
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
@@ -188,54 +205,83 @@ int main(int argc, char** argv) {
     std::printf("emulated link: %.3f GB/s + %.0f us = %.3f ms per expert (%.1f x a layer)", gbps,
                 latency_us, load_ms, load_ms / layer_ms);
   }
+  // The emulated host compute rate: one expert's measured compute on one token, slowed so that
+  // it takes host_ratio loads.
+  double host_slowdown = 1.0;
+  if (hybrid != "off" && !cuda) {
+    const ExpertWeights& w = resident.experts()[0][0];
+    const at::Tensor x = at::randn({1, info.hidden_size}).to(w.w1.scalar_type());
+    std::vector<double> ms;
+    for (int i = 0; i < 201; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      at::Tensor y = SwiGlu(x, w.w1, w.w3, w.w2, RuntimeOptions{}.row_block);
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    host_slowdown = std::max(1.0, host_ratio * load_ms / ms[ms.size() / 2]);
+    std::printf("; emulated host: one expert %.3f ms x %.1f = %.3f ms (%.2f x a load)",
+                ms[ms.size() / 2], host_slowdown, ms[ms.size() / 2] * host_slowdown,
+                ms[ms.size() / 2] * host_slowdown / load_ms);
+  }
   std::printf("; %zu prompts x %u tokens, batch 1, %d thread(s), d=%u\n\n", prompts.size(),
               max_tokens, threads, distance);
   std::printf(
-      "| policy | budget | TPOT ms | vs all-resident (paired) | hit rate | stall ms/token | MB "
-      "moved/token | prefetches used / issued | identical tokens |\n|---|---:|---:|---:|---:|---:|"
-      "---:|---:|---|\n");
-  std::printf("| all-resident | 100%% | %.2f | 1.00 | 100%% | 0 | 0 | - | - |\n", reference_tpot);
+      "| policy | hybrid | budget | TPOT ms | vs all-resident (paired) | hit rate | stall ms/token "
+      "| MB moved/token | host runs/token | prefetches used / issued | identical tokens "
+      "|\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+  std::printf("| all-resident | - | 100%% | %.2f | 1.00 | 100%% | 0 | 0 | 0 | - | - |\n",
+              reference_tpot);
+  std::vector<bool> hybrid_modes;
+  if (hybrid != "on") hybrid_modes.push_back(false);
+  if (hybrid != "off") hybrid_modes.push_back(true);
   std::fflush(stdout);
   for (const std::string& policy : policies) {
     for (double budget : budgets) {
-      CachedExpertsOptions o;
-      o.policy = policy;
-      o.cache_fraction = budget;
-      o.link.gbps = gbps;
-      o.link.latency_us = latency_us;
-      o.policy_options.prefetch_distance = distance;
-      o.policy_options.future = recording.accesses();
-      std::vector<double> tpots;
-      std::vector<double> paired;
-      Run run;
-      CacheStats st;
-      for (int r = 0; r < std::max(1, repeats); ++r) {
-        auto cached = (*rank)->NewCachedExperts(o);
-        if (!cached.ok()) {
-          std::fprintf(stderr, "%s\n", cached.status().message().c_str());
-          return 1;
+      for (bool on_host : hybrid_modes) {
+        CachedExpertsOptions o;
+        o.hybrid = on_host;
+        o.host_slowdown = host_slowdown;
+        o.policy = policy;
+        o.cache_fraction = budget;
+        o.link.gbps = gbps;
+        o.link.latency_us = latency_us;
+        o.policy_options.prefetch_distance = distance;
+        o.policy_options.future = recording.accesses();
+        std::vector<double> tpots;
+        std::vector<double> paired;
+        Run run;
+        CacheStats st;
+        for (int r = 0; r < std::max(1, repeats); ++r) {
+          auto cached = (*rank)->NewCachedExperts(o);
+          if (!cached.ok()) {
+            std::fprintf(stderr, "%s\n", cached.status().message().c_str());
+            return 1;
+          }
+          auto [base_run, cached_run] =
+              RunInterleaved(model, resident, **cached, tok, prompts, max_tokens);
+          run = std::move(cached_run);
+          tpots.push_back(run.tpot_ms());
+          paired.push_back(base_run.tpot_ms());
+          st = (*cached)->stats();
         }
-        auto [base_run, cached_run] =
-            RunInterleaved(model, resident, **cached, tok, prompts, max_tokens);
-        run = std::move(cached_run);
-        tpots.push_back(run.tpot_ms());
-        paired.push_back(base_run.tpot_ms());
-        st = (*cached)->stats();
+        std::sort(tpots.begin(), tpots.end());
+        std::sort(paired.begin(), paired.end());
+        const double tpot = tpots[tpots.size() / 2];
+        const double base = paired[paired.size() / 2];
+        const CacheCounters& t = st.total;
+        const uint64_t tokens = std::max<uint64_t>(1, run.decode_tokens + prompts.size());
+        const double lookups = static_cast<double>(t.hits + t.misses);
+        std::printf(
+            "| %s | %s | %.0f%% | %.2f | %.2f | %.1f%% | %.2f | %.2f | %.2f | %llu / %llu | %s |\n",
+            policy.c_str(), on_host ? (cuda ? "on" : "on (emulated)") : "off", budget * 100, tpot,
+            tpot / base, lookups > 0 ? 100.0 * t.hits / lookups : 0.0, t.stall_ns / 1e6 / tokens,
+            t.bytes_moved / 1e6 / tokens, static_cast<double>(t.host_runs) / tokens,
+            static_cast<unsigned long long>(t.prefetches_used),
+            static_cast<unsigned long long>(t.prefetches_issued),
+            run.tokens == reference.tokens ? "yes" : "NO");
+        std::fflush(stdout);
       }
-      std::sort(tpots.begin(), tpots.end());
-      std::sort(paired.begin(), paired.end());
-      const double tpot = tpots[tpots.size() / 2];
-      const double base = paired[paired.size() / 2];
-      const CacheCounters& t = st.total;
-      const uint64_t tokens = std::max<uint64_t>(1, run.decode_tokens + prompts.size());
-      const double lookups = static_cast<double>(t.hits + t.misses);
-      std::printf("| %s | %.0f%% | %.2f | %.2f | %.1f%% | %.2f | %.2f | %llu / %llu | %s |\n",
-                  policy.c_str(), budget * 100, tpot, tpot / base,
-                  lookups > 0 ? 100.0 * t.hits / lookups : 0.0, t.stall_ns / 1e6 / tokens,
-                  t.bytes_moved / 1e6 / tokens, static_cast<unsigned long long>(t.prefetches_used),
-                  static_cast<unsigned long long>(t.prefetches_issued),
-                  run.tokens == reference.tokens ? "yes" : "NO");
-      std::fflush(stdout);
     }
   }
   return 0;

@@ -140,6 +140,9 @@ flatbuffers::Offset<fb::WorkerHeartbeat> Build(Builder& fbb, const WorkerHeartbe
   b.add_expert_prefetches_used(m.experts.prefetches_used);
   b.add_expert_bytes_moved(m.experts.bytes_moved);
   b.add_expert_stall_us(m.experts.stall_us);
+  b.add_expert_host_runs(m.experts.host_runs);
+  b.add_expert_host_us(m.experts.host_us);
+  b.add_expert_bytes_not_moved(m.experts.bytes_not_moved);
   return b.Finish();
 }
 
@@ -200,6 +203,9 @@ flatbuffers::Offset<fb::TokenEvent> Build(Builder& fbb, const TokenEvent& m) {
   b.add_expert_hits(m.expert_hits);
   b.add_expert_misses(m.expert_misses);
   b.add_bytes_moved(m.bytes_moved);
+  b.add_expert_host_runs(m.expert_host_runs);
+  b.add_expert_host_us(m.expert_host_us);
+  b.add_bytes_not_moved(m.bytes_not_moved);
   b.add_logprob(m.logprob);
   b.add_top_logprob_ids(top_ids);
   b.add_top_logprob_values(top_values);
@@ -529,7 +535,10 @@ bool Read(const fb::WorkerHeartbeat& t, const Checker& c, WorkerHeartbeat* m) {
                 t.expert_prefetches_issued(),
                 t.expert_prefetches_used(),
                 t.expert_bytes_moved(),
-                t.expert_stall_us()};
+                t.expert_stall_us(),
+                t.expert_host_runs(),
+                t.expert_host_us(),
+                t.expert_bytes_not_moved()};
   return c.String(t.group(), "WorkerHeartbeat.group", &m->group, /*required=*/true);
 }
 
@@ -622,6 +631,9 @@ bool Read(const fb::TokenEvent& t, const Checker& c, TokenEvent* m) {
   m->expert_hits = t.expert_hits();
   m->expert_misses = t.expert_misses();
   m->bytes_moved = t.bytes_moved();
+  m->expert_host_runs = t.expert_host_runs();
+  m->expert_host_us = t.expert_host_us();
+  m->bytes_not_moved = t.bytes_not_moved();
   m->logprob = t.logprob();
   return c.String(t.error(), "TokenEvent.error", &m->error) &&
          c.Finite(m->logprob, "TokenEvent.logprob") &&

@@ -43,12 +43,14 @@ constexpr std::string_view kGroupKeys[] = {"name",
                                            "expert_cache_fraction",
                                            "memory_utilization",
                                            "link",
+                                           "hybrid",
                                            "rendezvous",
                                            "collective_timeout_s",
                                            "rendezvous_timeout_s",
                                            "record_trace",
                                            "workers"};
 constexpr std::string_view kLinkKeys[] = {"gbps", "latency_us"};
+constexpr std::string_view kHybridKeys[] = {"cpu_threads", "host_slowdown"};
 constexpr std::string_view kWorkerKeys[] = {"device", "host"};
 constexpr std::string_view kRouterKeys[] = {
     "listen",         "worker_endpoint", "request_timeout_s",
@@ -635,6 +637,28 @@ bool IsValidGroupName(std::string_view name) {
   return true;
 }
 
+// hybrid: off | auto | {cpu_threads: N, host_slowdown: x}
+Status ParseHybrid(const Field& field, HybridSpec* spec) {
+  if (!field.present) return Status::Ok();
+  if (field.node.IsScalar()) {
+    const std::string text = field.node.Scalar();
+    if (text == "off") {
+      spec->enabled = false;
+      return Status::Ok();
+    }
+    if (text == "auto") {
+      spec->enabled = true;
+      return Status::Ok();
+    }
+    return Error(field.path,
+                 Quote(text) + " is not off, auto or a map of cpu_threads and host_slowdown");
+  }
+  FMOE_ASSIGN_OR_RETURN(Section section, Section::Read(field, kHybridKeys));
+  spec->enabled = true;
+  FMOE_RETURN_IF_ERROR(ReadInt(section.Get("cpu_threads"), 1, 1024, &spec->cpu_threads));
+  return ReadDouble(section.Get("host_slowdown"), {1, false, 1000000}, &spec->host_slowdown);
+}
+
 Status ParseGroup(const Field& field, size_t index, const std::string& base_dir,
                   WorkerGroupSpec* group) {
   FMOE_ASSIGN_OR_RETURN(Section section, Section::Read(field, kGroupKeys));
@@ -676,6 +700,7 @@ Status ParseGroup(const Field& field, size_t index, const std::string& base_dir,
   FMOE_RETURN_IF_ERROR(ReadDouble(link.Get("gbps"), {0, true, 10000}, &group->link.gbps));
   FMOE_RETURN_IF_ERROR(
       ReadDouble(link.Get("latency_us"), {0, false, 1000000}, &group->link.latency_us));
+  FMOE_RETURN_IF_ERROR(ParseHybrid(section.Get("hybrid"), &group->hybrid));
   group->rendezvous = "127.0.0.1:" + std::to_string(kRendezvousBasePort + index);
   FMOE_RETURN_IF_ERROR(ReadHostPort(section.Get("rendezvous"), &group->rendezvous));
   FMOE_RETURN_IF_ERROR(ReadDouble(section.Get("collective_timeout_s"), {0, true, 3600},
@@ -1016,6 +1041,14 @@ std::string DescribeManifest(const Manifest& m) {
     EmitDouble(out, "gbps", g.link.gbps);
     EmitDouble(out, "latency_us", g.link.latency_us);
     out << YAML::EndMap;
+    if (!g.hybrid.enabled) {
+      EmitValue(out, "hybrid", std::string("off"));
+    } else {
+      out << YAML::Key << "hybrid" << YAML::Value << YAML::BeginMap;
+      if (g.hybrid.cpu_threads > 0) EmitValue(out, "cpu_threads", g.hybrid.cpu_threads);
+      EmitDouble(out, "host_slowdown", g.hybrid.host_slowdown);
+      out << YAML::EndMap;
+    }
     EmitValue(out, "rendezvous", g.rendezvous);
     EmitDouble(out, "collective_timeout_s", g.collective_timeout_s);
     EmitDouble(out, "rendezvous_timeout_s", g.rendezvous_timeout_s);

@@ -48,6 +48,19 @@ struct LinkSpec {            // Emulated host-to-device link for cpu workers (DE
   double latency_us = 10.0;  // [0, 1000000]. Default: 10
 };
 
+// Hybrid execution (issue 18): a rank runs a missing expert on its host CPU instead of loading
+// it when that finishes the layer sooner. Manifest: `hybrid: off` (the default) | `auto` (on,
+// LibTorch's thread count) | a map of the keys below (on).
+struct HybridSpec {
+  bool enabled = false;  // Default: off
+  // Host threads for expert runs on cuda ranks (LibTorch's intra-op pool), 1..1024; 0 = leave
+  // LibTorch's default. cpu ranks keep their compute threads. Default: 0
+  int cpu_threads = 0;
+  // cpu ranks: the emulated host compute rate, a host run takes this many times its real time,
+  // [1, 1000000] (as link.gbps paces the emulated link). Default: 1
+  double host_slowdown = 1.0;
+};
+
 struct WorkerSpec {
   std::string device = "cpu";      // "cpu" or "cuda:N". Default: cpu
   int cuda_index = -1;             // N of cuda:N; -1 for cpu. Derived at load.
@@ -69,6 +82,7 @@ struct WorkerGroupSpec {
   bool expert_cache_auto = false;
   double memory_utilization = 0.9;  // (0, 1], with expert_cache_gb: auto. Default: 0.9
   LinkSpec link;
+  HybridSpec hybrid;
   std::string rendezvous;  // c10d TCPStore HOST:PORT. Default: 127.0.0.1:(29500 + group index)
   // A collective of the group (per-layer all-reduce, iteration broadcast) that does not complete
   // within this time fails the group (every rank exits; the launcher restarts them together).

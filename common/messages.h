@@ -42,6 +42,9 @@ struct ExpertFigures {
   uint64_t prefetches_used = 0;
   uint64_t bytes_moved = 0;
   uint64_t stall_us = 0;
+  uint64_t host_runs = 0;  // Hybrid execution: missing experts run on the host instead.
+  uint64_t host_us = 0;    // Their time.
+  uint64_t bytes_not_moved = 0;
 };
 
 // Leader -> router, every heartbeat interval.
@@ -113,6 +116,9 @@ struct TokenEvent {
   uint64_t expert_hits = 0;  // Per-request expert figures so far.
   uint64_t expert_misses = 0;
   uint64_t bytes_moved = 0;
+  uint64_t expert_host_runs = 0;  // Hybrid execution: see RequestUsage.
+  uint64_t expert_host_us = 0;
+  uint64_t bytes_not_moved = 0;
   // With sampling.logprobs >= 0, on events that carry a token: the token's log-probability and
   // the top sampling.logprobs (id, log-probability), likeliest first.
   float logprob = 0.0f;

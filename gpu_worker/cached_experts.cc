@@ -1,13 +1,16 @@
 #include "gpu_worker/cached_experts.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>
 
 namespace fmoe {
@@ -70,6 +73,19 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
     if (first == nullptr) first = &w;
   }
   if (first == nullptr) return InvalidArgument("cached experts: this rank owns no expert");
+  if (!(options.host_slowdown >= 1.0 && std::isfinite(options.host_slowdown))) {
+    return InvalidArgument("cached experts: host_slowdown " +
+                           std::to_string(options.host_slowdown) + " is not a finite number >= 1");
+  }
+  if (options.hybrid && options.cuda_index >= 0 && first->w1.scalar_type() != at::kFloat &&
+      first->w1.scalar_type() != at::kBFloat16) {
+    return InvalidArgument(
+        "cached experts: hybrid execution runs experts on the host in float32 or bfloat16, and "
+        "these are " +
+        std::string(c10::toString(first->w1.scalar_type())));
+  }
+  self->cuda_ = options.cuda_index >= 0;
+  self->host_slowdown_ = options.host_slowdown;
   self->intermediate_ = first->w1.size(0);
   self->hidden_ = first->w1.size(1);
   self->dtype_ = first->w1.scalar_type();
@@ -122,6 +138,7 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
     experts[l].clear();
   }
   FMOE_RETURN_IF_ERROR(self->link_->RegisterHost(self->host_, self->host_bytes_));
+  if (options.hybrid) self->host_addresses_ = addresses;
   if (options.cache_auto) {
     FMOE_ASSIGN_OR_RETURN(slots, AutoSlots(*self->link_, options, expert_bytes, owned));
   }
@@ -153,14 +170,18 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   cache_options.slots = slots;
   cache_options.max_inflight_prefetches = options.max_inflight_prefetches;
   cache_options.preload = options.preload;
+  cache_options.hybrid = options.hybrid;
   FMOE_ASSIGN_OR_RETURN(self->cache_,
                         ExpertCache::Create(cache_options, std::move(policy), self->link_.get(),
                                             std::move(addresses), self->slots_, clock));
   spdlog::info(
       "expert cache: policy={} rank={}/{} slots={} of {} experts ({:.1f} MB of {:.1f} MB) "
-      "expert={} bytes link={}",
+      "expert={} bytes link={} hybrid={}",
       options.policy, options.rank, options.world_size, slots, owned, slots * expert_bytes / 1e6,
-      owned * expert_bytes / 1e6, expert_bytes, self->link_->name());
+      owned * expert_bytes / 1e6, expert_bytes, self->link_->name(),
+      !options.hybrid ? std::string("off")
+      : self->cuda_   ? "on (" + std::to_string(at::get_num_threads()) + " host threads)"
+                      : "on (emulated, host x" + std::to_string(options.host_slowdown) + ")");
   self->stats_ = self->cache_->stats();
   return self;
 }
@@ -191,12 +212,48 @@ Status CachedExperts::BeginLayer(const LayerRouting& routing) {
 
 Result<std::pair<uint32_t, ExpertWeights>> CachedExperts::Next() {
   FMOE_ASSIGN_OR_RETURN(ReadyExpert ready, cache_->Next());
-  return std::pair<uint32_t, ExpertWeights>(ready.expert, slot_views_[ready.slot]);
+  if (!ready.on_host) {
+    return std::pair<uint32_t, ExpertWeights>(ready.expert, slot_views_[ready.slot]);
+  }
+  // A host run: views of the packed host copy [w1 | w3 | w2].
+  const size_t key =
+      static_cast<size_t>(cache_->current_layer()) * cache_->num_experts() + ready.expert;
+  if (key >= host_addresses_.size() || host_addresses_[key] == nullptr) {
+    return Internal("cached experts: no host copy of expert " + std::to_string(ready.expert) +
+                    " of layer " + std::to_string(cache_->current_layer()));
+  }
+  char* base = static_cast<char*>(const_cast<void*>(host_addresses_[key]));
+  const size_t part = static_cast<size_t>(hidden_ * intermediate_) * element_size_;
+  const at::TensorOptions opts = at::TensorOptions().dtype(dtype_).device(at::kCPU);
+  ExpertWeights w;
+  w.w1 = at::from_blob(base, {intermediate_, hidden_}, opts);
+  w.w3 = at::from_blob(base + part, {intermediate_, hidden_}, opts);
+  w.w2 = at::from_blob(base + 2 * part, {hidden_, intermediate_}, opts);
+  host_expert_ = ready.expert;
+  host_start_ns_ = SteadyClock::Get().NowNs();
+  return std::pair<uint32_t, ExpertWeights>(ready.expert, std::move(w));
 }
 
-void CachedExperts::Done(uint32_t expert) { cache_->Done(expert); }
+void CachedExperts::Done(uint32_t expert) {
+  if (host_expert_ == static_cast<int64_t>(expert)) {
+    const int64_t real = SteadyClock::Get().NowNs() - host_start_ns_;
+    // cpu mode: the emulated host compute rate, as the emulated link paces its copies.
+    if (!cuda_ && host_slowdown_ > 1.0 && real > 0) {
+      std::this_thread::sleep_for(
+          std::chrono::nanoseconds(static_cast<int64_t>(real * (host_slowdown_ - 1.0))));
+    }
+    cache_->RecordHostRun(expert, SteadyClock::Get().NowNs() - host_start_ns_);
+    host_expert_ = -1;
+  }
+  cache_->Done(expert);
+}
 
-void CachedExperts::EndLayer() { cache_->EndLayer(); }
+bool CachedExperts::HostRunsPlanned() const { return cache_->host_runs_planned() > 0; }
+
+void CachedExperts::EndLayer() {
+  host_expert_ = -1;
+  cache_->EndLayer();
+}
 
 void CachedExperts::EndIteration() {
   cache_->EndIteration();

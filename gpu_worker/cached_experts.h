@@ -2,8 +2,11 @@
 // host expert store (every expert of this rank packed once in host memory, page-locked in cuda
 // mode), the device slot pool, the transfer engine (emulated link in cpu mode, CUDA copy stream
 // in cuda mode) and the ExpertCache that decides what lives in the slots; turns a slot into the
-// expert's weight tensors for the model. Engine thread only, except PostDirective and stats
-// (any thread).
+// expert's weight tensors for the model. With hybrid execution on, a missing expert the cache
+// sends to the host comes out of Next as views of its host copy (the model runs it with the CPU
+// kernel, cpu_expert.h) and its time is measured from Next to Done; in cpu mode that time is
+// stretched by host_slowdown, the emulated host compute rate. Engine thread only, except
+// PostDirective and stats (any thread).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +41,12 @@ struct CachedExpertsOptions {
   bool preload = true;                   // Default: on
   LinkOptions link;                      // cpu mode: the emulated link.
   int cuda_index = -1;                   // >= 0: cuda mode on that device.
+  // Hybrid execution (expert_cache.h): run a missing expert on the host when that finishes the
+  // layer sooner. Needs float32 or bfloat16 experts in cuda mode. Default: off
+  bool hybrid = false;
+  // cpu mode: a host run takes this many times its real time (>= 1), as the emulated link paces
+  // copies, so the split sees a host slower than the compute device. Default: 1
+  double host_slowdown = 1.0;
 };
 
 class CachedExperts final : public ExpertSource {
@@ -55,6 +64,7 @@ class CachedExperts final : public ExpertSource {
   Status BeginLayer(const LayerRouting& routing) override;
   Result<std::pair<uint32_t, ExpertWeights>> Next() override;
   void Done(uint32_t expert) override;
+  bool HostRunsPlanned() const override;
   void EndLayer() override;
   void EndIteration() override;
   void OnRequestEnd(uint64_t request_id) override;
@@ -76,7 +86,13 @@ class CachedExperts final : public ExpertSource {
   void* host_ = nullptr;  // Packed experts: per expert [w1 | w3 | w2].
   size_t host_bytes_ = 0;
   void* slots_ = nullptr;
-  std::vector<ExpertWeights> slot_views_;  // Per slot: w1, w3, w2 over its bytes.
+  std::vector<ExpertWeights> slot_views_;    // Per slot: w1, w3, w2 over its bytes.
+  std::vector<const void*> host_addresses_;  // Per expert key: its packed host copy.
+  bool cuda_ = false;
+  double host_slowdown_ = 1.0;
+  // The host run handed out by Next and not yet Done (one at a time: the model runs it at once).
+  int64_t host_expert_ = -1;
+  int64_t host_start_ns_ = 0;
   int64_t hidden_ = 0;
   int64_t intermediate_ = 0;
   int element_size_ = 0;

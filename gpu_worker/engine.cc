@@ -287,6 +287,9 @@ void Engine::Emit(Sequence& seq, int32_t token, FinishReason finish) {
   ev.expert_hits = usage.hits;
   ev.expert_misses = usage.misses;
   ev.bytes_moved = usage.bytes_moved;
+  ev.expert_host_runs = usage.host_runs;
+  ev.expert_host_us = static_cast<uint64_t>(std::max<int64_t>(0, usage.host_ns / 1000));
+  ev.bytes_not_moved = usage.bytes_not_moved;
   if (seq.sampling.logprobs >= 0) {
     ev.logprob = seq.sampler.logprobs().token;
     ev.top_logprobs = seq.sampler.logprobs().top;
@@ -322,6 +325,9 @@ void Engine::Finish(Sequence& seq, FinishReason reason, std::string error) {
   ev.expert_hits = usage.hits;
   ev.expert_misses = usage.misses;
   ev.bytes_moved = usage.bytes_moved;
+  ev.expert_host_runs = usage.host_runs;
+  ev.expert_host_us = static_cast<uint64_t>(std::max<int64_t>(0, usage.host_ns / 1000));
+  ev.bytes_not_moved = usage.bytes_not_moved;
   sink_(ev);
 }
 

@@ -34,6 +34,9 @@ CacheCounters& CacheCounters::operator+=(const CacheCounters& o) {
   forced_evictions += o.forced_evictions;
   bytes_moved += o.bytes_moved;
   stall_ns += o.stall_ns;
+  host_runs += o.host_runs;
+  host_ns += o.host_ns;
+  bytes_not_moved += o.bytes_not_moved;
   return *this;
 }
 
@@ -397,7 +400,7 @@ void ExpertCache::TopUp() {
         e.on_demand = true;
         --inflight_prefetches_;
         ++inflight_on_demand_;
-      } else if (e.state == Residency::kOnHost) {
+      } else if (e.state == Residency::kOnHost && !e.host_run) {
         const int32_t slot = TakeSlot(/*force=*/true);
         if (slot < 0) {
           starved = true;
@@ -520,11 +523,21 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
     for (uint64_t id : batch_order_) usage.push_back(&usage_[id]);
   }
   layer_needed_.clear();
-  for (uint32_t expert : routing.experts) {
-    if (!Owns(layer, expert)) continue;
-    const uint32_t key = Key(layer, expert);
-    Entry& e = entries_[key];
+  for (size_t i = 0; i < routing.experts.size(); ++i) {
+    if (!Owns(layer, routing.experts[i])) continue;
+    const uint32_t key = Key(layer, routing.experts[i]);
     layer_needed_.push_back(key);
+    entries_[key].tokens = routing.tokens[i];
+  }
+  if (per_sequence) {
+    layer_sequence_counts_.assign(routing.sequence_counts.begin(), routing.sequence_counts.end());
+  } else {
+    layer_sequence_counts_.clear();
+  }
+  if (options_.hybrid && !full_) SplitLayer();
+  for (uint32_t key : layer_needed_) {
+    const uint32_t expert = key % options_.num_experts;
+    Entry& e = entries_[key];
     e.needed = true;
     e.pinned = true;
     const bool hit = e.state == Residency::kResident;
@@ -542,7 +555,12 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
     for (size_t s = 0; s < usage.size(); ++s) {
       if (routing.sequence_counts[s * J + expert] == 0) continue;
       ++(hit ? usage[s]->hits : usage[s]->misses);
-      if (e.state == Residency::kOnHost) usage[s]->bytes_moved += options_.expert_bytes;
+      if (e.host_run) {
+        ++usage[s]->host_runs;
+        usage[s]->bytes_not_moved += options_.expert_bytes;
+      } else if (e.state == Residency::kOnHost) {
+        usage[s]->bytes_moved += options_.expert_bytes;
+      }
     }
     if (!full_) policy_->OnUse(layer, expert, hit);
   }
@@ -571,6 +589,8 @@ Result<ReadyExpert> ExpertCache::Next() {
   while (true) {
     if (!full_) Pump();
     bool waiting = false;
+    Entry* host_run = nullptr;
+    uint32_t host_key = 0;
     for (uint32_t key : layer_needed_) {
       Entry& e = entries_[key];
       if (!e.needed) continue;
@@ -578,7 +598,19 @@ Result<ReadyExpert> ExpertCache::Next() {
         e.needed = false;
         return ReadyExpert{key % options_.num_experts, static_cast<uint32_t>(e.slot)};
       }
+      if (e.host_run) {
+        if (host_run == nullptr) {
+          host_run = &e;
+          host_key = key;
+        }
+        continue;
+      }
       waiting = true;
+    }
+    // Nothing loaded is ready: the host works meanwhile.
+    if (host_run != nullptr) {
+      host_run->needed = false;
+      return ReadyExpert{host_key % options_.num_experts, 0, /*on_host=*/true};
     }
     if (!waiting) return NotFound("expert cache: every expert of the layer was handed out");
     const int64_t start = clock_.NowNs();
@@ -595,6 +627,44 @@ void ExpertCache::Done(uint32_t expert) {
   entries_[Key(layer_, expert)].pinned = false;
 }
 
+void ExpertCache::RecordHostRun(uint32_t expert, int64_t ns) {
+  if (!in_layer_ || !Owns(layer_, expert)) return;
+  const Entry& e = entries_[Key(layer_, expert)];
+  if (!e.host_run || ns < 0) return;
+  host_time_.Record(e.tokens, ns);
+  counters_[layer_].host_ns += ns;
+  // Shared among the sequences by their tokens.
+  const size_t J = options_.num_experts;
+  if (e.tokens == 0 || layer_sequence_counts_.size() != layer_usage_.size() * J) return;
+  for (size_t s = 0; s < layer_usage_.size(); ++s) {
+    const uint32_t n = layer_sequence_counts_[s * J + expert];
+    layer_usage_[s]->host_ns += static_cast<int64_t>(static_cast<double>(ns) * n / e.tokens);
+  }
+}
+
+void ExpertCache::SplitLayer() {
+  missing_.clear();
+  host_runs_planned_ = 0;
+  uint32_t loading = 0;
+  for (uint32_t key : layer_needed_) {
+    const Entry& e = entries_[key];
+    if (e.state == Residency::kLoading) ++loading;
+    if (e.state == Residency::kOnHost) missing_.push_back({key, std::max<uint32_t>(e.tokens, 1)});
+  }
+  if (missing_.empty()) return;
+  // The layer's loads already on the link go first.
+  const std::vector<bool> on_host =
+      SplitMissing(missing_, load_ns_, loading * load_ns_, host_time_);
+  CacheCounters& c = counters_[layer_];
+  for (size_t i = 0; i < missing_.size(); ++i) {
+    if (!on_host[i]) continue;
+    entries_[missing_[i].key].host_run = true;
+    ++host_runs_planned_;
+    ++c.host_runs;
+    c.bytes_not_moved += options_.expert_bytes;
+  }
+}
+
 void ExpertCache::EndLayer() {
   if (!in_layer_) return;
   // cuda: the slots read by this layer may be overwritten only after its kernels.
@@ -603,9 +673,11 @@ void ExpertCache::EndLayer() {
     Entry& e = entries_[key];
     e.needed = false;
     e.pinned = false;
+    e.host_run = false;
     if (latest_fence_ != 0 && e.slot >= 0) slot_fence_[e.slot] = 1;
   }
   layer_needed_.clear();
+  host_runs_planned_ = 0;
   in_layer_ = false;
   Average(&layer_compute_ns_,
           static_cast<double>(clock_.NowNs() - layer_start_ns_ - layer_stall_ns_));
@@ -683,6 +755,9 @@ Status ExpertCache::CheckInvariants() const {
   for (size_t key = 0; key < entries_.size(); ++key) {
     const Entry& e = entries_[key];
     const std::string name = "expert " + std::to_string(key);
+    if (e.host_run && (e.state != Residency::kOnHost || !in_layer_)) {
+      return broken(name + " runs on the host but is not on the host in a running layer");
+    }
     if (e.state == Residency::kOnHost) {
       if (e.slot != -1 || e.task != 0) return broken(name + " on host holds a slot or task");
     } else {

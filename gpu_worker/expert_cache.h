@@ -14,6 +14,10 @@
 //   RESIDENT (unpinned, unprotected) --Evict, to free a slot for a load--> EVICTING -> ON_HOST:
 //     the slot passes to the next load with the compute fence of its last reader (cuda: the
 //     copy stream waits for that event before overwriting; cpu: compute is synchronous).
+// Hybrid execution (options.hybrid): BeginLayer sends each of the running layer's experts that is
+// ON_HOST either to the link (LOADING, as above) or to the host (hybrid_split.h), whichever
+// finishes the layer sooner; a host run stays ON_HOST, takes no slot and is handed out by Next
+// with on_host set; its time comes back through RecordHostRun.
 // Protection: an expert prefetched (or re-requested while resident) for a layer that has not
 // run yet is not evicted, unless an on-demand load of the running layer finds no other slot
 // (counted as forced_evictions): the running layer must always make progress.
@@ -32,6 +36,7 @@
 #include "common/messages.h"
 #include "common/status.h"
 #include "gpu_worker/cache_policy.h"
+#include "gpu_worker/hybrid_split.h"
 #include "gpu_worker/sequence.h"
 #include "gpu_worker/transfer_engine.h"
 
@@ -51,6 +56,9 @@ struct ExpertCacheOptions {
   uint32_t max_inflight_prefetches = 2;
   // Fill the slots with experts in (layer, expert) order at start, as a warm cache. Default: on
   bool preload = true;
+  // Hybrid execution: run a missing expert on the host instead of loading it when that finishes
+  // the layer sooner (hybrid_split.h). Default: off
+  bool hybrid = false;
 };
 
 // Converts a manifest budget into slots: `gb` (1e9 bytes) when set, else `fraction` of the
@@ -72,6 +80,9 @@ struct CacheCounters {
   uint64_t forced_evictions = 0;  // Protected experts evicted for an on-demand load.
   uint64_t bytes_moved = 0;       // Host to device, partial cancelled copies included.
   int64_t stall_ns = 0;           // Compute waiting for experts.
+  uint64_t host_runs = 0;         // Missing experts run on the host instead (hybrid).
+  int64_t host_ns = 0;            // Time of those runs.
+  uint64_t bytes_not_moved = 0;   // Their bytes, which stayed on the host.
   CacheCounters& operator+=(const CacheCounters& o);
 };
 
@@ -91,7 +102,8 @@ struct CacheStats {
 // An expert ready for the running layer: its bytes are in slot `slot` until Done.
 struct ReadyExpert {
   uint32_t expert = 0;
-  uint32_t slot = 0;
+  uint32_t slot = 0;     // Unless on_host.
+  bool on_host = false;  // Hybrid: run it on the host from its host copy; report RecordHostRun.
 };
 
 class ExpertCache final : public CacheControl {
@@ -119,6 +131,11 @@ class ExpertCache final : public CacheControl {
   Result<ReadyExpert> Next();
   // The compute on an expert from Next is finished: unpins it.
   void Done(uint32_t expert);
+  // A host run handed out by Next took `ns` (before its Done): feeds the host time model and the
+  // figures.
+  void RecordHostRun(uint32_t expert, int64_t ns);
+  // Host runs the running layer has (hybrid).
+  uint32_t host_runs_planned() const { return host_runs_planned_; }
   void EndLayer();
   void EndIteration();
   void OnRequestEnd(uint64_t request_id);
@@ -161,7 +178,11 @@ class ExpertCache final : public CacheControl {
     bool prefetched = false;     // Resident or loading through a prefetch, not used since.
     uint64_t protect_until = 0;  // Position of the layer it is protected for (0 = none).
     uint64_t task = 0;           // Transfer id while loading.
+    bool host_run = false;       // Hybrid: the running layer runs it on the host.
+    uint32_t tokens = 0;         // Tokens routed to it by the running layer.
   };
+  // BeginLayer (hybrid): picks the running layer's experts to run on the host.
+  void SplitLayer();
   struct QueuedPrefetch {
     uint32_t key = 0;
     uint64_t position = 0;  // Target layer's position.
@@ -210,8 +231,13 @@ class ExpertCache final : public CacheControl {
   std::unordered_map<uint64_t, RequestUsage> usage_;
   std::vector<RequestUsage*> layer_usage_;  // Scratch: usage_ of each sequence, this layer.
   std::vector<uint32_t> layer_needed_;      // This rank's experts of the running layer.
-  std::vector<TransferDone> done_;          // Scratch.
-  uint32_t owned_ = 0;                      // Experts this rank owns.
+  // Per sequence of the batch, its tokens per expert of the running layer (row-major [s x J]).
+  std::vector<uint32_t> layer_sequence_counts_;
+  HostTimeModel host_time_;             // Hybrid: measured host run times.
+  uint32_t host_runs_planned_ = 0;      // Host runs of the running layer.
+  std::vector<MissingExpert> missing_;  // Scratch.
+  std::vector<TransferDone> done_;      // Scratch.
+  uint32_t owned_ = 0;                  // Experts this rank owns.
   // The budget holds every expert and all were preloaded: nothing will ever move, so the
   // policy is not consulted (its predictions could not change anything).
   bool full_ = false;

@@ -10,6 +10,8 @@
 //   EndIteration()
 // Next hands out ready experts in the order they become available, so the model accumulates
 // their outputs in ascending expert order afterwards: the result does not depend on that order.
+// An expert whose weights are in host memory while the model computes on a device (hybrid
+// execution) is run on the host (cpu_expert.h) and its result copied up.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +50,10 @@ class ExpertSource {
   // its weights valid until EndLayer; kNotFound when every one has been handed out.
   virtual Result<std::pair<uint32_t, ExpertWeights>> Next() = 0;
   virtual void Done(uint32_t expert) {}
+  // After BeginLayer: whether some expert of the layer will come out of Next in host memory
+  // (hybrid execution), so a model on another device copies the layer's activations down once,
+  // before it queues the device's work.
+  virtual bool HostRunsPlanned() const { return false; }
   virtual void EndLayer() = 0;
   virtual void EndIteration() {}
   virtual void OnRequestEnd(uint64_t request_id) {}
@@ -69,6 +75,7 @@ class RecordingExperts final : public ExpertSource {
   }
   Result<std::pair<uint32_t, ExpertWeights>> Next() override { return inner_.Next(); }
   void Done(uint32_t expert) override { inner_.Done(expert); }
+  bool HostRunsPlanned() const override { return inner_.HostRunsPlanned(); }
   void EndLayer() override { inner_.EndLayer(); }
   const std::vector<LayerAccess>& accesses() const { return accesses_; }
 

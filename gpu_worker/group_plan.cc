@@ -47,6 +47,8 @@ class Reader {
 
 Status Bad(const std::string& what) { return InvalidArgument("iteration plan: " + what); }
 
+constexpr size_t kUsageCounters = 6;  // Per request: the fields of RequestUsage.
+
 }  // namespace
 
 std::vector<uint8_t> EncodePlan(const IterationPlan& plan) {
@@ -145,16 +147,19 @@ Result<IterationPlan> DecodePlan(std::span<const uint8_t> bytes, const PlanLimit
 
 std::vector<int64_t> PackFigures(std::span<const RequestUsage> usage, const ExpertFigures& totals) {
   std::vector<int64_t> out;
-  out.reserve(usage.size() * 3 + 6);
+  out.reserve(usage.size() * kUsageCounters + 9);
   for (const RequestUsage& u : usage) {
     out.insert(out.end(), {static_cast<int64_t>(u.hits), static_cast<int64_t>(u.misses),
-                           static_cast<int64_t>(u.bytes_moved)});
+                           static_cast<int64_t>(u.bytes_moved), static_cast<int64_t>(u.host_runs),
+                           u.host_ns, static_cast<int64_t>(u.bytes_not_moved)});
   }
   out.insert(
       out.end(),
       {static_cast<int64_t>(totals.hits), static_cast<int64_t>(totals.misses),
        static_cast<int64_t>(totals.prefetches_issued), static_cast<int64_t>(totals.prefetches_used),
-       static_cast<int64_t>(totals.bytes_moved), static_cast<int64_t>(totals.stall_us)});
+       static_cast<int64_t>(totals.bytes_moved), static_cast<int64_t>(totals.stall_us),
+       static_cast<int64_t>(totals.host_runs), static_cast<int64_t>(totals.host_us),
+       static_cast<int64_t>(totals.bytes_not_moved)});
   return out;
 }
 
@@ -162,10 +167,13 @@ void UnpackFigures(std::span<const int64_t> counters, std::span<RequestUsage> us
                    ExpertFigures* totals) {
   auto u64 = [&](size_t i) { return i < counters.size() ? static_cast<uint64_t>(counters[i]) : 0; };
   for (size_t i = 0; i < usage.size(); ++i) {
-    usage[i] = {u64(3 * i), u64(3 * i + 1), u64(3 * i + 2)};
+    const size_t u = kUsageCounters * i;
+    usage[i] = {u64(u),    u64(u + 1), u64(u + 2), u64(u + 3), static_cast<int64_t>(u64(u + 4)),
+                u64(u + 5)};
   }
-  const size_t t = 3 * usage.size();
-  *totals = {u64(t), u64(t + 1), u64(t + 2), u64(t + 3), u64(t + 4), u64(t + 5)};
+  const size_t t = kUsageCounters * usage.size();
+  *totals = {u64(t),     u64(t + 1), u64(t + 2), u64(t + 3), u64(t + 4),
+             u64(t + 5), u64(t + 6), u64(t + 7), u64(t + 8)};
 }
 
 }  // namespace fmoe

@@ -56,7 +56,8 @@ std::vector<uint8_t> EncodePlan(const IterationPlan& plan);
 Result<IterationPlan> DecodePlan(std::span<const uint8_t> bytes, const PlanLimits& limits);
 
 // The counters every rank adds to the group's after an iteration: per sequence of the plan, in
-// plan order, hits, misses and bytes moved; then the rank's expert-cache totals.
+// plan order, its RequestUsage (hits, misses, bytes moved, host runs, host ns, bytes not moved);
+// then the rank's expert-cache totals.
 std::vector<int64_t> PackFigures(std::span<const RequestUsage> usage, const ExpertFigures& totals);
 // The inverse, on the summed counters; `usage` has one entry per sequence.
 void UnpackFigures(std::span<const int64_t> counters, std::span<RequestUsage> usage,

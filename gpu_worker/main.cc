@@ -62,6 +62,13 @@ RankOptions RankFromManifest(const Manifest& manifest, const WorkerGroupSpec& gr
   o.cache.memory_utilization = group.memory_utilization;
   o.cache.link.gbps = group.link.gbps;
   o.cache.link.latency_us = group.link.latency_us;
+  o.cache.hybrid = group.hybrid.enabled;
+  o.cache.host_slowdown = group.hybrid.host_slowdown;
+  // A cuda rank's intra-op threads do its host expert runs (hybrid.cpu_threads); a cpu rank's
+  // are its compute threads and stay as they are.
+  if (group.hybrid.enabled && group.hybrid.cpu_threads > 0 && spec.cuda_index >= 0) {
+    o.threads = group.hybrid.cpu_threads;
+  }
   o.group = group.name;
   o.rank = rank;
   o.world_size = static_cast<uint32_t>(group.workers.size());

@@ -12,6 +12,7 @@
 #include "common/checkpoint.h"
 #include "common/routing.h"
 #include "gpu_worker/blocks.h"
+#include "gpu_worker/cpu_expert.h"
 #include "gpu_worker/expert_group.h"
 #include "gpu_worker/model_families.h"
 
@@ -508,6 +509,10 @@ Result<at::Tensor> MoeModel::MixtureOfExperts(uint32_t l, const at::Tensor& x, c
 
   const LayerRouting routing{l, used, used_tokens, sequence_counts};
   FMOE_RETURN_IF_ERROR(experts.BeginLayer(routing));
+  // Hybrid execution on a device: the activations come down once, before the device's work on
+  // the resident experts is queued, so the host runs overlap with it.
+  at::Tensor hn_host;
+  if (!hn.is_cpu() && experts.HostRunsPlanned()) hn_host = hn.to(at::kCPU);
   // Experts arrive in the order the source has them ready; each output goes to its own slots,
   // so the result never depends on that order.
   at::Tensor slots = at::zeros({rows * top_k, h}, m.opts());
@@ -526,8 +531,22 @@ Result<at::Tensor> MoeModel::MixtureOfExperts(uint32_t l, const at::Tensor& x, c
                         " of MoE layer " + std::to_string(l) + ", which the gate did not pick");
       break;
     }
-    at::Tensor idx = at::tensor(expert_rows[e], at::TensorOptions().dtype(at::kLong)).to(m.device);
-    at::Tensor ye = SwiGlu(hn.index_select(0, idx), w.w1, w.w3, w.w2, m.options.row_block);
+    at::Tensor idx = at::tensor(expert_rows[e], at::TensorOptions().dtype(at::kLong));
+    at::Tensor ye;
+    if (w.w1.is_cpu() && !hn.is_cpu()) {
+      // A host run (hybrid): computed from the expert's host copy, the result copied up.
+      if (!hn_host.defined()) hn_host = hn.to(at::kCPU);
+      Result<at::Tensor> host = CpuSwiGlu(hn_host.index_select(0, idx), w);
+      if (!host.ok()) {
+        status = host.status();
+        break;
+      }
+      ye = host->to(m.device);
+    } else {
+      // cpu mode computes a host run with the same function as any other expert, so hybrid
+      // execution there changes no value.
+      ye = SwiGlu(hn.index_select(0, idx.to(m.device)), w.w1, w.w3, w.w2, m.options.row_block);
+    }
     at::Tensor we = at::tensor(expert_weights[e], at::TensorOptions().dtype(at::kFloat))
                         .to(m.device, m.dtype)
                         .unsqueeze(1);

@@ -248,7 +248,10 @@ ExpertFigures Rank::local_figures() const {
                        t.prefetches_issued,
                        t.prefetches_used,
                        t.bytes_moved,
-                       static_cast<uint64_t>(t.stall_ns / 1000)};
+                       static_cast<uint64_t>(t.stall_ns / 1000),
+                       t.host_runs,
+                       static_cast<uint64_t>(t.host_ns / 1000),
+                       t.bytes_not_moved};
 }
 
 ExpertFigures Rank::group_figures() const {

@@ -20,6 +20,9 @@ struct RequestUsage {
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t bytes_moved = 0;
+  uint64_t host_runs = 0;        // Hybrid: missing experts its tokens had run on the host.
+  int64_t host_ns = 0;           // Those runs' time, shared among the requests by tokens.
+  uint64_t bytes_not_moved = 0;  // Their bytes, which stayed on the host.
 };
 
 // The gate's decision for one MoE layer of the running batch.

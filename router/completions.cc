@@ -46,7 +46,8 @@ struct Choice {
   bool finished = false;
   uint32_t tokens = 0;
   uint64_t hits = 0, misses = 0, bytes = 0;
-  std::string out;                  // Whole answers: the text so far.
+  uint64_t host_runs = 0, host_us = 0, bytes_not_moved = 0;  // Hybrid execution.
+  std::string out;                                           // Whole answers: the text so far.
   std::vector<TokenLogprob> probs;  // Not yet sent (streams) or all (whole answers).
   size_t text_chars = 0;            // Code points of the logprob tokens so far (text_offset).
   bool role_sent = false;           // Chat streams: the first delta carries the role.
@@ -144,6 +145,9 @@ class CompletionState {
     c.hits = std::max(c.hits, ev.expert_hits);
     c.misses = std::max(c.misses, ev.expert_misses);
     c.bytes = std::max(c.bytes, ev.bytes_moved);
+    c.host_runs = std::max(c.host_runs, ev.expert_host_runs);
+    c.host_us = std::max(c.host_us, ev.expert_host_us);
+    c.bytes_not_moved = std::max(c.bytes_not_moved, ev.bytes_not_moved);
     if (ev.token_id >= 0) {
       c.last_token = Clock::now();
       if (c.tokens == 0) {
@@ -234,12 +238,15 @@ class CompletionState {
   }
 
   Json Usage() const {
-    uint64_t hits = 0, misses = 0, bytes = 0;
+    uint64_t hits = 0, misses = 0, bytes = 0, host_runs = 0, host_us = 0, bytes_not_moved = 0;
     uint32_t completion = 0;
     for (const auto& c : choices_) {
       hits += c->hits;
       misses += c->misses;
       bytes += c->bytes;
+      host_runs += c->host_runs;
+      host_us += c->host_us;
+      bytes_not_moved += c->bytes_not_moved;
       completion += c->tokens;
     }
     const uint64_t total = hits + misses;
@@ -250,7 +257,10 @@ class CompletionState {
              {{"hits", hits},
               {"misses", misses},
               {"hit_rate", total ? static_cast<double>(hits) / static_cast<double>(total) : 0.0},
-              {"bytes_moved", bytes}}}};
+              {"bytes_moved", bytes},
+              {"host_runs", host_runs},
+              {"host_ms", static_cast<double>(host_us) / 1e3},
+              {"bytes_not_moved", bytes_not_moved}}}};
   }
 
   Json Envelope() const {

@@ -154,11 +154,21 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
                  "group's leader).",
                  view, [](const GroupView& g) { return g.experts.hits; });
   RenderPerGroup(out, "fmoe_expert_misses_total", "counter",
-                 "Routed-expert uses that waited for a load.", view,
-                 [](const GroupView& g) { return g.experts.misses; });
+                 "Routed-expert uses not resident: loaded, or with hybrid execution run on the "
+                 "host.",
+                 view, [](const GroupView& g) { return g.experts.misses; });
   RenderPerGroup(out, "fmoe_expert_moved_bytes_total", "counter",
                  "Bytes copied to the device expert cache.", view,
                  [](const GroupView& g) { return g.experts.bytes_moved; });
+  RenderPerGroup(out, "fmoe_expert_host_runs_total", "counter",
+                 "Missing experts run on the host instead of loaded (hybrid execution).", view,
+                 [](const GroupView& g) { return g.experts.host_runs; });
+  RenderPerGroup(out, "fmoe_expert_host_seconds_total", "counter",
+                 "Time of the experts run on the host (hybrid execution).", view,
+                 [](const GroupView& g) { return Num(g.experts.host_us / 1e6); });
+  RenderPerGroup(out, "fmoe_expert_not_moved_bytes_total", "counter",
+                 "Bytes of the experts run on the host, which were not copied to the device.", view,
+                 [](const GroupView& g) { return g.experts.bytes_not_moved; });
   out << "# HELP fmoe_map_service_up Whether the map service answers (1) or not (0).\n"
          "# TYPE fmoe_map_service_up gauge\nfmoe_map_service_up "
       << (view.map_service_alive ? 1 : 0) << "\n";

@@ -108,7 +108,7 @@ TEST(Codec, RoundTripWorkerHeartbeat) {
                      .seq = 1ull << 40,
                      .free_slots = 3,
                      .active_requests = 12,
-                     .experts = {1, 2, 3, 4, 1ull << 35, 6}};
+                     .experts = {1, 2, 3, 4, 1ull << 35, 6, 7, 8, 1ull << 36}};
   auto out = RoundTripAs<WorkerHeartbeat, WorkerMessage>(in);
   EXPECT_EQ(out.experts.hits, 1u);
   EXPECT_EQ(out.experts.misses, 2u);
@@ -116,6 +116,9 @@ TEST(Codec, RoundTripWorkerHeartbeat) {
   EXPECT_EQ(out.experts.prefetches_used, 4u);
   EXPECT_EQ(out.experts.bytes_moved, 1ull << 35);
   EXPECT_EQ(out.experts.stall_us, 6u);
+  EXPECT_EQ(out.experts.host_runs, 7u);
+  EXPECT_EQ(out.experts.host_us, 8u);
+  EXPECT_EQ(out.experts.bytes_not_moved, 1ull << 36);
   EXPECT_EQ(out.group, in.group);
   EXPECT_EQ(out.instance_id, in.instance_id);
   EXPECT_EQ(out.seq, in.seq);
@@ -208,6 +211,9 @@ TEST(Codec, RoundTripTokenEvent) {
                 .expert_hits = 33,
                 .expert_misses = 44,
                 .bytes_moved = 1ull << 33,
+                .expert_host_runs = 55,
+                .expert_host_us = 66,
+                .bytes_not_moved = 1ull << 34,
                 .logprob = -0.75f,
                 .top_logprobs = {{151643, -0.75f}, {7, -1.5f}, {0, -9999.0f}}};
   auto out = RoundTripAs<TokenEvent, WorkerMessage>(in);
@@ -221,6 +227,9 @@ TEST(Codec, RoundTripTokenEvent) {
   EXPECT_EQ(out.expert_hits, in.expert_hits);
   EXPECT_EQ(out.expert_misses, in.expert_misses);
   EXPECT_EQ(out.bytes_moved, in.bytes_moved);
+  EXPECT_EQ(out.expert_host_runs, in.expert_host_runs);
+  EXPECT_EQ(out.expert_host_us, in.expert_host_us);
+  EXPECT_EQ(out.bytes_not_moved, in.bytes_not_moved);
   EXPECT_EQ(out.logprob, in.logprob);
   EXPECT_EQ(out.top_logprobs, in.top_logprobs);
   const TokenEvent defaults = RoundTripAs<TokenEvent, WorkerMessage>({});

@@ -122,6 +122,9 @@ void ExpectManifestEq(const Manifest& a, const Manifest& b) {
     EXPECT_EQ(x.memory_utilization, y.memory_utilization);
     EXPECT_EQ(x.link.gbps, y.link.gbps);
     EXPECT_EQ(x.link.latency_us, y.link.latency_us);
+    EXPECT_EQ(x.hybrid.enabled, y.hybrid.enabled);
+    EXPECT_EQ(x.hybrid.cpu_threads, y.hybrid.cpu_threads);
+    EXPECT_EQ(x.hybrid.host_slowdown, y.hybrid.host_slowdown);
     EXPECT_EQ(x.rendezvous, y.rendezvous);
     EXPECT_EQ(x.collective_timeout_s, y.collective_timeout_s);
     EXPECT_EQ(x.rendezvous_timeout_s, y.rendezvous_timeout_s);
@@ -693,7 +696,7 @@ std::vector<BadCase> BadCases() {
       {"UnknownGroupKey", OneGroup("{name: g, collective_timeout: 5, workers: [{}]}"),
        "manifest: worker_groups[0].collective_timeout: unknown key; allowed keys: name, policy, "
        "max_batch, queue_limit, expert_cache_gb, expert_cache_fraction, memory_utilization, link, "
-       "rendezvous, "
+       "hybrid, rendezvous, "
        "collective_timeout_s, rendezvous_timeout_s, record_trace, workers"},
       {"RecordTraceEmpty", OneGroup("{name: g, record_trace: \"\", workers: [{}]}"),
        "manifest: worker_groups[0].record_trace: must not be empty"},
@@ -813,6 +816,51 @@ INSTANTIATE_TEST_SUITE_P(Manifest, BadManifest, ::testing::ValuesIn(BadCases()),
 
 namespace fmoe {
 namespace {
+
+TEST(Manifest, HybridIsOffAutoOrAMap) {
+  auto m = ParseManifest(R"(model: {path: /m}
+worker_groups:
+  - {name: g0, workers: [{}]}
+  - {name: g1, hybrid: off, workers: [{}]}
+  - {name: g2, hybrid: auto, workers: [{}]}
+  - {name: g3, hybrid: {cpu_threads: 12}, workers: [{}]}
+  - {name: g4, hybrid: {host_slowdown: 4}, workers: [{}]}
+)",
+                         "/etc/fmoe.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const auto& g = m->worker_groups;
+  EXPECT_FALSE(g[0].hybrid.enabled) << "the default";
+  EXPECT_FALSE(g[1].hybrid.enabled);
+  EXPECT_TRUE(g[2].hybrid.enabled);
+  EXPECT_EQ(g[2].hybrid.cpu_threads, 0);
+  EXPECT_TRUE(g[3].hybrid.enabled);
+  EXPECT_EQ(g[3].hybrid.cpu_threads, 12);
+  EXPECT_EQ(g[3].hybrid.host_slowdown, 1.0);
+  EXPECT_EQ(g[4].hybrid.host_slowdown, 4.0);
+  const std::string described = DescribeManifest(*m);
+  auto again = ParseManifest(described, "/etc/fmoe.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << described;
+  ExpectManifestEq(*m, *again);
+
+  const std::pair<const char*, const char*> bad[] = {
+      {"hybrid: on",
+       "manifest: worker_groups[0].hybrid: \"on\" is not off, auto or a map of "
+       "cpu_threads and host_slowdown"},
+      {"hybrid: {cpu_threads: 0}",
+       "manifest: worker_groups[0].hybrid.cpu_threads: 0 is out of range 1..1024"},
+      {"hybrid: {host_slowdown: 0.5}",
+       "manifest: worker_groups[0].hybrid.host_slowdown: 0.5 is out of range [1, 1e+06]"},
+      {"hybrid: {threads: 4}", "manifest: worker_groups[0].hybrid.threads: unknown key"},
+      {"hybrid: [auto]", "manifest: worker_groups[0].hybrid:"},
+  };
+  for (const auto& [text, error] : bad) {
+    auto r = ParseManifest(std::string("model: {path: /m}\nworker_groups:\n  - name: g0\n    ") +
+                               text + "\n    workers: [{}]\n",
+                           "/etc/fmoe.yaml");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.status().message().rfind(error, 0), 0u) << text << ": " << r.status().message();
+  }
+}
 
 TEST(Manifest, ExpertCacheAutoSizesFromFreeMemory) {
   auto m = ParseManifest(R"(model: {path: /m}

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -174,6 +175,41 @@ TEST_P(FamilyOffload, EveryPolicyAtAQuarterGivesTheAllResidentTokens) {
   }
 }
 
+// Hybrid execution (issue 18) on every family: with a link slow enough that the host wins some
+// experts, every policy at a quarter still gives the all-resident tokens, greedy and seeded:
+// in cpu mode a host run computes the same function from the host copy.
+TEST_P(FamilyOffload, HybridEveryPolicyAtAQuarterGivesTheAllResidentTokens) {
+  const std::string dir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + GetParam();
+  const Reference& ref = AllResident(dir);
+  ASSERT_EQ(ref.tokens.size(), kPrompts.size());
+  const ModelInfo& info = Fixture(dir).info;
+  for (const char* policy : {"fmoe", "fmoe-nextuse", "moe-infinity", "speculative", "on-demand",
+                             "lru", "lfu", "oracle"}) {
+    CachedExpertsOptions o;
+    o.policy = policy;
+    o.top_k = info.top_k;
+    o.cache_fraction = 0.25;
+    o.policy_options.prefetch_distance = 2;
+    o.policy_options.future = ref.accesses;
+    o.link.gbps = 0.5;
+    o.link.latency_us = 200;
+    o.hybrid = true;
+    o.host_slowdown = 2;
+    auto cached = CachedExperts::Create(CloneExpertTable(Fixture(dir).table), o);
+    ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+    CachedExperts& c = **cached;
+    EchoDirectives directives(&c, info.num_moe_layers);
+    const Tokens got = RunPrompts(
+        c, &directives, [&] { ASSERT_TRUE(c.cache().CheckInvariants().ok()) << policy; }, dir);
+    EXPECT_EQ(got, ref.tokens) << "policy " << policy;
+    const CacheStats st = c.stats();
+    EXPECT_GT(st.total.host_runs, 0u) << policy;
+    EXPECT_GT(st.total.host_ns, 0) << policy;
+    EXPECT_EQ(st.total.bytes_not_moved, st.total.host_runs * st.expert_bytes) << policy;
+    EXPECT_LE(st.total.host_runs, st.total.misses) << policy;
+  }
+}
+
 TEST(CachedExperts, EveryPolicyAndBudgetGivesTheAllResidentTokens) {
   const Reference& ref = AllResident();
   ASSERT_EQ(ref.tokens.size(), kPrompts.size());
@@ -245,6 +281,77 @@ TEST(CachedExperts, RequestFiguresReachTheTokenEvents) {
   EXPECT_GT(ev.expert_misses, 0u);
   EXPECT_EQ(ev.bytes_moved % (*cached)->stats().expert_bytes, 0u);
   EXPECT_GT(ev.bytes_moved, 0u);
+}
+
+// The split follows the measured rates: a slow link and a host as fast as the compute send
+// many missing experts to the host; a fast link and a host 1000x slower send almost none: the
+// probes that measure the host, one per power-of-two bucket of token counts (a batch here has
+// under 128 rows, so at most 7) and one per kReprobeAfter loads in a bucket. Both runs give the
+// all-resident tokens.
+TEST(CachedExperts, HybridSplitFollowsTheMeasuredRates) {
+  const Reference& ref = AllResident();
+  auto run = [&](double gbps, double slowdown) {
+    CachedExpertsOptions o;
+    o.policy = "lru";
+    o.top_k = Fixture().info.top_k;
+    o.cache_fraction = 0.25;
+    o.link.gbps = gbps;
+    o.link.latency_us = 10;
+    o.hybrid = true;
+    o.host_slowdown = slowdown;
+    auto cached = CachedExperts::Create(CloneExpertTable(Fixture().table), o);
+    EXPECT_TRUE(cached.ok()) << cached.status().ToString();
+    EXPECT_EQ(RunPrompts(**cached, nullptr), ref.tokens) << gbps << " " << slowdown;
+    return (*cached)->stats().total;
+  };
+  const CacheCounters slow_link = run(0.2, 1.0);
+  const CacheCounters slow_host = run(32, 1000);
+  EXPECT_GT(slow_link.host_runs, slow_link.misses / 4);
+  EXPECT_LE(slow_host.host_runs, 7 + slow_host.misses / HostTimeModel::kReprobeAfter);
+  EXPECT_GT(slow_link.host_runs, 3 * slow_host.host_runs)
+      << slow_link.host_runs << " " << slow_host.host_runs;
+  EXPECT_LT(slow_link.bytes_moved, slow_host.bytes_moved);
+}
+
+TEST(CachedExperts, HybridFiguresReachTheRequest) {
+  CachedExpertsOptions o;
+  o.policy = "lru";
+  o.top_k = Fixture().info.top_k;
+  o.cache_fraction = 0.25;
+  o.link.gbps = 0.2;
+  o.hybrid = true;
+  auto cached = CachedExperts::Create(CloneExpertTable(Fixture().table), o);
+  ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+  Loaded& f = Fixture();
+  Engine engine(EngineOptions{}, *f.model, **cached, f.tokenizer.get(), nullptr,
+                [&](const TokenEvent&) {});
+  Generate g;
+  g.request_id = 9;
+  g.token_ids = *f.tokenizer->Encode(kPrompts[0], true);
+  g.sampling.max_tokens = 30;
+  engine.Submit(std::move(g));
+  for (int step = 0; step < 6; ++step) ASSERT_TRUE(engine.Step());
+  // One request, still running: it has every host run and all their time.
+  const RequestUsage usage = (*cached)->Usage(9);
+  const CacheCounters t = (*cached)->stats().total;
+  EXPECT_GT(usage.host_runs, 0u);
+  EXPECT_EQ(usage.host_runs, t.host_runs);
+  EXPECT_EQ(usage.bytes_not_moved, t.bytes_not_moved);
+  EXPECT_GT(usage.host_ns, t.host_ns / 2);
+  EXPECT_LE(usage.host_ns, t.host_ns);
+}
+
+TEST(CachedExperts, RejectsABadHostSlowdown) {
+  CachedExpertsOptions o;
+  o.policy = "lru";
+  o.top_k = Fixture().info.top_k;
+  o.hybrid = true;
+  for (double bad : {0.5, -1.0, std::numeric_limits<double>::infinity()}) {
+    o.host_slowdown = bad;
+    auto cached = CachedExperts::Create(CloneExpertTable(Fixture().table), o);
+    ASSERT_FALSE(cached.ok());
+    EXPECT_NE(cached.status().message().find("host_slowdown"), std::string::npos);
+  }
 }
 
 TEST(CachedExperts, RejectsABudgetThatHoldsNoExpert) {

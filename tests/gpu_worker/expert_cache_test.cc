@@ -97,7 +97,7 @@ constexpr size_t kBytes = 64;
 
 struct Fixture {
   Fixture(std::string policy, uint32_t slots, uint32_t rank = 0, uint32_t world = 1,
-          bool preload = false, uint32_t inflight = 2)
+          bool preload = false, uint32_t inflight = 2, bool hybrid = false)
       : link(clock) {
     host.resize(kLayers * kExperts * kBytes);
     for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<char>((i / kBytes) * 7 + i);
@@ -116,6 +116,7 @@ struct Fixture {
     o.slots = slots;
     o.preload = preload;
     o.max_inflight_prefetches = inflight;
+    o.hybrid = hybrid;
     PolicyOptions po;
     po.prefetch_distance = 2;
     auto p = MakePolicy(policy, po);
@@ -247,6 +248,69 @@ TEST(ExpertCache, MissesLoadOnDemandAndEvictLeastRecentlyUsed) {
   f.RunLayer(0, {1});  // Still resident.
   EXPECT_EQ(f.cache->stats().total.hits, 1u);
   f.cache->EndIteration();
+}
+
+// Hybrid execution: the split follows the measured link and host times; a host run is handed
+// out when nothing loaded is ready, takes no slot and moves no byte.
+TEST(ExpertCache, HybridRunsMissingExpertsOnTheHostWhenThatIsSooner) {
+  Fixture f("lru", 2, 0, 1, /*preload=*/false, 2, /*hybrid=*/true);
+  SequenceInfo s{1, 0, 1};
+  // Runs a layer, reporting each host run as taking `host_ns`; returns the experts run there.
+  auto run = [&](uint32_t layer, std::vector<uint32_t> experts, int64_t host_ns) {
+    std::vector<uint32_t> tokens(experts.size(), 1);
+    std::vector<uint32_t> counts(kExperts, 0);  // The one sequence's tokens per expert.
+    for (uint32_t e : experts) counts[e] = 1;
+    EXPECT_TRUE(f.cache->BeginLayer({layer, experts, tokens, counts}).ok());
+    std::vector<uint32_t> on_host;
+    uint32_t handed = 0;
+    while (true) {
+      Result<ReadyExpert> e = f.cache->Next();
+      if (!e.ok()) break;
+      ++handed;
+      if (e->on_host) {
+        on_host.push_back(e->expert);
+        f.cache->RecordHostRun(e->expert, host_ns);
+      } else {
+        const uint32_t key = layer * kExperts + e->expert;
+        EXPECT_EQ(0, std::memcmp(f.device.data() + e->slot * kBytes, f.host.data() + key * kBytes,
+                                 kBytes));
+      }
+      EXPECT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+      f.cache->Done(e->expert);
+    }
+    EXPECT_EQ(handed, experts.size());
+    f.cache->EndLayer();
+    EXPECT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+    return on_host;
+  };
+  f.cache->BeginIteration({&s, 1});
+  // No load measured yet: everything is loaded (each scripted load takes 1000 ns).
+  EXPECT_TRUE(run(0, {0, 1}, 300).empty());
+  // Loads measured, the host not yet: the lightest missing expert runs there once.
+  EXPECT_EQ(run(1, {2, 3, 4}, 300), (std::vector<uint32_t>{2}));
+  // A host run (300 ns) beats a load (1000 ns) three times over: all three run on the host, and
+  // take 5000 ns each.
+  EXPECT_EQ(run(2, {5, 6, 7}, 5000), (std::vector<uint32_t>{5, 6, 7}));
+  // The host is now measured slower than a load: everything is loaded again.
+  EXPECT_TRUE(run(3, {0, 1}, 5000).empty());
+  f.cache->EndIteration();
+  const CacheStats st = f.cache->stats();
+  EXPECT_EQ(st.total.host_runs, 4u);
+  EXPECT_EQ(st.total.bytes_not_moved, 4 * kBytes);
+  EXPECT_EQ(st.total.host_ns, 300 + 3 * 5000);
+  EXPECT_EQ(st.total.on_demand_loads, 6u);
+  EXPECT_EQ(st.total.bytes_moved, 6 * kBytes);
+  EXPECT_EQ(st.total.misses, 10u);
+  for (const TransferTask& t : f.link.submitted) {
+    const size_t key = (static_cast<const char*>(t.src) - f.host.data()) / kBytes;
+    EXPECT_NE(key, 1 * kExperts + 2);
+    EXPECT_NE(key, 2 * kExperts + 5);
+  }
+  // The request's share: it was the only one.
+  const RequestUsage u = f.cache->Usage(1);
+  EXPECT_EQ(u.host_runs, 4u);
+  EXPECT_EQ(u.bytes_not_moved, 4 * kBytes);
+  EXPECT_EQ(u.bytes_moved, 6 * kBytes);
 }
 
 TEST(ExpertCache, MorePickedExpertsThanSlotsStillRun) {

@@ -112,10 +112,10 @@ TEST(GroupPlan, HugeCountsDoNotAllocateBeforeTheBytesAreThere) {
 }
 
 TEST(GroupPlan, FiguresPackAndUnpack) {
-  std::vector<RequestUsage> usage = {{1, 2, 3}, {4, 5, 6}};
-  ExpertFigures totals{10, 11, 12, 13, 14, 15};
+  std::vector<RequestUsage> usage = {{1, 2, 3, 7, 8, 9}, {4, 5, 6, 17, 18, 19}};
+  ExpertFigures totals{10, 11, 12, 13, 14, 15, 16, 17, 18};
   std::vector<int64_t> packed = PackFigures(usage, totals);
-  ASSERT_EQ(packed.size(), 12u);
+  ASSERT_EQ(packed.size(), 21u);
   for (int64_t& v : packed) v *= 2;  // What a group of two identical ranks would sum to.
   std::vector<RequestUsage> back(2);
   ExpertFigures sum;
@@ -124,6 +124,12 @@ TEST(GroupPlan, FiguresPackAndUnpack) {
   EXPECT_EQ(back[0].bytes_moved, 6u);
   EXPECT_EQ(sum.hits, 20u);
   EXPECT_EQ(sum.stall_us, 30u);
+  EXPECT_EQ(back[0].host_runs, 14u);
+  EXPECT_EQ(back[1].host_ns, 36);
+  EXPECT_EQ(back[1].bytes_not_moved, 38u);
+  EXPECT_EQ(sum.host_runs, 32u);
+  EXPECT_EQ(sum.host_us, 34u);
+  EXPECT_EQ(sum.bytes_not_moved, 36u);
 }
 
 }  // namespace

@@ -368,7 +368,8 @@ TEST_F(RouterApiTest, MetricsFollowPrometheusConventions) {
   for (const char* name :
        {"fmoe_e2e_request_latency_seconds_bucket", "fmoe_request_queue_time_seconds_count",
         "fmoe_request_prompt_tokens_sum", "fmoe_prompt_tokens_total",
-        "fmoe_expert_moved_bytes_total"}) {
+        "fmoe_expert_moved_bytes_total", "fmoe_expert_host_runs_total",
+        "fmoe_expert_host_seconds_total", "fmoe_expert_not_moved_bytes_total"}) {
     EXPECT_NE(r.body.find(name), std::string::npos) << name;
   }
   for (const char* gone : {"fmoe_expert_hit_rate", "fmoe_tokens_per_second"}) {

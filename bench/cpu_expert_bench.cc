@@ -1,0 +1,156 @@
+// The CPU expert kernel against host memory bandwidth (issue 18): one Mixtral-shaped routed
+// expert (hidden 4096, intermediate 14336: 352 MB in bfloat16, 704 MB in float32) for 1, 4 and 32
+// tokens, computed by CpuSwiGlu (gpu_worker/cpu_expert.h) and by plain LibTorch matmuls
+// (at::linear), in float32 and bfloat16. Before the benchmarks the program measures the machine's
+// read bandwidth with its intra-op threads (a streaming integer sum over 512 MiB, far beyond the
+// last-level cache; the best of 5 passes); each case reports the weight bytes it streams per
+// second (`weights_GBps`) and that rate's fraction of the measured read bandwidth (`of_read_bw`).
+//   build/bin/cpu_expert_bench [--benchmark_filter=...] [--benchmark_repetitions=5]
+// FMOE_BENCH_EXPERT="hidden,intermediate" picks another shape (e.g. "2048,1408").
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "gpu_worker/blocks.h"
+#include "gpu_worker/cpu_expert.h"
+
+namespace {
+
+int64_t g_hidden = 4096;
+int64_t g_inter = 14336;
+double g_read_gbps = 0.0;
+
+double MeasureReadGbps() {
+  const int64_t words = (int64_t{512} << 20) / 8;
+  std::vector<uint64_t> buf(static_cast<size_t>(words));
+  at::parallel_for(0, words, 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) buf[static_cast<size_t>(i)] = static_cast<uint64_t>(i);
+  });
+  double best = 0.0;
+  uint64_t sink = 0;
+  for (int pass = 0; pass < 5; ++pass) {
+    const int threads = at::get_num_threads();
+    std::vector<uint64_t> partial(static_cast<size_t>(threads) * 8, 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    at::parallel_for(0, words, words / threads + 1, [&](int64_t b, int64_t e) {
+      uint64_t s = 0;  // Integer sums vectorise (associative), so this reads at memory speed.
+      for (int64_t i = b; i < e; ++i) s += buf[static_cast<size_t>(i)];
+      partial[static_cast<size_t>(at::get_thread_num()) * 8] += s;
+    });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (uint64_t p : partial) sink += p;
+    best = std::max(best, static_cast<double>(words) * 8 / s / 1e9);
+  }
+  benchmark::DoNotOptimize(sink);
+  return best;
+}
+
+struct Expert {
+  at::Tensor w1, w3, w2;
+  double bytes = 0;
+};
+
+const Expert& GetExpert(at::ScalarType dt) {
+  static std::map<at::ScalarType, Expert> experts;
+  auto it = experts.find(dt);
+  if (it != experts.end()) return it->second;
+  experts.clear();  // One shape in memory at a time.
+  Expert e;
+  at::manual_seed(1);
+  e.w1 = (at::randn({g_inter, g_hidden}) * 0.02).to(dt);
+  e.w3 = (at::randn({g_inter, g_hidden}) * 0.02).to(dt);
+  e.w2 = (at::randn({g_hidden, g_inter}) * 0.02).to(dt);
+  e.bytes = static_cast<double>(3 * g_inter * g_hidden * e.w1.element_size());
+  return experts.emplace(dt, std::move(e)).first->second;
+}
+
+void Report(benchmark::State& state, double bytes) {
+  const double per_s =
+      bytes * static_cast<double>(state.iterations());  // Rate counters divide by time.
+  state.counters["weights_GBps"] = benchmark::Counter(per_s / 1e9, benchmark::Counter::kIsRate);
+  state.counters["of_read_bw"] =
+      benchmark::Counter(per_s / 1e9 / g_read_gbps, benchmark::Counter::kIsRate);
+}
+
+void BM_CpuSwiGlu(benchmark::State& state, at::ScalarType dt) {
+  const Expert& e = GetExpert(dt);
+  const fmoe::ExpertWeights w{e.w1, e.w2, e.w3};
+  at::Tensor x = at::randn({state.range(0), g_hidden}).to(dt);
+  for (auto _ : state) {
+    auto y = fmoe::CpuSwiGlu(x, w);
+    if (!y.ok()) {
+      state.SkipWithError(y.status().message().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(y->data_ptr());
+  }
+  Report(state, e.bytes);
+}
+
+void BM_TorchSwiGlu(benchmark::State& state, at::ScalarType dt) {
+  const Expert& e = GetExpert(dt);
+  at::Tensor x = at::randn({state.range(0), g_hidden}).to(dt);
+  for (auto _ : state) {
+    at::Tensor y = fmoe::SwiGlu(x, e.w1, e.w3, e.w2, /*row_block=*/0);
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  Report(state, e.bytes);
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_CpuSwiGlu, bf16, at::kBFloat16)
+    ->Arg(1)
+    ->Arg(4)
+    ->Arg(32)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_TorchSwiGlu, bf16, at::kBFloat16)
+    ->Arg(1)
+    ->Arg(4)
+    ->Arg(32)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_CpuSwiGlu, fp32, at::kFloat)
+    ->Arg(1)
+    ->Arg(4)
+    ->Arg(32)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_TorchSwiGlu, fp32, at::kFloat)
+    ->Arg(1)
+    ->Arg(4)
+    ->Arg(32)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+int main(int argc, char** argv) {
+  if (const char* s = std::getenv("FMOE_BENCH_EXPERT")) {
+    long long h = 0, i = 0;
+    if (std::sscanf(s, "%lld,%lld", &h, &i) != 2 || h <= 0 || i <= 0) {
+      std::fprintf(stderr, "FMOE_BENCH_EXPERT=\"%s\" is not \"hidden,intermediate\"\n", s);
+      return 2;
+    }
+    g_hidden = h;
+    g_inter = i;
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  g_read_gbps = MeasureReadGbps();
+  std::printf("expert %lldx%lld, %d intra-op threads, avx2 kernel: %s, read bandwidth %.2f GB/s\n",
+              static_cast<long long>(g_hidden), static_cast<long long>(g_inter),
+              at::get_num_threads(), fmoe::CpuSwiGluVectorised() ? "yes" : "no", g_read_gbps);
+  benchmark::AddCustomContext("read_GBps", std::to_string(g_read_gbps));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
