@@ -1,4 +1,4 @@
-// The CPU expert kernel against host memory bandwidth (issue 18): one Mixtral-shaped routed
+// The CPU expert kernel against host memory bandwidth: one Mixtral-shaped routed
 // expert (hidden 4096, intermediate 14336: 352 MB in bfloat16, 704 MB in float32) for 1, 4 and 32
 // tokens, computed by CpuSwiGlu (gpu_worker/cpu_expert.h) and by plain LibTorch matmuls
 // (at::linear), in float32 and bfloat16. Before the benchmarks the program measures the machine's

@@ -4,8 +4,8 @@
 // BM_Memcpy is the ceiling: plain memcpy in the same chunks on this machine.
 // With FMOE_CUDA: BM_CudaLink moves an expert-sized task host (pinned) to device through the CUDA
 // link, BM_PinnedCopy is its ceiling (one cudaMemcpyAsync of the same pinned buffer); both say
-// "skipped: no GPU" without one. GBps of the CUDA link against the pinned copy is the issue-16
-// target (>= 90%).
+// "skipped: no GPU" without one. GBps of the CUDA link against the pinned copy has a target
+// of >= 90% (bench/RESULTS.md).
 // Run: build/bin/link_bench [--benchmark_filter=EmulatedLink]. Emulated figures say "emulated".
 #include <algorithm>
 #include <chrono>

@@ -48,7 +48,7 @@ struct LinkSpec {            // Emulated host-to-device link for cpu workers (DE
   double latency_us = 10.0;  // [0, 1000000]. Default: 10
 };
 
-// Hybrid execution (issue 18): a rank runs a missing expert on its host CPU instead of loading
+// Hybrid execution: a rank runs a missing expert on its host CPU instead of loading
 // it when that finishes the layer sooner. Manifest: `hybrid: off` (the default) | `auto` (on,
 // LibTorch's thread count) | a map of the keys below (on).
 struct HybridSpec {

@@ -1,4 +1,4 @@
-// The CPU expert kernel (hybrid execution, issue 18): a routed SwiGLU expert computed on the host
+// The CPU expert kernel (hybrid execution): a routed SwiGLU expert computed on the host
 // from its host copy, out = w2(silu(w1 x) * w3 x), for the few tokens routed to it. A decode
 // token's expert is a matrix-vector product bound by host memory bandwidth, so the kernel streams
 // each weight row once for every token of the call (AVX2/FMA where the CPU has it), splitting the

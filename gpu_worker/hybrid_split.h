@@ -1,4 +1,4 @@
-// Hybrid execution (issue 18): which of a layer's missing experts to load over the link and
+// Hybrid execution: which of a layer's missing experts to load over the link and
 // which to run on the host from their host copies, so the layer finishes soonest, from rates
 // measured online (the link's time per expert load, the host's time per expert as a function of
 // its token count). Torch-free; the ExpertCache owns one HostTimeModel and calls SplitMissing in

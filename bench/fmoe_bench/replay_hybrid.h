@@ -1,4 +1,4 @@
-// The serving replay's CPU path (issue 18, hybrid execution): an expert missing from the cache
+// The serving replay's CPU path (hybrid execution): an expert missing from the cache
 // may be computed on the CPU from its host copy instead of crossing the link. CpuModel says how
 // long the CPU takes for one expert at t tokens; SplitLayer sends each missing expert of a layer
 // to the link or to the CPU so that the layer has every expert's result soonest. Pure values and

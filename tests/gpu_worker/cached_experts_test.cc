@@ -175,7 +175,7 @@ TEST_P(FamilyOffload, EveryPolicyAtAQuarterGivesTheAllResidentTokens) {
   }
 }
 
-// Hybrid execution (issue 18) on every family: with a link slow enough that the host wins some
+// Hybrid execution on every family: with a link slow enough that the host wins some
 // experts, every policy at a quarter still gives the all-resident tokens, greedy and seeded:
 // in cpu mode a host run computes the same function from the host copy.
 TEST_P(FamilyOffload, HybridEveryPolicyAtAQuarterGivesTheAllResidentTokens) {
