@@ -31,8 +31,9 @@ TEST(Generate, TheLauncherDoesNotLinkLibTorch) {
   if (std::system("command -v ldd >/dev/null 2>&1") != 0) GTEST_SKIP() << "no ldd";
   auto [code, out] = RunCommand({"/bin/sh", "-c", "ldd '" + BinDir() + "/fmoe'"}, 30000);
   ASSERT_EQ(code, 0) << out;
-  EXPECT_EQ(out.find("torch"), std::string::npos) << out;
-  EXPECT_EQ(out.find("c10"), std::string::npos) << out;
+  // Library names only: ldd's load addresses are hexadecimal and may spell "c10".
+  EXPECT_EQ(out.find("libtorch"), std::string::npos) << out;
+  EXPECT_EQ(out.find("libc10"), std::string::npos) << out;
 }
 
 // `fmoe validate` prints the model as every process reads it, and fails for a family the
