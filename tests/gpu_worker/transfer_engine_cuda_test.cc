@@ -177,14 +177,12 @@ TEST(CudaLink, ACancelledTaskDoesNotLandAndLaterOnesDo) {
   link->Submit(after.Task(3));
   const std::vector<TransferDone> done = WaitFor(link.get(), 3);
   ASSERT_EQ(done.size(), 3u);
-  for (const TransferDone& d : done) {
-    if (d.id == 2) {
-      EXPECT_TRUE(d.cancelled);
-      EXPECT_EQ(d.bytes_copied, 0u);
-    } else {
-      EXPECT_FALSE(d.cancelled) << d.id;
-    }
-  }
+  ASSERT_EQ(Ids(done), (std::vector<uint64_t>{2, 1, 3}));  // A queued cancel is reported at once.
+  EXPECT_TRUE(done[0].cancelled);
+  EXPECT_EQ(done[0].bytes_copied, 0u);
+  EXPECT_EQ(done[0].start_ns, done[0].end_ns);  // Never started.
+  EXPECT_FALSE(done[1].cancelled);
+  EXPECT_FALSE(done[2].cancelled);
   EXPECT_TRUE(blocker.Arrived());
   EXPECT_TRUE(cancelled.StillZero());
   EXPECT_TRUE(after.Arrived());
