@@ -101,7 +101,6 @@ TEST(ExpertParallelOnCuda, AGroupOfOneGivesTheUngroupedTokens) {
   m.set_group(nullptr);
   EXPECT_EQ(grouped_cached, alone);
   EXPECT_GT((*cached)->stats().total.misses, 0u);
-  EXPECT_EQ(group.stats().combines, 0u);  // Alone: nothing to combine.
 }
 
 }  // namespace
