@@ -7,24 +7,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "gpu_worker/cuda_util.h"
+#include "tests/gpu_worker/gpu_skip.h"
 
 namespace fmoe {
 namespace {
-
-// Empty when cuda:0 can run tensors; otherwise why not.
-std::string WhyNoGpu() {
-  Result<int> count = CudaDeviceCount();
-  if (!count.ok()) return "no GPU (" + count.status().message() + ")";
-  if (*count == 0) return "no GPU (the CUDA runtime sees no device)";
-  if (!at::hasCUDA()) return "this LibTorch has no CUDA (a GPU is present)";
-  return "";
-}
-
-#define FMOE_SKIP_WITHOUT_GPU()                           \
-  if (const std::string why = WhyNoGpu(); !why.empty()) { \
-    GTEST_SKIP() << "skipped: " << why;                   \
-  }
 
 TEST(ResolveDevice, CudaZeroDescribesTheGpu) {
   FMOE_SKIP_WITHOUT_GPU();
