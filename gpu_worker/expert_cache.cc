@@ -37,6 +37,7 @@ CacheCounters& CacheCounters::operator+=(const CacheCounters& o) {
   host_runs += o.host_runs;
   host_ns += o.host_ns;
   bytes_not_moved += o.bytes_not_moved;
+  host_runs_admitted += o.host_runs_admitted;
   return *this;
 }
 
@@ -167,12 +168,7 @@ bool ExpertCache::Evictable(const Entry& e) const {
 
 // ---- slots and transfers ----
 
-int32_t ExpertCache::TakeSlot(bool force) {
-  if (!free_slots_.empty()) {
-    const int32_t slot = free_slots_.back();
-    free_slots_.pop_back();
-    return slot;
-  }
+int32_t ExpertCache::Victim(bool force, bool* is_protected) const {
   int32_t victim = -1;
   double victim_score = 0.0;
   bool victim_protected = false;
@@ -180,21 +176,33 @@ int32_t ExpertCache::TakeSlot(bool force) {
     if (owner < 0) continue;
     const Entry& e = entries_[owner];
     if (e.state != Residency::kResident || e.pinned) continue;
-    const bool is_protected = e.protect_until != 0;
-    if (is_protected && !force) continue;
+    const bool prot = e.protect_until != 0;
+    if (prot && !force) continue;
     const double score =
         policy_->EvictionScore(static_cast<uint32_t>(owner) / options_.num_experts,
                                static_cast<uint32_t>(owner) % options_.num_experts);
     // Unprotected experts go before protected ones; then by score; then by key.
-    const bool better = victim < 0 || (victim_protected && !is_protected) ||
-                        (victim_protected == is_protected &&
+    const bool better = victim < 0 || (victim_protected && !prot) ||
+                        (victim_protected == prot &&
                          (score < victim_score || (score == victim_score && owner < victim)));
     if (better) {
       victim = owner;
       victim_score = score;
-      victim_protected = is_protected;
+      victim_protected = prot;
     }
   }
+  *is_protected = victim_protected;
+  return victim;
+}
+
+int32_t ExpertCache::TakeSlot(bool force) {
+  if (!free_slots_.empty()) {
+    const int32_t slot = free_slots_.back();
+    free_slots_.pop_back();
+    return slot;
+  }
+  bool victim_protected = false;
+  const int32_t victim = Victim(force, &victim_protected);
   if (victim < 0) return -1;
   if (victim_protected)
     ++counters_[static_cast<uint32_t>(victim) / options_.num_experts].forced_evictions;
@@ -669,10 +677,12 @@ void ExpertCache::EndLayer() {
   if (!in_layer_) return;
   // cuda: the slots read by this layer may be overwritten only after its kernels.
   latest_fence_ = link_->RecordComputeFence();
+  host_ran_.clear();
   for (uint32_t key : layer_needed_) {
     Entry& e = entries_[key];
     e.needed = false;
     e.pinned = false;
+    if (e.host_run) host_ran_.push_back(key);
     e.host_run = false;
     if (latest_fence_ != 0 && e.slot >= 0) slot_fence_[e.slot] = 1;
   }
@@ -684,6 +694,37 @@ void ExpertCache::EndLayer() {
   if (full_) return;
   policy_->OnLayerEnd(layer_);
   Pump();
+  if (options_.admit_host_runs) AdmitHostRuns();
+}
+
+void ExpertCache::AdmitHostRuns() {
+  // Spare link time only: the queued prefetches (the policy's own plan) and the next layer's
+  // loads come first, so admitting never delays a load the policy asked for.
+  for (uint32_t key : host_ran_) {
+    if (inflight_on_demand_ > 0 || !queue_.empty() ||
+        inflight_prefetches_ >= options_.max_inflight_prefetches) {
+      break;
+    }
+    const Entry& e = entries_[key];
+    if (e.state != Residency::kOnHost) continue;
+    const uint32_t layer = key / options_.num_experts;
+    const uint32_t expert = key % options_.num_experts;
+    if (free_slots_.empty()) {
+      bool victim_protected = false;
+      const int32_t victim = Victim(/*force=*/false, &victim_protected);
+      if (victim < 0) break;
+      const double keep = policy_->EvictionScore(layer, expert);
+      const double evict =
+          policy_->EvictionScore(static_cast<uint32_t>(victim) / options_.num_experts,
+                                 static_cast<uint32_t>(victim) % options_.num_experts);
+      if (!(keep > evict)) continue;
+    }
+    const int32_t slot = TakeSlot(/*force=*/false);
+    if (slot < 0) break;
+    SubmitLoad(key, slot, /*on_demand=*/false, 0.0);
+    ++counters_[layer].host_runs_admitted;
+  }
+  host_ran_.clear();
 }
 
 void ExpertCache::EndIteration() {

@@ -17,7 +17,9 @@
 // Hybrid execution (options.hybrid): BeginLayer sends each of the running layer's experts that is
 // ON_HOST either to the link (LOADING, as above) or to the host (hybrid_split.h), whichever
 // finishes the layer sooner; a host run stays ON_HOST, takes no slot and is handed out by Next
-// with on_host set; its time comes back through RecordHostRun.
+// with on_host set; its time comes back through RecordHostRun. After the layer, a host-run expert
+// the policy values above the expert it would evict is loaded as a prefetch when the link has
+// spare time (options.admit_host_runs).
 // Protection: an expert prefetched (or re-requested while resident) for a layer that has not
 // run yet is not evicted, unless an on-demand load of the running layer finds no other slot
 // (counted as forced_evictions): the running layer must always make progress.
@@ -59,6 +61,10 @@ struct ExpertCacheOptions {
   // Hybrid execution: run a missing expert on the host instead of loading it when that finishes
   // the layer sooner (hybrid_split.h). Default: off
   bool hybrid = false;
+  // Hybrid: after a layer, load an expert it ran on the host with the link's spare time (nothing
+  // on demand, nothing queued, a prefetch window free) when the policy values it above what it
+  // would evict for it (the fmoe policies: the maps predict its reuse). Default: on
+  bool admit_host_runs = true;
 };
 
 // Converts a manifest budget into slots: `gb` (1e9 bytes) when set, else `fraction` of the
@@ -77,12 +83,13 @@ struct CacheCounters {
   uint64_t prefetches_wasted = 0;  // Prefetched, evicted or passed without use.
   uint64_t prefetches_cancelled = 0;
   uint64_t evictions = 0;
-  uint64_t forced_evictions = 0;  // Protected experts evicted for an on-demand load.
-  uint64_t bytes_moved = 0;       // Host to device, partial cancelled copies included.
-  int64_t stall_ns = 0;           // Compute waiting for experts.
-  uint64_t host_runs = 0;         // Missing experts run on the host instead (hybrid).
-  int64_t host_ns = 0;            // Time of those runs.
-  uint64_t bytes_not_moved = 0;   // Their bytes, which stayed on the host.
+  uint64_t forced_evictions = 0;    // Protected experts evicted for an on-demand load.
+  uint64_t bytes_moved = 0;         // Host to device, partial cancelled copies included.
+  int64_t stall_ns = 0;             // Compute waiting for experts.
+  uint64_t host_runs = 0;           // Missing experts run on the host instead (hybrid).
+  int64_t host_ns = 0;              // Time of those runs.
+  uint64_t bytes_not_moved = 0;     // Their bytes, which stayed on the host.
+  uint64_t host_runs_admitted = 0;  // Host-run experts then loaded with spare link time.
   CacheCounters& operator+=(const CacheCounters& o);
 };
 
@@ -183,6 +190,8 @@ class ExpertCache final : public CacheControl {
   };
   // BeginLayer (hybrid): picks the running layer's experts to run on the host.
   void SplitLayer();
+  // EndLayer (hybrid): loads the layer's host-run experts worth keeping with spare link time.
+  void AdmitHostRuns();
   struct QueuedPrefetch {
     uint32_t key = 0;
     uint64_t position = 0;  // Target layer's position.
@@ -198,6 +207,9 @@ class ExpertCache final : public CacheControl {
     return layer * options_.num_experts + expert;
   }
   bool Evictable(const Entry& e) const;
+  // The resident expert TakeSlot would evict (key), -1 when none; `is_protected` tells whether it
+  // is protected (only chosen with `force`).
+  int32_t Victim(bool force, bool* is_protected) const;
   // A free slot, evicting if needed (`force`: protected experts too); -1 when none.
   int32_t TakeSlot(bool force);
   void Evict(uint32_t key);
@@ -236,6 +248,7 @@ class ExpertCache final : public CacheControl {
   HostTimeModel host_time_;             // Hybrid: measured host run times.
   uint32_t host_runs_planned_ = 0;      // Host runs of the running layer.
   std::vector<MissingExpert> missing_;  // Scratch.
+  std::vector<uint32_t> host_ran_;      // Scratch: keys the last layer ran on the host.
   std::vector<TransferDone> done_;      // Scratch.
   uint32_t owned_ = 0;                  // Experts this rank owns.
   // The budget holds every expert and all were preloaded: nothing will ever move, so the

@@ -97,7 +97,7 @@ constexpr size_t kBytes = 64;
 
 struct Fixture {
   Fixture(std::string policy, uint32_t slots, uint32_t rank = 0, uint32_t world = 1,
-          bool preload = false, uint32_t inflight = 2, bool hybrid = false)
+          bool preload = false, uint32_t inflight = 2, bool hybrid = false, bool admit = false)
       : link(clock) {
     host.resize(kLayers * kExperts * kBytes);
     for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<char>((i / kBytes) * 7 + i);
@@ -117,6 +117,7 @@ struct Fixture {
     o.preload = preload;
     o.max_inflight_prefetches = inflight;
     o.hybrid = hybrid;
+    o.admit_host_runs = admit;
     PolicyOptions po;
     po.prefetch_distance = 2;
     auto p = MakePolicy(policy, po);
@@ -156,6 +157,37 @@ struct Fixture {
     EXPECT_EQ(got, want);
     cache->EndLayer();
     ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants().ToString();
+  }
+
+  // Runs a layer of one sequence with hybrid execution, reporting each host run as taking
+  // `host_ns`; returns the experts run on the host.
+  std::vector<uint32_t> RunHybridLayer(uint32_t layer, std::vector<uint32_t> experts,
+                                       int64_t host_ns) {
+    std::vector<uint32_t> tokens(experts.size(), 1);
+    std::vector<uint32_t> counts(kExperts, 0);  // The one sequence's tokens per expert.
+    for (uint32_t e : experts) counts[e] = 1;
+    EXPECT_TRUE(cache->BeginLayer({layer, experts, tokens, counts}).ok());
+    std::vector<uint32_t> on_host;
+    uint32_t handed = 0;
+    while (true) {
+      Result<ReadyExpert> e = cache->Next();
+      if (!e.ok()) break;
+      ++handed;
+      if (e->on_host) {
+        on_host.push_back(e->expert);
+        cache->RecordHostRun(e->expert, host_ns);
+      } else {
+        const uint32_t key = layer * kExperts + e->expert;
+        EXPECT_EQ(
+            0, std::memcmp(device.data() + e->slot * kBytes, host.data() + key * kBytes, kBytes));
+      }
+      EXPECT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants().ToString();
+      cache->Done(e->expert);
+    }
+    EXPECT_EQ(handed, experts.size());
+    cache->EndLayer();
+    EXPECT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants().ToString();
+    return on_host;
   }
 
   ManualClock clock;
@@ -255,33 +287,8 @@ TEST(ExpertCache, MissesLoadOnDemandAndEvictLeastRecentlyUsed) {
 TEST(ExpertCache, HybridRunsMissingExpertsOnTheHostWhenThatIsSooner) {
   Fixture f("lru", 2, 0, 1, /*preload=*/false, 2, /*hybrid=*/true);
   SequenceInfo s{1, 0, 1};
-  // Runs a layer, reporting each host run as taking `host_ns`; returns the experts run there.
   auto run = [&](uint32_t layer, std::vector<uint32_t> experts, int64_t host_ns) {
-    std::vector<uint32_t> tokens(experts.size(), 1);
-    std::vector<uint32_t> counts(kExperts, 0);  // The one sequence's tokens per expert.
-    for (uint32_t e : experts) counts[e] = 1;
-    EXPECT_TRUE(f.cache->BeginLayer({layer, experts, tokens, counts}).ok());
-    std::vector<uint32_t> on_host;
-    uint32_t handed = 0;
-    while (true) {
-      Result<ReadyExpert> e = f.cache->Next();
-      if (!e.ok()) break;
-      ++handed;
-      if (e->on_host) {
-        on_host.push_back(e->expert);
-        f.cache->RecordHostRun(e->expert, host_ns);
-      } else {
-        const uint32_t key = layer * kExperts + e->expert;
-        EXPECT_EQ(0, std::memcmp(f.device.data() + e->slot * kBytes, f.host.data() + key * kBytes,
-                                 kBytes));
-      }
-      EXPECT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
-      f.cache->Done(e->expert);
-    }
-    EXPECT_EQ(handed, experts.size());
-    f.cache->EndLayer();
-    EXPECT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
-    return on_host;
+    return f.RunHybridLayer(layer, std::move(experts), host_ns);
   };
   f.cache->BeginIteration({&s, 1});
   // No load measured yet: everything is loaded (each scripted load takes 1000 ns).
@@ -311,6 +318,74 @@ TEST(ExpertCache, HybridRunsMissingExpertsOnTheHostWhenThatIsSooner) {
   EXPECT_EQ(u.host_runs, 4u);
   EXPECT_EQ(u.bytes_not_moved, 4 * kBytes);
   EXPECT_EQ(u.bytes_moved, 6 * kBytes);
+}
+
+// After a layer, an expert it ran on the host is loaded with the link's spare time when the
+// policy values it above the expert it would evict, and only then.
+TEST(ExpertCache, HybridAdmitsAHostRunExpertWithSpareLinkTime) {
+  Fixture f("lru", 2, 0, 1, /*preload=*/false, /*inflight=*/2, /*hybrid=*/true, /*admit=*/true);
+  SequenceInfo s{1, 0, 1};
+  f.cache->BeginIteration({&s, 1});
+  EXPECT_TRUE(f.RunHybridLayer(0, {0, 1}, 300).empty());  // Measures the link.
+  // (1, 2) runs on the host; lru ranks it below (1, 3) and (1, 4), used after it: kept out.
+  EXPECT_EQ(f.RunHybridLayer(1, {2, 3, 4}, 300), (std::vector<uint32_t>{2}));
+  EXPECT_EQ(f.link.live(), 0u);
+  EXPECT_EQ(f.cache->stats().total.host_runs_admitted, 0u);
+  // All three run on the host; lru values them above layer 1's experts. Two fit the prefetch
+  // window: (2, 5) and (2, 6) are loaded as prefetches, (2, 7) is not.
+  EXPECT_EQ(f.RunHybridLayer(2, {5, 6, 7}, 300), (std::vector<uint32_t>{5, 6, 7}));
+  EXPECT_EQ(f.link.live(), 2u);
+  EXPECT_FALSE(f.link.any_on_demand());
+  CacheStats st = f.cache->stats();
+  EXPECT_EQ(st.layers[2].host_runs_admitted, 2u);
+  EXPECT_EQ(st.layers[2].prefetches_issued, 2u);
+  EXPECT_EQ(st.layers[1].evictions, 2u);
+  f.link.Step(2);
+  f.cache->Pump();
+  EXPECT_EQ(f.cache->stats().resident, 2u);
+  f.cache->EndIteration();
+  // The next iteration finds them resident: hits, nothing on the host.
+  ++s.iteration;
+  f.cache->BeginIteration({&s, 1});
+  EXPECT_TRUE(f.RunHybridLayer(2, {5, 6}, 300).empty());
+  st = f.cache->stats();
+  EXPECT_EQ(st.layers[2].hits, 2u);
+  EXPECT_EQ(st.total.host_runs_admitted, 2u);
+  EXPECT_EQ(st.total.bytes_moved, 6 * kBytes);  // Layer 0 and 1's loads, the two admitted.
+  f.cache->EndIteration();
+}
+
+// Admission waits for spare link time: with a prefetch queued behind a full window, a host-run
+// expert is not loaded.
+TEST(ExpertCache, HybridAdmissionGivesWayToQueuedPrefetches) {
+  Fixture f("lru", 4, 0, 1, /*preload=*/false, /*inflight=*/1, /*hybrid=*/true, /*admit=*/true);
+  SequenceInfo s{1, 0, 1};
+  f.cache->BeginIteration({&s, 1});
+  EXPECT_TRUE(f.RunHybridLayer(0, {0, 1}, 300).empty());
+  // The policy's own plan: two prefetches for layer 3, one on the link and one queued.
+  f.cache->Prefetch(3, 0, 1.0);
+  f.cache->Prefetch(3, 1, 1.0);
+  f.cache->Pump();
+  ASSERT_EQ(f.link.live(), 1u);
+  // (1, 2) runs on the host (the first probe of its speed), (1, 3) is loaded on demand.
+  EXPECT_EQ(f.RunHybridLayer(1, {2, 3}, 300), (std::vector<uint32_t>{2}));
+  // A free slot is there, but the link is not: (3, 0) is still on it and (3, 1) waits.
+  EXPECT_EQ(f.cache->stats().total.host_runs_admitted, 0u);
+  for (const TransferTask& t : f.link.submitted) {
+    const size_t key = (static_cast<const char*>(t.src) - f.host.data()) / kBytes;
+    EXPECT_NE(key, 1 * kExperts + 2) << "the host-run expert went to the link";
+  }
+  // Once the policy's plan is on the device, the link has nothing else to do: the next host
+  // run is admitted.
+  f.link.Step(1);
+  f.cache->Pump();
+  f.link.Step(1);
+  f.cache->Pump();
+  EXPECT_EQ(f.link.live(), 0u);
+  EXPECT_EQ(f.RunHybridLayer(2, {4}, 300), (std::vector<uint32_t>{4}));
+  EXPECT_EQ(f.cache->stats().total.host_runs_admitted, 1u);
+  EXPECT_EQ(f.link.live(), 1u);
+  f.cache->EndIteration();
 }
 
 TEST(ExpertCache, MorePickedExpertsThanSlotsStillRun) {
@@ -546,6 +621,46 @@ TEST(ExpertCache, RandomSequencesKeepInvariantsForEveryPolicy) {
       }
     }
   }
+}
+
+// Hybrid execution with admission under random layers, directives and host speeds: the
+// invariants hold and every handed-out slot holds its expert's bytes, for every policy.
+TEST(ExpertCache, RandomHybridSequencesKeepInvariantsForEveryPolicy) {
+  uint64_t admitted = 0;
+  for (const char* policy :
+       {"fmoe", "fmoe-nextuse", "moe-infinity", "speculative", "on-demand", "lru", "lfu"}) {
+    for (uint32_t slots : {1u, 3u, 8u}) {
+      Fixture f(policy, slots, 0, 1, /*preload=*/slots > 4, /*inflight=*/2, /*hybrid=*/true,
+                /*admit=*/true);
+      std::mt19937 rng(slots * 977 + 5);
+      SequenceInfo s{1, 0, 1};
+      for (int it = 0; it < 30; ++it) {
+        f.cache->BeginIteration({&s, 1});
+        for (uint32_t l = 0; l < kLayers; ++l) {
+          if (rng() % 2 == 0) {
+            f.cache->PostDirective(Directive(1, s.iteration, static_cast<uint32_t>(rng() % kLayers),
+                                             {static_cast<uint32_t>(rng() % kExperts)}));
+          }
+          f.link.Step(rng() % 3);
+          f.cache->Pump();
+          std::vector<uint32_t> experts;
+          const int picks = 1 + static_cast<int>(rng() % 3);
+          for (int p = 0; p < picks; ++p) experts.push_back(rng() % kExperts);
+          std::sort(experts.begin(), experts.end());
+          experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
+          f.RunHybridLayer(l, experts, rng() % 2 == 0 ? 300 : 3000);
+          if (::testing::Test::HasFailure()) FAIL() << policy << " slots " << slots << " it " << it;
+        }
+        f.cache->EndIteration();
+        ++s.iteration;
+      }
+      const CacheStats st = f.cache->stats();
+      EXPECT_LE(st.resident, st.slots);
+      EXPECT_GT(st.total.host_runs, 0u) << policy << " slots " << slots;
+      admitted += st.total.host_runs_admitted;
+    }
+  }
+  EXPECT_GT(admitted, 0u);
 }
 
 }  // namespace
