@@ -13,7 +13,8 @@
 // --hybrid off|on|both: hybrid execution (a missing expert run on the host when that finishes the
 // layer sooner); `both` runs each configuration without and with it. In cpu mode the host runs
 // are slowed to --host-ratio x one expert's load time for one token (the emulated host compute
-// rate, from one expert's measured compute time): every such figure is emulated.
+// rate, from one expert's measured compute time): every such figure is emulated. --admit
+// on|off|both: with hybrid, whether a host-run expert is loaded with the link's spare time.
 // Prints a Markdown table.
 //
 //   build/bin/cache_bench --model deploy/models/tiny-moe --prompts-file prompts.jsonl
@@ -126,6 +127,7 @@ int main(int argc, char** argv) {
                                        "on-demand", "lru",          "lfu",          "oracle"};
   std::vector<double> budgets = {0.25, 0.5, 1.0};
   std::string hybrid = "off";
+  std::string admit = "on";
   double host_ratio = 0.5;
   app.add_option("--model", model_dir, "model directory");
   app.add_option("--prompts-file", prompts_file, "JSONL with a \"prompt\" field per line");
@@ -143,6 +145,10 @@ int main(int argc, char** argv) {
   app.add_option("--policy", policies, "policies to run (repeatable)");
   app.add_option("--budget", budgets, "expert budgets as fractions of the experts");
   app.add_option("--hybrid", hybrid, "hybrid execution: off | on | both (without, then with)")
+      ->check(CLI::IsMember({"off", "on", "both"}))
+      ->capture_default_str();
+  app.add_option("--admit", admit,
+                 "hybrid: admit host-run experts with spare link time: on | off | both")
       ->check(CLI::IsMember({"off", "on", "both"}))
       ->capture_default_str();
   app.add_option("--host-ratio", host_ratio,
@@ -232,15 +238,20 @@ int main(int argc, char** argv) {
       "|\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
   std::printf("| all-resident | - | 100%% | %.2f | 1.00 | 100%% | 0 | 0 | 0 | - | - |\n",
               reference_tpot);
-  std::vector<bool> hybrid_modes;
-  if (hybrid != "on") hybrid_modes.push_back(false);
-  if (hybrid != "off") hybrid_modes.push_back(true);
+  // (hybrid, admission) per row.
+  std::vector<std::pair<bool, bool>> hybrid_modes;
+  if (hybrid != "on") hybrid_modes.push_back({false, false});
+  if (hybrid != "off") {
+    if (admit != "on") hybrid_modes.push_back({true, false});
+    if (admit != "off") hybrid_modes.push_back({true, true});
+  }
   std::fflush(stdout);
   for (const std::string& policy : policies) {
     for (double budget : budgets) {
-      for (bool on_host : hybrid_modes) {
+      for (const auto& [on_host, admits] : hybrid_modes) {
         CachedExpertsOptions o;
         o.hybrid = on_host;
+        o.admit_host_runs = admits;
         o.host_slowdown = host_slowdown;
         o.policy = policy;
         o.cache_fraction = budget;
@@ -274,9 +285,13 @@ int main(int argc, char** argv) {
         const double lookups = static_cast<double>(t.hits + t.misses);
         std::printf(
             "| %s | %s | %.0f%% | %.2f | %.2f | %.1f%% | %.2f | %.2f | %.2f | %llu / %llu | %s |\n",
-            policy.c_str(), on_host ? (cuda ? "on" : "on (emulated)") : "off", budget * 100, tpot,
-            tpot / base, lookups > 0 ? 100.0 * t.hits / lookups : 0.0, t.stall_ns / 1e6 / tokens,
-            t.bytes_moved / 1e6 / tokens, static_cast<double>(t.host_runs) / tokens,
+            policy.c_str(),
+            !on_host ? "off"
+            : admits ? (cuda ? "on" : "on (emulated)")
+                     : (cuda ? "on, no admission" : "on, no admission (emulated)"),
+            budget * 100, tpot, tpot / base, lookups > 0 ? 100.0 * t.hits / lookups : 0.0,
+            t.stall_ns / 1e6 / tokens, t.bytes_moved / 1e6 / tokens,
+            static_cast<double>(t.host_runs) / tokens,
             static_cast<unsigned long long>(t.prefetches_used),
             static_cast<unsigned long long>(t.prefetches_issued),
             run.tokens == reference.tokens ? "yes" : "NO");

@@ -171,6 +171,7 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   cache_options.max_inflight_prefetches = options.max_inflight_prefetches;
   cache_options.preload = options.preload;
   cache_options.hybrid = options.hybrid;
+  cache_options.admit_host_runs = options.admit_host_runs;
   FMOE_ASSIGN_OR_RETURN(self->cache_,
                         ExpertCache::Create(cache_options, std::move(policy), self->link_.get(),
                                             std::move(addresses), self->slots_, clock));

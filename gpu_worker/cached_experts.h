@@ -44,6 +44,8 @@ struct CachedExpertsOptions {
   // Hybrid execution (expert_cache.h): run a missing expert on the host when that finishes the
   // layer sooner. Needs float32 or bfloat16 experts in cuda mode. Default: off
   bool hybrid = false;
+  // Hybrid: admit a host-run expert with the link's spare time (expert_cache.h). Default: on
+  bool admit_host_runs = true;
   // cpu mode: a host run takes this many times its real time (>= 1), as the emulated link paces
   // copies, so the split sees a host slower than the compute device. Default: 1
   double host_slowdown = 1.0;

@@ -250,6 +250,7 @@ void ExpertCache::SubmitLoad(uint32_t key, int32_t slot, bool on_demand, double 
   if (on_demand) {
     ++inflight_on_demand_;
     ++c.on_demand_loads;
+    layer_loaded_on_demand_ = true;
   } else {
     ++inflight_prefetches_;
     ++c.prefetches_issued;
@@ -520,6 +521,7 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
   started_ = Position(layer);
   layer_start_ns_ = clock_.NowNs();
   layer_stall_ns_ = 0;
+  layer_loaded_on_demand_ = false;
   DropStalePrefetches();
 
   CacheCounters& c = counters_[layer];
@@ -698,8 +700,13 @@ void ExpertCache::EndLayer() {
 }
 
 void ExpertCache::AdmitHostRuns() {
-  // Spare link time only: the queued prefetches (the policy's own plan) and the next layer's
-  // loads come first, so admitting never delays a load the policy asked for.
+  // Spare link time only. The layer just run needed no load on demand (a link that keeps up with
+  // the misses; when it does not, the next layer's misses would queue behind an admission), and
+  // the queued prefetches (the policy's own plan) come first.
+  if (layer_loaded_on_demand_ || layer_stall_ns_ > 0) {
+    host_ran_.clear();
+    return;
+  }
   for (uint32_t key : host_ran_) {
     if (inflight_on_demand_ > 0 || !queue_.empty() ||
         inflight_prefetches_ >= options_.max_inflight_prefetches) {

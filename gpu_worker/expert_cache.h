@@ -61,9 +61,10 @@ struct ExpertCacheOptions {
   // Hybrid execution: run a missing expert on the host instead of loading it when that finishes
   // the layer sooner (hybrid_split.h). Default: off
   bool hybrid = false;
-  // Hybrid: after a layer, load an expert it ran on the host with the link's spare time (nothing
-  // on demand, nothing queued, a prefetch window free) when the policy values it above what it
-  // would evict for it (the fmoe policies: the maps predict its reuse). Default: on
+  // Hybrid: after a layer, load an expert it ran on the host with the link's spare time (the
+  // layer loaded nothing on demand and did not stall; nothing queued; a prefetch window free)
+  // when the policy values it above what it would evict for it (the fmoe policies: the maps
+  // predict its reuse). Default: on
   bool admit_host_runs = true;
 };
 
@@ -264,8 +265,9 @@ class ExpertCache final : public CacheControl {
   uint32_t inflight_on_demand_ = 0;
   int64_t layer_start_ns_ = 0;
   int64_t layer_stall_ns_ = 0;
-  double layer_compute_ns_ = 0.0;  // Moving average of a layer's compute (no stall).
-  double load_ns_ = 0.0;           // Moving average of one expert's transfer.
+  bool layer_loaded_on_demand_ = false;  // The running layer submitted an on-demand load.
+  double layer_compute_ns_ = 0.0;        // Moving average of a layer's compute (no stall).
+  double load_ns_ = 0.0;                 // Moving average of one expert's transfer.
 
   std::vector<CacheCounters> counters_;
   uint64_t directives_ = 0, directives_stale_ = 0, directives_foreign_ = 0;
