@@ -531,16 +531,7 @@ TEST_F(BadCheckpoint, ConfigProblemsAreNamed) {
   Status s = Load();
   EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "model: " + dir_.string() + "/config.json: num_attention_heads: missing");
-  EditConfig([](Json& c) {
-    c["num_attention_heads"] = 8;
-    c["architectures"] = {"PhimoeForCausalLM"};
-  });
-  s = Load();
-  EXPECT_EQ(s.code(), ErrorCode::kFailedPrecondition);
-  EXPECT_EQ(s.message(), "model: " + dir_.string() +
-                             "/config.json: PhimoeForCausalLM is not implemented by the model "
-                             "runtime yet (sparsemixer routing, LayerNorm, LongRoPE); its shapes "
-                             "are known to the map service and the benchmarks only");
+  EditConfig([](Json& c) { c["num_attention_heads"] = 8; });
   // A family's own required field, and a field that changes the computation.
   EditConfig([](Json& c) { c["architectures"] = {"Qwen2MoeForCausalLM"}; });
   s = Load();
