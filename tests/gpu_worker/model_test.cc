@@ -56,8 +56,8 @@ Result<Runtime> LoadRuntime(const std::string& dir, RuntimeOptions options = {})
 }
 
 // The fixtures, one per supported family.
-const char* const kFamilies[] = {"mixtral-ref", "qwen2-moe-ref",   "qwen3-moe-ref",
-                                 "olmoe-ref",   "deepseek-v2-ref", "deepseek-v3-ref"};
+const char* const kFamilies[] = {"mixtral-ref",     "qwen2-moe-ref",   "qwen3-moe-ref", "olmoe-ref",
+                                 "deepseek-v2-ref", "deepseek-v3-ref", "phimoe-ref"};
 
 std::string FixtureDir(const std::string& name) {
   return std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + name;
