@@ -542,6 +542,8 @@ const Family kFamilies[] = {
     {"Qwen3MoeForCausalLM", "num_experts", true, ParseQwen3Moe},
     {"OlmoeForCausalLM", "num_experts", false, ParseOlmoe},
     {"PhimoeForCausalLM", "num_local_experts", false, ParsePhimoe, true},
+    // The Hub's Phi-3.5-MoE config.json names its remote code; the checkpoint is the same.
+    {"PhiMoEForCausalLM", "num_local_experts", false, ParsePhimoe, true},
     {"DeepseekV2ForCausalLM", "n_routed_experts", false, ParseDeepseekV2, true},
     {"DeepseekV3ForCausalLM", "n_routed_experts", false, ParseDeepseekV3, true},
 };

@@ -536,6 +536,13 @@ TEST(ModelConfig, ReadsPhimoe) {
   EXPECT_EQ(info->eos_token_ids, (std::vector<int32_t>{32000}));
   const std::string d = DescribeModel(*info);
   EXPECT_NE(d.find("sparsemixer"), std::string::npos) << d;
+  // The Hub's own name for the architecture (its remote code) reads the same.
+  nlohmann::json hub = nlohmann::json::parse(kPhimoe);
+  hub["architectures"] = {"PhiMoEForCausalLM"};
+  auto hub_info = ParseModelConfig(hub.dump(), "/p");
+  ASSERT_TRUE(hub_info.ok()) << hub_info.status().ToString();
+  EXPECT_EQ(hub_info->routing.scoring, RouterScoring::kSparseMixer);
+  EXPECT_TRUE(hub_info->longrope.has_value());
   EXPECT_NE(d.find("LayerNorm, lm_head bias, LongRoPE (short factors up to 4096 tokens)"),
             std::string::npos)
       << d;
