@@ -248,14 +248,6 @@ Status ParseOlmoe(const Json& j, ModelInfo* info) {
   return ReadBool(j, "norm_topk_prob", &info->routing.normalize_topk);
 }
 
-Status ParsePhimoe(const Json& j, ModelInfo* info) {
-  FMOE_RETURN_IF_ERROR(ReadCount(j, "intermediate_size", true, &info->intermediate_size));
-  info->runtime_unsupported =
-      "PhimoeForCausalLM is not implemented by the model runtime yet (sparsemixer routing, "
-      "LayerNorm, LongRoPE); its shapes are known to the map service and the benchmarks only";
-  return Status::Ok();
-}
-
 // DeepSeek's MoE layers: layer i is sparse when i >= first_k_dense_replace and
 // i % moe_layer_freq == 0 (DeepSeek's modelling code; transformers reads first_k_dense_replace
 // only, which agrees while moe_layer_freq is 1, as in every released checkpoint).
@@ -285,6 +277,125 @@ Status ReadNonNegativeDouble(const Json& j, const char* key, double* out) {
   }
   *out = it->get<double>();
   return Status::Ok();
+}
+
+// Phi-3.5-MoE's rope_scaling: LongRoPE only (PhimoeConfig requires short_mscale and long_mscale;
+// its rotary embedding reads original_max_position_embeddings from rope_scaling). "factor" and
+// "attention_factor" are read by transformers' generic LongRoPE only for an attention factor that
+// PhimoeRotaryEmbedding replaces by the mscales, so they change nothing here either.
+Status ReadLongRope(const Json& j, uint32_t head_dim, ModelInfo* info) {
+  auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) return Status::Ok();
+  if (!it->is_object()) return InvalidArgument("rope_scaling: " + it->dump() + " is not an object");
+  const Json& r = *it;
+  std::string type;
+  for (const char* key : {"type", "rope_type"}) {
+    if (auto t = r.find(key); t != r.end() && t->is_string()) type = t->get<std::string>();
+  }
+  if (type != "longrope") {
+    return InvalidArgument("rope_scaling: type \"" + type +
+                           "\" is not implemented by the model runtime for this family (only "
+                           "\"longrope\" is)");
+  }
+  static const std::set<std::string> kKnown = {"type",
+                                               "rope_type",
+                                               "short_factor",
+                                               "long_factor",
+                                               "short_mscale",
+                                               "long_mscale",
+                                               "original_max_position_embeddings",
+                                               "factor",
+                                               "attention_factor"};
+  for (const auto& [key, value] : r.items()) {
+    if (kKnown.count(key) == 0) {
+      return InvalidArgument("rope_scaling: " + key + " is not implemented by the model runtime");
+    }
+  }
+  LongRopeSpec spec;
+  for (auto [key, out] : {std::pair{"short_factor", &spec.short_factor},
+                          std::pair{"long_factor", &spec.long_factor}}) {
+    auto f = r.find(key);
+    if (f == r.end() || !f->is_array()) {
+      return InvalidArgument(std::string("rope_scaling: ") + key + ": missing or not a list");
+    }
+    if (f->size() != head_dim / 2) {
+      return InvalidArgument(std::string("rope_scaling: ") + key + ": " +
+                             std::to_string(f->size()) +
+                             " values, expected head_dim / 2 = " + std::to_string(head_dim / 2));
+    }
+    for (const Json& v : *f) {
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() <= 0) {
+        return InvalidArgument(std::string("rope_scaling: ") + key + ": " + v.dump() +
+                               " is not a positive number");
+      }
+      out->push_back(v.get<double>());
+    }
+  }
+  for (const char* key : {"short_mscale", "long_mscale"}) {
+    if (r.find(key) == r.end() || r[key].is_null()) {
+      return InvalidArgument(std::string("rope_scaling: ") + key + ": missing");
+    }
+  }
+  FMOE_RETURN_IF_ERROR(
+      ReadPositiveDouble(r, "short_mscale", &spec.short_mscale).WithContext("rope_scaling"));
+  FMOE_RETURN_IF_ERROR(
+      ReadPositiveDouble(r, "long_mscale", &spec.long_mscale).WithContext("rope_scaling"));
+  FMOE_RETURN_IF_ERROR(
+      ReadCount(r, "original_max_position_embeddings", true, &spec.original_max_position_embeddings)
+          .WithContext("rope_scaling"));
+  // A top-level original_max_position_embeddings overrides rope_scaling's for the factors'
+  // switch in transformers but not for the mscales': only agreeing values are served.
+  if (auto top = j.find("original_max_position_embeddings"); top != j.end() && !top->is_null()) {
+    uint32_t value = 0;
+    FMOE_RETURN_IF_ERROR(ReadCount(j, "original_max_position_embeddings", true, &value));
+    if (value != spec.original_max_position_embeddings) {
+      return InvalidArgument("original_max_position_embeddings: " + std::to_string(value) +
+                             " differs from rope_scaling's " +
+                             std::to_string(spec.original_max_position_embeddings));
+    }
+  }
+  info->longrope = std::move(spec);
+  return Status::Ok();
+}
+
+// Phi-3.5-MoE: sparsemixer routing, LayerNorm, q/k/v/o and lm_head biases, LongRoPE. The head
+// width is always hidden_size / num_attention_heads (PhimoeAttention).
+Status ParsePhimoe(const Json& j, ModelInfo* info) {
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "intermediate_size", true, &info->intermediate_size));
+  if (info->top_k != 2) {
+    return InvalidArgument("num_experts_per_tok: " + std::to_string(info->top_k) +
+                           " is not implemented for PhimoeForCausalLM (sparsemixer routes to 2 "
+                           "experts)");
+  }
+  RoutingSpec& r = info->routing;
+  r.scoring = RouterScoring::kSparseMixer;
+  r.normalize_topk = false;
+  double jitter = 0.01;  // PhimoeConfig's router_jitter_noise.
+  FMOE_RETURN_IF_ERROR(ReadNonNegativeDouble(j, "router_jitter_noise", &jitter));
+  r.jitter_eps = static_cast<float>(jitter);
+  FMOE_RETURN_IF_ERROR(ReadBool(j, "attention_bias", &info->qkv_bias));
+  info->o_bias = info->qkv_bias;
+  FMOE_RETURN_IF_ERROR(ReadBool(j, "lm_head_bias", &info->lm_head_bias));
+  info->layer_norm = true;
+  if (auto it = j.find("partial_rotary_factor"); it != j.end() && !it->is_null()) {
+    if (!it->is_number() || it->get<double>() != 1.0) {
+      return InvalidArgument("partial_rotary_factor: " + it->dump() +
+                             " is not implemented by the model runtime for this family (only 1)");
+    }
+  }
+  if (auto it = j.find("sliding_window"); it != j.end() && !it->is_null()) {
+    uint32_t window = 0;
+    FMOE_RETURN_IF_ERROR(ReadCount(j, "sliding_window", true, &window));
+    info->sliding_window = window;
+  }
+  uint32_t heads = 0;
+  FMOE_RETURN_IF_ERROR(ReadCount(j, "num_attention_heads", true, &heads));
+  if (info->hidden_size % heads != 0) {
+    return InvalidArgument("hidden_size (" + std::to_string(info->hidden_size) +
+                           ") is not a multiple of num_attention_heads (" + std::to_string(heads) +
+                           ")");
+  }
+  return ReadLongRope(j, info->hidden_size / heads, info);
 }
 
 // DeepSeek's rope_scaling: YaRN only ({"type" or "rope_type": "yarn", "factor",
@@ -421,7 +532,8 @@ struct Family {
   // hidden_size / num_attention_heads (transformers' Qwen2-MoE and OLMoE).
   bool reads_head_dim;
   Status (*parse)(const Json&, ModelInfo*);
-  bool reads_rope_scaling = false;  // The parser reads rope_scaling (DeepSeek's YaRN).
+  // The parser reads rope_scaling (DeepSeek's YaRN, Phi's LongRoPE).
+  bool reads_rope_scaling = false;
 };
 
 const Family kFamilies[] = {
@@ -429,7 +541,9 @@ const Family kFamilies[] = {
     {"Qwen2MoeForCausalLM", "num_experts", false, ParseQwen2Moe},
     {"Qwen3MoeForCausalLM", "num_experts", true, ParseQwen3Moe},
     {"OlmoeForCausalLM", "num_experts", false, ParseOlmoe},
-    {"PhimoeForCausalLM", "num_local_experts", true, ParsePhimoe},
+    {"PhimoeForCausalLM", "num_local_experts", false, ParsePhimoe, true},
+    // The Hub's Phi-3.5-MoE config.json names its remote code; the checkpoint is the same.
+    {"PhiMoEForCausalLM", "num_local_experts", false, ParsePhimoe, true},
     {"DeepseekV2ForCausalLM", "n_routed_experts", false, ParseDeepseekV2, true},
     {"DeepseekV3ForCausalLM", "n_routed_experts", false, ParseDeepseekV3, true},
 };
@@ -599,6 +713,12 @@ std::string DescribeModel(const ModelInfo& info) {
       << " kv heads, head_dim " << info.head_dim;
   if (info.qkv_bias) out << ", q/k/v biases";
   if (info.o_bias) out << ", output bias";
+  if (info.layer_norm) out << ", LayerNorm";
+  if (info.lm_head_bias) out << ", lm_head bias";
+  if (info.longrope) {
+    out << ", LongRoPE (short factors up to " << info.longrope->original_max_position_embeddings
+        << " tokens)";
+  }
   if (info.qk_norm == QkNorm::kPerHead) out << ", q/k RMSNorm per head";
   if (info.qk_norm == QkNorm::kWhole) out << ", q/k RMSNorm over the projection";
   if (info.clip_qkv) out << ", q/k/v clipped to " << *info.clip_qkv;

@@ -1,12 +1,12 @@
 // The shape of a Hugging Face MoE checkpoint, read from its config.json, and the model's
 // fingerprint (the map service keys its stores by it). Families: Mixtral, Qwen2-MoE, Qwen3-MoE,
-// OLMoE, DeepSeek-V2 and DeepSeek-V3 (run by the model runtime) and Phi-3.5-MoE (shapes only:
-// `runtime_unsupported` says why). The full loader (weights, tokenizer) belongs to the worker's
-// model runtime; this file reads what every process needs to agree on and the hyperparameters the
-// runtime builds the model from, and refuses a config field that changes the computation in a way
-// the runtime does not implement (rope_scaling other than DeepSeek's YaRN, an activation other than
-// SiLU, Qwen's sliding window, quantized weights), naming it. docs/MODELS.md lists what each family
-// reads. Pure functions.
+// OLMoE, Phi-3.5-MoE, DeepSeek-V2 and DeepSeek-V3, all run by the model runtime
+// (`runtime_unsupported` is for a family whose shapes only are known). The full loader (weights,
+// tokenizer) belongs to the worker's model runtime; this file reads what every process needs to
+// agree on and the hyperparameters the runtime builds the model from, and refuses a config field
+// that changes the computation in a way the runtime does not implement (rope_scaling other than
+// DeepSeek's YaRN and Phi's LongRoPE, an activation other than SiLU, Qwen's sliding window,
+// quantized weights), naming it. docs/MODELS.md lists what each family reads. Pure functions.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +51,20 @@ struct YarnSpec {
   double mscale_all_dim = 0.0;                    // Default: 0 (no softmax correction)
 };
 
+// LongRoPE (Phi-3.5-MoE's rope_scaling {"type": "longrope", ...}), as transformers'
+// PhimoeRotaryEmbedding computes it: the inverse frequencies 1 / (factor_i * theta^(2i / hd)) with
+// the short factors while a forward's sequence (every cached and new token) is at most
+// original_max_position_embeddings long, the long factors beyond; cos and sin multiplied by
+// short_mscale or long_mscale by the same rule. Keys already cached keep the rotation they were
+// written with (transformers never rotates them again).
+struct LongRopeSpec {
+  std::vector<double> short_factor;               // head_dim / 2 values, each > 0.
+  std::vector<double> long_factor;                // head_dim / 2 values, each > 0.
+  uint32_t original_max_position_embeddings = 0;  // Required.
+  double short_mscale = 1.0;                      // Required (PhimoeConfig).
+  double long_mscale = 1.0;                       // Required (PhimoeConfig).
+};
+
 struct ModelInfo {
   std::string dir;                 // Absolute model directory.
   std::string architecture;        // e.g. "MixtralForCausalLM".
@@ -74,11 +88,16 @@ struct ModelInfo {
   bool shared_expert_gated = false;
   // DeepSeek-V3: each MoE layer's router carries e_score_correction_bias [J].
   bool router_correction_bias = false;
-  std::optional<MlaSpec> mla;    // Multi-head latent attention instead of grouped-query.
-  std::optional<YarnSpec> yarn;  // YaRN rotary scaling; absent: plain RoPE.
-  RoutingSpec routing;           // The router's function (common/routing.h).
-  bool qkv_bias = false;         // q/k/v projections carry biases.
-  bool o_bias = false;           // The output projection carries a bias.
+  std::optional<MlaSpec> mla;            // Multi-head latent attention instead of grouped-query.
+  std::optional<YarnSpec> yarn;          // YaRN rotary scaling; absent: plain RoPE.
+  std::optional<LongRopeSpec> longrope;  // LongRoPE (Phi-3.5-MoE); absent: plain RoPE.
+  RoutingSpec routing;                   // The router's function (common/routing.h).
+  bool qkv_bias = false;                 // q/k/v projections carry biases.
+  bool o_bias = false;                   // The output projection carries a bias.
+  // LayerNorm (weight and bias, eps rms_norm_eps) instead of RMSNorm for the layers' and the
+  // final norm (Phi-3.5-MoE).
+  bool layer_norm = false;
+  bool lm_head_bias = false;  // lm_head carries a bias [V] (Phi-3.5-MoE's lm_head_bias).
   QkNorm qk_norm = QkNorm::kNone;
   std::optional<double> clip_qkv;  // OLMoE: q, k and v clamped to [-c, c].
   // Why the model runtime cannot run this model ("" = it can): a family whose shapes are known

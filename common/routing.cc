@@ -27,6 +27,20 @@ Status RoutingSpec::Validate() const {
                              std::to_string(num_experts / num_groups));
     }
   }
+  if (scoring == RouterScoring::kSparseMixer) {
+    if (top_k != 2) {
+      return InvalidArgument("routing: sparsemixer routes to 2 experts, not " +
+                             std::to_string(top_k));
+    }
+    if (normalize_topk || groups != GroupScoring::kNone || correction_bias || scaling != 1.0f) {
+      return InvalidArgument(
+          "routing: sparsemixer takes no renormalisation, groups, correction bias or scaling");
+    }
+    if (!std::isfinite(jitter_eps) || jitter_eps < 0) {
+      return InvalidArgument("routing: router_jitter_noise " + std::to_string(jitter_eps) +
+                             " is not a number >= 0");
+    }
+  }
   if (!std::isfinite(scaling) || scaling <= 0) {
     return InvalidArgument("routing: routed_scaling_factor " + std::to_string(scaling) +
                            " is not a positive number");
@@ -35,6 +49,10 @@ Status RoutingSpec::Validate() const {
 }
 
 std::string RoutingSpec::Describe() const {
+  if (scoring == RouterScoring::kSparseMixer) {
+    return "sparsemixer (router_jitter_noise " + std::to_string(jitter_eps) + "), top-" +
+           std::to_string(top_k) + " of " + std::to_string(num_experts) + ", not renormalised";
+  }
   std::string s = scoring == RouterScoring::kSoftmax ? "softmax" : "sigmoid";
   if (correction_bias) s += " + correction bias";
   if (groups != GroupScoring::kNone) {
@@ -103,6 +121,32 @@ void MaskGroups(const RoutingSpec& spec, std::span<float> choice) {
   }
 }
 
+// transformers' sparsemixer in eval mode for one token (routing.h). Every step in float32, as
+// torch computes it on float32 logits: the threshold mask, the masked softmax, the gather.
+void SparseMixer(float jitter_eps, std::span<const float> logits, std::span<float> probs,
+                 std::span<int32_t> experts, std::span<float> weights) {
+  const size_t j = logits.size();
+  Softmax(logits, probs);
+  // The two largest logits, the first index among equals (torch's max): the top-2.
+  TopK(logits, experts);
+  const float limit = static_cast<float>(2.0 * static_cast<double>(jitter_eps));
+  std::vector<float> masked(j);
+  std::vector<float> gates(j);
+  for (size_t round = 0; round < 2; ++round) {
+    const size_t pick = static_cast<size_t>(experts[round]);
+    const float top = logits[pick];
+    for (size_t e = 0; e < j; ++e) {
+      const float factor = std::max(std::fabs(logits[e]), top);
+      const bool far = (top - logits[e]) / factor > limit;
+      // The second round runs on the logits with the first expert removed.
+      const bool removed = round == 1 && e == static_cast<size_t>(experts[0]);
+      masked[e] = far || removed ? -INFINITY : logits[e];
+    }
+    Softmax(masked, gates);
+    weights[round] = gates[pick];
+  }
+}
+
 }  // namespace
 
 Status RouteToken(const RoutingSpec& spec, std::span<const float> logits, std::span<float> probs,
@@ -117,6 +161,10 @@ Status RouteToken(const RoutingSpec& spec, std::span<const float> logits, std::s
                            std::to_string(bias.size()) + " biases and " +
                            std::to_string(experts.size()) + "/" + std::to_string(weights.size()) +
                            " choices for " + spec.Describe());
+  }
+  if (spec.scoring == RouterScoring::kSparseMixer) {
+    SparseMixer(spec.jitter_eps, logits, probs, experts, weights);
+    return Status::Ok();
   }
   if (spec.scoring == RouterScoring::kSoftmax && !spec.correction_bias &&
       spec.groups == GroupScoring::kNone) {

@@ -13,7 +13,13 @@
 // lower index first, as torch.topk on CPU); their weights are the uncorrected scores, optionally
 // renormalised to sum to 1 (`normalize_topk`; DeepSeek adds 1e-20 to the sum), then multiplied by
 // `scaling` (DeepSeek's routed_scaling_factor). The experts are reported by descending choice
-// score. Pure functions.
+// score. Phi-3.5-MoE's sparsemixer (kSparseMixer, top-2 only) is transformers' eval-mode
+// `sparsemixer`: the first expert is the largest logit; its weight is the softmax over the logits
+// with every logit s masked to -inf where (max - s) / max(|s|, max) > 2 jitter_eps; the second is
+// the largest logit once the first is removed, weighted by the softmax over the logits without the
+// first, masked the same way against the second's logit (jitter_eps: router_jitter_noise, a
+// threshold at inference, not noise). Its weights are not renormalised; its `probs` are the plain
+// softmax of the logits. Pure functions.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +33,9 @@ namespace fmoe {
 enum class RouterScoring : uint8_t {
   kSoftmax,  // s = softmax(logits) in float32.
   kSigmoid,  // s = sigmoid(logits) in float32, each expert on its own (DeepSeek-V3).
+  // Phi-3.5-MoE's sparsemixer at inference (above): top-2 of the logits, each weight a masked
+  // softmax. Needs K = 2, no renormalisation, no groups, bias or scaling.
+  kSparseMixer,
 };
 
 // How a group of experts is scored for group-limited routing.
@@ -46,6 +55,8 @@ struct RoutingSpec {
   uint32_t topk_groups = 1;      // Groups kept, 1 <= topk_groups <= G. Default: 1
   float scaling = 1.0f;          // The weights' final factor (routed_scaling_factor). Default: 1
   bool correction_bias = false;  // Each call passes J biases added to the choice scores.
+  // kSparseMixer's mask threshold (router_jitter_noise), >= 0. Default: 0.01
+  float jitter_eps = 0.01f;
 
   // kInvalidArgument naming the field when K, J or the groups are out of range.
   Status Validate() const;
@@ -55,10 +66,10 @@ struct RoutingSpec {
 
 // One token. `logits` and `probs` hold J values, `experts` and `weights` K, `bias` J values when
 // spec.correction_bias (else empty). `probs` receives the gate distribution the expert maps record:
-// the softmax probabilities, or with sigmoid scoring the (uncorrected) sigmoid scores divided by
-// their sum, so that it is a distribution over the J experts ordered as the scores are. `experts`
-// and `weights` receive the chosen experts by descending choice score. The spec must be valid and
-// the spans of the right sizes (checked: kInvalidArgument).
+// the softmax probabilities (sparsemixer too), or with sigmoid scoring the (uncorrected) sigmoid
+// scores divided by their sum, so that it is a distribution over the J experts ordered as the
+// scores are. `experts` and `weights` receive the chosen experts by descending choice score. The
+// spec must be valid and the spans of the right sizes (checked: kInvalidArgument).
 Status RouteToken(const RoutingSpec& spec, std::span<const float> logits, std::span<float> probs,
                   std::span<int32_t> experts, std::span<float> weights,
                   std::span<const float> bias = {});

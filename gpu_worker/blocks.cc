@@ -39,6 +39,12 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return weight * (xf * at::rsqrt(var + eps)).to(x.scalar_type());
 }
 
+at::Tensor DecoderNorm(const ModelInfo& info, const at::Tensor& x, const at::Tensor& weight,
+                       const at::Tensor& bias) {
+  if (!info.layer_norm) return RmsNorm(x, weight, info.rms_norm_eps);
+  return at::layer_norm(x, {x.size(-1)}, weight, bias, info.rms_norm_eps);
+}
+
 at::Tensor SwiGlu(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
                   const at::Tensor& down, int64_t row_block) {
   at::Tensor act = at::silu(BlockLinear(x, gate, row_block)) * BlockLinear(x, up, row_block);
@@ -87,8 +93,9 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
   at::Tensor attn = at::empty({rows, n_heads * hd}, hn.options());
   for (const AttentionSpan& s : spans) {
     const int64_t t = s.tokens, p0 = s.position, len = p0 + t;
-    at::Tensor cos = rope.cos.narrow(0, p0, t).unsqueeze(1);  // [t, 1, hd]
-    at::Tensor sin = rope.sin.narrow(0, p0, t).unsqueeze(1);
+    const bool long_rope = rope.long_after > 0 && len > rope.long_after;
+    at::Tensor cos = (long_rope ? rope.long_cos : rope.cos).narrow(0, p0, t).unsqueeze(1);
+    at::Tensor sin = (long_rope ? rope.long_sin : rope.sin).narrow(0, p0, t).unsqueeze(1);
     at::Tensor qi = q.narrow(0, s.row, t).view({t, n_heads, hd});
     at::Tensor ki = k.narrow(0, s.row, t).view({t, n_kv, hd});
     at::Tensor vi = v.narrow(0, s.row, t).view({t, n_kv, hd});
@@ -143,11 +150,18 @@ at::Tensor Deinterleave(const at::Tensor& x) {
 
 }  // namespace
 
-at::Tensor RotaryInverseFrequencies(const ModelInfo& info) {
+at::Tensor RotaryInverseFrequencies(const ModelInfo& info, bool long_factors) {
   const int64_t dim = info.head_dim;
   const double base = info.rope_theta;
   at::Tensor exponents =
       at::arange(int64_t{0}, dim, int64_t{2}, at::kLong).to(at::kFloat) / static_cast<double>(dim);
+  if (info.longrope) {
+    // transformers' _compute_longrope_parameters: the factors as a float32 tensor.
+    const std::vector<double>& f =
+        long_factors ? info.longrope->long_factor : info.longrope->short_factor;
+    at::Tensor factors = at::tensor(f, at::kDouble).to(at::kFloat);
+    return 1.0 / (factors * at::pow(base, exponents));
+  }
   if (!info.yarn) return 1.0 / at::pow(base, exponents);
   const YarnSpec& y = *info.yarn;
   at::Tensor pos_freqs = at::pow(base, exponents);
@@ -168,7 +182,8 @@ at::Tensor RotaryInverseFrequencies(const ModelInfo& info) {
   return interpolation * (1.0 - extrapolation_factor) + extrapolation * extrapolation_factor;
 }
 
-double RotaryAttentionFactor(const ModelInfo& info) {
+double RotaryAttentionFactor(const ModelInfo& info, bool long_factors) {
+  if (info.longrope) return long_factors ? info.longrope->long_mscale : info.longrope->short_mscale;
   if (!info.yarn) return 1.0;
   const YarnSpec& y = *info.yarn;
   return YarnMscale(y.factor, y.mscale) / YarnMscale(y.factor, y.mscale_all_dim);

@@ -1,10 +1,10 @@
 // The model runtime's building blocks, one function each, shared by every architecture
-// (model_families.h says which a family uses): the batch-invariant linear map, RMSNorm, rotary
-// embeddings, grouped-query attention with its variants (q/k/v biases, q/k RMSNorm per head or
-// over the whole projection, q/k/v clipping, a sliding window), DeepSeek's multi-head latent
-// attention with its decoupled (YaRN) RoPE, and the SwiGLU MLP that dense layers, shared experts
-// and routed experts compute. Each follows the Hugging Face transformers
-// implementation of the families it serves, operation for operation.
+// (model_families.h says which a family uses): the batch-invariant linear map, RMSNorm and
+// LayerNorm, rotary embeddings (plain, YaRN, LongRoPE), grouped-query attention with its variants
+// (q/k/v biases, q/k RMSNorm per head or over the whole projection, q/k/v clipping, a sliding
+// window), DeepSeek's multi-head latent attention with its decoupled (YaRN) RoPE, and the SwiGLU
+// MLP that dense layers, shared experts and routed experts compute. Each follows the Hugging Face
+// transformers implementation of the families it serves, operation for operation.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +27,11 @@ at::Tensor BlockLinear(const at::Tensor& x, const at::Tensor& w, int64_t rows,
 // transformers' RMSNorm (Mixtral, Qwen, OLMoE): float32 variance over the last dimension, the
 // normalised values cast back to x's dtype, then scaled by the weight.
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// A decoder norm: transformers' nn.LayerNorm over the last dimension with `bias` when
+// info.layer_norm (Phi-3.5-MoE), else RmsNorm (bias undefined); eps is info.rms_norm_eps.
+at::Tensor DecoderNorm(const ModelInfo& info, const at::Tensor& x, const at::Tensor& weight,
+                       const at::Tensor& bias);
 
 // A SwiGLU MLP: down(silu(gate x) * up x). Dense layers, shared experts and routed experts.
 struct MlpWeights {
@@ -53,9 +58,15 @@ struct AttentionSpan {
   at::Tensor* v_cache = nullptr;
 };
 
-// The rotary tables, [positions, hd] in the compute dtype (YaRN's attention factor applied).
+// The rotary tables, [positions, hd] in the compute dtype (YaRN's attention factor or LongRoPE's
+// mscale applied). LongRoPE has two pairs: a sequence whose length after this forward (its cached
+// and new tokens) exceeds `long_after` rotates its new queries and keys with the long-factor
+// tables, else with the short ones; keys already cached keep their rotation (transformers'
+// PhimoeRotaryEmbedding, called with the sequence length of each forward).
 struct RotaryTables {
   at::Tensor cos, sin;
+  at::Tensor long_cos, long_sin;  // LongRoPE's long factors, or undefined.
+  int64_t long_after = 0;         // original_max_position_embeddings; 0 without LongRoPE.
 };
 
 // Self-attention of one layer over the normed hidden state `hn` [rows, h]: projections, the
@@ -66,11 +77,13 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
                      int64_t row_block);
 
 // The rotary inverse frequencies [head_dim / 2] in float32, as transformers computes them: plain
-// RoPE, or YaRN's blend of interpolated and extrapolated frequencies (info.yarn).
-at::Tensor RotaryInverseFrequencies(const ModelInfo& info);
-// YaRN's factor on the cos and sin tables (1 without YaRN): mscale(factor, mscale) /
-// mscale(factor, mscale_all_dim), mscale(s, m) = 0.1 m ln(s) + 1 for s > 1.
-double RotaryAttentionFactor(const ModelInfo& info);
+// RoPE, YaRN's blend of interpolated and extrapolated frequencies (info.yarn), or LongRoPE's
+// 1 / (factor_i * theta^(2i / hd)) with its short factors, or its long ones when `long_factors`.
+at::Tensor RotaryInverseFrequencies(const ModelInfo& info, bool long_factors = false);
+// The factor on the cos and sin tables: YaRN's mscale(factor, mscale) /
+// mscale(factor, mscale_all_dim), mscale(s, m) = 0.1 m ln(s) + 1 for s > 1; LongRoPE's
+// short_mscale (long_mscale when `long_factors`); 1 for plain RoPE.
+double RotaryAttentionFactor(const ModelInfo& info, bool long_factors = false);
 
 // Multi-head latent attention (DeepSeek-V2/V3). kv_b_proj is split per head into its key rows
 // (w_uk) and value rows (w_uv), so that attention runs on the cached latents directly: scores

@@ -33,11 +33,12 @@ constexpr uint32_t kDense = UINT32_MAX;
 // One transformer layer: attention, then a dense MLP or a mixture of experts.
 struct MoeModel::Layer {
   at::Tensor input_norm, post_norm;
-  AttentionWeights attention;      // Grouped-query attention, or
-  MlaWeights latent;               // multi-head latent attention (info.mla).
-  uint32_t moe = kDense;           // The MoE layer index, or kDense.
-  MlpWeights dense;                // A dense layer's MLP.
-  at::Tensor gate;                 // The router, [J, h].
+  at::Tensor input_norm_bias, post_norm_bias;  // LayerNorm's (info.layer_norm), or undefined.
+  AttentionWeights attention;                  // Grouped-query attention, or
+  MlaWeights latent;                           // multi-head latent attention (info.mla).
+  uint32_t moe = kDense;                       // The MoE layer index, or kDense.
+  MlpWeights dense;                            // A dense layer's MLP.
+  at::Tensor gate;                             // The router, [J, h].
   MlpWeights shared;               // The shared expert (resident), if the family has one.
   at::Tensor shared_gate;          // [1, h], if gated.
   std::vector<float> router_bias;  // DeepSeek-V3's e_score_correction_bias [J], or empty.
@@ -49,11 +50,15 @@ struct MoeModel::Impl {
   at::Device device = at::kCPU;
   at::Tensor embed;  // [V, h]
   at::Tensor final_norm;
-  at::Tensor lm_head;  // [V, h]; the embedding when tied.
+  at::Tensor final_norm_bias;  // LayerNorm's, or undefined.
+  at::Tensor lm_head;          // [V, h]; the embedding when tied.
+  at::Tensor lm_head_bias;     // [V] (info.lm_head_bias), or undefined.
   std::vector<Layer> layers;
-  at::Tensor inv_freq;       // [hd/2], float32
-  double rope_factor = 1.0;  // YaRN's factor on cos and sin.
-  RotaryTables rope;         // [positions, hd], compute dtype; grown on demand.
+  at::Tensor inv_freq;            // [hd/2], float32
+  double rope_factor = 1.0;       // YaRN's factor or LongRoPE's short mscale on cos and sin.
+  at::Tensor long_inv_freq;       // LongRoPE's long factors, or undefined.
+  double long_rope_factor = 1.0;  // LongRoPE's long mscale.
+  RotaryTables rope;              // [positions, hd], compute dtype; grown on demand.
 
   at::TensorOptions opts() const { return at::TensorOptions().dtype(dtype).device(device); }
   at::Tensor Linear(const at::Tensor& x, const at::Tensor& w) const {
@@ -152,6 +157,11 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
     Layer& layer = m.layers[i];
     FMOE_ASSIGN_OR_RETURN(layer.input_norm, loader.Load(p + "input_layernorm.weight", {h}));
     FMOE_ASSIGN_OR_RETURN(layer.post_norm, loader.Load(p + "post_attention_layernorm.weight", {h}));
+    if (info.layer_norm) {
+      FMOE_ASSIGN_OR_RETURN(layer.input_norm_bias, loader.Load(p + "input_layernorm.bias", {h}));
+      FMOE_ASSIGN_OR_RETURN(layer.post_norm_bias,
+                            loader.Load(p + "post_attention_layernorm.bias", {h}));
+    }
     const std::string at_p = p + "self_attn.";
     if (info.mla) {
       FMOE_RETURN_IF_ERROR(LoadLatentAttention(info, loader, at_p, &layer.latent));
@@ -216,6 +226,12 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
     }
   }
   FMOE_ASSIGN_OR_RETURN(m.final_norm, loader.Load("model.norm.weight", {h}));
+  if (info.layer_norm) {
+    FMOE_ASSIGN_OR_RETURN(m.final_norm_bias, loader.Load("model.norm.bias", {h}));
+  }
+  if (info.lm_head_bias) {
+    FMOE_ASSIGN_OR_RETURN(m.lm_head_bias, loader.Load("lm_head.bias", {v}));
+  }
   if (info.tie_word_embeddings && ckpt->Find("lm_head.weight") == nullptr) {
     m.lm_head = m.embed;
   } else {
@@ -224,6 +240,10 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
   // HF's rotary inverse frequencies, computed the same way in float32.
   m.inv_freq = RotaryInverseFrequencies(info);
   m.rope_factor = RotaryAttentionFactor(info);
+  if (info.longrope) {
+    m.long_inv_freq = RotaryInverseFrequencies(info, /*long_factors=*/true);
+    m.long_rope_factor = RotaryAttentionFactor(info, /*long_factors=*/true);
+  }
   return model;
 }
 
@@ -333,6 +353,13 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
     at::Tensor emb = at::cat({freqs, freqs}, -1);
     m.rope.cos = (emb.cos() * m.rope_factor).to(m.device, m.dtype);
     m.rope.sin = (emb.sin() * m.rope_factor).to(m.device, m.dtype);
+    if (m.long_inv_freq.defined()) {
+      at::Tensor long_freqs = at::outer(at::arange(n, at::kLong).to(at::kFloat), m.long_inv_freq);
+      at::Tensor long_emb = at::cat({long_freqs, long_freqs}, -1);
+      m.rope.long_cos = (long_emb.cos() * m.long_rope_factor).to(m.device, m.dtype);
+      m.rope.long_sin = (long_emb.sin() * m.long_rope_factor).to(m.device, m.dtype);
+      m.rope.long_after = info.longrope->original_max_position_embeddings;
+    }
   }
   for (const SequenceInput& s : inputs) {
     KvCache& kv = *s.kv;
@@ -384,11 +411,11 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
       spans[i] = {batch.offset[i], batch.offset[i + 1] - batch.offset[i], kv.length_, &kv.k_[l],
                   &kv.v_[l]};
     }
-    at::Tensor normed = RmsNorm(x, layer.input_norm, info.rms_norm_eps);
+    at::Tensor normed = DecoderNorm(info, x, layer.input_norm, layer.input_norm_bias);
     x = x + (info.mla
                  ? LatentAttention(info, layer.latent, normed, spans, m.rope, m.options.row_block)
                  : Attention(info, layer.attention, normed, spans, m.rope, m.options.row_block));
-    at::Tensor hn = RmsNorm(x, layer.post_norm, info.rms_norm_eps);
+    at::Tensor hn = DecoderNorm(info, x, layer.post_norm, layer.post_norm_bias);
     if (layer.moe == kDense) {
       x = x + SwiGlu(hn, layer.dense.gate, layer.dense.up, layer.dense.down, m.options.row_block);
       continue;
@@ -409,7 +436,8 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
     }
     at::Tensor sel = x.index_select(
         0, at::tensor(logit_rows, at::TensorOptions().dtype(at::kLong)).to(m.device));
-    at::Tensor logits = m.Linear(RmsNorm(sel, m.final_norm, info.rms_norm_eps), m.lm_head)
+    at::Tensor logits = BlockLinear(DecoderNorm(info, sel, m.final_norm, m.final_norm_bias),
+                                    m.lm_head, m.options.row_block, m.lm_head_bias)
                             .to(at::kCPU, at::kFloat)
                             .contiguous();
     const float* lp = logits.data_ptr<float>();
@@ -590,12 +618,14 @@ void MoeModel::Speculate(uint32_t l, const at::Tensor& x, const Batch& batch,
   const size_t distance = std::max(source_distance, observer_distance);
   for (size_t t = l + 1; t < info.num_moe_layers && t <= l + distance; ++t) {
     const Layer& ahead = m.layers[info.moe_layers[t]];
-    at::Tensor logits = m.Linear(RmsNorm(x, ahead.post_norm, info.rms_norm_eps), ahead.gate);
+    at::Tensor logits =
+        m.Linear(DecoderNorm(info, x, ahead.post_norm, ahead.post_norm_bias), ahead.gate);
     std::vector<int64_t> picked(static_cast<size_t>(rows * top_k));
     const RoutingSpec& spec = info.routing;
-    if (spec.scoring == RouterScoring::kSoftmax && spec.groups == GroupScoring::kNone &&
+    if (spec.scoring != RouterScoring::kSigmoid && spec.groups == GroupScoring::kNone &&
         !spec.correction_bias) {
-      // The softmax keeps the logits' order: their top-k is the router's.
+      // The softmax keeps the logits' order, and sparsemixer picks the two largest logits: their
+      // top-k is the router's.
       at::Tensor top = std::get<1>(logits.topk(top_k, -1)).to(at::kCPU).contiguous();
       std::copy_n(top.data_ptr<int64_t>(), picked.size(), picked.begin());
     } else {

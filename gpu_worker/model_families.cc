@@ -13,6 +13,8 @@ constexpr FamilyTensors kFamilies[] = {
     {"Qwen2MoeForCausalLM", "mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight",
      "shared_expert."},
     {"Qwen3MoeForCausalLM", "mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", ""},
+    {"PhimoeForCausalLM", "block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight", ""},
+    {"PhiMoEForCausalLM", "block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight", ""},
     {"OlmoeForCausalLM", "mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", ""},
     {"DeepseekV2ForCausalLM", "mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight",
      "shared_experts."},

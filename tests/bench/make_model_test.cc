@@ -327,6 +327,38 @@ TEST_F(MakeModelTest, FewLayersOfDeepseekKeepTheRealLayout) {
   EXPECT_EQ(ExpandedKvBytesPerToken(*info, 2), 2u * 5120u * 2u);
 }
 
+// Phi-3.5-MoE: the model card's 6.6B active parameters (2 of 16 experts per layer) beside its
+// 41.9B total; a few layers written read through our config reader as the runtime runs them.
+TEST_F(MakeModelTest, PhiMoeHasTheModelCardsActiveParametersAndReadsAsTheRuntimeRunsIt) {
+  RunResult r = Run({"--shape", "phi-3.5-moe", "--dry-run", "--out", (dir_ / "dry").string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const long long total = SummaryNumber(r.out, "parameters");
+  const long long expert = SummaryNumber(r.out, "routed expert bytes") / 2;  // bfloat16.
+  EXPECT_EQ(expert, 3LL * 6400 * 4096);
+  const long long active = total - 32LL * (16 - 2) * expert;
+  EXPECT_EQ(active, 6640999744LL);
+  EXPECT_LT(std::abs(static_cast<double>(active) - 6.6e9) / 6.6e9, 0.01);
+
+  const fs::path out = dir_ / "phi";
+  r = Run({"--shape", "phi-3.5-moe", "--layers", "2", "--experts", "4", "--vocab", "4096", "--out",
+           out.string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto info = LoadModelInfo(out.string());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->architecture, "PhimoeForCausalLM");
+  EXPECT_EQ(info->runtime_unsupported, "");
+  EXPECT_EQ(info->routing.scoring, RouterScoring::kSparseMixer);
+  EXPECT_FLOAT_EQ(info->routing.jitter_eps, 0.01f);
+  EXPECT_TRUE(info->layer_norm);
+  EXPECT_TRUE(info->qkv_bias);
+  EXPECT_TRUE(info->o_bias);
+  EXPECT_TRUE(info->lm_head_bias);
+  EXPECT_FALSE(info->longrope.has_value()) << "make-model writes rope_scaling null";
+  EXPECT_EQ(info->head_dim, 128u);
+  EXPECT_EQ(info->num_key_value_heads, 8u);
+  EXPECT_EQ(KvBytesPerToken(*info, 2), 2u * 2u * 8u * 128u * 2u);
+}
+
 // FNV-1a of a tensor's bytes.
 uint64_t Hash(std::span<const std::byte> data) {
   uint64_t h = 1469598103934665603ull;

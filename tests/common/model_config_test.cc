@@ -98,9 +98,8 @@ TEST(ModelConfig, ReadsQwen3MoeAndOlmoe) {
     "num_experts_per_tok": 2, "intermediate_size": 6400, "num_attention_heads": 32})",
                               "/p");
   ASSERT_TRUE(phi.ok()) << phi.status().ToString();
-  EXPECT_EQ(phi->num_moe_layers, 32u) << "shapes are known";
-  EXPECT_NE(phi->runtime_unsupported.find("not implemented by the model runtime"),
-            std::string::npos);
+  EXPECT_EQ(phi->num_moe_layers, 32u);
+  EXPECT_EQ(phi->runtime_unsupported, "") << "the runtime runs it";
 }
 
 TEST(ModelConfig, DescribesTheExpertShapes) {
@@ -489,6 +488,127 @@ TEST(ModelConfig, RefusesWhatDeepseekDoesNotRun) {
   nlohmann::json mixtral = nlohmann::json::parse(kMixtral);
   mixtral["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}};
   EXPECT_FALSE(ParseModelConfig(mixtral.dump(), "/m").ok());
+}
+
+// As microsoft/Phi-3.5-MoE-instruct's config.json, with its LongRoPE factors cut to a head of 16
+// (the real model's head_dim is 128: 64 factors each).
+constexpr const char* kPhimoe = R"({"architectures": ["PhimoeForCausalLM"],
+  "attention_bias": true, "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 32000,
+  "hidden_act": "silu", "hidden_dropout": 0.0, "hidden_size": 128, "initializer_range": 0.02,
+  "input_jitter_noise": 0.01, "intermediate_size": 6400, "lm_head_bias": true,
+  "max_position_embeddings": 131072, "model_type": "phimoe", "num_attention_heads": 8,
+  "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 2,
+  "num_local_experts": 16, "original_max_position_embeddings": 4096,
+  "output_router_logits": false, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0],
+                   "long_mscale": 1.243163121016122, "original_max_position_embeddings": 4096,
+                   "short_factor": [1.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6],
+                   "short_mscale": 1.243163121016122, "type": "longrope"},
+  "rope_theta": 10000.0, "router_aux_loss_coef": 0.0, "router_jitter_noise": 0.01,
+  "sliding_window": 131072, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "vocab_size": 32064})";
+
+TEST(ModelConfig, ReadsPhimoe) {
+  auto info = ParseModelConfig(kPhimoe, "/p");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->runtime_unsupported, "");
+  EXPECT_EQ(info->num_moe_layers, 32u);
+  EXPECT_EQ(info->num_experts, 16u);
+  EXPECT_EQ(info->routing.scoring, RouterScoring::kSparseMixer);
+  EXPECT_FLOAT_EQ(info->routing.jitter_eps, 0.01f);
+  EXPECT_FALSE(info->routing.normalize_topk);
+  EXPECT_TRUE(info->qkv_bias);
+  EXPECT_TRUE(info->o_bias);
+  EXPECT_TRUE(info->lm_head_bias);
+  EXPECT_TRUE(info->layer_norm);
+  EXPECT_EQ(info->head_dim, 16u);
+  EXPECT_EQ(info->num_key_value_heads, 2u);
+  EXPECT_EQ(info->rms_norm_eps, 1e-5);
+  EXPECT_EQ(info->rope_theta, 10000.0);
+  ASSERT_TRUE(info->sliding_window.has_value());
+  EXPECT_EQ(*info->sliding_window, 131072u);
+  ASSERT_TRUE(info->longrope.has_value());
+  EXPECT_EQ(info->longrope->original_max_position_embeddings, 4096u);
+  EXPECT_EQ(info->longrope->short_factor.size(), 8u);
+  EXPECT_EQ(info->longrope->long_factor[7], 64.0);
+  EXPECT_EQ(info->longrope->short_factor[2], 1.1);
+  EXPECT_DOUBLE_EQ(info->longrope->long_mscale, 1.243163121016122);
+  EXPECT_EQ(info->eos_token_ids, (std::vector<int32_t>{32000}));
+  const std::string d = DescribeModel(*info);
+  EXPECT_NE(d.find("sparsemixer"), std::string::npos) << d;
+  // The Hub's own name for the architecture (its remote code) reads the same.
+  nlohmann::json hub = nlohmann::json::parse(kPhimoe);
+  hub["architectures"] = {"PhiMoEForCausalLM"};
+  auto hub_info = ParseModelConfig(hub.dump(), "/p");
+  ASSERT_TRUE(hub_info.ok()) << hub_info.status().ToString();
+  EXPECT_EQ(hub_info->routing.scoring, RouterScoring::kSparseMixer);
+  EXPECT_TRUE(hub_info->longrope.has_value());
+  EXPECT_NE(d.find("LayerNorm, lm_head bias, LongRoPE (short factors up to 4096 tokens)"),
+            std::string::npos)
+      << d;
+  // Defaults: no biases, plain RoPE, router_jitter_noise 0.01; a head_dim key is not read.
+  auto plain = ParseModelConfig(R"({"architectures": ["PhimoeForCausalLM"],
+    "num_hidden_layers": 2, "hidden_size": 64, "vocab_size": 100, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "intermediate_size": 32, "num_attention_heads": 4,
+    "head_dim": 32})",
+                                "/p");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->qkv_bias);
+  EXPECT_FALSE(plain->lm_head_bias);
+  EXPECT_FALSE(plain->longrope.has_value());
+  EXPECT_FLOAT_EQ(plain->routing.jitter_eps, 0.01f);
+  EXPECT_EQ(plain->head_dim, 16u);
+}
+
+TEST(ModelConfig, RefusesWhatPhimoeDoesNotRun) {
+  auto refused = [](const std::string& key, nlohmann::json value, bool in_rope = false) {
+    nlohmann::json j = nlohmann::json::parse(kPhimoe);
+    if (in_rope) {
+      if (value.is_null()) {
+        j["rope_scaling"].erase(key);
+      } else {
+        j["rope_scaling"][key] = std::move(value);
+      }
+    } else {
+      j[key] = std::move(value);
+    }
+    auto info = ParseModelConfig(j.dump(), "/p");
+    EXPECT_FALSE(info.ok()) << key;
+    return info.ok() ? std::string() : info.status().message();
+  };
+  std::string m = refused("num_experts_per_tok", 4);
+  EXPECT_NE(m.find("num_experts_per_tok: 4 is not implemented for PhimoeForCausalLM"),
+            std::string::npos)
+      << m;
+  m = refused("router_jitter_noise", -0.5);
+  EXPECT_NE(m.find("router_jitter_noise"), std::string::npos) << m;
+  m = refused("hidden_act", "gelu");
+  EXPECT_NE(m.find("hidden_act"), std::string::npos) << m;
+  m = refused("partial_rotary_factor", 0.5);
+  EXPECT_NE(m.find("partial_rotary_factor"), std::string::npos) << m;
+  m = refused("original_max_position_embeddings", 2048);
+  EXPECT_NE(m.find("original_max_position_embeddings: 2048 differs from rope_scaling's 4096"),
+            std::string::npos)
+      << m;
+  m = refused("type", "yarn", true);
+  EXPECT_NE(m.find("rope_scaling: type \"yarn\""), std::string::npos) << m;
+  m = refused("short_factor", {1.0, 2.0}, true);
+  EXPECT_NE(m.find("rope_scaling: short_factor: 2 values, expected head_dim / 2 = 8"),
+            std::string::npos)
+      << m;
+  m = refused("long_factor", {1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, -2.0}, true);
+  EXPECT_NE(m.find("rope_scaling: long_factor: -2.0 is not a positive number"), std::string::npos)
+      << m;
+  m = refused("long_mscale", nullptr, true);
+  EXPECT_NE(m.find("rope_scaling: long_mscale: missing"), std::string::npos) << m;
+  m = refused("original_max_position_embeddings", nullptr, true);
+  EXPECT_NE(m.find("original_max_position_embeddings: missing"), std::string::npos) << m;
+  m = refused("beta_fast", 32, true);
+  EXPECT_NE(m.find("rope_scaling: beta_fast is not implemented"), std::string::npos) << m;
+  // LongRoPE's own factor and attention_factor change nothing in PhimoeForCausalLM: accepted.
+  nlohmann::json j = nlohmann::json::parse(kPhimoe);
+  j["rope_scaling"]["factor"] = 32.0;
+  EXPECT_TRUE(ParseModelConfig(j.dump(), "/p").ok());
 }
 
 }  // namespace

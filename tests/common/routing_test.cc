@@ -214,5 +214,75 @@ TEST(Routing, BadGroupsAreRefused) {
   EXPECT_NE(s.message().find("routed_scaling_factor"), std::string::npos) << s.message();
 }
 
+// Phi-3.5-MoE's sparsemixer at inference, against values worked out by hand (router_jitter_noise
+// 0.01: a logit s stays in an expert's softmax while (top - s) / max(|s|, top) <= 0.02).
+RoutingSpec SparseMixerSpec(uint32_t experts) {
+  RoutingSpec spec{RouterScoring::kSparseMixer, experts, 2, false};
+  spec.jitter_eps = 0.01f;
+  return spec;
+}
+
+TEST(Routing, SparseMixerWeighsEachPickByItsMaskedSoftmax) {
+  // First pick: expert 1 (3.0); 2.99 is within 0.01 / 3 of it and stays, 1.0 and -1.0 are masked:
+  // softmax(3.0, 2.99)[0] = 1 / (1 + e^-0.01). Second pick: expert 2 (2.99), alone once expert 1
+  // is removed (1.99 / 2.99 and 3.99 / 2.99 are far): weight 1. Not renormalised.
+  Routed r = Route(SparseMixerSpec(4), {1.0f, 3.0f, 2.99f, -1.0f});
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{1, 2}));
+  EXPECT_NEAR(r.weights[0], 1.0 / (1.0 + std::exp(-0.01)), 1e-6);
+  EXPECT_FLOAT_EQ(r.weights[1], 1.0f);
+  // probs: the plain softmax of the logits.
+  double z = 0;
+  for (double l : {1.0, 3.0, 2.99, -1.0}) z += std::exp(l);
+  EXPECT_NEAR(r.probs[1], std::exp(3.0) / z, 1e-6);
+  EXPECT_NEAR(r.probs[3], std::exp(-1.0) / z, 1e-7);
+}
+
+TEST(Routing, SparseMixerKeepsNearLogitsInBothRounds) {
+  // 4.0, 3.98 and 3.97 are within 0.02 of the top relatively (0.02 / 4, 0.03 / 4): the first
+  // weight is 1 / (1 + e^-0.02 + e^-0.03). The second round (top 3.98, expert 0 removed) keeps
+  // 3.97: 1 / (1 + e^-0.01). 0.0 is masked in both.
+  Routed r = Route(SparseMixerSpec(4), {4.0f, 3.98f, 3.97f, 0.0f});
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{0, 1}));
+  EXPECT_NEAR(r.weights[0], 1.0 / (1.0 + std::exp(-0.02) + std::exp(-0.03)), 1e-6);
+  EXPECT_NEAR(r.weights[1], 1.0 / (1.0 + std::exp(-0.01)), 1e-6);
+}
+
+TEST(Routing, SparseMixerWithNegativeLogitsDividesByTheirMagnitude) {
+  // top -1.0: max(|s|, top) = |s|; -1.01 is 0.01 / 1.01 below, kept; -5.0 is 4 / 5 below, masked.
+  Routed r = Route(SparseMixerSpec(3), {-1.0f, -1.01f, -5.0f});
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{0, 1}));
+  EXPECT_NEAR(r.weights[0], 1.0 / (1.0 + std::exp(-0.01)), 1e-6);
+  EXPECT_FLOAT_EQ(r.weights[1], 1.0f);
+}
+
+TEST(Routing, SparseMixerFarApartGivesWeightOneEach) {
+  Routed r = Route(SparseMixerSpec(4), {0.5f, 2.0f, -0.3f, 1.0f});
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{1, 3}));
+  EXPECT_FLOAT_EQ(r.weights[0], 1.0f);
+  EXPECT_FLOAT_EQ(r.weights[1], 1.0f);
+  // A zero threshold keeps only the top logit (and its equals) in each round.
+  RoutingSpec exact = SparseMixerSpec(4);
+  exact.jitter_eps = 0.0f;
+  r = Route(exact, {4.0f, 3.98f, 4.0f, 0.0f});
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{0, 2}));  // Ties: the lower index first.
+  EXPECT_FLOAT_EQ(r.weights[0], 0.5f);                 // 4.0 and 4.0 share the first softmax.
+  EXPECT_FLOAT_EQ(r.weights[1], 1.0f);
+}
+
+TEST(Routing, SparseMixerSpecsAreChecked) {
+  RoutingSpec spec = SparseMixerSpec(4);
+  spec.top_k = 3;
+  EXPECT_NE(spec.Validate().message().find("sparsemixer routes to 2 experts, not 3"),
+            std::string::npos);
+  spec = SparseMixerSpec(4);
+  spec.normalize_topk = true;
+  EXPECT_EQ(spec.Validate().code(), ErrorCode::kInvalidArgument);
+  spec = SparseMixerSpec(4);
+  spec.jitter_eps = -1.0f;
+  EXPECT_NE(spec.Validate().message().find("router_jitter_noise"), std::string::npos);
+  EXPECT_EQ(SparseMixerSpec(16).Describe(),
+            "sparsemixer (router_jitter_noise 0.010000), top-2 of 16, not renormalised");
+}
+
 }  // namespace
 }  // namespace fmoe

@@ -140,7 +140,8 @@ class FamilyOffload : public ::testing::TestWithParam<const char*> {};
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyOffload,
                          ::testing::Values("mixtral-ref", "qwen2-moe-ref", "qwen3-moe-ref",
-                                           "olmoe-ref", "deepseek-v2-ref", "deepseek-v3-ref"),
+                                           "olmoe-ref", "deepseek-v2-ref", "deepseek-v3-ref",
+                                           "phimoe-ref"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::erase(name, '-');

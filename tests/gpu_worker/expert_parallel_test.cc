@@ -347,7 +347,7 @@ class FamilyGroup : public ::testing::TestWithParam<const char*> {};
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyGroup,
                          ::testing::Values("qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref",
-                                           "deepseek-v2-ref", "deepseek-v3-ref"),
+                                           "deepseek-v2-ref", "deepseek-v3-ref", "phimoe-ref"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::erase(name, '-');

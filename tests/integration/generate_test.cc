@@ -56,19 +56,13 @@ TEST(Validate, PrintsTheModelsExpertShapes) {
   EXPECT_NE(out.find("of which L = 3 MoE (dense: 1"), std::string::npos) << out;
   EXPECT_NE(out.find("shared expert:"), std::string::npos) << out;
 
-  const std::string phi = dir + "/phi";
-  std::filesystem::create_directories(phi);
-  std::FILE* f = std::fopen((phi + "/config.json").c_str(), "w");
-  ASSERT_NE(f, nullptr);
-  std::fputs(R"({"architectures": ["PhimoeForCausalLM"], "num_hidden_layers": 2,
-    "hidden_size": 64, "vocab_size": 100, "num_local_experts": 4, "num_experts_per_tok": 2,
-    "intermediate_size": 32, "num_attention_heads": 4})",
-             f);
-  std::fclose(f);
-  write(phi);
+  write(std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/phimoe-ref");
   std::tie(code, out) = Fmoe({"validate", manifest});
-  EXPECT_EQ(code, 1) << out;
-  EXPECT_NE(out.find("PhimoeForCausalLM is not implemented by the model runtime yet"),
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("architecture: PhimoeForCausalLM\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("sparsemixer (router_jitter_noise 0.250000), top-2 of 8"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("LayerNorm, lm_head bias, LongRoPE (short factors up to 8 tokens)"),
             std::string::npos)
       << out;
   std::filesystem::remove_all(dir);
@@ -78,8 +72,8 @@ TEST(Validate, PrintsTheModelsExpertShapes) {
 
 // The other families, through the whole command: each fixture generates.
 TEST(Generate, RunsEverySupportedFamily) {
-  for (const char* family :
-       {"qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref", "deepseek-v2-ref", "deepseek-v3-ref"}) {
+  for (const char* family : {"qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref", "deepseek-v2-ref",
+                             "deepseek-v3-ref", "phimoe-ref"}) {
     auto [code, out] =
         Fmoe({"generate", "--model", std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + family,
               "--prompt", "The river", "--max-tokens", "6"});

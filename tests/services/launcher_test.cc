@@ -205,23 +205,6 @@ TEST(Preflight, WorkersOnlySkipsTheRouterAndMapServiceChecks) {
   Status missing = Preflight(no_model, PlanProcesses(no_model, options), options);
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.message().rfind("model.path", 0), 0u) << missing.message();
-
-  // A family whose shapes are known but which the model runtime does not run is refused before
-  // anything starts.
-  const std::string phi = bin.path() + "/phi";
-  fs::create_directories(phi);
-  std::ofstream(phi + "/config.json") << R"({"architectures": ["PhimoeForCausalLM"],
-    "num_hidden_layers": 2, "hidden_size": 64, "vocab_size": 100, "num_local_experts": 4,
-    "num_experts_per_tok": 2, "intermediate_size": 32, "num_attention_heads": 4})";
-  Manifest phi_model = m;
-  phi_model.model.path = phi;
-  Status refused = Preflight(phi_model, PlanProcesses(phi_model, options), options);
-  EXPECT_EQ(refused.code(), ErrorCode::kFailedPrecondition);
-  EXPECT_EQ(refused.message().rfind("model.path: ", 0), 0u) << refused.message();
-  EXPECT_NE(
-      refused.message().find("/phi: PhimoeForCausalLM is not implemented by the model runtime"),
-      std::string::npos)
-      << refused.message();
 }
 
 TEST(Preflight, FullLaunchNamesTheBusyRouterPort) {
