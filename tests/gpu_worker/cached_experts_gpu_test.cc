@@ -22,99 +22,27 @@
 #include "gpu_worker/engine.h"
 #include "gpu_worker/model.h"
 #include "tests/gpu_worker/gpu_skip.h"
+#include "tests/testing/fake_map_service.h"
+#include "tests/testing/model_fixture.h"
 
 namespace fmoe {
 namespace {
 
-struct Loaded {
-  ModelInfo info;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<MoeModel> model;
-  ExpertTable table;
-};
+using testing::kPrompts;
+using testing::Tokens;
+using Loaded = testing::LoadedModel;
 
 // The model in `dir` on cuda:0 in `dtype`, loaded as Rank::LoadWeights loads it; null on failure.
 Loaded* Fixture(const std::string& dir, const std::string& dtype) {
   static auto* loaded = new std::map<std::string, std::unique_ptr<Loaded>>();
   auto& l = (*loaded)[dir + " " + dtype];
   if (!l) {
-    auto fresh = std::make_unique<Loaded>();
-    auto info = LoadModelInfo(dir);
-    EXPECT_TRUE(info.ok()) << info.status().ToString();
-    if (!info.ok()) return nullptr;
-    fresh->info = *info;
-    auto tok = Tokenizer::Load(dir);
-    EXPECT_TRUE(tok.ok()) << tok.status().ToString();
-    if (!tok.ok()) return nullptr;
-    fresh->tokenizer = std::move(*tok);
     RuntimeOptions r;
     r.dtype = dtype;
     r.cuda_index = 0;
-    auto model = MoeModel::Load(fresh->info, r, {}, &fresh->table);
-    EXPECT_TRUE(model.ok()) << model.status().ToString();
-    if (!model.ok()) return nullptr;
-    fresh->model = std::move(*model);
-    l = std::move(fresh);
+    l = testing::LoadModel(dir, r);
   }
   return l.get();
-}
-
-// A stand-in for the map service: after each layer's gates, directs a prefetch of that layer's
-// three most likely experts for the layer two ahead, so that prefetches are in flight.
-class EchoDirectives final : public ForwardObserver {
- public:
-  EchoDirectives(CachedExperts* target, uint32_t layers) : target_(target), layers_(layers) {}
-  void OnLayerGates(uint64_t id, uint32_t iteration, uint32_t layer,
-                    std::span<const float> probs) override {
-    if (layer + 2 >= layers_) return;
-    std::vector<uint32_t> order(probs.size());
-    for (uint32_t j = 0; j < order.size(); ++j) order[j] = j;
-    std::sort(order.begin(), order.end(),
-              [&](uint32_t a, uint32_t b) { return probs[a] > probs[b]; });
-    PrefetchDirective d;
-    d.request_id = id;
-    d.iteration = iteration;
-    d.target_layer = layer + 2;
-    d.score = 0.5f;
-    for (size_t i = 0; i < 3 && i < order.size(); ++i) {
-      d.entries.push_back({order[i], probs[order[i]], probs[order[i]] / 2});
-    }
-    target_->PostDirective(std::move(d));
-  }
-
- private:
-  CachedExperts* target_;
-  uint32_t layers_;
-};
-
-using Tokens = std::map<uint64_t, std::vector<int32_t>>;
-
-const std::vector<std::string> kPrompts = {
-    "The history of the city begins",          "In the beginning God created", "def fibonacci(n):",
-    "The theorem states that for every prime", "She opened the door and saw",  "Water boils at"};
-
-// Greedy decode of every prompt, four at a time (requests join and leave mid-run); `after_step`
-// runs after every engine step.
-Tokens RunPrompts(Loaded& f, ExpertSource& source, ForwardObserver* observer,
-                  const std::function<void()>& after_step) {
-  Tokens out;
-  EngineOptions options;
-  options.max_batch = 4;
-  Engine engine(options, *f.model, source, f.tokenizer.get(), observer, [&](const TokenEvent& ev) {
-    if (ev.token_id >= 0) out[ev.request_id].push_back(ev.token_id);
-    EXPECT_NE(ev.finish, FinishReason::kError) << ev.error;
-  });
-  for (size_t i = 0; i < kPrompts.size(); ++i) {
-    Generate g;
-    g.request_id = i + 1;
-    g.token_ids = *f.tokenizer->Encode(kPrompts[i], true);
-    g.sampling.max_tokens = 10 + static_cast<uint32_t>(i);
-    engine.Submit(std::move(g));
-  }
-  for (int step = 0; step < 200 && engine.Step(); ++step) {
-    if (after_step) after_step();
-  }
-  return out;
 }
 
 std::vector<std::string> ServablePolicies() {
@@ -148,7 +76,8 @@ TEST_P(CudaOffload, EveryServablePolicyAndBudgetGivesTheAllResidentTokens) {
   const ModelInfo& info = f->info;
 
   ResidentExperts resident(CloneExpertTable(f->table));
-  const Tokens ref = RunPrompts(*f, resident, nullptr, {});
+  // Greedy decode of every prompt, four at a time (requests join and leave mid-run).
+  const Tokens ref = testing::RunPrompts(*f, resident, nullptr, {}, /*sampled=*/false);
   ASSERT_EQ(ref.size(), kPrompts.size());
   for (size_t i = 0; i < kPrompts.size(); ++i) {
     EXPECT_FALSE(ref.at(i + 1).empty()) << "prompt " << i;
@@ -167,15 +96,18 @@ TEST_P(CudaOffload, EveryServablePolicyAndBudgetGivesTheAllResidentTokens) {
       auto cached = CachedExperts::Create(CloneExpertTable(f->table), o);
       ASSERT_TRUE(cached.ok()) << policy << " " << fraction << ": " << cached.status().ToString();
       CachedExperts& c = **cached;
-      EchoDirectives directives(&c, info.num_moe_layers);
+      testing::FakeMapService directives(&c, info.num_moe_layers);
       bool invariants = true;
-      const Tokens got = RunPrompts(*f, c, &directives, [&] {
-        Status s = c.cache().CheckInvariants();
-        if (!s.ok() && invariants) {
-          ADD_FAILURE() << policy << " " << fraction << ": " << s.ToString();
-          invariants = false;
-        }
-      });
+      const Tokens got = testing::RunPrompts(
+          *f, c, &directives,
+          [&] {
+            Status s = c.cache().CheckInvariants();
+            if (!s.ok() && invariants) {
+              ADD_FAILURE() << policy << " " << fraction << ": " << s.ToString();
+              invariants = false;
+            }
+          },
+          /*sampled=*/false);
       EXPECT_EQ(got, ref) << "policy " << policy << " budget " << fraction << " dtype " << dtype;
       const CacheStats st = c.stats();
       EXPECT_LE(st.resident, st.slots) << policy;

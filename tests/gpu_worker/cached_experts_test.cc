@@ -18,101 +18,25 @@
 #include "common/tokenizer.h"
 #include "gpu_worker/engine.h"
 #include "gpu_worker/model.h"
+#include "tests/testing/fake_map_service.h"
+#include "tests/testing/model_fixture.h"
 
 namespace fmoe {
 namespace {
 
-const std::string kModelDir = std::string(FMOE_SOURCE_DIR) + "/deploy/models/tiny-moe";
+using testing::kPrompts;
+using testing::Tokens;
+using Loaded = testing::LoadedModel;
 
-struct Loaded {
-  ModelInfo info;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<MoeModel> model;
-  ExpertTable table;
-};
+const std::string kModelDir = testing::TinyModelDir();
 
 // The model in `dir` (default: the shipped tiny model; the family tests use the fixtures).
-Loaded& Fixture(const std::string& dir = kModelDir) {
-  static auto* loaded = new std::map<std::string, std::unique_ptr<Loaded>>();
-  auto& l = (*loaded)[dir];
-  if (!l) {
-    l = std::make_unique<Loaded>();
-    auto info = LoadModelInfo(dir);
-    EXPECT_TRUE(info.ok()) << info.status().ToString();
-    l->info = *info;
-    auto tok = Tokenizer::Load(dir);
-    EXPECT_TRUE(tok.ok()) << tok.status().ToString();
-    l->tokenizer = std::move(*tok);
-    auto model = MoeModel::Load(l->info, RuntimeOptions{}, {}, &l->table);
-    EXPECT_TRUE(model.ok()) << model.status().ToString();
-    l->model = std::move(*model);
-  }
-  return *l;
-}
-
-// A stand-in for the map service: after each layer's gates, directs a prefetch of that layer's
-// three most likely experts for the layer two ahead (a crude predictor: this test is about
-// losslessness with prefetches in flight, not about their precision).
-class EchoDirectives final : public ForwardObserver {
- public:
-  explicit EchoDirectives(CachedExperts* target, uint32_t layers)
-      : target_(target), layers_(layers) {}
-  void OnLayerGates(uint64_t id, uint32_t iteration, uint32_t layer,
-                    std::span<const float> probs) override {
-    if (target_ == nullptr || layer + 2 >= layers_) return;
-    std::vector<uint32_t> order(probs.size());
-    for (uint32_t j = 0; j < order.size(); ++j) order[j] = j;
-    std::sort(order.begin(), order.end(),
-              [&](uint32_t a, uint32_t b) { return probs[a] > probs[b]; });
-    PrefetchDirective d;
-    d.request_id = id;
-    d.iteration = iteration;
-    d.target_layer = layer + 2;
-    d.score = 0.5f;
-    for (size_t i = 0; i < 3 && i < order.size(); ++i) {
-      d.entries.push_back({order[i], probs[order[i]], probs[order[i]] / 2});
-    }
-    target_->PostDirective(std::move(d));
-  }
-
- private:
-  CachedExperts* target_;
-  uint32_t layers_;
-};
-
-using Tokens = std::map<uint64_t, std::vector<int32_t>>;
-
-const std::vector<std::string> kPrompts = {
-    "The history of the city begins",          "In the beginning God created", "def fibonacci(n):",
-    "The theorem states that for every prime", "She opened the door and saw",  "Water boils at"};
+Loaded& Fixture(const std::string& dir = kModelDir) { return testing::SharedModel(dir); }
 
 Tokens RunPrompts(ExpertSource& source, ForwardObserver* observer,
                   const std::function<void()>& after_step = {},
                   const std::string& dir = kModelDir) {
-  Loaded& f = Fixture(dir);
-  Tokens out;
-  EngineOptions options;
-  options.max_batch = 4;  // Six prompts: requests join and leave mid-run.
-  Engine engine(options, *f.model, source, f.tokenizer.get(), observer, [&](const TokenEvent& ev) {
-    if (ev.token_id >= 0) out[ev.request_id].push_back(ev.token_id);
-    EXPECT_NE(ev.finish, FinishReason::kError) << ev.error;
-  });
-  for (size_t i = 0; i < kPrompts.size(); ++i) {
-    Generate g;
-    g.request_id = i + 1;
-    g.token_ids = *f.tokenizer->Encode(kPrompts[i], true);
-    g.sampling.max_tokens = 10 + static_cast<uint32_t>(i);
-    if (i % 2 == 1) {  // Half sampled with a seed, half greedy.
-      g.sampling.temperature = 0.8f;
-      g.sampling.top_p = 0.9f;
-      g.sampling.seed = 1000 + i;
-    }
-    engine.Submit(std::move(g));
-  }
-  for (int step = 0; step < 200 && engine.Step(); ++step) {
-    if (after_step) after_step();
-  }
-  return out;
+  return testing::RunPrompts(Fixture(dir), source, observer, after_step);
 }
 
 struct Reference {
@@ -166,7 +90,7 @@ TEST_P(FamilyOffload, EveryPolicyAtAQuarterGivesTheAllResidentTokens) {
     auto cached = CachedExperts::Create(CloneExpertTable(Fixture(dir).table), o);
     ASSERT_TRUE(cached.ok()) << cached.status().ToString();
     CachedExperts& c = **cached;
-    EchoDirectives directives(&c, info.num_moe_layers);
+    testing::FakeMapService directives(&c, info.num_moe_layers);
     const Tokens got = RunPrompts(
         c, &directives, [&] { ASSERT_TRUE(c.cache().CheckInvariants().ok()) << policy; }, dir);
     EXPECT_EQ(got, ref.tokens) << "policy " << policy;
@@ -199,7 +123,7 @@ TEST_P(FamilyOffload, HybridEveryPolicyAtAQuarterGivesTheAllResidentTokens) {
     auto cached = CachedExperts::Create(CloneExpertTable(Fixture(dir).table), o);
     ASSERT_TRUE(cached.ok()) << cached.status().ToString();
     CachedExperts& c = **cached;
-    EchoDirectives directives(&c, info.num_moe_layers);
+    testing::FakeMapService directives(&c, info.num_moe_layers);
     const Tokens got = RunPrompts(
         c, &directives, [&] { ASSERT_TRUE(c.cache().CheckInvariants().ok()) << policy; }, dir);
     EXPECT_EQ(got, ref.tokens) << "policy " << policy;
@@ -229,7 +153,7 @@ TEST(CachedExperts, EveryPolicyAndBudgetGivesTheAllResidentTokens) {
       auto cached = CachedExperts::Create(CloneExpertTable(Fixture().table), o);
       ASSERT_TRUE(cached.ok()) << cached.status().ToString();
       CachedExperts& c = **cached;
-      EchoDirectives directives(&c, layers);
+      testing::FakeMapService directives(&c, layers);
       bool invariants = true;
       const Tokens got = RunPrompts(c, &directives, [&] {
         Status s = c.cache().CheckInvariants();

@@ -15,36 +15,20 @@
 #include "common/tokenizer.h"
 #include "gpu_worker/expert_source.h"
 #include "gpu_worker/model.h"
+#include "tests/testing/model_fixture.h"
 
 namespace fmoe {
 namespace {
 
-const std::string kModelDir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/mixtral-ref";
+using Loaded = testing::LoadedModel;
 
-struct Loaded {
-  ModelInfo info;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<MoeModel> model;
-  std::unique_ptr<ResidentExperts> experts;
-};
+// The reference checkpoint.
+Loaded& Fixture() { return testing::SharedModel(testing::FixtureDir("mixtral-ref")); }
 
-Loaded& Fixture() {
-  static Loaded* loaded = [] {
-    auto* l = new Loaded;
-    auto info = LoadModelInfo(kModelDir);
-    EXPECT_TRUE(info.ok()) << info.status().ToString();
-    l->info = *info;
-    auto tok = Tokenizer::Load(kModelDir);
-    EXPECT_TRUE(tok.ok()) << tok.status().ToString();
-    l->tokenizer = std::move(*tok);
-    ExpertTable table;
-    auto model = MoeModel::Load(l->info, RuntimeOptions{}, {}, &table);
-    EXPECT_TRUE(model.ok()) << model.status().ToString();
-    l->model = std::move(*model);
-    l->experts = std::make_unique<ResidentExperts>(std::move(table));
-    return l;
-  }();
-  return *loaded;
+// Its experts, all resident.
+ResidentExperts& Experts() {
+  static auto* experts = new ResidentExperts(CloneExpertTable(Fixture().table));
+  return *experts;
 }
 
 // Records what each Forward ran: the request ids of every iteration and their iteration number.
@@ -96,7 +80,7 @@ class EngineHarness {
     EngineOptions options;
     options.max_batch = max_batch;
     options.eos_token_ids = std::move(eos_token_ids);
-    engine_ = std::make_unique<Engine>(options, *f.model, *f.experts, f.tokenizer.get(), observer,
+    engine_ = std::make_unique<Engine>(options, *f.model, Experts(), f.tokenizer.get(), observer,
                                        [this](const TokenEvent& ev) { OnEvent(ev); });
   }
   Engine& engine() { return *engine_; }

@@ -18,17 +18,15 @@
 #include "gpu_worker/expert_group.h"
 #include "gpu_worker/model.h"
 #include "tests/gpu_worker/gpu_skip.h"
+#include "tests/testing/model_fixture.h"
 
 namespace fmoe {
 namespace {
 
-const std::string kModelDir = std::string(FMOE_SOURCE_DIR) + "/deploy/models/tiny-moe";
+using testing::kPrompts;
+using testing::Tokens;
 
-const std::vector<std::string> kPrompts = {
-    "The history of the city begins",          "In the beginning God created", "def fibonacci(n):",
-    "The theorem states that for every prime", "She opened the door and saw",  "Water boils at"};
-
-using Tokens = std::map<uint64_t, std::vector<int32_t>>;
+const std::string kModelDir = testing::TinyModelDir();
 
 // Greedy decode of every prompt, four at a time; `group` may be null.
 Tokens RunPrompts(MoeModel& model, ExpertSource& source, const Tokenizer& tokenizer,
@@ -41,11 +39,7 @@ Tokens RunPrompts(MoeModel& model, ExpertSource& source, const Tokenizer& tokeni
     if (ev.token_id >= 0) out[ev.request_id].push_back(ev.token_id);
     EXPECT_NE(ev.finish, FinishReason::kError) << ev.error;
   });
-  for (size_t i = 0; i < kPrompts.size(); ++i) {
-    Generate g;
-    g.request_id = i + 1;
-    g.token_ids = *tokenizer.Encode(kPrompts[i], true);
-    g.sampling.max_tokens = 10 + static_cast<uint32_t>(i);
+  for (Generate& g : testing::PromptRequests(tokenizer, /*sampled=*/false)) {
     engine.Submit(std::move(g));
   }
   for (int step = 0; step < 200 && engine.Step(); ++step) {

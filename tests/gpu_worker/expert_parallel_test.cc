@@ -27,41 +27,23 @@
 #include "gpu_worker/expert_group.h"
 #include "gpu_worker/follower.h"
 #include "gpu_worker/model.h"
-#include "tests/harness/process_harness.h"
+#include "tests/testing/fake_map_service.h"
+#include "tests/testing/model_fixture.h"
+#include "tests/testing/process_harness.h"
 
 namespace fmoe {
 namespace {
 
-const std::string kModelDir = std::string(FMOE_SOURCE_DIR) + "/deploy/models/tiny-moe";
+using testing::kPrompts;
+using testing::Tokens;
 
-using Tokens = std::map<uint64_t, std::vector<int32_t>>;
-
-const std::vector<std::string> kPrompts = {
-    "The history of the city begins",          "In the beginning God created", "def fibonacci(n):",
-    "The theorem states that for every prime", "She opened the door and saw",  "Water boils at"};
-
-struct Shared {
-  ModelInfo info;
-  std::unique_ptr<Tokenizer> tokenizer;
-};
+const std::string kModelDir = testing::TinyModelDir();
 
 // The model in `dir` (default: the shipped tiny model; the family tests use the fixtures).
-Shared& Common(const std::string& dir = kModelDir) {
-  static std::mutex mu;
-  static auto* loaded = new std::map<std::string, std::unique_ptr<Shared>>();
-  std::lock_guard<std::mutex> lock(mu);
-  auto& shared = (*loaded)[dir];
-  if (!shared) {
-    at::set_num_threads(1);  // The ranks are threads: one core each, as in a real group.
-    shared = std::make_unique<Shared>();
-    auto info = LoadModelInfo(dir);
-    EXPECT_TRUE(info.ok()) << info.status().ToString();
-    shared->info = *info;
-    auto tok = Tokenizer::Load(dir);
-    EXPECT_TRUE(tok.ok()) << tok.status().ToString();
-    shared->tokenizer = std::move(*tok);
-  }
-  return *shared;
+testing::LoadedModel& Common(const std::string& dir = kModelDir) {
+  static std::once_flag once;
+  std::call_once(once, [] { at::set_num_threads(1); });  // The ranks are threads: one core each.
+  return testing::SharedModel(dir);
 }
 
 // One rank's weights: the dense ones and the experts it owns. Loaded once per (world, rank).
@@ -91,50 +73,8 @@ RankWeights& Weights(uint32_t world, uint32_t rank, const std::string& dir = kMo
 uint16_t FreePort() { return static_cast<uint16_t>(testing::FreeTcpPort()); }
 
 std::vector<Generate> Requests(const std::string& dir = kModelDir) {
-  std::vector<Generate> out;
-  for (size_t i = 0; i < kPrompts.size(); ++i) {
-    Generate g;
-    g.request_id = i + 1;
-    g.token_ids = *Common(dir).tokenizer->Encode(kPrompts[i], true);
-    g.sampling.max_tokens = 10 + static_cast<uint32_t>(i);
-    if (i % 2 == 1) {  // Half sampled with a seed, half greedy.
-      g.sampling.temperature = 0.8f;
-      g.sampling.top_p = 0.9f;
-      g.sampling.seed = 1000 + i;
-    }
-    out.push_back(std::move(g));
-  }
-  return out;
+  return testing::PromptRequests(*Common(dir).tokenizer);
 }
-
-// The map service's part, in miniature: after each layer's gates (observed on the leader), a
-// directive for the layer two ahead goes to every rank, which keeps its own experts.
-class DirectivesToAll final : public ForwardObserver {
- public:
-  DirectivesToAll(std::vector<CachedExperts*> ranks, uint32_t layers)
-      : ranks_(std::move(ranks)), layers_(layers) {}
-  void OnLayerGates(uint64_t id, uint32_t iteration, uint32_t layer,
-                    std::span<const float> probs) override {
-    if (layer + 2 >= layers_) return;
-    std::vector<uint32_t> order(probs.size());
-    for (uint32_t j = 0; j < order.size(); ++j) order[j] = j;
-    std::sort(order.begin(), order.end(),
-              [&](uint32_t a, uint32_t b) { return probs[a] > probs[b]; });
-    PrefetchDirective d;
-    d.request_id = id;
-    d.iteration = iteration;
-    d.target_layer = layer + 2;
-    d.score = 0.5f;
-    for (size_t i = 0; i < 4 && i < order.size(); ++i) {
-      d.entries.push_back({order[i], probs[order[i]], probs[order[i]] / 2});
-    }
-    for (CachedExperts* r : ranks_) r->PostDirective(d);
-  }
-
- private:
-  std::vector<CachedExperts*> ranks_;
-  uint32_t layers_;
-};
 
 struct GroupRun {
   Tokens tokens;
@@ -171,7 +111,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
   }
   std::vector<CachedExperts*> targets;
   for (auto& c : caches) targets.push_back(c.get());
-  DirectivesToAll directives(targets, info.num_moe_layers);
+  testing::FakeMapService directives(targets, info.num_moe_layers, /*experts=*/4);
   run.rank_stats.resize(world);
   run.group_stats.resize(world);
 

@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/harness/http_call.h"
-#include "tests/harness/process_harness.h"
+#include "tests/testing/http_call.h"
+#include "tests/testing/process_harness.h"
 
 namespace fmoe {
 namespace {

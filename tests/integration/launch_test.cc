@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/http_client.h"
-#include "tests/harness/process_harness.h"
+#include "tests/testing/process_harness.h"
 
 namespace fmoe {
 namespace {

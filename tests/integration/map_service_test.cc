@@ -23,7 +23,7 @@
 #include "map_service/map_matcher.h"
 #include "map_service/map_store.h"
 #include "schemas/export_generated.h"
-#include "tests/harness/process_harness.h"
+#include "tests/testing/process_harness.h"
 
 namespace fmoe {
 namespace {

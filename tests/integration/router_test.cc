@@ -19,8 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/http_client.h"
-#include "tests/harness/http_call.h"
-#include "tests/harness/process_harness.h"
+#include "tests/testing/http_call.h"
+#include "tests/testing/process_harness.h"
 
 namespace fmoe {
 namespace {

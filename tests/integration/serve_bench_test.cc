@@ -16,7 +16,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/harness/process_harness.h"
+#include "tests/testing/process_harness.h"
 
 namespace fmoe {
 namespace {

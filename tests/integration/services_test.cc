@@ -13,7 +13,7 @@
 
 #include "common/http_client.h"
 #include "common/wire.h"
-#include "tests/harness/process_harness.h"
+#include "tests/testing/process_harness.h"
 
 namespace fmoe {
 namespace {

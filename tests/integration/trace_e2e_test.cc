@@ -27,7 +27,7 @@
 #include "common/model_config.h"
 #include "common/tokenizer.h"
 #include "common/wire.h"
-#include "tests/harness/process_harness.h"
+#include "tests/testing/process_harness.h"
 
 namespace fmoe {
 namespace {

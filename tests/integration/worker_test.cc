@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/wire.h"
-#include "tests/harness/process_harness.h"
+#include "tests/testing/process_harness.h"
 
 namespace fmoe {
 namespace {

@@ -23,7 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "map_service/export_file.h"
-#include "tests/harness/process_harness.h"
+#include "tests/testing/process_harness.h"
 
 namespace fmoe {
 namespace {

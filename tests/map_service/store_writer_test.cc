@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/harness/process_harness.h"
+#include "tests/testing/process_harness.h"
 
 namespace fmoe {
 namespace {

@@ -1,4 +1,4 @@
-#include "tests/harness/process_harness.h"
+#include "tests/testing/process_harness.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include <sstream>
 #include <thread>
 
-#include "tests/harness/http_call.h"
+#include "tests/testing/http_call.h"
 
 namespace fmoe::testing {
 

@@ -1,4 +1,4 @@
-#include "tests/harness/http_call.h"
+#include "tests/testing/http_call.h"
 
 #include <chrono>
 
