@@ -16,7 +16,8 @@ namespace fmoe::testing {
 std::string BinDir();
 // A fresh temporary directory (removed by the caller if wanted).
 std::string MakeTempDir(const std::string& prefix);
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port on 127.0.0.1 that was free a moment ago, never one this process was given before
+// (0 if none could be found).
 int FreeTcpPort();
 std::string ReadFile(const std::string& path);
 void WriteFile(const std::string& path, const std::string& text);
