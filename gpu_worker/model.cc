@@ -9,8 +9,8 @@
 #include <cstring>
 #include <string>
 
-#include "common/checkpoint.h"
-#include "common/routing.h"
+#include "common/model/checkpoint.h"
+#include "common/model/routing.h"
 #include "gpu_worker/blocks.h"
 #include "gpu_worker/cpu_expert.h"
 #include "gpu_worker/expert_group.h"

@@ -15,8 +15,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/expert_trace.h"
-#include "common/model_config.h"
+#include "common/model/expert_trace.h"
+#include "common/model/model_config.h"
 #include "common/status.h"
 #include "gpu_worker/forward_observer.h"
 #include "gpu_worker/sequence.h"

@@ -29,7 +29,7 @@
 
 #include "bench/fmoe_bench/commands.h"
 #include "bench/fmoe_bench/make_model_shapes.h"
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 #include "common/status.h"
 
 namespace fmoe::bench {

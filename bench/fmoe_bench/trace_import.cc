@@ -28,10 +28,10 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/fmoe_bench/commands.h"
-#include "common/expert_trace.h"
-#include "common/safetensors.h"
-#include "common/tokenizer.h"
-#include "common/unicode.h"
+#include "common/model/expert_trace.h"
+#include "common/model/safetensors.h"
+#include "common/text/tokenizer.h"
+#include "common/text/unicode.h"
 
 namespace fmoe::bench {
 namespace {

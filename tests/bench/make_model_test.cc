@@ -19,9 +19,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/checkpoint.h"
-#include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/model/checkpoint.h"
+#include "common/model/model_config.h"
+#include "common/model/safetensors.h"
 
 namespace fmoe {
 namespace {

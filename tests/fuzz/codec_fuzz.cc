@@ -11,7 +11,7 @@
 #include <span>
 #include <vector>
 
-#include "common/codec.h"
+#include "common/wire/codec.h"
 
 namespace fmoe::wire {
 namespace {

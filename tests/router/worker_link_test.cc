@@ -28,8 +28,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
-#include "common/model_config.h"
-#include "common/wire.h"
+#include "common/model/model_config.h"
+#include "common/wire/wire.h"
 #include "gpu_worker/load_reporter.h"
 #include "gpu_worker/worker.h"
 #include "router/api.h"

@@ -8,10 +8,10 @@
 #include <limits>
 #include <utility>
 
-#include "common/checkpoint.h"
-#include "common/model_config.h"
-#include "common/routing.h"
-#include "common/safetensors.h"
+#include "common/model/checkpoint.h"
+#include "common/model/model_config.h"
+#include "common/model/routing.h"
+#include "common/model/safetensors.h"
 
 namespace fmoe::trainer {
 namespace {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "common/routing.h"
+#include "common/model/routing.h"
 #include "common/status.h"
 
 namespace fmoe {

@@ -1,4 +1,4 @@
-#include "common/bpe_trainer.h"
+#include "tools/trainer/bpe_trainer.h"
 
 #include <chrono>
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 
 namespace fmoe {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/bpe_tokenizer.h"
+#include "common/text/bpe_tokenizer.h"
 
 #include <algorithm>
 #include <array>
@@ -7,8 +7,8 @@
 #include <unordered_map>
 #include <utility>
 
-#include "common/regex.h"
-#include "common/unicode.h"
+#include "common/text/regex.h"
+#include "common/text/unicode.h"
 
 namespace fmoe {
 namespace {

@@ -26,7 +26,7 @@
 //   subscripts with commas, printing dict views (keys() is a list), HF's {% generation %} and
 //   strftime_now(). Names resolve when used: a loop that reads a variable which the template
 //   sets only later at top level sees the caller's value, where Jinja sees it undefined.
-#include "common/chat_template.h"
+#include "common/text/chat_template.h"
 
 #include <algorithm>
 #include <cctype>
@@ -35,8 +35,8 @@
 #include <set>
 #include <utility>
 
-#include "common/chat_template_tree.h"
-#include "common/unicode.h"
+#include "common/text/chat_template_tree.h"
+#include "common/text/unicode.h"
 
 namespace fmoe {
 namespace jinja {

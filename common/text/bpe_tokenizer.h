@@ -11,8 +11,8 @@
 
 #include <memory>
 
-#include "common/tokenizer.h"
-#include "common/tokenizer_json.h"
+#include "common/text/tokenizer.h"
+#include "common/text/tokenizer_json.h"
 
 namespace fmoe {
 

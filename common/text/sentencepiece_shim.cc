@@ -1,4 +1,4 @@
-#include "common/sentencepiece_shim.h"
+#include "common/text/sentencepiece_shim.h"
 
 #include <algorithm>
 #include <cstring>

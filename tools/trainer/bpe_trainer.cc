@@ -1,4 +1,4 @@
-#include "common/bpe_trainer.h"
+#include "tools/trainer/bpe_trainer.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/regex.h"
-#include "common/unicode.h"
+#include "common/text/regex.h"
+#include "common/text/unicode.h"
 
 namespace fmoe {
 namespace {

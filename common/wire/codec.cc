@@ -4,7 +4,7 @@
 // Union tags are the variant index + 1 (0 is NONE); the static_asserts below keep
 // schemas/*.fbs and common/messages.h in step. Both channels go through one template over the
 // envelope (Channel<WorkerMessage>, Channel<MapMessage>); each message has its Build and Read.
-#include "common/codec.h"
+#include "common/wire/codec.h"
 
 #include <array>
 #include <cmath>

@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/messages.h"
 #include "common/status.h"
+#include "common/wire/messages.h"
 
 namespace fmoe::wire {
 

@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/chat_template.h"
 #include "common/status.h"
-#include "common/unicode.h"
+#include "common/text/chat_template.h"
+#include "common/text/unicode.h"
 
 namespace fmoe {
 namespace jinja {

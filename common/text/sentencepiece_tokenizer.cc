@@ -1,4 +1,4 @@
-#include "common/sentencepiece_tokenizer.h"
+#include "common/text/sentencepiece_tokenizer.h"
 
 #include <dlfcn.h>
 
@@ -9,8 +9,8 @@
 #include <unordered_map>
 #include <utility>
 
-#include "common/sentencepiece_shim.h"
-#include "common/unicode.h"
+#include "common/text/sentencepiece_shim.h"
+#include "common/text/unicode.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define FMOE_ASAN 1

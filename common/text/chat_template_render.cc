@@ -16,9 +16,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/chat_template.h"
-#include "common/chat_template_tree.h"
-#include "common/unicode.h"
+#include "common/text/chat_template.h"
+#include "common/text/chat_template_tree.h"
+#include "common/text/unicode.h"
 
 namespace fmoe {
 namespace jinja {

@@ -1,4 +1,4 @@
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -8,10 +8,10 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
-#include "common/bpe_tokenizer.h"
-#include "common/sentencepiece_tokenizer.h"
-#include "common/tokenizer_json.h"
-#include "common/unicode.h"
+#include "common/text/bpe_tokenizer.h"
+#include "common/text/sentencepiece_tokenizer.h"
+#include "common/text/tokenizer_json.h"
+#include "common/text/unicode.h"
 
 namespace fmoe {
 namespace {

@@ -13,7 +13,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "common/status.h"
-#include "common/unicode.h"
+#include "common/text/unicode.h"
 
 namespace fmoe {
 

@@ -14,9 +14,9 @@
 #include <string_view>
 #include <vector>
 
-#include "common/codec.h"
-#include "common/messages.h"
 #include "common/status.h"
+#include "common/wire/codec.h"
+#include "common/wire/messages.h"
 
 namespace fmoe::wire {
 

@@ -10,7 +10,7 @@
 
 #include <memory>
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 
 namespace fmoe {
 

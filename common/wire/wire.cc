@@ -1,7 +1,7 @@
 // ZeroMQ transport (see wire.h); the only file that includes libzmq (through cppzmq). zmq::error_t
 // is caught here and turned into Status: nothing throws out of this file. Frames are
 // [routing id][payload] on a ROUTER and [payload] on a DEALER; anything else is kBadFraming.
-#include "common/wire.h"
+#include "common/wire/wire.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>

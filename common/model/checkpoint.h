@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 #include "common/status.h"
 
 namespace fmoe {

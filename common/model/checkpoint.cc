@@ -1,4 +1,4 @@
-#include "common/checkpoint.h"
+#include "common/model/checkpoint.h"
 
 #include <filesystem>
 #include <fstream>

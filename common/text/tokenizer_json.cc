@@ -1,4 +1,4 @@
-#include "common/tokenizer_json.h"
+#include "common/text/tokenizer_json.h"
 
 #include <algorithm>
 #include <unordered_map>
