@@ -76,7 +76,7 @@ struct ModelInfo {
   bool router_correction_bias = false;
   std::optional<MlaSpec> mla;    // Multi-head latent attention instead of grouped-query.
   std::optional<YarnSpec> yarn;  // YaRN rotary scaling; absent: plain RoPE.
-  RoutingSpec routing;           // The router's function (common/routing.h).
+  RoutingSpec routing;           // The router's function (common/model/routing.h).
   bool qkv_bias = false;         // q/k/v projections carry biases.
   bool o_bias = false;           // The output projection carries a bias.
   QkNorm qk_norm = QkNorm::kNone;

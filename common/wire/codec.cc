@@ -2,7 +2,7 @@
 // Decode is the trust boundary: size and identifier checks, a copy into 8-byte-aligned memory,
 // the FlatBuffers Verifier, then semantic range checks while the plain struct is filled in.
 // Union tags are the variant index + 1 (0 is NONE); the static_asserts below keep
-// schemas/*.fbs and common/messages.h in step. Both channels go through one template over the
+// schemas/*.fbs and common/wire/messages.h in step. Both channels go through one template over the
 // envelope (Channel<WorkerMessage>, Channel<MapMessage>); each message has its Build and Read.
 #include "common/wire/codec.h"
 

@@ -1,5 +1,5 @@
-// FlatBuffers encoding and decoding of the wire messages in common/messages.h. The decoder is the
-// trust boundary: it copies the frame to aligned memory, checks the file identifier, runs the
+// FlatBuffers encoding and decoding of the wire messages in common/wire/messages.h. The decoder is
+// the trust boundary: it copies the frame to aligned memory, checks the file identifier, runs the
 // FlatBuffers Verifier with tight limits, then range-checks union tags, enum values, vector
 // lengths and floats before building plain structs. Stateless and thread-safe.
 #pragma once

@@ -1,7 +1,7 @@
 // Wire messages (DESIGN section 8) as plain structs. Two channels, each one FlatBuffers root
 // with its own file identifier: router <-> worker leader ("FMWK", schemas/worker.fbs) and
 // worker rank <-> map service ("FMMP", schemas/map.fbs). Encoding and decoding live in
-// common/codec.cc; nothing else sees FlatBuffers types.
+// common/wire/codec.cc; nothing else sees FlatBuffers types.
 #pragma once
 
 #include <cstdint>
