@@ -21,9 +21,9 @@
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 
-#include "common/checkpoint.h"
 #include "common/log.h"
-#include "common/safetensors.h"
+#include "common/model/checkpoint.h"
+#include "common/model/safetensors.h"
 #include "gpu_worker/tensor_loader.h"
 
 namespace {

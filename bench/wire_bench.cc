@@ -4,7 +4,7 @@
 
 #include <benchmark/benchmark.h>
 
-#include "common/codec.h"
+#include "common/wire/codec.h"
 
 namespace fmoe::wire {
 namespace {

@@ -14,7 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 
 namespace fmoe {
 

@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/messages.h"
 #include "common/status.h"
+#include "common/wire/messages.h"
 #include "gpu_worker/sequence.h"
 
 namespace fmoe {

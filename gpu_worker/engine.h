@@ -46,9 +46,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/messages.h"
 #include "common/status.h"
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
+#include "common/wire/messages.h"
 #include "gpu_worker/expert_group.h"
 #include "gpu_worker/group_plan.h"
 #include "gpu_worker/model.h"

@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "common/messages.h"
 #include "common/status.h"
+#include "common/wire/messages.h"
 #include "gpu_worker/cache_policy.h"
 #include "gpu_worker/hybrid_split.h"
 #include "gpu_worker/sequence.h"

@@ -16,8 +16,8 @@
 #include <memory>
 #include <unordered_map>
 
-#include "common/messages.h"
 #include "common/status.h"
+#include "common/wire/messages.h"
 #include "gpu_worker/expert_group.h"
 #include "gpu_worker/group_plan.h"
 #include "gpu_worker/model.h"

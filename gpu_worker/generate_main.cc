@@ -15,8 +15,8 @@
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
-#include "common/model_config.h"
-#include "common/tokenizer.h"
+#include "common/model/model_config.h"
+#include "common/text/tokenizer.h"
 #include "gpu_worker/rank.h"
 
 namespace {

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "common/status.h"
-#include "common/wire.h"
+#include "common/wire/wire.h"
 
 namespace fmoe {
 

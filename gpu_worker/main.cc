@@ -99,9 +99,10 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--ready-fd", ready_fd, "file descriptor to write READY to once serving");
-  app.add_option("--record-trace", record_trace,
-                 "write the expert routing trace (common/expert_trace.h) to this file; leader "
-                 "(rank 0) only");
+  app.add_option(
+      "--record-trace", record_trace,
+      "write the expert routing trace (common/model/expert_trace.h) to this file; leader "
+      "(rank 0) only");
   CLI11_PARSE(app, argc, argv);
 
   Manifest manifest;

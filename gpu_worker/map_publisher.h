@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "common/messages.h"
+#include "common/wire/messages.h"
 #include "gpu_worker/forward_observer.h"
 
 namespace fmoe {

@@ -9,8 +9,8 @@
 #include <cstring>
 #include <string>
 
-#include "common/checkpoint.h"
-#include "common/routing.h"
+#include "common/model/checkpoint.h"
+#include "common/model/routing.h"
 #include "gpu_worker/blocks.h"
 #include "gpu_worker/cpu_expert.h"
 #include "gpu_worker/expert_group.h"
@@ -467,7 +467,7 @@ Result<at::Tensor> MoeModel::MixtureOfExperts(uint32_t l, const at::Tensor& x, c
   const int64_t n_experts = info.num_experts, top_k = info.top_k;
   ForwardObserver* observer = batch.observer;
 
-  // ---- routing (common/routing.h), on the CPU in float32 ----
+  // ---- routing (common/model/routing.h), on the CPU in float32 ----
   at::Tensor logits_cpu = m.Linear(hn, layer.gate).to(at::kCPU, at::kFloat).contiguous();
   std::vector<float> probs(static_cast<size_t>(rows * n_experts));
   std::vector<int32_t> chosen(static_cast<size_t>(rows * top_k));

@@ -19,7 +19,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/status.h"
 #include "gpu_worker/expert_source.h"
 #include "gpu_worker/forward_observer.h"

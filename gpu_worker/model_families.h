@@ -1,7 +1,7 @@
 // Where each supported architecture keeps its tensors in a Hugging Face checkpoint. What a family
-// computes is read from config.json (common/model_config.h: routing, q/k norm, biases, shared
+// computes is read from config.json (common/model/model_config.h: routing, q/k norm, biases, shared
 // experts, dense layers); how its tensors are named is here. Adding a family: its config parser
-// in common/model_config.cc, an entry below, and blocks.h for any new kind of block.
+// in common/model/model_config.cc, an entry below, and blocks.h for any new kind of block.
 #pragma once
 
 #include <string>

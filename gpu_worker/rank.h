@@ -19,10 +19,10 @@
 #include <string>
 #include <string_view>
 
-#include "common/messages.h"
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/status.h"
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
+#include "common/wire/messages.h"
 #include "gpu_worker/cached_experts.h"
 #include "gpu_worker/device.h"
 #include "gpu_worker/engine.h"

@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/messages.h"
 #include "common/status.h"
+#include "common/wire/messages.h"
 
 namespace fmoe {
 

@@ -9,7 +9,7 @@
 #include <new>
 #include <optional>
 
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 
 namespace fmoe {
 namespace {

@@ -12,7 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "common/checkpoint.h"
+#include "common/model/checkpoint.h"
 #include "common/status.h"
 
 namespace fmoe {

@@ -1,8 +1,8 @@
 // TraceRecorder: the ForwardObserver that writes the worker's expert routing trace
-// (common/expert_trace.h, `fmoe-worker --record-trace PATH`): per request and engine iteration
-// one TraceIteration with every MoE layer's routing (experts ascending, tokens routed to each),
-// the map stored explicitly as the request's gate distributions P_l (all J entries per layer),
-// the semantic embedding, and the request's own speculative predictions of that iteration.
+// (common/model/expert_trace.h, `fmoe-worker --record-trace PATH`): per request and engine
+// iteration one TraceIteration with every MoE layer's routing (experts ascending, tokens routed to
+// each), the map stored explicitly as the request's gate distributions P_l (all J entries per
+// layer), the semantic embedding, and the request's own speculative predictions of that iteration.
 // Torch-free. Created and closed by the worker's main; the hooks run on the engine thread; Close
 // only once the engine thread has returned.
 #pragma once
@@ -15,8 +15,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/expert_trace.h"
-#include "common/model_config.h"
+#include "common/model/expert_trace.h"
+#include "common/model/model_config.h"
 #include "common/status.h"
 #include "gpu_worker/forward_observer.h"
 #include "gpu_worker/sequence.h"

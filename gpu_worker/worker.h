@@ -30,10 +30,10 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "common/messages.h"
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/status.h"
-#include "common/wire.h"
+#include "common/wire/messages.h"
+#include "common/wire/wire.h"
 
 namespace fmoe {
 

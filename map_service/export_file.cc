@@ -15,7 +15,7 @@
 #include <flatbuffers/flatbuffers.h>
 
 #include "common/clock.h"
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "schemas/export_generated.h"
 
 namespace fmoe {

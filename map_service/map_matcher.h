@@ -17,7 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/messages.h"
+#include "common/wire/messages.h"
 #include "map_service/map_store.h"
 
 namespace fmoe {

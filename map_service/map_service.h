@@ -20,10 +20,10 @@
 
 #include "common/clock.h"
 #include "common/histogram.h"
-#include "common/messages.h"
 #include "common/peer_table.h"
 #include "common/status.h"
-#include "common/wire.h"
+#include "common/wire/messages.h"
+#include "common/wire/wire.h"
 #include "map_service/export_file.h"
 #include "map_service/map_matcher.h"
 #include "map_service/map_store.h"

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "map_service/map_service.h"
 
 namespace fmoe {

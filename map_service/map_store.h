@@ -10,8 +10,8 @@
 #include <span>
 #include <vector>
 
-#include "common/messages.h"
 #include "common/status.h"
+#include "common/wire/messages.h"
 
 namespace fmoe {
 

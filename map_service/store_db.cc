@@ -11,7 +11,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/process_util.h"
 #include "schemas/store_generated.h"
 

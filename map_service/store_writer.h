@@ -21,7 +21,7 @@
 #include <utility>
 
 #include "common/status.h"
-#include "common/wire.h"
+#include "common/wire/wire.h"
 #include "map_service/store_db.h"
 
 namespace fmoe {

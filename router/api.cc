@@ -6,7 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/process_util.h"
 #include "router/completion_request.h"
 #include "router/completions.h"

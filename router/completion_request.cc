@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/process_util.h"
-#include "common/unicode.h"
+#include "common/text/unicode.h"
 
 namespace fmoe {
 namespace {

@@ -10,10 +10,10 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "common/chat_template.h"
-#include "common/messages.h"
 #include "common/status.h"
-#include "common/tokenizer.h"
+#include "common/text/chat_template.h"
+#include "common/text/tokenizer.h"
+#include "common/wire/messages.h"
 #include "router/http_server.h"
 
 namespace fmoe {

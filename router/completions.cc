@@ -8,9 +8,9 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/process_util.h"
-#include "common/unicode.h"
+#include "common/text/unicode.h"
 
 namespace fmoe {
 namespace {

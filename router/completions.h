@@ -15,7 +15,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "router/completion_request.h"
 #include "router/http_server.h"
 #include "router/metrics.h"

@@ -10,10 +10,10 @@
 
 #include "common/log.h"
 #include "common/manifest.h"
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/process_util.h"
 #include "common/service_setup.h"
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "router/api.h"
 #include "router/completions.h"
 #include "router/http_server.h"

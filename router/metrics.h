@@ -15,7 +15,7 @@
 #include <utility>
 
 #include "common/histogram.h"
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "router/worker_link.h"
 
 namespace fmoe {

@@ -2,7 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/unicode.h"
+#include "common/text/unicode.h"
 
 namespace fmoe {
 namespace {

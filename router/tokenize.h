@@ -6,7 +6,7 @@
 // the served model. Stateless and thread-safe.
 #pragma once
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "router/completion_request.h"
 #include "router/http_server.h"
 

@@ -24,10 +24,10 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "common/messages.h"
 #include "common/peer_table.h"
 #include "common/status.h"
-#include "common/wire.h"
+#include "common/wire/messages.h"
+#include "common/wire/wire.h"
 
 namespace fmoe {
 

@@ -14,7 +14,7 @@
 
 #include "common/clock.h"
 #include "common/http_client.h"
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/process_util.h"
 #include "services/supervisor.h"
 

@@ -14,7 +14,7 @@
 
 #include "common/log.h"
 #include "common/manifest.h"
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/process_util.h"
 #include "services/generate_cmd.h"
 #include "services/launcher.h"

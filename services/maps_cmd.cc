@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/wire.h"
+#include "common/wire/wire.h"
 
 namespace fmoe {
 namespace {

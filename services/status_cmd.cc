@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/http_client.h"
-#include "common/wire.h"
+#include "common/wire/wire.h"
 #include "services/launcher.h"
 
 namespace fmoe {

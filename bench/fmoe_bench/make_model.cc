@@ -1,10 +1,10 @@
 // `fmoe-bench make-model`: writes a checkpoint with random weights and the exact tensor shapes of
 // a real MoE model (make_model_shapes.h), in the Hugging Face layout our loaders read
-// (common/checkpoint.h, common/model_config.h): tokenizer files and a README first, then the
-// safetensors shards streamed chunk by chunk (common/safetensors.h SafetensorsWriter), the index,
-// and config.json last, so a directory with a config.json is complete. Weights are a
-// deterministic function of (seed, tensor name): the same seed gives the same bytes whatever the
-// shard size. One thread.
+// (common/model/checkpoint.h, common/model/model_config.h): tokenizer files and a README first,
+// then the safetensors shards streamed chunk by chunk (common/model/safetensors.h
+// SafetensorsWriter), the index, and config.json last, so a directory with a config.json is
+// complete. Weights are a deterministic function of (seed, tensor name): the same seed gives the
+// same bytes whatever the shard size. One thread.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -29,7 +29,7 @@
 
 #include "bench/fmoe_bench/commands.h"
 #include "bench/fmoe_bench/make_model_shapes.h"
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 #include "common/status.h"
 
 namespace fmoe::bench {

@@ -104,8 +104,8 @@ std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize&
 uint64_t RoutedExpertParams(const ModelShape& shape);
 
 // config.json as transformers writes it for the model (keys sorted), with `size` applied,
-// torch_dtype set, and the given bos/eos ids. Every key our loader (common/model_config.h) reads
-// is present and valid, and so is every key of the family's transformers config class that
+// torch_dtype set, and the given bos/eos ids. Every key our loader (common/model/model_config.h)
+// reads is present and valid, and so is every key of the family's transformers config class that
 // changes the computation (attention biases, head_dim, clip_qkv, norm_topk_prob, dense layers,
 // sliding window, rope_scaling), at the real model's value, so a loader can refuse what it does
 // not implement.

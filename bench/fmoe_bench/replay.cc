@@ -25,7 +25,7 @@
 #include "bench/fmoe_bench/plot.h"
 #include "bench/fmoe_bench/replay_command.h"
 #include "bench/fmoe_bench/replay_core.h"
-#include "common/expert_trace.h"
+#include "common/model/expert_trace.h"
 #include "common/policy_names.h"
 
 namespace fmoe::bench {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/expert_trace.h"
+#include "common/model/expert_trace.h"
 #include "common/status.h"
 #include "map_service/map_store.h"
 

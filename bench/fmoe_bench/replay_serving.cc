@@ -25,7 +25,7 @@
 #include "bench/fmoe_bench/replay_report.h"
 #include "bench/fmoe_bench/replay_serve.h"
 #include "bench/fmoe_bench/replay_workload.h"
-#include "common/expert_trace.h"
+#include "common/model/expert_trace.h"
 
 namespace fmoe::bench {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "bench/fmoe_bench/replay_core.h"
 #include "bench/fmoe_bench/serve_workload.h"
-#include "common/expert_trace.h"
+#include "common/model/expert_trace.h"
 #include "common/status.h"
 
 namespace fmoe::bench {

@@ -30,10 +30,10 @@
 #include "bench/fmoe_bench/serve_report.h"
 #include "bench/fmoe_bench/serve_workload.h"
 #include "common/manifest.h"
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/policy_names.h"
 #include "common/process_util.h"
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 
 namespace fmoe::bench {
 namespace {

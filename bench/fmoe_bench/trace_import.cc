@@ -1,5 +1,5 @@
 // fmoe-bench import-trace: converts routing recorded by other systems into our trace format
-// (common/expert_trace.h), so the replay runs every policy on real routing.
+// (common/model/expert_trace.h), so the replay runs every policy on real routing.
 //   deepseek-jsonl: {"id", "model", "num_layers", "num_experts", "top_k", "prompt", "tokens": [T],
 //     "experts": [T][L][K]} per prompt (prefill routing, expert ids only). One iteration per
 //     prompt token position; the map is derived from the ids (1/K on each picked expert).
@@ -28,10 +28,10 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/fmoe_bench/commands.h"
-#include "common/expert_trace.h"
-#include "common/safetensors.h"
-#include "common/tokenizer.h"
-#include "common/unicode.h"
+#include "common/model/expert_trace.h"
+#include "common/model/safetensors.h"
+#include "common/text/tokenizer.h"
+#include "common/text/unicode.h"
 
 namespace fmoe::bench {
 namespace {

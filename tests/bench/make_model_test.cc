@@ -1,8 +1,8 @@
 // `fmoe-bench make-model`, run as a binary: dry runs of the five real shapes (tensor names and
 // shapes, parameter counts against the published totals), cut-down Qwen1.5-MoE, Qwen3-MoE and
-// OLMoE checkpoints written and read back through our Torch-free loaders (common/model_config.h,
-// common/checkpoint.h) with the config keys that change the computation, determinism across shard
-// sizes, --force, and argument errors.
+// OLMoE checkpoints written and read back through our Torch-free loaders
+// (common/model/model_config.h, common/model/checkpoint.h) with the config keys that change the
+// computation, determinism across shard sizes, --force, and argument errors.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,9 +19,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/checkpoint.h"
-#include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/model/checkpoint.h"
+#include "common/model/model_config.h"
+#include "common/model/safetensors.h"
 
 namespace fmoe {
 namespace {

@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "common/expert_trace.h"
+#include "common/model/expert_trace.h"
 
 namespace fmoe::bench {
 

@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "bench/fmoe_bench/replay_workload.h"
-#include "common/expert_trace.h"
+#include "common/model/expert_trace.h"
 
 namespace fmoe::bench {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/chat_template.h"
+#include "common/text/chat_template.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 
 namespace fmoe {
 namespace {

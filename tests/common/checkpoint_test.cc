@@ -1,6 +1,6 @@
-#include "common/checkpoint.h"
+#include "common/model/checkpoint.h"
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 
 #include <unistd.h>
 

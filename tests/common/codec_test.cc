@@ -2,7 +2,7 @@
 // rejections (size, identifier, Verifier, range checks) with the exact DropReason. Invalid frames
 // are made by encoding out-of-range plain structs, patching bytes of a valid frame, or building
 // envelopes with the raw FlatBuffers builder (the generated headers are private to fmoe_wire).
-#include "common/codec.h"
+#include "common/wire/codec.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "common/expert_trace.h"
+#include "common/model/expert_trace.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 
 #include <filesystem>
 #include <fstream>

@@ -1,4 +1,4 @@
-#include "common/regex.h"
+#include "common/text/regex.h"
 
 #include <thread>
 

@@ -1,4 +1,4 @@
-#include "common/routing.h"
+#include "common/model/routing.h"
 
 #include <cmath>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "common/tokenizer_json.h"
+#include "common/text/tokenizer_json.h"
 
 #include <filesystem>
 #include <fstream>
@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/bpe_tokenizer.h"
-#include "common/tokenizer.h"
+#include "common/text/bpe_tokenizer.h"
+#include "common/text/tokenizer.h"
 
 namespace fmoe {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 
 #include <chrono>
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/unicode.h"
+#include "common/text/unicode.h"
 
 namespace fmoe {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/unicode.h"
+#include "common/text/unicode.h"
 
 #include <set>
 

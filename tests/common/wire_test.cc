@@ -2,7 +2,7 @@
 // ROUTER <-> DEALER round trips, Poll, bad frames dropped and counted by reason while later valid
 // messages still arrive, send errors (unknown peer, high-water mark) and bind errors. The one
 // multipart frame is sent through the DEALER's native zmq socket: our API only sends one part.
-#include "common/wire.h"
+#include "common/wire/wire.h"
 
 #include <chrono>
 #include <cstring>

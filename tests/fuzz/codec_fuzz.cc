@@ -1,5 +1,5 @@
-// libFuzzer target for the wire decoder (common/codec.cc), the trust boundary of both channels.
-// Each input is decoded as a WorkerMessage and as a MapMessage, once with the default
+// libFuzzer target for the wire decoder (common/wire/codec.cc), the trust boundary of both
+// channels. Each input is decoded as a WorkerMessage and as a MapMessage, once with the default
 // DecodeLimits and once with tight ones. Checked, besides ASan/UBSan/LeakSanitizer:
 //   - a rejected frame comes with a DropReason below kCount and a non-empty detail;
 //   - an accepted message re-encodes to a frame that decodes again, under the same limits, to the
@@ -11,7 +11,7 @@
 #include <span>
 #include <vector>
 
-#include "common/codec.h"
+#include "common/wire/codec.h"
 
 namespace fmoe::wire {
 namespace {

@@ -10,7 +10,7 @@
 #include <system_error>
 #include <vector>
 
-#include "common/codec.h"
+#include "common/wire/codec.h"
 
 namespace fmoe::wire {
 namespace {

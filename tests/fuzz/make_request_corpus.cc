@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "router/completion_request.h"
 #include "router/http_server.h"
 

@@ -26,8 +26,8 @@
 #include <cmath>
 #include <optional>
 
-#include "common/chat_template.h"
-#include "common/tokenizer.h"
+#include "common/text/chat_template.h"
+#include "common/text/tokenizer.h"
 #include "router/completion_request.h"
 #include "router/http_server.h"
 #include "router/tokenize.h"

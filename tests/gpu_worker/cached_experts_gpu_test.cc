@@ -16,9 +16,9 @@
 
 #include <gtest/gtest.h>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/policy_names.h"
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "gpu_worker/engine.h"
 #include "gpu_worker/model.h"
 #include "tests/gpu_worker/gpu_skip.h"

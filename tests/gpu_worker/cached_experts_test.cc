@@ -14,8 +14,8 @@
 
 #include <gtest/gtest.h>
 
-#include "common/model_config.h"
-#include "common/tokenizer.h"
+#include "common/model/model_config.h"
+#include "common/text/tokenizer.h"
 #include "gpu_worker/engine.h"
 #include "gpu_worker/model.h"
 #include "tests/testing/fake_map_service.h"

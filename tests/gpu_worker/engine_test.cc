@@ -11,8 +11,8 @@
 
 #include <gtest/gtest.h>
 
-#include "common/model_config.h"
-#include "common/tokenizer.h"
+#include "common/model/model_config.h"
+#include "common/text/tokenizer.h"
 #include "gpu_worker/expert_source.h"
 #include "gpu_worker/model.h"
 #include "tests/testing/model_fixture.h"
@@ -450,8 +450,7 @@ TEST(Engine, AThrowingForwardFailsTheBatchAndTheEngineServesOn) {
   for (uint64_t id : {1, 2}) {
     EXPECT_EQ(h.outcomes[id].finish, FinishReason::kError) << id;
     EXPECT_EQ(h.outcomes[id].events, 1) << id;
-    EXPECT_NE(h.outcomes[id].error.find("model: forward: injected failure"),
-              std::string::npos)
+    EXPECT_NE(h.outcomes[id].error.find("model: forward: injected failure"), std::string::npos)
         << h.outcomes[id].error;
   }
   observer.armed = false;

@@ -20,8 +20,8 @@
 
 #include <gtest/gtest.h>
 
-#include "common/model_config.h"
-#include "common/tokenizer.h"
+#include "common/model/model_config.h"
+#include "common/text/tokenizer.h"
 #include "gpu_worker/cached_experts.h"
 #include "gpu_worker/engine.h"
 #include "gpu_worker/expert_group.h"

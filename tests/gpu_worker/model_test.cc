@@ -18,11 +18,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/chat_template.h"
-#include "common/checkpoint.h"
-#include "common/model_config.h"
-#include "common/safetensors.h"
-#include "common/tokenizer.h"
+#include "common/model/checkpoint.h"
+#include "common/model/model_config.h"
+#include "common/model/safetensors.h"
+#include "common/text/chat_template.h"
+#include "common/text/tokenizer.h"
 #include "gpu_worker/expert_source.h"
 
 namespace fmoe {

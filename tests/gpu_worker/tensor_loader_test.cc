@@ -22,7 +22,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 
 namespace fmoe {
 namespace {

@@ -19,7 +19,7 @@
 #include <rocksdb/db.h>
 #include <nlohmann/json.hpp>
 
-#include "common/wire.h"
+#include "common/wire/wire.h"
 #include "map_service/map_matcher.h"
 #include "map_service/map_store.h"
 #include "schemas/export_generated.h"

@@ -14,8 +14,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/tokenizer.h"
-#include "common/wire.h"
+#include "common/text/tokenizer.h"
+#include "common/wire/wire.h"
 #include "tests/testing/process_harness.h"
 
 namespace fmoe {

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/http_client.h"
-#include "common/wire.h"
+#include "common/wire/wire.h"
 #include "tests/testing/process_harness.h"
 
 namespace fmoe {

@@ -23,10 +23,10 @@
 
 #include <gtest/gtest.h>
 
-#include "common/expert_trace.h"
-#include "common/model_config.h"
-#include "common/tokenizer.h"
-#include "common/wire.h"
+#include "common/model/expert_trace.h"
+#include "common/model/model_config.h"
+#include "common/text/tokenizer.h"
+#include "common/wire/wire.h"
 #include "tests/testing/process_harness.h"
 
 namespace fmoe {

@@ -17,7 +17,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/wire.h"
+#include "common/wire/wire.h"
 #include "tests/testing/process_harness.h"
 
 namespace fmoe {

@@ -15,8 +15,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/tokenizer.h"
-#include "common/unicode.h"
+#include "common/text/tokenizer.h"
+#include "common/text/unicode.h"
 #include "tests/router/link_fixture.h"
 
 namespace fmoe {

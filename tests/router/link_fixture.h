@@ -21,7 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "common/clock.h"
-#include "common/wire.h"
+#include "common/wire/wire.h"
 #include "router/worker_link.h"
 
 namespace fmoe::link_testing {

@@ -1,5 +1,5 @@
 // The router's worker link over real ZeroMQ (ipc endpoints), with fake leaders: DEALERs made with
-// common/wire.h under the worker's routing id w/<group>/<rank>. Covers WorkerGoodbye: from the
+// common/wire/wire.h under the worker's routing id w/<group>/<rank>. Covers WorkerGoodbye: from the
 // group's current leader it takes the group out of service at once (started requests fail with
 // kGroupLostError, dispatched-but-not-started ones go to another live group), a goodbye with a
 // stale instance id or from a peer that is not the leader changes nothing, and the restarted
@@ -28,8 +28,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
-#include "common/model_config.h"
-#include "common/wire.h"
+#include "common/model/model_config.h"
+#include "common/wire/wire.h"
 #include "gpu_worker/load_reporter.h"
 #include "gpu_worker/worker.h"
 #include "router/api.h"
@@ -131,8 +131,8 @@ TEST(WorkerLink, GoodbyeWithoutAnotherGroupRequeuesOnTheSameGroup) {
   EXPECT_EQ(gen->request_id, *waiting);
 }
 
-// What Worker::SendGoodbye relies on (common/wire.h): a message still queued when its socket is
-// closed leaves within the socket's linger, which Context::Close waits for. Here the router is
+// What Worker::SendGoodbye relies on (common/wire/wire.h): a message still queued when its socket
+// is closed leaves within the socket's linger, which Context::Close waits for. Here the router is
 // not even bound when the leader's socket closes, so LINGER 0 would have dropped the goodbye.
 TEST(WorkerLink, LingerCarriesAGoodbyeQueuedAtClose) {
   const std::string endpoint = IpcEndpoint("late-router");

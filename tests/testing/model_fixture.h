@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "common/messages.h"
-#include "common/model_config.h"
-#include "common/tokenizer.h"
+#include "common/model/model_config.h"
+#include "common/text/tokenizer.h"
+#include "common/wire/messages.h"
 #include "gpu_worker/expert_source.h"
 #include "gpu_worker/forward_observer.h"
 #include "gpu_worker/model.h"

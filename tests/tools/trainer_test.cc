@@ -13,9 +13,9 @@
 
 #include <gtest/gtest.h>
 
-#include "common/checkpoint.h"
-#include "common/model_config.h"
-#include "common/tokenizer.h"
+#include "common/model/checkpoint.h"
+#include "common/model/model_config.h"
+#include "common/text/tokenizer.h"
 
 namespace fmoe::trainer {
 namespace {

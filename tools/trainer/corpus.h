@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 
 namespace fmoe::trainer {
 

@@ -8,10 +8,10 @@
 #include <limits>
 #include <utility>
 
-#include "common/checkpoint.h"
-#include "common/model_config.h"
-#include "common/routing.h"
-#include "common/safetensors.h"
+#include "common/model/checkpoint.h"
+#include "common/model/model_config.h"
+#include "common/model/routing.h"
+#include "common/model/safetensors.h"
 
 namespace fmoe::trainer {
 namespace {
@@ -157,8 +157,8 @@ struct MoeModel::Impl {
     auto xf = x.reshape({n, h});
     auto logits = torch::matmul(xf, l.gate.t());  // [N, J]
     auto probs = torch::softmax(logits, -1);      // over all experts
-    // The experts each token uses, chosen as the model runtime chooses them (common/routing.h);
-    // their weights stay in the graph so the router learns.
+    // The experts each token uses, chosen as the model runtime chooses them
+    // (common/model/routing.h); their weights stay in the graph so the router learns.
     auto top_i = ChooseExperts(logits, experts, k);
     auto top_w = probs.gather(-1, top_i);
     top_w = top_w / top_w.sum(-1, /*keepdim=*/true);

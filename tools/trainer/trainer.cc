@@ -11,8 +11,8 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
-#include "common/bpe_trainer.h"
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
+#include "tools/trainer/bpe_trainer.h"
 #include "tools/trainer/corpus.h"
 #include "tools/trainer/model_export.h"
 

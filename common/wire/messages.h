@@ -1,0 +1,250 @@
+// Wire messages (DESIGN section 8) as plain structs. Two channels, each one FlatBuffers root
+// with its own file identifier: router <-> worker leader ("FMWK", schemas/worker.fbs) and
+// worker rank <-> map service ("FMMP", schemas/map.fbs). Encoding and decoding live in
+// common/wire/codec.cc; nothing else sees FlatBuffers types.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace fmoe {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// ---- router <-> worker leader ----
+
+// Leader -> router, on connect and after the router reports it unknown.
+struct WorkerHello {
+  std::string group;
+  uint32_t world_size = 1;
+  std::string model_name;
+  uint64_t model_fingerprint = 0;
+  uint64_t instance_id = 0;  // Random per process start: a change means the worker restarted.
+  uint32_t max_batch = 0;
+  uint32_t free_slots = 0;
+  uint32_t protocol_version = kProtocolVersion;
+};
+
+// Router -> leader.
+struct WorkerHelloAck {
+  bool accepted = false;
+  std::string reason;  // Why not accepted.
+};
+
+// Expert cache totals a worker reports (DESIGN section 6 statistics).
+struct ExpertFigures {
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t prefetches_issued = 0;
+  uint64_t prefetches_used = 0;
+  uint64_t bytes_moved = 0;
+  uint64_t stall_us = 0;
+  uint64_t host_runs = 0;  // Hybrid execution: missing experts run on the host instead.
+  uint64_t host_us = 0;    // Their time.
+  uint64_t bytes_not_moved = 0;
+};
+
+// Leader -> router, every heartbeat interval.
+struct WorkerHeartbeat {
+  std::string group;
+  uint64_t instance_id = 0;
+  uint64_t seq = 0;
+  uint32_t free_slots = 0;
+  uint32_t active_requests = 0;
+  ExpertFigures experts;  // The expert cache since start.
+};
+
+// Router -> leader, answering a heartbeat. known=false asks the worker to send Hello again.
+struct WorkerHeartbeatAck {
+  uint64_t seq = 0;
+  bool known = false;
+};
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0 = greedy.
+  float top_p = 1.0f;
+  int32_t top_k = 0;  // 0 = off.
+  uint64_t seed = 0;
+  uint32_t max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop;  // Stop strings: generation ends once the text contains one.
+  // Logits processing, in vLLM's order: logit_bias, min_tokens, the penalties, temperature,
+  // min_p, top_k, top_p. Greedy decoding takes the highest processed logit.
+  // Added to a token's logit; -100 to 100. ({} keeps designated initializers warning-free.)
+  std::vector<std::pair<int32_t, float>> logit_bias{};
+  uint32_t min_tokens = 0;         // Until this many tokens, eos and stop_token_ids cannot be drawn
+                                   // and stop strings are not looked for.
+  bool ignore_eos = false;         // The model's eos tokens do not end generation.
+  float presence_penalty = 0.0f;   // -2 to 2: subtracted once from each token of the output.
+  float frequency_penalty = 0.0f;  // -2 to 2: subtracted per occurrence in the output.
+  float repetition_penalty = 1.0f;  // > 0: divides positive, multiplies negative logits of
+                                    // tokens in the prompt or the output.
+  float min_p = 0.0f;  // 0 to 1: drops tokens less likely than min_p x the likeliest one.
+  // -1: no logprobs. N >= 0: every event carries the drawn token's log-probability and the N
+  // likeliest tokens' (N <= 20), from the model's raw logits (log_softmax, as vLLM reports).
+  int32_t logprobs = -1;
+};
+inline constexpr int32_t kMaxLogprobs = 20;  // SamplingParams.logprobs at most.
+
+// Router -> leader.
+struct Generate {
+  uint64_t request_id = 0;
+  std::vector<int32_t> token_ids;
+  SamplingParams sampling;
+};
+
+// Router -> leader.
+struct Cancel {
+  uint64_t request_id = 0;
+};
+
+enum class FinishReason : uint8_t { kNone = 0, kStop, kLength, kCancelled, kError };
+inline constexpr uint8_t kFinishReasonMax = static_cast<uint8_t>(FinishReason::kError);
+
+// Leader -> router, one per generated token (and one final event when finished).
+struct TokenEvent {
+  uint64_t request_id = 0;
+  int32_t token_id = -1;  // -1 when the event carries no token (error, cancel).
+  uint32_t index = 0;     // Position in the completion.
+  FinishReason finish = FinishReason::kNone;
+  std::string error;         // When finish == kError.
+  uint64_t queue_us = 0;     // Time queued before prefill (first event only).
+  uint64_t token_us = 0;     // Time spent producing this token.
+  uint64_t expert_hits = 0;  // Per-request expert figures so far.
+  uint64_t expert_misses = 0;
+  uint64_t bytes_moved = 0;
+  uint64_t expert_host_runs = 0;  // Hybrid execution: see RequestUsage.
+  uint64_t expert_host_us = 0;
+  uint64_t bytes_not_moved = 0;
+  // With sampling.logprobs >= 0, on events that carry a token: the token's log-probability and
+  // the top sampling.logprobs (id, log-probability), likeliest first.
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top_logprobs{};
+};
+
+// Leader -> router, once, when the group is dead (a rank failed a collective) and the leader is
+// about to exit: the router fails the group's started requests and moves the others to another
+// group at once, without waiting for the heartbeat timeout.
+struct WorkerGoodbye {
+  std::string group;
+  uint64_t instance_id = 0;  // As in WorkerHello: a goodbye from an older instance is ignored.
+  std::string reason;        // For the router's log, e.g. "rank 1 failed all_to_all: ...".
+};
+
+// Leader -> router, every heartbeat interval while the leader loads the model (before its
+// Hello): the router answers /health 503 "loading" with this progress meanwhile. Not answered.
+struct WorkerLoading {
+  std::string group;
+  uint64_t instance_id = 0;  // As in the Hello that follows.
+  uint64_t loaded_bytes = 0;
+  uint64_t total_bytes = 0;  // 0 while unknown.
+};
+
+using WorkerMessage = std::variant<WorkerHello, WorkerHelloAck, WorkerHeartbeat, WorkerHeartbeatAck,
+                                   Generate, Cancel, TokenEvent, WorkerGoodbye, WorkerLoading>;
+
+// ---- worker rank <-> map service ----
+
+// Rank -> map service, on connect and after the service reports it unknown.
+struct Register {
+  std::string group;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint64_t instance_id = 0;
+  uint64_t model_fingerprint = 0;
+  uint32_t num_layers = 0;   // L: MoE layers.
+  uint32_t num_experts = 0;  // J: routed experts per layer.
+  uint32_t top_k = 0;        // K.
+  uint32_t hidden_size = 0;  // h.
+  uint32_t protocol_version = kProtocolVersion;
+  // How the service matches this rank's contexts (the fmoe-traj / fmoe-traj-sem ablations).
+  bool semantic = true;  // Semantic search at iteration start.
+  bool delta = true;     // Similarity-aware selection; off = exactly top-k.
+};
+
+// Map service -> rank, after the registration is durably recorded.
+struct RegisterAck {
+  bool accepted = false;
+  std::string reason;
+  uint64_t stored_maps = 0;  // Maps already stored for this model.
+};
+
+struct RankHeartbeat {
+  std::string group;
+  uint32_t rank = 0;
+  uint64_t instance_id = 0;
+  uint64_t seq = 0;
+};
+
+struct RankHeartbeatAck {
+  uint64_t seq = 0;
+  bool known = false;  // false: send Register again.
+};
+
+struct IterationStart {
+  uint64_t request_id = 0;
+  uint32_t iteration = 0;  // 0 = prefill.
+  std::vector<float> sem;  // Semantic embedding, length h.
+};
+
+struct LayerObserved {
+  uint64_t request_id = 0;
+  uint32_t iteration = 0;
+  uint32_t layer = 0;        // 0-based MoE layer index.
+  std::vector<float> probs;  // Gate distribution P_l, length J.
+};
+
+struct IterationEnd {
+  uint64_t request_id = 0;
+  uint32_t iteration = 0;
+  bool finished = false;  // The request ended: free its state.
+};
+
+struct PrefetchEntry {
+  uint32_t expert = 0;
+  float probability = 0.0f;
+  float priority = 0.0f;
+};
+
+struct PrefetchDirective {
+  uint64_t request_id = 0;
+  uint32_t iteration = 0;
+  uint32_t target_layer = 0;
+  float score = 0.0f;  // Similarity of the matched map.
+  std::vector<PrefetchEntry> entries;
+};
+
+enum class AdminOp : uint8_t { kPing = 0, kStats, kExport, kImport };
+inline constexpr uint8_t kAdminOpMax = static_cast<uint8_t>(AdminOp::kImport);
+
+// Any client (fmoe CLI, router) -> map service.
+struct AdminRequest {
+  uint64_t id = 0;  // Echoed in the reply.
+  AdminOp op = AdminOp::kPing;
+  uint64_t model_fingerprint = 0;  // For export/import; 0 = all.
+  std::string path;                // File for export/import.
+};
+
+struct AdminReply {
+  uint64_t id = 0;
+  bool ok = false;
+  std::string error;
+  std::string json;  // Op-specific body (JSON object text).
+};
+
+// Map service -> the rank whose IterationEnd completed a map: the map is durably stored.
+struct MapStored {
+  uint64_t request_id = 0;
+  uint32_t iteration = 0;
+  uint64_t entry_id = 0;
+  uint64_t replaced_id = 0;  // The entry deduplication replaced; 0 = none.
+};
+
+using MapMessage = std::variant<Register, RegisterAck, RankHeartbeat, RankHeartbeatAck,
+                                IterationStart, LayerObserved, IterationEnd, PrefetchDirective,
+                                AdminRequest, AdminReply, MapStored>;
+
+}  // namespace fmoe
