@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <type_traits>
 
 // Debian's LibTorch is built with Gloo, but its headers leave the Gloo process group out unless
@@ -23,6 +24,18 @@
 
 namespace fmoe {
 namespace {
+
+// Hands one collective to the process group, with no other group of this process doing so at
+// the same time. LibTorch 2.x records every collective in a process-wide flight recorder that
+// crashes when two process groups enqueue at once (several ranks of one process: the tests run
+// a group's ranks as threads). A worker process holds one rank, so it never waits here; the
+// collective itself runs outside the lock.
+template <typename Fn>
+auto EnqueueCollective(Fn&& fn) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  return fn();
+}
 
 // The first broadcast of a plan carries its length and, when it fits, the plan itself: a decode
 // iteration's plan needs one collective.
@@ -66,7 +79,9 @@ struct ExpertGroup::Impl {
       std::vector<at::Tensor> input{t};
       c10d::AllgatherOptions gather_options;
       gather_options.timeout = timeout;
-      pg->allgather(gathered, input, gather_options)->wait(timeout);
+      EnqueueCollective([&] {
+        return pg->allgather(gathered, input, gather_options);
+      })->wait(timeout);
       at::Tensor sum = gathered[0][0].clone();
       for (size_t r = 1; r < gathered[0].size(); ++r) sum.add_(gathered[0][r]);
       t.copy_(sum);
@@ -76,7 +91,7 @@ struct ExpertGroup::Impl {
     c10d::AllreduceOptions reduce_options;
     reduce_options.reduceOp = c10d::ReduceOp::SUM;
     reduce_options.timeout = timeout;
-    pg->allreduce(tensors, reduce_options)->wait(timeout);
+    EnqueueCollective([&] { return pg->allreduce(tensors, reduce_options); })->wait(timeout);
   }
 };
 
@@ -214,7 +229,9 @@ Status ExpertGroup::Broadcast(std::vector<uint8_t>* bytes) {
     auto run = [&](at::Tensor& host) {
       at::Tensor dev = host.device() == impl_->device ? host : host.to(impl_->device);
       std::vector<at::Tensor> tensors{dev};
-      impl_->pg->broadcast(tensors, broadcast_options)->wait(options_.collective_timeout);
+      EnqueueCollective([&] {
+        return impl_->pg->broadcast(tensors, broadcast_options);
+      })->wait(options_.collective_timeout);
       if (!dev.is_same(host)) host.copy_(dev);
     };
     // Header: the length (8 bytes), then up to kInlineBytes - 8 bytes of the payload.

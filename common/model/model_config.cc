@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -279,24 +280,35 @@ Status ReadNonNegativeDouble(const Json& j, const char* key, double* out) {
   return Status::Ok();
 }
 
+// A family's rope_scaling object: nullptr when absent or null; kInvalidArgument when it is not an
+// object, its type ("type" or "rope_type") is not `type`, or it has a key outside `known`.
+Result<const Json*> RopeScaling(const Json& j, std::string_view type,
+                                const std::set<std::string>& known) {
+  auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) return static_cast<const Json*>(nullptr);
+  if (!it->is_object()) return InvalidArgument("rope_scaling: " + it->dump() + " is not an object");
+  std::string got;
+  for (const char* key : {"type", "rope_type"}) {
+    if (auto t = it->find(key); t != it->end() && t->is_string()) got = t->get<std::string>();
+  }
+  if (got != type) {
+    return InvalidArgument("rope_scaling: type \"" + got +
+                           "\" is not implemented by the model runtime for this family (only \"" +
+                           std::string(type) + "\" is)");
+  }
+  for (const auto& [key, value] : it->items()) {
+    if (known.count(key) == 0) {
+      return InvalidArgument("rope_scaling: " + key + " is not implemented by the model runtime");
+    }
+  }
+  return &*it;
+}
+
 // Phi-3.5-MoE's rope_scaling: LongRoPE only (PhimoeConfig requires short_mscale and long_mscale;
 // its rotary embedding reads original_max_position_embeddings from rope_scaling). "factor" and
 // "attention_factor" are read by transformers' generic LongRoPE only for an attention factor that
 // PhimoeRotaryEmbedding replaces by the mscales, so they change nothing here either.
 Status ReadLongRope(const Json& j, uint32_t head_dim, ModelInfo* info) {
-  auto it = j.find("rope_scaling");
-  if (it == j.end() || it->is_null()) return Status::Ok();
-  if (!it->is_object()) return InvalidArgument("rope_scaling: " + it->dump() + " is not an object");
-  const Json& r = *it;
-  std::string type;
-  for (const char* key : {"type", "rope_type"}) {
-    if (auto t = r.find(key); t != r.end() && t->is_string()) type = t->get<std::string>();
-  }
-  if (type != "longrope") {
-    return InvalidArgument("rope_scaling: type \"" + type +
-                           "\" is not implemented by the model runtime for this family (only "
-                           "\"longrope\" is)");
-  }
   static const std::set<std::string> kKnown = {"type",
                                                "rope_type",
                                                "short_factor",
@@ -306,11 +318,9 @@ Status ReadLongRope(const Json& j, uint32_t head_dim, ModelInfo* info) {
                                                "original_max_position_embeddings",
                                                "factor",
                                                "attention_factor"};
-  for (const auto& [key, value] : r.items()) {
-    if (kKnown.count(key) == 0) {
-      return InvalidArgument("rope_scaling: " + key + " is not implemented by the model runtime");
-    }
-  }
+  FMOE_ASSIGN_OR_RETURN(const Json* scaling, RopeScaling(j, "longrope", kKnown));
+  if (scaling == nullptr) return Status::Ok();
+  const Json& r = *scaling;
   LongRopeSpec spec;
   for (auto [key, out] : {std::pair{"short_factor", &spec.short_factor},
                           std::pair{"long_factor", &spec.long_factor}}) {
@@ -401,27 +411,12 @@ Status ParsePhimoe(const Json& j, ModelInfo* info) {
 // DeepSeek's rope_scaling: YaRN only ({"type" or "rope_type": "yarn", "factor",
 // "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"}).
 Status ReadYarn(const Json& j, ModelInfo* info) {
-  auto it = j.find("rope_scaling");
-  if (it == j.end() || it->is_null()) return Status::Ok();
-  if (!it->is_object()) return InvalidArgument("rope_scaling: " + it->dump() + " is not an object");
-  const Json& r = *it;
-  std::string type;
-  for (const char* key : {"type", "rope_type"}) {
-    if (auto t = r.find(key); t != r.end() && t->is_string()) type = t->get<std::string>();
-  }
-  if (type != "yarn") {
-    return InvalidArgument("rope_scaling: type \"" + type +
-                           "\" is not implemented by the model runtime for this family (only "
-                           "\"yarn\" is)");
-  }
   static const std::set<std::string> kKnown = {
       "type",      "rope_type", "factor", "original_max_position_embeddings",
       "beta_fast", "beta_slow", "mscale", "mscale_all_dim"};
-  for (const auto& [key, value] : r.items()) {
-    if (kKnown.count(key) == 0) {
-      return InvalidArgument("rope_scaling: " + key + " is not implemented by the model runtime");
-    }
-  }
+  FMOE_ASSIGN_OR_RETURN(const Json* scaling, RopeScaling(j, "yarn", kKnown));
+  if (scaling == nullptr) return Status::Ok();
+  const Json& r = *scaling;
   YarnSpec y;
   FMOE_RETURN_IF_ERROR(ReadPositiveDouble(r, "factor", &y.factor).WithContext("rope_scaling"));
   if (r.find("factor") == r.end()) return InvalidArgument("rope_scaling: factor: missing");
