@@ -1,10 +1,11 @@
 #include "bench/fmoe_bench/replay_hybrid.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+
+#include "bench/fmoe_bench/replay_time.h"
 
 namespace fmoe::bench {
 namespace {
@@ -13,12 +14,6 @@ std::string Fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
   return buf;
-}
-
-bool ParseDouble(std::string_view text, double* out) {
-  const char* end = text.data() + text.size();
-  auto [p, ec] = std::from_chars(text.data(), end, *out);
-  return ec == std::errc() && p == end && std::isfinite(*out);
 }
 
 }  // namespace
@@ -76,21 +71,10 @@ Status ValidateCpuModel(const CpuModel& m) {
 }
 
 Result<std::vector<CpuExpertPoint>> ParseCpuExpertTimes(std::string_view text) {
+  FMOE_ASSIGN_OR_RETURN(auto pairs, ParseTokenPairs(text, "CPU expert times",
+                                                    "TOKENS:MICROSECONDS (e.g. 1:5500,32:9000)"));
   std::vector<CpuExpertPoint> out;
-  size_t at = 0;
-  while (at <= text.size()) {
-    const size_t comma = std::min(text.find(',', at), text.size());
-    const std::string_view item = text.substr(at, comma - at);
-    const size_t colon = item.find(':');
-    CpuExpertPoint p;
-    if (colon == std::string_view::npos || !ParseDouble(item.substr(0, colon), &p.tokens) ||
-        !ParseDouble(item.substr(colon + 1), &p.us)) {
-      return InvalidArgument("CPU expert times: \"" + std::string(item) +
-                             "\" is not TOKENS:MICROSECONDS (e.g. 1:5500,32:9000)");
-    }
-    out.push_back(p);
-    at = comma + 1;
-  }
+  for (const auto& [tokens, us] : pairs) out.push_back({tokens, us});
   CpuModel check;
   check.curve = out;
   FMOE_RETURN_IF_ERROR(ValidateCpuModel(check));

@@ -109,22 +109,32 @@ Result<TimeModel> TimeModelPreset(std::string_view name) {
                          "\"; valid: " + names);
 }
 
-Result<std::vector<LayerTimePoint>> ParseLayerTimes(std::string_view text) {
-  std::vector<LayerTimePoint> out;
+Result<std::vector<std::pair<double, double>>> ParseTokenPairs(std::string_view text,
+                                                               std::string_view what,
+                                                               std::string_view form) {
+  std::vector<std::pair<double, double>> out;
   size_t at = 0;
   while (at <= text.size()) {
     const size_t comma = std::min(text.find(',', at), text.size());
     const std::string_view item = text.substr(at, comma - at);
     const size_t colon = item.find(':');
-    LayerTimePoint p;
-    if (colon == std::string_view::npos || !ParseDouble(item.substr(0, colon), &p.tokens) ||
-        !ParseDouble(item.substr(colon + 1), &p.ms)) {
-      return InvalidArgument("layer times: \"" + std::string(item) +
-                             "\" is not TOKENS:MS (e.g. 1:0.521,128:5.30)");
+    std::pair<double, double> p;
+    if (colon == std::string_view::npos || !ParseDouble(item.substr(0, colon), &p.first) ||
+        !ParseDouble(item.substr(colon + 1), &p.second)) {
+      return InvalidArgument(std::string(what) + ": \"" + std::string(item) + "\" is not " +
+                             std::string(form));
     }
     out.push_back(p);
     at = comma + 1;
   }
+  return out;
+}
+
+Result<std::vector<LayerTimePoint>> ParseLayerTimes(std::string_view text) {
+  FMOE_ASSIGN_OR_RETURN(auto pairs,
+                        ParseTokenPairs(text, "layer times", "TOKENS:MS (e.g. 1:0.521,128:5.30)"));
+  std::vector<LayerTimePoint> out;
+  for (const auto& [tokens, ms] : pairs) out.push_back({tokens, ms});
   TimeModel check;
   check.layer = out;
   check.expert_mb = check.link_gbps = 1;

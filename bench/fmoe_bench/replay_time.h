@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -58,5 +59,10 @@ Result<TimeModel> TimeModelPreset(std::string_view name);
 
 // "1:0.521,8:1.218,128:5.30" -> points. kInvalidArgument naming the bad item.
 Result<std::vector<LayerTimePoint>> ParseLayerTimes(std::string_view text);
+// "T1:V1,T2:V2,...": the (tokens, value) pairs, each two finite numbers; kInvalidArgument naming
+// `what` and the expected `form` for any other item.
+Result<std::vector<std::pair<double, double>>> ParseTokenPairs(std::string_view text,
+                                                               std::string_view what,
+                                                               std::string_view form);
 
 }  // namespace fmoe::bench
