@@ -25,6 +25,9 @@ struct Engine::Sequence {
   std::unique_ptr<StopMatcher> stops;  // Only with stop strings.
   bool cancelled = false;
   bool finished = false;
+  // Handed to a Forward: the observer and the expert source may hold state for it from then on
+  // (even when that Forward failed), which Retire ends.
+  bool forwarded = false;
   RequestUsage group_usage;  // The group's figures for this request (with a group).
 
   Sequence(Generate& request, std::span<const int32_t> eos_ids)
@@ -305,7 +308,7 @@ void Engine::Retire(Sequence& seq, FinishReason reason) {
     ++stats_.requests_finished;
   }
   active_.fetch_sub(1, std::memory_order_relaxed);
-  if (seq.iteration > 0) {
+  if (seq.forwarded) {
     if (observer_ != nullptr) observer_->OnRequestEnd(seq.id);
     experts_.OnRequestEnd(seq.id);
     if (grouped()) ended_.push_back(seq.id);
@@ -392,6 +395,7 @@ bool Engine::Step() {
     inputs[i].request_id = seq.id;
     inputs[i].iteration = seq.iteration;
     inputs[i].kv = seq.kv.get();
+    seq.forwarded = true;
     if (seq.iteration == 0) {
       inputs[i].tokens = seq.prompt;
       stats_.prefill_tokens += seq.prompt.size();

@@ -437,7 +437,9 @@ class ThrowingObserver : public ForwardObserver {
   void OnLayerGates(uint64_t, uint32_t, uint32_t, std::span<const float>) override {
     if (armed) throw std::runtime_error("injected failure");
   }
+  void OnRequestEnd(uint64_t id) override { ended.push_back(id); }
   bool armed = false;
+  std::vector<uint64_t> ended;
 };
 
 TEST(Engine, AThrowingForwardFailsTheBatchAndTheEngineServesOn) {
@@ -453,6 +455,8 @@ TEST(Engine, AThrowingForwardFailsTheBatchAndTheEngineServesOn) {
     EXPECT_NE(h.outcomes[id].error.find("model: forward: injected failure"), std::string::npos)
         << h.outcomes[id].error;
   }
+  // Their prefill failed, but it had begun: the observer (and the expert source) end them.
+  EXPECT_EQ(observer.ended, (std::vector<uint64_t>{1, 2}));
   observer.armed = false;
   h.Submit(3, Encode(kPrompts[0]), Greedy(4));
   h.RunToEnd();
