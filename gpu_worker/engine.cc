@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "common/clock.h"
@@ -28,6 +29,9 @@ struct Engine::Sequence {
   // Handed to a Forward: the observer and the expert source may hold state for it from then on
   // (even when that Forward failed), which Retire ends.
   bool forwarded = false;
+  // The prompt's logprobs (sampling.prompt_logprobs), from the prefill until the first event
+  // carries them.
+  std::optional<PromptLogprobs> prompt_logprobs;
   RequestUsage group_usage;  // The group's figures for this request (with a group).
 
   Sequence(Generate& request, std::span<const int32_t> eos_ids)
@@ -297,7 +301,16 @@ void Engine::Emit(Sequence& seq, int32_t token, FinishReason finish) {
     ev.logprob = seq.sampler.logprobs().token;
     ev.top_logprobs = seq.sampler.logprobs().top;
   }
+  TakePromptLogprobs(seq, &ev);
   sink_(ev);
+}
+
+void Engine::TakePromptLogprobs(Sequence& seq, TokenEvent* ev) {
+  if (!seq.prompt_logprobs) return;
+  ev->prompt_logprobs = std::move(seq.prompt_logprobs->logprob);
+  ev->prompt_top_n = seq.prompt_logprobs->top_n;
+  ev->prompt_top = std::move(seq.prompt_logprobs->top);
+  seq.prompt_logprobs.reset();
 }
 
 void Engine::Retire(Sequence& seq, FinishReason reason) {
@@ -331,6 +344,9 @@ void Engine::Finish(Sequence& seq, FinishReason reason, std::string error) {
   ev.expert_host_runs = usage.host_runs;
   ev.expert_host_us = static_cast<uint64_t>(std::max<int64_t>(0, usage.host_ns / 1000));
   ev.bytes_not_moved = usage.bytes_not_moved;
+  if (reason != FinishReason::kError && reason != FinishReason::kCancelled) {
+    TakePromptLogprobs(seq, &ev);  // A stop token drawn first: this is the first event.
+  }
   sink_(ev);
 }
 
@@ -398,6 +414,7 @@ bool Engine::Step() {
     seq.forwarded = true;
     if (seq.iteration == 0) {
       inputs[i].tokens = seq.prompt;
+      if (seq.sampling.prompt_logprobs) inputs[i].prompt_logprobs = seq.sampling.logprobs;
       stats_.prefill_tokens += seq.prompt.size();
     } else {
       inputs[i].tokens = std::span<const int32_t>(&seq.output.back(), 1);
@@ -431,6 +448,9 @@ bool Engine::Step() {
   const uint32_t max_positions = model_.info().max_position_embeddings;
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence& seq = *running_[i];
+    if (inputs[i].prompt_logprobs >= 0 && i < result.prompt_logprobs.size()) {
+      seq.prompt_logprobs = std::move(result.prompt_logprobs[i]);
+    }
     ++seq.iteration;
     try {
       SampleAndEmit(seq, result.logits[i], max_positions);

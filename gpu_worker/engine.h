@@ -123,6 +123,9 @@ class Engine final : public RequestExecutor {
   void Finish(Sequence& seq, FinishReason reason, std::string error = {});
   void Fail(uint64_t request_id, const std::string& error);
   void Emit(Sequence& seq, int32_t token, FinishReason finish);
+  // Moves the prompt's logprobs, if the prefill computed them and no event carried them yet,
+  // into `ev`.
+  void TakePromptLogprobs(Sequence& seq, TokenEvent* ev);
   // Samples the sequence's next token from its logits and reports it (or its end).
   void SampleAndEmit(Sequence& seq, std::span<const float> logits, uint32_t max_positions);
   // Run's boundary: something thrown out of Step ends the running requests with error events

@@ -15,6 +15,7 @@
 #include "gpu_worker/cpu_expert.h"
 #include "gpu_worker/expert_group.h"
 #include "gpu_worker/model_families.h"
+#include "gpu_worker/sampler.h"
 
 namespace fmoe {
 namespace {
@@ -340,6 +341,7 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
   batch.rows = batch.offset.back();
   if (out != nullptr) {
     out->logits.assign(inputs.size(), {});
+    out->prompt_logprobs.assign(inputs.size(), {});
     out->router_probs.clear();
     out->router_topk.clear();
   }
@@ -448,12 +450,55 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
       out->logits[i].assign(lp + row * vocab, lp + (row + n) * vocab);
       row += n;
     }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].prompt_logprobs < 0) continue;
+      PromptLogprobsOf(x, batch.offset[i], inputs[i], &out->prompt_logprobs[i]);
+    }
   }
   for (const SequenceInput& s : inputs) s.kv->length_ += static_cast<int64_t>(s.tokens.size());
   if (observer != nullptr) {
     for (const SequenceInput& s : inputs) observer->OnIterationEnd(s.request_id, s.iteration);
   }
   return Status::Ok();
+}
+
+void MoeModel::PromptLogprobsOf(const at::Tensor& x, int64_t first_row, const SequenceInput& in,
+                                PromptLogprobs* out) const {
+  const Impl& m = *impl_;
+  const int64_t n = static_cast<int64_t>(in.tokens.size()) - 1;
+  const int64_t vocab = info_.vocab_size;
+  const int64_t top_n = std::min<int64_t>(in.prompt_logprobs, vocab);
+  out->top_n = static_cast<uint32_t>(top_n);
+  out->logprob.resize(static_cast<size_t>(std::max<int64_t>(n, 0)));
+  out->top.resize(out->logprob.size() * static_cast<size_t>(top_n));
+  // Rows of at most kChunk tokens at a time, so a long prompt never holds [tokens x vocab]
+  // logits; each row's logits are the ones the last token's come from (the same row blocks).
+  constexpr int64_t kChunk = 256;
+  for (int64_t r0 = 0; r0 < n; r0 += kChunk) {
+    const int64_t rows = std::min(kChunk, n - r0);
+    at::Tensor h = x.narrow(0, first_row + r0, rows);
+    at::Tensor logprobs =
+        at::log_softmax(BlockLinear(DecoderNorm(info_, h, m.final_norm, m.final_norm_bias),
+                                    m.lm_head, m.options.row_block, m.lm_head_bias)
+                            .to(at::kFloat),
+                        -1);
+    // Finite on the wire whatever the model gave, as the sampler's (kMinLogprob).
+    logprobs = at::nan_to_num(logprobs, kMinLogprob, 0.0, kMinLogprob).clamp_min(kMinLogprob);
+    std::vector<int64_t> next(in.tokens.begin() + r0 + 1, in.tokens.begin() + r0 + 1 + rows);
+    at::Tensor targets =
+        at::tensor(next, at::TensorOptions().dtype(at::kLong)).to(logprobs.device()).unsqueeze(1);
+    at::Tensor picked = logprobs.gather(1, targets).squeeze(1).to(at::kCPU).contiguous();
+    std::copy_n(picked.data_ptr<float>(), rows, out->logprob.begin() + r0);
+    if (top_n == 0) continue;
+    auto [values, ids] = logprobs.topk(top_n, -1);
+    at::Tensor v = values.to(at::kCPU).contiguous();
+    at::Tensor d = ids.to(at::kCPU).contiguous();
+    const float* vp = v.data_ptr<float>();
+    const int64_t* dp = d.data_ptr<int64_t>();
+    for (int64_t k = 0; k < rows * top_n; ++k) {
+      out->top[static_cast<size_t>(r0 * top_n + k)] = {static_cast<int32_t>(dp[k]), vp[k]};
+    }
+  }
 }
 
 Result<at::Tensor> MoeModel::MixtureOfExperts(uint32_t l, const at::Tensor& x, const at::Tensor& hn,

@@ -15,6 +15,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -65,11 +66,25 @@ struct SequenceInput {
   std::span<const int32_t> tokens;  // New tokens, at positions kv->length() onwards.
   KvCache* kv = nullptr;
   bool all_logits = false;  // Logits of every new token (tests), else of the last only.
+  // >= 0: the log-probabilities of new tokens 1.. given the tokens before each, and the top
+  // `prompt_logprobs` there (ForwardResult::prompt_logprobs), computed where the logits are.
+  int32_t prompt_logprobs = -1;
+};
+
+// One sequence's log-probabilities of its new tokens after the first (TokenEvent's prompt
+// logprobs): logprob[i] is token i + 1's; top[i * top_n ..] the top_n likeliest (id,
+// log-probability) pairs there, likeliest first. From the raw logits' log_softmax.
+struct PromptLogprobs {
+  std::vector<float> logprob;
+  uint32_t top_n = 0;
+  std::vector<std::pair<int32_t, float>> top;
 };
 
 struct ForwardResult {
   // Per sequence: row-major [rows x vocab], rows = tokens.size() or 1.
   std::vector<std::vector<float>> logits;
+  // Per sequence: filled for those whose input asked (prompt_logprobs >= 0), else empty.
+  std::vector<PromptLogprobs> prompt_logprobs;
   // With record_router: per MoE layer, [total new tokens x J] router probabilities and
   // [total new tokens x K] chosen experts, rows in batch order.
   std::vector<std::vector<float>> router_probs;
@@ -124,6 +139,10 @@ class MoeModel {
   Result<at::Tensor> MixtureOfExperts(uint32_t l, const at::Tensor& x, const at::Tensor& hn,
                                       const Batch& batch, ExpertSource& experts);
   void Speculate(uint32_t l, const at::Tensor& x, const Batch& batch, ExpertSource& experts);
+  // The prompt logprobs of `in`, whose new tokens' final hidden states are x's rows from
+  // `first_row`.
+  void PromptLogprobsOf(const at::Tensor& x, int64_t first_row, const SequenceInput& in,
+                        PromptLogprobs* out) const;
   ModelInfo info_;
   std::unique_ptr<Impl> impl_;
   ExpertGroup* group_ = nullptr;

@@ -453,10 +453,17 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
     }
     if (!ReadBool(j, "echo", &out.echo, error)) return failed();
     if (out.echo && s.logprobs >= 0) {
-      return fail(BadParam("echo",
-                           "'echo' together with 'logprobs' (the prompt's logprobs) is not "
-                           "supported by this server",
-                           "unsupported_parameter"));
+      // The prompt's logprobs come back in one event: 4 bytes per token and 8 per alternative,
+      // under the worker channel's frame limit with room to spare.
+      const uint64_t per_token = 4 + 8 * static_cast<uint64_t>(s.logprobs);
+      const uint64_t most = kMaxPromptLogprobBytes / per_token;
+      if (out.prompt_ids.size() > most) {
+        return fail(BadParam("echo", "the prompt's " + std::to_string(out.prompt_ids.size()) +
+                                         " tokens are too many for their logprobs (at most " +
+                                         std::to_string(most) + " with 'logprobs' " +
+                                         std::to_string(s.logprobs) + ")"));
+      }
+      s.prompt_logprobs = true;
     }
     if (!out.echo) out.prompt_text.clear();
   }

@@ -35,6 +35,8 @@ enum class RequestKind { kText, kChat };
 
 inline constexpr uint32_t kMaxChoices = 16;   // n
 inline constexpr size_t kMaxLogitBias = 300;  // logit_bias entries
+// echo with logprobs: the prompt's logprobs' bytes in their one event (the frame limit is 8 MiB).
+inline constexpr uint64_t kMaxPromptLogprobBytes = 6u << 20;
 
 // A validated completion request.
 struct CompletionRequest {

@@ -33,7 +33,9 @@ size_t CodePoints(std::string_view s) {
 struct TokenLogprob {
   int32_t id = -1;
   float logprob = 0.0f;
-  std::vector<std::pair<int32_t, float>> top;
+  std::vector<std::pair<int32_t, float>> top{};
+  bool prompt = false;  // A prompt token's (echo with logprobs).
+  bool first = false;   // The prompt's first token: no logprob (null), as OpenAI and vLLM.
 };
 
 // One choice of a request: its own token stream, text and stop strings.
@@ -50,6 +52,8 @@ struct Choice {
   std::string out;                                           // Whole answers: the text so far.
   std::vector<TokenLogprob> probs;  // Not yet sent (streams) or all (whole answers).
   size_t text_chars = 0;            // Code points of the logprob tokens so far (text_offset).
+  size_t prompt_chars = 0;          // The same over the prompt's tokens (echo with logprobs).
+  bool echo_sent = false;           // Echo with logprobs: the prompt's entries were taken.
   bool role_sent = false;           // Chat streams: the first delta carries the role.
   double queue_ms = 0.0;
   Clock::time_point first_token{}, last_token{};
@@ -68,6 +72,8 @@ class CompletionState {
     include_usage_ = request.include_usage;
     prompt_tokens_ = static_cast<uint32_t>(request.prompt_ids.size());
     logprobs_ = request.sampling.logprobs;
+    prompt_logprobs_ = request.sampling.prompt_logprobs;
+    if (prompt_logprobs_) prompt_ids_ = request.prompt_ids;
     min_tokens_ = request.sampling.min_tokens;
     echo_ = request.prompt_text;
     created_ = UnixSeconds();
@@ -91,7 +97,8 @@ class CompletionState {
   void BeginStream() {
     Count(200);
     responder->BeginStream(200, "text/event-stream");
-    if (echo_.empty()) return;
+    // With the prompt's logprobs, each choice's echo waits for its first event, which has them.
+    if (echo_.empty() || prompt_logprobs_) return;
     for (size_t i = 0; i < choices_.size(); ++i) Send(Chunk(i, echo_, nullptr, false));
   }
 
@@ -148,6 +155,20 @@ class CompletionState {
     c.host_runs = std::max(c.host_runs, ev.expert_host_runs);
     c.host_us = std::max(c.host_us, ev.expert_host_us);
     c.bytes_not_moved = std::max(c.bytes_not_moved, ev.bytes_not_moved);
+    const bool ends_well = ev.finish == FinishReason::kStop || ev.finish == FinishReason::kLength;
+    if (prompt_logprobs_ && !c.echo_sent && (ev.token_id >= 0 || ends_well)) {
+      if (!TakePromptLogprobs(c, ev)) {
+        spdlog::error(
+            "{} req={}: the worker's prompt logprobs ({} entries, {} x {} top) do not "
+            "fit the prompt's {} tokens",
+            id_, ev.request_id, ev.prompt_logprobs.size(), ev.prompt_top.size(), ev.prompt_top_n,
+            prompt_ids_.size());
+        Abort(ApiError(500, "the worker's prompt logprobs do not match the prompt", "server_error",
+                       "", ""));
+        return;
+      }
+      if (stream_) Send(Chunk(i, echo_, nullptr, true));
+    }
     if (ev.token_id >= 0) {
       c.last_token = Clock::now();
       if (c.tokens == 0) {
@@ -271,6 +292,27 @@ class CompletionState {
             {"model", model}};
   }
 
+  // Choice c's first event: the prompt's entries lead its logprobs. False when the event's do
+  // not fit the prompt (one per token after the first, top_n pairs each).
+  bool TakePromptLogprobs(Choice& c, const TokenEvent& ev) {
+    c.echo_sent = true;
+    const size_t n = prompt_ids_.empty() ? 0 : prompt_ids_.size() - 1;
+    const size_t top_n = ev.prompt_top_n;
+    if (ev.prompt_logprobs.size() != n || ev.prompt_top.size() != n * top_n ||
+        top_n > static_cast<size_t>(std::max(logprobs_, 0))) {
+      return false;
+    }
+    if (prompt_ids_.empty()) return true;
+    c.probs.push_back({.id = prompt_ids_[0], .prompt = true, .first = true});
+    for (size_t k = 0; k < n; ++k) {
+      TokenLogprob t{.id = prompt_ids_[k + 1], .logprob = ev.prompt_logprobs[k], .prompt = true};
+      t.top.assign(ev.prompt_top.begin() + static_cast<ptrdiff_t>(k * top_n),
+                   ev.prompt_top.begin() + static_cast<ptrdiff_t>((k + 1) * top_n));
+      c.probs.push_back(std::move(t));
+    }
+    return true;
+  }
+
   std::string TokenText(int32_t id) const {
     return tokenizer_.Decode(std::span<const int32_t>(&id, 1), /*skip_special_tokens=*/false);
   }
@@ -302,15 +344,27 @@ class CompletionState {
       for (const TokenLogprob& t : c.probs) {
         const std::string text = ToValidUtf8(TokenText(t.id));
         tokens.push_back(text);
-        token_logprobs.push_back(t.logprob);
-        Json alternatives = Json::object();
-        for (const auto& [id, lp] : t.top) {
-          const std::string alt = ToValidUtf8(TokenText(id));
-          if (!alternatives.contains(alt)) alternatives[alt] = lp;
+        if (t.first) {
+          token_logprobs.push_back(nullptr);
+          top.push_back(nullptr);
+        } else {
+          token_logprobs.push_back(t.logprob);
+          Json alternatives = Json::object();
+          for (const auto& [id, lp] : t.top) {
+            const std::string alt = ToValidUtf8(TokenText(id));
+            if (!alternatives.contains(alt)) alternatives[alt] = lp;
+          }
+          top.push_back(std::move(alternatives));
         }
-        top.push_back(std::move(alternatives));
-        offsets.push_back(CodePoints(echo_) + c.text_chars);
-        c.text_chars += CodePoints(text);
+        // A prompt token's offset counts the prompt's token texts before it (as vLLM's, special
+        // tokens included); a generated token's starts after the echoed prompt.
+        if (t.prompt) {
+          offsets.push_back(c.prompt_chars);
+          c.prompt_chars += CodePoints(text);
+        } else {
+          offsets.push_back(CodePoints(echo_) + c.text_chars);
+          c.text_chars += CodePoints(text);
+        }
       }
       out = {{"tokens", std::move(tokens)},
              {"token_logprobs", std::move(token_logprobs)},
@@ -371,6 +425,8 @@ class CompletionState {
   bool done_ = false;  // Answered (or failed): later events are dropped.
   uint32_t prompt_tokens_ = 0;
   int32_t logprobs_ = -1;
+  bool prompt_logprobs_ = false;
+  std::vector<int32_t> prompt_ids_;  // With prompt_logprobs_.
   uint32_t min_tokens_ = 0;
   std::string echo_;
   Clock::time_point arrived_ = Clock::now();

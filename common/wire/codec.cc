@@ -89,7 +89,10 @@ size_t PayloadBytes(const Generate& m) {
   for (const auto& s : m.sampling.stop) bytes += s.size() + 8;
   return bytes;
 }
-size_t PayloadBytes(const TokenEvent& m) { return m.error.size() + 8 * m.top_logprobs.size(); }
+size_t PayloadBytes(const TokenEvent& m) {
+  return m.error.size() + 8 * (m.top_logprobs.size() + m.prompt_top.size()) +
+         4 * m.prompt_logprobs.size();
+}
 size_t PayloadBytes(const WorkerGoodbye& m) { return m.group.size() + m.reason.size(); }
 size_t PayloadBytes(const WorkerLoading& m) { return m.group.size(); }
 size_t PayloadBytes(const Register& m) { return m.group.size(); }
@@ -175,6 +178,7 @@ flatbuffers::Offset<fb::Generate> Build(Builder& fbb, const Generate& m) {
   sb.add_repetition_penalty(m.sampling.repetition_penalty);
   sb.add_min_p(m.sampling.min_p);
   sb.add_logprobs(m.sampling.logprobs);
+  sb.add_prompt_logprobs(m.sampling.prompt_logprobs);
   auto sampling = sb.Finish();
   fb::GenerateBuilder b(fbb);
   b.add_request_id(m.request_id);
@@ -192,6 +196,8 @@ flatbuffers::Offset<fb::Cancel> Build(Builder& fbb, const Cancel& m) {
 flatbuffers::Offset<fb::TokenEvent> Build(Builder& fbb, const TokenEvent& m) {
   auto error = OptString(fbb, m.error);
   const auto [top_ids, top_values] = SplitPairs(fbb, m.top_logprobs);
+  auto prompt_logprobs = OptVector(fbb, m.prompt_logprobs);
+  const auto [prompt_top_ids, prompt_top_values] = SplitPairs(fbb, m.prompt_top);
   fb::TokenEventBuilder b(fbb);
   b.add_request_id(m.request_id);
   b.add_token_id(m.token_id);
@@ -209,6 +215,10 @@ flatbuffers::Offset<fb::TokenEvent> Build(Builder& fbb, const TokenEvent& m) {
   b.add_logprob(m.logprob);
   b.add_top_logprob_ids(top_ids);
   b.add_top_logprob_values(top_values);
+  b.add_prompt_logprobs(prompt_logprobs);
+  b.add_prompt_top_n(m.prompt_top_n);
+  b.add_prompt_top_ids(prompt_top_ids);
+  b.add_prompt_top_values(prompt_top_values);
   return b.Finish();
 }
 
@@ -605,6 +615,7 @@ bool Read(const fb::Generate& t, const Checker& c, Generate* m) {
   s.repetition_penalty = sp->repetition_penalty();
   s.min_p = sp->min_p();
   s.logprobs = sp->logprobs();
+  s.prompt_logprobs = sp->prompt_logprobs();
   return c.Finite(s.presence_penalty, "Generate.sampling.presence_penalty") &&
          c.Finite(s.frequency_penalty, "Generate.sampling.frequency_penalty") &&
          c.Finite(s.repetition_penalty, "Generate.sampling.repetition_penalty") &&
@@ -635,10 +646,32 @@ bool Read(const fb::TokenEvent& t, const Checker& c, TokenEvent* m) {
   m->expert_host_us = t.expert_host_us();
   m->bytes_not_moved = t.bytes_not_moved();
   m->logprob = t.logprob();
-  return c.String(t.error(), "TokenEvent.error", &m->error) &&
-         c.Finite(m->logprob, "TokenEvent.logprob") &&
-         c.Pairs(t.top_logprob_ids(), t.top_logprob_values(), "TokenEvent.top_logprobs",
-                 kMaxLogprobs, &m->top_logprobs);
+  if (!c.String(t.error(), "TokenEvent.error", &m->error) ||
+      !c.Finite(m->logprob, "TokenEvent.logprob") ||
+      !c.Pairs(t.top_logprob_ids(), t.top_logprob_values(), "TokenEvent.top_logprobs", kMaxLogprobs,
+               &m->top_logprobs)) {
+    return false;
+  }
+  // The prompt's logprobs: one per prompt token after the first, prompt_top_n pairs each.
+  m->prompt_top_n = t.prompt_top_n();
+  if (!c.AtMost(m->prompt_top_n, kMaxLogprobs, "TokenEvent.prompt_top_n")) return false;
+  const size_t n = t.prompt_logprobs() != nullptr ? t.prompt_logprobs()->size() : 0;
+  if (!c.AtMost(n, c.limits().max_token_ids, "TokenEvent.prompt_logprobs")) return false;
+  m->prompt_logprobs.resize(n);
+  for (flatbuffers::uoffset_t i = 0; i < n; ++i) {
+    m->prompt_logprobs[i] = t.prompt_logprobs()->Get(i);
+    if (!c.Finite(m->prompt_logprobs[i], "TokenEvent.prompt_logprobs[]")) return false;
+  }
+  if (!c.Pairs(t.prompt_top_ids(), t.prompt_top_values(), "TokenEvent.prompt_top",
+               n * m->prompt_top_n, &m->prompt_top)) {
+    return false;
+  }
+  if (m->prompt_top.size() != n * m->prompt_top_n) {
+    return c.OutOfRange("TokenEvent.prompt_top: " + std::to_string(m->prompt_top.size()) +
+                        " pairs for " + std::to_string(n) + " entries of " +
+                        std::to_string(m->prompt_top_n));
+  }
+  return true;
 }
 
 bool Read(const fb::WorkerGoodbye& t, const Checker& c, WorkerGoodbye* m) {

@@ -86,6 +86,10 @@ struct SamplingParams {
   // -1: no logprobs. N >= 0: every event carries the drawn token's log-probability and the N
   // likeliest tokens' (N <= 20), from the model's raw logits (log_softmax, as vLLM reports).
   int32_t logprobs = -1;
+  // With logprobs >= 0: the first event also carries the prompt's logprobs (completions' echo):
+  // for each prompt token after the first, its log-probability given the tokens before it and
+  // the `logprobs` likeliest tokens' there.
+  bool prompt_logprobs = false;
 };
 inline constexpr int32_t kMaxLogprobs = 20;  // SamplingParams.logprobs at most.
 
@@ -123,6 +127,12 @@ struct TokenEvent {
   // the top sampling.logprobs (id, log-probability), likeliest first.
   float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top_logprobs{};
+  // With sampling.prompt_logprobs, on the request's first event only: prompt token i + 1's
+  // log-probability (i = 0 .. prompt length - 2), and prompt_top_n (id, log-probability) pairs
+  // per entry, likeliest first, in prompt_top[i * prompt_top_n ..].
+  std::vector<float> prompt_logprobs{};
+  uint32_t prompt_top_n = 0;
+  std::vector<std::pair<int32_t, float>> prompt_top{};
 };
 
 // Leader -> router, once, when the group is dead (a rank failed a collective) and the leader is

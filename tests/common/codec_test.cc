@@ -149,7 +149,8 @@ TEST(Codec, RoundTripGenerate) {
                            .frequency_penalty = -1.25f,
                            .repetition_penalty = 1.1f,
                            .min_p = 0.05f,
-                           .logprobs = 5}};
+                           .logprobs = 5,
+                           .prompt_logprobs = true}};
   auto out = RoundTripAs<Generate, WorkerMessage>(in);
   EXPECT_EQ(out.request_id, in.request_id);
   EXPECT_EQ(out.token_ids, in.token_ids);
@@ -168,6 +169,7 @@ TEST(Codec, RoundTripGenerate) {
   EXPECT_EQ(out.sampling.repetition_penalty, in.sampling.repetition_penalty);
   EXPECT_EQ(out.sampling.min_p, in.sampling.min_p);
   EXPECT_EQ(out.sampling.logprobs, in.sampling.logprobs);
+  EXPECT_TRUE(out.sampling.prompt_logprobs);
   // Values that happen to be the wire defaults are not lost either (logprobs 0 = the drawn
   // token only, repetition_penalty 1 written or not).
   in.sampling.logprobs = 0;
@@ -193,6 +195,7 @@ TEST(Codec, RoundTripGenerateDefaults) {
   EXPECT_EQ(out.sampling.repetition_penalty, neutral.repetition_penalty);
   EXPECT_EQ(out.sampling.min_p, neutral.min_p);
   EXPECT_EQ(out.sampling.logprobs, neutral.logprobs);
+  EXPECT_EQ(out.sampling.prompt_logprobs, neutral.prompt_logprobs);
 }
 
 TEST(Codec, RoundTripCancel) {
@@ -201,21 +204,25 @@ TEST(Codec, RoundTripCancel) {
 }
 
 TEST(Codec, RoundTripTokenEvent) {
-  TokenEvent in{.request_id = 5,
-                .token_id = 151643,
-                .index = 17,
-                .finish = FinishReason::kError,
-                .error = "CUDA out of memory",
-                .queue_us = 11,
-                .token_us = 22,
-                .expert_hits = 33,
-                .expert_misses = 44,
-                .bytes_moved = 1ull << 33,
-                .expert_host_runs = 55,
-                .expert_host_us = 66,
-                .bytes_not_moved = 1ull << 34,
-                .logprob = -0.75f,
-                .top_logprobs = {{151643, -0.75f}, {7, -1.5f}, {0, -9999.0f}}};
+  TokenEvent in{
+      .request_id = 5,
+      .token_id = 151643,
+      .index = 17,
+      .finish = FinishReason::kError,
+      .error = "CUDA out of memory",
+      .queue_us = 11,
+      .token_us = 22,
+      .expert_hits = 33,
+      .expert_misses = 44,
+      .bytes_moved = 1ull << 33,
+      .expert_host_runs = 55,
+      .expert_host_us = 66,
+      .bytes_not_moved = 1ull << 34,
+      .logprob = -0.75f,
+      .top_logprobs = {{151643, -0.75f}, {7, -1.5f}, {0, -9999.0f}},
+      .prompt_logprobs = {-2.5f, -0.125f, -30.0f},
+      .prompt_top_n = 2,
+      .prompt_top = {{9, -1.0f}, {4, -2.0f}, {7, -0.125f}, {9, -3.0f}, {1, -0.5f}, {2, -0.75f}}};
   auto out = RoundTripAs<TokenEvent, WorkerMessage>(in);
   EXPECT_EQ(out.request_id, in.request_id);
   EXPECT_EQ(out.token_id, in.token_id);
@@ -232,10 +239,15 @@ TEST(Codec, RoundTripTokenEvent) {
   EXPECT_EQ(out.bytes_not_moved, in.bytes_not_moved);
   EXPECT_EQ(out.logprob, in.logprob);
   EXPECT_EQ(out.top_logprobs, in.top_logprobs);
+  EXPECT_EQ(out.prompt_logprobs, in.prompt_logprobs);
+  EXPECT_EQ(out.prompt_top_n, in.prompt_top_n);
+  EXPECT_EQ(out.prompt_top, in.prompt_top);
   const TokenEvent defaults = RoundTripAs<TokenEvent, WorkerMessage>({});
   EXPECT_EQ(defaults.token_id, -1);
   EXPECT_EQ(defaults.logprob, 0.0f);
   EXPECT_TRUE(defaults.top_logprobs.empty());
+  EXPECT_TRUE(defaults.prompt_logprobs.empty());
+  EXPECT_EQ(defaults.prompt_top_n, 0u);
   // The most a request may ask for.
   in.top_logprobs.assign(kMaxLogprobs, {3, -2.0f});
   EXPECT_EQ((RoundTripAs<TokenEvent, WorkerMessage>(in).top_logprobs.size()),
@@ -739,6 +751,25 @@ TEST(CodecReject, LogprobsAndSamplingFloats) {
   ev.logprob = nan;
   EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(ev))).detail,
             "TokenEvent.logprob: nan is not finite");
+  ev.logprob = 0.0f;
+  // The prompt's logprobs: finite, prompt_top_n pairs per entry, at most kMaxLogprobs each.
+  ev.prompt_logprobs = {-1.0f, nan};
+  EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(ev))).detail,
+            "TokenEvent.prompt_logprobs[]: nan is not finite");
+  ev.prompt_logprobs = {-1.0f, -2.0f};
+  ev.prompt_top_n = 1;
+  ev.prompt_top = {{3, -1.0f}};
+  EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(ev))).detail,
+            "TokenEvent.prompt_top: 1 pairs for 2 entries of 1");
+  ev.prompt_top = {{3, -1.0f}, {4, -1.0f}, {5, -1.0f}};
+  EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(ev))).detail,
+            "TokenEvent.prompt_top: 3 entries > limit 2");
+  ev.prompt_top_n = kMaxLogprobs + 1;
+  EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(ev))).detail,
+            "TokenEvent.prompt_top_n: 21 > limit 20");
+  ev.prompt_logprobs.clear();
+  ev.prompt_top.clear();
+  ev.prompt_top_n = 0;
 
   Generate g;
   g.token_ids = {1};

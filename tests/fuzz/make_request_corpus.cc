@@ -1,13 +1,13 @@
-// Writes the seed corpus of request_fuzz: /v1/completions bodies, one file each, into the
-// directory named on the command line. Valid ones (string, one-string-array and token-id
-// prompts, stream with stream_options, stop as a string and an array, seed, temperature, top_p
-// (one below float's range too), top_k, n, logprobs, echo, the logits processing parameters,
-// the unsupported parameters at their neutral values, Unicode and special tokens in the
-// prompt) and invalid ones (missing and wrong model, n=17, best_of, echo with logprobs, each
-// processing parameter out of range, bad JSON, huge max_tokens, nested and mixed prompt arrays, ids
-// outside the vocabulary, invalid UTF-8, lone surrogates, deep nesting, values out of range). Each
-// seed is parsed first, as request_fuzz does, and must end as listed (accepted, or refused with
-// that status and error code); exits 1 if one does not. Usage: make_request_corpus DIR
+// Writes the seed corpus of request_fuzz: /v1/completions bodies, one file each, into the directory
+// named on the command line. Valid ones (string, one-string-array and token-id prompts, stream with
+// stream_options, stop as a string and an array, seed, temperature, top_p (one below float's range
+// too), top_k, n, logprobs, echo (with logprobs too), the logits processing parameters, the
+// unsupported parameters at their neutral values, Unicode and special tokens in the prompt) and
+// invalid ones (missing and wrong model, n=17, best_of, each processing parameter out of range, bad
+// JSON, huge max_tokens, nested and mixed prompt arrays, ids outside the vocabulary, invalid UTF-8,
+// lone surrogates, deep nesting, values out of range). Each seed is parsed first, as request_fuzz
+// does, and must end as listed (accepted, or refused with that status and error code); exits 1 if
+// one does not. Usage: make_request_corpus DIR
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -78,6 +78,8 @@ std::vector<Seed> Seeds() {
                               R"("repetition_penalty":1.2,"min_tokens":2,"ignore_eos":true,)"
                               R"("stop_token_ids":[2,13],"max_tokens":8})"),
       Ok("ok-echo", "{" + m + R"("prompt":[1,300,301],"echo":true,"max_tokens":2})"),
+      Ok("ok-echo-logprobs",
+         "{" + m + R"("prompt":[1,300,301],"echo":true,"logprobs":2,"max_tokens":1})"),
       // Rounds to 0 as a float; the parser keeps the smallest positive float.
       Ok("ok-top-p-tiny", "{" + m + R"("prompt":"x","top_p":1e-50})"),
       Ok("ok-special-tokens", "{" + m + R"("prompt":"<s>User: hi</s>\n<pad><unk>"})"),
@@ -88,8 +90,6 @@ std::vector<Seed> Seeds() {
       {"err-missing-prompt", "{" + m + R"("max_tokens":4})", 400, "missing_required"},
       {"err-n-17", "{" + m + R"("prompt":"hi","n":17})", 400, "invalid_value"},
       {"err-best-of", "{" + m + R"("prompt":"hi","best_of":2})", 400, "unsupported_parameter"},
-      {"err-echo-logprobs", "{" + m + R"("prompt":"hi","echo":true,"logprobs":1})", 400,
-       "unsupported_parameter"},
       {"err-logprobs-21", "{" + m + R"("prompt":"hi","logprobs":21})", 400, "invalid_value"},
       {"err-logit-bias-id", "{" + m + R"("prompt":"hi","logit_bias":{"4096":1}})", 400,
        "invalid_value"},

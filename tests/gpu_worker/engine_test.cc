@@ -2,8 +2,11 @@
 // batching, batch invariance of tokens, cancellation, stop conditions and bad requests.
 #include "gpu_worker/engine.h"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -70,6 +73,11 @@ struct Outcome {
   FinishReason finish = FinishReason::kNone;
   std::string error;
   int events = 0;
+  // The prompt's logprobs, and the index of the event that carried them (-1: none did).
+  std::vector<float> prompt_logprobs;
+  uint32_t prompt_top_n = 0;
+  std::vector<std::pair<int32_t, float>> prompt_top;
+  int prompt_event = -1;
 };
 
 class EngineHarness {
@@ -103,6 +111,13 @@ class EngineHarness {
   void OnEvent(const TokenEvent& ev) {
     if (ev.request_id == refuse_events_of) throw std::runtime_error("sink refused");
     Outcome& o = outcomes[ev.request_id];
+    if (!ev.prompt_logprobs.empty() || ev.prompt_top_n > 0) {
+      EXPECT_EQ(o.prompt_event, -1) << "prompt logprobs twice, req=" << ev.request_id;
+      o.prompt_event = o.events;
+      o.prompt_logprobs = ev.prompt_logprobs;
+      o.prompt_top_n = ev.prompt_top_n;
+      o.prompt_top = ev.prompt_top;
+    }
     ++o.events;
     EXPECT_EQ(o.finish, FinishReason::kNone) << "event after the final one, req=" << ev.request_id;
     if (ev.token_id >= 0) {
@@ -428,6 +443,64 @@ TEST(Engine, LogprobsAreReportedAndConsistent) {
     EXPECT_EQ(h.outcomes[3].logprobs[i], 0.0f);
     EXPECT_TRUE(h.outcomes[4].top_logprobs[i].empty());
     EXPECT_EQ(h.outcomes[4].logprobs[i], g.logprobs[i]);
+  }
+}
+
+// Completions' echo with logprobs: the first event carries each prompt token's log-probability
+// given the tokens before it (and the top N there), which are log_softmax of the logits a
+// prefill gives for every prompt row; asking for them changes no generated token.
+TEST(Engine, PromptLogprobsComeWithTheFirstEventAndMatchTheLogits) {
+  const std::vector<int32_t> prompt = Encode(kPrompts[3]);
+  ASSERT_GT(prompt.size(), 10u);
+  EngineHarness h(3);
+  SamplingParams with = Greedy(4);
+  with.logprobs = 3;
+  with.prompt_logprobs = true;
+  h.Submit(1, prompt, with);
+  h.Submit(2, prompt, Greedy(4));
+  SamplingParams token_only = with;
+  token_only.logprobs = 0;
+  h.Submit(3, prompt, token_only);
+  h.Submit(4, {prompt[0]}, with);  // One token: nothing to report but the empty list.
+  h.RunToEnd();
+  const Outcome& o = h.outcomes[1];
+  EXPECT_EQ(o.tokens, h.outcomes[2].tokens);
+  EXPECT_EQ(o.prompt_event, 0);
+  EXPECT_EQ(h.outcomes[2].prompt_event, -1);
+  ASSERT_EQ(o.prompt_logprobs.size(), prompt.size() - 1);
+  ASSERT_EQ(o.prompt_top_n, 3u);
+  ASSERT_EQ(o.prompt_top.size(), 3 * (prompt.size() - 1));
+  EXPECT_EQ(h.outcomes[3].prompt_top_n, 0u);
+  EXPECT_EQ(h.outcomes[3].prompt_logprobs, o.prompt_logprobs);
+  EXPECT_TRUE(h.outcomes[4].prompt_logprobs.empty());
+  EXPECT_EQ(h.outcomes[4].tokens.size(), 4u);
+
+  // The reference: every row's logits from one prefill, log_softmax in double.
+  auto kv = Fixture().model->NewKvCache();
+  SequenceInput in;
+  in.tokens = prompt;
+  in.kv = kv.get();
+  in.all_logits = true;
+  ForwardResult ref;
+  ASSERT_TRUE(Fixture().model->Forward({&in, 1}, Experts(), nullptr, &ref).ok());
+  const size_t vocab = Fixture().model->info().vocab_size;
+  ASSERT_EQ(ref.logits[0].size(), prompt.size() * vocab);
+  for (size_t r = 0; r + 1 < prompt.size(); ++r) {
+    std::span<const float> row(ref.logits[0].data() + r * vocab, vocab);
+    double max = row[0], sum = 0.0;
+    for (float l : row) max = std::max<double>(max, l);
+    for (float l : row) sum += std::exp(l - max);
+    const double log_total = max + std::log(sum);
+    EXPECT_NEAR(o.prompt_logprobs[r], row[static_cast<size_t>(prompt[r + 1])] - log_total, 1e-4)
+        << r;
+    std::vector<int32_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + 3, order.end(),
+                      [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(o.prompt_top[r * 3 + k].first, order[k]) << r << " " << k;
+      EXPECT_NEAR(o.prompt_top[r * 3 + k].second, row[order[k]] - log_total, 1e-4) << r;
+    }
   }
 }
 

@@ -235,8 +235,6 @@ TEST_F(RouterTest, BadRequestsGetTheirStatusAndError) {
       {"POST", "/v1/completions", with({{"n", 0}}), 400, "invalid_value", "n"},
       {"POST", "/v1/completions", with({{"best_of", 3}}), 400, "unsupported_parameter", "best_of"},
       {"POST", "/v1/completions", with({{"logprobs", 21}}), 400, "invalid_value", "logprobs"},
-      {"POST", "/v1/completions", with({{"logprobs", 1}, {"echo", true}}), 400,
-       "unsupported_parameter", "echo"},
       {"POST", "/v1/completions", with({{"suffix", "end"}}), 400, "unsupported_parameter",
        "suffix"},
       {"POST", "/v1/completions", with({{"presence_penalty", 2.5}}), 400, "invalid_value",

@@ -7,6 +7,7 @@
 // error text from the worker that is not UTF-8 must not break the error answer either.
 #include "router/completions.h"
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -72,6 +73,23 @@ class Recorder final : public HttpResponder {
 
 const std::string kFffd = "\xEF\xBF\xBD";
 
+// The payloads of a stream's "data: " events, in order.
+std::vector<std::string> DataEvents(const std::string& sse) {
+  std::vector<std::string> events;
+  for (size_t at = 0; (at = sse.find("data: ", at)) != std::string::npos;) {
+    const size_t end = sse.find("\n\n", at);
+    if (end == std::string::npos) break;
+    events.push_back(sse.substr(at + 6, end - at - 6));
+    at = end;
+  }
+  return events;
+}
+
+size_t CodePoints(const std::string& s) {
+  return static_cast<size_t>(
+      std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
 class CompletionsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -126,6 +144,18 @@ class CompletionsTest : public ::testing::Test {
             ev.top_logprobs.emplace_back(ByteToken(static_cast<unsigned char>('a' + k)), -0.5f - k);
           }
         }
+        if (gen->sampling.prompt_logprobs && i == 0) {
+          // Prompt token k + 1 gets -1 - k/4, and the top ones 'a', 'b', ... below it.
+          const size_t n = gen->token_ids.size() - 1 + prompt_logprob_skew;
+          ev.prompt_top_n = static_cast<uint32_t>(gen->sampling.logprobs);
+          for (size_t k = 0; k < n; ++k) {
+            ev.prompt_logprobs.push_back(-1.0f - 0.25f * static_cast<float>(k));
+            for (uint32_t t = 0; t < ev.prompt_top_n; ++t) {
+              ev.prompt_top.emplace_back(ByteToken(static_cast<unsigned char>('a' + t)),
+                                         -0.125f - static_cast<float>(t));
+            }
+          }
+        }
         leader_->Send(ev);
       }
       leader_->Send(Token(gen->request_id, -1, FinishReason::kLength));
@@ -134,6 +164,7 @@ class CompletionsTest : public ::testing::Test {
     return rec;
   }
 
+  int prompt_logprob_skew = 0;  // Prompt logprob entries sent beyond (or short of) the prompt's.
   std::unique_ptr<Tokenizer> tokenizer_;
   std::optional<ChatTemplate> template_;
   Link link_;
@@ -241,6 +272,62 @@ TEST_F(CompletionsTest, LogprobTokensAndChoicesStayValidJson) {
   const Json& content = j["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), 4u);
   EXPECT_EQ(content[0]["bytes"], Json::array({0xE4})) << "the raw bytes let a client rebuild";
+}
+
+// echo with logprobs: the prompt's tokens lead the logprobs (the first with null), their offsets
+// count the prompt's token texts, the generated tokens' start after the echoed prompt; a stream
+// sends the echo with its logprobs once the first event brought them.
+TEST_F(CompletionsTest, EchoWithLogprobsLeadsWithThePromptsTokens) {
+  auto ids = tokenizer_->Encode("ab c", /*add_special_tokens=*/true);
+  ASSERT_TRUE(ids.ok());
+  const size_t t = ids->size();
+  ASSERT_GE(t, 3u);
+  Json body = {
+      {"model", "tiny"}, {"prompt", "ab c"}, {"max_tokens", 8}, {"logprobs", 2}, {"echo", true}};
+  auto rec = Run("/v1/completions", body, {'x', 'y'});
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  Json j = Json::parse(rec->body());
+  const Json& choice = j["choices"][0];
+  EXPECT_EQ(choice["text"], "ab cxy");
+  const Json& lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), t + 2);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  size_t chars = 0;
+  for (size_t k = 0; k < t; ++k) {
+    EXPECT_EQ(lp["tokens"][k],
+              ToValidUtf8(tokenizer_->Decode(std::span<const int32_t>(&(*ids)[k], 1), false)));
+    EXPECT_EQ(lp["text_offset"][k], chars) << k;
+    chars += CodePoints(lp["tokens"][k].get<std::string>());
+    if (k == 0) continue;
+    EXPECT_FLOAT_EQ(lp["token_logprobs"][k].get<float>(), -1.0f - 0.25f * (k - 1)) << k;
+    EXPECT_EQ(lp["top_logprobs"][k].size(), 2u);
+    EXPECT_FLOAT_EQ(lp["top_logprobs"][k]["a"].get<float>(), -0.125f);
+  }
+  EXPECT_EQ(lp["tokens"][t], "x");
+  EXPECT_EQ(lp["token_logprobs"][t], -0.5);
+  EXPECT_EQ(lp["text_offset"][t], 4) << "after the echoed \"ab c\"";
+  EXPECT_EQ(lp["text_offset"][t + 1], 5);
+
+  body["stream"] = true;
+  rec = Run("/v1/completions", body, {'x', 'y'});
+  ASSERT_EQ(rec->status(), 200);
+  std::vector<Json> events;
+  for (const std::string& e : DataEvents(rec->body())) {
+    if (e != "[DONE]") events.push_back(Json::parse(e));
+  }
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events[0]["choices"][0]["text"], "ab c");
+  EXPECT_EQ(events[0]["choices"][0]["logprobs"]["tokens"].size(), t);
+  EXPECT_EQ(events[1]["choices"][0]["text"], "x");
+  EXPECT_EQ(events[1]["choices"][0]["logprobs"]["tokens"], Json::array({"x"}));
+
+  // A worker whose prompt logprobs do not fit the prompt gets a 500, not a wrong answer.
+  body.erase("stream");
+  prompt_logprob_skew = 1;
+  rec = Run("/v1/completions", body, {'x'});
+  EXPECT_EQ(rec->status(), 500) << rec->body();
+  EXPECT_NE(rec->body().find("prompt logprobs do not match"), std::string::npos) << rec->body();
 }
 
 TEST_F(CompletionsTest, AWorkerErrorThatIsNotUtf8StillAnswersValidJson) {
