@@ -156,6 +156,18 @@ bool ReadLogitBias(const Json& j, uint32_t vocab, SamplingParams* sampling, Http
   return true;
 }
 
+// A prompt given as token ids: a non-empty array of integers, or one such array alone in an
+// array (a batch of one, as lm-eval sends). Null otherwise.
+const Json* TokenIdArray(const Json& prompt) {
+  if (!prompt.is_array() || prompt.empty()) return nullptr;
+  const Json* ids = prompt.size() == 1 && prompt[0].is_array() ? &prompt[0] : &prompt;
+  if (ids->empty() ||
+      !std::all_of(ids->begin(), ids->end(), [](const Json& x) { return x.is_number_integer(); })) {
+    return nullptr;
+  }
+  return ids;
+}
+
 }  // namespace
 
 std::string JsonText(const Json& j) {
@@ -313,10 +325,8 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
       if (!encode(prompt->get<std::string>())) return failed();
     } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
       if (!encode((*prompt)[0].get<std::string>())) return failed();
-    } else if (prompt->is_array() && !prompt->empty() &&
-               std::all_of(prompt->begin(), prompt->end(),
-                           [](const Json& x) { return x.is_number_integer(); })) {
-      for (const Json& x : *prompt) {
+    } else if (const Json* id_list = TokenIdArray(*prompt); id_list != nullptr) {
+      for (const Json& x : *id_list) {
         const int64_t id = x.get<int64_t>();
         if (id < 0 || id >= static_cast<int64_t>(vocab)) {
           return fail(BadParam("prompt", "prompt token " + std::to_string(id) +

@@ -50,6 +50,7 @@ std::vector<Seed> Seeds() {
       // Accepted.
       Ok("ok-string-prompt", "{" + m + R"("prompt":"Hello, world","max_tokens":8})"),
       Ok("ok-token-ids", "{" + m + R"("prompt":[1,15,200,4095],"max_tokens":4})"),
+      Ok("ok-token-ids-in-array", "{" + m + R"("prompt":[[1,15,200]],"max_tokens":4})"),
       Ok("ok-one-string-array", "{" + m + R"("prompt":["Once upon a time"]})"),
       Ok("ok-stream-usage", "{" + m +
                                 R"("prompt":"Count: 1, 2,","stream":true,)"

@@ -176,6 +176,12 @@ TEST_F(RouterTest, TokenIdPromptsAndStopStrings) {
   Reply ids = Post(http_, Completion({{"prompt", {1, 200, 300, 400}}}));
   ASSERT_EQ(ids.status, 200) << ids.body;
   EXPECT_EQ(Json::parse(ids.body)["usage"]["prompt_tokens"], 4);
+  // The same ids as the one prompt of a batch (what lm-eval sends): the same answer.
+  Reply one_of_batch =
+      Post(http_, Completion({{"prompt", Json::array({Json::array({1, 200, 300, 400})})}}));
+  ASSERT_EQ(one_of_batch.status, 200) << one_of_batch.body;
+  EXPECT_EQ(Json::parse(one_of_batch.body)["choices"][0]["text"],
+            Json::parse(ids.body)["choices"][0]["text"]);
 
   Reply whole = Post(http_, Completion({{"max_tokens", 16}}));
   const std::string text = Json::parse(whole.body)["choices"][0]["text"];
@@ -213,6 +219,8 @@ TEST_F(RouterTest, BadRequestsGetTheirStatusAndError) {
       {"POST", "/v1/completions", with({{"prompt", 5}}), 400, "invalid_value", "prompt"},
       {"POST", "/v1/completions", with({{"prompt", {"a", "b"}}}), 400, "unsupported_parameter",
        "prompt"},
+      {"POST", "/v1/completions", with({{"prompt", Json::array({Json::array()})}}), 400,
+       "invalid_value", "prompt"},
       {"POST", "/v1/completions", with({{"prompt", {1, 999999}}}), 400, "invalid_value", "prompt"},
       {"POST", "/v1/completions", with({{"prompt", Json::array()}}), 400, "invalid_value",
        "prompt"},
