@@ -305,48 +305,71 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
     }
     auto ids = TokenizeChat(*messages, options, tokenizer, /*add_generation_prompt=*/true, error);
     if (!ids.ok()) return failed();
-    out.prompt_ids = std::move(*ids);
+    out.prompts.push_back({std::move(*ids), ""});
   } else {
     auto prompt = j.find("prompt");
     if (prompt == j.end() || prompt->is_null()) {
       return fail(BadParam("prompt", "you must provide a prompt", "missing_required"));
     }
-    auto encode = [&](const std::string& text) -> bool {
-      auto ids = tokenizer.Encode(text, /*add_special_tokens=*/true);
-      if (!ids.ok()) {
-        *error = BadParam("prompt", "the prompt cannot be tokenized: " + ids.status().message());
-        return false;
+    // One prompt: a string or an array of ids. A batch: an array of those (not mixed).
+    std::vector<const Json*> items;
+    if (prompt->is_string() || TokenIdArray(*prompt) != nullptr) {
+      items.push_back(&*prompt);
+    } else if (prompt->is_array() && !prompt->empty() &&
+               (std::all_of(prompt->begin(), prompt->end(),
+                            [](const Json& x) { return x.is_string(); }) ||
+                std::all_of(prompt->begin(), prompt->end(),
+                            [](const Json& x) { return x.is_array(); }))) {
+      if (prompt->size() > kMaxPrompts) {
+        return fail(BadParam("prompt", "a batch may hold at most " + std::to_string(kMaxPrompts) +
+                                           " prompts, not " + std::to_string(prompt->size())));
       }
-      out.prompt_ids = std::move(*ids);
-      out.prompt_text = text;
-      return true;
-    };
-    if (prompt->is_string()) {
-      if (!encode(prompt->get<std::string>())) return failed();
-    } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
-      if (!encode((*prompt)[0].get<std::string>())) return failed();
-    } else if (const Json* id_list = TokenIdArray(*prompt); id_list != nullptr) {
+      for (const Json& x : *prompt) items.push_back(&x);
+    } else {
+      return fail(BadParam("prompt",
+                           "'prompt' must be a string, an array of token ids, or an array of "
+                           "either (not mixed)"));
+    }
+    for (size_t p = 0; p < items.size(); ++p) {
+      const Json& item = *items[p];
+      const std::string which =
+          items.size() == 1 ? std::string("the prompt") : "prompt " + std::to_string(p);
+      PromptInput& in = out.prompts.emplace_back();
+      if (item.is_string()) {
+        auto ids = tokenizer.Encode(item.get<std::string>(), /*add_special_tokens=*/true);
+        if (!ids.ok()) {
+          return fail(
+              BadParam("prompt", which + " cannot be tokenized: " + ids.status().message()));
+        }
+        in.ids = std::move(*ids);
+        in.text = item.get<std::string>();
+        continue;
+      }
+      const Json* id_list = item.is_array() ? TokenIdArray(item) : nullptr;
+      if (id_list == nullptr || (item.size() == 1 && item[0].is_array() && items.size() > 1)) {
+        return fail(BadParam("prompt", which + " must be a string or an array of token ids"));
+      }
       for (const Json& x : *id_list) {
         const int64_t id = x.get<int64_t>();
         if (id < 0 || id >= static_cast<int64_t>(vocab)) {
-          return fail(BadParam("prompt", "prompt token " + std::to_string(id) +
+          return fail(BadParam("prompt", which + ": token " + std::to_string(id) +
                                              " is not in the vocabulary of " +
                                              std::to_string(vocab)));
         }
-        out.prompt_ids.push_back(static_cast<int32_t>(id));
+        in.ids.push_back(static_cast<int32_t>(id));
       }
-      out.prompt_text = ToValidUtf8(tokenizer.Decode(out.prompt_ids, false));
-    } else if (prompt->is_array() && prompt->size() > 1) {
-      return fail(BadParam("prompt",
-                           "batched prompts are not supported: send one prompt per request "
-                           "(or use 'n' for several completions of one prompt)",
-                           "unsupported_parameter"));
-    } else {
-      return fail(BadParam("prompt", "'prompt' must be a string or an array of token ids"));
+      in.text = ToValidUtf8(tokenizer.Decode(in.ids, false));
     }
   }
-  if (out.prompt_ids.empty()) return fail(BadParam("prompt", "the prompt is empty"));
-  const uint64_t prompt_len = out.prompt_ids.size();
+  uint64_t prompt_len = 0;  // The longest prompt's: the context checks below are its.
+  for (size_t p = 0; p < out.prompts.size(); ++p) {
+    if (out.prompts[p].ids.empty()) {
+      return fail(BadParam("prompt", (out.prompts.size() == 1 ? std::string("the prompt")
+                                                              : "prompt " + std::to_string(p)) +
+                                         " is empty"));
+    }
+    prompt_len = std::max<uint64_t>(prompt_len, out.prompts[p].ids.size());
+  }
   auto context_error = [&](uint64_t completion) {
     return ApiError(400,
                     "this model's maximum context length is " +
@@ -418,6 +441,12 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
   uint64_t count = 1;
   if (!ReadCount(j, "n", 1, kMaxChoices, 1, &count, error)) return failed();
   out.n = static_cast<uint32_t>(count);
+  if (out.prompts.size() * count > kMaxPrompts) {
+    return fail(BadParam("n", std::to_string(out.prompts.size()) + " prompts with 'n' " +
+                                  std::to_string(count) + " make " +
+                                  std::to_string(out.prompts.size() * count) +
+                                  " choices; at most " + std::to_string(kMaxPrompts)));
+  }
   // ignore_eos, min_tokens, stop_token_ids
   if (!ReadBool(j, "ignore_eos", &s.ignore_eos, error)) return failed();
   if (!ReadCount(j, "min_tokens", 0, max_new, 0, &count, error)) {
@@ -467,15 +496,17 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
       // under the worker channel's frame limit with room to spare.
       const uint64_t per_token = 4 + 8 * static_cast<uint64_t>(s.logprobs);
       const uint64_t most = kMaxPromptLogprobBytes / per_token;
-      if (out.prompt_ids.size() > most) {
-        return fail(BadParam("echo", "the prompt's " + std::to_string(out.prompt_ids.size()) +
+      if (prompt_len > most) {
+        return fail(BadParam("echo", "the prompt's " + std::to_string(prompt_len) +
                                          " tokens are too many for their logprobs (at most " +
                                          std::to_string(most) + " with 'logprobs' " +
                                          std::to_string(s.logprobs) + ")"));
       }
       s.prompt_logprobs = true;
     }
-    if (!out.echo) out.prompt_text.clear();
+    if (!out.echo) {
+      for (PromptInput& p : out.prompts) p.text.clear();
+    }
   }
   // stop
   if (auto st = j.find("stop"); st != j.end() && !st->is_null()) {

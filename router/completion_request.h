@@ -34,20 +34,26 @@ struct CompletionsOptions {
 enum class RequestKind { kText, kChat };
 
 inline constexpr uint32_t kMaxChoices = 16;   // n
+inline constexpr size_t kMaxPrompts = 64;     // Completions' batch of prompts; also prompts x n.
 inline constexpr size_t kMaxLogitBias = 300;  // logit_bias entries
 // echo with logprobs: the prompt's logprobs' bytes in their one event (the frame limit is 8 MiB).
 inline constexpr uint64_t kMaxPromptLogprobBytes = 6u << 20;
 
 // A validated completion request.
+struct PromptInput {
+  std::vector<int32_t> ids;
+  std::string text;  // With echo: the prompt as text.
+};
+
 struct CompletionRequest {
   RequestKind kind = RequestKind::kText;
-  std::vector<int32_t> prompt_ids;
-  SamplingParams sampling;  // sampling.seed: choice i draws with seed + i.
+  // One prompt; completions may send a batch (prompt p's choices are p * n .. p * n + n - 1).
+  std::vector<PromptInput> prompts;
+  SamplingParams sampling;  // sampling.seed: choice c of each prompt draws with seed + c.
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  uint32_t n = 1;              // Independent choices.
+  uint32_t n = 1;              // Independent choices per prompt.
   bool echo = false;           // Completions: the prompt's text starts each choice's text.
-  std::string prompt_text;     // With echo: the prompt as text.
 };
 
 // Parses a body of `kind`. On error, *error holds the HTTP answer.

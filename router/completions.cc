@@ -54,6 +54,7 @@ struct Choice {
   size_t text_chars = 0;            // Code points of the logprob tokens so far (text_offset).
   size_t prompt_chars = 0;          // The same over the prompt's tokens (echo with logprobs).
   bool echo_sent = false;           // Echo with logprobs: the prompt's entries were taken.
+  size_t prompt = 0;                // The request's prompt this choice completes.
   bool role_sent = false;           // Chat streams: the first delta carries the role.
   double queue_ms = 0.0;
   Clock::time_point first_token{}, last_token{};
@@ -70,15 +71,19 @@ class CompletionState {
     id_ = (chat_ ? "chatcmpl-" : "cmpl-") + FingerprintHex(RandomId());
     stream_ = request.stream;
     include_usage_ = request.include_usage;
-    prompt_tokens_ = static_cast<uint32_t>(request.prompt_ids.size());
+    for (const PromptInput& p : request.prompts) {
+      prompt_tokens_ += static_cast<uint32_t>(p.ids.size());
+    }
+    prompts_ = request.prompts;  // Their text only with echo.
     logprobs_ = request.sampling.logprobs;
     prompt_logprobs_ = request.sampling.prompt_logprobs;
-    if (prompt_logprobs_) prompt_ids_ = request.prompt_ids;
     min_tokens_ = request.sampling.min_tokens;
-    echo_ = request.prompt_text;
     created_ = UnixSeconds();
-    for (uint32_t i = 0; i < request.n; ++i) {
-      choices_.push_back(std::make_unique<Choice>(tokenizer, request.sampling.stop));
+    for (size_t p = 0; p < request.prompts.size(); ++p) {
+      for (uint32_t c = 0; c < request.n; ++c) {
+        choices_.push_back(std::make_unique<Choice>(tokenizer, request.sampling.stop));
+        choices_.back()->prompt = p;
+      }
     }
   }
 
@@ -98,8 +103,11 @@ class CompletionState {
     Count(200);
     responder->BeginStream(200, "text/event-stream");
     // With the prompt's logprobs, each choice's echo waits for its first event, which has them.
-    if (echo_.empty() || prompt_logprobs_) return;
-    for (size_t i = 0; i < choices_.size(); ++i) Send(Chunk(i, echo_, nullptr, false));
+    if (prompt_logprobs_) return;
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      const std::string& echo = Echo(*choices_[i]);
+      if (!echo.empty()) Send(Chunk(i, echo, nullptr, false));
+    }
   }
 
   // Any thread: the client left. Every choice still running is cancelled.
@@ -162,12 +170,12 @@ class CompletionState {
             "{} req={}: the worker's prompt logprobs ({} entries, {} x {} top) do not "
             "fit the prompt's {} tokens",
             id_, ev.request_id, ev.prompt_logprobs.size(), ev.prompt_top.size(), ev.prompt_top_n,
-            prompt_ids_.size());
+            prompts_[c.prompt].ids.size());
         Abort(ApiError(500, "the worker's prompt logprobs do not match the prompt", "server_error",
                        "", ""));
         return;
       }
-      if (stream_) Send(Chunk(i, echo_, nullptr, true));
+      if (stream_) Send(Chunk(i, Echo(c), nullptr, true));
     }
     if (ev.token_id >= 0) {
       c.last_token = Clock::now();
@@ -240,7 +248,7 @@ class CompletionState {
     Json choices = Json::array();
     for (size_t i = 0; i < choices_.size(); ++i) {
       Choice& c = *choices_[i];
-      choices.push_back(ChoiceJson(i, echo_ + c.out, finish_[i], true));
+      choices.push_back(ChoiceJson(i, Echo(c) + c.out, finish_[i], true));
     }
     body["choices"] = std::move(choices);
     body["usage"] = Usage();
@@ -296,22 +304,25 @@ class CompletionState {
   // not fit the prompt (one per token after the first, top_n pairs each).
   bool TakePromptLogprobs(Choice& c, const TokenEvent& ev) {
     c.echo_sent = true;
-    const size_t n = prompt_ids_.empty() ? 0 : prompt_ids_.size() - 1;
+    const std::vector<int32_t>& prompt_ids = prompts_[c.prompt].ids;
+    const size_t n = prompt_ids.empty() ? 0 : prompt_ids.size() - 1;
     const size_t top_n = ev.prompt_top_n;
     if (ev.prompt_logprobs.size() != n || ev.prompt_top.size() != n * top_n ||
         top_n > static_cast<size_t>(std::max(logprobs_, 0))) {
       return false;
     }
-    if (prompt_ids_.empty()) return true;
-    c.probs.push_back({.id = prompt_ids_[0], .prompt = true, .first = true});
+    if (prompt_ids.empty()) return true;
+    c.probs.push_back({.id = prompt_ids[0], .prompt = true, .first = true});
     for (size_t k = 0; k < n; ++k) {
-      TokenLogprob t{.id = prompt_ids_[k + 1], .logprob = ev.prompt_logprobs[k], .prompt = true};
+      TokenLogprob t{.id = prompt_ids[k + 1], .logprob = ev.prompt_logprobs[k], .prompt = true};
       t.top.assign(ev.prompt_top.begin() + static_cast<ptrdiff_t>(k * top_n),
                    ev.prompt_top.begin() + static_cast<ptrdiff_t>((k + 1) * top_n));
       c.probs.push_back(std::move(t));
     }
     return true;
   }
+
+  const std::string& Echo(const Choice& c) const { return prompts_[c.prompt].text; }
 
   std::string TokenText(int32_t id) const {
     return tokenizer_.Decode(std::span<const int32_t>(&id, 1), /*skip_special_tokens=*/false);
@@ -362,7 +373,7 @@ class CompletionState {
           offsets.push_back(c.prompt_chars);
           c.prompt_chars += CodePoints(text);
         } else {
-          offsets.push_back(CodePoints(echo_) + c.text_chars);
+          offsets.push_back(CodePoints(Echo(c)) + c.text_chars);
           c.text_chars += CodePoints(text);
         }
       }
@@ -426,9 +437,8 @@ class CompletionState {
   uint32_t prompt_tokens_ = 0;
   int32_t logprobs_ = -1;
   bool prompt_logprobs_ = false;
-  std::vector<int32_t> prompt_ids_;  // With prompt_logprobs_.
   uint32_t min_tokens_ = 0;
-  std::string echo_;
+  std::vector<PromptInput> prompts_;  // The request's; their text is the echo (empty without).
   Clock::time_point arrived_ = Clock::now();
   std::vector<std::unique_ptr<Choice>> choices_;
   std::map<size_t, const char*> finish_;
@@ -468,9 +478,11 @@ void Completions::Run(RequestKind kind, const HttpRequest& request,
   auto& choices = state->choices();
   for (size_t i = 0; i < choices.size(); ++i) {
     Generate g;
-    g.token_ids = parsed->prompt_ids;
+    g.token_ids = parsed->prompts[choices[i]->prompt].ids;
     g.sampling = parsed->sampling;
-    g.sampling.seed = parsed->sampling.seed + i;  // Independent samples, reproducible.
+    // Independent samples, reproducible: choice c of each prompt draws with seed + c, as that
+    // prompt alone would.
+    g.sampling.seed = parsed->sampling.seed + i % parsed->n;
     auto id = link_.Submit(
         std::move(g), [state, i](const TokenEvent& ev) { state->OnEvent(i, ev); },
         options_.request_timeout_ms);

@@ -1,13 +1,13 @@
 // Writes the seed corpus of request_fuzz: /v1/completions bodies, one file each, into the directory
-// named on the command line. Valid ones (string, one-string-array and token-id prompts, stream with
-// stream_options, stop as a string and an array, seed, temperature, top_p (one below float's range
-// too), top_k, n, logprobs, echo (with logprobs too), the logits processing parameters, the
-// unsupported parameters at their neutral values, Unicode and special tokens in the prompt) and
-// invalid ones (missing and wrong model, n=17, best_of, each processing parameter out of range, bad
-// JSON, huge max_tokens, nested and mixed prompt arrays, ids outside the vocabulary, invalid UTF-8,
-// lone surrogates, deep nesting, values out of range). Each seed is parsed first, as request_fuzz
-// does, and must end as listed (accepted, or refused with that status and error code); exits 1 if
-// one does not. Usage: make_request_corpus DIR
+// named on the command line. Valid ones (string, one-string-array and token-id prompts, batches of
+// them, stream with stream_options, stop as a string and an array, seed, temperature, top_p (one
+// below float's range too), top_k, n, logprobs, echo (with logprobs too), the logits processing
+// parameters, the unsupported parameters at their neutral values, Unicode and special tokens in the
+// prompt) and invalid ones (missing and wrong model, n=17, best_of, each processing parameter out
+// of range, bad JSON, huge max_tokens, mixed and nested prompt batches, ids outside the vocabulary,
+// invalid UTF-8, lone surrogates, deep nesting, values out of range). Each seed is parsed first, as
+// request_fuzz does, and must end as listed (accepted, or refused with that status and error code);
+// exits 1 if one does not. Usage: make_request_corpus DIR
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +51,8 @@ std::vector<Seed> Seeds() {
       Ok("ok-string-prompt", "{" + m + R"("prompt":"Hello, world","max_tokens":8})"),
       Ok("ok-token-ids", "{" + m + R"("prompt":[1,15,200,4095],"max_tokens":4})"),
       Ok("ok-token-ids-in-array", "{" + m + R"("prompt":[[1,15,200]],"max_tokens":4})"),
+      Ok("ok-batch-of-ids", "{" + m + R"("prompt":[[1,2],[3]],"n":2,"echo":true})"),
+      Ok("ok-batch-of-strings", "{" + m + R"("prompt":["a","b c"],"logprobs":1,"echo":true})"),
       Ok("ok-one-string-array", "{" + m + R"("prompt":["Once upon a time"]})"),
       Ok("ok-stream-usage", "{" + m +
                                 R"("prompt":"Count: 1, 2,","stream":true,)"
@@ -111,8 +113,11 @@ std::vector<Seed> Seeds() {
        "context_length_exceeded"},
       {"err-max-tokens-2p63", "{" + m + R"("prompt":"hi","max_tokens":9223372036854775808})", 400,
        "context_length_exceeded"},
-      {"err-nested-prompt", "{" + m + R"("prompt":[[1,2],[3]]})", 400, "unsupported_parameter"},
-      {"err-mixed-prompt", "{" + m + R"("prompt":[1,"a"]})", 400, "unsupported_parameter"},
+      {"err-mixed-prompt", "{" + m + R"("prompt":[1,"a"]})", 400, "invalid_value"},
+      {"err-mixed-batch", "{" + m + R"("prompt":["a",[1,2]]})", 400, "invalid_value"},
+      {"err-nested-batch", "{" + m + R"("prompt":[[[1]],[2]]})", 400, "invalid_value"},
+      {"err-batch-times-n", "{" + m + R"("prompt":["a","b","c","d","e"],"n":16})", 400,
+       "invalid_value"},
       {"err-empty-prompt-array", "{" + m + R"("prompt":[]})", 400, "invalid_value"},
       {"err-token-outside-vocab", "{" + m + R"("prompt":[1,4096]})", 400, "invalid_value"},
       {"err-invalid-utf8", "{" + m + "\"prompt\":\"ab\xff\xfe\x80 \xc0\xaf\xed\xa0\x80\"}", 400,

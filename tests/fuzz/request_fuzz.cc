@@ -74,13 +74,17 @@ void CheckError(const HttpResponse& error) {
 }
 
 void CheckRequest(const CompletionRequest& request, const Tokenizer& tokenizer) {
-  Check(!request.prompt_ids.empty());
-  for (int32_t id : request.prompt_ids) {
-    Check(id >= 0 && static_cast<size_t>(id) < tokenizer.vocab_size());
-  }
+  Check(!request.prompts.empty() && request.prompts.size() <= kMaxPrompts);
+  Check(request.kind == RequestKind::kText || request.prompts.size() == 1);
   const SamplingParams& s = request.sampling;
   Check(s.max_tokens >= 1);
-  Check(request.prompt_ids.size() + s.max_tokens <= kContextLength);
+  for (const PromptInput& p : request.prompts) {
+    Check(!p.ids.empty());
+    for (int32_t id : p.ids) Check(id >= 0 && static_cast<size_t>(id) < tokenizer.vocab_size());
+    Check(p.ids.size() + s.max_tokens <= kContextLength);
+    Check(request.echo || p.text.empty());
+  }
+  Check(request.prompts.size() * request.n <= kMaxPrompts);
   Check(s.temperature >= 0.0f && s.temperature <= 2.0f);
   Check(s.top_p > 0.0f && s.top_p <= 1.0f);
   Check(s.min_p >= 0.0f && s.min_p <= 1.0f);

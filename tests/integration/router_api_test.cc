@@ -1,10 +1,10 @@
 // The OpenAI parameters, routes and headers of the router against a launched system (`fmoe
 // launch`: map service, one worker with the shipped tiny model, router), over real HTTP: `n`
-// (choice i with seed + i), logprobs (completions and chat), echo (with logprobs: the prompt
-// scored), the penalties, logit_bias, min_p, ignore_eos, min_tokens and stop_token_ids each
-// changing the output as they should, the chat default of max_tokens, unsupported parameters
-// refused by name, /tokenize and /detokenize, X-Request-Id, CORS, the access log and the
-// Prometheus text read by a real parser.
+// (choice i with seed + i), batches of prompts, logprobs (completions and chat), echo (with
+// logprobs: the prompt scored), the penalties, logit_bias, min_p, ignore_eos, min_tokens and
+// stop_token_ids each changing the output as they should, the chat default of max_tokens,
+// unsupported parameters refused by name, /tokenize and /detokenize, X-Request-Id, CORS, the access
+// log and the Prometheus text read by a real parser.
 
 #include <algorithm>
 #include <cmath>
@@ -216,6 +216,43 @@ TEST_F(RouterApiTest, EchoWithLogprobsScoresThePromptAsThePrefixesPredictIt) {
   EXPECT_EQ(lp["tokens"][ids.size()], plain["choices"][0]["logprobs"]["tokens"][0]);
   EXPECT_NEAR(lp["token_logprobs"][ids.size()].get<double>(),
               plain["choices"][0]["logprobs"]["token_logprobs"][0].get<double>(), 1e-5);
+}
+
+// A batch of prompts answers what each prompt alone answers: greedy, and sampled with n (choice
+// c of every prompt draws with seed + c), with echo and the prompt's logprobs per prompt.
+TEST_F(RouterApiTest, ABatchOfPromptsAnswersAsEachPromptAlone) {
+  const std::vector<std::string> prompts = {"The city of", "In the beginning", "Once upon"};
+  Json batch = Completion({{"prompt", prompts}, {"max_tokens", 6}});
+  ASSERT_EQ(batch["choices"].size(), 3u);
+  int prompt_tokens = 0;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    Json one = Completion({{"prompt", prompts[p]}, {"max_tokens", 6}});
+    EXPECT_EQ(Text(batch, p), Text(one)) << p;
+    prompt_tokens += one["usage"]["prompt_tokens"].get<int>();
+  }
+  EXPECT_EQ(batch["usage"]["prompt_tokens"], prompt_tokens);
+
+  Json sampled = Completion({{"prompt", prompts},
+                             {"n", 2},
+                             {"seed", 9},
+                             {"temperature", 1.3},
+                             {"max_tokens", 6},
+                             {"echo", true},
+                             {"logprobs", 1}});
+  ASSERT_EQ(sampled["choices"].size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    const size_t p = i / 2, c = i % 2;
+    EXPECT_EQ(sampled["choices"][i]["index"], i);
+    Json one = Completion({{"prompt", prompts[p]},
+                           {"seed", 9 + c},
+                           {"temperature", 1.3},
+                           {"max_tokens", 6},
+                           {"echo", true},
+                           {"logprobs", 1}});
+    EXPECT_EQ(Text(sampled, i), Text(one)) << i;
+    EXPECT_EQ(sampled["choices"][i]["logprobs"]["tokens"], one["choices"][0]["logprobs"]["tokens"])
+        << i;
+  }
 }
 
 TEST_F(RouterApiTest, LogitBiasMinPAndPenaltiesChangeTheOutputAsTheyShould) {

@@ -330,6 +330,47 @@ TEST_F(CompletionsTest, EchoWithLogprobsLeadsWithThePromptsTokens) {
   EXPECT_NE(rec->body().find("prompt logprobs do not match"), std::string::npos) << rec->body();
 }
 
+// A batch of prompts: prompt p's n choices are p * n .. p * n + n - 1, each submitted with its
+// prompt's ids and seed + c (as the prompt alone would be), echoing its own prompt.
+TEST_F(CompletionsTest, ABatchOfPromptsGivesEachItsChoices) {
+  auto rec = std::make_shared<Recorder>();
+  HttpRequest req;
+  req.method = "POST";
+  req.path = req.target = "/v1/completions";
+  req.body = Json({{"model", "tiny"},
+                   {"prompt", {"ab", "c d"}},
+                   {"n", 2},
+                   {"seed", 7},
+                   {"echo", true},
+                   {"max_tokens", 4}})
+                 .dump();
+  completions_->Handle(req, rec);
+  const std::vector<std::string> prompts = {"ab", "c d"};
+  for (size_t i = 0; i < 4; ++i) {
+    auto gen = leader_->Next<Generate>();
+    ASSERT_TRUE(gen) << i;
+    auto ids = tokenizer_->Encode(prompts[i / 2], /*add_special_tokens=*/true);
+    ASSERT_TRUE(ids.ok());
+    EXPECT_EQ(gen->token_ids, *ids) << i;
+    EXPECT_EQ(gen->sampling.seed, 7u + i % 2) << i;
+    TokenEvent ev = Token(gen->request_id, ByteToken(static_cast<unsigned char>('w' + i)));
+    leader_->Send(ev);
+    leader_->Send(Token(gen->request_id, -1, FinishReason::kLength));
+  }
+  ASSERT_TRUE(WaitUntil([&] { return rec->done(); }));
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  Json j = Json::parse(rec->body());
+  ASSERT_EQ(j["choices"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], prompts[i / 2] + std::string(1, static_cast<char>('w' + i)));
+  }
+  const size_t prompt_tokens =
+      tokenizer_->Encode("ab", true)->size() + tokenizer_->Encode("c d", true)->size();
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens) << "each prompt once, whatever n";
+  EXPECT_EQ(j["usage"]["completion_tokens"], 4);
+}
+
 TEST_F(CompletionsTest, AWorkerErrorThatIsNotUtf8StillAnswersValidJson) {
   auto rec = std::make_shared<Recorder>();
   HttpRequest req;
