@@ -47,6 +47,26 @@ double PerToken(double v, uint64_t tokens) { return tokens ? v / static_cast<dou
 
 }  // namespace
 
+std::vector<std::string> RunnablePolicies(const Trace& trace, const std::vector<std::string>& asked,
+                                          std::vector<std::string>* notes) {
+  bool has_speculation = false;
+  for (const auto& it : trace.iterations) has_speculation |= !it.speculation.empty();
+  std::vector<std::string> policies;
+  for (const auto& p : asked) {
+    if (p == "speculative" && !has_speculation) {
+      notes->push_back(
+          "speculative: not run (the trace has no speculative predictions: they need the "
+          "model's hidden states, which only a trace the worker recorded has)");
+      continue;
+    }
+    policies.push_back(p);
+  }
+  if (trace.header.hidden == 0) {
+    notes->push_back("the trace has no semantic embeddings: fmoe's semantic search is off");
+  }
+  return policies;
+}
+
 int RunPositionReplay(const ReplayOptions& o) {
   auto trace = ReadTrace(o.trace);
   if (!trace.ok()) {
@@ -66,22 +86,8 @@ int RunPositionReplay(const ReplayOptions& o) {
                  n, o.train_fraction);
     return 2;
   }
-  bool has_speculation = false;
-  for (const auto& it : trace->iterations) has_speculation |= !it.speculation.empty();
-  std::vector<std::string> policies;
   std::vector<std::string> notes;
-  for (const auto& p : o.policies) {
-    if (p == "speculative" && !has_speculation) {
-      notes.push_back(
-          "speculative: not run (the trace has no speculative predictions: they need the "
-          "model's hidden states, which only a trace the worker recorded has)");
-      continue;
-    }
-    policies.push_back(p);
-  }
-  if (h.hidden == 0) {
-    notes.push_back("the trace has no semantic embeddings: fmoe's semantic search is off");
-  }
+  const std::vector<std::string> policies = RunnablePolicies(*trace, o.policies, &notes);
 
   // Configurations: budgets at the main distance, distances at the main budget.
   std::vector<uint32_t> distances = o.distances;

@@ -10,6 +10,7 @@
 
 #include "bench/fmoe_bench/replay_hybrid.h"
 #include "bench/fmoe_bench/replay_time.h"
+#include "common/model/expert_trace.h"
 #include "common/policy_names.h"
 
 namespace fmoe::bench {
@@ -46,6 +47,12 @@ struct ReplayOptions {
   std::string hybrid = "off";  // Default: off
   CpuModel cpu;                // From --cpu-factor, --cpu-knee-tokens, --cpu-expert-us.
 };
+
+// The policies of `asked` that `trace` can run (speculative needs the speculative predictions
+// only a worker's trace has), with a note in *notes for each left out and for a trace without
+// semantic embeddings (fmoe's semantic search is then off). replay.cc.
+std::vector<std::string> RunnablePolicies(const Trace& trace, const std::vector<std::string>& asked,
+                                          std::vector<std::string>* notes);
 
 int RunServingReplay(const ReplayOptions& options);   // replay_serving.cc
 int RunPositionReplay(const ReplayOptions& options);  // replay.cc

@@ -110,22 +110,8 @@ int RunServingReplay(const ReplayOptions& o) {
     return 2;
   }
 
-  bool has_speculation = false;
-  for (const auto& it : trace->iterations) has_speculation |= !it.speculation.empty();
-  std::vector<std::string> policies;
   std::vector<std::string> notes;
-  for (const auto& p : o.policies) {
-    if (p == "speculative" && !has_speculation) {
-      notes.push_back(
-          "speculative: not run (the trace has no speculative predictions: they need the "
-          "model's hidden states, which only a trace the worker recorded has)");
-      continue;
-    }
-    policies.push_back(p);
-  }
-  if (h.hidden == 0) {
-    notes.push_back("the trace has no semantic embeddings: fmoe's semantic search is off");
-  }
+  const std::vector<std::string> policies = RunnablePolicies(*trace, o.policies, &notes);
   if (*kind == TraceKind::kPromptPositions) {
     notes.push_back("the trace has prompt routing only: each prompt's last " +
                     Fixed(100 * o.decode_share, 0) +

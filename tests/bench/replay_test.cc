@@ -10,6 +10,7 @@
 
 #include "bench/fmoe_bench/sim_link.h"
 #include "common/clock.h"
+#include "tests/bench/replay_fixtures.h"
 
 namespace fmoe::bench {
 namespace {
@@ -83,37 +84,6 @@ TEST(SimLinkTest, PromotedPrefetchOvertakesTheOthers) {
   EXPECT_EQ(done[0].id, 2u);
 }
 
-// Builds a trace: `iterations[r][i][l]` = the experts request r's single token picks at layer l
-// of iteration i; sem = `sems[r][i]`.
-Trace MakeTrace(uint32_t L, uint32_t J, uint32_t K,
-                const std::vector<std::vector<std::vector<std::vector<uint16_t>>>>& requests,
-                const std::vector<std::vector<std::vector<float>>>& sems, uint32_t hidden) {
-  Trace t;
-  t.header = {"test", "test", "iteration", "test", L, J, K, hidden};
-  for (size_t r = 0; r < requests.size(); ++r) {
-    for (size_t i = 0; i < requests[r].size(); ++i) {
-      TraceIteration it;
-      it.request_id = r + 1;
-      it.iteration = static_cast<uint32_t>(i);
-      it.tokens = 1;
-      it.last = i + 1 == requests[r].size();
-      it.map_derived = true;
-      it.sem = hidden ? sems[r][i] : std::vector<float>{};
-      it.used_offsets = {0};
-      for (uint32_t l = 0; l < L; ++l) {
-        for (uint16_t e : requests[r][i][l]) {
-          it.used_experts.push_back(e);
-          it.used_tokens.push_back(1);
-        }
-        it.used_offsets.push_back(static_cast<uint32_t>(it.used_experts.size()));
-      }
-      EXPECT_TRUE(ValidateTraceIteration(t.header, it).ok());
-      t.iterations.push_back(std::move(it));
-    }
-  }
-  return t;
-}
-
 ReplayConfig Config(const std::string& policy, double budget) {
   ReplayConfig c;
   c.policy = policy;
@@ -128,7 +98,7 @@ TEST(ReplayTest, EveryMissStallsForAWholeLoadWithoutPrefetching) {
   // One layer, four experts, one slot: 0, 1, 0, 1, ... misses every time after the first.
   std::vector<std::vector<std::vector<uint16_t>>> its;
   for (int i = 0; i < 6; ++i) its.push_back({{static_cast<uint16_t>(i % 2)}});
-  Trace trace = MakeTrace(1, 4, 1, {its}, {}, 0);
+  Trace trace = MakeTrace(1, 4, 1, {its}, {}, 0, "iteration");
   TraceRequests requests = GroupByRequest(trace);
   ReplayConfig c = Config("lru", 0.25);
   c.distance = 1;
@@ -157,7 +127,7 @@ Trace RandomTrace(uint32_t seed) {
       req.push_back(layers);
     }
   }
-  return MakeTrace(6, 8, 2, reqs, {}, 0);
+  return MakeTrace(6, 8, 2, reqs, {}, 0, "iteration");
 }
 
 TEST(ReplayTest, AFullBudgetNeverMissesAndTheOracleBeatsLru) {
@@ -213,7 +183,7 @@ TEST(ReplayTest, TheMapStoreTeachesFmoeToPrefetchARecurringPattern) {
       sems[r].push_back(is_a ? std::vector<float>{1, 0} : std::vector<float>{0, 1});
     }
   }
-  Trace trace = MakeTrace(L, J, 2, reqs, sems, 2);
+  Trace trace = MakeTrace(L, J, 2, reqs, sems, 2, "iteration");
   TraceRequests requests = GroupByRequest(trace);
   const std::vector<uint32_t> train = {0, 1, 2}, test = {3, 4, 5};
   ReplayConfig c = Config("fmoe", 0.25);
