@@ -16,10 +16,10 @@ namespace fmoe {
 namespace {
 
 HttpResponse MethodNotAllowed(const HttpRequest& request, const std::string& allow) {
-  HttpResponse res = ErrorResponse(
+  HttpResponse res = ApiError(
       405,
       "method " + request.method + " is not allowed on " + request.path + " (use " + allow + ")",
-      "invalid_request_error", "method_not_allowed");
+      "invalid_request_error", "", "method_not_allowed");
   res.headers.emplace_back("Allow", allow);
   return res;
 }
@@ -179,11 +179,11 @@ void RouterApi::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder
   } catch (const std::exception& e) {
     spdlog::error("{} {} id={}: {}", request.method, request.path, request_id, e.what());
     if (metrics_ != nullptr) metrics_->CountRequest(route, 500);
-    observed->Respond(ErrorResponse(500, "internal error", "server_error"));
+    observed->Respond(ApiError(500, "internal error", "server_error", "", ""));
   } catch (...) {
     spdlog::error("{} {} id={}: unknown exception", request.method, request.path, request_id);
     if (metrics_ != nullptr) metrics_->CountRequest(route, 500);
-    observed->Respond(ErrorResponse(500, "internal error", "server_error"));
+    observed->Respond(ApiError(500, "internal error", "server_error", "", ""));
   }
 }
 
@@ -191,8 +191,8 @@ void RouterApi::Route(const HttpRequest& request, const std::string& route,
                       std::shared_ptr<HttpResponder> responder) const {
   if (!Authorized(request)) {
     HttpResponse res =
-        ErrorResponse(401, "missing or invalid API key: send \"Authorization: Bearer <key>\"",
-                      "invalid_request_error", "invalid_api_key");
+        ApiError(401, "missing or invalid API key: send \"Authorization: Bearer <key>\"",
+                 "invalid_request_error", "", "invalid_api_key");
     res.headers.emplace_back("WWW-Authenticate", "Bearer");
     if (metrics_ != nullptr) metrics_->CountRequest(route, 401);
     responder->Respond(std::move(res));
@@ -215,12 +215,12 @@ void RouterApi::Route(const HttpRequest& request, const std::string& route,
 HttpResponse RouterApi::HandleNow(const HttpRequest& request) const {
   if (request.path == "/v1/completions" || request.path == "/v1/chat/completions") {
     if (request.method != "POST") return MethodNotAllowed(request, "POST");
-    return ErrorResponse(503, "this router serves no model", "service_unavailable");
+    return ApiError(503, "this router serves no model", "service_unavailable", "", "");
   }
   if (request.path == "/tokenize" || request.path == "/detokenize") {
     if (request.method != "POST") return MethodNotAllowed(request, "POST");
     if (completions_ == nullptr) {
-      return ErrorResponse(503, "this router serves no model", "service_unavailable");
+      return ApiError(503, "this router serves no model", "service_unavailable", "", "");
     }
     return request.path == "/tokenize"
                ? Tokenize(request.body, completions_->options(), completions_->tokenizer())
@@ -243,8 +243,8 @@ HttpResponse RouterApi::HandleNow(const HttpRequest& request) const {
     if (request.method != "GET") return MethodNotAllowed(request, "GET");
     return Models();
   }
-  return ErrorResponse(404, "no route " + request.method + " " + request.path,
-                       "invalid_request_error", "not_found");
+  return ApiError(404, "no route " + request.method + " " + request.path, "invalid_request_error",
+                  "", "not_found");
 }
 
 HttpResponse RouterApi::Models() const {

@@ -207,19 +207,6 @@ bool ReadModel(const Json& j, const CompletionsOptions& options, bool required,
   return true;
 }
 
-HttpResponse ApiError(int status, const std::string& message, const std::string& type,
-                      const std::string& param, const std::string& code) {
-  Json body = {{"error",
-                {{"message", message},
-                 {"type", type},
-                 {"param", param.empty() ? Json(nullptr) : Json(param)},
-                 {"code", code.empty() ? Json(nullptr) : Json(code)}}}};
-  HttpResponse res;
-  res.status = status;
-  res.body = JsonText(body);
-  return res;
-}
-
 HttpResponse BadParam(const std::string& param, const std::string& message,
                       const std::string& code) {
   return ApiError(400, message, "invalid_request_error", param, code);

@@ -90,9 +90,6 @@ bool ReadModel(const nlohmann::json& body, const CompletionsOptions& options, bo
                HttpResponse* error);
 bool ReadBool(const nlohmann::json& body, const char* key, bool* out, HttpResponse* error);
 
-// The OpenAI error object with `status`, naming `param` (may be empty) and `code`.
-HttpResponse ApiError(int status, const std::string& message, const std::string& type,
-                      const std::string& param, const std::string& code);
 // 400 invalid_request_error naming `param`.
 HttpResponse BadParam(const std::string& param, const std::string& message,
                       const std::string& code = "invalid_value");

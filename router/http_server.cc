@@ -183,19 +183,18 @@ class Session : public std::enable_shared_from_this<Session> {
     ++serial_;
     state_ = State::kWaiting;
     if (ec == http::error::body_limit) {
-      return DoRespond(serial_,
-                       ErrorResponse(413,
-                                     "request body is larger than the limit of " +
-                                         std::to_string(options_.max_body_bytes) + " bytes",
-                                     "invalid_request_error", "body_too_large"));
+      return DoRespond(serial_, ApiError(413,
+                                         "request body is larger than the limit of " +
+                                             std::to_string(options_.max_body_bytes) + " bytes",
+                                         "invalid_request_error", "", "body_too_large"));
     }
     if (ec == http::error::header_limit) {
-      return DoRespond(serial_, ErrorResponse(431, "request headers are larger than the limit",
-                                              "invalid_request_error"));
+      return DoRespond(serial_, ApiError(431, "request headers are larger than the limit",
+                                         "invalid_request_error", "", ""));
     }
     if (ec) {
-      return DoRespond(serial_, ErrorResponse(400, "malformed HTTP request: " + ec.message(),
-                                              "invalid_request_error"));
+      return DoRespond(serial_, ApiError(400, "malformed HTTP request: " + ec.message(),
+                                         "invalid_request_error", "", ""));
     }
     const auto& msg = parser_->get();
     HttpRequest req;
@@ -219,10 +218,10 @@ class Session : public std::enable_shared_from_this<Session> {
       handler_(req, exchange);
     } catch (const std::exception& e) {
       spdlog::error("handler failed on {} {}: {}", req.method, req.path, e.what());
-      exchange->Respond(ErrorResponse(500, "internal error", "server_error"));
+      exchange->Respond(ApiError(500, "internal error", "server_error", "", ""));
     } catch (...) {
       spdlog::error("handler failed on {} {}: unknown exception", req.method, req.path);
-      exchange->Respond(ErrorResponse(500, "internal error", "server_error"));
+      exchange->Respond(ApiError(500, "internal error", "server_error", "", ""));
     }
   }
 
@@ -332,7 +331,7 @@ Exchange::~Exchange() {
   if (!answered_) {
     // Released without an answer: a bug in a handler, answered rather than left hanging.
     session_->Post([s = session_, serial = serial_] {
-      s->DoRespond(serial, ErrorResponse(500, "internal error: no response", "server_error"));
+      s->DoRespond(serial, ApiError(500, "internal error: no response", "server_error", "", ""));
     });
   }
 }
@@ -373,17 +372,17 @@ void Exchange::OnClose(std::function<void()> callback) {
 
 }  // namespace
 
-HttpResponse ErrorResponse(int status, const std::string& message, const std::string& type,
-                           const std::string& code) {
-  nlohmann::json body = {
-      {"error",
-       {{"message", message},
-        {"type", type},
-        {"param", nullptr},
-        {"code", code.empty() ? nlohmann::json(nullptr) : nlohmann::json(code)}}}};
+HttpResponse ApiError(int status, const std::string& message, const std::string& type,
+                      const std::string& param, const std::string& code) {
+  using Json = nlohmann::json;
+  Json body = {{"error",
+                {{"message", message},
+                 {"type", type},
+                 {"param", param.empty() ? Json(nullptr) : Json(param)},
+                 {"code", code.empty() ? Json(nullptr) : Json(code)}}}};
   HttpResponse res;
   res.status = status;
-  res.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  res.body = body.dump(-1, ' ', false, Json::error_handler_t::replace);
   return res;
 }
 

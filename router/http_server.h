@@ -39,9 +39,10 @@ struct HttpResponse {
   std::vector<std::pair<std::string, std::string>> headers;
 };
 
-// {"error": {"message": ..., "type": ..., "param": null, "code": ...}} with `status`.
-HttpResponse ErrorResponse(int status, const std::string& message, const std::string& type,
-                           const std::string& code = "");
+// The OpenAI error object {"error": {"message", "type", "param", "code"}} with `status`; an
+// empty `param` or `code` is null.
+HttpResponse ApiError(int status, const std::string& message, const std::string& type,
+                      const std::string& param, const std::string& code);
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";    // Default: 127.0.0.1
