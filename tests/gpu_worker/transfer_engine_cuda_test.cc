@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu_worker/transfer_engine.h"
+#include "tests/gpu_worker/transfer_waits.h"
 
 namespace fmoe {
 namespace {
@@ -111,22 +112,13 @@ struct Buffer {
   void* dst = nullptr;
 };
 
-// Collects `n` completions, or what arrived within `limit`.
+// Collects `n` completions, or what arrived within 20000 ms.
 std::vector<TransferDone> WaitFor(TransferEngine* link, size_t n,
                                   milliseconds limit = milliseconds(20000)) {
-  std::vector<TransferDone> done;
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (done.size() < n && std::chrono::steady_clock::now() < deadline) {
-    link->Wait(&done, milliseconds(50));
-  }
-  return done;
+  return testing::WaitFor(link, n, limit);
 }
 
-std::vector<uint64_t> Ids(const std::vector<TransferDone>& done) {
-  std::vector<uint64_t> ids;
-  for (const TransferDone& d : done) ids.push_back(d.id);
-  return ids;
-}
+using testing::Ids;
 
 TEST(CudaLink, CopiesLandByteExactInSubmissionOrder) {
   FMOE_SKIP_WITHOUT_CUDA_DEVICE();

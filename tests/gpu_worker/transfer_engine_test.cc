@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/gpu_worker/transfer_waits.h"
+
 namespace fmoe {
 namespace {
 
@@ -69,22 +71,13 @@ struct Buffer {
   uint8_t* dst = nullptr;
 };
 
-// Collects `n` completions, or what arrived within `limit`.
+// Collects `n` completions, or what arrived within 5000 ms.
 std::vector<TransferDone> WaitFor(TransferEngine* link, size_t n,
                                   milliseconds limit = milliseconds(5000)) {
-  std::vector<TransferDone> done;
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (done.size() < n && std::chrono::steady_clock::now() < deadline) {
-    link->Wait(&done, milliseconds(50));
-  }
-  return done;
+  return testing::WaitFor(link, n, limit);
 }
 
-std::vector<uint64_t> Ids(const std::vector<TransferDone>& done) {
-  std::vector<uint64_t> ids;
-  for (const TransferDone& d : done) ids.push_back(d.id);
-  return ids;
-}
+using testing::Ids;
 
 // Blocks until the link has copied some bytes of the running task.
 void WaitUntilCopying(TransferEngine* link, uint64_t bytes_before = 0) {
