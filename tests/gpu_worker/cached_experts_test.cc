@@ -72,6 +72,31 @@ INSTANTIATE_TEST_SUITE_P(Families, FamilyOffload,
                            return name;
                          });
 
+// `policy` at a quarter of the experts of the fixture in `dir`, prefetching 2 layers ahead; the
+// link is the caller's.
+CachedExpertsOptions AtAQuarter(const std::string& dir, const char* policy) {
+  CachedExpertsOptions o;
+  o.policy = policy;
+  o.top_k = Fixture(dir).info.top_k;
+  o.cache_fraction = 0.25;
+  o.policy_options.prefetch_distance = 2;
+  o.policy_options.future = AllResident(dir).accesses;
+  return o;
+}
+
+// Runs the prompts through experts cached as `o` says, with directives from a fake map service
+// and the cache's invariants checked after every iteration; the tokens and the cache's figures.
+std::pair<Tokens, CacheStats> RunCached(const std::string& dir, const CachedExpertsOptions& o) {
+  auto cached = CachedExperts::Create(CloneExpertTable(Fixture(dir).table), o);
+  EXPECT_TRUE(cached.ok()) << cached.status().ToString();
+  if (!cached.ok()) return {};
+  CachedExperts& c = **cached;
+  testing::FakeMapService directives(&c, Fixture(dir).info.num_moe_layers);
+  Tokens got = RunPrompts(
+      c, &directives, [&] { ASSERT_TRUE(c.cache().CheckInvariants().ok()) << o.policy; }, dir);
+  return {std::move(got), c.stats()};
+}
+
 TEST_P(FamilyOffload, EveryPolicyAtAQuarterGivesTheAllResidentTokens) {
   const std::string dir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + GetParam();
   const Reference& ref = AllResident(dir);
@@ -79,22 +104,11 @@ TEST_P(FamilyOffload, EveryPolicyAtAQuarterGivesTheAllResidentTokens) {
   const ModelInfo& info = Fixture(dir).info;
   for (const char* policy : {"fmoe", "fmoe-nextuse", "moe-infinity", "speculative", "on-demand",
                              "lru", "lfu", "oracle"}) {
-    CachedExpertsOptions o;
-    o.policy = policy;
-    o.top_k = info.top_k;
-    o.cache_fraction = 0.25;
-    o.policy_options.prefetch_distance = 2;
-    o.policy_options.future = ref.accesses;
+    CachedExpertsOptions o = AtAQuarter(dir, policy);
     o.link.gbps = 8;
     o.link.latency_us = 10;
-    auto cached = CachedExperts::Create(CloneExpertTable(Fixture(dir).table), o);
-    ASSERT_TRUE(cached.ok()) << cached.status().ToString();
-    CachedExperts& c = **cached;
-    testing::FakeMapService directives(&c, info.num_moe_layers);
-    const Tokens got = RunPrompts(
-        c, &directives, [&] { ASSERT_TRUE(c.cache().CheckInvariants().ok()) << policy; }, dir);
+    const auto [got, st] = RunCached(dir, o);
     EXPECT_EQ(got, ref.tokens) << "policy " << policy;
-    const CacheStats st = c.stats();
     EXPECT_EQ(st.slots, info.num_moe_layers * info.num_experts / 4) << policy;
     EXPECT_GT(st.total.misses, 0u) << policy;
   }
@@ -107,27 +121,15 @@ TEST_P(FamilyOffload, HybridEveryPolicyAtAQuarterGivesTheAllResidentTokens) {
   const std::string dir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + GetParam();
   const Reference& ref = AllResident(dir);
   ASSERT_EQ(ref.tokens.size(), kPrompts.size());
-  const ModelInfo& info = Fixture(dir).info;
   for (const char* policy : {"fmoe", "fmoe-nextuse", "moe-infinity", "speculative", "on-demand",
                              "lru", "lfu", "oracle"}) {
-    CachedExpertsOptions o;
-    o.policy = policy;
-    o.top_k = info.top_k;
-    o.cache_fraction = 0.25;
-    o.policy_options.prefetch_distance = 2;
-    o.policy_options.future = ref.accesses;
+    CachedExpertsOptions o = AtAQuarter(dir, policy);
     o.link.gbps = 0.5;
     o.link.latency_us = 200;
     o.hybrid = true;
     o.host_slowdown = 2;
-    auto cached = CachedExperts::Create(CloneExpertTable(Fixture(dir).table), o);
-    ASSERT_TRUE(cached.ok()) << cached.status().ToString();
-    CachedExperts& c = **cached;
-    testing::FakeMapService directives(&c, info.num_moe_layers);
-    const Tokens got = RunPrompts(
-        c, &directives, [&] { ASSERT_TRUE(c.cache().CheckInvariants().ok()) << policy; }, dir);
+    const auto [got, st] = RunCached(dir, o);
     EXPECT_EQ(got, ref.tokens) << "policy " << policy;
-    const CacheStats st = c.stats();
     EXPECT_GT(st.total.host_runs, 0u) << policy;
     EXPECT_GT(st.total.host_ns, 0) << policy;
     EXPECT_EQ(st.total.bytes_not_moved, st.total.host_runs * st.expert_bytes) << policy;
