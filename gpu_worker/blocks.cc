@@ -61,9 +61,13 @@ at::Tensor RotateHalf(const at::Tensor& x) {
 
 }  // namespace
 
+int64_t QueryBlockRows(int64_t heads, int64_t keys, int64_t score_budget) {
+  return std::max<int64_t>(1, score_budget / std::max<int64_t>(1, heads * keys));
+}
+
 at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at::Tensor& hn,
                      std::span<const AttentionSpan> spans, const RotaryTables& rope,
-                     int64_t row_block) {
+                     int64_t row_block, int64_t score_budget) {
   const int64_t n_heads = info.num_attention_heads, n_kv = info.num_key_value_heads;
   const int64_t hd = info.head_dim, group = n_heads / n_kv, rows = hn.size(0);
   at::Tensor q = BlockLinear(hn, w.wq, row_block, w.bq);
@@ -105,23 +109,32 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
     s.v_cache->narrow(1, p0, t).copy_(vi.permute({1, 0, 2}));
     at::Tensor keys = s.k_cache->narrow(1, 0, len);  // [KV, len, hd]
     at::Tensor values = s.v_cache->narrow(1, 0, len);
-    // Query head qh uses KV head qh / group: [t, KV, group, hd] -> [KV, group * t, hd].
-    at::Tensor qg =
-        qi.reshape({t, n_kv, group, hd}).permute({1, 2, 0, 3}).reshape({n_kv, group * t, hd});
-    at::Tensor scores = at::matmul(qg, keys.transpose(1, 2)) * scale;  // [KV, group*t, len]
-    if (t > 1 || (window > 0 && len > window)) {
-      // Row r of a group is new token r % t at position p = p0 + r % t: it sees keys k with
-      // k <= p and, with a sliding window, p - k < window.
-      at::Tensor ones =
-          at::ones({t, len}, at::TensorOptions().dtype(at::kBool).device(hn.device()));
-      at::Tensor mask = ones.triu(p0 + 1);
-      if (window > 0 && len > window) mask = mask.logical_or(ones.tril(p0 - window));
-      scores = scores.masked_fill(mask.repeat({group, 1}), -std::numeric_limits<float>::infinity());
+    const bool masked = t > 1 || (window > 0 && len > window);
+    const int64_t block = QueryBlockRows(n_heads, len, score_budget);
+    for (int64_t r0 = 0; r0 < t; r0 += block) {
+      const int64_t b = std::min(block, t - r0);
+      // Query head qh uses KV head qh / group: [b, KV, group, hd] -> [KV, group * b, hd].
+      at::Tensor qg = qi.narrow(0, r0, b)
+                          .reshape({b, n_kv, group, hd})
+                          .permute({1, 2, 0, 3})
+                          .reshape({n_kv, group * b, hd});
+      at::Tensor scores = at::matmul(qg, keys.transpose(1, 2)) * scale;  // [KV, group*b, len]
+      if (masked) {
+        // Row r of a group is new token r0 + r % b at position p = p0 + r0 + r % b: it sees keys
+        // k with k <= p and, with a sliding window, p - k < window.
+        const int64_t p = p0 + r0;
+        at::Tensor ones =
+            at::ones({b, len}, at::TensorOptions().dtype(at::kBool).device(hn.device()));
+        at::Tensor mask = ones.triu(p + 1);
+        if (window > 0 && len > window) mask = mask.logical_or(ones.tril(p - window));
+        scores =
+            scores.masked_fill(mask.repeat({group, 1}), -std::numeric_limits<float>::infinity());
+      }
+      at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(hn.scalar_type());
+      at::Tensor o = at::matmul(probs, values);  // [KV, group*b, hd]
+      attn.narrow(0, s.row + r0, b)
+          .copy_(o.reshape({n_kv, group, b, hd}).permute({2, 0, 1, 3}).reshape({b, n_heads * hd}));
     }
-    at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(hn.scalar_type());
-    at::Tensor o = at::matmul(probs, values);  // [KV, group*t, hd]
-    attn.narrow(0, s.row, t)
-        .copy_(o.reshape({n_kv, group, t, hd}).permute({2, 0, 1, 3}).reshape({t, n_heads * hd}));
   }
   return BlockLinear(attn, w.wo, row_block, w.bo);
 }
@@ -201,7 +214,7 @@ double LatentSoftmaxScale(const ModelInfo& info) {
 
 at::Tensor LatentAttention(const ModelInfo& info, const MlaWeights& w, const at::Tensor& hn,
                            std::span<const AttentionSpan> spans, const RotaryTables& rope,
-                           int64_t row_block) {
+                           int64_t row_block, int64_t score_budget) {
   const MlaSpec& a = *info.mla;
   const int64_t n_heads = info.num_attention_heads, rows = hn.size(0);
   const int64_t nope = a.qk_nope_head_dim, rot = a.qk_rope_head_dim, r = a.kv_lora_rank;
@@ -235,20 +248,26 @@ at::Tensor LatentAttention(const ModelInfo& info, const MlaWeights& w, const at:
     s.v_cache->select(0, 0).narrow(0, p0, t).copy_(kr);
     at::Tensor latents = s.k_cache->select(0, 0).narrow(0, 0, len);   // [len, r]
     at::Tensor rot_keys = s.v_cache->select(0, 0).narrow(0, 0, len);  // [len, rope]
-    // Queries into latent space per head: [H, t, nope] x [H, nope, r] -> [H, t, r].
-    at::Tensor q_lat = at::matmul(q_nope.narrow(0, s.row, t).permute({1, 0, 2}), w.w_uk);
-    at::Tensor scores = at::matmul(q_lat, latents.t()) +
-                        at::matmul(qr.permute({1, 0, 2}), rot_keys.t());  // [H, t, len]
-    scores = scores * scale;
-    if (t > 1) {
-      at::Tensor mask =
-          at::ones({t, len}, at::TensorOptions().dtype(at::kBool).device(hn.device())).triu(p0 + 1);
-      scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+    const int64_t block = QueryBlockRows(n_heads, len, score_budget);
+    for (int64_t r0 = 0; r0 < t; r0 += block) {
+      const int64_t b = std::min(block, t - r0);
+      // Queries into latent space per head: [H, b, nope] x [H, nope, r] -> [H, b, r].
+      at::Tensor q_lat = at::matmul(q_nope.narrow(0, s.row + r0, b).permute({1, 0, 2}), w.w_uk);
+      at::Tensor scores =
+          at::matmul(q_lat, latents.t()) + at::matmul(qr.narrow(0, r0, b).permute({1, 0, 2}),
+                                                      rot_keys.t());  // [H, b, len]
+      scores = scores * scale;
+      if (t > 1) {  // New token r0 + i at position p0 + r0 + i sees keys up to it.
+        at::Tensor mask =
+            at::ones({b, len}, at::TensorOptions().dtype(at::kBool).device(hn.device()))
+                .triu(p0 + r0 + 1);
+        scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+      }
+      at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(hn.scalar_type());
+      // [H, b, len] x [len, r] -> [H, b, r]; x [H, r, v] -> [H, b, v].
+      at::Tensor o = at::matmul(at::matmul(probs, latents), w.w_uv.transpose(1, 2));
+      attn.narrow(0, s.row + r0, b).copy_(o.permute({1, 0, 2}).reshape({b, n_heads * vd}));
     }
-    at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(hn.scalar_type());
-    // [H, t, len] x [len, r] -> [H, t, r]; x [H, r, v] -> [H, t, v].
-    at::Tensor o = at::matmul(at::matmul(probs, latents), w.w_uv.transpose(1, 2));
-    attn.narrow(0, s.row, t).copy_(o.permute({1, 0, 2}).reshape({t, n_heads * vd}));
   }
   return BlockLinear(attn, w.wo, row_block);
 }

@@ -69,12 +69,18 @@ struct RotaryTables {
   int64_t long_after = 0;         // original_max_position_embeddings; 0 without LongRoPE.
 };
 
+// A sequence's queries run in blocks of this many rows, so that a block's scores [heads, rows,
+// keys] hold at most `score_budget` elements (at least one row a block): a long prompt's
+// prefill never holds its whole [heads, tokens, tokens] score matrix.
+int64_t QueryBlockRows(int64_t heads, int64_t keys, int64_t score_budget);
+
 // Self-attention of one layer over the normed hidden state `hn` [rows, h]: projections, the
 // family's q/k norm and clipping, RoPE, writing each sequence's new keys and values into its
-// cache, causal (and windowed) softmax attention per sequence, the output projection.
+// cache, causal (and windowed) softmax attention per sequence (its queries in blocks:
+// QueryBlockRows), the output projection.
 at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at::Tensor& hn,
                      std::span<const AttentionSpan> spans, const RotaryTables& rope,
-                     int64_t row_block);
+                     int64_t row_block, int64_t score_budget);
 
 // The rotary inverse frequencies [head_dim / 2] in float32, as transformers computes them: plain
 // RoPE, YaRN's blend of interpolated and extrapolated frequencies (info.yarn), or LongRoPE's
@@ -105,9 +111,10 @@ double LatentSoftmaxScale(const ModelInfo& info);
 
 // MLA over the normed hidden state `hn` [rows, h]: the projections, RoPE on the rotary parts
 // (de-interleaved first when info.mla->rope_interleave), each sequence's new latents and rotary
-// keys appended to its cache, causal softmax attention per sequence, the output projection.
+// keys appended to its cache, causal softmax attention per sequence (its queries in blocks:
+// QueryBlockRows), the output projection.
 at::Tensor LatentAttention(const ModelInfo& info, const MlaWeights& w, const at::Tensor& hn,
                            std::span<const AttentionSpan> spans, const RotaryTables& rope,
-                           int64_t row_block);
+                           int64_t row_block, int64_t score_budget);
 
 }  // namespace fmoe

@@ -414,9 +414,10 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
                   &kv.v_[l]};
     }
     at::Tensor normed = DecoderNorm(info, x, layer.input_norm, layer.input_norm_bias);
-    x = x + (info.mla
-                 ? LatentAttention(info, layer.latent, normed, spans, m.rope, m.options.row_block)
-                 : Attention(info, layer.attention, normed, spans, m.rope, m.options.row_block));
+    x = x + (info.mla ? LatentAttention(info, layer.latent, normed, spans, m.rope,
+                                        m.options.row_block, m.options.attention_score_budget)
+                      : Attention(info, layer.attention, normed, spans, m.rope, m.options.row_block,
+                                  m.options.attention_score_budget));
     at::Tensor hn = DecoderNorm(info, x, layer.post_norm, layer.post_norm_bias);
     if (layer.moe == kDense) {
       x = x + SwiGlu(hn, layer.dense.gate, layer.dense.up, layer.dense.down, m.options.row_block);

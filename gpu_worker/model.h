@@ -37,6 +37,9 @@ struct RuntimeOptions {
   // Rows per matrix-product block on the CPU (batch invariance); 0 = one product over all rows.
   // Default: 4
   int row_block = 4;
+  // Elements of one block of attention scores: a prefill whose [heads, tokens, keys] scores are
+  // larger runs its queries in blocks (QueryBlockRows). Default: 2^26 (256 MiB in float32)
+  int64_t attention_score_budget = int64_t{1} << 26;
   // Expert parallelism: Load reads only the routed experts with (l * J + j) % world == rank;
   // the others stay undefined in the table. Default: rank 0 of 1 (every expert)
   uint32_t expert_rank = 0;

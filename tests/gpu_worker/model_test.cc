@@ -23,6 +23,7 @@
 #include "common/model/safetensors.h"
 #include "common/text/chat_template.h"
 #include "common/text/tokenizer.h"
+#include "gpu_worker/blocks.h"
 #include "gpu_worker/expert_source.h"
 
 namespace fmoe {
@@ -154,6 +155,42 @@ TEST_P(FamilyReference, PrefillLogitsAndRouterMatchTransformers) {
     }
     EXPECT_LE(max_router_diff, 1e-5) << "prompt " << p["text"];
   }
+}
+
+// A long prompt's prefill runs its queries in blocks (RuntimeOptions::attention_score_budget):
+// blocks of one row, and of three rows for the 40-token prompts (13 and a last one of one), give
+// transformers' logits too.
+TEST_P(FamilyReference, PrefillInQueryBlocksMatchesTransformers) {
+  const Json& ref = FixtureJson(GetParam());
+  const int64_t heads = Fixture(GetParam()).info.num_attention_heads;
+  for (int64_t budget : {int64_t{1}, heads * 3 * 41}) {
+    RuntimeOptions options;
+    options.attention_score_budget = budget;
+    auto blocked = LoadRuntime(FixtureDir(GetParam()), options);
+    ASSERT_TRUE(blocked.ok()) << blocked.status().ToString();
+    const size_t vocab = blocked->info.vocab_size;
+    for (const Json& p : ref["prompts"]) {
+      const std::vector<int32_t> ids = Ids(p["ids"]);
+      ForwardResult out = Prefill(*blocked, ids);
+      ASSERT_EQ(out.logits[0].size(), ids.size() * vocab);
+      double max_diff = 0;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        for (size_t v = 0; v < vocab; ++v) {
+          max_diff = std::max(
+              max_diff, std::abs(out.logits[0][i * vocab + v] - p["logits"][i][v].get<double>()));
+        }
+      }
+      EXPECT_LE(max_diff, 1e-4) << "budget " << budget << ", prompt " << p["text"];
+    }
+  }
+}
+
+TEST(MoeModel, QueryBlocksHoldTheScoreBudget) {
+  EXPECT_EQ(QueryBlockRows(32, 1000, 32 * 1000 * 7), 7);
+  EXPECT_EQ(QueryBlockRows(32, 1000, 32 * 1000 * 7 + 31999), 7);
+  EXPECT_EQ(QueryBlockRows(32, 100000, 1000), 1) << "at least one row";
+  EXPECT_EQ(QueryBlockRows(4, 1, 1000), 250);
+  EXPECT_EQ(QueryBlockRows(8, 10, 0), 1);
 }
 
 TEST_P(FamilyReference, GreedyContinuationMatchesTransformers) {
