@@ -1,0 +1,98 @@
+// One layer's attention over a long prompt's prefill (gpu_worker/blocks.h Attention) on the CPU:
+// the wall time and the peak resident memory it adds, with the queries in blocks under a score
+// budget (RuntimeOptions::attention_score_budget) or in one block. Random weights and
+// activations, grouped-query shapes (default Mixtral's: 32 heads, 8 KV heads, head_dim 128,
+// hidden 4096), float32. One prefill per process, so the peak (VmHWM) is the call's:
+//   build/bin/attention_bench --tokens 4096 --budget 67108864
+//   build/bin/attention_bench --tokens 4096 --budget 0      # 0: one block, whatever its size
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <CLI/CLI.hpp>
+
+#include "common/model/model_config.h"
+#include "gpu_worker/blocks.h"
+
+namespace {
+
+// A "Vm...:" line of /proc/self/status, in bytes (0 when absent).
+uint64_t ProcStatusBytes(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key + ":", 0) == 0) return std::stoull(line.substr(key.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"attention_bench: one layer's prefill attention, time and peak memory"};
+  int64_t tokens = 4096, heads = 32, kv_heads = 8, head_dim = 128, hidden = 4096;
+  int64_t budget = int64_t{1} << 26;
+  app.add_option("--tokens", tokens, "prompt tokens")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--heads", heads, "query heads")->check(CLI::Range(1, 1024));
+  app.add_option("--kv-heads", kv_heads, "key/value heads (divides --heads)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--head-dim", head_dim, "head dimension")->check(CLI::Range(2, 1024));
+  app.add_option("--hidden", hidden, "hidden size")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--budget", budget, "score elements per query block; 0 = one block")
+      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+  CLI11_PARSE(app, argc, argv);
+  if (heads % kv_heads != 0) {
+    std::fprintf(stderr, "attention_bench: --kv-heads %lld does not divide --heads %lld\n",
+                 static_cast<long long>(kv_heads), static_cast<long long>(heads));
+    return 2;
+  }
+  if (budget == 0) budget = std::numeric_limits<int64_t>::max();
+
+  c10::InferenceMode guard;
+  at::manual_seed(1);
+  fmoe::ModelInfo info;
+  info.num_attention_heads = static_cast<uint32_t>(heads);
+  info.num_key_value_heads = static_cast<uint32_t>(kv_heads);
+  info.head_dim = static_cast<uint32_t>(head_dim);
+  info.hidden_size = static_cast<uint32_t>(hidden);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hidden));
+  fmoe::AttentionWeights w;
+  w.wq = at::randn({heads * head_dim, hidden}) * scale;
+  w.wk = at::randn({kv_heads * head_dim, hidden}) * scale;
+  w.wv = at::randn({kv_heads * head_dim, hidden}) * scale;
+  w.wo = at::randn({hidden, heads * head_dim}) * scale;
+  at::Tensor hn = at::randn({tokens, hidden});
+  at::Tensor k_cache = at::zeros({kv_heads, tokens, head_dim});
+  at::Tensor v_cache = at::zeros({kv_heads, tokens, head_dim});
+  fmoe::RotaryTables rope;
+  at::Tensor freqs =
+      at::outer(at::arange(tokens, at::kLong).to(at::kFloat), fmoe::RotaryInverseFrequencies(info));
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  rope.cos = emb.cos();
+  rope.sin = emb.sin();
+  const std::vector<fmoe::AttentionSpan> spans = {{0, tokens, 0, &k_cache, &v_cache}};
+
+  const uint64_t rss_before = ProcStatusBytes("VmRSS");
+  const auto start = std::chrono::steady_clock::now();
+  at::Tensor out = fmoe::Attention(info, w, hn, spans, rope, /*row_block=*/0, budget);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const uint64_t peak = ProcStatusBytes("VmHWM");
+  const int64_t block = fmoe::QueryBlockRows(heads, tokens, budget);
+  std::printf(
+      "tokens %lld, heads %lld/%lld, head_dim %lld: query blocks of %lld rows (%lld blocks)\n",
+      static_cast<long long>(tokens), static_cast<long long>(heads),
+      static_cast<long long>(kv_heads), static_cast<long long>(head_dim),
+      static_cast<long long>(std::min(block, tokens)),
+      static_cast<long long>((tokens + block - 1) / block));
+  std::printf("time %.3f s; peak rss %.2f GB, %.2f GB above the inputs' %.2f GB (checksum %.4f)\n",
+              seconds, peak / 1e9, (peak - std::min(peak, rss_before)) / 1e9, rss_before / 1e9,
+              out.abs().mean().item<double>());
+  return 0;
+}
