@@ -372,20 +372,6 @@ void Exchange::OnClose(std::function<void()> callback) {
 
 }  // namespace
 
-HttpResponse ApiError(int status, const std::string& message, const std::string& type,
-                      const std::string& param, const std::string& code) {
-  using Json = nlohmann::json;
-  Json body = {{"error",
-                {{"message", message},
-                 {"type", type},
-                 {"param", param.empty() ? Json(nullptr) : Json(param)},
-                 {"code", code.empty() ? Json(nullptr) : Json(code)}}}};
-  HttpResponse res;
-  res.status = status;
-  res.body = body.dump(-1, ' ', false, Json::error_handler_t::replace);
-  return res;
-}
-
 struct HttpServer::Impl {
   HttpServerOptions options;
   AsyncHttpHandler handler;
