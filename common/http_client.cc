@@ -69,17 +69,19 @@ struct Client::Impl {
   }
 
   // Runs the operation just started until its handler has run: the stream's timer ends it at its
-  // deadline (beast::error::timeout), a cancel by closing the socket.
+  // deadline (beast::error::timeout), a cancel by closing the socket, seen before the operation
+  // runs and every 50 ms while it waits (a stream whose pieces come faster than that still
+  // stops at its next read).
   void Run() {
     ioc.restart();
     bool closed = false;
     while (!ioc.stopped()) {
-      ioc.run_for(std::chrono::milliseconds(50));
-      if (!closed && !ioc.stopped() && Aborted() && stream) {
+      if (!closed && Aborted() && stream) {
         beast::error_code ignored;
         stream->socket().close(ignored);
         closed = true;
       }
+      ioc.run_for(std::chrono::milliseconds(50));
     }
   }
 

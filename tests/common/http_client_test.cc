@@ -278,6 +278,31 @@ TEST(HttpClient, CancelAndAbortEndAStreamInProgress) {
   stop_server = true;
 }
 
+// A cancel while the pieces keep coming (faster than the client's 50 ms checks) ends the stream
+// at its next read, not at the stream's end.
+TEST(HttpClient, CancelEndsAStreamWhosePiecesKeepComing) {
+  constexpr int kPieces = 5000;
+  ScriptedServer server([&](int fd, int) {
+    ReadRequest(fd);
+    Send(fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+    for (int i = 0; i < kPieces; ++i) {
+      if (send(fd, "1\r\nx\r\n", 6, MSG_NOSIGNAL) < 0) return;  // The client left.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    Send(fd, "0\r\n\r\n");
+  });
+  Client client("127.0.0.1", server.port());
+  int pieces = 0;
+  auto res = client.Stream(Request{}, 60000, [&](const Response&, std::string_view piece) {
+    pieces += static_cast<int>(piece.size());
+    client.Cancel();
+    return true;
+  });
+  ASSERT_FALSE(res.ok()) << pieces << " pieces: the whole stream was read";
+  EXPECT_NE(res.status().message().find("cancelled"), std::string::npos) << res.status().ToString();
+  EXPECT_LT(pieces, kPieces);
+}
+
 TEST(SseReader, SplitsEventsAcrossPiecesAndLineEndings) {
   SseReader reader;
   std::vector<std::string> events;
