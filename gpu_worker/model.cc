@@ -439,10 +439,7 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
     }
     at::Tensor sel = x.index_select(
         0, at::tensor(logit_rows, at::TensorOptions().dtype(at::kLong)).to(m.device));
-    at::Tensor logits = BlockLinear(DecoderNorm(info, sel, m.final_norm, m.final_norm_bias),
-                                    m.lm_head, m.options.row_block, m.lm_head_bias)
-                            .to(at::kCPU, at::kFloat)
-                            .contiguous();
+    at::Tensor logits = LogitsOf(sel).to(at::kCPU, at::kFloat).contiguous();
     const float* lp = logits.data_ptr<float>();
     size_t row = 0;
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -463,9 +460,14 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
   return Status::Ok();
 }
 
+at::Tensor MoeModel::LogitsOf(const at::Tensor& hidden) const {
+  const Impl& m = *impl_;
+  return BlockLinear(DecoderNorm(info_, hidden, m.final_norm, m.final_norm_bias), m.lm_head,
+                     m.options.row_block, m.lm_head_bias);
+}
+
 void MoeModel::PromptLogprobsOf(const at::Tensor& x, int64_t first_row, const SequenceInput& in,
                                 PromptLogprobs* out) const {
-  const Impl& m = *impl_;
   const int64_t n = static_cast<int64_t>(in.tokens.size()) - 1;
   const int64_t vocab = info_.vocab_size;
   const int64_t top_n = std::min<int64_t>(in.prompt_logprobs, vocab);
@@ -478,11 +480,7 @@ void MoeModel::PromptLogprobsOf(const at::Tensor& x, int64_t first_row, const Se
   for (int64_t r0 = 0; r0 < n; r0 += kChunk) {
     const int64_t rows = std::min(kChunk, n - r0);
     at::Tensor h = x.narrow(0, first_row + r0, rows);
-    at::Tensor logprobs =
-        at::log_softmax(BlockLinear(DecoderNorm(info_, h, m.final_norm, m.final_norm_bias),
-                                    m.lm_head, m.options.row_block, m.lm_head_bias)
-                            .to(at::kFloat),
-                        -1);
+    at::Tensor logprobs = at::log_softmax(LogitsOf(h).to(at::kFloat), -1);
     // Finite on the wire whatever the model gave, as the sampler's (kMinLogprob).
     logprobs = at::nan_to_num(logprobs, kMinLogprob, 0.0, kMinLogprob).clamp_min(kMinLogprob);
     std::vector<int64_t> next(in.tokens.begin() + r0 + 1, in.tokens.begin() + r0 + 1 + rows);

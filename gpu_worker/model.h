@@ -142,6 +142,8 @@ class MoeModel {
   Result<at::Tensor> MixtureOfExperts(uint32_t l, const at::Tensor& x, const at::Tensor& hn,
                                       const Batch& batch, ExpertSource& experts);
   void Speculate(uint32_t l, const at::Tensor& x, const Batch& batch, ExpertSource& experts);
+  // The final norm and lm_head over final hidden states: [rows, vocab] in the compute dtype.
+  at::Tensor LogitsOf(const at::Tensor& hidden) const;
   // The prompt logprobs of `in`, whose new tokens' final hidden states are x's rows from
   // `first_row`.
   void PromptLogprobsOf(const at::Tensor& x, int64_t first_row, const SequenceInput& in,
