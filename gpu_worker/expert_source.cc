@@ -2,6 +2,9 @@
 
 #include <string>
 
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
 namespace fmoe {
 
 size_t ExpertWeights::bytes() const {
@@ -12,16 +15,47 @@ size_t ExpertWeights::bytes() const {
   return total;
 }
 
+namespace {
+
+at::Tensor HostCopy(const at::Tensor& t) {
+  if (!t.defined()) return {};
+  return t.is_cpu() ? t.clone() : t.to(at::kCPU);
+}
+
+}  // namespace
+
 ExpertTable CloneExpertTable(const ExpertTable& table) {
   ExpertTable copy(table.size());
   for (size_t l = 0; l < table.size(); ++l) {
     for (const ExpertWeights& w : table[l]) {
-      copy[l].push_back({w.w1.defined() ? w.w1.clone() : at::Tensor(),
-                         w.w2.defined() ? w.w2.clone() : at::Tensor(),
-                         w.w3.defined() ? w.w3.clone() : at::Tensor()});
+      copy[l].push_back({HostCopy(w.w1), HostCopy(w.w2), HostCopy(w.w3)});
     }
   }
   return copy;
+}
+
+Result<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(ExpertTable experts,
+                                                                 int cuda_index) {
+  if (cuda_index >= 0) {
+    const at::Device device(at::kCUDA, static_cast<at::DeviceIndex>(cuda_index));
+    size_t bytes = 0;
+    try {
+      for (auto& layer : experts) {
+        for (ExpertWeights& w : layer) {
+          for (at::Tensor* t : {&w.w1, &w.w2, &w.w3}) {
+            if (t->defined()) *t = t->to(device);
+          }
+          bytes += w.bytes();
+        }
+      }
+    } catch (const c10::Error& e) {
+      return ResourceExhausted(
+          "resident experts: cannot place every expert on cuda:" + std::to_string(cuda_index) +
+          " (" + std::to_string(bytes) + " bytes placed): " + e.what_without_backtrace() +
+          "; serve with an expert cache instead");
+    }
+  }
+  return std::make_unique<ResidentExperts>(std::move(experts));
 }
 
 Status ResidentExperts::BeginLayer(const LayerRouting& routing) {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -61,7 +62,8 @@ class ExpertSource {
   virtual RequestUsage Usage(uint64_t request_id) const { return {}; }
 };
 
-// A deep copy (each rank or run that packs experts into its own store needs its own).
+// A deep copy in host memory, wherever `table` lives (each rank or run that packs experts into its
+// own store needs its own, and the expert cache packs from host tensors).
 ExpertTable CloneExpertTable(const ExpertTable& table);
 
 // Delegates to another source and records every layer's routing in order: the future access
@@ -84,11 +86,16 @@ class RecordingExperts final : public ExpertSource {
   std::vector<LayerAccess> accesses_;
 };
 
-// Every expert resident, nothing ever moves: the all-resident reference. Hands experts out in
-// ascending order.
+// Every expert resident on the compute device, nothing ever moves: the all-resident reference.
+// Hands experts out in ascending order.
 class ResidentExperts final : public ExpertSource {
  public:
+  // Experts in host memory, for a model on the host.
   explicit ResidentExperts(ExpertTable experts) : experts_(std::move(experts)) {}
+  // For a model on cuda:`cuda_index` (>= 0) the experts are copied to that device first: a host
+  // expert handed to a device model would run on the host (hybrid execution's path), at host
+  // speed. kResourceExhausted when the device cannot hold them. cuda_index < 0 keeps them here.
+  static Result<std::unique_ptr<ResidentExperts>> Create(ExpertTable experts, int cuda_index);
   Status BeginLayer(const LayerRouting& routing) override;
   Result<std::pair<uint32_t, ExpertWeights>> Next() override;
   void EndLayer() override { pending_.clear(); }

@@ -129,7 +129,7 @@ Status Rank::Build(RankStage* stage) {
   ExpertTable table;
   FMOE_RETURN_IF_ERROR(LoadWeights(&table));
   if (o.experts == RankExperts::kResident) {
-    resident_ = std::make_unique<ResidentExperts>(std::move(table));
+    FMOE_ASSIGN_OR_RETURN(resident_, ResidentExperts::Create(std::move(table), device_.cuda_index));
     source_ = resident_.get();
   } else {
     CachedExpertsOptions cache = o.cache;

@@ -21,6 +21,7 @@
 #include "common/text/tokenizer.h"
 #include "gpu_worker/engine.h"
 #include "gpu_worker/model.h"
+#include "gpu_worker/rank.h"
 #include "tests/gpu_worker/gpu_skip.h"
 #include "tests/testing/fake_map_service.h"
 #include "tests/testing/model_fixture.h"
@@ -75,9 +76,12 @@ TEST_P(CudaOffload, EveryServablePolicyAndBudgetGivesTheAllResidentTokens) {
   ASSERT_NE(f, nullptr);
   const ModelInfo& info = f->info;
 
-  ResidentExperts resident(CloneExpertTable(f->table));
+  // The reference: every expert resident on cuda:0 (a host copy would run on the host).
+  auto resident = ResidentExperts::Create(CloneExpertTable(f->table), 0);
+  ASSERT_TRUE(resident.ok()) << resident.status().ToString();
+  ASSERT_TRUE((*resident)->experts()[0][0].w1.is_cuda());
   // Greedy decode of every prompt, four at a time (requests join and leave mid-run).
-  const Tokens ref = testing::RunPrompts(*f, resident, nullptr, {}, /*sampled=*/false);
+  const Tokens ref = testing::RunPrompts(*f, **resident, nullptr, {}, /*sampled=*/false);
   ASSERT_EQ(ref.size(), kPrompts.size());
   for (size_t i = 0; i < kPrompts.size(); ++i) {
     EXPECT_FALSE(ref.at(i + 1).empty()) << "prompt " << i;
@@ -114,6 +118,27 @@ TEST_P(CudaOffload, EveryServablePolicyAndBudgetGivesTheAllResidentTokens) {
       EXPECT_LT(st.slots, info.num_moe_layers * info.num_experts) << policy << " " << fraction;
       EXPECT_GT(st.total.misses, 0u) << policy << " " << fraction;
       EXPECT_GT(st.total.bytes_moved, 0u) << policy << " " << fraction;
+    }
+  }
+}
+
+// A rank serving every expert resident on cuda:0 keeps them on the device: before, they stayed in
+// host memory and every expert ran on the host (hybrid execution's path), 185 ms per decode
+// iteration of a two-layer Mixtral-shaped model on an H100.
+TEST(CudaResidentRank, KeepsEveryExpertOnTheDevice) {
+  FMOE_SKIP_WITHOUT_GPU();
+  RankOptions o;
+  o.model_dir = std::string(FMOE_SOURCE_DIR) + "/deploy/models/tiny-moe";
+  o.device = "cuda:0";
+  o.dtype = "float32";
+  o.experts = RankExperts::kResident;
+  o.compute = false;
+  auto rank = Rank::Assemble(std::move(o));
+  ASSERT_TRUE(rank.ok()) << rank.status().ToString();
+  ASSERT_NE((*rank)->resident(), nullptr);
+  for (const auto& layer : (*rank)->resident()->experts()) {
+    for (const ExpertWeights& w : layer) {
+      ASSERT_TRUE(w.w1.is_cuda() && w.w2.is_cuda() && w.w3.is_cuda());
     }
   }
 }

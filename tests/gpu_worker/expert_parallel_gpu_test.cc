@@ -72,13 +72,16 @@ TEST(ExpertParallelOnCuda, AGroupOfOneGivesTheUngroupedTokens) {
   EXPECT_EQ(group.world_size(), 1u);
   EXPECT_EQ(group.backend(), "none");
 
-  // All resident.
-  ResidentExperts alone_source(CloneExpertTable(table));
-  const Tokens alone = RunPrompts(m, alone_source, **tokenizer, nullptr);
+  // All resident, on the device.
+  auto alone_source = ResidentExperts::Create(CloneExpertTable(table), 0);
+  ASSERT_TRUE(alone_source.ok()) << alone_source.status().ToString();
+  ASSERT_TRUE((*alone_source)->experts()[0][0].w1.is_cuda());
+  const Tokens alone = RunPrompts(m, **alone_source, **tokenizer, nullptr);
   ASSERT_EQ(alone.size(), kPrompts.size());
-  ResidentExperts grouped_source(CloneExpertTable(table));
+  auto grouped_source = ResidentExperts::Create(CloneExpertTable(table), 0);
+  ASSERT_TRUE(grouped_source.ok()) << grouped_source.status().ToString();
   m.set_group(&group);
-  const Tokens grouped = RunPrompts(m, grouped_source, **tokenizer, &group);
+  const Tokens grouped = RunPrompts(m, **grouped_source, **tokenizer, &group);
   m.set_group(nullptr);
   EXPECT_EQ(grouped, alone);
 

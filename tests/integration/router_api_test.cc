@@ -260,7 +260,8 @@ TEST_F(RouterApiTest, LogitBiasMinPAndPenaltiesChangeTheOutputAsTheyShould) {
   // A bias of +100 makes one token win every step.
   const Json biased = Completion({{"max_tokens", 6}, {"logit_bias", {{"300", 100}}}});
   EXPECT_EQ(biased["usage"]["completion_tokens"], 6);
-  EXPECT_EQ(Text(biased), Ok("/detokenize", {{"tokens", std::vector<int>(6, 300)}})["prompt"]);
+  EXPECT_EQ(Text(biased),
+            Ok("/detokenize", {{"tokens", std::vector<int>(6, 300)}})["prompt"].get<std::string>());
   // min_p = 1 keeps only the likeliest token: sampling at any temperature is greedy.
   const Json min_p =
       Completion({{"max_tokens", 24}, {"temperature", 1.8}, {"seed", 3}, {"min_p", 1.0}});
