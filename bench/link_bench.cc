@@ -9,8 +9,11 @@
 // Run: build/bin/link_bench [--benchmark_filter=EmulatedLink]. Emulated figures say "emulated".
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -194,3 +197,25 @@ BENCHMARK(BM_PinnedCopy)
 
 }  // namespace
 }  // namespace fmoe
+
+// Google Benchmark before 1.8 (Debian 12 ships 1.7.1) takes --benchmark_min_time=0.2 and rejects
+// the newer spelling 0.2s with no benchmark run; both spellings work here.
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  constexpr std::string_view kMinTime = "--benchmark_min_time=";
+  for (std::string& a : args) {
+    if (!a.starts_with(kMinTime) || !a.ends_with('s')) continue;
+    const std::string value = a.substr(kMinTime.size(), a.size() - kMinTime.size() - 1);
+    char* end = nullptr;
+    std::strtod(value.c_str(), &end);
+    if (!value.empty() && end == value.c_str() + value.size()) a = std::string(kMinTime) + value;
+  }
+  std::vector<char*> pointers;
+  for (std::string& a : args) pointers.push_back(a.data());
+  int n = static_cast<int>(pointers.size());
+  benchmark::Initialize(&n, pointers.data());
+  if (benchmark::ReportUnrecognizedArguments(n, pointers.data())) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
