@@ -13,8 +13,14 @@
 
 namespace fmoe {
 
-// level: trace | debug | info | warn | error.
+// level: trace | debug | info | warn | error. Every message is written through
+// EscapeForLog: a request's names and texts cannot forge a line or drive the terminal.
 Status InitLogging(std::string_view process_name, std::string_view level);
+
+// `text` with what a terminal or a line-based log reader would act on made visible: control
+// characters (C0, DEL, and C1 as UTF-8) become \n, \r, \t or \xHH (\u{0085} for a C1 code point),
+// and bytes that are not well-formed UTF-8 become \xHH. Everything else is kept as is.
+std::string EscapeForLog(std::string_view text);
 
 // What the exception being handled says ("unknown exception" if it is no std::exception), for
 // the log line of a loop or handler that serves on. Call inside a catch block only.

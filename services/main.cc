@@ -7,6 +7,7 @@
 //                                            LibTorch binary next to this one (LibTorch builds)
 #include <cstdio>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -111,7 +112,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fmoe: %s\n", s.message().c_str());
     return 2;
   }
-  spdlog::info("effective configuration:\n{}", fmoe::DescribeManifest(manifest));
+  // One log line per line of the description (a log line holds no newline).
+  spdlog::info("effective configuration:");
+  std::istringstream description(fmoe::DescribeManifest(manifest));
+  for (std::string line; std::getline(description, line);) spdlog::info("  {}", line);
   launch_options.bin_dir = fmoe::ExecutableDir();
   return fmoe::Launch(manifest, launch_options);
 }
