@@ -53,7 +53,7 @@ constexpr std::string_view kLinkKeys[] = {"gbps", "latency_us"};
 constexpr std::string_view kHybridKeys[] = {"cpu_threads", "host_slowdown"};
 constexpr std::string_view kWorkerKeys[] = {"device", "host"};
 constexpr std::string_view kRouterKeys[] = {
-    "listen",         "worker_endpoint", "request_timeout_s",
+    "listen",         "worker_endpoint", "request_timeout_s",   "drain_timeout_s",
     "max_body_bytes", "api_keys",        "cors_allowed_origins"};
 constexpr std::string_view kHeartbeatKeys[] = {"interval_ms", "timeout_ms"};
 constexpr std::string_view kLoggingKeys[] = {"level"};
@@ -813,6 +813,8 @@ Status ParseRouter(const Field& field, RouterSpec* spec) {
   FMOE_RETURN_IF_ERROR(ReadZmqEndpoint(section.Get("worker_endpoint"), &spec->worker_endpoint));
   FMOE_RETURN_IF_ERROR(
       ReadDouble(section.Get("request_timeout_s"), {0, true, 86400}, &spec->request_timeout_s));
+  FMOE_RETURN_IF_ERROR(
+      ReadDouble(section.Get("drain_timeout_s"), {0, false, 3600}, &spec->drain_timeout_s));
   FMOE_RETURN_IF_ERROR(ReadInt(section.Get("max_body_bytes"), int64_t{1} << 10, int64_t{256} << 20,
                                &spec->max_body_bytes));
   FMOE_RETURN_IF_ERROR(ParseApiKeys(section.Get("api_keys"), &spec->api_keys));
@@ -1069,6 +1071,7 @@ std::string DescribeManifest(const Manifest& m) {
   EmitValue(out, "listen", m.router.listen);
   EmitValue(out, "worker_endpoint", m.router.worker_endpoint);
   EmitDouble(out, "request_timeout_s", m.router.request_timeout_s);
+  EmitDouble(out, "drain_timeout_s", m.router.drain_timeout_s);
   EmitValue(out, "max_body_bytes", m.router.max_body_bytes);
   out << YAML::Key << "api_keys" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (size_t i = 0; i < m.router.api_keys.size(); ++i) out << std::string(kRedactedKey);

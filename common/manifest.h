@@ -99,7 +99,11 @@ struct RouterSpec {
   std::string listen = "127.0.0.1:8000";                 // HTTP HOST:PORT. Default: 127.0.0.1:8000
   std::string worker_endpoint = "tcp://127.0.0.1:5556";  // ZMQ ROUTER bind for worker leaders.
   double request_timeout_s = 600;                        // (0, 86400]. Default: 600
-  int64_t max_body_bytes = 1 << 20;                      // 1 KiB..256 MiB. Default: 1 MiB
+  // At SIGTERM the router stops accepting and lets open requests finish for up to this long (or
+  // request_timeout_s, if shorter); then every open stream ends with an error event and [DONE].
+  // The launcher waits this long plus 5 s before it kills the router. [0, 3600]. Default: 30
+  double drain_timeout_s = 30;
+  int64_t max_body_bytes = 1 << 20;   // 1 KiB..256 MiB. Default: 1 MiB
   std::vector<std::string> api_keys;  // Bearer keys, each 8..256 printable chars. Default: none
   // Origins browsers may call from (CORS): "https://host[:port]", or "*" for any. Default: none
   // (CORS off)
@@ -125,7 +129,9 @@ struct RestartSpec {
 struct LauncherSpec {
   std::string run_dir;  // Logs and state (absolute after load). Default: <manifest dir>/.fmoe/run
   int ready_timeout_s = 120;  // Per process, 1..3600. Default: 120
-  int stop_timeout_s = 10;    // SIGTERM then SIGKILL after this, 1..600. Default: 10
+  // SIGTERM then SIGKILL after this, 1..600 (the router: at least router.drain_timeout_s + 5).
+  // Default: 10
+  int stop_timeout_s = 10;
   RestartSpec restart;
 };
 

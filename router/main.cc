@@ -119,10 +119,10 @@ int main(int argc, char** argv) {
 
   std::atomic<bool> stop{false};
   std::thread link_thread([&] { link.Run(stop); });
-  // SIGTERM: stop accepting, let in-flight answers (streams included) finish for up to 30 s or
-  // the request timeout, whichever is shorter, then exit.
-  const int grace_ms =
-      static_cast<int>(std::min(30000.0, manifest.router.request_timeout_s * 1000));
+  // SIGTERM: stop accepting, let in-flight answers (streams included) finish for up to
+  // router.drain_timeout_s or the request timeout, whichever is shorter, then exit.
+  const int grace_ms = static_cast<int>(
+      std::min(manifest.router.drain_timeout_s, manifest.router.request_timeout_s) * 1000);
   signals.OnStop([&server, grace_ms] { server.Stop(grace_ms); });
   spdlog::info("serving http://{}:{}", http.host, server.port());
   NotifyReady(ready_fd);

@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -55,6 +56,7 @@ void WriteStatusFile(const std::string& path, const Manifest& manifest, const Su
     procs.push_back({{"name", p.spec.name},
                      {"pid", p.pid},
                      {"state", std::string(ProcStateName(p.state))},
+                     {"given_up", p.given_up},
                      {"restarts", p.restarts},
                      {"last_exit", p.last_exit},
                      {"log", p.spec.log_path}});
@@ -110,10 +112,16 @@ std::vector<ProcessSpec> PlanProcesses(const Manifest& manifest, const LaunchOpt
   const fs::path logs = fs::path(manifest.launcher.run_dir) / "logs";
   std::vector<ProcessSpec> plan;
   if (!options.workers_only) {
-    plan.push_back({"map-service",
-                    {(bin / "fmoe-map-service").string(), "--manifest", manifest.source_path},
-                    (logs / "map-service.log").string(),
-                    0});
+    // Serving needs no map (DESIGN section 8: the caches fall back to their own policy), so the
+    // map service never stops the cluster: start-up goes on without it, and a crash loop only
+    // stops it for a while.
+    ProcessSpec maps{"map-service",
+                     {(bin / "fmoe-map-service").string(), "--manifest", manifest.source_path},
+                     (logs / "map-service.log").string(),
+                     0};
+    maps.essential = false;
+    maps.needed_at_start = false;
+    plan.push_back(std::move(maps));
   }
   for (const auto& group : manifest.worker_groups) {
     for (size_t r = 0; r < group.workers.size(); ++r) {
@@ -138,6 +146,8 @@ std::vector<ProcessSpec> PlanProcesses(const Manifest& manifest, const LaunchOpt
       ProcessSpec worker{name, std::move(argv), (logs / (name + ".log")).string(), 2,
                          "group:" + group.name};
       worker.stop_stage = 1;  // After the router, which drains first.
+      // A group that keeps failing is given up on for a while; the other groups serve on.
+      worker.essential = false;
       plan.push_back(std::move(worker));
     }
   }
@@ -148,6 +158,10 @@ std::vector<ProcessSpec> PlanProcesses(const Manifest& manifest, const LaunchOpt
                        (logs / "router.log").string(),
                        1};
     router.stop_stage = 2;  // Stopped first: it stops accepting and lets answers finish.
+    // Its drain, and then 5 s to end the streams still open, before SIGKILL.
+    router.stop_timeout_ms =
+        std::max<int64_t>(int64_t{manifest.launcher.stop_timeout_s} * 1000,
+                          static_cast<int64_t>(manifest.router.drain_timeout_s * 1000) + 5000);
     plan.insert(plan.begin() + 1, std::move(router));
   }
   return plan;

@@ -25,6 +25,18 @@ struct ProcessSpec {
   // Stopped in decreasing order of this instead, when >= 0 (the router starts before the workers
   // so clients see them load, and stops first so it drains). Default: -1 (the stage)
   int stop_stage = -1;  // "= -1": initialisers may omit it.
+  // What giving up on it (or its unit) after too many crashes does: true = the supervisor fails
+  // and the cluster stops (the router: nothing serves without it); false = only it (its unit)
+  // stays down for a cool-down of the crash window, then starts afresh, while the rest serves
+  // on. Default: true
+  bool essential = true;
+  // Whether start-up waits for it: false = an exit or a missed ready deadline during start-up is
+  // a crash like any later one, and the next stage starts without it (the map service: serving
+  // needs no map). Default: true
+  bool needed_at_start = true;
+  // SIGTERM to SIGKILL for this process, when > 0 (the router: its drain). Default: 0, the
+  // supervisor's stop_timeout_ms
+  int64_t stop_timeout_ms = 0;
   int StopOrder() const { return stop_stage >= 0 ? stop_stage : stage; }
 };
 

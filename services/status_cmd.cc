@@ -133,6 +133,11 @@ int PrintStatus(const Manifest& manifest, bool json) {
       }
     }
     if (!alive) health_text = (launcher_alive ? "process not running" : "launcher not running");
+    const auto given_up = p.find("given_up");
+    if (launcher_alive && given_up != p.end() && given_up->is_boolean() && given_up->get<bool>()) {
+      health_text =
+          "given up on after a crash loop; restarted after the crash window (see its log)";
+    }
     all_ok = all_ok && ok;
     rows.push_back({{"name", name},
                     {"pid", pid},

@@ -69,10 +69,18 @@ void Supervisor::Fail(std::string why) {
   Changed();
 }
 
+void Supervisor::GiveUp(const std::string& why, const std::string& log_path) {
+  spdlog::error(
+      "{}; giving up on it for {} s: the rest of the cluster serves on without it, and "
+      "it starts afresh after that. Its log: {}",
+      why, options_.window_ms / 1000, log_path);
+  Changed();
+}
+
 void Supervisor::OnExit(ProcStatus& p, std::string last_exit) {
   p.last_exit = std::move(last_exit);
   p.pid = -1;
-  if (phase_ == Phase::kStarting) {
+  if (phase_ == Phase::kStarting && p.spec.needed_at_start) {
     p.state = ProcState::kFailed;
     std::string line = LastLogLine(p.spec.log_path);
     Fail(p.spec.name + " exited during start-up (" + p.last_exit + ")" +
@@ -88,9 +96,16 @@ void Supervisor::OnExit(ProcStatus& p, std::string last_exit) {
   const int recent = RecentCrashes(p, now);
   if (recent > options_.max_restarts) {
     p.state = ProcState::kFailed;
-    Fail(p.spec.name + " crashed " + std::to_string(recent) + " times within " +
-         std::to_string(options_.window_ms / 1000) + " s (last: " + p.last_exit +
-         "); giving up. Its log: " + p.spec.log_path);
+    const std::string why = p.spec.name + " crashed " + std::to_string(recent) + " times within " +
+                            std::to_string(options_.window_ms / 1000) + " s (last: " + p.last_exit +
+                            ")";
+    if (p.spec.essential) {
+      Fail(why + "; giving up. Its log: " + p.spec.log_path);
+      return;
+    }
+    p.given_up = true;
+    p.restart_at_ms = now + options_.window_ms;
+    GiveUp(why, p.spec.log_path);
     return;
   }
   const int64_t backoff = BackoffMs(recent);
@@ -140,7 +155,7 @@ void Supervisor::OnUnitMemberExit(ProcStatus& p) {
   const std::string how =
       p.last_exit.rfind("could not start", 0) == 0 ? p.last_exit : "exited (" + p.last_exit + ")";
   if (unit.failing) {
-    p.state = ProcState::kBackoff;
+    p.state = unit.given_up ? ProcState::kFailed : ProcState::kBackoff;
     p.restart_at_ms = unit.restart_at_ms;
     spdlog::info("{} {} while its unit {} restarts; not counted as a crash", p.spec.name, how,
                  p.spec.unit);
@@ -154,23 +169,33 @@ void Supervisor::OnUnitMemberExit(ProcStatus& p) {
     if (q.spec.unit == p.spec.unit) recent += RecentCrashes(q, now);
   }
   unit.failing = true;
-  if (recent > options_.max_restarts) {
+  const bool give_up = recent > options_.max_restarts;
+  if (give_up && p.spec.essential) {
     p.state = ProcState::kFailed;
     Fail("unit " + DescribeUnit(p.spec.unit) + " failed " + std::to_string(recent) +
          " times within " + std::to_string(options_.window_ms / 1000) + " s (last: " + p.spec.name +
          " " + how + "); giving up. Its log: " + p.spec.log_path);
     return;
   }
-  const int64_t backoff = BackoffMs(recent);
+  const int64_t backoff = give_up ? options_.window_ms : BackoffMs(recent);
   unit.restart_at_ms = now + backoff;
+  unit.given_up = give_up;
   for (auto& q : procs_) {
     if (q.spec.unit != p.spec.unit) continue;
     if (&q != &p && q.pid > 0) {
       runner_.Signal(q.pid, SIGTERM);  // Reaped as BACKOFF; SIGKILL after the grace (Step).
       q.deadline_ms = now + options_.unit_kill_grace_ms;
     }
-    q.state = ProcState::kBackoff;
+    q.state = give_up ? ProcState::kFailed : ProcState::kBackoff;
+    q.given_up = give_up;
     q.restart_at_ms = unit.restart_at_ms;
+  }
+  if (give_up) {
+    GiveUp("unit " + DescribeUnit(p.spec.unit) + " failed " + std::to_string(recent) +
+               " times within " + std::to_string(options_.window_ms / 1000) +
+               " s (last: " + p.spec.name + " " + how + ")",
+           p.spec.log_path);
+    return;
   }
   spdlog::warn("{} {}; restarting unit {} in {} ms ({} crash(es) in the last {} s)", p.spec.name,
                how, DescribeUnit(p.spec.unit), backoff, recent, options_.window_ms / 1000);
@@ -182,9 +207,14 @@ void Supervisor::OnUnitMemberExit(ProcStatus& p) {
 void Supervisor::RestartUnit(const std::string& name) {
   UnitState& unit = units_.at(name);
   unit.failing = false;
-  spdlog::info("restarting unit {}", DescribeUnit(name));
+  const bool after_give_up = unit.given_up;
+  unit.given_up = false;
+  spdlog::info("restarting unit {}{}", DescribeUnit(name),
+               after_give_up ? " after its cool-down, its crashes forgotten" : "");
   for (auto& p : procs_) {
     if (p.spec.unit != name) continue;
+    if (after_give_up) p.crashes_ms.clear();
+    p.given_up = false;
     ++p.restarts;
     StartProcess(p);
     if (unit.failing || phase_ != Phase::kRunning) return;
@@ -219,7 +249,7 @@ void Supervisor::Step() {
         std::string why = p.spec.name + " was not ready within " +
                           std::to_string(options_.ready_timeout_ms / 1000) + " s";
         runner_.Signal(p.pid, SIGKILL);
-        if (phase_ == Phase::kStarting) {
+        if (phase_ == Phase::kStarting && p.spec.needed_at_start) {
           p.state = ProcState::kFailed;
           Fail(why + ". Its log: " + p.spec.log_path);
         } else {
@@ -232,9 +262,17 @@ void Supervisor::Step() {
       spdlog::warn("{} did not exit within {} ms of its unit's failure; sending SIGKILL",
                    p.spec.name, options_.unit_kill_grace_ms);
       runner_.Signal(p.pid, SIGKILL);
-      p.deadline_ms = now + options_.stop_timeout_ms;
-    } else if (p.state == ProcState::kBackoff && p.spec.unit.empty() && now >= p.restart_at_ms &&
-               phase_ == Phase::kRunning) {
+      p.deadline_ms = now + StopTimeoutMs(p);
+    } else if ((p.state == ProcState::kBackoff || (p.state == ProcState::kFailed && p.given_up)) &&
+               p.spec.unit.empty() && now >= p.restart_at_ms &&
+               (phase_ == Phase::kRunning ||
+                (phase_ == Phase::kStarting && !p.spec.needed_at_start))) {
+      if (p.given_up) {
+        spdlog::info("{}: its cool-down is over; starting it afresh, its crashes forgotten",
+                     p.spec.name);
+        p.crashes_ms.clear();
+        p.given_up = false;
+      }
       ++p.restarts;
       StartProcess(p);
     }
@@ -250,9 +288,15 @@ void Supervisor::Step() {
 
 void Supervisor::AdvanceStartup() {
   // The current stage must be fully running before the next one starts.
+  // One not needed at start counts once it is running or has failed its start (it is restarted
+  // on its own).
   bool stage_running = true;
   for (const auto& p : procs_) {
-    if (p.spec.stage == start_stage_ && p.state != ProcState::kRunning) stage_running = false;
+    if (p.spec.stage != start_stage_ || p.state == ProcState::kRunning) continue;
+    if (p.spec.needed_at_start || p.state == ProcState::kStarting ||
+        p.state == ProcState::kPending) {
+      stage_running = false;
+    }
   }
   if (!stage_running) return;
   int next = -1;
@@ -302,9 +346,9 @@ void Supervisor::AdvanceStop() {
       stage_left = true;
       if (now >= p.deadline_ms && p.state == ProcState::kStopping) {
         spdlog::warn("{} did not stop within {} ms; sending SIGKILL", p.spec.name,
-                     options_.stop_timeout_ms);
+                     StopTimeoutMs(p));
         runner_.Signal(p.pid, SIGKILL);
-        p.deadline_ms = now + options_.stop_timeout_ms;
+        p.deadline_ms = now + StopTimeoutMs(p);
       }
     }
     if (stage_left) return;
@@ -323,7 +367,7 @@ void Supervisor::AdvanceStop() {
       if (p.spec.StopOrder() != next) continue;
       if (p.pid > 0) {
         p.state = ProcState::kStopping;
-        p.deadline_ms = now + options_.stop_timeout_ms;
+        p.deadline_ms = now + StopTimeoutMs(p);
         runner_.Signal(p.pid, kill_now_ ? SIGKILL : SIGTERM);
       } else {
         p.state = ProcState::kStopped;

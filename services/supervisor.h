@@ -5,7 +5,11 @@
 // Per process:
 //   PENDING --Start stage--> STARTING --ready--> RUNNING --exit--> BACKOFF --time--> STARTING
 //   STARTING --exit or ready timeout--> (during start-up: the supervisor FAILS; later: BACKOFF)
-//   BACKOFF/RUNNING --more than max_restarts crashes within window--> FAILED (gives up)
+//   BACKOFF/RUNNING --more than max_restarts crashes within window--> FAILED (gives up: the
+//     supervisor FAILS for an essential process; any other stays FAILED for window_ms, is said
+//     to be given up on, and then starts afresh with its crashes forgotten)
+//   STARTING, not needed at start, during start-up --exit or ready timeout--> BACKOFF (a crash;
+//     the next stage starts without it)
 //   any --BeginStop--> STOPPING --exit--> STOPPED (SIGTERM, then SIGKILL after stop_timeout)
 // Per restart unit (processes with the same ProcessSpec::unit, e.g. the ranks of one worker
 // group), once the supervisor is RUNNING:
@@ -17,7 +21,9 @@
 //     or it exited by itself within the same failure)
 //   FAILING --restart time came and every member reaped--> ALL STARTING (RestartUnit)
 //   ALL STARTING/RUNNING --a member exits, the unit's crash number max_restarts + 1 within the
-//     window--> that member FAILED, the supervisor FAILS (gives up)
+//     window--> the supervisor FAILS (gives up) for an essential unit; any other unit fails as
+//     above with a restart after window_ms, every member FAILED until then (given up on), its
+//     crashes forgotten at the restart
 // A unit's crashes are the sum of its members' crash times within the window, each failure
 // recorded once, on the member whose exit was reaped first.
 // Supervisor phase: STARTING -> RUNNING -> STOPPING -> STOPPED; FAILED when it gives up, which
@@ -61,6 +67,7 @@ struct ProcStatus {
   int64_t restart_at_ms = 0;       // BACKOFF: when to start again (with its unit).
   std::deque<int64_t> crashes_ms;  // Crash times within the window (unit failures it began).
   std::string last_exit;           // "exit code 1", "killed by signal 9 (Killed)".
+  bool given_up = false;           // FAILED and waiting out the cool-down (restart_at_ms).
 };
 
 class Supervisor {
@@ -87,6 +94,7 @@ class Supervisor {
   struct UnitState {
     bool failing = false;       // From a member's exit until RestartUnit.
     int64_t restart_at_ms = 0;  // When failing: the earliest restart.
+    bool given_up = false;      // Failing for a cool-down: crashes are forgotten at the restart.
   };
 
   void StartProcess(ProcStatus& p);
@@ -102,6 +110,11 @@ class Supervisor {
   int RecentCrashes(ProcStatus& p, int64_t now);
   int64_t BackoffMs(int recent_crashes) const;
   void Fail(std::string why);
+  // A non-essential process or unit given up on for a cool-down: `why` says what happened.
+  void GiveUp(const std::string& why, const std::string& log_path);
+  int64_t StopTimeoutMs(const ProcStatus& p) const {
+    return p.spec.stop_timeout_ms > 0 ? p.spec.stop_timeout_ms : options_.stop_timeout_ms;
+  }
   void AdvanceStartup();
   void AdvanceStop();
   void Changed();

@@ -80,6 +80,36 @@ launcher: {run_dir: /srv/run}
   EXPECT_EQ(plan[3].log_path, "/srv/run/logs/worker-g0-1.log");
 }
 
+// Only the router's give-up stops the cluster; the map service does not hold start-up; the
+// router's stop timeout covers its drain.
+TEST(PlanProcesses, OnlyTheRouterIsEssentialAndItsStopTimeoutCoversTheDrain) {
+  const Manifest m = Parse(R"(
+model: {path: /models/tiny}
+worker_groups: [{name: g0, workers: [{}]}]
+router: {drain_timeout_s: 45}
+launcher: {run_dir: /srv/run, stop_timeout_s: 10}
+)");
+  const std::vector<ProcessSpec> plan = PlanProcesses(m, LaunchOptions{});
+  ASSERT_EQ(Names(plan), (std::vector<std::string>{"map-service", "router", "worker-g0-0"}));
+  EXPECT_FALSE(plan[0].essential);
+  EXPECT_FALSE(plan[0].needed_at_start);
+  EXPECT_TRUE(plan[1].essential);
+  EXPECT_TRUE(plan[1].needed_at_start);
+  EXPECT_EQ(plan[1].stop_timeout_ms, 50000) << "drain 45 s + 5 s";
+  EXPECT_FALSE(plan[2].essential);
+  EXPECT_TRUE(plan[2].needed_at_start);
+  EXPECT_EQ(plan[2].stop_timeout_ms, 0) << "the launcher's stop_timeout_s";
+
+  // A stop timeout above the drain's stays.
+  const Manifest longer = Parse(R"(
+model: {path: /models/tiny}
+worker_groups: [{name: g0, workers: [{}]}]
+launcher: {run_dir: /srv/run, stop_timeout_s: 120}
+)");
+  EXPECT_EQ(PlanProcesses(longer, LaunchOptions{})[1].stop_timeout_ms, 120000);
+  EXPECT_EQ(longer.router.drain_timeout_s, 30) << "the default drain";
+}
+
 TEST(PlanProcesses, HostSelectsTheRanksWrittenWithThatName) {
   const Manifest m = Parse(kTwoHosts);
   LaunchOptions options;

@@ -596,5 +596,175 @@ TEST(SupervisorUnit, BeginStopDuringAUnitBackoffStopsCleanly) {
   EXPECT_EQ(runner.spawned.size(), spawned);
 }
 
+// ---- processes the cluster serves on without ----
+
+// The launcher's map service: not essential, not needed at start.
+std::vector<ProcessSpec> OptionalMapPlan() {
+  std::vector<ProcessSpec> plan = UnitPlan();
+  plan[0].essential = false;
+  plan[0].needed_at_start = false;
+  for (auto& p : plan) {
+    if (!p.unit.empty()) p.essential = false;
+  }
+  return plan;
+}
+
+TEST(SupervisorOptional, ACrashLoopOfANonEssentialProcessStopsOnlyItForTheWindow) {
+  FakeRunner runner;
+  ManualClock clock;
+  Supervisor sup(Options(), OptionalMapPlan(), runner, clock);  // max_restarts 3, window 10 s.
+  StartAllReady(sup, runner);
+  for (int i = 0; i < 3; ++i) {
+    runner.Crash("map-service", 3);
+    sup.Step();
+    clock.AdvanceMs(2000);
+    sup.Step();
+    runner.MakeReady("map-service");
+    sup.Step();
+  }
+  runner.signals.clear();
+  runner.Crash("map-service", 3);
+  sup.Step();
+  EXPECT_EQ(sup.phase(), Supervisor::Phase::kRunning) << "the rest serves on";
+  EXPECT_TRUE(sup.failure().empty());
+  EXPECT_EQ(Find(sup, "map-service").state, ProcState::kFailed);
+  EXPECT_TRUE(Find(sup, "map-service").given_up);
+  EXPECT_TRUE(runner.signals.empty()) << "nothing else is stopped";
+  EXPECT_EQ(Find(sup, "router").state, ProcState::kRunning);
+  EXPECT_EQ(Find(sup, "worker-g0-0").state, ProcState::kRunning);
+  const size_t spawned = runner.spawned.size();
+  clock.AdvanceMs(9999);
+  sup.Step();
+  EXPECT_EQ(runner.spawned.size(), spawned) << "down for the whole window";
+  clock.AdvanceMs(1);
+  sup.Step();
+  EXPECT_EQ(runner.spawned.size(), spawned + 1);
+  EXPECT_EQ(Find(sup, "map-service").state, ProcState::kStarting);
+  EXPECT_FALSE(Find(sup, "map-service").given_up);
+  EXPECT_TRUE(Find(sup, "map-service").crashes_ms.empty()) << "its crashes are forgotten";
+  runner.MakeReady("map-service");
+  sup.Step();
+  EXPECT_EQ(Find(sup, "map-service").state, ProcState::kRunning);
+  // An essential process still gives up for everyone.
+  for (int i = 0; i < 4; ++i) {
+    runner.Crash("router", 3);
+    sup.Step();
+    clock.AdvanceMs(1000);
+    sup.Step();
+    runner.MakeReady("router");
+    sup.Step();
+  }
+  EXPECT_EQ(sup.phase(), Supervisor::Phase::kFailed);
+}
+
+TEST(SupervisorOptional, StartUpGoesOnWithoutAProcessNotNeededAtStart) {
+  FakeRunner runner;
+  ManualClock clock;
+  Supervisor sup(Options(), OptionalMapPlan(), runner, clock);
+  sup.Step();
+  ASSERT_EQ(runner.spawned, (Names{"map-service"}));
+  runner.Crash("map-service", 1);  // A full disk, say.
+  sup.Step();
+  EXPECT_EQ(sup.phase(), Supervisor::Phase::kStarting);
+  EXPECT_EQ(Find(sup, "map-service").state, ProcState::kBackoff);
+  sup.Step();
+  EXPECT_EQ(runner.spawned, (Names{"map-service", "worker-g0-0", "worker-g0-1", "worker-g1-0"}))
+      << "the next stage starts without it";
+  clock.AdvanceMs(100);
+  sup.Step();
+  EXPECT_EQ(runner.spawned.back(), "map-service") << "restarted after its backoff";
+  for (const std::string w : {"worker-g0-0", "worker-g0-1", "worker-g1-0"}) runner.MakeReady(w);
+  sup.Step();
+  runner.MakeReady("router");
+  sup.Step();
+  EXPECT_EQ(sup.phase(), Supervisor::Phase::kRunning);
+  // A worker is needed at start: its exit during start-up still fails the launch.
+  FakeRunner runner2;
+  Supervisor sup2(Options(), OptionalMapPlan(), runner2, clock);
+  sup2.Step();
+  runner2.MakeReady("map-service");
+  sup2.Step();
+  runner2.Crash("worker-g1-0", 2);
+  sup2.Step();
+  EXPECT_EQ(sup2.phase(), Supervisor::Phase::kFailed);
+}
+
+TEST(SupervisorOptional, AMissedReadyDeadlineAtStartIsACrashForOneNotNeededAtStart) {
+  FakeRunner runner;
+  ManualClock clock;
+  Supervisor sup(Options(), OptionalMapPlan(), runner, clock);
+  sup.Step();
+  clock.AdvanceMs(5000);
+  sup.Step();
+  EXPECT_EQ(runner.signals.back(), std::make_pair(std::string("map-service"), SIGKILL));
+  sup.Step();  // Reaped: a crash.
+  EXPECT_EQ(sup.phase(), Supervisor::Phase::kStarting);
+  EXPECT_EQ(Find(sup, "map-service").state, ProcState::kBackoff);
+  sup.Step();
+  EXPECT_EQ(runner.spawned.size(), 4u) << "the workers start";
+}
+
+TEST(SupervisorOptional, ANonEssentialUnitIsGivenUpOnAloneAndRestartsTogetherAfterTheWindow) {
+  FakeRunner runner;
+  ManualClock clock;
+  Supervisor sup(Options(), OptionalMapPlan(), runner, clock);
+  StartAllReady(sup, runner);
+  int64_t backoff = 100;
+  for (int i = 0; i < 3; ++i) {
+    runner.Crash("worker-g0-0", 3);
+    sup.Step();
+    sup.Step();  // worker-g0-1, killed by the unit, reaped.
+    clock.AdvanceMs(backoff);
+    sup.Step();
+    runner.MakeReady("worker-g0-0");
+    runner.MakeReady("worker-g0-1");
+    sup.Step();
+    ASSERT_EQ(Find(sup, "worker-g0-1").state, ProcState::kRunning) << i;
+    backoff *= 2;
+  }
+  runner.signals.clear();
+  runner.Crash("worker-g0-0", 3);
+  sup.Step();
+  EXPECT_EQ(sup.phase(), Supervisor::Phase::kRunning);
+  EXPECT_EQ(runner.signals, (Signals{{"worker-g0-1", SIGTERM}})) << "its unit only";
+  sup.Step();
+  for (const std::string w : {"worker-g0-0", "worker-g0-1"}) {
+    EXPECT_EQ(Find(sup, w).state, ProcState::kFailed) << w;
+    EXPECT_TRUE(Find(sup, w).given_up) << w;
+  }
+  EXPECT_EQ(Find(sup, "worker-g1-0").state, ProcState::kRunning);
+  EXPECT_EQ(Find(sup, "router").state, ProcState::kRunning);
+  const size_t spawned = runner.spawned.size();
+  clock.AdvanceMs(9999);
+  sup.Step();
+  EXPECT_EQ(runner.spawned.size(), spawned);
+  clock.AdvanceMs(1);
+  sup.Step();
+  EXPECT_EQ(runner.spawned.size(), spawned + 2) << "both ranks, together";
+  for (const std::string w : {"worker-g0-0", "worker-g0-1"}) {
+    EXPECT_EQ(Find(sup, w).state, ProcState::kStarting) << w;
+    EXPECT_FALSE(Find(sup, w).given_up) << w;
+    EXPECT_TRUE(Find(sup, w).crashes_ms.empty()) << w;
+  }
+}
+
+TEST(Supervisor, AProcessesOwnStopTimeoutReplacesTheDefault) {
+  FakeRunner runner;
+  ManualClock clock;
+  std::vector<ProcessSpec> plan = Plan();
+  plan[0].stop_timeout_ms = 5000;                  // The router: its drain.
+  Supervisor sup(Options(), plan, runner, clock);  // stop_timeout_ms 1000.
+  StartAll(sup, runner);
+  runner.ignore_term.insert("router");
+  sup.BeginStop();
+  EXPECT_EQ(runner.signals, (Signals{{"router", SIGTERM}}));
+  clock.AdvanceMs(4999);
+  sup.Step();
+  EXPECT_EQ(runner.signals.size(), 1u) << "still draining";
+  clock.AdvanceMs(1);
+  sup.Step();
+  EXPECT_EQ(runner.signals.back(), std::make_pair(std::string("router"), SIGKILL));
+}
+
 }  // namespace
 }  // namespace fmoe
