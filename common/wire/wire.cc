@@ -7,9 +7,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <mutex>
 #include <random>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include <zmq.hpp>
@@ -113,14 +118,186 @@ void ApplyOptions(zmq::socket_t& s, Role role, const SocketOptions& o, const std
 
 // ---- Context ----
 
+namespace {
+
+std::mutex g_default_key_mutex;
+std::optional<CurveKey> g_default_key;
+
+constexpr size_t kCurveKeyBytes = 32;
+// libzmq asks the ZAP handler bound here about each CURVE handshake of the context's sockets.
+constexpr char kZapEndpoint[] = "inproc://zeromq.zap.01";
+constexpr char kZapDomain[] = "fmoe";
+// A refused peer is logged at most this often (with the count since the last line).
+constexpr auto kRefusalLogEvery = std::chrono::seconds(10);
+
+bool Z85Decode(const std::string& z85, std::array<uint8_t, kCurveKeyBytes>* out) {
+  if (z85.size() != 40) return false;
+  return zmq_z85_decode(out->data(), z85.c_str()) != nullptr;
+}
+
+}  // namespace
+
+Result<CurveKey> NewCurveKey() {
+  char pub[41] = {0};
+  char sec[41] = {0};
+  if (zmq_curve_keypair(pub, sec) != 0) {
+    return FailedPrecondition(std::string("cluster key: libzmq cannot make CURVE keys: ") +
+                              zmq_strerror(zmq_errno()) + " (libzmq built without libsodium?)");
+  }
+  return CurveKey{pub, sec};
+}
+
+Status CheckCurveKey(const CurveKey& key) {
+  std::array<uint8_t, kCurveKeyBytes> bin{};
+  if (!Z85Decode(key.public_key, &bin) || !Z85Decode(key.secret_key, &bin)) {
+    return InvalidArgument("cluster key: not a pair of 40-character Z85 keys");
+  }
+  char derived[41] = {0};
+  if (zmq_curve_public(derived, key.secret_key.c_str()) != 0) {
+    return FailedPrecondition(std::string("cluster key: libzmq cannot derive a CURVE key: ") +
+                              zmq_strerror(zmq_errno()));
+  }
+  if (key.public_key != derived) {
+    return InvalidArgument("cluster key: the public key does not belong to the secret key");
+  }
+  return Status::Ok();
+}
+
+void SetDefaultCurveKey(std::optional<CurveKey> key) {
+  std::lock_guard<std::mutex> lock(g_default_key_mutex);
+  g_default_key = std::move(key);
+}
+
+std::optional<CurveKey> DefaultCurveKey() {
+  std::lock_guard<std::mutex> lock(g_default_key_mutex);
+  return g_default_key;
+}
+
 struct Context::Impl {
   zmq::context_t context;
+  std::optional<CurveKey> key;
+  std::array<uint8_t, kCurveKeyBytes> public_key{};
+  std::array<uint8_t, kCurveKeyBytes> secret_key{};
+  Status status;
+  std::thread zap;
+  std::atomic<bool> zap_stop{false};
+  std::atomic<uint64_t> refused{0};
+  bool closed = false;
+
+  void StartCurve(const CurveKey& k);
+  void ZapLoop(zmq::socket_t socket);
+  void Close();
 };
 
-Context::Context() : impl_(std::make_unique<Impl>()) {}
-Context::~Context() = default;
+// The ZAP handler (RFC 27): admits a CURVE client whose public key is the cluster's, refuses any
+// other. Runs until Close; polls so that it sees the stop flag.
+void Context::Impl::ZapLoop(zmq::socket_t socket) {
+  uint64_t refused_since_log = 0;
+  auto last_log = SteadyClock::now() - kRefusalLogEvery;
+  std::string last_address;
+  while (!zap_stop.load()) {
+    try {
+      zmq_pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq_poll(&item, 1, 100) <= 0 || (item.revents & ZMQ_POLLIN) == 0) continue;
+      // version, request id, domain, address, routing id, mechanism, credentials...
+      std::vector<zmq::message_t> parts;
+      do {
+        parts.emplace_back();
+        if (!socket.recv(parts.back(), zmq::recv_flags::dontwait)) break;
+      } while (parts.back().more() && parts.size() < 16);
+      while (!parts.empty() && parts.back().more()) {  // Drain a malformed, overlong request.
+        zmq::message_t rest;
+        if (!socket.recv(rest, zmq::recv_flags::dontwait)) break;
+        parts.back() = std::move(rest);
+      }
+      const auto text = [&](size_t i) {
+        return i < parts.size() ? parts[i].to_string() : std::string();
+      };
+      const bool admitted = parts.size() >= 7 && text(0) == "1.0" && text(5) == "CURVE" &&
+                            parts[6].size() == kCurveKeyBytes &&
+                            std::memcmp(parts[6].data(), public_key.data(), kCurveKeyBytes) == 0;
+      if (!admitted) {
+        refused.fetch_add(1);
+        ++refused_since_log;
+        last_address = text(3);
+        if (SteadyClock::now() - last_log >= kRefusalLogEvery) {
+          spdlog::warn(
+              "wire: refused {} connection(s) from peers without the cluster key (last from {})",
+              refused_since_log, last_address.empty() ? "?" : last_address);
+          refused_since_log = 0;
+          last_log = SteadyClock::now();
+        }
+      }
+      const std::string reply[] = {
+          "1.0", text(1), admitted ? "200" : "400", admitted ? "OK" : "not the cluster key",
+          "",    ""};
+      for (size_t i = 0; i < std::size(reply); ++i) {
+        socket.send(zmq::buffer(reply[i]),
+                    i + 1 < std::size(reply) ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      }
+    } catch (const zmq::error_t& e) {
+      if (e.num() == ETERM) break;
+      spdlog::warn("wire: the cluster key's handler: {}; serving on", e.what());
+    }
+  }
+  socket.close();
+}
+
+void Context::Impl::StartCurve(const CurveKey& k) {
+  if (Status s = CheckCurveKey(k); !s.ok()) {
+    status = s;
+    return;
+  }
+  key = k;
+  Z85Decode(k.public_key, &public_key);
+  Z85Decode(k.secret_key, &secret_key);
+  try {
+    zmq::socket_t socket(context, zmq::socket_type::rep);
+    socket.set(zmq::sockopt::linger, 0);
+    socket.bind(kZapEndpoint);
+    zap = std::thread([this, sock = std::move(socket)]() mutable { ZapLoop(std::move(sock)); });
+  } catch (const zmq::error_t& e) {
+    status = IoError(std::string("wire: cannot start the cluster key's handler: ") + e.what());
+  } catch (const std::system_error& e) {
+    status = IoError(std::string("wire: cannot start the cluster key's handler: ") + e.what());
+  }
+}
+
+void Context::Impl::Close() {
+  if (closed) return;
+  closed = true;
+  zap_stop = true;
+  if (zap.joinable()) zap.join();
+  context.close();
+}
+
+Context::Context() : Context(DefaultCurveKey()) {}
+Context::Context(std::optional<CurveKey> key) : impl_(std::make_unique<Impl>()) {
+  if (key) impl_->StartCurve(*key);
+}
+Context::~Context() { impl_->Close(); }
 void* Context::native() { return &impl_->context; }
-void Context::Close() { impl_->context.close(); }
+void Context::Close() { impl_->Close(); }
+bool Context::curve() const { return impl_->key.has_value(); }
+uint64_t Context::curve_refused() const { return impl_->refused.load(); }
+const Status& Context::status() const { return impl_->status; }
+
+void Context::ApplyCurve(void* socket, bool server) {
+  const auto set = [socket](int option, const void* value, size_t size) {
+    if (zmq_setsockopt(socket, option, value, size) != 0) throw zmq::error_t();
+  };
+  const Impl& k = *impl_;
+  if (server) {
+    const int on = 1;
+    set(ZMQ_CURVE_SERVER, &on, sizeof(on));
+    set(ZMQ_CURVE_SECRETKEY, k.secret_key.data(), k.secret_key.size());
+    set(ZMQ_ZAP_DOMAIN, kZapDomain, std::strlen(kZapDomain));
+  } else {
+    set(ZMQ_CURVE_SERVERKEY, k.public_key.data(), k.public_key.size());
+    set(ZMQ_CURVE_PUBLICKEY, k.public_key.data(), k.public_key.size());
+    set(ZMQ_CURVE_SECRETKEY, k.secret_key.data(), k.secret_key.size());
+  }
+}
 
 // ---- SocketBase ----
 
@@ -157,6 +334,7 @@ Status SocketBase::Open(Context& context, bool bind) {
                              "\": must be 1-255 bytes and not start with a zero byte");
     }
   }
+  if (!context.status().ok()) return context.status();
   const std::string requested = endpoint_;
   std::unique_ptr<Impl> impl;
   try {
@@ -169,6 +347,11 @@ Status SocketBase::Open(Context& context, bool bind) {
   }
   try {
     ApplyOptions(impl->socket, role_, options_, routing_id);
+    // The cluster key (inproc has no handshake to secure). A bound socket is the CURVE server,
+    // a connecting one presents the cluster's pair as its client key.
+    if (context.curve() && !endpoint_.starts_with("inproc://")) {
+      context.ApplyCurve(impl->socket.handle(), bind);
+    }
   } catch (const zmq::error_t& e) {
     return InvalidArgument("wire: socket options for " + requested + ": " + e.what() +
                            " (check HWMs, heartbeat and reconnect intervals)");

@@ -16,13 +16,26 @@
 
 #include "common/status.h"
 #include "common/wire/codec.h"
+#include "common/wire/curve_key.h"
 #include "common/wire/messages.h"
 
 namespace fmoe::wire {
 
+// A new CURVE key pair (libzmq's generator, from libsodium's random source).
+Result<CurveKey> NewCurveKey();
+// kInvalidArgument unless `key` is a Z85 pair whose public key belongs to its secret key.
+Status CheckCurveKey(const CurveKey& key);
+// The cluster key of this process: every Context made afterwards authenticates with it (see
+// curve_key.h), none when nullopt (the default). Set once, in main(), before any Context.
+void SetDefaultCurveKey(std::optional<CurveKey> key);
+std::optional<CurveKey> DefaultCurveKey();
+
 class Context {
  public:
+  // With the process's default cluster key, if one is set (SetDefaultCurveKey).
   Context();
+  // With `key` (nullopt: plain sockets, open to anyone who can reach them).
+  explicit Context(std::optional<CurveKey> key);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -31,8 +44,19 @@ class Context {
   // owner thread). Blocks until the messages that sockets closed with a linger (SetLinger) left
   // queued are sent, or their linger passes. Idempotent; no socket can be opened afterwards.
   void Close();
+  // Whether its tcp and ipc sockets authenticate with a cluster key (inproc needs none).
+  bool curve() const;
+  // Connections its bound sockets refused because the peer did not hold the cluster key.
+  uint64_t curve_refused() const;
+  // Why sockets cannot be opened, when its key could not be put to use; Ok otherwise.
+  const Status& status() const;
 
  private:
+  friend class SocketBase;
+  // Makes `socket` (a void* libzmq socket) a CURVE server (`server`) or client with the key.
+  // Throws zmq::error_t.
+  void ApplyCurve(void* socket, bool server);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
