@@ -31,7 +31,8 @@ namespace fs = std::filesystem;
 using KeyList = std::span<const std::string_view>;
 
 constexpr std::string_view kTopKeys[] = {"model",     "map_service", "worker_groups", "router",
-                                         "heartbeat", "logging",     "launcher"};
+                                         "heartbeat", "logging",     "launcher",      "security"};
+constexpr std::string_view kSecurityKeys[] = {"curve", "key_file"};
 constexpr std::string_view kModelKeys[] = {"path", "name", "dtype"};
 constexpr std::string_view kMapServiceKeys[] = {"endpoint", "data_dir", "store_capacity",
                                                 "prefetch_distance", "sync"};
@@ -930,6 +931,10 @@ Result<Manifest> ParseDocument(std::string_view yaml_text, const std::string& ba
   FMOE_RETURN_IF_ERROR(ParseLauncher(top.Get("launcher"), base_dir, &m.launcher));
   FMOE_RETURN_IF_ERROR(CheckCollisions(m));
   return m;
+  FMOE_ASSIGN_OR_RETURN(Section security, Section::Read(top.Get("security"), kSecurityKeys));
+  FMOE_RETURN_IF_ERROR(ReadBool(security.Get("curve"), &m.security.curve));
+  m.security.key_file = (fs::path(m.launcher.run_dir) / "cluster.key").string();
+  FMOE_RETURN_IF_ERROR(ReadPath(security.Get("key_file"), base_dir, &m.security.key_file));
 }
 
 // ---- DescribeManifest ----
@@ -1105,6 +1110,11 @@ std::string DescribeManifest(const Manifest& m) {
   out << YAML::EndMap;
   if (!out.good()) return "# DescribeManifest failed: " + out.GetLastError() + "\n";
   return std::string(out.c_str()) + "\n";
+  out << YAML::Key << "security" << YAML::Value << YAML::BeginMap;
+  EmitValue(out, "curve", m.security.curve);
+  EmitValue(out, "key_file", m.security.key_file);
+  out << YAML::EndMap;
+
 }
 
 const WorkerGroupSpec* FindGroup(const Manifest& manifest, std::string_view name) {

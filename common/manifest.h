@@ -138,6 +138,16 @@ struct LauncherSpec {
 struct Manifest {
   std::string source_path;  // Absolute path of the file it was loaded from ("" if parsed).
   ModelSpec model;
+// Who may speak on the cluster's ZeroMQ sockets (common/wire/curve_key.h).
+struct SecuritySpec {
+  // Every tcp and ipc ZeroMQ socket between the cluster's processes authenticates with the
+  // cluster key (CURVE): a peer without it cannot connect. Default: true
+  bool curve = true;
+  // The cluster key; `fmoe launch` writes a new one when it is missing (hosts of one cluster
+  // hold copies of one file). Default: <launcher.run_dir>/cluster.key
+  std::string key_file;
+};
+
   MapServiceSpec map_service;
   std::vector<WorkerGroupSpec> worker_groups;  // Required, 1..64 groups.
   RouterSpec router;
@@ -147,6 +157,7 @@ struct Manifest {
 };
 
 // Reads and validates the file. Errors: kNotFound / kIoError when it cannot be read,
+  SecuritySpec security;
 // kInvalidArgument with "manifest: <key path>: <what is wrong>" otherwise.
 Result<Manifest> LoadManifest(const std::string& path);
 // Same for text; relative paths resolve against base_dir (absolute).

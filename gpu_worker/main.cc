@@ -20,6 +20,7 @@
 #include "common/manifest.h"
 #include "common/process_util.h"
 #include "common/service_setup.h"
+#include "common/wire/curve_key.h"
 #include "gpu_worker/load_reporter.h"
 #include "gpu_worker/rank.h"
 #include "gpu_worker/worker.h"
@@ -109,6 +110,12 @@ int main(int argc, char** argv) {
   const std::string log_name = "worker-" + group_name + "-" + std::to_string(rank_index);
   if (int rc = SetUpService("fmoe-worker", manifest_path, log_name, &manifest); rc != 0) {
     return rc;
+  }
+  // Every ZeroMQ socket of this process authenticates with the cluster key.
+  if (Status s = wire::UseClusterKey(manifest.security.curve, manifest.security.key_file, true);
+      !s.ok()) {
+    spdlog::error("{}", s.message());
+    return 2;
   }
   StopSignals& signals = StopSignals::Install();
   const WorkerGroupSpec* group = FindGroup(manifest, group_name);

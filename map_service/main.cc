@@ -6,6 +6,7 @@
 #include "common/manifest.h"
 #include "common/process_util.h"
 #include "common/service_setup.h"
+#include "common/wire/curve_key.h"
 #include "map_service/map_service.h"
 
 int main(int argc, char** argv) {
@@ -20,6 +21,12 @@ int main(int argc, char** argv) {
   Manifest manifest;
   if (int rc = SetUpService("fmoe-map-service", manifest_path, "map-service", &manifest); rc != 0) {
     return rc;
+  }
+  // Every ZeroMQ socket of this process authenticates with the cluster key.
+  if (Status s = wire::UseClusterKey(manifest.security.curve, manifest.security.key_file, true);
+      !s.ok()) {
+    spdlog::error("{}", s.message());
+    return 2;
   }
   StopSignals& signals = StopSignals::Install();
 

@@ -14,6 +14,7 @@
 #include "common/process_util.h"
 #include "common/service_setup.h"
 #include "common/text/tokenizer.h"
+#include "common/wire/curve_key.h"
 #include "router/api.h"
 #include "router/completions.h"
 #include "router/http_server.h"
@@ -31,6 +32,12 @@ int main(int argc, char** argv) {
   Manifest manifest;
   if (int rc = SetUpService("fmoe-router", manifest_path, "router", &manifest); rc != 0) {
     return rc;
+  }
+  // Every ZeroMQ socket of this process authenticates with the cluster key.
+  if (Status s = wire::UseClusterKey(manifest.security.curve, manifest.security.key_file, true);
+      !s.ok()) {
+    spdlog::error("{}", s.message());
+    return 2;
   }
   StopSignals& signals = StopSignals::Install();
 

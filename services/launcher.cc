@@ -17,6 +17,7 @@
 #include "common/http_client.h"
 #include "common/model/model_config.h"
 #include "common/process_util.h"
+#include "common/wire/curve_key.h"
 #include "services/supervisor.h"
 
 namespace fmoe {
@@ -183,6 +184,11 @@ Status Preflight(const Manifest& manifest, const std::vector<ProcessSpec>& plan,
       EnsureWritableDir(manifest.launcher.run_dir).WithContext("launcher.run_dir"));
   FMOE_RETURN_IF_ERROR(EnsureWritableDir((fs::path(manifest.launcher.run_dir) / "logs").string())
                            .WithContext("launcher.run_dir"));
+  // The cluster key: made here on the main host when missing; a workers-only host holds a copy.
+  if (manifest.security.curve) {
+    auto key = wire::LoadCurveKey(manifest.security.key_file, !options.workers_only);
+    if (!key.ok()) return key.status().WithContext("security.key_file");
+  }
   if (options.workers_only) return Status::Ok();  // The map service and router run elsewhere.
   FMOE_RETURN_IF_ERROR(
       EnsureWritableDir(manifest.map_service.data_dir).WithContext("map_service.data_dir"));
@@ -237,6 +243,13 @@ int Launch(const Manifest& manifest, const LaunchOptions& options) {
   const std::string status_path = StatusFilePath(manifest);
   const uint64_t started_unix_ms = UnixMs();
   sup.set_on_change([&] { WriteStatusFile(status_path, manifest, sup, started_unix_ms); });
+  if (manifest.security.curve) {
+    spdlog::info("ZeroMQ sockets authenticate with the cluster key {}", manifest.security.key_file);
+  } else {
+    spdlog::warn(
+        "security.curve is off: any peer that reaches the cluster's ZeroMQ sockets can "
+        "speak on them (register models, pose as a worker, post directives)");
+  }
   spdlog::info("launching {} processes from {} (logs in {}/logs){}", plan.size(),
                manifest.source_path, manifest.launcher.run_dir,
                options.workers_only ? ", worker ranks only" : "");

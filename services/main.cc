@@ -17,6 +17,7 @@
 #include "common/manifest.h"
 #include "common/model/model_config.h"
 #include "common/process_util.h"
+#include "common/wire/curve_key.h"
 #include "services/generate_cmd.h"
 #include "services/launcher.h"
 #include "services/maps_cmd.h"
@@ -111,6 +112,18 @@ int main(int argc, char** argv) {
   if (fmoe::Status s = fmoe::InitLogging("fmoe", manifest.logging.level); !s.ok()) {
     std::fprintf(stderr, "fmoe: %s\n", s.message().c_str());
     return 2;
+  if (status->parsed() || maps->parsed()) {
+    // They speak to the map service: with the cluster's key, which the launcher made.
+    if (fmoe::Status s =
+            fmoe::wire::UseClusterKey(manifest.security.curve, manifest.security.key_file, false);
+        !s.ok()) {
+      // `fmoe status` still reports the processes (none, when no launcher made the key).
+      if (maps->parsed() || s.code() != fmoe::ErrorCode::kNotFound) {
+        std::fprintf(stderr, "fmoe: %s\n", s.message().c_str());
+      }
+      if (maps->parsed()) return 1;
+    }
+  }
   }
   // One log line per line of the description (a log line holds no newline).
   spdlog::info("effective configuration:");

@@ -36,4 +36,10 @@ std::string FormatCurveKeyFile(const CurveKey& key);
 // others may read is refused (the secret would not be one).
 Result<CurveKey> LoadCurveKey(const std::string& path, bool create);
 
+// For a process of the cluster, in main() before any Context: loads the key at `path` (making it
+// first when missing and `create`) and makes it the process's default (wire.h's
+// SetDefaultCurveKey); `enabled` false (security.curve: false) leaves the sockets plain. The
+// error names the file.
+Status UseClusterKey(bool enabled, const std::string& path, bool create);
+
 }  // namespace fmoe::wire

@@ -103,4 +103,14 @@ Result<CurveKey> LoadCurveKey(const std::string& path, bool create) {
   return key;
 }
 
+Status UseClusterKey(bool enabled, const std::string& path, bool create) {
+  if (!enabled) {
+    SetDefaultCurveKey(std::nullopt);
+    return Status::Ok();
+  }
+  FMOE_ASSIGN_OR_RETURN(CurveKey key, LoadCurveKey(path, create));
+  SetDefaultCurveKey(key);
+  return Status::Ok();
+}
+
 }  // namespace fmoe::wire

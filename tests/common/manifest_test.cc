@@ -224,6 +224,35 @@ TEST(Manifest, MinimalGetsAllDefaults) {
   EXPECT_EQ(m.launcher.restart.max_backoff_ms, 10000);
   EXPECT_EQ(m.launcher.restart.max_restarts, 5);
   EXPECT_EQ(m.launcher.restart.window_s, 60);
+  EXPECT_EQ(m.router.drain_timeout_s, 30.0);
+  EXPECT_TRUE(m.security.curve);
+  EXPECT_EQ(m.security.key_file, "/srv/cluster/.fmoe/run/cluster.key");
+}
+
+TEST(Manifest, SecurityAndDrainTakeTheirValues) {
+  const Manifest m = ParseOk(std::string(kMinimal) + R"(
+router: {drain_timeout_s: 0}
+launcher: {run_dir: run}
+security: {curve: false, key_file: keys/cluster.key}
+)");
+  EXPECT_EQ(m.router.drain_timeout_s, 0.0);
+  EXPECT_FALSE(m.security.curve);
+  EXPECT_EQ(m.security.key_file, "/srv/cluster/keys/cluster.key");
+  const Manifest run_dir = ParseOk(std::string(kMinimal) + "launcher: {run_dir: /var/run/x}\n");
+  EXPECT_EQ(run_dir.security.key_file, "/var/run/x/cluster.key") << "follows the run directory";
+  auto bad = ParseManifest(std::string(kMinimal) + "security: {curve: maybe}\n", "/srv/cluster");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("security.curve"), std::string::npos)
+      << bad.status().ToString();
+  auto unknown = ParseManifest(std::string(kMinimal) + "security: {keyfile: x}\n", "/srv/cluster");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("security.keyfile: unknown key"), std::string::npos)
+      << unknown.status().ToString();
+  auto drain =
+      ParseManifest(std::string(kMinimal) + "router: {drain_timeout_s: -1}\n", "/srv/cluster");
+  ASSERT_FALSE(drain.ok());
+  EXPECT_NE(drain.status().message().find("router.drain_timeout_s"), std::string::npos)
+      << drain.status().ToString();
 }
 
 TEST(Manifest, EveryServablePolicyOfTheTableIsAccepted) {
@@ -500,7 +529,7 @@ TEST(Manifest, LoadManifestErrors) {
   EXPECT_EQ(m.status().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(m.status().message(),
             "manifest: top level: the document is empty; expected a map with keys model, "
-            "map_service, worker_groups, router, heartbeat, logging, launcher");
+            "map_service, worker_groups, router, heartbeat, logging, launcher, security");
 
   if (::geteuid() != 0) {  // root reads anything.
     const std::string locked = dir.Write("locked.yaml", kMinimal);
@@ -561,7 +590,7 @@ std::string OneGroup(const std::string& group) {
 
 std::vector<BadCase> BadCases() {
   const std::string groups_top =
-      "model, map_service, worker_groups, router, heartbeat, logging, launcher";
+      "model, map_service, worker_groups, router, heartbeat, logging, launcher, security";
   const std::string policies =
       "fmoe, fmoe-traj, fmoe-traj-sem, fmoe-pfreq, fmoe-nextuse, moe-infinity, speculative, "
       "on-demand, "

@@ -256,6 +256,9 @@ class MapServiceTest : public ::testing::Test {
                            std::to_string(FreeTcpPort()) +
                            "\n  worker_endpoint: tcp://127.0.0.1:" + std::to_string(FreeTcpPort()) +
                            "\nheartbeat:\n  interval_ms: 100\n  timeout_ms: 30000\n");
+    // This test's sockets speak with the service: with the cluster key.
+    std::string error;
+    EXPECT_TRUE(testing::UseClusterKeyOf(path, &error)) << error;
     return path;
   }
   std::unique_ptr<Child> StartService(const std::string& manifest, const std::string& log) {

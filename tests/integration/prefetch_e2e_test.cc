@@ -83,6 +83,9 @@ class PrefetchE2eTest : public ::testing::Test {
                   "router:\n  listen: 127.0.0.1:" +
                   std::to_string(FreeTcpPort()) + "\n  worker_endpoint: " + worker_endpoint_ +
                   "\nheartbeat:\n  interval_ms: 100\n  timeout_ms: 2000\n");
+    // This test's sockets speak with the processes: with the cluster key.
+    std::string error;
+    EXPECT_TRUE(testing::UseClusterKeyOf(path, &error)) << error;
     return path;
   }
 

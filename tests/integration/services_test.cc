@@ -46,6 +46,9 @@ class ServicesTest : public ::testing::Test {
                            std::to_string(http_port) +
                            "\n  worker_endpoint: tcp://127.0.0.1:" + std::to_string(FreeTcpPort()) +
                            "\nheartbeat:\n  interval_ms: 100\n  timeout_ms: 1000\n");
+    // This test's sockets speak with the services: with the cluster key.
+    std::string error;
+    EXPECT_TRUE(testing::UseClusterKeyOf(path, &error)) << error;
     return path;
   }
 

@@ -64,7 +64,11 @@ class WorkerRun {
                            "\n    workers:\n      - device: cpu\nrouter:\n  listen: 127.0.0.1:" +
                            std::to_string(FreeTcpPort()) + "\n  worker_endpoint: " + endpoint_ +
                            "\nheartbeat:\n  interval_ms: 100\n  timeout_ms: 1000\n");
-    auto bound = wire::WorkerSocket::Bind(context_, wire::Role::kRouter, endpoint_);
+    // This test's socket poses as the router: with the cluster key.
+    std::string error;
+    EXPECT_TRUE(testing::UseClusterKeyOf(manifest, &error)) << error;
+    context_ = std::make_unique<wire::Context>();
+    auto bound = wire::WorkerSocket::Bind(*context_, wire::Role::kRouter, endpoint_);
     EXPECT_TRUE(bound.ok()) << bound.status().ToString();
     if (bound.ok()) socket_ = std::move(*bound);
     std::vector<std::string> argv = {
@@ -137,7 +141,7 @@ class WorkerRun {
 
  private:
   std::string endpoint_, peer_;
-  wire::Context context_;
+  std::unique_ptr<wire::Context> context_;
   std::unique_ptr<wire::WorkerSocket> socket_;
   std::unique_ptr<Child> worker_;
 };

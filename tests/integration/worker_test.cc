@@ -54,7 +54,11 @@ class WorkerTest : public ::testing::Test {
                        std::to_string(FreeTcpPort()) + "\n  worker_endpoint: " + endpoint_ +
                        "\nheartbeat:\n  interval_ms: 100\n"
                        "  timeout_ms: 1000\n");
-    auto bound = wire::WorkerSocket::Bind(context_, wire::Role::kRouter, endpoint_);
+    // This test's socket poses as the router: with the cluster key.
+    std::string error;
+    ASSERT_TRUE(testing::UseClusterKeyOf(manifest_, &error)) << error;
+    context_ = std::make_unique<wire::Context>();
+    auto bound = wire::WorkerSocket::Bind(*context_, wire::Role::kRouter, endpoint_);
     ASSERT_TRUE(bound.ok()) << bound.status().ToString();
     socket_ = std::move(*bound);
     map_ = std::make_unique<Child>(
@@ -115,7 +119,7 @@ class WorkerTest : public ::testing::Test {
   }
 
   std::string dir_, endpoint_, manifest_, peer_;
-  wire::Context context_;
+  std::unique_ptr<wire::Context> context_;
   std::unique_ptr<wire::WorkerSocket> socket_;
   std::unique_ptr<Child> map_, worker_;
   std::map<uint64_t, Stream> streams_;

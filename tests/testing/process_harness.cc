@@ -17,6 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include "common/manifest.h"
+#include "common/wire/curve_key.h"
 #include "tests/testing/http_call.h"
 
 namespace fmoe::testing {
@@ -179,6 +181,15 @@ bool LaunchedCluster::Start(const std::string& manifest_yaml, int http_port, int
       std::vector<std::string>{BinDir() + "/fmoe", "launch", manifest}, dir_ + "/launcher.log");
   return WaitUntil([&] { return HttpCall(http_port, "GET", "/health").status == 200; }, timeout_ms,
                    200);
+}
+
+bool UseClusterKeyOf(const std::string& manifest_path, std::string* error) {
+  Result<Manifest> manifest = LoadManifest(manifest_path);
+  Status s = manifest.ok() ? wire::UseClusterKey(manifest->security.curve,
+                                                 manifest->security.key_file, /*create=*/true)
+                           : manifest.status();
+  if (!s.ok() && error != nullptr) *error = s.ToString();
+  return s.ok();
 }
 
 }  // namespace fmoe::testing

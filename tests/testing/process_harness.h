@@ -77,6 +77,12 @@ class LaunchedCluster {
   std::unique_ptr<Child> launcher_;
 };
 
+// Makes the cluster key of the manifest at `manifest_path` (security.key_file, created when
+// missing, as its processes do) the key of every wire::Context this test process makes from now
+// on, so that its own sockets may speak with the processes it starts. False, with `*error`, when
+// the manifest or the key cannot be read.
+bool UseClusterKeyOf(const std::string& manifest_path, std::string* error = nullptr);
+
 // Runs a command to completion (timeout_ms) and returns {exit code, output}; code -1 on
 // timeout or signal.
 std::pair<int, std::string> RunCommand(const std::vector<std::string>& argv, int timeout_ms);
