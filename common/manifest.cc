@@ -929,12 +929,12 @@ Result<Manifest> ParseDocument(std::string_view yaml_text, const std::string& ba
   FMOE_ASSIGN_OR_RETURN(Section logging, Section::Read(top.Get("logging"), kLoggingKeys));
   FMOE_RETURN_IF_ERROR(ReadEnum(logging.Get("level"), kLogLevels, &m.logging.level));
   FMOE_RETURN_IF_ERROR(ParseLauncher(top.Get("launcher"), base_dir, &m.launcher));
-  FMOE_RETURN_IF_ERROR(CheckCollisions(m));
-  return m;
   FMOE_ASSIGN_OR_RETURN(Section security, Section::Read(top.Get("security"), kSecurityKeys));
   FMOE_RETURN_IF_ERROR(ReadBool(security.Get("curve"), &m.security.curve));
   m.security.key_file = (fs::path(m.launcher.run_dir) / "cluster.key").string();
   FMOE_RETURN_IF_ERROR(ReadPath(security.Get("key_file"), base_dir, &m.security.key_file));
+  FMOE_RETURN_IF_ERROR(CheckCollisions(m));
+  return m;
 }
 
 // ---- DescribeManifest ----
@@ -1107,14 +1107,14 @@ std::string DescribeManifest(const Manifest& m) {
   out << YAML::EndMap;
   out << YAML::EndMap;
 
-  out << YAML::EndMap;
-  if (!out.good()) return "# DescribeManifest failed: " + out.GetLastError() + "\n";
-  return std::string(out.c_str()) + "\n";
   out << YAML::Key << "security" << YAML::Value << YAML::BeginMap;
   EmitValue(out, "curve", m.security.curve);
   EmitValue(out, "key_file", m.security.key_file);
   out << YAML::EndMap;
 
+  out << YAML::EndMap;
+  if (!out.good()) return "# DescribeManifest failed: " + out.GetLastError() + "\n";
+  return std::string(out.c_str()) + "\n";
 }
 
 const WorkerGroupSpec* FindGroup(const Manifest& manifest, std::string_view name) {

@@ -135,9 +135,6 @@ struct LauncherSpec {
   RestartSpec restart;
 };
 
-struct Manifest {
-  std::string source_path;  // Absolute path of the file it was loaded from ("" if parsed).
-  ModelSpec model;
 // Who may speak on the cluster's ZeroMQ sockets (common/wire/curve_key.h).
 struct SecuritySpec {
   // Every tcp and ipc ZeroMQ socket between the cluster's processes authenticates with the
@@ -148,16 +145,19 @@ struct SecuritySpec {
   std::string key_file;
 };
 
+struct Manifest {
+  std::string source_path;  // Absolute path of the file it was loaded from ("" if parsed).
+  ModelSpec model;
   MapServiceSpec map_service;
   std::vector<WorkerGroupSpec> worker_groups;  // Required, 1..64 groups.
   RouterSpec router;
   HeartbeatSpec heartbeat;
   LoggingSpec logging;
   LauncherSpec launcher;
+  SecuritySpec security;
 };
 
 // Reads and validates the file. Errors: kNotFound / kIoError when it cannot be read,
-  SecuritySpec security;
 // kInvalidArgument with "manifest: <key path>: <what is wrong>" otherwise.
 Result<Manifest> LoadManifest(const std::string& path);
 // Same for text; relative paths resolve against base_dir (absolute).
