@@ -102,12 +102,27 @@ bool ReadMessages(const Json& messages, std::vector<ChatMessage>* out, HttpRespo
     } else if (content->is_string()) {
       msg.content = content->get<std::string>();
     } else if (content->is_array()) {
-      for (const Json& part : *content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part["text"].is_string()) {
-          return bad(at + ".content: only parts of type 'text' are supported");
+      for (size_t k = 0; k < content->size(); ++k) {
+        const Json& part = (*content)[k];
+        const std::string part_at = at + ".content[" + std::to_string(k) + "]";
+        if (!part.is_object()) {
+          return bad(part_at + " must be an object {\"type\": \"text\", \"text\": ...}, not " +
+                     JsonTypeName(part));
         }
-        msg.content += part["text"].get<std::string>();
+        auto type = part.find("type");
+        if (type == part.end() || !type->is_string()) {
+          return bad(part_at + ".type must be a string, not " +
+                     (type == part.end() ? std::string("missing") : JsonTypeName(*type)));
+        }
+        if (type->get<std::string>() != "text") {
+          return bad(part_at + ": only parts of type 'text' are supported");
+        }
+        auto text = part.find("text");
+        if (text == part.end() || !text->is_string()) {
+          return bad(part_at + ".text must be a string, not " +
+                     (text == part.end() ? std::string("missing") : JsonTypeName(*text)));
+        }
+        msg.content += text->get<std::string>();
       }
     } else {
       return bad(at + ".content must be a string or an array of text parts");
@@ -169,6 +184,29 @@ const Json* TokenIdArray(const Json& prompt) {
 }
 
 }  // namespace
+
+std::string JsonTypeName(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return j.get<bool>() ? "true" : "false";
+    case Json::value_t::number_integer:
+      return "the integer " + std::to_string(j.get<int64_t>());
+    case Json::value_t::number_unsigned:
+      return "the integer " + std::to_string(j.get<uint64_t>());
+    case Json::value_t::number_float:
+      return "a number with a fraction or an exponent";
+    case Json::value_t::string:
+      return "a string";
+    case Json::value_t::array:
+      return "an array";
+    case Json::value_t::object:
+      return "an object";
+    default:
+      return "a value of another kind";
+  }
+}
 
 std::string JsonText(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -277,10 +315,21 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
                              "unsupported_parameter"));
       }
     }
-    if (auto rf = j.find("response_format");
-        rf != j.end() && !rf->is_null() && !(rf->is_object() && rf->value("type", "") == "text")) {
-      return fail(BadParam("response_format", "only {\"type\": \"text\"} is supported",
-                           "unsupported_parameter"));
+    if (auto rf = j.find("response_format"); rf != j.end() && !rf->is_null()) {
+      if (!rf->is_object()) {
+        return fail(BadParam("response_format",
+                             "'response_format' must be an object, not " + JsonTypeName(*rf)));
+      }
+      auto type = rf->find("type");
+      if (type == rf->end() || !type->is_string()) {
+        return fail(BadParam("response_format", "'response_format.type' must be a string, not " +
+                                                    (type == rf->end() ? std::string("missing")
+                                                                       : JsonTypeName(*type))));
+      }
+      if (type->get<std::string>() != "text") {
+        return fail(BadParam("response_format", "only {\"type\": \"text\"} is supported",
+                             "unsupported_parameter"));
+      }
     }
     if (auto e = j.find("echo"); e != j.end() && !e->is_null() && !(e->is_boolean() && !*e)) {
       return fail(
@@ -450,7 +499,7 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
     }
     for (const Json& x : *st) {
       if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= vocab) {
-        return fail(BadParam("stop_token_ids", "stop_token_ids holds " + x.dump() +
+        return fail(BadParam("stop_token_ids", "stop_token_ids holds " + JsonTypeName(x) +
                                                    ", not a token id of the vocabulary of " +
                                                    std::to_string(vocab)));
       }

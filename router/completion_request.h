@@ -83,6 +83,10 @@ Result<std::vector<int32_t>> TokenizeChat(const nlohmann::json& messages,
 // written as U+FFFD instead of throwing.
 std::string JsonText(const nlohmann::json& j);
 
+// What a client's JSON value is, for an error message: "null", "true", "the integer 7", "a
+// string", "an array", ... Never the value itself (a nested one could be a megabyte deep).
+std::string JsonTypeName(const nlohmann::json& j);
+
 // Readers shared by the routes' parsers (completions, /tokenize): each sets *error (400 or
 // 404, naming the key) and returns false on a bad value. "model", when present or `required`,
 // must be the served model. A boolean key absent or null leaves *out as it is.

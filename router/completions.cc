@@ -211,10 +211,16 @@ class CompletionState {
     }
     // Cancelled (the client left) or failed.
     c.finished = true;
+    if (ev.finish == FinishReason::kCancelled) {
+      // Only the client cancels (it left, or half-closed before its answer began): a client
+      // error, 499 as nginx counts it, which a half-closed client still receives.
+      Abort(ApiError(499, "the request was cancelled: the client closed the connection",
+                     "invalid_request_error", "", "client_closed_request"));
+      return;
+    }
     const bool unavailable = ev.error == kGroupLostError || ev.error == kTimeoutError ||
-                             ev.error == kNoGroupError || ev.error == "the router is stopping";
-    const std::string message =
-        ev.finish == FinishReason::kCancelled ? "the request was cancelled" : ToValidUtf8(ev.error);
+                             ev.error == kNoGroupError || ev.error == kStoppingError;
+    const std::string message = ToValidUtf8(ev.error);
     Abort(unavailable ? ApiError(503, message, "service_unavailable", "",
                                  ev.error == kTimeoutError ? "timeout" : "unavailable")
                       : ApiError(500, message.empty() ? "generation failed" : message,

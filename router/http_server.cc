@@ -94,6 +94,7 @@ class Session : public std::enable_shared_from_this<Session> {
     auto out = std::make_shared<http::response<http::string_body>>();
     out->version(11);
     out->result(static_cast<unsigned>(res.status));
+    if (res.status == 499) out->reason("Client Closed Request");  // nginx's; not in Beast's table
     out->set(http::field::server, "fmoe");
     if (!res.content_type.empty()) out->set(http::field::content_type, res.content_type);
     for (const auto& [k, v] : res.headers) out->set(k, v);
@@ -213,7 +214,6 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.expires_never();
     auto exchange = std::make_shared<Exchange>(shared_from_this(), serial_);
     exchange_ = exchange;
-    Watch();
     try {
       handler_(req, exchange);
     } catch (const std::exception& e) {
@@ -223,9 +223,19 @@ class Session : public std::enable_shared_from_this<Session> {
       spdlog::error("handler failed on {} {}: unknown exception", req.method, req.path);
       exchange->Respond(ApiError(500, "internal error", "server_error", "", ""));
     }
+    // Watched after the handler: a stream it began (posted to this strand) has begun when the
+    // watch can first report, so a half-close right after the request finds it streaming.
+    Watch();
   }
 
   // A read that only notices the client leaving (or keeps the bytes of a pipelined request).
+  // A half-close (end of file) after the whole request is not the client leaving while its
+  // answer is under way: a stream goes on (a client that has really gone is noticed when a
+  // write fails), a whole response being written is finished; no further request is read.
+  // Before the answer has begun, an end of file cannot be told from a client that closed its
+  // socket (nothing has been written that it would reset), so it is taken as the client
+  // leaving (OnClose; the handler answers it as a client cancel, which a half-closed client
+  // still receives).
   void Watch() {
     watching_ = true;
     stream_.async_read_some(
@@ -241,8 +251,13 @@ class Session : public std::enable_shared_from_this<Session> {
             return;
           }
           if (self->state_ == State::kDone) return;
-          // The client left (or half-closed) before its answer was complete: its work can stop.
-          // A whole response already on its way is still written; a stream is not continued.
+          if (ec == asio::error::eof &&
+              (self->state_ == State::kStreaming || self->state_ == State::kFinal)) {
+            self->keep_alive_ = false;  // Half-closed: answered, then the connection ends.
+            return;
+          }
+          // The client left before its answer was complete: its work can stop. A whole
+          // response already on its way is still written; a stream is not continued.
           self->closed_ = true;
           if (auto e = self->exchange_.lock()) e->MarkClosed();
           if (self->state_ == State::kStreaming && !self->writing_) self->Close();

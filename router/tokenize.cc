@@ -79,7 +79,8 @@ HttpResponse Detokenize(const std::string& body, const CompletionsOptions& optio
   const int64_t vocab = static_cast<int64_t>(tokenizer.vocab_size());
   for (const Json& t : *tokens) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
-      return BadParam("tokens", "token " + JsonText(t) + " is not in the vocabulary of " +
+      return BadParam("tokens", "'tokens' holds " + JsonTypeName(t) +
+                                    ", not a token id of the vocabulary of " +
                                     std::to_string(vocab));
     }
     ids.push_back(t.get<int32_t>());

@@ -101,10 +101,17 @@ void WorkerLink::Run(const std::atomic<bool>& stop) {
             auto j = nlohmann::json::parse(reply->json, nullptr, false);
             if (j.is_object() && j.contains("match_latency_us") &&
                 j["match_latency_us"].is_object()) {
+              // Read by type: a reply of another shape is ignored, never thrown on.
               const auto& m = j["match_latency_us"];
-              map_p50_us_ = m.value("p50", 0.0);
-              map_p99_us_ = m.value("p99", 0.0);
-              map_count_ = m.value("count", uint64_t{0});
+              auto number = [&m](const char* key, double fallback) {
+                auto it = m.find(key);
+                return it != m.end() && it->is_number() ? it->get<double>() : fallback;
+              };
+              map_p50_us_ = number("p50", map_p50_us_);
+              map_p99_us_ = number("p99", map_p99_us_);
+              if (auto c = m.find("count"); c != m.end() && c->is_number_unsigned()) {
+                map_count_ = c->get<uint64_t>();
+              }
             }
           }
         }

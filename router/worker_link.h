@@ -35,6 +35,7 @@ namespace fmoe {
 inline constexpr const char* kGroupLostError = "worker group lost";
 inline constexpr const char* kTimeoutError = "request timed out";
 inline constexpr const char* kNoGroupError = "no worker group is alive";
+inline constexpr const char* kStoppingError = "the router is stopping";
 
 // Called on the link thread with each of a request's events; the last one has finish set.
 using RequestSink = std::function<void(const TokenEvent&)>;
