@@ -499,8 +499,11 @@ void Completions::Run(RequestKind kind, const HttpRequest& request,
         res.headers.emplace_back("Retry-After", "1");
         state->Abort(std::move(res));
       } else {
-        HttpResponse res = ApiError(503, link_.View()->UnavailableReason(), "service_unavailable",
-                                    "", "unavailable");
+        HttpResponse res =
+            ApiError(503,
+                     id.status().message() == kNoGroupError ? link_.View()->UnavailableReason()
+                                                            : id.status().message(),
+                     "service_unavailable", "", "unavailable");
         res.headers.emplace_back("Retry-After", "5");
         state->Abort(std::move(res));
       }

@@ -400,11 +400,27 @@ struct HttpServer::Impl {
   asio::steady_timer stop_timer{ioc};
   std::chrono::steady_clock::time_point stop_deadline;
 
-  // Stops the loop once no session is open or the grace period has ended.
+  std::function<void()> at_deadline;  // Stop's; called once, at the end of the grace period.
+  int final_ms = 0;
+
+  // Stops the loop once no session is open or the grace period has ended; at its end, answers
+  // still open get at_deadline and final_ms to be written.
   void WaitDrained() {
-    if (open_sessions == 0 || std::chrono::steady_clock::now() >= stop_deadline) {
+    if (open_sessions == 0) {
       ioc.stop();
       return;
+    }
+    if (std::chrono::steady_clock::now() >= stop_deadline) {
+      if (!at_deadline) {
+        ioc.stop();
+        return;
+      }
+      spdlog::info("{} connection(s) still open at the end of the drain: ending their answers",
+                   open_sessions.load());
+      auto ending = std::move(at_deadline);
+      at_deadline = nullptr;
+      stop_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(final_ms);
+      ending();
     }
     stop_timer.expires_after(std::chrono::milliseconds(20));
     stop_timer.async_wait([this](beast::error_code) { WaitDrained(); });
@@ -483,9 +499,12 @@ void HttpServer::Run() {
   for (auto& t : extra) t.join();
 }
 
-void HttpServer::Stop(int grace_ms) {
-  asio::post(impl_->ioc, [this, grace_ms] {
+void HttpServer::Stop(int grace_ms, std::function<void()> at_deadline, int final_ms) {
+  asio::post(impl_->ioc, [this, grace_ms, at_deadline = std::move(at_deadline), final_ms] {
+    if (impl_->stopping) return;  // A second Stop changes nothing.
     impl_->stopping = true;
+    impl_->at_deadline = at_deadline;
+    impl_->final_ms = final_ms;
     {
       std::lock_guard<std::mutex> lock(impl_->sessions_mu);
       for (auto& w : impl_->sessions) {

@@ -93,8 +93,12 @@ class HttpServer {
   Status Start();
   // Serves until Stop().
   void Run();
-  // Stops accepting, lets in-flight responses finish for up to grace_ms, then stops Run().
-  void Stop(int grace_ms = 1000);
+  // Stops accepting, closes idle connections and lets in-flight answers finish for up to
+  // grace_ms. Answers still open then get `at_deadline` (called once on an io thread; it must
+  // not block: it makes every open answer end, e.g. with an error event and [DONE]) and up to
+  // final_ms to be written; then Run() returns. Without `at_deadline`, Run() returns at the end
+  // of the grace period. A second call changes nothing.
+  void Stop(int grace_ms = 1000, std::function<void()> at_deadline = {}, int final_ms = 2000);
 
   uint16_t port() const;  // The bound port (useful with port 0).
 

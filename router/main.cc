@@ -130,7 +130,13 @@ int main(int argc, char** argv) {
   // router.drain_timeout_s or the request timeout, whichever is shorter, then exit.
   const int grace_ms = static_cast<int>(
       std::min(manifest.router.drain_timeout_s, manifest.router.request_timeout_s) * 1000);
-  signals.OnStop([&server, grace_ms] { server.Stop(grace_ms); });
+  // At the end of the drain every request still open ends at once (an error event and [DONE]
+  // in a stream, 503 otherwise; its leader told to cancel it), and those answers get 2 s to be
+  // written before the router exits.
+  signals.OnStop([&server, &link, grace_ms] {
+    server.Stop(
+        grace_ms, [&link] { link.StopRequests(); }, 2000);
+  });
   spdlog::info("serving http://{}:{}", http.host, server.port());
   NotifyReady(ready_fd);
   server.Run();

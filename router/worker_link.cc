@@ -124,24 +124,53 @@ void WorkerLink::Run(const std::atomic<bool>& stop) {
       GroupLost(entry.info.group);
     }
     if (clock_.NowMs() - last_ping_ms_ >= options_.heartbeat_interval_ms) PingMapService();
+    bool stopping = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping = stopping_;
+    }
+    if (stopping && !stop_ended_) {
+      stop_ended_ = true;
+      EndOpenRequests();
+    }
     // Dispatch before publishing, so the view a client reads after its first token already
     // counts its request as running.
     Dispatch();
     Publish();
   }
   // Requests still open end now: the router is stopping.
-  std::vector<uint64_t> open;
+  EndOpenRequests();
+}
+
+void WorkerLink::StopRequests() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [id, r] : requests_) open.push_back(id);
+    stopping_ = true;
   }
-  for (uint64_t id : open) Finish(id, FinishReason::kError, "the router is stopping");
+  notifier_.Notify();
+}
+
+void WorkerLink::EndOpenRequests() {
+  std::vector<std::pair<uint64_t, std::string>> open;  // (id, peer)
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, r] : requests_) open.emplace_back(id, r.peer);
+  }
+  if (!open.empty()) spdlog::info("ending {} open request(s): {}", open.size(), kStoppingError);
+  for (const auto& [id, peer] : open) {
+    if (!peer.empty()) {
+      Status s = workers_->Send(fmoe::Cancel{id}, peer);
+      if (!s.ok()) spdlog::debug("req={} cancel not sent: {}", id, s.ToString());
+    }
+    Finish(id, FinishReason::kError, kStoppingError);
+  }
 }
 
 Result<uint64_t> WorkerLink::Submit(Generate request, RequestSink sink, int64_t timeout_ms) {
   uint64_t id = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return Unavailable(kStoppingError);
     const std::string group = PickGroup();
     if (group.empty()) return Unavailable(kNoGroupError);
     size_t limit = 64;

@@ -99,6 +99,9 @@ class WorkerLink {
   Result<uint64_t> Submit(Generate request, RequestSink sink, int64_t timeout_ms);
   // Any thread. The request ends with kCancelled (its leader is told when it runs there).
   void Cancel(uint64_t request_id);
+  // Any thread, never blocks: the router is stopping. Every open request ends at once with
+  // kStoppingError (its leader told to cancel it where it runs), and later Submits are refused.
+  void StopRequests();
 
  private:
   struct Leader {
@@ -130,6 +133,8 @@ class WorkerLink {
   void Publish();
   void Dispatch();
   void GroupLost(const std::string& group);
+  // Ends every open request with kStoppingError, cancelling the running ones at their leaders.
+  void EndOpenRequests();
   void Finish(uint64_t id, FinishReason reason, const std::string& error);
   // Calls a request's sink; what it throws is logged and cancels the request.
   void Deliver(const RequestSink& sink, const TokenEvent& event);
@@ -168,6 +173,8 @@ class WorkerLink {
   std::map<std::string, std::deque<uint64_t>> queues_;  // Per group. GUARDED_BY(mu_)
   std::map<std::string, uint32_t> running_;             // Per group. GUARDED_BY(mu_)
   std::vector<uint64_t> cancels_;                       // GUARDED_BY(mu_)
+  bool stopping_ = false;                               // GUARDED_BY(mu_)
+  bool stop_ended_ = false;  // EndOpenRequests ran after StopRequests. Link thread only.
   // Groups alive and their max_batch, refreshed by the link thread. GUARDED_BY(mu_)
   std::map<std::string, std::pair<std::string, uint32_t>> live_;  // group -> (peer, max_batch)
   wire::Notifier notifier_;

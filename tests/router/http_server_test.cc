@@ -65,6 +65,7 @@ class Client {
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
   }
+  void ShutdownWrite() { ASSERT_EQ(shutdown(fd_, SHUT_WR), 0); }
   void Send(const std::string& bytes) {
     ASSERT_EQ(send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(bytes.size()));
@@ -284,6 +285,78 @@ TEST(HttpServer, StopLetsAStreamFinishAndClosesIdleConnections) {
   // The idle connection was closed by the server.
   EXPECT_EQ(idle.ReadUntil([](const std::string&) { return false; }, 500ms), "");
   worker.join();
+}
+
+// Stop with answers still open at the end of the grace period: the deadline hook ends them (a
+// stream gets its last event and its end, a waiting request its whole answer), they are written,
+// then Run returns. A client that half-closed after its request still gets its stream.
+TEST(HttpServer, StopEndsAnswersStillOpenThroughItsDeadlineHook) {
+  std::mutex mu;
+  std::vector<std::shared_ptr<HttpResponder>> open;
+  HttpServerOptions o;
+  o.port = 0;
+  HttpServer server(o,
+                    AsyncHttpHandler([&](const HttpRequest& req, std::shared_ptr<HttpResponder> r) {
+                      if (req.path == "/stream") {
+                        r->BeginStream(200, "text/event-stream");
+                        r->Write("data: first\n\n");
+                      }
+                      std::lock_guard<std::mutex> lock(mu);
+                      open.push_back(std::move(r));
+                    }));
+  ASSERT_TRUE(server.Start().ok());
+  std::thread run([&] { server.Run(); });
+  Client streaming(server.port());
+  auto first = [](const std::string& s) { return s.find("data: first") != std::string::npos; };
+  streaming.Send(Get("/stream"));
+  std::string received[2];
+  received[0] = streaming.ReadUntil(first);
+  ASSERT_TRUE(first(received[0])) << received[0];
+  Client half_closed(server.port());
+  half_closed.Send(Get("/stream"));
+  half_closed.ShutdownWrite();
+  received[1] = half_closed.ReadUntil(first);
+  ASSERT_TRUE(first(received[1])) << received[1];
+  Client waiting(server.port());
+  waiting.Send(Get("/whole"));
+  const auto all_open_by = std::chrono::steady_clock::now() + 30s;
+  auto count = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return open.size();
+  };
+  while (count() < 3 && std::chrono::steady_clock::now() < all_open_by) {
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_EQ(count(), 3u);
+  std::atomic<int> hooked{0};
+  server.Stop(100, [&] {
+    ++hooked;
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& r : open) {
+      r->Respond({503, "application/json", "{\"stopping\": true}", {}});  // The waiting one.
+      r->Write("data: {\"error\": \"stopping\"}\n\ndata: [DONE]\n\n");    // The streams.
+      r->End();
+    }
+    open.clear();
+  });
+  Client* clients[2] = {&streaming, &half_closed};
+  for (int i = 0; i < 2; ++i) {
+    std::string body;
+    received[i] += clients[i]->ReadUntil([&](const std::string& s) {
+      const std::string all = received[i] + s;
+      const size_t head = all.find("\r\n\r\n");
+      if (head == std::string::npos) return false;
+      bool complete = false;
+      body = Dechunk(all.substr(head + 4), &complete);
+      return complete;
+    });
+    EXPECT_EQ(body, "data: first\n\ndata: {\"error\": \"stopping\"}\n\ndata: [DONE]\n\n") << i;
+  }
+  const std::string whole = waiting.ReadUntil(HasWholeResponse);
+  EXPECT_NE(whole.find("503"), std::string::npos) << whole;
+  EXPECT_NE(whole.find("stopping"), std::string::npos) << whole;
+  run.join();
+  EXPECT_EQ(hooked, 1);
 }
 
 }  // namespace
