@@ -12,7 +12,10 @@
 namespace fmoe {
 
 MapService::MapService(MapServiceOptions options, const Clock& clock)
-    : options_(std::move(options)), clock_(clock), ranks_(clock, options_.heartbeat_timeout_ms) {}
+    : options_(std::move(options)),
+      clock_(clock),
+      ranks_(clock, options_.heartbeat_timeout_ms),
+      health_(clock, options_.store_health) {}
 
 MapService::~MapService() {
   // Run() stops the writer after its drain; without Run, whatever is pending is abandoned here,
@@ -31,14 +34,41 @@ Status MapService::Start() {
   }
   // Loaded here, on the service thread; from then on the store writer owns the database.
   FMOE_ASSIGN_OR_RETURN(std::unique_ptr<StoreDb> db,
-                        StoreDb::Open({options_.data_dir, options_.sync}));
+                        StoreDb::Open({options_.data_dir, options_.sync}, options_.store_faults));
+  if (!db->read_only_reason().empty()) health_.StartDegraded(db->read_only_reason());
   FMOE_ASSIGN_OR_RETURN(StoreDb::Contents contents, db->LoadAll());
   for (const auto& bad : contents.corrupt) {
     spdlog::error("store: skipped corrupt record {}", bad);
   }
+  // A model the limit or its shape keeps out stays on disk until it is dropped.
+  auto not_loaded = [this](const ModelRow& m, const std::string& reason) {
+    spdlog::error(
+        "store: model {} (L={} J={} K={} h={}) not loaded: {}; its records stay on disk (remove "
+        "them with fmoe maps MANIFEST --drop {})",
+        FingerprintHex(m.fingerprint), m.num_layers, m.num_experts, m.top_k, m.hidden_size, reason,
+        FingerprintHex(m.fingerprint));
+    not_loaded_[m.fingerprint] = {m, reason};
+  };
+  // Smallest first, so that a model too large for memory_limit_mb cannot keep the others out.
+  std::vector<std::pair<uint64_t, ModelRow>> models;
+  for (const ModelRow& m : contents.models) {
+    if (m.num_layers == 0 || m.num_experts == 0 || m.hidden_size == 0 || m.top_k == 0 ||
+        m.top_k > m.num_experts) {
+      not_loaded(m, "its shape is not valid");
+      continue;
+    }
+    models.emplace_back(MapStore::BytesFor(StoreOptions(m)), m);
+  }
+  std::stable_sort(models.begin(), models.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
   size_t corrupt_maps = 0;
-  for (const auto& m : contents.models) {
-    FMOE_ASSIGN_OR_RETURN(ModelMaps * model, OpenModel(m));
+  for (const auto& [bytes, m] : models) {
+    auto opened = OpenModel(m);
+    if (!opened.ok()) {
+      not_loaded(m, opened.status().message());
+      continue;
+    }
+    ModelMaps* model = *opened;
     model->recorded = true;
     FMOE_ASSIGN_OR_RETURN(StoreDb::MapContents maps,
                           db->LoadMaps(m.fingerprint, m.hidden_size,
@@ -64,9 +94,12 @@ Status MapService::Start() {
                  FingerprintHex(m.fingerprint), m.num_layers, m.num_experts, m.top_k, m.hidden_size,
                  model->store->size());
   }
-  spdlog::info("store: opened {}: {} models, {} past rank registrations, {} corrupt records",
-               options_.data_dir, contents.models.size(), contents.ranks.size(),
-               contents.corrupt.size() + corrupt_maps);
+  spdlog::info(
+      "store: opened {}{}: {} models ({} not loaded, {} MiB of memory_limit_mb {}), {} past rank "
+      "registrations, {} corrupt records",
+      options_.data_dir, health_.healthy() ? "" : " read-only", stores_.size(), not_loaded_.size(),
+      memory_used() >> 20, options_.memory_limit_mb, contents.ranks.size(),
+      contents.corrupt.size() + corrupt_maps);
   FMOE_ASSIGN_OR_RETURN(socket_,
                         wire::MapSocket::Bind(context_, wire::Role::kRouter, options_.endpoint));
   writer_ = std::make_unique<StoreWriter>(
@@ -78,9 +111,7 @@ Status MapService::Start() {
   return Status::Ok();
 }
 
-Result<MapService::ModelMaps*> MapService::OpenModel(const ModelRow& shape) {
-  auto& slot = stores_[shape.fingerprint];
-  if (slot) return slot.get();
+MapStoreOptions MapService::StoreOptions(const ModelRow& shape) const {
   MapStoreOptions o;
   o.num_layers = shape.num_layers;
   o.num_experts = shape.num_experts;
@@ -88,15 +119,58 @@ Result<MapService::ModelMaps*> MapService::OpenModel(const ModelRow& shape) {
   o.hidden = shape.hidden_size;
   o.capacity = static_cast<uint32_t>(options_.store_capacity);
   o.prefetch_distance = static_cast<uint32_t>(options_.prefetch_distance);
-  auto store = MapStore::Create(o);
-  if (!store.ok()) {
-    stores_.erase(shape.fingerprint);
-    return store.status();
+  return o;
+}
+
+uint64_t MapService::memory_used() const {
+  uint64_t used = 0;
+  for (const auto& [fp, model] : stores_) used += model->bytes;
+  return used;
+}
+
+// The shape is one a store can hold, and the store fits in what memory_limit_mb leaves.
+Status MapService::CheckShape(const ModelRow& shape, uint64_t* bytes) const {
+  const std::string text =
+      "L=" + std::to_string(shape.num_layers) + " J=" + std::to_string(shape.num_experts) +
+      " K=" + std::to_string(shape.top_k) + " h=" + std::to_string(shape.hidden_size);
+  if (shape.num_layers == 0 || shape.num_experts == 0 || shape.hidden_size == 0 ||
+      shape.top_k == 0 || shape.top_k > shape.num_experts) {
+    return InvalidArgument("model shape " + text + " is not valid");
   }
-  slot = std::make_unique<ModelMaps>();
-  slot->shape = shape;
-  slot->store = std::make_unique<MapStore>(std::move(*store));
-  return slot.get();
+  *bytes = MapStore::BytesFor(StoreOptions(shape));
+  const uint64_t limit = options_.memory_limit_mb << 20;
+  const uint64_t used = memory_used();
+  if (*bytes > limit || used + *bytes > limit) {
+    return ResourceExhausted("model " + FingerprintHex(shape.fingerprint) + " (" + text +
+                             ") needs " + std::to_string((*bytes + (1 << 20) - 1) >> 20) +
+                             " MiB for store_capacity " + std::to_string(options_.store_capacity) +
+                             " maps; " + std::to_string(used >> 20) +
+                             " MiB of map_service.memory_limit_mb " +
+                             std::to_string(options_.memory_limit_mb) + " are in use");
+  }
+  return Status::Ok();
+}
+
+// A new model's store is built whole before it is published in stores_: a refusal or a failed
+// allocation leaves nothing behind.
+Result<MapService::ModelMaps*> MapService::OpenModel(const ModelRow& shape) {
+  if (auto it = stores_.find(shape.fingerprint); it != stores_.end()) return it->second.get();
+  uint64_t bytes = 0;
+  FMOE_RETURN_IF_ERROR(CheckShape(shape, &bytes));
+  std::unique_ptr<ModelMaps> model;
+  try {
+    FMOE_ASSIGN_OR_RETURN(MapStore store, MapStore::Create(StoreOptions(shape)));
+    model = std::make_unique<ModelMaps>();
+    model->shape = shape;
+    model->bytes = bytes;
+    model->store = std::make_unique<MapStore>(std::move(store));
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("model " + FingerprintHex(shape.fingerprint) + ": its store (" +
+                             std::to_string(bytes >> 20) + " MiB) cannot be allocated");
+  }
+  ModelMaps* out = model.get();
+  stores_.emplace(shape.fingerprint, std::move(model));
+  return out;
 }
 
 uint32_t MapService::stored_maps(uint64_t fingerprint) const {
@@ -136,9 +210,11 @@ void MapService::Turn(int timeout_ms, bool read_socket) {
         }
       }
     }
+    MaybeRecoverStore();
   } catch (...) {
     spdlog::error("the service loop threw: {}; serving on", CurrentExceptionText());
   }
+  health_.Tick();
   const int64_t now = clock_.NowMs();
   if (now - last_expiry_ms_ >= 100) {
     ExpireRanks();
@@ -209,15 +285,16 @@ void MapService::OnRegister(const std::string& peer, const Register& reg) {
     return refuse("rank " + std::to_string(reg.rank) + " is not below world size " +
                   std::to_string(reg.world_size));
   }
-  if (reg.num_layers == 0 || reg.num_experts == 0 || reg.hidden_size == 0 || reg.top_k == 0 ||
-      reg.top_k > reg.num_experts) {
-    return refuse("model shape L=" + std::to_string(reg.num_layers) +
-                  " J=" + std::to_string(reg.num_experts) + " K=" + std::to_string(reg.top_k) +
-                  " h=" + std::to_string(reg.hidden_size) + " is not valid");
-  }
   const ModelRow shape{reg.model_fingerprint, reg.num_layers, reg.num_experts, reg.top_k,
                        reg.hidden_size,       UnixMs()};
-  if (auto known = stores_.find(reg.model_fingerprint); known != stores_.end()) {
+  if (auto skipped = not_loaded_.find(reg.model_fingerprint); skipped != not_loaded_.end()) {
+    return refuse("model " + FingerprintHex(reg.model_fingerprint) +
+                  " is stored but was not loaded at start (" + skipped->second.reason +
+                  "); remove it with fmoe maps MANIFEST --drop " +
+                  FingerprintHex(reg.model_fingerprint) + ", or raise map_service.memory_limit_mb");
+  }
+  auto known = stores_.find(reg.model_fingerprint);
+  if (known != stores_.end()) {
     const ModelRow& k = known->second->shape;
     if (k.num_layers != reg.num_layers || k.num_experts != reg.num_experts ||
         k.top_k != reg.top_k || k.hidden_size != reg.hidden_size) {
@@ -226,6 +303,19 @@ void MapService::OnRegister(const std::string& peer, const Register& reg) {
                     " J=" + std::to_string(k.num_experts) + " K=" + std::to_string(k.top_k) +
                     " h=" + std::to_string(k.hidden_size) + ")");
     }
+    if (known->second->dropping) {
+      return refuse("model " + FingerprintHex(reg.model_fingerprint) +
+                    " is being dropped; register again later");
+    }
+  }
+  if (!health_.healthy()) {
+    // Degraded: a model already on disk is served without writing the rank's record (nothing
+    // reads it back but the start-up log); a new model cannot be recorded.
+    if (known != stores_.end() && known->second->recorded) {
+      health_.Refused();
+      return OnRegistered(peer, reg, Status::Ok(), /*recording=*/false);
+    }
+    return refuse(health_.Why() + "; a new model cannot be recorded; register again later");
   }
   if (std::string why; Busy(&why)) return refuse(why + "; register again later");
   // The in-memory store first (it can refuse a shape), then the durable record (on the store
@@ -241,7 +331,7 @@ void MapService::OnRegister(const std::string& peer, const Register& reg) {
     *written = db.RecordRegistration(record_model ? &shape : nullptr, row);
   };
   job.done = [this, written, peer, reg](const Status& ran) {
-    OnRegistered(peer, reg, ran.ok() ? *written : ran);
+    OnRegistered(peer, reg, ran.ok() ? *written : ran, /*recording=*/true);
   };
   ++(*model)->recording;
   if (!writer_->TrySubmit(std::move(job))) {
@@ -269,19 +359,40 @@ void MapService::ReleaseHeld(const std::string& peer) {
   }
 }
 
-void MapService::OnRegistered(const std::string& peer, const Register& reg, const Status& written) {
-  ModelMaps* model = stores_.at(reg.model_fingerprint).get();
-  --model->recording;
-  if (!written.ok()) {
-    ForgetIfUnrecorded(reg.model_fingerprint);
+void MapService::OnRegistered(const std::string& peer, const Register& reg, const Status& written,
+                              bool recording) {
+  auto refuse = [&](const std::string& reason) {
     ++counters_.registrations_refused;
-    spdlog::warn("refused registration of {}/{} (peer={}): store write failed: {}", reg.group,
-                 reg.rank, peer, written.message());
-    Reply(peer, RegisterAck{false, "store write failed: " + written.message(), 0});
-    return ReleaseHeld(peer);
+    spdlog::warn("refused registration of {}/{} (peer={}): {}", reg.group, reg.rank, peer, reason);
+    Reply(peer, RegisterAck{false, reason, 0});
+    ReleaseHeld(peer);
+  };
+  auto found = stores_.find(reg.model_fingerprint);
+  if (found == stores_.end())
+    return refuse("model " + FingerprintHex(reg.model_fingerprint) + " is not stored");
+  ModelMaps* model = found->second.get();
+  if (recording) --model->recording;
+  if (!written.ok()) {
+    const bool degraded = StoreWriteFailed(written);
+    if (!degraded || !model->recorded) {
+      ForgetIfUnrecorded(reg.model_fingerprint);
+      return refuse("store write failed: " + written.message());
+    }
+    // Only the rank's record is missing: the model is on disk, so the rank is served.
+  }
+  if (model->dropping) {
+    return refuse("model " + FingerprintHex(reg.model_fingerprint) +
+                  " is being dropped; register again later");
   }
   model->recorded = true;
 
+  // A (re-)registration starts the rank's matching afresh; built before anything is published.
+  MatcherOptions mo;
+  mo.prefetch_distance = static_cast<uint32_t>(options_.prefetch_distance);
+  mo.semantic = options_.semantic && reg.semantic;
+  mo.delta = options_.delta && reg.delta;
+  mo.max_requests = options_.max_requests_per_rank;
+  auto matcher = std::make_unique<MapMatcher>(*model->store, mo);
   // A restarted rank reconnects with a new routing id: drop its stale entry.
   std::string stale;
   for (const auto& [id, entry] : ranks_.peers()) {
@@ -293,13 +404,7 @@ void MapService::OnRegistered(const std::string& peer, const Register& reg, cons
   if (!stale.empty()) DropPeer(stale);
   ranks_.Upsert(
       peer, RankState{reg.group, reg.rank, reg.world_size, reg.instance_id, reg.model_fingerprint});
-  // A (re-)registration starts the rank's matching afresh.
-  MatcherOptions mo;
-  mo.prefetch_distance = static_cast<uint32_t>(options_.prefetch_distance);
-  mo.semantic = options_.semantic && reg.semantic;
-  mo.delta = options_.delta && reg.delta;
-  mo.max_requests = options_.max_requests_per_rank;
-  matchers_[peer] = std::make_unique<MapMatcher>(*model->store, mo);
+  matchers_[peer] = std::move(matcher);
   ++counters_.registrations;
   spdlog::info("registered group={} rank={}/{} model={} L={} J={} K={} h={} peer={}", reg.group,
                reg.rank, reg.world_size, FingerprintHex(reg.model_fingerprint), reg.num_layers,
@@ -333,6 +438,9 @@ void MapService::OnAdmin(const std::string& peer, const AdminRequest& request) {
     case AdminOp::kExport:
       return StartExport(peer, request);
     case AdminOp::kImport:
+      // Until the wire has AdminOp::kDrop: an Import of the path "drop:" (services/maps_cmd.cc;
+      // a map service without drop refuses that path as not absolute).
+      if (request.path == kDropRequestPath) return StartDrop(peer, request);
       return StartImport(peer, request);
   }
   Reply(peer, reply);
@@ -478,7 +586,17 @@ std::string MapService::StatsJson() const {
                       {"maps", mm->store->size()},
                       {"capacity", options_.store_capacity},
                       {"inserted", mm->inserted},
-                      {"replaced", mm->replaced}});
+                      {"replaced", mm->replaced},
+                      {"bytes", mm->bytes}});
+  }
+  Json not_loaded = Json::array();
+  for (const auto& [fp, n] : not_loaded_) {
+    not_loaded.push_back({{"fingerprint", FingerprintHex(fp)},
+                          {"num_layers", n.shape.num_layers},
+                          {"num_experts", n.shape.num_experts},
+                          {"top_k", n.shape.top_k},
+                          {"hidden_size", n.shape.hidden_size},
+                          {"reason", n.reason}});
   }
   size_t in_flight = 0;
   for (const auto& [peer, matcher] : matchers_) in_flight += matcher->in_flight();
@@ -502,6 +620,16 @@ std::string MapService::StatsJson() const {
                {"store_capacity", options_.store_capacity},
                {"prefetch_distance", options_.prefetch_distance},
                {"models", models},
+               {"models_not_loaded", not_loaded},
+               {"memory", {{"used_bytes", memory_used()}, {"limit_mb", options_.memory_limit_mb}}},
+               {"store",
+                {{"state", StoreHealth::StateName(health_.state())},
+                 {"reason", health_.reason()},
+                 {"degraded_s", health_.degraded_ms() / 1000.0},
+                 {"next_retry_ms", health_.next_retry_in_ms()},
+                 {"writes_failed", health_.failed_total()},
+                 {"retries", health_.retries()},
+                 {"recoveries", health_.recoveries()}}},
                {"ranks", ranks},
                {"counters",
                 {{"registrations", counters_.registrations},
@@ -523,7 +651,8 @@ std::string MapService::StatsJson() const {
                  {"maps_abandoned", counters_.maps_abandoned},
                  {"busy_refusals", counters_.busy_refusals},
                  {"held_dropped", counters_.held_dropped},
-                 {"admin_requests", counters_.admin_requests}}},
+                 {"admin_requests", counters_.admin_requests},
+                 {"models_dropped", counters_.models_dropped}}},
                {"contexts", contexts_},
                {"ingest_per_s", ingest_rate_},
                {"requests_in_flight", in_flight},

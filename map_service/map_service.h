@@ -28,6 +28,7 @@
 #include "map_service/map_matcher.h"
 #include "map_service/map_store.h"
 #include "map_service/store_db.h"
+#include "map_service/store_health.h"
 #include "map_service/store_writer.h"
 
 namespace fmoe {
@@ -43,6 +44,13 @@ struct MapServiceOptions {
   bool delta = true;                       // Similarity-aware expert selection. Default: on
   uint32_t max_requests_per_rank = 65536;  // In-flight requests matched per rank. Default: 65536
   uint64_t max_import_bytes = 4ull << 30;  // Largest export file Import reads. Default: 4 GiB
+  // Memory all models' stores may take together (MapStore::BytesFor at store_capacity): a
+  // registration or import of a model beyond it is refused, a stored model beyond it is not
+  // loaded at start. Default: 4096 (MiB)
+  uint64_t memory_limit_mb = 4096;
+  // Disk trouble: retry backoff and log interval while the store is degraded. Default: 1 s to
+  // 30 s, a line per 10 s
+  StoreHealthOptions store_health;
   // Durable work pending at once: store writer jobs queued or running (map and registration
   // writes, exports, imports) plus completed maps waiting for their write. At the limit new work
   // is refused (README, "Back-pressure"). Default: 1024
@@ -52,7 +60,13 @@ struct MapServiceOptions {
   int writer_nice = 10;
   // Tests only: runs on the store writer before each job (StoreWriterOptions). Default: none
   std::function<void(std::stop_token)> before_store_job;
+  // Tests only: write failures injected under RocksDB (StoreDbOptions). Default: none
+  std::shared_ptr<StoreFaults> store_faults;
 };
+
+// Until the wire has AdminOp::kDrop, a drop is an AdminRequest{kImport, model_fingerprint, path
+// kDropRequestPath} (services/maps_cmd.cc sends it).
+inline constexpr const char* kDropRequestPath = "drop:";
 
 struct MapServiceCounters {
   uint64_t registrations = 0;
@@ -69,12 +83,13 @@ struct MapServiceCounters {
   uint64_t maps_stored = 0;
   uint64_t maps_replaced = 0;    // Stored maps that replaced another (deduplication).
   uint64_t maps_incomplete = 0;  // Iterations that ended before every layer was observed.
-  uint64_t maps_failed = 0;      // Write failures: the map was not stored nor acknowledged.
-  uint64_t maps_dropped = 0;     // Not stored nor acknowledged: max_pending_writes were pending.
-  uint64_t maps_abandoned = 0;   // Not stored nor acknowledged: still pending when the drain ended.
-  uint64_t busy_refusals = 0;    // Registrations and admin requests refused at max_pending_writes.
-  uint64_t held_dropped = 0;  // Beyond kMaxHeldPerPeer while the peer's registration was written.
+  uint64_t maps_failed = 0;   // Write failures (or a degraded store): not stored nor acknowledged.
+  uint64_t maps_dropped = 0;  // Not stored nor acknowledged: max_pending_writes were pending.
+  uint64_t maps_abandoned = 0;  // Not stored nor acknowledged: still pending when the drain ended.
+  uint64_t busy_refusals = 0;   // Registrations and admin requests refused at max_pending_writes.
+  uint64_t held_dropped = 0;    // Beyond kMaxHeldPerPeer while the peer's registration was written.
   uint64_t admin_requests = 0;
+  uint64_t models_dropped = 0;
 };
 
 class MapService {
@@ -117,8 +132,16 @@ class MapService {
     bool recorded = false;  // Its model record is on disk.
     int recording = 0;      // Writes in flight that record it (registrations, an import's).
     bool writing = false;   // One of its maps is with the store writer.
+    bool dropping = false;  // Its removal is with the store writer (StartDrop).
+    uint64_t bytes = 0;     // MapStore::BytesFor its store.
     std::deque<PendingMap> completed;  // From contexts, in completion order.
     std::deque<PendingMap> imported;   // From imports; written while `completed` is empty.
+  };
+  // A stored model not loaded at start (beyond memory_limit_mb, or a shape no store can take):
+  // its records stay on disk until it is dropped.
+  struct NotLoaded {
+    ModelRow shape;
+    std::string reason;
   };
   struct RankState {
     std::string group;
@@ -132,7 +155,9 @@ class MapService {
   void Drain();
   void Handle(const std::string& peer, const MapMessage& message);
   void OnRegister(const std::string& peer, const Register& reg);
-  void OnRegistered(const std::string& peer, const Register& reg, const Status& written);
+  // `recording`: the registration's write was in flight (it counted in the model's recording).
+  void OnRegistered(const std::string& peer, const Register& reg, const Status& written,
+                    bool recording);
   void ReleaseHeld(const std::string& peer);
   void OnAdmin(const std::string& peer, const AdminRequest& request);
   bool FromRegistered(const std::string& peer);
@@ -142,6 +167,9 @@ class MapService {
   void ExpireRanks();
   void DropPeer(const std::string& peer);
   Result<ModelMaps*> OpenModel(const ModelRow& shape);
+  MapStoreOptions StoreOptions(const ModelRow& shape) const;
+  uint64_t memory_used() const;
+  Status CheckShape(const ModelRow& shape, uint64_t* bytes) const;
   void ForgetIfUnrecorded(uint64_t fingerprint);
   void OnContext(const std::string& peer, const MapMessage& message);
   void SendDirectives(const std::string& group, const std::vector<PrefetchDirective>& directives);
@@ -162,6 +190,12 @@ class MapService {
                          std::vector<MapRow> maps);
   void FinishImport(ImportState& import, const Status& status);
   void AbandonPendingWrites();
+  void StartDrop(const std::string& peer, const AdminRequest& request);
+  void OnDropped(const std::string& peer, uint64_t id, uint64_t fingerprint,
+                 const Result<uint64_t>& removed);
+  // Disk trouble: a store write's result (true when it degraded the store), the recovery job.
+  bool StoreWriteFailed(const Status& status);
+  void MaybeRecoverStore();
 
   MapServiceOptions options_;
   const Clock& clock_;
@@ -178,6 +212,8 @@ class MapService {
   std::unordered_map<std::string, std::deque<MapMessage>> held_;
   PeerTable<RankState> ranks_;
   std::unordered_map<uint64_t, std::unique_ptr<ModelMaps>> stores_;
+  std::unordered_map<uint64_t, NotLoaded> not_loaded_;
+  StoreHealth health_;
   std::unordered_map<std::string, std::unique_ptr<MapMatcher>> matchers_;  // Per rank peer.
   std::vector<PrefetchDirective> directives_;                              // Scratch.
   MapServiceCounters counters_;

@@ -70,13 +70,19 @@ void MapService::PumpAllWrites() {
 // Hands the model's next map to the store writer, one at a time: the next map is planned against
 // a store that holds the one before it. Completed maps go before imported ones.
 void MapService::PumpWrites(ModelMaps& model) {
-  while (!model.writing && !writer_->full()) {
+  while (!model.writing && !model.dropping && !writer_->full()) {
     const bool live = !model.completed.empty();
     std::deque<PendingMap>& queue = live ? model.completed : model.imported;
     if (queue.empty()) return;
     auto map = std::make_shared<PendingMap>(std::move(queue.front()));
     queue.pop_front();
     if (live) --completed_waiting_;
+    if (!health_.healthy()) {
+      // Degraded: refused at once, never queued behind a disk that fails.
+      health_.Refused();
+      MapSettled(model, *map, IoError(health_.Why()), {});
+      continue;
+    }
     auto plan = model.store->PlanInsert(map->row.sem, map->row.map);
     if (!plan.ok()) {
       MapSettled(model, *map, plan.status(), {});
@@ -96,6 +102,7 @@ void MapService::PumpWrites(ModelMaps& model) {
       model.writing = false;
       // Durable first: a failed write leaves the in-memory store as it was.
       Status s = ran.ok() ? *written : ran;
+      StoreWriteFailed(s);
       if (s.ok()) {
         ++model.next_id;
         s = model.store->Put(plan.index, map->row.id, map->row.sem, map->row.map);
@@ -147,6 +154,9 @@ void MapService::MapSettled(ModelMaps& model, PendingMap& map, const Status& sta
     ++import->skipped;  // A map the store refuses (a non-finite value).
   } else if (status.code() == ErrorCode::kUnavailable) {
     ++counters_.maps_abandoned;  // Still pending when the drain at stop ended.
+  } else if (status.code() == ErrorCode::kIoError) {
+    ++counters_.maps_failed;  // The disk: StoreHealth logs these, once per interval.
+    insert_us_.Add(us);
   } else {
     ++counters_.maps_failed;
     insert_us_.Add(us);
@@ -211,6 +221,7 @@ void MapService::StartImport(const std::string& peer, const AdminRequest& reques
     return fail(InvalidArgument("import path \"" + request.path +
                                 "\" must be absolute (it is read by the map service)"));
   }
+  if (!health_.healthy()) return fail(Unavailable(health_.Why() + "; import again later"));
   if (std::string why; Busy(&why)) return fail(Unavailable(why + "; try again later"));
   auto import = std::make_shared<ImportState>();
   import->peer = peer;
@@ -247,6 +258,16 @@ void MapService::OnImportRead(const std::shared_ptr<ImportState>& import,
                                                       "stored"));
     }
   }
+  if (auto skipped = not_loaded_.find(shape.fingerprint); skipped != not_loaded_.end()) {
+    return FinishImport(*import, FailedPrecondition("model " + FingerprintHex(shape.fingerprint) +
+                                                    " is stored but was not loaded at start (" +
+                                                    skipped->second.reason + ")"));
+  }
+  if (auto known = stores_.find(shape.fingerprint);
+      known != stores_.end() && known->second->dropping) {
+    return FinishImport(*import, Unavailable("model " + FingerprintHex(shape.fingerprint) +
+                                             " is being dropped; import again later"));
+  }
   auto model = OpenModel(shape);
   if (!model.ok()) return FinishImport(*import, model.status());
   if ((*model)->recorded) return QueueImportedMaps(import, **model, std::move(file->maps));
@@ -259,6 +280,7 @@ void MapService::OnImportRead(const std::shared_ptr<ImportState>& import,
     ModelMaps& m = *stores_.at(fingerprint);
     --m.recording;
     const Status s = ran.ok() ? *written : ran;
+    StoreWriteFailed(s);
     if (!s.ok()) {
       ForgetIfUnrecorded(fingerprint);
       return FinishImport(*import, s);
@@ -298,6 +320,89 @@ void MapService::FinishImport(ImportState& import, const Status& status) {
                          {"skipped", import.skipped},
                          {"maps", model == stores_.end() ? 0 : model->second->store->size()}};
   ReplyAdmin(import.peer, import.id, "import", import.path, body.dump());
+}
+
+bool MapService::StoreWriteFailed(const Status& status) { return health_.Failed(status); }
+
+// Degraded and the backoff passed: the store writer tries to make the store writable again,
+// behind the jobs queued before (which fail fast while RocksDB holds its error).
+void MapService::MaybeRecoverStore() {
+  if (!health_.RetryDue()) return;
+  auto result = std::make_shared<Status>(Internal("recovery did not run"));
+  StoreJob job;
+  job.run = [result](StoreDb& db, std::stop_token) { *result = db.Recover(); };
+  job.done = [this, result](const Status& ran) {
+    health_.RetryDone(ran.ok() ? *result : ran);
+    if (health_.healthy()) PumpAllWrites();
+  };
+  if (!writer_->TrySubmit(std::move(job))) health_.RetryDone(Unavailable("store writer full"));
+}
+
+// `fmoe maps --drop FP`: the model's ranks are dropped (they register again at their next
+// heartbeat, and get a fresh, empty store once the drop is done), its waiting maps discarded,
+// then the store writer removes its records; only then is its memory freed.
+void MapService::StartDrop(const std::string& peer, const AdminRequest& request) {
+  auto fail = [&](const Status& s) { ReplyAdmin(peer, request.id, "drop", request.path, s); };
+  const uint64_t fp = request.model_fingerprint;
+  if (fp == 0) return fail(InvalidArgument("drop needs a model fingerprint"));
+  if (!health_.healthy()) return fail(Unavailable(health_.Why() + "; drop again later"));
+  auto known = stores_.find(fp);
+  if (known == stores_.end() && not_loaded_.count(fp) == 0) {
+    return fail(NotFound("model " + FingerprintHex(fp) + " is not stored"));
+  }
+  if (known != stores_.end() && known->second->dropping) {
+    return fail(Unavailable("model " + FingerprintHex(fp) + " is already being dropped"));
+  }
+  if (std::string why; Busy(&why)) return fail(Unavailable(why + "; try again later"));
+  auto removed = std::make_shared<Result<uint64_t>>(Internal("drop did not run"));
+  StoreJob job;
+  job.run = [removed, fp](StoreDb& db, std::stop_token) { *removed = db.DropModel(fp); };
+  job.done = [this, removed, peer, id = request.id, fp](const Status& ran) {
+    OnDropped(peer, id, fp, ran.ok() ? *removed : Result<uint64_t>(ran));
+  };
+  if (!writer_->TrySubmit(std::move(job))) return fail(Unavailable("the map service is stopping"));
+  if (known == stores_.end()) return;
+  ModelMaps& model = *known->second;
+  model.dropping = true;
+  std::vector<std::string> peers;
+  for (const auto& [id, entry] : ranks_.peers()) {
+    if (entry.info.model_fingerprint == fp) peers.push_back(id);
+  }
+  for (const std::string& id : peers) DropPeer(id);
+  const size_t discarded = model.completed.size();
+  counters_.maps_dropped += discarded;
+  completed_waiting_ -= discarded;
+  model.completed.clear();
+  for (PendingMap& p : model.imported) {
+    FinishImport(*p.import, FailedPrecondition("model " + FingerprintHex(fp) + " was dropped"));
+  }
+  model.imported.clear();
+  spdlog::warn("dropping model {}: {} ranks unregistered, {} completed maps discarded",
+               FingerprintHex(fp), peers.size(), discarded);
+}
+
+void MapService::OnDropped(const std::string& peer, uint64_t id, uint64_t fingerprint,
+                           const Result<uint64_t>& removed) {
+  auto known = stores_.find(fingerprint);
+  if (!removed.ok()) {
+    StoreWriteFailed(removed.status());
+    if (known != stores_.end()) known->second->dropping = false;
+    return ReplyAdmin(peer, id, "drop", FingerprintHex(fingerprint), removed.status());
+  }
+  uint64_t bytes = 0;
+  if (known != stores_.end()) {
+    // Every rank of it was dropped at StartDrop and none registered since: no matcher refers
+    // to its store, and its writes, submitted before the drop, are done.
+    bytes = known->second->bytes;
+    stores_.erase(known);
+  }
+  not_loaded_.erase(fingerprint);
+  ++counters_.models_dropped;
+  spdlog::warn("dropped model {}: {} maps and its records removed, {} MiB freed",
+               FingerprintHex(fingerprint), *removed, bytes >> 20);
+  nlohmann::json body = {
+      {"model", FingerprintHex(fingerprint)}, {"maps_removed", *removed}, {"bytes_freed", bytes}};
+  ReplyAdmin(peer, id, "drop", FingerprintHex(fingerprint), body.dump());
 }
 
 void MapService::Drain() {

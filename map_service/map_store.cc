@@ -111,6 +111,16 @@ Result<MapStore> MapStore::Create(const MapStoreOptions& options) {
   return MapStore(options);
 }
 
+uint64_t MapStore::BytesFor(const MapStoreOptions& o) {
+  // In double: exact far beyond any limit, and no product can overflow.
+  const double per_row = 8.0 + 8.0 +                           // id, |sem|
+                         6.0 * o.hidden +                      // sem (float, bfloat16)
+                         8.0 * o.num_layers * o.num_experts +  // map, layer-major map
+                         16.0 * o.num_layers;                  // prefix norms, inverse prefix norms
+  const double bytes = per_row * o.capacity;
+  return bytes >= 18e18 ? UINT64_MAX : static_cast<uint64_t>(bytes);
+}
+
 MapStore::MapStore(const MapStoreOptions& options)
     : options_(options), map_width_(static_cast<size_t>(options.num_layers) * options.num_experts) {
   const size_t c = options_.capacity;

@@ -49,6 +49,9 @@ struct Trajectory {
 class MapStore {
  public:
   static Result<MapStore> Create(const MapStoreOptions& options);
+  // The bytes a store with these options allocates (its matrices and norms): capacity x
+  // (16 + 6 h + 8 L J + 16 L). Saturates at UINT64_MAX.
+  static uint64_t BytesFor(const MapStoreOptions& options);
 
   const MapStoreOptions& options() const { return options_; }
   uint32_t size() const { return size_; }

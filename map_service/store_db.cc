@@ -1,16 +1,28 @@
 #include "map_service/store_db.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <mutex>
 #include <string_view>
 
 #include <flatbuffers/flatbuffers.h>
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include "common/log.h"
 #include "common/model/model_config.h"
 #include "common/process_util.h"
 #include "schemas/store_generated.h"
@@ -93,20 +105,269 @@ const fb::StoreRecord* VerifyRecord(std::string_view value, std::vector<uint64_t
   return fb::GetStoreRecord(buf);
 }
 
+// RocksDB's info log, into ours: warnings and errors only (no LOG file beside the data, so a
+// full disk cannot take the log down with it), at most kLines per kWindow, then one line with
+// the count of the rest. Called from RocksDB's threads and the store writer.
+class RocksLogger : public rocksdb::Logger {
+ public:
+  RocksLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
+  void LogHeader(const char*, va_list) override {}
+  void Logv(const char* format, va_list ap) override {
+    Emit(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
+  }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    Emit(level, format, ap);
+  }
+
+ private:
+  static constexpr int kLines = 5;
+  static constexpr auto kWindow = std::chrono::seconds(10);
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+  void Emit(rocksdb::InfoLogLevel level, const char* format, va_list ap) {
+    if (level < GetInfoLogLevel() || level == rocksdb::InfoLogLevel::HEADER_LEVEL) return;
+    char text[1024];
+    std::vsnprintf(text, sizeof(text), format, ap);
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (now - window_start_ >= kWindow) {
+      if (suppressed_ > 0) {
+        spdlog::warn("rocksdb: {} more messages in the last {} s", suppressed_,
+                     std::chrono::duration_cast<std::chrono::seconds>(now - window_start_).count());
+      }
+      window_start_ = now;
+      lines_ = 0;
+      suppressed_ = 0;
+    }
+    if (lines_ >= kLines) {
+      ++suppressed_;
+      return;
+    }
+    ++lines_;
+    if (level >= rocksdb::InfoLogLevel::ERROR_LEVEL) {
+      spdlog::error("rocksdb: {}", text);
+    } else {
+      spdlog::warn("rocksdb: {}", text);
+    }
+  }
+#pragma GCC diagnostic pop
+
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point window_start_{};  // GUARDED_BY(mu_)
+  int lines_ = 0;                                         // GUARDED_BY(mu_)
+  uint64_t suppressed_ = 0;                               // GUARDED_BY(mu_)
+};
+
+// Tests only: StoreFaults under RocksDB (store_db.h).
+rocksdb::IOStatus Injected(StoreFaults& faults, const std::string& what) {
+  const int err = faults.failing();
+  if (err == 0) return rocksdb::IOStatus::OK();
+  faults.CountRefused();
+  const std::string text = what + ": " + std::strerror(err) + " (injected)";
+  return err == ENOSPC ? rocksdb::IOStatus::NoSpace(text) : rocksdb::IOStatus::IOError(text);
+}
+
+class FaultFile : public rocksdb::FSWritableFileOwnerWrapper {
+ public:
+  FaultFile(std::unique_ptr<rocksdb::FSWritableFile> file, std::shared_ptr<StoreFaults> faults,
+            std::string name)
+      : FSWritableFileOwnerWrapper(std::move(file)),
+        faults_(std::move(faults)),
+        name_(std::move(name)) {}
+  using IOS = rocksdb::IOStatus;
+  using IOO = rocksdb::IOOptions;
+  using Dbg = rocksdb::IODebugContext;
+  IOS Append(const rocksdb::Slice& d, const IOO& o, Dbg* g) override {
+    IOS s = Injected(*faults_, "append to " + name_);
+    return s.ok() ? FSWritableFileOwnerWrapper::Append(d, o, g) : s;
+  }
+  IOS Append(const rocksdb::Slice& d, const IOO& o, const rocksdb::DataVerificationInfo& v,
+             Dbg* g) override {
+    IOS s = Injected(*faults_, "append to " + name_);
+    return s.ok() ? FSWritableFileOwnerWrapper::Append(d, o, v, g) : s;
+  }
+  IOS PositionedAppend(const rocksdb::Slice& d, uint64_t off, const IOO& o, Dbg* g) override {
+    IOS s = Injected(*faults_, "append to " + name_);
+    return s.ok() ? FSWritableFileOwnerWrapper::PositionedAppend(d, off, o, g) : s;
+  }
+  IOS PositionedAppend(const rocksdb::Slice& d, uint64_t off, const IOO& o,
+                       const rocksdb::DataVerificationInfo& v, Dbg* g) override {
+    IOS s = Injected(*faults_, "append to " + name_);
+    return s.ok() ? FSWritableFileOwnerWrapper::PositionedAppend(d, off, o, v, g) : s;
+  }
+  IOS Flush(const IOO& o, Dbg* g) override {
+    IOS s = Injected(*faults_, "flush of " + name_);
+    return s.ok() ? FSWritableFileOwnerWrapper::Flush(o, g) : s;
+  }
+  IOS Sync(const IOO& o, Dbg* g) override {
+    IOS s = Injected(*faults_, "sync of " + name_);
+    return s.ok() ? FSWritableFileOwnerWrapper::Sync(o, g) : s;
+  }
+  IOS Fsync(const IOO& o, Dbg* g) override {
+    IOS s = Injected(*faults_, "sync of " + name_);
+    return s.ok() ? FSWritableFileOwnerWrapper::Fsync(o, g) : s;
+  }
+  IOS RangeSync(uint64_t off, uint64_t n, const IOO& o, Dbg* g) override {
+    IOS s = Injected(*faults_, "sync of " + name_);
+    return s.ok() ? FSWritableFileOwnerWrapper::RangeSync(off, n, o, g) : s;
+  }
+
+ private:
+  std::shared_ptr<StoreFaults> faults_;
+  std::string name_;
+};
+
+class FaultFileSystem : public rocksdb::FileSystemWrapper {
+ public:
+  explicit FaultFileSystem(std::shared_ptr<StoreFaults> faults)
+      : FileSystemWrapper(rocksdb::FileSystem::Default()), faults_(std::move(faults)) {}
+  const char* Name() const override { return "FmoeFaultFileSystem"; }
+  using IOS = rocksdb::IOStatus;
+  using IOO = rocksdb::IOOptions;
+  using Dbg = rocksdb::IODebugContext;
+  using File = std::unique_ptr<rocksdb::FSWritableFile>;
+  IOS NewWritableFile(const std::string& f, const rocksdb::FileOptions& o, File* r,
+                      Dbg* g) override {
+    if (IOS s = Injected(*faults_, "creating " + f); !s.ok()) return s;
+    return Wrap(f, target()->NewWritableFile(f, o, r, g), r);
+  }
+  IOS ReopenWritableFile(const std::string& f, const rocksdb::FileOptions& o, File* r,
+                         Dbg* g) override {
+    if (IOS s = Injected(*faults_, "opening " + f); !s.ok()) return s;
+    return Wrap(f, target()->ReopenWritableFile(f, o, r, g), r);
+  }
+  IOS ReuseWritableFile(const std::string& f, const std::string& old, const rocksdb::FileOptions& o,
+                        File* r, Dbg* g) override {
+    if (IOS s = Injected(*faults_, "creating " + f); !s.ok()) return s;
+    return Wrap(f, target()->ReuseWritableFile(f, old, o, r, g), r);
+  }
+  IOS RenameFile(const std::string& from, const std::string& to, const IOO& o, Dbg* g) override {
+    if (IOS s = Injected(*faults_, "renaming " + from); !s.ok()) return s;
+    return target()->RenameFile(from, to, o, g);
+  }
+  IOS CreateDir(const std::string& d, const IOO& o, Dbg* g) override {
+    if (IOS s = Injected(*faults_, "creating " + d); !s.ok()) return s;
+    return target()->CreateDir(d, o, g);
+  }
+
+ private:
+  IOS Wrap(const std::string& name, IOS opened, File* file) {
+    if (opened.ok()) *file = std::make_unique<FaultFile>(std::move(*file), faults_, name);
+    return opened;
+  }
+  std::shared_ptr<StoreFaults> faults_;
+};
+
+// A read-only database takes no RocksDB lock; this one (an OFD lock on its LOCK file, which
+// conflicts with RocksDB's) keeps a second map service out meanwhile. Returns the fd or -1.
+int LockReadOnly(const std::string& path, std::string* why) {
+  const std::string file = path + "/LOCK";
+  const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    *why = file + ": " + std::strerror(errno);
+    return -1;
+  }
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  if (::fcntl(fd, F_OFD_SETLK, &lock) != 0) {
+    *why = file + ": " + std::strerror(errno);
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 }  // namespace
 
 struct StoreDb::Impl {
   std::string path;
   bool sync = false;
+  std::string read_only_reason;  // Empty while writable.
+  int read_only_lock = -1;       // LockReadOnly's fd while read-only.
+  std::shared_ptr<rocksdb::Logger> logger = std::make_shared<RocksLogger>();
+  std::unique_ptr<rocksdb::Env> env;  // The fault-injecting Env of a test, or null.
   std::unique_ptr<rocksdb::DB> db;
   std::map<std::string, rocksdb::ColumnFamilyHandle*> families;  // Owned; closed in ~Impl.
 
   ~Impl() {
+    Close();
+    if (read_only_lock >= 0) ::close(read_only_lock);
+  }
+
+  void Close() {
     if (!db) return;
     for (auto& [name, handle] : families) {
       if (handle != db->DefaultColumnFamily()) db->DestroyColumnFamilyHandle(handle);
     }
-    db->Close();
+    families.clear();
+    db->Close().PermitUncheckedError();
+    db.reset();
+  }
+
+  rocksdb::Options DbOptions() const {
+    rocksdb::Options o;
+    o.create_if_missing = true;
+    o.create_missing_column_families = true;
+    o.paranoid_checks = true;
+    o.max_open_files = 256;
+    o.info_log = logger;
+    o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+    if (env) o.env = env.get();
+    return o;
+  }
+
+  // Opens the database (every column family) into db/families, or returns RocksDB's error.
+  rocksdb::Status OpenDb(bool read_only, std::unique_ptr<rocksdb::DB>* out,
+                         std::map<std::string, rocksdb::ColumnFamilyHandle*>* out_families) const {
+    const rocksdb::Options options = DbOptions();
+    std::vector<std::string> names;
+    rocksdb::Status s = rocksdb::DB::ListColumnFamilies(options, path, &names);
+    if (!s.ok()) names = {rocksdb::kDefaultColumnFamilyName};  // A new database.
+    std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+    for (const auto& name : names) descriptors.emplace_back(name, rocksdb::ColumnFamilyOptions());
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* raw = nullptr;
+    s = read_only ? rocksdb::DB::OpenForReadOnly(options, path, descriptors, &handles, &raw)
+                  : rocksdb::DB::Open(options, path, descriptors, &handles, &raw);
+    if (!s.ok()) return s;
+    out->reset(raw);
+    out_families->clear();
+    for (size_t i = 0; i < handles.size(); ++i) (*out_families)[names[i]] = handles[i];
+    return s;
+  }
+
+  // The model's column family, created when it has none; *created says so.
+  Result<rocksdb::ColumnFamilyHandle*> Family(uint64_t fingerprint, bool* created) {
+    const std::string family = MapsFamily(fingerprint);
+    *created = false;
+    if (auto it = families.find(family); it != families.end()) return it->second;
+    rocksdb::ColumnFamilyHandle* handle = nullptr;
+    FMOE_RETURN_IF_ERROR(
+        FromRocks(db->CreateColumnFamily(rocksdb::ColumnFamilyOptions(), family, &handle),
+                  "creating column family " + family));
+    families[family] = handle;
+    *created = true;
+    return handle;
+  }
+
+  // Undoes Family's creation after the write that needed it failed (best effort: an empty family
+  // left behind is harmless and reused).
+  void ForgetFamily(uint64_t fingerprint) {
+    auto it = families.find(MapsFamily(fingerprint));
+    if (it == families.end()) return;
+    if (!db->DropColumnFamily(it->second).ok()) return;
+    db->DestroyColumnFamilyHandle(it->second).PermitUncheckedError();
+    families.erase(it);
+  }
+
+  // A WAL record that leaves no key: proves the disk takes writes again.
+  Status Probe() {
+    rocksdb::WriteBatch batch;
+    batch.Put("health/probe", "");
+    batch.Delete("health/probe");
+    return FromRocks(db->Write(WriteOpts(), &batch), "probe write to " + path);
   }
 
   rocksdb::WriteOptions WriteOpts() const {
@@ -122,38 +383,74 @@ StoreDb::~StoreDb() = default;
 
 const std::string& StoreDb::path() const { return impl_->path; }
 
-Result<std::unique_ptr<StoreDb>> StoreDb::Open(const StoreDbOptions& options) {
-  FMOE_RETURN_IF_ERROR(EnsureWritableDir(options.path));
+const std::string& StoreDb::read_only_reason() const { return impl_->read_only_reason; }
+
+Result<std::unique_ptr<StoreDb>> StoreDb::Open(const StoreDbOptions& options,
+                                               std::shared_ptr<StoreFaults> faults) {
+  const Status writable = EnsureWritableDir(options.path);
+  std::error_code ec;
+  const bool exists = std::filesystem::exists(options.path + "/CURRENT", ec);
+  if (!writable.ok() && !exists) return writable;  // Nothing to serve from.
   auto impl = std::make_unique<Impl>();
   impl->path = options.path;
   impl->sync = options.sync;
-
-  rocksdb::Options db_options;
-  db_options.create_if_missing = true;
-  db_options.create_missing_column_families = true;
-  db_options.paranoid_checks = true;
-  db_options.max_open_files = 256;
-  db_options.keep_log_file_num = 4;
-
-  std::vector<std::string> names;
-  rocksdb::Status s = rocksdb::DB::ListColumnFamilies(db_options, options.path, &names);
-  if (!s.ok()) names = {rocksdb::kDefaultColumnFamilyName};  // A new database.
-  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
-  for (const auto& name : names) descriptors.emplace_back(name, rocksdb::ColumnFamilyOptions());
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* raw = nullptr;
-  s = rocksdb::DB::Open(db_options, options.path, descriptors, &handles, &raw);
-  if (!s.ok()) {
-    std::string text = s.ToString();
-    if (s.IsIOError() && text.find("lock") != std::string::npos) {
-      return AlreadyExists("data directory " + options.path +
-                           " is in use by another map service (its RocksDB lock is held)");
-    }
-    return FromRocks(s, "data directory " + options.path);
+  if (faults) {
+    impl->env = rocksdb::NewCompositeEnv(std::make_shared<FaultFileSystem>(std::move(faults)));
   }
-  impl->db.reset(raw);
-  for (size_t i = 0; i < handles.size(); ++i) impl->families[names[i]] = handles[i];
+  const auto in_use = [&] {
+    return AlreadyExists("data directory " + options.path +
+                         " is in use by another map service (its RocksDB lock is held)");
+  };
+  rocksdb::Status s = impl->OpenDb(/*read_only=*/false, &impl->db, &impl->families);
+  if (s.ok()) return std::unique_ptr<StoreDb>(new StoreDb(std::move(impl)));
+  if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) return in_use();
+  if (!s.IsIOError() || !exists) return FromRocks(s, "data directory " + options.path);
+  // The disk refuses writes (full, failing or read-only): serve what is stored, read-only.
+  impl->read_only_reason =
+      writable.ok() ? FromRocks(s, "data directory " + options.path).message() : writable.message();
+  std::string why;
+  impl->read_only_lock = LockReadOnly(options.path, &why);
+  if (impl->read_only_lock < 0) {
+    if (why.find(std::strerror(EAGAIN)) != std::string::npos ||
+        why.find(std::strerror(EACCES)) != std::string::npos) {
+      return in_use();
+    }
+    return IoError("data directory " + options.path + " is not writable (" +
+                   impl->read_only_reason + ") and cannot be locked: " + why);
+  }
+  rocksdb::Status ro = impl->OpenDb(/*read_only=*/true, &impl->db, &impl->families);
+  if (!ro.ok()) {
+    return IoError("data directory " + options.path + " is not writable (" +
+                   impl->read_only_reason + ") nor readable: " + ro.ToString());
+  }
   return std::unique_ptr<StoreDb>(new StoreDb(std::move(impl)));
+}
+
+Status StoreDb::Recover() {
+  Impl& d = *impl_;
+  if (d.db != nullptr && d.read_only_reason.empty()) {
+    rocksdb::Status s = d.db->Resume();
+    if (s.ok()) return d.Probe();
+    // RocksDB stops a database for good after some failures (a WAL it could not create on a
+    // full disk is fatal): reopen it. Every acknowledged write is in its WAL.
+    d.read_only_reason = FromRocks(s, "resuming " + d.path).message();
+  }
+  if (d.read_only_lock >= 0) ::close(d.read_only_lock);
+  d.read_only_lock = -1;
+  d.Close();
+  rocksdb::Status s = d.OpenDb(/*read_only=*/false, &d.db, &d.families);
+  if (!s.ok()) {
+    // Still refused: serve reads (exports) from a read-only instance meanwhile.
+    d.read_only_reason = FromRocks(s, "reopening " + d.path + " for writing").message();
+    std::string why;
+    d.read_only_lock = LockReadOnly(d.path, &why);
+    if (d.read_only_lock < 0 || !d.OpenDb(/*read_only=*/true, &d.db, &d.families).ok()) {
+      d.Close();
+    }
+    return IoError(d.read_only_reason);
+  }
+  d.read_only_reason.clear();
+  return d.Probe();
 }
 
 Result<StoreDb::Contents> StoreDb::LoadAll() {
@@ -184,38 +481,72 @@ Result<StoreDb::Contents> StoreDb::LoadAll() {
   return out;
 }
 
+Status StoreDb::Writable() const {
+  if (impl_->read_only_reason.empty()) return Status::Ok();
+  return IoError("the store is read-only: " + impl_->read_only_reason);
+}
+
+Status StoreDb::Readable() const {
+  if (impl_->db != nullptr) return Status::Ok();
+  return IoError("the store is not open: " + impl_->read_only_reason);
+}
+
 Status StoreDb::RecordRegistration(const ModelRow* model, const RankRow& rank) {
+  FMOE_RETURN_IF_ERROR(Writable());
   rocksdb::WriteBatch batch;
+  bool created = false;
   if (model != nullptr) {
-    std::string family = MapsFamily(model->fingerprint);
-    if (impl_->families.count(family) == 0) {
-      rocksdb::ColumnFamilyHandle* handle = nullptr;
-      FMOE_RETURN_IF_ERROR(
-          FromRocks(impl_->db->CreateColumnFamily(rocksdb::ColumnFamilyOptions(), family, &handle),
-                    "creating column family " + family));
-      impl_->families[family] = handle;
-    }
+    FMOE_RETURN_IF_ERROR(impl_->Family(model->fingerprint, &created).status());
     batch.Put(ModelKey(model->fingerprint), EncodeModel(*model));
   }
   batch.Put(RankKey(rank.group, rank.rank), EncodeRank(rank));
-  return FromRocks(impl_->db->Write(impl_->WriteOpts(), &batch), "writing registration");
+  Status s = FromRocks(impl_->db->Write(impl_->WriteOpts(), &batch), "writing registration");
+  if (!s.ok() && created) impl_->ForgetFamily(model->fingerprint);
+  return s;
 }
 
 Status StoreDb::RecordModel(const ModelRow& model) {
-  std::string family = MapsFamily(model.fingerprint);
-  if (impl_->families.count(family) == 0) {
-    rocksdb::ColumnFamilyHandle* handle = nullptr;
-    FMOE_RETURN_IF_ERROR(
-        FromRocks(impl_->db->CreateColumnFamily(rocksdb::ColumnFamilyOptions(), family, &handle),
-                  "creating column family " + family));
-    impl_->families[family] = handle;
-  }
+  FMOE_RETURN_IF_ERROR(Writable());
+  bool created = false;
+  FMOE_RETURN_IF_ERROR(impl_->Family(model.fingerprint, &created).status());
   rocksdb::WriteBatch batch;
   batch.Put(ModelKey(model.fingerprint), EncodeModel(model));
-  return FromRocks(impl_->db->Write(impl_->WriteOpts(), &batch), "writing model record");
+  Status s = FromRocks(impl_->db->Write(impl_->WriteOpts(), &batch), "writing model record");
+  if (!s.ok() && created) impl_->ForgetFamily(model.fingerprint);
+  return s;
+}
+
+Result<uint64_t> StoreDb::DropModel(uint64_t fingerprint) {
+  FMOE_RETURN_IF_ERROR(Writable());
+  rocksdb::WriteBatch batch;
+  batch.Delete(ModelKey(fingerprint));
+  // The ranks registered with it.
+  std::unique_ptr<rocksdb::Iterator> it(impl_->db->NewIterator(rocksdb::ReadOptions()));
+  std::vector<uint64_t> aligned;
+  for (it->Seek("rank/"); it->Valid() && it->key().starts_with("rank/"); it->Next()) {
+    std::string why;
+    const fb::StoreRecord* rec =
+        VerifyRecord(std::string_view(it->value().data(), it->value().size()), &aligned, &why);
+    const fb::RankRecord* r = rec != nullptr ? rec->record_as_RankRecord() : nullptr;
+    if (r != nullptr && r->model_fingerprint() == fingerprint) batch.Delete(it->key());
+  }
+  FMOE_RETURN_IF_ERROR(FromRocks(it->status(), "reading " + impl_->path));
+  it.reset();
+  const uint64_t maps = CountMaps(fingerprint);
+  auto family = impl_->families.find(MapsFamily(fingerprint));
+  if (family != impl_->families.end()) {
+    // Every 8-byte key sorts below 9 bytes of 0xff.
+    FMOE_RETURN_IF_ERROR(FromRocks(
+        batch.DeleteRange(family->second, MapKey(0), std::string(9, '\xff')), "dropping maps"));
+  }
+  FMOE_RETURN_IF_ERROR(FromRocks(impl_->db->Write(impl_->WriteOpts(), &batch),
+                                 "removing model " + FingerprintHex(fingerprint)));
+  impl_->ForgetFamily(fingerprint);
+  return maps;
 }
 
 Status StoreDb::PutMap(uint64_t fingerprint, const MapRow& map, uint64_t replaced_id) {
+  FMOE_RETURN_IF_ERROR(Writable());
   auto it = impl_->families.find(MapsFamily(fingerprint));
   if (it == impl_->families.end()) {
     return FailedPrecondition("model " + FingerprintHex(fingerprint) + " has no map store");
@@ -230,6 +561,7 @@ Status StoreDb::PutMap(uint64_t fingerprint, const MapRow& map, uint64_t replace
 Status StoreDb::ScanMaps(uint64_t fingerprint, uint32_t hidden, size_t map_width,
                          const std::function<bool(const MapView&)>& visit,
                          std::vector<std::string>* corrupt) {
+  FMOE_RETURN_IF_ERROR(Readable());
   const std::string family = MapsFamily(fingerprint);
   auto fam = impl_->families.find(family);
   if (fam == impl_->families.end()) return Status::Ok();
@@ -297,6 +629,7 @@ Result<StoreDb::MapContents> StoreDb::LoadMaps(uint64_t fingerprint, uint32_t hi
 }
 
 uint64_t StoreDb::CountMaps(uint64_t fingerprint) {
+  if (impl_->db == nullptr) return 0;
   auto it = impl_->families.find(MapsFamily(fingerprint));
   if (it == impl_->families.end()) return 0;
   uint64_t n = 0;

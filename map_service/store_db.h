@@ -2,9 +2,13 @@
 // family holds model shapes ("model/<fp>") and rank registrations ("rank/<group>/<rank>") as
 // FlatBuffers StoreRecords (schemas/store.fbs); each model's expert maps get a column family
 // "maps/<fp>". Every write is one WriteBatch with the WAL on. Records read back are verified;
-// a corrupt one is reported and skipped. Not thread-safe: owned by the service thread.
+// a corrupt one is reported and skipped. RocksDB's own log goes to ours (warnings and errors,
+// throttled), never to a LOG file beside the data. On a data directory it cannot write (a full
+// or read-only disk) Open falls back to a read-only database when the existing data can be read;
+// Recover() makes it writable again. Not thread-safe: one owner thread at a time.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -15,6 +19,23 @@
 #include "common/status.h"
 
 namespace fmoe {
+
+// Tests only: failures injected under RocksDB (a FileSystem wrapper in store_db.cc). While
+// FailWrites(err) holds, every write to a file of the store (new files, appends, syncs,
+// renames, new directories) fails with err, as a full (ENOSPC), failing (EIO) or read-only
+// (EROFS) disk would; Heal() ends it. Thread-safe.
+class StoreFaults {
+ public:
+  void FailWrites(int err) { errno_.store(err); }
+  void Heal() { errno_.store(0); }
+  int failing() const { return errno_.load(); }
+  uint64_t refused() const { return refused_.load(); }  // Writes failed so far.
+  void CountRefused() { refused_.fetch_add(1); }
+
+ private:
+  std::atomic<int> errno_{0};
+  std::atomic<uint64_t> refused_{0};
+};
 
 struct StoreDbOptions {
   std::string path;   // Required: the data directory.
@@ -64,9 +85,22 @@ struct MapView {
 class StoreDb {
  public:
   // Errors: kAlreadyExists "data directory D is in use by another map service" when its lock is
-  // held; kIoError for an unwritable or unusable directory.
-  static Result<std::unique_ptr<StoreDb>> Open(const StoreDbOptions& options);
+  // held; kIoError for an unusable directory, or an unwritable one without a database to read.
+  // An existing database in a directory that cannot be written is opened read-only:
+  // read_only_reason() then says why, and every write fails with kIoError until Recover().
+  // `faults`: tests only, failures injected under RocksDB.
+  static Result<std::unique_ptr<StoreDb>> Open(const StoreDbOptions& options,
+                                               std::shared_ptr<StoreFaults> faults = nullptr);
   ~StoreDb();
+
+  // Why the database is read-only (opened so), or empty when it is writable.
+  const std::string& read_only_reason() const;
+
+  // Makes the store writable again after a failed write: clears RocksDB's background error
+  // (DB::Resume) or, when that cannot, closes the database and opens it again for writing
+  // (read-only meanwhile, when the disk still refuses), then proves a write (a WAL record that
+  // leaves no key). kIoError while the disk still refuses.
+  Status Recover();
 
   struct Contents {
     std::vector<ModelRow> models;
@@ -81,6 +115,11 @@ class StoreDb {
 
   // Records a model's shape alone (an import of a model no rank has registered yet).
   Status RecordModel(const ModelRow& model);
+
+  // Removes a model: its record, its maps and the records of the ranks registered with it, in
+  // one WriteBatch; then drops its column family (best effort: an empty one left behind is
+  // harmless). Returns how many maps were removed. Nothing is removed when the write fails.
+  Result<uint64_t> DropModel(uint64_t fingerprint);
 
   // Stores `map` in the model's column family and, when replaced_id is not 0, deletes the entry
   // it replaces, in one WriteBatch. kFailedPrecondition when the model has no column family.
@@ -108,6 +147,8 @@ class StoreDb {
  private:
   struct Impl;
   explicit StoreDb(std::unique_ptr<Impl> impl);
+  Status Writable() const;
+  Status Readable() const;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -12,6 +12,10 @@ namespace {
 
 using Json = nlohmann::json;
 
+// Until the wire has AdminOp::kDrop, a drop is an Import of this path (map_service/
+// map_service.h kDropRequestPath); a map service without drop refuses it as not absolute.
+constexpr const char* kDropRequestPath = "drop:";
+
 bool ParseFingerprint(const std::string& text, uint64_t* out) {
   if (text.empty() || text.size() > 16) return false;
   uint64_t v = 0;
@@ -50,13 +54,28 @@ void PrintStats(const Json& s) {
   std::printf("match latency: p50 %.0f us, p99 %.0f us over %llu matches\n", lat.value("p50", 0.0),
               lat.value("p99", 0.0),
               static_cast<unsigned long long>(lat.value("count", uint64_t{0})));
+  if (s.contains("models_not_loaded")) {
+    for (const auto& m : s["models_not_loaded"]) {
+      std::printf("not loaded: model %s (L=%d J=%d h=%d): %s\n",
+                  m.value("fingerprint", "?").c_str(), m.value("num_layers", 0),
+                  m.value("num_experts", 0), m.value("hidden_size", 0),
+                  m.value("reason", "?").c_str());
+    }
+  }
+  if (s.contains("store") && s["store"].value("state", "ok") != "ok") {
+    const Json& st = s["store"];
+    std::printf("store: %s (read-only) for %.0f s: %s; %llu writes failed or refused\n",
+                st.value("state", "?").c_str(), st.value("degraded_s", 0.0),
+                st.value("reason", "?").c_str(),
+                static_cast<unsigned long long>(st.value("writes_failed", uint64_t{0})));
+  }
 }
 
 }  // namespace
 
 int RunMaps(const Manifest& manifest, const MapsCommand& command) {
-  if (!command.export_path.empty() && !command.import_path.empty()) {
-    std::fprintf(stderr, "fmoe maps: --export and --import exclude each other\n");
+  if (!command.export_path.empty() + !command.import_path.empty() + !command.drop.empty() > 1) {
+    std::fprintf(stderr, "fmoe maps: --export, --import and --drop exclude each other\n");
     return 2;
   }
   AdminRequest req;
@@ -77,6 +96,15 @@ int RunMaps(const Manifest& manifest, const MapsCommand& command) {
       return 2;
     }
     req.path = path.lexically_normal().string();
+  }
+  if (!command.drop.empty()) {
+    if (!ParseFingerprint(command.drop, &req.model_fingerprint) || req.model_fingerprint == 0) {
+      std::fprintf(stderr, "fmoe maps: --drop \"%s\" is not a model fingerprint (hex)\n",
+                   command.drop.c_str());
+      return 2;
+    }
+    req.op = AdminOp::kImport;
+    req.path = kDropRequestPath;
   }
   const std::string& endpoint = manifest.map_service.endpoint;
   wire::Context context;
@@ -119,6 +147,11 @@ int RunMaps(const Manifest& manifest, const MapsCommand& command) {
                 static_cast<unsigned long long>(body.value("maps", uint64_t{0})),
                 body.value("model", "?").c_str(), body.value("path", "?").c_str(),
                 static_cast<unsigned long long>(body.value("bytes", uint64_t{0})));
+  } else if (!command.drop.empty()) {
+    std::printf("dropped model %s: %llu maps removed, %llu MiB freed\n",
+                body.value("model", "?").c_str(),
+                static_cast<unsigned long long>(body.value("maps_removed", uint64_t{0})),
+                static_cast<unsigned long long>(body.value("bytes_freed", uint64_t{0}) >> 20));
   } else if (req.op == AdminOp::kImport) {
     std::printf(
         "imported %llu maps of model %s (%llu replaced a stored map, %llu skipped); the store "

@@ -3,25 +3,36 @@
 // registrations and exports refused as busy; once released, the held maps are acknowledged in
 // completion order. At stop the drain writes what it can within drain_timeout_ms and abandons
 // the rest, and every acknowledged map is on disk after a restart. An import of a model that no
-// rank registered creates it. (The process itself: tests/integration/map_service_test.cc.)
+// rank registered creates it. Registration is bounded by memory_limit_mb and leaves nothing
+// behind when refused; a stored model beyond the limit is not loaded; a model can be dropped.
+// Disk trouble (write failures injected under RocksDB): the store turns read-only, matching and
+// stats go on, the log is throttled, and it recovers with nothing acknowledged lost; a start on
+// a disk that refuses writes serves read-only. (The process itself:
+// tests/integration/map_service_test.cc.)
 #include "map_service/map_service.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <vector>
 
+#include <spdlog/sinks/ostream_sink.h>
 #include <nlohmann/json.hpp>
 
+#include "common/log.h"
+#include "common/model/model_config.h"
 #include "map_service/export_file.h"
 #include "tests/testing/process_harness.h"
 
@@ -127,6 +138,7 @@ class Client {
     reg_.hidden_size = kH;
   }
   const fmoe::Register& registration() const { return reg_; }
+  fmoe::Register& registration() { return reg_; }
   std::optional<RegisterAck> Register() {
     if (!socket_->Send(reg_).ok()) return std::nullopt;
     return Await<RegisterAck>([](const RegisterAck&) { return true; });
@@ -153,13 +165,31 @@ class Client {
     }
     return std::nullopt;
   }
-  std::optional<AdminReply> Admin(AdminOp op, const std::string& path = {}) {
+  std::optional<AdminReply> Admin(AdminOp op, const std::string& path = {}, uint64_t model = 0) {
     AdminRequest r;
     r.id = ++admin_id_;
     r.op = op;
     r.path = path;
+    r.model_fingerprint = model;
     Send(r);
     return Await<AdminReply>([&](const AdminReply& a) { return a.id == r.id; });
+  }
+  // `fmoe maps --drop` (an Import of kDropRequestPath until the wire has AdminOp::kDrop).
+  std::optional<AdminReply> Drop(uint64_t model) {
+    return Admin(AdminOp::kImport, kDropRequestPath, model);
+  }
+  std::optional<RankHeartbeatAck> Heartbeat() {
+    Send(RankHeartbeat{reg_.group, reg_.rank, reg_.instance_id, ++seq_});
+    return Await<RankHeartbeatAck>([&](const RankHeartbeatAck& a) { return a.seq == seq_; });
+  }
+  // Directives for the first layers of a new iteration (the store must hold a map).
+  bool Matched(uint64_t request, std::mt19937& rng) {
+    Send(IterationStart{request, 0, RandomSem(rng)});
+    const bool got = Await<PrefetchDirective>([&](const PrefetchDirective& d) {
+                       return d.request_id == request;
+                     }).has_value();
+    Send(IterationEnd{request, 0, true});  // Incomplete: nothing to store.
+    return got;
   }
   Json Stats() {
     auto reply = Admin(AdminOp::kStats);
@@ -182,6 +212,7 @@ class Client {
   std::unique_ptr<wire::MapSocket> socket_;
   fmoe::Register reg_;
   uint64_t admin_id_ = 0;
+  uint64_t seq_ = 0;
   std::vector<uint64_t> stored_;
 };
 
@@ -384,6 +415,342 @@ TEST_F(MapServiceCoreTest, AnImportCreatesAModelNoRankRegistered) {
   ASSERT_EQ(back->maps.size(), 4u);
   EXPECT_EQ(back->maps[0].sem, maps[0].sem);
   EXPECT_EQ(back->maps[3].map, maps[4].map);
+}
+
+// Lines the default logger writes while it lives.
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+  }
+  ~LogCapture() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  // Lines holding `text`.
+  size_t Count(const std::string& text) {
+    sink_->flush();
+    std::istringstream in(out_.str());
+    size_t n = 0;
+    for (std::string line; std::getline(in, line);) n += line.find(text) != std::string::npos;
+    return n;
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
+// Issue 28: a Register whose store cannot be allocated (L=4097, J=65536) threw bad_alloc after
+// publishing half a model, and the next Stats crashed; h=65536 added hundreds of MB that stayed.
+// Both are refused by memory_limit_mb with the reason, and nothing of them remains, in memory
+// or on disk.
+TEST_F(MapServiceCoreTest, ARegistrationBeyondTheMemoryLimitIsRefusedAndLeavesNothingBehind) {
+  options_.memory_limit_mb = 32;
+  {
+    Service service(options_, nullptr);
+    Client huge(options_.endpoint, "w/huge/0", "huge");
+    huge.registration().model_fingerprint = 0xbad1;
+    huge.registration().num_layers = 4097;
+    huge.registration().num_experts = 65536;
+    huge.registration().top_k = 1;
+    huge.registration().hidden_size = 1;
+    auto ack = huge.Register();
+    ASSERT_TRUE(ack.has_value());
+    EXPECT_FALSE(ack->accepted);
+    EXPECT_NE(ack->reason.find("memory_limit_mb 32"), std::string::npos) << ack->reason;
+    Json stats = huge.Stats();  // Crashed here.
+    ASSERT_TRUE(stats.is_object());
+    EXPECT_EQ(stats["models"].size(), 0u) << stats.dump();
+
+    Client wide(options_.endpoint, "w/wide/0", "wide");
+    wide.registration().model_fingerprint = 0xbad2;
+    wide.registration().hidden_size = 65536;  // 100 maps x 6 bytes x 65536: 38 MiB.
+    ack = wide.Register();
+    ASSERT_TRUE(ack.has_value());
+    EXPECT_FALSE(ack->accepted);
+    EXPECT_NE(ack->reason.find("needs 38 MiB"), std::string::npos) << ack->reason;
+
+    // The service serves on: a model within the limit registers and stores maps.
+    Client c(options_.endpoint, "w/g0/0");
+    ack = c.Register();
+    ASSERT_TRUE(ack && ack->accepted) << (ack ? ack->reason : "no ack");
+    c.Stream(1, rng_);
+    ASSERT_TRUE(c.AwaitStored(1));
+    stats = c.Stats();
+    EXPECT_EQ(stats["models"].size(), 1u) << stats.dump();
+    EXPECT_EQ(stats["counters"]["registrations_refused"], 2) << stats.dump();
+    EXPECT_GT(stats["memory"]["used_bytes"], 0) << stats.dump();
+  }
+  // Nothing of the refused models was persisted.
+  Service service(options_, nullptr);
+  Client admin(options_.endpoint, "admin");
+  const Json stats = admin.Stats();
+  ASSERT_EQ(stats["models"].size(), 1u) << stats.dump();
+  EXPECT_EQ(stats["models"][0]["fingerprint"], FingerprintHex(kModel));
+  EXPECT_EQ(stats["models_not_loaded"].size(), 0u) << stats.dump();
+}
+
+// A model record that is beyond the limit (written before there was one) is not loaded at start:
+// the service starts, says why, refuses the model's registration with the reason, and drops it.
+TEST_F(MapServiceCoreTest, AStoredModelBeyondTheLimitIsNotLoadedAndCanBeDropped) {
+  {
+    Service service(options_, nullptr);
+    Client c(options_.endpoint, "w/g0/0");
+    ASSERT_TRUE(c.Register());
+    c.Stream(1, rng_);
+    ASSERT_TRUE(c.AwaitStored(1));
+  }
+  {
+    auto db = StoreDb::Open({options_.data_dir, false});
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    ASSERT_TRUE((*db)->RecordModel({0xbad1, 4097, 65536, 1, 1, 0}).ok());
+  }
+  LogCapture log;
+  Service service(options_, nullptr);
+  EXPECT_EQ(log.Count("model 000000000000bad1 (L=4097 J=65536 K=1 h=1) not loaded"), 1u);
+  Client huge(options_.endpoint, "w/huge/0", "huge");
+  huge.registration().model_fingerprint = 0xbad1;
+  huge.registration().num_layers = 4097;
+  huge.registration().num_experts = 65536;
+  huge.registration().top_k = 1;
+  huge.registration().hidden_size = 1;
+  auto ack = huge.Register();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_FALSE(ack->accepted);
+  EXPECT_NE(ack->reason.find("not loaded at start"), std::string::npos) << ack->reason;
+  Json stats = huge.Stats();
+  ASSERT_EQ(stats["models_not_loaded"].size(), 1u) << stats.dump();
+  EXPECT_EQ(stats["models"].size(), 1u) << stats.dump();
+  EXPECT_EQ(stats["models"][0]["maps"], 1) << stats.dump();
+
+  auto reply = huge.Drop(0xbad1);
+  ASSERT_TRUE(reply && reply->ok) << (reply ? reply->error : "no reply");
+  stats = huge.Stats();
+  EXPECT_EQ(stats["models_not_loaded"].size(), 0u) << stats.dump();
+  EXPECT_EQ(stats["counters"]["models_dropped"], 1) << stats.dump();
+  reply = huge.Drop(0xbad1);
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_FALSE(reply->ok);
+  EXPECT_NE(reply->error.find("is not stored"), std::string::npos) << reply->error;
+}
+
+// `fmoe maps --drop`: the model's maps, record and rank records leave the disk, its memory is
+// freed, its ranks are told to register again (and get a fresh store); other models stay.
+TEST_F(MapServiceCoreTest, ADroppedModelLeavesMemoryAndDisk) {
+  {
+    Service service(options_, nullptr);
+    Client c(options_.endpoint, "w/g0/0");
+    ASSERT_TRUE(c.Register());
+    for (uint64_t req = 1; req <= 3; ++req) c.Stream(req, rng_);
+    ASSERT_TRUE(c.AwaitStored(3));
+    Client other(options_.endpoint, "w/g1/0", "g1");
+    other.registration().model_fingerprint = 0x88;
+    ASSERT_TRUE(other.Register());
+    other.Stream(10, rng_);
+    ASSERT_TRUE(other.AwaitStored(10));
+
+    Client admin(options_.endpoint, "admin");
+    auto reply = admin.Drop(kModel);
+    ASSERT_TRUE(reply && reply->ok) << (reply ? reply->error : "no reply");
+    const Json body = Json::parse(reply->json);
+    EXPECT_EQ(body["maps_removed"], 3) << reply->json;
+    EXPECT_GT(body["bytes_freed"], 0) << reply->json;
+    auto beat = c.Heartbeat();
+    ASSERT_TRUE(beat.has_value());
+    EXPECT_FALSE(beat->known);  // Register again.
+    const Json stats = admin.Stats();
+    ASSERT_EQ(stats["models"].size(), 1u) << stats.dump();
+    EXPECT_EQ(stats["models"][0]["fingerprint"], FingerprintHex(0x88)) << stats.dump();
+    auto ack = c.Register();
+    ASSERT_TRUE(ack && ack->accepted);
+    EXPECT_EQ(ack->stored_maps, 0u);
+  }
+  Service service(options_, nullptr);
+  Client admin(options_.endpoint, "admin/2");
+  const Json stats = admin.Stats();
+  ASSERT_EQ(stats["models"].size(), 2u) << stats.dump();
+  for (const Json& m : stats["models"]) {
+    EXPECT_EQ(m["maps"], m["fingerprint"] == FingerprintHex(0x88) ? 1 : 0) << stats.dump();
+  }
+}
+
+TEST(StoreHealth, BacksOffAndLogsOncePerInterval) {
+  ManualClock clock(1000);
+  StoreHealth health(clock, {100, 400, 1000});
+  LogCapture log;
+  EXPECT_FALSE(health.Failed(Internal("not a disk error")));
+  EXPECT_TRUE(health.healthy());
+  EXPECT_TRUE(health.Failed(IoError("No space left on device")));
+  EXPECT_EQ(health.state(), StoreHealth::State::kDegraded);
+  for (int i = 0; i < 1000; ++i) health.Refused();
+  health.Tick();
+  EXPECT_EQ(log.Count("store:"), 1u);  // The first failure, at once.
+  EXPECT_FALSE(health.RetryDue());
+  clock.AdvanceMs(100);
+  ASSERT_TRUE(health.RetryDue());
+  EXPECT_FALSE(health.RetryDue());  // One attempt at a time.
+  health.RetryDone(IoError("still full"));
+  EXPECT_EQ(health.next_retry_in_ms(), 200);  // Doubled.
+  clock.AdvanceMs(200);
+  ASSERT_TRUE(health.RetryDue());
+  health.RetryDone(IoError("still full"));
+  EXPECT_EQ(health.next_retry_in_ms(), 400);
+  clock.AdvanceMs(400);
+  ASSERT_TRUE(health.RetryDue());
+  health.RetryDone(IoError("still full"));
+  EXPECT_EQ(health.next_retry_in_ms(), 400);  // At retry_max_ms.
+  health.Tick();                              // 700 ms since the first line: none yet.
+  EXPECT_EQ(log.Count("store:"), 1u);
+  clock.AdvanceMs(300);
+  health.Tick();
+  EXPECT_EQ(log.Count("store:"), 2u);
+  EXPECT_EQ(log.Count("1000 writes failed or refused in the last 1 s"), 1u);
+  clock.AdvanceMs(100);
+  ASSERT_TRUE(health.RetryDue());
+  health.RetryDone(Status::Ok());
+  EXPECT_TRUE(health.healthy());
+  EXPECT_EQ(health.recoveries(), 1u);
+  EXPECT_EQ(log.Count("store: writable again after 1.1 s degraded (1001 writes"), 1u);
+  EXPECT_EQ(health.failed_total(), 1001u);
+}
+
+// Issue 28: on a full disk RocksDB's info LOG aborted the service and each failed write was
+// logged (3,489 lines in 20 s). With writes failing under RocksDB (ENOSPC, EIO, EROFS) the store
+// turns read-only: matching and stats go on, the state is reported, a registration of a stored
+// model is served, the log is throttled; when the disk takes writes again the store recovers,
+// new maps are stored, and every acknowledged map is there after a restart.
+TEST_F(MapServiceCoreTest, DiskTroubleMakesTheStoreReadOnlyUntilItRecovers) {
+  auto faults = std::make_shared<StoreFaults>();
+  options_.store_faults = faults;
+  options_.sync = true;
+  options_.store_health = {50, 200, 60000};
+  std::set<uint64_t> acknowledged;
+  {
+    LogCapture log;
+    Service service(options_, nullptr);
+    Client c(options_.endpoint, "w/g0/0");
+    ASSERT_TRUE(c.Register());
+    for (uint64_t req = 1; req <= 3; ++req) c.Stream(req, rng_);
+    ASSERT_TRUE(c.AwaitStored(3));
+
+    uint64_t base = 0;
+    for (int err : {ENOSPC, EIO, EROFS}) {
+      SCOPED_TRACE(std::strerror(err));
+      faults->FailWrites(err);
+      base += 100;
+      for (uint64_t req = base; req < base + 40; ++req) c.Stream(req, rng_);
+      ASSERT_TRUE(testing::WaitUntil(
+          [&] {
+            const Json st = c.Stats();
+            return st["store"]["state"] != "ok" && st["counters"]["maps_failed"] >= 40;
+          },
+          10000));
+      // Matching goes on against what is stored.
+      EXPECT_TRUE(c.Matched(base + 99, rng_));
+      Json stats = c.Stats();
+      EXPECT_NE(stats["store"]["reason"].get<std::string>().find(std::strerror(err)),
+                std::string::npos)
+          << stats.dump();
+      EXPECT_GE(stats["store"]["writes_failed"], 40) << stats.dump();
+      // A rank of a stored model is served; a new model cannot be recorded.
+      Client again(options_.endpoint, "w/g0/1/" + std::to_string(err));
+      again.registration().rank = 1;
+      again.registration().world_size = 2;
+      auto ack = again.Register();
+      ASSERT_TRUE(ack && ack->accepted) << (ack ? ack->reason : "no ack");
+      Client fresh(options_.endpoint, "w/new/0/" + std::to_string(err), "new");
+      fresh.registration().model_fingerprint = 0x99;
+      ack = fresh.Register();
+      ASSERT_TRUE(ack.has_value());
+      EXPECT_FALSE(ack->accepted);
+      EXPECT_NE(ack->reason.find("read-only"), std::string::npos) << ack->reason;
+      // Retries go on while the disk refuses.
+      const uint64_t retries = stats["store"]["retries"];
+      ASSERT_TRUE(testing::WaitUntil(
+          [&] { return again.Stats()["store"]["retries"] > retries + 1; }, 10000));
+
+      faults->Heal();
+      ASSERT_TRUE(
+          testing::WaitUntil([&] { return again.Stats()["store"]["state"] == "ok"; }, 10000));
+      for (uint64_t req = base + 50; req < base + 53; ++req) again.Stream(req, rng_);
+      ASSERT_TRUE(again.AwaitStored(base + 52));
+      for (uint64_t r : again.stored()) acknowledged.insert(r);
+    }
+    for (uint64_t r : c.stored()) acknowledged.insert(r);
+    const Json stats = c.Stats();
+    EXPECT_EQ(stats["store"]["recoveries"], 3) << stats.dump();
+    // Once when each trouble began, once at each recovery: not a line per write.
+    EXPECT_EQ(log.Count("store: a write failed"), 3u);
+    EXPECT_EQ(log.Count("store: writable again"), 3u);
+    EXPECT_EQ(log.Count("map not stored"), 0u);
+    EXPECT_LE(log.Count("rocksdb:"), 20u);
+  }
+  EXPECT_GT(faults->refused(), 0u);
+  EXPECT_FALSE(std::filesystem::exists(options_.data_dir + "/LOG"));  // Its log is ours.
+  ASSERT_EQ(acknowledged.size(), 12u);
+  // Every acknowledged map is on disk.
+  faults->Heal();
+  Service service(options_, nullptr);
+  Client admin(options_.endpoint, "admin");
+  auto reply = admin.Admin(AdminOp::kExport, dir_ + "/after.fmx");
+  ASSERT_TRUE(reply && reply->ok) << (reply ? reply->error : "no reply");
+  auto back = ReadMapExport(dir_ + "/after.fmx", 1u << 20, kModel);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  std::set<uint64_t> on_disk;
+  for (const MapRow& m : back->maps) on_disk.insert(m.request_id);
+  EXPECT_EQ(on_disk, acknowledged);
+}
+
+// A start on a disk that refuses writes serves what is stored, read-only, and turns writable
+// when the disk does; the registration of a new model that failed there left nothing behind.
+TEST_F(MapServiceCoreTest, AStartOnADiskThatRefusesWritesServesReadOnly) {
+  auto faults = std::make_shared<StoreFaults>();
+  options_.store_faults = faults;
+  options_.store_health = {50, 100, 60000};
+  {
+    Service service(options_, nullptr);
+    Client c(options_.endpoint, "w/g0/0");
+    ASSERT_TRUE(c.Register());
+    c.Stream(1, rng_);
+    ASSERT_TRUE(c.AwaitStored(1));
+  }
+  faults->FailWrites(ENOSPC);
+  {
+    Service service(options_, nullptr);
+    Client c(options_.endpoint, "w/g0/0");
+    Json stats = c.Stats();
+    EXPECT_NE(stats["store"]["state"], "ok") << stats.dump();
+    ASSERT_EQ(stats["models"].size(), 1u) << stats.dump();
+    EXPECT_EQ(stats["models"][0]["maps"], 1);
+    auto ack = c.Register();
+    ASSERT_TRUE(ack && ack->accepted) << (ack ? ack->reason : "no ack");
+    EXPECT_EQ(ack->stored_maps, 1u);
+    EXPECT_TRUE(c.Matched(50, rng_));
+    c.Stream(2, rng_);
+    ASSERT_TRUE(
+        testing::WaitUntil([&] { return c.Stats()["counters"]["maps_failed"] == 1; }, 10000));
+    faults->Heal();
+    ASSERT_TRUE(testing::WaitUntil([&] { return c.Stats()["store"]["state"] == "ok"; }, 10000));
+    c.Stream(3, rng_);
+    ASSERT_TRUE(c.AwaitStored(3));
+    // A new model whose record cannot be written leaves nothing, in memory or on disk.
+    faults->FailWrites(EIO);
+    Client fresh(options_.endpoint, "w/new/0", "new");
+    fresh.registration().model_fingerprint = 0x99;
+    ack = fresh.Register();
+    ASSERT_TRUE(ack.has_value());
+    EXPECT_FALSE(ack->accepted);
+    stats = c.Stats();
+    EXPECT_EQ(stats["models"].size(), 1u) << stats.dump();
+    faults->Heal();
+  }
+  Service service(options_, nullptr);
+  Client admin(options_.endpoint, "admin");
+  const Json stats = admin.Stats();
+  ASSERT_EQ(stats["models"].size(), 1u) << stats.dump();
+  EXPECT_EQ(stats["models"][0]["maps"], 2) << stats.dump();
+  EXPECT_EQ(stats["store"]["state"], "ok") << stats.dump();
 }
 
 }  // namespace
