@@ -286,12 +286,25 @@ HttpResponse RouterApi::Health() const {
     }
     groups.push_back(std::move(j));
   }
-  Json map_service = {{"endpoint", view->map_service_endpoint}, {"alive", view->map_service_alive}};
+  Json map_service = {{"endpoint", view->map_service_endpoint},
+                      {"alive", view->map_service_alive},
+                      {"status", view->map_service_state}};
   map_service["last_reply_ms"] =
       view->map_service_silence_ms >= 0 ? Json(view->map_service_silence_ms) : Json(nullptr);
   const bool ok = view->alive_groups() > 0;
   const bool loading = !ok && view->loading_groups() > 0;
-  Json body = {{"status", ok        ? "ok"
+  // The map service is optional for serving: without it the router answers 200 "degraded" (the
+  // workers serve with their cache's own policy, without prefetch guidance).
+  const bool degraded = ok && view->map_service_state == "down";
+  if (view->map_service_state == "down") {
+    map_service["reason"] = view->map_service_silence_ms >= 0
+                                ? "no answer for " +
+                                      std::to_string(view->map_service_silence_ms / 1000) +
+                                      " s; serving without prefetch guidance"
+                                : "never answered; serving without prefetch guidance";
+  }
+  Json body = {{"status", degraded  ? "degraded"
+                          : ok      ? "ok"
                           : loading ? "loading"
                                     : "unavailable"},
                {"model", options_.model_name},

@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   for (const auto& g : manifest.worker_groups) {
     link_options.group_names.push_back(g.name);
     link_options.queue_limits.push_back(g.queue_limit);
+    link_options.world_sizes.push_back(static_cast<uint32_t>(g.workers.size()));
   }
   link_options.heartbeat_interval_ms = manifest.heartbeat.interval_ms;
   link_options.heartbeat_timeout_ms = manifest.heartbeat.timeout_ms;
@@ -69,15 +70,19 @@ int main(int argc, char** argv) {
       manifest.router.request_timeout_s, manifest.router.api_keys.size(),
       link_options.heartbeat_interval_ms, link_options.heartbeat_timeout_ms);
 
-  WorkerLink link(link_options, SteadyClock::Get());
-  if (Status s = link.Start(); !s.ok()) {
-    spdlog::error("{}", s.message());
-    return 1;
-  }
   // The router tokenizes and detokenizes: it loads the model's shape and tokenizer (no weights).
+  // Its fingerprint is the one every leader must report (the workers compute it the same way).
   auto model = LoadModelInfo(manifest.model.path);
   if (!model.ok()) {
     spdlog::error("{}", model.status().message());
+    return 1;
+  }
+  link_options.model_fingerprint = model->fingerprint;
+  spdlog::info("model fingerprint {}: leaders reporting another are refused",
+               FingerprintHex(model->fingerprint));
+  WorkerLink link(link_options, SteadyClock::Get());
+  if (Status s = link.Start(); !s.ok()) {
+    spdlog::error("{}", s.message());
     return 1;
   }
   auto tokenizer = Tokenizer::Load(model->dir);

@@ -179,6 +179,14 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
       << "\nfmoe_map_service_match_latency_seconds{quantile=\"0.99\"} "
       << Num(view.map_match_p99_us / 1e6) << "\nfmoe_map_service_match_latency_seconds_count "
       << view.map_match_count << "\n";
+  out << "# HELP fmoe_worker_hellos_refused_total Worker Hellos refused: a group not in the "
+         "manifest, another model name or fingerprint, another world size.\n"
+         "# TYPE fmoe_worker_hellos_refused_total counter\n";
+  for (const char* reason : {"group", "model", "fingerprint", "world_size"}) {
+    auto it = view.hellos_refused.find(reason);
+    out << "fmoe_worker_hellos_refused_total{reason=\"" << reason << "\"} "
+        << (it == view.hellos_refused.end() ? 0 : it->second) << "\n";
+  }
   return out.str();
 }
 

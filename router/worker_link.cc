@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "common/model/model_config.h"
 #include "common/process_util.h"
 
 namespace fmoe {
@@ -53,6 +54,7 @@ WorkerLink::WorkerLink(WorkerLinkOptions options, const Clock& clock)
   options_.queue_limits.resize(options_.group_names.size(), 64);
   // Ids start at a random point: a restarted router never reuses an id a leader still runs.
   next_id_ = (RandomId() & 0xffffffffull) << 31 | 1;
+  started_ms_ = clock_.NowMs();
   Publish();
 }
 
@@ -392,16 +394,35 @@ void WorkerLink::HandleWorker(const std::string& peer, const WorkerMessage& mess
 
 void WorkerLink::OnHello(const std::string& peer, const WorkerHello& hello) {
   WorkerHelloAck ack;
-  bool in_manifest = std::find(options_.group_names.begin(), options_.group_names.end(),
-                               hello.group) != options_.group_names.end();
-  if (!in_manifest) {
+  // A leader is accepted only when it serves what the manifest says its group serves: the
+  // group, the model by name and by fingerprint, the group's world size. A refused Hello
+  // changes nothing: the group's current leader stays.
+  const auto group =
+      std::find(options_.group_names.begin(), options_.group_names.end(), hello.group);
+  const size_t index = static_cast<size_t>(group - options_.group_names.begin());
+  const uint32_t world_size = index < options_.world_sizes.size() ? options_.world_sizes[index] : 0;
+  std::string refused;  // The reason's label.
+  if (group == options_.group_names.end()) {
+    refused = "group";
     ack.reason = "group \"" + hello.group + "\" is not in the manifest";
   } else if (hello.model_name != options_.model_name) {
+    refused = "model";
     ack.reason = "model \"" + hello.model_name + "\" is not the served model \"" +
                  options_.model_name + "\"";
+  } else if (options_.model_fingerprint != 0 &&
+             hello.model_fingerprint != options_.model_fingerprint) {
+    refused = "fingerprint";
+    ack.reason = "model fingerprint " + FingerprintHex(hello.model_fingerprint) +
+                 " is not the served model's " + FingerprintHex(options_.model_fingerprint) +
+                 " (another checkpoint or config.json)";
+  } else if (world_size != 0 && hello.world_size != world_size) {
+    refused = "world_size";
+    ack.reason = "world size " + std::to_string(hello.world_size) + " is not group " + hello.group +
+                 "'s " + std::to_string(world_size) + " ranks in the manifest";
   } else {
     ack.accepted = true;
   }
+  if (!refused.empty()) ++hellos_refused_[refused];
   if (ack.accepted) {
     // One leader per group: a new instance (a restarted leader, under the same routing id or
     // another) replaces the old one.
@@ -428,7 +449,8 @@ void WorkerLink::OnHello(const std::string& peer, const WorkerHello& hello) {
     spdlog::info("group={} joined: world_size={} max_batch={} instance={:016x} peer={}",
                  hello.group, hello.world_size, hello.max_batch, hello.instance_id, peer);
   } else {
-    spdlog::warn("refused worker peer={}: {}", peer, ack.reason);
+    spdlog::warn("refused worker peer={} group={} instance={:016x}: {}", peer, hello.group,
+                 hello.instance_id, ack.reason);
   }
   Status s = workers_->Send(ack, peer);
   if (!s.ok()) spdlog::warn("hello ack to {} failed: {}", peer, s.ToString());
@@ -475,11 +497,16 @@ void WorkerLink::Publish() {
   view->map_match_p50_us = map_p50_us_;
   view->map_match_p99_us = map_p99_us_;
   view->map_match_count = map_count_;
+  view->hellos_refused = hellos_refused_;
   int64_t now = clock_.NowMs();
   if (last_map_reply_ms_ >= 0) {
     view->map_service_silence_ms = now - last_map_reply_ms_;
     view->map_service_alive = view->map_service_silence_ms <= options_.heartbeat_timeout_ms;
   }
+  view->map_service_state =
+      view->map_service_alive                                                        ? "up"
+      : last_map_reply_ms_ < 0 && now - started_ms_ <= options_.heartbeat_timeout_ms ? "connecting"
+                                                                                     : "down";
   for (const auto& name : options_.group_names) {
     GroupView g;
     g.name = name;

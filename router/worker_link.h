@@ -43,11 +43,17 @@ using RequestSink = std::function<void(const TokenEvent&)>;
 struct WorkerLinkOptions {
   std::string worker_endpoint = "tcp://127.0.0.1:5556";  // ROUTER bind. Default as manifest.
   std::string map_service_endpoint = "tcp://127.0.0.1:5555";
-  std::string model_name;                // Leaders serving another model are refused.
+  std::string model_name;  // Leaders serving another model are refused.
+  // The served model's fingerprint (LoadModelInfo of the manifest's model.path, as each worker
+  // computes it): a leader reporting another is refused. 0: not checked. Default: 0
+  uint64_t model_fingerprint = 0;
   std::vector<std::string> group_names;  // Groups of the manifest, in order.
-  std::vector<int> queue_limits;         // Per group (same order). Default: 64 each
-  int heartbeat_interval_ms = 500;       // Default: 500
-  int heartbeat_timeout_ms = 3000;       // Default: 3000
+  // Ranks per group (same order; the manifest's workers): a leader reporting another world size
+  // is refused. Missing or 0: not checked. Default: none
+  std::vector<uint32_t> world_sizes;
+  std::vector<int> queue_limits;    // Per group (same order). Default: 64 each
+  int heartbeat_interval_ms = 500;  // Default: 500
+  int heartbeat_timeout_ms = 3000;  // Default: 3000
 };
 
 struct GroupView {
@@ -74,10 +80,16 @@ struct ClusterView {
   std::vector<GroupView> groups;
   bool map_service_alive = false;
   int64_t map_service_silence_ms = -1;  // Since the last admin reply; -1 if never.
+  // "up" (a ping answered within the heartbeat timeout), "connecting" (no answer yet, within the
+  // heartbeat timeout of the router's start) or "down". The router serves in every state.
+  std::string map_service_state = "connecting";
   std::string map_service_endpoint;
   double map_match_p50_us = 0.0;  // From the map service's last Stats reply.
   double map_match_p99_us = 0.0;
   uint64_t map_match_count = 0;
+  // Hellos refused since start, by reason: "group" (not in the manifest), "model" (another
+  // model name), "fingerprint" (another model fingerprint), "world_size".
+  std::map<std::string, uint64_t> hellos_refused;
   int alive_groups() const;
   int loading_groups() const;  // Not alive and loading.
   // Why no group can serve, e.g. "g0: no heartbeat for 3.4 s; g1: never connected".
@@ -157,9 +169,11 @@ class WorkerLink {
   std::map<std::string, Loading> loading_;
   // Last time each group's leader was heard from, kept after it expires. Link thread only.
   std::map<std::string, int64_t> last_seen_by_group_;
+  std::map<std::string, uint64_t> hellos_refused_;  // By reason. Link thread only.
   uint64_t ping_seq_ = 0;
   int64_t last_ping_ms_ = 0;
   int64_t last_map_reply_ms_ = -1;
+  int64_t started_ms_ = 0;
   double map_p50_us_ = 0.0, map_p99_us_ = 0.0;
   uint64_t map_count_ = 0;
 
