@@ -34,8 +34,8 @@ constexpr std::string_view kTopKeys[] = {"model",     "map_service", "worker_gro
                                          "heartbeat", "logging",     "launcher",      "security"};
 constexpr std::string_view kSecurityKeys[] = {"curve", "key_file"};
 constexpr std::string_view kModelKeys[] = {"path", "name", "dtype"};
-constexpr std::string_view kMapServiceKeys[] = {"endpoint", "data_dir", "store_capacity",
-                                                "prefetch_distance", "sync"};
+constexpr std::string_view kMapServiceKeys[] = {"endpoint",          "data_dir", "store_capacity",
+                                                "prefetch_distance", "sync",     "memory_limit_mb"};
 constexpr std::string_view kGroupKeys[] = {"name",
                                            "policy",
                                            "max_batch",
@@ -549,6 +549,8 @@ Status ParseMapService(const Field& field, const std::string& base_dir, MapServi
   FMOE_RETURN_IF_ERROR(ReadPath(section.Get("data_dir"), base_dir, &spec->data_dir));
   FMOE_RETURN_IF_ERROR(ReadInt(section.Get("store_capacity"), 1, 1000000, &spec->store_capacity));
   FMOE_RETURN_IF_ERROR(ReadInt(section.Get("prefetch_distance"), 1, 16, &spec->prefetch_distance));
+  FMOE_RETURN_IF_ERROR(
+      ReadInt(section.Get("memory_limit_mb"), 16, 1 << 20, &spec->memory_limit_mb));
   return ReadBool(section.Get("sync"), &spec->sync);
 }
 
@@ -1027,6 +1029,7 @@ std::string DescribeManifest(const Manifest& m) {
   EmitValue(out, "store_capacity", m.map_service.store_capacity);
   EmitValue(out, "prefetch_distance", m.map_service.prefetch_distance);
   EmitValue(out, "sync", m.map_service.sync);
+  EmitValue(out, "memory_limit_mb", m.map_service.memory_limit_mb);
   out << YAML::EndMap;
 
   out << YAML::Key << "worker_groups" << YAML::Value << YAML::BeginSeq;

@@ -41,6 +41,9 @@ struct MapServiceSpec {
   int store_capacity = 1000;  // Maps kept per model, 1..1000000. Default: 1000
   int prefetch_distance = 3;  // d, 1..16. Default: 3
   bool sync = false;          // fsync every RocksDB write. Default: false
+  // Memory all models' expert map stores may take together (store_capacity x (16 + 6 h +
+  // 8 L J + 16 L) bytes each), 16..1048576: a model beyond it is refused. Default: 4096
+  int memory_limit_mb = 4096;
 };
 
 struct LinkSpec {            // Emulated host-to-device link for cpu workers (DESIGN section 2).

@@ -38,12 +38,14 @@ int main(int argc, char** argv) {
   options.store_capacity = manifest.map_service.store_capacity;
   options.prefetch_distance = manifest.map_service.prefetch_distance;
   options.heartbeat_timeout_ms = manifest.heartbeat.timeout_ms;
+  options.memory_limit_mb = static_cast<uint64_t>(manifest.map_service.memory_limit_mb);
   spdlog::info(
       "effective config: endpoint={} data_dir={} sync={} store_capacity={} prefetch_distance={} "
-      "heartbeat_timeout_ms={} max_pending_writes={} drain_timeout_ms={} writer_nice={}",
+      "memory_limit_mb={} heartbeat_timeout_ms={} max_pending_writes={} drain_timeout_ms={} "
+      "writer_nice={}",
       options.endpoint, options.data_dir, options.sync, options.store_capacity,
-      options.prefetch_distance, options.heartbeat_timeout_ms, options.max_pending_writes,
-      options.drain_timeout_ms, options.writer_nice);
+      options.prefetch_distance, options.memory_limit_mb, options.heartbeat_timeout_ms,
+      options.max_pending_writes, options.drain_timeout_ms, options.writer_nice);
 
   MapService service(options, SteadyClock::Get());
   if (Status s = service.Start(); !s.ok()) {

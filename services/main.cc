@@ -71,13 +71,19 @@ int main(int argc, char** argv) {
   status->add_option("manifest", manifest_path, "cluster manifest (YAML)")->required();
   status->add_flag("--json", json, "print JSON");
   fmoe::MapsCommand maps_cmd;
-  auto* maps = app.add_subcommand("maps", "show, export or import the map service's expert maps");
+  auto* maps =
+      app.add_subcommand("maps", "show, export, import or drop the map service's expert maps");
   maps->add_option("manifest", manifest_path, "cluster manifest (YAML)")->required();
   auto* export_opt = maps->add_option("--export", maps_cmd.export_path,
                                       "write a model's maps to FILE (on the map service's host)");
-  maps->add_option("--import", maps_cmd.import_path,
-                   "load maps from FILE written by --export (on the map service's host)")
-      ->excludes(export_opt);
+  auto* import_opt =
+      maps->add_option("--import", maps_cmd.import_path,
+                       "load maps from FILE written by --export (on the map service's host)")
+          ->excludes(export_opt);
+  maps->add_option("--drop", maps_cmd.drop,
+                   "remove model MODEL (fingerprint, hex) from the store: its maps and records")
+      ->excludes(export_opt)
+      ->excludes(import_opt);
   maps->add_option("--model", maps_cmd.model,
                    "model fingerprint (hex); default: the only stored model");
   maps->add_flag("--json", maps_cmd.json, "print the service's JSON reply");
