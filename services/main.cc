@@ -112,12 +112,6 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  if (status->parsed()) return fmoe::PrintStatus(manifest, json);
-  if (maps->parsed()) return fmoe::RunMaps(manifest, maps_cmd);
-
-  if (fmoe::Status s = fmoe::InitLogging("fmoe", manifest.logging.level); !s.ok()) {
-    std::fprintf(stderr, "fmoe: %s\n", s.message().c_str());
-    return 2;
   if (status->parsed() || maps->parsed()) {
     // They speak to the map service: with the cluster's key, which the launcher made.
     if (fmoe::Status s =
@@ -130,6 +124,12 @@ int main(int argc, char** argv) {
       if (maps->parsed()) return 1;
     }
   }
+  if (status->parsed()) return fmoe::PrintStatus(manifest, json);
+  if (maps->parsed()) return fmoe::RunMaps(manifest, maps_cmd);
+
+  if (fmoe::Status s = fmoe::InitLogging("fmoe", manifest.logging.level); !s.ok()) {
+    std::fprintf(stderr, "fmoe: %s\n", s.message().c_str());
+    return 2;
   }
   // One log line per line of the description (a log line holds no newline).
   spdlog::info("effective configuration:");
