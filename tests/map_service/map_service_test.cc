@@ -11,7 +11,10 @@
 // tests/integration/map_service_test.cc.)
 #include "map_service/map_service.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -751,6 +754,105 @@ TEST_F(MapServiceCoreTest, AStartOnADiskThatRefusesWritesServesReadOnly) {
   ASSERT_EQ(stats["models"].size(), 1u) << stats.dump();
   EXPECT_EQ(stats["models"][0]["maps"], 2) << stats.dump();
   EXPECT_EQ(stats["store"]["state"], "ok") << stats.dump();
+}
+
+// The same on a real disk: a 2 MiB tmpfs (mounting needs root; skipped otherwise), filled up
+// while the service stores maps, then freed; then a start on the full disk serves read-only.
+class FullDisk {
+ public:
+  explicit FullDisk(const std::string& dir) : dir_(dir) {
+    std::filesystem::create_directories(dir);
+    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=2m") == 0;
+    if (!mounted_) why_ = std::strerror(errno);
+  }
+  ~FullDisk() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& why() const { return why_; }
+  // Writes a filler file until the disk is full.
+  void Fill() {
+    const int fd = ::open((dir_ + "/filler").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    ASSERT_GE(fd, 0);
+    const std::vector<char> block(4096, 'x');
+    while (::write(fd, block.data(), block.size()) > 0) {
+    }
+    ::close(fd);
+  }
+  void Free() { std::filesystem::remove(dir_ + "/filler"); }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+  std::string why_;
+};
+
+TEST_F(MapServiceCoreTest, OnAFullTmpfsTheStoreTurnsReadOnlyAndRecovers) {
+  FullDisk disk(dir_ + "/disk");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << disk.why();
+  options_.data_dir = dir_ + "/disk/db";
+  options_.store_health = {50, 200, 60000};
+  std::set<uint64_t> acknowledged;
+  {
+    LogCapture log;
+    Service service(options_, nullptr);
+    Client c(options_.endpoint, "w/g0/0");
+    ASSERT_TRUE(c.Register());
+    for (uint64_t req = 1; req <= 3; ++req) c.Stream(req, rng_);
+    ASSERT_TRUE(c.AwaitStored(3));
+    disk.Fill();
+    // Maps until the WAL needs a page the disk does not have.
+    uint64_t req = 100;
+    ASSERT_TRUE(testing::WaitUntil(
+        [&] {
+          for (int i = 0; i < 20; ++i) c.Stream(req++, rng_);
+          return c.Stats()["store"]["state"] != "ok";
+        },
+        20000, 10));
+    for (int i = 0; i < 50; ++i) c.Stream(req++, rng_);
+    EXPECT_TRUE(c.Matched(99, rng_));
+    Json stats = c.Stats();
+    EXPECT_NE(stats["store"]["reason"].get<std::string>().find("No space left on device"),
+              std::string::npos)
+        << stats.dump();
+    disk.Free();
+    ASSERT_TRUE(testing::WaitUntil([&] { return c.Stats()["store"]["state"] == "ok"; }, 10000));
+    for (uint64_t r = 1000; r < 1003; ++r) c.Stream(r, rng_);
+    ASSERT_TRUE(c.AwaitStored(1002));
+    c.Drain(200);
+    acknowledged.insert(c.stored().begin(), c.stored().end());
+    EXPECT_EQ(log.Count("store: a write failed"), 1u);
+    EXPECT_EQ(log.Count("map not stored"), 0u);
+    EXPECT_LE(log.Count("rocksdb:"), 10u);
+  }
+  EXPECT_FALSE(std::filesystem::exists(options_.data_dir + "/LOG"));
+  // A start on the full disk serves what is stored, read-only, and recovers once it has room.
+  disk.Fill();
+  {
+    Service service(options_, nullptr);
+    Client c(options_.endpoint, "w/g0/0");
+    Json stats = c.Stats();
+    ASSERT_NE(stats["store"]["state"], "ok") << stats.dump();
+    ASSERT_EQ(stats["models"].size(), 1u) << stats.dump();
+    EXPECT_EQ(stats["models"][0]["maps"], acknowledged.size()) << stats.dump();
+    auto ack = c.Register();
+    ASSERT_TRUE(ack && ack->accepted) << (ack ? ack->reason : "no ack");
+    EXPECT_TRUE(c.Matched(98, rng_));
+    disk.Free();
+    ASSERT_TRUE(testing::WaitUntil([&] { return c.Stats()["store"]["state"] == "ok"; }, 10000));
+    c.Stream(2000, rng_);
+    ASSERT_TRUE(c.AwaitStored(2000));
+    acknowledged.insert(2000);
+  }
+  Service service(options_, nullptr);
+  Client admin(options_.endpoint, "admin");
+  auto reply = admin.Admin(AdminOp::kExport, dir_ + "/after.fmx");
+  ASSERT_TRUE(reply && reply->ok) << (reply ? reply->error : "no reply");
+  auto back = ReadMapExport(dir_ + "/after.fmx", 1u << 20, kModel);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  std::set<uint64_t> on_disk;
+  for (const MapRow& m : back->maps) on_disk.insert(m.request_id);
+  EXPECT_EQ(on_disk, acknowledged);
 }
 
 }  // namespace
