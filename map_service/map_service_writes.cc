@@ -342,8 +342,10 @@ void MapService::MaybeRecoverStore() {
 // heartbeat, and get a fresh, empty store once the drop is done), its waiting maps discarded,
 // then the store writer removes its records; only then is its memory freed.
 void MapService::StartDrop(const std::string& peer, const AdminRequest& request) {
-  auto fail = [&](const Status& s) { ReplyAdmin(peer, request.id, "drop", request.path, s); };
   const uint64_t fp = request.model_fingerprint;
+  auto fail = [&](const Status& s) {
+    ReplyAdmin(peer, request.id, "drop", "of model " + FingerprintHex(fp), s);
+  };
   if (fp == 0) return fail(InvalidArgument("drop needs a model fingerprint"));
   if (!health_.healthy()) return fail(Unavailable(health_.Why() + "; drop again later"));
   auto known = stores_.find(fp);
@@ -387,7 +389,8 @@ void MapService::OnDropped(const std::string& peer, uint64_t id, uint64_t finger
   if (!removed.ok()) {
     StoreWriteFailed(removed.status());
     if (known != stores_.end()) known->second->dropping = false;
-    return ReplyAdmin(peer, id, "drop", FingerprintHex(fingerprint), removed.status());
+    return ReplyAdmin(peer, id, "drop", "of model " + FingerprintHex(fingerprint),
+                      removed.status());
   }
   uint64_t bytes = 0;
   if (known != stores_.end()) {
@@ -402,7 +405,7 @@ void MapService::OnDropped(const std::string& peer, uint64_t id, uint64_t finger
                FingerprintHex(fingerprint), *removed, bytes >> 20);
   nlohmann::json body = {
       {"model", FingerprintHex(fingerprint)}, {"maps_removed", *removed}, {"bytes_freed", bytes}};
-  ReplyAdmin(peer, id, "drop", FingerprintHex(fingerprint), body.dump());
+  ReplyAdmin(peer, id, "drop", "of model " + FingerprintHex(fingerprint), body.dump());
 }
 
 void MapService::Drain() {

@@ -260,19 +260,20 @@ class FaultFileSystem : public rocksdb::FileSystemWrapper {
 };
 
 // A read-only database takes no RocksDB lock; this one (an OFD lock on its LOCK file, which
-// conflicts with RocksDB's) keeps a second map service out meanwhile. Returns the fd or -1.
-int LockReadOnly(const std::string& path, std::string* why) {
+// conflicts with RocksDB's) keeps a second map service out meanwhile. Returns the fd, or -1 with
+// *err set (EAGAIN or EACCES: another process holds the lock).
+int LockReadOnly(const std::string& path, int* err) {
   const std::string file = path + "/LOCK";
   const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
-    *why = file + ": " + std::strerror(errno);
+    *err = errno;
     return -1;
   }
   struct flock lock {};
   lock.l_type = F_WRLCK;
   lock.l_whence = SEEK_SET;
   if (::fcntl(fd, F_OFD_SETLK, &lock) != 0) {
-    *why = file + ": " + std::strerror(errno);
+    *err = errno;
     ::close(fd);
     return -1;
   }
@@ -408,15 +409,13 @@ Result<std::unique_ptr<StoreDb>> StoreDb::Open(const StoreDbOptions& options,
   // The disk refuses writes (full, failing or read-only): serve what is stored, read-only.
   impl->read_only_reason =
       writable.ok() ? FromRocks(s, "data directory " + options.path).message() : writable.message();
-  std::string why;
-  impl->read_only_lock = LockReadOnly(options.path, &why);
+  int err = 0;
+  impl->read_only_lock = LockReadOnly(options.path, &err);
   if (impl->read_only_lock < 0) {
-    if (why.find(std::strerror(EAGAIN)) != std::string::npos ||
-        why.find(std::strerror(EACCES)) != std::string::npos) {
-      return in_use();
-    }
+    if (err == EAGAIN || err == EACCES) return in_use();
     return IoError("data directory " + options.path + " is not writable (" +
-                   impl->read_only_reason + ") and cannot be locked: " + why);
+                   impl->read_only_reason + ") and its LOCK file cannot be locked (" +
+                   std::strerror(err) + ")");
   }
   rocksdb::Status ro = impl->OpenDb(/*read_only=*/true, &impl->db, &impl->families);
   if (!ro.ok()) {
@@ -442,8 +441,8 @@ Status StoreDb::Recover() {
   if (!s.ok()) {
     // Still refused: serve reads (exports) from a read-only instance meanwhile.
     d.read_only_reason = FromRocks(s, "reopening " + d.path + " for writing").message();
-    std::string why;
-    d.read_only_lock = LockReadOnly(d.path, &why);
+    int err = 0;
+    d.read_only_lock = LockReadOnly(d.path, &err);
     if (d.read_only_lock < 0 || !d.OpenDb(/*read_only=*/true, &d.db, &d.families).ok()) {
       d.Close();
     }

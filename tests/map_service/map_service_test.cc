@@ -729,6 +729,12 @@ TEST_F(MapServiceCoreTest, AStartOnADiskThatRefusesWritesServesReadOnly) {
     auto ack = c.Register();
     ASSERT_TRUE(ack && ack->accepted) << (ack ? ack->reason : "no ack");
     EXPECT_EQ(ack->stored_maps, 1u);
+    // Read-only, the directory is still its own.
+    MapServiceOptions second = options_;
+    second.endpoint = "tcp://127.0.0.1:" + std::to_string(testing::FreeTcpPort());
+    MapService other(second, SteadyClock::Get());
+    const Status started = other.Start();
+    EXPECT_EQ(started.code(), ErrorCode::kAlreadyExists) << started.ToString();
     EXPECT_TRUE(c.Matched(50, rng_));
     c.Stream(2, rng_);
     ASSERT_TRUE(
