@@ -193,6 +193,65 @@ TEST_F(LaunchTest, HealthRestartAndCleanStop) {
   }
 }
 
+// The map service is optional for serving: a crash loop past max_restarts stops only it, for
+// the crash window; the router and the workers serve on and the launcher keeps running (it used
+// to stop the whole cluster).
+TEST_F(LaunchTest, AMapServiceCrashLoopStopsOnlyTheMapService) {
+  std::string manifest = WriteManifest();
+  std::string text = ReadFile(manifest);
+  text.replace(text.find("max_restarts: 5"), 15, "max_restarts: 1");
+  testing::WriteFile(manifest, text);
+  Child launcher({BinDir() + "/fmoe", "launch", manifest}, dir_ + "/launcher.log");
+  ASSERT_TRUE(WaitUntil(
+      [&] { return HealthStatus() == 200 && LauncherState().value("phase", "") == "running"; },
+      90000))
+      << ReadFile(dir_ + "/launcher.log");
+  // Two crashes within the window: the second is one more than max_restarts.
+  for (int crash = 1; crash <= 2; ++crash) {
+    int pid = -1;
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          auto [p, restarts] = ProcessOf(LauncherState(), "map-service");
+          pid = p;
+          return p > 0 && restarts == crash - 1;
+        },
+        120000))
+        << ReadFile(dir_ + "/run/launcher.json");
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+  }
+  auto given_up = [&] {
+    const Json state = LauncherState();
+    if (!state.contains("processes")) return false;
+    for (const auto& p : state["processes"]) {
+      if (p.value("name", "") == "map-service") return p.value("given_up", false);
+    }
+    return false;
+  };
+  ASSERT_TRUE(WaitUntil(given_up, 60000)) << ReadFile(dir_ + "/run/launcher.json");
+  EXPECT_EQ(LauncherState().value("phase", ""), "running");
+  EXPECT_TRUE(testing::ProcessAlive(launcher.pid()));
+  EXPECT_NE(ReadFile(dir_ + "/launcher.log").find("giving up on it for 60 s"), std::string::npos)
+      << ReadFile(dir_ + "/launcher.log");
+  // Serving goes on without maps.
+  http::Request request;
+  request.method = "POST";
+  request.target = "/v1/completions";
+  request.body =
+      R"({"model": "tiny-moe", "prompt": "The river", "max_tokens": 4, "temperature": 0})";
+  auto completion = http::Fetch("127.0.0.1", ports_.http, request, 120000);
+  ASSERT_TRUE(completion.ok()) << completion.status().ToString();
+  EXPECT_EQ(completion->status, 200) << completion->body;
+  for (const auto& name : {"router", "worker-g0-0", "worker-g0-1"}) {
+    EXPECT_GT(ProcessOf(LauncherState(), name).first, 0) << name;
+  }
+
+  launcher.Signal(SIGTERM);
+  auto status = launcher.Wait(60000);
+  ASSERT_TRUE(status.has_value());
+  ASSERT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << ReadFile(dir_ + "/launcher.log");
+}
+
 TEST_F(LaunchTest, WorkersRejoinARestartedMapServiceAndRouter) {
   std::string manifest = WriteManifest();
   Child launcher({BinDir() + "/fmoe", "launch", manifest}, dir_ + "/launcher.log");
