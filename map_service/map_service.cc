@@ -438,10 +438,9 @@ void MapService::OnAdmin(const std::string& peer, const AdminRequest& request) {
     case AdminOp::kExport:
       return StartExport(peer, request);
     case AdminOp::kImport:
-      // Until the wire has AdminOp::kDrop: an Import of the path "drop:" (services/maps_cmd.cc;
-      // a map service without drop refuses that path as not absolute).
-      if (request.path == kDropRequestPath) return StartDrop(peer, request);
       return StartImport(peer, request);
+    case AdminOp::kDrop:
+      return StartDrop(peer, request);
   }
   Reply(peer, reply);
 }

@@ -64,10 +64,6 @@ struct MapServiceOptions {
   std::shared_ptr<StoreFaults> store_faults;
 };
 
-// Until the wire has AdminOp::kDrop, a drop is an AdminRequest{kImport, model_fingerprint, path
-// kDropRequestPath} (services/maps_cmd.cc sends it).
-inline constexpr const char* kDropRequestPath = "drop:";
-
 struct MapServiceCounters {
   uint64_t registrations = 0;
   uint64_t registrations_refused = 0;

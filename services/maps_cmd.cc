@@ -12,10 +12,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-// Until the wire has AdminOp::kDrop, a drop is an Import of this path (map_service/
-// map_service.h kDropRequestPath); a map service without drop refuses it as not absolute.
-constexpr const char* kDropRequestPath = "drop:";
-
 bool ParseFingerprint(const std::string& text, uint64_t* out) {
   if (text.empty() || text.size() > 16) return false;
   uint64_t v = 0;
@@ -103,8 +99,7 @@ int RunMaps(const Manifest& manifest, const MapsCommand& command) {
                    command.drop.c_str());
       return 2;
     }
-    req.op = AdminOp::kImport;
-    req.path = kDropRequestPath;
+    req.op = AdminOp::kDrop;
   }
   const std::string& endpoint = manifest.map_service.endpoint;
   wire::Context context;

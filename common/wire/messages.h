@@ -227,8 +227,9 @@ struct PrefetchDirective {
   std::vector<PrefetchEntry> entries;
 };
 
-enum class AdminOp : uint8_t { kPing = 0, kStats, kExport, kImport };
-inline constexpr uint8_t kAdminOpMax = static_cast<uint8_t>(AdminOp::kImport);
+// kDrop removes the model `model_fingerprint` (its record, maps and ranks) from the store.
+enum class AdminOp : uint8_t { kPing = 0, kStats, kExport, kImport, kDrop };
+inline constexpr uint8_t kAdminOpMax = static_cast<uint8_t>(AdminOp::kDrop);
 
 // Any client (fmoe CLI, router) -> map service.
 struct AdminRequest {

@@ -404,6 +404,10 @@ TEST(Codec, RoundTripAdminRequest) {
   EXPECT_EQ(out.op, in.op);
   EXPECT_EQ(out.model_fingerprint, in.model_fingerprint);
   EXPECT_EQ(out.path, in.path);
+  AdminRequest drop{.id = 32, .op = AdminOp::kDrop, .model_fingerprint = 0xdef, .path = ""};
+  auto dropped = RoundTripAs<AdminRequest, MapMessage>(drop);
+  EXPECT_EQ(dropped.op, AdminOp::kDrop);
+  EXPECT_EQ(dropped.model_fingerprint, 0xdefu);
 }
 
 TEST(Codec, RoundTripAdminReply) {

@@ -177,10 +177,8 @@ class Client {
     Send(r);
     return Await<AdminReply>([&](const AdminReply& a) { return a.id == r.id; });
   }
-  // `fmoe maps --drop` (an Import of kDropRequestPath until the wire has AdminOp::kDrop).
-  std::optional<AdminReply> Drop(uint64_t model) {
-    return Admin(AdminOp::kImport, kDropRequestPath, model);
-  }
+  // `fmoe maps --drop`.
+  std::optional<AdminReply> Drop(uint64_t model) { return Admin(AdminOp::kDrop, "", model); }
   std::optional<RankHeartbeatAck> Heartbeat() {
     Send(RankHeartbeat{reg_.group, reg_.rank, reg_.instance_id, ++seq_});
     return Await<RankHeartbeatAck>([&](const RankHeartbeatAck& a) { return a.seq == seq_; });
