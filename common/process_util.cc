@@ -109,13 +109,15 @@ Status EnsureWritableDir(const std::string& dir) {
   if (ec) return IoError(dir + ": cannot create directory (" + ec.message() + ")");
   if (!fs::is_directory(dir, ec)) return IoError(dir + ": not a directory");
   fs::path probe = fs::path(dir) / (".write-probe-" + std::to_string(getpid()));
+  bool written = false;
+  int err = 0;
   {
     std::ofstream out(probe);
-    if (!out || !(out << "probe") || !out.flush()) {
-      return IoError(dir + ": not writable (" + std::strerror(errno) + ")");
-    }
+    written = out && (out << "probe") && out.flush();
+    if (!written) err = errno;
   }
-  fs::remove(probe, ec);
+  fs::remove(probe, ec);  // Also when the write failed: a full disk keeps no probe file.
+  if (!written) return IoError(dir + ": not writable (" + std::strerror(err) + ")");
   return Status::Ok();
 }
 

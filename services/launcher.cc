@@ -190,8 +190,18 @@ Status Preflight(const Manifest& manifest, const std::vector<ProcessSpec>& plan,
     if (!key.ok()) return key.status().WithContext("security.key_file");
   }
   if (options.workers_only) return Status::Ok();  // The map service and router run elsewhere.
-  FMOE_RETURN_IF_ERROR(
-      EnsureWritableDir(manifest.map_service.data_dir).WithContext("map_service.data_dir"));
+  if (Status s = EnsureWritableDir(manifest.map_service.data_dir); !s.ok()) {
+    // A store already there is served read-only while its disk refuses writes (the map service
+    // retries and recovers, map_service/README.md); only a store that cannot exist is fatal.
+    std::error_code ec;
+    if (!fs::exists(fs::path(manifest.map_service.data_dir) / "CURRENT", ec)) {
+      return s.WithContext("map_service.data_dir");
+    }
+    spdlog::warn(
+        "map_service.data_dir: {}; the map service serves its store read-only until "
+        "writes succeed again",
+        s.message());
+  }
   auto listen = ParseHostPort(manifest.router.listen);
   if (!listen.ok()) return listen.status().WithContext("router.listen");
   FMOE_RETURN_IF_ERROR(CheckTcpPortFree(listen->host, listen->port).WithContext("router.listen"));

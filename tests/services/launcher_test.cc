@@ -4,11 +4,14 @@
 #include "services/launcher.h"
 
 #include <netinet/in.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -259,6 +262,93 @@ TEST(Preflight, FullLaunchNamesTheBusyRouterPort) {
             "router.listen: 127.0.0.1:" + std::to_string(busy.port()) + " is already in use");
   options.workers_only = true;
   EXPECT_TRUE(Preflight(m, PlanProcesses(m, options), options).ok());
+}
+
+// The cluster key: a full launch makes it (0600); a workers-only host must hold a copy.
+TEST(Preflight, AFullLaunchMakesTheClusterKeyAndAWorkersOnlyHostNeedsIt) {
+  FakeBinDir bin;
+  const Manifest m = Parse(std::string("model: {path: ") + FMOE_SOURCE_DIR +
+                           "/deploy/models/tiny-moe}\n"
+                           "map_service: {data_dir: " +
+                           bin.path() +
+                           "/maps}\n"
+                           "worker_groups: [{name: g0, workers: [{}]}]\n"
+                           "launcher: {run_dir: " +
+                           bin.path() + "/run}\n");
+  LaunchOptions options;
+  options.bin_dir = bin.path();
+  options.workers_only = true;
+  Status missing = Preflight(m, PlanProcesses(m, options), options);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.code(), ErrorCode::kNotFound);
+  EXPECT_EQ(missing.message().rfind("security.key_file: cluster key: ", 0), 0u)
+      << missing.message();
+  EXPECT_NE(missing.message().find("/run/cluster.key does not exist (copy it"), std::string::npos)
+      << missing.message();
+  EXPECT_FALSE(fs::exists(bin.path() + "/run/cluster.key")) << "a workers-only host makes none";
+
+  options.workers_only = false;
+  Status full = Preflight(m, PlanProcesses(m, options), options);
+  EXPECT_TRUE(full.ok()) << full.ToString();
+  struct stat st {};
+  ASSERT_EQ(stat((bin.path() + "/run/cluster.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  options.workers_only = true;
+  EXPECT_TRUE(Preflight(m, PlanProcesses(m, options), options).ok());
+}
+
+// A map store on a disk that refuses writes is served read-only: the launch goes on. A data
+// directory that cannot hold a store at all still stops it. Needs a full tmpfs (root).
+TEST(Preflight, AStoreOnAFullDiskDoesNotStopTheLaunch) {
+  FakeBinDir bin;
+  const std::string disk = bin.path() + "/disk";
+  fs::create_directories(disk);
+  if (::mount("tmpfs", disk.c_str(), "tmpfs", 0, "size=64k") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs: " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { ::umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{disk};
+  const std::string data_dir = disk + "/maps";
+  fs::create_directories(data_dir);
+  {
+    std::ofstream current(data_dir + "/CURRENT");
+    current << "MANIFEST-000001\n";
+  }
+  {  // Fill the disk.
+    std::ofstream fill(disk + "/fill", std::ios::binary);
+    const std::string block(4096, 'x');
+    for (int i = 0; i < 1024 && fill.write(block.data(), block.size()); ++i) {
+    }
+  }
+  const Manifest m = Parse(std::string("model: {path: ") + FMOE_SOURCE_DIR +
+                           "/deploy/models/tiny-moe}\n"
+                           "map_service: {data_dir: " +
+                           data_dir +
+                           "}\n"
+                           "worker_groups: [{name: g0, workers: [{}]}]\n"
+                           "launcher: {run_dir: " +
+                           bin.path() + "/run}\n");
+  LaunchOptions options;
+  options.bin_dir = bin.path();
+  Status with_store = Preflight(m, PlanProcesses(m, options), options);
+  EXPECT_TRUE(with_store.ok()) << with_store.ToString();
+  for (const auto& entry : fs::directory_iterator(data_dir)) {
+    EXPECT_EQ(entry.path().filename().string().rfind(".write-probe", 0), std::string::npos)
+        << "the failed probe is removed";
+  }
+  fs::remove(data_dir + "/CURRENT");
+  {  // Fill what that freed.
+    std::ofstream fill(disk + "/fill", std::ios::binary | std::ios::app);
+    const std::string block(512, 'x');
+    for (int i = 0; i < 1024 && fill.write(block.data(), block.size()); ++i) {
+    }
+  }
+  Status without = Preflight(m, PlanProcesses(m, options), options);
+  ASSERT_FALSE(without.ok());
+  EXPECT_NE(without.message().find("map_service.data_dir"), std::string::npos) << without.message();
+  ::umount2(disk.c_str(), MNT_DETACH);
 }
 
 }  // namespace
