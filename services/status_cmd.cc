@@ -106,6 +106,18 @@ int PrintStatus(const Manifest& manifest, bool json) {
       } else {
         health_text = std::to_string(map_stats["ranks"].size()) + " ranks registered, " +
                       std::to_string(map_stats["models"].size()) + " model(s)";
+        // A store whose disk refuses writes: matching goes on, nothing new is kept.
+        const Json store = map_stats.value("store", Json::object());
+        const Json state = store.is_object() ? store.value("state", Json("ok")) : Json("ok");
+        if (state.is_string() && state.get<std::string>() != "ok") {
+          ok = false;
+          const Json reason = store.value("reason", Json(""));
+          health_text += "; store " + state.get<std::string>() + " (read-only" +
+                         (reason.is_string() && !reason.get<std::string>().empty()
+                              ? ": " + reason.get<std::string>()
+                              : std::string()) +
+                         ")";
+        }
       }
     } else if (name.rfind("worker-", 0) == 0) {
       // worker-<group>-<rank>: registered at the map service, and (leader) alive at the router.
