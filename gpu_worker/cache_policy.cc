@@ -7,9 +7,6 @@
 #include <string>
 #include <unordered_map>
 
-#include "common/policy_names.h"
-#include "gpu_worker/moe_infinity_policy.h"
-
 namespace fmoe {
 namespace {
 
@@ -473,12 +470,8 @@ class OraclePolicy final : public CachePolicy {
 
 }  // namespace
 
-Result<std::unique_ptr<CachePolicy>> MakePolicy(std::string_view name,
-                                                const PolicyOptions& options) {
-  if (FindPolicyName(name) == nullptr) {
-    return InvalidArgument("unknown policy \"" + std::string(name) +
-                           "\"; valid: " + PolicyNameList(/*servable_only=*/false));
-  }
+Result<std::unique_ptr<CachePolicy>> MakeBuiltinPolicy(std::string_view name,
+                                                       const PolicyOptions& options) {
   if (name == "fmoe" || name == "fmoe-traj" || name == "fmoe-traj-sem") {
     // The ablations differ in how the map service matches, not in the cache.
     return std::unique_ptr<CachePolicy>(new PredictedUsePolicy(std::string(name)));
@@ -489,13 +482,6 @@ Result<std::unique_ptr<CachePolicy>> MakePolicy(std::string_view name,
   }
   if (name == "fmoe-nextuse") {
     return std::unique_ptr<CachePolicy>(new NextUsePolicy(options.probability_floor));
-  }
-  if (name == "moe-infinity") {
-    // The paper prefetches across every later layer (section 5.1, multi-layer prefetching),
-    // weighted by proximity, rather than to a fixed distance.
-    PolicyOptions all_layers = options;
-    all_layers.prefetch_distance = 0;
-    return NewMoeInfinityPolicy(all_layers);
   }
   if (name == "speculative") {
     return std::unique_ptr<CachePolicy>(new SpeculativePolicy(options.prefetch_distance));
@@ -510,9 +496,7 @@ Result<std::unique_ptr<CachePolicy>> MakePolicy(std::string_view name,
     return std::unique_ptr<CachePolicy>(
         new OraclePolicy(options.future, options.prefetch_distance));
   }
-  // cache_policy_test builds every name of the table, so this is a bug caught there.
-  return Internal("policy \"" + std::string(name) +
-                  "\" is in common/policy_names.h but MakePolicy cannot build it");
+  return std::unique_ptr<CachePolicy>();
 }
 
 }  // namespace fmoe

@@ -97,9 +97,10 @@ struct PolicyOptions {
   std::vector<LayerAccess> future;
 };
 
-// Builds the policy `name`, any name of common/policy_names.h (oracle needs options.future).
-// kInvalidArgument listing the table's names for any other name.
-Result<std::unique_ptr<CachePolicy>> MakePolicy(std::string_view name,
-                                                const PolicyOptions& options);
+// The policies defined in cache_policy.cc (every name of common/policy_names.h but
+// moe-infinity, moe_infinity_policy.h); nullptr for another name, kInvalidArgument for oracle
+// without options.future. Build policies with policy_factory.h's MakePolicy.
+Result<std::unique_ptr<CachePolicy>> MakeBuiltinPolicy(std::string_view name,
+                                                       const PolicyOptions& options);
 
 }  // namespace fmoe

@@ -1,4 +1,5 @@
 #include "gpu_worker/cached_experts.h"
+#include "gpu_worker/policy_factory.h"
 
 #include <algorithm>
 #include <chrono>

@@ -52,8 +52,8 @@
 #include "gpu_worker/expert_group.h"
 #include "gpu_worker/group_plan.h"
 #include "gpu_worker/model.h"
+#include "gpu_worker/request_executor.h"
 #include "gpu_worker/sampler.h"
-#include "gpu_worker/worker.h"
 
 namespace fmoe {
 

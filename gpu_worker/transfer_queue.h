@@ -1,4 +1,4 @@
-// Private to the transfer engine backends (transfer_engine.cc, transfer_engine_cuda.cu): the
+// Private to the transfer engine backends (emulated_link.cc, transfer_engine_cuda.cu): the
 // task queue, its order on the link, parking, Cancel/Promote, the finished-task list and the
 // stats, shared so that both links schedule alike. Header-only and C++17 (nvcc includes it).
 //

@@ -34,17 +34,9 @@
 #include "common/status.h"
 #include "common/wire/messages.h"
 #include "common/wire/wire.h"
+#include "gpu_worker/request_executor.h"
 
 namespace fmoe {
-
-// What runs requests: the engine (gpu_worker/engine.h). Thread-safe.
-class RequestExecutor {
- public:
-  virtual ~RequestExecutor() = default;
-  virtual void Submit(Generate request) = 0;
-  virtual void Cancel(uint64_t request_id) = 0;
-  virtual uint32_t active() const = 0;  // Waiting plus running requests.
-};
 
 struct WorkerOptions {
   std::string group;                 // Required.

@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "gpu_worker/cache_policy.h"
 #include "gpu_worker/expert_cache.h"
+#include "gpu_worker/policy_factory.h"
 #include "map_service/map_matcher.h"
 
 namespace fmoe::bench {

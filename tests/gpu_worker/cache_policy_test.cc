@@ -3,6 +3,7 @@
 // requests' expert frequencies and the map service's directives, with prefills and batches
 // counted as what they are.
 #include "gpu_worker/cache_policy.h"
+#include "gpu_worker/policy_factory.h"
 
 #include <algorithm>
 #include <utility>

@@ -2,6 +2,7 @@
 // sequences, on-demand precedence, stale and foreign directives, eviction order, and the bytes
 // every handed-out slot holds.
 #include "gpu_worker/expert_cache.h"
+#include "gpu_worker/policy_factory.h"
 
 #include <gtest/gtest.h>
 

@@ -1,3 +1,6 @@
+// The emulated host-to-device link of cpu mode (DESIGN section 2; NewEmulatedLink in
+// transfer_engine.h): one thread paces the queued tasks (transfer_queue.h) at the configured
+// bandwidth and latency.
 // Pacing: a segment (a task's turn on the link) has absolute deadlines base + bytes / gbps, base
 // = its start (+ latency_us in the task's first segment). Mid-task the thread sleeps only when
 // over kRunAheadNs ahead (shorter sleeps overshoot); a segment's end waits out its last deadline
