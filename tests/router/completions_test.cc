@@ -26,51 +26,6 @@ namespace {
 using namespace link_testing;
 using Json = nlohmann::json;
 
-// Records what the route answers; thread-safe (the link thread writes).
-class Recorder final : public HttpResponder {
- public:
-  void Respond(HttpResponse response) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    status_ = response.status;
-    body_ = response.body;
-    done_ = true;
-  }
-  void BeginStream(int status, const std::string&,
-                   std::vector<std::pair<std::string, std::string>>) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    status_ = status;
-  }
-  void Write(std::string chunk) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    body_ += chunk;
-  }
-  void End() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
-  }
-  void OnClose(std::function<void()>) override {}
-  bool closed() const override { return false; }
-
-  bool done() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
-  int status() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return status_;
-  }
-  std::string body() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return body_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  int status_ = 0;
-  std::string body_;
-  bool done_ = false;
-};
-
 const std::string kFffd = "\xEF\xBF\xBD";
 
 // The payloads of a stream's "data: " events, in order.
