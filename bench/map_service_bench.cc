@@ -16,6 +16,7 @@
 // (L=32, J=16, h=4096); C = 1K and 10K; d = 3.
 //
 //   build/bin/map_service_bench --benchmark_min_time=1 [--writer_nice=N (default: the service's)]
+//     [--curve (every socket with a cluster key, as fmoe launch runs them; default: plain)]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -39,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
+#include "common/wire/wire.h"
 #include "map_service/export_file.h"
 #include "map_service/map_service.h"
 
@@ -402,6 +404,15 @@ int main(int argc, char** argv) {
     const std::string_view arg = argv[i];
     if (arg.starts_with("--writer_nice=")) {
       g_writer_nice = std::atoi(argv[i] + std::strlen("--writer_nice="));
+    } else if (arg == "--curve") {
+      // Every socket of the run (the service's and the clients') with a cluster key, as
+      // `fmoe launch` runs them: the CURVE handshake and per-message encryption included.
+      auto key = fmoe::wire::NewCurveKey();
+      if (!key.ok()) {
+        std::fprintf(stderr, "map_service_bench: %s\n", key.status().message().c_str());
+        return 1;
+      }
+      fmoe::wire::SetDefaultCurveKey(*key);
     } else {
       argv[kept++] = argv[i];
     }
