@@ -277,308 +277,389 @@ Result<std::vector<int32_t>> TokenizeChat(const Json& messages, const Completion
   return std::move(*ids);
 }
 
-Result<CompletionRequest> ParseRequest(const std::string& body, const CompletionsOptions& options,
-                                       const Tokenizer& tokenizer, RequestKind kind,
-                                       HttpResponse* error) {
-  auto fail = [&](HttpResponse res) -> Result<CompletionRequest> {
-    *error = std::move(res);
-    return InvalidArgument(error->body);
-  };
-  auto failed = [&]() -> Result<CompletionRequest> { return InvalidArgument(error->body); };
-  const bool chat = kind == RequestKind::kChat;
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    return fail(ApiError(400, "the request body is not valid JSON", "invalid_request_error", "",
-                         "invalid_json"));
+namespace {
+
+// The readers of ParseRequest, one per parameter or group of parameters, in the order it calls
+// them. Each fills its part of the request, or sets *error and returns false.
+
+bool Refuse(HttpResponse* error, HttpResponse response) {
+  *error = std::move(response);
+  return false;
+}
+
+// The top level: a JSON object without parameters this server does not support.
+bool ReadBody(const std::string& body, Json* j, HttpResponse* error) {
+  *j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j->is_discarded()) {
+    return Refuse(error, ApiError(400, "the request body is not valid JSON",
+                                  "invalid_request_error", "", "invalid_json"));
   }
-  if (!j.is_object()) {
-    return fail(ApiError(400, "the request body must be a JSON object", "invalid_request_error", "",
-                         "invalid_json"));
+  if (!j->is_object()) {
+    return Refuse(error, ApiError(400, "the request body must be a JSON object",
+                                  "invalid_request_error", "", "invalid_json"));
   }
   for (const char* key : kUnsupported) {
+    auto it = j->find(key);
+    if (it != j->end() && Unsupported(key, *it)) {
+      return Refuse(error,
+                    BadParam(key, std::string("'") + key + "' is not supported by this server",
+                             "unsupported_parameter"));
+    }
+  }
+  return true;
+}
+
+// response_format: only {"type": "text"}.
+bool ReadResponseFormat(const Json& j, HttpResponse* error) {
+  auto rf = j.find("response_format");
+  if (rf == j.end() || rf->is_null()) return true;
+  if (!rf->is_object()) {
+    return Refuse(error, BadParam("response_format",
+                                  "'response_format' must be an object, not " + JsonTypeName(*rf)));
+  }
+  auto type = rf->find("type");
+  if (type == rf->end() || !type->is_string()) {
+    return Refuse(error,
+                  BadParam("response_format",
+                           "'response_format.type' must be a string, not " +
+                               (type == rf->end() ? std::string("missing") : JsonTypeName(*type))));
+  }
+  if (type->get<std::string>() != "text") {
+    return Refuse(error, BadParam("response_format", "only {\"type\": \"text\"} is supported",
+                                  "unsupported_parameter"));
+  }
+  return true;
+}
+
+// Chat: the conversation through the chat template; no tools, no echo.
+bool ReadChatPrompt(const Json& j, const CompletionsOptions& options, const Tokenizer& tokenizer,
+                    CompletionRequest* out, HttpResponse* error) {
+  for (const char* key : {"tools", "tool_choice", "functions", "function_call"}) {
     auto it = j.find(key);
-    if (it != j.end() && Unsupported(key, *it)) {
-      return fail(BadParam(key, std::string("'") + key + "' is not supported by this server",
-                           "unsupported_parameter"));
+    if (it != j.end() && !it->is_null() && !(it->is_array() && it->empty()) &&
+        !(it->is_string() && it->get<std::string>() == "none")) {
+      return Refuse(error,
+                    BadParam(key, std::string("'") + key + "' is not supported by this server",
+                             "unsupported_parameter"));
     }
   }
-  if (!ReadModel(j, options, /*required=*/true, error)) return failed();
-  CompletionRequest out;
-  out.kind = kind;
-  const uint32_t vocab = static_cast<uint32_t>(tokenizer.vocab_size());
-  if (chat) {
-    for (const char* key : {"tools", "tool_choice", "functions", "function_call"}) {
-      auto it = j.find(key);
-      if (it != j.end() && !it->is_null() && !(it->is_array() && it->empty()) &&
-          !(it->is_string() && it->get<std::string>() == "none")) {
-        return fail(BadParam(key, std::string("'") + key + "' is not supported by this server",
-                             "unsupported_parameter"));
-      }
-    }
-    if (auto rf = j.find("response_format"); rf != j.end() && !rf->is_null()) {
-      if (!rf->is_object()) {
-        return fail(BadParam("response_format",
-                             "'response_format' must be an object, not " + JsonTypeName(*rf)));
-      }
-      auto type = rf->find("type");
-      if (type == rf->end() || !type->is_string()) {
-        return fail(BadParam("response_format", "'response_format.type' must be a string, not " +
-                                                    (type == rf->end() ? std::string("missing")
-                                                                       : JsonTypeName(*type))));
-      }
-      if (type->get<std::string>() != "text") {
-        return fail(BadParam("response_format", "only {\"type\": \"text\"} is supported",
-                             "unsupported_parameter"));
-      }
-    }
-    if (auto e = j.find("echo"); e != j.end() && !e->is_null() && !(e->is_boolean() && !*e)) {
-      return fail(
-          BadParam("echo", "'echo' is not supported by chat completions", "unsupported_parameter"));
-    }
-    auto messages = j.find("messages");
-    if (messages == j.end() || messages->is_null()) {
-      return fail(BadParam("messages", "you must provide messages", "missing_required"));
-    }
-    auto ids = TokenizeChat(*messages, options, tokenizer, /*add_generation_prompt=*/true, error);
-    if (!ids.ok()) return failed();
-    out.prompts.push_back({std::move(*ids), ""});
-  } else {
-    auto prompt = j.find("prompt");
-    if (prompt == j.end() || prompt->is_null()) {
-      return fail(BadParam("prompt", "you must provide a prompt", "missing_required"));
-    }
-    // One prompt: a string or an array of ids. A batch: an array of those (not mixed).
-    std::vector<const Json*> items;
-    if (prompt->is_string() || TokenIdArray(*prompt) != nullptr) {
-      items.push_back(&*prompt);
-    } else if (prompt->is_array() && !prompt->empty() &&
-               (std::all_of(prompt->begin(), prompt->end(),
-                            [](const Json& x) { return x.is_string(); }) ||
-                std::all_of(prompt->begin(), prompt->end(),
-                            [](const Json& x) { return x.is_array(); }))) {
-      if (prompt->size() > kMaxPrompts) {
-        return fail(BadParam("prompt", "a batch may hold at most " + std::to_string(kMaxPrompts) +
+  if (!ReadResponseFormat(j, error)) return false;
+  if (auto e = j.find("echo"); e != j.end() && !e->is_null() && !(e->is_boolean() && !*e)) {
+    return Refuse(error, BadParam("echo", "'echo' is not supported by chat completions",
+                                  "unsupported_parameter"));
+  }
+  auto messages = j.find("messages");
+  if (messages == j.end() || messages->is_null()) {
+    return Refuse(error, BadParam("messages", "you must provide messages", "missing_required"));
+  }
+  auto ids = TokenizeChat(*messages, options, tokenizer, /*add_generation_prompt=*/true, error);
+  if (!ids.ok()) return false;
+  out->prompts.push_back({std::move(*ids), ""});
+  return true;
+}
+
+// Completions: one prompt (a string or an array of ids) or a batch of them (not mixed).
+bool ReadTextPrompts(const Json& j, const Tokenizer& tokenizer, uint32_t vocab,
+                     CompletionRequest* out, HttpResponse* error) {
+  auto prompt = j.find("prompt");
+  if (prompt == j.end() || prompt->is_null()) {
+    return Refuse(error, BadParam("prompt", "you must provide a prompt", "missing_required"));
+  }
+  std::vector<const Json*> items;
+  if (prompt->is_string() || TokenIdArray(*prompt) != nullptr) {
+    items.push_back(&*prompt);
+  } else if (prompt->is_array() && !prompt->empty() &&
+             (std::all_of(prompt->begin(), prompt->end(),
+                          [](const Json& x) { return x.is_string(); }) ||
+              std::all_of(prompt->begin(), prompt->end(),
+                          [](const Json& x) { return x.is_array(); }))) {
+    if (prompt->size() > kMaxPrompts) {
+      return Refuse(error,
+                    BadParam("prompt", "a batch may hold at most " + std::to_string(kMaxPrompts) +
                                            " prompts, not " + std::to_string(prompt->size())));
-      }
-      for (const Json& x : *prompt) items.push_back(&x);
-    } else {
-      return fail(BadParam("prompt",
-                           "'prompt' must be a string, an array of token ids, or an array of "
-                           "either (not mixed)"));
     }
-    for (size_t p = 0; p < items.size(); ++p) {
-      const Json& item = *items[p];
-      const std::string which =
-          items.size() == 1 ? std::string("the prompt") : "prompt " + std::to_string(p);
-      PromptInput& in = out.prompts.emplace_back();
-      if (item.is_string()) {
-        auto ids = tokenizer.Encode(item.get<std::string>(), /*add_special_tokens=*/true);
-        if (!ids.ok()) {
-          return fail(
-              BadParam("prompt", which + " cannot be tokenized: " + ids.status().message()));
-        }
-        in.ids = std::move(*ids);
-        in.text = item.get<std::string>();
-        continue;
-      }
-      const Json* id_list = item.is_array() ? TokenIdArray(item) : nullptr;
-      if (id_list == nullptr || (item.size() == 1 && item[0].is_array() && items.size() > 1)) {
-        return fail(BadParam("prompt", which + " must be a string or an array of token ids"));
-      }
-      for (const Json& x : *id_list) {
-        const int64_t id = x.get<int64_t>();
-        if (id < 0 || id >= static_cast<int64_t>(vocab)) {
-          return fail(BadParam("prompt", which + ": token " + std::to_string(id) +
-                                             " is not in the vocabulary of " +
-                                             std::to_string(vocab)));
-        }
-        in.ids.push_back(static_cast<int32_t>(id));
-      }
-      in.text = ToValidUtf8(tokenizer.Decode(in.ids, false));
-    }
+    for (const Json& x : *prompt) items.push_back(&x);
+  } else {
+    return Refuse(error, BadParam("prompt",
+                                  "'prompt' must be a string, an array of token ids, or an array "
+                                  "of either (not mixed)"));
   }
-  uint64_t prompt_len = 0;  // The longest prompt's: the context checks below are its.
-  for (size_t p = 0; p < out.prompts.size(); ++p) {
-    if (out.prompts[p].ids.empty()) {
-      return fail(BadParam("prompt", (out.prompts.size() == 1 ? std::string("the prompt")
-                                                              : "prompt " + std::to_string(p)) +
-                                         " is empty"));
+  for (size_t p = 0; p < items.size(); ++p) {
+    const Json& item = *items[p];
+    const std::string which =
+        items.size() == 1 ? std::string("the prompt") : "prompt " + std::to_string(p);
+    PromptInput& in = out->prompts.emplace_back();
+    if (item.is_string()) {
+      auto ids = tokenizer.Encode(item.get<std::string>(), /*add_special_tokens=*/true);
+      if (!ids.ok()) {
+        return Refuse(
+            error, BadParam("prompt", which + " cannot be tokenized: " + ids.status().message()));
+      }
+      in.ids = std::move(*ids);
+      in.text = item.get<std::string>();
+      continue;
     }
-    prompt_len = std::max<uint64_t>(prompt_len, out.prompts[p].ids.size());
+    const Json* id_list = item.is_array() ? TokenIdArray(item) : nullptr;
+    if (id_list == nullptr || (item.size() == 1 && item[0].is_array() && items.size() > 1)) {
+      return Refuse(error,
+                    BadParam("prompt", which + " must be a string or an array of token ids"));
+    }
+    for (const Json& x : *id_list) {
+      const int64_t id = x.get<int64_t>();
+      if (id < 0 || id >= static_cast<int64_t>(vocab)) {
+        return Refuse(
+            error, BadParam("prompt", which + ": token " + std::to_string(id) +
+                                          " is not in the vocabulary of " + std::to_string(vocab)));
+      }
+      in.ids.push_back(static_cast<int32_t>(id));
+    }
+    in.text = ToValidUtf8(tokenizer.Decode(in.ids, false));
   }
+  return true;
+}
+
+// max_tokens (max_completion_tokens in chat) against the context: every prompt non-empty, the
+// longest one's length in *prompt_len, the completion's budget in *max_new and the request's
+// max_tokens.
+bool ReadMaxTokens(const Json& j, const CompletionsOptions& options, bool chat,
+                   CompletionRequest* out, uint64_t* prompt_len, uint64_t* max_new,
+                   HttpResponse* error) {
+  *prompt_len = 0;
+  for (size_t p = 0; p < out->prompts.size(); ++p) {
+    if (out->prompts[p].ids.empty()) {
+      return Refuse(error,
+                    BadParam("prompt", (out->prompts.size() == 1 ? std::string("the prompt")
+                                                                 : "prompt " + std::to_string(p)) +
+                                           " is empty"));
+    }
+    *prompt_len = std::max<uint64_t>(*prompt_len, out->prompts[p].ids.size());
+  }
+  const uint64_t len = *prompt_len;
   auto context_error = [&](uint64_t completion) {
     return ApiError(400,
                     "this model's maximum context length is " +
                         std::to_string(options.context_length) + " tokens; the request needs " +
-                        std::to_string(prompt_len + completion) + " (" +
-                        std::to_string(prompt_len) + " in the prompt, " +
-                        std::to_string(completion) + " for the completion)",
+                        std::to_string(len + completion) + " (" + std::to_string(len) +
+                        " in the prompt, " + std::to_string(completion) + " for the completion)",
                     "invalid_request_error", "max_tokens", "context_length_exceeded");
   };
-  if (prompt_len >= options.context_length) return fail(context_error(1));
-  // max_tokens
+  if (len >= options.context_length) return Refuse(error, context_error(1));
   auto max_tokens = j.find("max_tokens");
   if (auto mct = j.find("max_completion_tokens"); chat && mct != j.end() && !mct->is_null()) {
     max_tokens = mct;  // The newer name in the chat API.
   }
   // Without max_tokens: OpenAI's 16 for completions, the rest of the context for chat (vLLM).
-  uint64_t max_new = chat ? options.context_length - prompt_len : options.default_max_tokens;
+  *max_new = chat ? options.context_length - len : options.default_max_tokens;
   if (max_tokens != j.end() && !max_tokens->is_null()) {
     // JSON integers that are not negative parse as unsigned, the others as signed.
     if (!max_tokens->is_number_integer() ||
         (max_tokens->is_number_unsigned() ? max_tokens->get<uint64_t>() == 0
                                           : max_tokens->get<int64_t>() < 1)) {
-      return fail(BadParam("max_tokens", "'max_tokens' must be an integer of at least 1"));
+      return Refuse(error, BadParam("max_tokens", "'max_tokens' must be an integer of at least 1"));
     }
-    max_new = max_tokens->get<uint64_t>();
+    *max_new = max_tokens->get<uint64_t>();
     // Compared without a sum that could wrap around for values near 2^64.
-    if (max_new > options.context_length || prompt_len > options.context_length - max_new) {
-      return fail(context_error(max_new));
+    if (*max_new > options.context_length || len > options.context_length - *max_new) {
+      return Refuse(error, context_error(*max_new));
     }
-  } else if (prompt_len + max_new > options.context_length) {
-    max_new = options.context_length - prompt_len;  // The default shrinks to fit.
+  } else if (len + *max_new > options.context_length) {
+    *max_new = options.context_length - len;  // The default shrinks to fit.
   }
-  SamplingParams& s = out.sampling;
-  s.max_tokens = static_cast<uint32_t>(max_new);
-  // temperature, top_p, top_k, min_p
+  out->sampling.max_tokens = static_cast<uint32_t>(*max_new);
+  return true;
+}
+
+// temperature, top_p, top_k, min_p, the penalties, logit_bias and seed.
+bool ReadSampling(const Json& j, uint32_t vocab, SamplingParams* s, HttpResponse* error) {
   double v = 0.0;
-  if (!ReadNumber(j, "temperature", 0.0, 2.0, false, 1.0, &v, error)) return failed();
-  s.temperature = static_cast<float>(v);
-  if (!ReadNumber(j, "top_p", 0.0, 1.0, true, 1.0, &v, error)) return failed();
+  if (!ReadNumber(j, "temperature", 0.0, 2.0, false, 1.0, &v, error)) return false;
+  s->temperature = static_cast<float>(v);
+  if (!ReadNumber(j, "top_p", 0.0, 1.0, true, 1.0, &v, error)) return false;
   // A value below float's range (1e-50) would round to 0, which the worker refuses: keep the
   // smallest normal float instead (the top token only, as asked).
-  s.top_p = std::max(static_cast<float>(v), std::numeric_limits<float>::min());
+  s->top_p = std::max(static_cast<float>(v), std::numeric_limits<float>::min());
   if (auto k = j.find("top_k"); k != j.end() && !k->is_null()) {
     if (!k->is_number_integer() || (k->is_number_unsigned() && k->get<uint64_t>() > 1000000) ||
         k->get<int64_t>() < -1 || k->get<int64_t>() > 1000000) {
-      return fail(BadParam("top_k", "'top_k' must be an integer from -1 (off) to 1000000"));
+      return Refuse(error,
+                    BadParam("top_k", "'top_k' must be an integer from -1 (off) to 1000000"));
     }
-    s.top_k = static_cast<int32_t>(std::max<int64_t>(0, k->get<int64_t>()));
+    s->top_k = static_cast<int32_t>(std::max<int64_t>(0, k->get<int64_t>()));
   }
-  if (!ReadNumber(j, "min_p", 0.0, 1.0, false, 0.0, &v, error)) return failed();
-  s.min_p = static_cast<float>(v);
-  // Penalties.
-  if (!ReadNumber(j, "presence_penalty", -2.0, 2.0, false, 0.0, &v, error)) return failed();
-  s.presence_penalty = static_cast<float>(v);
-  if (!ReadNumber(j, "frequency_penalty", -2.0, 2.0, false, 0.0, &v, error)) return failed();
-  s.frequency_penalty = static_cast<float>(v);
-  if (!ReadNumber(j, "repetition_penalty", 0.0, 10.0, true, 1.0, &v, error)) return failed();
-  s.repetition_penalty = static_cast<float>(v);
-  if (!ReadLogitBias(j, vocab, &s, error)) return failed();
-  // seed
+  if (!ReadNumber(j, "min_p", 0.0, 1.0, false, 0.0, &v, error)) return false;
+  s->min_p = static_cast<float>(v);
+  if (!ReadNumber(j, "presence_penalty", -2.0, 2.0, false, 0.0, &v, error)) return false;
+  s->presence_penalty = static_cast<float>(v);
+  if (!ReadNumber(j, "frequency_penalty", -2.0, 2.0, false, 0.0, &v, error)) return false;
+  s->frequency_penalty = static_cast<float>(v);
+  if (!ReadNumber(j, "repetition_penalty", 0.0, 10.0, true, 1.0, &v, error)) return false;
+  s->repetition_penalty = static_cast<float>(v);
+  if (!ReadLogitBias(j, vocab, s, error)) return false;
   if (auto sd = j.find("seed"); sd != j.end() && !sd->is_null()) {
-    if (!sd->is_number_integer()) return fail(BadParam("seed", "'seed' must be an integer"));
-    s.seed =
+    if (!sd->is_number_integer())
+      return Refuse(error, BadParam("seed", "'seed' must be an integer"));
+    s->seed =
         sd->is_number_unsigned() ? sd->get<uint64_t>() : static_cast<uint64_t>(sd->get<int64_t>());
   } else {
-    s.seed = RandomId();
+    s->seed = RandomId();
   }
-  // n
+  return true;
+}
+
+// n, against the batch's prompts.
+bool ReadChoices(const Json& j, CompletionRequest* out, HttpResponse* error) {
   uint64_t count = 1;
-  if (!ReadCount(j, "n", 1, kMaxChoices, 1, &count, error)) return failed();
-  out.n = static_cast<uint32_t>(count);
-  if (out.prompts.size() * count > kMaxPrompts) {
-    return fail(BadParam("n", std::to_string(out.prompts.size()) + " prompts with 'n' " +
-                                  std::to_string(count) + " make " +
-                                  std::to_string(out.prompts.size() * count) +
-                                  " choices; at most " + std::to_string(kMaxPrompts)));
+  if (!ReadCount(j, "n", 1, kMaxChoices, 1, &count, error)) return false;
+  out->n = static_cast<uint32_t>(count);
+  if (out->prompts.size() * count > kMaxPrompts) {
+    return Refuse(error, BadParam("n", std::to_string(out->prompts.size()) + " prompts with 'n' " +
+                                           std::to_string(count) + " make " +
+                                           std::to_string(out->prompts.size() * count) +
+                                           " choices; at most " + std::to_string(kMaxPrompts)));
   }
-  // ignore_eos, min_tokens, stop_token_ids
-  if (!ReadBool(j, "ignore_eos", &s.ignore_eos, error)) return failed();
+  return true;
+}
+
+// ignore_eos, min_tokens (at most max_new) and stop_token_ids.
+bool ReadStopConditions(const Json& j, uint32_t vocab, uint64_t max_new, SamplingParams* s,
+                        HttpResponse* error) {
+  if (!ReadBool(j, "ignore_eos", &s->ignore_eos, error)) return false;
+  uint64_t count = 0;
   if (!ReadCount(j, "min_tokens", 0, max_new, 0, &count, error)) {
-    *error = BadParam("min_tokens", "'min_tokens' must be an integer from 0 to max_tokens (" +
-                                        std::to_string(max_new) + ")");
-    return failed();
+    return Refuse(error,
+                  BadParam("min_tokens", "'min_tokens' must be an integer from 0 to max_tokens (" +
+                                             std::to_string(max_new) + ")"));
   }
-  s.min_tokens = static_cast<uint32_t>(count);
+  s->min_tokens = static_cast<uint32_t>(count);
   if (auto st = j.find("stop_token_ids"); st != j.end() && !st->is_null()) {
     if (!st->is_array() || st->size() > 64) {
-      return fail(BadParam("stop_token_ids",
-                           "'stop_token_ids' must be an array of at most 64 "
-                           "token ids"));
+      return Refuse(error, BadParam("stop_token_ids",
+                                    "'stop_token_ids' must be an array of at most 64 token ids"));
     }
     for (const Json& x : *st) {
       if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= vocab) {
-        return fail(BadParam("stop_token_ids", "stop_token_ids holds " + JsonTypeName(x) +
-                                                   ", not a token id of the vocabulary of " +
-                                                   std::to_string(vocab)));
+        return Refuse(error,
+                      BadParam("stop_token_ids", "stop_token_ids holds " + JsonTypeName(x) +
+                                                     ", not a token id of the vocabulary of " +
+                                                     std::to_string(vocab)));
       }
-      s.stop_token_ids.push_back(x.get<int32_t>());
+      s->stop_token_ids.push_back(x.get<int32_t>());
     }
   }
-  // logprobs: completions take an integer (the top N); chat a boolean plus top_logprobs.
+  return true;
+}
+
+// logprobs: completions take an integer (the top N) and echo; chat a boolean plus top_logprobs.
+bool ReadLogprobs(const Json& j, bool chat, uint64_t prompt_len, CompletionRequest* out,
+                  HttpResponse* error) {
+  SamplingParams& s = out->sampling;
   if (chat) {
     bool logprobs = false;
-    if (!ReadBool(j, "logprobs", &logprobs, error)) return failed();
+    if (!ReadBool(j, "logprobs", &logprobs, error)) return false;
     uint64_t top = 0;
-    if (!ReadCount(j, "top_logprobs", 0, kMaxLogprobs, 0, &top, error)) return failed();
+    if (!ReadCount(j, "top_logprobs", 0, kMaxLogprobs, 0, &top, error)) return false;
     if (auto t = j.find("top_logprobs"); t != j.end() && !t->is_null() && !logprobs) {
-      return fail(BadParam("top_logprobs", "'top_logprobs' needs 'logprobs': true"));
+      return Refuse(error, BadParam("top_logprobs", "'top_logprobs' needs 'logprobs': true"));
     }
     s.logprobs = logprobs ? static_cast<int32_t>(top) : -1;
+    return true;
+  }
+  if (auto lp = j.find("logprobs"); lp != j.end() && !lp->is_null()) {
+    if (lp->is_boolean()) {
+      return Refuse(error, BadParam("logprobs", "'logprobs' must be an integer from 0 to " +
+                                                    std::to_string(kMaxLogprobs)));
+    }
+    uint64_t top = 0;
+    if (!ReadCount(j, "logprobs", 0, kMaxLogprobs, 0, &top, error)) return false;
+    s.logprobs = static_cast<int32_t>(top);
+  }
+  if (!ReadBool(j, "echo", &out->echo, error)) return false;
+  if (out->echo && s.logprobs >= 0) {
+    // The prompt's logprobs come back in one event: 4 bytes per token and 8 per alternative,
+    // under the worker channel's frame limit with room to spare.
+    const uint64_t per_token = 4 + 8 * static_cast<uint64_t>(s.logprobs);
+    const uint64_t most = kMaxPromptLogprobBytes / per_token;
+    if (prompt_len > most) {
+      return Refuse(error, BadParam("echo", "the prompt's " + std::to_string(prompt_len) +
+                                                " tokens are too many for their logprobs (at "
+                                                "most " +
+                                                std::to_string(most) + " with 'logprobs' " +
+                                                std::to_string(s.logprobs) + ")"));
+    }
+    s.prompt_logprobs = true;
+  }
+  if (!out->echo) {
+    for (PromptInput& p : out->prompts) p.text.clear();
+  }
+  return true;
+}
+
+// stop: a string or up to 16 strings of 1 to 256 bytes.
+bool ReadStopStrings(const Json& j, SamplingParams* s, HttpResponse* error) {
+  auto st = j.find("stop");
+  if (st == j.end() || st->is_null()) return true;
+  std::vector<std::string> stops;
+  if (st->is_string()) {
+    stops.push_back(st->get<std::string>());
+  } else if (st->is_array() &&
+             std::all_of(st->begin(), st->end(), [](const Json& x) { return x.is_string(); })) {
+    for (const Json& x : *st) stops.push_back(x.get<std::string>());
   } else {
-    if (auto lp = j.find("logprobs"); lp != j.end() && !lp->is_null()) {
-      if (lp->is_boolean()) {
-        return fail(BadParam(
-            "logprobs", "'logprobs' must be an integer from 0 to " + std::to_string(kMaxLogprobs)));
-      }
-      uint64_t top = 0;
-      if (!ReadCount(j, "logprobs", 0, kMaxLogprobs, 0, &top, error)) return failed();
-      s.logprobs = static_cast<int32_t>(top);
-    }
-    if (!ReadBool(j, "echo", &out.echo, error)) return failed();
-    if (out.echo && s.logprobs >= 0) {
-      // The prompt's logprobs come back in one event: 4 bytes per token and 8 per alternative,
-      // under the worker channel's frame limit with room to spare.
-      const uint64_t per_token = 4 + 8 * static_cast<uint64_t>(s.logprobs);
-      const uint64_t most = kMaxPromptLogprobBytes / per_token;
-      if (prompt_len > most) {
-        return fail(BadParam("echo", "the prompt's " + std::to_string(prompt_len) +
-                                         " tokens are too many for their logprobs (at most " +
-                                         std::to_string(most) + " with 'logprobs' " +
-                                         std::to_string(s.logprobs) + ")"));
-      }
-      s.prompt_logprobs = true;
-    }
-    if (!out.echo) {
-      for (PromptInput& p : out.prompts) p.text.clear();
+    return Refuse(error, BadParam("stop", "'stop' must be a string or an array of strings"));
+  }
+  if (stops.size() > 16)
+    return Refuse(error, BadParam("stop", "at most 16 stop strings are allowed"));
+  for (const auto& text : stops) {
+    if (text.empty() || text.size() > 256) {
+      return Refuse(error, BadParam("stop", "each stop string must have 1 to 256 bytes"));
     }
   }
-  // stop
-  if (auto st = j.find("stop"); st != j.end() && !st->is_null()) {
-    std::vector<std::string> stops;
-    if (st->is_string()) {
-      stops.push_back(st->get<std::string>());
-    } else if (st->is_array() &&
-               std::all_of(st->begin(), st->end(), [](const Json& x) { return x.is_string(); })) {
-      for (const Json& x : *st) stops.push_back(x.get<std::string>());
-    } else {
-      return fail(BadParam("stop", "'stop' must be a string or an array of strings"));
-    }
-    if (stops.size() > 16) return fail(BadParam("stop", "at most 16 stop strings are allowed"));
-    for (const auto& text : stops) {
-      if (text.empty() || text.size() > 256) {
-        return fail(BadParam("stop", "each stop string must have 1 to 256 bytes"));
-      }
-    }
-    s.stop = std::move(stops);
+  s->stop = std::move(stops);
+  return true;
+}
+
+// stream and stream_options.
+bool ReadStream(const Json& j, CompletionRequest* out, HttpResponse* error) {
+  if (!ReadBool(j, "stream", &out->stream, error)) return false;
+  auto so = j.find("stream_options");
+  if (so == j.end() || so->is_null()) return true;
+  if (!out->stream) {
+    return Refuse(error,
+                  BadParam("stream_options", "'stream_options' is only allowed with stream"));
   }
-  // stream, stream_options
-  if (!ReadBool(j, "stream", &out.stream, error)) return failed();
-  if (auto so = j.find("stream_options"); so != j.end() && !so->is_null()) {
-    if (!out.stream) {
-      return fail(BadParam("stream_options", "'stream_options' is only allowed with stream"));
-    }
-    if (!so->is_object()) {
-      return fail(BadParam("stream_options", "'stream_options' must be an object"));
-    }
-    if (auto u = so->find("include_usage"); u != so->end() && !u->is_null()) {
-      if (!u->is_boolean()) {
-        return fail(BadParam("stream_options", "'include_usage' must be a boolean"));
-      }
-      out.include_usage = u->get<bool>();
-    }
+  if (!so->is_object()) {
+    return Refuse(error, BadParam("stream_options", "'stream_options' must be an object"));
   }
+  if (auto u = so->find("include_usage"); u != so->end() && !u->is_null()) {
+    if (!u->is_boolean()) {
+      return Refuse(error, BadParam("stream_options", "'include_usage' must be a boolean"));
+    }
+    out->include_usage = u->get<bool>();
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<CompletionRequest> ParseRequest(const std::string& body, const CompletionsOptions& options,
+                                       const Tokenizer& tokenizer, RequestKind kind,
+                                       HttpResponse* error) {
+  const bool chat = kind == RequestKind::kChat;
+  const uint32_t vocab = static_cast<uint32_t>(tokenizer.vocab_size());
+  Json j;
+  CompletionRequest out;
+  out.kind = kind;
+  uint64_t prompt_len = 0;  // The longest prompt's: the context checks are its.
+  uint64_t max_new = 0;
+  const bool ok = ReadBody(body, &j, error) && ReadModel(j, options, /*required=*/true, error) &&
+                  (chat ? ReadChatPrompt(j, options, tokenizer, &out, error)
+                        : ReadTextPrompts(j, tokenizer, vocab, &out, error)) &&
+                  ReadMaxTokens(j, options, chat, &out, &prompt_len, &max_new, error) &&
+                  ReadSampling(j, vocab, &out.sampling, error) && ReadChoices(j, &out, error) &&
+                  ReadStopConditions(j, vocab, max_new, &out.sampling, error) &&
+                  ReadLogprobs(j, chat, prompt_len, &out, error) &&
+                  ReadStopStrings(j, &out.sampling, error) && ReadStream(j, &out, error);
+  if (!ok) return InvalidArgument(error->body);
   return out;
 }
 
