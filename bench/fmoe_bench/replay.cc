@@ -137,29 +137,13 @@ int RunPositionReplay(const ReplayOptions& o) {
       o.store_capacity, threads);
   std::fflush(stdout);
 
-  auto parallel = [threads](size_t count, auto&& fn) {
-    std::atomic<size_t> next{0};
-    std::vector<std::thread> pool;
-    for (uint32_t t = 0; t < threads; ++t) {
-      pool.emplace_back([&] {
-        for (size_t i; (i = next.fetch_add(1)) < count;) fn(i);
-      });
-    }
-    for (auto& t : pool) t.join();
-  };
   if (any_fmoe && offline) {
-    std::vector<uint32_t> ds;
-    for (auto& [d, s] : warm) ds.push_back(d);
-    std::vector<Result<MapStore>> stores(ds.size(), Internal("not built"));
-    parallel(ds.size(),
-             [&](size_t i) { stores[i] = WarmStore(requests, train, o.store_capacity, ds[i]); });
-    for (size_t i = 0; i < ds.size(); ++i) {
-      if (!stores[i].ok()) {
-        std::fprintf(stderr, "fmoe-bench replay: warming the store: %s\n",
-                     stores[i].status().message().c_str());
-        return 1;
-      }
-      warm[ds[i]] = std::make_unique<MapStore>(std::move(*stores[i]));
+    const Status built = BuildWarmStores(
+        threads, [&](uint32_t d) { return WarmStore(requests, train, o.store_capacity, d); },
+        &warm);
+    if (!built.ok()) {
+      std::fprintf(stderr, "fmoe-bench replay: %s\n", built.message().c_str());
+      return 1;
     }
   }
   for (auto& job : jobs) {
@@ -169,7 +153,7 @@ int RunPositionReplay(const ReplayOptions& o) {
   }
   std::mutex print_mu;
   std::atomic<size_t> finished{0};
-  parallel(jobs.size(), [&](size_t i) {
+  Parallel(threads, jobs.size(), [&](size_t i) {
     Job& job = *jobs[i];
     job.result = RunReplay(requests, train, test, job.config, job.warm);
     std::lock_guard<std::mutex> lock(print_mu);
@@ -519,6 +503,19 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
     }
     exit_code = o->model == "serving" ? RunServingReplay(*o) : RunPositionReplay(*o);
   });
+}
+
+Status BuildWarmStores(uint32_t threads, const std::function<Result<MapStore>(uint32_t)>& build,
+                       WarmStores* warm) {
+  std::vector<uint32_t> ds;
+  for (auto& [d, s] : *warm) ds.push_back(d);
+  std::vector<Result<MapStore>> stores(ds.size(), Internal("not built"));
+  Parallel(threads, ds.size(), [&](size_t i) { stores[i] = build(ds[i]); });
+  for (size_t i = 0; i < ds.size(); ++i) {
+    if (!stores[i].ok()) return stores[i].status().WithContext("warming the store");
+    (*warm)[ds[i]] = std::make_unique<MapStore>(std::move(*stores[i]));
+  }
+  return Status::Ok();
 }
 
 }  // namespace fmoe::bench

@@ -4,14 +4,21 @@
 // first replay did; kept to compare with the fMoE paper's figures). replay.cc maps the flags.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/fmoe_bench/replay_hybrid.h"
 #include "bench/fmoe_bench/replay_time.h"
 #include "common/model/expert_trace.h"
 #include "common/policy_names.h"
+#include "common/status.h"
+#include "map_service/map_store.h"
 
 namespace fmoe::bench {
 
@@ -56,5 +63,27 @@ std::vector<std::string> RunnablePolicies(const Trace& trace, const std::vector<
 
 int RunServingReplay(const ReplayOptions& options);   // replay_serving.cc
 int RunPositionReplay(const ReplayOptions& options);  // replay.cc
+
+// What both replays share to run their jobs.
+
+// Runs fn(0) .. fn(count - 1) on `threads` threads.
+template <class Fn>
+void Parallel(uint32_t threads, size_t count, Fn&& fn) {
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (uint32_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (size_t i; (i = next.fetch_add(1)) < count;) fn(i);
+    });
+  }
+  for (auto& t : pool) t.join();
+}
+
+// Fills every entry of `warm` (a warm store per prefetch distance, for the offline runs of the
+// map-service policies) with build(distance), the distances in parallel; the first failure,
+// with "warming the store: " before it. replay.cc.
+using WarmStores = std::map<uint32_t, std::unique_ptr<MapStore>>;
+Status BuildWarmStores(uint32_t threads, const std::function<Result<MapStore>(uint32_t)>& build,
+                       WarmStores* warm);
 
 }  // namespace fmoe::bench

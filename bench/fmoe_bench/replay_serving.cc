@@ -45,18 +45,6 @@ std::string Fixed(double v, int digits) {
 
 std::string ModeName(const ServeConfig& c) { return c.online ? "online" : "offline"; }
 
-template <class Fn>
-void Parallel(uint32_t threads, size_t count, Fn&& fn) {
-  std::atomic<size_t> next{0};
-  std::vector<std::thread> pool;
-  for (uint32_t t = 0; t < threads; ++t) {
-    pool.emplace_back([&] {
-      for (size_t i; (i = next.fetch_add(1)) < count;) fn(i);
-    });
-  }
-  for (auto& t : pool) t.join();
-}
-
 }  // namespace
 
 int RunServingReplay(const ReplayOptions& o) {
@@ -204,21 +192,12 @@ int RunServingReplay(const ReplayOptions& o) {
       }
     }
   }
-  {
-    std::vector<uint32_t> ds;
-    for (auto& [d, s] : warm) ds.push_back(d);
-    std::vector<Result<MapStore>> stores(ds.size(), Internal("not built"));
-    Parallel(threads, ds.size(), [&](size_t i) {
-      stores[i] = WarmServeStore(*workload, train, o.store_capacity, ds[i]);
-    });
-    for (size_t i = 0; i < ds.size(); ++i) {
-      if (!stores[i].ok()) {
-        std::fprintf(stderr, "fmoe-bench replay: warming the store: %s\n",
-                     stores[i].status().message().c_str());
-        return 1;
-      }
-      warm[ds[i]] = std::make_unique<MapStore>(std::move(*stores[i]));
-    }
+  const Status built = BuildWarmStores(
+      threads, [&](uint32_t d) { return WarmServeStore(*workload, train, o.store_capacity, d); },
+      &warm);
+  if (!built.ok()) {
+    std::fprintf(stderr, "fmoe-bench replay: %s\n", built.message().c_str());
+    return 1;
   }
   for (auto& job : jobs) {
     if (UsesMapService(job->config.policy) && !job->config.online) {
