@@ -1,5 +1,5 @@
-// One layer's attention over a long prompt's prefill (gpu_worker/blocks.h Attention) on the CPU:
-// the wall time and the peak resident memory it adds, with the queries in blocks under a score
+// One layer's attention over a long prompt's prefill (gpu_worker/model/blocks.h Attention) on the
+// CPU: the wall time and the peak resident memory it adds, with the queries in blocks under a score
 // budget (RuntimeOptions::attention_score_budget) or in one block. Random weights and
 // activations, grouped-query shapes (default Mixtral's: 32 heads, 8 KV heads, head_dim 128,
 // hidden 4096), float32. One prefill per process, so the peak (VmHWM) is the call's:
@@ -19,7 +19,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/model/model_config.h"
-#include "gpu_worker/blocks.h"
+#include "gpu_worker/model/blocks.h"
 
 namespace {
 

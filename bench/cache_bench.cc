@@ -32,8 +32,8 @@
 #include "bench/bench_prompts.h"
 #include "common/log.h"
 #include "common/policy_names.h"
-#include "gpu_worker/blocks.h"
-#include "gpu_worker/model.h"
+#include "gpu_worker/model/blocks.h"
+#include "gpu_worker/model/model.h"
 #include "gpu_worker/rank.h"
 
 namespace {

@@ -1,6 +1,6 @@
 // The CPU expert kernel against host memory bandwidth: one Mixtral-shaped routed
 // expert (hidden 4096, intermediate 14336: 352 MB in bfloat16, 704 MB in float32) for 1, 4 and 32
-// tokens, computed by CpuSwiGlu (gpu_worker/cpu_expert.h) and by plain LibTorch matmuls
+// tokens, computed by CpuSwiGlu (gpu_worker/experts/cpu_expert.h) and by plain LibTorch matmuls
 // (at::linear), in float32 and bfloat16. Before the benchmarks the program measures the machine's
 // read bandwidth with its intra-op threads (a streaming integer sum over 512 MiB, far beyond the
 // last-level cache; the best of 5 passes); each case reports the weight bytes it streams per
@@ -20,8 +20,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "gpu_worker/blocks.h"
-#include "gpu_worker/cpu_expert.h"
+#include "gpu_worker/experts/cpu_expert.h"
+#include "gpu_worker/model/blocks.h"
 
 namespace {
 

@@ -33,7 +33,7 @@
 
 #include "bench/bench_prompts.h"
 #include "common/log.h"
-#include "gpu_worker/expert_group.h"
+#include "gpu_worker/group/expert_group.h"
 #include "gpu_worker/rank.h"
 
 namespace {

@@ -22,7 +22,7 @@
 #include <cuda_runtime.h>
 #endif
 
-#include "gpu_worker/transfer_engine.h"
+#include "gpu_worker/cache/transfer/transfer_engine.h"
 
 namespace fmoe {
 namespace {

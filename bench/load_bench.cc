@@ -24,7 +24,7 @@
 #include "common/log.h"
 #include "common/model/checkpoint.h"
 #include "common/model/safetensors.h"
-#include "gpu_worker/tensor_loader.h"
+#include "gpu_worker/model/tensor_loader.h"
 
 namespace {
 

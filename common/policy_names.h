@@ -1,7 +1,7 @@
 // The expert cache policies by name (DESIGN section 6): one table for the manifest's validation
-// (common/manifest.h), the policy factory (gpu_worker/cache_policy.h MakePolicy, which builds
-// every name here), the benchmarks' option checks and every help text that lists policies.
-// Header only, Torch-free, no state.
+// (common/manifest.h), the policy factory (gpu_worker/cache/policies/policy_factory.h MakePolicy,
+// which builds every name here), the benchmarks' option checks and every help text that lists
+// policies. Header only, Torch-free, no state.
 #pragma once
 
 #include <algorithm>

@@ -2,11 +2,11 @@
 // (gpu_worker/rank.h: the device, the model's dense weights and the routed experts this rank owns,
 // the expert cache, the group's c10d join, the engine on the leader or the follower elsewhere),
 // registers with the map service (and, as leader, with the router), reports readiness and serves
-// until SIGINT/SIGTERM. Threads: main (control plane, gpu_worker/worker.h), compute
+// until SIGINT/SIGTERM. Threads: main (control plane, gpu_worker/control/worker.h), compute
 // (Rank::RunCompute), signal waiter. Exit 2: a bad argument; 1: the rank could not be assembled;
 // 3: the group broke or could not be joined (a rank left, a collective timed out); the launcher
 // restarts every rank of the group. With --record-trace the leader writes the expert routing
-// trace (gpu_worker/trace_recorder.h) and closes it on the way out.
+// trace (gpu_worker/observe/trace_recorder.h) and closes it on the way out.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -21,9 +21,9 @@
 #include "common/process_util.h"
 #include "common/service_setup.h"
 #include "common/wire/curve_key.h"
-#include "gpu_worker/load_reporter.h"
+#include "gpu_worker/control/load_reporter.h"
+#include "gpu_worker/control/worker.h"
 #include "gpu_worker/rank.h"
-#include "gpu_worker/worker.h"
 
 namespace {
 

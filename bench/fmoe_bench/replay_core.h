@@ -1,5 +1,5 @@
 // The policy replay (DESIGN section 11): runs a recorded trace through the real expert cache
-// (gpu_worker/expert_cache.h) with a policy, over a simulated link (sim_link.h), with the map
+// (gpu_worker/cache/expert_cache.h) with a policy, over a simulated link (sim_link.h), with the map
 // store and matcher the map service runs (map_service/) for the fmoe policies. One request at a
 // time, in trace order; each layer computes for `layer_ns`, each expert load occupies the link
 // for `load_ns`, and a layer starts when every expert it needs is resident (a prefetch still on

@@ -9,9 +9,9 @@
 
 #include "bench/fmoe_bench/sim_link.h"
 #include "common/clock.h"
-#include "gpu_worker/cache_policy.h"
-#include "gpu_worker/expert_cache.h"
-#include "gpu_worker/policy_factory.h"
+#include "gpu_worker/cache/expert_cache.h"
+#include "gpu_worker/cache/policies/cache_policy.h"
+#include "gpu_worker/cache/policies/policy_factory.h"
 #include "map_service/map_matcher.h"
 
 namespace fmoe::bench {

@@ -1,6 +1,6 @@
 // The serving replay (DESIGN section 11): a ServeWorkload (replay_workload.h) run as the worker's
 // engine runs requests, batched continuously, through the real expert cache
-// (gpu_worker/expert_cache.h) and policy over the simulated link (sim_link.h), with the map
+// (gpu_worker/cache/expert_cache.h) and policy over the simulated link (sim_link.h), with the map
 // service's store and matcher for the fmoe policies, in simulated time (replay_time.h). Each MoE
 // layer needs the union of the batch's experts and computes for the time model's time at the
 // iteration's tokens once every expert it needs is resident. Cache figures are kept apart for
@@ -20,7 +20,7 @@
 
 namespace fmoe::bench {
 
-// Which requests run in each iteration, as gpu_worker/engine.h batches: at each iteration
+// Which requests run in each iteration, as gpu_worker/engine/engine.h batches: at each iteration
 // boundary the requests that have arrived join, oldest first, up to max_batch; an iteration runs
 // every running request's next step (the prefill of a request that just joined, a decode token
 // for the others); a request leaves after its last step. Requests are indices 0..n-1 with their

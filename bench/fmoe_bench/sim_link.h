@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "gpu_worker/transfer_engine.h"
+#include "gpu_worker/cache/transfer/transfer_engine.h"
 
 namespace fmoe::bench {
 

@@ -2,8 +2,8 @@
 // cache (PredictedUsePolicy in cache_policy.cc): eviction by expected next use from the running
 // requests' expert frequencies and the map service's directives, with prefills and batches
 // counted as what they are.
-#include "gpu_worker/cache_policy.h"
-#include "gpu_worker/policy_factory.h"
+#include "gpu_worker/cache/policies/cache_policy.h"
+#include "gpu_worker/cache/policies/policy_factory.h"
 
 #include <algorithm>
 #include <utility>

@@ -3,7 +3,7 @@
 // generates exactly the greedy tokens the all-resident run on cuda:0 generates, for the shipped
 // tiny model and the mixtral fixture, in float32 and bfloat16; the cache's invariants hold after
 // every step. Label gpu: without a usable GPU every test says "skipped: no GPU" (ctest: Skipped).
-#include "gpu_worker/cached_experts.h"
+#include "gpu_worker/experts/cached_experts.h"
 
 #include <algorithm>
 #include <functional>
@@ -19,8 +19,8 @@
 #include "common/model/model_config.h"
 #include "common/policy_names.h"
 #include "common/text/tokenizer.h"
-#include "gpu_worker/engine.h"
-#include "gpu_worker/model.h"
+#include "gpu_worker/engine/engine.h"
+#include "gpu_worker/model/model.h"
 #include "gpu_worker/rank.h"
 #include "tests/gpu_worker/gpu_skip.h"
 #include "tests/testing/fake_map_service.h"

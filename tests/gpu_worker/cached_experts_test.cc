@@ -2,7 +2,7 @@
 // to 100% of the experts, over the emulated link, generates exactly the tokens the all-resident
 // run generates for the same prompts, batch and seeds; the budget holds and the cache's
 // invariants hold after every iteration.
-#include "gpu_worker/cached_experts.h"
+#include "gpu_worker/experts/cached_experts.h"
 
 #include <algorithm>
 #include <functional>
@@ -16,8 +16,8 @@
 
 #include "common/model/model_config.h"
 #include "common/text/tokenizer.h"
-#include "gpu_worker/engine.h"
-#include "gpu_worker/model.h"
+#include "gpu_worker/engine/engine.h"
+#include "gpu_worker/model/model.h"
 #include "tests/testing/fake_map_service.h"
 #include "tests/testing/model_fixture.h"
 

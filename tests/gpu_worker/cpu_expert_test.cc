@@ -1,10 +1,10 @@
-#include "gpu_worker/cpu_expert.h"
+#include "gpu_worker/experts/cpu_expert.h"
 
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
-#include "gpu_worker/blocks.h"
+#include "gpu_worker/model/blocks.h"
 
 namespace fmoe {
 namespace {

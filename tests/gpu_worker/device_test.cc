@@ -1,6 +1,7 @@
-// cuda:N as a rank resolves it (gpu_worker/device.h), and LibTorch computing there. Label gpu: on
-// a machine without a usable GPU every test says "skipped: no GPU" and why (ctest: Skipped).
-#include "gpu_worker/device.h"
+// cuda:N as a rank resolves it (gpu_worker/model/device.h), and LibTorch computing there. Label
+// gpu: on a machine without a usable GPU every test says "skipped: no GPU" and why (ctest:
+// Skipped).
+#include "gpu_worker/model/device.h"
 
 #include <string>
 

@@ -1,6 +1,6 @@
 // The engine loop over the reference checkpoint (tests/fixtures/mixtral-ref): continuous
 // batching, batch invariance of tokens, cancellation, stop conditions and bad requests.
-#include "gpu_worker/engine.h"
+#include "gpu_worker/engine/engine.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,8 +16,8 @@
 
 #include "common/model/model_config.h"
 #include "common/text/tokenizer.h"
-#include "gpu_worker/expert_source.h"
-#include "gpu_worker/model.h"
+#include "gpu_worker/experts/expert_source.h"
+#include "gpu_worker/model/model.h"
 #include "tests/testing/model_fixture.h"
 
 namespace fmoe {

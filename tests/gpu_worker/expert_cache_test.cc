@@ -1,8 +1,8 @@
 // The expert cache's state machine against a scripted link: budget and invariants under random
 // sequences, on-demand precedence, stale and foreign directives, eviction order, and the bytes
 // every handed-out slot holds.
-#include "gpu_worker/expert_cache.h"
-#include "gpu_worker/policy_factory.h"
+#include "gpu_worker/cache/expert_cache.h"
+#include "gpu_worker/cache/policies/policy_factory.h"
 
 #include <gtest/gtest.h>
 

@@ -13,10 +13,10 @@
 
 #include "common/model/model_config.h"
 #include "common/text/tokenizer.h"
-#include "gpu_worker/cached_experts.h"
-#include "gpu_worker/engine.h"
-#include "gpu_worker/expert_group.h"
-#include "gpu_worker/model.h"
+#include "gpu_worker/engine/engine.h"
+#include "gpu_worker/experts/cached_experts.h"
+#include "gpu_worker/group/expert_group.h"
+#include "gpu_worker/model/model.h"
 #include "tests/gpu_worker/gpu_skip.h"
 #include "tests/testing/model_fixture.h"
 

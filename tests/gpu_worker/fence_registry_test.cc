@@ -1,4 +1,4 @@
-#include "gpu_worker/fence_registry.h"
+#include "gpu_worker/cache/transfer/fence_registry.h"
 
 #include <algorithm>
 #include <vector>

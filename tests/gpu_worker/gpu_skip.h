@@ -8,7 +8,7 @@
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 
-#include "gpu_worker/cuda_util.h"
+#include "gpu_worker/model/cuda_util.h"
 
 namespace fmoe {
 

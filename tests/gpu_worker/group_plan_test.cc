@@ -1,6 +1,6 @@
 // The leader's iteration plan: round trips, and every malformed or over-limit plan a rank could
 // receive is refused with a message naming what is wrong (never a crash, never a partial plan).
-#include "gpu_worker/group_plan.h"
+#include "gpu_worker/core/group_plan.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "gpu_worker/hybrid_split.h"
+#include "gpu_worker/cache/hybrid_split.h"
 
 #include <gtest/gtest.h>
 

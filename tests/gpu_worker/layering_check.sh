@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# The layers of gpu_worker/, by library (gpu_worker/CMakeLists.txt, gpu_worker/README.md):
-#   vocabulary  sequence.h, forward_observer.h, request_executor.h: include only each other
-#   fmoe_cache  the expert cache, its policies and the links (Torch-free): the vocabulary and
-#               itself, nothing of the control plane or the runtime
-#   fmoe_worker_control  the rank's control plane, sampling, the group plan, the trace recorder
-#               (Torch-free): the vocabulary and itself, nothing of the cache or the runtime
-#   fmoe_runtime and the programs: anything below.
-# Nothing in gpu_worker/ includes the router, the map service, the launcher, tools, bench or
-# tests. Prints every include that breaks this and fails if there is one.
+# The rooms of gpu_worker/, one library per folder (gpu_worker/README.md, "Rooms"), and what each
+# may include of the others: a room includes only itself and the rooms below it.
+#   core            sequence.h, request_executor.h, group_plan: includes nothing of gpu_worker/
+#   observe         the observer interface, map publisher, trace recorder: core
+#   sampling        logits processing and draws: core
+#   cache/transfer  the links: nothing of gpu_worker/
+#   cache/policies  the policies and their factory: core
+#   cache           the expert cache manager: core, cache/policies, cache/transfer
+#   control         the control plane: core
+#   group           the c10d group: core
+#   experts         the expert sources: core and the cache's rooms
+#   model           the model runtime: core, observe, sampling, group, experts
+#   engine          the leader's engine and the follower: model and everything below it
+#   (gpu_worker/)   the rank and the programs: any room
+# A file in a folder missing from this table fails the check (a new room is added here). Nothing
+# in gpu_worker/ includes the router, the map service, the launcher, tools, bench or tests.
+# Prints every include that breaks this and fails if there is one.
 # Usage: layering_check.sh [ROOT]      (ROOT: the source tree; default: this checkout)
-#        layering_check.sh --self-test  (plants a bad include in a copy: the check must fail)
+#        layering_check.sh --self-test  (plants bad includes in a copy: each must fail the check)
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 if [ "${1:-}" = "--self-test" ]; then
@@ -17,10 +25,16 @@ if [ "${1:-}" = "--self-test" ]; then
   trap 'rm -rf "$tmp"' EXIT
   cp -r "$here/../../gpu_worker" "$tmp/gpu_worker"
   "$0" "$tmp" >/dev/null 2>&1 || { echo "self-test: the clean copy fails" >&2; exit 1; }
-  for plant in 'cache_policy.h:gpu_worker/model.h' 'sampler.cc:gpu_worker/expert_cache.h' \
-               'sequence.h:gpu_worker/worker.h' 'engine.cc:router/api.h'; do
+  for plant in 'cache/policies/cache_policy.h:gpu_worker/model/model.h' \
+               'sampling/sampler.cc:gpu_worker/cache/expert_cache.h' \
+               'core/sequence.h:gpu_worker/control/worker.h' \
+               'model/model.cc:gpu_worker/engine/engine.h' \
+               'cache/expert_cache.h:gpu_worker/experts/expert_source.h' \
+               'engine/engine.cc:router/api.h' \
+               'unknown/new_file.h:common/status.h'; do
     rm -rf "$tmp/gpu_worker" && cp -r "$here/../../gpu_worker" "$tmp/gpu_worker"
     file="${plant%%:*}" header="${plant#*:}"
+    mkdir -p "$(dirname "$tmp/gpu_worker/$file")"
     echo "#include \"$header\"" >> "$tmp/gpu_worker/$file"
     if "$0" "$tmp" >/dev/null 2>&1; then
       echo "self-test: a planted include of $header in $file was not caught" >&2
@@ -31,47 +45,49 @@ if [ "${1:-}" = "--self-test" ]; then
   exit 0
 fi
 root="${1:-$(cd "$here/../.." && pwd)}"
-cd "$root" || exit 2
-vocabulary='sequence|forward_observer|request_executor'
-cache='expert_cache|hybrid_split|cache_policy|moe_infinity_policy|policy_factory|transfer_engine|transfer_queue|fence_registry'
-control='worker|sampler|group_plan|trace_recorder|load_reporter'
+cd "$root/gpu_worker" || exit 2
+declare -A allowed=(
+  [core]=''
+  [observe]='core'
+  [sampling]='core'
+  [cache/transfer]=''
+  [cache/policies]='core'
+  [cache]='core cache/policies cache/transfer'
+  [control]='core'
+  [group]='core'
+  [experts]='core cache cache/policies cache/transfer'
+  [model]='core observe sampling group experts cache cache/policies cache/transfer'
+  [engine]='core observe sampling group experts cache cache/policies cache/transfer model'
+)
 bad=0
-# check_files ALLOWED FILES...: every gpu_worker include of FILES names an allowed header.
-check_files() {
-  local allowed="$1"
-  shift
-  local f line
-  for f in "$@"; do
-    [ -f "$f" ] || continue
-    while IFS= read -r line; do
-      if ! [[ "$line" =~ \"gpu_worker/($allowed)\.h\" ]]; then
-        echo "$f: $line"
+while IFS= read -r -d '' f; do
+  f="${f#./}"
+  room="$(dirname "$f")"
+  if [ "$room" = . ]; then
+    rooms_ok='*'
+  elif [ -n "${allowed[$room]+set}" ]; then
+    rooms_ok=" $room ${allowed[$room]} "
+  else
+    echo "gpu_worker/$f: in folder $room/, which is not a room of tests/gpu_worker/layering_check.sh"
+    bad=1
+    continue
+  fi
+  while IFS= read -r line; do
+    if [[ "$line" =~ \"(router|map_service|services|tools|bench|tests)/ ]]; then
+      echo "gpu_worker/$f: $line (another process's or the tests' code)"
+      bad=1
+    elif [[ "$line" =~ \"gpu_worker/(.+)\" ]]; then
+      target="${BASH_REMATCH[1]}"
+      target_room="$(dirname "$target")"
+      if [ "$rooms_ok" != '*' ] && [[ "$rooms_ok" != *" $target_room "* ]]; then
+        echo "gpu_worker/$f: $line (room $room/ may include only: ${rooms_ok# })"
         bad=1
       fi
-    done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"gpu_worker/' "$f")
-  done
-}
-files_of() {  # files_of NAMES-REGEX: the .h/.cc/.cu files of gpu_worker/ with those base names.
-  local f base
-  for f in gpu_worker/*.h gpu_worker/*.cc gpu_worker/*.cu; do
-    base="$(basename "$f")"
-    base="${base%.*}"
-    [[ "$base" =~ ^($1)$ ]] && echo "$f"
-  done
-}
-shopt -s nullglob
-mapfile -t vocab_files < <(files_of "$vocabulary")
-mapfile -t cache_files < <(files_of "$cache|transfer_engine_cuda|transfer_engine_cuda_none|emulated_link")
-mapfile -t control_files < <(files_of "$control")
-check_files "$vocabulary" "${vocab_files[@]}"
-check_files "$vocabulary|$cache" "${cache_files[@]}"
-check_files "$vocabulary|$control" "${control_files[@]}"
-if grep -HnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"(router|map_service|services|tools|bench|tests)/' \
-  gpu_worker/*.h gpu_worker/*.cc gpu_worker/*.cu; then
-  bad=1
-fi
+    fi
+  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$f")
+done < <(find . -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \) -print0)
 if ((bad)); then
-  echo "layering_check: the includes above cross the layers of gpu_worker/ (see gpu_worker/README.md)" >&2
+  echo "layering_check: the includes above cross the rooms of gpu_worker/ (see gpu_worker/README.md)" >&2
   exit 1
 fi
-echo "layering_check: gpu_worker/ layers clean"
+echo "layering_check: gpu_worker/ rooms clean"

@@ -2,7 +2,7 @@
 // (tests/fixtures/<family>-ref, made by tests/fixtures/gen_moe_reference.py): prefill logits,
 // router probabilities and top-k, greedy continuations, tokenizer ids; batch invariance; a
 // LibTorch error as a Status; and bad checkpoints.
-#include "gpu_worker/model.h"
+#include "gpu_worker/model/model.h"
 
 #include <unistd.h>
 
@@ -23,8 +23,8 @@
 #include "common/model/safetensors.h"
 #include "common/text/chat_template.h"
 #include "common/text/tokenizer.h"
-#include "gpu_worker/blocks.h"
-#include "gpu_worker/expert_source.h"
+#include "gpu_worker/experts/expert_source.h"
+#include "gpu_worker/model/blocks.h"
 
 namespace fmoe {
 namespace {

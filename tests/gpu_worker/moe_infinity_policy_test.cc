@@ -1,4 +1,4 @@
-#include "gpu_worker/moe_infinity_policy.h"
+#include "gpu_worker/cache/policies/moe_infinity_policy.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "gpu_worker/sampler.h"
+#include "gpu_worker/sampling/sampler.h"
 
 #include <cmath>
 #include <limits>

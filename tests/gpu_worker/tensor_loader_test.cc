@@ -3,7 +3,7 @@
 // compute dtype), bit for bit, through tensors that span several chunks, an unaligned tensor and
 // empty and scalar ones; the mapped pages are released once read; other dtypes and shapes are
 // refused naming the file and the tensor.
-#include "gpu_worker/tensor_loader.h"
+#include "gpu_worker/model/tensor_loader.h"
 
 #include <unistd.h>
 

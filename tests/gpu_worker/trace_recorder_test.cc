@@ -2,7 +2,7 @@
 // make them: the records ReadTrace gets back (routing, explicit maps, sem, each request's own
 // speculation, `last`), the one-iteration lag, requests that end by cancel, by a failed Forward
 // or by the worker stopping, invalid iterations, the file's fate at open; and ObserverFanOut.
-#include "gpu_worker/trace_recorder.h"
+#include "gpu_worker/observe/trace_recorder.h"
 
 #include <unistd.h>
 

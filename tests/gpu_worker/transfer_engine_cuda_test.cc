@@ -1,9 +1,10 @@
-// The CUDA transfer engine (gpu_worker/transfer_engine_cuda.cu) on cuda:0, against the contract
-// transfer_engine_test.cc checks on the emulated link: copies land byte-exact in device memory and
-// on-demand tasks finish in submission order; a task cancelled while queued is reported cancelled,
-// never lands, and the tasks after it still do; a copy naming a compute fence writes only after the
-// work queued on the legacy default stream before the fence; many tasks in flight all land.
-// Torch-free. Label gpu: without a usable GPU every test says "skipped: no GPU" (ctest: Skipped).
+// The CUDA transfer engine (gpu_worker/cache/transfer/transfer_engine_cuda.cu) on cuda:0, against
+// the contract transfer_engine_test.cc checks on the emulated link: copies land byte-exact in
+// device memory and on-demand tasks finish in submission order; a task cancelled while queued is
+// reported cancelled, never lands, and the tasks after it still do; a copy naming a compute fence
+// writes only after the work queued on the legacy default stream before the fence; many tasks in
+// flight all land. Torch-free. Label gpu: without a usable GPU every test says "skipped: no GPU"
+// (ctest: Skipped).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,7 +18,7 @@
 
 #include <gtest/gtest.h>
 
-#include "gpu_worker/transfer_engine.h"
+#include "gpu_worker/cache/transfer/transfer_engine.h"
 #include "tests/gpu_worker/transfer_waits.h"
 
 namespace fmoe {

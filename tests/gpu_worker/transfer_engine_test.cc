@@ -1,4 +1,4 @@
-#include "gpu_worker/transfer_engine.h"
+#include "gpu_worker/cache/transfer/transfer_engine.h"
 
 #include <chrono>
 #include <cmath>

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "gpu_worker/transfer_engine.h"
+#include "gpu_worker/cache/transfer/transfer_engine.h"
 
 namespace fmoe::testing {
 

@@ -30,8 +30,8 @@
 #include "common/clock.h"
 #include "common/model/model_config.h"
 #include "common/wire/wire.h"
-#include "gpu_worker/load_reporter.h"
-#include "gpu_worker/worker.h"
+#include "gpu_worker/control/load_reporter.h"
+#include "gpu_worker/control/worker.h"
 #include "router/api.h"
 #include "tests/router/link_fixture.h"
 

@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
-#include "gpu_worker/cached_experts.h"
-#include "gpu_worker/forward_observer.h"
+#include "gpu_worker/experts/cached_experts.h"
+#include "gpu_worker/observe/forward_observer.h"
 
 namespace fmoe::testing {
 

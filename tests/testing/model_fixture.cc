@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "gpu_worker/engine.h"
+#include "gpu_worker/engine/engine.h"
 
 namespace fmoe::testing {
 

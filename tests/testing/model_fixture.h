@@ -13,9 +13,9 @@
 #include "common/model/model_config.h"
 #include "common/text/tokenizer.h"
 #include "common/wire/messages.h"
-#include "gpu_worker/expert_source.h"
-#include "gpu_worker/forward_observer.h"
-#include "gpu_worker/model.h"
+#include "gpu_worker/experts/expert_source.h"
+#include "gpu_worker/model/model.h"
+#include "gpu_worker/observe/forward_observer.h"
 
 namespace fmoe::testing {
 

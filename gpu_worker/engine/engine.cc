@@ -1,0 +1,467 @@
+#include "gpu_worker/engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <optional>
+#include <string>
+
+#include "common/clock.h"
+#include "common/log.h"
+
+namespace fmoe {
+
+struct Engine::Sequence {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> output;
+  SamplingParams sampling;
+  Sampler sampler;
+  std::unique_ptr<KvCache> kv;
+  uint32_t iteration = 0;
+  int64_t submitted_us = 0;
+  int64_t admitted_us = -1;
+  int64_t last_event_us = -1;
+  std::unique_ptr<TextStream> text;    // Only with stop strings.
+  std::unique_ptr<StopMatcher> stops;  // Only with stop strings.
+  bool cancelled = false;
+  bool finished = false;
+  // Handed to a Forward: the observer and the expert source may hold state for it from then on
+  // (even when that Forward failed), which Retire ends.
+  bool forwarded = false;
+  // The prompt's logprobs (sampling.prompt_logprobs), from the prefill until the first event
+  // carries them.
+  std::optional<PromptLogprobs> prompt_logprobs;
+  RequestUsage group_usage;  // The group's figures for this request (with a group).
+
+  Sequence(Generate& request, std::span<const int32_t> eos_ids)
+      : id(request.request_id),
+        prompt(std::move(request.token_ids)),
+        sampling(request.sampling),
+        sampler(sampling, prompt, eos_ids) {}
+};
+
+namespace {
+
+// What an exception says, for an error event.
+std::string What(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+Engine::Engine(EngineOptions options, MoeModel& model, ExpertSource& experts,
+               const Tokenizer* tokenizer, ForwardObserver* observer, EventSink sink)
+    : options_(std::move(options)),
+      model_(model),
+      experts_(experts),
+      tokenizer_(tokenizer),
+      observer_(observer),
+      sink_(std::move(sink)) {}
+
+Engine::~Engine() = default;
+
+void Engine::Submit(Generate request) {
+  active_.fetch_add(1, std::memory_order_relaxed);
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_.push_back({Command{false, std::move(request)}, SteadyNowUs()});
+  } catch (...) {  // Not queued (std::bad_alloc): the caller answers the request.
+    active_.fetch_sub(1, std::memory_order_relaxed);
+    throw;
+  }
+  cv_.notify_one();
+}
+
+void Engine::Cancel(uint64_t request_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Command c;
+    c.cancel = true;
+    c.request.request_id = request_id;
+    inbox_.push_back({std::move(c), SteadyNowUs()});
+  }
+  cv_.notify_one();
+}
+
+void Engine::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_one();
+}
+
+void Engine::WaitForWork(int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+               [this] { return !inbox_.empty() || woken_; });
+  woken_ = false;
+}
+
+void Engine::Run(const std::function<bool()>& stop) {
+  last_plan_us_ = SteadyNowUs();
+  while (!stop() && !group_failed_) {
+    bool worked = false;
+    try {
+      worked = Step();
+    } catch (...) {
+      // Step converts what it expects to throw (Forward, sampling, KV allocation); anything else
+      // ends the running requests, and the engine serves on.
+      StepThrew(std::current_exception());
+      continue;
+    }
+    if (worked) continue;
+    if (grouped() && SteadyNowUs() - last_plan_us_ >= int64_t{options_.keepalive_ms} * 1000) {
+      SendPlan(PlanKind::kIdle, {});
+      continue;
+    }
+    WaitForWork(std::min(50, options_.keepalive_ms));
+  }
+  if (grouped() && !group_failed_) SendPlan(PlanKind::kStop, {});
+}
+
+std::string Engine::RunningIds() const {
+  std::string ids;
+  for (const auto& seq : running_) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(seq->id);
+  }
+  return ids.empty() ? "none" : ids;
+}
+
+void Engine::StepThrew(const std::exception_ptr& error) {
+  const std::string what = "the engine's iteration threw: " + What(error);
+  spdlog::error("{}; failing the running requests req={}", what, RunningIds());
+  if (grouped()) {
+    // The other ranks may be anywhere in this iteration: the group cannot go on.
+    GroupFailed(Internal(what));
+    return;
+  }
+  for (auto& seq : running_) {
+    try {
+      Finish(*seq, FinishReason::kError, what);
+    } catch (...) {
+      spdlog::error("req={}: the error event could not be sent: {}", seq->id,
+                    What(std::current_exception()));
+    }
+  }
+  running_.clear();
+}
+
+ExpertFigures Engine::group_figures() const {
+  if (!grouped()) return options_.local_figures ? options_.local_figures() : ExpertFigures{};
+  std::lock_guard<std::mutex> lock(figures_mu_);
+  return group_figures_;
+}
+
+bool Engine::SendPlan(PlanKind kind, std::span<const SequenceInput> inputs) {
+  IterationPlan plan;
+  plan.kind = kind;
+  plan.step = plan_step_++;
+  plan.ended.swap(ended_);
+  for (const SequenceInput& in : inputs) {
+    plan.sequences.push_back({in.request_id, in.iteration, {in.tokens.begin(), in.tokens.end()}});
+  }
+  std::vector<uint8_t> bytes = EncodePlan(plan);
+  last_plan_us_ = SteadyNowUs();
+  if (Status s = options_.group->Broadcast(&bytes); !s.ok()) {
+    GroupFailed(s);
+    return false;
+  }
+  return true;
+}
+
+bool Engine::SumFigures() {
+  std::vector<RequestUsage> usage;
+  for (const auto& seq : running_) usage.push_back(experts_.Usage(seq->id));
+  std::vector<int64_t> counters =
+      PackFigures(usage, options_.local_figures ? options_.local_figures() : ExpertFigures{});
+  if (Status s = options_.group->SumCounters(counters); !s.ok()) {
+    GroupFailed(s);
+    return false;
+  }
+  ExpertFigures totals;
+  UnpackFigures(counters, usage, &totals);
+  for (size_t i = 0; i < running_.size(); ++i) running_[i]->group_usage = usage[i];
+  std::lock_guard<std::mutex> lock(figures_mu_);
+  group_figures_ = totals;
+  return true;
+}
+
+void Engine::GroupFailed(const Status& why) {
+  if (group_failed_.exchange(true)) return;
+  spdlog::error("{}; {} running and {} waiting requests are left to the router", why.message(),
+                running_.size(), waiting_.size());
+  if (options_.on_group_failure) options_.on_group_failure(why);
+}
+
+void Engine::DrainInbox() {
+  std::deque<std::pair<Command, int64_t>> commands;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands.swap(inbox_);
+  }
+  for (auto& [command, at_us] : commands) {
+    if (!command.cancel) {
+      Admit(std::move(command.request), at_us);
+      continue;
+    }
+    const uint64_t id = command.request.request_id;
+    auto waiting =
+        std::find_if(waiting_.begin(), waiting_.end(), [id](const auto& s) { return s->id == id; });
+    if (waiting != waiting_.end()) {
+      Finish(**waiting, FinishReason::kCancelled);
+      waiting_.erase(waiting);
+      continue;
+    }
+    for (auto& seq : running_) {
+      if (seq->id == id) seq->cancelled = true;
+    }
+  }
+}
+
+void Engine::Admit(Generate request, int64_t submitted_us) {
+  const ModelInfo& info = model_.info();
+  const std::string req = "req=" + std::to_string(request.request_id) + ": ";
+  if (waiting_.size() >= options_.max_waiting) {
+    return Fail(request.request_id, req + "the worker's queue is full (" +
+                                        std::to_string(options_.max_waiting) + " waiting)");
+  }
+  if (request.token_ids.empty()) return Fail(request.request_id, req + "the prompt is empty");
+  for (size_t i = 0; i < request.token_ids.size(); ++i) {
+    const int32_t id = request.token_ids[i];
+    if (id < 0 || static_cast<uint32_t>(id) >= info.vocab_size) {
+      return Fail(request.request_id, req + "prompt token " + std::to_string(i) + " (" +
+                                          std::to_string(id) + ") is not in the vocabulary of " +
+                                          std::to_string(info.vocab_size));
+    }
+  }
+  if (info.max_position_embeddings > 0 &&
+      request.token_ids.size() >= info.max_position_embeddings) {
+    return Fail(request.request_id, req + "the prompt's " +
+                                        std::to_string(request.token_ids.size()) +
+                                        " tokens leave no room in the model's context of " +
+                                        std::to_string(info.max_position_embeddings));
+  }
+  if (Status s = ValidateSampling(request.sampling, info.vocab_size); !s.ok()) {
+    return Fail(request.request_id, req + s.message());
+  }
+  auto seq = std::make_unique<Sequence>(request, options_.eos_token_ids);
+  seq->submitted_us = submitted_us;
+  if (!seq->sampling.stop.empty()) {
+    if (tokenizer_ == nullptr) {
+      return Fail(request.request_id, req + "stop strings need the model's tokenizer");
+    }
+    seq->text = std::make_unique<TextStream>(*tokenizer_, /*skip_special_tokens=*/true);
+    seq->stops = std::make_unique<StopMatcher>(seq->sampling.stop);
+  }
+  waiting_.push_back(std::move(seq));
+}
+
+void Engine::Fail(uint64_t request_id, const std::string& error) {
+  spdlog::warn("{}", error);
+  TokenEvent ev;
+  ev.request_id = request_id;
+  ev.finish = FinishReason::kError;
+  ev.error = error;
+  ++stats_.requests_failed;
+  active_.fetch_sub(1, std::memory_order_relaxed);
+  sink_(ev);
+}
+
+void Engine::Emit(Sequence& seq, int32_t token, FinishReason finish) {
+  const int64_t now = SteadyNowUs();
+  TokenEvent ev;
+  ev.request_id = seq.id;
+  ev.token_id = token;
+  ev.index = static_cast<uint32_t>(seq.output.empty() ? 0 : seq.output.size() - 1);
+  ev.finish = finish;
+  if (seq.last_event_us < 0) {
+    ev.queue_us = static_cast<uint64_t>(std::max<int64_t>(0, seq.admitted_us - seq.submitted_us));
+    ev.token_us = static_cast<uint64_t>(std::max<int64_t>(0, now - seq.admitted_us));
+  } else {
+    ev.token_us = static_cast<uint64_t>(now - seq.last_event_us);
+  }
+  seq.last_event_us = now;
+  const RequestUsage usage = grouped() ? seq.group_usage : experts_.Usage(seq.id);
+  ev.expert_hits = usage.hits;
+  ev.expert_misses = usage.misses;
+  ev.bytes_moved = usage.bytes_moved;
+  ev.expert_host_runs = usage.host_runs;
+  ev.expert_host_us = static_cast<uint64_t>(std::max<int64_t>(0, usage.host_ns / 1000));
+  ev.bytes_not_moved = usage.bytes_not_moved;
+  if (seq.sampling.logprobs >= 0) {
+    ev.logprob = seq.sampler.logprobs().token;
+    ev.top_logprobs = seq.sampler.logprobs().top;
+  }
+  TakePromptLogprobs(seq, &ev);
+  sink_(ev);
+}
+
+void Engine::TakePromptLogprobs(Sequence& seq, TokenEvent* ev) {
+  if (!seq.prompt_logprobs) return;
+  ev->prompt_logprobs = std::move(seq.prompt_logprobs->logprob);
+  ev->prompt_top_n = seq.prompt_logprobs->top_n;
+  ev->prompt_top = std::move(seq.prompt_logprobs->top);
+  seq.prompt_logprobs.reset();
+}
+
+void Engine::Retire(Sequence& seq, FinishReason reason) {
+  seq.finished = true;
+  if (reason == FinishReason::kError) {
+    ++stats_.requests_failed;
+  } else {
+    ++stats_.requests_finished;
+  }
+  active_.fetch_sub(1, std::memory_order_relaxed);
+  if (seq.forwarded) {
+    if (observer_ != nullptr) observer_->OnRequestEnd(seq.id);
+    experts_.OnRequestEnd(seq.id);
+    if (grouped()) ended_.push_back(seq.id);
+  }
+}
+
+void Engine::Finish(Sequence& seq, FinishReason reason, std::string error) {
+  if (seq.finished) return;
+  // The request's expert figures, before Retire ends its usage in the cache.
+  const RequestUsage usage = grouped() ? seq.group_usage : experts_.Usage(seq.id);
+  Retire(seq, reason);
+  TokenEvent ev;
+  ev.request_id = seq.id;
+  ev.finish = reason;
+  ev.error = std::move(error);
+  ev.index = static_cast<uint32_t>(seq.output.size());
+  ev.expert_hits = usage.hits;
+  ev.expert_misses = usage.misses;
+  ev.bytes_moved = usage.bytes_moved;
+  ev.expert_host_runs = usage.host_runs;
+  ev.expert_host_us = static_cast<uint64_t>(std::max<int64_t>(0, usage.host_ns / 1000));
+  ev.bytes_not_moved = usage.bytes_not_moved;
+  if (reason != FinishReason::kError && reason != FinishReason::kCancelled) {
+    TakePromptLogprobs(seq, &ev);  // A stop token drawn first: this is the first event.
+  }
+  sink_(ev);
+}
+
+void Engine::SampleAndEmit(Sequence& seq, std::span<const float> logits, uint32_t max_positions) {
+  const int32_t token = seq.sampler.Sample(logits);
+  const auto& stop_ids = seq.sampling.stop_token_ids;
+  const auto& eos_ids = options_.eos_token_ids;
+  // While output.size() < min_tokens the sampler cannot draw these.
+  if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end() ||
+      (!seq.sampling.ignore_eos &&
+       std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end())) {
+    Finish(seq, FinishReason::kStop);  // A stop token is not part of the completion.
+    return;
+  }
+  seq.output.push_back(token);
+  FinishReason finish = FinishReason::kNone;
+  if (seq.stops) {
+    // The text of the first min_tokens tokens is decoded (the stream keeps its state) but not
+    // searched: a stop string must lie wholly after them.
+    std::string text = seq.text->Push(token);
+    if (seq.output.size() > seq.sampling.min_tokens) {
+      seq.stops->Feed(text);
+      if (seq.stops->stopped()) finish = FinishReason::kStop;
+    }
+  }
+  if (finish == FinishReason::kNone &&
+      (seq.output.size() >= seq.sampling.max_tokens ||
+       (max_positions > 0 && seq.kv->length() + 1 > static_cast<int64_t>(max_positions)))) {
+    finish = FinishReason::kLength;
+  }
+  Emit(seq, token, finish);
+  if (finish != FinishReason::kNone) Retire(seq, finish);
+}
+
+bool Engine::Step() {
+  if (group_failed_) return false;
+  DrainInbox();
+  for (auto& seq : running_) {
+    if (seq->cancelled) Finish(*seq, FinishReason::kCancelled);
+  }
+  std::erase_if(running_, [](const auto& s) { return s->finished; });
+  const int64_t now = SteadyNowUs();
+  while (running_.size() < options_.max_batch && !waiting_.empty()) {
+    std::unique_ptr<Sequence> seq = std::move(waiting_.front());
+    waiting_.pop_front();
+    seq->admitted_us = now;
+    try {
+      seq->kv = model_.NewKvCache();
+    } catch (...) {
+      Finish(*seq, FinishReason::kError,
+             "req=" + std::to_string(seq->id) +
+                 ": no KV cache could be allocated: " + What(std::current_exception()));
+      continue;
+    }
+    running_.push_back(std::move(seq));
+  }
+  if (running_.empty()) return false;
+
+  std::vector<SequenceInput> inputs(running_.size());
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& seq = *running_[i];
+    inputs[i].request_id = seq.id;
+    inputs[i].iteration = seq.iteration;
+    inputs[i].kv = seq.kv.get();
+    seq.forwarded = true;
+    if (seq.iteration == 0) {
+      inputs[i].tokens = seq.prompt;
+      if (seq.sampling.prompt_logprobs) inputs[i].prompt_logprobs = seq.sampling.logprobs;
+      stats_.prefill_tokens += seq.prompt.size();
+    } else {
+      inputs[i].tokens = std::span<const int32_t>(&seq.output.back(), 1);
+      ++stats_.decode_tokens;
+    }
+  }
+  if (grouped() && !SendPlan(PlanKind::kIteration, inputs)) return false;
+  ForwardResult result;
+  const int64_t t0 = SteadyNowUs();
+  Status s;
+  try {
+    s = model_.Forward(inputs, experts_, observer_, &result);
+  } catch (...) {  // c10::Error, std::bad_alloc, or an observer's: the batch fails, not the worker.
+    s = Internal("the forward pass threw: " + What(std::current_exception()));
+  }
+  stats_.forward_us += static_cast<uint64_t>(SteadyNowUs() - t0);
+  ++stats_.iterations;
+  if (!s.ok() && grouped()) {
+    // The other ranks may have finished this Forward or not: the group cannot go on.
+    GroupFailed(s);
+    return false;
+  }
+  if (grouped() && !SumFigures()) return false;
+  if (!s.ok()) {
+    spdlog::error("iteration failed for req={}: {}", RunningIds(), s.message());
+    for (auto& seq : running_) Finish(*seq, FinishReason::kError, s.message());
+    running_.clear();
+    return true;
+  }
+
+  const uint32_t max_positions = model_.info().max_position_embeddings;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& seq = *running_[i];
+    if (inputs[i].prompt_logprobs >= 0 && i < result.prompt_logprobs.size()) {
+      seq.prompt_logprobs = std::move(result.prompt_logprobs[i]);
+    }
+    ++seq.iteration;
+    try {
+      SampleAndEmit(seq, result.logits[i], max_positions);
+    } catch (...) {
+      Finish(seq, FinishReason::kError,
+             "req=" + std::to_string(seq.id) +
+                 ": sampling or reporting a token threw: " + What(std::current_exception()));
+    }
+  }
+  std::erase_if(running_, [](const auto& s) { return s->finished; });
+  return true;
+}
+
+}  // namespace fmoe

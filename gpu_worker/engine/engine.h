@@ -1,0 +1,168 @@
+// The worker's engine loop: continuous batching over the model runtime. Requests join and leave
+// at iteration boundaries, up to max_batch at once; each iteration runs every admitted request's
+// new tokens (the prompt for a request just admitted, its last token otherwise) through one
+// Forward, samples one token per request and reports it. A request's tokens do not depend on
+// what else is in the batch (see model.h and sampler.h).
+//
+// Threads: Submit/Cancel/active from any thread (they only enqueue); Step/Run on the one engine
+// thread that owns the model, the KV caches and the expert source. Events go to the sink on
+// the engine thread, in order.
+//
+// Expert parallelism (DESIGN section 7): with a group of several ranks, the engine runs on the
+// leader. Before each Forward it broadcasts the iteration's plan (gpu_worker/core/group_plan.h) to
+// the other ranks, which run the same Forward (gpu_worker/engine/follower.h); after it, the ranks
+// sum their expert figures, so events and heartbeats carry the group's. While idle it broadcasts a
+// keep-alive plan every keepalive_ms, and a stop plan when Run returns. A failed collective
+// breaks the group: the engine stops serving (no further events) and calls on_group_failure once;
+// the worker then tells the router and exits, and the launcher restarts the group.
+//
+// A request's life:
+//   WAITING --(a batch slot is free: Step admits, oldest first)--> RUNNING
+//   RUNNING --(stop token, stop string, max_tokens, context full)--> finished (stop / length)
+//   WAITING or RUNNING --(Cancel)--> finished (cancelled); a running one leaves at the next Step
+//   any --(invalid request or runtime error)--> finished (error)
+//
+// Sampling (sampler.h): each request's Sampler knows its prompt and the model's eos ids. With
+// sampling.ignore_eos the eos ids do not end a request (stop_token_ids still do). While fewer
+// than min_tokens tokens were generated, the sampler cannot draw eos or stop ids, and stop
+// strings are not searched in those tokens' text. With sampling.logprobs >= 0 each token event
+// carries the token's raw log-probability and the top ones.
+//
+// Errors: nothing a request does takes the worker down. An exception from Forward (c10::Error,
+// std::bad_alloc) fails the batch like a failed Forward; one from sampling fails its request;
+// anything else thrown out of Step is caught by Run, which fails the running requests and serves
+// on (a group breaks instead).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "common/text/tokenizer.h"
+#include "common/wire/messages.h"
+#include "gpu_worker/core/group_plan.h"
+#include "gpu_worker/core/request_executor.h"
+#include "gpu_worker/group/expert_group.h"
+#include "gpu_worker/model/model.h"
+#include "gpu_worker/sampling/sampler.h"
+
+namespace fmoe {
+
+struct EngineOptions {
+  uint32_t max_batch = 8;  // Requests running at once. Default: 8
+  // Requests waiting for a slot; more are refused with an error event. Default: 1024
+  uint32_t max_waiting = 1024;
+  // Token ids that end generation besides a request's own (the model's eos). Default: none
+  std::vector<int32_t> eos_token_ids;
+  // The expert-parallel group; null or one rank = this rank runs alone. Default: none
+  ExpertGroup* group = nullptr;
+  // While idle, a keep-alive plan goes to the other ranks this often. Default: 1000
+  int keepalive_ms = 1000;
+  // This rank's expert-cache totals (summed across the group each iteration). Default: none
+  std::function<ExpertFigures()> local_figures;
+  // Called once, on the engine thread, when the group breaks. Default: none
+  std::function<void(const Status&)> on_group_failure;
+};
+
+struct EngineStats {
+  uint64_t iterations = 0;
+  uint64_t prefill_tokens = 0;
+  uint64_t decode_tokens = 0;
+  uint64_t requests_finished = 0;
+  uint64_t requests_failed = 0;
+  uint64_t forward_us = 0;  // Time inside Forward.
+};
+
+class Engine final : public RequestExecutor {
+ public:
+  using EventSink = std::function<void(const TokenEvent&)>;
+
+  // `tokenizer` may be null: stop strings then fail the request. `observer` may be null.
+  Engine(EngineOptions options, MoeModel& model, ExpertSource& experts, const Tokenizer* tokenizer,
+         ForwardObserver* observer, EventSink sink);
+  ~Engine();
+
+  // Any thread.
+  void Submit(Generate request) override;
+  void Cancel(uint64_t request_id) override;
+  // Waiting plus running requests.
+  uint32_t active() const override { return active_.load(std::memory_order_relaxed); }
+  // Wakes Run() from WaitForWork without work (e.g. to stop).
+  void Wake();
+
+  // Engine thread. One iteration; false when there was nothing to run.
+  bool Step();
+  // Steps until stop() is true, sleeping while idle (checks stop at least every 50 ms).
+  void Run(const std::function<bool()>& stop);
+  const EngineStats& stats() const { return stats_; }
+  // The group's expert-cache totals as of the last iteration (this rank's alone without a
+  // group); any thread.
+  ExpertFigures group_figures() const;
+  bool group_failed() const { return group_failed_.load(); }
+
+ private:
+  struct Sequence;
+  struct Command {
+    bool cancel = false;
+    Generate request;
+  };
+
+  void DrainInbox();
+  void Admit(Generate request, int64_t submitted_us);
+  // Marks a sequence finished (counters, observer); Finish also sends its final event.
+  void Retire(Sequence& seq, FinishReason reason);
+  void Finish(Sequence& seq, FinishReason reason, std::string error = {});
+  void Fail(uint64_t request_id, const std::string& error);
+  void Emit(Sequence& seq, int32_t token, FinishReason finish);
+  // Moves the prompt's logprobs, if the prefill computed them and no event carried them yet,
+  // into `ev`.
+  void TakePromptLogprobs(Sequence& seq, TokenEvent* ev);
+  // Samples the sequence's next token from its logits and reports it (or its end).
+  void SampleAndEmit(Sequence& seq, std::span<const float> logits, uint32_t max_positions);
+  // Run's boundary: something thrown out of Step ends the running requests with error events
+  // (or, in a group, breaks the group), logged with their ids.
+  void StepThrew(const std::exception_ptr& error);
+  std::string RunningIds() const;  // "1,5,7" for logs; "none".
+  void WaitForWork(int timeout_ms);
+  bool grouped() const { return options_.group != nullptr && options_.group->world_size() > 1; }
+  // Broadcasts a plan (with the requests ended since the last one); false when the group broke.
+  bool SendPlan(PlanKind kind, std::span<const SequenceInput> inputs);
+  // Sums the running requests' figures and the cache totals across the group.
+  bool SumFigures();
+  void GroupFailed(const Status& why);
+
+  EngineOptions options_;
+  MoeModel& model_;
+  ExpertSource& experts_;
+  const Tokenizer* tokenizer_;
+  ForwardObserver* observer_;
+  EventSink sink_;
+  EngineStats stats_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<Command, int64_t>> inbox_;  // GUARDED_BY(mu_); with submit time (us).
+  bool woken_ = false;                             // GUARDED_BY(mu_)
+  std::atomic<uint32_t> active_{0};
+  std::atomic<bool> group_failed_{false};
+  mutable std::mutex figures_mu_;
+  ExpertFigures group_figures_;  // GUARDED_BY(figures_mu_)
+
+  // Engine thread only.
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<uint64_t> ended_;  // Left the batch since the last plan.
+  uint64_t plan_step_ = 0;
+  int64_t last_plan_us_ = 0;
+};
+
+}  // namespace fmoe

@@ -1,0 +1,280 @@
+#include "gpu_worker/experts/cached_experts.h"
+#include "gpu_worker/cache/policies/policy_factory.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <spdlog/spdlog.h>
+
+namespace fmoe {
+
+namespace {
+
+// expert_cache_gb: auto. The free memory is read after the dense weights and the host store are
+// in place, so only the slots and the KV reserve come out of it.
+Result<uint32_t> AutoSlots(const TransferEngine& link, const CachedExpertsOptions& options,
+                           size_t expert_bytes, uint32_t owned) {
+  if (!(options.memory_utilization > 0 && options.memory_utilization <= 1)) {
+    return InvalidArgument("expert cache: memory_utilization " +
+                           std::to_string(options.memory_utilization) + " is not in (0, 1]");
+  }
+  FMOE_ASSIGN_OR_RETURN(uint64_t free, link.FreeDeviceBytes());
+  const double usable = options.memory_utilization * static_cast<double>(free) -
+                        static_cast<double>(options.reserve_bytes);
+  const double fits = std::floor(std::max(usable, 0.0) / static_cast<double>(expert_bytes));
+  const auto slots = static_cast<uint32_t>(std::min<double>(fits, owned));
+  spdlog::info(
+      "expert cache: auto: {:.2f} GB free on the {} link x {:g} - {:.2f} GB KV reserve = {:.2f} "
+      "GB for experts of {} bytes: {} slots of {} owned experts",
+      static_cast<double>(free) / 1e9, link.name(), options.memory_utilization,
+      static_cast<double>(options.reserve_bytes) / 1e9, std::max(usable, 0.0) / 1e9, expert_bytes,
+      slots, owned);
+  if (slots == 0) {
+    return ResourceExhausted("expert cache: auto: " + std::to_string(free) + " free bytes x " +
+                             std::to_string(options.memory_utilization) + " less a KV reserve of " +
+                             std::to_string(options.reserve_bytes) + " bytes holds no expert of " +
+                             std::to_string(expert_bytes) +
+                             " bytes; lower max_batch or use a larger device");
+  }
+  return slots;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts,
+                                                             const CachedExpertsOptions& options,
+                                                             Clock& clock) {
+  const uint32_t layers = static_cast<uint32_t>(experts.size());
+  const uint32_t per_layer = layers == 0 ? 0 : static_cast<uint32_t>(experts[0].size());
+  if (layers == 0 || per_layer == 0) return InvalidArgument("cached experts: no experts");
+  if (options.world_size == 0 || options.rank >= options.world_size) {
+    return InvalidArgument("cached experts: rank " + std::to_string(options.rank) +
+                           " is not below world size " + std::to_string(options.world_size));
+  }
+  std::unique_ptr<CachedExperts> self(new CachedExperts());
+  // The shape and dtype of one expert, from the first one this rank owns.
+  const ExpertWeights* first = nullptr;
+  uint32_t owned = 0;
+  for (uint32_t k = 0; k < layers * per_layer; ++k) {
+    if (k % options.world_size != options.rank) continue;
+    ++owned;
+    const ExpertWeights& w = experts[k / per_layer][k % per_layer];
+    if (!w.w1.defined()) {
+      return InvalidArgument("cached experts: expert " + std::to_string(k % per_layer) +
+                             " of layer " + std::to_string(k / per_layer) + " was not loaded");
+    }
+    if (first == nullptr) first = &w;
+  }
+  if (first == nullptr) return InvalidArgument("cached experts: this rank owns no expert");
+  if (!(options.host_slowdown >= 1.0 && std::isfinite(options.host_slowdown))) {
+    return InvalidArgument("cached experts: host_slowdown " +
+                           std::to_string(options.host_slowdown) + " is not a finite number >= 1");
+  }
+  if (options.hybrid && options.cuda_index >= 0 && first->w1.scalar_type() != at::kFloat &&
+      first->w1.scalar_type() != at::kBFloat16) {
+    return InvalidArgument(
+        "cached experts: hybrid execution runs experts on the host in float32 or bfloat16, and "
+        "these are " +
+        std::string(c10::toString(first->w1.scalar_type())));
+  }
+  self->cuda_ = options.cuda_index >= 0;
+  self->host_slowdown_ = options.host_slowdown;
+  self->intermediate_ = first->w1.size(0);
+  self->hidden_ = first->w1.size(1);
+  self->dtype_ = first->w1.scalar_type();
+  self->element_size_ = static_cast<int>(first->w1.element_size());
+  const size_t expert_bytes = first->bytes();
+
+  uint32_t slots = owned;
+  if (!options.cache_auto) {
+    FMOE_ASSIGN_OR_RETURN(
+        slots, BudgetSlots(options.cache_gb, options.cache_fraction, expert_bytes, owned));
+  }
+  PolicyOptions policy_options = options.policy_options;
+  FMOE_ASSIGN_OR_RETURN(std::unique_ptr<CachePolicy> policy,
+                        MakePolicy(options.policy, policy_options));
+  if (options.cuda_index >= 0) {
+    FMOE_ASSIGN_OR_RETURN(self->link_, NewCudaLink(options.cuda_index, options.link));
+  } else {
+    FMOE_ASSIGN_OR_RETURN(self->link_, NewEmulatedLink(options.link));
+  }
+
+  // The host store: every owned expert packed as [w1 | w3 | w2], 64-byte aligned.
+  self->host_bytes_ = (static_cast<size_t>(owned) * expert_bytes + 63) / 64 * 64;
+  self->host_ = std::aligned_alloc(64, self->host_bytes_);
+  if (self->host_ == nullptr) {
+    return ResourceExhausted("cached experts: cannot allocate " +
+                             std::to_string(self->host_bytes_) + " bytes of host memory");
+  }
+  std::vector<const void*> addresses(static_cast<size_t>(layers) * per_layer, nullptr);
+  char* cursor = static_cast<char*>(self->host_);
+  for (uint32_t l = 0; l < layers; ++l) {
+    for (uint32_t j = 0; j < per_layer; ++j) {
+      ExpertWeights& w = experts[l][j];
+      if ((l * per_layer + j) % options.world_size != options.rank) {
+        w = ExpertWeights{};
+        continue;
+      }
+      if (w.bytes() != expert_bytes || w.w1.scalar_type() != self->dtype_) {
+        return InvalidArgument("cached experts: expert " + std::to_string(j) + " of layer " +
+                               std::to_string(l) + " differs in shape or dtype from the others");
+      }
+      addresses[static_cast<size_t>(l) * per_layer + j] = cursor;
+      for (const at::Tensor* t : {&w.w1, &w.w3, &w.w2}) {
+        at::Tensor c = t->contiguous();
+        const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+        std::memcpy(cursor, c.data_ptr(), n);
+        cursor += n;
+      }
+      w = ExpertWeights{};  // The packed copy is the only one from here.
+    }
+    experts[l].clear();
+  }
+  FMOE_RETURN_IF_ERROR(self->link_->RegisterHost(self->host_, self->host_bytes_));
+  if (options.hybrid) self->host_addresses_ = addresses;
+  if (options.cache_auto) {
+    FMOE_ASSIGN_OR_RETURN(slots, AutoSlots(*self->link_, options, expert_bytes, owned));
+  }
+  FMOE_ASSIGN_OR_RETURN(self->slots_,
+                        self->link_->AllocateDevice(static_cast<size_t>(slots) * expert_bytes));
+  // Each slot's weight views, made once: a slot's address never changes.
+  const int64_t h = self->hidden_;
+  const int64_t inter = self->intermediate_;
+  const size_t part = static_cast<size_t>(h * inter) * self->element_size_;
+  at::TensorOptions opts = at::TensorOptions().dtype(self->dtype_);
+  opts = options.cuda_index >= 0 ? opts.device(at::Device(at::kCUDA, options.cuda_index))
+                                 : opts.device(at::kCPU);
+  for (uint32_t s = 0; s < slots; ++s) {
+    char* base = static_cast<char*>(self->slots_) + static_cast<size_t>(s) * expert_bytes;
+    ExpertWeights w;
+    w.w1 = at::from_blob(base, {inter, h}, opts);
+    w.w3 = at::from_blob(base + part, {inter, h}, opts);
+    w.w2 = at::from_blob(base + 2 * part, {h, inter}, opts);
+    self->slot_views_.push_back(std::move(w));
+  }
+
+  ExpertCacheOptions cache_options;
+  cache_options.num_layers = layers;
+  cache_options.num_experts = per_layer;
+  cache_options.top_k = options.top_k;
+  cache_options.rank = options.rank;
+  cache_options.world_size = options.world_size;
+  cache_options.expert_bytes = expert_bytes;
+  cache_options.slots = slots;
+  cache_options.max_inflight_prefetches = options.max_inflight_prefetches;
+  cache_options.preload = options.preload;
+  cache_options.hybrid = options.hybrid;
+  cache_options.admit_host_runs = options.admit_host_runs;
+  FMOE_ASSIGN_OR_RETURN(self->cache_,
+                        ExpertCache::Create(cache_options, std::move(policy), self->link_.get(),
+                                            std::move(addresses), self->slots_, clock));
+  spdlog::info(
+      "expert cache: policy={} rank={}/{} slots={} of {} experts ({:.1f} MB of {:.1f} MB) "
+      "expert={} bytes link={} hybrid={}",
+      options.policy, options.rank, options.world_size, slots, owned, slots * expert_bytes / 1e6,
+      owned * expert_bytes / 1e6, expert_bytes, self->link_->name(),
+      !options.hybrid ? std::string("off")
+      : self->cuda_   ? "on (" + std::to_string(at::get_num_threads()) + " host threads)"
+                      : "on (emulated, host x" + std::to_string(options.host_slowdown) + ")");
+  self->stats_ = self->cache_->stats();
+  return self;
+}
+
+CachedExperts::~CachedExperts() {
+  cache_.reset();  // Cancels what is still on the link.
+  if (link_ != nullptr) {
+    if (slots_ != nullptr) link_->FreeDevice(slots_);
+    if (host_ != nullptr) link_->UnregisterHost(host_);
+  }
+  link_.reset();
+  std::free(host_);
+}
+
+void CachedExperts::BeginIteration(std::span<const SequenceInfo> sequences) {
+  cache_->BeginIteration(sequences);
+}
+
+uint32_t CachedExperts::speculation_distance() const { return cache_->speculation_distance(); }
+
+void CachedExperts::Speculate(uint32_t layer, uint32_t target, std::span<const float> probs) {
+  cache_->Speculate(layer, target, probs);
+}
+
+Status CachedExperts::BeginLayer(const LayerRouting& routing) {
+  return cache_->BeginLayer(routing);
+}
+
+Result<std::pair<uint32_t, ExpertWeights>> CachedExperts::Next() {
+  FMOE_ASSIGN_OR_RETURN(ReadyExpert ready, cache_->Next());
+  if (!ready.on_host) {
+    return std::pair<uint32_t, ExpertWeights>(ready.expert, slot_views_[ready.slot]);
+  }
+  // A host run: views of the packed host copy [w1 | w3 | w2].
+  const size_t key =
+      static_cast<size_t>(cache_->current_layer()) * cache_->num_experts() + ready.expert;
+  if (key >= host_addresses_.size() || host_addresses_[key] == nullptr) {
+    return Internal("cached experts: no host copy of expert " + std::to_string(ready.expert) +
+                    " of layer " + std::to_string(cache_->current_layer()));
+  }
+  char* base = static_cast<char*>(const_cast<void*>(host_addresses_[key]));
+  const size_t part = static_cast<size_t>(hidden_ * intermediate_) * element_size_;
+  const at::TensorOptions opts = at::TensorOptions().dtype(dtype_).device(at::kCPU);
+  ExpertWeights w;
+  w.w1 = at::from_blob(base, {intermediate_, hidden_}, opts);
+  w.w3 = at::from_blob(base + part, {intermediate_, hidden_}, opts);
+  w.w2 = at::from_blob(base + 2 * part, {hidden_, intermediate_}, opts);
+  host_expert_ = ready.expert;
+  host_start_ns_ = SteadyClock::Get().NowNs();
+  return std::pair<uint32_t, ExpertWeights>(ready.expert, std::move(w));
+}
+
+void CachedExperts::Done(uint32_t expert) {
+  if (host_expert_ == static_cast<int64_t>(expert)) {
+    const int64_t real = SteadyClock::Get().NowNs() - host_start_ns_;
+    // cpu mode: the emulated host compute rate, as the emulated link paces its copies.
+    if (!cuda_ && host_slowdown_ > 1.0 && real > 0) {
+      std::this_thread::sleep_for(
+          std::chrono::nanoseconds(static_cast<int64_t>(real * (host_slowdown_ - 1.0))));
+    }
+    cache_->RecordHostRun(expert, SteadyClock::Get().NowNs() - host_start_ns_);
+    host_expert_ = -1;
+  }
+  cache_->Done(expert);
+}
+
+bool CachedExperts::HostRunsPlanned() const { return cache_->host_runs_planned() > 0; }
+
+void CachedExperts::EndLayer() {
+  host_expert_ = -1;
+  cache_->EndLayer();
+}
+
+void CachedExperts::EndIteration() {
+  cache_->EndIteration();
+  CacheStats s = cache_->stats();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_ = std::move(s);
+}
+
+void CachedExperts::OnRequestEnd(uint64_t request_id) { cache_->OnRequestEnd(request_id); }
+
+void CachedExperts::PostDirective(PrefetchDirective directive) {
+  cache_->PostDirective(std::move(directive));
+}
+
+CacheStats CachedExperts::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+TransferStats CachedExperts::link_stats() const { return link_->stats(); }
+
+}  // namespace fmoe

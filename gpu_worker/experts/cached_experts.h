@@ -1,0 +1,107 @@
+// CachedExperts: the ExpertSource the worker serves with when experts are offloaded. Owns the
+// host expert store (every expert of this rank packed once in host memory, page-locked in cuda
+// mode), the device slot pool, the transfer engine (emulated link in cpu mode, CUDA copy stream
+// in cuda mode) and the ExpertCache that decides what lives in the slots; turns a slot into the
+// expert's weight tensors for the model. With hybrid execution on, a missing expert the cache
+// sends to the host comes out of Next as views of its host copy (the model runs it with the CPU
+// kernel, cpu_expert.h) and its time is measured from Next to Done; in cpu mode that time is
+// stretched by host_slowdown, the emulated host compute rate. Engine thread only, except
+// PostDirective and stats (any thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "common/clock.h"
+#include "gpu_worker/cache/expert_cache.h"
+#include "gpu_worker/experts/expert_source.h"
+
+namespace fmoe {
+
+struct CachedExpertsOptions {
+  std::string policy = "fmoe";  // A MakePolicy name. Default: fmoe
+  uint32_t top_k = 0;           // The model's experts per token. Required.
+  PolicyOptions policy_options;
+  // Budget: at most one of the two; neither = every expert of this rank (fraction 1).
+  std::optional<double> cache_gb;
+  std::optional<double> cache_fraction;
+  // Auto (manifest expert_cache_gb: auto), which overrides both: once this rank's host store is
+  // packed, slots = (memory_utilization x the link's free device bytes - reserve_bytes) /
+  // expert bytes, at most every expert it owns; kResourceExhausted naming the figures when not
+  // one fits. The figures are logged.
+  bool cache_auto = false;
+  double memory_utilization = 0.9;  // (0, 1]. Default: 0.9
+  uint64_t reserve_bytes = 0;       // Kept free (the KV reserve). Default: 0
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint32_t max_inflight_prefetches = 2;  // Default: 2
+  bool preload = true;                   // Default: on
+  LinkOptions link;                      // cpu mode: the emulated link.
+  int cuda_index = -1;                   // >= 0: cuda mode on that device.
+  // Hybrid execution (expert_cache.h): run a missing expert on the host when that finishes the
+  // layer sooner. Needs float32 or bfloat16 experts in cuda mode. Default: off
+  bool hybrid = false;
+  // Hybrid: admit a host-run expert with the link's spare time (expert_cache.h). Default: on
+  bool admit_host_runs = true;
+  // cpu mode: a host run takes this many times its real time (>= 1), as the emulated link paces
+  // copies, so the split sees a host slower than the compute device. Default: 1
+  double host_slowdown = 1.0;
+};
+
+class CachedExperts final : public ExpertSource {
+ public:
+  // Takes the experts the loader read (host memory, compute dtype); experts other ranks own may
+  // be undefined tensors. kInvalidArgument for a budget that holds no expert or a bad policy.
+  static Result<std::unique_ptr<CachedExperts>> Create(ExpertTable experts,
+                                                       const CachedExpertsOptions& options,
+                                                       Clock& clock = SteadyClock::Get());
+  ~CachedExperts() override;
+
+  void BeginIteration(std::span<const SequenceInfo> sequences) override;
+  uint32_t speculation_distance() const override;
+  void Speculate(uint32_t layer, uint32_t target, std::span<const float> probs) override;
+  Status BeginLayer(const LayerRouting& routing) override;
+  Result<std::pair<uint32_t, ExpertWeights>> Next() override;
+  void Done(uint32_t expert) override;
+  bool HostRunsPlanned() const override;
+  void EndLayer() override;
+  void EndIteration() override;
+  void OnRequestEnd(uint64_t request_id) override;
+  RequestUsage Usage(uint64_t request_id) const override { return cache_->Usage(request_id); }
+
+  // Any thread.
+  void PostDirective(PrefetchDirective directive);
+  // Refreshed at the end of every iteration; any thread.
+  CacheStats stats() const;
+  TransferStats link_stats() const;
+  const ExpertCache& cache() const { return *cache_; }
+  ExpertCache& cache() { return *cache_; }
+
+ private:
+  CachedExperts() = default;
+
+  std::unique_ptr<TransferEngine> link_;
+  std::unique_ptr<ExpertCache> cache_;
+  void* host_ = nullptr;  // Packed experts: per expert [w1 | w3 | w2].
+  size_t host_bytes_ = 0;
+  void* slots_ = nullptr;
+  std::vector<ExpertWeights> slot_views_;    // Per slot: w1, w3, w2 over its bytes.
+  std::vector<const void*> host_addresses_;  // Per expert key: its packed host copy.
+  bool cuda_ = false;
+  double host_slowdown_ = 1.0;
+  // The host run handed out by Next and not yet Done (one at a time: the model runs it at once).
+  int64_t host_expert_ = -1;
+  int64_t host_start_ns_ = 0;
+  int64_t hidden_ = 0;
+  int64_t intermediate_ = 0;
+  int element_size_ = 0;
+  at::ScalarType dtype_ = at::kFloat;
+
+  mutable std::mutex stats_mu_;
+  CacheStats stats_;  // GUARDED_BY(stats_mu_)
+};
+
+}  // namespace fmoe

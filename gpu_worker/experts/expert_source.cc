@@ -1,0 +1,84 @@
+#include "gpu_worker/experts/expert_source.h"
+
+#include <string>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace fmoe {
+
+size_t ExpertWeights::bytes() const {
+  size_t total = 0;
+  for (const at::Tensor* t : {&w1, &w2, &w3}) {
+    if (t->defined()) total += static_cast<size_t>(t->numel()) * t->element_size();
+  }
+  return total;
+}
+
+namespace {
+
+at::Tensor HostCopy(const at::Tensor& t) {
+  if (!t.defined()) return {};
+  return t.is_cpu() ? t.clone() : t.to(at::kCPU);
+}
+
+}  // namespace
+
+ExpertTable CloneExpertTable(const ExpertTable& table) {
+  ExpertTable copy(table.size());
+  for (size_t l = 0; l < table.size(); ++l) {
+    for (const ExpertWeights& w : table[l]) {
+      copy[l].push_back({HostCopy(w.w1), HostCopy(w.w2), HostCopy(w.w3)});
+    }
+  }
+  return copy;
+}
+
+Result<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(ExpertTable experts,
+                                                                 int cuda_index) {
+  if (cuda_index >= 0) {
+    const at::Device device(at::kCUDA, static_cast<at::DeviceIndex>(cuda_index));
+    size_t bytes = 0;
+    try {
+      for (auto& layer : experts) {
+        for (ExpertWeights& w : layer) {
+          for (at::Tensor* t : {&w.w1, &w.w2, &w.w3}) {
+            if (t->defined()) *t = t->to(device);
+          }
+          bytes += w.bytes();
+        }
+      }
+    } catch (const c10::Error& e) {
+      return ResourceExhausted(
+          "resident experts: cannot place every expert on cuda:" + std::to_string(cuda_index) +
+          " (" + std::to_string(bytes) + " bytes placed): " + e.what_without_backtrace() +
+          "; serve with an expert cache instead");
+    }
+  }
+  return std::make_unique<ResidentExperts>(std::move(experts));
+}
+
+Status ResidentExperts::BeginLayer(const LayerRouting& routing) {
+  if (routing.layer >= experts_.size()) {
+    return Internal("expert source: layer " + std::to_string(routing.layer) + " of " +
+                    std::to_string(experts_.size()));
+  }
+  layer_ = routing.layer;
+  pending_.assign(routing.experts.rbegin(), routing.experts.rend());
+  for (uint32_t e : pending_) {
+    if (e >= experts_[layer_].size()) {
+      return Internal("expert source: no expert " + std::to_string(e) + " in layer " +
+                      std::to_string(layer_));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::pair<uint32_t, ExpertWeights>> ResidentExperts::Next() {
+  if (pending_.empty()) return NotFound("expert source: layer done");
+  const uint32_t e = pending_.back();
+  pending_.pop_back();
+  return std::pair<uint32_t, ExpertWeights>(e, experts_[layer_][e]);
+}
+
+}  // namespace fmoe

@@ -1,0 +1,110 @@
+// The expert seam (DESIGN section 6): the forward pass reaches routed experts only through an
+// ExpertSource. CachedExperts (cached_experts.h) implements it over the expert cache with a
+// byte budget and prefetching; ResidentExperts, here, keeps every expert resident. Called by the
+// engine thread only, per iteration in this order:
+//   BeginIteration(sequences)
+//   per MoE layer: [Speculate(layer, target, probs) for target in layer+1..layer+d]
+//                  BeginLayer(routing)   -> the source pins what is resident, loads the rest
+//                  Next() ... until kNotFound, each followed by Done(expert)
+//                  EndLayer()            -> weights from Next are invalid from here
+//   EndIteration()
+// Next hands out ready experts in the order they become available, so the model accumulates
+// their outputs in ascending expert order afterwards: the result does not depend on that order.
+// An expert whose weights are in host memory while the model computes on a device (hybrid
+// execution) is run on the host (cpu_expert.h) and its result copied up.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "common/status.h"
+#include "gpu_worker/cache/policies/cache_policy.h"  // LayerAccess, for RecordingExperts.
+#include "gpu_worker/core/sequence.h"
+
+namespace fmoe {
+
+// One routed SwiGLU expert: out = w2(silu(w1 x) * w3 x).
+struct ExpertWeights {
+  at::Tensor w1;  // [intermediate, hidden] (gate projection)
+  at::Tensor w2;  // [hidden, intermediate] (down projection)
+  at::Tensor w3;  // [intermediate, hidden] (up projection)
+  size_t bytes() const;
+};
+
+// Every routed expert of a model: experts[layer][expert], layer = MoE layer index.
+using ExpertTable = std::vector<std::vector<ExpertWeights>>;
+
+class ExpertSource {
+ public:
+  virtual ~ExpertSource() = default;
+  virtual void BeginIteration(std::span<const SequenceInfo> sequences) {}
+  // How many later layers' gates the model should apply to each layer's hidden state (the
+  // speculative policy); 0 = none.
+  virtual uint32_t speculation_distance() const { return 0; }
+  virtual void Speculate(uint32_t layer, uint32_t target, std::span<const float> probs) {}
+  virtual Status BeginLayer(const LayerRouting& routing) = 0;
+  // The next expert of the layer that is ready on the compute device (this rank's only), with
+  // its weights valid until EndLayer; kNotFound when every one has been handed out.
+  virtual Result<std::pair<uint32_t, ExpertWeights>> Next() = 0;
+  virtual void Done(uint32_t expert) {}
+  // After BeginLayer: whether some expert of the layer will come out of Next in host memory
+  // (hybrid execution), so a model on another device copies the layer's activations down once,
+  // before it queues the device's work.
+  virtual bool HostRunsPlanned() const { return false; }
+  virtual void EndLayer() = 0;
+  virtual void EndIteration() {}
+  virtual void OnRequestEnd(uint64_t request_id) {}
+  // The request's expert figures so far (until OnRequestEnd).
+  virtual RequestUsage Usage(uint64_t request_id) const { return {}; }
+};
+
+// A deep copy in host memory, wherever `table` lives (each rank or run that packs experts into its
+// own store needs its own, and the expert cache packs from host tensors).
+ExpertTable CloneExpertTable(const ExpertTable& table);
+
+// Delegates to another source and records every layer's routing in order: the future access
+// sequence the oracle policy replays.
+class RecordingExperts final : public ExpertSource {
+ public:
+  explicit RecordingExperts(ExpertSource& inner) : inner_(inner) {}
+  Status BeginLayer(const LayerRouting& routing) override {
+    accesses_.push_back({routing.layer, {routing.experts.begin(), routing.experts.end()}});
+    return inner_.BeginLayer(routing);
+  }
+  Result<std::pair<uint32_t, ExpertWeights>> Next() override { return inner_.Next(); }
+  void Done(uint32_t expert) override { inner_.Done(expert); }
+  bool HostRunsPlanned() const override { return inner_.HostRunsPlanned(); }
+  void EndLayer() override { inner_.EndLayer(); }
+  const std::vector<LayerAccess>& accesses() const { return accesses_; }
+
+ private:
+  ExpertSource& inner_;
+  std::vector<LayerAccess> accesses_;
+};
+
+// Every expert resident on the compute device, nothing ever moves: the all-resident reference.
+// Hands experts out in ascending order.
+class ResidentExperts final : public ExpertSource {
+ public:
+  // Experts in host memory, for a model on the host.
+  explicit ResidentExperts(ExpertTable experts) : experts_(std::move(experts)) {}
+  // For a model on cuda:`cuda_index` (>= 0) the experts are copied to that device first: a host
+  // expert handed to a device model would run on the host (hybrid execution's path), at host
+  // speed. kResourceExhausted when the device cannot hold them. cuda_index < 0 keeps them here.
+  static Result<std::unique_ptr<ResidentExperts>> Create(ExpertTable experts, int cuda_index);
+  Status BeginLayer(const LayerRouting& routing) override;
+  Result<std::pair<uint32_t, ExpertWeights>> Next() override;
+  void EndLayer() override { pending_.clear(); }
+  const ExpertTable& experts() const { return experts_; }
+
+ private:
+  ExpertTable experts_;
+  uint32_t layer_ = 0;
+  std::vector<uint32_t> pending_;  // Experts of the running layer not yet handed out, reversed.
+};
+
+}  // namespace fmoe

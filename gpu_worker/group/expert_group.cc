@@ -1,0 +1,292 @@
+#include "gpu_worker/group/expert_group.h"
+
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <type_traits>
+
+// Debian's LibTorch is built with Gloo, but its headers leave the Gloo process group out unless
+// the includer says so.
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO 1
+#endif
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef FMOE_HAVE_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include "common/clock.h"
+#include "common/log.h"
+
+namespace fmoe {
+namespace {
+
+// Hands one collective to the process group, with no other group of this process doing so at
+// the same time. LibTorch 2.x records every collective in a process-wide flight recorder that
+// crashes when two process groups enqueue at once (several ranks of one process: the tests run
+// a group's ranks as threads). A worker process holds one rank, so it never waits here; the
+// collective itself runs outside the lock.
+template <typename Fn>
+auto EnqueueCollective(Fn&& fn) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  return fn();
+}
+
+// The first broadcast of a plan carries its length and, when it fits, the plan itself: a decode
+// iteration's plan needs one collective.
+constexpr int64_t kInlineBytes = 1024;
+
+// What the Gloo and NCCL process groups derive from, and what the collectives are called on:
+// c10d::ProcessGroup in LibTorch 1.x, c10d::Backend in 2.x (where a ProcessGroup dispatches to
+// backends by device).
+using Collectives = std::conditional_t<std::is_base_of_v<c10d::Backend, c10d::ProcessGroupGloo>,
+                                       c10d::Backend, c10d::ProcessGroup>;
+
+// c10d's exceptions carry a C++ backtrace in what(); the first line is the message.
+std::string Why(const std::exception& e) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) {
+    std::string m = c10->what_without_backtrace();
+    return m.substr(0, m.find('\n'));
+  }
+  std::string m = e.what();
+  return m.substr(0, m.find('\n'));
+}
+
+}  // namespace
+
+struct ExpertGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<Collectives> pg;
+  at::Device device = at::kCPU;  // Where the backend wants its tensors.
+  bool gather = false;           // Sum by all-gather and a local sum.
+
+  // Sums an integer tensor (on `device`) across the ranks, in place: an all-reduce, or an
+  // all-gather and a local sum. Integer sums are exact in any order.
+  void SumInPlace(at::Tensor& t, std::chrono::milliseconds timeout) {
+    if (gather) {
+      std::vector<std::vector<at::Tensor>> gathered(1);
+      {
+        // Gloo's thread writes them, outside the caller's inference mode: normal tensors.
+        c10::InferenceMode normal(false);
+        for (int r = 0; r < pg->getSize(); ++r)
+          gathered[0].push_back(at::empty(t.sizes(), t.options()));
+      }
+      std::vector<at::Tensor> input{t};
+      c10d::AllgatherOptions gather_options;
+      gather_options.timeout = timeout;
+      EnqueueCollective([&] {
+        return pg->allgather(gathered, input, gather_options);
+      })->wait(timeout);
+      at::Tensor sum = gathered[0][0].clone();
+      for (size_t r = 1; r < gathered[0].size(); ++r) sum.add_(gathered[0][r]);
+      t.copy_(sum);
+      return;
+    }
+    std::vector<at::Tensor> tensors{t};
+    c10d::AllreduceOptions reduce_options;
+    reduce_options.reduceOp = c10d::ReduceOp::SUM;
+    reduce_options.timeout = timeout;
+    EnqueueCollective([&] { return pg->allreduce(tensors, reduce_options); })->wait(timeout);
+  }
+};
+
+ExpertGroup::ExpertGroup(ExpertGroupOptions options)
+    : options_(std::move(options)), impl_(std::make_unique<Impl>()) {}
+
+ExpertGroup::~ExpertGroup() = default;
+
+Result<std::unique_ptr<ExpertGroup>> ExpertGroup::Join(const ExpertGroupOptions& options) {
+  const std::string who = "expert group " + options.group + ": rank " +
+                          std::to_string(options.rank) + "/" + std::to_string(options.world_size);
+  if (options.world_size == 0 || options.rank >= options.world_size) {
+    return InvalidArgument(who + ": the rank is not below the world size");
+  }
+  std::unique_ptr<ExpertGroup> group(new ExpertGroup(options));
+  if (options.world_size == 1) return group;
+  if (options.rendezvous_host.empty() || options.rendezvous_port == 0) {
+    return InvalidArgument(who + ": no rendezvous address");
+  }
+  const std::string at = options.rendezvous_host + ":" + std::to_string(options.rendezvous_port);
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = options.rendezvous_port;
+    store_options.isServer = options.rank == 0;
+    store_options.numWorkers = options.world_size;
+    store_options.waitWorkers = true;
+    store_options.timeout = options.rendezvous_timeout;
+    group->impl_->store =
+        c10::make_intrusive<c10d::TCPStore>(options.rendezvous_host, store_options);
+  } catch (const std::exception& e) {
+    return Unavailable(who + ": rendezvous at " + at + " failed within " +
+                       std::to_string(options.rendezvous_timeout.count() / 1000) + " s (" +
+                       (options.rank == 0 ? "serving the store; is the port free and every "
+                                            "rank started?"
+                                          : "is rank 0 running?") +
+                       "): " + Why(e));
+  }
+  try {
+#ifdef FMOE_HAVE_NCCL
+    if (options.cuda_index >= 0) {
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = options.collective_timeout;
+      group->impl_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          group->impl_->store, static_cast<int>(options.rank), static_cast<int>(options.world_size),
+          nccl_options);
+      group->impl_->device = at::Device(at::kCUDA, static_cast<int16_t>(options.cuda_index));
+      group->backend_ = "nccl";
+    }
+#endif
+    if (!group->impl_->pg) {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.collective_timeout);
+      gloo_options->devices.push_back(
+          c10d::ProcessGroupGloo::createDeviceForHostname(options.host));
+      // One thread runs the collectives; they are issued one at a time anyway.
+      gloo_options->threads = 1;
+      group->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          group->impl_->store, static_cast<int>(options.rank), static_cast<int>(options.world_size),
+          gloo_options);
+      group->backend_ = "gloo";
+    }
+  } catch (const std::exception& e) {
+    return Unavailable(who + ": connecting the ranks (this rank's host " + options.host +
+                       ") failed: " + Why(e));
+  }
+  // Measured over loopback (bench/RESULTS.md): Gloo's all-gather beats its all-reduce for two
+  // ranks and loses to it for three.
+  group->impl_->gather = options.sum_algorithm == SumAlgorithm::kAllGather ||
+                         (options.sum_algorithm == SumAlgorithm::kAuto &&
+                          group->backend_ == "gloo" && options.world_size == 2);
+  spdlog::info("{}: joined through {} ({} backend, sums by {}, collective timeout {} ms)", who, at,
+               group->backend_, group->impl_->gather ? "all-gather" : "all-reduce",
+               options.collective_timeout.count());
+  return group;
+}
+
+bool ExpertGroup::failed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !failure_.ok();
+}
+
+Status ExpertGroup::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+GroupStats ExpertGroup::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+Status ExpertGroup::Fail(const std::string& op, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failure_.ok()) {
+    failure_ =
+        Unavailable("expert group " + options_.group + ": rank " + std::to_string(options_.rank) +
+                    "/" + std::to_string(options_.world_size) + ": " + op + " failed: " + why);
+  }
+  return failure_;
+}
+
+Status ExpertGroup::CombineDisjoint(at::Tensor& t) {
+  if (options_.world_size == 1) return Status::Ok();
+  if (failed()) return failure();
+  const int64_t t0 = SteadyNowUs();
+  const size_t bytes = t.numel() * t.element_size();
+  try {
+    at::Tensor flat = t.is_contiguous() ? t : t.contiguous();
+    // Bytes as integers: with one nonzero contributor per element there is nothing to carry.
+    at::Tensor words =
+        bytes % 4 == 0 ? flat.view({-1}).view(at::kInt) : flat.view({-1}).view(at::kByte);
+    at::Tensor on_device = words.device() == impl_->device ? words : words.to(impl_->device);
+    impl_->SumInPlace(on_device, options_.collective_timeout);
+    if (!on_device.is_same(words)) words.copy_(on_device);
+    if (!flat.is_same(t)) t.copy_(flat);
+  } catch (const std::exception& e) {
+    return Fail("the expert all-reduce (" + std::to_string(bytes) + " bytes)", Why(e));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.combines;
+  stats_.payload_bytes += bytes;
+  stats_.wait_us += static_cast<uint64_t>(SteadyNowUs() - t0);
+  return Status::Ok();
+}
+
+Status ExpertGroup::Broadcast(std::vector<uint8_t>* bytes) {
+  if (options_.world_size == 1) return Status::Ok();
+  if (failed()) return failure();
+  const int64_t t0 = SteadyNowUs();
+  const bool root = options_.rank == 0;
+  const auto cpu_bytes = at::TensorOptions().dtype(at::kByte);
+  try {
+    c10d::BroadcastOptions broadcast_options;
+    broadcast_options.rootRank = 0;
+    broadcast_options.timeout = options_.collective_timeout;
+    auto run = [&](at::Tensor& host) {
+      at::Tensor dev = host.device() == impl_->device ? host : host.to(impl_->device);
+      std::vector<at::Tensor> tensors{dev};
+      EnqueueCollective([&] {
+        return impl_->pg->broadcast(tensors, broadcast_options);
+      })->wait(options_.collective_timeout);
+      if (!dev.is_same(host)) host.copy_(dev);
+    };
+    // Header: the length (8 bytes), then up to kInlineBytes - 8 bytes of the payload.
+    at::Tensor head = at::zeros({kInlineBytes}, cpu_bytes);
+    uint8_t* h = head.data_ptr<uint8_t>();
+    int64_t length = root ? static_cast<int64_t>(bytes->size()) : 0;
+    if (root) {
+      std::memcpy(h, &length, sizeof(length));
+      std::memcpy(h + 8, bytes->data(), std::min<size_t>(bytes->size(), kInlineBytes - 8));
+    }
+    run(head);
+    std::memcpy(&length, h, sizeof(length));
+    if (length < 0 || length > (int64_t{1} << 31)) {
+      return Fail("the plan broadcast", "rank 0 announced " + std::to_string(length) + " bytes");
+    }
+    const int64_t inline_part = std::min<int64_t>(length, kInlineBytes - 8);
+    if (!root) bytes->assign(h + 8, h + 8 + inline_part);
+    if (length > inline_part) {
+      at::Tensor rest = at::empty({length - inline_part}, cpu_bytes);
+      if (root)
+        std::memcpy(rest.data_ptr<uint8_t>(), bytes->data() + inline_part, length - inline_part);
+      run(rest);
+      if (!root) {
+        const uint8_t* p = rest.data_ptr<uint8_t>();
+        bytes->insert(bytes->end(), p, p + (length - inline_part));
+      }
+    }
+  } catch (const std::exception& e) {
+    return Fail("the plan broadcast", Why(e));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.broadcasts;
+  if (root) stats_.payload_bytes += bytes->size();
+  stats_.wait_us += static_cast<uint64_t>(SteadyNowUs() - t0);
+  return Status::Ok();
+}
+
+Status ExpertGroup::SumCounters(std::span<int64_t> values) {
+  if (options_.world_size == 1 || values.empty()) return Status::Ok();
+  if (failed()) return failure();
+  const int64_t t0 = SteadyNowUs();
+  try {
+    at::Tensor host = at::from_blob(values.data(), {static_cast<int64_t>(values.size())},
+                                    at::TensorOptions().dtype(at::kLong));
+    at::Tensor dev = impl_->device.is_cpu() ? host.clone() : host.to(impl_->device);
+    impl_->SumInPlace(dev, options_.collective_timeout);
+    host.copy_(dev);
+  } catch (const std::exception& e) {
+    return Fail("the counter all-reduce", Why(e));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.sums;
+  stats_.payload_bytes += values.size() * sizeof(int64_t);
+  stats_.wait_us += static_cast<uint64_t>(SteadyNowUs() - t0);
+  return Status::Ok();
+}
+
+}  // namespace fmoe

@@ -1,0 +1,275 @@
+#include "gpu_worker/model/blocks.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numbers>
+
+namespace fmoe {
+
+at::Tensor BlockLinear(const at::Tensor& x, const at::Tensor& w, int64_t rows,
+                       const at::Tensor& bias) {
+  const int64_t m = x.size(0);
+  at::Tensor out;
+  if (rows <= 0 || !x.is_cpu() || m == 0) {
+    out = at::linear(x, w);
+  } else {
+    out = at::empty({m, w.size(0)}, x.options());
+    const at::Tensor wt = w.t();
+    const int64_t full = m - m % rows;
+    for (int64_t r = 0; r < full; r += rows) {
+      at::Tensor dst = out.narrow(0, r, rows);
+      at::mm_out(dst, x.narrow(0, r, rows), wt);
+    }
+    if (full < m) {
+      at::Tensor padded = at::zeros({rows, x.size(1)}, x.options());
+      padded.narrow(0, 0, m - full).copy_(x.narrow(0, full, m - full));
+      out.narrow(0, full, m - full).copy_(at::mm(padded, wt).narrow(0, 0, m - full));
+    }
+  }
+  if (bias.defined()) out.add_(bias);
+  return out;
+}
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (xf * at::rsqrt(var + eps)).to(x.scalar_type());
+}
+
+at::Tensor DecoderNorm(const ModelInfo& info, const at::Tensor& x, const at::Tensor& weight,
+                       const at::Tensor& bias) {
+  if (!info.layer_norm) return RmsNorm(x, weight, info.rms_norm_eps);
+  return at::layer_norm(x, {x.size(-1)}, weight, bias, info.rms_norm_eps);
+}
+
+at::Tensor SwiGlu(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
+                  const at::Tensor& down, int64_t row_block) {
+  at::Tensor act = at::silu(BlockLinear(x, gate, row_block)) * BlockLinear(x, up, row_block);
+  return BlockLinear(act, down, row_block);
+}
+
+namespace {
+
+// rotate_half(x) = cat(-x2, x1) over the last dimension.
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+int64_t QueryBlockRows(int64_t heads, int64_t keys, int64_t score_budget) {
+  return std::max<int64_t>(1, score_budget / std::max<int64_t>(1, heads * keys));
+}
+
+at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at::Tensor& hn,
+                     std::span<const AttentionSpan> spans, const RotaryTables& rope,
+                     int64_t row_block, int64_t score_budget) {
+  const int64_t n_heads = info.num_attention_heads, n_kv = info.num_key_value_heads;
+  const int64_t hd = info.head_dim, group = n_heads / n_kv, rows = hn.size(0);
+  at::Tensor q = BlockLinear(hn, w.wq, row_block, w.bq);
+  at::Tensor k = BlockLinear(hn, w.wk, row_block, w.bk);
+  at::Tensor v = BlockLinear(hn, w.wv, row_block, w.bv);
+  switch (info.qk_norm) {
+    case QkNorm::kNone:
+      break;
+    case QkNorm::kPerHead:  // Qwen3-MoE: over each head, before RoPE.
+      q = RmsNorm(q.view({rows, n_heads, hd}), w.q_norm, info.rms_norm_eps)
+              .view({rows, n_heads * hd});
+      k = RmsNorm(k.view({rows, n_kv, hd}), w.k_norm, info.rms_norm_eps).view({rows, n_kv * hd});
+      break;
+    case QkNorm::kWhole:  // OLMoE: over the whole projection, before clipping and RoPE.
+      q = RmsNorm(q, w.q_norm, info.rms_norm_eps);
+      k = RmsNorm(k, w.k_norm, info.rms_norm_eps);
+      break;
+  }
+  if (info.clip_qkv) {
+    const double c = *info.clip_qkv;
+    q = q.clamp(-c, c);
+    k = k.clamp(-c, c);
+    v = v.clamp(-c, c);
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const int64_t window = info.sliding_window.value_or(0);
+  at::Tensor attn = at::empty({rows, n_heads * hd}, hn.options());
+  for (const AttentionSpan& s : spans) {
+    const int64_t t = s.tokens, p0 = s.position, len = p0 + t;
+    const bool long_rope = rope.long_after > 0 && len > rope.long_after;
+    at::Tensor cos = (long_rope ? rope.long_cos : rope.cos).narrow(0, p0, t).unsqueeze(1);
+    at::Tensor sin = (long_rope ? rope.long_sin : rope.sin).narrow(0, p0, t).unsqueeze(1);
+    at::Tensor qi = q.narrow(0, s.row, t).view({t, n_heads, hd});
+    at::Tensor ki = k.narrow(0, s.row, t).view({t, n_kv, hd});
+    at::Tensor vi = v.narrow(0, s.row, t).view({t, n_kv, hd});
+    qi = qi * cos + RotateHalf(qi) * sin;
+    ki = ki * cos + RotateHalf(ki) * sin;
+    s.k_cache->narrow(1, p0, t).copy_(ki.permute({1, 0, 2}));
+    s.v_cache->narrow(1, p0, t).copy_(vi.permute({1, 0, 2}));
+    at::Tensor keys = s.k_cache->narrow(1, 0, len);  // [KV, len, hd]
+    at::Tensor values = s.v_cache->narrow(1, 0, len);
+    const bool masked = t > 1 || (window > 0 && len > window);
+    const int64_t block = QueryBlockRows(n_heads, len, score_budget);
+    for (int64_t r0 = 0; r0 < t; r0 += block) {
+      const int64_t b = std::min(block, t - r0);
+      // Query head qh uses KV head qh / group: [b, KV, group, hd] -> [KV, group * b, hd].
+      at::Tensor qg = qi.narrow(0, r0, b)
+                          .reshape({b, n_kv, group, hd})
+                          .permute({1, 2, 0, 3})
+                          .reshape({n_kv, group * b, hd});
+      at::Tensor scores = at::matmul(qg, keys.transpose(1, 2)) * scale;  // [KV, group*b, len]
+      if (masked) {
+        // Row r of a group is new token r0 + r % b at position p = p0 + r0 + r % b: it sees keys
+        // k with k <= p and, with a sliding window, p - k < window.
+        const int64_t p = p0 + r0;
+        at::Tensor ones =
+            at::ones({b, len}, at::TensorOptions().dtype(at::kBool).device(hn.device()));
+        at::Tensor mask = ones.triu(p + 1);
+        if (window > 0 && len > window) mask = mask.logical_or(ones.tril(p - window));
+        scores =
+            scores.masked_fill(mask.repeat({group, 1}), -std::numeric_limits<float>::infinity());
+      }
+      at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(hn.scalar_type());
+      at::Tensor o = at::matmul(probs, values);  // [KV, group*b, hd]
+      attn.narrow(0, s.row + r0, b)
+          .copy_(o.reshape({n_kv, group, b, hd}).permute({2, 0, 1, 3}).reshape({b, n_heads * hd}));
+    }
+  }
+  return BlockLinear(attn, w.wo, row_block, w.bo);
+}
+
+namespace {
+
+// mscale(s, m) = 0.1 m ln(s) + 1 for s > 1, else 1 (YaRN).
+double YarnMscale(double scale, double m) {
+  return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+}
+
+// The eps of MLA's own RMSNorms (q_a_layernorm, kv_a_layernorm): transformers' and DeepSeek's
+// RMSNorm default, not the config's rms_norm_eps.
+constexpr double kLatentNormEps = 1e-6;
+
+// [.., d] stored as pairs (2i, 2i+1) -> halves (i, i + d/2), as
+// transformers' apply_rotary_pos_emb_interleave.
+at::Tensor Deinterleave(const at::Tensor& x) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  const int64_t d = shape.back();
+  std::vector<int64_t> pairs = shape;
+  pairs.back() = d / 2;
+  pairs.push_back(2);
+  return x.reshape(pairs).transpose(-1, -2).reshape(shape);
+}
+
+}  // namespace
+
+at::Tensor RotaryInverseFrequencies(const ModelInfo& info, bool long_factors) {
+  const int64_t dim = info.head_dim;
+  const double base = info.rope_theta;
+  at::Tensor exponents =
+      at::arange(int64_t{0}, dim, int64_t{2}, at::kLong).to(at::kFloat) / static_cast<double>(dim);
+  if (info.longrope) {
+    // transformers' _compute_longrope_parameters: the factors as a float32 tensor.
+    const std::vector<double>& f =
+        long_factors ? info.longrope->long_factor : info.longrope->short_factor;
+    at::Tensor factors = at::tensor(f, at::kDouble).to(at::kFloat);
+    return 1.0 / (factors * at::pow(base, exponents));
+  }
+  if (!info.yarn) return 1.0 / at::pow(base, exponents);
+  const YarnSpec& y = *info.yarn;
+  at::Tensor pos_freqs = at::pow(base, exponents);
+  at::Tensor extrapolation = 1.0 / pos_freqs;
+  at::Tensor interpolation = 1.0 / (y.factor * pos_freqs);
+  // The dimension range whose rotations during the original context fall between beta_fast and
+  // beta_slow turns: interpolated below it, extrapolated above, a linear ramp between.
+  auto correction_dim = [&](double rotations) {
+    return static_cast<double>(dim) *
+           std::log(y.original_max_position_embeddings / (rotations * 2 * std::numbers::pi)) /
+           (2 * std::log(base));
+  };
+  const double low = std::max(std::floor(correction_dim(y.beta_fast)), 0.0);
+  double high = std::min(std::ceil(correction_dim(y.beta_slow)), static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  at::Tensor ramp = ((at::arange(dim / 2, at::kFloat) - low) / (high - low)).clamp(0.0, 1.0);
+  at::Tensor extrapolation_factor = 1.0 - ramp;
+  return interpolation * (1.0 - extrapolation_factor) + extrapolation * extrapolation_factor;
+}
+
+double RotaryAttentionFactor(const ModelInfo& info, bool long_factors) {
+  if (info.longrope) return long_factors ? info.longrope->long_mscale : info.longrope->short_mscale;
+  if (!info.yarn) return 1.0;
+  const YarnSpec& y = *info.yarn;
+  return YarnMscale(y.factor, y.mscale) / YarnMscale(y.factor, y.mscale_all_dim);
+}
+
+double LatentSoftmaxScale(const ModelInfo& info) {
+  const MlaSpec& a = *info.mla;
+  double scale = 1.0 / std::sqrt(static_cast<double>(a.qk_nope_head_dim + a.qk_rope_head_dim));
+  if (info.yarn && info.yarn->mscale_all_dim > 0) {
+    const double m = YarnMscale(info.yarn->factor, info.yarn->mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
+
+at::Tensor LatentAttention(const ModelInfo& info, const MlaWeights& w, const at::Tensor& hn,
+                           std::span<const AttentionSpan> spans, const RotaryTables& rope,
+                           int64_t row_block, int64_t score_budget) {
+  const MlaSpec& a = *info.mla;
+  const int64_t n_heads = info.num_attention_heads, rows = hn.size(0);
+  const int64_t nope = a.qk_nope_head_dim, rot = a.qk_rope_head_dim, r = a.kv_lora_rank;
+  const int64_t vd = a.v_head_dim;
+  at::Tensor q =
+      w.wq.defined()
+          ? BlockLinear(hn, w.wq, row_block)
+          : BlockLinear(RmsNorm(BlockLinear(hn, w.wq_a, row_block), w.q_a_norm, kLatentNormEps),
+                        w.wq_b, row_block);
+  at::Tensor kv = BlockLinear(hn, w.wkv_a, row_block);  // [rows, r + rope]
+  at::Tensor latent = RmsNorm(kv.narrow(1, 0, r), w.kv_a_norm, kLatentNormEps);
+  at::Tensor k_rot = kv.narrow(1, r, rot);
+  q = q.view({rows, n_heads, nope + rot});
+  at::Tensor q_nope = q.narrow(2, 0, nope);
+  at::Tensor q_rot = q.narrow(2, nope, rot);
+  if (a.rope_interleave) {
+    q_rot = Deinterleave(q_rot);
+    k_rot = Deinterleave(k_rot);
+  }
+  const double scale = LatentSoftmaxScale(info);
+  at::Tensor attn = at::empty({rows, n_heads * vd}, hn.options());
+  for (const AttentionSpan& s : spans) {
+    const int64_t t = s.tokens, p0 = s.position, len = p0 + t;
+    at::Tensor cos = rope.cos.narrow(0, p0, t);  // [t, rope]
+    at::Tensor sin = rope.sin.narrow(0, p0, t);
+    at::Tensor qr = q_rot.narrow(0, s.row, t);  // [t, H, rope]
+    qr = qr * cos.unsqueeze(1) + RotateHalf(qr) * sin.unsqueeze(1);
+    at::Tensor kr = k_rot.narrow(0, s.row, t);  // [t, rope]
+    kr = kr * cos + RotateHalf(kr) * sin;
+    s.k_cache->select(0, 0).narrow(0, p0, t).copy_(latent.narrow(0, s.row, t));
+    s.v_cache->select(0, 0).narrow(0, p0, t).copy_(kr);
+    at::Tensor latents = s.k_cache->select(0, 0).narrow(0, 0, len);   // [len, r]
+    at::Tensor rot_keys = s.v_cache->select(0, 0).narrow(0, 0, len);  // [len, rope]
+    const int64_t block = QueryBlockRows(n_heads, len, score_budget);
+    for (int64_t r0 = 0; r0 < t; r0 += block) {
+      const int64_t b = std::min(block, t - r0);
+      // Queries into latent space per head: [H, b, nope] x [H, nope, r] -> [H, b, r].
+      at::Tensor q_lat = at::matmul(q_nope.narrow(0, s.row + r0, b).permute({1, 0, 2}), w.w_uk);
+      at::Tensor scores =
+          at::matmul(q_lat, latents.t()) + at::matmul(qr.narrow(0, r0, b).permute({1, 0, 2}),
+                                                      rot_keys.t());  // [H, b, len]
+      scores = scores * scale;
+      if (t > 1) {  // New token r0 + i at position p0 + r0 + i sees keys up to it.
+        at::Tensor mask =
+            at::ones({b, len}, at::TensorOptions().dtype(at::kBool).device(hn.device()))
+                .triu(p0 + r0 + 1);
+        scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+      }
+      at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(hn.scalar_type());
+      // [H, b, len] x [len, r] -> [H, b, r]; x [H, r, v] -> [H, b, v].
+      at::Tensor o = at::matmul(at::matmul(probs, latents), w.w_uv.transpose(1, 2));
+      attn.narrow(0, s.row + r0, b).copy_(o.permute({1, 0, 2}).reshape({b, n_heads * vd}));
+    }
+  }
+  return BlockLinear(attn, w.wo, row_block);
+}
+
+}  // namespace fmoe

@@ -1,0 +1,710 @@
+#include "gpu_worker/model/model.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "common/model/checkpoint.h"
+#include "common/model/routing.h"
+#include "gpu_worker/experts/cpu_expert.h"
+#include "gpu_worker/group/expert_group.h"
+#include "gpu_worker/model/blocks.h"
+#include "gpu_worker/model/model_families.h"
+#include "gpu_worker/sampling/sampler.h"
+
+namespace fmoe {
+namespace {
+
+Result<at::ScalarType> ParseDType(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  return InvalidArgument("dtype \"" + name + "\" is not float32, bfloat16 or float16");
+}
+
+constexpr uint32_t kDense = UINT32_MAX;
+
+}  // namespace
+
+// One transformer layer: attention, then a dense MLP or a mixture of experts.
+struct MoeModel::Layer {
+  at::Tensor input_norm, post_norm;
+  at::Tensor input_norm_bias, post_norm_bias;  // LayerNorm's (info.layer_norm), or undefined.
+  AttentionWeights attention;                  // Grouped-query attention, or
+  MlaWeights latent;                           // multi-head latent attention (info.mla).
+  uint32_t moe = kDense;                       // The MoE layer index, or kDense.
+  MlpWeights dense;                            // A dense layer's MLP.
+  at::Tensor gate;                             // The router, [J, h].
+  MlpWeights shared;               // The shared expert (resident), if the family has one.
+  at::Tensor shared_gate;          // [1, h], if gated.
+  std::vector<float> router_bias;  // DeepSeek-V3's e_score_correction_bias [J], or empty.
+};
+
+struct MoeModel::Impl {
+  RuntimeOptions options;
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+  at::Tensor embed;  // [V, h]
+  at::Tensor final_norm;
+  at::Tensor final_norm_bias;  // LayerNorm's, or undefined.
+  at::Tensor lm_head;          // [V, h]; the embedding when tied.
+  at::Tensor lm_head_bias;     // [V] (info.lm_head_bias), or undefined.
+  std::vector<Layer> layers;
+  at::Tensor inv_freq;            // [hd/2], float32
+  double rope_factor = 1.0;       // YaRN's factor or LongRoPE's short mscale on cos and sin.
+  at::Tensor long_inv_freq;       // LongRoPE's long factors, or undefined.
+  double long_rope_factor = 1.0;  // LongRoPE's long mscale.
+  RotaryTables rope;              // [positions, hd], compute dtype; grown on demand.
+
+  at::TensorOptions opts() const { return at::TensorOptions().dtype(dtype).device(device); }
+  at::Tensor Linear(const at::Tensor& x, const at::Tensor& w) const {
+    return BlockLinear(x, w, options.row_block);
+  }
+};
+
+// The ragged batch of one Forward: sequence i owns rows [offset[i], offset[i + 1]).
+struct MoeModel::Batch {
+  std::span<const SequenceInput> inputs;
+  std::vector<int64_t> offset;
+  int64_t rows = 0;
+  ForwardObserver* observer = nullptr;
+  ForwardResult* out = nullptr;
+  bool record_router = false;
+};
+
+MoeModel::MoeModel(ModelInfo info) : info_(std::move(info)), impl_(new Impl) {}
+MoeModel::~MoeModel() = default;
+
+size_t KvCache::bytes() const {
+  size_t total = 0;
+  for (const auto& t : k_) total += t.numel() * t.element_size();
+  for (const auto& t : v_) total += t.numel() * t.element_size();
+  return total;
+}
+
+Result<std::unique_ptr<MoeModel>> MoeModel::Load(const ModelInfo& info,
+                                                 const RuntimeOptions& options,
+                                                 const LoadProgress& progress,
+                                                 ExpertTable* experts) {
+  try {
+    return LoadImpl(info, options, progress, experts);
+  } catch (const c10::Error& e) {
+    return Internal("model: " + info.dir + ": LibTorch: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Internal("model: " + info.dir + ": " + e.what());
+  }
+}
+
+Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
+                                                     const RuntimeOptions& options,
+                                                     const LoadProgress& progress,
+                                                     ExpertTable* experts) {
+  if (!info.runtime_unsupported.empty()) {
+    return FailedPrecondition("model: " + info.dir + "/config.json: " + info.runtime_unsupported);
+  }
+  FMOE_ASSIGN_OR_RETURN(const FamilyTensors* family, FindFamilyTensors(info.architecture));
+  if (options.expert_world_size == 0 || options.expert_rank >= options.expert_world_size) {
+    return InvalidArgument("model: expert rank " + std::to_string(options.expert_rank) +
+                           " is not below the group's size " +
+                           std::to_string(options.expert_world_size));
+  }
+  if (info.mla && info.num_key_value_heads != info.num_attention_heads) {
+    return InvalidArgument("model: " + info.dir + "/config.json: num_key_value_heads " +
+                           std::to_string(info.num_key_value_heads) +
+                           " differs from num_attention_heads; MLA needs them equal");
+  }
+  if (info.head_dim % 2 != 0) {
+    return InvalidArgument("model: " + info.dir + "/config.json: head_dim " +
+                           std::to_string(info.head_dim) +
+                           " is odd; rotary embeddings need it even");
+  }
+  FMOE_RETURN_IF_ERROR(info.routing.Validate());
+  c10::InferenceMode guard;
+  std::unique_ptr<MoeModel> model(new MoeModel(info));
+  Impl& m = *model->impl_;
+  m.options = options;
+  FMOE_ASSIGN_OR_RETURN(m.dtype, ParseDType(options.dtype));
+  if (options.cuda_index >= 0) {
+    m.device = at::Device(at::kCUDA, static_cast<at::DeviceIndex>(options.cuda_index));
+  }
+
+  FMOE_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(info.dir));
+  TensorLoader loader(*ckpt, m.dtype, m.device, progress);
+  const int64_t h = info.hidden_size, v = info.vocab_size, inter = info.intermediate_size;
+  const int64_t hd = info.head_dim;
+  const int64_t q_dim = int64_t{info.num_attention_heads} * hd;
+  const int64_t kv_dim = int64_t{info.num_key_value_heads} * hd;
+  const int64_t j = info.num_experts;
+
+  // A SwiGLU MLP under `p` ("...mlp." or "...mlp.shared_expert.") of width `width`.
+  auto load_mlp = [&](const std::string& p, int64_t width, MlpWeights* w) -> Status {
+    FMOE_ASSIGN_OR_RETURN(w->gate, loader.Load(p + "gate_proj.weight", {width, h}));
+    FMOE_ASSIGN_OR_RETURN(w->up, loader.Load(p + "up_proj.weight", {width, h}));
+    FMOE_ASSIGN_OR_RETURN(w->down, loader.Load(p + "down_proj.weight", {h, width}));
+    return Status::Ok();
+  };
+
+  FMOE_ASSIGN_OR_RETURN(m.embed, loader.Load("model.embed_tokens.weight", {v, h}));
+  m.layers.resize(info.num_hidden_layers);
+  for (uint32_t l = 0; l < info.num_moe_layers; ++l) m.layers[info.moe_layers[l]].moe = l;
+  experts->assign(info.num_moe_layers, {});
+  for (uint32_t i = 0; i < info.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Layer& layer = m.layers[i];
+    FMOE_ASSIGN_OR_RETURN(layer.input_norm, loader.Load(p + "input_layernorm.weight", {h}));
+    FMOE_ASSIGN_OR_RETURN(layer.post_norm, loader.Load(p + "post_attention_layernorm.weight", {h}));
+    if (info.layer_norm) {
+      FMOE_ASSIGN_OR_RETURN(layer.input_norm_bias, loader.Load(p + "input_layernorm.bias", {h}));
+      FMOE_ASSIGN_OR_RETURN(layer.post_norm_bias,
+                            loader.Load(p + "post_attention_layernorm.bias", {h}));
+    }
+    const std::string at_p = p + "self_attn.";
+    if (info.mla) {
+      FMOE_RETURN_IF_ERROR(LoadLatentAttention(info, loader, at_p, &layer.latent));
+    } else {
+      AttentionWeights& a = layer.attention;
+      FMOE_ASSIGN_OR_RETURN(a.wq, loader.Load(at_p + "q_proj.weight", {q_dim, h}));
+      FMOE_ASSIGN_OR_RETURN(a.wk, loader.Load(at_p + "k_proj.weight", {kv_dim, h}));
+      FMOE_ASSIGN_OR_RETURN(a.wv, loader.Load(at_p + "v_proj.weight", {kv_dim, h}));
+      FMOE_ASSIGN_OR_RETURN(a.wo, loader.Load(at_p + "o_proj.weight", {h, q_dim}));
+      if (info.qkv_bias) {
+        FMOE_ASSIGN_OR_RETURN(a.bq, loader.Load(at_p + "q_proj.bias", {q_dim}));
+        FMOE_ASSIGN_OR_RETURN(a.bk, loader.Load(at_p + "k_proj.bias", {kv_dim}));
+        FMOE_ASSIGN_OR_RETURN(a.bv, loader.Load(at_p + "v_proj.bias", {kv_dim}));
+      }
+      if (info.o_bias) {
+        FMOE_ASSIGN_OR_RETURN(a.bo, loader.Load(at_p + "o_proj.bias", {h}));
+      }
+      if (info.qk_norm == QkNorm::kPerHead) {
+        FMOE_ASSIGN_OR_RETURN(a.q_norm, loader.Load(at_p + "q_norm.weight", {hd}));
+        FMOE_ASSIGN_OR_RETURN(a.k_norm, loader.Load(at_p + "k_norm.weight", {hd}));
+      } else if (info.qk_norm == QkNorm::kWhole) {
+        FMOE_ASSIGN_OR_RETURN(a.q_norm, loader.Load(at_p + "q_norm.weight", {q_dim}));
+        FMOE_ASSIGN_OR_RETURN(a.k_norm, loader.Load(at_p + "k_norm.weight", {kv_dim}));
+      }
+    }
+    if (layer.moe == kDense) {
+      FMOE_RETURN_IF_ERROR(load_mlp(p + "mlp.", info.dense_intermediate_size, &layer.dense));
+      continue;
+    }
+    const std::string moe = p + family->moe;
+    FMOE_ASSIGN_OR_RETURN(layer.gate, loader.Load(moe + "gate.weight", {j, h}));
+    if (info.router_correction_bias) {
+      FMOE_ASSIGN_OR_RETURN(at::Tensor bias,
+                            loader.Load(moe + "gate.e_score_correction_bias", {j}, at::kCPU));
+      at::Tensor bf = bias.to(at::kFloat).contiguous();
+      layer.router_bias.assign(bf.data_ptr<float>(), bf.data_ptr<float>() + j);
+    }
+    if (info.shared_expert_intermediate_size > 0) {
+      FMOE_RETURN_IF_ERROR(load_mlp(moe + family->shared_expert,
+                                    info.shared_expert_intermediate_size, &layer.shared));
+      if (info.shared_expert_gated) {
+        FMOE_ASSIGN_OR_RETURN(layer.shared_gate,
+                              loader.Load(moe + "shared_expert_gate.weight", {1, h}));
+      }
+    }
+    auto& layer_experts = (*experts)[layer.moe];
+    layer_experts.resize(info.num_experts);
+    for (uint32_t e = 0; e < info.num_experts; ++e) {
+      const std::string q = moe + "experts." + std::to_string(e) + ".";
+      if ((int64_t{layer.moe} * j + e) % options.expert_world_size != options.expert_rank) {
+        // Another rank of the group owns it (DESIGN section 7).
+        FMOE_RETURN_IF_ERROR(loader.Skip(q + family->expert_gate, {inter, h}));
+        FMOE_RETURN_IF_ERROR(loader.Skip(q + family->expert_down, {h, inter}));
+        FMOE_RETURN_IF_ERROR(loader.Skip(q + family->expert_up, {inter, h}));
+        continue;
+      }
+      // Routed experts stay in host memory: the expert source decides where they live.
+      ExpertWeights& w = layer_experts[e];
+      FMOE_ASSIGN_OR_RETURN(w.w1, loader.Load(q + family->expert_gate, {inter, h}, at::kCPU));
+      FMOE_ASSIGN_OR_RETURN(w.w2, loader.Load(q + family->expert_down, {h, inter}, at::kCPU));
+      FMOE_ASSIGN_OR_RETURN(w.w3, loader.Load(q + family->expert_up, {inter, h}, at::kCPU));
+    }
+  }
+  FMOE_ASSIGN_OR_RETURN(m.final_norm, loader.Load("model.norm.weight", {h}));
+  if (info.layer_norm) {
+    FMOE_ASSIGN_OR_RETURN(m.final_norm_bias, loader.Load("model.norm.bias", {h}));
+  }
+  if (info.lm_head_bias) {
+    FMOE_ASSIGN_OR_RETURN(m.lm_head_bias, loader.Load("lm_head.bias", {v}));
+  }
+  if (info.tie_word_embeddings && ckpt->Find("lm_head.weight") == nullptr) {
+    m.lm_head = m.embed;
+  } else {
+    FMOE_ASSIGN_OR_RETURN(m.lm_head, loader.Load("lm_head.weight", {v, h}));
+  }
+  // HF's rotary inverse frequencies, computed the same way in float32.
+  m.inv_freq = RotaryInverseFrequencies(info);
+  m.rope_factor = RotaryAttentionFactor(info);
+  if (info.longrope) {
+    m.long_inv_freq = RotaryInverseFrequencies(info, /*long_factors=*/true);
+    m.long_rope_factor = RotaryAttentionFactor(info, /*long_factors=*/true);
+  }
+  return model;
+}
+
+Status MoeModel::LoadLatentAttention(const ModelInfo& info, TensorLoader& loader,
+                                     const std::string& p, MlaWeights* w) {
+  const MlaSpec& a = *info.mla;
+  const int64_t h = info.hidden_size, n_heads = info.num_attention_heads;
+  const int64_t q_dim = n_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim);
+  const int64_t r = a.kv_lora_rank, nope = a.qk_nope_head_dim, vd = a.v_head_dim;
+  if (a.q_lora_rank == 0) {
+    FMOE_ASSIGN_OR_RETURN(w->wq, loader.Load(p + "q_proj.weight", {q_dim, h}));
+  } else {
+    const int64_t rq = a.q_lora_rank;
+    FMOE_ASSIGN_OR_RETURN(w->wq_a, loader.Load(p + "q_a_proj.weight", {rq, h}));
+    FMOE_ASSIGN_OR_RETURN(w->q_a_norm, loader.Load(p + "q_a_layernorm.weight", {rq}));
+    FMOE_ASSIGN_OR_RETURN(w->wq_b, loader.Load(p + "q_b_proj.weight", {q_dim, rq}));
+  }
+  FMOE_ASSIGN_OR_RETURN(w->wkv_a,
+                        loader.Load(p + "kv_a_proj_with_mqa.weight", {r + a.qk_rope_head_dim, h}));
+  FMOE_ASSIGN_OR_RETURN(w->kv_a_norm, loader.Load(p + "kv_a_layernorm.weight", {r}));
+  FMOE_ASSIGN_OR_RETURN(at::Tensor kv_b,
+                        loader.Load(p + "kv_b_proj.weight", {n_heads * (nope + vd), r}));
+  at::Tensor per_head = kv_b.view({n_heads, nope + vd, r});
+  w->w_uk = per_head.narrow(1, 0, nope).contiguous();
+  w->w_uv = per_head.narrow(1, nope, vd).contiguous();
+  FMOE_ASSIGN_OR_RETURN(w->wo, loader.Load(p + "o_proj.weight", {h, n_heads * vd}));
+  return Status::Ok();
+}
+
+std::unique_ptr<KvCache> MoeModel::NewKvCache() const {
+  auto kv = std::make_unique<KvCache>();
+  kv->k_.resize(info_.num_hidden_layers);
+  kv->v_.resize(info_.num_hidden_layers);
+  return kv;
+}
+
+Status MoeModel::Forward(std::span<const SequenceInput> batch, ExpertSource& experts,
+                         ForwardObserver* observer, ForwardResult* out, bool record_router) {
+  // A LibTorch error (a shape, a device, memory) ends this batch with a Status, never the
+  // process (the engine ends the batch's requests with an error event).
+  try {
+    return ForwardImpl(batch, experts, observer, out, record_router);
+  } catch (const c10::Error& e) {
+    return Internal(std::string("model: forward: LibTorch: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Internal(std::string("model: forward: ") + e.what());
+  }
+}
+
+Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource& experts,
+                             ForwardObserver* observer, ForwardResult* out, bool record_router) {
+  c10::InferenceMode guard;
+  Impl& m = *impl_;
+  const ModelInfo& info = info_;
+  const int64_t h = info.hidden_size, hd = info.head_dim;
+  const int64_t n_kv = info.num_key_value_heads;
+  const int64_t vocab = info.vocab_size;
+  // Each layer's two cache tensors [rows, capacity, width] (KvCache).
+  const int64_t k_rows = info.mla ? 1 : n_kv, v_rows = k_rows;
+  const int64_t k_width = info.mla ? int64_t{info.mla->kv_lora_rank} : hd;
+  const int64_t v_width = info.mla ? int64_t{info.mla->qk_rope_head_dim} : hd;
+
+  // Validate and lay out the ragged batch.
+  Batch batch;
+  batch.inputs = inputs;
+  batch.observer = observer;
+  batch.out = out;
+  batch.record_router = record_router && out != nullptr;
+  batch.offset.assign(inputs.size() + 1, 0);
+  std::vector<int64_t> ids;
+  int64_t max_end = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const SequenceInput& s = inputs[i];
+    if (s.kv == nullptr || s.tokens.empty()) {
+      return InvalidArgument("req=" + std::to_string(s.request_id) + ": no tokens or no KV cache");
+    }
+    const int64_t end = s.kv->length_ + static_cast<int64_t>(s.tokens.size());
+    if (info.max_position_embeddings > 0 && end > info.max_position_embeddings) {
+      return InvalidArgument("req=" + std::to_string(s.request_id) + ": " + std::to_string(end) +
+                             " positions exceed max_position_embeddings " +
+                             std::to_string(info.max_position_embeddings));
+    }
+    for (size_t t = 0; t < s.tokens.size(); ++t) {
+      if (s.tokens[t] < 0 || s.tokens[t] >= vocab) {
+        return InvalidArgument("req=" + std::to_string(s.request_id) + ": token id " +
+                               std::to_string(s.tokens[t]) + " at position " + std::to_string(t) +
+                               " is out of range (vocab " + std::to_string(vocab) + ")");
+      }
+      ids.push_back(s.tokens[t]);
+    }
+    batch.offset[i + 1] = batch.offset[i] + static_cast<int64_t>(s.tokens.size());
+    max_end = std::max(max_end, end);
+  }
+  batch.rows = batch.offset.back();
+  if (out != nullptr) {
+    out->logits.assign(inputs.size(), {});
+    out->prompt_logprobs.assign(inputs.size(), {});
+    out->router_probs.clear();
+    out->router_topk.clear();
+  }
+  if (batch.rows == 0) return Status::Ok();
+
+  // Rotary tables up to the furthest position; KV caches large enough for their new tokens.
+  if (!m.rope.cos.defined() || m.rope.cos.size(0) < max_end) {
+    const int64_t n =
+        std::max<int64_t>(max_end, m.rope.cos.defined() ? 2 * m.rope.cos.size(0) : 256);
+    at::Tensor freqs = at::outer(at::arange(n, at::kLong).to(at::kFloat), m.inv_freq);
+    at::Tensor emb = at::cat({freqs, freqs}, -1);
+    m.rope.cos = (emb.cos() * m.rope_factor).to(m.device, m.dtype);
+    m.rope.sin = (emb.sin() * m.rope_factor).to(m.device, m.dtype);
+    if (m.long_inv_freq.defined()) {
+      at::Tensor long_freqs = at::outer(at::arange(n, at::kLong).to(at::kFloat), m.long_inv_freq);
+      at::Tensor long_emb = at::cat({long_freqs, long_freqs}, -1);
+      m.rope.long_cos = (long_emb.cos() * m.long_rope_factor).to(m.device, m.dtype);
+      m.rope.long_sin = (long_emb.sin() * m.long_rope_factor).to(m.device, m.dtype);
+      m.rope.long_after = info.longrope->original_max_position_embeddings;
+    }
+  }
+  for (const SequenceInput& s : inputs) {
+    KvCache& kv = *s.kv;
+    const int64_t need = kv.length_ + static_cast<int64_t>(s.tokens.size());
+    if (need <= kv.capacity_) continue;
+    const int64_t cap = std::max<int64_t>((need + 63) / 64 * 64, 2 * kv.capacity_);
+    for (size_t l = 0; l < kv.k_.size(); ++l) {
+      at::Tensor k = at::zeros({k_rows, cap, k_width}, m.opts());
+      at::Tensor v = at::zeros({v_rows, cap, v_width}, m.opts());
+      if (kv.length_ > 0) {
+        k.narrow(1, 0, kv.length_).copy_(kv.k_[l].narrow(1, 0, kv.length_));
+        v.narrow(1, 0, kv.length_).copy_(kv.v_[l].narrow(1, 0, kv.length_));
+      }
+      kv.k_[l] = k;
+      kv.v_[l] = v;
+    }
+    kv.capacity_ = cap;
+  }
+
+  at::Tensor id_tensor = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(m.device);
+  at::Tensor x = m.embed.index_select(0, id_tensor);  // [rows, h]
+  std::vector<SequenceInfo> sequences(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    sequences[i] = {inputs[i].request_id, inputs[i].iteration,
+                    static_cast<uint32_t>(inputs[i].tokens.size())};
+  }
+  if (observer != nullptr) {
+    observer->OnBatchStart(sequences);
+    at::Tensor xf = x.to(at::kCPU, at::kFloat);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      at::Tensor sem =
+          xf.narrow(0, batch.offset[i], batch.offset[i + 1] - batch.offset[i]).mean(0).contiguous();
+      observer->OnIterationStart(inputs[i].request_id, inputs[i].iteration,
+                                 {sem.data_ptr<float>(), static_cast<size_t>(h)});
+    }
+  }
+
+  experts.BeginIteration(sequences);
+  struct IterationEnd {
+    ExpertSource& source;
+    ~IterationEnd() { source.EndIteration(); }
+  } iteration_end{experts};
+
+  std::vector<AttentionSpan> spans(inputs.size());
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const Layer& layer = m.layers[l];
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      KvCache& kv = *inputs[i].kv;
+      spans[i] = {batch.offset[i], batch.offset[i + 1] - batch.offset[i], kv.length_, &kv.k_[l],
+                  &kv.v_[l]};
+    }
+    at::Tensor normed = DecoderNorm(info, x, layer.input_norm, layer.input_norm_bias);
+    x = x + (info.mla ? LatentAttention(info, layer.latent, normed, spans, m.rope,
+                                        m.options.row_block, m.options.attention_score_budget)
+                      : Attention(info, layer.attention, normed, spans, m.rope, m.options.row_block,
+                                  m.options.attention_score_budget));
+    at::Tensor hn = DecoderNorm(info, x, layer.post_norm, layer.post_norm_bias);
+    if (layer.moe == kDense) {
+      x = x + SwiGlu(hn, layer.dense.gate, layer.dense.up, layer.dense.down, m.options.row_block);
+      continue;
+    }
+    FMOE_ASSIGN_OR_RETURN(at::Tensor moe, MixtureOfExperts(layer.moe, x, hn, batch, experts));
+    x = x + moe;
+  }
+
+  if (out != nullptr) {
+    // Logits of the rows asked for.
+    std::vector<int64_t> logit_rows;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].all_logits) {
+        for (int64_t r = batch.offset[i]; r < batch.offset[i + 1]; ++r) logit_rows.push_back(r);
+      } else {
+        logit_rows.push_back(batch.offset[i + 1] - 1);
+      }
+    }
+    at::Tensor sel = x.index_select(
+        0, at::tensor(logit_rows, at::TensorOptions().dtype(at::kLong)).to(m.device));
+    at::Tensor logits = LogitsOf(sel).to(at::kCPU, at::kFloat).contiguous();
+    const float* lp = logits.data_ptr<float>();
+    size_t row = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const size_t n =
+          inputs[i].all_logits ? static_cast<size_t>(batch.offset[i + 1] - batch.offset[i]) : 1;
+      out->logits[i].assign(lp + row * vocab, lp + (row + n) * vocab);
+      row += n;
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].prompt_logprobs < 0) continue;
+      PromptLogprobsOf(x, batch.offset[i], inputs[i], &out->prompt_logprobs[i]);
+    }
+  }
+  for (const SequenceInput& s : inputs) s.kv->length_ += static_cast<int64_t>(s.tokens.size());
+  if (observer != nullptr) {
+    for (const SequenceInput& s : inputs) observer->OnIterationEnd(s.request_id, s.iteration);
+  }
+  return Status::Ok();
+}
+
+at::Tensor MoeModel::LogitsOf(const at::Tensor& hidden) const {
+  const Impl& m = *impl_;
+  return BlockLinear(DecoderNorm(info_, hidden, m.final_norm, m.final_norm_bias), m.lm_head,
+                     m.options.row_block, m.lm_head_bias);
+}
+
+void MoeModel::PromptLogprobsOf(const at::Tensor& x, int64_t first_row, const SequenceInput& in,
+                                PromptLogprobs* out) const {
+  const int64_t n = static_cast<int64_t>(in.tokens.size()) - 1;
+  const int64_t vocab = info_.vocab_size;
+  const int64_t top_n = std::min<int64_t>(in.prompt_logprobs, vocab);
+  out->top_n = static_cast<uint32_t>(top_n);
+  out->logprob.resize(static_cast<size_t>(std::max<int64_t>(n, 0)));
+  out->top.resize(out->logprob.size() * static_cast<size_t>(top_n));
+  // Rows of at most kChunk tokens at a time, so a long prompt never holds [tokens x vocab]
+  // logits; each row's logits are the ones the last token's come from (the same row blocks).
+  constexpr int64_t kChunk = 256;
+  for (int64_t r0 = 0; r0 < n; r0 += kChunk) {
+    const int64_t rows = std::min(kChunk, n - r0);
+    at::Tensor h = x.narrow(0, first_row + r0, rows);
+    at::Tensor logprobs = at::log_softmax(LogitsOf(h).to(at::kFloat), -1);
+    // Finite on the wire whatever the model gave, as the sampler's (kMinLogprob).
+    logprobs = at::nan_to_num(logprobs, kMinLogprob, 0.0, kMinLogprob).clamp_min(kMinLogprob);
+    std::vector<int64_t> next(in.tokens.begin() + r0 + 1, in.tokens.begin() + r0 + 1 + rows);
+    at::Tensor targets =
+        at::tensor(next, at::TensorOptions().dtype(at::kLong)).to(logprobs.device()).unsqueeze(1);
+    at::Tensor picked = logprobs.gather(1, targets).squeeze(1).to(at::kCPU).contiguous();
+    std::copy_n(picked.data_ptr<float>(), rows, out->logprob.begin() + r0);
+    if (top_n == 0) continue;
+    auto [values, ids] = logprobs.topk(top_n, -1);
+    at::Tensor v = values.to(at::kCPU).contiguous();
+    at::Tensor d = ids.to(at::kCPU).contiguous();
+    const float* vp = v.data_ptr<float>();
+    const int64_t* dp = d.data_ptr<int64_t>();
+    for (int64_t k = 0; k < rows * top_n; ++k) {
+      out->top[static_cast<size_t>(r0 * top_n + k)] = {static_cast<int32_t>(dp[k]), vp[k]};
+    }
+  }
+}
+
+Result<at::Tensor> MoeModel::MixtureOfExperts(uint32_t l, const at::Tensor& x, const at::Tensor& hn,
+                                              const Batch& batch, ExpertSource& experts) {
+  Impl& m = *impl_;
+  const ModelInfo& info = info_;
+  const Layer& layer = m.layers[info.moe_layers[l]];
+  const std::span<const SequenceInput> inputs = batch.inputs;
+  const std::vector<int64_t>& offset = batch.offset;
+  const int64_t rows = batch.rows, h = info.hidden_size;
+  const int64_t n_experts = info.num_experts, top_k = info.top_k;
+  ForwardObserver* observer = batch.observer;
+
+  // ---- routing (common/model/routing.h), on the CPU in float32 ----
+  at::Tensor logits_cpu = m.Linear(hn, layer.gate).to(at::kCPU, at::kFloat).contiguous();
+  std::vector<float> probs(static_cast<size_t>(rows * n_experts));
+  std::vector<int32_t> chosen(static_cast<size_t>(rows * top_k));
+  std::vector<float> weights(static_cast<size_t>(rows * top_k));
+  FMOE_RETURN_IF_ERROR(
+      RouteTokens(info.routing, static_cast<size_t>(rows),
+                  {logits_cpu.data_ptr<float>(), static_cast<size_t>(rows * n_experts)}, probs,
+                  chosen, weights, layer.router_bias));
+  if (observer != nullptr) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      std::vector<float> mean(static_cast<size_t>(n_experts), 0.0f);
+      // The mean over the sequence's rows, as torch's mean(0) in float32.
+      at::Tensor seq = at::from_blob(probs.data() + offset[i] * n_experts,
+                                     {offset[i + 1] - offset[i], n_experts}, at::kFloat)
+                           .mean(0)
+                           .contiguous();
+      observer->OnLayerGates(inputs[i].request_id, inputs[i].iteration, l,
+                             {seq.data_ptr<float>(), static_cast<size_t>(n_experts)});
+    }
+  }
+  if (batch.record_router) {
+    batch.out->router_probs.push_back(probs);
+    batch.out->router_topk.push_back(chosen);
+  }
+  // Rows (ascending) and weights per expert; each sequence's tokens per expert. A row's k
+  // picked experts fill its k slots in ascending expert order: slot r * K + s holds the
+  // weighted output of row r's s-th smallest expert.
+  std::vector<std::vector<int64_t>> expert_rows(n_experts);
+  std::vector<std::vector<int64_t>> expert_slots(n_experts);
+  std::vector<std::vector<float>> expert_weights(n_experts);
+  std::vector<uint32_t> sequence_counts(inputs.size() * n_experts, 0);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    for (int64_t r = offset[i]; r < offset[i + 1]; ++r) {
+      for (int64_t s = 0; s < top_k; ++s) {
+        const int64_t e = chosen[r * top_k + s];
+        int64_t smaller = 0;
+        for (int64_t o = 0; o < top_k; ++o) smaller += chosen[r * top_k + o] < e ? 1 : 0;
+        expert_rows[e].push_back(r);
+        expert_slots[e].push_back(r * top_k + smaller);
+        expert_weights[e].push_back(weights[r * top_k + s]);
+        ++sequence_counts[i * n_experts + e];
+      }
+    }
+  }
+  std::vector<uint32_t> used, used_tokens;
+  for (int64_t e = 0; e < n_experts; ++e) {
+    if (expert_rows[e].empty()) continue;
+    used.push_back(static_cast<uint32_t>(e));
+    used_tokens.push_back(static_cast<uint32_t>(expert_rows[e].size()));
+  }
+  if (observer != nullptr) {
+    std::vector<uint32_t> seq_experts, seq_tokens;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      seq_experts.clear();
+      seq_tokens.clear();
+      for (int64_t e = 0; e < n_experts; ++e) {
+        const uint32_t n = sequence_counts[i * n_experts + e];
+        if (n == 0) continue;
+        seq_experts.push_back(static_cast<uint32_t>(e));
+        seq_tokens.push_back(n);
+      }
+      observer->OnLayerRouting(inputs[i].request_id, inputs[i].iteration, l, seq_experts,
+                               seq_tokens);
+    }
+  }
+  Speculate(l, x, batch, experts);
+
+  const LayerRouting routing{l, used, used_tokens, sequence_counts};
+  FMOE_RETURN_IF_ERROR(experts.BeginLayer(routing));
+  // Hybrid execution on a device: the activations come down once, before the device's work on
+  // the resident experts is queued, so the host runs overlap with it.
+  at::Tensor hn_host;
+  if (!hn.is_cpu() && experts.HostRunsPlanned()) hn_host = hn.to(at::kCPU);
+  // Experts arrive in the order the source has them ready; each output goes to its own slots,
+  // so the result never depends on that order.
+  at::Tensor slots = at::zeros({rows * top_k, h}, m.opts());
+  std::vector<bool> done(static_cast<size_t>(n_experts), false);
+  Status status;
+  while (true) {
+    Result<std::pair<uint32_t, ExpertWeights>> next = experts.Next();
+    if (!next.ok()) {
+      if (next.status().code() != ErrorCode::kNotFound) status = next.status();
+      break;
+    }
+    const uint32_t e = next->first;
+    const ExpertWeights& w = next->second;
+    if (e >= n_experts || expert_rows[e].empty() || done[e]) {
+      status = Internal("model: expert source handed out expert " + std::to_string(e) +
+                        " of MoE layer " + std::to_string(l) + ", which the gate did not pick");
+      break;
+    }
+    at::Tensor idx = at::tensor(expert_rows[e], at::TensorOptions().dtype(at::kLong));
+    at::Tensor ye;
+    if (w.w1.is_cpu() && !hn.is_cpu()) {
+      // A host run (hybrid): computed from the expert's host copy, the result copied up.
+      if (!hn_host.defined()) hn_host = hn.to(at::kCPU);
+      Result<at::Tensor> host = CpuSwiGlu(hn_host.index_select(0, idx), w);
+      if (!host.ok()) {
+        status = host.status();
+        break;
+      }
+      ye = host->to(m.device);
+    } else {
+      // cpu mode computes a host run with the same function as any other expert, so hybrid
+      // execution there changes no value.
+      ye = SwiGlu(hn.index_select(0, idx.to(m.device)), w.w1, w.w3, w.w2, m.options.row_block);
+    }
+    at::Tensor we = at::tensor(expert_weights[e], at::TensorOptions().dtype(at::kFloat))
+                        .to(m.device, m.dtype)
+                        .unsqueeze(1);
+    slots.index_copy_(
+        0, at::tensor(expert_slots[e], at::TensorOptions().dtype(at::kLong)).to(m.device), ye * we);
+    done[e] = true;
+    experts.Done(e);
+  }
+  experts.EndLayer();
+  FMOE_RETURN_IF_ERROR(status);
+  // Expert parallelism (DESIGN section 7): this rank filled the slots of the experts it owns;
+  // every slot has one owner, so the combination is exact and the same on every rank.
+  if (group_ != nullptr) FMOE_RETURN_IF_ERROR(group_->CombineDisjoint(slots));
+  // Each row's experts summed in ascending expert order, whatever the group's size.
+  at::Tensor per_row = slots.view({rows, top_k, h});
+  at::Tensor moe = at::zeros({rows, h}, m.opts());
+  for (int64_t s = 0; s < top_k; ++s) moe = moe + per_row.select(1, s);
+  if (layer.shared.gate.defined()) {
+    // The shared expert: dense, resident, computed by every rank of a group.
+    at::Tensor shared =
+        SwiGlu(hn, layer.shared.gate, layer.shared.up, layer.shared.down, m.options.row_block);
+    if (layer.shared_gate.defined()) shared = at::sigmoid(m.Linear(hn, layer.shared_gate)) * shared;
+    moe = moe + shared;
+  }
+  return moe;
+}
+
+// Speculative prediction (DESIGN section 6): the gates of the next d MoE layers applied to this
+// layer's hidden state; per expert, the fraction of tokens whose top-k would pick it: over the
+// whole batch for the source, over each sequence's own rows for the observer (a trace recorder
+// records per request). The source gets its own distance's targets only, the observer its own:
+// the products beyond the source's distance change nothing but what the observer sees.
+void MoeModel::Speculate(uint32_t l, const at::Tensor& x, const Batch& batch,
+                         ExpertSource& experts) {
+  Impl& m = *impl_;
+  const ModelInfo& info = info_;
+  ForwardObserver* observer = batch.observer;
+  const int64_t rows = batch.rows, n_experts = info.num_experts, top_k = info.top_k;
+  const size_t source_distance = experts.speculation_distance();
+  const size_t observer_distance = observer != nullptr ? observer->speculation_distance() : 0;
+  const size_t distance = std::max(source_distance, observer_distance);
+  for (size_t t = l + 1; t < info.num_moe_layers && t <= l + distance; ++t) {
+    const Layer& ahead = m.layers[info.moe_layers[t]];
+    at::Tensor logits =
+        m.Linear(DecoderNorm(info, x, ahead.post_norm, ahead.post_norm_bias), ahead.gate);
+    std::vector<int64_t> picked(static_cast<size_t>(rows * top_k));
+    const RoutingSpec& spec = info.routing;
+    if (spec.scoring != RouterScoring::kSigmoid && spec.groups == GroupScoring::kNone &&
+        !spec.correction_bias) {
+      // The softmax keeps the logits' order, and sparsemixer picks the two largest logits: their
+      // top-k is the router's.
+      at::Tensor top = std::get<1>(logits.topk(top_k, -1)).to(at::kCPU).contiguous();
+      std::copy_n(top.data_ptr<int64_t>(), picked.size(), picked.begin());
+    } else {
+      // Sigmoid scores, a correction bias or groups: the router's own choice.
+      at::Tensor lc = logits.to(at::kCPU, at::kFloat).contiguous();
+      std::vector<float> probs(static_cast<size_t>(rows * n_experts));
+      std::vector<int32_t> chosen(picked.size());
+      std::vector<float> weights(picked.size());
+      if (!RouteTokens(spec, static_cast<size_t>(rows),
+                       {lc.data_ptr<float>(), static_cast<size_t>(rows * n_experts)}, probs, chosen,
+                       weights, ahead.router_bias)
+               .ok()) {
+        return;  // A guess only: the layer's own routing reports the error.
+      }
+      std::copy(chosen.begin(), chosen.end(), picked.begin());
+    }
+    std::vector<float> share(static_cast<size_t>(n_experts), 0.0f);
+    const int64_t* pk = picked.data();
+    for (int64_t k = 0; k < rows * top_k; ++k) share[pk[k]] += 1.0f / static_cast<float>(rows);
+    if (t <= l + source_distance) experts.Speculate(l, static_cast<uint32_t>(t), share);
+    if (t <= l + observer_distance) {
+      std::vector<uint32_t> counts(static_cast<size_t>(n_experts));
+      std::vector<float> own(static_cast<size_t>(n_experts));
+      for (size_t i = 0; i < batch.inputs.size(); ++i) {
+        std::fill(counts.begin(), counts.end(), 0u);
+        for (int64_t k = batch.offset[i] * top_k; k < batch.offset[i + 1] * top_k; ++k) {
+          ++counts[pk[k]];
+        }
+        const float seq_rows = static_cast<float>(batch.offset[i + 1] - batch.offset[i]);
+        for (int64_t e = 0; e < n_experts; ++e) own[e] = static_cast<float>(counts[e]) / seq_rows;
+        observer->OnSpeculation(batch.inputs[i].request_id, batch.inputs[i].iteration, l,
+                                static_cast<uint32_t>(t), own);
+      }
+    }
+  }
+}
+
+}  // namespace fmoe

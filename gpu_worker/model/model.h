@@ -1,0 +1,156 @@
+// The model runtime: a Mixture-of-Experts decoder in LibTorch (Mixtral, Qwen2-MoE, Qwen3-MoE,
+// OLMoE, DeepSeek-V2/V3: a stack of blocks.h's blocks chosen from config.json, model_families.h's
+// tensor names), loaded from a Hugging Face checkpoint, running one iteration of a ragged batch:
+// each sequence brings its new tokens (the whole prompt in prefill, one token in decode) and its
+// own KV cache. Dense weights live here; routed experts are reached only through an ExpertSource.
+// One owner thread (the engine's); nothing here is thread-safe.
+//
+// Batch invariance: a sequence's logits do not depend on what else is in the batch. Attention
+// runs per sequence; every matrix product on the CPU runs over fixed blocks of `row_block` rows
+// (the last one zero-padded), so a row meets the same BLAS kernel wherever it sits.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "common/model/model_config.h"
+#include "common/status.h"
+#include "gpu_worker/experts/expert_source.h"
+#include "gpu_worker/model/tensor_loader.h"
+#include "gpu_worker/observe/forward_observer.h"
+
+namespace fmoe {
+
+class ExpertGroup;
+struct MlaWeights;
+
+struct RuntimeOptions {
+  std::string dtype = "float32";  // Compute dtype: float32 | bfloat16 | float16. Default: float32
+  int cuda_index = -1;            // -1 = cpu. Default: -1
+  // Rows per matrix-product block on the CPU (batch invariance); 0 = one product over all rows.
+  // Default: 4
+  int row_block = 4;
+  // Elements of one block of attention scores: a prefill whose [heads, tokens, keys] scores are
+  // larger runs its queries in blocks (QueryBlockRows). Default: 2^26 (256 MiB in float32)
+  int64_t attention_score_budget = int64_t{1} << 26;
+  // Expert parallelism: Load reads only the routed experts with (l * J + j) % world == rank;
+  // the others stay undefined in the table. Default: rank 0 of 1 (every expert)
+  uint32_t expert_rank = 0;
+  uint32_t expert_world_size = 1;
+};
+
+// One sequence's keys and values for every layer, grown as it lengthens.
+class KvCache {
+ public:
+  int64_t length() const { return length_; }
+  size_t bytes() const;
+
+ private:
+  friend class MoeModel;  // Grows the tensors and hands each layer's to blocks.h's attention.
+  int64_t length_ = 0;
+  int64_t capacity_ = 0;
+  // Per transformer layer, two tensors: grouped-query attention's keys and values
+  // ([kv_heads, capacity, head_dim] each); with MLA the compressed latents after kv_a_layernorm
+  // ([1, capacity, kv_lora_rank]) and the rotated rotary keys ([1, capacity, qk_rope_head_dim]),
+  // never per-head keys and values (model_config.h KvBytesPerToken).
+  std::vector<at::Tensor> k_, v_;
+};
+
+struct SequenceInput {
+  uint64_t request_id = 0;
+  uint32_t iteration = 0;           // 0 = prefill.
+  std::span<const int32_t> tokens;  // New tokens, at positions kv->length() onwards.
+  KvCache* kv = nullptr;
+  bool all_logits = false;  // Logits of every new token (tests), else of the last only.
+  // >= 0: the log-probabilities of new tokens 1.. given the tokens before each, and the top
+  // `prompt_logprobs` there (ForwardResult::prompt_logprobs), computed where the logits are.
+  int32_t prompt_logprobs = -1;
+};
+
+// One sequence's log-probabilities of its new tokens after the first (TokenEvent's prompt
+// logprobs): logprob[i] is token i + 1's; top[i * top_n ..] the top_n likeliest (id,
+// log-probability) pairs there, likeliest first. From the raw logits' log_softmax.
+struct PromptLogprobs {
+  std::vector<float> logprob;
+  uint32_t top_n = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+struct ForwardResult {
+  // Per sequence: row-major [rows x vocab], rows = tokens.size() or 1.
+  std::vector<std::vector<float>> logits;
+  // Per sequence: filled for those whose input asked (prompt_logprobs >= 0), else empty.
+  std::vector<PromptLogprobs> prompt_logprobs;
+  // With record_router: per MoE layer, [total new tokens x J] router probabilities and
+  // [total new tokens x K] chosen experts, rows in batch order.
+  std::vector<std::vector<float>> router_probs;
+  std::vector<std::vector<int32_t>> router_topk;
+};
+
+class MoeModel {
+ public:
+  ~MoeModel();
+
+  // Loads the dense weights from info.dir and the routed experts into `experts` (host memory,
+  // compute dtype; experts[l] is MoE layer l). Errors name the file and tensor: "model:
+  // /m/model.safetensors: tensor \"model.layers.0.self_attn.q_proj.weight\": shape [64, 32],
+  // expected [64, 64]"; a family the runtime does not run is kFailedPrecondition; a LibTorch
+  // error becomes kInternal naming the model.
+  static Result<std::unique_ptr<MoeModel>> Load(const ModelInfo& info,
+                                                const RuntimeOptions& options,
+                                                const LoadProgress& progress, ExpertTable* experts);
+
+  const ModelInfo& info() const { return info_; }
+  std::unique_ptr<KvCache> NewKvCache() const;
+
+  // Expert parallelism (DESIGN section 7): every rank of `group` runs the same Forward; each
+  // computes the routed experts it owns and the group combines their outputs after each layer.
+  // Null (the default) or a group of one: this rank computes every expert.
+  void set_group(ExpertGroup* group) { group_ = group; }
+
+  // Runs one iteration. Appends each sequence's new tokens to its KV cache. kInvalidArgument for
+  // a token id out of range or a sequence past max_position_embeddings; a LibTorch error is
+  // kInternal (the KV caches of the batch are then unusable: end its requests). `out` may be null
+  // (a rank that does not sample): no logits are computed. `observer` (may be null) is called as
+  // forward_observer.h describes; speculative gates are computed up to the larger of the
+  // source's and the observer's distance, and each sees only the targets within its own.
+  Status Forward(std::span<const SequenceInput> batch, ExpertSource& experts,
+                 ForwardObserver* observer, ForwardResult* out, bool record_router = false);
+
+ private:
+  struct Layer;
+  struct Impl;
+  struct Batch;
+  explicit MoeModel(ModelInfo info);
+  static Result<std::unique_ptr<MoeModel>> LoadImpl(const ModelInfo& info,
+                                                    const RuntimeOptions& options,
+                                                    const LoadProgress& progress,
+                                                    ExpertTable* experts);
+  static Status LoadLatentAttention(const ModelInfo& info, TensorLoader& loader,
+                                    const std::string& prefix, MlaWeights* w);
+  Status ForwardImpl(std::span<const SequenceInput> batch, ExpertSource& experts,
+                     ForwardObserver* observer, ForwardResult* out, bool record_router);
+  // MoE layer l over the normed hidden state `hn`: routing, observer calls, speculation (from the
+  // residual `x`), the routed experts through the source, the group's combine, the shared expert.
+  Result<at::Tensor> MixtureOfExperts(uint32_t l, const at::Tensor& x, const at::Tensor& hn,
+                                      const Batch& batch, ExpertSource& experts);
+  void Speculate(uint32_t l, const at::Tensor& x, const Batch& batch, ExpertSource& experts);
+  // The final norm and lm_head over final hidden states: [rows, vocab] in the compute dtype.
+  at::Tensor LogitsOf(const at::Tensor& hidden) const;
+  // The prompt logprobs of `in`, whose new tokens' final hidden states are x's rows from
+  // `first_row`.
+  void PromptLogprobsOf(const at::Tensor& x, int64_t first_row, const SequenceInput& in,
+                        PromptLogprobs* out) const;
+  ModelInfo info_;
+  std::unique_ptr<Impl> impl_;
+  ExpertGroup* group_ = nullptr;
+};
+
+}  // namespace fmoe

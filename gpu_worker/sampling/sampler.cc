@@ -1,0 +1,238 @@
+#include "gpu_worker/sampling/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+namespace fmoe {
+namespace {
+
+// Higher logit first, lower id on ties: a total order, so results never depend on sort details.
+bool Better(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+  return a.first != b.first ? a.first > b.first : a.second < b.second;
+}
+
+constexpr float kMaxLogitBias = 100.0f;
+
+float Clean(float logit) {
+  return std::isnan(logit) ? -std::numeric_limits<float>::infinity() : logit;
+}
+
+std::string Num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
+}  // namespace
+
+Status ValidateSampling(const SamplingParams& p, uint32_t vocab_size) {
+  if (!std::isfinite(p.temperature) || p.temperature < 0.0f) {
+    return InvalidArgument("sampling.temperature: " + Num(p.temperature) + " is not >= 0");
+  }
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+    return InvalidArgument("sampling.top_p: " + Num(p.top_p) + " is not in (0, 1]");
+  }
+  if (p.top_k < 0) return InvalidArgument("sampling.top_k: " + Num(p.top_k) + " is negative");
+  if (p.max_tokens == 0) return InvalidArgument("sampling.max_tokens: must be at least 1");
+  auto is_token = [vocab_size](int32_t id) {
+    return id >= 0 && static_cast<uint32_t>(id) < vocab_size;
+  };
+  const std::string vocab = " (vocab " + std::to_string(vocab_size) + ")";
+  for (int32_t id : p.stop_token_ids) {
+    if (!is_token(id)) {
+      return InvalidArgument("sampling.stop_token_ids: " + std::to_string(id) +
+                             " is not a token id" + vocab);
+    }
+  }
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (!is_token(id)) {
+      return InvalidArgument("sampling.logit_bias: " + std::to_string(id) + " is not a token id" +
+                             vocab);
+    }
+    if (!(std::abs(bias) <= kMaxLogitBias)) {
+      return InvalidArgument("sampling.logit_bias: token " + std::to_string(id) + ": " + Num(bias) +
+                             " is not in [-100, 100]");
+    }
+  }
+  if (p.min_tokens > p.max_tokens) {
+    return InvalidArgument("sampling.min_tokens: " + std::to_string(p.min_tokens) +
+                           " is more than max_tokens " + std::to_string(p.max_tokens));
+  }
+  for (auto [value, name] : {std::pair{p.presence_penalty, "presence_penalty"},
+                             std::pair{p.frequency_penalty, "frequency_penalty"}}) {
+    if (!(value >= -2.0f && value <= 2.0f)) {
+      return InvalidArgument("sampling." + std::string(name) + ": " + Num(value) +
+                             " is not in [-2, 2]");
+    }
+  }
+  if (!std::isfinite(p.repetition_penalty) || p.repetition_penalty <= 0.0f) {
+    return InvalidArgument("sampling.repetition_penalty: " + Num(p.repetition_penalty) +
+                           " is not > 0");
+  }
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    return InvalidArgument("sampling.min_p: " + Num(p.min_p) + " is not in [0, 1]");
+  }
+  if (p.logprobs < -1 || p.logprobs > kMaxLogprobs) {
+    return InvalidArgument("sampling.logprobs: " + std::to_string(p.logprobs) + " is not in [-1, " +
+                           std::to_string(kMaxLogprobs) + "]");
+  }
+  return Status::Ok();
+}
+
+Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt,
+                 std::span<const int32_t> eos_ids)
+    : params_(params), rng_(params.seed) {
+  if (params_.min_tokens > 0) {
+    masked_ids_.assign(eos_ids.begin(), eos_ids.end());
+    masked_ids_.insert(masked_ids_.end(), params_.stop_token_ids.begin(),
+                       params_.stop_token_ids.end());
+  }
+  if (params_.repetition_penalty != 1.0f) {
+    for (int32_t id : prompt) seen_[id].in_prompt = true;
+  }
+  if (params_.logprobs > 0) logprobs_.top.reserve(static_cast<size_t>(params_.logprobs) + 1);
+}
+
+bool Sampler::penalized() const {
+  return params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
+         params_.presence_penalty != 0.0f;
+}
+
+bool Sampler::Process(std::span<const float> logits) {
+  const bool masking = generated_ < params_.min_tokens && !masked_ids_.empty();
+  if (params_.logit_bias.empty() && !masking && !penalized()) return false;
+  const size_t n = logits.size();
+  processed_.assign(logits.begin(), logits.end());
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (id >= 0 && static_cast<size_t>(id) < n) processed_[static_cast<size_t>(id)] += bias;
+  }
+  if (masking) {
+    for (int32_t id : masked_ids_) {
+      if (id >= 0 && static_cast<size_t>(id) < n) {
+        processed_[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
+  if (penalized()) {
+    const float rep = params_.repetition_penalty;
+    for (const auto& [id, seen] : seen_) {
+      if (id < 0 || static_cast<size_t>(id) >= n) continue;
+      float& logit = processed_[static_cast<size_t>(id)];
+      if (rep != 1.0f) logit = logit > 0.0f ? logit / rep : logit * rep;
+      if (seen.output > 0) {
+        logit -= params_.frequency_penalty * static_cast<float>(seen.output);
+        logit -= params_.presence_penalty;
+      }
+    }
+  }
+  return true;
+}
+
+int32_t Sampler::Sample(std::span<const float> raw) {
+  if (raw.empty()) return -1;
+  const std::span<const float> logits = Process(raw) ? std::span<const float>(processed_) : raw;
+  const int32_t token = Draw(logits);
+  ++generated_;
+  if (penalized()) ++seen_[token].output;
+  if (params_.logprobs >= 0) ComputeLogprobs(raw, token);
+  return token;
+}
+
+int32_t Sampler::Draw(std::span<const float> logits) {
+  const int32_t n = static_cast<int32_t>(logits.size());
+  if (params_.temperature == 0.0f || params_.top_k == 1) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; ++i) {
+      if (Clean(logits[i]) > Clean(logits[best])) best = i;
+    }
+    return best;
+  }
+  candidates_.resize(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) candidates_[i] = {Clean(logits[i]), i};
+  if (params_.min_p > 0.0f) {
+    // p / p_max = exp((logit - max) / temperature), as the draw below computes it.
+    const double max = std::min_element(candidates_.begin(), candidates_.end(), Better)->first;
+    if (std::isfinite(max)) {
+      std::erase_if(candidates_, [&](const std::pair<float, int32_t>& c) {
+        return std::exp((c.first - max) / params_.temperature) < params_.min_p;
+      });
+    }
+  }
+  size_t keep = candidates_.size();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
+    keep = static_cast<size_t>(params_.top_k);
+  }
+  // Best first where order matters (a top-k cut or a top-p walk); otherwise only the maximum.
+  if (keep < candidates_.size() || params_.top_p < 1.0f) {
+    std::partial_sort(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(keep),
+                      candidates_.end(), Better);
+    candidates_.resize(keep);
+  } else {
+    std::iter_swap(candidates_.begin(),
+                   std::min_element(candidates_.begin(), candidates_.end(), Better));
+  }
+  const double max_logit = candidates_[0].first;
+  if (!std::isfinite(max_logit)) return candidates_[0].second;
+  probs_.resize(keep);
+  double total = 0.0;
+  for (size_t i = 0; i < keep; ++i) {
+    probs_[i] = std::exp((candidates_[i].first - max_logit) / params_.temperature);
+    total += probs_[i];
+  }
+  if (params_.top_p < 1.0f) {
+    double mass = 0.0;
+    size_t cut = 0;
+    while (cut < keep) {
+      mass += probs_[cut] / total;
+      ++cut;
+      if (mass >= params_.top_p) break;
+    }
+    keep = cut;
+    total = 0.0;
+    for (size_t i = 0; i < keep; ++i) total += probs_[i];
+  }
+  // 53 random bits: the same draw on every platform (std distributions are not portable).
+  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
+  double acc = 0.0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += probs_[i];
+    if (u < acc) return candidates_[i].second;
+  }
+  return candidates_[keep - 1].second;
+}
+
+void Sampler::ComputeLogprobs(std::span<const float> logits, int32_t token) {
+  const size_t n = logits.size();
+  double max = -std::numeric_limits<double>::infinity();
+  for (float l : logits) max = std::max<double>(max, Clean(l));
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(Clean(l) - max);
+  const double log_total = max + std::log(sum);
+  auto logprob = [&](size_t i) {
+    const double v = Clean(logits[i]) - log_total;
+    return std::isfinite(v) && v > kMinLogprob ? static_cast<float>(v) : kMinLogprob;
+  };
+  logprobs_.token = token >= 0 && static_cast<size_t>(token) < n ? logprob(token) : kMinLogprob;
+  // The best params.logprobs by raw logit (the same order as by log-probability), kept sorted.
+  std::vector<std::pair<int32_t, float>>& top = logprobs_.top;
+  top.clear();
+  const size_t want = static_cast<size_t>(params_.logprobs);
+  if (want == 0) return;
+  auto better = [&](size_t i, const std::pair<int32_t, float>& kept) {
+    return Better({Clean(logits[i]), static_cast<int32_t>(i)},
+                  {Clean(logits[static_cast<size_t>(kept.first)]), kept.first});
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (top.size() == want && !better(i, top.back())) continue;
+    auto at =
+        std::find_if(top.begin(), top.end(), [&](const auto& kept) { return better(i, kept); });
+    top.insert(at, {static_cast<int32_t>(i), 0.0f});
+    if (top.size() > want) top.pop_back();
+  }
+  for (auto& [id, value] : top) value = logprob(static_cast<size_t>(id));
+}
+
+}  // namespace fmoe
