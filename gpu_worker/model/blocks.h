@@ -1,10 +1,11 @@
 // The model runtime's building blocks, one function each, shared by every architecture
-// (model_families.h says which a family uses): the batch-invariant linear map, RMSNorm and
-// LayerNorm, rotary embeddings (plain, YaRN, LongRoPE), grouped-query attention with its variants
-// (q/k/v biases, q/k RMSNorm per head or over the whole projection, q/k/v clipping, a sliding
-// window), DeepSeek's multi-head latent attention with its decoupled (YaRN) RoPE, and the SwiGLU
-// MLP that dense layers, shared experts and routed experts compute. Each follows the Hugging Face
-// transformers implementation of the families it serves, operation for operation.
+// (which a family uses is set by its file in common/model/families/, through ModelInfo's flags):
+// the batch-invariant linear map, RMSNorm and LayerNorm, rotary embeddings (plain, YaRN, LongRoPE),
+// grouped-query attention with its variants (q/k/v biases, q/k RMSNorm per head or over the whole
+// projection, q/k/v clipping, a sliding window), DeepSeek's multi-head latent attention with its
+// decoupled (YaRN) RoPE, and the SwiGLU MLP that dense layers, shared experts and routed experts
+// compute. Each follows the Hugging Face transformers implementation of the families it serves,
+// operation for operation.
 #pragma once
 
 #include <cstdint>

@@ -10,11 +10,11 @@
 #include <string>
 
 #include "common/model/checkpoint.h"
+#include "common/model/families/family.h"
 #include "common/model/routing.h"
 #include "gpu_worker/experts/cpu_expert.h"
 #include "gpu_worker/group/expert_group.h"
 #include "gpu_worker/model/blocks.h"
-#include "gpu_worker/model/model_families.h"
 #include "gpu_worker/sampling/sampler.h"
 
 namespace fmoe {
@@ -107,7 +107,8 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
   if (!info.runtime_unsupported.empty()) {
     return FailedPrecondition("model: " + info.dir + "/config.json: " + info.runtime_unsupported);
   }
-  FMOE_ASSIGN_OR_RETURN(const FamilyTensors* family, FindFamilyTensors(info.architecture));
+  FMOE_ASSIGN_OR_RETURN(const ModelFamily* family, FindModelFamily(info.architecture));
+  const ExpertTensorNames& names = family->tensors;
   if (options.expert_world_size == 0 || options.expert_rank >= options.expert_world_size) {
     return InvalidArgument("model: expert rank " + std::to_string(options.expert_rank) +
                            " is not below the group's size " +
@@ -192,7 +193,7 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
       FMOE_RETURN_IF_ERROR(load_mlp(p + "mlp.", info.dense_intermediate_size, &layer.dense));
       continue;
     }
-    const std::string moe = p + family->moe;
+    const std::string moe = p + names.moe;
     FMOE_ASSIGN_OR_RETURN(layer.gate, loader.Load(moe + "gate.weight", {j, h}));
     if (info.router_correction_bias) {
       FMOE_ASSIGN_OR_RETURN(at::Tensor bias,
@@ -201,7 +202,7 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
       layer.router_bias.assign(bf.data_ptr<float>(), bf.data_ptr<float>() + j);
     }
     if (info.shared_expert_intermediate_size > 0) {
-      FMOE_RETURN_IF_ERROR(load_mlp(moe + family->shared_expert,
+      FMOE_RETURN_IF_ERROR(load_mlp(moe + names.shared_expert,
                                     info.shared_expert_intermediate_size, &layer.shared));
       if (info.shared_expert_gated) {
         FMOE_ASSIGN_OR_RETURN(layer.shared_gate,
@@ -214,16 +215,16 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
       const std::string q = moe + "experts." + std::to_string(e) + ".";
       if ((int64_t{layer.moe} * j + e) % options.expert_world_size != options.expert_rank) {
         // Another rank of the group owns it (DESIGN section 7).
-        FMOE_RETURN_IF_ERROR(loader.Skip(q + family->expert_gate, {inter, h}));
-        FMOE_RETURN_IF_ERROR(loader.Skip(q + family->expert_down, {h, inter}));
-        FMOE_RETURN_IF_ERROR(loader.Skip(q + family->expert_up, {inter, h}));
+        FMOE_RETURN_IF_ERROR(loader.Skip(q + names.expert_gate, {inter, h}));
+        FMOE_RETURN_IF_ERROR(loader.Skip(q + names.expert_down, {h, inter}));
+        FMOE_RETURN_IF_ERROR(loader.Skip(q + names.expert_up, {inter, h}));
         continue;
       }
       // Routed experts stay in host memory: the expert source decides where they live.
       ExpertWeights& w = layer_experts[e];
-      FMOE_ASSIGN_OR_RETURN(w.w1, loader.Load(q + family->expert_gate, {inter, h}, at::kCPU));
-      FMOE_ASSIGN_OR_RETURN(w.w2, loader.Load(q + family->expert_down, {h, inter}, at::kCPU));
-      FMOE_ASSIGN_OR_RETURN(w.w3, loader.Load(q + family->expert_up, {inter, h}, at::kCPU));
+      FMOE_ASSIGN_OR_RETURN(w.w1, loader.Load(q + names.expert_gate, {inter, h}, at::kCPU));
+      FMOE_ASSIGN_OR_RETURN(w.w2, loader.Load(q + names.expert_down, {h, inter}, at::kCPU));
+      FMOE_ASSIGN_OR_RETURN(w.w3, loader.Load(q + names.expert_up, {inter, h}, at::kCPU));
     }
   }
   FMOE_ASSIGN_OR_RETURN(m.final_norm, loader.Load("model.norm.weight", {h}));

@@ -1,9 +1,10 @@
 // The model runtime: a Mixture-of-Experts decoder in LibTorch (Mixtral, Qwen2-MoE, Qwen3-MoE,
-// OLMoE, DeepSeek-V2/V3: a stack of blocks.h's blocks chosen from config.json, model_families.h's
-// tensor names), loaded from a Hugging Face checkpoint, running one iteration of a ragged batch:
-// each sequence brings its new tokens (the whole prompt in prefill, one token in decode) and its
-// own KV cache. Dense weights live here; routed experts are reached only through an ExpertSource.
-// One owner thread (the engine's); nothing here is thread-safe.
+// OLMoE, DeepSeek-V2/V3: a stack of blocks.h's blocks picked by the ModelInfo flags that the
+// family's file in common/model/families/ sets, found by the tensor names it gives), loaded from a
+// Hugging Face checkpoint, running one iteration of a ragged batch: each sequence brings its new
+// tokens (the whole prompt in prefill, one token in decode) and its own KV cache. Dense weights
+// live here; routed experts are reached only through an ExpertSource. One owner thread (the
+// engine's); nothing here is thread-safe.
 //
 // Batch invariance: a sequence's logits do not depend on what else is in the batch. Attention
 // runs per sequence; every matrix product on the CPU runs over fixed blocks of `row_block` rows

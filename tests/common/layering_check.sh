@@ -16,7 +16,8 @@ check() {  # check FILES... -- PATTERN
 }
 shopt -s nullglob
 check common/*.h common/*.cc "common/(model|text|wire)|$above"
-check common/model/*.h common/model/*.cc "common/(text|wire)|$above"
+check common/model/*.h common/model/*.cc common/model/families/*.h common/model/families/*.cc \
+  "common/(text|wire)|$above"
 check common/text/*.h common/text/*.cc "common/(model|wire)|$above"
 check common/wire/*.h common/wire/*.cc "common/(model|text)|$above"
 if ((bad)); then

@@ -1,5 +1,8 @@
 #include "common/model/model_config.h"
 
+#include <set>
+#include <string>
+
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -8,12 +11,39 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/model/families/family.h"
+
 namespace fmoe {
 namespace {
 
 const char* kMixtral = R"({"architectures": ["MixtralForCausalLM"], "num_hidden_layers": 8,
   "hidden_size": 256, "vocab_size": 4096, "num_local_experts": 8, "num_experts_per_tok": 2,
   "max_position_embeddings": 1024, "intermediate_size": 512, "num_attention_heads": 8})";
+
+// Every family's file is complete, each architecture name belongs to one family, and the
+// refusal of an unknown one lists them all.
+TEST(ModelFamilies, EachArchitectureFindsItsOwnFamily) {
+  std::set<std::string> seen;
+  for (const ModelFamily* f : AllModelFamilies()) {
+    ASSERT_FALSE(f->architectures.empty());
+    EXPECT_NE(f->parse, nullptr) << f->architectures[0];
+    EXPECT_NE(std::string(f->experts_key), "") << f->architectures[0];
+    EXPECT_NE(std::string(f->tensors.moe), "") << f->architectures[0];
+    for (const char* name : {f->tensors.expert_gate, f->tensors.expert_up, f->tensors.expert_down})
+      EXPECT_NE(std::string(name), "") << f->architectures[0];
+    for (const char* name : f->architectures) {
+      EXPECT_TRUE(seen.insert(name).second) << name << " is served by two families";
+      auto found = FindModelFamily(name);
+      ASSERT_TRUE(found.ok()) << found.status().ToString();
+      EXPECT_EQ(*found, f) << name;
+    }
+  }
+  EXPECT_EQ(seen.size(), 8u);
+  auto missing = FindModelFamily("LlamaForCausalLM");
+  ASSERT_FALSE(missing.ok());
+  for (const std::string& name : seen)
+    EXPECT_NE(missing.status().message().find(name), std::string::npos) << name;
+}
 
 TEST(ModelConfig, ReadsMixtralShape) {
   auto info = ParseModelConfig(kMixtral, "/m");

@@ -1,0 +1,35 @@
+// Readers of config.json fields that the shared parser (common/model/model_config.cc) and the
+// families' parsers use: each checks the type and range and names the key in its error.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace fmoe::config_json {
+
+using Json = nlohmann::json;
+
+// A positive integer key that fits int32; `required` says whether absence is an error (absence
+// or null otherwise keeps `*out`).
+Status ReadCount(const Json& j, const char* key, bool required, uint32_t* out);
+// A finite number > 0; absence keeps `*out` (the default).
+Status ReadPositiveDouble(const Json& j, const char* key, double* out);
+// A finite number >= 0; absence keeps `*out`.
+Status ReadNonNegativeDouble(const Json& j, const char* key, double* out);
+// A boolean; absence or null keeps `*out` (the family's default).
+Status ReadBool(const Json& j, const char* key, bool* out);
+// A family's rope_scaling object: nullptr when absent or null; kInvalidArgument when it is not an
+// object, its type ("type" or "rope_type") is not `type`, or it has a key outside `known`.
+Result<const Json*> RopeScaling(const Json& j, std::string_view type,
+                                const std::set<std::string>& known);
+// sliding_window, when set, into `*out`.
+Status ReadSlidingWindow(const Json& j, std::optional<uint32_t>* out);
+
+}  // namespace fmoe::config_json
