@@ -22,6 +22,7 @@
 #include "common/service_setup.h"
 #include "common/wire/curve_key.h"
 #include "gpu_worker/control/load_reporter.h"
+#include "gpu_worker/control/outbox.h"
 #include "gpu_worker/control/worker.h"
 #include "gpu_worker/rank.h"
 
@@ -86,138 +87,146 @@ RankOptions RankFromManifest(const Manifest& manifest, const WorkerGroupSpec& gr
   return o;
 }
 
-}  // namespace
+// Exit codes: the launcher restarts a rank that exits 1 and the whole group for 3.
+constexpr int kExitLoad = 1;
+constexpr int kExitBadOptions = 2;
+constexpr int kExitGroup = 3;
 
-int main(int argc, char** argv) {
-  CLI::App app{"fmoe-worker: one rank of an fmoe worker group"};
-  std::string manifest_path, group_name;
-  int rank_index = 0;
+struct Args {
+  std::string manifest_path;
+  std::string group_name;
+  int rank = 0;
   int ready_fd = -1;
   std::string record_trace;
-  app.add_option("--manifest", manifest_path, "cluster manifest (YAML)")->required();
-  app.add_option("--group", group_name, "worker group name in the manifest")->required();
-  app.add_option("--rank", rank_index, "rank within the group")
-      ->required()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--ready-fd", ready_fd, "file descriptor to write READY to once serving");
-  app.add_option(
-      "--record-trace", record_trace,
-      "write the expert routing trace (common/model/expert_trace.h) to this file; leader "
-      "(rank 0) only");
-  CLI11_PARSE(app, argc, argv);
+};
 
+// Where this rank stands: its manifest, its group, the group's rendezvous.
+struct Place {
   Manifest manifest;
-  const std::string log_name = "worker-" + group_name + "-" + std::to_string(rank_index);
-  if (int rc = SetUpService("fmoe-worker", manifest_path, log_name, &manifest); rc != 0) {
+  const WorkerGroupSpec* group = nullptr;
+  HostPort rendezvous;
+};
+
+// The manifest read (the log set up), the cluster key loaded, the group and rank found; 0, or
+// the exit code after logging why.
+int FindPlace(const Args& args, Place* place) {
+  const std::string log_name = "worker-" + args.group_name + "-" + std::to_string(args.rank);
+  if (int rc = SetUpService("fmoe-worker", args.manifest_path, log_name, &place->manifest);
+      rc != 0) {
     return rc;
   }
+  const Manifest& manifest = place->manifest;
   // Every ZeroMQ socket of this process authenticates with the cluster key.
   if (Status s = wire::UseClusterKey(manifest.security.curve, manifest.security.key_file, true);
       !s.ok()) {
     spdlog::error("{}", s.message());
-    return 2;
+    return kExitBadOptions;
   }
-  StopSignals& signals = StopSignals::Install();
-  const WorkerGroupSpec* group = FindGroup(manifest, group_name);
-  if (group == nullptr) {
-    spdlog::error("group \"{}\" is not in {}", group_name, manifest_path);
-    return 2;
+  place->group = FindGroup(manifest, args.group_name);
+  if (place->group == nullptr) {
+    spdlog::error("group \"{}\" is not in {}", args.group_name, args.manifest_path);
+    return kExitBadOptions;
   }
-  if (rank_index >= static_cast<int>(group->workers.size())) {
-    spdlog::error("group {} has {} ranks; rank {} does not exist", group_name,
-                  group->workers.size(), rank_index);
-    return 2;
+  if (args.rank >= static_cast<int>(place->group->workers.size())) {
+    spdlog::error("group {} has {} ranks; rank {} does not exist", args.group_name,
+                  place->group->workers.size(), args.rank);
+    return kExitBadOptions;
   }
-  auto rendezvous = ParseHostPort(group->rendezvous);
+  auto rendezvous = ParseHostPort(place->group->rendezvous);
   if (!rendezvous.ok()) {
-    spdlog::error("worker_groups.{}.rendezvous: {}", group->name, rendezvous.status().message());
-    return 2;
+    spdlog::error("worker_groups.{}.rendezvous: {}", place->group->name,
+                  rendezvous.status().message());
+    return kExitBadOptions;
   }
+  place->rendezvous = *rendezvous;
+  return 0;
+}
 
-  // Manifest -> options, in this one place.
+// Manifest -> the control plane's options, in this one place (the rank's: RankFromManifest).
+WorkerOptions ControlFromManifest(const Manifest& manifest, const WorkerGroupSpec& group,
+                                  uint32_t rank) {
   WorkerOptions options;
-  options.group = group->name;
-  options.rank = static_cast<uint32_t>(rank_index);
-  options.world_size = static_cast<uint32_t>(group->workers.size());
+  options.group = group.name;
+  options.rank = rank;
+  options.world_size = static_cast<uint32_t>(group.workers.size());
   options.model_name = manifest.model.name;
   options.map_service_endpoint = manifest.map_service.endpoint;
   options.router_endpoint = manifest.router.worker_endpoint;
-  options.max_batch = static_cast<uint32_t>(group->max_batch);
+  options.max_batch = static_cast<uint32_t>(group.max_batch);
   options.heartbeat_interval_ms = manifest.heartbeat.interval_ms;
   options.heartbeat_timeout_ms = manifest.heartbeat.timeout_ms;
   // The ablations of the fmoe policy change how the map service matches this rank's contexts.
-  options.semantic = group->policy != "fmoe-traj";
-  options.delta = group->policy != "fmoe-traj-sem";
-  const bool leader = options.rank == 0;
-  spdlog::info("worker: group={} rank={}/{} map_service={} router={}", options.group, options.rank,
-               options.world_size, options.map_service_endpoint,
-               leader ? options.router_endpoint : "-");
-  RankOptions rank_options = RankFromManifest(manifest, *group, options.rank, *rendezvous);
-  if (!record_trace.empty() && !leader) {
-    spdlog::warn("--record-trace {} ignored: only the leader (rank 0) records", record_trace);
-  } else {
-    rank_options.record_trace = record_trace;
-  }
-  // The engine's events and the leader's contexts go to the control plane once it exists (the
-  // engine runs only after that); PublishContext never blocks.
-  Worker* worker_ptr = nullptr;
-  rank_options.on_token = [&worker_ptr](const TokenEvent& ev) {
-    if (worker_ptr != nullptr) worker_ptr->PostEvent(ev);
-  };
-  rank_options.on_context = [&worker_ptr](MapMessage m) {
-    if (worker_ptr != nullptr) worker_ptr->PublishContext(std::move(m));
-  };
-  // The leader tells the router how the load goes, so clients see "loading" at once.
-  std::unique_ptr<LoadReporter> load_reporter;
-  if (leader) {
-    load_reporter = std::make_unique<LoadReporter>(
-        LoadReporterOptions{group->name, options.router_endpoint, manifest.heartbeat.interval_ms});
-    if (Status s = load_reporter->Start(); !s.ok()) {
-      spdlog::warn("loading progress will not reach the router: {}", s.message());
-      load_reporter.reset();
-    } else {
-      rank_options.progress = [r = load_reporter.get()](uint64_t done, uint64_t total) {
-        r->Progress(done, total);
-      };
-    }
-  }
+  options.semantic = group.policy != "fmoe-traj";
+  options.delta = group.policy != "fmoe-traj-sem";
+  return options;
+}
 
-  // Every rank runs the model (DESIGN section 7): dense weights replicated, routed experts
-  // (l * J + j) % world == rank; the leader also tokenizes, samples and serves the router.
+// The leader tells the router how the load goes, so clients see "loading" at once; null when
+// the reporter cannot start (logged) or on the other ranks.
+std::unique_ptr<LoadReporter> StartLoadReporter(const Place& place, const WorkerOptions& options,
+                                                RankOptions* rank_options) {
+  if (options.rank != 0) return nullptr;
+  auto reporter = std::make_unique<LoadReporter>(LoadReporterOptions{
+      place.group->name, options.router_endpoint, place.manifest.heartbeat.interval_ms});
+  if (Status s = reporter->Start(); !s.ok()) {
+    spdlog::warn("loading progress will not reach the router: {}", s.message());
+    return nullptr;
+  }
+  rank_options->progress = [r = reporter.get()](uint64_t done, uint64_t total) {
+    r->Progress(done, total);
+  };
+  return reporter;
+}
+
+// Every rank runs the model (DESIGN section 7): dense weights replicated, routed experts
+// (l * J + j) % world == rank; the leader also tokenizes, samples and serves the router. The
+// rank's token events and contexts go to `outbox`, which the control plane sends from.
+int AssembleRank(const Args& args, const Place& place, const WorkerOptions& options, Outbox* outbox,
+                 std::unique_ptr<Rank>* rank) {
+  const bool leader = options.rank == 0;
+  RankOptions rank_options =
+      RankFromManifest(place.manifest, *place.group, options.rank, place.rendezvous);
+  if (!args.record_trace.empty() && !leader) {
+    spdlog::warn("--record-trace {} ignored: only the leader (rank 0) records", args.record_trace);
+  } else {
+    rank_options.record_trace = args.record_trace;
+  }
+  rank_options.on_token = [outbox](const TokenEvent& ev) { outbox->PostEvent(ev); };
+  rank_options.on_context = [outbox](MapMessage m) { outbox->PublishContext(std::move(m)); };
+  std::unique_ptr<LoadReporter> load_reporter = StartLoadReporter(place, options, &rank_options);
   RankStage stage = RankStage::kOptions;
   auto assembled = Rank::Assemble(std::move(rank_options), &stage);
-  if (!assembled.ok()) {
-    const std::string why = assembled.status().message();
-    spdlog::error("{}{}", stage == RankStage::kTrace ? "--record-trace: " : "", why);
-    // A rank that cannot join exits 3: the launcher restarts the whole group.
-    return stage == RankStage::kJoin ? 3 : stage == RankStage::kOptions ? 2 : 1;
-  }
-  std::unique_ptr<Rank> rank = std::move(*assembled);
-  if (leader) options.expert_figures = [&rank] { return rank->group_figures(); };
-  // Every rank receives the group's directives and keeps those for its own experts.
-  options.on_directive = [&rank](const PrefetchDirective& d) { rank->PostDirective(d); };
-
   if (load_reporter) load_reporter->Stop();  // The Hello takes over.
-  Worker worker(options, rank->info(), SteadyClock::Get(), rank->engine());
-  worker_ptr = &worker;
-  if (Status s = worker.Start(); !s.ok()) {
-    spdlog::error("{}", s.message());
-    return 1;
+  if (!assembled.ok()) {
+    spdlog::error("{}{}", stage == RankStage::kTrace ? "--record-trace: " : "",
+                  assembled.status().message());
+    // A rank that cannot join exits 3: the launcher restarts the whole group.
+    return stage == RankStage::kJoin      ? kExitGroup
+           : stage == RankStage::kOptions ? kExitBadOptions
+                                          : kExitLoad;
   }
+  *rank = std::move(*assembled);
+  return 0;
+}
+
+// Runs the compute thread and the control loop until a stop signal or a broken group, then
+// takes both down; the exit code.
+int Serve(const Args& args, const Place& place, StopSignals& signals, Rank& rank, Worker& worker) {
+  const bool leader = args.rank == 0;
   // The compute thread: after a stop signal a follower keeps following until the leader's stop
   // plan (it is stopping too) or the grace period ends.
-  const auto grace = std::chrono::milliseconds(2 * manifest.heartbeat.timeout_ms);
+  const auto grace = std::chrono::milliseconds(2 * place.manifest.heartbeat.timeout_ms);
   std::atomic<bool> compute_done{false};
   std::thread compute_thread([&] {
-    rank->RunCompute([&] { return signals.stop_requested(); }, grace);
+    rank.RunCompute([&] { return signals.stop_requested(); }, grace);
     compute_done = true;
   });
-  worker.Run([&] { return signals.stop_requested() || rank->group_failed(); },
-             [ready_fd] {
+  worker.Run([&] { return signals.stop_requested() || rank.group_failed(); },
+             [ready_fd = args.ready_fd] {
                spdlog::info("ready");
                NotifyReady(ready_fd);
              });
-  rank->Wake();
+  rank.Wake();
   // A rank blocked in a collective comes back within the keep-alive interval (or when a peer
   // leaves); past the grace period it is abandoned.
   const auto join_deadline = std::chrono::steady_clock::now() + grace + std::chrono::seconds(5);
@@ -228,26 +237,66 @@ int main(int argc, char** argv) {
     spdlog::error("the {} thread did not return; leaving without it",
                   leader ? "engine" : "follower");
     spdlog::default_logger()->flush();
-    std::_Exit(rank->group_failed() ? 3 : 0);
+    std::_Exit(rank.group_failed() ? kExitGroup : 0);
   }
   compute_thread.join();
-  rank->Finish();
+  rank.Finish();
   const ContextStats cx = worker.context_stats();
   spdlog::info(
       "map service contexts: {} published, {} sent, {} dropped (queue full), {} dropped (map "
       "service away), {} refused by the socket; {} directives and {} stored maps received",
       cx.published, cx.sent, cx.dropped_full, cx.dropped_offline, cx.send_failed, cx.directives,
       cx.maps_stored);
-  if (rank->group_failed()) {
-    const std::string why = rank->group_failure();
+  if (rank.group_failed()) {
+    const std::string why = rank.group_failure();
     // The router fails this group's running requests and re-queues the rest at once.
     if (Status s = worker.SendGoodbye(why); !s.ok()) spdlog::warn("{}", s.message());
     spdlog::error("leaving: {} (the launcher restarts the group)", why);
     spdlog::default_logger()->flush();
     // Nothing here is worth a careful teardown: a process group with a dead peer may block in
     // its destructor.
-    std::_Exit(3);
+    std::_Exit(kExitGroup);
   }
   spdlog::info("stopped (signal {})", signals.last_signal());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fmoe-worker: one rank of an fmoe worker group"};
+  Args args;
+  app.add_option("--manifest", args.manifest_path, "cluster manifest (YAML)")->required();
+  app.add_option("--group", args.group_name, "worker group name in the manifest")->required();
+  app.add_option("--rank", args.rank, "rank within the group")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--ready-fd", args.ready_fd, "file descriptor to write READY to once serving");
+  app.add_option(
+      "--record-trace", args.record_trace,
+      "write the expert routing trace (common/model/expert_trace.h) to this file; leader "
+      "(rank 0) only");
+  CLI11_PARSE(app, argc, argv);
+
+  Place place;
+  if (int rc = FindPlace(args, &place); rc != 0) return rc;
+  StopSignals& signals = StopSignals::Install();
+  WorkerOptions options =
+      ControlFromManifest(place.manifest, *place.group, static_cast<uint32_t>(args.rank));
+  spdlog::info("worker: group={} rank={}/{} map_service={} router={}", options.group, options.rank,
+               options.world_size, options.map_service_endpoint,
+               options.rank == 0 ? options.router_endpoint : "-");
+
+  Outbox outbox(options.context_queue);
+  std::unique_ptr<Rank> rank;
+  if (int rc = AssembleRank(args, place, options, &outbox, &rank); rc != 0) return rc;
+  if (options.rank == 0) options.expert_figures = [&rank] { return rank->group_figures(); };
+  // Every rank receives the group's directives and keeps those for its own experts.
+  options.on_directive = [&rank](const PrefetchDirective& d) { rank->PostDirective(d); };
+  Worker worker(options, rank->info(), SteadyClock::Get(), rank->engine(), &outbox);
+  if (Status s = worker.Start(); !s.ok()) {
+    spdlog::error("{}", s.message());
+    return kExitLoad;
+  }
+  return Serve(args, place, signals, *rank, worker);
 }

@@ -32,8 +32,13 @@ std::string CurrentWhat() {
 }  // namespace
 
 Worker::Worker(WorkerOptions options, ModelInfo model, const Clock& clock,
-               RequestExecutor* executor)
-    : options_(std::move(options)), model_(std::move(model)), clock_(clock), executor_(executor) {
+               RequestExecutor* executor, Outbox* outbox)
+    : options_(std::move(options)),
+      model_(std::move(model)),
+      clock_(clock),
+      executor_(executor),
+      own_outbox_(outbox == nullptr ? std::make_unique<Outbox>(options_.context_queue) : nullptr),
+      outbox_(outbox == nullptr ? own_outbox_.get() : outbox) {
   instance_id_ = RandomId();
 }
 
@@ -68,9 +73,9 @@ void Worker::Run(const std::function<bool()>& stop, const std::function<void()>&
     // The loop is a boundary: what one message or one send throws is logged, and the rank
     // serves on. Each message has its own boundary in Dispatch*.
     try {
-      auto polled = wire::Poll(sockets, 50, &readable, &notifier_, &notified);
+      auto polled = wire::Poll(sockets, 50, &readable, &outbox_->notifier(), &notified);
       if (polled.ok() && notified) {
-        notifier_.Drain();
+        outbox_->notifier().Drain();
         SendEvents();
         SendContexts();
       }
@@ -154,41 +159,24 @@ Status Worker::SendGoodbye(const std::string& reason) {
   return sent;
 }
 
-void Worker::PostEvent(TokenEvent event) {
-  {
-    std::lock_guard<std::mutex> lock(events_mu_);
-    events_.push_back(std::move(event));
-  }
-  notifier_.Notify();
-}
-
-void Worker::PublishContext(MapMessage context) {
-  {
-    std::lock_guard<std::mutex> lock(contexts_mu_);
-    ++context_stats_.published;
-    if (contexts_.size() >= std::max<size_t>(1, options_.context_queue)) {
-      contexts_.pop_front();
-      ++context_stats_.dropped_full;
-    }
-    contexts_.push_back(std::move(context));
-  }
-  notifier_.Notify();
-}
-
 ContextStats Worker::context_stats() const {
-  std::lock_guard<std::mutex> lock(contexts_mu_);
-  return context_stats_;
+  ContextStats stats;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats = context_stats_;
+  }
+  const Outbox::Counts counts = outbox_->counts();
+  stats.published = counts.published;
+  stats.dropped_full = counts.dropped_full;
+  return stats;
 }
 
 void Worker::SendContexts() {
-  std::deque<MapMessage> batch;
-  {
-    std::lock_guard<std::mutex> lock(contexts_mu_);
-    batch.swap(contexts_);
-    if (!map_registered()) {
-      context_stats_.dropped_offline += batch.size();
-      return;
-    }
+  const std::deque<MapMessage> batch = outbox_->TakeContexts();
+  if (!map_registered()) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    context_stats_.dropped_offline += batch.size();
+    return;
   }
   uint64_t sent = 0, failed = 0;
   for (const MapMessage& m : batch) {
@@ -198,17 +186,13 @@ void Worker::SendContexts() {
       ++failed;
     }
   }
-  std::lock_guard<std::mutex> lock(contexts_mu_);
+  std::lock_guard<std::mutex> lock(stats_mu_);
   context_stats_.sent += sent;
   context_stats_.send_failed += failed;
 }
 
 void Worker::SendEvents() {
-  std::vector<TokenEvent> events;
-  {
-    std::lock_guard<std::mutex> lock(events_mu_);
-    events.swap(events_);
-  }
+  const std::vector<TokenEvent> events = outbox_->TakeEvents();
   for (const TokenEvent& ev : events) {
     if (!router_socket_) continue;
     // The router may be restarting: its requests are gone with it, so the event is dropped.
@@ -314,12 +298,12 @@ void Worker::OnMapMessage(const MapMessage& message) {
     Acked(map_, hb->known);
   } else if (const auto* directive = std::get_if<PrefetchDirective>(&message)) {
     {
-      std::lock_guard<std::mutex> lock(contexts_mu_);
+      std::lock_guard<std::mutex> lock(stats_mu_);
       ++context_stats_.directives;
     }
     if (options_.on_directive) options_.on_directive(*directive);
   } else if (std::holds_alternative<MapStored>(message)) {
-    std::lock_guard<std::mutex> lock(contexts_mu_);
+    std::lock_guard<std::mutex> lock(stats_mu_);
     ++context_stats_.maps_stored;
   } else {
     spdlog::debug("map service sent {}; ignored", wire::MessageName(message));

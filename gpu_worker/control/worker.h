@@ -34,6 +34,7 @@
 #include "common/status.h"
 #include "common/wire/messages.h"
 #include "common/wire/wire.h"
+#include "gpu_worker/control/outbox.h"
 #include "gpu_worker/core/request_executor.h"
 
 namespace fmoe {
@@ -71,16 +72,18 @@ struct ContextStats {
 
 class Worker {
  public:
-  // `executor` may be null (no model on this rank); it must outlive the worker.
+  // `executor` may be null (no model on this rank); it must outlive the worker. `outbox`: where
+  // the compute thread posts events and contexts (it must outlive the worker); null: the worker
+  // owns one of `options.context_queue` contexts.
   Worker(WorkerOptions options, ModelInfo model, const Clock& clock,
-         RequestExecutor* executor = nullptr);
+         RequestExecutor* executor = nullptr, Outbox* outbox = nullptr);
   ~Worker();
 
-  // Any thread: queues a token event for the router and wakes Run.
-  void PostEvent(TokenEvent event);
+  // Any thread: queues a token event for the router and wakes Run (the outbox's PostEvent).
+  void PostEvent(TokenEvent event) { outbox_->PostEvent(std::move(event)); }
   // Any thread, never blocks: queues a context (IterationStart, LayerObserved or IterationEnd)
-  // for the map service and wakes Run.
-  void PublishContext(MapMessage context);
+  // for the map service and wakes Run (the outbox's PublishContext).
+  void PublishContext(MapMessage context) { outbox_->PublishContext(std::move(context)); }
   ContextStats context_stats() const;
 
   Status Start();
@@ -133,12 +136,10 @@ class Worker {
   Link router_{"router"};
   int64_t started_ms_ = 0;
   RequestExecutor* executor_;
-  wire::Notifier notifier_;
-  std::mutex events_mu_;
-  std::vector<TokenEvent> events_;  // GUARDED_BY(events_mu_)
-  mutable std::mutex contexts_mu_;
-  std::deque<MapMessage> contexts_;  // GUARDED_BY(contexts_mu_)
-  ContextStats context_stats_;       // GUARDED_BY(contexts_mu_)
+  std::unique_ptr<Outbox> own_outbox_;  // When the constructor was given none.
+  Outbox* outbox_;
+  mutable std::mutex stats_mu_;
+  ContextStats context_stats_;  // GUARDED_BY(stats_mu_); published and dropped_full: the outbox's
 };
 
 }  // namespace fmoe

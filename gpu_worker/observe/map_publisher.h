@@ -1,6 +1,6 @@
 // MapPublisher: the ForwardObserver that turns the model's per-request iteration context (its
 // semantic embedding and every layer's gate distribution, DESIGN section 4) into the map
-// service's context messages, handed to a sink that must not block (Worker::PublishContext).
+// service's context messages, handed to a sink that must not block (Outbox::PublishContext).
 // Engine thread only.
 #pragma once
 
