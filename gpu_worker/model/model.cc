@@ -104,11 +104,56 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
                                                      const RuntimeOptions& options,
                                                      const LoadProgress& progress,
                                                      ExpertTable* experts) {
+  FMOE_RETURN_IF_ERROR(CheckLoadable(info, options));
+  FMOE_ASSIGN_OR_RETURN(const ModelFamily* family, FindModelFamily(info.architecture));
+  c10::InferenceMode guard;
+  std::unique_ptr<MoeModel> model(new MoeModel(info));
+  Impl& m = *model->impl_;
+  m.options = options;
+  FMOE_ASSIGN_OR_RETURN(m.dtype, ParseDType(options.dtype));
+  if (options.cuda_index >= 0) {
+    m.device = at::Device(at::kCUDA, static_cast<at::DeviceIndex>(options.cuda_index));
+  }
+
+  FMOE_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(info.dir));
+  TensorLoader loader(*ckpt, m.dtype, m.device, progress);
+  const int64_t h = info.hidden_size;
+  FMOE_ASSIGN_OR_RETURN(m.embed,
+                        loader.Load("model.embed_tokens.weight", {int64_t{info.vocab_size}, h}));
+  m.layers.resize(info.num_hidden_layers);
+  for (uint32_t l = 0; l < info.num_moe_layers; ++l) m.layers[info.moe_layers[l]].moe = l;
+  experts->assign(info.num_moe_layers, {});
+  for (uint32_t i = 0; i < info.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Layer& layer = m.layers[i];
+    FMOE_ASSIGN_OR_RETURN(layer.input_norm, loader.Load(p + "input_layernorm.weight", {h}));
+    FMOE_ASSIGN_OR_RETURN(layer.post_norm, loader.Load(p + "post_attention_layernorm.weight", {h}));
+    if (info.layer_norm) {
+      FMOE_ASSIGN_OR_RETURN(layer.input_norm_bias, loader.Load(p + "input_layernorm.bias", {h}));
+      FMOE_ASSIGN_OR_RETURN(layer.post_norm_bias,
+                            loader.Load(p + "post_attention_layernorm.bias", {h}));
+    }
+    if (info.mla) {
+      FMOE_RETURN_IF_ERROR(LoadLatentAttention(info, loader, p + "self_attn.", &layer.latent));
+    } else {
+      FMOE_RETURN_IF_ERROR(LoadAttention(info, loader, p + "self_attn.", &layer.attention));
+    }
+    if (layer.moe == kDense) {
+      FMOE_RETURN_IF_ERROR(
+          LoadMlp(loader, p + "mlp.", info.dense_intermediate_size, h, &layer.dense));
+      continue;
+    }
+    FMOE_RETURN_IF_ERROR(LoadMoeBlock(info, family->tensors, options, loader,
+                                      p + family->tensors.moe, &layer, &(*experts)[layer.moe]));
+  }
+  FMOE_RETURN_IF_ERROR(LoadOutput(info, *ckpt, loader, &m));
+  return model;
+}
+
+Status MoeModel::CheckLoadable(const ModelInfo& info, const RuntimeOptions& options) {
   if (!info.runtime_unsupported.empty()) {
     return FailedPrecondition("model: " + info.dir + "/config.json: " + info.runtime_unsupported);
   }
-  FMOE_ASSIGN_OR_RETURN(const ModelFamily* family, FindModelFamily(info.architecture));
-  const ExpertTensorNames& names = family->tensors;
   if (options.expert_world_size == 0 || options.expert_rank >= options.expert_world_size) {
     return InvalidArgument("model: expert rank " + std::to_string(options.expert_rank) +
                            " is not below the group's size " +
@@ -124,129 +169,106 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
                            std::to_string(info.head_dim) +
                            " is odd; rotary embeddings need it even");
   }
-  FMOE_RETURN_IF_ERROR(info.routing.Validate());
-  c10::InferenceMode guard;
-  std::unique_ptr<MoeModel> model(new MoeModel(info));
-  Impl& m = *model->impl_;
-  m.options = options;
-  FMOE_ASSIGN_OR_RETURN(m.dtype, ParseDType(options.dtype));
-  if (options.cuda_index >= 0) {
-    m.device = at::Device(at::kCUDA, static_cast<at::DeviceIndex>(options.cuda_index));
-  }
+  return info.routing.Validate();
+}
 
-  FMOE_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(info.dir));
-  TensorLoader loader(*ckpt, m.dtype, m.device, progress);
-  const int64_t h = info.hidden_size, v = info.vocab_size, inter = info.intermediate_size;
-  const int64_t hd = info.head_dim;
+Status MoeModel::LoadMlp(TensorLoader& loader, const std::string& p, int64_t width, int64_t h,
+                         MlpWeights* w) {
+  FMOE_ASSIGN_OR_RETURN(w->gate, loader.Load(p + "gate_proj.weight", {width, h}));
+  FMOE_ASSIGN_OR_RETURN(w->up, loader.Load(p + "up_proj.weight", {width, h}));
+  FMOE_ASSIGN_OR_RETURN(w->down, loader.Load(p + "down_proj.weight", {h, width}));
+  return Status::Ok();
+}
+
+Status MoeModel::LoadAttention(const ModelInfo& info, TensorLoader& loader, const std::string& p,
+                               AttentionWeights* a) {
+  const int64_t h = info.hidden_size, hd = info.head_dim;
   const int64_t q_dim = int64_t{info.num_attention_heads} * hd;
   const int64_t kv_dim = int64_t{info.num_key_value_heads} * hd;
-  const int64_t j = info.num_experts;
+  FMOE_ASSIGN_OR_RETURN(a->wq, loader.Load(p + "q_proj.weight", {q_dim, h}));
+  FMOE_ASSIGN_OR_RETURN(a->wk, loader.Load(p + "k_proj.weight", {kv_dim, h}));
+  FMOE_ASSIGN_OR_RETURN(a->wv, loader.Load(p + "v_proj.weight", {kv_dim, h}));
+  FMOE_ASSIGN_OR_RETURN(a->wo, loader.Load(p + "o_proj.weight", {h, q_dim}));
+  if (info.qkv_bias) {
+    FMOE_ASSIGN_OR_RETURN(a->bq, loader.Load(p + "q_proj.bias", {q_dim}));
+    FMOE_ASSIGN_OR_RETURN(a->bk, loader.Load(p + "k_proj.bias", {kv_dim}));
+    FMOE_ASSIGN_OR_RETURN(a->bv, loader.Load(p + "v_proj.bias", {kv_dim}));
+  }
+  if (info.o_bias) {
+    FMOE_ASSIGN_OR_RETURN(a->bo, loader.Load(p + "o_proj.bias", {h}));
+  }
+  if (info.qk_norm == QkNorm::kPerHead) {
+    FMOE_ASSIGN_OR_RETURN(a->q_norm, loader.Load(p + "q_norm.weight", {hd}));
+    FMOE_ASSIGN_OR_RETURN(a->k_norm, loader.Load(p + "k_norm.weight", {hd}));
+  } else if (info.qk_norm == QkNorm::kWhole) {
+    FMOE_ASSIGN_OR_RETURN(a->q_norm, loader.Load(p + "q_norm.weight", {q_dim}));
+    FMOE_ASSIGN_OR_RETURN(a->k_norm, loader.Load(p + "k_norm.weight", {kv_dim}));
+  }
+  return Status::Ok();
+}
 
-  // A SwiGLU MLP under `p` ("...mlp." or "...mlp.shared_expert.") of width `width`.
-  auto load_mlp = [&](const std::string& p, int64_t width, MlpWeights* w) -> Status {
-    FMOE_ASSIGN_OR_RETURN(w->gate, loader.Load(p + "gate_proj.weight", {width, h}));
-    FMOE_ASSIGN_OR_RETURN(w->up, loader.Load(p + "up_proj.weight", {width, h}));
-    FMOE_ASSIGN_OR_RETURN(w->down, loader.Load(p + "down_proj.weight", {h, width}));
-    return Status::Ok();
-  };
-
-  FMOE_ASSIGN_OR_RETURN(m.embed, loader.Load("model.embed_tokens.weight", {v, h}));
-  m.layers.resize(info.num_hidden_layers);
-  for (uint32_t l = 0; l < info.num_moe_layers; ++l) m.layers[info.moe_layers[l]].moe = l;
-  experts->assign(info.num_moe_layers, {});
-  for (uint32_t i = 0; i < info.num_hidden_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    Layer& layer = m.layers[i];
-    FMOE_ASSIGN_OR_RETURN(layer.input_norm, loader.Load(p + "input_layernorm.weight", {h}));
-    FMOE_ASSIGN_OR_RETURN(layer.post_norm, loader.Load(p + "post_attention_layernorm.weight", {h}));
-    if (info.layer_norm) {
-      FMOE_ASSIGN_OR_RETURN(layer.input_norm_bias, loader.Load(p + "input_layernorm.bias", {h}));
-      FMOE_ASSIGN_OR_RETURN(layer.post_norm_bias,
-                            loader.Load(p + "post_attention_layernorm.bias", {h}));
+Status MoeModel::LoadMoeBlock(const ModelInfo& info, const ExpertTensorNames& names,
+                              const RuntimeOptions& options, TensorLoader& loader,
+                              const std::string& moe, Layer* layer,
+                              std::vector<ExpertWeights>* layer_experts) {
+  const int64_t h = info.hidden_size, inter = info.intermediate_size, j = info.num_experts;
+  FMOE_ASSIGN_OR_RETURN(layer->gate, loader.Load(moe + "gate.weight", {j, h}));
+  if (info.router_correction_bias) {
+    FMOE_ASSIGN_OR_RETURN(at::Tensor bias,
+                          loader.Load(moe + "gate.e_score_correction_bias", {j}, at::kCPU));
+    at::Tensor bf = bias.to(at::kFloat).contiguous();
+    layer->router_bias.assign(bf.data_ptr<float>(), bf.data_ptr<float>() + j);
+  }
+  if (info.shared_expert_intermediate_size > 0) {
+    FMOE_RETURN_IF_ERROR(LoadMlp(loader, moe + names.shared_expert,
+                                 info.shared_expert_intermediate_size, h, &layer->shared));
+    if (info.shared_expert_gated) {
+      FMOE_ASSIGN_OR_RETURN(layer->shared_gate,
+                            loader.Load(moe + "shared_expert_gate.weight", {1, h}));
     }
-    const std::string at_p = p + "self_attn.";
-    if (info.mla) {
-      FMOE_RETURN_IF_ERROR(LoadLatentAttention(info, loader, at_p, &layer.latent));
-    } else {
-      AttentionWeights& a = layer.attention;
-      FMOE_ASSIGN_OR_RETURN(a.wq, loader.Load(at_p + "q_proj.weight", {q_dim, h}));
-      FMOE_ASSIGN_OR_RETURN(a.wk, loader.Load(at_p + "k_proj.weight", {kv_dim, h}));
-      FMOE_ASSIGN_OR_RETURN(a.wv, loader.Load(at_p + "v_proj.weight", {kv_dim, h}));
-      FMOE_ASSIGN_OR_RETURN(a.wo, loader.Load(at_p + "o_proj.weight", {h, q_dim}));
-      if (info.qkv_bias) {
-        FMOE_ASSIGN_OR_RETURN(a.bq, loader.Load(at_p + "q_proj.bias", {q_dim}));
-        FMOE_ASSIGN_OR_RETURN(a.bk, loader.Load(at_p + "k_proj.bias", {kv_dim}));
-        FMOE_ASSIGN_OR_RETURN(a.bv, loader.Load(at_p + "v_proj.bias", {kv_dim}));
-      }
-      if (info.o_bias) {
-        FMOE_ASSIGN_OR_RETURN(a.bo, loader.Load(at_p + "o_proj.bias", {h}));
-      }
-      if (info.qk_norm == QkNorm::kPerHead) {
-        FMOE_ASSIGN_OR_RETURN(a.q_norm, loader.Load(at_p + "q_norm.weight", {hd}));
-        FMOE_ASSIGN_OR_RETURN(a.k_norm, loader.Load(at_p + "k_norm.weight", {hd}));
-      } else if (info.qk_norm == QkNorm::kWhole) {
-        FMOE_ASSIGN_OR_RETURN(a.q_norm, loader.Load(at_p + "q_norm.weight", {q_dim}));
-        FMOE_ASSIGN_OR_RETURN(a.k_norm, loader.Load(at_p + "k_norm.weight", {kv_dim}));
-      }
-    }
-    if (layer.moe == kDense) {
-      FMOE_RETURN_IF_ERROR(load_mlp(p + "mlp.", info.dense_intermediate_size, &layer.dense));
+  }
+  layer_experts->resize(info.num_experts);
+  for (uint32_t e = 0; e < info.num_experts; ++e) {
+    const std::string q = moe + "experts." + std::to_string(e) + ".";
+    if ((int64_t{layer->moe} * j + e) % options.expert_world_size != options.expert_rank) {
+      // Another rank of the group owns it (DESIGN section 7).
+      FMOE_RETURN_IF_ERROR(loader.Skip(q + names.expert_gate, {inter, h}));
+      FMOE_RETURN_IF_ERROR(loader.Skip(q + names.expert_down, {h, inter}));
+      FMOE_RETURN_IF_ERROR(loader.Skip(q + names.expert_up, {inter, h}));
       continue;
     }
-    const std::string moe = p + names.moe;
-    FMOE_ASSIGN_OR_RETURN(layer.gate, loader.Load(moe + "gate.weight", {j, h}));
-    if (info.router_correction_bias) {
-      FMOE_ASSIGN_OR_RETURN(at::Tensor bias,
-                            loader.Load(moe + "gate.e_score_correction_bias", {j}, at::kCPU));
-      at::Tensor bf = bias.to(at::kFloat).contiguous();
-      layer.router_bias.assign(bf.data_ptr<float>(), bf.data_ptr<float>() + j);
-    }
-    if (info.shared_expert_intermediate_size > 0) {
-      FMOE_RETURN_IF_ERROR(load_mlp(moe + names.shared_expert,
-                                    info.shared_expert_intermediate_size, &layer.shared));
-      if (info.shared_expert_gated) {
-        FMOE_ASSIGN_OR_RETURN(layer.shared_gate,
-                              loader.Load(moe + "shared_expert_gate.weight", {1, h}));
-      }
-    }
-    auto& layer_experts = (*experts)[layer.moe];
-    layer_experts.resize(info.num_experts);
-    for (uint32_t e = 0; e < info.num_experts; ++e) {
-      const std::string q = moe + "experts." + std::to_string(e) + ".";
-      if ((int64_t{layer.moe} * j + e) % options.expert_world_size != options.expert_rank) {
-        // Another rank of the group owns it (DESIGN section 7).
-        FMOE_RETURN_IF_ERROR(loader.Skip(q + names.expert_gate, {inter, h}));
-        FMOE_RETURN_IF_ERROR(loader.Skip(q + names.expert_down, {h, inter}));
-        FMOE_RETURN_IF_ERROR(loader.Skip(q + names.expert_up, {inter, h}));
-        continue;
-      }
-      // Routed experts stay in host memory: the expert source decides where they live.
-      ExpertWeights& w = layer_experts[e];
-      FMOE_ASSIGN_OR_RETURN(w.w1, loader.Load(q + names.expert_gate, {inter, h}, at::kCPU));
-      FMOE_ASSIGN_OR_RETURN(w.w2, loader.Load(q + names.expert_down, {h, inter}, at::kCPU));
-      FMOE_ASSIGN_OR_RETURN(w.w3, loader.Load(q + names.expert_up, {inter, h}, at::kCPU));
-    }
+    // Routed experts stay in host memory: the expert source decides where they live.
+    ExpertWeights& w = (*layer_experts)[e];
+    FMOE_ASSIGN_OR_RETURN(w.w1, loader.Load(q + names.expert_gate, {inter, h}, at::kCPU));
+    FMOE_ASSIGN_OR_RETURN(w.w2, loader.Load(q + names.expert_down, {h, inter}, at::kCPU));
+    FMOE_ASSIGN_OR_RETURN(w.w3, loader.Load(q + names.expert_up, {inter, h}, at::kCPU));
   }
-  FMOE_ASSIGN_OR_RETURN(m.final_norm, loader.Load("model.norm.weight", {h}));
+  return Status::Ok();
+}
+
+Status MoeModel::LoadOutput(const ModelInfo& info, const Checkpoint& ckpt, TensorLoader& loader,
+                            Impl* m) {
+  const int64_t h = info.hidden_size, v = info.vocab_size;
+  FMOE_ASSIGN_OR_RETURN(m->final_norm, loader.Load("model.norm.weight", {h}));
   if (info.layer_norm) {
-    FMOE_ASSIGN_OR_RETURN(m.final_norm_bias, loader.Load("model.norm.bias", {h}));
+    FMOE_ASSIGN_OR_RETURN(m->final_norm_bias, loader.Load("model.norm.bias", {h}));
   }
   if (info.lm_head_bias) {
-    FMOE_ASSIGN_OR_RETURN(m.lm_head_bias, loader.Load("lm_head.bias", {v}));
+    FMOE_ASSIGN_OR_RETURN(m->lm_head_bias, loader.Load("lm_head.bias", {v}));
   }
-  if (info.tie_word_embeddings && ckpt->Find("lm_head.weight") == nullptr) {
-    m.lm_head = m.embed;
+  if (info.tie_word_embeddings && ckpt.Find("lm_head.weight") == nullptr) {
+    m->lm_head = m->embed;
   } else {
-    FMOE_ASSIGN_OR_RETURN(m.lm_head, loader.Load("lm_head.weight", {v, h}));
+    FMOE_ASSIGN_OR_RETURN(m->lm_head, loader.Load("lm_head.weight", {v, h}));
   }
   // HF's rotary inverse frequencies, computed the same way in float32.
-  m.inv_freq = RotaryInverseFrequencies(info);
-  m.rope_factor = RotaryAttentionFactor(info);
+  m->inv_freq = RotaryInverseFrequencies(info);
+  m->rope_factor = RotaryAttentionFactor(info);
   if (info.longrope) {
-    m.long_inv_freq = RotaryInverseFrequencies(info, /*long_factors=*/true);
-    m.long_rope_factor = RotaryAttentionFactor(info, /*long_factors=*/true);
+    m->long_inv_freq = RotaryInverseFrequencies(info, /*long_factors=*/true);
+    m->long_rope_factor = RotaryAttentionFactor(info, /*long_factors=*/true);
   }
-  return model;
+  return Status::Ok();
 }
 
 Status MoeModel::LoadLatentAttention(const ModelInfo& info, TensorLoader& loader,
@@ -299,24 +321,53 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
                              ForwardObserver* observer, ForwardResult* out, bool record_router) {
   c10::InferenceMode guard;
   Impl& m = *impl_;
-  const ModelInfo& info = info_;
-  const int64_t h = info.hidden_size, hd = info.head_dim;
-  const int64_t n_kv = info.num_key_value_heads;
-  const int64_t vocab = info.vocab_size;
-  // Each layer's two cache tensors [rows, capacity, width] (KvCache).
-  const int64_t k_rows = info.mla ? 1 : n_kv, v_rows = k_rows;
-  const int64_t k_width = info.mla ? int64_t{info.mla->kv_lora_rank} : hd;
-  const int64_t v_width = info.mla ? int64_t{info.mla->qk_rope_head_dim} : hd;
-
-  // Validate and lay out the ragged batch.
   Batch batch;
   batch.inputs = inputs;
   batch.observer = observer;
   batch.out = out;
   batch.record_router = record_router && out != nullptr;
-  batch.offset.assign(inputs.size() + 1, 0);
   std::vector<int64_t> ids;
   int64_t max_end = 0;
+  FMOE_RETURN_IF_ERROR(LayOutBatch(&batch, &ids, &max_end));
+  if (out != nullptr) {
+    out->logits.assign(inputs.size(), {});
+    out->prompt_logprobs.assign(inputs.size(), {});
+    out->router_probs.clear();
+    out->router_topk.clear();
+  }
+  if (batch.rows == 0) return Status::Ok();
+  GrowRotaryTables(max_end);
+  GrowKvCaches(inputs);
+
+  at::Tensor id_tensor = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(m.device);
+  at::Tensor x = m.embed.index_select(0, id_tensor);  // [rows, h]
+  std::vector<SequenceInfo> sequences(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    sequences[i] = {inputs[i].request_id, inputs[i].iteration,
+                    static_cast<uint32_t>(inputs[i].tokens.size())};
+  }
+  if (observer != nullptr) ObserveIterationStart(x, batch, sequences);
+
+  experts.BeginIteration(sequences);
+  struct IterationEnd {
+    ExpertSource& source;
+    ~IterationEnd() { source.EndIteration(); }
+  } iteration_end{experts};
+  FMOE_RETURN_IF_ERROR(RunLayers(batch, experts, &x));
+
+  if (out != nullptr) CollectLogits(x, batch, out);
+  for (const SequenceInput& s : inputs) s.kv->length_ += static_cast<int64_t>(s.tokens.size());
+  if (observer != nullptr) {
+    for (const SequenceInput& s : inputs) observer->OnIterationEnd(s.request_id, s.iteration);
+  }
+  return Status::Ok();
+}
+
+Status MoeModel::LayOutBatch(Batch* batch, std::vector<int64_t>* ids, int64_t* max_end) const {
+  const ModelInfo& info = info_;
+  const int64_t vocab = info.vocab_size;
+  const std::span<const SequenceInput> inputs = batch->inputs;
+  batch->offset.assign(inputs.size() + 1, 0);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const SequenceInput& s = inputs[i];
     if (s.kv == nullptr || s.tokens.empty()) {
@@ -334,36 +385,39 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
                                std::to_string(s.tokens[t]) + " at position " + std::to_string(t) +
                                " is out of range (vocab " + std::to_string(vocab) + ")");
       }
-      ids.push_back(s.tokens[t]);
+      ids->push_back(s.tokens[t]);
     }
-    batch.offset[i + 1] = batch.offset[i] + static_cast<int64_t>(s.tokens.size());
-    max_end = std::max(max_end, end);
+    batch->offset[i + 1] = batch->offset[i] + static_cast<int64_t>(s.tokens.size());
+    *max_end = std::max(*max_end, end);
   }
-  batch.rows = batch.offset.back();
-  if (out != nullptr) {
-    out->logits.assign(inputs.size(), {});
-    out->prompt_logprobs.assign(inputs.size(), {});
-    out->router_probs.clear();
-    out->router_topk.clear();
-  }
-  if (batch.rows == 0) return Status::Ok();
+  batch->rows = batch->offset.back();
+  return Status::Ok();
+}
 
-  // Rotary tables up to the furthest position; KV caches large enough for their new tokens.
-  if (!m.rope.cos.defined() || m.rope.cos.size(0) < max_end) {
-    const int64_t n =
-        std::max<int64_t>(max_end, m.rope.cos.defined() ? 2 * m.rope.cos.size(0) : 256);
-    at::Tensor freqs = at::outer(at::arange(n, at::kLong).to(at::kFloat), m.inv_freq);
-    at::Tensor emb = at::cat({freqs, freqs}, -1);
-    m.rope.cos = (emb.cos() * m.rope_factor).to(m.device, m.dtype);
-    m.rope.sin = (emb.sin() * m.rope_factor).to(m.device, m.dtype);
-    if (m.long_inv_freq.defined()) {
-      at::Tensor long_freqs = at::outer(at::arange(n, at::kLong).to(at::kFloat), m.long_inv_freq);
-      at::Tensor long_emb = at::cat({long_freqs, long_freqs}, -1);
-      m.rope.long_cos = (long_emb.cos() * m.long_rope_factor).to(m.device, m.dtype);
-      m.rope.long_sin = (long_emb.sin() * m.long_rope_factor).to(m.device, m.dtype);
-      m.rope.long_after = info.longrope->original_max_position_embeddings;
-    }
+void MoeModel::GrowRotaryTables(int64_t max_end) {
+  Impl& m = *impl_;
+  if (m.rope.cos.defined() && m.rope.cos.size(0) >= max_end) return;
+  const int64_t n = std::max<int64_t>(max_end, m.rope.cos.defined() ? 2 * m.rope.cos.size(0) : 256);
+  at::Tensor freqs = at::outer(at::arange(n, at::kLong).to(at::kFloat), m.inv_freq);
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  m.rope.cos = (emb.cos() * m.rope_factor).to(m.device, m.dtype);
+  m.rope.sin = (emb.sin() * m.rope_factor).to(m.device, m.dtype);
+  if (m.long_inv_freq.defined()) {
+    at::Tensor long_freqs = at::outer(at::arange(n, at::kLong).to(at::kFloat), m.long_inv_freq);
+    at::Tensor long_emb = at::cat({long_freqs, long_freqs}, -1);
+    m.rope.long_cos = (long_emb.cos() * m.long_rope_factor).to(m.device, m.dtype);
+    m.rope.long_sin = (long_emb.sin() * m.long_rope_factor).to(m.device, m.dtype);
+    m.rope.long_after = info_.longrope->original_max_position_embeddings;
   }
+}
+
+void MoeModel::GrowKvCaches(std::span<const SequenceInput> inputs) const {
+  const Impl& m = *impl_;
+  const ModelInfo& info = info_;
+  // Each layer's two cache tensors [rows, capacity, width] (KvCache).
+  const int64_t k_rows = info.mla ? 1 : int64_t{info.num_key_value_heads}, v_rows = k_rows;
+  const int64_t k_width = info.mla ? int64_t{info.mla->kv_lora_rank} : int64_t{info.head_dim};
+  const int64_t v_width = info.mla ? int64_t{info.mla->qk_rope_head_dim} : int64_t{info.head_dim};
   for (const SequenceInput& s : inputs) {
     KvCache& kv = *s.kv;
     const int64_t need = kv.length_ + static_cast<int64_t>(s.tokens.size());
@@ -381,36 +435,30 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
     }
     kv.capacity_ = cap;
   }
+}
 
-  at::Tensor id_tensor = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(m.device);
-  at::Tensor x = m.embed.index_select(0, id_tensor);  // [rows, h]
-  std::vector<SequenceInfo> sequences(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    sequences[i] = {inputs[i].request_id, inputs[i].iteration,
-                    static_cast<uint32_t>(inputs[i].tokens.size())};
+void MoeModel::ObserveIterationStart(const at::Tensor& x, const Batch& batch,
+                                     const std::vector<SequenceInfo>& sequences) const {
+  ForwardObserver* observer = batch.observer;
+  observer->OnBatchStart(sequences);
+  at::Tensor xf = x.to(at::kCPU, at::kFloat);
+  for (size_t i = 0; i < batch.inputs.size(); ++i) {
+    at::Tensor sem =
+        xf.narrow(0, batch.offset[i], batch.offset[i + 1] - batch.offset[i]).mean(0).contiguous();
+    observer->OnIterationStart(batch.inputs[i].request_id, batch.inputs[i].iteration,
+                               {sem.data_ptr<float>(), static_cast<size_t>(info_.hidden_size)});
   }
-  if (observer != nullptr) {
-    observer->OnBatchStart(sequences);
-    at::Tensor xf = x.to(at::kCPU, at::kFloat);
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      at::Tensor sem =
-          xf.narrow(0, batch.offset[i], batch.offset[i + 1] - batch.offset[i]).mean(0).contiguous();
-      observer->OnIterationStart(inputs[i].request_id, inputs[i].iteration,
-                                 {sem.data_ptr<float>(), static_cast<size_t>(h)});
-    }
-  }
+}
 
-  experts.BeginIteration(sequences);
-  struct IterationEnd {
-    ExpertSource& source;
-    ~IterationEnd() { source.EndIteration(); }
-  } iteration_end{experts};
-
-  std::vector<AttentionSpan> spans(inputs.size());
+Status MoeModel::RunLayers(const Batch& batch, ExpertSource& experts, at::Tensor* hidden) {
+  const Impl& m = *impl_;
+  const ModelInfo& info = info_;
+  at::Tensor& x = *hidden;
+  std::vector<AttentionSpan> spans(batch.inputs.size());
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const Layer& layer = m.layers[l];
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      KvCache& kv = *inputs[i].kv;
+    for (size_t i = 0; i < batch.inputs.size(); ++i) {
+      KvCache& kv = *batch.inputs[i].kv;
       spans[i] = {batch.offset[i], batch.offset[i + 1] - batch.offset[i], kv.length_, &kv.k_[l],
                   &kv.v_[l]};
     }
@@ -427,38 +475,37 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
     FMOE_ASSIGN_OR_RETURN(at::Tensor moe, MixtureOfExperts(layer.moe, x, hn, batch, experts));
     x = x + moe;
   }
-
-  if (out != nullptr) {
-    // Logits of the rows asked for.
-    std::vector<int64_t> logit_rows;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (inputs[i].all_logits) {
-        for (int64_t r = batch.offset[i]; r < batch.offset[i + 1]; ++r) logit_rows.push_back(r);
-      } else {
-        logit_rows.push_back(batch.offset[i + 1] - 1);
-      }
-    }
-    at::Tensor sel = x.index_select(
-        0, at::tensor(logit_rows, at::TensorOptions().dtype(at::kLong)).to(m.device));
-    at::Tensor logits = LogitsOf(sel).to(at::kCPU, at::kFloat).contiguous();
-    const float* lp = logits.data_ptr<float>();
-    size_t row = 0;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const size_t n =
-          inputs[i].all_logits ? static_cast<size_t>(batch.offset[i + 1] - batch.offset[i]) : 1;
-      out->logits[i].assign(lp + row * vocab, lp + (row + n) * vocab);
-      row += n;
-    }
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (inputs[i].prompt_logprobs < 0) continue;
-      PromptLogprobsOf(x, batch.offset[i], inputs[i], &out->prompt_logprobs[i]);
-    }
-  }
-  for (const SequenceInput& s : inputs) s.kv->length_ += static_cast<int64_t>(s.tokens.size());
-  if (observer != nullptr) {
-    for (const SequenceInput& s : inputs) observer->OnIterationEnd(s.request_id, s.iteration);
-  }
   return Status::Ok();
+}
+
+void MoeModel::CollectLogits(const at::Tensor& x, const Batch& batch, ForwardResult* out) const {
+  const Impl& m = *impl_;
+  const std::span<const SequenceInput> inputs = batch.inputs;
+  const int64_t vocab = info_.vocab_size;
+  // Logits of the rows asked for.
+  std::vector<int64_t> logit_rows;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].all_logits) {
+      for (int64_t r = batch.offset[i]; r < batch.offset[i + 1]; ++r) logit_rows.push_back(r);
+    } else {
+      logit_rows.push_back(batch.offset[i + 1] - 1);
+    }
+  }
+  at::Tensor sel =
+      x.index_select(0, at::tensor(logit_rows, at::TensorOptions().dtype(at::kLong)).to(m.device));
+  at::Tensor logits = LogitsOf(sel).to(at::kCPU, at::kFloat).contiguous();
+  const float* lp = logits.data_ptr<float>();
+  size_t row = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const size_t n =
+        inputs[i].all_logits ? static_cast<size_t>(batch.offset[i + 1] - batch.offset[i]) : 1;
+    out->logits[i].assign(lp + row * vocab, lp + (row + n) * vocab);
+    row += n;
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].prompt_logprobs < 0) continue;
+    PromptLogprobsOf(x, batch.offset[i], inputs[i], &out->prompt_logprobs[i]);
+  }
 }
 
 at::Tensor MoeModel::LogitsOf(const at::Tensor& hidden) const {
@@ -501,140 +548,174 @@ void MoeModel::PromptLogprobsOf(const at::Tensor& x, int64_t first_row, const Se
   }
 }
 
+// One MoE layer's routing: per row the gate distribution over all J experts, the top-k picked
+// and their weights (common/model/routing.h).
+struct MoeModel::LayerRoute {
+  std::vector<float> probs;     // [rows, J]
+  std::vector<int32_t> chosen;  // [rows, K]
+  std::vector<float> weights;   // [rows, K]
+};
+
+// Rows (ascending) and weights per expert; each sequence's tokens per expert. A row's k picked
+// experts fill its k slots in ascending expert order: slot r * K + s holds the weighted output
+// of row r's s-th smallest expert.
+struct MoeModel::ExpertAssignment {
+  std::vector<std::vector<int64_t>> rows;   // Per expert.
+  std::vector<std::vector<int64_t>> slots;  // Per expert.
+  std::vector<std::vector<float>> weights;  // Per expert.
+  std::vector<uint32_t> sequence_counts;    // [sequences, J]
+  std::vector<uint32_t> used, used_tokens;  // The experts picked, ascending, and their rows.
+};
+
 Result<at::Tensor> MoeModel::MixtureOfExperts(uint32_t l, const at::Tensor& x, const at::Tensor& hn,
                                               const Batch& batch, ExpertSource& experts) {
-  Impl& m = *impl_;
-  const ModelInfo& info = info_;
-  const Layer& layer = m.layers[info.moe_layers[l]];
-  const std::span<const SequenceInput> inputs = batch.inputs;
-  const std::vector<int64_t>& offset = batch.offset;
-  const int64_t rows = batch.rows, h = info.hidden_size;
-  const int64_t n_experts = info.num_experts, top_k = info.top_k;
-  ForwardObserver* observer = batch.observer;
+  const Layer& layer = impl_->layers[info_.moe_layers[l]];
+  FMOE_ASSIGN_OR_RETURN(LayerRoute route, RouteLayer(l, layer, hn, batch));
+  const ExpertAssignment assignment = AssignExperts(l, route, batch);
+  Speculate(l, x, batch, experts);
+  const LayerRouting routing{l, assignment.used, assignment.used_tokens,
+                             assignment.sequence_counts};
+  FMOE_RETURN_IF_ERROR(experts.BeginLayer(routing));
+  at::Tensor slots;
+  const Status status = RunRoutedExperts(l, hn, batch.rows, assignment, experts, &slots);
+  experts.EndLayer();
+  FMOE_RETURN_IF_ERROR(status);
+  return CombineExperts(layer, hn, batch.rows, &slots);
+}
 
-  // ---- routing (common/model/routing.h), on the CPU in float32 ----
+Result<MoeModel::LayerRoute> MoeModel::RouteLayer(uint32_t l, const Layer& layer,
+                                                  const at::Tensor& hn, const Batch& batch) const {
+  const Impl& m = *impl_;
+  const int64_t rows = batch.rows, n_experts = info_.num_experts, top_k = info_.top_k;
+  // On the CPU in float32, as every family's reference does.
   at::Tensor logits_cpu = m.Linear(hn, layer.gate).to(at::kCPU, at::kFloat).contiguous();
-  std::vector<float> probs(static_cast<size_t>(rows * n_experts));
-  std::vector<int32_t> chosen(static_cast<size_t>(rows * top_k));
-  std::vector<float> weights(static_cast<size_t>(rows * top_k));
+  LayerRoute route;
+  route.probs.resize(static_cast<size_t>(rows * n_experts));
+  route.chosen.resize(static_cast<size_t>(rows * top_k));
+  route.weights.resize(static_cast<size_t>(rows * top_k));
   FMOE_RETURN_IF_ERROR(
-      RouteTokens(info.routing, static_cast<size_t>(rows),
-                  {logits_cpu.data_ptr<float>(), static_cast<size_t>(rows * n_experts)}, probs,
-                  chosen, weights, layer.router_bias));
-  if (observer != nullptr) {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      std::vector<float> mean(static_cast<size_t>(n_experts), 0.0f);
+      RouteTokens(info_.routing, static_cast<size_t>(rows),
+                  {logits_cpu.data_ptr<float>(), static_cast<size_t>(rows * n_experts)},
+                  route.probs, route.chosen, route.weights, layer.router_bias));
+  if (batch.observer != nullptr) {
+    for (size_t i = 0; i < batch.inputs.size(); ++i) {
       // The mean over the sequence's rows, as torch's mean(0) in float32.
-      at::Tensor seq = at::from_blob(probs.data() + offset[i] * n_experts,
-                                     {offset[i + 1] - offset[i], n_experts}, at::kFloat)
+      at::Tensor seq = at::from_blob(route.probs.data() + batch.offset[i] * n_experts,
+                                     {batch.offset[i + 1] - batch.offset[i], n_experts}, at::kFloat)
                            .mean(0)
                            .contiguous();
-      observer->OnLayerGates(inputs[i].request_id, inputs[i].iteration, l,
-                             {seq.data_ptr<float>(), static_cast<size_t>(n_experts)});
+      batch.observer->OnLayerGates(batch.inputs[i].request_id, batch.inputs[i].iteration, l,
+                                   {seq.data_ptr<float>(), static_cast<size_t>(n_experts)});
     }
   }
   if (batch.record_router) {
-    batch.out->router_probs.push_back(probs);
-    batch.out->router_topk.push_back(chosen);
+    batch.out->router_probs.push_back(route.probs);
+    batch.out->router_topk.push_back(route.chosen);
   }
-  // Rows (ascending) and weights per expert; each sequence's tokens per expert. A row's k
-  // picked experts fill its k slots in ascending expert order: slot r * K + s holds the
-  // weighted output of row r's s-th smallest expert.
-  std::vector<std::vector<int64_t>> expert_rows(n_experts);
-  std::vector<std::vector<int64_t>> expert_slots(n_experts);
-  std::vector<std::vector<float>> expert_weights(n_experts);
-  std::vector<uint32_t> sequence_counts(inputs.size() * n_experts, 0);
+  return route;
+}
+
+MoeModel::ExpertAssignment MoeModel::AssignExperts(uint32_t l, const LayerRoute& route,
+                                                   const Batch& batch) const {
+  const std::span<const SequenceInput> inputs = batch.inputs;
+  const int64_t n_experts = info_.num_experts, top_k = info_.top_k;
+  ExpertAssignment a;
+  a.rows.resize(n_experts);
+  a.slots.resize(n_experts);
+  a.weights.resize(n_experts);
+  a.sequence_counts.assign(inputs.size() * n_experts, 0);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    for (int64_t r = offset[i]; r < offset[i + 1]; ++r) {
+    for (int64_t r = batch.offset[i]; r < batch.offset[i + 1]; ++r) {
       for (int64_t s = 0; s < top_k; ++s) {
-        const int64_t e = chosen[r * top_k + s];
+        const int64_t e = route.chosen[r * top_k + s];
         int64_t smaller = 0;
-        for (int64_t o = 0; o < top_k; ++o) smaller += chosen[r * top_k + o] < e ? 1 : 0;
-        expert_rows[e].push_back(r);
-        expert_slots[e].push_back(r * top_k + smaller);
-        expert_weights[e].push_back(weights[r * top_k + s]);
-        ++sequence_counts[i * n_experts + e];
+        for (int64_t o = 0; o < top_k; ++o) smaller += route.chosen[r * top_k + o] < e ? 1 : 0;
+        a.rows[e].push_back(r);
+        a.slots[e].push_back(r * top_k + smaller);
+        a.weights[e].push_back(route.weights[r * top_k + s]);
+        ++a.sequence_counts[i * n_experts + e];
       }
     }
   }
-  std::vector<uint32_t> used, used_tokens;
   for (int64_t e = 0; e < n_experts; ++e) {
-    if (expert_rows[e].empty()) continue;
-    used.push_back(static_cast<uint32_t>(e));
-    used_tokens.push_back(static_cast<uint32_t>(expert_rows[e].size()));
+    if (a.rows[e].empty()) continue;
+    a.used.push_back(static_cast<uint32_t>(e));
+    a.used_tokens.push_back(static_cast<uint32_t>(a.rows[e].size()));
   }
-  if (observer != nullptr) {
+  if (batch.observer != nullptr) {
     std::vector<uint32_t> seq_experts, seq_tokens;
     for (size_t i = 0; i < inputs.size(); ++i) {
       seq_experts.clear();
       seq_tokens.clear();
       for (int64_t e = 0; e < n_experts; ++e) {
-        const uint32_t n = sequence_counts[i * n_experts + e];
+        const uint32_t n = a.sequence_counts[i * n_experts + e];
         if (n == 0) continue;
         seq_experts.push_back(static_cast<uint32_t>(e));
         seq_tokens.push_back(n);
       }
-      observer->OnLayerRouting(inputs[i].request_id, inputs[i].iteration, l, seq_experts,
-                               seq_tokens);
+      batch.observer->OnLayerRouting(inputs[i].request_id, inputs[i].iteration, l, seq_experts,
+                                     seq_tokens);
     }
   }
-  Speculate(l, x, batch, experts);
+  return a;
+}
 
-  const LayerRouting routing{l, used, used_tokens, sequence_counts};
-  FMOE_RETURN_IF_ERROR(experts.BeginLayer(routing));
+Status MoeModel::RunRoutedExperts(uint32_t l, const at::Tensor& hn, int64_t rows,
+                                  const ExpertAssignment& a, ExpertSource& experts,
+                                  at::Tensor* slots) const {
+  const Impl& m = *impl_;
+  const int64_t n_experts = info_.num_experts;
   // Hybrid execution on a device: the activations come down once, before the device's work on
   // the resident experts is queued, so the host runs overlap with it.
   at::Tensor hn_host;
   if (!hn.is_cpu() && experts.HostRunsPlanned()) hn_host = hn.to(at::kCPU);
   // Experts arrive in the order the source has them ready; each output goes to its own slots,
   // so the result never depends on that order.
-  at::Tensor slots = at::zeros({rows * top_k, h}, m.opts());
+  *slots = at::zeros({rows * info_.top_k, int64_t{info_.hidden_size}}, m.opts());
   std::vector<bool> done(static_cast<size_t>(n_experts), false);
-  Status status;
   while (true) {
     Result<std::pair<uint32_t, ExpertWeights>> next = experts.Next();
     if (!next.ok()) {
-      if (next.status().code() != ErrorCode::kNotFound) status = next.status();
-      break;
+      if (next.status().code() != ErrorCode::kNotFound) return next.status();
+      return Status::Ok();
     }
     const uint32_t e = next->first;
     const ExpertWeights& w = next->second;
-    if (e >= n_experts || expert_rows[e].empty() || done[e]) {
-      status = Internal("model: expert source handed out expert " + std::to_string(e) +
-                        " of MoE layer " + std::to_string(l) + ", which the gate did not pick");
-      break;
+    if (e >= n_experts || a.rows[e].empty() || done[e]) {
+      return Internal("model: expert source handed out expert " + std::to_string(e) +
+                      " of MoE layer " + std::to_string(l) + ", which the gate did not pick");
     }
-    at::Tensor idx = at::tensor(expert_rows[e], at::TensorOptions().dtype(at::kLong));
+    at::Tensor idx = at::tensor(a.rows[e], at::TensorOptions().dtype(at::kLong));
     at::Tensor ye;
     if (w.w1.is_cpu() && !hn.is_cpu()) {
       // A host run (hybrid): computed from the expert's host copy, the result copied up.
       if (!hn_host.defined()) hn_host = hn.to(at::kCPU);
-      Result<at::Tensor> host = CpuSwiGlu(hn_host.index_select(0, idx), w);
-      if (!host.ok()) {
-        status = host.status();
-        break;
-      }
-      ye = host->to(m.device);
+      FMOE_ASSIGN_OR_RETURN(at::Tensor host, CpuSwiGlu(hn_host.index_select(0, idx), w));
+      ye = host.to(m.device);
     } else {
       // cpu mode computes a host run with the same function as any other expert, so hybrid
       // execution there changes no value.
       ye = SwiGlu(hn.index_select(0, idx.to(m.device)), w.w1, w.w3, w.w2, m.options.row_block);
     }
-    at::Tensor we = at::tensor(expert_weights[e], at::TensorOptions().dtype(at::kFloat))
+    at::Tensor we = at::tensor(a.weights[e], at::TensorOptions().dtype(at::kFloat))
                         .to(m.device, m.dtype)
                         .unsqueeze(1);
-    slots.index_copy_(
-        0, at::tensor(expert_slots[e], at::TensorOptions().dtype(at::kLong)).to(m.device), ye * we);
+    slots->index_copy_(0, at::tensor(a.slots[e], at::TensorOptions().dtype(at::kLong)).to(m.device),
+                       ye * we);
     done[e] = true;
     experts.Done(e);
   }
-  experts.EndLayer();
-  FMOE_RETURN_IF_ERROR(status);
+}
+
+Result<at::Tensor> MoeModel::CombineExperts(const Layer& layer, const at::Tensor& hn, int64_t rows,
+                                            at::Tensor* slots) const {
+  const Impl& m = *impl_;
+  const int64_t h = info_.hidden_size, top_k = info_.top_k;
   // Expert parallelism (DESIGN section 7): this rank filled the slots of the experts it owns;
   // every slot has one owner, so the combination is exact and the same on every rank.
-  if (group_ != nullptr) FMOE_RETURN_IF_ERROR(group_->CombineDisjoint(slots));
+  if (group_ != nullptr) FMOE_RETURN_IF_ERROR(group_->CombineDisjoint(*slots));
   // Each row's experts summed in ascending expert order, whatever the group's size.
-  at::Tensor per_row = slots.view({rows, top_k, h});
+  at::Tensor per_row = slots->view({rows, top_k, h});
   at::Tensor moe = at::zeros({rows, h}, m.opts());
   for (int64_t s = 0; s < top_k; ++s) moe = moe + per_row.select(1, s);
   if (layer.shared.gate.defined()) {

@@ -29,8 +29,12 @@
 
 namespace fmoe {
 
+class Checkpoint;
 class ExpertGroup;
+struct AttentionWeights;
+struct ExpertTensorNames;
 struct MlaWeights;
+struct MlpWeights;
 
 struct RuntimeOptions {
   std::string dtype = "float32";  // Compute dtype: float32 | bfloat16 | float16. Default: float32
@@ -134,14 +138,59 @@ class MoeModel {
                                                     const RuntimeOptions& options,
                                                     const LoadProgress& progress,
                                                     ExpertTable* experts);
+  // LoadImpl's steps: the checks before anything is read; per layer the attention (grouped-query
+  // or latent), a SwiGLU MLP (dense layers, shared experts), the MoE block (router, shared
+  // expert, the routed experts this rank owns, in host memory; the others skipped); the final
+  // norm, lm_head and rotary frequencies.
+  static Status CheckLoadable(const ModelInfo& info, const RuntimeOptions& options);
+  static Status LoadAttention(const ModelInfo& info, TensorLoader& loader,
+                              const std::string& prefix, AttentionWeights* w);
   static Status LoadLatentAttention(const ModelInfo& info, TensorLoader& loader,
                                     const std::string& prefix, MlaWeights* w);
+  static Status LoadMlp(TensorLoader& loader, const std::string& prefix, int64_t width, int64_t h,
+                        MlpWeights* w);
+  static Status LoadMoeBlock(const ModelInfo& info, const ExpertTensorNames& names,
+                             const RuntimeOptions& options, TensorLoader& loader,
+                             const std::string& prefix, Layer* layer,
+                             std::vector<ExpertWeights>* layer_experts);
+  static Status LoadOutput(const ModelInfo& info, const Checkpoint& ckpt, TensorLoader& loader,
+                           Impl* m);
+  // Forward's steps, in order.
   Status ForwardImpl(std::span<const SequenceInput> batch, ExpertSource& experts,
                      ForwardObserver* observer, ForwardResult* out, bool record_router);
+  // Checks the batch's sequences (a KV cache, tokens in the vocabulary, positions within
+  // max_position_embeddings) and lays out their rows: batch->offset and rows, the token ids in
+  // row order, the furthest position any sequence reaches.
+  Status LayOutBatch(Batch* batch, std::vector<int64_t>* ids, int64_t* max_end) const;
+  // The rotary tables up to position `max_end` (doubling), and each KV cache's capacity for its
+  // new tokens (a multiple of 64, doubling).
+  void GrowRotaryTables(int64_t max_end);
+  void GrowKvCaches(std::span<const SequenceInput> inputs) const;
+  // The observer's OnBatchStart and each sequence's OnIterationStart (its mean embedding).
+  void ObserveIterationStart(const at::Tensor& x, const Batch& batch,
+                             const std::vector<SequenceInfo>& sequences) const;
+  // Every decoder layer over the hidden state: norm, attention, norm, then the dense MLP or the
+  // mixture of experts, each added to the residual.
+  Status RunLayers(const Batch& batch, ExpertSource& experts, at::Tensor* hidden);
+  // The logits of the rows asked for and the prompt logprobs, into `out`.
+  void CollectLogits(const at::Tensor& x, const Batch& batch, ForwardResult* out) const;
   // MoE layer l over the normed hidden state `hn`: routing, observer calls, speculation (from the
   // residual `x`), the routed experts through the source, the group's combine, the shared expert.
   Result<at::Tensor> MixtureOfExperts(uint32_t l, const at::Tensor& x, const at::Tensor& hn,
                                       const Batch& batch, ExpertSource& experts);
+  // Its steps, in order: the gate (the observer's OnLayerGates, the router record); the rows,
+  // slots and weights of each expert picked (the observer's OnLayerRouting); the routed experts
+  // as the source hands them out, into their slots (hybrid host runs included); the group's
+  // combine, each row's slots summed in expert order and the shared expert added.
+  struct LayerRoute;
+  struct ExpertAssignment;
+  Result<LayerRoute> RouteLayer(uint32_t l, const Layer& layer, const at::Tensor& hn,
+                                const Batch& batch) const;
+  ExpertAssignment AssignExperts(uint32_t l, const LayerRoute& route, const Batch& batch) const;
+  Status RunRoutedExperts(uint32_t l, const at::Tensor& hn, int64_t rows, const ExpertAssignment& a,
+                          ExpertSource& experts, at::Tensor* slots) const;
+  Result<at::Tensor> CombineExperts(const Layer& layer, const at::Tensor& hn, int64_t rows,
+                                    at::Tensor* slots) const;
   void Speculate(uint32_t l, const at::Tensor& x, const Batch& batch, ExpertSource& experts);
   // The final norm and lm_head over final hidden states: [rows, vocab] in the compute dtype.
   at::Tensor LogitsOf(const at::Tensor& hidden) const;
