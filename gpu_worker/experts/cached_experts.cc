@@ -52,47 +52,11 @@ Result<uint32_t> AutoSlots(const TransferEngine& link, const CachedExpertsOption
 Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts,
                                                              const CachedExpertsOptions& options,
                                                              Clock& clock) {
-  const uint32_t layers = static_cast<uint32_t>(experts.size());
-  const uint32_t per_layer = layers == 0 ? 0 : static_cast<uint32_t>(experts[0].size());
-  if (layers == 0 || per_layer == 0) return InvalidArgument("cached experts: no experts");
-  if (options.world_size == 0 || options.rank >= options.world_size) {
-    return InvalidArgument("cached experts: rank " + std::to_string(options.rank) +
-                           " is not below world size " + std::to_string(options.world_size));
-  }
   std::unique_ptr<CachedExperts> self(new CachedExperts());
-  // The shape and dtype of one expert, from the first one this rank owns.
-  const ExpertWeights* first = nullptr;
-  uint32_t owned = 0;
-  for (uint32_t k = 0; k < layers * per_layer; ++k) {
-    if (k % options.world_size != options.rank) continue;
-    ++owned;
-    const ExpertWeights& w = experts[k / per_layer][k % per_layer];
-    if (!w.w1.defined()) {
-      return InvalidArgument("cached experts: expert " + std::to_string(k % per_layer) +
-                             " of layer " + std::to_string(k / per_layer) + " was not loaded");
-    }
-    if (first == nullptr) first = &w;
-  }
-  if (first == nullptr) return InvalidArgument("cached experts: this rank owns no expert");
-  if (!(options.host_slowdown >= 1.0 && std::isfinite(options.host_slowdown))) {
-    return InvalidArgument("cached experts: host_slowdown " +
-                           std::to_string(options.host_slowdown) + " is not a finite number >= 1");
-  }
-  if (options.hybrid && options.cuda_index >= 0 && first->w1.scalar_type() != at::kFloat &&
-      first->w1.scalar_type() != at::kBFloat16) {
-    return InvalidArgument(
-        "cached experts: hybrid execution runs experts on the host in float32 or bfloat16, and "
-        "these are " +
-        std::string(c10::toString(first->w1.scalar_type())));
-  }
-  self->cuda_ = options.cuda_index >= 0;
-  self->host_slowdown_ = options.host_slowdown;
-  self->intermediate_ = first->w1.size(0);
-  self->hidden_ = first->w1.size(1);
-  self->dtype_ = first->w1.scalar_type();
-  self->element_size_ = static_cast<int>(first->w1.element_size());
-  const size_t expert_bytes = first->bytes();
-
+  FMOE_ASSIGN_OR_RETURN(const uint32_t owned, self->TakeShape(experts, options));
+  const uint32_t layers = static_cast<uint32_t>(experts.size());
+  const uint32_t per_layer = static_cast<uint32_t>(experts[0].size());
+  const size_t expert_bytes = self->expert_bytes();
   uint32_t slots = owned;
   if (!options.cache_auto) {
     FMOE_ASSIGN_OR_RETURN(
@@ -106,38 +70,8 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   } else {
     FMOE_ASSIGN_OR_RETURN(self->link_, NewEmulatedLink(options.link));
   }
-
-  // The host store: every owned expert packed as [w1 | w3 | w2], 64-byte aligned.
-  self->host_bytes_ = (static_cast<size_t>(owned) * expert_bytes + 63) / 64 * 64;
-  self->host_ = std::aligned_alloc(64, self->host_bytes_);
-  if (self->host_ == nullptr) {
-    return ResourceExhausted("cached experts: cannot allocate " +
-                             std::to_string(self->host_bytes_) + " bytes of host memory");
-  }
-  std::vector<const void*> addresses(static_cast<size_t>(layers) * per_layer, nullptr);
-  char* cursor = static_cast<char*>(self->host_);
-  for (uint32_t l = 0; l < layers; ++l) {
-    for (uint32_t j = 0; j < per_layer; ++j) {
-      ExpertWeights& w = experts[l][j];
-      if ((l * per_layer + j) % options.world_size != options.rank) {
-        w = ExpertWeights{};
-        continue;
-      }
-      if (w.bytes() != expert_bytes || w.w1.scalar_type() != self->dtype_) {
-        return InvalidArgument("cached experts: expert " + std::to_string(j) + " of layer " +
-                               std::to_string(l) + " differs in shape or dtype from the others");
-      }
-      addresses[static_cast<size_t>(l) * per_layer + j] = cursor;
-      for (const at::Tensor* t : {&w.w1, &w.w3, &w.w2}) {
-        at::Tensor c = t->contiguous();
-        const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-        std::memcpy(cursor, c.data_ptr(), n);
-        cursor += n;
-      }
-      w = ExpertWeights{};  // The packed copy is the only one from here.
-    }
-    experts[l].clear();
-  }
+  FMOE_ASSIGN_OR_RETURN(std::vector<const void*> addresses,
+                        self->PackHost(&experts, options, owned));
   FMOE_RETURN_IF_ERROR(self->link_->RegisterHost(self->host_, self->host_bytes_));
   if (options.hybrid) self->host_addresses_ = addresses;
   if (options.cache_auto) {
@@ -145,21 +79,7 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   }
   FMOE_ASSIGN_OR_RETURN(self->slots_,
                         self->link_->AllocateDevice(static_cast<size_t>(slots) * expert_bytes));
-  // Each slot's weight views, made once: a slot's address never changes.
-  const int64_t h = self->hidden_;
-  const int64_t inter = self->intermediate_;
-  const size_t part = static_cast<size_t>(h * inter) * self->element_size_;
-  at::TensorOptions opts = at::TensorOptions().dtype(self->dtype_);
-  opts = options.cuda_index >= 0 ? opts.device(at::Device(at::kCUDA, options.cuda_index))
-                                 : opts.device(at::kCPU);
-  for (uint32_t s = 0; s < slots; ++s) {
-    char* base = static_cast<char*>(self->slots_) + static_cast<size_t>(s) * expert_bytes;
-    ExpertWeights w;
-    w.w1 = at::from_blob(base, {inter, h}, opts);
-    w.w3 = at::from_blob(base + part, {inter, h}, opts);
-    w.w2 = at::from_blob(base + 2 * part, {h, inter}, opts);
-    self->slot_views_.push_back(std::move(w));
-  }
+  self->MakeSlotViews(slots, options);
 
   ExpertCacheOptions cache_options;
   cache_options.num_layers = layers;
@@ -186,6 +106,106 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
                       : "on (emulated, host x" + std::to_string(options.host_slowdown) + ")");
   self->stats_ = self->cache_->stats();
   return self;
+}
+
+Result<uint32_t> CachedExperts::TakeShape(const ExpertTable& experts,
+                                          const CachedExpertsOptions& options) {
+  const uint32_t layers = static_cast<uint32_t>(experts.size());
+  const uint32_t per_layer = layers == 0 ? 0 : static_cast<uint32_t>(experts[0].size());
+  if (layers == 0 || per_layer == 0) return InvalidArgument("cached experts: no experts");
+  if (options.world_size == 0 || options.rank >= options.world_size) {
+    return InvalidArgument("cached experts: rank " + std::to_string(options.rank) +
+                           " is not below world size " + std::to_string(options.world_size));
+  }
+  // The shape and dtype of one expert, from the first one this rank owns.
+  const ExpertWeights* first = nullptr;
+  uint32_t owned = 0;
+  for (uint32_t k = 0; k < layers * per_layer; ++k) {
+    if (k % options.world_size != options.rank) continue;
+    ++owned;
+    const ExpertWeights& w = experts[k / per_layer][k % per_layer];
+    if (!w.w1.defined()) {
+      return InvalidArgument("cached experts: expert " + std::to_string(k % per_layer) +
+                             " of layer " + std::to_string(k / per_layer) + " was not loaded");
+    }
+    if (first == nullptr) first = &w;
+  }
+  if (first == nullptr) return InvalidArgument("cached experts: this rank owns no expert");
+  if (!(options.host_slowdown >= 1.0 && std::isfinite(options.host_slowdown))) {
+    return InvalidArgument("cached experts: host_slowdown " +
+                           std::to_string(options.host_slowdown) + " is not a finite number >= 1");
+  }
+  if (options.hybrid && options.cuda_index >= 0 && first->w1.scalar_type() != at::kFloat &&
+      first->w1.scalar_type() != at::kBFloat16) {
+    return InvalidArgument(
+        "cached experts: hybrid execution runs experts on the host in float32 or bfloat16, and "
+        "these are " +
+        std::string(c10::toString(first->w1.scalar_type())));
+  }
+  cuda_ = options.cuda_index >= 0;
+  host_slowdown_ = options.host_slowdown;
+  intermediate_ = first->w1.size(0);
+  hidden_ = first->w1.size(1);
+  dtype_ = first->w1.scalar_type();
+  element_size_ = static_cast<int>(first->w1.element_size());
+  expert_bytes_ = first->bytes();
+  return owned;
+}
+
+Result<std::vector<const void*>> CachedExperts::PackHost(ExpertTable* experts,
+                                                         const CachedExpertsOptions& options,
+                                                         uint32_t owned) {
+  const uint32_t layers = static_cast<uint32_t>(experts->size());
+  const uint32_t per_layer = static_cast<uint32_t>((*experts)[0].size());
+  const size_t expert_bytes = this->expert_bytes();
+  host_bytes_ = (static_cast<size_t>(owned) * expert_bytes + 63) / 64 * 64;
+  host_ = std::aligned_alloc(64, host_bytes_);
+  if (host_ == nullptr) {
+    return ResourceExhausted("cached experts: cannot allocate " + std::to_string(host_bytes_) +
+                             " bytes of host memory");
+  }
+  std::vector<const void*> addresses(static_cast<size_t>(layers) * per_layer, nullptr);
+  char* cursor = static_cast<char*>(host_);
+  for (uint32_t l = 0; l < layers; ++l) {
+    for (uint32_t j = 0; j < per_layer; ++j) {
+      ExpertWeights& w = (*experts)[l][j];
+      if ((l * per_layer + j) % options.world_size != options.rank) {
+        w = ExpertWeights{};
+        continue;
+      }
+      if (w.bytes() != expert_bytes || w.w1.scalar_type() != dtype_) {
+        return InvalidArgument("cached experts: expert " + std::to_string(j) + " of layer " +
+                               std::to_string(l) + " differs in shape or dtype from the others");
+      }
+      addresses[static_cast<size_t>(l) * per_layer + j] = cursor;
+      for (const at::Tensor* t : {&w.w1, &w.w3, &w.w2}) {
+        at::Tensor c = t->contiguous();
+        const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+        std::memcpy(cursor, c.data_ptr(), n);
+        cursor += n;
+      }
+      w = ExpertWeights{};  // The packed copy is the only one from here.
+    }
+    (*experts)[l].clear();
+  }
+  return addresses;
+}
+
+void CachedExperts::MakeSlotViews(uint32_t slots, const CachedExpertsOptions& options) {
+  const size_t expert_bytes = this->expert_bytes();
+  const int64_t h = hidden_, inter = intermediate_;
+  const size_t part = static_cast<size_t>(h * inter) * element_size_;
+  at::TensorOptions opts = at::TensorOptions().dtype(dtype_);
+  opts = options.cuda_index >= 0 ? opts.device(at::Device(at::kCUDA, options.cuda_index))
+                                 : opts.device(at::kCPU);
+  for (uint32_t s = 0; s < slots; ++s) {
+    char* base = static_cast<char*>(slots_) + static_cast<size_t>(s) * expert_bytes;
+    ExpertWeights w;
+    w.w1 = at::from_blob(base, {inter, h}, opts);
+    w.w3 = at::from_blob(base + part, {inter, h}, opts);
+    w.w2 = at::from_blob(base + 2 * part, {h, inter}, opts);
+    slot_views_.push_back(std::move(w));
+  }
 }
 
 CachedExperts::~CachedExperts() {

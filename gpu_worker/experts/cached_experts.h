@@ -82,6 +82,15 @@ class CachedExperts final : public ExpertSource {
 
  private:
   CachedExperts() = default;
+  // Create's steps: the table checked and one expert's shape and dtype taken (returns the
+  // experts this rank owns); every owned expert packed into the host store as [w1 | w3 | w2]
+  // (64-byte aligned; the table's tensors released; returns each expert key's address, null for
+  // another rank's); each device slot's weight views, made once (a slot's address never changes).
+  Result<uint32_t> TakeShape(const ExpertTable& experts, const CachedExpertsOptions& options);
+  Result<std::vector<const void*>> PackHost(ExpertTable* experts,
+                                            const CachedExpertsOptions& options, uint32_t owned);
+  void MakeSlotViews(uint32_t slots, const CachedExpertsOptions& options);
+  size_t expert_bytes() const { return expert_bytes_; }
 
   std::unique_ptr<TransferEngine> link_;
   std::unique_ptr<ExpertCache> cache_;
@@ -98,6 +107,7 @@ class CachedExperts final : public ExpertSource {
   int64_t hidden_ = 0;
   int64_t intermediate_ = 0;
   int element_size_ = 0;
+  size_t expert_bytes_ = 0;  // One expert's bytes: w1, w3 and w2.
   at::ScalarType dtype_ = at::kFloat;
 
   mutable std::mutex stats_mu_;
