@@ -76,6 +76,11 @@ Result<const Json*> RopeScaling(const Json& j, std::string_view type,
   return &*it;
 }
 
+Status ReadNormTopkProb(const Json& j, RoutingSpec* routing) {
+  routing->normalize_topk = false;
+  return ReadBool(j, "norm_topk_prob", &routing->normalize_topk);
+}
+
 Status ReadSlidingWindow(const Json& j, std::optional<uint32_t>* out) {
   if (auto it = j.find("sliding_window"); it != j.end() && !it->is_null()) {
     uint32_t window = 0;

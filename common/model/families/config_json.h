@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/model/routing.h"
 #include "common/status.h"
 
 namespace fmoe::config_json {
@@ -29,6 +30,8 @@ Status ReadBool(const Json& j, const char* key, bool* out);
 // object, its type ("type" or "rope_type") is not `type`, or it has a key outside `known`.
 Result<const Json*> RopeScaling(const Json& j, std::string_view type,
                                 const std::set<std::string>& known);
+// norm_topk_prob (whether the top-k weights are renormalised), default off, into `routing`.
+Status ReadNormTopkProb(const Json& j, RoutingSpec* routing);
 // sliding_window, when set, into `*out`.
 Status ReadSlidingWindow(const Json& j, std::optional<uint32_t>* out);
 

@@ -19,8 +19,7 @@ Status Parse(const Json& j, ModelInfo* info) {
     FMOE_RETURN_IF_ERROR(ReadPositiveDouble(j, "clip_qkv", &clip));
     info->clip_qkv = clip;
   }
-  info->routing.normalize_topk = false;
-  return ReadBool(j, "norm_topk_prob", &info->routing.normalize_topk);
+  return ReadNormTopkProb(j, &info->routing);
 }
 
 }  // namespace

@@ -11,16 +11,13 @@ namespace {
 using namespace config_json;
 
 Status Parse(const Json& j, ModelInfo* info) {
-  FMOE_RETURN_IF_ERROR(ReadQwenLayers(j, info));
-  FMOE_RETURN_IF_ERROR(RefuseQwenSlidingWindow(j));
-  FMOE_RETURN_IF_ERROR(ReadCount(j, "moe_intermediate_size", true, &info->intermediate_size));
+  FMOE_RETURN_IF_ERROR(ReadQwenMoe(j, info));
   FMOE_RETURN_IF_ERROR(ReadCount(j, "shared_expert_intermediate_size", true,
                                  &info->shared_expert_intermediate_size));
   info->shared_expert_gated = true;
   info->qkv_bias = true;  // Qwen2MoeConfig's qkv_bias (absent from the Hub's configs: true).
   FMOE_RETURN_IF_ERROR(ReadBool(j, "qkv_bias", &info->qkv_bias));
-  info->routing.normalize_topk = false;
-  return ReadBool(j, "norm_topk_prob", &info->routing.normalize_topk);
+  return ReadNormTopkProb(j, &info->routing);
 }
 
 }  // namespace

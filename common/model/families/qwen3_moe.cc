@@ -11,14 +11,11 @@ namespace {
 using namespace config_json;
 
 Status Parse(const Json& j, ModelInfo* info) {
-  FMOE_RETURN_IF_ERROR(ReadQwenLayers(j, info));
-  FMOE_RETURN_IF_ERROR(RefuseQwenSlidingWindow(j));
-  FMOE_RETURN_IF_ERROR(ReadCount(j, "moe_intermediate_size", true, &info->intermediate_size));
+  FMOE_RETURN_IF_ERROR(ReadQwenMoe(j, info));
   FMOE_RETURN_IF_ERROR(ReadBool(j, "attention_bias", &info->qkv_bias));
   info->o_bias = info->qkv_bias;
   info->qk_norm = QkNorm::kPerHead;
-  info->routing.normalize_topk = false;
-  return ReadBool(j, "norm_topk_prob", &info->routing.normalize_topk);
+  return ReadNormTopkProb(j, &info->routing);
 }
 
 }  // namespace

@@ -32,4 +32,10 @@ Status RefuseQwenSlidingWindow(const Json& j) {
   return Status::Ok();
 }
 
+Status ReadQwenMoe(const Json& j, ModelInfo* info) {
+  FMOE_RETURN_IF_ERROR(ReadQwenLayers(j, info));
+  FMOE_RETURN_IF_ERROR(RefuseQwenSlidingWindow(j));
+  return ReadCount(j, "moe_intermediate_size", true, &info->intermediate_size);
+}
+
 }  // namespace fmoe::config_json

@@ -14,4 +14,8 @@ Status ReadQwenLayers(const Json& j, ModelInfo* info);
 // use_sliding_window: true is refused (the Qwen MoE families' window is not implemented).
 Status RefuseQwenSlidingWindow(const Json& j);
 
+// What both Qwen MoE families read first: their MoE layers, the refused sliding window, and the
+// routed experts' width (moe_intermediate_size).
+Status ReadQwenMoe(const Json& j, ModelInfo* info);
+
 }  // namespace fmoe::config_json
