@@ -37,12 +37,6 @@ struct Job {
   Result<ReplayResult> result = Internal("not run");
 };
 
-std::string Fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
-}
-
 double PerToken(double v, uint64_t tokens) { return tokens ? v / static_cast<double>(tokens) : 0; }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -83,6 +84,13 @@ void Parallel(uint32_t threads, size_t count, Fn&& fn) {
 // map-service policies) with build(distance), the distances in parallel; the first failure,
 // with "warming the store: " before it. replay.cc.
 using WarmStores = std::map<uint32_t, std::unique_ptr<MapStore>>;
+// `v` with `digits` digits after the point, for the replays' tables.
+inline std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
 Status BuildWarmStores(uint32_t threads, const std::function<Result<MapStore>(uint32_t)>& build,
                        WarmStores* warm);
 

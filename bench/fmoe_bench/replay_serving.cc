@@ -37,12 +37,6 @@ struct ServeJob {
   ServeSummary summary;
 };
 
-std::string Fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
-}
-
 std::string ModeName(const ServeConfig& c) { return c.online ? "online" : "offline"; }
 
 }  // namespace
