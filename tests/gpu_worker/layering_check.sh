@@ -60,32 +60,37 @@ declare -A allowed=(
   [engine]='core observe sampling group experts cache cache/policies cache/transfer model'
 )
 bad=0
+# room_of PATH: the folder of a path below gpu_worker/ ("." for the top), without a subprocess.
+room_of() {
+  case "$1" in */*) room="${1%/*}" ;; *) room=. ;; esac
+}
 while IFS= read -r -d '' f; do
   f="${f#./}"
-  room="$(dirname "$f")"
-  if [ "$room" = . ]; then
-    rooms_ok='*'
-  elif [ -n "${allowed[$room]+set}" ]; then
-    rooms_ok=" $room ${allowed[$room]} "
-  else
+  room_of "$f"
+  if [ "$room" != . ] && [ -z "${allowed[$room]+set}" ]; then
     echo "gpu_worker/$f: in folder $room/, which is not a room of tests/gpu_worker/layering_check.sh"
     bad=1
-    continue
   fi
-  while IFS= read -r line; do
-    if [[ "$line" =~ \"(router|map_service|services|tools|bench|tests)/ ]]; then
-      echo "gpu_worker/$f: $line (another process's or the tests' code)"
-      bad=1
-    elif [[ "$line" =~ \"gpu_worker/(.+)\" ]]; then
-      target="${BASH_REMATCH[1]}"
-      target_room="$(dirname "$target")"
-      if [ "$rooms_ok" != '*' ] && [[ "$rooms_ok" != *" $target_room "* ]]; then
-        echo "gpu_worker/$f: $line (room $room/ may include only: ${rooms_ok# })"
-        bad=1
-      fi
-    fi
-  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$f")
 done < <(find . -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \) -print0)
+# Every include line of the folder at once: FILE:LINE:TEXT.
+while IFS= read -r hit; do
+  f="${hit%%:*}"
+  f="${f#./}"
+  line="${hit#*:*:}"
+  room_of "$f"
+  [ "$room" = . ] && rooms_ok='*' || rooms_ok=" $room ${allowed[$room]-} "
+  if [[ "$line" =~ \"(router|map_service|services|tools|bench|tests)/ ]]; then
+    echo "gpu_worker/$f: $line (another process's or the tests' code)"
+    bad=1
+  elif [[ "$line" =~ \"gpu_worker/(.+)\" ]]; then
+    room_of "${BASH_REMATCH[1]}"
+    if [ "$rooms_ok" != '*' ] && [[ "$rooms_ok" != *" $room "* ]]; then
+      echo "gpu_worker/$f: $line (room ${f%/*}/ may include only:${rooms_ok% })"
+      bad=1
+    fi
+  fi
+done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' --include='*.h' --include='*.cc' \
+           --include='*.cu' .)
 if ((bad)); then
   echo "layering_check: the includes above cross the rooms of gpu_worker/ (see gpu_worker/README.md)" >&2
   exit 1
