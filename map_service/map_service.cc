@@ -15,12 +15,29 @@ MapService::MapService(MapServiceOptions options, const Clock& clock)
     : options_(std::move(options)),
       clock_(clock),
       ranks_(clock, options_.heartbeat_timeout_ms),
-      health_(clock, options_.store_health) {}
+      models_(options_),
+      writes_(
+          options_, clock, models_, counters_, insert_us_,
+          MapWritesHost{
+              [this](const std::string& peer, const MapMessage& m) { Reply(peer, m); },
+              [this](const std::string& peer, uint64_t id, const char* op, const std::string& path,
+                     const Result<std::string>& body) { ReplyAdmin(peer, id, op, path, body); },
+              [this](uint64_t fingerprint) { return DropRanksOf(fingerprint); },
+              [this](int timeout_ms) { Turn(timeout_ms, /*read_socket=*/false); }}) {}
 
 MapService::~MapService() {
   // Run() stops the writer after its drain; without Run, whatever is pending is abandoned here,
   // while every member its completions touch is still alive.
-  if (writer_ != nullptr) AbandonPendingWrites();
+  if (writes_.open()) writes_.Abandon();
+}
+
+size_t MapService::DropRanksOf(uint64_t fingerprint) {
+  std::vector<std::string> peers;
+  for (const auto& [id, entry] : ranks_.peers()) {
+    if (entry.info.model_fingerprint == fingerprint) peers.push_back(id);
+  }
+  for (const std::string& id : peers) DropPeer(id);
+  return peers.size();
 }
 
 Status MapService::Start() {
@@ -35,7 +52,7 @@ Status MapService::Start() {
   // Loaded here, on the service thread; from then on the store writer owns the database.
   FMOE_ASSIGN_OR_RETURN(std::unique_ptr<StoreDb> db,
                         StoreDb::Open({options_.data_dir, options_.sync}, options_.store_faults));
-  if (!db->read_only_reason().empty()) health_.StartDegraded(db->read_only_reason());
+  if (!db->read_only_reason().empty()) writes_.health().StartDegraded(db->read_only_reason());
   FMOE_ASSIGN_OR_RETURN(StoreDb::Contents contents, db->LoadAll());
   for (const auto& bad : contents.corrupt) {
     spdlog::error("store: skipped corrupt record {}", bad);
@@ -47,7 +64,7 @@ Status MapService::Start() {
         "them with fmoe maps MANIFEST --drop {})",
         FingerprintHex(m.fingerprint), m.num_layers, m.num_experts, m.top_k, m.hidden_size, reason,
         FingerprintHex(m.fingerprint));
-    not_loaded_[m.fingerprint] = {m, reason};
+    models_.SetNotLoaded(m, reason);
   };
   // Smallest first, so that a model too large for memory_limit_mb cannot keep the others out.
   std::vector<std::pair<uint64_t, ModelRow>> models;
@@ -57,13 +74,13 @@ Status MapService::Start() {
       not_loaded(m, "its shape is not valid");
       continue;
     }
-    models.emplace_back(MapStore::BytesFor(StoreOptions(m)), m);
+    models.emplace_back(MapStore::BytesFor(models_.StoreOptions(m)), m);
   }
   std::stable_sort(models.begin(), models.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   size_t corrupt_maps = 0;
   for (const auto& [bytes, m] : models) {
-    auto opened = OpenModel(m);
+    auto opened = models_.Open(m);
     if (!opened.ok()) {
       not_loaded(m, opened.status().message());
       continue;
@@ -97,92 +114,21 @@ Status MapService::Start() {
   spdlog::info(
       "store: opened {}{}: {} models ({} not loaded, {} MiB of memory_limit_mb {}), {} past rank "
       "registrations, {} corrupt records",
-      options_.data_dir, health_.healthy() ? "" : " read-only", stores_.size(), not_loaded_.size(),
-      memory_used() >> 20, options_.memory_limit_mb, contents.ranks.size(),
-      contents.corrupt.size() + corrupt_maps);
+      options_.data_dir, writes_.health().healthy() ? "" : " read-only", models_.models().size(),
+      models_.not_loaded().size(), models_.memory_used() >> 20, options_.memory_limit_mb,
+      contents.ranks.size(), contents.corrupt.size() + corrupt_maps);
   FMOE_ASSIGN_OR_RETURN(socket_,
                         wire::MapSocket::Bind(context_, wire::Role::kRouter, options_.endpoint));
-  writer_ = std::make_unique<StoreWriter>(
-      std::move(db),
-      StoreWriterOptions{options_.max_pending_writes, options_.writer_nice,
-                         options_.before_store_job},
-      &writer_done_);
+  writes_.Open(std::move(db));
   spdlog::info("listening on {}", options_.endpoint);
   return Status::Ok();
-}
-
-MapStoreOptions MapService::StoreOptions(const ModelRow& shape) const {
-  MapStoreOptions o;
-  o.num_layers = shape.num_layers;
-  o.num_experts = shape.num_experts;
-  o.top_k = shape.top_k;
-  o.hidden = shape.hidden_size;
-  o.capacity = static_cast<uint32_t>(options_.store_capacity);
-  o.prefetch_distance = static_cast<uint32_t>(options_.prefetch_distance);
-  return o;
-}
-
-uint64_t MapService::memory_used() const {
-  uint64_t used = 0;
-  for (const auto& [fp, model] : stores_) used += model->bytes;
-  return used;
-}
-
-// The shape is one a store can hold, and the store fits in what memory_limit_mb leaves.
-Status MapService::CheckShape(const ModelRow& shape, uint64_t* bytes) const {
-  const std::string text =
-      "L=" + std::to_string(shape.num_layers) + " J=" + std::to_string(shape.num_experts) +
-      " K=" + std::to_string(shape.top_k) + " h=" + std::to_string(shape.hidden_size);
-  if (shape.num_layers == 0 || shape.num_experts == 0 || shape.hidden_size == 0 ||
-      shape.top_k == 0 || shape.top_k > shape.num_experts) {
-    return InvalidArgument("model shape " + text + " is not valid");
-  }
-  *bytes = MapStore::BytesFor(StoreOptions(shape));
-  const uint64_t limit = options_.memory_limit_mb << 20;
-  const uint64_t used = memory_used();
-  if (*bytes > limit || used + *bytes > limit) {
-    return ResourceExhausted("model " + FingerprintHex(shape.fingerprint) + " (" + text +
-                             ") needs " + std::to_string((*bytes + (1 << 20) - 1) >> 20) +
-                             " MiB for store_capacity " + std::to_string(options_.store_capacity) +
-                             " maps; " + std::to_string(used >> 20) +
-                             " MiB of map_service.memory_limit_mb " +
-                             std::to_string(options_.memory_limit_mb) + " are in use");
-  }
-  return Status::Ok();
-}
-
-// A new model's store is built whole before it is published in stores_: a refusal or a failed
-// allocation leaves nothing behind.
-Result<MapService::ModelMaps*> MapService::OpenModel(const ModelRow& shape) {
-  if (auto it = stores_.find(shape.fingerprint); it != stores_.end()) return it->second.get();
-  uint64_t bytes = 0;
-  FMOE_RETURN_IF_ERROR(CheckShape(shape, &bytes));
-  std::unique_ptr<ModelMaps> model;
-  try {
-    FMOE_ASSIGN_OR_RETURN(MapStore store, MapStore::Create(StoreOptions(shape)));
-    model = std::make_unique<ModelMaps>();
-    model->shape = shape;
-    model->bytes = bytes;
-    model->store = std::make_unique<MapStore>(std::move(store));
-  } catch (const std::bad_alloc&) {
-    return ResourceExhausted("model " + FingerprintHex(shape.fingerprint) + ": its store (" +
-                             std::to_string(bytes >> 20) + " MiB) cannot be allocated");
-  }
-  ModelMaps* out = model.get();
-  stores_.emplace(shape.fingerprint, std::move(model));
-  return out;
-}
-
-uint32_t MapService::stored_maps(uint64_t fingerprint) const {
-  auto it = stores_.find(fingerprint);
-  return it == stores_.end() ? 0 : it->second->store->size();
 }
 
 void MapService::Run(const std::function<bool()>& stop) {
   last_expiry_ms_ = clock_.NowMs();
   rate_window_start_ms_ = last_expiry_ms_;
   while (!stop()) Turn(100, /*read_socket=*/true);
-  Drain();
+  writes_.Drain();
   spdlog::info("stopping: {} registrations, {} dropped frames", counters_.registrations,
                socket_->stats().dropped_total());
 }
@@ -194,9 +140,10 @@ void MapService::Turn(int timeout_ms, bool read_socket) {
     wire::SocketBase* sockets[] = {socket_.get()};
     std::span<wire::SocketBase* const> polled_sockets(sockets, read_socket ? 1 : 0);
     bool notified = false;
-    auto polled = wire::Poll(polled_sockets, timeout_ms, &readable_, &writer_done_, &notified);
-    if (polled.ok() && notified) writer_done_.Drain();
-    if (writer_->RunDone() > 0) PumpAllWrites();
+    auto polled =
+        wire::Poll(polled_sockets, timeout_ms, &readable_, &writes_.notifier(), &notified);
+    if (polled.ok() && notified) writes_.notifier().Drain();
+    writes_.RunCompletions();
     if (read_socket && polled.ok() && readable_[0]) {
       // A bounded batch, so finished writes are acknowledged promptly under a flood.
       for (int i = 0; i < 256; ++i) {
@@ -210,11 +157,11 @@ void MapService::Turn(int timeout_ms, bool read_socket) {
         }
       }
     }
-    MaybeRecoverStore();
+    writes_.MaybeRecover();
   } catch (...) {
     spdlog::error("the service loop threw: {}; serving on", CurrentExceptionText());
   }
-  health_.Tick();
+  writes_.health().Tick();
   const int64_t now = clock_.NowMs();
   if (now - last_expiry_ms_ >= 100) {
     ExpireRanks();
@@ -287,15 +234,15 @@ void MapService::OnRegister(const std::string& peer, const Register& reg) {
   }
   const ModelRow shape{reg.model_fingerprint, reg.num_layers, reg.num_experts, reg.top_k,
                        reg.hidden_size,       UnixMs()};
-  if (auto skipped = not_loaded_.find(reg.model_fingerprint); skipped != not_loaded_.end()) {
+  if (const NotLoaded* skipped = models_.FindNotLoaded(reg.model_fingerprint); skipped != nullptr) {
     return refuse("model " + FingerprintHex(reg.model_fingerprint) +
-                  " is stored but was not loaded at start (" + skipped->second.reason +
+                  " is stored but was not loaded at start (" + skipped->reason +
                   "); remove it with fmoe maps MANIFEST --drop " +
                   FingerprintHex(reg.model_fingerprint) + ", or raise map_service.memory_limit_mb");
   }
-  auto known = stores_.find(reg.model_fingerprint);
-  if (known != stores_.end()) {
-    const ModelRow& k = known->second->shape;
+  const ModelMaps* known = models_.Find(reg.model_fingerprint);
+  if (known != nullptr) {
+    const ModelRow& k = known->shape;
     if (k.num_layers != reg.num_layers || k.num_experts != reg.num_experts ||
         k.top_k != reg.top_k || k.hidden_size != reg.hidden_size) {
       return refuse("model " + FingerprintHex(reg.model_fingerprint) +
@@ -303,24 +250,25 @@ void MapService::OnRegister(const std::string& peer, const Register& reg) {
                     " J=" + std::to_string(k.num_experts) + " K=" + std::to_string(k.top_k) +
                     " h=" + std::to_string(k.hidden_size) + ")");
     }
-    if (known->second->dropping) {
+    if (known->dropping) {
       return refuse("model " + FingerprintHex(reg.model_fingerprint) +
                     " is being dropped; register again later");
     }
   }
-  if (!health_.healthy()) {
+  if (!writes_.health().healthy()) {
     // Degraded: a model already on disk is served without writing the rank's record (nothing
     // reads it back but the start-up log); a new model cannot be recorded.
-    if (known != stores_.end() && known->second->recorded) {
-      health_.Refused();
+    if (known != nullptr && known->recorded) {
+      writes_.health().Refused();
       return OnRegistered(peer, reg, Status::Ok(), /*recording=*/false);
     }
-    return refuse(health_.Why() + "; a new model cannot be recorded; register again later");
+    return refuse(writes_.health().Why() +
+                  "; a new model cannot be recorded; register again later");
   }
-  if (std::string why; Busy(&why)) return refuse(why + "; register again later");
+  if (std::string why; writes_.Busy(&why)) return refuse(why + "; register again later");
   // The in-memory store first (it can refuse a shape), then the durable record (on the store
   // writer), then the ack (OnRegistered).
-  auto model = OpenModel(shape);
+  auto model = models_.Open(shape);
   if (!model.ok()) return refuse(model.status().message());
   const bool record_model = !(*model)->recorded;
   const RankRow row{reg.group, reg.rank, reg.world_size, reg.instance_id, reg.model_fingerprint,
@@ -334,9 +282,9 @@ void MapService::OnRegister(const std::string& peer, const Register& reg) {
     OnRegistered(peer, reg, ran.ok() ? *written : ran, /*recording=*/true);
   };
   ++(*model)->recording;
-  if (!writer_->TrySubmit(std::move(job))) {
+  if (!writes_.Submit(std::move(job))) {
     --(*model)->recording;
-    ForgetIfUnrecorded(shape.fingerprint);
+    models_.ForgetIfUnrecorded(shape.fingerprint);
     return refuse("the map service is stopping");
   }
   held_.try_emplace(peer);
@@ -367,15 +315,14 @@ void MapService::OnRegistered(const std::string& peer, const Register& reg, cons
     Reply(peer, RegisterAck{false, reason, 0});
     ReleaseHeld(peer);
   };
-  auto found = stores_.find(reg.model_fingerprint);
-  if (found == stores_.end())
+  ModelMaps* model = models_.Find(reg.model_fingerprint);
+  if (model == nullptr)
     return refuse("model " + FingerprintHex(reg.model_fingerprint) + " is not stored");
-  ModelMaps* model = found->second.get();
   if (recording) --model->recording;
   if (!written.ok()) {
-    const bool degraded = StoreWriteFailed(written);
+    const bool degraded = writes_.Failed(written);
     if (!degraded || !model->recorded) {
-      ForgetIfUnrecorded(reg.model_fingerprint);
+      models_.ForgetIfUnrecorded(reg.model_fingerprint);
       return refuse("store write failed: " + written.message());
     }
     // Only the rank's record is missing: the model is on disk, so the rank is served.
@@ -413,18 +360,6 @@ void MapService::OnRegistered(const std::string& peer, const Register& reg, cons
   ReleaseHeld(peer);
 }
 
-// A model whose record never reached the disk (every write that would record it failed) and
-// that nothing else refers to is forgotten, as if it had never been seen.
-void MapService::ForgetIfUnrecorded(uint64_t fingerprint) {
-  auto it = stores_.find(fingerprint);
-  if (it == stores_.end()) return;
-  const ModelMaps& m = *it->second;
-  if (!m.recorded && m.recording == 0 && !m.writing && m.completed.empty() && m.imported.empty() &&
-      m.store->size() == 0) {
-    stores_.erase(it);
-  }
-}
-
 void MapService::OnAdmin(const std::string& peer, const AdminRequest& request) {
   ++counters_.admin_requests;
   AdminReply reply;
@@ -436,11 +371,11 @@ void MapService::OnAdmin(const std::string& peer, const AdminRequest& request) {
       reply.json = StatsJson();
       break;
     case AdminOp::kExport:
-      return StartExport(peer, request);
+      return writes_.StartExport(peer, request);
     case AdminOp::kImport:
-      return StartImport(peer, request);
+      return writes_.StartImport(peer, request);
     case AdminOp::kDrop:
-      return StartDrop(peer, request);
+      return writes_.StartDrop(peer, request);
   }
   Reply(peer, reply);
 }
@@ -507,9 +442,9 @@ void MapService::OnContext(const std::string& peer, const MapMessage& message) {
       map.row.map = std::move(done->map);
       map.peer = peer;
       map.completed = started;
-      auto model = ModelFor(rank->model_fingerprint);
+      auto model = models_.Recorded(rank->model_fingerprint);
       if (model.ok()) {
-        QueueCompletedMap(**model, std::move(map));
+        writes_.QueueCompletedMap(**model, std::move(map));
       } else {
         ++counters_.maps_failed;
         spdlog::error("req={} iteration {}: map not stored: {}", map.row.request_id,
@@ -543,25 +478,6 @@ void MapService::SendDirectives(const std::string& group,
   }
 }
 
-// A model whose record is on disk (one still being registered is not stored yet).
-Result<MapService::ModelMaps*> MapService::ModelFor(uint64_t fingerprint) {
-  if (fingerprint == 0) {
-    std::vector<ModelMaps*> recorded;
-    for (auto& [fp, model] : stores_) {
-      if (model->recorded) recorded.push_back(model.get());
-    }
-    if (recorded.size() == 1) return recorded[0];
-    if (recorded.empty()) return NotFound("no model is stored");
-    return InvalidArgument(std::to_string(recorded.size()) +
-                           " models are stored; name one by its fingerprint");
-  }
-  auto it = stores_.find(fingerprint);
-  if (it == stores_.end() || !it->second->recorded) {
-    return NotFound("model " + FingerprintHex(fingerprint) + " is not stored");
-  }
-  return it->second.get();
-}
-
 std::string MapService::StatsJson() const {
   using Json = nlohmann::json;
   Json ranks = Json::array();
@@ -574,7 +490,7 @@ std::string MapService::StatsJson() const {
                      {"silence_ms", clock_.NowMs() - entry.last_seen_ms}});
   }
   Json models = Json::array();
-  for (const auto& [fp, mm] : stores_) {
+  for (const auto& [fp, mm] : models_.models()) {
     if (!mm->recorded) continue;  // Its first registration is still being written.
     const ModelRow& m = mm->shape;
     models.push_back({{"fingerprint", FingerprintHex(fp)},
@@ -589,7 +505,7 @@ std::string MapService::StatsJson() const {
                       {"bytes", mm->bytes}});
   }
   Json not_loaded = Json::array();
-  for (const auto& [fp, n] : not_loaded_) {
+  for (const auto& [fp, n] : models_.not_loaded()) {
     not_loaded.push_back({{"fingerprint", FingerprintHex(fp)},
                           {"num_layers", n.shape.num_layers},
                           {"num_experts", n.shape.num_experts},
@@ -609,63 +525,65 @@ std::string MapService::StatsJson() const {
                 {"p99", h.Quantile(0.99)}, {"max", h.max()}, {"buckets", buckets}};
   };
   const wire::Stats& ws = socket_->stats();
+  const StoreHealth& health = writes_.health();
   Json dropped = Json::object();
   for (size_t i = 0; i < ws.dropped.size(); ++i) {
     dropped[std::string(wire::DropReasonName(static_cast<wire::DropReason>(i)))] = ws.dropped[i];
   }
-  Json body = {{"uptime_s", (clock_.NowMs() - started_ms_) / 1000.0},
-               {"endpoint", options_.endpoint},
-               {"data_dir", options_.data_dir},
-               {"store_capacity", options_.store_capacity},
-               {"prefetch_distance", options_.prefetch_distance},
-               {"models", models},
-               {"models_not_loaded", not_loaded},
-               {"memory", {{"used_bytes", memory_used()}, {"limit_mb", options_.memory_limit_mb}}},
-               {"store",
-                {{"state", StoreHealth::StateName(health_.state())},
-                 {"reason", health_.reason()},
-                 {"degraded_s", health_.degraded_ms() / 1000.0},
-                 {"next_retry_ms", health_.next_retry_in_ms()},
-                 {"writes_failed", health_.failed_total()},
-                 {"retries", health_.retries()},
-                 {"recoveries", health_.recoveries()}}},
-               {"ranks", ranks},
-               {"counters",
-                {{"registrations", counters_.registrations},
-                 {"registrations_refused", counters_.registrations_refused},
-                 {"ranks_expired", counters_.ranks_expired},
-                 {"iteration_starts", counters_.iteration_starts},
-                 {"layers_observed", counters_.layers_observed},
-                 {"iteration_ends", counters_.iteration_ends},
-                 {"from_unregistered", counters_.from_unregistered},
-                 {"contexts_invalid", counters_.contexts_invalid},
-                 {"contexts_refused", counters_.contexts_refused},
-                 {"directives_sent", counters_.directives_sent},
-                 {"directives_failed", counters_.directives_failed},
-                 {"maps_stored", counters_.maps_stored},
-                 {"maps_replaced", counters_.maps_replaced},
-                 {"maps_incomplete", counters_.maps_incomplete},
-                 {"maps_failed", counters_.maps_failed},
-                 {"maps_dropped", counters_.maps_dropped},
-                 {"maps_abandoned", counters_.maps_abandoned},
-                 {"busy_refusals", counters_.busy_refusals},
-                 {"held_dropped", counters_.held_dropped},
-                 {"admin_requests", counters_.admin_requests},
-                 {"models_dropped", counters_.models_dropped}}},
-               {"contexts", contexts_},
-               {"ingest_per_s", ingest_rate_},
-               {"requests_in_flight", in_flight},
-               {"match_latency_us", histogram(match_us_)},
-               {"insert_latency_us", histogram(insert_us_)},
-               {"store_writes",
-                {{"pending", pending_writes()},
-                 {"limit", options_.max_pending_writes},
-                 {"maps_waiting", completed_waiting_}}},
-               {"wire",
-                {{"received", ws.received},
-                 {"sent", ws.sent},
-                 {"send_failed", ws.send_failed},
-                 {"dropped", dropped}}}};
+  Json body = {
+      {"uptime_s", (clock_.NowMs() - started_ms_) / 1000.0},
+      {"endpoint", options_.endpoint},
+      {"data_dir", options_.data_dir},
+      {"store_capacity", options_.store_capacity},
+      {"prefetch_distance", options_.prefetch_distance},
+      {"models", models},
+      {"models_not_loaded", not_loaded},
+      {"memory", {{"used_bytes", models_.memory_used()}, {"limit_mb", options_.memory_limit_mb}}},
+      {"store",
+       {{"state", StoreHealth::StateName(health.state())},
+        {"reason", health.reason()},
+        {"degraded_s", health.degraded_ms() / 1000.0},
+        {"next_retry_ms", health.next_retry_in_ms()},
+        {"writes_failed", health.failed_total()},
+        {"retries", health.retries()},
+        {"recoveries", health.recoveries()}}},
+      {"ranks", ranks},
+      {"counters",
+       {{"registrations", counters_.registrations},
+        {"registrations_refused", counters_.registrations_refused},
+        {"ranks_expired", counters_.ranks_expired},
+        {"iteration_starts", counters_.iteration_starts},
+        {"layers_observed", counters_.layers_observed},
+        {"iteration_ends", counters_.iteration_ends},
+        {"from_unregistered", counters_.from_unregistered},
+        {"contexts_invalid", counters_.contexts_invalid},
+        {"contexts_refused", counters_.contexts_refused},
+        {"directives_sent", counters_.directives_sent},
+        {"directives_failed", counters_.directives_failed},
+        {"maps_stored", counters_.maps_stored},
+        {"maps_replaced", counters_.maps_replaced},
+        {"maps_incomplete", counters_.maps_incomplete},
+        {"maps_failed", counters_.maps_failed},
+        {"maps_dropped", counters_.maps_dropped},
+        {"maps_abandoned", counters_.maps_abandoned},
+        {"busy_refusals", counters_.busy_refusals},
+        {"held_dropped", counters_.held_dropped},
+        {"admin_requests", counters_.admin_requests},
+        {"models_dropped", counters_.models_dropped}}},
+      {"contexts", contexts_},
+      {"ingest_per_s", ingest_rate_},
+      {"requests_in_flight", in_flight},
+      {"match_latency_us", histogram(match_us_)},
+      {"insert_latency_us", histogram(insert_us_)},
+      {"store_writes",
+       {{"pending", writes_.pending()},
+        {"limit", options_.max_pending_writes},
+        {"maps_waiting", writes_.completed_waiting()}}},
+      {"wire",
+       {{"received", ws.received},
+        {"sent", ws.sent},
+        {"send_failed", ws.send_failed},
+        {"dropped", dropped}}}};
   return body.dump();
 }
 

@@ -1,46 +1,54 @@
-// MapService's durable work (map_service.h): completed maps through the store writer into the
-// store and to their sender, exports and imports, back-pressure, and the drain at stop. A job's
-// `run` runs on the store writer thread and touches only the database, the file and the state
-// its lambdas share; everything else here runs on the service thread.
+#include "map_service/map_writes.h"
+
 #include <algorithm>
 #include <chrono>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
 #include "common/model/model_config.h"
-#include "map_service/map_service.h"
 
 namespace fmoe {
 
-struct MapService::ImportState {
-  std::string peer;
-  uint64_t id = 0;  // The AdminRequest's.
-  std::string path;
-  uint64_t fingerprint = 0;
-  size_t remaining = 0;  // Maps queued or being written.
-  uint64_t imported = 0;
-  uint64_t replaced = 0;
-  uint64_t skipped = 0;
-  bool finished = false;  // Answered.
-};
+MapWrites::MapWrites(const MapServiceOptions& options, const Clock& clock, ModelRegistry& models,
+                     MapServiceCounters& counters, Histogram& insert_us, MapWritesHost host)
+    : options_(options),
+      models_(models),
+      counters_(counters),
+      insert_us_(insert_us),
+      host_(std::move(host)),
+      health_(clock, options.store_health) {}
 
-size_t MapService::pending_writes() const {
+void MapWrites::Open(std::unique_ptr<StoreDb> db) {
+  writer_ = std::make_unique<StoreWriter>(
+      std::move(db),
+      StoreWriterOptions{options_.max_pending_writes, options_.writer_nice,
+                         options_.before_store_job},
+      &writer_done_);
+}
+
+void MapWrites::RunCompletions() {
+  if (writer_->RunDone() > 0) PumpAllWrites();
+}
+
+size_t MapWrites::pending() const {
   return (writer_ != nullptr ? writer_->pending() : 0) + completed_waiting_;
 }
 
-bool MapService::Busy(std::string* why) {
-  const size_t pending = pending_writes();
-  if (pending < options_.max_pending_writes) return false;
+bool MapWrites::Busy(std::string* why) {
+  const size_t waiting = pending();
+  if (waiting < options_.max_pending_writes) return false;
   ++counters_.busy_refusals;
-  *why = "map service busy: " + std::to_string(pending) +
+  *why = "map service busy: " + std::to_string(waiting) +
          " store writes pending (max_pending_writes " +
          std::to_string(options_.max_pending_writes) + ")";
   return true;
 }
 
-void MapService::QueueCompletedMap(ModelMaps& model, PendingMap map) {
-  if (pending_writes() >= options_.max_pending_writes) {
+void MapWrites::QueueCompletedMap(ModelMaps& model, PendingMap map) {
+  if (pending() >= options_.max_pending_writes) {
     // Back-pressure: the map is neither stored nor acknowledged; the service never blocks.
     ++counters_.maps_dropped;
     if (!dropping_) {
@@ -49,7 +57,7 @@ void MapService::QueueCompletedMap(ModelMaps& model, PendingMap map) {
       spdlog::warn(
           "store writes: {} pending (max_pending_writes): completed maps are dropped, neither "
           "stored nor acknowledged, until they drain",
-          pending_writes());
+          pending());
     }
     return;
   }
@@ -63,13 +71,13 @@ void MapService::QueueCompletedMap(ModelMaps& model, PendingMap map) {
   PumpWrites(model);
 }
 
-void MapService::PumpAllWrites() {
-  for (auto& [fingerprint, model] : stores_) PumpWrites(*model);
+void MapWrites::PumpAllWrites() {
+  for (auto& [fingerprint, model] : models_.models()) PumpWrites(*model);
 }
 
 // Hands the model's next map to the store writer, one at a time: the next map is planned against
 // a store that holds the one before it. Completed maps go before imported ones.
-void MapService::PumpWrites(ModelMaps& model) {
+void MapWrites::PumpWrites(ModelMaps& model) {
   while (!model.writing && !model.dropping && !writer_->full()) {
     const bool live = !model.completed.empty();
     std::deque<PendingMap>& queue = live ? model.completed : model.imported;
@@ -102,7 +110,7 @@ void MapService::PumpWrites(ModelMaps& model) {
       model.writing = false;
       // Durable first: a failed write leaves the in-memory store as it was.
       Status s = ran.ok() ? *written : ran;
-      StoreWriteFailed(s);
+      Failed(s);
       if (s.ok()) {
         ++model.next_id;
         s = model.store->Put(plan.index, map->row.id, map->row.sem, map->row.map);
@@ -121,8 +129,8 @@ void MapService::PumpWrites(ModelMaps& model) {
   }
 }
 
-void MapService::MapSettled(ModelMaps& model, PendingMap& map, const Status& status,
-                            const InsertResult& plan) {
+void MapWrites::MapSettled(ModelMaps& model, PendingMap& map, const Status& status,
+                           const InsertResult& plan) {
   ImportState* import = map.import.get();
   const double us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - map.completed)
@@ -136,8 +144,8 @@ void MapService::MapSettled(ModelMaps& model, PendingMap& map, const Status& sta
     }
     if (import == nullptr) {
       insert_us_.Add(us);
-      Reply(map.peer, MapStored{map.row.request_id, map.row.iteration, map.row.id,
-                                plan.replaced ? plan.replaced_id : 0});
+      host_.reply(map.peer, MapStored{map.row.request_id, map.row.iteration, map.row.id,
+                                      plan.replaced ? plan.replaced_id : 0});
     } else {
       ++import->imported;
       if (plan.replaced) ++import->replaced;
@@ -166,13 +174,15 @@ void MapService::MapSettled(ModelMaps& model, PendingMap& map, const Status& sta
   if (import != nullptr && --import->remaining == 0) FinishImport(*import, Status::Ok());
 }
 
-void MapService::StartExport(const std::string& peer, const AdminRequest& request) {
-  auto fail = [&](const Status& s) { ReplyAdmin(peer, request.id, "export", request.path, s); };
+void MapWrites::StartExport(const std::string& peer, const AdminRequest& request) {
+  auto fail = [&](const Status& s) {
+    host_.reply_admin(peer, request.id, "export", request.path, s);
+  };
   if (request.path.empty() || request.path[0] != '/') {
     return fail(InvalidArgument("export path \"" + request.path +
                                 "\" must be absolute (it is written by the map service)"));
   }
-  auto model = ModelFor(request.model_fingerprint);
+  auto model = models_.Recorded(request.model_fingerprint);
   if (!model.ok()) return fail(model.status());
   if (std::string why; Busy(&why)) return fail(Unavailable(why + "; try again later"));
   // Read back from RocksDB, the durable truth, behind every write submitted before it, and
@@ -210,13 +220,15 @@ void MapService::StartExport(const std::string& peer, const AdminRequest& reques
     *body = json.dump();
   };
   job.done = [this, body, peer, id = request.id, path = request.path](const Status& ran) {
-    ReplyAdmin(peer, id, "export", path, ran.ok() ? *body : Result<std::string>(ran));
+    host_.reply_admin(peer, id, "export", path, ran.ok() ? *body : Result<std::string>(ran));
   };
   if (!writer_->TrySubmit(std::move(job))) fail(Unavailable("the map service is stopping"));
 }
 
-void MapService::StartImport(const std::string& peer, const AdminRequest& request) {
-  auto fail = [&](const Status& s) { ReplyAdmin(peer, request.id, "import", request.path, s); };
+void MapWrites::StartImport(const std::string& peer, const AdminRequest& request) {
+  auto fail = [&](const Status& s) {
+    host_.reply_admin(peer, request.id, "import", request.path, s);
+  };
   if (request.path.empty() || request.path[0] != '/') {
     return fail(InvalidArgument("import path \"" + request.path +
                                 "\" must be absolute (it is read by the map service)"));
@@ -241,15 +253,15 @@ void MapService::StartImport(const std::string& peer, const AdminRequest& reques
   if (!writer_->TrySubmit(std::move(job))) fail(Unavailable("the map service is stopping"));
 }
 
-void MapService::OnImportRead(const std::shared_ptr<ImportState>& import,
-                              Result<MapExportContents> file) {
+void MapWrites::OnImportRead(const std::shared_ptr<ImportState>& import,
+                             Result<MapExportContents> file) {
   if (!file.ok()) return FinishImport(*import, file.status());
   ModelRow shape = file->shape;
   shape.first_seen_unix_ms = UnixMs();
   import->fingerprint = shape.fingerprint;
   import->skipped = file->skipped;
-  if (auto known = stores_.find(shape.fingerprint); known != stores_.end()) {
-    const ModelRow& k = known->second->shape;
+  if (const ModelMaps* known = models_.Find(shape.fingerprint); known != nullptr) {
+    const ModelRow& k = known->shape;
     if (k.num_layers != shape.num_layers || k.num_experts != shape.num_experts ||
         k.top_k != shape.top_k || k.hidden_size != shape.hidden_size) {
       return FinishImport(*import, FailedPrecondition(import->path + " holds model " +
@@ -258,17 +270,17 @@ void MapService::OnImportRead(const std::shared_ptr<ImportState>& import,
                                                       "stored"));
     }
   }
-  if (auto skipped = not_loaded_.find(shape.fingerprint); skipped != not_loaded_.end()) {
+  if (const NotLoaded* skipped = models_.FindNotLoaded(shape.fingerprint); skipped != nullptr) {
     return FinishImport(*import, FailedPrecondition("model " + FingerprintHex(shape.fingerprint) +
                                                     " is stored but was not loaded at start (" +
-                                                    skipped->second.reason + ")"));
+                                                    skipped->reason + ")"));
   }
-  if (auto known = stores_.find(shape.fingerprint);
-      known != stores_.end() && known->second->dropping) {
+  if (const ModelMaps* known = models_.Find(shape.fingerprint);
+      known != nullptr && known->dropping) {
     return FinishImport(*import, Unavailable("model " + FingerprintHex(shape.fingerprint) +
                                              " is being dropped; import again later"));
   }
-  auto model = OpenModel(shape);
+  auto model = models_.Open(shape);
   if (!model.ok()) return FinishImport(*import, model.status());
   if ((*model)->recorded) return QueueImportedMaps(import, **model, std::move(file->maps));
   // A model no rank has registered yet: its record is written before its maps.
@@ -277,12 +289,12 @@ void MapService::OnImportRead(const std::shared_ptr<ImportState>& import,
   StoreJob job;
   job.run = [written, shape](StoreDb& db, std::stop_token) { *written = db.RecordModel(shape); };
   job.done = [this, import, maps, written, fingerprint = shape.fingerprint](const Status& ran) {
-    ModelMaps& m = *stores_.at(fingerprint);
+    ModelMaps& m = *models_.Find(fingerprint);
     --m.recording;
     const Status s = ran.ok() ? *written : ran;
-    StoreWriteFailed(s);
+    Failed(s);
     if (!s.ok()) {
-      ForgetIfUnrecorded(fingerprint);
+      models_.ForgetIfUnrecorded(fingerprint);
       return FinishImport(*import, s);
     }
     m.recorded = true;
@@ -291,13 +303,13 @@ void MapService::OnImportRead(const std::shared_ptr<ImportState>& import,
   ++(*model)->recording;
   if (!writer_->TrySubmit(std::move(job))) {
     --(*model)->recording;
-    ForgetIfUnrecorded(shape.fingerprint);
+    models_.ForgetIfUnrecorded(shape.fingerprint);
     FinishImport(*import, Unavailable("the map service is stopping"));
   }
 }
 
-void MapService::QueueImportedMaps(const std::shared_ptr<ImportState>& import, ModelMaps& model,
-                                   std::vector<MapRow> maps) {
+void MapWrites::QueueImportedMaps(const std::shared_ptr<ImportState>& import, ModelMaps& model,
+                                  std::vector<MapRow> maps) {
   import->remaining = maps.size();
   if (maps.empty()) return FinishImport(*import, Status::Ok());
   const auto now = std::chrono::steady_clock::now();
@@ -305,28 +317,26 @@ void MapService::QueueImportedMaps(const std::shared_ptr<ImportState>& import, M
   PumpWrites(model);
 }
 
-void MapService::FinishImport(ImportState& import, const Status& status) {
+void MapWrites::FinishImport(ImportState& import, const Status& status) {
   if (import.finished) return;
   import.finished = true;
   import.remaining = 0;
-  if (!status.ok()) return ReplyAdmin(import.peer, import.id, "import", import.path, status);
+  if (!status.ok()) return host_.reply_admin(import.peer, import.id, "import", import.path, status);
   spdlog::info("imported {} maps of model {} from {} ({} replaced by deduplication, {} skipped)",
                import.imported, FingerprintHex(import.fingerprint), import.path, import.replaced,
                import.skipped);
-  auto model = stores_.find(import.fingerprint);
+  const ModelMaps* model = models_.Find(import.fingerprint);
   nlohmann::json body = {{"model", FingerprintHex(import.fingerprint)},
                          {"imported", import.imported},
                          {"replaced", import.replaced},
                          {"skipped", import.skipped},
-                         {"maps", model == stores_.end() ? 0 : model->second->store->size()}};
-  ReplyAdmin(import.peer, import.id, "import", import.path, body.dump());
+                         {"maps", model == nullptr ? 0 : model->store->size()}};
+  host_.reply_admin(import.peer, import.id, "import", import.path, body.dump());
 }
-
-bool MapService::StoreWriteFailed(const Status& status) { return health_.Failed(status); }
 
 // Degraded and the backoff passed: the store writer tries to make the store writable again,
 // behind the jobs queued before (which fail fast while RocksDB holds its error).
-void MapService::MaybeRecoverStore() {
+void MapWrites::MaybeRecover() {
   if (!health_.RetryDue()) return;
   auto result = std::make_shared<Status>(Internal("recovery did not run"));
   StoreJob job;
@@ -341,18 +351,18 @@ void MapService::MaybeRecoverStore() {
 // `fmoe maps --drop FP`: the model's ranks are dropped (they register again at their next
 // heartbeat, and get a fresh, empty store once the drop is done), its waiting maps discarded,
 // then the store writer removes its records; only then is its memory freed.
-void MapService::StartDrop(const std::string& peer, const AdminRequest& request) {
+void MapWrites::StartDrop(const std::string& peer, const AdminRequest& request) {
   const uint64_t fp = request.model_fingerprint;
   auto fail = [&](const Status& s) {
-    ReplyAdmin(peer, request.id, "drop", "of model " + FingerprintHex(fp), s);
+    host_.reply_admin(peer, request.id, "drop", "of model " + FingerprintHex(fp), s);
   };
   if (fp == 0) return fail(InvalidArgument("drop needs a model fingerprint"));
   if (!health_.healthy()) return fail(Unavailable(health_.Why() + "; drop again later"));
-  auto known = stores_.find(fp);
-  if (known == stores_.end() && not_loaded_.count(fp) == 0) {
+  ModelMaps* known = models_.Find(fp);
+  if (known == nullptr && models_.FindNotLoaded(fp) == nullptr) {
     return fail(NotFound("model " + FingerprintHex(fp) + " is not stored"));
   }
-  if (known != stores_.end() && known->second->dropping) {
+  if (known != nullptr && known->dropping) {
     return fail(Unavailable("model " + FingerprintHex(fp) + " is already being dropped"));
   }
   if (std::string why; Busy(&why)) return fail(Unavailable(why + "; try again later"));
@@ -363,14 +373,10 @@ void MapService::StartDrop(const std::string& peer, const AdminRequest& request)
     OnDropped(peer, id, fp, ran.ok() ? *removed : Result<uint64_t>(ran));
   };
   if (!writer_->TrySubmit(std::move(job))) return fail(Unavailable("the map service is stopping"));
-  if (known == stores_.end()) return;
-  ModelMaps& model = *known->second;
+  if (known == nullptr) return;
+  ModelMaps& model = *known;
   model.dropping = true;
-  std::vector<std::string> peers;
-  for (const auto& [id, entry] : ranks_.peers()) {
-    if (entry.info.model_fingerprint == fp) peers.push_back(id);
-  }
-  for (const std::string& id : peers) DropPeer(id);
+  const size_t ranks = host_.drop_ranks_of(fp);
   const size_t discarded = model.completed.size();
   counters_.maps_dropped += discarded;
   completed_waiting_ -= discarded;
@@ -380,46 +386,46 @@ void MapService::StartDrop(const std::string& peer, const AdminRequest& request)
   }
   model.imported.clear();
   spdlog::warn("dropping model {}: {} ranks unregistered, {} completed maps discarded",
-               FingerprintHex(fp), peers.size(), discarded);
+               FingerprintHex(fp), ranks, discarded);
 }
 
-void MapService::OnDropped(const std::string& peer, uint64_t id, uint64_t fingerprint,
-                           const Result<uint64_t>& removed) {
-  auto known = stores_.find(fingerprint);
+void MapWrites::OnDropped(const std::string& peer, uint64_t id, uint64_t fingerprint,
+                          const Result<uint64_t>& removed) {
+  ModelMaps* known = models_.Find(fingerprint);
   if (!removed.ok()) {
-    StoreWriteFailed(removed.status());
-    if (known != stores_.end()) known->second->dropping = false;
-    return ReplyAdmin(peer, id, "drop", "of model " + FingerprintHex(fingerprint),
-                      removed.status());
+    Failed(removed.status());
+    if (known != nullptr) known->dropping = false;
+    return host_.reply_admin(peer, id, "drop", "of model " + FingerprintHex(fingerprint),
+                             removed.status());
   }
   uint64_t bytes = 0;
-  if (known != stores_.end()) {
+  if (known != nullptr) {
     // Every rank of it was dropped at StartDrop and none registered since: no matcher refers
     // to its store, and its writes, submitted before the drop, are done.
-    bytes = known->second->bytes;
-    stores_.erase(known);
+    bytes = known->bytes;
+    models_.Erase(fingerprint);
   }
-  not_loaded_.erase(fingerprint);
+  models_.EraseNotLoaded(fingerprint);
   ++counters_.models_dropped;
   spdlog::warn("dropped model {}: {} maps and its records removed, {} MiB freed",
                FingerprintHex(fingerprint), *removed, bytes >> 20);
   nlohmann::json body = {
       {"model", FingerprintHex(fingerprint)}, {"maps_removed", *removed}, {"bytes_freed", bytes}};
-  ReplyAdmin(peer, id, "drop", "of model " + FingerprintHex(fingerprint), body.dump());
+  host_.reply_admin(peer, id, "drop", "of model " + FingerprintHex(fingerprint), body.dump());
 }
 
-void MapService::Drain() {
+void MapWrites::Drain() {
   writer_->RequestStop();  // Exports and imports end early; writes go on.
-  const size_t at_stop = pending_writes();
-  if (at_stop == 0) return AbandonPendingWrites();
+  const size_t at_stop = pending();
+  if (at_stop == 0) return Abandon();
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.drain_timeout_ms);
-  while (pending_writes() > 0 && std::chrono::steady_clock::now() < deadline) {
-    Turn(20, /*read_socket=*/false);
+  while (pending() > 0 && std::chrono::steady_clock::now() < deadline) {
+    host_.turn(20);
   }
-  const size_t left = pending_writes();
+  const size_t left = pending();
   const uint64_t abandoned_before = counters_.maps_abandoned;
-  AbandonPendingWrites();
+  Abandon();
   if (left == 0) {
     spdlog::info("stopping: the {} store writes pending at stop were drained", at_stop);
   } else {
@@ -430,10 +436,10 @@ void MapService::Drain() {
   }
 }
 
-void MapService::AbandonPendingWrites() {
+void MapWrites::Abandon() {
   writer_->Stop();  // Runs `done` of the finished jobs, then of the abandoned ones.
   const Status stopping = Unavailable("the map service is stopping");
-  for (auto& [fingerprint, model] : stores_) {
+  for (auto& [fingerprint, model] : models_.models()) {
     counters_.maps_abandoned += model->completed.size();
     model->completed.clear();
     for (PendingMap& p : model->imported) {
