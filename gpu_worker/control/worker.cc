@@ -1,7 +1,6 @@
 #include "gpu_worker/control/worker.h"
 
 #include <algorithm>
-#include <exception>
 #include <vector>
 
 #include "common/log.h"
@@ -16,17 +15,6 @@ std::string Truncated(const std::string& s, size_t limit) {
   size_t n = limit;
   while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xc0) == 0x80) --n;
   return s.substr(0, n);
-}
-
-// What an exception in flight says, for a log line or an error event.
-std::string CurrentWhat() {
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
 }
 
 }  // namespace
@@ -90,7 +78,7 @@ void Worker::Run(const std::function<bool()>& stop, const std::function<void()>&
       Tick();
     } catch (...) {
       spdlog::error("group={} rank={}: the worker loop threw: {}; serving on", options_.group,
-                    options_.rank, CurrentWhat());
+                    options_.rank, CurrentExceptionText());
     }
     if (!ready && (map_registered() || clock_.NowMs() - started_ms_ >= options_.register_wait_ms)) {
       if (!map_registered()) {
@@ -110,7 +98,7 @@ void Worker::DispatchMap(const MapMessage& message) {
     OnMapMessage(message);
   } catch (...) {
     spdlog::error("{} from the map service threw: {}; ignored", wire::MessageName(message),
-                  CurrentWhat());
+                  CurrentExceptionText());
   }
 }
 
@@ -119,7 +107,7 @@ void Worker::DispatchRouter(const WorkerMessage& message) {
     OnRouterMessage(message);
     return;
   } catch (...) {
-    const std::string what = CurrentWhat();
+    const std::string what = CurrentExceptionText();
     const auto* gen = std::get_if<Generate>(&message);
     spdlog::error("{} from the router threw{}: {}", wire::MessageName(message),
                   gen != nullptr ? " for req=" + std::to_string(gen->request_id) : "", what);
