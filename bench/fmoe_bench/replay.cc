@@ -140,22 +140,14 @@ int RunPositionReplay(const ReplayOptions& o) {
       return 1;
     }
   }
-  for (auto& job : jobs) {
-    if (UsesMapService(job->config.policy) && !job->config.online) {
-      job->warm = warm[job->config.distance].get();
-    }
-  }
-  std::mutex print_mu;
-  std::atomic<size_t> finished{0};
-  Parallel(threads, jobs.size(), [&](size_t i) {
-    Job& job = *jobs[i];
-    job.result = RunReplay(requests, train, test, job.config, job.warm);
-    std::lock_guard<std::mutex> lock(print_mu);
-    std::fprintf(stderr, "[%zu/%zu] %s %s budget %.2f d %u%s\n", ++finished, jobs.size(),
-                 job.config.online ? "online" : "offline", job.config.policy.c_str(),
-                 job.config.budget, job.config.distance,
-                 job.result.ok() ? "" : (": " + job.result.status().message()).c_str());
-  });
+  RunJobs(
+      threads, jobs, warm,
+      [&](Job& job) { job.result = RunReplay(requests, train, test, job.config, job.warm); },
+      [](const Job& job) {
+        return std::string(job.config.online ? "online " : "offline ") + job.config.policy +
+               " budget " + Fixed(job.config.budget, 2) + " d " +
+               std::to_string(job.config.distance);
+      });
 
   // The table and the CSV.
   std::ostringstream csv;

@@ -10,10 +10,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bench/fmoe_bench/replay_core.h"
 #include "bench/fmoe_bench/replay_hybrid.h"
 #include "bench/fmoe_bench/replay_time.h"
 #include "common/model/expert_trace.h"
@@ -84,14 +86,37 @@ void Parallel(uint32_t threads, size_t count, Fn&& fn) {
 // map-service policies) with build(distance), the distances in parallel; the first failure,
 // with "warming the store: " before it. replay.cc.
 using WarmStores = std::map<uint32_t, std::unique_ptr<MapStore>>;
+Status BuildWarmStores(uint32_t threads, const std::function<Result<MapStore>(uint32_t)>& build,
+                       WarmStores* warm);
+
+// Points each offline job of a map-service policy at its distance's warm store, then runs
+// run(job) for every job on `threads` threads, printing "[i/n] <label(job)>" (and ": <error>"
+// when job.result failed) to stderr as each ends. A job has `config` (online, policy,
+// distance), `warm` and `result`.
+template <class Job, class Run, class Label>
+void RunJobs(uint32_t threads, std::vector<std::unique_ptr<Job>>& jobs, const WarmStores& warm,
+             Run&& run, Label&& label) {
+  for (auto& job : jobs) {
+    if (UsesMapService(job->config.policy) && !job->config.online) {
+      job->warm = warm.at(job->config.distance).get();
+    }
+  }
+  std::mutex print_mu;
+  std::atomic<size_t> finished{0};
+  Parallel(threads, jobs.size(), [&](size_t i) {
+    auto& job = *jobs[i];
+    run(job);
+    std::lock_guard<std::mutex> lock(print_mu);
+    std::fprintf(stderr, "[%zu/%zu] %s%s\n", ++finished, jobs.size(), label(job).c_str(),
+                 job.result.ok() ? "" : (": " + job.result.status().message()).c_str());
+  });
+}
+
 // `v` with `digits` digits after the point, for the replays' tables.
 inline std::string Fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
   return buf;
 }
-
-Status BuildWarmStores(uint32_t threads, const std::function<Result<MapStore>(uint32_t)>& build,
-                       WarmStores* warm);
 
 }  // namespace fmoe::bench

@@ -193,23 +193,17 @@ int RunServingReplay(const ReplayOptions& o) {
     std::fprintf(stderr, "fmoe-bench replay: %s\n", built.message().c_str());
     return 1;
   }
-  for (auto& job : jobs) {
-    if (UsesMapService(job->config.policy) && !job->config.online) {
-      job->warm = warm[job->config.distance].get();
-    }
-  }
-  std::mutex print_mu;
-  std::atomic<size_t> finished{0};
-  Parallel(threads, jobs.size(), [&](size_t i) {
-    ServeJob& job = *jobs[i];
-    job.result = RunServeReplay(*workload, train, test, *arrivals, job.config, job.warm);
-    if (job.result.ok()) job.summary = Summarise(*job.result, o.time.expert_mb);
-    std::lock_guard<std::mutex> lock(print_mu);
-    std::fprintf(stderr, "[%zu/%zu] %s batch %u %s budget %.2f d %u%s\n", ++finished, jobs.size(),
-                 ModeName(job.config).c_str(), job.config.max_batch, RunLabel(job.config).c_str(),
-                 job.config.budget, job.config.distance,
-                 job.result.ok() ? "" : (": " + job.result.status().message()).c_str());
-  });
+  RunJobs(
+      threads, jobs, warm,
+      [&](ServeJob& job) {
+        job.result = RunServeReplay(*workload, train, test, *arrivals, job.config, job.warm);
+        if (job.result.ok()) job.summary = Summarise(*job.result, o.time.expert_mb);
+      },
+      [](const ServeJob& job) {
+        return ModeName(job.config) + " batch " + std::to_string(job.config.max_batch) + " " +
+               RunLabel(job.config) + " budget " + Fixed(job.config.budget, 2) + " d " +
+               std::to_string(job.config.distance);
+      });
 
   // Tables, one per (mode, batch, budget, d), and the CSV.
   std::ostringstream csv;
