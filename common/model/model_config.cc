@@ -104,19 +104,15 @@ Status ParseRuntimeFields(const Json& j, ModelInfo* info) {
 
 // Fields every family shares that change the computation in ways the runtime does not implement.
 // `rope_scaling_read`: the family's parser read rope_scaling (DeepSeek's YaRN).
-Status RefuseUnimplemented(const Json& j, bool rope_scaling_read) {
+Status RefuseUnimplemented(const Json& j, bool rope_scaling_read, ModelInfo* info) {
   if (auto it = j.find("quantization_config"); it != j.end() && !it->is_null()) {
-    std::string format = "an unknown format";
-    if (it->is_object()) {
-      for (const char* key : {"quant_method", "fmt"}) {
-        if (auto f = it->find(key); f != it->end() && f->is_string()) {
-          format = (format == "an unknown format" ? "" : format + " ") + f->get<std::string>();
-        }
+    FMOE_RETURN_IF_ERROR(ParseQuantizationConfig(*it, &info->quant));
+    const int64_t h = info->hidden_size, inter = info->intermediate_size;
+    for (auto [out, in] : {std::pair{inter, h}, std::pair{h, inter}}) {
+      if (std::string why = QuantShapeError(info->quant, out, in); !why.empty()) {
+        return InvalidArgument("quantization_config: a routed expert's projection " + why);
       }
     }
-    return InvalidArgument("quantization_config: quantized weights (" + format +
-                           ") are not implemented by the model runtime; use a bfloat16 or float32 "
-                           "checkpoint");
   }
   if (auto it = j.find("rope_scaling"); !rope_scaling_read && it != j.end() && !it->is_null()) {
     return InvalidArgument("rope_scaling: " + it->dump() +
@@ -167,7 +163,7 @@ Status ParseInto(const std::string& text, ModelInfo* info) {
   info->routing.num_experts = info->num_experts;
   info->routing.top_k = info->top_k;
   FMOE_RETURN_IF_ERROR(info->routing.Validate());
-  FMOE_RETURN_IF_ERROR(RefuseUnimplemented(j, family->reads_rope_scaling));
+  FMOE_RETURN_IF_ERROR(RefuseUnimplemented(j, family->reads_rope_scaling, info));
   if (family->reads_head_dim) return ParseRuntimeFields(j, info);
   Json plain = j;
   plain.erase("head_dim");
@@ -201,6 +197,13 @@ Status FoldSafetensorsHeader(const fs::path& path, uint64_t* h) {
 }
 
 }  // namespace
+
+uint64_t RoutedExpertBytes(const ModelInfo& info) {
+  if (!info.quant.quantized()) return RoutedExpertParams(info) * CheckpointBytesPerParam(info);
+  const int64_t h = info.hidden_size, inter = info.intermediate_size;
+  return 2 * QuantProjectionBytes(info.quant, inter, h) +
+         QuantProjectionBytes(info.quant, h, inter);
+}
 
 uint64_t RoutedExpertParams(const ModelInfo& info) {
   return 3ull * info.intermediate_size * info.hidden_size;
@@ -265,6 +268,16 @@ std::string DescribeModel(const ModelInfo& info) {
   out << "  routed expert: 3 x " << info.intermediate_size << " x " << info.hidden_size << " = "
       << RoutedExpertParams(info) << " parameters, " << mb(RoutedExpertParams(info)) << " in "
       << dtype << "; " << uint64_t{info.num_moe_layers} * info.num_experts << " in all\n";
+  if (info.quant.quantized()) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "%.3f MiB (%.4f bytes per parameter)",
+                  static_cast<double>(RoutedExpertBytes(info)) / (1 << 20),
+                  static_cast<double>(RoutedExpertBytes(info)) /
+                      static_cast<double>(RoutedExpertParams(info)));
+    out << "  quantized: " << info.quant.Describe() << "; a routed expert stores " << buf
+        << ", kept so in host memory, on the link and in the expert cache; dense weights are "
+           "dequantized at load\n";
+  }
   if (info.shared_expert_intermediate_size > 0) {
     out << "  shared expert: 3 x " << info.shared_expert_intermediate_size << " x "
         << info.hidden_size << (info.shared_expert_gated ? " with a sigmoid gate" : "") << ", "

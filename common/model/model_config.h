@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/model/quant.h"
 #include "common/model/routing.h"
 #include "common/status.h"
 
@@ -108,12 +109,15 @@ struct ModelInfo {
   // Default: hidden_size / num_attention_heads (exact). With MLA: qk_rope_head_dim, the rotary
   // width (as transformers' DeepseekV3Config sets head_dim).
   uint32_t head_dim = 0;
-  double rms_norm_eps = 1e-5;              // Default: 1e-5; > 0.
-  double rope_theta = 1e6;                 // Default: 1e6 (HF MixtralConfig); > 0.
-  bool tie_word_embeddings = false;        // Default: false.
-  std::optional<int32_t> bos_token_id;     // Absent or null: none.
-  std::vector<int32_t> eos_token_ids;      // config "eos_token_id": an int, a list or null.
-  std::string torch_dtype;                 // "" when absent.
+  double rms_norm_eps = 1e-5;           // Default: 1e-5; > 0.
+  double rope_theta = 1e6;              // Default: 1e6 (HF MixtralConfig); > 0.
+  bool tie_word_embeddings = false;     // Default: false.
+  std::optional<int32_t> bos_token_id;  // Absent or null: none.
+  std::vector<int32_t> eos_token_ids;   // config "eos_token_id": an int, a list or null.
+  std::string torch_dtype;              // "" when absent.
+  // quantization_config (DESIGN section 12): the routed experts' stored format, kept native by
+  // the worker; dense weights in it are dequantized at load. kNone: float weights.
+  QuantSpec quant;
   std::optional<uint32_t> sliding_window;  // Absent or null: full attention.
   std::vector<std::string> weight_files;   // *.safetensors present, sorted.
   uint64_t fingerprint = 0;                // FNV-1a over config.json and the safetensors headers.
@@ -121,6 +125,9 @@ struct ModelInfo {
 
 // Parameters of one routed expert (its gate, up and down matrices: 3 * intermediate * hidden).
 uint64_t RoutedExpertParams(const ModelInfo& info);
+// Bytes of one routed expert as stored: its three projections in the quantized format, else
+// RoutedExpertParams x CheckpointBytesPerParam. What the expert cache, usage and /metrics count.
+uint64_t RoutedExpertBytes(const ModelInfo& info);
 // Parameters of one MoE layer's shared expert with its gate (0 without one).
 uint64_t SharedExpertParams(const ModelInfo& info);
 // KV cache bytes one token takes over every layer at `bytes_per_value` per element: MLA keeps

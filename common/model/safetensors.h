@@ -17,7 +17,8 @@
 
 namespace fmoe {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kF64, kI64, kI32, kI16, kI8, kU8, kBool };
+// kF8E4M3: FP8 e4m3fn ("F8_E4M3"), the weights of FP8 checkpoints, kept as bytes.
+enum class DType : uint8_t { kF32, kF16, kBF16, kF64, kI64, kI32, kI16, kI8, kU8, kBool, kF8E4M3 };
 
 // "F32", "F16", "BF16", ... as safetensors spells them.
 const char* DTypeName(DType dtype);

@@ -482,6 +482,23 @@ TEST(ModelConfig, ReadsDeepseekV3) {
   EXPECT_EQ(freq->moe_layers, (std::vector<uint32_t>{4, 6}));
 }
 
+TEST(ModelConfig, ReadsDeepseekV3Fp8) {
+  nlohmann::json j = nlohmann::json::parse(kDeepseekV3);
+  j["quantization_config"] = {{"activation_scheme", "dynamic"},
+                              {"fmt", "e4m3"},
+                              {"quant_method", "fp8"},
+                              {"weight_block_size", {128, 128}}};
+  auto info = ParseModelConfig(j.dump(), "/d");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->quant.method, QuantMethod::kFp8Block);
+  // DESIGN section 12: 42.0 MiB per routed expert (weights and float32 block scales).
+  EXPECT_NEAR(static_cast<double>(RoutedExpertBytes(*info)) / (1 << 20), 42.0, 0.05);
+  const std::string d = DescribeModel(*info);
+  EXPECT_NE(d.find("quantized: fp8 e4m3 block 128x128; a routed expert stores 42.0"),
+            std::string::npos)
+      << d;
+}
+
 TEST(ModelConfig, RefusesWhatDeepseekDoesNotRun) {
   auto refused = [](const char* base, const char* key, nlohmann::json value) {
     nlohmann::json j = nlohmann::json::parse(base);
@@ -491,11 +508,11 @@ TEST(ModelConfig, RefusesWhatDeepseekDoesNotRun) {
     return info.ok() ? std::string() : info.status().message();
   };
   std::string m = refused(kDeepseekV3, "quantization_config",
-                          {{"activation_scheme", "dynamic"},
+                          {{"activation_scheme", "static"},
                            {"fmt", "e4m3"},
                            {"quant_method", "fp8"},
                            {"weight_block_size", {128, 128}}});
-  EXPECT_NE(m.find("quantization_config: quantized weights (fp8 e4m3)"), std::string::npos) << m;
+  EXPECT_NE(m.find("quantization_config.activation_scheme: \"static\""), std::string::npos) << m;
   m = refused(kDeepseekV2Lite, "rope_scaling", {{"type", "linear"}, {"factor", 2.0}});
   EXPECT_NE(m.find("rope_scaling: type \"linear\""), std::string::npos) << m;
   m = refused(kDeepseekV2Lite, "rope_scaling",

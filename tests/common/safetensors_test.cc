@@ -106,8 +106,9 @@ float BF16(uint16_t h) {
 }
 
 TEST_F(SafetensorsTest, RoundTripsEveryDtype) {
-  const DType all[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI64,
-                       DType::kI32, DType::kI16, DType::kI8,   DType::kU8,  DType::kBool};
+  const DType all[] = {DType::kF32, DType::kF16,  DType::kBF16,  DType::kF64,
+                       DType::kI64, DType::kI32,  DType::kI16,   DType::kI8,
+                       DType::kU8,  DType::kBool, DType::kF8E4M3};
   std::mt19937 rng(7);
   std::vector<std::vector<std::byte>> storage;
   storage.reserve(16);
@@ -172,10 +173,10 @@ TEST_F(SafetensorsTest, DTypeNamesAndSizes) {
     DType dtype;
     const char* name;
     size_t size;
-  } cases[] = {{DType::kF32, "F32", 4},  {DType::kF16, "F16", 2}, {DType::kBF16, "BF16", 2},
-               {DType::kF64, "F64", 8},  {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},
-               {DType::kI16, "I16", 2},  {DType::kI8, "I8", 1},   {DType::kU8, "U8", 1},
-               {DType::kBool, "BOOL", 1}};
+  } cases[] = {{DType::kF32, "F32", 4},   {DType::kF16, "F16", 2},       {DType::kBF16, "BF16", 2},
+               {DType::kF64, "F64", 8},   {DType::kI64, "I64", 8},       {DType::kI32, "I32", 4},
+               {DType::kI16, "I16", 2},   {DType::kI8, "I8", 1},         {DType::kU8, "U8", 1},
+               {DType::kBool, "BOOL", 1}, {DType::kF8E4M3, "F8_E4M3", 1}};
   for (const auto& c : cases) {
     EXPECT_STREQ(DTypeName(c.dtype), c.name);
     EXPECT_EQ(DTypeSize(c.dtype), c.size) << c.name;
@@ -410,8 +411,8 @@ TEST_F(SafetensorsTest, RejectsLyingHeaders) {
        "data_offsets: not a list of two non-negative integers"},
       {R"({"t":{"dtype":"F32","shape":[1]}})", 4, "tensor \"t\": data_offsets: missing"},
       // Dtype.
-      {R"({"t":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})", 4,
-       "tensor \"t\": unknown dtype \"F8_E4M3\""},
+      {R"({"t":{"dtype":"F8_E5M2","shape":[4],"data_offsets":[0,4]}})", 4,
+       "tensor \"t\": unknown dtype \"F8_E5M2\""},
       {R"({"t":{"dtype":"f32","shape":[1],"data_offsets":[0,4]}})", 4, "unknown dtype \"f32\""},
       {R"({"t":{"dtype":4,"shape":[1],"data_offsets":[0,4]}})", 4,
        "tensor \"t\": dtype: 4 is not a string"},
