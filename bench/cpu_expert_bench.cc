@@ -83,7 +83,10 @@ void Report(benchmark::State& state, double bytes) {
 
 void BM_CpuSwiGlu(benchmark::State& state, at::ScalarType dt) {
   const Expert& e = GetExpert(dt);
-  const fmoe::ExpertWeights w{e.w1, e.w2, e.w3};
+  fmoe::ExpertWeights w;
+  w.w1 = e.w1;
+  w.w2 = e.w2;
+  w.w3 = e.w3;
   at::Tensor x = at::randn({state.range(0), g_hidden}).to(dt);
   for (auto _ : state) {
     auto y = fmoe::CpuSwiGlu(x, w);

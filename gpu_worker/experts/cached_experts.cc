@@ -135,20 +135,28 @@ Result<uint32_t> CachedExperts::TakeShape(const ExpertTable& experts,
     return InvalidArgument("cached experts: host_slowdown " +
                            std::to_string(options.host_slowdown) + " is not a finite number >= 1");
   }
-  if (options.hybrid && options.cuda_index >= 0 && first->w1.scalar_type() != at::kFloat &&
-      first->w1.scalar_type() != at::kBFloat16) {
+  if (options.hybrid && options.cuda_index >= 0 && !first->quantized() &&
+      first->w1.scalar_type() != at::kFloat && first->w1.scalar_type() != at::kBFloat16) {
     return InvalidArgument(
-        "cached experts: hybrid execution runs experts on the host in float32 or bfloat16, and "
-        "these are " +
+        "cached experts: hybrid execution runs experts on the host in float32, bfloat16 or their "
+        "quantized format, and these are " +
         std::string(c10::toString(first->w1.scalar_type())));
   }
   cuda_ = options.cuda_index >= 0;
   host_slowdown_ = options.host_slowdown;
-  intermediate_ = first->w1.size(0);
-  hidden_ = first->w1.size(1);
-  dtype_ = first->w1.scalar_type();
-  element_size_ = static_cast<int>(first->w1.element_size());
-  expert_bytes_ = first->bytes();
+  // The layout: each stored tensor after the last; a quantized expert's mixed dtypes each start
+  // 64-byte aligned (a device reads them as their own type).
+  const size_t align = first->quantized() ? 64 : 1;
+  size_t offset = 0;
+  for (const at::Tensor* t : first->Tensors()) {
+    offset = (offset + align - 1) / align * align;
+    layout_.push_back({t->sizes().vec(), t->scalar_type(), offset});
+    offset += static_cast<size_t>(t->numel()) * t->element_size();
+  }
+  expert_bytes_ = (offset + align - 1) / align * align;
+  shape_.quant = first->quant;
+  const std::array<at::Tensor*, 12> places = const_cast<ExpertWeights*>(first)->Places();
+  for (size_t i = 0; i < places.size(); ++i) present_[i] = places[i]->defined();
   return owned;
 }
 
@@ -164,6 +172,7 @@ Result<std::vector<const void*>> CachedExperts::PackHost(ExpertTable* experts,
     return ResourceExhausted("cached experts: cannot allocate " + std::to_string(host_bytes_) +
                              " bytes of host memory");
   }
+  std::memset(host_, 0, host_bytes_);  // Alignment padding included: copies move no garbage.
   std::vector<const void*> addresses(static_cast<size_t>(layers) * per_layer, nullptr);
   char* cursor = static_cast<char*>(host_);
   for (uint32_t l = 0; l < layers; ++l) {
@@ -173,17 +182,23 @@ Result<std::vector<const void*>> CachedExperts::PackHost(ExpertTable* experts,
         w = ExpertWeights{};
         continue;
       }
-      if (w.bytes() != expert_bytes || w.w1.scalar_type() != dtype_) {
+      const std::vector<const at::Tensor*> tensors = std::as_const(w).Tensors();
+      bool same = tensors.size() == layout_.size() && w.quant == shape_.quant;
+      for (size_t i = 0; same && i < tensors.size(); ++i) {
+        same = tensors[i]->sizes() == at::IntArrayRef(layout_[i].sizes) &&
+               tensors[i]->scalar_type() == layout_[i].dtype;
+      }
+      if (!same) {
         return InvalidArgument("cached experts: expert " + std::to_string(j) + " of layer " +
                                std::to_string(l) + " differs in shape or dtype from the others");
       }
       addresses[static_cast<size_t>(l) * per_layer + j] = cursor;
-      for (const at::Tensor* t : {&w.w1, &w.w3, &w.w2}) {
-        at::Tensor c = t->contiguous();
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        at::Tensor c = tensors[i]->contiguous();
         const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-        std::memcpy(cursor, c.data_ptr(), n);
-        cursor += n;
+        std::memcpy(cursor + layout_[i].offset, c.data_ptr(), n);
       }
+      cursor += expert_bytes;
       w = ExpertWeights{};  // The packed copy is the only one from here.
     }
     (*experts)[l].clear();
@@ -191,20 +206,27 @@ Result<std::vector<const void*>> CachedExperts::PackHost(ExpertTable* experts,
   return addresses;
 }
 
+ExpertWeights CachedExperts::ViewsAt(char* base, at::Device device) const {
+  ExpertWeights w;
+  w.quant = shape_.quant;
+  std::array<at::Tensor*, 12> places = w.Places();
+  size_t part = 0;
+  for (size_t i = 0; i < places.size() && part < layout_.size(); ++i) {
+    if (!present_[i]) continue;
+    const PartLayout& p = layout_[part++];
+    *places[i] =
+        at::from_blob(base + p.offset, p.sizes, at::TensorOptions().dtype(p.dtype).device(device));
+  }
+  return w;
+}
+
 void CachedExperts::MakeSlotViews(uint32_t slots, const CachedExpertsOptions& options) {
-  const size_t expert_bytes = this->expert_bytes();
-  const int64_t h = hidden_, inter = intermediate_;
-  const size_t part = static_cast<size_t>(h * inter) * element_size_;
-  at::TensorOptions opts = at::TensorOptions().dtype(dtype_);
-  opts = options.cuda_index >= 0 ? opts.device(at::Device(at::kCUDA, options.cuda_index))
-                                 : opts.device(at::kCPU);
+  const at::Device device = options.cuda_index >= 0
+                                ? at::Device(at::kCUDA, static_cast<int8_t>(options.cuda_index))
+                                : at::Device(at::kCPU);
   for (uint32_t s = 0; s < slots; ++s) {
-    char* base = static_cast<char*>(slots_) + static_cast<size_t>(s) * expert_bytes;
-    ExpertWeights w;
-    w.w1 = at::from_blob(base, {inter, h}, opts);
-    w.w3 = at::from_blob(base + part, {inter, h}, opts);
-    w.w2 = at::from_blob(base + 2 * part, {h, inter}, opts);
-    slot_views_.push_back(std::move(w));
+    slot_views_.push_back(
+        ViewsAt(static_cast<char*>(slots_) + static_cast<size_t>(s) * expert_bytes(), device));
   }
 }
 
@@ -237,20 +259,15 @@ Result<std::pair<uint32_t, ExpertWeights>> CachedExperts::Next() {
   if (!ready.on_host) {
     return std::pair<uint32_t, ExpertWeights>(ready.expert, slot_views_[ready.slot]);
   }
-  // A host run: views of the packed host copy [w1 | w3 | w2].
+  // A host run: views of the packed host copy.
   const size_t key =
       static_cast<size_t>(cache_->current_layer()) * cache_->num_experts() + ready.expert;
   if (key >= host_addresses_.size() || host_addresses_[key] == nullptr) {
     return Internal("cached experts: no host copy of expert " + std::to_string(ready.expert) +
                     " of layer " + std::to_string(cache_->current_layer()));
   }
-  char* base = static_cast<char*>(const_cast<void*>(host_addresses_[key]));
-  const size_t part = static_cast<size_t>(hidden_ * intermediate_) * element_size_;
-  const at::TensorOptions opts = at::TensorOptions().dtype(dtype_).device(at::kCPU);
-  ExpertWeights w;
-  w.w1 = at::from_blob(base, {intermediate_, hidden_}, opts);
-  w.w3 = at::from_blob(base + part, {intermediate_, hidden_}, opts);
-  w.w2 = at::from_blob(base + 2 * part, {hidden_, intermediate_}, opts);
+  ExpertWeights w =
+      ViewsAt(static_cast<char*>(const_cast<void*>(host_addresses_[key])), at::Device(at::kCPU));
   host_expert_ = ready.expert;
   host_start_ns_ = SteadyClock::Get().NowNs();
   return std::pair<uint32_t, ExpertWeights>(ready.expert, std::move(w));

@@ -42,7 +42,7 @@ struct CachedExpertsOptions {
   LinkOptions link;                      // cpu mode: the emulated link.
   int cuda_index = -1;                   // >= 0: cuda mode on that device.
   // Hybrid execution (expert_cache.h): run a missing expert on the host when that finishes the
-  // layer sooner. Needs float32 or bfloat16 experts in cuda mode. Default: off
+  // layer sooner. Needs float32, bfloat16 or quantized experts in cuda mode. Default: off
   bool hybrid = false;
   // Hybrid: admit a host-run expert with the link's spare time (expert_cache.h). Default: on
   bool admit_host_runs = true;
@@ -82,33 +82,41 @@ class CachedExperts final : public ExpertSource {
 
  private:
   CachedExperts() = default;
-  // Create's steps: the table checked and one expert's shape and dtype taken (returns the
-  // experts this rank owns); every owned expert packed into the host store as [w1 | w3 | w2]
-  // (64-byte aligned; the table's tensors released; returns each expert key's address, null for
-  // another rank's); each device slot's weight views, made once (a slot's address never changes).
+  // Where one stored tensor of an expert sits in its packed bytes.
+  struct PartLayout {
+    std::vector<int64_t> sizes;
+    at::ScalarType dtype;
+    size_t offset = 0;  // From the expert's first byte.
+  };
+  // Create's steps: the table checked and one expert's layout taken (returns the experts this
+  // rank owns); every owned expert packed into the host store (its tensors in ExpertWeights::
+  // Tensors order; quantized experts' tensors 64-byte aligned; the table's tensors released;
+  // returns each expert key's address, null for another rank's); each device slot's weight views,
+  // made once (a slot's address never changes).
   Result<uint32_t> TakeShape(const ExpertTable& experts, const CachedExpertsOptions& options);
   Result<std::vector<const void*>> PackHost(ExpertTable* experts,
                                             const CachedExpertsOptions& options, uint32_t owned);
   void MakeSlotViews(uint32_t slots, const CachedExpertsOptions& options);
+  // An expert's tensors over its packed bytes at `base`, on `device`.
+  ExpertWeights ViewsAt(char* base, at::Device device) const;
   size_t expert_bytes() const { return expert_bytes_; }
 
   std::unique_ptr<TransferEngine> link_;
   std::unique_ptr<ExpertCache> cache_;
-  void* host_ = nullptr;  // Packed experts: per expert [w1 | w3 | w2].
+  void* host_ = nullptr;  // Packed experts, expert_bytes_ apart.
   size_t host_bytes_ = 0;
   void* slots_ = nullptr;
-  std::vector<ExpertWeights> slot_views_;    // Per slot: w1, w3, w2 over its bytes.
+  std::vector<ExpertWeights> slot_views_;    // Per slot: its expert's tensors over its bytes.
   std::vector<const void*> host_addresses_;  // Per expert key: its packed host copy.
   bool cuda_ = false;
   double host_slowdown_ = 1.0;
   // The host run handed out by Next and not yet Done (one at a time: the model runs it at once).
   int64_t host_expert_ = -1;
   int64_t host_start_ns_ = 0;
-  int64_t hidden_ = 0;
-  int64_t intermediate_ = 0;
-  int element_size_ = 0;
-  size_t expert_bytes_ = 0;  // One expert's bytes: w1, w3 and w2.
-  at::ScalarType dtype_ = at::kFloat;
+  ExpertWeights shape_;             // Its quant spec: the experts' format.
+  std::array<bool, 12> present_{};  // Per ExpertWeights::Places entry: stored.
+  std::vector<PartLayout> layout_;  // Per stored tensor, in ExpertWeights::Tensors order.
+  size_t expert_bytes_ = 0;         // One expert's packed bytes (with alignment padding).
 
   mutable std::mutex stats_mu_;
   CacheStats stats_;  // GUARDED_BY(stats_mu_)

@@ -9,10 +9,28 @@ namespace fmoe {
 
 size_t ExpertWeights::bytes() const {
   size_t total = 0;
-  for (const at::Tensor* t : {&w1, &w2, &w3}) {
-    if (t->defined()) total += static_cast<size_t>(t->numel()) * t->element_size();
-  }
+  for (const at::Tensor* t : Tensors())
+    total += static_cast<size_t>(t->numel()) * t->element_size();
   return total;
+}
+
+std::array<at::Tensor*, 12> ExpertWeights::Places() {
+  return {&w1,        &q[0].scale, &q[0].zero, &q[0].g_idx, &w3,        &q[2].scale,
+          &q[2].zero, &q[2].g_idx, &w2,        &q[1].scale, &q[1].zero, &q[1].g_idx};
+}
+
+std::vector<at::Tensor*> ExpertWeights::Tensors() {
+  std::vector<at::Tensor*> out;
+  for (at::Tensor* t : Places()) {
+    if (t->defined()) out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<const at::Tensor*> ExpertWeights::Tensors() const {
+  std::vector<const at::Tensor*> out;
+  for (at::Tensor* t : const_cast<ExpertWeights*>(this)->Tensors()) out.push_back(t);
+  return out;
 }
 
 namespace {
@@ -28,7 +46,9 @@ ExpertTable CloneExpertTable(const ExpertTable& table) {
   ExpertTable copy(table.size());
   for (size_t l = 0; l < table.size(); ++l) {
     for (const ExpertWeights& w : table[l]) {
-      copy[l].push_back({HostCopy(w.w1), HostCopy(w.w2), HostCopy(w.w3)});
+      ExpertWeights c = w;
+      for (at::Tensor* t : c.Tensors()) *t = HostCopy(*t);
+      copy[l].push_back(std::move(c));
     }
   }
   return copy;
@@ -42,9 +62,7 @@ Result<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(ExpertTable exp
     try {
       for (auto& layer : experts) {
         for (ExpertWeights& w : layer) {
-          for (at::Tensor* t : {&w.w1, &w.w2, &w.w3}) {
-            if (t->defined()) *t = t->to(device);
-          }
+          for (at::Tensor* t : w.Tensors()) *t = t->to(device);
           bytes += w.bytes();
         }
       }

@@ -14,6 +14,7 @@
 // execution) is run on the host (cpu_expert.h) and its result copied up.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -21,18 +22,40 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "common/model/quant.h"
 #include "common/status.h"
 #include "gpu_worker/cache/policies/cache_policy.h"  // LayerAccess, for RecordingExperts.
 #include "gpu_worker/core/sequence.h"
 
 namespace fmoe {
 
-// One routed SwiGLU expert: out = w2(silu(w1 x) * w3 x).
+// A quantized projection's stored tensors beside its weight (DESIGN section 12); undefined where
+// the format has none.
+struct QuantParts {
+  at::Tensor scale;  // weight_scale_inv, weight_scale or scales.
+  at::Tensor zero;   // Packed zero points (asymmetric INT4, GPTQ, AWQ).
+  at::Tensor g_idx;  // Each input column's group (act order).
+};
+
+// One routed SwiGLU expert: out = w2(silu(w1 x) * w3 x). Float experts hold the three weights.
+// A quantized expert (quant.quantized()) holds each projection as stored: w1, w2, w3 are the
+// stored weights (FP8 as bytes, INT4 packed in int32, in the format's own layout) and q[0..2]
+// the rest of w1, w2 and w3; DequantizeExpert (quantized.h) gives the float weights.
 struct ExpertWeights {
   at::Tensor w1;  // [intermediate, hidden] (gate projection)
   at::Tensor w2;  // [hidden, intermediate] (down projection)
   at::Tensor w3;  // [intermediate, hidden] (up projection)
+  std::array<QuantParts, 3> q;
+  QuantSpec quant;
+  bool quantized() const { return quant.quantized(); }
+  // Every stored tensor's bytes.
   size_t bytes() const;
+  // Every stored tensor in the order the expert store packs them: w1 and q[0], w3 and q[2], w2
+  // and q[1] (undefined ones skipped).
+  std::vector<const at::Tensor*> Tensors() const;
+  std::vector<at::Tensor*> Tensors();
+  // Every place a stored tensor may be, in that order, defined or not.
+  std::array<at::Tensor*, 12> Places();
 };
 
 // Every routed expert of a model: experts[layer][expert], layer = MoE layer index.

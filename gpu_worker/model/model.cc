@@ -13,6 +13,7 @@
 #include "common/model/families/family.h"
 #include "common/model/routing.h"
 #include "gpu_worker/experts/cpu_expert.h"
+#include "gpu_worker/experts/quantized.h"
 #include "gpu_worker/group/expert_group.h"
 #include "gpu_worker/model/blocks.h"
 #include "gpu_worker/sampling/sampler.h"
@@ -117,6 +118,7 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
 
   FMOE_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(info.dir));
   TensorLoader loader(*ckpt, m.dtype, m.device, progress);
+  loader.set_quant(info.quant);
   const int64_t h = info.hidden_size;
   FMOE_ASSIGN_OR_RETURN(m.embed,
                         loader.Load("model.embed_tokens.weight", {int64_t{info.vocab_size}, h}));
@@ -212,6 +214,11 @@ Status MoeModel::LoadMoeBlock(const ModelInfo& info, const ExpertTensorNames& na
                               const std::string& moe, Layer* layer,
                               std::vector<ExpertWeights>* layer_experts) {
   const int64_t h = info.hidden_size, inter = info.intermediate_size, j = info.num_experts;
+  if (loader.StoredQuantized(moe + "gate.weight")) {
+    return InvalidArgument("model: " + info.dir + ": \"" + moe +
+                           "gate\": a quantized router is not implemented (" +
+                           info.quant.Describe() + "); the router must be stored in float");
+  }
   FMOE_ASSIGN_OR_RETURN(layer->gate, loader.Load(moe + "gate.weight", {j, h}));
   if (info.router_correction_bias) {
     FMOE_ASSIGN_OR_RETURN(at::Tensor bias,
@@ -230,7 +237,29 @@ Status MoeModel::LoadMoeBlock(const ModelInfo& info, const ExpertTensorNames& na
   layer_experts->resize(info.num_experts);
   for (uint32_t e = 0; e < info.num_experts; ++e) {
     const std::string q = moe + "experts." + std::to_string(e) + ".";
-    if ((int64_t{layer->moe} * j + e) % options.expert_world_size != options.expert_rank) {
+    const bool owned =
+        (int64_t{layer->moe} * j + e) % options.expert_world_size == options.expert_rank;
+    if (info.quant.quantized()) {
+      // Kept as stored (DESIGN section 12), in host memory like any routed expert.
+      ExpertWeights& w = (*layer_experts)[e];
+      w.quant = info.quant;
+      struct Projection {
+        const char* name;
+        int64_t out, in;
+        at::Tensor* weight;
+        QuantParts* parts;
+      } projections[] = {{names.expert_gate, inter, h, &w.w1, &w.q[0]},
+                         {names.expert_down, h, inter, &w.w2, &w.q[1]},
+                         {names.expert_up, inter, h, &w.w3, &w.q[2]}};
+      for (const Projection& p : projections) {
+        const std::string prefix = q + LinearPrefix(p.name);
+        FMOE_RETURN_IF_ERROR(owned ? loader.LoadQuantized(prefix, p.out, p.in, p.weight, p.parts)
+                                   : loader.SkipQuantized(prefix, p.out, p.in));
+      }
+      if (!owned) w = ExpertWeights{};
+      continue;
+    }
+    if (!owned) {
       // Another rank of the group owns it (DESIGN section 7).
       FMOE_RETURN_IF_ERROR(loader.Skip(q + names.expert_gate, {inter, h}));
       FMOE_RETURN_IF_ERROR(loader.Skip(q + names.expert_down, {h, inter}));
@@ -680,7 +709,8 @@ Status MoeModel::RunRoutedExperts(uint32_t l, const at::Tensor& hn, int64_t rows
       return Status::Ok();
     }
     const uint32_t e = next->first;
-    const ExpertWeights& w = next->second;
+    // A quantized expert's native bytes are dequantized for its product only (DESIGN section 12).
+    FMOE_ASSIGN_OR_RETURN(const ExpertWeights w, DequantizeExpert(next->second, m.dtype));
     if (e >= n_experts || a.rows[e].empty() || done[e]) {
       return Internal("model: expert source handed out expert " + std::to_string(e) +
                       " of MoE layer " + std::to_string(l) + ", which the gate did not pick");

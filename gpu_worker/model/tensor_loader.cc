@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "common/model/safetensors.h"
+#include "gpu_worker/experts/quantized.h"
 
 namespace fmoe {
 namespace {
@@ -76,6 +77,7 @@ TensorLoader::TensorLoader(const Checkpoint& ckpt, at::ScalarType dtype, at::Dev
 
 Result<at::Tensor> TensorLoader::Load(const std::string& name, const std::vector<int64_t>& shape,
                                       at::Device device) {
+  if (shape.size() == 2 && StoredQuantized(name)) return LoadDequantized(name, shape, device);
   FMOE_ASSIGN_OR_RETURN(const TensorView* view, ckpt_.Get(name, shape));
   const std::string where = "model: " + ckpt_.FileOf(name) + ": tensor \"" + name + "\"";
   const std::optional<at::ScalarType> stored = TorchDType(view->dtype);
@@ -104,6 +106,164 @@ Status TensorLoader::Skip(const std::string& name, const std::vector<int64_t>& s
   done_ += view->data.size();
   if (progress_) progress_(done_, total_);
   return Status::Ok();
+}
+
+namespace {
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+}  // namespace
+
+std::string LinearPrefix(const std::string& name) {
+  constexpr std::string_view kWeight = "weight";
+  if (name.size() < kWeight.size() ||
+      name.compare(name.size() - kWeight.size(), kWeight.size(), kWeight) != 0) {
+    return "";
+  }
+  return name.substr(0, name.size() - kWeight.size());
+}
+
+bool TensorLoader::StoredQuantized(const std::string& name) const {
+  if (!quant_.quantized()) return false;
+  if (const TensorView* v = ckpt_.Find(name)) return v->dtype == DType::kF8E4M3;
+  const std::string prefix = LinearPrefix(name);
+  return !prefix.empty() && (ckpt_.Find(prefix + "weight_packed") != nullptr ||
+                             ckpt_.Find(prefix + "qweight") != nullptr);
+}
+
+Result<at::Tensor> TensorLoader::LoadStored(const std::string& name, const QuantTensorSpec& spec) {
+  const TensorView* view = ckpt_.Find(name);
+  if (view == nullptr) {
+    if (spec.optional) return at::Tensor();
+    return NotFound("model: " + ckpt_.dir() + ": tensor \"" + name + "\" is missing (" +
+                    quant_.Describe() + " stores it)");
+  }
+  const std::string where = "model: " + ckpt_.FileOf(name) + ": tensor \"" + name + "\"";
+  bool dtype_ok = false;
+  std::string dtypes;
+  for (DType d : spec.dtypes) {
+    dtype_ok = dtype_ok || d == view->dtype;
+    dtypes += (dtypes.empty() ? "" : " or ") + std::string(DTypeName(d));
+  }
+  if (!dtype_ok) {
+    return InvalidArgument(where + ": dtype " + DTypeName(view->dtype) + ", expected " + dtypes +
+                           " (" + quant_.Describe() + ")");
+  }
+  if (view->shape != spec.shape) {
+    return InvalidArgument(where + ": shape " + ShapeText(view->shape) + ", expected " +
+                           ShapeText(spec.shape) + " (" + quant_.Describe() + ")");
+  }
+  FMOE_ASSIGN_OR_RETURN(const at::ScalarType stored, StoredTorchDType(view->dtype));
+  at::Tensor out;
+  try {
+    out = at::empty(view->shape, at::TensorOptions().dtype(stored));
+    FMOE_RETURN_IF_ERROR(ReadInto(ckpt_, name, *view, stored, out));
+  } catch (const c10::Error& e) {
+    return Internal(where + ": " + e.what_without_backtrace());
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted(where + ": out of host memory");
+  }
+  done_ += view->data.size();
+  if (progress_) progress_(done_, total_);
+  return out;
+}
+
+Status TensorLoader::LoadQuantized(const std::string& prefix, int64_t out, int64_t in,
+                                   at::Tensor* weight, QuantParts* parts) {
+  if (std::string why = QuantShapeError(quant_, out, in); !why.empty()) {
+    return InvalidArgument("model: " + ckpt_.dir() + ": \"" + prefix + "\": " + why);
+  }
+  *weight = at::Tensor();
+  *parts = QuantParts{};
+  for (const QuantTensorSpec& spec : QuantTensorsOf(quant_, out, in)) {
+    FMOE_ASSIGN_OR_RETURN(at::Tensor t, LoadStored(prefix + spec.suffix, spec));
+    switch (spec.role) {
+      case QuantRole::kWeight:
+        *weight = std::move(t);
+        break;
+      case QuantRole::kScale:
+        parts->scale = std::move(t);
+        break;
+      case QuantRole::kZero:
+        parts->zero = std::move(t);
+        break;
+      case QuantRole::kGroupIndex:
+        if (t.defined()) {
+          // Each column's group indexes the scales: one out of range would read past them.
+          const int64_t groups = (in + quant_.group_size - 1) / quant_.group_size;
+          const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
+          if (lo < 0 || hi >= groups) {
+            return InvalidArgument("model: " + ckpt_.FileOf(prefix + spec.suffix) + ": tensor \"" +
+                                   prefix + spec.suffix + "\": group " +
+                                   std::to_string(lo < 0 ? lo : hi) + " is outside 0.." +
+                                   std::to_string(groups - 1));
+          }
+        }
+        parts->g_idx = std::move(t);
+        break;
+    }
+  }
+  // compressed-tensors records each packed weight's shape beside it.
+  if (const TensorView* shape = ckpt_.Find(prefix + "weight_shape");
+      shape != nullptr && quant_.method == QuantMethod::kInt4Packed) {
+    std::vector<int64_t> values;
+    if (shape->numel() == 2 && (shape->dtype == DType::kI64 || shape->dtype == DType::kI32)) {
+      for (int64_t i = 0; i < 2; ++i) {
+        if (shape->dtype == DType::kI64) {
+          int64_t v;
+          std::memcpy(&v, shape->data.data() + 8 * i, 8);
+          values.push_back(v);
+        } else {
+          int32_t v;
+          std::memcpy(&v, shape->data.data() + 4 * i, 4);
+          values.push_back(v);
+        }
+      }
+    }
+    if (values != std::vector<int64_t>{out, in}) {
+      return InvalidArgument("model: " + ckpt_.FileOf(prefix + "weight_shape") + ": tensor \"" +
+                             prefix + "weight_shape\" does not hold [" + std::to_string(out) +
+                             ", " + std::to_string(in) + "]");
+    }
+    done_ += shape->data.size();
+  }
+  return Status::Ok();
+}
+
+Status TensorLoader::SkipQuantized(const std::string& prefix, int64_t out, int64_t in) {
+  for (const QuantTensorSpec& spec : QuantTensorsOf(quant_, out, in)) {
+    if (spec.optional && ckpt_.Find(prefix + spec.suffix) == nullptr) continue;
+    FMOE_ASSIGN_OR_RETURN(const TensorView* view, ckpt_.Get(prefix + spec.suffix, spec.shape));
+    done_ += view->data.size();
+  }
+  if (const TensorView* shape = ckpt_.Find(prefix + "weight_shape")) done_ += shape->data.size();
+  if (progress_) progress_(done_, total_);
+  return Status::Ok();
+}
+
+Result<at::Tensor> TensorLoader::LoadDequantized(const std::string& name,
+                                                 const std::vector<int64_t>& shape,
+                                                 at::Device device) {
+  at::Tensor weight;
+  QuantParts parts;
+  const std::string prefix = LinearPrefix(name);
+  FMOE_RETURN_IF_ERROR(LoadQuantized(prefix, shape[0], shape[1], &weight, &parts));
+  Result<at::Tensor> w = DequantizeProjection(quant_, weight, parts, dtype_);
+  if (!w.ok()) return w.status().WithContext("model: tensor \"" + name + "\"");
+  try {
+    return w->to(device);
+  } catch (const c10::OutOfMemoryError& e) {
+    return ResourceExhausted("model: tensor \"" + name + "\": " + e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    return Internal("model: tensor \"" + name + "\": " + e.what_without_backtrace());
+  }
 }
 
 }  // namespace fmoe

@@ -13,12 +13,18 @@
 #include <ATen/core/Tensor.h>
 
 #include "common/model/checkpoint.h"
+#include "common/model/quant.h"
 #include "common/status.h"
+#include "gpu_worker/experts/expert_source.h"
 
 namespace fmoe {
 
 // Bytes read so far, of the total.
 using LoadProgress = std::function<void(uint64_t done, uint64_t total)>;
+
+// The prefix of a linear layer's weight name ("...q_proj." of "...q_proj.weight"); "" when
+// `name` does not end in "weight".
+std::string LinearPrefix(const std::string& name);
 
 class TensorLoader {
  public:
@@ -39,11 +45,33 @@ class TensorLoader {
   // A tensor another rank loads: checked, counted, not read.
   Status Skip(const std::string& name, const std::vector<int64_t>& shape);
 
+  // Quantized checkpoints (DESIGN section 12): with a format set, Load dequantizes a linear
+  // weight stored in it (`name` ends in "weight"; FP8 "<p>weight" with its scale, or the 4-bit
+  // formats' "<p>weight_packed" / "<p>qweight" and the rest) into the compute dtype; float
+  // weights load as before.
+  void set_quant(const QuantSpec& quant) { quant_ = quant; }
+  // One [out, in] projection "<prefix>..." kept as stored, in host memory: its weight into
+  // `weight`, the rest into `parts`. Errors name the tensor: a missing one, another shape or
+  // dtype than the format's (QuantTensorsOf), a group index out of range.
+  Status LoadQuantized(const std::string& prefix, int64_t out, int64_t in, at::Tensor* weight,
+                       QuantParts* parts);
+  // The same, checked and counted, not read (another rank's expert).
+  Status SkipQuantized(const std::string& prefix, int64_t out, int64_t in);
+  // Whether the weight `name` is stored quantized (by what the checkpoint holds).
+  bool StoredQuantized(const std::string& name) const;
+
  private:
   const Checkpoint& ckpt_;
   at::ScalarType dtype_;
   at::Device device_;
+  // The stored tensor `name` as is (its own dtype, host memory), after checking it against
+  // `spec`; undefined when it is optional and absent.
+  Result<at::Tensor> LoadStored(const std::string& name, const QuantTensorSpec& spec);
+  Result<at::Tensor> LoadDequantized(const std::string& name, const std::vector<int64_t>& shape,
+                                     at::Device device);
+
   LoadProgress progress_;  // A copy: a temporary argument may be passed.
+  QuantSpec quant_;
   uint64_t done_ = 0, total_ = 0;
 };
 

@@ -15,9 +15,11 @@ constexpr int64_t kHidden = 72, kInter = 53;
 
 ExpertWeights MakeExpert(at::ScalarType dt) {
   at::manual_seed(7);
-  return ExpertWeights{(at::randn({kInter, kHidden}) * 0.2).to(dt),
-                       (at::randn({kHidden, kInter}) * 0.2).to(dt),
-                       (at::randn({kInter, kHidden}) * 0.2).to(dt)};
+  ExpertWeights w;
+  w.w1 = (at::randn({kInter, kHidden}) * 0.2).to(dt);
+  w.w2 = (at::randn({kHidden, kInter}) * 0.2).to(dt);
+  w.w3 = (at::randn({kInter, kHidden}) * 0.2).to(dt);
+  return w;
 }
 
 TEST(CpuExpert, MatchesSwiGluInFloat32) {

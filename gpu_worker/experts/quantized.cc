@@ -1,0 +1,226 @@
+#include "gpu_worker/experts/quantized.h"
+
+#include <new>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace fmoe {
+namespace {
+
+std::string ShapeText(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(sizes[i]);
+  }
+  return out + "]";
+}
+
+const at::Tensor* PartFor(QuantRole role, const at::Tensor& weight, const QuantParts& parts) {
+  switch (role) {
+    case QuantRole::kWeight:
+      return &weight;
+    case QuantRole::kScale:
+      return &parts.scale;
+    case QuantRole::kZero:
+      return &parts.zero;
+    case QuantRole::kGroupIndex:
+      return &parts.g_idx;
+  }
+  return nullptr;
+}
+
+// The stored tensors against the format's list (shapes and dtypes).
+Status CheckParts(const QuantSpec& spec, const at::Tensor& weight, const QuantParts& parts,
+                  int64_t out, int64_t in) {
+  for (const QuantTensorSpec& t : QuantTensorsOf(spec, out, in)) {
+    const at::Tensor* p = PartFor(t.role, weight, parts);
+    if (!p->defined()) {
+      if (t.optional) continue;
+      return InvalidArgument("dequantize: " + spec.Describe() + " [" + std::to_string(out) + ", " +
+                             std::to_string(in) + "]: no " + t.suffix);
+    }
+    bool dtype_ok = false;
+    for (DType d : t.dtypes) {
+      Result<at::ScalarType> s = StoredTorchDType(d);
+      dtype_ok = dtype_ok || (s.ok() && *s == p->scalar_type());
+    }
+    if (!dtype_ok || p->sizes() != at::IntArrayRef(t.shape)) {
+      return InvalidArgument("dequantize: " + spec.Describe() + ": " + t.suffix + " is " +
+                             std::string(c10::toString(p->scalar_type())) + " " +
+                             ShapeText(p->sizes()) + ", not " + ShapeText(t.shape));
+    }
+  }
+  return Status::Ok();
+}
+
+// The FP8 e4m3fn bytes as float32, by their bits (no float8 dtype needed): sign, 4 exponent bits
+// (bias 7), 3 mantissa bits; exponent 0 is subnormal (m x 2^-9); 0x7f / 0xff are NaN.
+at::Tensor DecodeFp8(const at::Tensor& bytes) {
+  at::Tensor b = bytes.to(at::kInt);
+  at::Tensor e = at::bitwise_and(at::bitwise_right_shift(b, 3), 15);
+  at::Tensor m = at::bitwise_and(b, 7).to(at::kFloat);
+  at::Tensor normal = (m + 8.0) * at::exp2((e - 10).to(at::kFloat));
+  at::Tensor value = at::where(e == 0, m * (1.0 / 512.0), normal);
+  value = at::where(at::logical_and(e == 15, m == 7), at::full({}, NAN, value.options()), value);
+  return at::where(at::bitwise_and(b, 128) != 0, -value, value);
+}
+
+// Eight 4-bit values per int32 along a new last dimension: nibble k at `shifts[k]` bits.
+at::Tensor Nibbles(const at::Tensor& packed, const at::Tensor& shifts) {
+  return at::bitwise_and(at::bitwise_right_shift(packed.unsqueeze(-1), shifts), 15);
+}
+
+at::Tensor Shifts(const at::Tensor& like, bool awq_order) {
+  // AWQ packs columns [0, 2, 4, 6, 1, 3, 5, 7] into nibbles 0..7: column j sits in nibble
+  // [0, 4, 1, 5, 2, 6, 3, 7][j].
+  static const int32_t kPlain[8] = {0, 4, 8, 12, 16, 20, 24, 28};
+  static const int32_t kAwq[8] = {0, 16, 4, 20, 8, 24, 12, 28};
+  return at::from_blob(const_cast<int32_t*>(awq_order ? kAwq : kPlain), {8}, at::kInt)
+      .to(like.device());
+}
+
+// Each input column's group: the stored g_idx, else column / group_size.
+at::Tensor ColumnGroups(const QuantSpec& spec, const at::Tensor& g_idx, int64_t in,
+                        const at::Tensor& like) {
+  if (g_idx.defined()) return g_idx.to(at::kLong);
+  return at::div(at::arange(in, at::TensorOptions().dtype(at::kLong).device(like.device())),
+                 int64_t{spec.group_size}, "floor");
+}
+
+at::Tensor Fp8Block(const QuantSpec& spec, const at::Tensor& w, const at::Tensor& s, int64_t out,
+                    int64_t in) {
+  at::Tensor scale = s.to(at::kFloat)
+                         .repeat_interleave(spec.block_out, 0)
+                         .narrow(0, 0, out)
+                         .repeat_interleave(spec.block_in, 1)
+                         .narrow(1, 0, in);
+  return DecodeFp8(w) * scale;
+}
+
+at::Tensor Int4Packed(const QuantSpec& spec, const at::Tensor& w, const QuantParts& p, int64_t out,
+                      int64_t in) {
+  const at::Tensor shifts = Shifts(w, false);
+  at::Tensor q = (Nibbles(w, shifts).reshape({out, in}) - 8).to(at::kFloat);
+  const at::Tensor groups = ColumnGroups(spec, p.g_idx, in, w);
+  if (p.zero.defined()) {
+    // Zero points packed along the rows: [ceil(out / 8), G] -> [ceil(out / 8) * 8, G].
+    at::Tensor z = Nibbles(p.zero.transpose(0, 1), shifts)  // [G, ceil(out/8), 8]
+                       .reshape({p.zero.size(1), -1})
+                       .narrow(1, 0, out)
+                       .transpose(0, 1);  // [out, G]
+    q = q - (z - 8).to(at::kFloat).index_select(1, groups);
+  }
+  return q * p.scale.to(at::kFloat).index_select(1, groups);
+}
+
+// GPTQ and AWQ: [in, out] values, then transposed.
+at::Tensor Int4Columns(const QuantSpec& spec, const at::Tensor& w, const QuantParts& p, int64_t out,
+                       int64_t in) {
+  const bool awq = spec.method == QuantMethod::kAwq;
+  const at::Tensor shifts = Shifts(w, awq);
+  at::Tensor q;
+  if (awq) {
+    q = Nibbles(w, shifts).reshape({in, out});  // [in, out/8, 8]
+  } else {
+    q = Nibbles(w.transpose(0, 1), shifts)  // [out, in/8, 8]
+            .reshape({out, in})
+            .transpose(0, 1);
+  }
+  at::Tensor z = Nibbles(p.zero, shifts).reshape({p.zero.size(0), out});
+  if (spec.method == QuantMethod::kGptq && !spec.gptq_v2) z = z + 1;  // v1 stores zero - 1.
+  const at::Tensor groups = ColumnGroups(spec, p.g_idx, in, w);
+  at::Tensor values = (q - z.index_select(0, groups)).to(at::kFloat) *
+                      p.scale.to(at::kFloat).index_select(0, groups);
+  return values.transpose(0, 1).contiguous();
+}
+
+}  // namespace
+
+Result<at::ScalarType> StoredTorchDType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return at::kFloat;
+    case DType::kF16:
+      return at::kHalf;
+    case DType::kBF16:
+      return at::kBFloat16;
+    case DType::kI32:
+      return at::kInt;
+    case DType::kI64:
+      return at::kLong;
+    case DType::kF8E4M3:
+    case DType::kU8:
+      return at::kByte;
+    default:
+      return InvalidArgument(std::string("dtype ") + DTypeName(dtype) +
+                             " is not stored by a quantized format");
+  }
+}
+
+std::pair<int64_t, int64_t> ProjectionShape(const QuantSpec& spec, const at::Tensor& weight) {
+  if (weight.dim() != 2) return {0, 0};
+  switch (spec.method) {
+    case QuantMethod::kInt4Packed:
+      return {weight.size(0), weight.size(1) * 8};
+    case QuantMethod::kGptq:
+      return {weight.size(1), weight.size(0) * 8};
+    case QuantMethod::kAwq:
+      return {weight.size(1) * 8, weight.size(0)};
+    default:
+      return {weight.size(0), weight.size(1)};
+  }
+}
+
+Result<at::Tensor> DequantizeProjection(const QuantSpec& spec, const at::Tensor& weight,
+                                        const QuantParts& parts, at::ScalarType dtype) {
+  if (!weight.defined() || weight.dim() != 2) {
+    return InvalidArgument("dequantize: " + spec.Describe() + ": the weight is not a matrix");
+  }
+  const auto [out, in] = ProjectionShape(spec, weight);
+  if (std::string why = QuantShapeError(spec, out, in); !why.empty()) {
+    return InvalidArgument("dequantize: " + spec.Describe() + ": " + why);
+  }
+  FMOE_RETURN_IF_ERROR(CheckParts(spec, weight, parts, out, in));
+  try {
+    at::Tensor w;
+    switch (spec.method) {
+      case QuantMethod::kNone:
+        return weight.to(dtype);
+      case QuantMethod::kFp8Block:
+        w = Fp8Block(spec, weight, parts.scale, out, in);
+        break;
+      case QuantMethod::kFp8Channel:
+        w = DecodeFp8(weight) * parts.scale.to(at::kFloat);
+        break;
+      case QuantMethod::kInt4Packed:
+        w = Int4Packed(spec, weight, parts, out, in);
+        break;
+      case QuantMethod::kGptq:
+      case QuantMethod::kAwq:
+        w = Int4Columns(spec, weight, parts, out, in);
+        break;
+    }
+    return w.to(dtype).contiguous();
+  } catch (const c10::OutOfMemoryError& e) {
+    return ResourceExhausted("dequantize: " + spec.Describe() + ": " + e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    return Internal("dequantize: " + spec.Describe() + ": " + e.what_without_backtrace());
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("dequantize: " + spec.Describe() + ": out of host memory");
+  }
+}
+
+Result<ExpertWeights> DequantizeExpert(const ExpertWeights& w, at::ScalarType dtype) {
+  if (!w.quantized()) return w;
+  ExpertWeights d;
+  FMOE_ASSIGN_OR_RETURN(d.w1, DequantizeProjection(w.quant, w.w1, w.q[0], dtype));
+  FMOE_ASSIGN_OR_RETURN(d.w2, DequantizeProjection(w.quant, w.w2, w.q[1], dtype));
+  FMOE_ASSIGN_OR_RETURN(d.w3, DequantizeProjection(w.quant, w.w3, w.q[2], dtype));
+  return d;
+}
+
+}  // namespace fmoe
