@@ -57,15 +57,18 @@ const Reference& AllResident(const std::string& dir = kModelDir) {
   return *r;
 }
 
-// Every family (tests/fixtures/<family>-ref): every policy at a quarter of the experts gives the
-// all-resident tokens (Qwen2-MoE's and DeepSeek's shared experts and dense layers stay outside
+// Every family (tests/fixtures/<family>-ref), and a checkpoint in each quantized format (its
+// experts cached and moved in their stored bytes): every policy at a quarter of the experts gives
+// the all-resident tokens (Qwen2-MoE's and DeepSeek's shared experts and dense layers stay outside
 // the cache).
 class FamilyOffload : public ::testing::TestWithParam<const char*> {};
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyOffload,
                          ::testing::Values("mixtral-ref", "qwen2-moe-ref", "qwen3-moe-ref",
                                            "olmoe-ref", "deepseek-v2-ref", "deepseek-v3-ref",
-                                           "phimoe-ref"),
+                                           "phimoe-ref", "deepseek-v3-fp8-ref",
+                                           "qwen3-moe-fp8-channel-ref", "kimi-k2-int4-ref",
+                                           "mixtral-gptq-ref", "qwen2-moe-awq-ref"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::erase(name, '-');
@@ -111,6 +114,11 @@ TEST_P(FamilyOffload, EveryPolicyAtAQuarterGivesTheAllResidentTokens) {
     EXPECT_EQ(got, ref.tokens) << "policy " << policy;
     EXPECT_EQ(st.slots, info.num_moe_layers * info.num_experts / 4) << policy;
     EXPECT_GT(st.total.misses, 0u) << policy;
+    if (info.quant.quantized()) {
+      // The native bytes, padded to 64 per stored tensor: fewer than the float experts'.
+      EXPECT_GE(st.expert_bytes, RoutedExpertBytes(info)) << policy;
+      EXPECT_LT(st.expert_bytes, RoutedExpertParams(info) * 2) << policy;
+    }
   }
 }
 

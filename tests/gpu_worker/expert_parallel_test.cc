@@ -287,7 +287,9 @@ class FamilyGroup : public ::testing::TestWithParam<const char*> {};
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyGroup,
                          ::testing::Values("qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref",
-                                           "deepseek-v2-ref", "deepseek-v3-ref", "phimoe-ref"),
+                                           "deepseek-v2-ref", "deepseek-v3-ref", "phimoe-ref",
+                                           "deepseek-v3-fp8-ref", "kimi-k2-int4-ref",
+                                           "mixtral-gptq-ref"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::erase(name, '-');
