@@ -132,8 +132,9 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
     gauge("fmoe_model_experts_per_token", "Routed experts each token uses per layer (K).", m.top_k);
     const uint32_t width = CheckpointBytesPerParam(m);
     gauge("fmoe_model_routed_expert_bytes",
-          "Bytes of one routed expert in the checkpoint's dtype (what the expert cache holds).",
-          RoutedExpertParams(m) * width);
+          "Bytes of one routed expert as the checkpoint stores it, quantized or not (what the "
+          "expert cache holds).",
+          RoutedExpertBytes(m));
     gauge("fmoe_model_shared_expert_bytes",
           "Bytes of one MoE layer's shared expert in the checkpoint's dtype (resident, outside "
           "the expert cache; 0 = none).",

@@ -4,10 +4,17 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+
+#include "common/model/quant.h"
+#include "gpu_worker/experts/quantized.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -47,7 +54,7 @@ void DotsPortable(const W* row, const float* x, int64_t ldx, int nt, int64_t len
 }
 
 #if defined(__x86_64__)
-#define FMOE_AVX2 __attribute__((target("avx2,fma")))
+#define FMOE_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 FMOE_AVX2 inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
 FMOE_AVX2 inline __m256 Load8(const uint16_t* p) {
@@ -82,7 +89,8 @@ FMOE_AVX2 void DotsAvx2(const W* row, const float* x, int64_t ldx, int64_t len, 
 }
 
 bool HaveAvx2() {
-  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                           __builtin_cpu_supports("f16c");
   return have;
 }
 #else
@@ -123,27 +131,321 @@ void RowDots(const W* row, const float* x, int64_t ldx, int64_t tokens, int64_t 
   }
 }
 
+// A float expert's rows, read in place.
 template <typename W>
-void SwiGluKernel(const float* x, const W* w1, const W* w3, const W* w2, int64_t tokens,
+struct PlainRows {
+  const W* base;
+  int64_t len;
+  bool FusedDots(int64_t, const float*, int64_t, int64_t, float*, int64_t, float*) const {
+    return false;
+  }
+  const W* Row(int64_t i, float* /*buf*/) const { return base + i * len; }
+};
+
+// A stored scale (float32, bfloat16 or float16) as float32.
+float ScaleAt(const void* p, at::ScalarType dtype, int64_t i) {
+  if (dtype == at::kFloat) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  if (dtype == at::kBFloat16) return Widen(h);
+  return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+}
+
+// FP8 e4m3 bytes as float32 (Fp8E4m3ToFloat, tabulated).
+const float* Fp8Table() {
+  static const auto* table = [] {
+    auto* t = new float[256];
+    for (int b = 0; b < 256; ++b) t[b] = Fp8E4m3ToFloat(static_cast<uint8_t>(b));
+    return t;
+  }();
+  return table;
+}
+
+#if defined(__x86_64__)
+// Eight FP8 e4m3 bytes as float32, exactly as Fp8E4m3ToFloat: a normal value's 7 low bits shifted
+// into a float's exponent and mantissa with the exponent rebased (+120); exponent 0 is m x 2^-9;
+// 0x7f is NaN; the sign bit moved to the top.
+FMOE_AVX2 inline __m256 DecodeFp8x8(const uint8_t* p) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+  const __m256 normal = _mm256_castsi256_ps(
+      _mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
+  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(1.0f / 512.0f));
+  __m256 v = _mm256_blendv_ps(normal, sub,
+                              _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag)));
+  v = _mm256_blendv_ps(v, _mm256_set1_ps(NAN),
+                       _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f))));
+  return _mm256_or_ps(v, _mm256_castsi256_ps(sign));
+}
+
+// The eight 4-bit values of one int32 (nibble k = element k) as float32 0..15.
+FMOE_AVX2 inline __m256 Nibbles8(int32_t word) {
+  const __m256i v =
+      _mm256_srlv_epi32(_mm256_set1_epi32(word), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+  return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
+}
+
+// buf[k] = fp8(row[k]) x scale for k < n (n a multiple of 8).
+FMOE_AVX2 void Fp8RunAvx2(const uint8_t* row, float scale, int64_t n, float* buf) {
+  const __m256 s = _mm256_set1_ps(scale);
+  for (int64_t k = 0; k < n; k += 8)
+    _mm256_storeu_ps(buf + k, _mm256_mul_ps(DecodeFp8x8(row + k), s));
+}
+
+// buf[k] = (nibble k - offset) x scale for the 8 x words values.
+FMOE_AVX2 void Int4RunAvx2(const int32_t* words, int64_t n_words, float offset, float scale,
+                           float* buf) {
+  const __m256 o = _mm256_set1_ps(offset), s = _mm256_set1_ps(scale);
+  for (int64_t w = 0; w < n_words; ++w) {
+    _mm256_storeu_ps(buf + 8 * w, _mm256_mul_ps(_mm256_sub_ps(Nibbles8(words[w]), o), s));
+  }
+}
+
+// The fused kernels compute what DotsAvx2 computes over the dequantized row (the same weights,
+// the same partial sums in the same order, so the same bits), decoding each weight in registers
+// instead of from a buffer: NT tokens per pass, 16 columns per step.
+
+struct Floats16 {
+  __m256 lo, hi;
+};
+
+FMOE_AVX2 inline Floats16 DecodeFp8Scaled16(const uint8_t* p, __m256 scale256) {
+  const __m256i b =
+      _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));  // 16 x u16
+  const __m256i mag = _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(0x3f80));
+  const __m256i sign =
+      _mm256_and_si256(_mm256_slli_epi16(b, 8), _mm256_set1_epi16(static_cast<int16_t>(0x8000)));
+  const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x3f80)),
+                                       _mm256_set1_epi16(0x7e00));
+  const __m256i h = _mm256_or_si256(_mm256_or_si256(mag, sign), nan);
+  return {_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), scale256),
+          _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale256)};
+}
+
+// sum + the columns [k, len) of an FP8 row's dot with x, one at a time.
+__attribute__((noinline)) float Fp8Tail(float sum, const uint8_t* row, const float* scales256,
+                                        int64_t bi, const float* x, int64_t k, int64_t len) {
+  const float* table = Fp8Table();
+  for (int64_t j = k; j < len; ++j) sum += table[row[j]] * (scales256[j / bi] * 0x1p-8f) * x[j];
+  return sum;
+}
+
+// FP8: `scales256[c / bi]` = the column block's scale x 2^8 (bi a multiple of 16).
+template <int NT>
+FMOE_AVX2 void Fp8DotsAvx2(const uint8_t* row, const float* scales256, int64_t bi, const float* x,
+                           int64_t ldx, int64_t len, float* out) {
+  __m256 a0[NT], a1[NT];
+  for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+  int64_t k = 0, block = 0, block_end = bi;
+  __m256 s = _mm256_set1_ps(scales256[0]);
+  for (; k + 16 <= len; k += 16) {
+    if (k >= block_end) {
+      ++block;
+      block_end += bi;
+      s = _mm256_set1_ps(scales256[block]);
+    }
+    const Floats16 w = DecodeFp8Scaled16(row + k, s);
+    const __m256 w0 = w.lo, w1 = w.hi;
+    for (int t = 0; t < NT; ++t) {
+      a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * ldx + k), a0[t]);
+      a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * ldx + k + 8), a1[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    out[t] = Fp8Tail(Sum8(_mm256_add_ps(a0[t], a1[t])), row, scales256, bi, x + t * ldx, k, len);
+  }
+}
+
+// INT4: w = (nibble - offset[g]) x scale[g] for the column's group g (the group a multiple
+// of 16).
+template <int NT>
+FMOE_AVX2 void Int4DotsAvx2(const int32_t* words, const float* offsets, const float* scales,
+                            int64_t group, const float* x, int64_t ldx, int64_t len, float* out) {
+  __m256 a0[NT], a1[NT];
+  for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+  int64_t k = 0, g = 0, group_end = group;
+  __m256 o = _mm256_set1_ps(offsets[0]), s = _mm256_set1_ps(scales[0]);
+  for (; k + 16 <= len; k += 16) {
+    if (k >= group_end) {
+      ++g;
+      group_end += group;
+      o = _mm256_set1_ps(offsets[g]);
+      s = _mm256_set1_ps(scales[g]);
+    }
+    const __m256 w0 = _mm256_mul_ps(_mm256_sub_ps(Nibbles8(words[k / 8]), o), s);
+    const __m256 w1 = _mm256_mul_ps(_mm256_sub_ps(Nibbles8(words[k / 8 + 1]), o), s);
+    for (int t = 0; t < NT; ++t) {
+      a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * ldx + k), a0[t]);
+      a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * ldx + k + 8), a1[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    float sum = Sum8(_mm256_add_ps(a0[t], a1[t]));
+    for (int64_t j = k; j < len; ++j) {
+      const float q = static_cast<float>((words[j / 8] >> (4 * (j % 8))) & 15);
+      sum += (q - offsets[j / group]) * scales[j / group] * x[t * ldx + j];
+    }
+    out[t] = sum;
+  }
+}
+
+// Runs KERNEL<NT> (NT = 1..4) for `tokens` tokens, a pass per 4.
+#define FMOE_TILED(KERNEL, tokens, x, ldx, out, ldo, ...)                       \
+  do {                                                                          \
+    float tile_[kTile];                                                         \
+    for (int64_t t0_ = 0; t0_ < (tokens); t0_ += kTile) {                       \
+      const int nt_ = static_cast<int>(std::min<int64_t>(kTile, (tokens)-t0_)); \
+      const float* xt_ = (x) + t0_ * (ldx);                                     \
+      switch (nt_) {                                                            \
+        case 1:                                                                 \
+          KERNEL<1>(__VA_ARGS__, xt_, (ldx), len, tile_);                       \
+          break;                                                                \
+        case 2:                                                                 \
+          KERNEL<2>(__VA_ARGS__, xt_, (ldx), len, tile_);                       \
+          break;                                                                \
+        case 3:                                                                 \
+          KERNEL<3>(__VA_ARGS__, xt_, (ldx), len, tile_);                       \
+          break;                                                                \
+        default:                                                                \
+          KERNEL<4>(__VA_ARGS__, xt_, (ldx), len, tile_);                       \
+          break;                                                                \
+      }                                                                         \
+      for (int t_ = 0; t_ < nt_; ++t_) (out)[(t0_ + t_) * (ldo)] = tile_[t_];   \
+    }                                                                           \
+  } while (false)
+#endif
+
+// FP8 block (scales per bo x bi block) or per channel (bi = len: one scale per row).
+struct Fp8Rows {
+  const uint8_t* w;
+  const void* scale;
+  at::ScalarType scale_dtype;
+  int64_t len, bo, bi, scale_cols;
+  // Row i's dots with `tokens` tokens straight from the stored bytes (buf: scratch of len
+  // floats); false where the fused kernel does not apply (the caller dequantizes the row).
+  bool FusedDots(int64_t i, const float* x, int64_t ldx, int64_t tokens, float* out, int64_t ldo,
+                 float* buf) const {
+#if defined(__x86_64__)
+    if (!HaveAvx2() || bi % 16 != 0) return false;
+    float* scales256 = buf;  // One per column block: len / bi + 1 <= len floats.
+    const int64_t blocks = (len + bi - 1) / bi;
+    for (int64_t b = 0; b < blocks; ++b) {
+      scales256[b] = ScaleAt(scale, scale_dtype, (i / bo) * scale_cols + b) * 0x1p8f;
+      if (!std::isfinite(scales256[b]) || scales256[b] == 0.0f) return false;
+    }
+    const uint8_t* row = w + i * len;
+    FMOE_TILED(Fp8DotsAvx2, tokens, x, ldx, out, ldo, row, scales256, bi);
+    return true;
+#else
+    return false;
+#endif
+  }
+  const float* Row(int64_t i, float* buf) const {
+    const uint8_t* row = w + i * len;
+    const float* table = Fp8Table();
+    for (int64_t c0 = 0; c0 < len; c0 += bi) {
+      const int64_t n = std::min(bi, len - c0);
+      const float s = ScaleAt(scale, scale_dtype, (i / bo) * scale_cols + c0 / bi);
+      int64_t k = 0;
+#if defined(__x86_64__)
+      if (HaveAvx2()) {
+        k = n / 8 * 8;
+        Fp8RunAvx2(row + c0, s, k, buf + c0);
+      }
+#endif
+      for (; k < n; ++k) buf[c0 + k] = table[row[c0 + k]] * s;
+    }
+    return buf;
+  }
+};
+
+// compressed-tensors pack-quantized INT4: a row's words hold 8 columns each; a scale (and a zero
+// point) per group of columns, or per column's stored group (g_idx).
+struct Int4Rows {
+  const int32_t* w;
+  const void* scale;
+  at::ScalarType scale_dtype;
+  const int32_t* zero;   // [ceil(out / 8), groups], packed along the rows; null if symmetric.
+  const int32_t* g_idx;  // [len]; null: column / group.
+  int64_t len, group, groups;
+  float Offset(int64_t i, int64_t g) const {  // 8 + the signed zero point.
+    if (zero == nullptr) return 8.0f;
+    return static_cast<float>((zero[(i / 8) * groups + g] >> (4 * (i % 8))) & 15);
+  }
+  bool FusedDots(int64_t i, const float* x, int64_t ldx, int64_t tokens, float* out, int64_t ldo,
+                 float* buf) const {
+#if defined(__x86_64__)
+    if (!HaveAvx2() || g_idx != nullptr || group % 16 != 0) return false;
+    float* offsets = buf;  // One per group: 2 x groups <= len floats.
+    float* scales = buf + groups;
+    for (int64_t g = 0; g < groups; ++g) {
+      offsets[g] = Offset(i, g);
+      scales[g] = ScaleAt(scale, scale_dtype, i * groups + g);
+    }
+    const int32_t* row = w + i * (len / 8);
+    FMOE_TILED(Int4DotsAvx2, tokens, x, ldx, out, ldo, row, offsets, scales, group);
+    return true;
+#else
+    return false;
+#endif
+  }
+  const float* Row(int64_t i, float* buf) const {
+    const int32_t* row = w + i * (len / 8);
+    if (g_idx != nullptr || group % 8 != 0) {
+      for (int64_t c = 0; c < len; ++c) {
+        const int64_t g = g_idx != nullptr ? g_idx[c] : c / group;
+        const float q = static_cast<float>((row[c / 8] >> (4 * (c % 8))) & 15);
+        buf[c] = (q - Offset(i, g)) * ScaleAt(scale, scale_dtype, i * groups + g);
+      }
+      return buf;
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t c0 = g * group, n = std::min(group, len - c0);
+      const float o = Offset(i, g), s = ScaleAt(scale, scale_dtype, i * groups + g);
+#if defined(__x86_64__)
+      if (HaveAvx2()) {
+        Int4RunAvx2(row + c0 / 8, n / 8, o, s, buf + c0);
+        continue;
+      }
+#endif
+      for (int64_t c = c0; c < c0 + n; ++c) {
+        buf[c] = (static_cast<float>((row[c / 8] >> (4 * (c % 8))) & 15) - o) * s;
+      }
+    }
+    return buf;
+  }
+};
+
+// out[t * ldo] = row i of `rows` . x[t] for every token: fused from the stored bytes for a
+// decode-sized call (up to one tile of tokens, each weight decoded once), else the row
+// dequantized into `buf` once and dotted with every token.
+template <typename Rows>
+void ProjectionDots(const Rows& rows, int64_t i, const float* x, int64_t ldx, int64_t tokens,
+                    int64_t len, float* out, int64_t ldo, float* buf) {
+  if (tokens <= kTile && rows.FusedDots(i, x, ldx, tokens, out, ldo, buf)) return;
+  RowDots(rows.Row(i, buf), x, ldx, tokens, len, out, ldo);
+}
+
+template <typename Rows>
+void SwiGluKernel(const float* x, const Rows& w1, const Rows& w3, const Rows& w2, int64_t tokens,
                   int64_t hidden, int64_t inter, float* act, float* y) {
   // act[t, i] = silu(w1[i] . x[t]) * (w3[i] . x[t])
   at::parallel_for(0, inter, kGrain, [&](int64_t begin, int64_t end) {
-    float g[kTile * 8], u[kTile * 8];
+    std::vector<float> g(static_cast<size_t>(tokens)), u(static_cast<size_t>(tokens));
+    std::vector<float> buf(static_cast<size_t>(hidden));
     for (int64_t i = begin; i < end; ++i) {
-      for (int64_t t0 = 0; t0 < tokens; t0 += kTile * 8) {
-        const int64_t nt = std::min<int64_t>(kTile * 8, tokens - t0);
-        RowDots(w1 + i * hidden, x + t0 * hidden, hidden, nt, hidden, g, 1);
-        RowDots(w3 + i * hidden, x + t0 * hidden, hidden, nt, hidden, u, 1);
-        for (int64_t t = 0; t < nt; ++t) {
-          act[(t0 + t) * inter + i] = g[t] / (1.0f + std::exp(-g[t])) * u[t];
-        }
+      ProjectionDots(w1, i, x, hidden, tokens, hidden, g.data(), 1, buf.data());
+      ProjectionDots(w3, i, x, hidden, tokens, hidden, u.data(), 1, buf.data());
+      for (int64_t t = 0; t < tokens; ++t) {
+        act[t * inter + i] = g[t] / (1.0f + std::exp(-g[t])) * u[t];
       }
     }
   });
   // y[t, j] = w2[j] . act[t]
   at::parallel_for(0, hidden, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(static_cast<size_t>(inter));
     for (int64_t j = begin; j < end; ++j) {
-      RowDots(w2 + j * inter, act, inter, tokens, inter, y + j, hidden);
+      ProjectionDots(w2, j, act, inter, tokens, inter, y + j, hidden, buf.data());
     }
   });
 }
@@ -158,20 +460,106 @@ std::string Shape(const at::Tensor& t) {
 
 bool CpuSwiGluVectorised() { return HaveAvx2(); }
 
+namespace {
+
+// A quantized projection's row source for the kernel; nullopt for a format it does not read
+// (GPTQ and AWQ store the weight transposed: they are dequantized whole first).
+std::optional<Fp8Rows> Fp8RowsOf(const QuantSpec& spec, const at::Tensor& w, const QuantParts& p) {
+  if (spec.method != QuantMethod::kFp8Block && spec.method != QuantMethod::kFp8Channel) {
+    return std::nullopt;
+  }
+  const int64_t len = w.size(1);
+  const bool block = spec.method == QuantMethod::kFp8Block;
+  return Fp8Rows{static_cast<const uint8_t*>(w.data_ptr()),
+                 p.scale.data_ptr(),
+                 p.scale.scalar_type(),
+                 len,
+                 block ? int64_t{spec.block_out} : 1,
+                 block ? int64_t{spec.block_in} : len,
+                 p.scale.size(1)};
+}
+
+std::optional<Int4Rows> Int4RowsOf(const QuantSpec& spec, const at::Tensor& w,
+                                   const QuantParts& p) {
+  if (spec.method != QuantMethod::kInt4Packed) return std::nullopt;
+  const int64_t len = w.size(1) * 8;
+  return Int4Rows{static_cast<const int32_t*>(w.data_ptr()),
+                  p.scale.data_ptr(),
+                  p.scale.scalar_type(),
+                  p.zero.defined() ? static_cast<const int32_t*>(p.zero.data_ptr()) : nullptr,
+                  p.g_idx.defined() ? static_cast<const int32_t*>(p.g_idx.data_ptr()) : nullptr,
+                  len,
+                  int64_t{spec.group_size},
+                  p.scale.size(1)};
+}
+
+bool AllContiguous(const ExpertWeights& w) {
+  for (const at::Tensor* t : w.Tensors()) {
+    if (!t->is_contiguous()) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Result<at::Tensor> CpuSwiGlu(const at::Tensor& x, const ExpertWeights& w) {
   if (!x.defined() || !w.w1.defined() || !w.w2.defined() || !w.w3.defined()) {
     return InvalidArgument("cpu expert: undefined input or weights");
   }
-  if (!x.is_cpu() || !w.w1.is_cpu() || !w.w2.is_cpu() || !w.w3.is_cpu()) {
-    return InvalidArgument("cpu expert: input and weights must be in host memory");
+  for (const at::Tensor* t : w.Tensors()) {
+    if (!t->is_cpu())
+      return InvalidArgument("cpu expert: input and weights must be in host memory");
+  }
+  if (!x.is_cpu()) return InvalidArgument("cpu expert: input and weights must be in host memory");
+  if (x.scalar_type() != at::kFloat && x.scalar_type() != at::kBFloat16) {
+    return InvalidArgument("cpu expert: input must be float32 or bfloat16");
+  }
+  if (w.quantized()) {
+    for (auto [weight, parts] :
+         {std::pair{&w.w1, &w.q[0]}, std::pair{&w.w2, &w.q[1]}, std::pair{&w.w3, &w.q[2]}}) {
+      FMOE_RETURN_IF_ERROR(CheckProjection(w.quant, *weight, *parts).WithContext("cpu expert"));
+    }
+    if (!AllContiguous(w)) return InvalidArgument("cpu expert: weights must be contiguous");
+    const auto [inter, hidden_in] = ProjectionShape(w.quant, w.w1);
+    const auto [hidden_out, inter_in] = ProjectionShape(w.quant, w.w2);
+    if (x.dim() != 2 || x.size(1) != hidden_in || hidden_out != hidden_in || inter_in != inter ||
+        ProjectionShape(w.quant, w.w3) != std::make_pair(inter, hidden_in)) {
+      return InvalidArgument("cpu expert: shapes do not match: x " + Shape(x) + ", " +
+                             w.quant.Describe() + " w1 [" + std::to_string(inter) + ", " +
+                             std::to_string(hidden_in) + "], w2 [" + std::to_string(hidden_out) +
+                             ", " + std::to_string(inter_in) + "]");
+    }
+    const int64_t tokens = x.size(0), hidden = hidden_in;
+    try {
+      const at::Tensor xf = x.to(at::kFloat).contiguous();
+      at::Tensor act = at::empty({tokens, inter}, xf.options());
+      at::Tensor y = at::empty({tokens, hidden}, xf.options());
+      if (tokens == 0) return y.to(x.scalar_type());
+      auto run = [&](const auto& r1, const auto& r3, const auto& r2) {
+        SwiGluKernel(xf.data_ptr<float>(), r1, r3, r2, tokens, hidden, inter, act.data_ptr<float>(),
+                     y.data_ptr<float>());
+      };
+      if (auto r1 = Fp8RowsOf(w.quant, w.w1, w.q[0])) {
+        run(*r1, *Fp8RowsOf(w.quant, w.w3, w.q[2]), *Fp8RowsOf(w.quant, w.w2, w.q[1]));
+      } else if (auto i1 = Int4RowsOf(w.quant, w.w1, w.q[0])) {
+        run(*i1, *Int4RowsOf(w.quant, w.w3, w.q[2]), *Int4RowsOf(w.quant, w.w2, w.q[1]));
+      } else {
+        // GPTQ and AWQ keep the weight transposed: dequantized whole, then the float kernel.
+        FMOE_ASSIGN_OR_RETURN(const ExpertWeights f, DequantizeExpert(w, at::kFloat));
+        const int64_t ld_h = hidden, ld_i = inter;
+        run(PlainRows<float>{f.w1.data_ptr<float>(), ld_h},
+            PlainRows<float>{f.w3.data_ptr<float>(), ld_h},
+            PlainRows<float>{f.w2.data_ptr<float>(), ld_i});
+      }
+      return y.to(x.scalar_type());
+    } catch (const c10::Error& e) {
+      return Internal(std::string("cpu expert: ") + e.what_without_backtrace());
+    }
   }
   const at::ScalarType dt = w.w1.scalar_type();
   if ((dt != at::kFloat && dt != at::kBFloat16) || w.w2.scalar_type() != dt ||
       w.w3.scalar_type() != dt) {
     return InvalidArgument("cpu expert: weights must all be float32 or all bfloat16");
-  }
-  if (x.scalar_type() != at::kFloat && x.scalar_type() != at::kBFloat16) {
-    return InvalidArgument("cpu expert: input must be float32 or bfloat16");
   }
   if (x.dim() != 2 || w.w1.dim() != 2 || w.w3.dim() != 2 || w.w2.dim() != 2) {
     return InvalidArgument("cpu expert: input and weights must be matrices");
@@ -191,13 +579,16 @@ Result<at::Tensor> CpuSwiGlu(const at::Tensor& x, const ExpertWeights& w) {
     at::Tensor y = at::empty({tokens, hidden}, xf.options());
     if (tokens > 0) {
       if (dt == at::kFloat) {
-        SwiGluKernel(xf.data_ptr<float>(), w.w1.data_ptr<float>(), w.w3.data_ptr<float>(),
-                     w.w2.data_ptr<float>(), tokens, hidden, inter, act.data_ptr<float>(),
-                     y.data_ptr<float>());
+        SwiGluKernel(xf.data_ptr<float>(), PlainRows<float>{w.w1.data_ptr<float>(), hidden},
+                     PlainRows<float>{w.w3.data_ptr<float>(), hidden},
+                     PlainRows<float>{w.w2.data_ptr<float>(), inter}, tokens, hidden, inter,
+                     act.data_ptr<float>(), y.data_ptr<float>());
       } else {
         auto bits = [](const at::Tensor& t) { return static_cast<const uint16_t*>(t.data_ptr()); };
-        SwiGluKernel(xf.data_ptr<float>(), bits(w.w1), bits(w.w3), bits(w.w2), tokens, hidden,
-                     inter, act.data_ptr<float>(), y.data_ptr<float>());
+        SwiGluKernel(xf.data_ptr<float>(), PlainRows<uint16_t>{bits(w.w1), hidden},
+                     PlainRows<uint16_t>{bits(w.w3), hidden},
+                     PlainRows<uint16_t>{bits(w.w2), inter}, tokens, hidden, inter,
+                     act.data_ptr<float>(), y.data_ptr<float>());
       }
     }
     return y.to(x.scalar_type());

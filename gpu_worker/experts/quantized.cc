@@ -175,8 +175,7 @@ std::pair<int64_t, int64_t> ProjectionShape(const QuantSpec& spec, const at::Ten
   }
 }
 
-Result<at::Tensor> DequantizeProjection(const QuantSpec& spec, const at::Tensor& weight,
-                                        const QuantParts& parts, at::ScalarType dtype) {
+Status CheckProjection(const QuantSpec& spec, const at::Tensor& weight, const QuantParts& parts) {
   if (!weight.defined() || weight.dim() != 2) {
     return InvalidArgument("dequantize: " + spec.Describe() + ": the weight is not a matrix");
   }
@@ -184,7 +183,13 @@ Result<at::Tensor> DequantizeProjection(const QuantSpec& spec, const at::Tensor&
   if (std::string why = QuantShapeError(spec, out, in); !why.empty()) {
     return InvalidArgument("dequantize: " + spec.Describe() + ": " + why);
   }
-  FMOE_RETURN_IF_ERROR(CheckParts(spec, weight, parts, out, in));
+  return CheckParts(spec, weight, parts, out, in);
+}
+
+Result<at::Tensor> DequantizeProjection(const QuantSpec& spec, const at::Tensor& weight,
+                                        const QuantParts& parts, at::ScalarType dtype) {
+  FMOE_RETURN_IF_ERROR(CheckProjection(spec, weight, parts));
+  const auto [out, in] = ProjectionShape(spec, weight);
   try {
     at::Tensor w;
     switch (spec.method) {

@@ -34,6 +34,10 @@ Result<at::ScalarType> StoredTorchDType(DType dtype);
 // The [out, in] shape of a projection from its stored weight tensor.
 std::pair<int64_t, int64_t> ProjectionShape(const QuantSpec& spec, const at::Tensor& weight);
 
+// Whether the stored tensors have the format's shapes and dtypes (kInvalidArgument naming the
+// tensor otherwise).
+Status CheckProjection(const QuantSpec& spec, const at::Tensor& weight, const QuantParts& parts);
+
 // One projection's [out, in] float weight in `dtype`, on the stored tensors' device.
 // kInvalidArgument when the tensors do not have the format's shapes and dtypes; LibTorch errors
 // become kInternal (kResourceExhausted when out of memory).

@@ -4,7 +4,13 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "gpu_worker/experts/quantized.h"
 #include "gpu_worker/model/blocks.h"
+#include "tests/testing/model_fixture.h"
 
 namespace fmoe {
 namespace {
@@ -84,6 +90,72 @@ TEST(CpuExpert, RefusesBadInputs) {
   EXPECT_EQ(CpuSwiGlu(at::randn({2, kHidden}), strided).status().code(),
             ErrorCode::kInvalidArgument);
   EXPECT_EQ(CpuSwiGlu(at::Tensor(), w).status().code(), ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace fmoe
+
+namespace fmoe {
+namespace {
+
+// A quantized expert of a fixture (tests/fixtures/<name>): the first this rank loaded.
+ExpertWeights QuantizedExpert(const std::string& fixture) {
+  testing::LoadedModel& m = testing::SharedModel(testing::FixtureDir(fixture));
+  EXPECT_TRUE(m.info.quant.quantized()) << fixture;
+  return m.table.at(0).at(1);
+}
+
+// The kernel reading the stored bytes gives what it gives for the dequantized float weights,
+// bit for bit (the same row values, the same sums in the same order), for 1 to 9 tokens.
+void ExpectNativeEqualsDequantized(const ExpertWeights& w, const std::string& what) {
+  auto f = DequantizeExpert(w, at::kFloat);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  for (int64_t tokens : {1, 3, 4, 5, 9}) {
+    at::manual_seed(tokens);
+    const at::Tensor x = at::randn({tokens, f->w1.size(1)});
+    auto native = CpuSwiGlu(x, w);
+    auto reference = CpuSwiGlu(x, *f);
+    ASSERT_TRUE(native.ok()) << what << ": " << native.status().ToString();
+    ASSERT_TRUE(reference.ok()) << reference.status().ToString();
+    EXPECT_TRUE(at::equal(*native, *reference)) << what << ", " << tokens << " tokens";
+    EXPECT_TRUE(at::isfinite(*native).all().item<bool>()) << what;
+  }
+}
+
+TEST(CpuExpert, QuantizedExpertsReadFromTheirStoredBytes) {
+  for (const char* fixture : {"deepseek-v3-fp8-ref", "qwen3-moe-fp8-channel-ref",
+                              "kimi-k2-int4-ref", "mixtral-gptq-ref", "qwen2-moe-awq-ref"}) {
+    ExpectNativeEqualsDequantized(QuantizedExpert(fixture), fixture);
+  }
+  // FP8 block scales in bfloat16 (as newer Qwen FP8 checkpoints store them).
+  ExpertWeights bf = QuantizedExpert("deepseek-v3-fp8-ref");
+  for (QuantParts& p : bf.q) p.scale = p.scale.to(at::kBFloat16);
+  ExpectNativeEqualsDequantized(bf, "fp8 block, bfloat16 scales");
+  // Asymmetric INT4 with a stored group per column (act order): the kimi expert's weights with
+  // random zero points and a random column order of groups.
+  ExpertWeights asym = QuantizedExpert("kimi-k2-int4-ref");
+  asym.quant.symmetric = false;
+  asym.quant.act_order = true;
+  at::manual_seed(7);
+  for (auto [weight, parts] : {std::pair{&asym.w1, &asym.q[0]}, std::pair{&asym.w2, &asym.q[1]},
+                               std::pair{&asym.w3, &asym.q[2]}}) {
+    const auto [out, in] = ProjectionShape(asym.quant, *weight);
+    const int64_t groups = parts->scale.size(1);
+    parts->zero =
+        at::randint(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(),
+                    {(out + 7) / 8, groups}, at::kInt);
+    parts->g_idx = at::randint(0, groups, {in}, at::kInt);
+  }
+  ExpectNativeEqualsDequantized(asym, "int4 asymmetric act-order");
+}
+
+TEST(CpuExpert, RefusesQuantizedExpertsWithBadParts) {
+  ExpertWeights w = QuantizedExpert("deepseek-v3-fp8-ref");
+  w.q[1].scale = w.q[1].scale.narrow(0, 0, 1);
+  auto r = CpuSwiGlu(at::randn({1, w.w1.size(1)}), w);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("weight_scale_inv"), std::string::npos)
+      << r.status().ToString();
 }
 
 }  // namespace
