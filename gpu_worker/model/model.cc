@@ -709,23 +709,27 @@ Status MoeModel::RunRoutedExperts(uint32_t l, const at::Tensor& hn, int64_t rows
       return Status::Ok();
     }
     const uint32_t e = next->first;
-    // A quantized expert's native bytes are dequantized for its product only (DESIGN section 12).
-    FMOE_ASSIGN_OR_RETURN(const ExpertWeights w, DequantizeExpert(next->second, m.dtype));
+    const ExpertWeights& w = next->second;
     if (e >= n_experts || a.rows[e].empty() || done[e]) {
       return Internal("model: expert source handed out expert " + std::to_string(e) +
                       " of MoE layer " + std::to_string(l) + ", which the gate did not pick");
     }
     at::Tensor idx = at::tensor(a.rows[e], at::TensorOptions().dtype(at::kLong));
     at::Tensor ye;
-    if (w.w1.is_cpu() && !hn.is_cpu()) {
-      // A host run (hybrid): computed from the expert's host copy, the result copied up.
-      if (!hn_host.defined()) hn_host = hn.to(at::kCPU);
-      FMOE_ASSIGN_OR_RETURN(at::Tensor host, CpuSwiGlu(hn_host.index_select(0, idx), w));
-      ye = host.to(m.device);
+    // The CPU kernel: a host run of hybrid execution, and in cpu mode every quantized expert,
+    // computed from its stored bytes (DESIGN section 12) in the compute dtypes it takes.
+    const bool cpu_kernel_dtype = m.dtype == at::kFloat || m.dtype == at::kBFloat16;
+    if (w.w1.is_cpu() && (!hn.is_cpu() || (w.quantized() && cpu_kernel_dtype))) {
+      if (!hn.is_cpu() && !hn_host.defined()) hn_host = hn.to(at::kCPU);
+      const at::Tensor& x = hn.is_cpu() ? hn : hn_host;
+      FMOE_ASSIGN_OR_RETURN(at::Tensor host, CpuSwiGlu(x.index_select(0, idx), w));
+      ye = host.to(m.device, m.dtype);
     } else {
-      // cpu mode computes a host run with the same function as any other expert, so hybrid
+      // A quantized expert's stored bytes are dequantized for its product only. cpu mode computes
+      // a float expert's host run with the same function as any other expert, so hybrid
       // execution there changes no value.
-      ye = SwiGlu(hn.index_select(0, idx.to(m.device)), w.w1, w.w3, w.w2, m.options.row_block);
+      FMOE_ASSIGN_OR_RETURN(const ExpertWeights f, DequantizeExpert(w, m.dtype));
+      ye = SwiGlu(hn.index_select(0, idx.to(m.device)), f.w1, f.w3, f.w2, m.options.row_block);
     }
     at::Tensor we = at::tensor(a.weights[e], at::TensorOptions().dtype(at::kFloat))
                         .to(m.device, m.dtype)
