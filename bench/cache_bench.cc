@@ -32,6 +32,7 @@
 #include "bench/bench_prompts.h"
 #include "common/log.h"
 #include "common/policy_names.h"
+#include "gpu_worker/experts/cpu_expert.h"
 #include "gpu_worker/model/blocks.h"
 #include "gpu_worker/model/model.h"
 #include "gpu_worker/rank.h"
@@ -126,6 +127,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> policies = {"fmoe",      "fmoe-nextuse", "moe-infinity", "speculative",
                                        "on-demand", "lru",          "lfu",          "oracle"};
   std::vector<double> budgets = {0.25, 0.5, 1.0};
+  double budget_expert_bytes = 0;
   std::string hybrid = "off";
   std::string admit = "on";
   double host_ratio = 0.5;
@@ -144,6 +146,11 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "runs per configuration; the median TPOT is reported");
   app.add_option("--policy", policies, "policies to run (repeatable)");
   app.add_option("--budget", budgets, "expert budgets as fractions of the experts");
+  app.add_option("--budget-expert-bytes", budget_expert_bytes,
+                 "take each --budget as a fraction of L x J experts of this many bytes instead "
+                 "(e.g. the bfloat16 expert's bytes: a quantized model's cache then holds more "
+                 "experts in the same memory)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--hybrid", hybrid, "hybrid execution: off | on | both (without, then with)")
       ->check(CLI::IsMember({"off", "on", "both"}))
       ->capture_default_str();
@@ -201,10 +208,11 @@ int main(int argc, char** argv) {
   const double load_ms = latency_us / 1e3 + expert_bytes / (gbps * 1e9) * 1e3;
   const bool cuda = (*rank)->device().cuda_index >= 0;
   std::printf(
-      "model %s: L=%u J=%u K=%u, expert %zu bytes (%s); all-resident TPOT %.2f ms, %.3f ms "
-      "per layer on %s\n",
+      "model %s: L=%u J=%u K=%u, expert %zu bytes (%s, experts %s); all-resident TPOT %.2f ms, "
+      "%.3f ms per layer on %s\n",
       model_dir.c_str(), info.num_moe_layers, info.num_experts, info.top_k, expert_bytes,
-      (*rank)->dtype().c_str(), reference_tpot, layer_ms, (*rank)->device().description.c_str());
+      (*rank)->dtype().c_str(), info.quant.Describe().c_str(), reference_tpot, layer_ms,
+      (*rank)->device().description.c_str());
   if (cuda) {
     std::printf("link: the CUDA link (pinned host memory to device slots)");
   } else {
@@ -216,11 +224,20 @@ int main(int argc, char** argv) {
   double host_slowdown = 1.0;
   if (hybrid != "off" && !cuda) {
     const ExpertWeights& w = resident.experts()[0][0];
-    const at::Tensor x = at::randn({1, info.hidden_size}).to(w.w1.scalar_type());
+    const at::Tensor x =
+        at::randn({1, info.hidden_size}).to(w.quantized() ? at::kFloat : w.w1.scalar_type());
     std::vector<double> ms;
     for (int i = 0; i < 201; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      at::Tensor y = SwiGlu(x, w.w1, w.w3, w.w2, RuntimeOptions{}.row_block);
+      // A quantized expert is computed from its stored bytes by the CPU kernel (cpu mode).
+      if (w.quantized()) {
+        if (Result<at::Tensor> y = CpuSwiGlu(x, w); !y.ok()) {
+          std::fprintf(stderr, "cpu expert: %s\n", y.status().message().c_str());
+          return 1;
+        }
+      } else {
+        at::Tensor y = SwiGlu(x, w.w1, w.w3, w.w2, RuntimeOptions{}.row_block);
+      }
       ms.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
@@ -254,7 +271,11 @@ int main(int argc, char** argv) {
         o.admit_host_runs = admits;
         o.host_slowdown = host_slowdown;
         o.policy = policy;
-        o.cache_fraction = budget;
+        if (budget_expert_bytes > 0) {
+          o.cache_gb = budget * info.num_moe_layers * info.num_experts * budget_expert_bytes / 1e9;
+        } else {
+          o.cache_fraction = budget;
+        }
         o.link.gbps = gbps;
         o.link.latency_us = latency_us;
         o.policy_options.prefetch_distance = distance;
@@ -284,12 +305,14 @@ int main(int argc, char** argv) {
         const uint64_t tokens = std::max<uint64_t>(1, run.decode_tokens + prompts.size());
         const double lookups = static_cast<double>(t.hits + t.misses);
         std::printf(
-            "| %s | %s | %.0f%% | %.2f | %.2f | %.1f%% | %.2f | %.2f | %.2f | %llu / %llu | %s |\n",
+            "| %s | %s | %.0f%% (%u slots) | %.2f | %.2f | %.1f%% | %.2f | %.2f | %.2f | %llu / "
+            "%llu | "
+            "%s |\n",
             policy.c_str(),
             !on_host ? "off"
             : admits ? (cuda ? "on" : "on (emulated)")
                      : (cuda ? "on, no admission" : "on, no admission (emulated)"),
-            budget * 100, tpot, tpot / base, lookups > 0 ? 100.0 * t.hits / lookups : 0.0,
+            budget * 100, st.slots, tpot, tpot / base, lookups > 0 ? 100.0 * t.hits / lookups : 0.0,
             t.stall_ns / 1e6 / tokens, t.bytes_moved / 1e6 / tokens,
             static_cast<double>(t.host_runs) / tokens,
             static_cast<unsigned long long>(t.prefetches_used),
