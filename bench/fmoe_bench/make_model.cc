@@ -4,7 +4,10 @@
 // then the safetensors shards streamed chunk by chunk (common/model/safetensors.h
 // SafetensorsWriter), the index, and config.json last, so a directory with a config.json is
 // complete. Weights are a deterministic function of (seed, tensor name): the same seed gives the
-// same bytes whatever the shard size. One thread.
+// same bytes whatever the shard size. With --quant the linear layers the format quantizes are
+// stored as its checkpoints store them (FP8 block, compressed-tensors INT4, GPTQ, AWQ: DESIGN
+// section 12): the same random weights, quantized with a fixed scale, packed as the format packs
+// them. One thread.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -55,6 +58,7 @@ constexpr float kUniformBound = 0.0346410162f;
 // The command line, as typed: numbers are parsed here so every bad argument exits 2.
 struct Args {
   std::string shape, out, layers, experts, vocab, dtype = "bfloat16", seed = "0", shard_gb = "4";
+  std::string quant;  // "": float weights.
   std::string tokenizer = kDefaultTokenizerDir;
   bool force = false;
   bool dry_run = false;
@@ -71,11 +75,13 @@ struct Plan {
   ModelSize size;
   DType dtype = DType::kBF16;
   std::string dtype_name;
+  const QuantFormat* quant = nullptr;  // --quant; nullptr: float weights.
   uint64_t seed = 0;
-  uint64_t shard_limit = 0;  // Bytes.
-  std::vector<PlannedTensor> tensors;
-  std::vector<size_t> shard_of;       // Per tensor.
-  std::vector<uint64_t> shard_bytes;  // Per shard: tensor data bytes.
+  uint64_t shard_limit = 0;            // Bytes.
+  std::vector<PlannedTensor> tensors;  // The model's tensors (parameters).
+  std::vector<StoredTensor> stored;    // As written (quantized projections split in parts).
+  std::vector<size_t> shard_of;        // Per stored tensor.
+  std::vector<uint64_t> shard_bytes;   // Per shard: tensor data bytes.
   std::optional<int32_t> bos_id, eos_id;
   std::string bos_eos_note;  // Why the ids differ from the real model's, or "".
 
@@ -85,7 +91,6 @@ struct Plan {
     std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i + 1, shard_bytes.size());
     return buf;
   }
-  uint64_t Bytes(const PlannedTensor& t) const { return t.numel() * DTypeSize(dtype); }
 };
 
 std::string Gb(uint64_t bytes) {
@@ -244,6 +249,12 @@ Result<Plan> MakePlan(const Args& a, std::optional<TokenizerInfo>* tokenizer) {
     return InvalidArgument("--dtype: \"" + a.dtype + "\" is not bfloat16, float16 or float32");
   }
   plan.dtype_name = a.dtype;
+  if (!a.quant.empty()) {
+    plan.quant = FindQuantFormat(a.quant);
+    if (plan.quant == nullptr) {
+      return InvalidArgument("--quant: \"" + a.quant + "\" is not one of " + QuantFormatNames());
+    }
+  }
   FMOE_ASSIGN_OR_RETURN(plan.seed,
                         ParseCount("--seed", a.seed, 0, std::numeric_limits<uint64_t>::max()));
   {
@@ -294,9 +305,10 @@ Result<Plan> MakePlan(const Args& a, std::optional<TokenizerInfo>* tokenizer) {
   }
 
   plan.tensors = PlanTensors(s, plan.size);
+  FMOE_ASSIGN_OR_RETURN(plan.stored, StoreTensors(plan.tensors, plan.dtype, plan.quant));
   // Shards as transformers cuts them: in order, a new shard when the next tensor would overflow.
-  for (const PlannedTensor& t : plan.tensors) {
-    const uint64_t bytes = plan.Bytes(t);
+  for (const StoredTensor& t : plan.stored) {
+    const uint64_t bytes = t.bytes();
     if (plan.shard_bytes.empty() ||
         (plan.shard_bytes.back() > 0 && plan.shard_bytes.back() + bytes > plan.shard_limit)) {
       plan.shard_bytes.push_back(0);
@@ -382,34 +394,199 @@ void Fill(TensorInit init, DType dtype, uint64_t* state, size_t n, std::byte* ou
   }
 }
 
+// Element `i` of the random stream FillRandom writes from `start` (a tensor's TensorSeed): draw
+// i / 2 of splitmix64, its low half for even i. splitmix64 is a counter, so any element is one
+// draw away; the quantized tensors, packed across rows or columns, read their weights this way.
+float UniformAt(uint64_t start, uint64_t i) {
+  constexpr float kScale = kUniformBound / 2147483648.0f;
+  uint64_t state = start + (i / 2) * 0x9e3779b97f4a7c15ull;
+  const uint64_t bits = SplitMix64(&state);
+  const uint32_t half =
+      i % 2 == 0 ? static_cast<uint32_t>(bits) : static_cast<uint32_t>(bits >> 32);
+  return static_cast<float>(static_cast<int32_t>(half)) * kScale;
+}
+
+// The FP8 e4m3fn byte nearest to `v` (ties to even), saturating at +-448: never a NaN code (0x7f,
+// 0xff). common/model/quant.h's Fp8E4m3ToFloat reads it back.
+uint8_t F32ToE4m3(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  const auto sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude >= 0x43e00000u) return sign | 0x7e;  // 448 and above (NaN inputs never come).
+  if (magnitude < 0x3c800000u) {  // Below 2^-6: subnormal m x 2^-9 (m = 8 is 2^-6's code).
+    return sign | static_cast<uint8_t>(std::nearbyint(std::fabs(v) * 512.0f));
+  }
+  // The 23-bit mantissa rounded to 3 bits, ties to even (a carry steps the exponent), then the
+  // exponent rebiased from 127 to 7.
+  const uint32_t rounded = (magnitude + 0x7ffffu + ((magnitude >> 20) & 1u)) >> 20;
+  return sign | static_cast<uint8_t>(std::min<uint32_t>(rounded - ((127u - 7u) << 3), 0x7e));
+}
+
+// `v` rounded to the float dtype `dtype` and back.
+float RoundTo(DType dtype, float v) {
+  std::byte bytes[4];
+  if (dtype == DType::kBF16) Store<DType::kBF16>(bytes, 0, v);
+  if (dtype == DType::kF16) Store<DType::kF16>(bytes, 0, v);
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return v;
+  float out = v;
+  (void)ConvertToF32(dtype, std::span<const std::byte>(bytes, 2), std::span<float>(&out, 1));
+  return out;
+}
+
+// AWQ's nibble order: nibble k of a word holds output column 8c + kAwqOrder[k].
+constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+
+// Fills `out` with elements [begin, begin + n) of quantized tensor `t`. One fixed scale per format
+// (rounded to the scale's dtype) maps the float path's [-a, a) onto the codes: FP8 puts a at 448
+// (DeepSeek's amax / 448); the 4-bit formats at 7.5 steps from the zero point 8
+// (compressed-tensors' symmetric amax / 7.5, GPTQ's 2 amax / 15, AWQ's (max - min) / 15 with zero
+// 8), so the dequantized weights are the float weights of the same seed to within the format's
+// rounding.
+void FillQuantized(const Plan& plan, const StoredTensor& t, uint64_t begin, size_t n,
+                   std::byte* out) {
+  const PlannedTensor& p = plan.tensors[t.planned];
+  const QuantSpec& spec = plan.quant->spec;
+  const int64_t rows = p.shape[0], cols = p.shape[1];
+  const uint64_t start = TensorSeed(plan.seed, p.name);
+  const bool fp8 = spec.method == QuantMethod::kFp8Block;
+  DType scale_dtype = DType::kF32;
+  for (const QuantTensorSpec& q : QuantTensorsOf(spec, rows, cols)) {
+    if (q.role == QuantRole::kScale) scale_dtype = q.dtypes.front();
+  }
+  const float scale = RoundTo(scale_dtype, kUniformBound / (fp8 ? 448.0f : 7.5f));
+  const float inv = 1.0f / scale;
+  // The 4-bit code of a weight: round(w / scale) + 8, in 0..15.
+  auto code = [&](float w) {
+    return static_cast<uint32_t>(std::clamp(std::nearbyint(w * inv) + 8.0f, 0.0f, 15.0f));
+  };
+  // Weights w[o][i..i+8) (i even: four draws, as FillRandom makes them).
+  auto eight = [&](int64_t o, int64_t i, float* w) {
+    uint64_t state = start + static_cast<uint64_t>(o * cols + i) / 2 * 0x9e3779b97f4a7c15ull;
+    constexpr float kScale = kUniformBound / 2147483648.0f;
+    for (int b = 0; b < 8; b += 2) {
+      const uint64_t bits = SplitMix64(&state);
+      w[b] = static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(bits))) * kScale;
+      w[b + 1] = static_cast<float>(static_cast<int32_t>(bits >> 32)) * kScale;
+    }
+  };
+  auto store32 = [&](size_t k, uint32_t word) { std::memcpy(out + 4 * k, &word, 4); };
+  switch (t.kind) {
+    case StoredKind::kQuantWeight:
+      for (size_t k = 0; k < n; ++k) {
+        const int64_t j = static_cast<int64_t>(begin + k);
+        if (fp8) {
+          // Row-major, as the float path: two weights from each draw.
+          if (j % 2 == 0 && k + 1 < n) {
+            uint64_t state = start + static_cast<uint64_t>(j) / 2 * 0x9e3779b97f4a7c15ull;
+            const uint64_t bits = SplitMix64(&state);
+            constexpr float kScale = kUniformBound / 2147483648.0f;
+            const float lo = static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(bits)));
+            const float hi = static_cast<float>(static_cast<int32_t>(bits >> 32));
+            out[k] = static_cast<std::byte>(F32ToE4m3(lo * kScale * inv));
+            out[++k] = static_cast<std::byte>(F32ToE4m3(hi * kScale * inv));
+          } else {
+            out[k] =
+                static_cast<std::byte>(F32ToE4m3(UniformAt(start, static_cast<uint64_t>(j)) * inv));
+          }
+          continue;
+        }
+        float w[8];
+        if (spec.method == QuantMethod::kInt4Packed) {  // [out, in / 8]: 8 columns of a row.
+          eight(j / (cols / 8), 8 * (j % (cols / 8)), w);
+        } else if (spec.method == QuantMethod::kGptq) {  // [in / 8, out]: 8 input rows.
+          eight(j % rows, 8 * (j / rows), w);
+        } else {  // AWQ [in, out / 8]: 8 output columns, in AWQ's order.
+          const int64_t i = j / (rows / 8), o = 8 * (j % (rows / 8));
+          for (int b = 0; b < 8; ++b) {
+            w[b] = UniformAt(start, static_cast<uint64_t>((o + kAwqOrder[b]) * cols + i));
+          }
+        }
+        uint32_t word = 0;
+        for (int b = 0; b < 8; ++b) word |= code(w[b]) << (4 * b);
+        store32(k, word);
+      }
+      break;
+    case StoredKind::kQuantScale:
+      for (size_t k = 0; k < n; ++k) {
+        if (t.dtype == DType::kF32) Store<DType::kF32>(out, k, scale);
+        if (t.dtype == DType::kBF16) Store<DType::kBF16>(out, k, scale);
+        if (t.dtype == DType::kF16) Store<DType::kF16>(out, k, scale);
+      }
+      break;
+    case StoredKind::kQuantZero:
+      // Zero point 8 in every nibble; GPTQ v1 stores zero - 1.
+      for (size_t k = 0; k < n; ++k) {
+        store32(k, spec.method == QuantMethod::kGptq && !spec.gptq_v2 ? 0x77777777u : 0x88888888u);
+      }
+      break;
+    case StoredKind::kGroupIndex:
+      for (size_t k = 0; k < n; ++k) {
+        store32(k, static_cast<uint32_t>((begin + k) / spec.group_size));
+      }
+      break;
+    case StoredKind::kWeightShape:
+      for (size_t k = 0; k < n; ++k) {
+        const int64_t v = begin + k == 0 ? rows : cols;
+        std::memcpy(out + 8 * k, &v, 8);
+      }
+      break;
+    case StoredKind::kFloat:
+      break;
+  }
+}
+
 void PrintSummary(const Plan& plan) {
   const ModelShape& s = *plan.shape;
   const ModelSize real = RealSize(s);
   uint64_t params = 0, bytes = 0, routed = 0, shared = 0, routed_matrices = 0;
+  uint64_t quantized = 0, quantized_tensors = 0, quantized_bytes = 0;
   for (const PlannedTensor& t : plan.tensors) {
     params += t.numel();
-    bytes += plan.Bytes(t);
-    if (t.role == TensorRole::kRoutedExpert) {
-      routed += plan.Bytes(t);
-      ++routed_matrices;
+    if (t.role == TensorRole::kRoutedExpert) ++routed_matrices;
+    if (plan.quant != nullptr && QuantizedBy(*plan.quant, t)) ++quantized;
+  }
+  for (const StoredTensor& t : plan.stored) {
+    const TensorRole role = plan.tensors[t.planned].role;
+    bytes += t.bytes();
+    if (role == TensorRole::kRoutedExpert) routed += t.bytes();
+    if (role == TensorRole::kSharedExpert) shared += t.bytes();
+    if (t.kind != StoredKind::kFloat) {
+      ++quantized_tensors;
+      quantized_bytes += t.bytes();
     }
-    if (t.role == TensorRole::kSharedExpert) shared += plan.Bytes(t);
   }
   // DeepSeek's dense first layers have no experts: count the MoE layers from the tensors.
   const uint64_t routed_experts = routed_matrices / 3;
   const uint64_t moe_layers = plan.size.experts == 0 ? 0 : routed_experts / plan.size.experts;
-  const uint64_t expert_bytes = RoutedExpertParams(s) * DTypeSize(plan.dtype);
+  // Every routed expert is stored alike: its bytes are the routed bytes shared out.
+  const uint64_t expert_bytes =
+      routed_experts == 0 ? RoutedExpertParams(s) * DTypeSize(plan.dtype) : routed / routed_experts;
   std::printf("shape: %s (%s, the shape of %s)\n", s.name, s.architecture, s.hub_id);
   std::printf("layers: %u of %u; vocab: %u of %u; dtype: %s; seed: %llu\n", plan.size.layers,
               real.layers, plan.size.vocab, real.vocab, plan.dtype_name.c_str(),
               static_cast<unsigned long long>(plan.seed));
-  std::printf("tensors: %zu\n", plan.tensors.size());
+  std::printf("tensors: %zu\n", plan.stored.size());
   std::printf("parameters: %llu (%.2f B; the real model: %.1f B)\n",
               static_cast<unsigned long long>(params), static_cast<double>(params) / 1e9,
               s.published_params / 1e9);
   std::printf("bytes: %llu (%s)\n", static_cast<unsigned long long>(bytes), Gb(bytes).c_str());
-  std::printf("routed expert bytes: %llu (%s; 3 x %u x %u)\n",
+  if (plan.quant != nullptr) {
+    std::printf(
+        "quantization: %s (--quant %s, the layout of %s): %llu of the linear weights, %s; "
+        "%llu tensors, %llu bytes\n",
+        plan.quant->spec.Describe().c_str(), plan.quant->name, plan.quant->as,
+        static_cast<unsigned long long>(quantized),
+        plan.quant->routed_experts_only ? "the routed experts only"
+                                        : "every decoder linear but the routers",
+        static_cast<unsigned long long>(quantized_tensors),
+        static_cast<unsigned long long>(quantized_bytes));
+  }
+  // Native bytes (weights, scales, zero points, group indexes), as DESIGN section 12 counts them.
+  std::printf("routed expert bytes: %llu (%s, %.2f MiB, %.4f bytes/param; 3 x %u x %u)\n",
               static_cast<unsigned long long>(expert_bytes), Gb(expert_bytes).c_str(),
+              static_cast<double>(expert_bytes) / (1 << 20),
+              static_cast<double>(expert_bytes) / static_cast<double>(RoutedExpertParams(s)),
               s.hidden_size, s.expert_intermediate_size);
   std::printf("experts per layer: %u of %u, top-%u\n", plan.size.experts, real.experts, s.top_k);
   std::printf("routed experts: %llu, %llu bytes (%.1f%% of the bytes)\n",
@@ -468,7 +645,8 @@ std::string Readme(const Plan& plan, const Args& a) {
   r << "# Random weights with the shapes of " << s.hub_id << "\n\n"
     << "Written by `fmoe-bench make-model --shape " << s.name << " --layers " << plan.size.layers
     << " --experts " << plan.size.experts << " --vocab " << plan.size.vocab << " --dtype "
-    << plan.dtype_name << " --seed " << plan.seed << " --shard-gb " << a.shard_gb << "`.\n\n"
+    << plan.dtype_name << (plan.quant != nullptr ? " --quant " + std::string(plan.quant->name) : "")
+    << " --seed " << plan.seed << " --shard-gb " << a.shard_gb << "`.\n\n"
     << "The weights are random (uniform, the spread of initializer_range 0.02; norms 1, biases 0)\n"
     << "and mean nothing: the model writes noise. Every tensor has the name and shape a real\n"
     << s.architecture << " checkpoint has, so loading, expert transfers and expert compute can\n"
@@ -480,6 +658,13 @@ std::string Readme(const Plan& plan, const Args& a) {
     << "- tokenizer: copied from " << a.tokenizer << " (a small BPE whose ids fit the\n"
     << "  vocabulary; ids above its range decode to nothing)\n";
   if (!plan.bos_eos_note.empty()) r << "- " << plan.bos_eos_note << "\n";
+  if (plan.quant != nullptr) {
+    r << "- quantized: " << plan.quant->spec.Describe() << " in the layout of " << plan.quant->as
+      << " ("
+      << (plan.quant->routed_experts_only ? "the routed experts only"
+                                          : "every decoder linear but the routers")
+      << "); the same random weights quantized with one fixed scale\n";
+  }
   if (s.family == ModelFamily::kPhimoe) {
     r << "- config.json leaves out the real model's LongRoPE factors (rope_scaling: null)\n";
   }
@@ -489,26 +674,30 @@ std::string Readme(const Plan& plan, const Args& a) {
 Status WriteShard(const Plan& plan, const fs::path& out, size_t shard,
                   std::vector<std::byte>* chunk) {
   std::vector<TensorSpec> specs;
-  std::vector<const PlannedTensor*> tensors;
-  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+  std::vector<const StoredTensor*> tensors;
+  for (size_t i = 0; i < plan.stored.size(); ++i) {
     if (plan.shard_of[i] != shard) continue;
-    specs.push_back({plan.tensors[i].name, plan.dtype, plan.tensors[i].shape});
-    tensors.push_back(&plan.tensors[i]);
+    specs.push_back({plan.stored[i].name, plan.stored[i].dtype, plan.stored[i].shape});
+    tensors.push_back(&plan.stored[i]);
   }
   const fs::path path = out / plan.ShardName(shard);
   FMOE_ASSIGN_OR_RETURN(
       std::unique_ptr<SafetensorsWriter> writer,
       SafetensorsWriter::Create(path.string(), specs,
                                 {{"format", "pt"}, {"fmoe", "make-model random weights"}}));
-  const size_t elem = DTypeSize(plan.dtype);
-  const size_t per_chunk = chunk->size() / elem;
-  for (const PlannedTensor* t : tensors) {
+  for (const StoredTensor* t : tensors) {
+    const size_t elem = DTypeSize(t->dtype);
+    const size_t per_chunk = chunk->size() / elem;
     uint64_t state = TensorSeed(plan.seed, t->name);
-    for (uint64_t left = t->numel(); left > 0;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(left, per_chunk));
-      Fill(t->init, plan.dtype, &state, n, chunk->data());
+    for (uint64_t done = 0, total = t->numel(); done < total;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(total - done, per_chunk));
+      if (t->kind == StoredKind::kFloat) {
+        Fill(plan.tensors[t->planned].init, t->dtype, &state, n, chunk->data());
+      } else {
+        FillQuantized(plan, *t, done, n, chunk->data());
+      }
       FMOE_RETURN_IF_ERROR(writer->Append(std::span<const std::byte>(chunk->data(), n * elem)));
-      left -= n;
+      done += n;
     }
   }
   return writer->Finish();
@@ -546,15 +735,15 @@ Status WriteModel(const Plan& plan, const Args& a) {
     nlohmann::ordered_json index;
     index["metadata"] = {{"total_size", total}};
     nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
-    for (size_t i = 0; i < plan.tensors.size(); ++i) {
-      weight_map[plan.tensors[i].name] = plan.ShardName(plan.shard_of[i]);
+    for (size_t i = 0; i < plan.stored.size(); ++i) {
+      weight_map[plan.stored[i].name] = plan.ShardName(plan.shard_of[i]);
     }
     index["weight_map"] = std::move(weight_map);
     FMOE_RETURN_IF_ERROR(WriteFileAtomic(out / kIndexFile, index.dump(2) + "\n"));
   }
   // Last: a directory with a config.json holds a whole checkpoint.
   return WriteFileAtomic(out / "config.json", ConfigJson(*plan.shape, plan.size, plan.dtype_name,
-                                                         plan.bos_id, plan.eos_id));
+                                                         plan.bos_id, plan.eos_id, plan.quant));
 }
 
 int Run(Args a, const std::vector<std::string>& extras) {
@@ -586,14 +775,14 @@ int Run(Args a, const std::vector<std::string>& extras) {
   }
   if (a.dry_run) {
     uint64_t bytes = 0;
-    for (size_t i = 0; i < plan->tensors.size(); ++i) {
-      const PlannedTensor& t = plan->tensors[i];
-      bytes += plan->Bytes(t);
-      std::printf("tensor %s %s %s %llu %s\n", t.name.c_str(), DTypeName(plan->dtype),
-                  ShapeString(t.shape).c_str(), static_cast<unsigned long long>(plan->Bytes(t)),
+    for (size_t i = 0; i < plan->stored.size(); ++i) {
+      const StoredTensor& t = plan->stored[i];
+      bytes += t.bytes();
+      std::printf("tensor %s %s %s %llu %s\n", t.name.c_str(), DTypeName(t.dtype),
+                  ShapeString(t.shape).c_str(), static_cast<unsigned long long>(t.bytes()),
                   plan->ShardName(plan->shard_of[i]).c_str());
     }
-    std::printf("total: %zu tensors, %llu bytes (%s)\n", plan->tensors.size(),
+    std::printf("total: %zu tensors, %llu bytes (%s)\n", plan->stored.size(),
                 static_cast<unsigned long long>(bytes), Gb(bytes).c_str());
     PrintSummary(*plan);
     return 0;
@@ -636,6 +825,11 @@ void AddMakeModelCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--dtype", args->dtype, "bfloat16, float16 or float32")
       ->type_name("DTYPE")
       ->capture_default_str();
+  cmd->add_option("--quant", args->quant,
+                  "store the linear layers quantized as published checkpoints do: fp8 (block "
+                  "e4m3 128x128, as DeepSeek-V3), int4-g32 / int4-g128 (compressed-tensors, routed "
+                  "experts only, as Kimi-K2), gptq (4-bit g128), awq (gemm g128); default: float")
+      ->type_name("FORMAT");
   cmd->add_option("--seed", args->seed, "weights seed; same seed, same bytes")
       ->type_name("N")
       ->capture_default_str();

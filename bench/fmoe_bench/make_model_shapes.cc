@@ -93,11 +93,21 @@ void Add(std::vector<PlannedTensor>* out, std::string name, std::vector<int64_t>
   out->push_back({std::move(name), std::move(shape), init, role});
 }
 
-// A linear layer's weight [out, in] and, with `bias`, its bias [out].
+// A decoder layer's linear layer: its weight [out, in] (quantizable) and, with `bias`, its bias
+// [out].
 void AddLinear(std::vector<PlannedTensor>* out, const std::string& prefix, int64_t out_features,
                int64_t in_features, bool bias, TensorRole role = TensorRole::kDense) {
   Add(out, prefix + ".weight", {out_features, in_features}, TensorInit::kRandom, role);
+  out->back().quantizable = true;
   if (bias) Add(out, prefix + ".bias", {out_features}, TensorInit::kZeros, role);
+}
+
+// A linear weight that stays float in quantized checkpoints: a router, Qwen2-MoE's
+// shared_expert_gate, lm_head.
+void AddFloatLinear(std::vector<PlannedTensor>* out, const std::string& prefix,
+                    int64_t out_features, int64_t in_features,
+                    TensorRole role = TensorRole::kDense) {
+  Add(out, prefix + ".weight", {out_features, in_features}, TensorInit::kRandom, role);
 }
 
 // RMSNorm: weight [h]; LayerNorm (Phi-3.5-MoE): weight and bias [h].
@@ -153,7 +163,7 @@ void PlanDeepseekLayer(std::vector<PlannedTensor>* out, const ModelShape& shape,
       AddLinear(out, q + "up_proj", inter, h, false, TensorRole::kRoutedExpert);
       AddLinear(out, q + "down_proj", h, inter, false, TensorRole::kRoutedExpert);
     }
-    AddLinear(out, m + "gate", size.experts, h, false);
+    AddFloatLinear(out, m + "gate", size.experts, h);
     if (shape.family == ModelFamily::kDeepseekV3) {
       Add(out, m + "gate.e_score_correction_bias", {int64_t{size.experts}}, TensorInit::kZeros);
     }
@@ -231,7 +241,7 @@ std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize&
   if (shape.deepseek != nullptr) {
     for (uint32_t l = 0; l < size.layers; ++l) PlanDeepseekLayer(&out, shape, size, l);
     AddNorm(&out, "model.norm", h, false);
-    AddLinear(&out, "lm_head", size.vocab, h, false);
+    AddFloatLinear(&out, "lm_head", size.vocab, h);
     return out;
   }
   for (uint32_t l = 0; l < size.layers; ++l) {
@@ -246,7 +256,7 @@ std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize&
     }
     if (block_sparse_moe) {
       const std::string m = p + "block_sparse_moe.";
-      AddLinear(&out, m + "gate", experts, h, false);
+      AddFloatLinear(&out, m + "gate", experts, h);
       for (int64_t e = 0; e < experts; ++e) {
         const std::string q = m + "experts." + std::to_string(e) + ".";
         AddLinear(&out, q + "w1", inter, h, false, TensorRole::kRoutedExpert);
@@ -257,7 +267,7 @@ std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize&
       // Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock, OlmoeSparseMoeBlock: gate, experts; Qwen2
       // MoE's also shared_expert and shared_expert_gate.
       const std::string m = p + "mlp.";
-      AddLinear(&out, m + "gate", experts, h, false);
+      AddFloatLinear(&out, m + "gate", experts, h);
       for (int64_t e = 0; e < experts; ++e) {
         const std::string q = m + "experts." + std::to_string(e) + ".";
         AddLinear(&out, q + "gate_proj", inter, h, false, TensorRole::kRoutedExpert);
@@ -269,20 +279,176 @@ std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize&
         AddLinear(&out, m + "shared_expert.gate_proj", shared, h, false, TensorRole::kSharedExpert);
         AddLinear(&out, m + "shared_expert.up_proj", shared, h, false, TensorRole::kSharedExpert);
         AddLinear(&out, m + "shared_expert.down_proj", h, shared, false, TensorRole::kSharedExpert);
-        AddLinear(&out, m + "shared_expert_gate", 1, h, false, TensorRole::kSharedExpert);
+        AddFloatLinear(&out, m + "shared_expert_gate", 1, h, TensorRole::kSharedExpert);
       }
     }
     AddNorm(&out, p + "input_layernorm", h, phi);
     AddNorm(&out, p + "post_attention_layernorm", h, phi);
   }
   AddNorm(&out, "model.norm", h, phi);
-  AddLinear(&out, "lm_head", size.vocab, h, /*bias=*/phi);  // Phi-3.5-MoE: lm_head_bias.
+  AddFloatLinear(&out, "lm_head", size.vocab, h);
+  if (phi) Add(&out, "lm_head.bias", {int64_t{size.vocab}}, TensorInit::kZeros);  // lm_head_bias.
   return out;
 }
 
+const std::vector<QuantFormat>& QuantFormats() {
+  static const std::vector<QuantFormat> formats = [] {
+    QuantSpec fp8;
+    fp8.method = QuantMethod::kFp8Block;
+    fp8.block_out = fp8.block_in = 128;
+    QuantSpec int4_g32;
+    int4_g32.method = QuantMethod::kInt4Packed;
+    int4_g32.group_size = 32;
+    QuantSpec int4_g128 = int4_g32;
+    int4_g128.group_size = 128;
+    QuantSpec gptq;
+    gptq.method = QuantMethod::kGptq;
+    gptq.group_size = 128;
+    QuantSpec awq;
+    awq.method = QuantMethod::kAwq;
+    awq.group_size = 128;
+    awq.symmetric = false;
+    return std::vector<QuantFormat>{
+        {"fp8", "DeepSeek-V3 / Qwen3-FP8", fp8, /*routed_experts_only=*/false},
+        {"int4-g32", "Kimi-K2-Thinking", int4_g32, /*routed_experts_only=*/true},
+        {"int4-g128", "llm-compressor W4A16 g128", int4_g128,
+         /*routed_experts_only=*/true},
+        {"gptq", "AutoGPTQ", gptq, /*routed_experts_only=*/false},
+        {"awq", "AutoAWQ", awq, /*routed_experts_only=*/false},
+    };
+  }();
+  return formats;
+}
+
+const QuantFormat* FindQuantFormat(std::string_view name) {
+  for (const QuantFormat& q : QuantFormats()) {
+    if (name == q.name) return &q;
+  }
+  return nullptr;
+}
+
+std::string QuantFormatNames() {
+  std::string out;
+  for (const QuantFormat& q : QuantFormats())
+    out += (out.empty() ? "" : ", ") + std::string(q.name);
+  return out;
+}
+
+bool QuantizedBy(const QuantFormat& format, const PlannedTensor& t) {
+  if (!t.quantizable || t.shape.size() != 2) return false;
+  return !format.routed_experts_only || t.role == TensorRole::kRoutedExpert;
+}
+
+uint64_t StoredTensor::numel() const {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+Result<std::vector<StoredTensor>> StoreTensors(const std::vector<PlannedTensor>& planned,
+                                               DType dtype, const QuantFormat* quant) {
+  std::vector<StoredTensor> out;
+  out.reserve(planned.size());
+  for (size_t i = 0; i < planned.size(); ++i) {
+    const PlannedTensor& t = planned[i];
+    if (quant == nullptr || !QuantizedBy(*quant, t)) {
+      out.push_back({t.name, dtype, t.shape, StoredKind::kFloat, i});
+      continue;
+    }
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    if (std::string why = QuantShapeError(quant->spec, rows, cols); !why.empty()) {
+      return InvalidArgument("--quant " + std::string(quant->name) + ": tensor " + t.name + " " +
+                             why + "; this shape cannot be stored in " + quant->spec.Describe());
+    }
+    // "model.layers.0.mlp.experts.3.up_proj.weight" -> "model.layers.0.mlp.experts.3.up_proj.".
+    const std::string prefix = t.name.substr(0, t.name.size() - std::string_view("weight").size());
+    for (const QuantTensorSpec& q : QuantTensorsOf(quant->spec, rows, cols)) {
+      StoredKind kind = StoredKind::kQuantWeight;
+      if (q.role == QuantRole::kScale) kind = StoredKind::kQuantScale;
+      if (q.role == QuantRole::kZero) kind = StoredKind::kQuantZero;
+      if (q.role == QuantRole::kGroupIndex) kind = StoredKind::kGroupIndex;
+      out.push_back({prefix + q.suffix, q.dtypes.front(), q.shape, kind, i});
+    }
+    if (quant->spec.method == QuantMethod::kInt4Packed) {
+      out.push_back({prefix + "weight_shape", DType::kI64, {2}, StoredKind::kWeightShape, i});
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// config.json's quantization_config for `quant`, as its checkpoints write it.
+Json QuantizationConfig(const QuantFormat& quant, const ModelShape& shape, const ModelSize& size) {
+  const QuantSpec& q = quant.spec;
+  // The linear modules left in float ("model.layers.0.self_attn.q_proj", "lm_head"). DeepSeek's
+  // router (MoEGate) is not an nn.Linear, so compressed-tensors' "Linear" target misses it anyway.
+  Json float_linears = Json::array();
+  Json routers = Json::array();
+  for (const PlannedTensor& t : PlanTensors(shape, size)) {
+    if (t.shape.size() != 2 || !t.name.ends_with(".weight") ||
+        t.role == TensorRole::kRoutedExpert) {
+      continue;
+    }
+    const std::string module = t.name.substr(0, t.name.size() - std::string_view(".weight").size());
+    if (module == "model.embed_tokens" || QuantizedBy(quant, t)) continue;
+    const bool router = !t.quantizable && module != "lm_head";
+    if (router) routers.push_back(module);
+    if (!router || shape.deepseek == nullptr) float_linears.push_back(module);
+  }
+  switch (q.method) {
+    case QuantMethod::kFp8Block:
+      return {{"quant_method", "fp8"},
+              {"fmt", "e4m3"},
+              {"activation_scheme", "dynamic"},
+              {"weight_block_size", {q.block_out, q.block_in}}};
+    case QuantMethod::kInt4Packed: {
+      const Json weights = {{"actorder", nullptr},
+                            {"block_structure", nullptr},
+                            {"dynamic", false},
+                            {"group_size", q.group_size},
+                            {"num_bits", 4},
+                            {"observer", "minmax"},
+                            {"observer_kwargs", Json::object()},
+                            {"strategy", "group"},
+                            {"symmetric", true},
+                            {"type", "int"}};
+      return {{"quant_method", "compressed-tensors"},
+              {"format", "pack-quantized"},
+              {"quantization_status", "compressed"},
+              {"config_groups",
+               {{"group_0",
+                 {{"input_activations", nullptr},
+                  {"output_activations", nullptr},
+                  {"targets", {"Linear"}},
+                  {"weights", weights}}}}},
+              {"ignore", float_linears},
+              {"kv_cache_scheme", nullptr},
+              {"sparsity_config", Json::object()}};
+    }
+    case QuantMethod::kGptq:
+      return {{"quant_method", "gptq"},
+              {"bits", 4},
+              {"group_size", q.group_size},
+              {"desc_act", false},
+              {"sym", true},
+              {"checkpoint_format", "gptq"},
+              {"damp_percent", 0.01},
+              {"static_groups", false},
+              {"true_sequential", true}};
+    case QuantMethod::kAwq:
+      return {{"quant_method", "awq"}, {"bits", 4},         {"group_size", q.group_size},
+              {"zero_point", true},    {"version", "gemm"}, {"modules_to_not_convert", routers}};
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
 std::string ConfigJson(const ModelShape& shape, const ModelSize& size,
                        const std::string& torch_dtype, std::optional<int32_t> bos_token_id,
-                       std::optional<int32_t> eos_token_id) {
+                       std::optional<int32_t> eos_token_id, const QuantFormat* quant) {
   // nlohmann::json keeps keys sorted, as transformers' to_json_string does.
   Json c = {
       {"architectures", {shape.architecture}},
@@ -388,8 +554,7 @@ std::string ConfigJson(const ModelShape& shape, const ModelSize& size,
       break;
     case ModelFamily::kDeepseekV2:
     case ModelFamily::kDeepseekV3: {
-      // As the Hub's config.json (V3's without its FP8 quantization_config: these weights are
-      // written in torch_dtype).
+      // As the Hub's config.json (V3's FP8 quantization_config only with --quant fp8).
       const DeepseekShape& d = *shape.deepseek;
       const auto [n_group, topk_group] = DeepseekGroups(d, size.experts);
       c["intermediate_size"] = d.dense_intermediate_size;
@@ -428,6 +593,7 @@ std::string ConfigJson(const ModelShape& shape, const ModelSize& size,
       break;
     }
   }
+  if (quant != nullptr) c["quantization_config"] = QuantizationConfig(*quant, shape, size);
   return c.dump(2) + "\n";
 }
 

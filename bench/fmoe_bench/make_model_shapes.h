@@ -1,8 +1,9 @@
 // The shapes of real MoE models for `fmoe-bench make-model`: Mixtral-8x7B, Qwen1.5-MoE-A2.7B,
 // Phi-3.5-MoE, Qwen3-30B-A3B, OLMoE-1B-7B, DeepSeek-V2-Lite and DeepSeek-V3 as their Hugging Face
 // config.json files give them, every tensor their checkpoints hold (names, shapes and order as
-// transformers saves them), and the config.json to write with the weights. Pure functions over
-// constant tables; no I/O.
+// transformers saves them), the tensors a quantized checkpoint stores instead (--quant: FP8 block,
+// compressed-tensors INT4, GPTQ, AWQ as their published checkpoints lay them out, DESIGN section
+// 12), and the config.json to write with the weights. Pure functions over constant tables; no I/O.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,10 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "common/model/quant.h"
+#include "common/model/safetensors.h"
+#include "common/status.h"
 
 namespace fmoe::bench {
 
@@ -92,6 +97,9 @@ struct PlannedTensor {
   std::vector<int64_t> shape;
   TensorInit init = TensorInit::kRandom;
   TensorRole role = TensorRole::kDense;
+  // A decoder layer's linear weight [out, in] that quantized checkpoints store quantized; the
+  // routers (and Qwen2-MoE's shared_expert_gate), embeddings, lm_head, norms and biases are not.
+  bool quantizable = false;
   uint64_t numel() const;
 };
 
@@ -103,14 +111,65 @@ std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize&
 // Parameters of one routed expert (its three matrices).
 uint64_t RoutedExpertParams(const ModelShape& shape);
 
+// --quant: a quantized format as published checkpoints store it (DESIGN section 12).
+struct QuantFormat {
+  const char* name;  // --quant, e.g. "fp8".
+  const char* as;    // Whose checkpoints it lays out like, e.g. "DeepSeek-V3, Qwen3-FP8".
+  QuantSpec spec;
+  // Only the routed experts are quantized (Kimi-K2-Thinking's INT4); else every quantizable
+  // linear (PlannedTensor::quantizable): attention, dense MLPs, shared and routed experts.
+  bool routed_experts_only;
+};
+
+// fp8 (block e4m3 [128, 128], float32 weight_scale_inv), int4-g32 and int4-g128
+// (compressed-tensors pack-quantized, symmetric, bf16 scales), gptq (4 bits, g128, sym, desc_act
+// false, v1), awq (gemm, g128, zero point).
+const std::vector<QuantFormat>& QuantFormats();
+// nullptr when `name` is none of them.
+const QuantFormat* FindQuantFormat(std::string_view name);
+// "fp8, int4-g32, int4-g128, gptq, awq", for messages.
+std::string QuantFormatNames();
+// Whether `format` stores `t` quantized.
+bool QuantizedBy(const QuantFormat& format, const PlannedTensor& t);
+
+// What a stored tensor holds, for the writer.
+enum class StoredKind {
+  kFloat,        // A planned tensor in the float dtype.
+  kQuantWeight,  // The packed or FP8 weight (QuantRole::kWeight).
+  kQuantScale,   // QuantRole::kScale.
+  kQuantZero,    // QuantRole::kZero.
+  kGroupIndex,   // QuantRole::kGroupIndex: column i in group i / group_size.
+  kWeightShape,  // compressed-tensors' weight_shape: I64 [out, in].
+};
+
+// One tensor of the checkpoint as written.
+struct StoredTensor {
+  std::string name;
+  DType dtype = DType::kBF16;
+  std::vector<int64_t> shape;
+  StoredKind kind = StoredKind::kFloat;
+  size_t planned = 0;  // Index of the PlannedTensor it stores (or part of it).
+  uint64_t numel() const;
+  uint64_t bytes() const { return numel() * DTypeSize(dtype); }
+};
+
+// The tensors the checkpoint stores, in order: each planned tensor in `dtype`, or, where `quant`
+// (nullptr: none) quantizes it, the tensors QuantTensorsOf lists for it (with the format's usual
+// dtypes; g_idx always, as AutoGPTQ writes it), then compressed-tensors' weight_shape.
+// kInvalidArgument naming the tensor when the format cannot pack its shape (QuantShapeError).
+Result<std::vector<StoredTensor>> StoreTensors(const std::vector<PlannedTensor>& planned,
+                                               DType dtype, const QuantFormat* quant);
+
 // config.json as transformers writes it for the model (keys sorted), with `size` applied,
-// torch_dtype set, and the given bos/eos ids. Every key our loader (common/model/model_config.h)
-// reads is present and valid, and so is every key of the family's transformers config class that
-// changes the computation (attention biases, head_dim, clip_qkv, norm_topk_prob, dense layers,
-// sliding window, rope_scaling), at the real model's value, so a loader can refuse what it does
-// not implement.
+// torch_dtype set, and the given bos/eos ids; with `quant`, its quantization_config as the
+// format's checkpoints write it (compressed-tensors' ignore list and AWQ's
+// modules_to_not_convert name the linear layers left in float). Every key our loader
+// (common/model/model_config.h) reads is present and valid, and so is every key of the family's
+// transformers config class that changes the computation (attention biases, head_dim, clip_qkv,
+// norm_topk_prob, dense layers, sliding window, rope_scaling), at the real model's value, so a
+// loader can refuse what it does not implement.
 std::string ConfigJson(const ModelShape& shape, const ModelSize& size,
                        const std::string& torch_dtype, std::optional<int32_t> bos_token_id,
-                       std::optional<int32_t> eos_token_id);
+                       std::optional<int32_t> eos_token_id, const QuantFormat* quant = nullptr);
 
 }  // namespace fmoe::bench

@@ -2,10 +2,14 @@
 // shapes, parameter counts against the published totals), cut-down Qwen1.5-MoE, Qwen3-MoE and
 // OLMoE checkpoints written and read back through our Torch-free loaders
 // (common/model/model_config.h, common/model/checkpoint.h) with the config keys that change the
-// computation, determinism across shard sizes, --force, and argument errors.
+// computation, determinism across shard sizes, --force, and argument errors; --quant: the
+// published per-expert bytes of each format (DESIGN section 12) from dry runs, and cut-down
+// quantized checkpoints read back with every stored tensor of the routed experts, dequantized by
+// hand against the float checkpoint of the same seed.
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +18,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -21,6 +26,7 @@
 
 #include "common/model/checkpoint.h"
 #include "common/model/model_config.h"
+#include "common/model/quant.h"
 #include "common/model/safetensors.h"
 
 namespace fmoe {
@@ -697,6 +703,412 @@ TEST_F(MakeModelTest, BadArgumentsExitTwoAndIoFailuresOne) {
   r = Run({"--shape", "mixtral-8x7b", "--out", (dir_ / "file").string()});
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;
+}
+
+// The number after "KEY: ... (... , " up to " MiB" on the summary line KEY, or -1.
+double SummaryMib(const std::string& out, const std::string& key) {
+  const size_t at = out.find("\n" + key + ": ");
+  if (at == std::string::npos) return -1;
+  const size_t end = out.find(" MiB", at);
+  const size_t begin = out.rfind(", ", end);
+  if (end == std::string::npos || begin == std::string::npos || begin < at) return -1;
+  return std::stod(out.substr(begin + 2, end - begin - 2));
+}
+
+// DESIGN section 12's bytes per routed expert (weights and scales), from the dry runs' summary.
+TEST_F(MakeModelTest, QuantizedDryRunsHaveThePublishedBytesPerRoutedExpert) {
+  struct Case {
+    const char* shape;
+    const char* quant;
+    double mib;  // DESIGN section 12's table.
+    std::vector<std::string> lines;
+  } cases[] = {
+      {"deepseek-v3",
+       "fp8",
+       42.0,
+       {"tensor model.layers.3.mlp.experts.0.gate_proj.weight F8_E4M3 [2048, 7168] 14680064 ",
+        "tensor model.layers.3.mlp.experts.0.gate_proj.weight_scale_inv F32 [16, 56] 3584 ",
+        "tensor model.layers.0.self_attn.q_a_proj.weight F8_E4M3 [1536, 7168] ",
+        "tensor model.layers.3.mlp.shared_experts.down_proj.weight_scale_inv F32 [56, 16] ",
+        "tensor model.layers.3.mlp.gate.weight BF16 [256, 7168] ",
+        "tensor lm_head.weight BF16 [129280, 7168] "}},
+      {"deepseek-v3",
+       "gptq",
+       21.9,
+       {"tensor model.layers.3.mlp.experts.0.down_proj.qweight I32 [256, 7168] 7340032 ",
+        "tensor model.layers.3.mlp.experts.0.down_proj.qzeros I32 [16, 896] 57344 ",
+        "tensor model.layers.3.mlp.experts.0.down_proj.scales F16 [16, 7168] 229376 ",
+        "tensor model.layers.3.mlp.experts.0.down_proj.g_idx I32 [2048] 8192 ",
+        "tensor model.layers.0.self_attn.o_proj.qweight I32 [2048, 7168] "}},
+      {"deepseek-v3",
+       "int4-g128",
+       21.7,
+       {"tensor model.layers.3.mlp.experts.0.up_proj.weight_packed I32 [2048, 896] 7340032 ",
+        "tensor model.layers.3.mlp.experts.0.up_proj.weight_scale BF16 [2048, 56] 229376 ",
+        "tensor model.layers.3.mlp.experts.0.up_proj.weight_shape I64 [2] 16 ",
+        "tensor model.layers.3.mlp.shared_experts.up_proj.weight BF16 [2048, 7168] ",
+        "tensor model.layers.0.self_attn.o_proj.weight BF16 [7168, 16384] "}},
+      // Kimi-K2 has DeepSeek-V3's expert shape (7168 x 2048).
+      {"deepseek-v3",
+       "int4-g32",
+       23.6,
+       {"tensor model.layers.3.mlp.experts.0.up_proj.weight_scale BF16 [2048, 224] 917504 "}},
+      {"qwen3-30b-a3b",
+       "fp8",
+       4.50,
+       {"tensor model.layers.0.mlp.experts.0.down_proj.weight_scale_inv F32 [16, 6] 384 ",
+        "tensor model.layers.0.self_attn.k_proj.weight F8_E4M3 [512, 2048] 1048576 ",
+        "tensor model.layers.0.self_attn.q_norm.weight BF16 [128] "}},
+      {"qwen3-30b-a3b",
+       "gptq",
+       2.36,
+       {"tensor model.layers.0.mlp.experts.0.gate_proj.qweight I32 [256, 768] 786432 "}},
+      {"qwen3-30b-a3b",
+       "int4-g128",
+       2.32,
+       {"tensor model.layers.0.mlp.experts.0.down_proj.weight_packed I32 [2048, 96] 786432 "}},
+      {"qwen3-30b-a3b",
+       "awq",
+       2.34,  // Not in the table: GPTQ's bytes without g_idx.
+       {"tensor model.layers.0.mlp.experts.0.gate_proj.qweight I32 [2048, 96] 786432 ",
+        "tensor model.layers.0.mlp.experts.0.gate_proj.qzeros I32 [16, 96] 6144 ",
+        "tensor model.layers.0.mlp.experts.0.gate_proj.scales F16 [16, 768] 24576 "}},
+      {"mixtral-8x7b",
+       "fp8",
+       168,
+       {"tensor model.layers.0.block_sparse_moe.experts.0.w2.weight F8_E4M3 [4096, 14336] "}},
+      {"mixtral-8x7b",
+       "gptq",
+       87.4,
+       {"tensor model.layers.0.block_sparse_moe.experts.0.w1.g_idx I32 [4096] "}},
+      {"mixtral-8x7b",
+       "int4-g128",
+       86.6,
+       {"tensor model.layers.0.block_sparse_moe.experts.0.w3.weight_scale BF16 [14336, 32] "}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.shape) + " " + c.quant);
+    RunResult r = Run({"--shape", c.shape, "--quant", c.quant, "--dry-run"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    const long long expert = SummaryNumber(r.out, "routed expert bytes");
+    const double mib = static_cast<double>(expert) / (1 << 20);
+    EXPECT_LT(std::abs(mib - c.mib) / c.mib, 0.01) << mib << " MiB";
+    EXPECT_NEAR(SummaryMib(r.out, "routed expert bytes"), mib, 0.005);
+    EXPECT_NE(r.out.find(" bytes/param; 3 x "), std::string::npos);
+    EXPECT_TRUE(HasLine(r.out, "quantization: ")) << r.out.substr(r.out.rfind("total: "));
+    for (const std::string& want : c.lines) EXPECT_TRUE(HasLine(r.out, want)) << want;
+    // The summary's bytes are the tensor lines' bytes.
+    long long bytes = 0;
+    std::istringstream in(r.out);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("tensor ", 0) != 0) continue;
+      std::istringstream fields(line.substr(line.find(']') + 1));
+      long long b = 0;
+      fields >> b;
+      bytes += b;
+    }
+    EXPECT_EQ(bytes, SummaryNumber(r.out, "bytes"));
+  }
+  // The bytes per parameter of the formats.
+  RunResult r =
+      Run({"--shape", "deepseek-v3", "--quant", "int4-g32", "--dry-run", "--layers", "4"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("23.63 MiB, 0.5625 bytes/param"), std::string::npos) << r.out;
+  r = Run({"--shape", "deepseek-v3", "--dry-run", "--layers", "4"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("84.00 MiB, 2.0000 bytes/param"), std::string::npos);
+
+  // A shape the format cannot pack is refused, naming the tensor: DeepSeek-V2-Lite's dense MLP
+  // is 10944 wide, not a multiple of AWQ's group of 128.
+  r = Run({"--shape", "deepseek-v2-lite", "--quant", "awq", "--dry-run"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--quant awq: tensor model.layers.0.mlp.down_proj.weight [2048, 10944]: "
+                       "input size is not a multiple of the group size 128"),
+            std::string::npos)
+      << r.err;
+  r = Run({"--shape", "mixtral-8x7b", "--quant", "nf4", "--dry-run"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--quant: \"nf4\" is not one of fp8, int4-g32, int4-g128, gptq, awq"),
+            std::string::npos)
+      << r.err;
+}
+
+// A tensor's values as float32 (F32, F16, BF16).
+std::vector<float> Floats(const TensorView& v) {
+  std::vector<float> f(static_cast<size_t>(v.numel()));
+  EXPECT_TRUE(ConvertToF32(v.dtype, v.data, f).ok()) << v.name;
+  return f;
+}
+
+// Element i of an I32 tensor, as the bits of a uint32.
+uint32_t Word(const TensorView& v, int64_t i) {
+  uint32_t w;
+  std::memcpy(&w, v.data.data() + 4 * i, 4);
+  return w;
+}
+
+// The [out, in] projection at `prefix` dequantized as the format's reference code does it (DESIGN
+// section 12), row-major; empty after a failed expectation.
+std::vector<float> Dequantize(const Checkpoint& ckpt, const QuantSpec& q, const std::string& prefix,
+                              int64_t out, int64_t in) {
+  std::map<QuantRole, const TensorView*> t;
+  for (const QuantTensorSpec& spec : QuantTensorsOf(q, out, in)) {
+    t[spec.role] = ckpt.Find(prefix + spec.suffix);
+    if (t[spec.role] == nullptr) {
+      ADD_FAILURE() << prefix << spec.suffix << " is missing";
+      return {};
+    }
+  }
+  const std::vector<float> scale = Floats(*t[QuantRole::kScale]);
+  std::vector<float> w(static_cast<size_t>(out * in));
+  // AWQ: output column 8c + j sits in nibble kAwqNibbleOf[j].
+  constexpr int kAwqNibbleOf[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t i = 0; i < in; ++i) {
+      float v = 0;
+      switch (q.method) {
+        case QuantMethod::kFp8Block: {
+          const auto byte = static_cast<uint8_t>(t[QuantRole::kWeight]->data[o * in + i]);
+          const int64_t blocks_in = (in + q.block_in - 1) / q.block_in;
+          v = Fp8E4m3ToFloat(byte) * scale[(o / q.block_out) * blocks_in + i / q.block_in];
+          break;
+        }
+        case QuantMethod::kInt4Packed: {
+          const uint32_t word = Word(*t[QuantRole::kWeight], o * (in / 8) + i / 8);
+          const int64_t groups = (in + q.group_size - 1) / q.group_size;
+          v = (static_cast<float>((word >> (4 * (i % 8))) & 15) - 8.0f) *
+              scale[o * groups + i / q.group_size];
+          break;
+        }
+        case QuantMethod::kGptq: {
+          int32_t g;
+          std::memcpy(&g, t[QuantRole::kGroupIndex]->data.data() + 4 * i, 4);
+          const uint32_t word = Word(*t[QuantRole::kWeight], (i / 8) * out + o);
+          const uint32_t zeros = Word(*t[QuantRole::kZero], g * (out / 8) + o / 8);
+          const float zero = static_cast<float>(((zeros >> (4 * (o % 8))) & 15) + 1);  // v1.
+          v = (static_cast<float>((word >> (4 * (i % 8))) & 15) - zero) * scale[g * out + o];
+          break;
+        }
+        case QuantMethod::kAwq: {
+          const int64_t g = i / q.group_size;
+          const int shift = 4 * kAwqNibbleOf[o % 8];
+          const uint32_t word = Word(*t[QuantRole::kWeight], i * (out / 8) + o / 8);
+          const uint32_t zeros = Word(*t[QuantRole::kZero], g * (out / 8) + o / 8);
+          v = (static_cast<float>((word >> shift) & 15) -
+               static_cast<float>((zeros >> shift) & 15)) *
+              scale[g * out + o];
+          break;
+        }
+        default:
+          break;
+      }
+      w[static_cast<size_t>(o * in + i)] = v;
+    }
+  }
+  return w;
+}
+
+// Cut-down quantized checkpoints, one per --quant: config.json's quantization_config reads back
+// as the format, every tensor QuantTensorsOf lists for the routed experts is there with its shape
+// and usual dtype, routers stay float, and the dequantized weights are the float checkpoint's of
+// the same seed to within the format's rounding, with its spread.
+TEST_F(MakeModelTest, QuantizedCheckpointsLoadThroughOurLoaders) {
+  const std::vector<std::string> cut = {"--layers", "2",    "--experts", "8",
+                                        "--vocab",  "4096", "--seed",    "3"};
+  auto args = [&](const std::string& shape, const std::string& quant, const fs::path& out) {
+    std::vector<std::string> a = {"--shape", shape, "--out", out.string()};
+    a.insert(a.end(), cut.begin(), cut.end());
+    if (!quant.empty()) a.insert(a.end(), {"--quant", quant});
+    return a;
+  };
+  std::map<std::string, fs::path> float_dirs;
+  for (const char* shape : {"qwen3-30b-a3b", "deepseek-v2-lite"}) {
+    float_dirs[shape] = dir_ / (std::string(shape) + "-float");
+    RunResult r = Run(args(shape, "", float_dirs[shape]));
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  struct Case {
+    const char* shape;
+    const char* quant;
+    Json config;                      // quantization_config keys.
+    bool attention_quantized;         // Else only the routed experts.
+    std::vector<std::string> ignore;  // compressed-tensors' ignore list holds these.
+  } cases[] = {
+      {"qwen3-30b-a3b",
+       "fp8",
+       {{"quant_method", "fp8"},
+        {"fmt", "e4m3"},
+        {"activation_scheme", "dynamic"},
+        {"weight_block_size", {128, 128}}},
+       true,
+       {}},
+      {"deepseek-v2-lite",
+       "fp8",
+       {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}},
+       true,
+       {}},
+      {"deepseek-v2-lite",
+       "int4-g32",
+       {{"quant_method", "compressed-tensors"},
+        {"format", "pack-quantized"},
+        {"quantization_status", "compressed"}},
+       false,
+       {"lm_head", "model.layers.0.self_attn.kv_a_proj_with_mqa", "model.layers.0.mlp.down_proj",
+        "model.layers.1.mlp.shared_experts.up_proj"}},
+      {"qwen3-30b-a3b",
+       "int4-g128",
+       {{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"}},
+       false,
+       {"lm_head", "model.layers.1.self_attn.o_proj", "model.layers.1.mlp.gate"}},
+      {"qwen3-30b-a3b",
+       "gptq",
+       {{"quant_method", "gptq"},
+        {"bits", 4},
+        {"group_size", 128},
+        {"desc_act", false},
+        {"sym", true},
+        {"checkpoint_format", "gptq"}},
+       true,
+       {}},
+      {"qwen3-30b-a3b",
+       "awq",
+       {{"quant_method", "awq"},
+        {"bits", 4},
+        {"group_size", 128},
+        {"zero_point", true},
+        {"version", "gemm"},
+        {"modules_to_not_convert", {"model.layers.0.mlp.gate", "model.layers.1.mlp.gate"}}},
+       true,
+       {}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.shape) + " " + c.quant);
+    const fs::path out = dir_ / (std::string(c.shape) + "-" + c.quant);
+    RunResult r = Run(args(c.shape, c.quant, out));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const Json config = ReadConfig(out);
+    ASSERT_TRUE(config.contains("quantization_config")) << config.dump();
+    const Json& qc = config["quantization_config"];
+    ExpectKeys(qc, c.config);
+    for (const std::string& name : c.ignore) {
+      EXPECT_NE(std::find(qc["ignore"].begin(), qc["ignore"].end(), name), qc["ignore"].end())
+          << name;
+    }
+    if (c.quant == std::string("int4-g32")) {  // DeepSeek's router is not an nn.Linear.
+      EXPECT_EQ(qc["config_groups"]["group_0"]["weights"]["group_size"], 32);
+      EXPECT_EQ(std::find(qc["ignore"].begin(), qc["ignore"].end(), "model.layers.1.mlp.gate"),
+                qc["ignore"].end());
+    }
+
+    auto info = LoadModelInfo(out.string());
+    ASSERT_TRUE(info.ok()) << info.status().ToString();
+    QuantSpec want;
+    ASSERT_TRUE(ParseQuantizationConfig(qc, &want).ok());
+    EXPECT_EQ(info->quant, want);
+    ASSERT_TRUE(info->quant.quantized());
+    EXPECT_EQ(info->quant.group_size, c.quant == std::string("int4-g32") ? 32u
+                                      : c.quant == std::string("fp8")    ? 0u
+                                                                         : 128u);
+    EXPECT_FALSE(info->quant.act_order);
+    EXPECT_FALSE(info->quant.gptq_v2);
+    // Layer 1 has experts (DeepSeek's layer 0 is dense).
+    ASSERT_FALSE(info->moe_layers.empty());
+    ASSERT_EQ(info->moe_layers.back(), 1u);
+    const int64_t h = info->hidden_size, inter = info->intermediate_size;
+
+    auto ckpt = Checkpoint::Open(out.string());
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    uint64_t expert_bytes = 0;
+    for (uint32_t e = 0; e < 8; ++e) {
+      const std::string p = "model.layers.1.mlp.experts." + std::to_string(e) + ".";
+      for (const auto& [proj, rows, cols] :
+           {std::tuple{"gate_proj", inter, h}, std::tuple{"up_proj", inter, h},
+            std::tuple{"down_proj", h, inter}}) {
+        const std::string prefix = p + proj + ".";
+        EXPECT_EQ((*ckpt)->Find(prefix + "weight") != nullptr,
+                  info->quant.method == QuantMethod::kFp8Block)
+            << prefix;
+        for (const QuantTensorSpec& spec : QuantTensorsOf(info->quant, rows, cols)) {
+          const TensorView* v = (*ckpt)->Find(prefix + spec.suffix);
+          ASSERT_NE(v, nullptr) << prefix << spec.suffix;
+          EXPECT_EQ(v->shape, spec.shape) << v->name;
+          EXPECT_EQ(v->dtype, spec.dtypes.front()) << v->name;
+          if (e == 0) expert_bytes += v->data.size();
+        }
+        if (info->quant.method == QuantMethod::kInt4Packed) {
+          const TensorView* shape = (*ckpt)->Find(prefix + "weight_shape");
+          ASSERT_NE(shape, nullptr) << prefix;
+          ASSERT_EQ(shape->dtype, DType::kI64);
+          int64_t v[2];
+          ASSERT_EQ(shape->data.size(), sizeof(v));
+          std::memcpy(v, shape->data.data(), sizeof(v));
+          EXPECT_EQ(v[0], rows);
+          EXPECT_EQ(v[1], cols);
+        }
+      }
+    }
+    EXPECT_EQ(expert_bytes, RoutedExpertBytes(*info));
+    // Routers, embeddings and lm_head stay float; attention as the format has it.
+    const TensorView* router = (*ckpt)->Find("model.layers.1.mlp.gate.weight");
+    ASSERT_NE(router, nullptr);
+    EXPECT_EQ(router->dtype, DType::kBF16);
+    EXPECT_EQ((*ckpt)->Find("lm_head.weight")->dtype, DType::kBF16);
+    const std::string attn =
+        info->mla ? "model.layers.0.self_attn.kv_b_proj." : "model.layers.0.self_attn.o_proj.";
+    const TensorView* attn_weight = (*ckpt)->Find(attn + "weight");
+    if (!c.attention_quantized) {
+      ASSERT_NE(attn_weight, nullptr);
+      EXPECT_EQ(attn_weight->dtype, DType::kBF16);
+    } else if (info->quant.method == QuantMethod::kFp8Block) {
+      ASSERT_NE(attn_weight, nullptr);
+      EXPECT_EQ(attn_weight->dtype, DType::kF8E4M3);
+    } else {
+      EXPECT_EQ(attn_weight, nullptr);
+      EXPECT_NE((*ckpt)->Find(attn + "qweight"), nullptr);
+    }
+
+    // One expert's down_proj (and the attention's output projection where the format quantizes
+    // it) against the float checkpoint of the same seed: within half a step of the 4-bit grid (a
+    // little more where the rounded scale puts the edge past 7.5 steps), or FP8's 3-bit mantissa;
+    // the float checkpoint rounds to bfloat16 on top.
+    auto reference = Checkpoint::Open(float_dirs[c.shape].string());
+    ASSERT_TRUE(reference.ok()) << reference.status().ToString();
+    std::vector<std::tuple<std::string, int64_t, int64_t>> checked = {
+        {"model.layers.1.mlp.experts.3.down_proj.", h, inter}};
+    if (c.attention_quantized) {
+      const TensorView* ref = (*reference)->Find(attn + "weight");
+      ASSERT_NE(ref, nullptr);
+      checked.emplace_back(attn, ref->shape[0], ref->shape[1]);
+    }
+    for (const auto& [prefix, rows, cols] : checked) {
+      SCOPED_TRACE(prefix);
+      const std::vector<float> deq = Dequantize(**ckpt, info->quant, prefix, rows, cols);
+      const TensorView* ref = (*reference)->Find(prefix + "weight");
+      ASSERT_NE(ref, nullptr);
+      const std::vector<float> w = Floats(*ref);
+      ASSERT_EQ(deq.size(), w.size());
+      float step = 0;  // The one scale the writer uses.
+      for (const QuantTensorSpec& spec : QuantTensorsOf(info->quant, rows, cols)) {
+        if (spec.role == QuantRole::kScale) {
+          step = Floats(*(*ckpt)->Find(prefix + spec.suffix))[0];
+        }
+      }
+      ASSERT_GT(step, 0.0f);
+      double sum = 0, sq = 0;
+      for (size_t i = 0; i < w.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(deq[i])) << i;
+        const float tolerance = info->quant.method == QuantMethod::kFp8Block
+                                    ? 0.0703f * std::abs(w[i]) + step / 512
+                                    : 0.55f * step + std::abs(w[i]) / 256;
+        ASSERT_LE(std::abs(deq[i] - w[i]), tolerance) << i << ": " << deq[i] << " vs " << w[i];
+        sum += deq[i];
+        sq += double{deq[i]} * deq[i];
+      }
+      const double mean = sum / static_cast<double>(w.size());
+      EXPECT_NEAR(mean, 0.0, 0.001);
+      EXPECT_NEAR(std::sqrt(sq / static_cast<double>(w.size()) - mean * mean), 0.02, 0.0025);
+    }
+  }
 }
 
 }  // namespace
