@@ -1,6 +1,8 @@
 #include "gpu_worker/experts/quantized.h"
+#include "gpu_worker/experts/dequantize_cuda.h"
 
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -138,6 +140,73 @@ at::Tensor Int4Columns(const QuantSpec& spec, const at::Tensor& w, const QuantPa
   return values.transpose(0, 1).contiguous();
 }
 
+std::optional<DequantDType> KernelDType(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return DequantDType::kF32;
+    case at::kBFloat16:
+      return DequantDType::kBF16;
+    case at::kHalf:
+      return DequantDType::kF16;
+    default:
+      return std::nullopt;
+  }
+}
+
+// On a CUDA device: the kernel (dequantize_cuda.h) writes the weight in one pass over the stored
+// bytes. Null where it does not apply (another device, a build without it, a dtype it does not
+// write); throws what LibTorch throws.
+Result<at::Tensor> OnCuda(const QuantSpec& spec, const at::Tensor& weight, const QuantParts& p,
+                          int64_t out, int64_t in, at::ScalarType dtype) {
+  const std::optional<DequantDType> dst = KernelDType(dtype);
+  const std::optional<DequantDType> scale = KernelDType(p.scale.scalar_type());
+  if (!weight.is_cuda() || !CudaDequantizeCompiled() || !dst || !scale) return at::Tensor();
+  for (const at::Tensor* t : {&weight, &p.scale, &p.zero, &p.g_idx}) {
+    if (t->defined() &&
+        (!t->is_cuda() || t->get_device() != weight.get_device() || !t->is_contiguous())) {
+      return at::Tensor();
+    }
+  }
+  at::Tensor w = at::empty({out, in}, weight.options().dtype(dtype));
+  DequantArgs a;
+  switch (spec.method) {
+    case QuantMethod::kFp8Block:
+      a.format = DequantFormat::kFp8Block;
+      break;
+    case QuantMethod::kFp8Channel:
+      a.format = DequantFormat::kFp8Channel;
+      break;
+    case QuantMethod::kInt4Packed:
+      a.format = DequantFormat::kInt4Packed;
+      break;
+    case QuantMethod::kGptq:
+      a.format = DequantFormat::kGptq;
+      break;
+    case QuantMethod::kAwq:
+      a.format = DequantFormat::kAwq;
+      break;
+    case QuantMethod::kNone:
+      return at::Tensor();
+  }
+  a.block_out = spec.block_out;
+  a.block_in = spec.block_in;
+  a.group_size = spec.group_size;
+  a.gptq_v2 = spec.gptq_v2;
+  a.out = out;
+  a.in = in;
+  a.weight = weight.data_ptr();
+  a.scale = p.scale.data_ptr();
+  a.scale_dtype = *scale;
+  a.scale_cols = p.scale.size(1);
+  a.zero = p.zero.defined() ? static_cast<const int32_t*>(p.zero.data_ptr()) : nullptr;
+  a.g_idx = p.g_idx.defined() ? static_cast<const int32_t*>(p.g_idx.data_ptr()) : nullptr;
+  a.groups = spec.group_size > 0 ? (in + spec.group_size - 1) / spec.group_size : 0;
+  a.dst = w.data_ptr();
+  a.dst_dtype = *dst;
+  FMOE_RETURN_IF_ERROR(CudaDequantize(a));
+  return w;
+}
+
 }  // namespace
 
 Result<at::ScalarType> StoredTorchDType(DType dtype) {
@@ -191,6 +260,8 @@ Result<at::Tensor> DequantizeProjection(const QuantSpec& spec, const at::Tensor&
   FMOE_RETURN_IF_ERROR(CheckProjection(spec, weight, parts));
   const auto [out, in] = ProjectionShape(spec, weight);
   try {
+    FMOE_ASSIGN_OR_RETURN(at::Tensor on_cuda, OnCuda(spec, weight, parts, out, in, dtype));
+    if (on_cuda.defined()) return on_cuda;
     at::Tensor w;
     switch (spec.method) {
       case QuantMethod::kNone:

@@ -59,7 +59,10 @@ class CudaOffload : public ::testing::TestWithParam<std::tuple<const char*, cons
 
 INSTANTIATE_TEST_SUITE_P(ModelsAndDtypes, CudaOffload,
                          ::testing::Combine(::testing::Values("deploy/models/tiny-moe",
-                                                              "tests/fixtures/mixtral-ref"),
+                                                              "tests/fixtures/mixtral-ref",
+                                                              "tests/fixtures/deepseek-v3-fp8-ref",
+                                                              "tests/fixtures/kimi-k2-int4-ref",
+                                                              "tests/fixtures/mixtral-gptq-ref"),
                                             ::testing::Values("float32", "bfloat16")),
                          [](const auto& info) {
                            std::string name = std::get<0>(info.param);
