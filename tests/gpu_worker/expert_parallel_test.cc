@@ -288,8 +288,9 @@ class FamilyGroup : public ::testing::TestWithParam<const char*> {};
 INSTANTIATE_TEST_SUITE_P(Families, FamilyGroup,
                          ::testing::Values("qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref",
                                            "deepseek-v2-ref", "deepseek-v3-ref", "phimoe-ref",
-                                           "deepseek-v3-fp8-ref", "kimi-k2-int4-ref",
-                                           "mixtral-gptq-ref"),
+                                           "deepseek-v3-fp8-ref", "qwen3-moe-fp8-channel-ref",
+                                           "kimi-k2-int4-ref", "mixtral-gptq-ref",
+                                           "qwen2-moe-awq-ref"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::erase(name, '-');
