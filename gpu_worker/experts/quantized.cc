@@ -12,15 +12,6 @@
 namespace fmoe {
 namespace {
 
-std::string ShapeText(at::IntArrayRef sizes) {
-  std::string out = "[";
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(sizes[i]);
-  }
-  return out + "]";
-}
-
 const at::Tensor* PartFor(QuantRole role, const at::Tensor& weight, const QuantParts& parts) {
   switch (role) {
     case QuantRole::kWeight:
@@ -53,7 +44,7 @@ Status CheckParts(const QuantSpec& spec, const at::Tensor& weight, const QuantPa
     if (!dtype_ok || p->sizes() != at::IntArrayRef(t.shape)) {
       return InvalidArgument("dequantize: " + spec.Describe() + ": " + t.suffix + " is " +
                              std::string(c10::toString(p->scalar_type())) + " " +
-                             ShapeText(p->sizes()) + ", not " + ShapeText(t.shape));
+                             ShapeString(p->sizes().vec()) + ", not " + ShapeString(t.shape));
     }
   }
   return Status::Ok();

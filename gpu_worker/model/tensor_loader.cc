@@ -17,16 +17,8 @@ namespace {
 
 // LibTorch's dtype for a stored floating-point weight dtype; nullopt for the others.
 std::optional<at::ScalarType> TorchDType(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return at::kFloat;
-    case DType::kF16:
-      return at::kHalf;
-    case DType::kBF16:
-      return at::kBFloat16;
-    default:
-      return std::nullopt;
-  }
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) return std::nullopt;
+  return *StoredTorchDType(dtype);
 }
 
 // Stored bytes copied (or converted) at a time, after which their mapped pages are released: the
@@ -79,26 +71,35 @@ Result<at::Tensor> TensorLoader::Load(const std::string& name, const std::vector
                                       at::Device device) {
   if (shape.size() == 2 && StoredQuantized(name)) return LoadDequantized(name, shape, device);
   FMOE_ASSIGN_OR_RETURN(const TensorView* view, ckpt_.Get(name, shape));
-  const std::string where = "model: " + ckpt_.FileOf(name) + ": tensor \"" + name + "\"";
+  const std::string where = Where(name);
   const std::optional<at::ScalarType> stored = TorchDType(view->dtype);
   if (!stored) {
     return InvalidArgument(where + ": dtype " + DTypeName(view->dtype) +
                            " is not a floating-point weight type (F32, F16, BF16)");
   }
+  return Read(name, *view, *stored, at::TensorOptions().dtype(dtype_).device(device));
+}
+
+Result<at::Tensor> TensorLoader::Read(const std::string& name, const TensorView& view,
+                                      at::ScalarType stored, const at::TensorOptions& options) {
   at::Tensor out;
   try {
-    out = at::empty(view->shape, at::TensorOptions().dtype(dtype_).device(device));
-    FMOE_RETURN_IF_ERROR(ReadInto(ckpt_, name, *view, *stored, out));
+    out = at::empty(view.shape, options);
+    FMOE_RETURN_IF_ERROR(ReadInto(ckpt_, name, view, stored, out));
   } catch (const c10::OutOfMemoryError& e) {
-    return ResourceExhausted(where + ": " + e.what_without_backtrace());
+    return ResourceExhausted(Where(name) + ": " + e.what_without_backtrace());
   } catch (const c10::Error& e) {
-    return Internal(where + ": " + e.what_without_backtrace());
+    return Internal(Where(name) + ": " + e.what_without_backtrace());
   } catch (const std::bad_alloc&) {
-    return ResourceExhausted(where + ": out of host memory");
+    return ResourceExhausted(Where(name) + ": out of host memory");
   }
-  done_ += view->data.size();
+  done_ += view.data.size();
   if (progress_) progress_(done_, total_);
   return out;
+}
+
+std::string TensorLoader::Where(const std::string& name) const {
+  return "model: " + ckpt_.FileOf(name) + ": tensor \"" + name + "\"";
 }
 
 Status TensorLoader::Skip(const std::string& name, const std::vector<int64_t>& shape) {
@@ -108,18 +109,7 @@ Status TensorLoader::Skip(const std::string& name, const std::vector<int64_t>& s
   return Status::Ok();
 }
 
-namespace {
-
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
-}
-
-}  // namespace
+namespace {}  // namespace
 
 std::string LinearPrefix(const std::string& name) {
   constexpr std::string_view kWeight = "weight";
@@ -145,7 +135,7 @@ Result<at::Tensor> TensorLoader::LoadStored(const std::string& name, const Quant
     return NotFound("model: " + ckpt_.dir() + ": tensor \"" + name + "\" is missing (" +
                     quant_.Describe() + " stores it)");
   }
-  const std::string where = "model: " + ckpt_.FileOf(name) + ": tensor \"" + name + "\"";
+  const std::string where = Where(name);
   bool dtype_ok = false;
   std::string dtypes;
   for (DType d : spec.dtypes) {
@@ -157,22 +147,11 @@ Result<at::Tensor> TensorLoader::LoadStored(const std::string& name, const Quant
                            " (" + quant_.Describe() + ")");
   }
   if (view->shape != spec.shape) {
-    return InvalidArgument(where + ": shape " + ShapeText(view->shape) + ", expected " +
-                           ShapeText(spec.shape) + " (" + quant_.Describe() + ")");
+    return InvalidArgument(where + ": shape " + ShapeString(view->shape) + ", expected " +
+                           ShapeString(spec.shape) + " (" + quant_.Describe() + ")");
   }
   FMOE_ASSIGN_OR_RETURN(const at::ScalarType stored, StoredTorchDType(view->dtype));
-  at::Tensor out;
-  try {
-    out = at::empty(view->shape, at::TensorOptions().dtype(stored));
-    FMOE_RETURN_IF_ERROR(ReadInto(ckpt_, name, *view, stored, out));
-  } catch (const c10::Error& e) {
-    return Internal(where + ": " + e.what_without_backtrace());
-  } catch (const std::bad_alloc&) {
-    return ResourceExhausted(where + ": out of host memory");
-  }
-  done_ += view->data.size();
-  if (progress_) progress_(done_, total_);
-  return out;
+  return Read(name, *view, stored, at::TensorOptions().dtype(stored));
 }
 
 Status TensorLoader::LoadQuantized(const std::string& prefix, int64_t out, int64_t in,

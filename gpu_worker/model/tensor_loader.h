@@ -67,6 +67,10 @@ class TensorLoader {
   // The stored tensor `name` as is (its own dtype, host memory), after checking it against
   // `spec`; undefined when it is optional and absent.
   Result<at::Tensor> LoadStored(const std::string& name, const QuantTensorSpec& spec);
+  // `view` read into a new tensor of `options` (one copy or conversion from `stored`), counted.
+  Result<at::Tensor> Read(const std::string& name, const TensorView& view, at::ScalarType stored,
+                          const at::TensorOptions& options);
+  std::string Where(const std::string& name) const;  // "model: FILE: tensor \"NAME\"".
   Result<at::Tensor> LoadDequantized(const std::string& name, const std::vector<int64_t>& shape,
                                      at::Device device);
 
