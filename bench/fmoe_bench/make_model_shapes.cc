@@ -27,7 +27,12 @@ constexpr DeepseekShape kDeepseekV2Lite = {
     "softmax",
     /*norm_topk_prob=*/false,
     /*routed_scaling_factor=*/1.0,
-    /*yarn_mscale=*/0.707};
+    /*yarn_mscale=*/0.707,
+    /*yarn_factor=*/40,
+    /*yarn_beta_fast=*/32,
+    /*yarn_beta_slow=*/1,
+    /*rope_theta=*/10000,
+    /*max_position_embeddings=*/163840};
 // deepseek-ai/DeepSeek-V3 (the 61 layers; its multi-token-prediction layer 61 is not written):
 // q LoRA 1536, 1 shared expert, 3 dense layers, sigmoid routing with noaux_tc over 8 groups.
 constexpr DeepseekShape kDeepseekV3 = {
@@ -45,7 +50,36 @@ constexpr DeepseekShape kDeepseekV3 = {
     "sigmoid",
     /*norm_topk_prob=*/true,
     /*routed_scaling_factor=*/2.5,
-    /*yarn_mscale=*/1.0};
+    /*yarn_mscale=*/1.0,
+    /*yarn_factor=*/40,
+    /*yarn_beta_fast=*/32,
+    /*yarn_beta_slow=*/1,
+    /*rope_theta=*/10000,
+    /*max_position_embeddings=*/163840};
+// moonshotai/Kimi-K2-Instruct (DeepseekV3ForCausalLM; Kimi-K2-Thinking ships it in INT4 g32):
+// V3's attention and expert shapes with 64 heads, 384 experts, one dense layer, one group,
+// routed scaling 2.827, YaRN factor 32 with beta 1/1, rope theta 50000.
+constexpr DeepseekShape kKimiK2 = {
+    /*q_lora_rank=*/1536,
+    /*kv_lora_rank=*/512,
+    /*qk_nope_head_dim=*/128,
+    /*qk_rope_head_dim=*/64,
+    /*v_head_dim=*/128,
+    /*first_k_dense_replace=*/1,
+    /*dense_intermediate_size=*/18432,
+    /*n_shared_experts=*/1,
+    /*n_group=*/1,
+    /*topk_group=*/1,
+    "noaux_tc",
+    "sigmoid",
+    /*norm_topk_prob=*/true,
+    /*routed_scaling_factor=*/2.827,
+    /*yarn_mscale=*/1.0,
+    /*yarn_factor=*/32,
+    /*yarn_beta_fast=*/1,
+    /*yarn_beta_slow=*/1,
+    /*rope_theta=*/50000,
+    /*max_position_embeddings=*/131072};
 
 // Checked against each model's config.json on the Hub and the transformers model definitions
 // (modeling_mixtral, modeling_qwen2_moe, modeling_phimoe, modeling_qwen3_moe, modeling_olmoe,
@@ -86,6 +120,10 @@ const std::vector<ModelShape> kShapes = {
      "deepseek_v3", /*hidden=*/7168, /*expert_inter=*/2048, /*shared_inter=*/2048,
      /*layers=*/61, /*heads=*/128, /*kv_heads=*/128, /*head_dim=*/0, /*experts=*/256,
      /*top_k=*/8, /*vocab=*/129280, /*bos=*/0, /*eos=*/1, 671e9, &kDeepseekV3},
+    {"kimi-k2", "moonshotai/Kimi-K2-Instruct", ModelFamily::kDeepseekV3, "DeepseekV3ForCausalLM",
+     "kimi_k2", /*hidden=*/7168, /*expert_inter=*/2048, /*shared_inter=*/2048,
+     /*layers=*/61, /*heads=*/64, /*kv_heads=*/64, /*head_dim=*/0, /*experts=*/384,
+     /*top_k=*/8, /*vocab=*/163840, /*bos=*/163584, /*eos=*/163585, 1e12, &kKimiK2},
 };
 
 void Add(std::vector<PlannedTensor>* out, std::string name, std::vector<int64_t> shape,
@@ -579,12 +617,12 @@ std::string ConfigJson(const ModelShape& shape, const ModelSize& size,
       c["seq_aux"] = true;
       c["ep_size"] = 1;
       c["pretraining_tp"] = 1;
-      c["max_position_embeddings"] = 163840;
+      c["max_position_embeddings"] = d.max_position_embeddings;
       c["rms_norm_eps"] = 1e-6;
-      c["rope_theta"] = 10000.0;
-      c["rope_scaling"] = {{"beta_fast", 32},
-                           {"beta_slow", 1},
-                           {"factor", 40},
+      c["rope_theta"] = d.rope_theta;
+      c["rope_scaling"] = {{"beta_fast", d.yarn_beta_fast},
+                           {"beta_slow", d.yarn_beta_slow},
+                           {"factor", d.yarn_factor},
                            {"mscale", d.yarn_mscale},
                            {"mscale_all_dim", d.yarn_mscale},
                            {"original_max_position_embeddings", 4096},

@@ -45,7 +45,11 @@ struct DeepseekShape {
   const char* scoring_func;  // "softmax" or "sigmoid".
   bool norm_topk_prob;
   double routed_scaling_factor;
-  double yarn_mscale;  // rope_scaling mscale and mscale_all_dim (equal in both models).
+  double yarn_mscale;  // rope_scaling mscale and mscale_all_dim (equal in each model).
+  double yarn_factor;  // rope_scaling factor.
+  double yarn_beta_fast, yarn_beta_slow;
+  double rope_theta;
+  uint32_t max_position_embeddings;
 };
 
 // One real model's hyperparameters (its config.json on the Hub).

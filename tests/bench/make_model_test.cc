@@ -664,7 +664,7 @@ TEST_F(MakeModelTest, BadArgumentsExitTwoAndIoFailuresOne) {
       {{"--dry-run"}, "--shape: required"},
       {{"--shape", "mixtral", "--dry-run"},
        "--shape: \"mixtral\" is not one of mixtral-8x7b, qwen1.5-moe-a2.7b, phi-3.5-moe, "
-       "qwen3-30b-a3b, olmoe-1b-7b, deepseek-v2-lite, deepseek-v3"},
+       "qwen3-30b-a3b, olmoe-1b-7b, deepseek-v2-lite, deepseek-v3, kimi-k2"},
       {{"--shape", "mixtral-8x7b"}, "--out: required"},
       {{"--shape", "mixtral-8x7b", "--dry-run", "--layers", "0"}, "--layers: 0 is not in [1, 32]"},
       {{"--shape", "phi-3.5-moe", "--dry-run", "--layers", "33"}, "--layers: 33 is not in [1, 32]"},
@@ -748,11 +748,14 @@ TEST_F(MakeModelTest, QuantizedDryRunsHaveThePublishedBytesPerRoutedExpert) {
         "tensor model.layers.3.mlp.experts.0.up_proj.weight_shape I64 [2] 16 ",
         "tensor model.layers.3.mlp.shared_experts.up_proj.weight BF16 [2048, 7168] ",
         "tensor model.layers.0.self_attn.o_proj.weight BF16 [7168, 16384] "}},
-      // Kimi-K2 has DeepSeek-V3's expert shape (7168 x 2048).
-      {"deepseek-v3",
+      // Kimi-K2-Thinking: DeepSeek-V3's expert shape (7168 x 2048) in INT4 g32.
+      {"kimi-k2",
        "int4-g32",
        23.6,
-       {"tensor model.layers.3.mlp.experts.0.up_proj.weight_scale BF16 [2048, 224] 917504 "}},
+       {"tensor model.layers.1.mlp.experts.0.up_proj.weight_scale BF16 [2048, 224] 917504 ",
+        "tensor model.layers.1.mlp.experts.383.down_proj.weight_packed I32 [7168, 256] 7340032 ",
+        "tensor model.layers.1.mlp.shared_experts.up_proj.weight BF16 [2048, 7168] ",
+        "tensor model.layers.0.self_attn.q_b_proj.weight BF16 [12288, 1536] "}},
       {"qwen3-30b-a3b",
        "fp8",
        4.50,
