@@ -154,7 +154,7 @@ Result<uint32_t> CachedExperts::TakeShape(const ExpertTable& experts,
     offset += static_cast<size_t>(t->numel()) * t->element_size();
   }
   expert_bytes_ = (offset + align - 1) / align * align;
-  shape_.quant = first->quant;
+  quant_ = first->quant;
   const std::array<at::Tensor*, 12> places = const_cast<ExpertWeights*>(first)->Places();
   for (size_t i = 0; i < places.size(); ++i) present_[i] = places[i]->defined();
   return owned;
@@ -183,7 +183,7 @@ Result<std::vector<const void*>> CachedExperts::PackHost(ExpertTable* experts,
         continue;
       }
       const std::vector<const at::Tensor*> tensors = std::as_const(w).Tensors();
-      bool same = tensors.size() == layout_.size() && w.quant == shape_.quant;
+      bool same = tensors.size() == layout_.size() && w.quant == quant_;
       for (size_t i = 0; same && i < tensors.size(); ++i) {
         same = tensors[i]->sizes() == at::IntArrayRef(layout_[i].sizes) &&
                tensors[i]->scalar_type() == layout_[i].dtype;
@@ -208,7 +208,7 @@ Result<std::vector<const void*>> CachedExperts::PackHost(ExpertTable* experts,
 
 ExpertWeights CachedExperts::ViewsAt(char* base, at::Device device) const {
   ExpertWeights w;
-  w.quant = shape_.quant;
+  w.quant = quant_;
   std::array<at::Tensor*, 12> places = w.Places();
   size_t part = 0;
   for (size_t i = 0; i < places.size() && part < layout_.size(); ++i) {
