@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <array>
-#include <functional>
-#include <mutex>
 #include <unordered_map>
 #include <utility>
 
+#include "common/text/bpe_parts.h"
 #include "common/text/regex.h"
 #include "common/text/unicode.h"
 
@@ -17,97 +16,9 @@ namespace {
 constexpr std::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-constexpr size_t kCacheShards = 16;
-constexpr size_t kCacheEntriesPerShard = 4096;  // ~64K words in all.
-constexpr size_t kMaxCachedWordBytes = 128;
-
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-
-using StringMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
-
 uint64_t PairKey(int32_t left, int32_t right) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
-
-// Words already merged, keyed by the model's input string. Sharded so that threads encoding at
-// once rarely wait on each other.
-class WordCache {
- public:
-  bool Get(std::string_view word, std::vector<int32_t>* out) const {
-    Shard& shard = ShardFor(word);
-    std::lock_guard<std::mutex> lock(shard.mu);
-    auto it = shard.map.find(word);
-    if (it == shard.map.end()) return false;
-    out->insert(out->end(), it->second.begin(), it->second.end());
-    return true;
-  }
-  void Put(std::string_view word, std::span<const int32_t> ids) const {
-    Shard& shard = ShardFor(word);
-    std::lock_guard<std::mutex> lock(shard.mu);
-    if (shard.map.size() >= kCacheEntriesPerShard) shard.map.clear();
-    shard.map.emplace(std::string(word), std::vector<int32_t>(ids.begin(), ids.end()));
-  }
-
- private:
-  struct Shard {
-    std::mutex mu;
-    std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>>
-        map;  // GUARDED_BY(mu)
-  };
-  Shard& ShardFor(std::string_view word) const {
-    return shards_[StringHash{}(word) % kCacheShards];
-  }
-  mutable std::array<Shard, kCacheShards> shards_;
-};
-
-// Leftmost-longest matching of added tokens: a byte trie walked from each position.
-class AddedTrie {
- public:
-  bool empty() const { return nodes_.size() == 1; }
-  void Add(std::string_view s, int32_t index) {
-    int32_t node = 0;
-    for (unsigned char c : s) {
-      int32_t next = Child(node, c);
-      if (next < 0) {
-        next = static_cast<int32_t>(nodes_.size());
-        nodes_[node].edges.emplace_back(c, next);
-        nodes_.emplace_back();
-      }
-      node = next;
-    }
-    nodes_[node].index = index;
-    first_[static_cast<unsigned char>(s[0])] = true;
-  }
-  // The longest token starting at text[pos]: {length, index}, or {0, -1}.
-  std::pair<size_t, int32_t> LongestAt(std::string_view text, size_t pos) const {
-    std::pair<size_t, int32_t> best{0, -1};
-    if (!first_[static_cast<unsigned char>(text[pos])]) return best;
-    int32_t node = 0;
-    for (size_t i = pos; i < text.size(); ++i) {
-      node = Child(node, static_cast<unsigned char>(text[i]));
-      if (node < 0) break;
-      if (nodes_[node].index >= 0) best = {i + 1 - pos, nodes_[node].index};
-    }
-    return best;
-  }
-
- private:
-  struct Node {
-    std::vector<std::pair<unsigned char, int32_t>> edges;
-    int32_t index = -1;
-  };
-  int32_t Child(int32_t node, unsigned char c) const {
-    for (const auto& [byte, child] : nodes_[node].edges) {
-      if (byte == c) return child;
-    }
-    return -1;
-  }
-  std::vector<Node> nodes_ = std::vector<Node>(1);
-  std::array<bool, 256> first_{};
-};
 
 // A stretch of text, or an added token (id >= 0) found in it.
 struct Segment {
@@ -255,11 +166,6 @@ Status SplitIsolated(const Regex& regex, std::string_view piece, const Next& nex
   return prev < piece.size() ? next(piece.substr(prev)) : Status::Ok();
 }
 
-struct MergeInfo {
-  int32_t rank;
-  int32_t result;
-};
-
 }  // namespace
 
 struct BpeTokenizer::State {
@@ -271,8 +177,8 @@ struct BpeTokenizer::State {
 
   // Added tokens.
   std::vector<AddedTokenSpec> added;
-  AddedTrie raw_trie;         // Tokens with normalized == false.
-  AddedTrie normalized_trie;  // Tokens with normalized == true (their normalized content).
+  TokenTrie raw_trie;         // Tokens with normalized == false.
+  TokenTrie normalized_trie;  // Tokens with normalized == true (their normalized content).
 
   std::vector<NormalizationForm> normalizers;
   std::vector<Step> steps;
@@ -285,7 +191,7 @@ struct BpeTokenizer::State {
   StringMap token_ids;  // vocab and added contents.
   StringMap vocab_ids;  // The model's vocab only.
   std::array<int32_t, 256> byte_ids{};
-  std::unordered_map<uint64_t, MergeInfo> merges;
+  std::unordered_map<uint64_t, PairMerge> merges;
   std::optional<int32_t> unk_id;
   bool fuse_unk = false;
   bool ignore_merges = false;
@@ -295,7 +201,7 @@ struct BpeTokenizer::State {
   std::optional<int32_t> bos, eos;
   std::string chat_template;
 
-  void SplitAdded(std::string_view text, const AddedTrie& trie, std::vector<Segment>* out) const;
+  void SplitAdded(std::string_view text, const TokenTrie& trie, std::vector<Segment>* out) const;
   Status EncodeStretch(std::string_view text, std::vector<int32_t>* ids) const;
   // Runs steps[index..] on `piece` and the model on each word it becomes.
   Status PreTokenize(size_t index, std::string_view piece, std::vector<int32_t>* ids) const;
@@ -305,7 +211,7 @@ struct BpeTokenizer::State {
 
 // Hugging Face's AddedVocabulary::find_matches: leftmost-longest matches; single_word tokens
 // must not touch a word character; lstrip/rstrip swallow the whitespace beside the token.
-void BpeTokenizer::State::SplitAdded(std::string_view text, const AddedTrie& trie,
+void BpeTokenizer::State::SplitAdded(std::string_view text, const TokenTrie& trie,
                                      std::vector<Segment>* out) const {
   if (trie.empty()) {
     if (!text.empty()) out->push_back({text, -1});
@@ -416,7 +322,7 @@ Status BpeTokenizer::State::PreTokenize(size_t index, std::string_view piece,
 
 void BpeTokenizer::State::EncodeWord(std::string_view word, std::vector<int32_t>* ids) const {
   if (word.empty()) return;
-  bool cacheable = word.size() <= kMaxCachedWordBytes;
+  bool cacheable = word.size() <= WordCache::kMaxWordBytes;
   if (cacheable && cache.Get(word, ids)) return;
   size_t first = ids->size();
   MergeWord(word, ids);
@@ -438,14 +344,7 @@ void BpeTokenizer::State::MergeWord(std::string_view word, std::vector<int32_t>*
     }
   }
 
-  struct Symbol {
-    int32_t id;
-    int32_t prev;
-    int32_t next;
-    bool alive;
-  };
-  thread_local std::vector<Symbol> symbols;
-  symbols.clear();
+  size_t first = ids->size();
   bool last_unknown = false;
   auto push = [&](int32_t id) {
     if (id < 0) {
@@ -456,8 +355,7 @@ void BpeTokenizer::State::MergeWord(std::string_view word, std::vector<int32_t>*
     } else {
       last_unknown = false;
     }
-    int32_t n = static_cast<int32_t>(symbols.size());
-    symbols.push_back({id, n - 1, n + 1, true});
+    ids->push_back(id);
   };
   if (model_input_raw) {
     for (unsigned char c : word) push(byte_ids[c]);
@@ -470,48 +368,12 @@ void BpeTokenizer::State::MergeWord(std::string_view word, std::vector<int32_t>*
       i += len;
     }
   }
-  if (symbols.empty()) return;
-  symbols.back().next = -1;
-
-  // Lowest rank first, then leftmost: a min-heap on (rank, position) with stale entries skipped.
-  struct Candidate {
-    int32_t rank;
-    int32_t pos;
-    int32_t result;
-  };
-  auto later = [](const Candidate& a, const Candidate& b) {
-    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
-  };
-  thread_local std::vector<Candidate> heap;
-  heap.clear();
-  auto consider = [&](int32_t pos) {
-    int32_t next = symbols[pos].next;
-    if (next < 0) return;
-    auto it = merges.find(PairKey(symbols[pos].id, symbols[next].id));
-    if (it == merges.end()) return;
-    heap.push_back({it->second.rank, pos, it->second.result});
-    std::push_heap(heap.begin(), heap.end(), later);
-  };
-  for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i) consider(i);
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), later);
-    Candidate top = heap.back();
-    heap.pop_back();
-    Symbol& left = symbols[top.pos];
-    if (!left.alive || left.next < 0) continue;
-    auto it = merges.find(PairKey(left.id, symbols[left.next].id));
-    if (it == merges.end() || it->second.result != top.result) continue;  // Stale.
-    Symbol& right = symbols[left.next];
-    left.id = top.result;
-    right.alive = false;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = top.pos;
-    if (left.prev >= 0) consider(left.prev);
-    consider(top.pos);
-  }
-  for (const Symbol& s : symbols) {
-    if (s.alive) ids->push_back(s.id);
-  }
+  MergeSymbols(ids, first, [&](int32_t left, int32_t right, PairMerge* merge) {
+    auto it = merges.find(PairKey(left, right));
+    if (it == merges.end()) return false;
+    *merge = it->second;
+    return true;
+  });
 }
 
 BpeTokenizer::BpeTokenizer(std::unique_ptr<State> state) : state_(std::move(state)) {}

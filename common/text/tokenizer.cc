@@ -1,8 +1,10 @@
 #include "common/text/tokenizer.h"
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <spdlog/spdlog.h>
@@ -10,6 +12,7 @@
 
 #include "common/text/bpe_tokenizer.h"
 #include "common/text/sentencepiece_tokenizer.h"
+#include "common/text/tiktoken_tokenizer.h"
 #include "common/text/tokenizer_json.h"
 #include "common/text/unicode.h"
 
@@ -87,7 +90,35 @@ Status ReadChatTemplate(const Json& root, std::string* out) {
   return InvalidArgument("chat_template: not a string or a list of named templates");
 }
 
-Result<TokenizerConfig> ReadConfig(const fs::path& dir) {
+// "added_tokens_decoder": {"<id>": {"content": "...", "special": bool, ...}, ...}.
+Status ReadAddedTokens(const Json& root, std::vector<TokenizerConfig::AddedToken>* out) {
+  auto it = root.find("added_tokens_decoder");
+  if (it == root.end() || it->is_null()) return Status::Ok();
+  if (!it->is_object()) return InvalidArgument("added_tokens_decoder: not an object");
+  for (const auto& [key, value] : it->items()) {
+    std::string field = "added_tokens_decoder[\"" + key + "\"]";
+    TokenizerConfig::AddedToken token;
+    auto [ptr, ec] = std::from_chars(key.data(), key.data() + key.size(), token.id);
+    if (key.empty() || key[0] < '0' || key[0] > '9' || ec != std::errc() ||
+        ptr != key.data() + key.size() || token.id > std::numeric_limits<int32_t>::max()) {
+      return InvalidArgument(field + ": not a token id");
+    }
+    if (!value.is_object() || !value.contains("content") || !value["content"].is_string()) {
+      return InvalidArgument(field + ": not {\"content\": \"...\", ...}");
+    }
+    token.content = value["content"].get<std::string>();
+    if (auto special = value.find("special"); special != value.end() && !special->is_null()) {
+      if (!special->is_boolean()) return InvalidArgument(field + ".special: not true or false");
+      token.special = special->get<bool>();
+    }
+    out->push_back(std::move(token));
+  }
+  std::sort(out->begin(), out->end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  return Status::Ok();
+}
+
+// `added_tokens`: also read added_tokens_decoder (for a tiktoken.model).
+Result<TokenizerConfig> ReadConfig(const fs::path& dir, bool added_tokens) {
   TokenizerConfig config;
   fs::path path = dir / "tokenizer_config.json";
   std::error_code ec;
@@ -101,6 +132,7 @@ Result<TokenizerConfig> ReadConfig(const fs::path& dir) {
     if (st.ok()) st = ReadBoolField(root, "add_bos_token", &config.add_bos_token);
     if (st.ok()) st = ReadBoolField(root, "add_eos_token", &config.add_eos_token);
     if (st.ok()) st = ReadChatTemplate(root, &config.chat_template);
+    if (st.ok() && added_tokens) st = ReadAddedTokens(root, &config.added_tokens);
     if (!st.ok()) return st.WithContext(path.string());
   }
   fs::path jinja = dir / "chat_template.jinja";
@@ -116,11 +148,21 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& dir) {
   fs::path root(dir);
   fs::path json_path = root / "tokenizer.json";
   fs::path model_path = root / "tokenizer.model";
-  auto config = ReadConfig(root);
-  if (!config.ok()) return config.status().WithContext("tokenizer");
+  fs::path tiktoken_path = root / "tiktoken.model";
   std::error_code ec;
+  bool have_json = fs::exists(json_path, ec);
   bool have_model = fs::exists(model_path, ec);
-  if (fs::exists(json_path, ec)) {
+  bool tiktoken = !have_json && !have_model && fs::exists(tiktoken_path, ec);
+  auto config = ReadConfig(root, tiktoken);
+  if (!config.ok()) return config.status().WithContext("tokenizer");
+  if (tiktoken) {
+    auto text = ReadFile(tiktoken_path);
+    if (!text.ok()) return text.status().WithContext("tokenizer");
+    auto tok = TiktokenTokenizer::Create(*text, tiktoken_path.string(), *config);
+    if (!tok.ok()) return tok.status().WithContext("tokenizer");
+    return std::unique_ptr<Tokenizer>(std::move(*tok));
+  }
+  if (have_json) {
     auto text = ReadFile(json_path);
     if (!text.ok()) return text.status().WithContext("tokenizer");
     bool unsupported = false;
@@ -139,7 +181,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& dir) {
                  model_path.string());
   }
   if (!have_model) {
-    return NotFound("tokenizer: " + dir + ": neither tokenizer.json nor tokenizer.model");
+    return NotFound("tokenizer: " + dir + ": no tokenizer.json, tokenizer.model or tiktoken.model");
   }
   auto tok = SentencePieceTokenizer::Load(model_path.string(), *config);
   if (!tok.ok()) return tok.status().WithContext("tokenizer");

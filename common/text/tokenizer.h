@@ -1,6 +1,7 @@
 // Tokenizers of Hugging Face model directories: `tokenizer.json` with a byte-level BPE model
 // (written by us: added/special tokens, normalizer, pre-tokenizer split, merges, post-processor,
-// byte-level decoder) or a SentencePiece `tokenizer.model` (through libsentencepiece). A loaded
+// byte-level decoder), a SentencePiece `tokenizer.model` (through libsentencepiece) or Kimi's
+// tiktoken `tiktoken.model` (ours). A loaded
 // Tokenizer is immutable and safe to use from any thread; TextStream and StopMatcher belong to
 // one request (one thread) each.
 #pragma once
@@ -28,6 +29,14 @@ struct TokenizerConfig {
   std::optional<bool> add_bos_token;
   std::optional<bool> add_eos_token;
   std::string chat_template;  // Or DIR/chat_template.jinja; "" when neither.
+  // "added_tokens_decoder": {"163584": {"content": "[BOS]", "special": true, ...}, ...}. Read
+  // only for a tiktoken.model (a tokenizer.json lists its own added tokens).
+  struct AddedToken {
+    int64_t id = 0;
+    std::string content;
+    bool special = true;  // "special"; absent counts as true.
+  };
+  std::vector<AddedToken> added_tokens;
 };
 
 class Tokenizer {
@@ -35,12 +44,14 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   // Loads DIR/tokenizer.json when present, else DIR/tokenizer.model (also when tokenizer.json
-  // is SentencePiece-style, with byte_fallback or Metaspace, and tokenizer.model is there). Also
-  // reads DIR/tokenizer_config.json when present (bos/eos tokens, add_bos_token/add_eos_token,
+  // is SentencePiece-style, with byte_fallback or Metaspace, and tokenizer.model is there), else
+  // DIR/tiktoken.model (Kimi's, with added_tokens_decoder's special tokens). Also reads
+  // DIR/tokenizer_config.json when present (bos/eos tokens, add_bos_token/add_eos_token,
   // chat_template; else DIR/chat_template.jinja). Without bos/eos there, BOS is the
   // post-processor's leading token and EOS a special token named </s>, <|end_of_text|>,
-  // <|endoftext|> or <eos>.
-  // Errors name the file and the field: "tokenizer: /m/tokenizer.json: model.merges[12]: ..."
+  // <|endoftext|> or <eos> ([BOS] and [EOS] for tiktoken.model).
+  // Errors name the file and the field: "tokenizer: /m/tokenizer.json: model.merges[12]: ...",
+  // "tokenizer: /m/tiktoken.model: line 12: ..."
   static Result<std::unique_ptr<Tokenizer>> Load(const std::string& dir);
 
   // Text (must be valid UTF-8: kInvalidArgument otherwise) to ids. Special tokens written in

@@ -261,7 +261,7 @@ TEST(Tokenizer, PrefersTokenizerJsonAndNamesMissingFiles) {
   auto none = Tokenizer::Load(TempDir("empty").string());
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), ErrorCode::kNotFound);
-  EXPECT_NE(none.status().message().find("neither tokenizer.json nor tokenizer.model"),
+  EXPECT_NE(none.status().message().find("no tokenizer.json, tokenizer.model or tiktoken.model"),
             std::string::npos);
 }
 
