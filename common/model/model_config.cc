@@ -127,6 +127,53 @@ Status RefuseUnimplemented(const Json& j, bool rope_scaling_read, ModelInfo* inf
   return Status::Ok();
 }
 
+// The rotated width of a head (ModelInfo::rotary_dim), once head_dim is known: config.json's
+// rotary_dim, else int(head_dim * partial_rotary_factor) as transformers computes it, else the
+// family's default fraction. A family that rotates whole heads refuses either key unless it
+// says so.
+Status ReadRotaryDim(const Json& j, const ModelFamily& family, ModelInfo* info) {
+  auto dim_it = j.find("rotary_dim");
+  auto factor_it = j.find("partial_rotary_factor");
+  const bool has_dim = dim_it != j.end() && !dim_it->is_null();
+  const bool has_factor = factor_it != j.end() && !factor_it->is_null();
+  info->rotary_dim = 0;
+  uint32_t dim = info->head_dim;
+  if (has_dim) {
+    FMOE_RETURN_IF_ERROR(ReadCount(j, "rotary_dim", true, &dim));
+    if (has_factor) {  // MiniMax-M2.5 writes both: they must agree.
+      double factor = 1.0;
+      FMOE_RETURN_IF_ERROR(ReadPositiveDouble(j, "partial_rotary_factor", &factor));
+      if (static_cast<uint32_t>(std::floor(info->head_dim * factor)) != dim) {
+        return InvalidArgument("rotary_dim: " + std::to_string(dim) +
+                               " disagrees with partial_rotary_factor " + factor_it->dump() +
+                               " of head_dim " + std::to_string(info->head_dim));
+      }
+    }
+  } else if (has_factor || family.partial_rotary_default > 0.0) {
+    double factor = family.partial_rotary_default > 0.0 ? family.partial_rotary_default : 1.0;
+    FMOE_RETURN_IF_ERROR(ReadPositiveDouble(j, "partial_rotary_factor", &factor));
+    if (factor > 1.0) {
+      return InvalidArgument("partial_rotary_factor: " + factor_it->dump() + " is above 1");
+    }
+    dim = static_cast<uint32_t>(std::floor(info->head_dim * factor));
+  }
+  const char* key = has_dim ? "rotary_dim" : "partial_rotary_factor";
+  if (dim == info->head_dim) return Status::Ok();
+  if (family.partial_rotary_default <= 0.0 || info->mla) {
+    return InvalidArgument(std::string(key) + ": a rotary width of " + std::to_string(dim) +
+                           " of head_dim " + std::to_string(info->head_dim) +
+                           " is not implemented for " + info->architecture +
+                           " (its heads rotate whole)");
+  }
+  if (dim == 0 || dim > info->head_dim || dim % 2 != 0) {
+    return InvalidArgument(std::string(key) + ": gives a rotary width of " + std::to_string(dim) +
+                           " for head_dim " + std::to_string(info->head_dim) +
+                           "; it must be even and between 2 and head_dim");
+  }
+  info->rotary_dim = dim;
+  return Status::Ok();
+}
+
 Status ParseInto(const std::string& text, ModelInfo* info) {
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument("not valid JSON");
@@ -164,11 +211,15 @@ Status ParseInto(const std::string& text, ModelInfo* info) {
   info->routing.top_k = info->top_k;
   FMOE_RETURN_IF_ERROR(info->routing.Validate());
   FMOE_RETURN_IF_ERROR(RefuseUnimplemented(j, family->reads_rope_scaling, info));
-  if (family->reads_head_dim) return ParseRuntimeFields(j, info);
-  Json plain = j;
-  plain.erase("head_dim");
-  if (info->mla) plain["head_dim"] = info->mla->qk_rope_head_dim;  // The rotary width.
-  return ParseRuntimeFields(plain, info);
+  if (family->reads_head_dim) {
+    FMOE_RETURN_IF_ERROR(ParseRuntimeFields(j, info));
+  } else {
+    Json plain = j;
+    plain.erase("head_dim");
+    if (info->mla) plain["head_dim"] = info->mla->qk_rope_head_dim;  // The rotary width.
+    FMOE_RETURN_IF_ERROR(ParseRuntimeFields(plain, info));
+  }
+  return ReadRotaryDim(j, *family, info);
 }
 
 // Folds a safetensors file's header (length prefix and JSON) into the fingerprint: it names
@@ -297,6 +348,7 @@ std::string DescribeModel(const ModelInfo& info) {
   }
   out << "  attention: " << info.num_attention_heads << " heads, " << info.num_key_value_heads
       << " kv heads, head_dim " << info.head_dim;
+  if (info.rotary_dim != 0) out << ", RoPE on the first " << info.rotary_dim << " dims of a head";
   if (info.qkv_bias) out << ", q/k/v biases";
   if (info.o_bias) out << ", output bias";
   if (info.layer_norm) out << ", LayerNorm";

@@ -1,6 +1,7 @@
 // The shape of a Hugging Face MoE checkpoint, read from its config.json, and the model's
 // fingerprint (the map service keys its stores by it). Families: Mixtral, Qwen2-MoE, Qwen3-MoE,
-// OLMoE, Phi-3.5-MoE, DeepSeek-V2 and DeepSeek-V3, all run by the model runtime
+// OLMoE, Phi-3.5-MoE, DeepSeek-V2, DeepSeek-V3, GLM-4.5 and MiniMax-M2, all run by the model
+// runtime
 // (`runtime_unsupported` is for a family whose shapes only are known). The full loader (weights,
 // tokenizer) belongs to the worker's model runtime; this file reads what every process needs to
 // agree on and the hyperparameters the runtime builds the model from, and refuses a config field
@@ -109,6 +110,10 @@ struct ModelInfo {
   // Default: hidden_size / num_attention_heads (exact). With MLA: qk_rope_head_dim, the rotary
   // width (as transformers' DeepseekV3Config sets head_dim).
   uint32_t head_dim = 0;
+  // The leading dims of each query and key head that RoPE rotates (GLM-4.5's
+  // partial_rotary_factor, MiniMax-M2's rotary_dim); the rest pass through unrotated. 0 means
+  // head_dim (every other family). Even, at most head_dim: use RotaryDim().
+  uint32_t rotary_dim = 0;
   double rms_norm_eps = 1e-5;           // Default: 1e-5; > 0.
   double rope_theta = 1e6;              // Default: 1e6 (HF MixtralConfig); > 0.
   bool tie_word_embeddings = false;     // Default: false.
@@ -122,6 +127,11 @@ struct ModelInfo {
   std::vector<std::string> weight_files;   // *.safetensors present, sorted.
   uint64_t fingerprint = 0;                // FNV-1a over config.json and the safetensors headers.
 };
+
+// The rotated width of a head: rotary_dim, or head_dim when 0.
+inline uint32_t RotaryDim(const ModelInfo& info) {
+  return info.rotary_dim != 0 ? info.rotary_dim : info.head_dim;
+}
 
 // Parameters of one routed expert (its gate, up and down matrices: 3 * intermediate * hidden).
 uint64_t RoutedExpertParams(const ModelInfo& info);

@@ -59,6 +59,15 @@ at::Tensor RotateHalf(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
+// RoPE on the first cos.size(-1) dims of each head (rotate_half style); the rest of the head, if
+// any, passes through (transformers' partial rotary: GLM-4.5, MiniMax-M2).
+at::Tensor Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t rd = cos.size(-1), hd = x.size(-1);
+  if (rd == hd) return x * cos + RotateHalf(x) * sin;
+  at::Tensor r = x.narrow(-1, 0, rd);
+  return at::cat({r * cos + RotateHalf(r) * sin, x.narrow(-1, rd, hd - rd)}, -1);
+}
+
 }  // namespace
 
 int64_t QueryBlockRows(int64_t heads, int64_t keys, int64_t score_budget) {
@@ -103,8 +112,8 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
     at::Tensor qi = q.narrow(0, s.row, t).view({t, n_heads, hd});
     at::Tensor ki = k.narrow(0, s.row, t).view({t, n_kv, hd});
     at::Tensor vi = v.narrow(0, s.row, t).view({t, n_kv, hd});
-    qi = qi * cos + RotateHalf(qi) * sin;
-    ki = ki * cos + RotateHalf(ki) * sin;
+    qi = Rotate(qi, cos, sin);
+    ki = Rotate(ki, cos, sin);
     s.k_cache->narrow(1, p0, t).copy_(ki.permute({1, 0, 2}));
     s.v_cache->narrow(1, p0, t).copy_(vi.permute({1, 0, 2}));
     at::Tensor keys = s.k_cache->narrow(1, 0, len);  // [KV, len, hd]
@@ -164,7 +173,7 @@ at::Tensor Deinterleave(const at::Tensor& x) {
 }  // namespace
 
 at::Tensor RotaryInverseFrequencies(const ModelInfo& info, bool long_factors) {
-  const int64_t dim = info.head_dim;
+  const int64_t dim = RotaryDim(info);
   const double base = info.rope_theta;
   at::Tensor exponents =
       at::arange(int64_t{0}, dim, int64_t{2}, at::kLong).to(at::kFloat) / static_cast<double>(dim);

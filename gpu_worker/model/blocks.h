@@ -59,11 +59,11 @@ struct AttentionSpan {
   at::Tensor* v_cache = nullptr;
 };
 
-// The rotary tables, [positions, hd] in the compute dtype (YaRN's attention factor or LongRoPE's
-// mscale applied). LongRoPE has two pairs: a sequence whose length after this forward (its cached
-// and new tokens) exceeds `long_after` rotates its new queries and keys with the long-factor
-// tables, else with the short ones; keys already cached keep their rotation (transformers'
-// PhimoeRotaryEmbedding, called with the sequence length of each forward).
+// The rotary tables, [positions, RotaryDim(info)] in the compute dtype (YaRN's attention factor or
+// LongRoPE's mscale applied). LongRoPE has two pairs: a sequence whose length after this forward
+// (its cached and new tokens) exceeds `long_after` rotates its new queries and keys with the
+// long-factor tables, else with the short ones; keys already cached keep their rotation
+// (transformers' PhimoeRotaryEmbedding, called with the sequence length of each forward).
 struct RotaryTables {
   at::Tensor cos, sin;
   at::Tensor long_cos, long_sin;  // LongRoPE's long factors, or undefined.
@@ -77,14 +77,15 @@ int64_t QueryBlockRows(int64_t heads, int64_t keys, int64_t score_budget);
 
 // Self-attention of one layer over the normed hidden state `hn` [rows, h]: projections, the
 // family's q/k norm and clipping, RoPE, writing each sequence's new keys and values into its
-// cache, causal (and windowed) softmax attention per sequence (its queries in blocks:
+// cache (RoPE on the first RotaryDim(info) dims of each head), causal (and windowed) softmax
+// attention per sequence (its queries in blocks:
 // QueryBlockRows), the output projection.
 at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at::Tensor& hn,
                      std::span<const AttentionSpan> spans, const RotaryTables& rope,
                      int64_t row_block, int64_t score_budget);
 
-// The rotary inverse frequencies [head_dim / 2] in float32, as transformers computes them: plain
-// RoPE, YaRN's blend of interpolated and extrapolated frequencies (info.yarn), or LongRoPE's
+// The rotary inverse frequencies [RotaryDim(info) / 2] in float32, as transformers computes them:
+// plain RoPE, YaRN's blend of interpolated and extrapolated frequencies (info.yarn), or LongRoPE's
 // 1 / (factor_i * theta^(2i / hd)) with its short factors, or its long ones when `long_factors`.
 at::Tensor RotaryInverseFrequencies(const ModelInfo& info, bool long_factors = false);
 // The factor on the cos and sin tables: YaRN's mscale(factor, mscale) /

@@ -3,10 +3,12 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "common/model/checkpoint.h"
@@ -149,7 +151,31 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
                                       p + family->tensors.moe, &layer, &(*experts)[layer.moe]));
   }
   FMOE_RETURN_IF_ERROR(LoadOutput(info, *ckpt, loader, &m));
+  LogSkippedLayers(info, *ckpt);
   return model;
+}
+
+// Layers the checkpoint stores beyond num_hidden_layers (GLM-4.5's and DeepSeek-V3's
+// multi-token-prediction layers, num_nextn_predict_layers) are not part of the forward: they are
+// left on disk, and the log says which.
+void MoeModel::LogSkippedLayers(const ModelInfo& info, const Checkpoint& ckpt) {
+  std::map<uint64_t, size_t> extra;  // Layer -> tensors.
+  const std::string prefix = "model.layers.";
+  for (const std::string& name : ckpt.TensorNames()) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    uint64_t layer = 0;
+    size_t i = prefix.size(), digits = 0;
+    for (; i < name.size() && digits < 9 && name[i] >= '0' && name[i] <= '9'; ++i, ++digits) {
+      layer = layer * 10 + static_cast<uint64_t>(name[i] - '0');
+    }
+    if (digits > 0 && layer >= info.num_hidden_layers) ++extra[layer];
+  }
+  for (const auto& [layer, tensors] : extra) {
+    spdlog::info(
+        "model {}: skipping layer {} of the checkpoint ({} tensors): beyond num_hidden_layers {} "
+        "(a multi-token-prediction layer is not part of the forward)",
+        info.dir, layer, tensors, info.num_hidden_layers);
+  }
 }
 
 Status MoeModel::CheckLoadable(const ModelInfo& info, const RuntimeOptions& options) {
@@ -165,6 +191,11 @@ Status MoeModel::CheckLoadable(const ModelInfo& info, const RuntimeOptions& opti
     return InvalidArgument("model: " + info.dir + "/config.json: num_key_value_heads " +
                            std::to_string(info.num_key_value_heads) +
                            " differs from num_attention_heads; MLA needs them equal");
+  }
+  if (RotaryDim(info) % 2 != 0 || RotaryDim(info) > info.head_dim) {
+    return InvalidArgument("model: " + info.dir + "/config.json: rotary width " +
+                           std::to_string(RotaryDim(info)) + " of head_dim " +
+                           std::to_string(info.head_dim) + " is odd or too wide");
   }
   if (info.head_dim % 2 != 0) {
     return InvalidArgument("model: " + info.dir + "/config.json: head_dim " +
@@ -221,8 +252,7 @@ Status MoeModel::LoadMoeBlock(const ModelInfo& info, const ExpertTensorNames& na
   }
   FMOE_ASSIGN_OR_RETURN(layer->gate, loader.Load(moe + "gate.weight", {j, h}));
   if (info.router_correction_bias) {
-    FMOE_ASSIGN_OR_RETURN(at::Tensor bias,
-                          loader.Load(moe + "gate.e_score_correction_bias", {j}, at::kCPU));
+    FMOE_ASSIGN_OR_RETURN(at::Tensor bias, loader.Load(moe + names.correction_bias, {j}, at::kCPU));
     at::Tensor bf = bias.to(at::kFloat).contiguous();
     layer->router_bias.assign(bf.data_ptr<float>(), bf.data_ptr<float>() + j);
   }

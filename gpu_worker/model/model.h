@@ -142,6 +142,7 @@ class MoeModel {
   // or latent), a SwiGLU MLP (dense layers, shared experts), the MoE block (router, shared
   // expert, the routed experts this rank owns, in host memory; the others skipped); the final
   // norm, lm_head and rotary frequencies.
+  static void LogSkippedLayers(const ModelInfo& info, const Checkpoint& ckpt);
   static Status CheckLoadable(const ModelInfo& info, const RuntimeOptions& options);
   static Status LoadAttention(const ModelInfo& info, TensorLoader& loader,
                               const std::string& prefix, AttentionWeights* w);

@@ -38,7 +38,7 @@ TEST(ModelFamilies, EachArchitectureFindsItsOwnFamily) {
       EXPECT_EQ(*found, f) << name;
     }
   }
-  EXPECT_EQ(seen.size(), 8u);
+  EXPECT_EQ(seen.size(), 10u);
   auto missing = FindModelFamily("LlamaForCausalLM");
   ASSERT_FALSE(missing.ok());
   for (const std::string& name : seen)
@@ -656,6 +656,106 @@ TEST(ModelConfig, RefusesWhatPhimoeDoesNotRun) {
   nlohmann::json j = nlohmann::json::parse(kPhimoe);
   j["rope_scaling"]["factor"] = 32.0;
   EXPECT_TRUE(ParseModelConfig(j.dump(), "/p").ok());
+}
+
+// GLM-4.5-Air's config.json (zai-org/GLM-4.5-Air): partial rotary by default, DeepSeek-V3's
+// router with one group, a shared expert, a dense first layer, q/k/v biases, no q/k norm.
+const char* kGlm45Air = R"({"architectures": ["Glm4MoeForCausalLM"], "attention_bias": true,
+  "first_k_dense_replace": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+  "intermediate_size": 10944, "max_position_embeddings": 131072, "moe_intermediate_size": 1408,
+  "n_group": 1, "n_routed_experts": 128, "n_shared_experts": 1, "norm_topk_prob": true,
+  "num_attention_heads": 96, "num_experts_per_tok": 8, "num_hidden_layers": 46,
+  "num_key_value_heads": 8, "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5,
+  "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 1000000, "routed_scaling_factor": 1.0,
+  "tie_word_embeddings": false, "topk_group": 1, "torch_dtype": "bfloat16", "use_qk_norm": false,
+  "vocab_size": 151552, "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329})";
+
+TEST(ModelConfig, ReadsGlm45Air) {
+  auto info = ParseModelConfig(kGlm45Air, "/g");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->num_moe_layers, 45u);
+  EXPECT_EQ(info->moe_layers.front(), 1u);
+  EXPECT_EQ(info->dense_intermediate_size, 10944u);
+  EXPECT_EQ(info->shared_expert_intermediate_size, 1408u);
+  EXPECT_EQ(info->head_dim, 128u);
+  EXPECT_EQ(info->rotary_dim, 64u);
+  EXPECT_EQ(RotaryDim(*info), 64u);
+  EXPECT_TRUE(info->qkv_bias);
+  EXPECT_FALSE(info->o_bias);
+  EXPECT_EQ(info->qk_norm, QkNorm::kNone);
+  EXPECT_EQ(info->routing.scoring, RouterScoring::kSigmoid);
+  EXPECT_TRUE(info->routing.correction_bias);
+  EXPECT_EQ(info->routing.groups, GroupScoring::kNone);
+  EXPECT_TRUE(info->routing.normalize_topk);
+  EXPECT_EQ(info->eos_token_ids.size(), 3u);
+  // Without partial_rotary_factor, Glm4MoeConfig's 0.5.
+  std::string no_factor = kGlm45Air;
+  no_factor.replace(no_factor.find("\"partial_rotary_factor\": 0.5,"),
+                    std::string("\"partial_rotary_factor\": 0.5,").size(), "");
+  auto defaulted = ParseModelConfig(no_factor, "/g");
+  ASSERT_TRUE(defaulted.ok()) << defaulted.status().ToString();
+  EXPECT_EQ(defaulted->rotary_dim, 64u);
+}
+
+// MiniMax-M2's config.json (MiniMaxAI/MiniMax-M2, its FP8 quantization_config left out).
+const char* kMinimaxM2 = R"({"architectures": ["MiniMaxM2ForCausalLM"], "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 3072, "intermediate_size": 1536,
+  "max_position_embeddings": 196608, "num_attention_heads": 48, "num_experts_per_tok": 8,
+  "num_hidden_layers": 62, "num_key_value_heads": 8, "num_local_experts": 256,
+  "num_mtp_modules": 3, "qk_norm_type": "per_layer", "rms_norm_eps": 1e-06, "rope_theta": 5000000,
+  "rotary_dim": 64, "scoring_func": "sigmoid", "shared_intermediate_size": 0,
+  "tie_word_embeddings": false, "use_qk_norm": true, "use_routing_bias": true,
+  "vocab_size": 200064, "torch_dtype": "bfloat16"})";
+
+TEST(ModelConfig, ReadsMinimaxM2) {
+  auto info = ParseModelConfig(kMinimaxM2, "/x");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->num_moe_layers, 62u);
+  EXPECT_EQ(info->num_experts, 256u);
+  EXPECT_EQ(info->rotary_dim, 64u);
+  EXPECT_EQ(info->qk_norm, QkNorm::kWhole);
+  EXPECT_FALSE(info->qkv_bias);
+  EXPECT_EQ(info->shared_expert_intermediate_size, 0u);
+  EXPECT_EQ(info->routing.scoring, RouterScoring::kSigmoid);
+  EXPECT_TRUE(info->router_correction_bias);
+  EXPECT_TRUE(info->routing.normalize_topk);
+  // MiniMax-M2.5 also writes partial_rotary_factor; it must agree.
+  std::string both = kMinimaxM2;
+  both.insert(both.find("\"rotary_dim\""), "\"partial_rotary_factor\": 0.5, ");
+  EXPECT_TRUE(ParseModelConfig(both, "/x").ok());
+}
+
+TEST(ModelConfig, RefusesRotaryWidthsThatCannotRun) {
+  const std::string minimax = std::string(kMinimaxM2).substr(0, std::string(kMinimaxM2).size() - 1);
+  std::string glm = std::string(kGlm45Air).substr(0, std::string(kGlm45Air).size() - 1);
+  const std::string factor = "\"partial_rotary_factor\": 0.5,";
+  glm.replace(glm.find(factor), factor.size(), "");
+  struct Case {
+    std::string json;
+    const char* error;
+  } cases[] = {
+      {minimax + R"(, "partial_rotary_factor": 0.25})",
+       "rotary_dim: 64 disagrees with partial_rotary_factor 0.25 of head_dim 128"},
+      {std::string(kMixtral).substr(0, std::string(kMixtral).size() - 1) +
+           R"(, "partial_rotary_factor": 0.5})",
+       "partial_rotary_factor: a rotary width of 16 of head_dim 32 is not implemented for "
+       "MixtralForCausalLM"},
+      {glm + R"(, "rotary_dim": 63})", "rotary_dim: gives a rotary width of 63 for head_dim 128"},
+      {glm + R"(, "rotary_dim": 130})", "rotary_dim: gives a rotary width of 130"},
+      {minimax + R"(, "qk_norm_type": "per_group"})",
+       "qk_norm_type: \"per_group\" is not implemented"},
+      {minimax + R"(, "shared_intermediate_size": 512})",
+       "shared_intermediate_size: a shared expert is not implemented"},
+      {minimax + R"(, "scoring_func": "sparsemixer"})",
+       "scoring_func: \"sparsemixer\" is not implemented"},
+      {glm + R"(, "n_shared_experts": -1})", "n_shared_experts: -1 is out of range"},
+  };
+  for (const auto& c : cases) {
+    auto info = ParseModelConfig(c.json, "/m");
+    ASSERT_FALSE(info.ok()) << c.json;
+    EXPECT_NE(info.status().message().find(c.error), std::string::npos)
+        << info.status().message() << "\n wanted: " << c.error;
+  }
 }
 
 }  // namespace

@@ -56,14 +56,14 @@ Result<Runtime> LoadRuntime(const std::string& dir, RuntimeOptions options = {})
   return rt;
 }
 
-// The fixtures, one per supported family.
-// The families, then one quantized checkpoint per format (DESIGN section 12; references from the
-// dequantized float model: tests/fixtures/gen_quant_reference.py).
+// The fixtures: the families, then one quantized checkpoint per format (DESIGN section 12;
+// references from the dequantized float model: tests/fixtures/gen_quant_reference.py).
 const char* const kFamilies[] = {
     "mixtral-ref",      "qwen2-moe-ref",       "qwen3-moe-ref",
     "olmoe-ref",        "deepseek-v2-ref",     "deepseek-v3-ref",
     "phimoe-ref",       "deepseek-v3-fp8-ref", "qwen3-moe-fp8-channel-ref",
-    "kimi-k2-int4-ref", "mixtral-gptq-ref",    "qwen2-moe-awq-ref"};
+    "kimi-k2-int4-ref", "mixtral-gptq-ref",    "qwen2-moe-awq-ref",
+    "glm4-moe-ref",     "minimax-m2-ref"};
 
 std::string FixtureDir(const std::string& name) {
   return std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + name;
@@ -238,7 +238,8 @@ TEST_P(FamilyReference, ChatTemplateRendersAsTransformers) {
     GTEST_SKIP() << GetParam()
                  << " has no chat conversations (mixtral-ref predates them: "
                     "tests/fixtures/chat_templates/mixtral_*.json cover its template; the "
-                    "quantized checkpoints test their weights' format only)";
+                    "quantized checkpoints test their weights' format only, the 2026 families' "
+                    "small fixtures of gen_family_reference.py their computation)";
   }
   auto tok = Tokenizer::Load(FixtureDir(GetParam()));
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();

@@ -65,6 +65,20 @@ TEST(Validate, PrintsTheModelsExpertShapes) {
   EXPECT_NE(out.find("LayerNorm, lm_head bias, LongRoPE (short factors up to 8 tokens)"),
             std::string::npos)
       << out;
+
+  write(std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/glm4-moe-ref");
+  std::tie(code, out) = Fmoe({"validate", manifest});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("architecture: Glm4MoeForCausalLM\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("q/k/v biases, q/k RMSNorm per head"), std::string::npos) << out;
+  EXPECT_NE(out.find("RoPE on the first 8 dims of a head"), std::string::npos) << out;
+
+  write(std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/minimax-m2-ref");
+  std::tie(code, out) = Fmoe({"validate", manifest});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("architecture: MiniMaxM2ForCausalLM\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("q/k RMSNorm over the projection"), std::string::npos) << out;
+  EXPECT_NE(out.find("RoPE on the first 8 dims of a head"), std::string::npos) << out;
   std::filesystem::remove_all(dir);
 }
 
@@ -73,7 +87,7 @@ TEST(Validate, PrintsTheModelsExpertShapes) {
 // The other families, through the whole command: each fixture generates.
 TEST(Generate, RunsEverySupportedFamily) {
   for (const char* family : {"qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref", "deepseek-v2-ref",
-                             "deepseek-v3-ref", "phimoe-ref"}) {
+                             "deepseek-v3-ref", "phimoe-ref", "glm4-moe-ref", "minimax-m2-ref"}) {
     auto [code, out] =
         Fmoe({"generate", "--model", std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + family,
               "--prompt", "The river", "--max-tokens", "6"});

@@ -6,6 +6,10 @@
 namespace fmoe::config_json {
 
 Status ReadCount(const Json& j, const char* key, bool required, uint32_t* out) {
+  return ReadInteger(j, key, required, 1, out);
+}
+
+Status ReadInteger(const Json& j, const char* key, bool required, int64_t min, uint32_t* out) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
     if (required) return InvalidArgument(std::string(key) + ": missing");
@@ -15,7 +19,7 @@ Status ReadCount(const Json& j, const char* key, bool required, uint32_t* out) {
     return InvalidArgument(std::string(key) + ": " + it->dump() + " is not an integer");
   }
   int64_t v = it->get<int64_t>();
-  if (v < 1 || v > std::numeric_limits<int32_t>::max()) {
+  if (v < min || v > std::numeric_limits<int32_t>::max()) {
     return InvalidArgument(std::string(key) + ": " + std::to_string(v) + " is out of range");
   }
   *out = static_cast<uint32_t>(v);

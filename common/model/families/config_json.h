@@ -20,6 +20,8 @@ using Json = nlohmann::json;
 // A positive integer key that fits int32; `required` says whether absence is an error (absence
 // or null otherwise keeps `*out`).
 Status ReadCount(const Json& j, const char* key, bool required, uint32_t* out);
+// The same for an integer in [min, 2^31) (ReadCount is min 1).
+Status ReadInteger(const Json& j, const char* key, bool required, int64_t min, uint32_t* out);
 // A finite number > 0; absence keeps `*out` (the default).
 Status ReadPositiveDouble(const Json& j, const char* key, double* out);
 // A finite number >= 0; absence keeps `*out`.

@@ -34,6 +34,8 @@ struct ExpertTensorNames {
   // Under "<moe>": the shared experts' MLP ("shared_expert." Qwen2-MoE, "shared_experts."
   // DeepSeek), when config.json gives them a width; "" for none.
   const char* shared_expert;
+  // Under "<moe>": DeepSeek-V3's router correction bias [J] (where the family has one).
+  const char* correction_bias = "gate.e_score_correction_bias";
 };
 
 struct ModelFamily {
@@ -47,6 +49,11 @@ struct ModelFamily {
   // Whether the parser reads rope_scaling (DeepSeek's YaRN, Phi's LongRoPE); otherwise a
   // rope_scaling is refused as not implemented.
   bool reads_rope_scaling = false;
+  // Whether RoPE may rotate only part of each head: the fraction config.json's
+  // partial_rotary_factor gives (or rotary_dim, the width), this default when neither is there
+  // (GLM-4.5: 0.5). 0: the family rotates whole heads, and either key is refused unless it says
+  // so (1.0, or head_dim).
+  double partial_rotary_default = 0.0;
   // What config.json says beyond the shared fields, into `info` (whose shared counts, the
   // architecture and moe_layers = every layer are already set). Defaults are transformers'.
   Status (*parse)(const nlohmann::json& config, ModelInfo* info) = nullptr;
@@ -67,5 +74,7 @@ const ModelFamily& OlmoeFamily();       // olmoe.cc
 const ModelFamily& PhimoeFamily();      // phimoe.cc
 const ModelFamily& DeepseekV2Family();  // deepseek.cc (V2 and V3 share one code path)
 const ModelFamily& DeepseekV3Family();  // deepseek.cc
+const ModelFamily& Glm4MoeFamily();     // glm4_moe.cc
+const ModelFamily& MinimaxM2Family();   // minimax_m2.cc
 
 }  // namespace fmoe
