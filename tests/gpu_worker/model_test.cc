@@ -129,7 +129,7 @@ TEST_P(FamilyReference, PrefillLogitsAndRouterMatchTransformers) {
   const Json& ref = FixtureJson(GetParam());
   const size_t vocab = rt.info.vocab_size, experts = rt.info.num_experts;
   const size_t layers = rt.info.num_moe_layers, top_k = rt.info.top_k;
-  ASSERT_GE(ref["prompts"].size(), 4u);
+  ASSERT_GE(ref["prompts"].size(), 3u);  // One token, a short and a longer prompt at least.
   for (const Json& p : ref["prompts"]) {
     const std::vector<int32_t> ids = Ids(p["ids"]);
     const size_t t = ids.size();
