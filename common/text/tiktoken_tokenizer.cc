@@ -100,11 +100,12 @@ struct Line {
 }  // namespace
 
 struct TiktokenTokenizer::State {
-  size_t ranks = 0;                      // N: ids 0..N-1 are ranks.
-  std::vector<std::string> token_bytes;  // id -> bytes (special tokens: their text).
-  std::vector<bool> special;             // id -> skipped by Decode(skip_special_tokens).
-  StringMap rank_of;                     // bytes -> rank.
-  StringMap special_ids;                 // text -> id.
+  size_t ranks = 0;                       // N: ids 0..N-1 are ranks.
+  std::vector<std::string> token_bytes;   // id -> bytes (special tokens: their text).
+  std::vector<bool> special;              // id -> skipped by Decode(skip_special_tokens).
+  StringMap rank_of;                      // bytes -> rank.
+  std::array<int32_t, 256> byte_ranks{};  // The rank of each single byte.
+  StringMap special_ids;                  // text -> id.
   std::vector<int32_t> special_by_index;
   TokenTrie special_trie;  // Index into special_by_index.
   std::optional<Regex> regex;
@@ -187,9 +188,7 @@ void TiktokenTokenizer::State::EncodeWord(std::string_view word, std::vector<int
   bool cacheable = word.size() <= WordCache::kMaxWordBytes;
   if (cacheable && cache.Get(word, ids)) return;
   size_t first = ids->size();
-  for (unsigned char c : word) {
-    ids->push_back(rank_of.find(std::string_view(reinterpret_cast<const char*>(&c), 1))->second);
-  }
+  for (unsigned char c : word) ids->push_back(byte_ranks[c]);
   thread_local std::string joined;
   MergeSymbols(ids, first, [&](int32_t left, int32_t right, PairMerge* merge) {
     joined.assign(token_bytes[left]);
@@ -281,10 +280,12 @@ Result<std::unique_ptr<TiktokenTokenizer>> TiktokenTokenizer::Create(
   s->rank_of = std::move(token_line);
   for (int b = 0; b < 256; ++b) {
     char c = static_cast<char>(b);
-    if (!s->rank_of.contains(std::string_view(&c, 1))) {
+    auto it = s->rank_of.find(std::string_view(&c, 1));
+    if (it == s->rank_of.end()) {
       return InvalidArgument(path + ": the byte " + Quote(std::string_view(&c, 1)) +
                              " is not a token (every single byte must be one)");
     }
+    s->byte_ranks[b] = it->second;
   }
 
   // Special tokens: N..N+257 as Kimi numbers them, named by added_tokens_decoder.
@@ -306,6 +307,7 @@ Result<std::unique_ptr<TiktokenTokenizer>> TiktokenTokenizer::Create(
                                     std::to_string(n + kReservedSpecialTokens - 1));
     }
     if (t.content.empty()) return config_error(t.id, "the content is empty");
+    if (!IsValidUtf8(t.content)) return config_error(t.id, "the content is not UTF-8");
     if (!named.emplace(t.id, &t).second) return config_error(t.id, "the id is given twice");
   }
   const int64_t end = static_cast<int64_t>(n) + kReservedSpecialTokens;

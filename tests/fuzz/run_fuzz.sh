@@ -10,6 +10,8 @@
 #     /tmp/codec-fuzz -max_total_time=3600 -timeout=10 -rss_limit_mb=2048 -jobs=2 -workers=2
 #   tests/fuzz/run_fuzz.sh build-fuzz/bin/make_request_corpus build-fuzz/bin/request_fuzz \
 #     /tmp/request-fuzz -max_total_time=3600 -timeout=10 -rss_limit_mb=2048 -jobs=2 -workers=2
+#   tests/fuzz/run_fuzz.sh build-fuzz/bin/make_tiktoken_corpus build-fuzz/bin/tiktoken_fuzz \
+#     /tmp/tiktoken-fuzz -max_total_time=3600 -timeout=10 -rss_limit_mb=2048 -jobs=2 -workers=2
 # (-jobs writes fuzz-<n>.log into the current directory.) Replay a crash:
 #   build-fuzz/bin/codec_fuzz /tmp/codec-fuzz/artifacts/crash-<sha1>
 set -euo pipefail
