@@ -22,8 +22,9 @@ class TiktokenTokenizer final : public Tokenizer {
  public:
   // The tokenizer of a tiktoken.model's `text`; `path` names the file in errors
   // ("<path>: line 12: ..."). Every line is checked (empty lines are skipped, as tiktoken
-  // does), the ranks must be 0..N-1, every single byte must be a token, and special token ids
-  // must not be ranks.
+  // does), the ranks must be 0..N-1, every single byte must be a token, and the ids of
+  // config.added_tokens must be N..N+257 (errors name the tokenizer_config.json beside `path`).
+  // add_bos_token/add_eos_token (default: neither, as Kimi) apply with add_special_tokens.
   static Result<std::unique_ptr<TiktokenTokenizer>> Create(std::string_view text,
                                                            const std::string& path,
                                                            const TokenizerConfig& config);
