@@ -126,7 +126,7 @@ const QuantExpert& GetQuantExpert(fmoe::QuantMethod method) {
     spec.group_size = 128;
   }
   e.w.quant = spec;
-  auto projection = [&](int64_t out, int64_t in, at::Tensor* weight, fmoe::QuantParts* parts) {
+  auto projection = [&](int64_t out, int64_t in, at::Tensor* weight, fmoe::ProjectionParts* parts) {
     if (method == fmoe::QuantMethod::kFp8Block) {
       // Magnitudes 0..0x7e with either sign: every finite e4m3 code.
       at::Tensor mag = at::randint(0, 0x7f, {out, in}, at::kInt);

@@ -254,6 +254,11 @@ Result<Plan> MakePlan(const Args& a, std::optional<TokenizerInfo>* tokenizer) {
     if (plan.quant == nullptr) {
       return InvalidArgument("--quant: \"" + a.quant + "\" is not one of " + QuantFormatNames());
     }
+    if (s.family == ModelFamily::kGptOss) {
+      return InvalidArgument("--quant: gpt-oss's fused experts are released in MXFP4, which " +
+                             std::string("make-model does not write; --shape ") + s.name +
+                             " writes the bfloat16 layout");
+    }
   }
   FMOE_ASSIGN_OR_RETURN(plan.seed,
                         ParseCount("--seed", a.seed, 0, std::numeric_limits<uint64_t>::max()));
@@ -543,7 +548,7 @@ void PrintSummary(const Plan& plan) {
   uint64_t quantized = 0, quantized_tensors = 0, quantized_bytes = 0;
   for (const PlannedTensor& t : plan.tensors) {
     params += t.numel();
-    if (t.role == TensorRole::kRoutedExpert) ++routed_matrices;
+    routed_matrices += t.expert_matrices;
     if (plan.quant != nullptr && QuantizedBy(*plan.quant, t)) ++quantized;
   }
   for (const StoredTensor& t : plan.stored) {

@@ -85,45 +85,261 @@ constexpr DeepseekShape kKimiK2 = {
 // (modeling_mixtral, modeling_qwen2_moe, modeling_phimoe, modeling_qwen3_moe, modeling_olmoe,
 // modeling_deepseek_v2, modeling_deepseek_v3).
 const std::vector<ModelShape> kShapes = {
-    {"mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", ModelFamily::kMixtral, "MixtralForCausalLM",
-     "mixtral", /*hidden=*/4096, /*expert_inter=*/14336, /*shared_inter=*/0, /*layers=*/32,
-     /*heads=*/32, /*kv_heads=*/8, /*head_dim=*/0, /*experts=*/8, /*top_k=*/2, /*vocab=*/32000,
-     /*bos=*/1, /*eos=*/2, 46.7e9, nullptr},
-    {"qwen1.5-moe-a2.7b", "Qwen/Qwen1.5-MoE-A2.7B", ModelFamily::kQwen2Moe, "Qwen2MoeForCausalLM",
-     "qwen2_moe", /*hidden=*/2048, /*expert_inter=*/1408, /*shared_inter=*/5632, /*layers=*/24,
-     /*heads=*/16, /*kv_heads=*/16, /*head_dim=*/0, /*experts=*/60, /*top_k=*/4,
-     /*vocab=*/151936, /*bos=*/151643, /*eos=*/151643, 14.3e9, nullptr},
+    {"mixtral-8x7b",
+     "mistralai/Mixtral-8x7B-v0.1",
+     ModelFamily::kMixtral,
+     "MixtralForCausalLM",
+     "mixtral",
+     /*hidden=*/4096,
+     /*expert_inter=*/14336,
+     /*shared_inter=*/0,
+     /*layers=*/32,
+     /*heads=*/32,
+     /*kv_heads=*/8,
+     /*head_dim=*/0,
+     /*experts=*/8,
+     /*top_k=*/2,
+     /*vocab=*/32000,
+     /*bos=*/1,
+     /*eos=*/2,
+     46.7e9,
+     0.005,
+     nullptr},
+    {"qwen1.5-moe-a2.7b",
+     "Qwen/Qwen1.5-MoE-A2.7B",
+     ModelFamily::kQwen2Moe,
+     "Qwen2MoeForCausalLM",
+     "qwen2_moe",
+     /*hidden=*/2048,
+     /*expert_inter=*/1408,
+     /*shared_inter=*/5632,
+     /*layers=*/24,
+     /*heads=*/16,
+     /*kv_heads=*/16,
+     /*head_dim=*/0,
+     /*experts=*/60,
+     /*top_k=*/4,
+     /*vocab=*/151936,
+     /*bos=*/151643,
+     /*eos=*/151643,
+     14.3e9,
+     0.005,
+     nullptr},
     // The Hub's remote code names it "PhiMoEForCausalLM"; transformers (and our loader) name the
     // same checkpoint layout "PhimoeForCausalLM".
-    {"phi-3.5-moe", "microsoft/Phi-3.5-MoE-instruct", ModelFamily::kPhimoe, "PhimoeForCausalLM",
-     "phimoe", /*hidden=*/4096, /*expert_inter=*/6400, /*shared_inter=*/0, /*layers=*/32,
-     /*heads=*/32, /*kv_heads=*/8, /*head_dim=*/0, /*experts=*/16, /*top_k=*/2, /*vocab=*/32064,
-     /*bos=*/1, /*eos=*/32000, 41.9e9, nullptr},
+    {"phi-3.5-moe",
+     "microsoft/Phi-3.5-MoE-instruct",
+     ModelFamily::kPhimoe,
+     "PhimoeForCausalLM",
+     "phimoe",
+     /*hidden=*/4096,
+     /*expert_inter=*/6400,
+     /*shared_inter=*/0,
+     /*layers=*/32,
+     /*heads=*/32,
+     /*kv_heads=*/8,
+     /*head_dim=*/0,
+     /*experts=*/16,
+     /*top_k=*/2,
+     /*vocab=*/32064,
+     /*bos=*/1,
+     /*eos=*/32000,
+     41.9e9,
+     0.005,
+     nullptr},
     // head_dim 128 is set in config.json: 32 heads of 128 are twice the hidden size.
-    {"qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", ModelFamily::kQwen3Moe, "Qwen3MoeForCausalLM",
-     "qwen3_moe", /*hidden=*/2048, /*expert_inter=*/768, /*shared_inter=*/0, /*layers=*/48,
-     /*heads=*/32, /*kv_heads=*/4, /*head_dim=*/128, /*experts=*/128, /*top_k=*/8,
-     /*vocab=*/151936, /*bos=*/151643, /*eos=*/151645, 30.5e9, nullptr},
+    {"qwen3-30b-a3b",
+     "Qwen/Qwen3-30B-A3B",
+     ModelFamily::kQwen3Moe,
+     "Qwen3MoeForCausalLM",
+     "qwen3_moe",
+     /*hidden=*/2048,
+     /*expert_inter=*/768,
+     /*shared_inter=*/0,
+     /*layers=*/48,
+     /*heads=*/32,
+     /*kv_heads=*/4,
+     /*head_dim=*/128,
+     /*experts=*/128,
+     /*top_k=*/8,
+     /*vocab=*/151936,
+     /*bos=*/151643,
+     /*eos=*/151645,
+     30.5e9,
+     0.005,
+     nullptr},
     // The 0924 release; its config.json has no bos_token_id.
-    {"olmoe-1b-7b", "allenai/OLMoE-1B-7B-0924", ModelFamily::kOlmoe, "OlmoeForCausalLM", "olmoe",
-     /*hidden=*/2048, /*expert_inter=*/1024, /*shared_inter=*/0, /*layers=*/16, /*heads=*/16,
-     /*kv_heads=*/16, /*head_dim=*/0, /*experts=*/64, /*top_k=*/8, /*vocab=*/50304,
-     /*bos=*/std::nullopt, /*eos=*/50279, 6.9e9, nullptr},
+    {"olmoe-1b-7b",
+     "allenai/OLMoE-1B-7B-0924",
+     ModelFamily::kOlmoe,
+     "OlmoeForCausalLM",
+     "olmoe",
+     /*hidden=*/2048,
+     /*expert_inter=*/1024,
+     /*shared_inter=*/0,
+     /*layers=*/16,
+     /*heads=*/16,
+     /*kv_heads=*/16,
+     /*head_dim=*/0,
+     /*experts=*/64,
+     /*top_k=*/8,
+     /*vocab=*/50304,
+     /*bos=*/std::nullopt,
+     /*eos=*/50279,
+     6.9e9,
+     0.005,
+     nullptr},
     // expert_inter is moe_intermediate_size; shared_inter = n_shared_experts x it.
-    {"deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", ModelFamily::kDeepseekV2,
-     "DeepseekV2ForCausalLM", "deepseek_v2", /*hidden=*/2048, /*expert_inter=*/1408,
-     /*shared_inter=*/2816, /*layers=*/27, /*heads=*/16, /*kv_heads=*/16, /*head_dim=*/0,
-     /*experts=*/64, /*top_k=*/6, /*vocab=*/102400, /*bos=*/100000, /*eos=*/100001, 15.7e9,
+    {"deepseek-v2-lite",
+     "deepseek-ai/DeepSeek-V2-Lite",
+     ModelFamily::kDeepseekV2,
+     "DeepseekV2ForCausalLM",
+     "deepseek_v2",
+     /*hidden=*/2048,
+     /*expert_inter=*/1408,
+     /*shared_inter=*/2816,
+     /*layers=*/27,
+     /*heads=*/16,
+     /*kv_heads=*/16,
+     /*head_dim=*/0,
+     /*experts=*/64,
+     /*top_k=*/6,
+     /*vocab=*/102400,
+     /*bos=*/100000,
+     /*eos=*/100001,
+     15.7e9,
+     0.005,
      &kDeepseekV2Lite},
     // The model card's 671B main-model parameters (685B with the MTP module, not written).
-    {"deepseek-v3", "deepseek-ai/DeepSeek-V3", ModelFamily::kDeepseekV3, "DeepseekV3ForCausalLM",
-     "deepseek_v3", /*hidden=*/7168, /*expert_inter=*/2048, /*shared_inter=*/2048,
-     /*layers=*/61, /*heads=*/128, /*kv_heads=*/128, /*head_dim=*/0, /*experts=*/256,
-     /*top_k=*/8, /*vocab=*/129280, /*bos=*/0, /*eos=*/1, 671e9, &kDeepseekV3},
-    {"kimi-k2", "moonshotai/Kimi-K2-Instruct", ModelFamily::kDeepseekV3, "DeepseekV3ForCausalLM",
-     "kimi_k2", /*hidden=*/7168, /*expert_inter=*/2048, /*shared_inter=*/2048,
-     /*layers=*/61, /*heads=*/64, /*kv_heads=*/64, /*head_dim=*/0, /*experts=*/384,
-     /*top_k=*/8, /*vocab=*/163840, /*bos=*/163584, /*eos=*/163585, 1e12, &kKimiK2},
+    {"deepseek-v3",
+     "deepseek-ai/DeepSeek-V3",
+     ModelFamily::kDeepseekV3,
+     "DeepseekV3ForCausalLM",
+     "deepseek_v3",
+     /*hidden=*/7168,
+     /*expert_inter=*/2048,
+     /*shared_inter=*/2048,
+     /*layers=*/61,
+     /*heads=*/128,
+     /*kv_heads=*/128,
+     /*head_dim=*/0,
+     /*experts=*/256,
+     /*top_k=*/8,
+     /*vocab=*/129280,
+     /*bos=*/0,
+     /*eos=*/1,
+     671e9,
+     0.005,
+     &kDeepseekV3},
+    {"kimi-k2",
+     "moonshotai/Kimi-K2-Instruct",
+     ModelFamily::kDeepseekV3,
+     "DeepseekV3ForCausalLM",
+     "kimi_k2",
+     /*hidden=*/7168,
+     /*expert_inter=*/2048,
+     /*shared_inter=*/2048,
+     /*layers=*/61,
+     /*heads=*/64,
+     /*kv_heads=*/64,
+     /*head_dim=*/0,
+     /*experts=*/384,
+     /*top_k=*/8,
+     /*vocab=*/163840,
+     /*bos=*/163584,
+     /*eos=*/163585,
+     1e12,
+     0.005,
+     &kKimiK2},
+    // zai-org/GLM-4.5-Air: one dense first layer (intermediate 10944), a shared expert, q/k/v
+    // biases, RoPE on half of each head. Its card says "106B"; the tensors count 106.85 B (the
+    // Hub's 110 B adds the multi-token-prediction layer, not written here): within 1%.
+    {"glm-4.5-air",
+     "zai-org/GLM-4.5-Air",
+     ModelFamily::kGlm4Moe,
+     "Glm4MoeForCausalLM",
+     "glm4_moe",
+     /*hidden=*/4096,
+     /*expert_inter=*/1408,
+     /*shared_inter=*/1408,
+     /*layers=*/46,
+     /*heads=*/96,
+     /*kv_heads=*/8,
+     /*head_dim=*/128,
+     /*experts=*/128,
+     /*top_k=*/8,
+     /*vocab=*/151552,
+     /*bos=*/std::nullopt,
+     /*eos=*/151329,
+     106e9,
+     0.01,
+     nullptr},
+    // MiniMaxAI/MiniMax-M2 (its bfloat16 layout; the release is FP8): q/k norms over the whole
+    // projections, RoPE on 64 of 128 dims. Its card says "230B"; the tensors count 228.69 B
+    // (the Hub's 229 B): within 1%.
+    {"minimax-m2",
+     "MiniMaxAI/MiniMax-M2",
+     ModelFamily::kMinimaxM2,
+     "MiniMaxM2ForCausalLM",
+     "minimax_m2",
+     /*hidden=*/3072,
+     /*expert_inter=*/1536,
+     /*shared_inter=*/0,
+     /*layers=*/62,
+     /*heads=*/48,
+     /*kv_heads=*/8,
+     /*head_dim=*/128,
+     /*experts=*/256,
+     /*top_k=*/8,
+     /*vocab=*/200064,
+     /*bos=*/200034,
+     /*eos=*/200020,
+     230e9,
+     0.01,
+     nullptr},
+    // openai/gpt-oss-20b and -120b in the bfloat16 layout (the release stores the experts in
+    // MXFP4): fused experts with biases, attention sinks, alternating sliding layers. The model
+    // card's totals: 20.9 B and 116.8 B.
+    {"gpt-oss-20b",
+     "openai/gpt-oss-20b",
+     ModelFamily::kGptOss,
+     "GptOssForCausalLM",
+     "gpt_oss",
+     /*hidden=*/2880,
+     /*expert_inter=*/2880,
+     /*shared_inter=*/0,
+     /*layers=*/24,
+     /*heads=*/64,
+     /*kv_heads=*/8,
+     /*head_dim=*/64,
+     /*experts=*/32,
+     /*top_k=*/4,
+     /*vocab=*/201088,
+     /*bos=*/199998,
+     /*eos=*/200002,
+     20.9e9,
+     0.005,
+     nullptr},
+    {"gpt-oss-120b",
+     "openai/gpt-oss-120b",
+     ModelFamily::kGptOss,
+     "GptOssForCausalLM",
+     "gpt_oss",
+     /*hidden=*/2880,
+     /*expert_inter=*/2880,
+     /*shared_inter=*/0,
+     /*layers=*/36,
+     /*heads=*/64,
+     /*kv_heads=*/8,
+     /*head_dim=*/64,
+     /*experts=*/128,
+     /*top_k=*/4,
+     /*vocab=*/201088,
+     /*bos=*/199998,
+     /*eos=*/200002,
+     116.8e9,
+     0.005,
+     nullptr},
 };
 
 void Add(std::vector<PlannedTensor>* out, std::string name, std::vector<int64_t> shape,
@@ -137,6 +353,7 @@ void AddLinear(std::vector<PlannedTensor>* out, const std::string& prefix, int64
                int64_t in_features, bool bias, TensorRole role = TensorRole::kDense) {
   Add(out, prefix + ".weight", {out_features, in_features}, TensorInit::kRandom, role);
   out->back().quantizable = true;
+  if (role == TensorRole::kRoutedExpert) out->back().expert_matrices = 1;
   if (bias) Add(out, prefix + ".bias", {out_features}, TensorInit::kZeros, role);
 }
 
@@ -242,7 +459,9 @@ uint64_t PlannedTensor::numel() const {
 }
 
 uint64_t RoutedExpertParams(const ModelShape& shape) {
-  return 3ull * shape.hidden_size * shape.expert_intermediate_size;
+  const uint64_t h = shape.hidden_size, inter = shape.expert_intermediate_size;
+  // gpt-oss's experts carry biases: 2I on gate_up, h on down.
+  return 3 * h * inter + (shape.family == ModelFamily::kGptOss ? 2 * inter + h : 0);
 }
 
 int64_t HeadDim(const ModelShape& shape) {
@@ -258,21 +477,27 @@ std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize&
   const int64_t experts = size.experts;
   const bool qwen = shape.family == ModelFamily::kQwen2Moe;
   const bool phi = shape.family == ModelFamily::kPhimoe;
-  // Qwen2-MoE: bias on q, k and v only (qkv_bias); Phi-3.5-MoE: on all four (attention_bias).
-  const bool qkv_bias = qwen || phi;
-  const bool o_bias = phi;
+  const bool glm = shape.family == ModelFamily::kGlm4Moe;
+  const bool minimax = shape.family == ModelFamily::kMinimaxM2;
+  const bool gpt_oss = shape.family == ModelFamily::kGptOss;
+  // Qwen2-MoE and GLM-4.5: bias on q, k and v only; Phi-3.5-MoE and gpt-oss: on all four.
+  const bool qkv_bias = qwen || phi || glm || gpt_oss;
+  const bool o_bias = phi || gpt_oss;
   // RMSNorm of the projected queries and keys, between the projection and RoPE: Qwen3-MoE's over
   // each head (weight [head_dim], shared by the heads), OLMoE's over the whole projection.
   int64_t q_norm = 0, k_norm = 0;
   if (shape.family == ModelFamily::kQwen3Moe) q_norm = k_norm = head_dim;
-  if (shape.family == ModelFamily::kOlmoe) {
+  if (shape.family == ModelFamily::kOlmoe || minimax) {
     q_norm = q_dim;
     k_norm = kv_dim;
   }
-  // Mixtral and Phi-3.5-MoE: block_sparse_moe, experts w1 (gate), w2 (down), w3 (up). The Qwen
-  // families and OLMoE: mlp, experts gate_proj, up_proj, down_proj.
+  // Mixtral, Phi-3.5-MoE and MiniMax-M2: block_sparse_moe, experts w1 (gate), w2 (down), w3
+  // (up). The Qwen families, OLMoE and GLM-4.5: mlp, experts gate_proj, up_proj, down_proj.
   const bool block_sparse_moe =
-      shape.family == ModelFamily::kMixtral || shape.family == ModelFamily::kPhimoe;
+      shape.family == ModelFamily::kMixtral || shape.family == ModelFamily::kPhimoe || minimax;
+  // GLM-4.5-Air: one dense first layer, of this width.
+  const uint32_t glm_dense_layers = glm ? std::min<uint32_t>(1, size.layers - 1) : 0;
+  constexpr int64_t kGlmDenseWidth = 10944;
 
   std::vector<PlannedTensor> out;
   Add(&out, "model.embed_tokens.weight", {int64_t{size.vocab}, h});
@@ -292,9 +517,32 @@ std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize&
       AddNorm(&out, p + "self_attn.q_norm", q_norm, false);
       AddNorm(&out, p + "self_attn.k_norm", k_norm, false);
     }
-    if (block_sparse_moe) {
+    if (gpt_oss) Add(&out, p + "self_attn.sinks", {int64_t{shape.num_attention_heads}});
+    if (l < glm_dense_layers) {
+      const std::string m = p + "mlp.";
+      AddLinear(&out, m + "gate_proj", kGlmDenseWidth, h, false);
+      AddLinear(&out, m + "up_proj", kGlmDenseWidth, h, false);
+      AddLinear(&out, m + "down_proj", h, kGlmDenseWidth, false);
+    } else if (gpt_oss) {
+      // GptOssMLP: router with a bias; experts fused, x times them ([J, h, 2I], [J, I, h]).
+      const std::string m = p + "mlp.";
+      AddFloatLinear(&out, m + "router", experts, h);
+      Add(&out, m + "router.bias", {experts}, TensorInit::kZeros);
+      Add(&out, m + "experts.gate_up_proj", {experts, h, 2 * inter}, TensorInit::kRandom,
+          TensorRole::kRoutedExpert);
+      out.back().expert_matrices = static_cast<uint32_t>(2 * experts);
+      Add(&out, m + "experts.gate_up_proj_bias", {experts, 2 * inter}, TensorInit::kZeros,
+          TensorRole::kRoutedExpert);
+      Add(&out, m + "experts.down_proj", {experts, inter, h}, TensorInit::kRandom,
+          TensorRole::kRoutedExpert);
+      out.back().expert_matrices = static_cast<uint32_t>(experts);
+      Add(&out, m + "experts.down_proj_bias", {experts, h}, TensorInit::kZeros,
+          TensorRole::kRoutedExpert);
+    } else if (block_sparse_moe) {
       const std::string m = p + "block_sparse_moe.";
       AddFloatLinear(&out, m + "gate", experts, h);
+      // MiniMax-M2's correction bias sits on the block.
+      if (minimax) Add(&out, m + "e_score_correction_bias", {experts}, TensorInit::kZeros);
       for (int64_t e = 0; e < experts; ++e) {
         const std::string q = m + "experts." + std::to_string(e) + ".";
         AddLinear(&out, q + "w1", inter, h, false, TensorRole::kRoutedExpert);
@@ -306,6 +554,7 @@ std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize&
       // MoE's also shared_expert and shared_expert_gate.
       const std::string m = p + "mlp.";
       AddFloatLinear(&out, m + "gate", experts, h);
+      if (glm) Add(&out, m + "gate.e_score_correction_bias", {experts}, TensorInit::kZeros);
       for (int64_t e = 0; e < experts; ++e) {
         const std::string q = m + "experts." + std::to_string(e) + ".";
         AddLinear(&out, q + "gate_proj", inter, h, false, TensorRole::kRoutedExpert);
@@ -313,7 +562,13 @@ std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize&
         AddLinear(&out, q + "down_proj", h, inter, false, TensorRole::kRoutedExpert);
       }
       const int64_t shared = shape.shared_expert_intermediate_size;
-      if (shared > 0) {
+      if (glm) {
+        AddLinear(&out, m + "shared_experts.gate_proj", shared, h, false,
+                  TensorRole::kSharedExpert);
+        AddLinear(&out, m + "shared_experts.up_proj", shared, h, false, TensorRole::kSharedExpert);
+        AddLinear(&out, m + "shared_experts.down_proj", h, shared, false,
+                  TensorRole::kSharedExpert);
+      } else if (shared > 0) {
         AddLinear(&out, m + "shared_expert.gate_proj", shared, h, false, TensorRole::kSharedExpert);
         AddLinear(&out, m + "shared_expert.up_proj", shared, h, false, TensorRole::kSharedExpert);
         AddLinear(&out, m + "shared_expert.down_proj", h, shared, false, TensorRole::kSharedExpert);
@@ -628,6 +883,70 @@ std::string ConfigJson(const ModelShape& shape, const ModelSize& size,
                            {"original_max_position_embeddings", 4096},
                            {"type", "yarn"}};
       if (shape.family == ModelFamily::kDeepseekV3) c["num_nextn_predict_layers"] = 0;
+      break;
+    }
+    case ModelFamily::kGlm4Moe:
+      // As zai-org/GLM-4.5-Air's config.json (its MTP layer not written: 0 of them).
+      c["intermediate_size"] = 10944;
+      c["moe_intermediate_size"] = shape.expert_intermediate_size;
+      c["n_routed_experts"] = size.experts;
+      c["n_shared_experts"] = 1;
+      c["first_k_dense_replace"] = std::min<uint32_t>(1, size.layers - 1);
+      c["head_dim"] = shape.head_dim;
+      c["partial_rotary_factor"] = 0.5;
+      c["attention_bias"] = true;
+      c["use_qk_norm"] = false;
+      c["n_group"] = 1;
+      c["topk_group"] = 1;
+      c["norm_topk_prob"] = true;
+      c["routed_scaling_factor"] = 1.0;
+      c["num_nextn_predict_layers"] = 0;
+      c["max_position_embeddings"] = 131072;
+      c["rms_norm_eps"] = 1e-5;
+      c["rope_scaling"] = nullptr;
+      c["rope_theta"] = 1e6;
+      c["pad_token_id"] = 151329;
+      break;
+    case ModelFamily::kMinimaxM2:
+      // As MiniMaxAI/MiniMax-M2's config.json (bfloat16; no MTP modules written).
+      c["intermediate_size"] = shape.expert_intermediate_size;
+      c["num_local_experts"] = size.experts;
+      c["head_dim"] = shape.head_dim;
+      c["rotary_dim"] = 64;
+      c["use_qk_norm"] = true;
+      c["qk_norm_type"] = "per_layer";
+      c["scoring_func"] = "sigmoid";
+      c["use_routing_bias"] = true;
+      c["shared_intermediate_size"] = 0;
+      c["num_mtp_modules"] = 0;
+      c["max_position_embeddings"] = 196608;
+      c["rms_norm_eps"] = 1e-6;
+      c["rope_theta"] = 5e6;
+      c["router_jitter_noise"] = 0.0;
+      break;
+    case ModelFamily::kGptOss: {
+      // As openai/gpt-oss-20b's config.json, without its MXFP4 quantization_config.
+      Json layer_types = Json::array();
+      for (uint32_t l = 0; l < size.layers; ++l) {
+        layer_types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+      }
+      c["intermediate_size"] = shape.expert_intermediate_size;
+      c["num_local_experts"] = size.experts;
+      c["experts_per_token"] = shape.top_k;
+      c["head_dim"] = shape.head_dim;
+      c["attention_bias"] = true;
+      c["layer_types"] = layer_types;
+      c["sliding_window"] = 128;
+      c["swiglu_limit"] = 7.0;
+      c["initial_context_length"] = 4096;
+      c["max_position_embeddings"] = 131072;
+      c["rms_norm_eps"] = 1e-5;
+      c["rope_theta"] = 150000;
+      c["rope_scaling"] = {{"beta_fast", 32.0},   {"beta_slow", 1.0},
+                           {"factor", 32.0},      {"original_max_position_embeddings", 4096},
+                           {"rope_type", "yarn"}, {"truncate", false}};
+      c["router_aux_loss_coef"] = 0.9;
+      c["pad_token_id"] = 199999;
       break;
     }
   }

@@ -1,5 +1,6 @@
 // The shapes of real MoE models for `fmoe-bench make-model`: Mixtral-8x7B, Qwen1.5-MoE-A2.7B,
-// Phi-3.5-MoE, Qwen3-30B-A3B, OLMoE-1B-7B, DeepSeek-V2-Lite and DeepSeek-V3 as their Hugging Face
+// Phi-3.5-MoE, Qwen3-30B-A3B, OLMoE-1B-7B, DeepSeek-V2-Lite, DeepSeek-V3, Kimi-K2, GLM-4.5-Air,
+// MiniMax-M2, gpt-oss-20b and gpt-oss-120b as their Hugging Face
 // config.json files give them, every tensor their checkpoints hold (names, shapes and order as
 // transformers saves them), the tensors a quantized checkpoint stores instead (--quant: FP8 block,
 // compressed-tensors INT4, GPTQ, AWQ as their published checkpoints lay them out, DESIGN section
@@ -25,7 +26,10 @@ enum class ModelFamily {
   kQwen3Moe,
   kOlmoe,
   kDeepseekV2,
-  kDeepseekV3
+  kDeepseekV3,
+  kGlm4Moe,
+  kMinimaxM2,
+  kGptOss
 };
 
 // What DeepSeek-V2/V3 add: multi-head latent attention, dense first layers, group-limited
@@ -71,7 +75,10 @@ struct ModelShape {
   uint32_t vocab_size;
   std::optional<int32_t> bos_token_id;  // nullopt: null in config.json (OLMoE has none).
   int32_t eos_token_id;
-  double published_params;        // The model card's total, e.g. 46.7e9.
+  double published_params;  // The model card's total, e.g. 46.7e9.
+  // How far the tensors' count may be from published_params: 0.005, or more where the card rounds
+  // to whole billions (GLM-4.5-Air's "106B", MiniMax-M2's "230B": see kShapes).
+  double published_tolerance;
   const DeepseekShape* deepseek;  // DeepSeek-V2/V3 only, else nullptr.
 };
 
@@ -104,6 +111,9 @@ struct PlannedTensor {
   // A decoder layer's linear weight [out, in] that quantized checkpoints store quantized; the
   // routers (and Qwen2-MoE's shared_expert_gate), embeddings, lm_head, norms and biases are not.
   bool quantizable = false;
+  // Routed-expert projection matrices the tensor holds: 1 for an expert's own weight, gpt-oss's
+  // fused gate_up_proj 2J and down_proj J, 0 for everything else (biases included).
+  uint32_t expert_matrices = 0;
   uint64_t numel() const;
 };
 
@@ -112,7 +122,7 @@ struct PlannedTensor {
 // lm_head.
 std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize& size);
 
-// Parameters of one routed expert (its three matrices).
+// Parameters of one routed expert (its three matrices, and gpt-oss's biases).
 uint64_t RoutedExpertParams(const ModelShape& shape);
 
 // --quant: a quantized format as published checkpoints store it (DESIGN section 12).

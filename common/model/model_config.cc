@@ -252,12 +252,16 @@ Status FoldSafetensorsHeader(const fs::path& path, uint64_t* h) {
 uint64_t RoutedExpertBytes(const ModelInfo& info) {
   if (!info.quant.quantized()) return RoutedExpertParams(info) * CheckpointBytesPerParam(info);
   const int64_t h = info.hidden_size, inter = info.intermediate_size;
+  // Biases (gpt-oss) stay in the checkpoint's float dtype beside the quantized weights.
+  const uint64_t biases =
+      info.expert_bias ? uint64_t(2 * inter + h) * CheckpointBytesPerParam(info) : 0;
   return 2 * QuantProjectionBytes(info.quant, inter, h) +
-         QuantProjectionBytes(info.quant, h, inter);
+         QuantProjectionBytes(info.quant, h, inter) + biases;
 }
 
 uint64_t RoutedExpertParams(const ModelInfo& info) {
-  return 3ull * info.intermediate_size * info.hidden_size;
+  const uint64_t h = info.hidden_size, inter = info.intermediate_size;
+  return 3 * inter * h + (info.expert_bias ? 2 * inter + h : 0);
 }
 
 uint64_t SharedExpertParams(const ModelInfo& info) {
@@ -360,7 +364,17 @@ std::string DescribeModel(const ModelInfo& info) {
   if (info.qk_norm == QkNorm::kPerHead) out << ", q/k RMSNorm per head";
   if (info.qk_norm == QkNorm::kWhole) out << ", q/k RMSNorm over the projection";
   if (info.clip_qkv) out << ", q/k/v clipped to " << *info.clip_qkv;
-  if (info.sliding_window) out << ", sliding window " << *info.sliding_window;
+  if (info.sliding_window && info.sliding_layers.empty()) {
+    out << ", sliding window " << *info.sliding_window;
+  } else if (info.sliding_window) {
+    size_t n = 0;
+    for (bool s : info.sliding_layers) n += s ? 1 : 0;
+    out << ", sliding window " << *info.sliding_window << " on " << n << " of "
+        << info.sliding_layers.size() << " layers";
+  }
+  if (info.attention_sinks) out << ", attention sinks";
+  if (info.yarn) out << ", YaRN x" << info.yarn->factor;
+  if (info.swiglu_limit) out << "\n  experts: biases, SwiGLU clamped at " << *info.swiglu_limit;
   out << "\n  fingerprint: " << FingerprintHex(info.fingerprint) << "\n";
   return out.str();
 }

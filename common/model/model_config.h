@@ -1,7 +1,7 @@
 // The shape of a Hugging Face MoE checkpoint, read from its config.json, and the model's
 // fingerprint (the map service keys its stores by it). Families: Mixtral, Qwen2-MoE, Qwen3-MoE,
-// OLMoE, Phi-3.5-MoE, DeepSeek-V2, DeepSeek-V3, GLM-4.5 and MiniMax-M2, all run by the model
-// runtime
+// OLMoE, Phi-3.5-MoE, DeepSeek-V2, DeepSeek-V3, GLM-4.5, MiniMax-M2 and gpt-oss, all run by the
+// model runtime
 // (`runtime_unsupported` is for a family whose shapes only are known). The full loader (weights,
 // tokenizer) belongs to the worker's model runtime; this file reads what every process needs to
 // agree on and the hyperparameters the runtime builds the model from, and refuses a config field
@@ -43,7 +43,8 @@ struct MlaSpec {
   bool rope_interleave = true;
 };
 
-// YaRN rotary scaling (DeepSeek's rope_scaling {"type": "yarn", ...}); only with MLA.
+// YaRN rotary scaling (rope_scaling {"type" or "rope_type": "yarn", ...}): DeepSeek's (MLA) and
+// gpt-oss's, as transformers' _compute_yarn_parameters computes it.
 struct YarnSpec {
   double factor = 1.0;                            // > 0.
   uint32_t original_max_position_embeddings = 0;  // Required.
@@ -51,6 +52,9 @@ struct YarnSpec {
   double beta_slow = 1.0;                         // Default: 1
   double mscale = 1.0;                            // Default: 1
   double mscale_all_dim = 0.0;                    // Default: 0 (no softmax correction)
+  // Whether the ramp's ends are rounded to whole dims (floor / ceil). Default: true; gpt-oss
+  // says false.
+  bool truncate = true;
 };
 
 // LongRoPE (Phi-3.5-MoE's rope_scaling {"type": "longrope", ...}), as transformers'
@@ -124,8 +128,19 @@ struct ModelInfo {
   // the worker; dense weights in it are dequantized at load. kNone: float weights.
   QuantSpec quant;
   std::optional<uint32_t> sliding_window;  // Absent or null: full attention.
-  std::vector<std::string> weight_files;   // *.safetensors present, sorted.
-  uint64_t fingerprint = 0;                // FNV-1a over config.json and the safetensors headers.
+  // Which layers use sliding_window (gpt-oss's layer_types: "sliding_attention" or
+  // "full_attention"); empty: every layer does when sliding_window is set.
+  std::vector<bool> sliding_layers;
+  // gpt-oss: a learned logit per query head joins each row of scores before the softmax and is
+  // dropped after it ("sinks" [H]).
+  bool attention_sinks = false;
+  bool router_bias = false;  // The router carries a bias [J] (gpt-oss).
+  // gpt-oss's experts: biases on their projections, and the clamped SwiGLU: gate clamped above at
+  // the limit, up to [-limit, limit], out = (up + 1) * gate * sigmoid(1.702 gate).
+  bool expert_bias = false;
+  std::optional<double> swiglu_limit;
+  std::vector<std::string> weight_files;  // *.safetensors present, sorted.
+  uint64_t fingerprint = 0;               // FNV-1a over config.json and the safetensors headers.
 };
 
 // The rotated width of a head: rotary_dim, or head_dim when 0.
@@ -133,7 +148,8 @@ inline uint32_t RotaryDim(const ModelInfo& info) {
   return info.rotary_dim != 0 ? info.rotary_dim : info.head_dim;
 }
 
-// Parameters of one routed expert (its gate, up and down matrices: 3 * intermediate * hidden).
+// Parameters of one routed expert (its gate, up and down matrices: 3 * intermediate * hidden;
+// gpt-oss adds their biases, 2 * intermediate + hidden).
 uint64_t RoutedExpertParams(const ModelInfo& info);
 // Bytes of one routed expert as stored: its three projections in the quantized format, else
 // RoutedExpertParams x CheckpointBytesPerParam. What the expert cache, usage and /metrics count.

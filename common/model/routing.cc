@@ -41,6 +41,11 @@ Status RoutingSpec::Validate() const {
                              " is not a number >= 0");
     }
   }
+  if (scoring == RouterScoring::kSoftmaxTopK &&
+      (groups != GroupScoring::kNone || correction_bias || scaling != 1.0f)) {
+    return InvalidArgument(
+        "routing: a softmax over the top-k logits takes no groups, correction bias or scaling");
+  }
   if (!std::isfinite(scaling) || scaling <= 0) {
     return InvalidArgument("routing: routed_scaling_factor " + std::to_string(scaling) +
                            " is not a positive number");
@@ -52,6 +57,10 @@ std::string RoutingSpec::Describe() const {
   if (scoring == RouterScoring::kSparseMixer) {
     return "sparsemixer (router_jitter_noise " + std::to_string(jitter_eps) + "), top-" +
            std::to_string(top_k) + " of " + std::to_string(num_experts) + ", not renormalised";
+  }
+  if (scoring == RouterScoring::kSoftmaxTopK) {
+    return "top-" + std::to_string(top_k) + " of " + std::to_string(num_experts) +
+           " logits, softmax over the chosen";
   }
   std::string s = scoring == RouterScoring::kSoftmax ? "softmax" : "sigmoid";
   if (correction_bias) s += " + correction bias";
@@ -164,6 +173,14 @@ Status RouteToken(const RoutingSpec& spec, std::span<const float> logits, std::s
   }
   if (spec.scoring == RouterScoring::kSparseMixer) {
     SparseMixer(spec.jitter_eps, logits, probs, experts, weights);
+    return Status::Ok();
+  }
+  if (spec.scoring == RouterScoring::kSoftmaxTopK) {
+    Softmax(logits, probs);
+    TopK(logits, experts);
+    std::vector<float> chosen(experts.size());
+    for (size_t s = 0; s < experts.size(); ++s) chosen[s] = logits[static_cast<size_t>(experts[s])];
+    Softmax(chosen, weights);
     return Status::Ok();
   }
   if (spec.scoring == RouterScoring::kSoftmax && !spec.correction_bias &&

@@ -19,7 +19,8 @@
 // the largest logit once the first is removed, weighted by the softmax over the logits without the
 // first, masked the same way against the second's logit (jitter_eps: router_jitter_noise, a
 // threshold at inference, not noise). Its weights are not renormalised; its `probs` are the plain
-// softmax of the logits. Pure functions.
+// softmax of the logits. gpt-oss (kSoftmaxTopK) picks the K largest logits and weighs them by a
+// softmax over those K only. Pure functions.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,10 @@ enum class RouterScoring : uint8_t {
   // Phi-3.5-MoE's sparsemixer at inference (above): top-2 of the logits, each weight a masked
   // softmax. Needs K = 2, no renormalisation, no groups, bias or scaling.
   kSparseMixer,
+  // gpt-oss: the top-K of the logits (the router's bias already added), their weights a float32
+  // softmax over those K logits alone. `probs` is the softmax over all J. No groups, correction
+  // bias or scaling; `normalize_topk` is not read (the weights sum to 1).
+  kSoftmaxTopK,
 };
 
 // How a group of experts is scored for group-limited routing.

@@ -155,7 +155,7 @@ Result<uint32_t> CachedExperts::TakeShape(const ExpertTable& experts,
   }
   expert_bytes_ = (offset + align - 1) / align * align;
   quant_ = first->quant;
-  const std::array<at::Tensor*, 12> places = const_cast<ExpertWeights*>(first)->Places();
+  const std::array<at::Tensor*, kExpertPlaces> places = const_cast<ExpertWeights*>(first)->Places();
   for (size_t i = 0; i < places.size(); ++i) present_[i] = places[i]->defined();
   return owned;
 }
@@ -209,7 +209,7 @@ Result<std::vector<const void*>> CachedExperts::PackHost(ExpertTable* experts,
 ExpertWeights CachedExperts::ViewsAt(char* base, at::Device device) const {
   ExpertWeights w;
   w.quant = quant_;
-  std::array<at::Tensor*, 12> places = w.Places();
+  std::array<at::Tensor*, kExpertPlaces> places = w.Places();
   size_t part = 0;
   for (size_t i = 0; i < places.size() && part < layout_.size(); ++i) {
     if (!present_[i]) continue;

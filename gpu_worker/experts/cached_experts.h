@@ -113,8 +113,8 @@ class CachedExperts final : public ExpertSource {
   // The host run handed out by Next and not yet Done (one at a time: the model runs it at once).
   int64_t host_expert_ = -1;
   int64_t host_start_ns_ = 0;
-  QuantSpec quant_;                 // The experts' stored format (kNone: float).
-  std::array<bool, 12> present_{};  // Per ExpertWeights::Places entry: stored.
+  QuantSpec quant_;                            // The experts' stored format (kNone: float).
+  std::array<bool, kExpertPlaces> present_{};  // Per ExpertWeights::Places entry: stored.
   std::vector<PartLayout> layout_;  // Per stored tensor, in ExpertWeights::Tensors order.
   size_t expert_bytes_ = 0;         // One expert's packed bytes (with alignment padding).
 

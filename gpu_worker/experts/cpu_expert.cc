@@ -1,6 +1,7 @@
 #include "gpu_worker/experts/cpu_expert.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -426,26 +427,46 @@ void ProjectionDots(const Rows& rows, int64_t i, const float* x, int64_t ldx, in
   RowDots(rows.Row(i, buf), x, ldx, tokens, len, out, ldo);
 }
 
+// The projections' biases (float32, or nullptr) and gpt-oss's clamp (limit > 0).
+struct KernelActivation {
+  const float* b1 = nullptr;
+  const float* b3 = nullptr;
+  const float* b2 = nullptr;
+  float limit = 0.0f;
+};
+
 template <typename Rows>
 void SwiGluKernel(const float* x, const Rows& w1, const Rows& w3, const Rows& w2, int64_t tokens,
-                  int64_t hidden, int64_t inter, float* act, float* y) {
-  // act[t, i] = silu(w1[i] . x[t]) * (w3[i] . x[t])
+                  int64_t hidden, int64_t inter, float* act, float* y,
+                  const KernelActivation& a = {}) {
+  // act[t, i] = silu(w1[i] . x[t]) * (w3[i] . x[t]), or gpt-oss's clamped form (expert_source.h)
   at::parallel_for(0, inter, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> g(static_cast<size_t>(tokens)), u(static_cast<size_t>(tokens));
     std::vector<float> buf(static_cast<size_t>(hidden));
     for (int64_t i = begin; i < end; ++i) {
       ProjectionDots(w1, i, x, hidden, tokens, hidden, g.data(), 1, buf.data());
       ProjectionDots(w3, i, x, hidden, tokens, hidden, u.data(), 1, buf.data());
+      const float b1 = a.b1 != nullptr ? a.b1[i] : 0.0f, b3 = a.b3 != nullptr ? a.b3[i] : 0.0f;
       for (int64_t t = 0; t < tokens; ++t) {
-        act[t * inter + i] = g[t] / (1.0f + std::exp(-g[t])) * u[t];
+        float gate = g[t] + b1, up = u[t] + b3;
+        if (a.limit > 0.0f) {
+          gate = std::min(gate, a.limit);
+          up = std::clamp(up, -a.limit, a.limit);
+          act[t * inter + i] = (up + 1.0f) * (gate / (1.0f + std::exp(-1.702f * gate)));
+        } else {
+          act[t * inter + i] = gate / (1.0f + std::exp(-gate)) * up;
+        }
       }
     }
   });
-  // y[t, j] = w2[j] . act[t]
+  // y[t, j] = w2[j] . act[t] (+ b2[j])
   at::parallel_for(0, hidden, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> buf(static_cast<size_t>(inter));
     for (int64_t j = begin; j < end; ++j) {
       ProjectionDots(w2, j, act, inter, tokens, inter, y + j, hidden, buf.data());
+      if (a.b2 != nullptr) {
+        for (int64_t t = 0; t < tokens; ++t) y[t * hidden + j] += a.b2[j];
+      }
     }
   });
 }
@@ -464,7 +485,8 @@ namespace {
 
 // A quantized projection's row source for the kernel; nullopt for a format it does not read
 // (GPTQ and AWQ store the weight transposed: they are dequantized whole first).
-std::optional<Fp8Rows> Fp8RowsOf(const QuantSpec& spec, const at::Tensor& w, const QuantParts& p) {
+std::optional<Fp8Rows> Fp8RowsOf(const QuantSpec& spec, const at::Tensor& w,
+                                 const ProjectionParts& p) {
   if (spec.method != QuantMethod::kFp8Block && spec.method != QuantMethod::kFp8Channel) {
     return std::nullopt;
   }
@@ -480,7 +502,7 @@ std::optional<Fp8Rows> Fp8RowsOf(const QuantSpec& spec, const at::Tensor& w, con
 }
 
 std::optional<Int4Rows> Int4RowsOf(const QuantSpec& spec, const at::Tensor& w,
-                                   const QuantParts& p) {
+                                   const ProjectionParts& p) {
   if (spec.method != QuantMethod::kInt4Packed) return std::nullopt;
   const int64_t len = w.size(1) * 8;
   return Int4Rows{static_cast<const int32_t*>(w.data_ptr()),
@@ -502,10 +524,37 @@ bool AllContiguous(const ExpertWeights& w) {
 
 }  // namespace
 
-Result<at::Tensor> CpuSwiGlu(const at::Tensor& x, const ExpertWeights& w) {
+Result<at::Tensor> CpuSwiGlu(const at::Tensor& x, const ExpertWeights& w,
+                             const ExpertActivation& activation) {
   if (!x.defined() || !w.w1.defined() || !w.w2.defined() || !w.w3.defined()) {
     return InvalidArgument("cpu expert: undefined input or weights");
   }
+  // The biases in float32 (kept alive here) and the clamp, for the kernel.
+  std::array<at::Tensor, 3> biases;
+  KernelActivation kact;
+  kact.limit = static_cast<float>(activation.swiglu_limit);
+  for (size_t p = 0; p < 3; ++p) {
+    const at::Tensor& b = w.q[p].bias;
+    if (!b.defined()) continue;
+    if (!b.is_cpu() || b.dim() != 1) {
+      return InvalidArgument("cpu expert: a bias must be a vector in host memory");
+    }
+    biases[p] = b.to(at::kFloat).contiguous();
+  }
+  // Once the shapes are known good: each bias as long as its projection's rows.
+  auto check_biases = [&](int64_t inter, int64_t hidden) -> Status {
+    for (auto [p, len] :
+         {std::pair{size_t{0}, inter}, std::pair{size_t{2}, inter}, std::pair{size_t{1}, hidden}}) {
+      if (biases[p].defined() && biases[p].size(0) != len) {
+        return InvalidArgument("cpu expert: a bias of " + std::to_string(biases[p].size(0)) +
+                               " values for a projection of " + std::to_string(len) + " rows");
+      }
+    }
+    return Status::Ok();
+  };
+  if (biases[0].defined()) kact.b1 = biases[0].data_ptr<float>();
+  if (biases[2].defined()) kact.b3 = biases[2].data_ptr<float>();
+  if (biases[1].defined()) kact.b2 = biases[1].data_ptr<float>();
   for (const at::Tensor* t : w.Tensors()) {
     if (!t->is_cpu())
       return InvalidArgument("cpu expert: input and weights must be in host memory");
@@ -530,6 +579,7 @@ Result<at::Tensor> CpuSwiGlu(const at::Tensor& x, const ExpertWeights& w) {
                              ", " + std::to_string(inter_in) + "]");
     }
     const int64_t tokens = x.size(0), hidden = hidden_in;
+    FMOE_RETURN_IF_ERROR(check_biases(inter, hidden));
     try {
       const at::Tensor xf = x.to(at::kFloat).contiguous();
       at::Tensor act = at::empty({tokens, inter}, xf.options());
@@ -537,7 +587,7 @@ Result<at::Tensor> CpuSwiGlu(const at::Tensor& x, const ExpertWeights& w) {
       if (tokens == 0) return y.to(x.scalar_type());
       auto run = [&](const auto& r1, const auto& r3, const auto& r2) {
         SwiGluKernel(xf.data_ptr<float>(), r1, r3, r2, tokens, hidden, inter, act.data_ptr<float>(),
-                     y.data_ptr<float>());
+                     y.data_ptr<float>(), kact);
       };
       if (auto r1 = Fp8RowsOf(w.quant, w.w1, w.q[0])) {
         run(*r1, *Fp8RowsOf(w.quant, w.w3, w.q[2]), *Fp8RowsOf(w.quant, w.w2, w.q[1]));
@@ -573,6 +623,7 @@ Result<at::Tensor> CpuSwiGlu(const at::Tensor& x, const ExpertWeights& w) {
   if (!w.w1.is_contiguous() || !w.w2.is_contiguous() || !w.w3.is_contiguous()) {
     return InvalidArgument("cpu expert: weights must be contiguous");
   }
+  FMOE_RETURN_IF_ERROR(check_biases(inter, hidden));
   try {
     const at::Tensor xf = x.to(at::kFloat).contiguous();
     at::Tensor act = at::empty({tokens, inter}, xf.options());
@@ -582,13 +633,13 @@ Result<at::Tensor> CpuSwiGlu(const at::Tensor& x, const ExpertWeights& w) {
         SwiGluKernel(xf.data_ptr<float>(), PlainRows<float>{w.w1.data_ptr<float>(), hidden},
                      PlainRows<float>{w.w3.data_ptr<float>(), hidden},
                      PlainRows<float>{w.w2.data_ptr<float>(), inter}, tokens, hidden, inter,
-                     act.data_ptr<float>(), y.data_ptr<float>());
+                     act.data_ptr<float>(), y.data_ptr<float>(), kact);
       } else {
         auto bits = [](const at::Tensor& t) { return static_cast<const uint16_t*>(t.data_ptr()); };
         SwiGluKernel(xf.data_ptr<float>(), PlainRows<uint16_t>{bits(w.w1), hidden},
                      PlainRows<uint16_t>{bits(w.w3), hidden},
                      PlainRows<uint16_t>{bits(w.w2), inter}, tokens, hidden, inter,
-                     act.data_ptr<float>(), y.data_ptr<float>());
+                     act.data_ptr<float>(), y.data_ptr<float>(), kact);
       }
     }
     return y.to(x.scalar_type());

@@ -21,9 +21,11 @@ namespace fmoe {
 
 // x: [tokens, hidden] on the CPU (float32 or bfloat16); w: CPU, contiguous, float32 or bfloat16,
 // w1/w3 [intermediate, hidden], w2 [hidden, intermediate], or quantized with those projection
-// shapes. Returns [tokens, hidden] in x's dtype.
+// shapes; the projections' biases (w.q[i].bias, where defined) added and `act`'s clamp applied.
+// Returns [tokens, hidden] in x's dtype.
 // kInvalidArgument for shapes, devices or dtypes it does not take.
-Result<at::Tensor> CpuSwiGlu(const at::Tensor& x, const ExpertWeights& w);
+Result<at::Tensor> CpuSwiGlu(const at::Tensor& x, const ExpertWeights& w,
+                             const ExpertActivation& act = {});
 
 // Whether CpuSwiGlu runs its AVX2/FMA code on this CPU (else the portable loops).
 bool CpuSwiGluVectorised();

@@ -14,9 +14,10 @@ size_t ExpertWeights::bytes() const {
   return total;
 }
 
-std::array<at::Tensor*, 12> ExpertWeights::Places() {
-  return {&w1,        &q[0].scale, &q[0].zero, &q[0].g_idx, &w3,        &q[2].scale,
-          &q[2].zero, &q[2].g_idx, &w2,        &q[1].scale, &q[1].zero, &q[1].g_idx};
+std::array<at::Tensor*, kExpertPlaces> ExpertWeights::Places() {
+  return {&w1, &q[0].scale, &q[0].zero, &q[0].g_idx, &q[0].bias,
+          &w3, &q[2].scale, &q[2].zero, &q[2].g_idx, &q[2].bias,
+          &w2, &q[1].scale, &q[1].zero, &q[1].g_idx, &q[1].bias};
 }
 
 std::vector<at::Tensor*> ExpertWeights::Tensors() {

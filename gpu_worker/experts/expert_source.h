@@ -29,15 +29,28 @@
 
 namespace fmoe {
 
-// A quantized projection's stored tensors beside its weight (DESIGN section 12); undefined where
-// the format has none.
-struct QuantParts {
+// A projection's stored tensors beside its weight: a quantized format's (DESIGN section 12) and
+// the projection's bias (gpt-oss's experts); undefined where there is none.
+struct ProjectionParts {
   at::Tensor scale;  // weight_scale_inv, weight_scale or scales.
   at::Tensor zero;   // Packed zero points (asymmetric INT4, GPTQ, AWQ).
   at::Tensor g_idx;  // Each input column's group (act order).
+  at::Tensor bias;   // [out], in the compute dtype.
 };
 
-// One routed SwiGLU expert: out = w2(silu(w1 x) * w3 x). Float experts hold the three weights.
+// How a routed expert turns its projections into its output: plain SwiGLU, or (swiglu_limit > 0)
+// gpt-oss's clamped one: gate = min(w1 x + b1, limit), up = clamp(w3 x + b3, -limit, limit),
+// out = w2((up + 1) * gate * sigmoid(1.702 gate)) + b2.
+struct ExpertActivation {
+  double swiglu_limit = 0.0;
+};
+
+// Where a stored tensor of an expert may be (ExpertWeights::Places).
+inline constexpr size_t kExpertPlaces = 15;
+
+// One routed SwiGLU expert: out = w2(silu(w1 x) * w3 x) (with biases, b1, b3 and b2 in q[0].bias,
+// q[2].bias and q[1].bias, and gpt-oss's clamp: ExpertActivation). Float experts hold the three
+// weights.
 // A quantized expert (quant.quantized()) holds each projection as stored: w1, w2, w3 are the
 // stored weights (FP8 as bytes, INT4 packed in int32, in the format's own layout) and q[0..2]
 // the rest of w1, w2 and w3; DequantizeExpert (quantized.h) gives the float weights.
@@ -45,17 +58,17 @@ struct ExpertWeights {
   at::Tensor w1;  // [intermediate, hidden] (gate projection)
   at::Tensor w2;  // [hidden, intermediate] (down projection)
   at::Tensor w3;  // [intermediate, hidden] (up projection)
-  std::array<QuantParts, 3> q;
+  std::array<ProjectionParts, 3> q;
   QuantSpec quant;
   bool quantized() const { return quant.quantized(); }
   // Every stored tensor's bytes.
   size_t bytes() const;
   // Every stored tensor in the order the expert store packs them: w1 and q[0], w3 and q[2], w2
-  // and q[1] (undefined ones skipped).
+  // and q[1] (undefined ones skipped; a part's bias last).
   std::vector<const at::Tensor*> Tensors() const;
   std::vector<at::Tensor*> Tensors();
   // Every place a stored tensor may be, in that order, defined or not.
-  std::array<at::Tensor*, 12> Places();
+  std::array<at::Tensor*, kExpertPlaces> Places();
 };
 
 // Every routed expert of a model: experts[layer][expert], layer = MoE layer index.

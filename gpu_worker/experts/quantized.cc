@@ -12,7 +12,7 @@
 namespace fmoe {
 namespace {
 
-const at::Tensor* PartFor(QuantRole role, const at::Tensor& weight, const QuantParts& parts) {
+const at::Tensor* PartFor(QuantRole role, const at::Tensor& weight, const ProjectionParts& parts) {
   switch (role) {
     case QuantRole::kWeight:
       return &weight;
@@ -27,7 +27,7 @@ const at::Tensor* PartFor(QuantRole role, const at::Tensor& weight, const QuantP
 }
 
 // The stored tensors against the format's list (shapes and dtypes).
-Status CheckParts(const QuantSpec& spec, const at::Tensor& weight, const QuantParts& parts,
+Status CheckParts(const QuantSpec& spec, const at::Tensor& weight, const ProjectionParts& parts,
                   int64_t out, int64_t in) {
   for (const QuantTensorSpec& t : QuantTensorsOf(spec, out, in)) {
     const at::Tensor* p = PartFor(t.role, weight, parts);
@@ -94,8 +94,8 @@ at::Tensor Fp8Block(const QuantSpec& spec, const at::Tensor& w, const at::Tensor
   return DecodeFp8(w) * scale;
 }
 
-at::Tensor Int4Packed(const QuantSpec& spec, const at::Tensor& w, const QuantParts& p, int64_t out,
-                      int64_t in) {
+at::Tensor Int4Packed(const QuantSpec& spec, const at::Tensor& w, const ProjectionParts& p,
+                      int64_t out, int64_t in) {
   const at::Tensor shifts = Shifts(w, false);
   at::Tensor q = (Nibbles(w, shifts).reshape({out, in}) - 8).to(at::kFloat);
   const at::Tensor groups = ColumnGroups(spec, p.g_idx, in, w);
@@ -111,8 +111,8 @@ at::Tensor Int4Packed(const QuantSpec& spec, const at::Tensor& w, const QuantPar
 }
 
 // GPTQ and AWQ: [in, out] values, then transposed.
-at::Tensor Int4Columns(const QuantSpec& spec, const at::Tensor& w, const QuantParts& p, int64_t out,
-                       int64_t in) {
+at::Tensor Int4Columns(const QuantSpec& spec, const at::Tensor& w, const ProjectionParts& p,
+                       int64_t out, int64_t in) {
   const bool awq = spec.method == QuantMethod::kAwq;
   const at::Tensor shifts = Shifts(w, awq);
   at::Tensor q;
@@ -147,7 +147,7 @@ std::optional<DequantDType> KernelDType(at::ScalarType t) {
 // On a CUDA device: the kernel (dequantize_cuda.h) writes the weight in one pass over the stored
 // bytes. Null where it does not apply (another device, a build without it, a dtype it does not
 // write); throws what LibTorch throws.
-Result<at::Tensor> OnCuda(const QuantSpec& spec, const at::Tensor& weight, const QuantParts& p,
+Result<at::Tensor> OnCuda(const QuantSpec& spec, const at::Tensor& weight, const ProjectionParts& p,
                           int64_t out, int64_t in, at::ScalarType dtype) {
   const std::optional<DequantDType> dst = KernelDType(dtype);
   const std::optional<DequantDType> scale = KernelDType(p.scale.scalar_type());
@@ -235,7 +235,8 @@ std::pair<int64_t, int64_t> ProjectionShape(const QuantSpec& spec, const at::Ten
   }
 }
 
-Status CheckProjection(const QuantSpec& spec, const at::Tensor& weight, const QuantParts& parts) {
+Status CheckProjection(const QuantSpec& spec, const at::Tensor& weight,
+                       const ProjectionParts& parts) {
   if (!weight.defined() || weight.dim() != 2) {
     return InvalidArgument("dequantize: " + spec.Describe() + ": the weight is not a matrix");
   }
@@ -247,7 +248,7 @@ Status CheckProjection(const QuantSpec& spec, const at::Tensor& weight, const Qu
 }
 
 Result<at::Tensor> DequantizeProjection(const QuantSpec& spec, const at::Tensor& weight,
-                                        const QuantParts& parts, at::ScalarType dtype) {
+                                        const ProjectionParts& parts, at::ScalarType dtype) {
   FMOE_RETURN_IF_ERROR(CheckProjection(spec, weight, parts));
   const auto [out, in] = ProjectionShape(spec, weight);
   try {
@@ -287,6 +288,7 @@ Result<ExpertWeights> DequantizeExpert(const ExpertWeights& w, at::ScalarType dt
   FMOE_ASSIGN_OR_RETURN(d.w1, DequantizeProjection(w.quant, w.w1, w.q[0], dtype));
   FMOE_ASSIGN_OR_RETURN(d.w2, DequantizeProjection(w.quant, w.w2, w.q[1], dtype));
   FMOE_ASSIGN_OR_RETURN(d.w3, DequantizeProjection(w.quant, w.w3, w.q[2], dtype));
+  for (size_t i = 0; i < d.q.size(); ++i) d.q[i].bias = w.q[i].bias;  // Biases stay float.
   return d;
 }
 

@@ -36,13 +36,14 @@ std::pair<int64_t, int64_t> ProjectionShape(const QuantSpec& spec, const at::Ten
 
 // Whether the stored tensors have the format's shapes and dtypes (kInvalidArgument naming the
 // tensor otherwise).
-Status CheckProjection(const QuantSpec& spec, const at::Tensor& weight, const QuantParts& parts);
+Status CheckProjection(const QuantSpec& spec, const at::Tensor& weight,
+                       const ProjectionParts& parts);
 
 // One projection's [out, in] float weight in `dtype`, on the stored tensors' device.
 // kInvalidArgument when the tensors do not have the format's shapes and dtypes; LibTorch errors
 // become kInternal (kResourceExhausted when out of memory).
 Result<at::Tensor> DequantizeProjection(const QuantSpec& spec, const at::Tensor& weight,
-                                        const QuantParts& parts, at::ScalarType dtype);
+                                        const ProjectionParts& parts, at::ScalarType dtype);
 
 // The expert with float weights w1, w2, w3 in `dtype` (a float expert is returned as is).
 Result<ExpertWeights> DequantizeExpert(const ExpertWeights& w, at::ScalarType dtype);

@@ -51,6 +51,22 @@ at::Tensor SwiGlu(const at::Tensor& x, const at::Tensor& gate, const at::Tensor&
   return BlockLinear(act, down, row_block);
 }
 
+at::Tensor ExpertGlu(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
+                     const at::Tensor& down, const at::Tensor& gate_bias, const at::Tensor& up_bias,
+                     const at::Tensor& down_bias, double limit, int64_t row_block) {
+  at::Tensor g = BlockLinear(x, gate, row_block, gate_bias);
+  at::Tensor u = BlockLinear(x, up, row_block, up_bias);
+  at::Tensor act;
+  if (limit > 0) {
+    g = g.clamp_max(limit);
+    u = u.clamp(-limit, limit);
+    act = (u + 1) * (g * at::sigmoid(g * 1.702));
+  } else {
+    act = at::silu(g) * u;
+  }
+  return BlockLinear(act, down, row_block, down_bias);
+}
+
 namespace {
 
 // rotate_half(x) = cat(-x2, x1) over the last dimension.
@@ -102,7 +118,11 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
     v = v.clamp(-c, c);
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  const int64_t window = info.sliding_window.value_or(0);
+  const int64_t window = w.window;
+  // gpt-oss's sinks: query row r of KV head kv's group (r / b its head in the group) gets the
+  // sink logit of head kv * group + r / b as one more column before the softmax.
+  at::Tensor sinks;
+  if (w.sinks.defined()) sinks = w.sinks.to(at::kFloat).view({n_kv, group, 1, 1});
   at::Tensor attn = at::empty({rows, n_heads * hd}, hn.options());
   for (const AttentionSpan& s : spans) {
     const int64_t t = s.tokens, p0 = s.position, len = p0 + t;
@@ -139,7 +159,14 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
         scores =
             scores.masked_fill(mask.repeat({group, 1}), -std::numeric_limits<float>::infinity());
       }
-      at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(hn.scalar_type());
+      at::Tensor probs;
+      if (sinks.defined()) {
+        at::Tensor sink_col = sinks.expand({n_kv, group, b, 1}).reshape({n_kv, group * b, 1});
+        at::Tensor joined = at::cat({scores.to(at::kFloat), sink_col}, -1);
+        probs = at::softmax(joined, -1).narrow(-1, 0, len).to(hn.scalar_type());
+      } else {
+        probs = at::softmax(scores, -1, at::kFloat).to(hn.scalar_type());
+      }
       at::Tensor o = at::matmul(probs, values);  // [KV, group*b, hd]
       attn.narrow(0, s.row + r0, b)
           .copy_(o.reshape({n_kv, group, b, hd}).permute({2, 0, 1, 3}).reshape({b, n_heads * hd}));
@@ -196,8 +223,10 @@ at::Tensor RotaryInverseFrequencies(const ModelInfo& info, bool long_factors) {
            std::log(y.original_max_position_embeddings / (rotations * 2 * std::numbers::pi)) /
            (2 * std::log(base));
   };
-  const double low = std::max(std::floor(correction_dim(y.beta_fast)), 0.0);
-  double high = std::min(std::ceil(correction_dim(y.beta_slow)), static_cast<double>(dim - 1));
+  // transformers rounds the ends to whole dims unless rope_scaling says truncate: false.
+  const double fast = correction_dim(y.beta_fast), slow = correction_dim(y.beta_slow);
+  const double low = std::max(y.truncate ? std::floor(fast) : fast, 0.0);
+  double high = std::min(y.truncate ? std::ceil(slow) : slow, static_cast<double>(dim - 1));
   if (low == high) high += 0.001;
   at::Tensor ramp = ((at::arange(dim / 2, at::kFloat) - low) / (high - low)).clamp(0.0, 1.0);
   at::Tensor extrapolation_factor = 1.0 - ramp;

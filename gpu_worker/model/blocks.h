@@ -2,10 +2,10 @@
 // (which a family uses is set by its file in common/model/families/, through ModelInfo's flags):
 // the batch-invariant linear map, RMSNorm and LayerNorm, rotary embeddings (plain, YaRN, LongRoPE),
 // grouped-query attention with its variants (q/k/v biases, q/k RMSNorm per head or over the whole
-// projection, q/k/v clipping, a sliding window), DeepSeek's multi-head latent attention with its
-// decoupled (YaRN) RoPE, and the SwiGLU MLP that dense layers, shared experts and routed experts
-// compute. Each follows the Hugging Face transformers implementation of the families it serves,
-// operation for operation.
+// projection, q/k/v clipping, a sliding window per layer, gpt-oss's attention sinks), DeepSeek's
+// multi-head latent attention with its decoupled (YaRN) RoPE, and the SwiGLU MLP that dense layers,
+// shared experts and routed experts compute. Each follows the Hugging Face transformers
+// implementation of the families it serves, operation for operation.
 #pragma once
 
 #include <cstdint>
@@ -40,11 +40,19 @@ struct MlpWeights {
 };
 at::Tensor SwiGlu(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
                   const at::Tensor& down, int64_t row_block);
+// A routed expert's MLP: SwiGlu with the projections' biases (undefined: none) and, with
+// limit > 0, gpt-oss's clamp: gate = min(gate x + b, limit), up = clamp(up x + b, -limit, limit),
+// down((up + 1) * gate * sigmoid(1.702 gate)) + b (transformers' GptOssExperts).
+at::Tensor ExpertGlu(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
+                     const at::Tensor& down, const at::Tensor& gate_bias, const at::Tensor& up_bias,
+                     const at::Tensor& down_bias, double limit, int64_t row_block);
 
 struct AttentionWeights {
   at::Tensor wq, wk, wv, wo;  // [H*hd, h], [KV*hd, h], [KV*hd, h], [h, H*hd]
   at::Tensor bq, bk, bv, bo;  // Biases, or undefined.
   at::Tensor q_norm, k_norm;  // [hd] per head or [H*hd] / [KV*hd] whole, or undefined.
+  at::Tensor sinks;           // gpt-oss: a logit per query head [H], or undefined.
+  int64_t window = 0;         // This layer's sliding window (0: full attention).
 };
 
 // One sequence's part of a ragged batch: rows [row, row + tokens) of the batch's hidden state,

@@ -43,6 +43,7 @@ struct MoeModel::Layer {
   uint32_t moe = kDense;                       // The MoE layer index, or kDense.
   MlpWeights dense;                            // A dense layer's MLP.
   at::Tensor gate;                             // The router, [J, h].
+  at::Tensor gate_bias;                        // Its bias [J] (gpt-oss), or undefined.
   MlpWeights shared;               // The shared expert (resident), if the family has one.
   at::Tensor shared_gate;          // [1, h], if gated.
   std::vector<float> router_bias;  // DeepSeek-V3's e_score_correction_bias [J], or empty.
@@ -141,6 +142,8 @@ Result<std::unique_ptr<MoeModel>> MoeModel::LoadImpl(const ModelInfo& info,
       FMOE_RETURN_IF_ERROR(LoadLatentAttention(info, loader, p + "self_attn.", &layer.latent));
     } else {
       FMOE_RETURN_IF_ERROR(LoadAttention(info, loader, p + "self_attn.", &layer.attention));
+      const bool sliding = info.sliding_layers.empty() || info.sliding_layers[i];
+      layer.attention.window = sliding ? int64_t{info.sliding_window.value_or(0)} : 0;
     }
     if (layer.moe == kDense) {
       FMOE_RETURN_IF_ERROR(
@@ -237,6 +240,9 @@ Status MoeModel::LoadAttention(const ModelInfo& info, TensorLoader& loader, cons
     FMOE_ASSIGN_OR_RETURN(a->q_norm, loader.Load(p + "q_norm.weight", {q_dim}));
     FMOE_ASSIGN_OR_RETURN(a->k_norm, loader.Load(p + "k_norm.weight", {kv_dim}));
   }
+  if (info.attention_sinks) {
+    FMOE_ASSIGN_OR_RETURN(a->sinks, loader.Load(p + "sinks", {int64_t{info.num_attention_heads}}));
+  }
   return Status::Ok();
 }
 
@@ -245,12 +251,16 @@ Status MoeModel::LoadMoeBlock(const ModelInfo& info, const ExpertTensorNames& na
                               const std::string& moe, Layer* layer,
                               std::vector<ExpertWeights>* layer_experts) {
   const int64_t h = info.hidden_size, inter = info.intermediate_size, j = info.num_experts;
-  if (loader.StoredQuantized(moe + "gate.weight")) {
-    return InvalidArgument("model: " + info.dir + ": \"" + moe +
-                           "gate\": a quantized router is not implemented (" +
-                           info.quant.Describe() + "); the router must be stored in float");
+  const std::string router = moe + names.router;
+  if (loader.StoredQuantized(router + ".weight")) {
+    return InvalidArgument("model: " + info.dir + ": \"" + router +
+                           "\": a quantized router is not implemented (" + info.quant.Describe() +
+                           "); the router must be stored in float");
   }
-  FMOE_ASSIGN_OR_RETURN(layer->gate, loader.Load(moe + "gate.weight", {j, h}));
+  FMOE_ASSIGN_OR_RETURN(layer->gate, loader.Load(router + ".weight", {j, h}));
+  if (info.router_bias) {
+    FMOE_ASSIGN_OR_RETURN(layer->gate_bias, loader.Load(router + ".bias", {j}));
+  }
   if (info.router_correction_bias) {
     FMOE_ASSIGN_OR_RETURN(at::Tensor bias, loader.Load(moe + names.correction_bias, {j}, at::kCPU));
     at::Tensor bf = bias.to(at::kFloat).contiguous();
@@ -265,6 +275,9 @@ Status MoeModel::LoadMoeBlock(const ModelInfo& info, const ExpertTensorNames& na
     }
   }
   layer_experts->resize(info.num_experts);
+  if (names.fused_experts) {
+    return LoadFusedExperts(info, names, options, loader, moe, layer->moe, layer_experts);
+  }
   for (uint32_t e = 0; e < info.num_experts; ++e) {
     const std::string q = moe + "experts." + std::to_string(e) + ".";
     const bool owned =
@@ -277,7 +290,7 @@ Status MoeModel::LoadMoeBlock(const ModelInfo& info, const ExpertTensorNames& na
         const char* name;
         int64_t out, in;
         at::Tensor* weight;
-        QuantParts* parts;
+        ProjectionParts* parts;
       } projections[] = {{names.expert_gate, inter, h, &w.w1, &w.q[0]},
                          {names.expert_down, h, inter, &w.w2, &w.q[1]},
                          {names.expert_up, inter, h, &w.w3, &w.q[2]}};
@@ -301,6 +314,42 @@ Status MoeModel::LoadMoeBlock(const ModelInfo& info, const ExpertTensorNames& na
     FMOE_ASSIGN_OR_RETURN(w.w1, loader.Load(q + names.expert_gate, {inter, h}, at::kCPU));
     FMOE_ASSIGN_OR_RETURN(w.w2, loader.Load(q + names.expert_down, {h, inter}, at::kCPU));
     FMOE_ASSIGN_OR_RETURN(w.w3, loader.Load(q + names.expert_up, {inter, h}, at::kCPU));
+  }
+  return Status::Ok();
+}
+
+Status MoeModel::LoadFusedExperts(const ModelInfo& info, const ExpertTensorNames& names,
+                                  const RuntimeOptions& options, TensorLoader& loader,
+                                  const std::string& moe, uint32_t moe_layer,
+                                  std::vector<ExpertWeights>* layer_experts) {
+  const int64_t h = info.hidden_size, inter = info.intermediate_size, j = info.num_experts;
+  if (info.quant.quantized()) {
+    return InvalidArgument("model: " + info.dir + ": fused experts stored as " +
+                           info.quant.Describe() + " are not implemented");
+  }
+  const std::string x = moe + "experts.";
+  const std::string gate_up = x + names.expert_gate, down = x + names.expert_down;
+  // The layer's tensors whole, in host memory; each expert sliced out of them. gate_up_proj is
+  // [J, h, 2I] with gate and up interleaved in its last dim; down_proj [J, I, h]: x times them.
+  FMOE_ASSIGN_OR_RETURN(at::Tensor gu, loader.Load(gate_up, {j, h, 2 * inter}, at::kCPU));
+  FMOE_ASSIGN_OR_RETURN(at::Tensor dn, loader.Load(down, {j, inter, h}, at::kCPU));
+  at::Tensor gu_bias, dn_bias;
+  if (info.expert_bias) {
+    FMOE_ASSIGN_OR_RETURN(gu_bias, loader.Load(gate_up + "_bias", {j, 2 * inter}, at::kCPU));
+    FMOE_ASSIGN_OR_RETURN(dn_bias, loader.Load(down + "_bias", {j, h}, at::kCPU));
+  }
+  for (uint32_t e = 0; e < info.num_experts; ++e) {
+    if ((int64_t{moe_layer} * j + e) % options.expert_world_size != options.expert_rank) continue;
+    ExpertWeights& w = (*layer_experts)[e];
+    const at::Tensor g = gu.select(0, e);                 // [h, 2I]
+    w.w1 = g.slice(1, 0, 2 * inter, 2).t().contiguous();  // [I, h]
+    w.w3 = g.slice(1, 1, 2 * inter, 2).t().contiguous();
+    w.w2 = dn.select(0, e).t().contiguous();  // [h, I]
+    if (info.expert_bias) {
+      w.q[0].bias = gu_bias.select(0, e).slice(0, 0, 2 * inter, 2).contiguous();
+      w.q[2].bias = gu_bias.select(0, e).slice(0, 1, 2 * inter, 2).contiguous();
+      w.q[1].bias = dn_bias.select(0, e).contiguous();
+    }
   }
   return Status::Ok();
 }
@@ -647,7 +696,9 @@ Result<MoeModel::LayerRoute> MoeModel::RouteLayer(uint32_t l, const Layer& layer
   const Impl& m = *impl_;
   const int64_t rows = batch.rows, n_experts = info_.num_experts, top_k = info_.top_k;
   // On the CPU in float32, as every family's reference does.
-  at::Tensor logits_cpu = m.Linear(hn, layer.gate).to(at::kCPU, at::kFloat).contiguous();
+  at::Tensor logits_cpu = BlockLinear(hn, layer.gate, m.options.row_block, layer.gate_bias)
+                              .to(at::kCPU, at::kFloat)
+                              .contiguous();
   LayerRoute route;
   route.probs.resize(static_cast<size_t>(rows * n_experts));
   route.chosen.resize(static_cast<size_t>(rows * top_k));
@@ -724,6 +775,7 @@ Status MoeModel::RunRoutedExperts(uint32_t l, const at::Tensor& hn, int64_t rows
                                   at::Tensor* slots) const {
   const Impl& m = *impl_;
   const int64_t n_experts = info_.num_experts;
+  const ExpertActivation activation{info_.swiglu_limit.value_or(0.0)};
   // Hybrid execution on a device: the activations come down once, before the device's work on
   // the resident experts is queued, so the host runs overlap with it.
   at::Tensor hn_host;
@@ -752,14 +804,15 @@ Status MoeModel::RunRoutedExperts(uint32_t l, const at::Tensor& hn, int64_t rows
     if (w.w1.is_cpu() && (!hn.is_cpu() || (w.quantized() && cpu_kernel_dtype))) {
       if (!hn.is_cpu() && !hn_host.defined()) hn_host = hn.to(at::kCPU);
       const at::Tensor& x = hn.is_cpu() ? hn : hn_host;
-      FMOE_ASSIGN_OR_RETURN(at::Tensor host, CpuSwiGlu(x.index_select(0, idx), w));
+      FMOE_ASSIGN_OR_RETURN(at::Tensor host, CpuSwiGlu(x.index_select(0, idx), w, activation));
       ye = host.to(m.device, m.dtype);
     } else {
       // A quantized expert's stored bytes are dequantized for its product only. cpu mode computes
       // a float expert's host run with the same function as any other expert, so hybrid
       // execution there changes no value.
       FMOE_ASSIGN_OR_RETURN(const ExpertWeights f, DequantizeExpert(w, m.dtype));
-      ye = SwiGlu(hn.index_select(0, idx.to(m.device)), f.w1, f.w3, f.w2, m.options.row_block);
+      ye = ExpertGlu(hn.index_select(0, idx.to(m.device)), f.w1, f.w3, f.w2, f.q[0].bias,
+                     f.q[2].bias, f.q[1].bias, activation.swiglu_limit, m.options.row_block);
     }
     at::Tensor we = at::tensor(a.weights[e], at::TensorOptions().dtype(at::kFloat))
                         .to(m.device, m.dtype)
@@ -808,8 +861,8 @@ void MoeModel::Speculate(uint32_t l, const at::Tensor& x, const Batch& batch,
   const size_t distance = std::max(source_distance, observer_distance);
   for (size_t t = l + 1; t < info.num_moe_layers && t <= l + distance; ++t) {
     const Layer& ahead = m.layers[info.moe_layers[t]];
-    at::Tensor logits =
-        m.Linear(DecoderNorm(info, x, ahead.post_norm, ahead.post_norm_bias), ahead.gate);
+    at::Tensor logits = BlockLinear(DecoderNorm(info, x, ahead.post_norm, ahead.post_norm_bias),
+                                    ahead.gate, m.options.row_block, ahead.gate_bias);
     std::vector<int64_t> picked(static_cast<size_t>(rows * top_k));
     const RoutingSpec& spec = info.routing;
     if (spec.scoring != RouterScoring::kSigmoid && spec.groups == GroupScoring::kNone &&

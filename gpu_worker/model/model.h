@@ -142,6 +142,10 @@ class MoeModel {
   // or latent), a SwiGLU MLP (dense layers, shared experts), the MoE block (router, shared
   // expert, the routed experts this rank owns, in host memory; the others skipped); the final
   // norm, lm_head and rotary frequencies.
+  static Status LoadFusedExperts(const ModelInfo& info, const ExpertTensorNames& names,
+                                 const RuntimeOptions& options, TensorLoader& loader,
+                                 const std::string& moe, uint32_t moe_layer,
+                                 std::vector<ExpertWeights>* layer_experts);
   static void LogSkippedLayers(const ModelInfo& info, const Checkpoint& ckpt);
   static Status CheckLoadable(const ModelInfo& info, const RuntimeOptions& options);
   static Status LoadAttention(const ModelInfo& info, TensorLoader& loader,

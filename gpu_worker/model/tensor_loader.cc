@@ -155,12 +155,12 @@ Result<at::Tensor> TensorLoader::LoadStored(const std::string& name, const Quant
 }
 
 Status TensorLoader::LoadQuantized(const std::string& prefix, int64_t out, int64_t in,
-                                   at::Tensor* weight, QuantParts* parts) {
+                                   at::Tensor* weight, ProjectionParts* parts) {
   if (std::string why = QuantShapeError(quant_, out, in); !why.empty()) {
     return InvalidArgument("model: " + ckpt_.dir() + ": \"" + prefix + "\": " + why);
   }
   *weight = at::Tensor();
-  *parts = QuantParts{};
+  *parts = ProjectionParts{};
   for (const QuantTensorSpec& spec : QuantTensorsOf(quant_, out, in)) {
     FMOE_ASSIGN_OR_RETURN(at::Tensor t, LoadStored(prefix + spec.suffix, spec));
     switch (spec.role) {
@@ -231,7 +231,7 @@ Result<at::Tensor> TensorLoader::LoadDequantized(const std::string& name,
                                                  const std::vector<int64_t>& shape,
                                                  at::Device device) {
   at::Tensor weight;
-  QuantParts parts;
+  ProjectionParts parts;
   const std::string prefix = LinearPrefix(name);
   FMOE_RETURN_IF_ERROR(LoadQuantized(prefix, shape[0], shape[1], &weight, &parts));
   Result<at::Tensor> w = DequantizeProjection(quant_, weight, parts, dtype_);

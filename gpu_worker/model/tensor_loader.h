@@ -54,7 +54,7 @@ class TensorLoader {
   // `weight`, the rest into `parts`. Errors name the tensor: a missing one, another shape or
   // dtype than the format's (QuantTensorsOf), a group index out of range.
   Status LoadQuantized(const std::string& prefix, int64_t out, int64_t in, at::Tensor* weight,
-                       QuantParts* parts);
+                       ProjectionParts* parts);
   // The same, checked and counted, not read (another rank's expert).
   Status SkipQuantized(const std::string& prefix, int64_t out, int64_t in);
   // Whether the weight `name` is stored quantized (by what the checkpoint holds).

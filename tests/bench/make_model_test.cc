@@ -249,6 +249,60 @@ TEST_F(MakeModelTest, DryRunsHaveTheRealShapesAndParameterCounts) {
         "tensor lm_head.weight BF16 [129280, 7168] 1853358080 "},
        {"tensor model.layers.61.", "tensor model.layers.2.mlp.experts.",
         "tensor model.layers.0.self_attn.q_proj", "tensor model.layers.3.mlp.experts.256."}},
+      // 96 heads of 128 with q/k/v biases, one dense layer of 10944, 45 MoE layers of 128
+      // experts, a gate with its correction bias and a shared expert.
+      {"glm-4.5-air",
+       106852251264,
+       106e9,
+       34603008,
+       128,
+       17925,
+       {"tensor model.layers.0.self_attn.q_proj.weight BF16 [12288, 4096] 100663296 ",
+        "tensor model.layers.0.self_attn.q_proj.bias BF16 [12288] 24576 ",
+        "tensor model.layers.0.self_attn.o_proj.weight BF16 [4096, 12288] 100663296 ",
+        "tensor model.layers.0.mlp.down_proj.weight BF16 [4096, 10944] 89653248 ",
+        "tensor model.layers.1.mlp.gate.e_score_correction_bias BF16 [128] 256 ",
+        "tensor model.layers.45.mlp.experts.127.up_proj.weight BF16 [1408, 4096] 11534336 ",
+        "tensor model.layers.45.mlp.shared_experts.down_proj.weight BF16 [4096, 1408] 11534336 "},
+       {"tensor model.layers.46.", "tensor model.layers.0.mlp.experts.",
+        "tensor model.layers.0.self_attn.o_proj.bias", "tensor model.layers.0.self_attn.q_norm"}},
+      // q/k norms over the whole projections, 256 experts under block_sparse_moe with the
+      // correction bias on the block.
+      {"minimax-m2",
+       228689764864,
+       230e9,
+       28311552,
+       256,
+       48239,
+       {"tensor model.layers.0.self_attn.q_norm.weight BF16 [6144] 12288 ",
+        "tensor model.layers.0.self_attn.k_norm.weight BF16 [1024] 2048 ",
+        "tensor model.layers.0.block_sparse_moe.e_score_correction_bias BF16 [256] 512 ",
+        "tensor model.layers.61.block_sparse_moe.experts.255.w2.weight BF16 [3072, 1536] "
+        "9437184 "},
+       {"tensor model.layers.62.", "tensor model.layers.0.mlp.",
+        "tensor model.layers.0.self_attn.q_proj.bias"}},
+      // Fused experts with biases (3 x 2880 x 2880 + 2 x 2880 + 2880 parameters each), sinks,
+      // q/k/v/o biases, a router with a bias.
+      {"gpt-oss-20b",
+       20914757184,
+       20.9e9,
+       49783680,
+       32,
+       411,
+       {"tensor model.layers.0.self_attn.sinks BF16 [64] 128 ",
+        "tensor model.layers.0.self_attn.o_proj.bias BF16 [2880] 5760 ",
+        "tensor model.layers.0.mlp.router.bias BF16 [32] 64 ",
+        "tensor model.layers.0.mlp.experts.gate_up_proj BF16 [32, 2880, 5760] 1061683200 ",
+        "tensor model.layers.23.mlp.experts.down_proj_bias BF16 [32, 2880] 184320 "},
+       {"tensor model.layers.24.", "tensor model.layers.0.mlp.experts.0."}},
+      {"gpt-oss-120b",
+       116829156672,
+       116.8e9,
+       49783680,
+       128,
+       615,
+       {"tensor model.layers.35.mlp.experts.down_proj BF16 [128, 2880, 2880] 2123366400 "},
+       {"tensor model.layers.36."}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.shape);
@@ -258,7 +312,11 @@ TEST_F(MakeModelTest, DryRunsHaveTheRealShapesAndParameterCounts) {
     EXPECT_FALSE(fs::exists(out)) << "a dry run wrote " << out;
     const long long params = SummaryNumber(r.out, "parameters");
     EXPECT_EQ(params, c.params);
-    EXPECT_LT(std::abs(static_cast<double>(params) - c.published) / c.published, 0.005);
+    // 0.5%, or 1% where the card rounds to whole billions: GLM-4.5-Air's "106B" (the tensors
+    // count 106.85 B) and MiniMax-M2's "230B" (228.69 B; make_model_shapes.cc says more).
+    const std::string name = c.shape;
+    const double tolerance = name == "glm-4.5-air" || name == "minimax-m2" ? 0.01 : 0.005;
+    EXPECT_LT(std::abs(static_cast<double>(params) - c.published) / c.published, tolerance);
     EXPECT_EQ(SummaryNumber(r.out, "bytes"), 2 * c.params);  // bfloat16.
     EXPECT_EQ(SummaryNumber(r.out, "routed expert bytes"), c.expert_bytes);
     EXPECT_EQ(SummaryNumber(r.out, "experts per layer"), c.experts);
@@ -664,7 +722,10 @@ TEST_F(MakeModelTest, BadArgumentsExitTwoAndIoFailuresOne) {
       {{"--dry-run"}, "--shape: required"},
       {{"--shape", "mixtral", "--dry-run"},
        "--shape: \"mixtral\" is not one of mixtral-8x7b, qwen1.5-moe-a2.7b, phi-3.5-moe, "
-       "qwen3-30b-a3b, olmoe-1b-7b, deepseek-v2-lite, deepseek-v3, kimi-k2"},
+       "qwen3-30b-a3b, olmoe-1b-7b, deepseek-v2-lite, deepseek-v3, kimi-k2, glm-4.5-air, "
+       "minimax-m2, gpt-oss-20b, gpt-oss-120b"},
+      {{"--shape", "gpt-oss-20b", "--dry-run", "--quant", "fp8"},
+       "--quant: gpt-oss's fused experts are released in MXFP4, which make-model does not write"},
       {{"--shape", "mixtral-8x7b"}, "--out: required"},
       {{"--shape", "mixtral-8x7b", "--dry-run", "--layers", "0"}, "--layers: 0 is not in [1, 32]"},
       {{"--shape", "phi-3.5-moe", "--dry-run", "--layers", "33"}, "--layers: 33 is not in [1, 32]"},

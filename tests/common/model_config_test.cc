@@ -38,7 +38,7 @@ TEST(ModelFamilies, EachArchitectureFindsItsOwnFamily) {
       EXPECT_EQ(*found, f) << name;
     }
   }
-  EXPECT_EQ(seen.size(), 10u);
+  EXPECT_EQ(seen.size(), 11u);
   auto missing = FindModelFamily("LlamaForCausalLM");
   ASSERT_FALSE(missing.ok());
   for (const std::string& name : seen)
@@ -749,6 +749,81 @@ TEST(ModelConfig, RefusesRotaryWidthsThatCannotRun) {
       {minimax + R"(, "scoring_func": "sparsemixer"})",
        "scoring_func: \"sparsemixer\" is not implemented"},
       {glm + R"(, "n_shared_experts": -1})", "n_shared_experts: -1 is out of range"},
+  };
+  for (const auto& c : cases) {
+    auto info = ParseModelConfig(c.json, "/m");
+    ASSERT_FALSE(info.ok()) << c.json;
+    EXPECT_NE(info.status().message().find(c.error), std::string::npos)
+        << info.status().message() << "\n wanted: " << c.error;
+  }
+}
+
+// openai/gpt-oss-20b's config.json (its MXFP4 quantization_config left out: the bfloat16 layout).
+const char* kGptOss20b = R"({"architectures": ["GptOssForCausalLM"], "attention_bias": true,
+  "attention_dropout": 0.0, "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64,
+  "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096,
+  "intermediate_size": 2880, "layer_types": ["sliding_attention", "full_attention",
+  "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+  "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+  "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+  "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+  "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+  "sliding_attention", "full_attention"], "max_position_embeddings": 131072,
+  "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4,
+  "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32,
+  "pad_token_id": 199999, "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0,
+  "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+  "rope_type": "yarn", "truncate": false}, "rope_theta": 150000, "router_aux_loss_coef": 0.9,
+  "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": false,
+  "vocab_size": 201088})";
+
+TEST(ModelConfig, ReadsGptOss20b) {
+  auto info = ParseModelConfig(kGptOss20b, "/o");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->num_moe_layers, 24u);
+  EXPECT_EQ(info->num_experts, 32u);
+  EXPECT_EQ(info->top_k, 4u);
+  EXPECT_EQ(info->head_dim, 64u);
+  EXPECT_EQ(RotaryDim(*info), 64u);
+  ASSERT_EQ(info->sliding_layers.size(), 24u);
+  EXPECT_TRUE(info->sliding_layers[0]);
+  EXPECT_FALSE(info->sliding_layers[1]);
+  EXPECT_EQ(info->sliding_window, 128u);
+  EXPECT_TRUE(info->attention_sinks && info->qkv_bias && info->o_bias);
+  EXPECT_TRUE(info->router_bias && info->expert_bias);
+  EXPECT_EQ(info->swiglu_limit, 7.0);
+  EXPECT_EQ(info->routing.scoring, RouterScoring::kSoftmaxTopK);
+  ASSERT_TRUE(info->yarn.has_value());
+  EXPECT_EQ(info->yarn->factor, 32.0);
+  EXPECT_FALSE(info->yarn->truncate);
+  EXPECT_EQ(info->yarn->original_max_position_embeddings, 4096u);
+  // 3 x 2880 x 2880 parameters an expert, and its biases (2 x 2880 on gate_up, 2880 on down).
+  EXPECT_EQ(RoutedExpertParams(*info), 3ull * 2880 * 2880 + 3 * 2880);
+  const std::string described = DescribeModel(*info);
+  EXPECT_NE(described.find("sliding window 128 on 12 of 24 layers, attention sinks, YaRN x32"),
+            std::string::npos)
+      << described;
+}
+
+TEST(ModelConfig, RefusesWhatGptOssCannotRun) {
+  const std::string base = std::string(kGptOss20b).substr(0, std::string(kGptOss20b).size() - 1);
+  struct Case {
+    std::string json;
+    const char* error;
+  } cases[] = {
+      {base + R"(, "layer_types": ["sliding_attention"]})",
+       "layer_types: not a list of 24 layer types"},
+      {std::string(kGptOss20b)
+           .replace(std::string(kGptOss20b).find("\"full_attention\""), 16,
+                    "\"chunked_attention\""),
+       "layer_types[1]: \"chunked_attention\" is not"},
+      {base +
+           R"(, "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "low_freq_factor": 1}})",
+       "low_freq_factor"},
+      {base + R"(, "swiglu_limit": -1})", "swiglu_limit"},
+      {base +
+           R"(, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}})",
+       "quantization_config.quant_method: \"mxfp4\""},
   };
   for (const auto& c : cases) {
     auto info = ParseModelConfig(c.json, "/m");

@@ -284,5 +284,29 @@ TEST(Routing, SparseMixerSpecsAreChecked) {
             "sparsemixer (router_jitter_noise 0.010000), top-2 of 16, not renormalised");
 }
 
+// gpt-oss: the top-2 of the logits, weighted by a softmax over those two alone; the maps record
+// the softmax over all.
+TEST(Routing, SoftmaxOverTheChosenLogits) {
+  RoutingSpec spec{RouterScoring::kSoftmaxTopK, 4, 2, false};
+  const std::vector<float> logits = {0.5f, -1.0f, 2.0f, 1.5f};
+  Routed r = Route(spec, logits);
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{2, 3}));
+  const double e2 = std::exp(2.0), e3 = std::exp(1.5);
+  EXPECT_NEAR(r.weights[0], e2 / (e2 + e3), 1e-7);
+  EXPECT_NEAR(r.weights[1], e3 / (e2 + e3), 1e-7);
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  for (size_t e = 0; e < 4; ++e) EXPECT_NEAR(r.probs[e], std::exp(logits[e]) / z, 1e-7);
+  EXPECT_NE(spec.Describe().find("softmax over the chosen"), std::string::npos);
+  // Huge logits stay finite (max-subtracted), and the spec takes no groups, bias or scaling.
+  Routed big = Route(spec, {1e30f, 0.0f, 1e30f, -1e30f});
+  EXPECT_NEAR(big.weights[0], 0.5, 1e-7);
+  spec.scaling = 2.0f;
+  EXPECT_FALSE(spec.Validate().ok());
+  spec.scaling = 1.0f;
+  spec.correction_bias = true;
+  EXPECT_FALSE(spec.Validate().ok());
+}
+
 }  // namespace
 }  // namespace fmoe

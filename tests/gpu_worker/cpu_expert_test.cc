@@ -41,6 +41,40 @@ TEST(CpuExpert, MatchesSwiGluInFloat32) {
   }
 }
 
+// gpt-oss's experts: the projections' biases and the clamped SwiGLU, as the model's ExpertGlu
+// computes them; large weights so that the clamp acts on part of the values.
+TEST(CpuExpert, BiasesAndTheClampMatchExpertGlu) {
+  ExpertWeights w = MakeExpert(at::kFloat);
+  w.w1 = w.w1 * 8;
+  w.w3 = w.w3 * 8;
+  w.q[0].bias = at::randn({kInter});
+  w.q[2].bias = at::randn({kInter});
+  w.q[1].bias = at::randn({kHidden});
+  const ExpertActivation act{7.0};
+  for (int64_t tokens : {1, 4, 9}) {
+    at::Tensor x = at::randn({tokens, kHidden});
+    Result<at::Tensor> y = CpuSwiGlu(x, w, act);
+    ASSERT_TRUE(y.ok()) << y.status().ToString();
+    at::Tensor ref = ExpertGlu(x, w.w1, w.w3, w.w2, w.q[0].bias, w.q[2].bias, w.q[1].bias,
+                               act.swiglu_limit, /*row_block=*/0);
+    EXPECT_TRUE(at::allclose(*y, ref, 1e-4, 1e-4))
+        << "tokens=" << tokens << " max diff " << (*y - ref).abs().max().item<float>();
+    const at::Tensor gate = at::linear(x, w.w1, w.q[0].bias);
+    EXPECT_GT((gate > 7.0).sum().item<int64_t>(), 0) << "the clamp never acts";
+    // Without the clamp the result differs: the test would see a kernel that ignores it.
+    at::Tensor plain = ExpertGlu(x, w.w1, w.w3, w.w2, w.q[0].bias, w.q[2].bias, w.q[1].bias, 0.0,
+                                 /*row_block=*/0);
+    EXPECT_FALSE(at::allclose(plain, ref, 1e-3, 1e-3));
+  }
+  // A bias of the wrong length is refused, not read past.
+  w.q[1].bias = at::randn({kHidden - 1});
+  Result<at::Tensor> bad = CpuSwiGlu(at::randn({2, kHidden}), w, act);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("a bias of 71 values for a projection of 72 rows"),
+            std::string::npos)
+      << bad.status().message();
+}
+
 TEST(CpuExpert, MatchesSwiGluInBfloat16) {
   const ExpertWeights w = MakeExpert(at::kBFloat16);
   at::Tensor x = at::randn({6, kHidden}).to(at::kBFloat16);
@@ -129,7 +163,7 @@ TEST(CpuExpert, QuantizedExpertsReadFromTheirStoredBytes) {
   }
   // FP8 block scales in bfloat16 (as newer Qwen FP8 checkpoints store them).
   ExpertWeights bf = QuantizedExpert("deepseek-v3-fp8-ref");
-  for (QuantParts& p : bf.q) p.scale = p.scale.to(at::kBFloat16);
+  for (ProjectionParts& p : bf.q) p.scale = p.scale.to(at::kBFloat16);
   ExpectNativeEqualsDequantized(bf, "fp8 block, bfloat16 scales");
   // Asymmetric INT4 with a stored group per column (act order): the kimi expert's weights with
   // random zero points and a random column order of groups.

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -63,7 +64,7 @@ const char* const kFamilies[] = {
     "olmoe-ref",        "deepseek-v2-ref",     "deepseek-v3-ref",
     "phimoe-ref",       "deepseek-v3-fp8-ref", "qwen3-moe-fp8-channel-ref",
     "kimi-k2-int4-ref", "mixtral-gptq-ref",    "qwen2-moe-awq-ref",
-    "glm4-moe-ref",     "minimax-m2-ref"};
+    "glm4-moe-ref",     "minimax-m2-ref",      "gpt-oss-ref"};
 
 std::string FixtureDir(const std::string& name) {
   return std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + name;
@@ -93,6 +94,36 @@ Runtime& Reference() { return Fixture("mixtral-ref"); }
 const Json& ReferenceJson() { return FixtureJson("mixtral-ref"); }
 
 std::vector<int32_t> Ids(const Json& j) { return j.get<std::vector<int32_t>>(); }
+
+// A prompt's reference logits: "logits" holds the [T][V] float32 values row-major, little-endian,
+// in base64 (the generators' f32_b64).
+std::vector<float> RefLogits(const Json& prompt) {
+  static const std::string kAlphabet =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const std::string text = prompt.at("logits").get<std::string>();
+  std::vector<uint8_t> bytes;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : text) {
+    if (c == '=') break;
+    const size_t v = kAlphabet.find(c);
+    EXPECT_NE(v, std::string::npos) << "not base64: " << c;
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      bytes.push_back(static_cast<uint8_t>((acc >> bits) & 0xff));
+    }
+  }
+  EXPECT_EQ(bytes.size() % 4, 0u);
+  std::vector<float> out(bytes.size() / 4);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const uint32_t u = uint32_t{bytes[4 * i]} | uint32_t{bytes[4 * i + 1]} << 8 |
+                       uint32_t{bytes[4 * i + 2]} << 16 | uint32_t{bytes[4 * i + 3]} << 24;
+    std::memcpy(&out[i], &u, 4);
+  }
+  return out;
+}
 
 // Prefill of `tokens` in a fresh cache; all logits.
 ForwardResult Prefill(Runtime& rt, const std::vector<int32_t>& tokens, bool record_router = false) {
@@ -135,12 +166,12 @@ TEST_P(FamilyReference, PrefillLogitsAndRouterMatchTransformers) {
     const size_t t = ids.size();
     ForwardResult out = Prefill(rt, ids, /*record_router=*/true);
     ASSERT_EQ(out.logits[0].size(), t * vocab);
+    const std::vector<float> ref_logits = RefLogits(p);
+    ASSERT_EQ(ref_logits.size(), t * vocab);
     double max_logit_diff = 0;
-    for (size_t i = 0; i < t; ++i) {
-      for (size_t v = 0; v < vocab; ++v) {
-        max_logit_diff = std::max(max_logit_diff, std::abs(out.logits[0][i * vocab + v] -
-                                                           p["logits"][i][v].get<double>()));
-      }
+    for (size_t i = 0; i < t * vocab; ++i) {
+      max_logit_diff =
+          std::max(max_logit_diff, double{std::abs(out.logits[0][i] - ref_logits[i])});
     }
     EXPECT_LE(max_logit_diff, 1e-4) << "prompt " << p["text"];
     ASSERT_EQ(out.router_probs.size(), layers);
@@ -178,12 +209,11 @@ TEST_P(FamilyReference, PrefillInQueryBlocksMatchesTransformers) {
       const std::vector<int32_t> ids = Ids(p["ids"]);
       ForwardResult out = Prefill(*blocked, ids);
       ASSERT_EQ(out.logits[0].size(), ids.size() * vocab);
+      const std::vector<float> ref_logits = RefLogits(p);
+      ASSERT_EQ(ref_logits.size(), ids.size() * vocab);
       double max_diff = 0;
-      for (size_t i = 0; i < ids.size(); ++i) {
-        for (size_t v = 0; v < vocab; ++v) {
-          max_diff = std::max(
-              max_diff, std::abs(out.logits[0][i * vocab + v] - p["logits"][i][v].get<double>()));
-        }
+      for (size_t i = 0; i < ids.size() * vocab; ++i) {
+        max_diff = std::max(max_diff, double{std::abs(out.logits[0][i] - ref_logits[i])});
       }
       EXPECT_LE(max_diff, 1e-4) << "budget " << budget << ", prompt " << p["text"];
     }
@@ -499,8 +529,9 @@ TEST_F(BadCheckpoint, HalfPrecisionWeightsLoadAndStayClose) {
     ForwardResult out = Prefill(*rt, Ids(p["ids"]));
     double diff = 0;
     const size_t vocab = rt->info.vocab_size;
+    const std::vector<float> ref_logits = RefLogits(p);
     for (size_t v = 0; v < vocab; ++v) {
-      diff = std::max(diff, std::abs(out.logits[0][v] - p["logits"][0][v].get<double>()));
+      diff = std::max(diff, double{std::abs(out.logits[0][v] - ref_logits[v])});
     }
     EXPECT_LT(diff, dtype == DType::kF16 ? 0.02 : 0.2) << DTypeName(dtype);
     EXPECT_GT(diff, 0.0) << DTypeName(dtype);
@@ -519,7 +550,9 @@ TEST_F(BadCheckpoint, ComputeInBfloat16) {
   size_t same_argmax = 0;
   for (size_t i = 0; i < t; ++i) {
     std::span<const float> row(out.logits[0].data() + i * vocab, vocab);
-    std::vector<float> ref = p["logits"][i].get<std::vector<float>>();
+    const std::vector<float> all = RefLogits(p);
+    std::vector<float> ref(all.begin() + static_cast<std::ptrdiff_t>(i * vocab),
+                           all.begin() + static_cast<std::ptrdiff_t>((i + 1) * vocab));
     same_argmax += ArgMax(row) == ArgMax(ref);
   }
   EXPECT_GE(same_argmax * 10, t * 8) << same_argmax << " of " << t;

@@ -47,7 +47,7 @@ TEST(QuantizedGpu, TheKernelDequantizesEveryFormatAsItsReference) {
     TensorLoader loader(**ckpt, at::kFloat, at::kCPU, {});
     loader.set_quant(spec);
     at::Tensor weight;
-    QuantParts parts;
+    ProjectionParts parts;
     ASSERT_TRUE(loader.LoadQuantized(name + ".", out, in_cols, &weight, &parts).ok());
     auto ref = loader.Load(name + ".dequantized", {out, in_cols});
     ASSERT_TRUE(ref.ok());

@@ -111,7 +111,7 @@ TEST_F(QuantizedTest, EveryFormatDequantizesAsItsReference) {
     TensorLoader loader(*ckpt, at::kFloat, at::kCPU, {});
     loader.set_quant(c.spec);
     at::Tensor weight;
-    QuantParts parts;
+    ProjectionParts parts;
     const Status s = loader.LoadQuantized(c.name + ".", c.out, c.in, &weight, &parts);
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_EQ(ProjectionShape(c.spec, weight), std::make_pair(c.out, c.in));
@@ -168,7 +168,7 @@ TEST_F(QuantizedTest, CorruptedTensorsAreLoadErrorsNamingThem) {
     TensorLoader loader(ckpt, at::kFloat, at::kCPU, {});
     loader.set_quant(c.spec);
     at::Tensor weight;
-    QuantParts parts;
+    ProjectionParts parts;
     const Status s = loader.LoadQuantized(c.name + ".", c.out, c.in, &weight, &parts);
     EXPECT_FALSE(s.ok()) << c.name;
     return s.message();
@@ -226,7 +226,7 @@ TEST_F(QuantizedTest, CorruptedTensorsAreLoadErrorsNamingThem) {
 TEST(Quantized, ShapesTheFormatCannotPackAreRefused) {
   QuantSpec gptq{.method = QuantMethod::kGptq, .group_size = 16};
   at::Tensor weight = at::zeros({4, 12}, at::kInt);  // [in / 8, out]: out 12 is no multiple of 8.
-  QuantParts parts;
+  ProjectionParts parts;
   parts.zero = at::zeros({2, 1}, at::kInt);
   parts.scale = at::zeros({2, 12}, at::kHalf);
   auto w = DequantizeProjection(gptq, weight, parts, at::kFloat);

@@ -79,6 +79,16 @@ TEST(Validate, PrintsTheModelsExpertShapes) {
   EXPECT_NE(out.find("architecture: MiniMaxM2ForCausalLM\n"), std::string::npos) << out;
   EXPECT_NE(out.find("q/k RMSNorm over the projection"), std::string::npos) << out;
   EXPECT_NE(out.find("RoPE on the first 8 dims of a head"), std::string::npos) << out;
+
+  write(std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/gpt-oss-ref");
+  std::tie(code, out) = Fmoe({"validate", manifest});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("architecture: GptOssForCausalLM\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("top-2 of 8 logits, softmax over the chosen"), std::string::npos) << out;
+  EXPECT_NE(out.find("sliding window 4 on 2 of 3 layers, attention sinks, YaRN x4"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("experts: biases, SwiGLU clamped at 7"), std::string::npos) << out;
   std::filesystem::remove_all(dir);
 }
 
@@ -86,8 +96,9 @@ TEST(Validate, PrintsTheModelsExpertShapes) {
 
 // The other families, through the whole command: each fixture generates.
 TEST(Generate, RunsEverySupportedFamily) {
-  for (const char* family : {"qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref", "deepseek-v2-ref",
-                             "deepseek-v3-ref", "phimoe-ref", "glm4-moe-ref", "minimax-m2-ref"}) {
+  for (const char* family :
+       {"qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref", "deepseek-v2-ref", "deepseek-v3-ref",
+        "phimoe-ref", "glm4-moe-ref", "minimax-m2-ref", "gpt-oss-ref"}) {
     auto [code, out] =
         Fmoe({"generate", "--model", std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + family,
               "--prompt", "The river", "--max-tokens", "6"});

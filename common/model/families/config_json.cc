@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
+#include <string>
 
 namespace fmoe::config_json {
 
@@ -91,6 +93,32 @@ Status ReadSlidingWindow(const Json& j, std::optional<uint32_t>* out) {
     FMOE_RETURN_IF_ERROR(ReadCount(j, "sliding_window", true, &window));
     *out = window;
   }
+  return Status::Ok();
+}
+
+Status ReadYarnScaling(const Json& j, ModelInfo* info) {
+  static const std::set<std::string> kKnown = {
+      "type",      "rope_type", "factor", "original_max_position_embeddings",
+      "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+      "truncate"};
+  FMOE_ASSIGN_OR_RETURN(const Json* scaling, RopeScaling(j, "yarn", kKnown));
+  if (scaling == nullptr) return Status::Ok();
+  const Json& r = *scaling;
+  YarnSpec y;
+  FMOE_RETURN_IF_ERROR(ReadPositiveDouble(r, "factor", &y.factor).WithContext("rope_scaling"));
+  if (r.find("factor") == r.end()) return InvalidArgument("rope_scaling: factor: missing");
+  FMOE_RETURN_IF_ERROR(
+      ReadCount(r, "original_max_position_embeddings", true, &y.original_max_position_embeddings)
+          .WithContext("rope_scaling"));
+  FMOE_RETURN_IF_ERROR(
+      ReadPositiveDouble(r, "beta_fast", &y.beta_fast).WithContext("rope_scaling"));
+  FMOE_RETURN_IF_ERROR(
+      ReadPositiveDouble(r, "beta_slow", &y.beta_slow).WithContext("rope_scaling"));
+  FMOE_RETURN_IF_ERROR(ReadNonNegativeDouble(r, "mscale", &y.mscale).WithContext("rope_scaling"));
+  FMOE_RETURN_IF_ERROR(
+      ReadNonNegativeDouble(r, "mscale_all_dim", &y.mscale_all_dim).WithContext("rope_scaling"));
+  FMOE_RETURN_IF_ERROR(ReadBool(r, "truncate", &y.truncate).WithContext("rope_scaling"));
+  info->yarn = y;
   return Status::Ok();
 }
 

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/model/model_config.h"
 #include "common/model/routing.h"
 #include "common/status.h"
 
@@ -32,6 +33,10 @@ Status ReadBool(const Json& j, const char* key, bool* out);
 // object, its type ("type" or "rope_type") is not `type`, or it has a key outside `known`.
 Result<const Json*> RopeScaling(const Json& j, std::string_view type,
                                 const std::set<std::string>& known);
+// A YaRN rope_scaling ({"type" or "rope_type": "yarn", "factor",
+// "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+// "truncate"}) into info->yarn; absent or null: none. Another type or key is refused, naming it.
+Status ReadYarnScaling(const Json& j, ModelInfo* info);
 // norm_topk_prob (whether the top-k weights are renormalised), default off, into `routing`.
 Status ReadNormTopkProb(const Json& j, RoutingSpec* routing);
 // sliding_window, when set, into `*out`.

@@ -35,32 +35,6 @@ Status ReadDeepseekLayers(const Json& j, ModelInfo* info) {
   return Status::Ok();
 }
 
-// DeepSeek's rope_scaling: YaRN only ({"type" or "rope_type": "yarn", "factor",
-// "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"}).
-Status ReadYarn(const Json& j, ModelInfo* info) {
-  static const std::set<std::string> kKnown = {
-      "type",      "rope_type", "factor", "original_max_position_embeddings",
-      "beta_fast", "beta_slow", "mscale", "mscale_all_dim"};
-  FMOE_ASSIGN_OR_RETURN(const Json* scaling, RopeScaling(j, "yarn", kKnown));
-  if (scaling == nullptr) return Status::Ok();
-  const Json& r = *scaling;
-  YarnSpec y;
-  FMOE_RETURN_IF_ERROR(ReadPositiveDouble(r, "factor", &y.factor).WithContext("rope_scaling"));
-  if (r.find("factor") == r.end()) return InvalidArgument("rope_scaling: factor: missing");
-  FMOE_RETURN_IF_ERROR(
-      ReadCount(r, "original_max_position_embeddings", true, &y.original_max_position_embeddings)
-          .WithContext("rope_scaling"));
-  FMOE_RETURN_IF_ERROR(
-      ReadPositiveDouble(r, "beta_fast", &y.beta_fast).WithContext("rope_scaling"));
-  FMOE_RETURN_IF_ERROR(
-      ReadPositiveDouble(r, "beta_slow", &y.beta_slow).WithContext("rope_scaling"));
-  FMOE_RETURN_IF_ERROR(ReadNonNegativeDouble(r, "mscale", &y.mscale).WithContext("rope_scaling"));
-  FMOE_RETURN_IF_ERROR(
-      ReadNonNegativeDouble(r, "mscale_all_dim", &y.mscale_all_dim).WithContext("rope_scaling"));
-  info->yarn = y;
-  return Status::Ok();
-}
-
 // DeepSeek-V2 and V3 (one code path): MLA, shared experts, dense first layers, group-limited
 // routing; V3 scores with a sigmoid and a correction bias.
 Status ParseDeepseek(const Json& j, ModelInfo* info, bool v3) {
@@ -83,7 +57,7 @@ Status ParseDeepseek(const Json& j, ModelInfo* info, bool v3) {
   }
   if (v3) FMOE_RETURN_IF_ERROR(ReadBool(j, "rope_interleave", &mla.rope_interleave));
   info->mla = mla;
-  FMOE_RETURN_IF_ERROR(ReadYarn(j, info));
+  FMOE_RETURN_IF_ERROR(ReadYarnScaling(j, info));
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     bool on = false;
     FMOE_RETURN_IF_ERROR(ReadBool(j, key, &on));

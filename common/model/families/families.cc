@@ -6,9 +6,9 @@ namespace fmoe {
 
 std::span<const ModelFamily* const> AllModelFamilies() {
   static const ModelFamily* const kAll[] = {
-      &MixtralFamily(),    &Qwen2MoeFamily(), &Qwen3MoeFamily(),
-      &OlmoeFamily(),      &PhimoeFamily(),   &DeepseekV2Family(),
-      &DeepseekV3Family(), &Glm4MoeFamily(),  &MinimaxM2Family(),
+      &MixtralFamily(),   &Qwen2MoeFamily(),   &Qwen3MoeFamily(),   &OlmoeFamily(),
+      &PhimoeFamily(),    &DeepseekV2Family(), &DeepseekV3Family(), &Glm4MoeFamily(),
+      &MinimaxM2Family(), &GptOssFamily(),
   };
   return kAll;
 }

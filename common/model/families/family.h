@@ -36,6 +36,13 @@ struct ExpertTensorNames {
   const char* shared_expert;
   // Under "<moe>": DeepSeek-V3's router correction bias [J] (where the family has one).
   const char* correction_bias = "gate.e_score_correction_bias";
+  // Under "<moe>": the router's linear layer ("<router>.weight", "<router>.bias").
+  const char* router = "gate";
+  // gpt-oss: a layer's experts in two tensors, "<moe>experts.<expert_gate>" [J, h, 2I] with gate
+  // and up columns interleaved (2i gate, 2i + 1 up) and "<moe>experts.<expert_down>" [J, I, h]
+  // (x times them, not nn.Linear's transpose), biases "<name>_bias" [J, 2I] and [J, h]; or, MXFP4,
+  // "<name>_blocks" and "<name>_scales" in nn.Linear's [out, in] order.
+  bool fused_experts = false;
 };
 
 struct ModelFamily {
@@ -76,5 +83,6 @@ const ModelFamily& DeepseekV2Family();  // deepseek.cc (V2 and V3 share one code
 const ModelFamily& DeepseekV3Family();  // deepseek.cc
 const ModelFamily& Glm4MoeFamily();     // glm4_moe.cc
 const ModelFamily& MinimaxM2Family();   // minimax_m2.cc
+const ModelFamily& GptOssFamily();      // gpt_oss.cc
 
 }  // namespace fmoe
