@@ -216,6 +216,24 @@ Status ParseAwq(const Json& j, QuantSpec* out) {
   return Status::Ok();
 }
 
+// gpt-oss's {"quant_method": "mxfp4", "modules_to_not_convert": [...]}: the modules listed stay in
+// float (the checkpoint's tensors say which are stored quantized); any other key is refused.
+Status ParseMxfp4(const Json& j, QuantSpec* out) {
+  for (const auto& [key, value] : j.items()) {
+    if (key == "quant_method") continue;
+    if (key == "modules_to_not_convert") {
+      if (!value.is_null() && !value.is_array()) {
+        return Refuse(key, value, "is not a list of module names");
+      }
+      continue;
+    }
+    return Refuse(key, value, "is not implemented for mxfp4");
+  }
+  out->method = QuantMethod::kMxfp4;
+  out->group_size = 32;
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string QuantSpec::Describe() const {
@@ -239,6 +257,8 @@ std::string QuantSpec::Describe() const {
              (gptq_v2 ? " v2" : "");
     case QuantMethod::kAwq:
       return "awq int4 " + g + " gemm";
+    case QuantMethod::kMxfp4:
+      return "mxfp4 e2m1 g32 (e8m0 scales)";
   }
   return "?";
 }
@@ -278,6 +298,11 @@ std::vector<QuantTensorSpec> QuantTensorsOf(const QuantSpec& spec, int64_t out, 
       return {{R::kWeight, "qweight", {in, out / 8}, {DType::kI32}},
               {R::kZero, "qzeros", {groups, out / 8}, {DType::kI32}},
               {R::kScale, "scales", {groups, out}, fp16_scales}};
+    case QuantMethod::kMxfp4:
+      // One expert's rows of gpt-oss's fused "<name>_blocks" [J, out, in/32, 16] and
+      // "<name>_scales" [J, out, in/32] (the blocks of a row kept as one row of bytes).
+      return {{R::kWeight, "blocks", {out, in / 2}, {DType::kU8}},
+              {R::kScale, "scales", {out, in / 32}, {DType::kU8}}};
   }
   return {};
 }
@@ -292,6 +317,9 @@ std::string QuantShapeError(const QuantSpec& spec, int64_t out, int64_t in) {
       return "";
     case QuantMethod::kInt4Packed:
       if (in % 8 != 0) return shape + ": input size is not a multiple of 8 (int4 packing)";
+      return "";
+    case QuantMethod::kMxfp4:
+      if (in % 32 != 0) return shape + ": input size is not a multiple of 32 (mxfp4 blocks)";
       return "";
     case QuantMethod::kGptq:
     case QuantMethod::kAwq:
@@ -330,9 +358,10 @@ Status ParseQuantizationConfig(const Json& j, QuantSpec* out) {
   if (method == "compressed-tensors") return ParseCompressedTensors(j, out);
   if (method == "gptq") return ParseGptq(j, out);
   if (method == "awq") return ParseAwq(j, out);
+  if (method == "mxfp4") return ParseMxfp4(j, out);
   return Refuse("quant_method", *m,
-                "is not implemented (fp8, compressed-tensors, gptq and awq are; or use a "
-                "bfloat16 or float32 checkpoint)");
+                "is not implemented (fp8, compressed-tensors, gptq, awq and mxfp4 are; or use "
+                "a bfloat16 or float32 checkpoint)");
 }
 
 float Fp8E4m3ToFloat(uint8_t bits) {

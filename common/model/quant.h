@@ -22,6 +22,9 @@ enum class QuantMethod : uint8_t {
   kInt4Packed,  // compressed-tensors pack-quantized int 4 bits, strategy group (Kimi-K2 INT4).
   kGptq,        // GPTQ 4 bits (AutoGPTQ / GPTQModel layout).
   kAwq,         // AWQ 4 bits, version gemm.
+  // quant_method mxfp4 (gpt-oss): FP4 e2m1 values, two a byte (the low nibble first), in blocks
+  // of 32 along the input sharing one e8m0 scale byte (2^(s - 127)).
+  kMxfp4,
 };
 
 struct QuantSpec {

@@ -317,6 +317,33 @@ FMOE_AVX2 void Int4DotsAvx2(const int32_t* words, const float* offsets, const fl
 #endif
 
 // FP8 block (scales per bo x bi block) or per channel (bi = len: one scale per row).
+// MXFP4 rows (gpt-oss): row i is len / 2 bytes, byte k holding elements 2k (low nibble) and
+// 2k + 1 (high nibble) as FP4 e2m1, each block of 32 times 2^(scale byte - 127). Decoded a row at
+// a time into the buffer (exact in float32), then dotted by the vectorised float loop.
+struct Mxfp4Rows {
+  const uint8_t* w;
+  const uint8_t* scale;
+  int64_t len;  // Elements per row (a multiple of 32).
+  bool FusedDots(int64_t, const float*, int64_t, int64_t, float*, int64_t, float*) const {
+    return false;
+  }
+  const float* Row(int64_t i, float* buf) const {
+    static constexpr float kValues[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    const uint8_t* row = w + i * (len / 2);
+    const uint8_t* scales = scale + i * (len / 32);
+    for (int64_t b = 0; b < len / 32; ++b) {
+      const float s = std::ldexp(1.0f, static_cast<int>(scales[b]) - 127);
+      for (int64_t k = 0; k < 16; ++k) {
+        const uint8_t byte = row[b * 16 + k];
+        buf[b * 32 + 2 * k] = kValues[byte & 15] * s;
+        buf[b * 32 + 2 * k + 1] = kValues[byte >> 4] * s;
+      }
+    }
+    return buf;
+  }
+};
+
 struct Fp8Rows {
   const uint8_t* w;
   const void* scale;
@@ -501,6 +528,13 @@ std::optional<Fp8Rows> Fp8RowsOf(const QuantSpec& spec, const at::Tensor& w,
                  p.scale.size(1)};
 }
 
+std::optional<Mxfp4Rows> Mxfp4RowsOf(const QuantSpec& spec, const at::Tensor& w,
+                                     const ProjectionParts& p) {
+  if (spec.method != QuantMethod::kMxfp4) return std::nullopt;
+  return Mxfp4Rows{static_cast<const uint8_t*>(w.data_ptr()),
+                   static_cast<const uint8_t*>(p.scale.data_ptr()), w.size(1) * 2};
+}
+
 std::optional<Int4Rows> Int4RowsOf(const QuantSpec& spec, const at::Tensor& w,
                                    const ProjectionParts& p) {
   if (spec.method != QuantMethod::kInt4Packed) return std::nullopt;
@@ -593,6 +627,8 @@ Result<at::Tensor> CpuSwiGlu(const at::Tensor& x, const ExpertWeights& w,
         run(*r1, *Fp8RowsOf(w.quant, w.w3, w.q[2]), *Fp8RowsOf(w.quant, w.w2, w.q[1]));
       } else if (auto i1 = Int4RowsOf(w.quant, w.w1, w.q[0])) {
         run(*i1, *Int4RowsOf(w.quant, w.w3, w.q[2]), *Int4RowsOf(w.quant, w.w2, w.q[1]));
+      } else if (auto m1 = Mxfp4RowsOf(w.quant, w.w1, w.q[0])) {
+        run(*m1, *Mxfp4RowsOf(w.quant, w.w3, w.q[2]), *Mxfp4RowsOf(w.quant, w.w2, w.q[1]));
       } else {
         // GPTQ and AWQ keep the weight transposed: dequantized whole, then the float kernel.
         FMOE_ASSIGN_OR_RETURN(const ExpertWeights f, DequantizeExpert(w, at::kFloat));

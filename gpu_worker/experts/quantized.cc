@@ -84,6 +84,23 @@ at::Tensor ColumnGroups(const QuantSpec& spec, const at::Tensor& g_idx, int64_t 
                  int64_t{spec.group_size}, "floor");
 }
 
+// MXFP4: byte k of a row holds elements 2k (low nibble) and 2k + 1 (high nibble), each an FP4
+// e2m1 value (sign, 2 exponent bits, 1 mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6), times
+// 2^(scale - 127) for its block of 32 (transformers' convert_moe_packed_tensors). Exact in
+// float32.
+at::Tensor Mxfp4(const at::Tensor& w, const at::Tensor& s, int64_t out, int64_t in) {
+  static const float kValues[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  const at::Tensor lut =
+      at::from_blob(const_cast<float*>(kValues), {16}, at::kFloat).to(w.device());
+  const at::Tensor b = w.to(at::kLong);
+  const at::Tensor idx =
+      at::stack({at::bitwise_and(b, 15), at::bitwise_right_shift(b, 4)}, -1).reshape({out, in});
+  const at::Tensor exponent = (s.to(at::kInt) - 127).to(at::kFloat);
+  const at::Tensor scale = at::exp2(exponent).repeat_interleave(32, 1);  // [out, in]
+  return lut.index_select(0, idx.reshape({-1})).reshape({out, in}) * scale;
+}
+
 at::Tensor Fp8Block(const QuantSpec& spec, const at::Tensor& w, const at::Tensor& s, int64_t out,
                     int64_t in) {
   at::Tensor scale = s.to(at::kFloat)
@@ -177,6 +194,7 @@ Result<at::Tensor> OnCuda(const QuantSpec& spec, const at::Tensor& weight, const
       a.format = DequantFormat::kAwq;
       break;
     case QuantMethod::kNone:
+    case QuantMethod::kMxfp4:  // No kernel yet: the LibTorch operations below, on the device.
       return at::Tensor();
   }
   a.block_out = spec.block_out;
@@ -230,6 +248,8 @@ std::pair<int64_t, int64_t> ProjectionShape(const QuantSpec& spec, const at::Ten
       return {weight.size(1), weight.size(0) * 8};
     case QuantMethod::kAwq:
       return {weight.size(1) * 8, weight.size(0)};
+    case QuantMethod::kMxfp4:
+      return {weight.size(0), weight.size(1) * 2};
     default:
       return {weight.size(0), weight.size(1)};
   }
@@ -270,6 +290,9 @@ Result<at::Tensor> DequantizeProjection(const QuantSpec& spec, const at::Tensor&
       case QuantMethod::kGptq:
       case QuantMethod::kAwq:
         w = Int4Columns(spec, weight, parts, out, in);
+        break;
+      case QuantMethod::kMxfp4:
+        w = Mxfp4(weight, parts.scale, out, in);
         break;
     }
     return w.to(dtype).contiguous();

@@ -323,33 +323,70 @@ Status MoeModel::LoadFusedExperts(const ModelInfo& info, const ExpertTensorNames
                                   const std::string& moe, uint32_t moe_layer,
                                   std::vector<ExpertWeights>* layer_experts) {
   const int64_t h = info.hidden_size, inter = info.intermediate_size, j = info.num_experts;
-  if (info.quant.quantized()) {
+  if (info.quant.quantized() && info.quant.method != QuantMethod::kMxfp4) {
     return InvalidArgument("model: " + info.dir + ": fused experts stored as " +
-                           info.quant.Describe() + " are not implemented");
+                           info.quant.Describe() + " are not implemented (mxfp4 is)");
   }
   const std::string x = moe + "experts.";
   const std::string gate_up = x + names.expert_gate, down = x + names.expert_down;
-  // The layer's tensors whole, in host memory; each expert sliced out of them. gate_up_proj is
-  // [J, h, 2I] with gate and up interleaved in its last dim; down_proj [J, I, h]: x times them.
-  FMOE_ASSIGN_OR_RETURN(at::Tensor gu, loader.Load(gate_up, {j, h, 2 * inter}, at::kCPU));
-  FMOE_ASSIGN_OR_RETURN(at::Tensor dn, loader.Load(down, {j, inter, h}, at::kCPU));
+  const auto owned = [&](uint32_t e) {
+    return (int64_t{moe_layer} * j + e) % options.expert_world_size == options.expert_rank;
+  };
+  // The layer's tensors whole, in host memory; each expert sliced out of them.
   at::Tensor gu_bias, dn_bias;
   if (info.expert_bias) {
     FMOE_ASSIGN_OR_RETURN(gu_bias, loader.Load(gate_up + "_bias", {j, 2 * inter}, at::kCPU));
     FMOE_ASSIGN_OR_RETURN(dn_bias, loader.Load(down + "_bias", {j, h}, at::kCPU));
   }
+  auto set_biases = [&](uint32_t e, ExpertWeights* w) {
+    if (!info.expert_bias) return;
+    w->q[0].bias = gu_bias.select(0, e).slice(0, 0, 2 * inter, 2).contiguous();
+    w->q[2].bias = gu_bias.select(0, e).slice(0, 1, 2 * inter, 2).contiguous();
+    w->q[1].bias = dn_bias.select(0, e).contiguous();
+  };
+  if (info.quant.method == QuantMethod::kMxfp4) {
+    // "<name>_blocks" [J, out, in/32, 16] and "<name>_scales" [J, out, in/32] in nn.Linear's
+    // [out, in] order; gate_up's rows interleave gate (2i) and up (2i + 1). Kept as stored.
+    if (h % 32 != 0 || inter % 32 != 0) {
+      return InvalidArgument("model: " + info.dir + ": mxfp4 experts of " + std::to_string(h) +
+                             " x " + std::to_string(inter) + ": not multiples of 32");
+    }
+    FMOE_ASSIGN_OR_RETURN(at::Tensor gu_blocks, loader.LoadRaw(gate_up + "_blocks", DType::kU8,
+                                                               {j, 2 * inter, h / 32, 16}));
+    FMOE_ASSIGN_OR_RETURN(at::Tensor gu_scales,
+                          loader.LoadRaw(gate_up + "_scales", DType::kU8, {j, 2 * inter, h / 32}));
+    FMOE_ASSIGN_OR_RETURN(at::Tensor dn_blocks,
+                          loader.LoadRaw(down + "_blocks", DType::kU8, {j, h, inter / 32, 16}));
+    FMOE_ASSIGN_OR_RETURN(at::Tensor dn_scales,
+                          loader.LoadRaw(down + "_scales", DType::kU8, {j, h, inter / 32}));
+    for (uint32_t e = 0; e < info.num_experts; ++e) {
+      if (!owned(e)) continue;
+      ExpertWeights& w = (*layer_experts)[e];
+      w.quant = info.quant;
+      const at::Tensor b = gu_blocks.select(0, e).reshape({2 * inter, h / 2});
+      const at::Tensor sc = gu_scales.select(0, e);
+      w.w1 = b.slice(0, 0, 2 * inter, 2).contiguous();
+      w.q[0].scale = sc.slice(0, 0, 2 * inter, 2).contiguous();
+      w.w3 = b.slice(0, 1, 2 * inter, 2).contiguous();
+      w.q[2].scale = sc.slice(0, 1, 2 * inter, 2).contiguous();
+      w.w2 = dn_blocks.select(0, e).reshape({h, inter / 2}).contiguous();
+      w.q[1].scale = dn_scales.select(0, e).contiguous();
+      set_biases(e, &w);
+    }
+    return Status::Ok();
+  }
+  // bfloat16 layout: gate_up_proj [J, h, 2I] with gate and up interleaved in its last dim;
+  // down_proj [J, I, h]: x times them.
+  FMOE_ASSIGN_OR_RETURN(at::Tensor gu, loader.Load(gate_up, {j, h, 2 * inter}, at::kCPU));
+  FMOE_ASSIGN_OR_RETURN(at::Tensor dn, loader.Load(down, {j, inter, h}, at::kCPU));
   for (uint32_t e = 0; e < info.num_experts; ++e) {
-    if ((int64_t{moe_layer} * j + e) % options.expert_world_size != options.expert_rank) continue;
+    if (!owned(e)) continue;
     ExpertWeights& w = (*layer_experts)[e];
     const at::Tensor g = gu.select(0, e);                 // [h, 2I]
     w.w1 = g.slice(1, 0, 2 * inter, 2).t().contiguous();  // [I, h]
     w.w3 = g.slice(1, 1, 2 * inter, 2).t().contiguous();
     w.w2 = dn.select(0, e).t().contiguous();  // [h, I]
-    if (info.expert_bias) {
-      w.q[0].bias = gu_bias.select(0, e).slice(0, 0, 2 * inter, 2).contiguous();
-      w.q[2].bias = gu_bias.select(0, e).slice(0, 1, 2 * inter, 2).contiguous();
-      w.q[1].bias = dn_bias.select(0, e).contiguous();
-    }
+    set_biases(e, &w);
   }
   return Status::Ok();
 }

@@ -154,6 +154,11 @@ Result<at::Tensor> TensorLoader::LoadStored(const std::string& name, const Quant
   return Read(name, *view, stored, at::TensorOptions().dtype(stored));
 }
 
+Result<at::Tensor> TensorLoader::LoadRaw(const std::string& name, DType dtype,
+                                         const std::vector<int64_t>& shape) {
+  return LoadStored(name, QuantTensorSpec{QuantRole::kWeight, "", shape, {dtype}});
+}
+
 Status TensorLoader::LoadQuantized(const std::string& prefix, int64_t out, int64_t in,
                                    at::Tensor* weight, ProjectionParts* parts) {
   if (std::string why = QuantShapeError(quant_, out, in); !why.empty()) {

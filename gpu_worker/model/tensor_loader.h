@@ -59,6 +59,10 @@ class TensorLoader {
   Status SkipQuantized(const std::string& prefix, int64_t out, int64_t in);
   // Whether the weight `name` is stored quantized (by what the checkpoint holds).
   bool StoredQuantized(const std::string& name) const;
+  // The tensor `name` as stored, which must be `dtype` and `shape`, in host memory (gpt-oss's
+  // fused MXFP4 blocks and scales). Errors name the tensor, as LoadQuantized's.
+  Result<at::Tensor> LoadRaw(const std::string& name, DType dtype,
+                             const std::vector<int64_t>& shape);
 
  private:
   const Checkpoint& ckpt_;

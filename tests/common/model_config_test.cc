@@ -775,7 +775,7 @@ const char* kGptOss20b = R"({"architectures": ["GptOssForCausalLM"], "attention_
   "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
   "rope_type": "yarn", "truncate": false}, "rope_theta": 150000, "router_aux_loss_coef": 0.9,
   "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": false,
-  "vocab_size": 201088})";
+  "torch_dtype": "bfloat16", "vocab_size": 201088})";
 
 TEST(ModelConfig, ReadsGptOss20b) {
   auto info = ParseModelConfig(kGptOss20b, "/o");
@@ -805,6 +805,22 @@ TEST(ModelConfig, ReadsGptOss20b) {
       << described;
 }
 
+TEST(ModelConfig, ReadsGptOssMxfp4) {
+  const std::string base = std::string(kGptOss20b).substr(0, std::string(kGptOss20b).size() - 1);
+  auto info = ParseModelConfig(
+      base +
+          R"(, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}})",
+      "/o");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->quant.method, QuantMethod::kMxfp4);
+  // 2880 x 5760 and 2880 x 2880 FP4 values at 17/32 bytes each (half a byte and a scale byte
+  // per 32), and the biases in bfloat16: 12.6 MiB per gpt-oss expert (DESIGN section 12).
+  const uint64_t expected = (5760ull * 2880 + 2880ull * 2880) / 2 +
+                            (5760ull * 2880 + 2880ull * 2880) / 32 + (2 * 2880 + 2880) * 2;
+  EXPECT_EQ(RoutedExpertBytes(*info), expected);
+  EXPECT_NEAR(static_cast<double>(RoutedExpertBytes(*info)) / (1 << 20), 12.6, 0.05);
+}
+
 TEST(ModelConfig, RefusesWhatGptOssCannotRun) {
   const std::string base = std::string(kGptOss20b).substr(0, std::string(kGptOss20b).size() - 1);
   struct Case {
@@ -821,9 +837,10 @@ TEST(ModelConfig, RefusesWhatGptOssCannotRun) {
            R"(, "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "low_freq_factor": 1}})",
        "low_freq_factor"},
       {base + R"(, "swiglu_limit": -1})", "swiglu_limit"},
-      {base +
-           R"(, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}})",
-       "quantization_config.quant_method: \"mxfp4\""},
+      {base + R"(, "quantization_config": {"quant_method": "mxfp4", "block_size": 16}})",
+       "quantization_config.block_size: 16 is not implemented for mxfp4"},
+      {base + R"(, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": 7}})",
+       "quantization_config.modules_to_not_convert: 7 is not a list of module names"},
   };
   for (const auto& c : cases) {
     auto info = ParseModelConfig(c.json, "/m");

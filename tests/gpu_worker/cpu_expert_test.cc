@@ -192,5 +192,39 @@ TEST(CpuExpert, RefusesQuantizedExpertsWithBadParts) {
       << r.status().ToString();
 }
 
+// An MXFP4 expert (gpt-oss, with biases and the clamp): the host kernel's row decoder against the
+// LibTorch dequantization (the device's path) followed by the float product.
+TEST(CpuExpert, Mxfp4ExpertMatchesItsDequantizedProduct) {
+  constexpr int64_t kH = 64, kI = 96;
+  at::manual_seed(3);
+  ExpertWeights w;
+  w.quant.method = QuantMethod::kMxfp4;
+  w.quant.group_size = 32;
+  w.w1 = at::randint(0, 256, {kI, kH / 2}, at::kByte);
+  w.w3 = at::randint(0, 256, {kI, kH / 2}, at::kByte);
+  w.w2 = at::randint(0, 256, {kH, kI / 2}, at::kByte);
+  w.q[0].scale = at::randint(120, 128, {kI, kH / 32}, at::kByte);
+  w.q[2].scale = at::randint(120, 128, {kI, kH / 32}, at::kByte);
+  w.q[1].scale = at::randint(120, 128, {kH, kI / 32}, at::kByte);
+  w.q[0].bias = at::randn({kI});
+  w.q[2].bias = at::randn({kI});
+  w.q[1].bias = at::randn({kH});
+  const ExpertActivation act{7.0};
+  auto f = DequantizeExpert(w, at::kFloat);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  for (int64_t tokens : {1, 5}) {
+    at::Tensor x = at::randn({tokens, kH});
+    Result<at::Tensor> y = CpuSwiGlu(x, w, act);
+    ASSERT_TRUE(y.ok()) << y.status().ToString();
+    at::Tensor ref = ExpertGlu(x, f->w1, f->w3, f->w2, f->q[0].bias, f->q[2].bias, f->q[1].bias,
+                               act.swiglu_limit, /*row_block=*/0);
+    EXPECT_TRUE(at::allclose(*y, ref, 1e-4, 1e-4))
+        << "tokens=" << tokens << " max diff " << (*y - ref).abs().max().item<float>();
+  }
+  // A scale tensor of the wrong shape is refused.
+  w.q[1].scale = at::randint(120, 128, {kH, kI / 32 + 1}, at::kByte);
+  EXPECT_FALSE(CpuSwiGlu(at::randn({1, kH}), w, act).ok());
+}
+
 }  // namespace
 }  // namespace fmoe

@@ -291,7 +291,7 @@ INSTANTIATE_TEST_SUITE_P(Families, FamilyGroup,
                                            "deepseek-v3-fp8-ref", "qwen3-moe-fp8-channel-ref",
                                            "kimi-k2-int4-ref", "mixtral-gptq-ref",
                                            "qwen2-moe-awq-ref", "glm4-moe-ref", "minimax-m2-ref",
-                                           "gpt-oss-ref"),
+                                           "gpt-oss-ref", "gpt-oss-mxfp4-ref"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::erase(name, '-');

@@ -64,7 +64,8 @@ const char* const kFamilies[] = {
     "olmoe-ref",        "deepseek-v2-ref",     "deepseek-v3-ref",
     "phimoe-ref",       "deepseek-v3-fp8-ref", "qwen3-moe-fp8-channel-ref",
     "kimi-k2-int4-ref", "mixtral-gptq-ref",    "qwen2-moe-awq-ref",
-    "glm4-moe-ref",     "minimax-m2-ref",      "gpt-oss-ref"};
+    "glm4-moe-ref",     "minimax-m2-ref",      "gpt-oss-ref",
+    "gpt-oss-mxfp4-ref"};
 
 std::string FixtureDir(const std::string& name) {
   return std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + name;
@@ -170,8 +171,7 @@ TEST_P(FamilyReference, PrefillLogitsAndRouterMatchTransformers) {
     ASSERT_EQ(ref_logits.size(), t * vocab);
     double max_logit_diff = 0;
     for (size_t i = 0; i < t * vocab; ++i) {
-      max_logit_diff =
-          std::max(max_logit_diff, double{std::abs(out.logits[0][i] - ref_logits[i])});
+      max_logit_diff = std::max(max_logit_diff, double{std::abs(out.logits[0][i] - ref_logits[i])});
     }
     EXPECT_LE(max_logit_diff, 1e-4) << "prompt " << p["text"];
     ASSERT_EQ(out.router_probs.size(), layers);

@@ -235,5 +235,33 @@ TEST(Quantized, ShapesTheFormatCannotPackAreRefused) {
       << w.status().ToString();
 }
 
+// MXFP4 (gpt-oss): the LibTorch dequantization (the device's path) against values worked out by
+// hand, and against the CPU kernel's own row decoder through a whole expert.
+TEST(Quantized, Mxfp4DequantizesByNibbleAndBlockScale) {
+  QuantSpec spec;
+  spec.method = QuantMethod::kMxfp4;
+  spec.group_size = 32;
+  // One row of 64: byte 0 = 0x12 (elements 1.0 then 0.5 before scaling: low nibble 2 -> 1.0,
+  // high nibble 1 -> 0.5), byte 1 = 0xf8 (-0.0, -6.0); the rest 0. Block 0 scale 2^1, block 1
+  // scale 2^-2; block 1's first byte (16) = 0x7e (-4.0, 6.0).
+  at::Tensor w = at::zeros({1, 32}, at::kByte);
+  w[0][0] = 0x12;
+  w[0][1] = 0xf8;
+  w[0][16] = 0x7e;
+  at::Tensor s = at::tensor({128, 125}, at::kInt).to(at::kByte).reshape({1, 2});
+  ProjectionParts parts;
+  parts.scale = s;
+  auto d = DequantizeProjection(spec, w, parts, at::kFloat);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_EQ(d->sizes(), (std::vector<int64_t>{1, 64}));
+  EXPECT_EQ((*d)[0][0].item<float>(), 2.0f);    // nibble 2 (1.0) x 2
+  EXPECT_EQ((*d)[0][1].item<float>(), 1.0f);    // nibble 1 (0.5) x 2
+  EXPECT_EQ((*d)[0][2].item<float>(), 0.0f);    // nibble 8 (-0.0)
+  EXPECT_EQ((*d)[0][3].item<float>(), -12.0f);  // nibble 15 (-6.0) x 2
+  EXPECT_EQ((*d)[0][32].item<float>(), -1.0f);  // nibble 14 (-4.0) x 2^-2
+  EXPECT_EQ((*d)[0][33].item<float>(), 1.5f);   // nibble 7 (6.0) x 2^-2
+  EXPECT_EQ((*d)[0].sum().item<float>(), 2.0f + 1.0f - 12.0f - 1.0f + 1.5f);
+}
+
 }  // namespace
 }  // namespace fmoe
