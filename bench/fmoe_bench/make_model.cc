@@ -254,10 +254,11 @@ Result<Plan> MakePlan(const Args& a, std::optional<TokenizerInfo>* tokenizer) {
     if (plan.quant == nullptr) {
       return InvalidArgument("--quant: \"" + a.quant + "\" is not one of " + QuantFormatNames());
     }
-    if (s.family == ModelFamily::kGptOss) {
-      return InvalidArgument("--quant: gpt-oss's fused experts are released in MXFP4, which " +
-                             std::string("make-model does not write; --shape ") + s.name +
-                             " writes the bfloat16 layout");
+    const bool mxfp4 = plan.quant->spec.method == QuantMethod::kMxfp4;
+    if ((s.family == ModelFamily::kGptOss) != mxfp4) {
+      return InvalidArgument(
+          "--quant: " + a.quant + " is not a format of " + s.name +
+          (mxfp4 ? " (mxfp4 is gpt-oss's format)" : " (gpt-oss's experts are released in mxfp4)"));
     }
   }
   FMOE_ASSIGN_OR_RETURN(plan.seed,
@@ -442,6 +443,41 @@ float RoundTo(DType dtype, float v) {
 // AWQ's nibble order: nibble k of a word holds output column 8c + kAwqOrder[k].
 constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
+// MXFP4 (gpt-oss's fused experts, planned [J, in, out]): one scale for every block,
+// 2^ceil(log2(a / 6)) (the float path's bound a at or under FP4's largest magnitude, 6), and each
+// weight of the same seed at the nearest FP4 e2m1 value of w / scale; element 2k of a block in
+// the low nibble of byte k.
+void FillMxfp4(const PlannedTensor& p, const StoredTensor& t, uint64_t start, uint64_t begin,
+               size_t n, std::byte* out) {
+  const int exponent = static_cast<int>(std::ceil(std::log2(kUniformBound / 6.0f)));
+  if (t.kind == StoredKind::kQuantScale) {
+    for (size_t k = 0; k < n; ++k) out[k] = static_cast<std::byte>(exponent + 127);
+    return;
+  }
+  static constexpr float kMagnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float inv = std::ldexp(1.0f, -exponent);
+  auto code = [&](float w) {
+    const float v = w * inv;
+    int best = 0;
+    for (int c = 1; c < 8; ++c) {
+      if (std::fabs(std::fabs(v) - kMagnitudes[c]) < std::fabs(std::fabs(v) - kMagnitudes[best])) {
+        best = c;
+      }
+    }
+    return static_cast<uint8_t>(best == 0 || v >= 0 ? best : best + 8);
+  };
+  const int64_t in = p.shape[1], outs = p.shape[2];
+  const int64_t bytes_per_row = in / 2;  // Of one output row: in / 32 blocks of 16 bytes.
+  for (size_t k = 0; k < n; ++k) {
+    const int64_t b = static_cast<int64_t>(begin + k);
+    const int64_t row = b / bytes_per_row, byte = b % bytes_per_row;  // row = e * out + o.
+    const int64_t e = row / outs, o = row % outs, i = 2 * byte;
+    const float lo = UniformAt(start, static_cast<uint64_t>((e * in + i) * outs + o));
+    const float hi = UniformAt(start, static_cast<uint64_t>((e * in + i + 1) * outs + o));
+    out[k] = static_cast<std::byte>(code(lo) | (code(hi) << 4));
+  }
+}
+
 // Fills `out` with elements [begin, begin + n) of quantized tensor `t`. One fixed scale per format
 // (rounded to the scale's dtype) maps the float path's [-a, a) onto the codes: FP8 puts a at 448
 // (DeepSeek's amax / 448); the 4-bit formats at 7.5 steps from the zero point 8
@@ -452,8 +488,12 @@ void FillQuantized(const Plan& plan, const StoredTensor& t, uint64_t begin, size
                    std::byte* out) {
   const PlannedTensor& p = plan.tensors[t.planned];
   const QuantSpec& spec = plan.quant->spec;
-  const int64_t rows = p.shape[0], cols = p.shape[1];
   const uint64_t start = TensorSeed(plan.seed, p.name);
+  if (spec.method == QuantMethod::kMxfp4) {
+    FillMxfp4(p, t, start, begin, n, out);
+    return;
+  }
+  const int64_t rows = p.shape[0], cols = p.shape[1];
   const bool fp8 = spec.method == QuantMethod::kFp8Block;
   DType scale_dtype = DType::kF32;
   for (const QuantTensorSpec& q : QuantTensorsOf(spec, rows, cols)) {

@@ -531,11 +531,13 @@ std::vector<PlannedTensor> PlanTensors(const ModelShape& shape, const ModelSize&
       Add(&out, m + "experts.gate_up_proj", {experts, h, 2 * inter}, TensorInit::kRandom,
           TensorRole::kRoutedExpert);
       out.back().expert_matrices = static_cast<uint32_t>(2 * experts);
+      out.back().quantizable = true;  // By --quant mxfp4 only (QuantizedBy).
       Add(&out, m + "experts.gate_up_proj_bias", {experts, 2 * inter}, TensorInit::kZeros,
           TensorRole::kRoutedExpert);
       Add(&out, m + "experts.down_proj", {experts, inter, h}, TensorInit::kRandom,
           TensorRole::kRoutedExpert);
       out.back().expert_matrices = static_cast<uint32_t>(experts);
+      out.back().quantizable = true;
       Add(&out, m + "experts.down_proj_bias", {experts, h}, TensorInit::kZeros,
           TensorRole::kRoutedExpert);
     } else if (block_sparse_moe) {
@@ -597,6 +599,9 @@ const std::vector<QuantFormat>& QuantFormats() {
     QuantSpec gptq;
     gptq.method = QuantMethod::kGptq;
     gptq.group_size = 128;
+    QuantSpec mxfp4;
+    mxfp4.method = QuantMethod::kMxfp4;
+    mxfp4.group_size = 32;
     QuantSpec awq;
     awq.method = QuantMethod::kAwq;
     awq.group_size = 128;
@@ -608,6 +613,7 @@ const std::vector<QuantFormat>& QuantFormats() {
          /*routed_experts_only=*/true},
         {"gptq", "AutoGPTQ", gptq, /*routed_experts_only=*/false},
         {"awq", "AutoAWQ", awq, /*routed_experts_only=*/false},
+        {"mxfp4", "gpt-oss", mxfp4, /*routed_experts_only=*/true},
     };
   }();
   return formats;
@@ -628,7 +634,10 @@ std::string QuantFormatNames() {
 }
 
 bool QuantizedBy(const QuantFormat& format, const PlannedTensor& t) {
-  if (!t.quantizable || t.shape.size() != 2) return false;
+  if (!t.quantizable) return false;
+  // MXFP4 is gpt-oss's fused experts' format ([J, in, out] tensors); the others store 2-D linears.
+  if (format.spec.method == QuantMethod::kMxfp4) return t.shape.size() == 3;
+  if (t.shape.size() != 2) return false;
   return !format.routed_experts_only || t.role == TensorRole::kRoutedExpert;
 }
 
@@ -646,6 +655,20 @@ Result<std::vector<StoredTensor>> StoreTensors(const std::vector<PlannedTensor>&
     const PlannedTensor& t = planned[i];
     if (quant == nullptr || !QuantizedBy(*quant, t)) {
       out.push_back({t.name, dtype, t.shape, StoredKind::kFloat, i});
+      continue;
+    }
+    if (t.shape.size() == 3) {
+      // gpt-oss's fused experts [J, in, out] as MXFP4: "<name>_blocks" [J, out, in/32, 16] and
+      // "<name>_scales" [J, out, in/32].
+      const int64_t j = t.shape[0], in = t.shape[1], outs = t.shape[2];
+      if (std::string why = QuantShapeError(quant->spec, outs, in); !why.empty()) {
+        return InvalidArgument("--quant " + std::string(quant->name) + ": tensor " + t.name + " " +
+                               why);
+      }
+      out.push_back(
+          {t.name + "_blocks", DType::kU8, {j, outs, in / 32, 16}, StoredKind::kQuantWeight, i});
+      out.push_back(
+          {t.name + "_scales", DType::kU8, {j, outs, in / 32}, StoredKind::kQuantScale, i});
       continue;
     }
     const int64_t rows = t.shape[0], cols = t.shape[1];
@@ -732,6 +755,11 @@ Json QuantizationConfig(const QuantFormat& quant, const ModelShape& shape, const
     case QuantMethod::kAwq:
       return {{"quant_method", "awq"}, {"bits", 4},         {"group_size", q.group_size},
               {"zero_point", true},    {"version", "gemm"}, {"modules_to_not_convert", routers}};
+    case QuantMethod::kMxfp4:
+      return {{"quant_method", "mxfp4"},
+              {"modules_to_not_convert",
+               {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                "lm_head"}}};
     default:
       return nullptr;
   }

@@ -725,7 +725,9 @@ TEST_F(MakeModelTest, BadArgumentsExitTwoAndIoFailuresOne) {
        "qwen3-30b-a3b, olmoe-1b-7b, deepseek-v2-lite, deepseek-v3, kimi-k2, glm-4.5-air, "
        "minimax-m2, gpt-oss-20b, gpt-oss-120b"},
       {{"--shape", "gpt-oss-20b", "--dry-run", "--quant", "fp8"},
-       "--quant: gpt-oss's fused experts are released in MXFP4, which make-model does not write"},
+       "--quant: fp8 is not a format of gpt-oss-20b (gpt-oss's experts are released in mxfp4)"},
+      {{"--shape", "mixtral-8x7b", "--dry-run", "--quant", "mxfp4"},
+       "--quant: mxfp4 is not a format of mixtral-8x7b (mxfp4 is gpt-oss's format)"},
       {{"--shape", "mixtral-8x7b"}, "--out: required"},
       {{"--shape", "mixtral-8x7b", "--dry-run", "--layers", "0"}, "--layers: 0 is not in [1, 32]"},
       {{"--shape", "phi-3.5-moe", "--dry-run", "--layers", "33"}, "--layers: 33 is not in [1, 32]"},
@@ -823,6 +825,18 @@ TEST_F(MakeModelTest, QuantizedDryRunsHaveThePublishedBytesPerRoutedExpert) {
        {"tensor model.layers.0.mlp.experts.0.down_proj.weight_scale_inv F32 [16, 6] 384 ",
         "tensor model.layers.0.self_attn.k_proj.weight F8_E4M3 [512, 2048] 1048576 ",
         "tensor model.layers.0.self_attn.q_norm.weight BF16 [128] "}},
+      // gpt-oss as released: 2880 x 5760 and 2880 x 2880 at 17/32 bytes a value, and the
+      // biases (bfloat16): 12.6 MiB.
+      {"gpt-oss-120b",
+       "mxfp4",
+       12.62,
+       {"tensor model.layers.0.mlp.experts.gate_up_proj_blocks U8 [128, 5760, 90, 16] "
+        "1061683200 ",
+        "tensor model.layers.0.mlp.experts.gate_up_proj_scales U8 [128, 5760, 90] 66355200 ",
+        "tensor model.layers.35.mlp.experts.down_proj_blocks U8 [128, 2880, 90, 16] 530841600 ",
+        "tensor model.layers.35.mlp.experts.down_proj_bias BF16 [128, 2880] ",
+        "tensor model.layers.0.mlp.router.weight BF16 [128, 2880] ",
+        "tensor model.layers.0.self_attn.q_proj.weight BF16 [4096, 2880] "}},
       {"qwen3-30b-a3b",
        "gptq",
        2.36,
@@ -976,6 +990,66 @@ std::vector<float> Dequantize(const Checkpoint& ckpt, const QuantSpec& q, const 
 // as the format, every tensor QuantTensorsOf lists for the routed experts is there with its shape
 // and usual dtype, routers stay float, and the dequantized weights are the float checkpoint's of
 // the same seed to within the format's rounding, with its spread.
+// gpt-oss's MXFP4 layout: blocks and scales per fused tensor in [J, out, in] order (the float
+// checkpoint's [J, in, out] transposed), each value the float weight of the same seed to within
+// half a step of the FP4 grid at the block's scale; our config reader takes the checkpoint.
+TEST_F(MakeModelTest, Mxfp4ExpertsAreTheFloatWeightsOfTheSameSeed) {
+  const std::vector<std::string> cut = {"--shape", "gpt-oss-20b", "--layers", "1",      "--experts",
+                                        "4",       "--vocab",     "4096",     "--seed", "5"};
+  std::vector<std::string> float_args = cut, mx_args = cut;
+  float_args.insert(float_args.end(), {"--out", (dir_ / "go-float").string()});
+  mx_args.insert(mx_args.end(), {"--out", (dir_ / "go-mxfp4").string(), "--quant", "mxfp4"});
+  RunResult r = Run(float_args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = Run(mx_args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto info = LoadModelInfo((dir_ / "go-mxfp4").string());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  ASSERT_EQ(info->quant.method, QuantMethod::kMxfp4);
+  auto fl = Checkpoint::Open((dir_ / "go-float").string());
+  auto mx = Checkpoint::Open((dir_ / "go-mxfp4").string());
+  ASSERT_TRUE(fl.ok() && mx.ok());
+  const std::string p = "model.layers.0.mlp.experts.";
+  EXPECT_EQ((*mx)->Find(p + "gate_up_proj"), nullptr);
+  const TensorView* blocks = (*mx)->Find(p + "gate_up_proj_blocks");
+  const TensorView* scales = (*mx)->Find(p + "gate_up_proj_scales");
+  const TensorView* weights = (*fl)->Find(p + "gate_up_proj");
+  ASSERT_TRUE(blocks != nullptr && scales != nullptr && weights != nullptr);
+  const int64_t in = 2880, out = 2 * 2880;
+  EXPECT_EQ(blocks->shape, (std::vector<int64_t>{4, out, in / 32, 16}));
+  EXPECT_EQ(weights->shape, (std::vector<int64_t>{4, in, out}));
+  static const float kFp4[16] = {0,     0.5f,  1,  1.5f,  2,  3,  4,  6,
+                                 -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  auto bf16 = [&](int64_t e, int64_t i, int64_t o) {
+    uint16_t bits;
+    std::memcpy(&bits, weights->data.data() + 2 * ((e * in + i) * out + o), 2);
+    const uint32_t f = uint32_t{bits} << 16;
+    float v;
+    std::memcpy(&v, &f, 4);
+    return v;
+  };
+  double worst = 0;
+  for (int64_t e : {int64_t{0}, int64_t{3}}) {
+    for (int64_t o : {int64_t{0}, int64_t{1}, out - 1}) {
+      for (int64_t i = 0; i < 96; ++i) {
+        const uint8_t byte = static_cast<uint8_t>(
+            blocks->data[static_cast<size_t>((e * out + o) * (in / 2) + i / 2)]);
+        const int code = i % 2 == 0 ? (byte & 15) : (byte >> 4);
+        const int s = static_cast<int>(static_cast<uint8_t>(
+            scales->data[static_cast<size_t>((e * out + o) * (in / 32) + i / 32)]));
+        const float scale = std::ldexp(1.0f, s - 127);
+        const float v = kFp4[code] * scale;
+        // Half of the widest FP4 step (2, between 4 and 6) at this scale; bfloat16's rounding on
+        // the float side is far below it.
+        const double diff = std::abs(static_cast<double>(v) - bf16(e, i, o));
+        worst = std::max(worst, diff / scale);
+        EXPECT_LE(diff, 1.0 * scale) << e << " " << i << " " << o;
+      }
+    }
+  }
+  EXPECT_GT(worst, 0.0);  // The FP4 grid does round.
+}
+
 TEST_F(MakeModelTest, QuantizedCheckpointsLoadThroughOurLoaders) {
   const std::vector<std::string> cut = {"--layers", "2",    "--experts", "8",
                                         "--vocab",  "4096", "--seed",    "3"};
