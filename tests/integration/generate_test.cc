@@ -89,6 +89,11 @@ TEST(Validate, PrintsTheModelsExpertShapes) {
             std::string::npos)
       << out;
   EXPECT_NE(out.find("experts: biases, SwiGLU clamped at 7"), std::string::npos) << out;
+
+  write(std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/gpt-oss-mxfp4-ref");
+  std::tie(code, out) = Fmoe({"validate", manifest});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("quantized: mxfp4 e2m1 g32 (e8m0 scales)"), std::string::npos) << out;
   std::filesystem::remove_all(dir);
 }
 
@@ -98,7 +103,7 @@ TEST(Validate, PrintsTheModelsExpertShapes) {
 TEST(Generate, RunsEverySupportedFamily) {
   for (const char* family :
        {"qwen2-moe-ref", "qwen3-moe-ref", "olmoe-ref", "deepseek-v2-ref", "deepseek-v3-ref",
-        "phimoe-ref", "glm4-moe-ref", "minimax-m2-ref", "gpt-oss-ref"}) {
+        "phimoe-ref", "glm4-moe-ref", "minimax-m2-ref", "gpt-oss-ref", "gpt-oss-mxfp4-ref"}) {
     auto [code, out] =
         Fmoe({"generate", "--model", std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + family,
               "--prompt", "The river", "--max-tokens", "6"});
