@@ -53,4 +53,15 @@ int32_t TokenTrie::Child(int32_t node, unsigned char c) const {
   return -1;
 }
 
+std::string DecodeTokenBytes(std::span<const int32_t> ids, const std::vector<std::string>& bytes,
+                             const std::vector<bool>& special, bool skip_special) {
+  std::string out;
+  for (int32_t id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= bytes.size()) continue;
+    if (skip_special && static_cast<size_t>(id) < special.size() && special[id]) continue;
+    out += bytes[id];
+  }
+  return out;
+}
+
 }  // namespace fmoe

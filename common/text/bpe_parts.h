@@ -117,6 +117,11 @@ class WordCache {
   mutable std::array<Shard, kShards> shards_;
 };
 
+// Ids to bytes for a byte-level vocabulary: each id's bytes in order; out-of-range ids write
+// nothing, special ones nothing when `skip_special`.
+std::string DecodeTokenBytes(std::span<const int32_t> ids, const std::vector<std::string>& bytes,
+                             const std::vector<bool>& special, bool skip_special);
+
 // Leftmost-longest matching of a set of strings (added tokens, special tokens): a byte trie
 // walked from each position.
 class TokenTrie {

@@ -545,13 +545,7 @@ Result<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text,
 }
 
 std::string BpeTokenizer::Decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
-  std::string out;
-  for (int32_t id : ids) {
-    if (id < 0 || static_cast<size_t>(id) >= state_->token_bytes.size()) continue;
-    if (skip_special_tokens && state_->special[id]) continue;
-    out += state_->token_bytes[id];
-  }
-  return out;
+  return DecodeTokenBytes(ids, state_->token_bytes, state_->special, skip_special_tokens);
 }
 
 size_t BpeTokenizer::vocab_size() const { return state_->tokens.size(); }
