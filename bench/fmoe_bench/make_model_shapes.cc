@@ -252,8 +252,8 @@ const std::vector<ModelShape> kShapes = {
      0.005,
      &kKimiK2},
     // zai-org/GLM-4.5-Air: one dense first layer (intermediate 10944), a shared expert, q/k/v
-    // biases, RoPE on half of each head. Its card says "106B"; the tensors count 106.85 B (the
-    // Hub's 110 B adds the multi-token-prediction layer, not written here): within 1%.
+    // biases, RoPE on half of each head. Its card says "106B"; the tensors count 106.85 B
+    // (without the multi-token-prediction layer, not written here): within 1%.
     {"glm-4.5-air",
      "zai-org/GLM-4.5-Air",
      ModelFamily::kGlm4Moe,
