@@ -7,25 +7,30 @@
 //   {%+ +%} to keep what lstrip/trim would drop), {% if %}{% elif %}{% else %}{% endif %},
 //   {% for x[, y] in e [if c] %}...{% else %}...{% endfor %} with loop.index, index0, revindex,
 //   revindex0, first, last, length, previtem, nextitem, {% break %} and {% continue %},
-//   {% set x = e %} and {% set ns.attr = e %}. Scoped as in Jinja: a set inside a loop body lasts
-//   for that iteration (namespace() carries state out of loops).
+//   {% set x = e %} and {% set ns.attr = e %}, {% macro name(a, b=default) %}...{% endmacro %}
+//   (called with positional or keyword arguments, recursion bounded; the body sees its arguments
+//   and the template's top level). Scoped as in Jinja: a set inside a loop body or a macro lasts
+//   for that iteration or call (namespace() carries state out of loops).
 // Expressions: string (Python escapes), integer, float, true/false/none (either case), list, dict
 //   and tuple literals; names, .attr, [i], [a:b:c], calls; + - * / // % ~; == != < <= > >=
 //   (chained), in, not in; and, or, not; a if c else b; | filter; is [not] test.
 // Values behave as in Python: str() of None, True, floats, lists; floor division and modulo; and
 //   Jinja's Undefined prints as "", is false and iterates as empty, while using it as an operand
 //   or looking inside it is an error.
-// Filters: trim length count upper lower tojson(indent) default/d string join list first last.
+// Filters: trim length count upper lower default/d string join list first last, and tojson as
+//   transformers defines it (ensure_ascii, indent, separators, sort_keys).
 //   Tests: defined undefined none string number integer float boolean true false mapping
-//   sequence iterable even odd. Functions: raise_exception(msg), namespace(...), range(...).
+//   sequence iterable even odd. Functions: raise_exception(msg), namespace(...), range(...),
+//   strftime_now(format) (C strftime of the local time, from ChatTemplateOptions::clock).
 //   Methods: str.strip lstrip rstrip startswith endswith split upper lower replace; dict.get
 //   items keys values.
-// Not supported: macros, call blocks, {% set %}...{% endset %}, {% raw %}, {% filter %},
-//   include/extends/import, recursive loops, loop.cycle, tests with arguments, other filters
-//   (map, selectattr, ...), the ** operator, string % formatting, case mapping beyond ASCII,
-//   subscripts with commas, printing dict views (keys() is a list), HF's {% generation %} and
-//   strftime_now(). Names resolve when used: a loop that reads a variable which the template
-//   sets only later at top level sees the caller's value, where Jinja sees it undefined.
+// Not supported: call blocks, macros' caller/varargs/kwargs, {% set %}...{% endset %}, {% raw %},
+//   {% filter %}, include/extends/import, recursive loops, loop.cycle, tests with arguments, other
+//   filters (map, selectattr, ...), the ** operator, string % formatting, case mapping beyond
+//   ASCII, subscripts with commas, printing dict views (keys() is a list), HF's {% generation %},
+//   and strftime_now's %f and %z/%Z as Python's naive datetime writes them (C's are used). Names
+//   resolve when used: a loop that reads a variable which the template sets only later at top
+//   level sees the caller's value, where Jinja sees it undefined.
 #include "common/text/chat_template.h"
 
 #include <algorithm>
@@ -405,13 +410,15 @@ class Parser {
           Expect(SkipOp("="), "'=' ({% set %}...{% endset %} is not supported)");
           s.expr = ParseExpression(true);
           ExpectEnd(Tok::kBlockEnd);
+        } else if (tag.text == "macro") {
+          ParseMacro(&s, tag);
         } else if (tag.text == "break" || tag.text == "continue") {
           if (loops_ == 0) Fail(tag, "'" + tag.text + "' outside a for loop");
           s.kind = tag.text == "break" ? Stmt::Kind::kBreak : Stmt::Kind::kContinue;
           ExpectEnd(Tok::kBlockEnd);
         } else {
           const bool known =
-              std::set<std::string>{"elif", "else", "endif", "endfor"}.count(tag.text);
+              std::set<std::string>{"elif", "else", "endif", "endfor", "endmacro"}.count(tag.text);
           Fail(tag, (known ? "unexpected '" : "unknown tag '") + tag.text + "'" +
                         (ends.empty() ? "" : "; " + expected()));
         }
@@ -452,6 +459,34 @@ class Parser {
       ExpectEnd(Tok::kBlockEnd);
       ParseBody(&s->else_body, {"endfor"}, "for", s->line);
     }
+    ExpectEnd(Tok::kBlockEnd);
+  }
+
+  // {% macro name(a, b=default) %}...{% endmacro %}: no caller, varargs or kwargs.
+  void ParseMacro(Stmt* s, const Token& tag) {
+    Nest nest(this, tag);
+    s->kind = Stmt::Kind::kMacro;
+    s->text = ExpectName("a macro name");
+    ExpectOp("(");
+    while (!SkipOp(")")) {
+      if (!s->targets.empty()) ExpectOp(",");
+      const Token& at = Peek();
+      s->targets.push_back(ExpectName("a parameter name"));
+      if (std::count(s->targets.begin(), s->targets.end(), s->targets.back()) > 1) {
+        Fail(at, "duplicate parameter '" + s->targets.back() + "'");
+      }
+      if (SkipOp("=")) {
+        s->conditions.push_back(ParseExpression(true));
+      } else if (!s->conditions.empty() && s->conditions.back()) {
+        Fail(at, "a parameter without a default follows one with a default");
+      } else {
+        s->conditions.push_back(nullptr);
+      }
+    }
+    ExpectEnd(Tok::kBlockEnd);
+    const int loops = std::exchange(loops_, 0);  // break and continue do not leave a macro.
+    ParseBody(&s->body, {"endmacro"}, "macro", s->line);
+    loops_ = loops;
     ExpectEnd(Tok::kBlockEnd);
   }
 

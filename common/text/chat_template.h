@@ -1,12 +1,15 @@
 // Chat templates of Hugging Face models: the Jinja2 subset that tokenizer_config.json's
 // "chat_template" uses, rendered byte for byte as transformers' apply_chat_template renders it
-// (trim_blocks, lstrip_blocks, break/continue, raise_exception(), tojson without HTML escaping).
+// (trim_blocks, lstrip_blocks, break/continue, macros, raise_exception(), strftime_now(), tojson
+// without HTML escaping).
 // What is supported is listed at the top of chat_template.cc. Compile once; a ChatTemplate is
 // immutable and Render may be called from any thread (each call has its own state). Every render
 // is bounded by ChatTemplateOptions, so no template or input can hang it or exhaust memory.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -34,6 +37,10 @@ struct ChatTemplateOptions {
   // operator, filter or method copies, compares or searches. Default: 64 Mi units (well under a
   // second)
   size_t max_work = size_t{64} << 20;
+  // The time strftime_now(format) formats (in the local time zone, as transformers'
+  // datetime.now() does); tests fix it. Called from the rendering thread.
+  // Default: null (std::chrono::system_clock::now)
+  std::function<std::chrono::system_clock::time_point()> clock;
 };
 
 class ChatTemplate {

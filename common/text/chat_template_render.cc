@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <exception>
 #include <optional>
 #include <utility>
@@ -26,6 +27,7 @@ namespace {
 
 constexpr int kMaxValueDepth = 128;    // Deepest nesting of lists and dicts in a value.
 constexpr int64_t kMaxItems = 100000;  // Jinja's sandbox MAX_RANGE; also caps lists + and * build.
+constexpr int kMaxCallDepth = 64;      // Deepest nesting of macro calls (recursion included).
 
 // ---- values ----
 
@@ -179,18 +181,32 @@ void AppendPyRepr(std::string_view s, std::string* out) {
   *out += quote;
 }
 
-// json.dumps(s, ensure_ascii=False).
-void AppendJsonString(std::string_view s, std::string* out) {
+// json.dumps(s, ensure_ascii=ascii): with ascii, what is not ASCII as \uXXXX (UTF-16 units).
+void AppendJsonString(std::string_view s, bool ascii, std::string* out) {
   static constexpr std::string_view kEscapes = "\"\"\\\\\nn\rr\tt\bb\ff";  // Pairs: char, letter.
+  auto hex = [out](unsigned unit) {                                        // unit <= 0xffff.
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "\\u%04x", unit);
+    *out += buf;
+  };
   *out += '"';
-  for (char c : s) {
+  for (size_t i = 0, n; i < s.size(); i += n) {
+    const char c = s[i];
+    n = 1;
     const size_t k = kEscapes.find(c);
     if (k != std::string_view::npos && k % 2 == 0) {
       (*out += '\\') += kEscapes[k + 1];
     } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
-      *out += buf;
+      hex(static_cast<unsigned char>(c));
+    } else if (ascii && static_cast<unsigned char>(c) >= 0x80) {
+      char32_t cp;
+      n = DecodeUtf8(s, i, &cp);
+      if (cp >= 0x10000) {
+        hex(0xd800 + ((cp - 0x10000) >> 10));
+        hex(0xdc00 + ((cp - 0x10000) & 0x3ff));
+      } else {
+        hex(cp);
+      }
     } else {
       *out += c;
     }
@@ -229,6 +245,7 @@ class Renderer {
 
   std::string Run(const std::vector<Stmt>& body, Dict globals) {
     Scope root{nullptr, std::move(globals)};
+    root_ = &root;
     Exec(body, &root);
     return std::move(out_);
   }
@@ -301,6 +318,10 @@ class Renderer {
         ExecFor(s, scope);
       } else if (s.kind == Stmt::Kind::kSet) {
         ExecSet(s, scope);
+      } else if (s.kind == Stmt::Kind::kMacro) {
+        Value macro = WithText(Type::kFunction, s.text);
+        macro.macro = &s;
+        SetKey(&scope->vars, s.text, std::move(macro));
       } else {
         return s.kind == Stmt::Kind::kBreak ? Flow::kBreak : Flow::kContinue;
       }
@@ -380,7 +401,8 @@ class Renderer {
         return e.value;
       case K::kName:
         if (const Value* v = scope->Find(e.name)) return *v;
-        if (e.name == "raise_exception" || e.name == "namespace" || e.name == "range") {
+        if (e.name == "raise_exception" || e.name == "namespace" || e.name == "range" ||
+            e.name == "strftime_now") {
           return WithText(Type::kFunction, e.name);
         }
         return Undefined("'" + e.name + "' is undefined");
@@ -486,6 +508,12 @@ class Renderer {
       Error("'" + TypeName(function) + "' object is not callable");
     const Args args = EvalArgs(e, scope);
     const std::string& name = *function.s;
+    if (function.macro) {
+      Value result = CallMacro(*function.macro, args);
+      line_ = e.line;
+      return result;
+    }
+    if (name == "strftime_now") return StrftimeNow(StringArg(args.Get(0, "format"), "format"));
     if (name == "raise_exception") {
       const Value* message = args.Get(0, "message");
       Throw(ErrorCode::kInvalidArgument, message ? ToText(*message) : "");
@@ -515,6 +543,64 @@ class Renderer {
     List items;
     for (int64_t k = 0; k < count; ++k) items.push_back(Int(start + k * step));
     return MakeList(std::move(items));
+  }
+
+  // The macro's output: its body rendered in a scope of its own above the template's top level,
+  // with its parameters bound as Jinja binds them.
+  Value CallMacro(const Stmt& macro, const Args& args) {
+    const std::string& name = macro.text;
+    const size_t n = macro.targets.size();
+    if (args.positional.size() > n) {
+      Error("macro '" + name + "' takes not more than " + std::to_string(n) + " argument(s)");
+    }
+    for (const auto& [key, value] : args.keywords) {
+      const size_t k =
+          std::find(macro.targets.begin(), macro.targets.end(), key) - macro.targets.begin();
+      if (k == n) Error("macro '" + name + "' takes no keyword argument '" + key + "'");
+      if (k < args.positional.size()) {
+        Error("macro '" + name + "' got multiple values for argument '" + key + "'");
+      }
+    }
+    if (call_depth_ >= kMaxCallDepth) {
+      Exhausted("macro calls nest more than " + std::to_string(kMaxCallDepth) + " deep");
+    }
+    Scope frame{root_, {}};
+    for (size_t k = 0; k < n; ++k) {
+      const std::string& param = macro.targets[k];
+      const Value* given = args.Get(k, param);
+      Value value = given                 ? *given
+                    : macro.conditions[k] ? Eval(*macro.conditions[k], &frame)
+                                          : Undefined("parameter '" + param + "' was not provided");
+      SetKey(&frame.vars, param, std::move(value));
+    }
+    ++call_depth_;
+    std::string outer = std::move(out_);
+    out_.clear();
+    Exec(macro.body, &frame);
+    --call_depth_;
+    return String(std::exchange(out_, std::move(outer)));
+  }
+
+  // datetime.now().strftime(format) with the options' clock, through C's strftime as CPython's
+  // is on Linux.
+  Value StrftimeNow(const std::string& format) {
+    CheckSize(format.size());
+    Charge(format.size());
+    const auto now = options_.clock ? options_.clock() : std::chrono::system_clock::now();
+    const std::time_t t = std::chrono::system_clock::to_time_t(now);
+    std::tm local{};
+    if (!localtime_r(&t, &local)) Error("strftime_now: the time is out of range");
+    // Each directive writes at most a few dozen bytes; an empty result is empty output only when
+    // the buffer was large enough, so the buffer grows once.
+    for (size_t size = format.size() * 8 + 64;; size *= 64) {
+      std::string out(size, '\0');
+      const size_t written = std::strftime(out.data(), out.size(), format.c_str(), &local);
+      if (written > 0 || size > format.size() * 64) {
+        out.resize(written);
+        if (!IsValidUtf8(out)) Error("strftime_now: the result is not valid UTF-8");
+        return NewString(std::move(out));
+      }
+    }
   }
 
   std::string StringArg(const Value* v, const std::string& what) {
@@ -634,11 +720,31 @@ class Renderer {
       Error("object of type '" + TypeName(v) + "' has no len()");
     }
     if (name == "tojson") {
-      const Value* indent = args.Get(0, "indent");
-      if (indent && indent->type != Type::kNone && !IsInt(*indent))
-        Error("tojson indent must be an integer");
+      // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None,
+      // sort_keys=False): json.dumps with those.
+      JsonStyle style;
+      const Value* ascii = args.Get(0, "ensure_ascii");
+      const Value* indent = args.Get(1, "indent");
+      const Value* separators = args.Get(2, "separators");
+      const Value* sort_keys = args.Get(3, "sort_keys");
+      style.ascii = ascii && Truthy(*ascii);
+      style.sort_keys = sort_keys && Truthy(*sort_keys);
+      if (indent && indent->type != Type::kNone) {
+        if (!IsInt(*indent)) Error("tojson indent must be an integer");
+        style.indent = std::clamp<int64_t>(indent->i, 0, 64);
+      }
+      style.item_separator = style.indent < 0 ? ", " : ",";
+      if (separators && separators->type != Type::kNone) {
+        if (separators->type != Type::kList || separators->list->size() != 2 ||
+            (*separators->list)[0].type != Type::kString ||
+            (*separators->list)[1].type != Type::kString) {
+          Error("tojson separators must be a pair of strings");
+        }
+        style.item_separator = *(*separators->list)[0].s;
+        style.key_separator = *(*separators->list)[1].s;
+      }
       std::string out;
-      AppendJson(v, indent && IsInt(*indent) ? std::clamp<int64_t>(indent->i, 0, 64) : -1, 0, &out);
+      AppendJson(v, style, 0, &out);
       return NewString(std::move(out));
     }
     if (name == "join" || name == "list" || name == "first" || name == "last") {
@@ -977,8 +1083,17 @@ class Renderer {
     }
   }
 
-  // json.dumps(v, ensure_ascii=False, indent=indent); indent -1 for none.
-  void AppendJson(const Value& v, int64_t indent, int64_t level, std::string* out) {
+  struct JsonStyle {
+    bool ascii = false;
+    bool sort_keys = false;
+    int64_t indent = -1;  // None.
+    std::string item_separator = ", ";
+    std::string key_separator = ": ";
+  };
+
+  // json.dumps(v, ensure_ascii=, indent=, separators=, sort_keys=) as `style` says.
+  void AppendJson(const Value& v, const JsonStyle& style, int64_t level, std::string* out) {
+    const int64_t indent = style.indent;
     if (v.type == Type::kNone || v.type == Type::kBool) {
       *out += v.type == Type::kNone ? "null" : v.i ? "true" : "false";
     } else if (v.type == Type::kInt) {
@@ -988,17 +1103,25 @@ class Renderer {
               : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity")
                                 : PyFloat(v.f);
     } else if (v.type == Type::kString) {
-      AppendJsonString(*v.s, out);
+      AppendJsonString(*v.s, style.ascii, out);
     } else if (v.type == Type::kList || v.type == Type::kDict) {
       const bool list = v.type == Type::kList;
       const size_t n = list ? v.list->size() : v.dict->size();
+      std::vector<size_t> order(n);  // Of the dict's keys: as inserted, or sorted.
+      for (size_t k = 0; k < n; ++k) order[k] = k;
+      if (!list && style.sort_keys) {
+        Charge(n * 8);
+        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+          return (*v.dict)[a].first < (*v.dict)[b].first;  // Code point order.
+        });
+      }
       *out += list ? '[' : '{';
       for (size_t k = 0; k < n; ++k) {
-        *out += k == 0 ? "" : indent < 0 ? ", " : ",";
+        if (k > 0) *out += style.item_separator;
         if (indent >= 0) out->append("\n").append((level + 1) * indent, ' ');
-        if (!list) AppendJsonString((*v.dict)[k].first, out);
-        if (!list) *out += ": ";
-        AppendJson(list ? (*v.list)[k] : (*v.dict)[k].second, indent, level + 1, out);
+        if (!list) AppendJsonString((*v.dict)[order[k]].first, style.ascii, out);
+        if (!list) *out += style.key_separator;
+        AppendJson(list ? (*v.list)[k] : (*v.dict)[order[k]].second, style, level + 1, out);
         CheckSize(out->size());
       }
       if (indent >= 0 && n > 0) out->append("\n").append(level * indent, ' ');
@@ -1012,7 +1135,9 @@ class Renderer {
   std::string out_;
   size_t iterations_ = 0;
   size_t work_ = 0;
-  int line_ = 0;  // Of what is being rendered, for messages.
+  int line_ = 0;                 // Of what is being rendered, for messages.
+  const Scope* root_ = nullptr;  // The template's top level, above every macro call's scope.
+  int call_depth_ = 0;           // Macro calls in progress.
 };
 
 Value FromJson(const nlohmann::ordered_json& j, int depth) {

@@ -30,6 +30,7 @@ struct Failure {
 // ---- values ----
 
 struct Value;
+struct Stmt;
 using List = std::vector<Value>;
 using Dict = std::vector<std::pair<std::string, Value>>;  // In insertion order, as Python's dict.
 
@@ -43,7 +44,7 @@ enum class Type {
   kList,       // list; a tuple when `tuple` is set (it prints as (a, b)).
   kDict,       // dict, never changed once built.
   kNamespace,  // dict: the attributes, which {% set ns.attr = ... %} changes.
-  kFunction,   // s: raise_exception, namespace or range.
+  kFunction,   // s: the name (raise_exception, namespace, range, strftime_now, or a macro's).
 };
 
 struct Value {
@@ -55,6 +56,7 @@ struct Value {
   std::shared_ptr<const std::string> s;
   std::shared_ptr<const List> list;
   std::shared_ptr<Dict> dict;
+  const Stmt* macro = nullptr;  // kFunction: the {% macro %} (in the Program), or null.
 };
 
 inline Value Scalar(Type type, int64_t i = 0, double f = 0) {
@@ -143,16 +145,18 @@ struct Expr {
 };
 
 struct Stmt {
-  enum class Kind { kText, kOutput, kIf, kFor, kSet, kBreak, kContinue };
+  enum class Kind { kText, kOutput, kIf, kFor, kSet, kBreak, kContinue, kMacro };
   Kind kind = Kind::kText;
   int line = 0;
-  std::string text;                  // kText.
+  std::string text;                  // kText; kMacro: the name.
   ExprPtr expr;                      // kOutput: the value; kFor: the sequence; kSet: the value.
   ExprPtr filter;                    // kFor: the condition after the sequence, or null.
-  std::vector<std::string> targets;  // kFor: loop variables; kSet: {name} or {namespace, attr}.
-  std::vector<ExprPtr> conditions;   // kIf: one per branch, null for else.
+  std::vector<std::string> targets;  // kFor: loop variables; kSet: {name} or {namespace, attr};
+                                     // kMacro: the parameters.
+  std::vector<ExprPtr> conditions;   // kIf: one per branch, null for else; kMacro: the
+                                     // parameters' defaults, null where there is none.
   std::vector<std::vector<Stmt>> branches;  // kIf.
-  std::vector<Stmt> body, else_body;        // kFor.
+  std::vector<Stmt> body, else_body;        // kFor; kMacro: body.
 };
 
 }  // namespace jinja
