@@ -6,8 +6,8 @@
 #      tests labelled gpu run too, one at a time;
 #   2. an ASan+UBSan build of the Torch-free libraries and their tests, ctest;
 #   3. a clang build of the libFuzzer targets (tests/fuzz/), ctest -L fuzz: short fuzz runs of
-#      the wire decoder, the router's request parsing and the tiktoken.model reader (among
-#      others), from generated seeds;
+#      the wire decoder, the router's request parsing, the tiktoken.model reader and the chat
+#      template compiler and renderer (among others), from generated seeds;
 #   4. when stage 1 used Debian's LibTorch: the GPU build's guard, for machines without a GPU
 #      (CI): build-cuda/ against PyPI's CUDA LibTorch with FMOE_CUDA=ON, and the tests that run
 #      LibTorch code (ctest -L torch -LE gpu). Skipped, saying so, when PyPI is unreachable or
@@ -65,7 +65,7 @@ fmoe_build "$FMOE_ROOT/build-fuzz" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER
   -DFMOE_FUZZ=ON -DFMOE_TORCH=OFF -DFMOE_CUDA=OFF -DFMOE_BUILD_BENCH=OFF -DFMOE_BUILD_TESTS=OFF \
   -DFMOE_WERROR=ON -- codec_fuzz make_corpus request_fuzz make_request_corpus curve_key_fuzz \
   model_config_fuzz make_config_corpus tiktoken_fuzz make_tiktoken_corpus \
-  make_curve_key_corpus
+  chat_template_fuzz make_template_corpus make_curve_key_corpus
 fmoe_log "running the fuzz suite (build-fuzz/: libFuzzer+ASan+UBSan, clang)"
 (cd "$FMOE_ROOT/build-fuzz" && ctest --output-on-failure -L fuzz)
 stage_done "stage 3 (build-fuzz/)"
