@@ -29,6 +29,9 @@ struct CompletionsOptions {
   const ChatTemplate* chat_template = nullptr;
   std::string bos_token;  // The template's bos_token and eos_token variables.
   std::string eos_token;
+  // gpt-oss (harmony): chat answers keep the special tokens in their text and are split into
+  // reasoning_content (the analysis channel) and content (common/text/harmony.h).
+  bool harmony_channels = false;
 };
 
 enum class RequestKind { kText, kChat };

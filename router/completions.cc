@@ -10,6 +10,7 @@
 
 #include "common/model/model_config.h"
 #include "common/process_util.h"
+#include "common/text/harmony.h"
 #include "common/text/unicode.h"
 
 namespace fmoe {
@@ -40,11 +41,16 @@ struct TokenLogprob {
 
 // One choice of a request: its own token stream, text and stop strings.
 struct Choice {
-  Choice(const Tokenizer& tokenizer, std::vector<std::string> stops)
-      : text(tokenizer, /*skip_special_tokens=*/true), stop(std::move(stops)) {}
+  // `harmony`: gpt-oss's chat answers, whose text keeps the special tokens for the splitter.
+  Choice(const Tokenizer& tokenizer, std::vector<std::string> stops, bool harmony)
+      : text(tokenizer, /*skip_special_tokens=*/!harmony), stop(std::move(stops)) {
+    if (harmony) channels = std::make_unique<HarmonySplitter>();
+  }
   TextStream text;
   StopMatcher stop;
-  uint64_t link_id = 0;  // 0 until submitted.
+  std::unique_ptr<HarmonySplitter> channels;  // gpt-oss: analysis -> reasoning_content.
+  std::string reasoning;                      // Whole answers: the reasoning so far.
+  uint64_t link_id = 0;                       // 0 until submitted.
   bool finished = false;
   uint32_t tokens = 0;
   uint64_t hits = 0, misses = 0, bytes = 0;
@@ -64,9 +70,10 @@ struct Choice {
 class CompletionState {
  public:
   CompletionState(const Tokenizer& tokenizer, WorkerLink& link, RouterMetrics* metrics,
-                  const CompletionRequest& request)
+                  const CompletionRequest& request, bool harmony_channels)
       : tokenizer_(tokenizer), link_(link), metrics_(metrics) {
     chat_ = request.kind == RequestKind::kChat;
+    harmony_ = chat_ && harmony_channels;
     route_ = chat_ ? "/v1/chat/completions" : "/v1/completions";
     id_ = (chat_ ? "chatcmpl-" : "cmpl-") + FingerprintHex(RandomId());
     stream_ = request.stream;
@@ -81,7 +88,7 @@ class CompletionState {
     created_ = UnixSeconds();
     for (size_t p = 0; p < request.prompts.size(); ++p) {
       for (uint32_t c = 0; c < request.n; ++c) {
-        choices_.push_back(std::make_unique<Choice>(tokenizer, request.sampling.stop));
+        choices_.push_back(std::make_unique<Choice>(tokenizer, request.sampling.stop, harmony_));
         choices_.back()->prompt = p;
       }
     }
@@ -200,6 +207,7 @@ class CompletionState {
         Emit(i, c.tokens < min_tokens_ ? rest : c.stop.Feed(rest));
         if (!c.stop.stopped()) Emit(i, c.stop.Flush());
       }
+      if (c.channels != nullptr) EmitPieces(i, c.channels->Finish());
       const char* finish = c.stop.stopped() || ev.finish == FinishReason::kStop ? "stop" : "length";
       c.finished = true;
       ++finished_;
@@ -392,8 +400,10 @@ class CompletionState {
     return out;
   }
 
-  // Choice `i`'s entry: a streamed delta (with the logprobs not sent yet) or the whole answer.
-  Json ChoiceJson(size_t i, const std::string& text, const char* finish, bool with_logprobs) {
+  // Choice `i`'s entry: a streamed delta (with the logprobs not sent yet) or the whole answer;
+  // `reasoning`, gpt-oss's analysis channel, as reasoning_content.
+  Json ChoiceJson(size_t i, const std::string& text, const char* finish, bool with_logprobs,
+                  const std::string& reasoning = "") {
     Choice& c = *choices_[i];
     Json choice = {{"index", i},
                    {"logprobs", with_logprobs ? Logprobs(c) : Json(nullptr)},
@@ -403,18 +413,24 @@ class CompletionState {
     } else if (stream_) {
       Json delta = Json::object();
       if (!c.role_sent) delta["role"] = "assistant";
-      if (!text.empty() || !c.role_sent) delta["content"] = text;
+      if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
+      if (!text.empty() || (!c.role_sent && reasoning.empty())) delta["content"] = text;
       c.role_sent = true;
       choice["delta"] = std::move(delta);
     } else {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
+      if (c.channels != nullptr) {
+        choice["message"]["reasoning_content"] =
+            c.reasoning.empty() ? Json(nullptr) : Json(c.reasoning);
+      }
     }
     return choice;
   }
 
-  Json Chunk(size_t i, const std::string& text, const char* finish, bool with_logprobs) {
+  Json Chunk(size_t i, const std::string& text, const char* finish, bool with_logprobs,
+             const std::string& reasoning = "") {
     Json j = Envelope();
-    j["choices"] = Json::array({ChoiceJson(i, text, finish, with_logprobs)});
+    j["choices"] = Json::array({ChoiceJson(i, text, finish, with_logprobs, reasoning)});
     return j;
   }
 
@@ -422,10 +438,25 @@ class CompletionState {
 
   void Emit(size_t i, const std::string& piece) {
     if (piece.empty()) return;
+    if (choices_[i]->channels != nullptr) {
+      EmitPieces(i, choices_[i]->channels->Feed(piece));
+      return;
+    }
     if (stream_) {
       Send(Chunk(i, piece, nullptr, true));
     } else {
       choices_[i]->out += piece;
+    }
+  }
+
+  // gpt-oss's channels: the analysis text as reasoning_content, the rest as content.
+  void EmitPieces(size_t i, const HarmonySplitter::Pieces& p) {
+    if (p.content.empty() && p.reasoning.empty()) return;
+    if (stream_) {
+      Send(Chunk(i, p.content, nullptr, true, p.reasoning));
+    } else {
+      choices_[i]->out += p.content;
+      choices_[i]->reasoning += p.reasoning;
     }
   }
 
@@ -436,6 +467,7 @@ class CompletionState {
   std::string id_;
   int64_t created_ = 0;
   bool chat_ = false;
+  bool harmony_ = false;  // gpt-oss chat: the answer's channels split (HarmonySplitter).
   bool stream_ = false;
   bool include_usage_ = false;
   bool responder_streaming_ = false;
@@ -475,7 +507,8 @@ void Completions::Run(RequestKind kind, const HttpRequest& request,
     responder->Respond(std::move(error));
     return;
   }
-  auto state = std::make_shared<CompletionState>(tokenizer_, link_, metrics_, *parsed);
+  auto state = std::make_shared<CompletionState>(tokenizer_, link_, metrics_, *parsed,
+                                                 options_.harmony_channels);
   state->responder = responder;
   state->model = options_.model_name;
   // Headers first for a stream, so the client sees it start; under the state's lock so no

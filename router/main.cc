@@ -114,6 +114,13 @@ int main(int argc, char** argv) {
     completions_options.bos_token = (*tokenizer)->IdToToken(*bos);
   if (auto eos = (*tokenizer)->eos_id())
     completions_options.eos_token = (*tokenizer)->IdToToken(*eos);
+  // gpt-oss answers in harmony channels; its analysis channel goes to reasoning_content.
+  completions_options.harmony_channels = model->architecture == "GptOssForCausalLM" &&
+                                         (*tokenizer)->TokenToId("<|channel|>").has_value() &&
+                                         (*tokenizer)->TokenToId("<|message|>").has_value();
+  if (completions_options.harmony_channels) {
+    spdlog::info("chat answers: gpt-oss's analysis channel is reasoning_content");
+  }
   RouterMetrics metrics;
   metrics.SetModel(*model);
   Completions completions(completions_options, **tokenizer, link, &metrics);

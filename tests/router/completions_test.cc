@@ -345,5 +345,103 @@ TEST_F(CompletionsTest, AWorkerErrorThatIsNotUtf8StillAnswersValidJson) {
   EXPECT_EQ(j["error"]["message"], "tensor " + kFffd + kFffd + " failed");
 }
 
+// gpt-oss's chat answers (harmony_channels): the text keeps the special tokens for the
+// splitter, the analysis channel becomes reasoning_content and the final one content, in whole
+// answers and streams, and no marker reaches the client. The tokenizer is the gpt-oss fixture's
+// (its harmony markers are special tokens); the template is a small harmony-shaped one.
+class HarmonyCompletionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto loaded = Tokenizer::Load(FMOE_SOURCE_DIR "/tests/fixtures/gpt-oss-ref");
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    tokenizer_ = std::move(*loaded);
+    CompletionsOptions options;
+    options.model_name = "gpt-oss";
+    options.context_length = 256;
+    options.harmony_channels = true;
+    auto compiled = ChatTemplate::Compile(
+        "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>"
+        "{% endfor %}<|start|>assistant");
+    ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+    template_.emplace(std::move(*compiled));
+    options.chat_template = &*template_;
+    completions_ = std::make_unique<Completions>(options, *tokenizer_, *link_);
+    leader_ = std::make_unique<FakeLeader>(link_.endpoint(), "g0", 0, 1);
+    ASSERT_TRUE(leader_->Join());
+    ASSERT_TRUE(WaitUntil([&] { return link_.Alive("g0", 1); }));
+  }
+
+  // The model's output `text` (special tokens spelled out) as the leader's tokens, then stop.
+  std::shared_ptr<Recorder> Run(const Json& body, const std::string& text) {
+    auto rec = std::make_shared<Recorder>();
+    HttpRequest req;
+    req.method = "POST";
+    req.path = req.target = "/v1/chat/completions";
+    req.body = body.dump();
+    completions_->HandleChat(req, rec);
+    auto gen = leader_->Next<Generate>();
+    EXPECT_TRUE(gen);
+    if (!gen) return rec;
+    auto ids = tokenizer_->Encode(text, /*add_special_tokens=*/false);
+    EXPECT_TRUE(ids.ok());
+    for (size_t i = 0; ids.ok() && i < ids->size(); ++i) {
+      TokenEvent ev = Token(gen->request_id, (*ids)[i]);
+      ev.index = static_cast<uint32_t>(i);
+      leader_->Send(ev);
+    }
+    leader_->Send(Token(gen->request_id, -1, FinishReason::kStop));
+    EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
+    return rec;
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::optional<ChatTemplate> template_;
+  Link link_;
+  std::unique_ptr<Completions> completions_;
+  std::unique_ptr<FakeLeader> leader_;
+};
+
+const char kHarmonyAnswer[] =
+    "<|channel|>analysis<|message|>The river starts high.<|end|><|start|>assistant"
+    "<|channel|>final<|message|>The river starts in the hills.<|return|>";
+
+TEST_F(HarmonyCompletionsTest, AnalysisIsReasoningContentInWholeAnswers) {
+  const Json body = {{"model", "gpt-oss"},
+                     {"messages", {{{"role", "user"}, {"content", "Where?"}}}},
+                     {"max_tokens", 64}};
+  auto rec = Run(body, kHarmonyAnswer);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  const Json j = Json::parse(rec->body());
+  const Json& message = j["choices"][0]["message"];
+  EXPECT_EQ(message["content"], "The river starts in the hills.") << j.dump();
+  EXPECT_EQ(message["reasoning_content"], "The river starts high.") << j.dump();
+}
+
+TEST_F(HarmonyCompletionsTest, StreamsCarryReasoningAndContentDeltasWithoutMarkers) {
+  const Json body = {{"model", "gpt-oss"},
+                     {"messages", {{{"role", "user"}, {"content", "Where?"}}}},
+                     {"max_tokens", 64},
+                     {"stream", true}};
+  auto rec = Run(body, kHarmonyAnswer);
+  ASSERT_EQ(rec->status(), 200);
+  std::string content, reasoning;
+  bool role = false;
+  for (const std::string& e : DataEvents(rec->body())) {
+    if (e == "[DONE]") continue;
+    const Json j = Json::parse(e);
+    ASSERT_EQ(j["choices"].size(), 1u) << e;
+    const Json& delta = j["choices"][0]["delta"];
+    if (delta.contains("role")) role = true;
+    if (delta.contains("content")) content += delta["content"].get<std::string>();
+    if (delta.contains("reasoning_content")) {
+      reasoning += delta["reasoning_content"].get<std::string>();
+    }
+  }
+  EXPECT_TRUE(role);
+  EXPECT_EQ(content, "The river starts in the hills.");
+  EXPECT_EQ(reasoning, "The river starts high.");
+  EXPECT_EQ(rec->body().find("<|"), std::string::npos) << rec->body();
+}
+
 }  // namespace
 }  // namespace fmoe
