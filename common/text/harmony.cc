@@ -60,20 +60,19 @@ HarmonySplitter::Pieces HarmonySplitter::Feed(std::string_view text) {
   buf_.append(text);
   while (!buf_.empty()) {
     if (state_ == State::kHeader) {
+      // A header is <|message|> within its first kMaxHeaderBytes; the decision waits until the
+      // bytes that settle it are in, so it never depends on how the text was cut.
       const size_t at = buf_.find(kMessage);
-      if (at != std::string::npos) {
+      if (at != std::string::npos && at <= kMaxHeaderBytes) {
         reasoning_ = ChannelOf(std::string_view(buf_).substr(0, at)) == "analysis";
         buf_.erase(0, at + kMessage.size());
         state_ = State::kBody;
         continue;
       }
-      if (buf_.size() <= kMaxHeaderBytes) break;
-      // No header after all: the text is content, and so is what follows until a message ends.
+      if (buf_.size() <= kMaxHeaderBytes + kMessage.size()) break;
+      // No header after all: the text is a content message's body (read as bodies are).
       reasoning_ = false;
       state_ = State::kBody;
-      const size_t keep = HeldBack(buf_);
-      out.content += WithoutMarkers(std::string_view(buf_).substr(0, buf_.size() - keep));
-      buf_.erase(0, buf_.size() - keep);
       continue;
     }
     size_t end = std::string::npos, end_len = 0;

@@ -25,7 +25,8 @@ class HarmonySplitter {
   // The end of the output: whatever is held back, as text of the current message.
   Pieces Finish();
 
-  // A header longer than this without <|message|> is not a header: it is content.
+  // Text with no <|message|> starting within its first this many bytes is not a header: it is
+  // the body of a content message.
   static constexpr size_t kMaxHeaderBytes = 512;
 
  private:
