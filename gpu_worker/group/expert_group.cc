@@ -1,5 +1,6 @@
 #include "gpu_worker/group/expert_group.h"
 
+#include <csignal>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -142,6 +143,11 @@ Result<std::unique_ptr<ExpertGroup>> ExpertGroup::Join(const ExpertGroupOptions&
     }
 #endif
     if (!group->impl_->pg) {
+      // Gloo writes to its peers' TCP sockets: a peer that died must be an error of the
+      // collective, never a SIGPIPE that ends this process (the worker's main ignores it too;
+      // any other process holding a group, a test or a benchmark, must as well).
+      static std::once_flag ignore_sigpipe;
+      std::call_once(ignore_sigpipe, [] { signal(SIGPIPE, SIG_IGN); });
       auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.collective_timeout);
       gloo_options->devices.push_back(
           c10d::ProcessGroupGloo::createDeviceForHostname(options.host));

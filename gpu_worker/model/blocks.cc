@@ -134,12 +134,14 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
     at::Tensor vi = v.narrow(0, s.row, t).view({t, n_kv, hd});
     qi = Rotate(qi, cos, sin);
     ki = Rotate(ki, cos, sin);
-    s.k_cache->narrow(1, p0, t).copy_(ki.permute({1, 0, 2}));
-    s.v_cache->narrow(1, p0, t).copy_(vi.permute({1, 0, 2}));
-    at::Tensor keys = s.k_cache->narrow(1, 0, len);  // [KV, len, hd]
-    at::Tensor values = s.v_cache->narrow(1, 0, len);
+    // Cache entry j holds position first + j.
+    const int64_t first = s.first, held = len - first;
+    s.k_cache->narrow(1, p0 - first, t).copy_(ki.permute({1, 0, 2}));
+    s.v_cache->narrow(1, p0 - first, t).copy_(vi.permute({1, 0, 2}));
+    at::Tensor keys = s.k_cache->narrow(1, 0, held);  // [KV, held, hd]
+    at::Tensor values = s.v_cache->narrow(1, 0, held);
     const bool masked = t > 1 || (window > 0 && len > window);
-    const int64_t block = QueryBlockRows(n_heads, len, score_budget);
+    const int64_t block = QueryBlockRows(n_heads, held, score_budget);
     for (int64_t r0 = 0; r0 < t; r0 += block) {
       const int64_t b = std::min(block, t - r0);
       // Query head qh uses KV head qh / group: [b, KV, group, hd] -> [KV, group * b, hd].
@@ -147,13 +149,14 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
                           .reshape({b, n_kv, group, hd})
                           .permute({1, 2, 0, 3})
                           .reshape({n_kv, group * b, hd});
-      at::Tensor scores = at::matmul(qg, keys.transpose(1, 2)) * scale;  // [KV, group*b, len]
+      at::Tensor scores = at::matmul(qg, keys.transpose(1, 2)) * scale;  // [KV, group*b, held]
       if (masked) {
-        // Row r of a group is new token r0 + r % b at position p = p0 + r0 + r % b: it sees keys
-        // k with k <= p and, with a sliding window, p - k < window.
-        const int64_t p = p0 + r0;
+        // Row r of a group is new token r0 + r % b at position p = p0 + r0 + r % b: it sees the
+        // key of position k = first + j (entry j) with k <= p and, with a sliding window,
+        // p - k < window.
+        const int64_t p = p0 + r0 - first;
         at::Tensor ones =
-            at::ones({b, len}, at::TensorOptions().dtype(at::kBool).device(hn.device()));
+            at::ones({b, held}, at::TensorOptions().dtype(at::kBool).device(hn.device()));
         at::Tensor mask = ones.triu(p + 1);
         if (window > 0 && len > window) mask = mask.logical_or(ones.tril(p - window));
         scores =
@@ -163,7 +166,7 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
       if (sinks.defined()) {
         at::Tensor sink_col = sinks.expand({n_kv, group, b, 1}).reshape({n_kv, group * b, 1});
         at::Tensor joined = at::cat({scores.to(at::kFloat), sink_col}, -1);
-        probs = at::softmax(joined, -1).narrow(-1, 0, len).to(hn.scalar_type());
+        probs = at::softmax(joined, -1).narrow(-1, 0, held).to(hn.scalar_type());
       } else {
         probs = at::softmax(scores, -1, at::kFloat).to(hn.scalar_type());
       }

@@ -65,6 +65,9 @@ struct AttentionSpan {
   int64_t position = 0;
   at::Tensor* k_cache = nullptr;
   at::Tensor* v_cache = nullptr;
+  // The position the caches' first entry holds (a sliding-window layer drops older ones; MLA and
+  // full attention: 0). Entry j is position first + j.
+  int64_t first = 0;
 };
 
 // The rotary tables, [positions, RotaryDim(info)] in the compute dtype (YaRN's attention factor or

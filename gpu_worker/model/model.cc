@@ -446,6 +446,8 @@ std::unique_ptr<KvCache> MoeModel::NewKvCache() const {
   auto kv = std::make_unique<KvCache>();
   kv->k_.resize(info_.num_hidden_layers);
   kv->v_.resize(info_.num_hidden_layers);
+  kv->first_.assign(info_.num_hidden_layers, 0);
+  kv->capacity_.assign(info_.num_hidden_layers, 0);
   return kv;
 }
 
@@ -502,6 +504,7 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
 
   if (out != nullptr) CollectLogits(x, batch, out);
   for (const SequenceInput& s : inputs) s.kv->length_ += static_cast<int64_t>(s.tokens.size());
+  TrimSlidingKv(inputs);
   if (observer != nullptr) {
     for (const SequenceInput& s : inputs) observer->OnIterationEnd(s.request_id, s.iteration);
   }
@@ -565,20 +568,54 @@ void MoeModel::GrowKvCaches(std::span<const SequenceInput> inputs) const {
   const int64_t v_width = info.mla ? int64_t{info.mla->qk_rope_head_dim} : int64_t{info.head_dim};
   for (const SequenceInput& s : inputs) {
     KvCache& kv = *s.kv;
-    const int64_t need = kv.length_ + static_cast<int64_t>(s.tokens.size());
-    if (need <= kv.capacity_) continue;
-    const int64_t cap = std::max<int64_t>((need + 63) / 64 * 64, 2 * kv.capacity_);
     for (size_t l = 0; l < kv.k_.size(); ++l) {
+      const int64_t held = kv.length_ - kv.first_[l];
+      const int64_t need = held + static_cast<int64_t>(s.tokens.size());
+      if (need <= kv.capacity_[l]) continue;
+      const int64_t cap = std::max<int64_t>((need + 63) / 64 * 64, 2 * kv.capacity_[l]);
       at::Tensor k = at::zeros({k_rows, cap, k_width}, m.opts());
       at::Tensor v = at::zeros({v_rows, cap, v_width}, m.opts());
-      if (kv.length_ > 0) {
-        k.narrow(1, 0, kv.length_).copy_(kv.k_[l].narrow(1, 0, kv.length_));
-        v.narrow(1, 0, kv.length_).copy_(kv.v_[l].narrow(1, 0, kv.length_));
+      if (held > 0) {
+        k.narrow(1, 0, held).copy_(kv.k_[l].narrow(1, 0, held));
+        v.narrow(1, 0, held).copy_(kv.v_[l].narrow(1, 0, held));
       }
       kv.k_[l] = k;
       kv.v_[l] = v;
+      kv.capacity_[l] = cap;
     }
-    kv.capacity_ = cap;
+  }
+}
+
+void MoeModel::TrimSlidingKv(std::span<const SequenceInput> inputs) const {
+  const Impl& m = *impl_;
+  for (const SequenceInput& s : inputs) {
+    KvCache& kv = *s.kv;
+    for (size_t l = 0; l < m.layers.size() && l < kv.k_.size(); ++l) {
+      const int64_t window = info_.mla ? 0 : m.layers[l].attention.window;
+      if (window <= 0) continue;
+      const int64_t held = kv.length_ - kv.first_[l];
+      if (held <= 2 * window) continue;
+      // Keep the last window - 1 positions: a later query at position p sees p - window + 1..p.
+      const int64_t keep = window - 1, drop = held - keep;
+      // After a long prefill the tensors shrink too: a sliding layer's memory is its window's.
+      const int64_t cap = (2 * window + 63) / 64 * 64 + 64;
+      const bool shrink = kv.capacity_[l] > cap;
+      at::Tensor k =
+          shrink ? at::zeros({kv.k_[l].size(0), cap, kv.k_[l].size(2)}, m.opts()) : kv.k_[l];
+      at::Tensor v =
+          shrink ? at::zeros({kv.v_[l].size(0), cap, kv.v_[l].size(2)}, m.opts()) : kv.v_[l];
+      if (keep > 0) {
+        // Through a copy: the source and destination rows may overlap.
+        k.narrow(1, 0, keep).copy_(kv.k_[l].narrow(1, drop, keep).clone());
+        v.narrow(1, 0, keep).copy_(kv.v_[l].narrow(1, drop, keep).clone());
+      }
+      if (shrink) {
+        kv.k_[l] = k;
+        kv.v_[l] = v;
+        kv.capacity_[l] = cap;
+      }
+      kv.first_[l] += drop;
+    }
   }
 }
 
@@ -604,8 +641,9 @@ Status MoeModel::RunLayers(const Batch& batch, ExpertSource& experts, at::Tensor
     const Layer& layer = m.layers[l];
     for (size_t i = 0; i < batch.inputs.size(); ++i) {
       KvCache& kv = *batch.inputs[i].kv;
-      spans[i] = {batch.offset[i], batch.offset[i + 1] - batch.offset[i], kv.length_, &kv.k_[l],
-                  &kv.v_[l]};
+      spans[i] = {batch.offset[i], batch.offset[i + 1] - batch.offset[i],
+                  kv.length_,      &kv.k_[l],
+                  &kv.v_[l],       kv.first_[l]};
     }
     at::Tensor normed = DecoderNorm(info, x, layer.input_norm, layer.input_norm_bias);
     x = x + (info.mla ? LatentAttention(info, layer.latent, normed, spans, m.rope,

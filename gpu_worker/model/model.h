@@ -60,12 +60,15 @@ class KvCache {
  private:
   friend class MoeModel;  // Grows the tensors and hands each layer's to blocks.h's attention.
   int64_t length_ = 0;
-  int64_t capacity_ = 0;
   // Per transformer layer, two tensors: grouped-query attention's keys and values
   // ([kv_heads, capacity, head_dim] each); with MLA the compressed latents after kv_a_layernorm
   // ([1, capacity, kv_lora_rank]) and the rotated rotary keys ([1, capacity, qk_rope_head_dim]),
-  // never per-head keys and values (model_config.h KvBytesPerToken).
+  // never per-head keys and values (model_config.h KvBytesPerToken). A sliding-window layer
+  // (gpt-oss) holds positions [first_[l], length_) only: once it holds more than twice its
+  // window, the oldest are dropped down to window - 1 (all a next query can see).
   std::vector<at::Tensor> k_, v_;
+  std::vector<int64_t> first_;     // Per layer: the first position held (0: every position).
+  std::vector<int64_t> capacity_;  // Per layer: positions the tensors hold room for.
 };
 
 struct SequenceInput {
@@ -146,6 +149,8 @@ class MoeModel {
                                  const RuntimeOptions& options, TensorLoader& loader,
                                  const std::string& moe, uint32_t moe_layer,
                                  std::vector<ExpertWeights>* layer_experts);
+  // After a forward: each sliding-window layer's cache cut to its window (KvCache).
+  void TrimSlidingKv(std::span<const SequenceInput> inputs) const;
   static void LogSkippedLayers(const ModelInfo& info, const Checkpoint& ckpt);
   static Status CheckLoadable(const ModelInfo& info, const RuntimeOptions& options);
   static Status LoadAttention(const ModelInfo& info, TensorLoader& loader,

@@ -331,6 +331,51 @@ TEST(MoeModel, LatentAttentionCachesTheLatentAndTheRotaryKey) {
   }
 }
 
+// gpt-oss's sliding layers (window 4: layers 0 and 2 of gpt-oss-ref) keep only their window of
+// keys and values: after a 200-token prefill and decode steps they hold a fixed few entries while
+// the full layer holds every position, and the output equals a run whose caches were never cut
+// (a prefill of the whole sequence at once, whose attention sees it uncut).
+TEST(MoeModel, SlidingLayersKeepOnlyTheirWindow) {
+  Runtime& rt = Fixture("gpt-oss-ref");
+  ASSERT_EQ(rt.info.sliding_layers, (std::vector<bool>{true, false, true}));
+  ASSERT_EQ(rt.info.sliding_window, 4u);
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 200; ++i) tokens.push_back(5 + (i * 37) % 300);
+  auto kv = rt.model->NewKvCache();
+  SequenceInput in;
+  in.tokens = tokens;
+  in.kv = kv.get();
+  ForwardResult out;
+  ASSERT_TRUE(rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out).ok());
+  std::vector<int32_t> all = tokens;
+  for (int step = 0; step < 6; ++step) {
+    const int32_t next = static_cast<int32_t>(ArgMax(out.logits[0]));
+    all.push_back(next);
+    const std::vector<int32_t> one = {next};
+    in.tokens = one;
+    out = ForwardResult{};
+    ASSERT_TRUE(rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out).ok());
+  }
+  ASSERT_EQ(kv->length(), 206);
+  // float32 keys and values of 2 KV heads x 16: 256 bytes a position a layer. The full layer's
+  // tensors hold 256 positions (grown by 64); each sliding layer's 128.
+  const size_t per_position = 2 * 2 * 16 * 4;
+  EXPECT_EQ(kv->bytes(), per_position * (256 + 2 * 128));
+  // The last step's logits against a fresh prefill of the same 206 tokens.
+  auto fresh = rt.model->NewKvCache();
+  SequenceInput whole;
+  whole.tokens = all;
+  whole.kv = fresh.get();
+  ForwardResult ref;
+  ASSERT_TRUE(rt.model->Forward({&whole, 1}, *rt.experts, nullptr, &ref).ok());
+  ASSERT_EQ(ref.logits[0].size(), out.logits[0].size());
+  double diff = 0;
+  for (size_t v = 0; v < ref.logits[0].size(); ++v) {
+    diff = std::max(diff, double{std::abs(ref.logits[0][v] - out.logits[0][v])});
+  }
+  EXPECT_LT(diff, 1e-4);
+}
+
 // A sequence's logits are bit-for-bit the same alone and in any batch, in prefill and decode.
 TEST(MoeModel, LogitsDoNotDependOnTheBatch) {
   Runtime& rt = Reference();
