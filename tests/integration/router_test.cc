@@ -540,7 +540,18 @@ TEST(RouterGroupsTest, ALostGroupsQueuedRequestsMoveToTheOther) {
       },
       30000))
       << health().dump();
-  // Kill group a's leader.
+  // Kill group a's leader, once the launcher too counts it started (a process that dies while
+  // it starts up stops the launch: the router may see the group alive a moment before).
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        const Json st = Json::parse(testing::ReadFile(dir + "/run/launcher.json"), nullptr, false);
+        if (!st.is_object() || st.value("phase", "") != "running") return false;
+        for (const auto& p : st["processes"]) {
+          if (p["name"] == "worker-a-0" && p["state"] == "running") return true;
+        }
+        return false;
+      },
+      60000, 20));
   Json state = Json::parse(testing::ReadFile(dir + "/run/launcher.json"));
   int64_t pid = 0;
   for (const auto& p : state["processes"]) {
