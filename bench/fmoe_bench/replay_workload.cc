@@ -125,6 +125,7 @@ Result<ServeWorkload> BuildServeWorkload(const TraceRequests& requests,
         for (size_t p = 0; p < T - decode; ++p) prompt.push_back(&trace.iterations[its[p]]);
         w.merged.push_back(MergePositions(trace.header, prompt));
         r.steps.push_back(&w.merged.back());
+        r.prompt_positions = std::move(prompt);
         r.prompt_tokens = w.merged.back().tokens;
         for (size_t p = T - decode; p < T; ++p) r.steps.push_back(&trace.iterations[its[p]]);
         break;

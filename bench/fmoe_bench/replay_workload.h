@@ -55,6 +55,10 @@ struct ServeRequest {
   // per entry. Each points into the trace or into ServeWorkload::merged; only the routing, the
   // map, the embedding and the speculation are read (not request_id, iteration or last).
   std::vector<const TraceIteration*> steps;
+  // prompt-positions: the records of the prefill's positions, in order (steps[0] is their merge),
+  // from which a chunked prefill's chunks are merged (MergePositions of [a, b)); empty for the
+  // other kinds, whose prefill routing is known only whole.
+  std::vector<const TraceIteration*> prompt_positions;
   uint32_t decode_steps() const {
     return static_cast<uint32_t>(steps.size()) - (has_prefill ? 1u : 0u);
   }

@@ -106,6 +106,13 @@ TEST(ServeWorkloadTest, PromptPositionsSplitIntoAPrefillAndDecodeSteps) {
   EXPECT_EQ(a.steps[1], &trace.iterations[8]);
   EXPECT_EQ(a.steps[2], &trace.iterations[9]);
   EXPECT_EQ(a.steps[0]->tokens, 8u);
+  // The prefill's positions, kept for chunked prefill: their merge is the prefill.
+  ASSERT_EQ(a.prompt_positions.size(), 8u);
+  EXPECT_EQ(a.prompt_positions[0], &trace.iterations[0]);
+  EXPECT_EQ(a.prompt_positions[7], &trace.iterations[7]);
+  const TraceIteration whole = MergePositions(trace.header, a.prompt_positions);
+  EXPECT_EQ(whole.used_experts, a.steps[0]->used_experts);
+  EXPECT_EQ(whole.used_tokens, a.steps[0]->used_tokens);
   // One position: a prefill only. Two: at least one decode step, whatever the share.
   EXPECT_EQ(w->requests[1].decode_steps(), 0u);
   EXPECT_EQ(w->requests[1].prompt_tokens, 1u);
@@ -129,6 +136,7 @@ TEST(ServeWorkloadTest, IterationsAreUsedAsRecordedAndDecodePositionsHaveNoPrefi
   EXPECT_EQ(w->requests[0].steps.size(), 3u);
   EXPECT_EQ(w->requests[0].decode_steps(), 2u);
   EXPECT_EQ(w->requests[0].steps[0], &trace.iterations[0]);
+  EXPECT_TRUE(w->requests[0].prompt_positions.empty());  // A prefill recorded whole.
   o.kind = TraceKind::kDecodePositions;
   w = BuildServeWorkload(grouped, o);
   ASSERT_TRUE(w.ok());
