@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <optional>
+#include <tuple>
 #include <unordered_map>
 
 #include "bench/fmoe_bench/sim_link.h"
@@ -19,10 +21,14 @@ namespace fmoe::bench {
 // ---- ContinuousBatcher ----
 
 ContinuousBatcher::ContinuousBatcher(std::vector<int64_t> arrival_ns, std::vector<uint32_t> steps,
-                                     uint32_t max_batch)
+                                     uint32_t max_batch, std::vector<uint32_t> prompt,
+                                     uint32_t max_batched_tokens)
     : arrival_ns_(std::move(arrival_ns)),
       steps_(std::move(steps)),
+      prompt_(std::move(prompt)),
+      max_batched_tokens_(max_batched_tokens),
       max_batch_(std::max<uint32_t>(max_batch, 1)) {
+  prompt_.resize(arrival_ns_.size(), 0);
   order_.resize(arrival_ns_.size());
   std::iota(order_.begin(), order_.end(), 0u);
   std::stable_sort(order_.begin(), order_.end(),
@@ -32,9 +38,37 @@ ContinuousBatcher::ContinuousBatcher(std::vector<int64_t> arrival_ns, std::vecto
 const std::vector<ContinuousBatcher::Slot>& ContinuousBatcher::Admit(int64_t now_ns) {
   while (running_.size() < max_batch_ && next_ < order_.size() &&
          arrival_ns_[order_[next_]] <= now_ns) {
-    running_.push_back(Slot{order_[next_++], 0});
+    running_.push_back(Running{order_[next_++], 0, 0, 0, false});
   }
-  return running_;
+  const auto chunked = [this](const Running& r) {
+    return max_batched_tokens_ > 0 && r.step == 0 && prompt_[r.request] > 0;
+  };
+  // The steps that are not prefill chunks run first, one token each.
+  int64_t left = max_batched_tokens_;
+  for (Running& r : running_) {
+    r.runs = !chunked(r);
+    r.ran = 0;
+    if (r.runs) --left;
+  }
+  slots_.clear();
+  for (Running& r : running_) {
+    if (chunked(r) && left >= 1) {
+      const uint32_t take =
+          static_cast<uint32_t>(std::min<int64_t>(prompt_[r.request] - r.done, left));
+      left -= take;
+      r.runs = true;
+      r.ran = r.done + take;
+    }
+    if (!r.runs) continue;
+    Slot s{r.request, r.step, 0, 0};
+    // A chunk of the whole prompt is the step whole.
+    if (r.ran > 0 && !(r.done == 0 && r.ran == prompt_[r.request])) {
+      s.chunk_begin = r.done;
+      s.chunk_end = r.ran;
+    }
+    slots_.push_back(s);
+  }
+  return slots_;
 }
 
 int64_t ContinuousBatcher::NextArrival() const {
@@ -43,15 +77,21 @@ int64_t ContinuousBatcher::NextArrival() const {
 
 void ContinuousBatcher::Advance(std::vector<uint32_t>* finished) {
   size_t kept = 0;
-  for (Slot& s : running_) {
-    if (++s.step >= steps_[s.request]) {
-      finished->push_back(s.request);
-      ++finished_;
-    } else {
-      running_[kept++] = s;
+  for (Running& r : running_) {
+    if (r.runs) {
+      r.runs = false;
+      if (r.ran > 0 && r.ran < prompt_[r.request]) {
+        r.done = r.ran;  // More of the prompt to come.
+      } else if (++r.step >= steps_[r.request]) {
+        finished->push_back(r.request);
+        ++finished_;
+        continue;
+      }
     }
+    running_[kept++] = r;
   }
   running_.resize(kept);
+  slots_.clear();
 }
 
 namespace {
@@ -77,16 +117,52 @@ MapStoreOptions StoreOptions(const TraceHeader& h, uint32_t capacity, uint32_t d
   return o;
 }
 
-// The union of the batch's experts at `layer`: sorted experts, their summed tokens, and the
-// per-sequence counts (rows in batch order, J wide).
-void BatchUnion(const ServeWorkload& w, const std::vector<ContinuousBatcher::Slot>& batch,
+// The routing each slot of a batch runs: the request's step as the workload holds it, or a
+// prefill chunk merged from its prompt positions [begin, end) (MergePositions: the chunk's exact
+// per-layer union and token counts). Chunks are kept for reuse, and forgotten (between batches)
+// past a bound.
+class Routes {
+ public:
+  explicit Routes(const ServeWorkload& w) : w_(w) {}
+
+  // The routings of `batch` (workload indices), in its order; valid until the next call.
+  const std::vector<const TraceIteration*>& Of(const std::vector<ContinuousBatcher::Slot>& batch) {
+    if (chunks_.size() > kMaxChunks) chunks_.clear();
+    out_.clear();
+    for (const auto& s : batch) {
+      const ServeRequest& r = w_.requests[s.request];
+      if (!s.chunk()) {
+        out_.push_back(r.steps[s.step]);
+        continue;
+      }
+      auto [it, inserted] = chunks_.try_emplace({s.request, s.chunk_begin, s.chunk_end});
+      if (inserted) {
+        const std::vector<const TraceIteration*> positions(
+            r.prompt_positions.begin() + s.chunk_begin, r.prompt_positions.begin() + s.chunk_end);
+        it->second = MergePositions(w_.trace->header, positions);
+      }
+      out_.push_back(&it->second);
+    }
+    return out_;
+  }
+
+ private:
+  static constexpr size_t kMaxChunks = 4096;
+  const ServeWorkload& w_;
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, TraceIteration> chunks_;
+  std::vector<const TraceIteration*> out_;
+};
+
+// The union of the batch's experts at `layer` (`its`: the batch's routings): sorted experts,
+// their summed tokens, and the per-sequence counts (rows in batch order, J wide).
+void BatchUnion(const ServeWorkload& w, const std::vector<const TraceIteration*>& its,
                 uint32_t layer, std::vector<uint32_t>* experts, std::vector<uint32_t>* tokens,
                 std::vector<uint32_t>* sequence_counts) {
   const uint32_t J = w.trace->header.num_experts;
-  sequence_counts->assign(batch.size() * J, 0);
+  sequence_counts->assign(its.size() * J, 0);
   std::vector<uint32_t> sum(J, 0);
-  for (size_t s = 0; s < batch.size(); ++s) {
-    const TraceIteration& it = *w.requests[batch[s].request].steps[batch[s].step];
+  for (size_t s = 0; s < its.size(); ++s) {
+    const TraceIteration& it = *its[s];
     auto used = it.used(layer);
     auto counts = it.used_counts(layer);
     for (size_t e = 0; e < used.size(); ++e) {
@@ -103,12 +179,14 @@ void BatchUnion(const ServeWorkload& w, const std::vector<ContinuousBatcher::Slo
   }
 }
 
-std::vector<LayerAccess> AccessLog(const ServeWorkload& w, const Schedule& schedule) {
+std::vector<LayerAccess> AccessLog(const ServeWorkload& w, const Schedule& schedule,
+                                   Routes& routes) {
   std::vector<LayerAccess> out;
   std::vector<uint32_t> experts, tokens, counts;
   for (const auto& batch : schedule) {
+    const auto& its = routes.Of(batch);
     for (uint32_t l = 0; l < w.trace->header.num_layers; ++l) {
-      BatchUnion(w, batch, l, &experts, &tokens, &counts);
+      BatchUnion(w, its, l, &experts, &tokens, &counts);
       out.push_back(LayerAccess{l, experts});
     }
   }
@@ -120,7 +198,10 @@ bool SameSchedule(const Schedule& a, const Schedule& b) {
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i].size() != b[i].size()) return false;
     for (size_t s = 0; s < a[i].size(); ++s) {
-      if (a[i][s].request != b[i][s].request || a[i][s].step != b[i][s].step) return false;
+      if (a[i][s].request != b[i][s].request || a[i][s].step != b[i][s].step ||
+          a[i][s].chunk_begin != b[i][s].chunk_begin || a[i][s].chunk_end != b[i][s].chunk_end) {
+        return false;
+      }
     }
   }
   return true;
@@ -129,10 +210,14 @@ bool SameSchedule(const Schedule& a, const Schedule& b) {
 // The schedule of `reqs` when every layer takes its compute time and nothing stalls: the
 // oracle's first guess at its own schedule.
 Schedule ComputeOnlySchedule(const ServeWorkload& w, const std::vector<uint32_t>& reqs,
-                             const std::vector<int64_t>& arrival_ns, const ServeConfig& c) {
-  std::vector<uint32_t> steps;
-  for (uint32_t r : reqs) steps.push_back(static_cast<uint32_t>(w.requests[r].steps.size()));
-  ContinuousBatcher batcher(arrival_ns, steps, c.max_batch);
+                             const std::vector<int64_t>& arrival_ns, const ServeConfig& c,
+                             Routes& routes) {
+  std::vector<uint32_t> steps, prompt;
+  for (uint32_t r : reqs) {
+    steps.push_back(static_cast<uint32_t>(w.requests[r].steps.size()));
+    prompt.push_back(static_cast<uint32_t>(w.requests[r].prompt_positions.size()));
+  }
+  ContinuousBatcher batcher(arrival_ns, steps, c.max_batch, prompt, c.max_batched_tokens);
   Schedule out;
   int64_t now = 0;
   std::vector<uint32_t> finished;
@@ -144,10 +229,9 @@ Schedule ComputeOnlySchedule(const ServeWorkload& w, const std::vector<uint32_t>
     }
     uint64_t tokens = 0;
     auto& batch = out.emplace_back();
-    for (const auto& s : running) {
-      batch.push_back({reqs[s.request], s.step});
-      tokens += w.requests[reqs[s.request]].steps[s.step]->tokens;
-    }
+    for (const auto& s : running)
+      batch.push_back({reqs[s.request], s.step, s.chunk_begin, s.chunk_end});
+    for (const TraceIteration* it : routes.Of(batch)) tokens += it->tokens;
     now += c.time.LayerNs(tokens) * w.trace->header.num_layers;
     batcher.Advance(&finished);
   }
@@ -232,10 +316,11 @@ class ServeRun {
     Schedule schedule;
   };
 
+  // `routes` outlives the run.
   static Result<std::unique_ptr<ServeRun>> Create(const ServeWorkload& w, const ServeConfig& c,
-                                                  std::vector<LayerAccess> future,
+                                                  Routes* routes, std::vector<LayerAccess> future,
                                                   const MapStore* store) {
-    std::unique_ptr<ServeRun> run(new ServeRun(w, c));
+    std::unique_ptr<ServeRun> run(new ServeRun(w, c, routes));
     FMOE_RETURN_IF_ERROR(run->Init(std::move(future), store));
     return run;
   }
@@ -251,10 +336,11 @@ class ServeRun {
                bool match, Measured* out, const Schedule* forced = nullptr) {
     const int64_t t0 = clock_.NowNs();
     std::vector<int64_t> at(arrival_ns.size());
-    std::vector<uint32_t> steps;
+    std::vector<uint32_t> steps, prompt;
     for (size_t k = 0; k < reqs.size(); ++k) {
       at[k] = t0 + arrival_ns[k];
       steps.push_back(static_cast<uint32_t>(w_.requests[reqs[k]].steps.size()));
+      prompt.push_back(static_cast<uint32_t>(w_.requests[reqs[k]].prompt_positions.size()));
     }
     out->timings.assign(reqs.size(), RequestTiming{});
     for (size_t k = 0; k < reqs.size(); ++k) {
@@ -270,17 +356,25 @@ class ServeRun {
     if (forced != nullptr) {
       std::unordered_map<uint32_t, uint32_t> local_of;
       for (uint32_t k = 0; k < reqs.size(); ++k) local_of[reqs[k]] = k;
-      std::vector<uint32_t> ran(reqs.size(), 0);
+      // Per request: the steps it ran, and of its first the prompt positions run (chunked).
+      std::vector<uint32_t> ran(reqs.size(), 0), done(reqs.size(), 0);
       for (const auto& batch : *forced) {
         local.clear();
         int64_t ready = clock_.NowNs();
         for (const auto& s : batch) {
           auto it = local_of.find(s.request);
-          if (it == local_of.end() || s.step != ran[it->second]++) {
+          if (it == local_of.end() || s.step != ran[it->second] ||
+              (s.chunk() && (s.step != 0 || s.chunk_begin != done[it->second] ||
+                             s.chunk_end <= s.chunk_begin || s.chunk_end > prompt[it->second]))) {
             return Internal("serving replay: the forced schedule does not fit the requests");
           }
-          local.push_back({it->second, s.step});
-          if (s.step == 0) ready = std::max(ready, at[it->second]);
+          local.push_back({it->second, s.step, s.chunk_begin, s.chunk_end});
+          if (s.step == 0 && s.chunk_begin == 0) ready = std::max(ready, at[it->second]);
+          if (s.chunk() && s.chunk_end < prompt[it->second]) {
+            done[it->second] = s.chunk_end;
+          } else {
+            ++ran[it->second];
+          }
         }
         if (ready > clock_.NowNs()) {
           clock_.AdvanceNs(ready - clock_.NowNs());
@@ -288,7 +382,9 @@ class ServeRun {
         }
         FMOE_RETURN_IF_ERROR(RunBatch(reqs, local, match, t0, out));
         for (const auto& s : local) {
-          if (s.step + 1 == steps[s.request]) cache_->OnRequestEnd(w_.requests[reqs[s.request]].id);
+          if (LastOfRequest(s, steps[s.request], prompt[s.request])) {
+            cache_->OnRequestEnd(w_.requests[reqs[s.request]].id);
+          }
         }
       }
       if (ran != steps) {
@@ -296,7 +392,7 @@ class ServeRun {
       }
       return Status::Ok();
     }
-    ContinuousBatcher batcher(at, steps, c_.max_batch);
+    ContinuousBatcher batcher(at, steps, c_.max_batch, prompt, c_.max_batched_tokens);
     std::vector<uint32_t> finished;
     while (!batcher.done()) {
       const auto& running = batcher.Admit(clock_.NowNs());
@@ -322,8 +418,17 @@ class ServeRun {
   Status CheckInvariants() const { return cache_->CheckInvariants(); }
 
  private:
-  ServeRun(const ServeWorkload& w, const ServeConfig& c)
-      : w_(w), c_(c), clock_(0), link_(clock_, c.time.LoadNs()) {}
+  ServeRun(const ServeWorkload& w, const ServeConfig& c, Routes* routes)
+      : w_(w), c_(c), routes_(routes), clock_(0), link_(clock_, c.time.LoadNs()) {}
+
+  // Whether `s` ends its step: a chunk ends it when it reaches the prompt's end.
+  static bool EndsStep(const ContinuousBatcher::Slot& s, uint32_t prompt) {
+    return !s.chunk() || s.chunk_end == prompt;
+  }
+  // Whether `s` is the request's last (of `steps` steps, `prompt` prompt positions).
+  static bool LastOfRequest(const ContinuousBatcher::Slot& s, uint32_t steps, uint32_t prompt) {
+    return s.step + 1 == steps && EndsStep(s, prompt);
+  }
 
   Status Init(std::vector<LayerAccess> future, const MapStore* store) {
     const TraceHeader& h = w_.trace->header;
@@ -379,9 +484,9 @@ class ServeRun {
     batch_.clear();
     bool prefill = false;
     for (const auto& s : local) {
-      batch_.push_back({reqs[s.request], s.step});
+      batch_.push_back({reqs[s.request], s.step, s.chunk_begin, s.chunk_end});
       if (s.step == 0) {
-        out->timings[s.request].start_ns = clock_.NowNs() - t0;
+        if (s.chunk_begin == 0) out->timings[s.request].start_ns = clock_.NowNs() - t0;
         prefill = prefill || w_.requests[reqs[s.request]].has_prefill;
       }
     }
@@ -392,9 +497,12 @@ class ServeRun {
     const int64_t end = clock_.NowNs();
     PhaseFigures& p = prefill ? out->prefill : out->decode;
     ++p.iterations;
-    for (const auto& s : batch_) {
-      p.tokens += w_.requests[s.request].steps[s.step]->tokens;
-      if (!prefill || s.step == 0) ++p.requests;
+    for (size_t i = 0; i < batch_.size(); ++i) {
+      const auto& s = batch_[i];
+      p.tokens += its_[i]->tokens;
+      // A chunked prefill counts once, at its last chunk.
+      const uint32_t prompt = static_cast<uint32_t>(w_.requests[s.request].prompt_positions.size());
+      if (!prefill || (s.step == 0 && EndsStep(s, prompt))) ++p.requests;
     }
     p.hits += after.hits - before.hits;
     p.misses += after.misses - before.misses;
@@ -415,7 +523,13 @@ class ServeRun {
     out->schedule.push_back(batch_);
     for (const auto& s : local) {
       RequestTiming& t = out->timings[s.request];
-      if (s.step == 0) t.first_token_ns = end - t0;
+      if (s.step == 0) {
+        ++t.prefill_iterations;
+        const uint32_t prompt =
+            static_cast<uint32_t>(w_.requests[reqs[s.request]].prompt_positions.size());
+        if (!EndsStep(s, prompt)) continue;  // No token before the last chunk.
+        t.first_token_ns = end - t0;
+      }
       t.last_token_ns = end - t0;
     }
     return Status::Ok();
@@ -435,12 +549,13 @@ class ServeRun {
     const TraceHeader& h = w_.trace->header;
     const uint32_t L = h.num_layers, J = h.num_experts;
     seqs_.clear();
+    // A chunk is a prefill-like iteration of its request: step 0, the chunk's tokens.
+    its_ = routes_->Of(batch);
     uint64_t tokens = 0;
-    for (const auto& s : batch) {
-      const ServeRequest& r = w_.requests[s.request];
-      const TraceIteration& it = *r.steps[s.step];
-      seqs_.push_back(SequenceInfo{r.id, s.step, it.tokens});
-      tokens += it.tokens;
+    for (size_t s = 0; s < batch.size(); ++s) {
+      seqs_.push_back(
+          SequenceInfo{w_.requests[batch[s].request].id, batch[s].step, its_[s]->tokens});
+      tokens += its_[s]->tokens;
     }
     cache_->BeginIteration(seqs_);
     cpu_experts_ = 0;
@@ -448,7 +563,7 @@ class ServeRun {
     if (match) {
       maps_.resize(batch.size());
       for (size_t s = 0; s < batch.size(); ++s) {
-        const TraceIteration& it = *w_.requests[batch[s].request].steps[batch[s].step];
+        const TraceIteration& it = *its_[s];
         it.FillMap(h, &maps_[s]);
         matcher_->OnIterationStart(
             IterationStart{seqs_[s].request_id, seqs_[s].iteration, SemOf(h, it)}, &directives_);
@@ -459,7 +574,7 @@ class ServeRun {
     const uint32_t speculate = cache_->speculation_distance();
     for (uint32_t l = 0; l < L; ++l) {
       if (speculate > 0) Speculate(batch, l, speculate, tokens);
-      BatchUnion(w_, batch, l, &experts_, &tokens_, &sequence_counts_);
+      BatchUnion(w_, its_, l, &experts_, &tokens_, &sequence_counts_);
       const int64_t layer_start = clock_.NowNs();
       split_ = LayerSplit{};
       if (view_ != nullptr) SplitToCpu(l, batch.size());
@@ -499,7 +614,8 @@ class ServeRun {
     if (match) {
       for (size_t s = 0; s < batch.size(); ++s) {
         const ServeRequest& r = w_.requests[batch[s].request];
-        const bool last = batch[s].step + 1 == r.steps.size();
+        const bool last = LastOfRequest(batch[s], static_cast<uint32_t>(r.steps.size()),
+                                        static_cast<uint32_t>(r.prompt_positions.size()));
         auto done = matcher_->OnIterationEnd(IterationEnd{r.id, batch[s].step, last});
         if (done) {
           FMOE_ASSIGN_OR_RETURN(auto inserted,
@@ -559,8 +675,8 @@ class ServeRun {
     for (uint32_t target = l + 1; target < L && target <= l + ahead; ++target) {
       std::fill(probs_.begin(), probs_.end(), 0.0f);
       bool any = false;
-      for (const auto& s : batch) {
-        const TraceIteration& it = *w_.requests[s.request].steps[s.step];
+      for (size_t s = 0; s < batch.size(); ++s) {
+        const TraceIteration& it = *its_[s];
         const float share = static_cast<float>(it.tokens) / static_cast<float>(tokens);
         for (const TraceSpeculation& sp : it.speculation) {
           if (sp.layer != l || sp.target != target) continue;
@@ -576,6 +692,8 @@ class ServeRun {
 
   const ServeWorkload& w_;
   ServeConfig c_;
+  Routes* routes_;
+  std::vector<const TraceIteration*> its_;  // The running iteration's routings.
   ManualClock clock_;
   SimLink link_;
   uint32_t owned_ = 0, slots_ = 0;
@@ -634,6 +752,26 @@ Result<ServeResult> RunServeReplay(const ServeWorkload& w, const std::vector<uin
                            std::to_string(L));
   }
   if (c.max_batch < 1) return InvalidArgument("max batch must be at least 1");
+  if (c.max_batched_tokens > 0) {
+    // A chunk's routing is its prompt positions' own: only a trace of them has it.
+    if (w.kind != TraceKind::kPromptPositions) {
+      return InvalidArgument(
+          "max batched tokens " + std::to_string(c.max_batched_tokens) +
+          " (chunked prefill) needs the routing of each prompt position, and the trace kind " +
+          std::string(TraceKindName(w.kind)) +
+          " has none (iterations: a prefill's routing is recorded whole; decode-positions: no "
+          "prefill is recorded); use 0 or a prompt-positions trace");
+    }
+    for (const ServeRequest& r : w.requests) {
+      for (const TraceIteration* p : r.prompt_positions) {
+        if (p->tokens != 1) {
+          return InvalidArgument("chunked prefill: a prompt position of request " +
+                                 std::to_string(r.id) + " holds " + std::to_string(p->tokens) +
+                                 " tokens, not 1");
+        }
+      }
+    }
+  }
   if (arrival_ns.size() != test.size()) {
     return InvalidArgument(std::to_string(arrival_ns.size()) + " arrival times for " +
                            std::to_string(test.size()) + " requests");
@@ -660,14 +798,16 @@ Result<ServeResult> RunServeReplay(const ServeWorkload& w, const std::vector<uin
   result.config = c;
   ServeRun::Measured measured;
   std::unique_ptr<ServeRun> run;
+  Routes routes(w);
   if (oracle) {
     // The oracle knows the accesses to come, but batches depend on timing, which depends on the
     // oracle: run until the schedule it was told is the one it ran (or out of passes).
-    Schedule told = ComputeOnlySchedule(w, test, arrival_ns, c);
+    Schedule told = ComputeOnlySchedule(w, test, arrival_ns, c, routes);
     for (uint32_t pass = 1;; ++pass) {
       // The last pass runs the schedule it was told, each batch waiting for its new requests.
       const bool force = pass > c.oracle_passes;
-      FMOE_ASSIGN_OR_RETURN(run, ServeRun::Create(w, c, AccessLog(w, told), nullptr));
+      FMOE_ASSIGN_OR_RETURN(run,
+                            ServeRun::Create(w, c, &routes, AccessLog(w, told, routes), nullptr));
       measured = ServeRun::Measured{};
       FMOE_RETURN_IF_ERROR(
           run->Serve(test, arrival_ns, /*match=*/false, &measured, force ? &told : nullptr));
@@ -677,7 +817,7 @@ Result<ServeResult> RunServeReplay(const ServeWorkload& w, const std::vector<uin
       told = std::move(measured.schedule);
     }
   } else {
-    FMOE_ASSIGN_OR_RETURN(run, ServeRun::Create(w, c, {}, warm ? warm_store : nullptr));
+    FMOE_ASSIGN_OR_RETURN(run, ServeRun::Create(w, c, &routes, {}, warm ? warm_store : nullptr));
     if (warm) {
       // The train split warms the caches, frequency counts and EAM collections; the fmoe
       // policies' store is already warm, so their directives are not computed here.

@@ -4,7 +4,8 @@
 // service's store and matcher for the fmoe policies, in simulated time (replay_time.h). Each MoE
 // layer needs the union of the batch's experts and computes for the time model's time at the
 // iteration's tokens once every expert it needs is resident. Cache figures are kept apart for
-// iterations that hold a prefill ("prefill") and those of decode steps only ("decode"). One
+// iterations that hold a prefill or a chunk of one ("prefill") and those of decode steps only
+// ("decode"). With a token budget per iteration, prefills run in chunks (chunked prefill). One
 // thread. With `hybrid`, missing experts may be computed on the CPU (replay_hybrid.h).
 #pragma once
 
@@ -25,33 +26,54 @@ namespace fmoe::bench {
 // every running request's next step (the prefill of a request that just joined, a decode token
 // for the others); a request leaves after its last step. Requests are indices 0..n-1 with their
 // arrival times and step counts (>= 1).
+//
+// Chunked prefill (max_batched_tokens N > 0; `prompt` gives each request's prompt positions, one
+// token each, 0 for one whose first step cannot be split): an iteration holds at most N tokens.
+// Every step after a request's first is one token and always runs (even past N); then the
+// requests still in their prefill, in the order they joined (oldest first), each take a chunk of
+// their next prompt positions, as many as the budget left allows (a chunk is at least 1 token: a
+// prefill left without budget waits for the next iteration). A request's first step ends with
+// its last chunk. A chunk that is the whole prompt is the step whole.
 class ContinuousBatcher {
  public:
   struct Slot {
     uint32_t request = 0;
-    uint32_t step = 0;  // 0 = the request's first iteration.
+    uint32_t step = 0;  // 0 = the request's first step (its prefill, whole or a chunk).
+    // A chunk of the prefill: prompt positions [chunk_begin, chunk_end). Both 0: the step whole.
+    uint32_t chunk_begin = 0, chunk_end = 0;
+    bool chunk() const { return chunk_end > 0; }
   };
   ContinuousBatcher(std::vector<int64_t> arrival_ns, std::vector<uint32_t> steps,
-                    uint32_t max_batch);
+                    uint32_t max_batch, std::vector<uint32_t> prompt = {},
+                    uint32_t max_batched_tokens = 0);
 
   // Admits the requests that arrived by `now_ns` into free slots (earliest arrival first, the
-  // lower index on ties) and returns the running ones, in the order they joined; empty when
-  // none is running.
+  // lower index on ties) and returns what the iteration runs: the running requests' steps (or
+  // chunks), in the order they joined; empty when none is running.
   const std::vector<Slot>& Admit(int64_t now_ns);
   // Arrival of the next request not yet admitted; -1 when every one was.
   int64_t NextArrival() const;
-  // Ends the iteration: every running request has run its step; those that ran their last leave
-  // (appended to `finished`).
+  // Ends the iteration: every slot Admit returned has run; a request whose last chunk or step it
+  // was moves to its next step, and those that ran their last leave (appended to `finished`).
   void Advance(std::vector<uint32_t>* finished);
   bool done() const { return finished_ == arrival_ns_.size(); }
 
  private:
+  struct Running {
+    uint32_t request = 0, step = 0;
+    uint32_t done = 0;  // Prompt positions of the prefill run so far (chunked).
+    uint32_t ran = 0;   // Chunked: where this iteration's chunk ends (0: the step whole).
+    bool runs = false;  // In this iteration's slots.
+  };
   std::vector<int64_t> arrival_ns_;
   std::vector<uint32_t> steps_;
+  std::vector<uint32_t> prompt_;
+  uint32_t max_batched_tokens_;
   std::vector<uint32_t> order_;  // Requests by arrival.
   size_t next_ = 0;              // Next in order_ to admit.
   uint32_t max_batch_;
-  std::vector<Slot> running_;
+  std::vector<Running> running_;
+  std::vector<Slot> slots_;  // This iteration's.
   size_t finished_ = 0;
 };
 
@@ -61,6 +83,10 @@ struct ServeConfig {
   uint32_t distance = 3;  // Prefetch distance d.
   bool online = false;    // Store starts empty (online) or warmed on the train split (offline).
   uint32_t max_batch = 1;
+  // Chunked prefill: at most this many tokens per iteration (ContinuousBatcher), decode steps
+  // first, then prompt chunks oldest first; a chunk's routing is exactly its positions' (merged
+  // by MergePositions), so it needs the prompt-positions kind. 0: every prefill whole. Default: 0
+  uint32_t max_batched_tokens = 0;
   TimeModel time;
   uint32_t store_capacity = 1000;
   uint32_t max_inflight_prefetches = 2;
@@ -79,16 +105,17 @@ struct ServeConfig {
   uint32_t oracle_passes = 3;
 };
 
-// TTFT = end of its first iteration - arrival; TPOT = (end of its last iteration - end of its
-// first) / the steps after the first.
+// TTFT = end of its first step (its prefill's last chunk) - arrival; TPOT = (end of its last
+// step - end of its first) / the steps after the first.
 struct RequestTiming {
   uint64_t id = 0;
   bool has_prefill = true;
   uint32_t prompt_tokens = 0;
-  uint32_t steps = 0;  // Iterations it ran (prefill included).
+  uint32_t steps = 0;  // Steps it ran: its prefill (chunked or not) and decode steps.
   // From the start of the measured part: arrival, the start of its first iteration, the end of
-  // its first and of its last.
+  // its first step and of its last.
   int64_t arrival_ns = 0, start_ns = 0, first_token_ns = 0, last_token_ns = 0;
+  uint32_t prefill_iterations = 0;  // Iterations its first step took (> 1: chunked).
   double ttft_ns() const { return static_cast<double>(first_token_ns - arrival_ns); }
   // 0 steps after the first: no TPOT.
   bool has_tpot() const { return steps >= 2; }
@@ -100,8 +127,10 @@ struct RequestTiming {
 // Cache figures of one kind of iteration.
 struct PhaseFigures {
   uint64_t iterations = 0;
-  uint64_t tokens = 0;    // The batch's new tokens.
-  uint64_t requests = 0;  // Request-steps (a prefill, or one request's decode token).
+  uint64_t tokens = 0;  // The batch's new tokens.
+  // Request-steps: a prefill (a chunked one once, at its last chunk), or one request's decode
+  // token (in a prefill's iterations only the prefills count).
+  uint64_t requests = 0;
   uint64_t hits = 0, misses = 0, late_prefetches = 0;
   uint64_t on_demand_loads = 0, prefetches_issued = 0, prefetches_used = 0;
   double experts_moved = 0;  // Bytes copied over the link, in experts (cancelled copies in part).

@@ -49,6 +49,64 @@ TEST(ContinuousBatcherTest, AdmitsArrivedRequestsOldestFirstUpToTheBatch) {
   EXPECT_EQ(b.NextArrival(), -1);
 }
 
+TEST(ContinuousBatcherTest, ChunkedPrefillRunsDecodeStepsFirstThenChunksOldestFirst) {
+  // Request 0: 10 prompt positions, then 2 decode steps; request 1: 4 positions, 1 decode step.
+  // Both arrive at 0; 6 tokens per iteration.
+  using Slot = ContinuousBatcher::Slot;
+  ContinuousBatcher b({0, 0}, {3, 2}, 2, {10, 4}, 6);
+  auto expect = [](const std::vector<Slot>& got, const std::vector<Slot>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].request, want[i].request) << i;
+      EXPECT_EQ(got[i].step, want[i].step) << i;
+      EXPECT_EQ(got[i].chunk_begin, want[i].chunk_begin) << i;
+      EXPECT_EQ(got[i].chunk_end, want[i].chunk_end) << i;
+    }
+  };
+  std::vector<uint32_t> finished;
+  // The oldest prefill takes the whole budget; the other waits (no chunk of 0 tokens).
+  expect(b.Admit(0), {{0, 0, 0, 6}});
+  b.Advance(&finished);
+  // Its last chunk (4), then 2 of request 1's prompt.
+  expect(b.Admit(0), {{0, 0, 6, 10}, {1, 0, 0, 2}});
+  b.Advance(&finished);
+  // Request 0 decodes (1 token) while request 1's last chunk runs.
+  expect(b.Admit(0), {{0, 1, 0, 0}, {1, 0, 2, 4}});
+  b.Advance(&finished);
+  expect(b.Admit(0), {{0, 2, 0, 0}, {1, 1, 0, 0}});
+  b.Advance(&finished);
+  EXPECT_EQ(finished, (std::vector<uint32_t>{0, 1}));
+  EXPECT_TRUE(b.done());
+}
+
+TEST(ContinuousBatcherTest, DecodeStepsRunPastTheBudgetAndAWholePromptIsNoChunk) {
+  using Slot = ContinuousBatcher::Slot;
+  // Two requests decode (1-position prompts, 4 steps), a third's prompt waits: 1 token per
+  // iteration.
+  ContinuousBatcher b({0, 0, 1}, {4, 4, 2}, 3, {1, 1, 3}, 1);
+  std::vector<uint32_t> finished;
+  std::vector<Slot> s = b.Admit(0);  // The first prompt takes the token; the second waits.
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_FALSE(s[0].chunk());  // The whole prompt: the step whole.
+  b.Advance(&finished);
+  s = b.Admit(1);  // Request 0 decodes, over the budget nothing else runs.
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].step, 1u);
+  b.Advance(&finished);
+  for (int i = 0; i < 2; ++i) {
+    s = b.Admit(1);
+    ASSERT_EQ(s.size(), 1u);
+    b.Advance(&finished);
+  }
+  s = b.Admit(1);  // Request 0 has ended: request 1's prompt runs, then request 2's.
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].request, 1u);
+  EXPECT_EQ(s[0].step, 0u);
+  // A budget that holds every prompt never chunks.
+  ContinuousBatcher whole({0, 0}, {2, 2}, 2, {3, 4}, 100);
+  for (const Slot& slot : whole.Admit(0)) EXPECT_FALSE(slot.chunk());
+}
+
 TimeModel Time(double layer_ms, double per_token_ms, double load_ms) {
   TimeModel m;
   m.name = "test";
@@ -279,17 +337,157 @@ TEST(ServeReplayTest, EveryPolicyRunsAndAFullBudgetNeverMisses) {
                              "fmoe-nextuse", "oracle"}) {
     for (double budget : {0.25, 1.0}) {
       for (bool online : {false, true}) {
-        ServeConfig c = Config(policy, budget, 4, Time(1, 0.1, 3));
-        c.online = online;
-        auto r = RunServeReplay(*w, train, test, arrivals, c, &*store);
-        ASSERT_TRUE(r.ok()) << policy << ": " << r.status().ToString();
-        EXPECT_EQ(r->requests.size(), 6u);
-        if (budget == 1.0) {
-          EXPECT_EQ(r->prefill.misses + r->decode.misses, 0u) << policy;
-          EXPECT_EQ(r->prefill.stall_ns + r->decode.stall_ns, 0.0) << policy;
+        for (uint32_t chunk : {0u, 3u}) {
+          ServeConfig c = Config(policy, budget, 4, Time(1, 0.1, 3));
+          c.online = online;
+          c.max_batched_tokens = chunk;
+          auto r = RunServeReplay(*w, train, test, arrivals, c, &*store);
+          ASSERT_TRUE(r.ok()) << policy << ": " << r.status().ToString();
+          EXPECT_EQ(r->requests.size(), 6u);
+          for (const RequestTiming& t : r->requests) {
+            EXPECT_GT(t.first_token_ns, t.start_ns) << policy;
+            EXPECT_GE(t.last_token_ns, t.first_token_ns) << policy;
+            if (chunk > 0 && t.prompt_tokens > chunk) {
+              EXPECT_GT(t.prefill_iterations, 1u) << policy;
+            }
+          }
+          if (budget == 1.0) {
+            EXPECT_EQ(r->prefill.misses + r->decode.misses, 0u) << policy;
+            EXPECT_EQ(r->prefill.stall_ns + r->decode.stall_ns, 0.0) << policy;
+          }
         }
       }
     }
+  }
+}
+
+void ExpectSameRun(const ServeResult& a, const ServeResult& b, const std::string& what) {
+  ASSERT_EQ(a.requests.size(), b.requests.size()) << what;
+  for (size_t k = 0; k < a.requests.size(); ++k) {
+    EXPECT_EQ(a.requests[k].start_ns, b.requests[k].start_ns) << what << " " << k;
+    EXPECT_EQ(a.requests[k].first_token_ns, b.requests[k].first_token_ns) << what << " " << k;
+    EXPECT_EQ(a.requests[k].last_token_ns, b.requests[k].last_token_ns) << what << " " << k;
+    EXPECT_EQ(a.requests[k].prefill_iterations, 1u) << what << " " << k;
+    EXPECT_EQ(b.requests[k].prefill_iterations, 1u) << what << " " << k;
+  }
+  for (auto phase : {&ServeResult::prefill, &ServeResult::decode}) {
+    const PhaseFigures &x = a.*phase, &y = b.*phase;
+    EXPECT_EQ(x.iterations, y.iterations) << what;
+    EXPECT_EQ(x.tokens, y.tokens) << what;
+    EXPECT_EQ(x.requests, y.requests) << what;
+    EXPECT_EQ(x.hits, y.hits) << what;
+    EXPECT_EQ(x.misses, y.misses) << what;
+    EXPECT_EQ(x.prefetches_issued, y.prefetches_issued) << what;
+    EXPECT_EQ(x.prefetches_used, y.prefetches_used) << what;
+    EXPECT_EQ(x.experts_moved, y.experts_moved) << what;
+    EXPECT_EQ(x.stall_ns, y.stall_ns) << what;
+    EXPECT_EQ(x.time_ns, y.time_ns) << what;
+  }
+  EXPECT_EQ(a.iterations, b.iterations) << what;
+  EXPECT_EQ(a.directives, b.directives) << what;
+  EXPECT_EQ(a.oracle_passes, b.oracle_passes) << what;
+}
+
+TEST(ServeReplayTest, ATokenBudgetThatHoldsEveryPromptChangesNothing) {
+  Trace trace = RandomPrompts(9, 10);
+  TraceRequests grouped = GroupByRequest(trace);
+  auto w = Workload(trace, grouped, 0.5);
+  ASSERT_TRUE(w.ok());
+  const std::vector<uint32_t> train = {0, 1, 2, 3}, test = {4, 5, 6, 7, 8, 9};
+  const std::vector<int64_t> arrivals = {0, 1, 2, 30, 31, 32};
+  // Every prompt of the trace together, and a decode step of every slot.
+  uint32_t all = 0;
+  for (const ServeRequest& r : w->requests) all += r.prompt_tokens;
+  auto store = WarmServeStore(*w, train, 100, 1);
+  ASSERT_TRUE(store.ok());
+  for (const char* policy : {"lru", "moe-infinity", "fmoe", "oracle"}) {
+    for (uint32_t batch : {1u, 4u}) {
+      ServeConfig c = Config(policy, 0.25, batch, Time(1, 0.1, 3));
+      c.online = false;
+      auto whole = RunServeReplay(*w, train, test, arrivals, c, &*store);
+      c.max_batched_tokens = all + batch;
+      auto budget = RunServeReplay(*w, train, test, arrivals, c, &*store);
+      ASSERT_TRUE(whole.ok() && budget.ok()) << policy << ": " << budget.status().ToString();
+      ExpectSameRun(*whole, *budget, std::string(policy) + " batch " + std::to_string(batch));
+    }
+  }
+}
+
+TEST(ServeReplayTest, ChunkedPrefillLetsAnotherRequestDecodeBetweenItsChunks) {
+  // Request 0: 20 positions (10 prompt, 10 decode); request 1: 80 (40 prompt, 40 decode),
+  // arriving while request 0 decodes. Nothing to load: only the batching differs.
+  Trace trace = PromptTrace({20, 80});
+  TraceRequests grouped = GroupByRequest(trace);
+  auto w = Workload(trace, grouped, 0.5);
+  ASSERT_TRUE(w.ok());
+  ServeConfig c = Config("lru", 1.0, 2, Time(1, 0.5, 5));
+  const std::vector<int64_t> arrivals = {0, 20 * kMs};  // Request 0's prefill takes 11 ms.
+  auto whole = RunServeReplay(*w, {}, {0, 1}, arrivals, c, nullptr);
+  c.max_batched_tokens = 8;
+  auto chunked = RunServeReplay(*w, {}, {0, 1}, arrivals, c, nullptr);
+  ASSERT_TRUE(whole.ok() && chunked.ok()) << chunked.status().ToString();
+  // Request 0's prefill (8 of its 10 positions, then 2) and request 1's 40 positions in chunks
+  // of 7, each beside a decode step of request 0.
+  EXPECT_EQ(whole->requests[0].prefill_iterations, 1u);
+  EXPECT_EQ(whole->requests[1].prefill_iterations, 1u);
+  EXPECT_EQ(chunked->requests[0].prefill_iterations, 2u);
+  EXPECT_EQ(chunked->requests[1].prefill_iterations, 6u);
+  EXPECT_EQ(whole->prefill.iterations, 2u);
+  EXPECT_EQ(chunked->prefill.iterations, 8u);
+  EXPECT_EQ(whole->prefill.requests, 2u);  // Prefills, each counted once.
+  EXPECT_EQ(chunked->prefill.requests, 2u);
+  // Request 0's decode tokens ran in request 1's chunk iterations: one in the whole prefill's,
+  // six beside the chunks.
+  EXPECT_EQ(whole->prefill.tokens, 10u + 40u + 1u);
+  EXPECT_EQ(chunked->prefill.tokens, 10u + 40u + 6u);
+  // The same tokens in all; every step still runs once.
+  EXPECT_EQ(whole->prefill.tokens + whole->decode.tokens,
+            chunked->prefill.tokens + chunked->decode.tokens);
+  for (const auto* r : {&*whole, &*chunked}) {
+    EXPECT_EQ(r->requests[0].steps, 11u);
+    EXPECT_EQ(r->requests[1].steps, 41u);
+  }
+  // Request 1's first token comes later, request 0's tokens come faster.
+  EXPECT_GT(chunked->requests[1].ttft_ns(), whole->requests[1].ttft_ns());
+  EXPECT_LT(chunked->requests[0].tpot_ns(), whole->requests[0].tpot_ns());
+}
+
+TEST(ServeReplayTest, ChunksOfAPromptNeedOnlyTheirOwnPositionsExperts) {
+  // One layer of 4 experts, top-1, one slot (expert 0 preloaded): a prompt of positions using
+  // experts 1, 1, 2, 2, then a decode step. Whole, the prefill needs 1 and 2 at once (the slot
+  // cannot hold both: both load); in chunks of 2, [0, 2) needs only 1 and [2, 4) only 2.
+  Routing r = {{{{1}}, {{1}}, {{2}}, {{2}}, {{2}}}};
+  Trace trace = MakeTrace(1, 4, 1, r, {}, 0, "prompt token position");
+  TraceRequests grouped = GroupByRequest(trace);
+  auto w = Workload(trace, grouped, 0.2);  // 4 prompt positions, 1 decode step.
+  ASSERT_TRUE(w.ok());
+  ServeConfig c = Config("lru", 0.25, 1, Time(1, 0, 10));
+  c.max_batched_tokens = 2;
+  auto chunked = RunServeReplay(*w, {}, {0}, {0}, c, nullptr);
+  ASSERT_TRUE(chunked.ok()) << chunked.status().ToString();
+  EXPECT_EQ(chunked->prefill.iterations, 2u);
+  EXPECT_EQ(chunked->prefill.tokens, 4u);
+  EXPECT_EQ(chunked->prefill.misses, 2u);  // 1 in the first chunk, 2 in the second.
+  EXPECT_EQ(chunked->prefill.hits, 0u);
+  EXPECT_EQ(chunked->decode.hits, 1u);  // Expert 2 stayed.
+}
+
+TEST(ServeReplayTest, ChunkedPrefillNeedsEachPromptPositionsRouting) {
+  Routing r = {{{{1}}, {{1}}, {{2}}}};
+  Trace trace = MakeTrace(1, 4, 1, r);
+  TraceRequests grouped = GroupByRequest(trace);
+  for (TraceKind kind : {TraceKind::kIterations, TraceKind::kDecodePositions}) {
+    ServeWorkloadOptions o;
+    o.kind = kind;
+    auto w = BuildServeWorkload(grouped, o);
+    ASSERT_TRUE(w.ok());
+    ServeConfig c = Config("lru", 0.5, 1, Time(1, 0, 3));
+    EXPECT_TRUE(RunServeReplay(*w, {}, {0}, {0}, c, nullptr).ok());
+    c.max_batched_tokens = 16;
+    auto refused = RunServeReplay(*w, {}, {0}, {0}, c, nullptr);
+    EXPECT_EQ(refused.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find(std::string(TraceKindName(kind))), std::string::npos)
+        << refused.status().message();
   }
 }
 
