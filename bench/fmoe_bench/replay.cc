@@ -414,6 +414,13 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
       ->delimiter(',')
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
+  cmd->add_option("--max-batched-tokens", o->max_batched_tokens,
+                  "serving: chunked prefill, at most N tokens per iteration (decode steps first, "
+                  "then prompt chunks, oldest first); a comma list runs each; 0: prefills whole "
+                  "(needs a prompt-positions trace otherwise)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--trace-kind", o->trace_kind,
                   "serving: what the records are (auto: from the trace header; iterations, "
                   "prompt-positions, decode-positions)")
@@ -484,6 +491,11 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
                    "fmoe-bench replay: --hybrid %s needs --model serving and a CPU model "
                    "(--cpu-factor or --cpu-expert-us)\n",
                    o->hybrid.c_str());
+      exit_code = 2;
+      return;
+    }
+    if (o->model != "serving" && (o->max_batched_tokens.size() != 1 || o->max_batched_tokens[0])) {
+      std::fprintf(stderr, "fmoe-bench replay: --max-batched-tokens needs --model serving\n");
       exit_code = 2;
       return;
     }

@@ -47,6 +47,8 @@ struct ReplayOptions {
 
   // serving only.
   std::vector<uint32_t> batches = {1, 8};
+  // Chunked prefill: tokens per iteration, each value a run (0: prefills whole). Default: 0
+  std::vector<uint32_t> max_batched_tokens = {0};
   std::string trace_kind = "auto";
   double decode_share = 0.15;
   std::string arrivals;  // Empty: every request arrives at once.

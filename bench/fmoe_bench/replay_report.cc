@@ -105,7 +105,7 @@ std::string ServeCsvHeader() {
          "prefill_recall,decode_tokens,decode_hit_rate,decode_stall_ms_per_token,"
          "decode_loads_per_token,decode_mb_per_token,decode_precision,decode_recall,mean_batch,"
          "total_s,hybrid,prefill_cpu_experts,prefill_cpu_ms,decode_cpu_experts_per_token,"
-         "decode_cpu_ms_per_token";
+         "decode_cpu_ms_per_token,max_batched_tokens";
 }
 
 std::string ServeCsvRow(const ServeConfig& c, const ServeSummary& s) {
@@ -124,7 +124,7 @@ std::string ServeCsvRow(const ServeConfig& c, const ServeSummary& s) {
       << Fixed(s.decode.recall, 4) << ',' << Fixed(s.mean_batch, 3) << ',' << Fixed(s.total_s, 3)
       << ',' << (c.hybrid ? "on" : "off") << ',' << Fixed(s.prefill.cpu_experts, 3) << ','
       << Fixed(s.prefill.cpu_ms, 3) << ',' << Fixed(s.decode.cpu_experts, 4) << ','
-      << Fixed(s.decode.cpu_ms, 4);
+      << Fixed(s.decode.cpu_ms, 4) << ',' << c.max_batched_tokens;
   return out.str();
 }
 

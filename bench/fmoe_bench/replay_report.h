@@ -53,7 +53,8 @@ ServeSummary Summarise(const ServeResult& result, double expert_mb);
 // ran with the CPU path, the experts computed on the CPU per prefill and per decode token.
 std::string ServeTable(const std::vector<std::pair<std::string, ServeSummary>>& rows);
 
-// CSV: the header (no newline), and one row for a run (no newline).
+// CSV: the header (no newline), and one row for a run (no newline). Columns are only ever added
+// at the end (max_batched_tokens last: 0 for whole prefills), so readers by position still work.
 std::string ServeCsvHeader();
 std::string ServeCsvRow(const ServeConfig& config, const ServeSummary& s);
 

@@ -39,6 +39,13 @@ struct ServeJob {
 
 std::string ModeName(const ServeConfig& c) { return c.online ? "online" : "offline"; }
 
+// ", max batched tokens N" (", prefills whole" for 0) when the run asked for chunked prefill.
+std::string ChunkName(uint32_t max_batched_tokens, bool chunking) {
+  if (!chunking) return "";
+  return max_batched_tokens ? ", max batched tokens " + std::to_string(max_batched_tokens)
+                            : ", prefills whole";
+}
+
 }  // namespace
 
 int RunServingReplay(const ReplayOptions& o) {
@@ -51,6 +58,17 @@ int RunServingReplay(const ReplayOptions& o) {
   auto kind = o.trace_kind == "auto" ? DetectTraceKind(h) : ParseTraceKind(o.trace_kind);
   if (!kind.ok()) {
     std::fprintf(stderr, "fmoe-bench replay: %s\n", kind.status().message().c_str());
+    return 2;
+  }
+  const bool chunking = std::any_of(o.max_batched_tokens.begin(), o.max_batched_tokens.end(),
+                                    [](uint32_t n) { return n > 0; });
+  if (chunking && *kind != TraceKind::kPromptPositions) {
+    std::fprintf(stderr,
+                 "fmoe-bench replay: --max-batched-tokens > 0 (chunked prefill) needs each prompt "
+                 "position's routing; the trace kind %s has none (%s): use 0\n",
+                 std::string(TraceKindName(*kind)).c_str(),
+                 *kind == TraceKind::kIterations ? "a prefill's routing is recorded whole"
+                                                 : "no prefill is recorded");
     return 2;
   }
   TraceRequests grouped = GroupByRequest(*trace);
@@ -164,23 +182,26 @@ int RunServingReplay(const ReplayOptions& o) {
   std::vector<std::unique_ptr<ServeJob>> jobs;
   for (const auto& mode : o.modes) {
     for (uint32_t batch : o.batches) {
-      for (const auto& [b, d] : points) {
-        for (const auto& p : policies) {
-          for (bool hybrid : hybrids) {
-            auto job = std::make_unique<ServeJob>();
-            ServeConfig& c = job->config;
-            c.policy = p;
-            c.hybrid = hybrid;
-            c.cpu = o.cpu;
-            c.budget = b;
-            c.distance = d;
-            c.online = mode == "online";
-            c.max_batch = batch;
-            c.time = o.time;
-            c.store_capacity = o.store_capacity;
-            c.max_inflight_prefetches = o.inflight;
-            if (UsesMapService(p) && !c.online) warm[d] = nullptr;
-            jobs.push_back(std::move(job));
+      for (uint32_t chunk : o.max_batched_tokens) {
+        for (const auto& [b, d] : points) {
+          for (const auto& p : policies) {
+            for (bool hybrid : hybrids) {
+              auto job = std::make_unique<ServeJob>();
+              ServeConfig& c = job->config;
+              c.policy = p;
+              c.max_batched_tokens = chunk;
+              c.hybrid = hybrid;
+              c.cpu = o.cpu;
+              c.budget = b;
+              c.distance = d;
+              c.online = mode == "online";
+              c.max_batch = batch;
+              c.time = o.time;
+              c.store_capacity = o.store_capacity;
+              c.max_inflight_prefetches = o.inflight;
+              if (UsesMapService(p) && !c.online) warm[d] = nullptr;
+              jobs.push_back(std::move(job));
+            }
           }
         }
       }
@@ -199,34 +220,37 @@ int RunServingReplay(const ReplayOptions& o) {
         job.result = RunServeReplay(*workload, train, test, *arrivals, job.config, job.warm);
         if (job.result.ok()) job.summary = Summarise(*job.result, o.time.expert_mb);
       },
-      [](const ServeJob& job) {
+      [&](const ServeJob& job) {
         return ModeName(job.config) + " batch " + std::to_string(job.config.max_batch) + " " +
                RunLabel(job.config) + " budget " + Fixed(job.config.budget, 2) + " d " +
-               std::to_string(job.config.distance);
+               std::to_string(job.config.distance) +
+               ChunkName(job.config.max_batched_tokens, chunking);
       });
 
   // Tables, one per (mode, batch, budget, d), and the CSV.
   std::ostringstream csv;
   csv << ServeCsvHeader() << '\n';
   bool failed = false;
-  using Key = std::tuple<std::string, uint32_t, double, uint32_t>;
+  using Key = std::tuple<std::string, uint32_t, double, uint32_t, uint32_t>;
   std::map<Key, std::vector<std::pair<std::string, ServeSummary>>> groups;
   std::vector<Key> order;
   for (const auto& job : jobs) {
     const ServeConfig& c = job->config;
-    const Key key{ModeName(c), c.max_batch, c.budget, c.distance};
+    const Key key{ModeName(c), c.max_batch, c.budget, c.distance, c.max_batched_tokens};
     if (!groups.contains(key)) order.push_back(key);
     auto& rows = groups[key];
     if (!job->result.ok()) {
       failed = true;
-      std::printf("%s batch %u budget %.2f d %u %s failed: %s\n", ModeName(c).c_str(), c.max_batch,
-                  c.budget, c.distance, RunLabel(c).c_str(),
+      std::printf("%s batch %u budget %.2f d %u%s %s failed: %s\n", ModeName(c).c_str(),
+                  c.max_batch, c.budget, c.distance,
+                  ChunkName(c.max_batched_tokens, chunking).c_str(), RunLabel(c).c_str(),
                   job->result.status().message().c_str());
       continue;
     }
     if (c.policy == "oracle" && job->result->oracle_forced) {
       notes.push_back(RunLabel(c) + " at " + ModeName(c) + " batch " + std::to_string(c.max_batch) +
-                      " budget " + Fixed(c.budget, 2) + ": its batches still changed after " +
+                      " budget " + Fixed(c.budget, 2) + ChunkName(c.max_batched_tokens, chunking) +
+                      ": its batches still changed after " +
                       std::to_string(job->result->oracle_passes - 1) +
                       " runs; the last kept to the previous run's batches");
     }
@@ -234,9 +258,9 @@ int RunServingReplay(const ReplayOptions& o) {
     csv << ServeCsvRow(c, job->summary) << '\n';
   }
   for (const Key& key : order) {
-    const auto& [mode, batch, budget, d] = key;
-    std::printf("\n%s, max batch %u, budget %.2f, d=%u\n%s", mode.c_str(), batch, budget, d,
-                ServeTable(groups[key]).c_str());
+    const auto& [mode, batch, budget, d, chunk] = key;
+    std::printf("\n%s, max batch %u, budget %.2f, d=%u%s\n%s", mode.c_str(), batch, budget, d,
+                ChunkName(chunk, chunking).c_str(), ServeTable(groups[key]).c_str());
   }
   for (const auto& note : notes) std::printf("note: %s\n", note.c_str());
 
@@ -244,8 +268,9 @@ int RunServingReplay(const ReplayOptions& o) {
   std::printf("\ntargets at budget %.2f, d=%u (means over requests):\n", o.main_budget,
               o.main_distance);
   for (const Key& key : order) {
-    const auto& [mode, batch, budget, d] = key;
+    const auto& [mode, batch, budget, d, chunk] = key;
     if (budget != o.main_budget || d != o.main_distance) continue;
+    const std::string at = mode + " batch " + std::to_string(batch) + ChunkName(chunk, chunking);
     // The design's targets compare runs without the CPU path (or only with it, labelled bare).
     std::vector<std::pair<std::string, ServeSummary>> off, on;
     for (const auto& [label, s] : groups[key]) {
@@ -258,20 +283,72 @@ int RunServingReplay(const ReplayOptions& o) {
     if (!off.empty() && !on.empty()) {
       const HybridCheck hc = CheckHybridTargets(off, on);
       std::printf(
-          "  %s batch %u, CPU path: fmoe+cpu decode stall / lru %.3f (target <= 0.4), / lru+cpu "
+          "  %s, CPU path: fmoe+cpu decode stall / lru %.3f (target <= 0.4), / lru+cpu "
           "%.3f (target <= 0.95); with / without: lru %.3f, fmoe %.3f\n",
-          mode.c_str(), batch, hc.fmoe_vs_lru, hc.fmoe_vs_lru_hybrid, hc.lru_gain, hc.fmoe_gain);
+          at.c_str(), hc.fmoe_vs_lru, hc.fmoe_vs_lru_hybrid, hc.lru_gain, hc.fmoe_gain);
     }
     const TargetCheck t = CheckTargets(off.empty() ? on : off);
     if (t.fmoe_tpot_ms == 0 && t.fmoe_ttft_ms == 0) continue;
     std::printf(
-        "  %s batch %u: fmoe TPOT %.3f ms, TTFT %.1f ms; lowest of all realizable: TPOT %s "
+        "  %s: fmoe TPOT %.3f ms, TTFT %.1f ms; lowest of all realizable: TPOT %s "
         "(%.3f), TTFT %s (%.1f); of the baselines: TPOT %s (%.3f), TTFT %s (%.1f); fmoe decode "
         "stall / lru %.3f; fmoe / oracle: TPOT %.2f, TTFT %.2f, decode stall %.2f\n",
-        mode.c_str(), batch, t.fmoe_tpot_ms, t.fmoe_ttft_ms, t.best_tpot.c_str(), t.best_tpot_ms,
+        at.c_str(), t.fmoe_tpot_ms, t.fmoe_ttft_ms, t.best_tpot.c_str(), t.best_tpot_ms,
         t.best_ttft.c_str(), t.best_ttft_ms, t.baseline_tpot.c_str(), t.baseline_tpot_ms,
         t.baseline_ttft.c_str(), t.baseline_ttft_ms, t.decode_stall_vs_lru, t.tpot_vs_oracle,
         t.ttft_vs_oracle, t.decode_stall_vs_oracle);
+  }
+
+  // Chunked prefill: each policy's latencies against the token budget at the main point, and how
+  // much the largest max batch's mean TPOT is above max batch 1's.
+  const bool sweep = chunking || o.max_batched_tokens.size() > 1;
+  const auto find = [&](const std::string& mode, uint32_t batch, uint32_t chunk,
+                        const std::string& label) -> const ServeSummary* {
+    auto g = groups.find(Key{mode, batch, o.main_budget, o.main_distance, chunk});
+    if (g == groups.end()) return nullptr;
+    for (const auto& [l, summary] : g->second) {
+      if (l == label) return &summary;
+    }
+    return nullptr;
+  };
+  const uint32_t top_batch = *std::max_element(o.batches.begin(), o.batches.end());
+  const bool ratio =
+      top_batch > 1 && std::find(o.batches.begin(), o.batches.end(), 1u) != o.batches.end();
+  if (sweep) {
+    std::printf(
+        "\nchunked prefill at budget %.2f, d=%u: ms, mean / p99 (max batched tokens 0: prefills "
+        "whole)%s\n",
+        o.main_budget, o.main_distance,
+        ratio
+            ? ("; ratio: mean TPOT at max batch " + std::to_string(top_batch) + " / at max batch 1")
+                  .c_str()
+            : "");
+    for (const auto& mode : o.modes) {
+      for (const auto& p : policies) {
+        for (bool hybrid : hybrids) {
+          ServeConfig lc;
+          lc.policy = p;
+          lc.hybrid = hybrid;
+          const std::string label = RunLabel(lc);
+          for (uint32_t chunk : o.max_batched_tokens) {
+            std::string line = "  " + mode + " " + label + " tokens " + std::to_string(chunk) + ":";
+            for (uint32_t batch : o.batches) {
+              const ServeSummary* x = find(mode, batch, chunk, label);
+              if (x == nullptr) continue;
+              line += " batch " + std::to_string(batch) + " TPOT " + Fixed(x->tpot.mean_ms, 1) +
+                      " / " + Fixed(x->tpot.p99_ms, 1) + ", TTFT " + Fixed(x->ttft.mean_ms, 0) +
+                      " / " + Fixed(x->ttft.p99_ms, 0) + ";";
+            }
+            const ServeSummary* one = find(mode, 1, chunk, label);
+            const ServeSummary* top = find(mode, top_batch, chunk, label);
+            if (ratio && one != nullptr && top != nullptr && one->tpot.mean_ms > 0) {
+              line += " ratio " + Fixed(top->tpot.mean_ms / one->tpot.mean_ms, 2);
+            }
+            std::printf("%s\n", line.c_str());
+          }
+        }
+      }
+    }
   }
 
   if (!o.csv.empty()) {
@@ -284,15 +361,17 @@ int RunServingReplay(const ReplayOptions& o) {
     std::printf("\nwrote %s\n", o.csv.c_str());
   }
   if (!o.png.empty()) {
-    // Per (mode, batch): mean TTFT and mean TPOT against the budget at the main distance.
+    // Per (mode, batch): mean TTFT and mean TPOT against the budget at the main distance; with
+    // several token budgets (chunked prefill), against those at the main budget instead.
+    const bool by_chunk = o.max_batched_tokens.size() > 1;
+    const std::string xlabel =
+        by_chunk ? "max batched tokens (0: prefills whole)" : "cache budget (fraction of experts)";
     std::vector<PlotPanel> panels;
     for (const auto& mode : o.modes) {
       for (uint32_t batch : o.batches) {
         const std::string at = mode + ", batch " + std::to_string(batch);
-        PlotPanel ttft{
-            at + ": mean TTFT", "cache budget (fraction of experts)", "TTFT ms", true, {}};
-        PlotPanel tpot{
-            at + ": mean TPOT", "cache budget (fraction of experts)", "TPOT ms", false, {}};
+        PlotPanel ttft{at + ": mean TTFT", xlabel, "TTFT ms", true, {}};
+        PlotPanel tpot{at + ": mean TPOT", xlabel, "TPOT ms", false, {}};
         for (const auto& p : policies) {
           PlotSeries s1{p, {}}, s2{p, {}};
           for (const auto& job : jobs) {
@@ -300,11 +379,13 @@ int RunServingReplay(const ReplayOptions& o) {
             // The plot shows the runs without the CPU path (with it, when only those ran).
             if (ModeName(c) != mode || c.max_batch != batch || c.policy != p ||
                 c.hybrid != (o.hybrid == "on") || c.distance != o.main_distance ||
-                !job->result.ok()) {
+                !job->result.ok() || (by_chunk && c.budget != o.main_budget) ||
+                (!by_chunk && c.max_batched_tokens != o.max_batched_tokens.front())) {
               continue;
             }
-            s1.points.push_back({c.budget, job->summary.ttft.mean_ms});
-            s2.points.push_back({c.budget, job->summary.tpot.mean_ms});
+            const double x = by_chunk ? c.max_batched_tokens : c.budget;
+            s1.points.push_back({x, job->summary.ttft.mean_ms});
+            s2.points.push_back({x, job->summary.tpot.mean_ms});
           }
           ttft.series.push_back(s1);
           tpot.series.push_back(s2);
