@@ -39,6 +39,7 @@ constexpr std::string_view kMapServiceKeys[] = {"endpoint",          "data_dir",
 constexpr std::string_view kGroupKeys[] = {"name",
                                            "policy",
                                            "max_batch",
+                                           "max_batched_tokens",
                                            "queue_limit",
                                            "expert_cache_gb",
                                            "expert_cache_fraction",
@@ -673,6 +674,15 @@ Status ParseGroup(const Field& field, size_t index, const std::string& base_dir,
   }
   FMOE_RETURN_IF_ERROR(ParsePolicy(section.Get("policy"), &group->policy));
   FMOE_RETURN_IF_ERROR(ReadInt(section.Get("max_batch"), 1, 1024, &group->max_batch));
+  group->max_batched_tokens = std::max(512, group->max_batch);
+  const Field budget = section.Get("max_batched_tokens");
+  FMOE_RETURN_IF_ERROR(ReadInt(budget, 0, 1 << 20, &group->max_batched_tokens));
+  if (group->max_batched_tokens != 0 && group->max_batched_tokens < group->max_batch) {
+    return Error(budget.path, std::to_string(group->max_batched_tokens) + " is below max_batch " +
+                                  std::to_string(group->max_batch) +
+                                  " (each running request needs a token of every step); 0 = "
+                                  "no budget");
+  }
   FMOE_RETURN_IF_ERROR(ReadInt(section.Get("queue_limit"), 1, 100000, &group->queue_limit));
   const Field gb = section.Get("expert_cache_gb");
   const Field fraction = section.Get("expert_cache_fraction");
@@ -1038,6 +1048,7 @@ std::string DescribeManifest(const Manifest& m) {
     EmitValue(out, "name", g.name);
     EmitValue(out, "policy", g.policy);
     EmitValue(out, "max_batch", g.max_batch);
+    EmitValue(out, "max_batched_tokens", g.max_batched_tokens);
     EmitValue(out, "queue_limit", g.queue_limit);
     if (g.expert_cache_auto) {
       EmitValue(out, "expert_cache_gb", std::string("auto"));

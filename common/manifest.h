@@ -74,7 +74,11 @@ struct WorkerGroupSpec {
   std::string name;  // Required, [A-Za-z0-9_-]{1,32}, unique across groups.
   // A servable name of common/policy_names.h (oracle is replay-only). Default: fmoe
   std::string policy = "fmoe";
-  int max_batch = 8;     // Requests per iteration, 1..1024. Default: 8
+  int max_batch = 8;  // Requests per iteration, 1..1024. Default: 8
+  // Tokens one engine step runs (decode tokens first, then prompt chunks; a longer prompt is
+  // prefilled in chunks); 0 = whole prompts at once, else max_batch..1048576. Default: the larger
+  // of 512 and max_batch
+  int max_batched_tokens = 512;
   int queue_limit = 64;  // Router admission queue for this group, 1..100000. Default: 64
   // Expert cache budget per rank: at most one of the two. Default: fraction 1.0 (all resident).
   // `expert_cache_gb: auto` (expert_cache_auto): each rank sizes its cache once its dense weights

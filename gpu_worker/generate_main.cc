@@ -36,6 +36,8 @@ struct GenerateCommand {
   int threads = 0;                // Intra-op threads; 0 = LibTorch's choice. Default: 0
   std::string device = "cpu";     // cpu | cuda:N. Default: cpu
   bool no_bos = false;            // Do not add the tokenizer's BOS. Default: false
+  // Prompt tokens per step (chunked prefill); 0 = the whole prompt at once. Default: 0
+  uint32_t max_batched_tokens = 0;
 };
 
 double Seconds(std::chrono::steady_clock::time_point since) {
@@ -112,6 +114,7 @@ int RunGenerate(const GenerateCommand& cmd) {
   options.dtype = cmd.dtype;
   options.experts = RankExperts::kResident;
   options.max_batch = 1;
+  options.max_batched_tokens = cmd.max_batched_tokens;
   options.on_token = [&out](const TokenEvent& ev) { out.OnToken(ev); };
   ProgressBar bar("loading " + info->dir);
   uint64_t loaded = 0;
@@ -194,6 +197,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", gen.threads, "intra-op threads (0 = default)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-bos", gen.no_bos, "do not add the tokenizer's BOS token");
+  app.add_option("--max-batched-tokens", gen.max_batched_tokens,
+                 "prefill the prompt in chunks of this many tokens (0 = whole)")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 1u << 20));
   CLI11_PARSE(app, argc, argv);
   return RunGenerate(gen);
 }

@@ -84,6 +84,7 @@ RankOptions RankFromManifest(const Manifest& manifest, const WorkerGroupSpec& gr
   // Speculation entries at the map service's prefetch distance, whatever the policy.
   o.trace_speculation_distance = static_cast<uint32_t>(manifest.map_service.prefetch_distance);
   o.max_batch = static_cast<uint32_t>(group.max_batch);
+  o.max_batched_tokens = static_cast<uint32_t>(group.max_batched_tokens);
   return o;
 }
 

@@ -1,5 +1,6 @@
 #include "gpu_worker/rank.h"
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <exception>
@@ -36,6 +37,9 @@ Status Check(const RankOptions& o) {
     return InvalidArgument("rank: rank " + std::to_string(o.rank) + " of a group of " +
                            std::to_string(o.world_size) + " does not exist");
   }
+  if (Status s = SchedulerOptions{o.max_batch, o.max_batched_tokens}.Check(); !s.ok()) {
+    return InvalidArgument("rank: " + s.message());
+  }
   if (o.experts == RankExperts::kResident && o.world_size > 1) {
     return InvalidArgument("rank: every expert resident needs a group of one rank, not " +
                            std::to_string(o.world_size));
@@ -56,11 +60,20 @@ std::string CacheDescription(const CachedExpertsOptions& c) {
 }  // namespace
 
 uint64_t KvReserveBytes(const ModelInfo& info, uint32_t max_batch, const std::string& dtype) {
-  const uint64_t width = dtype == "float32" ? 4 : 2;
-  const uint64_t per_token =
-      2ull * info.num_hidden_layers * info.num_key_value_heads * info.head_dim * width;
+  const uint32_t width = dtype == "float32" ? 4 : 2;
   const uint64_t context = info.max_position_embeddings > 0 ? info.max_position_embeddings : 4096;
-  return uint64_t{max_batch} * context * per_token;
+  const uint64_t layers = std::max<uint32_t>(info.num_hidden_layers, 1);
+  const uint64_t per_layer_token = KvBytesPerToken(info, width) / layers;
+  uint64_t per_sequence = 0;
+  for (uint64_t l = 0; l < layers; ++l) {
+    const bool sliding =
+        !info.mla && info.sliding_window.value_or(0) > 0 &&
+        (info.sliding_layers.empty() || (l < info.sliding_layers.size() && info.sliding_layers[l]));
+    const uint64_t positions =
+        sliding ? std::min<uint64_t>(context, 2ull * *info.sliding_window) : context;
+    per_sequence += positions * per_layer_token;
+  }
+  return uint64_t{max_batch} * per_sequence;
 }
 
 Result<std::string> ResolveDtype(std::string_view requested, const ModelInfo& info, bool cuda) {
@@ -106,13 +119,15 @@ Status Rank::Build(RankStage* stage) {
   FMOE_ASSIGN_OR_RETURN(device_, ResolveDevice(o.device, cuda_index, o.threads));
   FMOE_ASSIGN_OR_RETURN(dtype_, ResolveDtype(o.dtype, info_, device_.cuda));
   spdlog::info(
-      "effective config: group={} rank={}/{} device={} dtype={}{} experts={} max_batch={}", o.group,
-      o.rank, o.world_size, device_.description, dtype_, o.dtype == "auto" ? " (auto)" : "",
+      "effective config: group={} rank={}/{} device={} dtype={}{} experts={} max_batch={} "
+      "max_batched_tokens={}",
+      o.group, o.rank, o.world_size, device_.description, dtype_,
+      o.dtype == "auto" ? " (auto)" : "",
       o.experts == RankExperts::kResident
           ? std::string("all resident")
           : fmt::format("policy {}, cache {}, link {}GB/s+{}us", o.cache.policy,
                         CacheDescription(o.cache), o.cache.link.gbps, o.cache.link.latency_us),
-      o.max_batch);
+      o.max_batch, o.max_batched_tokens);
   spdlog::info("model {} ({}): L={} J={} K={} h={} vocab={} fingerprint={} weight files={}",
                o.model_name, info_.architecture, info_.num_moe_layers, info_.num_experts,
                info_.top_k, info_.hidden_size, info_.vocab_size, FingerprintHex(info_.fingerprint),
@@ -166,6 +181,7 @@ Status Rank::Build(RankStage* stage) {
     observers_.Add(recorder_.get());
     EngineOptions e;
     e.max_batch = o.max_batch;
+    e.max_batched_tokens = o.max_batched_tokens;
     if (o.stop_at_eos) {
       e.eos_token_ids = info_.eos_token_ids;
       if (auto eos = tokenizer_ ? tokenizer_->eos_id() : std::nullopt;

@@ -92,6 +92,8 @@ struct RankOptions {
   // itself (the runtime and cache benchmarks). Default: on
   bool compute = true;
   uint32_t max_batch = 8;  // Requests per iteration. Default: 8
+  // Tokens per engine step (EngineOptions::max_batched_tokens); 0 = whole prompts. Default: 0
+  uint32_t max_batched_tokens = 0;
   // The model's eos ids (config.json, else the tokenizer's) end requests; off, requests run to
   // max_tokens (the benchmarks). Default: on
   bool stop_at_eos = true;
@@ -105,7 +107,9 @@ struct RankOptions {
 // checkpoint's torch_dtype when the device is cuda and that is bfloat16 or float16, else float32
 // (so cpu stays float32). kInvalidArgument naming the accepted values otherwise.
 // The KV cache memory `expert_cache_gb: auto` keeps free: max_batch sequences at the model's
-// full context (max_position_embeddings, 4096 when unset), keys and values of every layer.
+// full context (max_position_embeddings, 4096 when unset), at the bytes the runtime's KV cache
+// holds per token (model_config.h KvBytesPerToken: MLA's latents, not per-head keys); a
+// sliding-window layer holds at most twice its window.
 uint64_t KvReserveBytes(const ModelInfo& info, uint32_t max_batch, const std::string& dtype);
 
 Result<std::string> ResolveDtype(std::string_view requested, const ModelInfo& info, bool cuda);

@@ -16,6 +16,7 @@ namespace {
 constexpr char kMagic[8] = {'F', 'M', 'O', 'E', 'T', 'R', 'C', '1'};
 constexpr uint8_t kFlagLast = 1;
 constexpr uint8_t kFlagDerived = 2;
+constexpr uint8_t kFlagPrefill = 4;  // Prompt tokens (a prefill or a chunk of one).
 constexpr uint32_t kMaxHeaderBytes = 1 << 20;
 
 Status CheckHeader(const TraceHeader& h) {
@@ -105,11 +106,12 @@ Status DecodeRecord(const TraceHeader& h, const char* data, size_t size, TraceIt
       !c.Get(&pad[0]) || !c.Get(&pad[1]) || !c.Get(&pad[2])) {
     return truncated();
   }
-  if ((flags & ~(kFlagLast | kFlagDerived)) != 0) {
+  if ((flags & ~(kFlagLast | kFlagDerived | kFlagPrefill)) != 0) {
     return DataLoss("unknown flags " + std::to_string(flags));
   }
   it->last = (flags & kFlagLast) != 0;
   it->map_derived = (flags & kFlagDerived) != 0;
+  it->prefill = (flags & kFlagPrefill) != 0;
   if (!c.GetN(h.hidden, &it->sem)) return truncated();
   it->used_offsets.assign(1, 0);
   if (!it->map_derived) it->map_offsets.assign(1, 0);
@@ -369,7 +371,8 @@ Status TraceWriter::Append(const TraceIteration& it) {
   Put(record_, it.request_id);
   Put(record_, it.iteration);
   Put(record_, it.tokens);
-  Put<uint8_t>(record_, (it.last ? kFlagLast : 0) | (it.map_derived ? kFlagDerived : 0));
+  Put<uint8_t>(record_, (it.last ? kFlagLast : 0) | (it.map_derived ? kFlagDerived : 0) |
+                            (it.prefill ? kFlagPrefill : 0));
   Put<uint8_t>(record_, 0);
   Put<uint16_t>(record_, 0);
   PutSpan<float>(record_, it.sem);

@@ -54,9 +54,12 @@ struct TraceSpeculation {
 // [offsets[l], offsets[l + 1]).
 struct TraceIteration {
   uint64_t request_id = 0;
-  uint32_t iteration = 0;              // 0 = prefill (or the first position).
-  uint32_t tokens = 0;                 // Tokens of this request in this iteration, >= 1.
-  bool last = false;                   // The request's last iteration.
+  uint32_t iteration = 0;  // 0 = prefill (or the first position).
+  uint32_t tokens = 0;     // Tokens of this request in this iteration, >= 1.
+  bool last = false;       // The request's last iteration.
+  // Prompt tokens: the engine's prefill or a chunk of it (a chunked prefill's iterations 0..c-1;
+  // traces written before chunking leave it false, their iteration 0 being the prefill).
+  bool prefill = false;
   std::vector<float> sem;              // hidden floats.
   std::vector<uint32_t> used_offsets;  // L + 1.
   std::vector<uint16_t> used_experts;

@@ -6,7 +6,7 @@ namespace fmoe {
 namespace {
 
 constexpr uint8_t kMagic[4] = {'F', 'M', 'P', 'L'};
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;  // 2: per-sequence flags (prefill).
 
 class Writer {
  public:
@@ -63,6 +63,7 @@ std::vector<uint8_t> EncodePlan(const IterationPlan& plan) {
   for (const PlannedSequence& s : plan.sequences) {
     w.Put<uint64_t>(s.request_id);
     w.Put<uint32_t>(s.iteration);
+    w.Put<uint8_t>(s.prefill ? 1 : 0);
     w.Put<uint32_t>(static_cast<uint32_t>(s.tokens.size()));
     w.PutBytes(s.tokens.data(), s.tokens.size() * sizeof(int32_t));
   }
@@ -110,8 +111,15 @@ Result<IterationPlan> DecodePlan(std::span<const uint8_t> bytes, const PlanLimit
     PlannedSequence& s = plan.sequences[i];
     const std::string which = "sequence " + std::to_string(i);
     uint32_t n_tokens = 0;
-    if (!r.Get(&s.request_id) || !r.Get(&s.iteration) || !r.Get(&n_tokens)) {
+    uint8_t flags = 0;
+    if (!r.Get(&s.request_id) || !r.Get(&s.iteration) || !r.Get(&flags) || !r.Get(&n_tokens)) {
       return Bad(which + ": truncated");
+    }
+    if (flags > 1) return Bad(which + ": unknown flags " + std::to_string(flags));
+    s.prefill = flags == 1;
+    if (s.iteration == 0 && !s.prefill) {
+      return Bad(which + " (req=" + std::to_string(s.request_id) +
+                 ") starts with a decode step, not its prompt");
     }
     if (n_tokens == 0)
       return Bad(which + " (req=" + std::to_string(s.request_id) + ") has no tokens");
@@ -119,7 +127,7 @@ Result<IterationPlan> DecodePlan(std::span<const uint8_t> bytes, const PlanLimit
       return Bad(which + " has " + std::to_string(n_tokens) + " tokens, more than " +
                  std::to_string(limits.max_tokens));
     }
-    if (s.iteration > 0 && n_tokens != 1) {
+    if (!s.prefill && n_tokens != 1) {
       return Bad(which + " (req=" + std::to_string(s.request_id) + ") decodes " +
                  std::to_string(n_tokens) + " tokens at once");
     }

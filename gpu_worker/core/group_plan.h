@@ -5,9 +5,9 @@
 // dead one) or that the group stops. Torch-free; the bytes travel in a c10d broadcast.
 //
 // Layout (little-endian): magic "FMPL", version u16, kind u16, step u64, ended count u32,
-// sequence count u32, ended ids u64[], then per sequence: request id u64, iteration u32, token
-// count u32, tokens i32[]. DecodePlan checks every count against the bytes that are there and
-// against the limits given, and names what is wrong.
+// sequence count u32, ended ids u64[], then per sequence: request id u64, iteration u32, flags u8
+// (bit 0: prefill), token count u32, tokens i32[]. DecodePlan checks every count against the bytes
+// that are there and against the limits given, and names what is wrong.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +29,9 @@ enum class PlanKind : uint16_t {
 
 struct PlannedSequence {
   uint64_t request_id = 0;
-  uint32_t iteration = 0;       // 0 = prefill: a new request.
+  uint32_t iteration = 0;       // 0: a new request (SequenceInfo::iteration).
   std::vector<int32_t> tokens;  // New tokens.
+  bool prefill = false;         // Prompt tokens (a prefill or a chunk of one); else one decode.
 
   bool operator==(const PlannedSequence&) const = default;
 };

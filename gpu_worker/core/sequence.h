@@ -10,8 +10,15 @@ namespace fmoe {
 
 struct SequenceInfo {
   uint64_t request_id = 0;
-  uint32_t iteration = 0;  // 0 = prefill.
-  uint32_t tokens = 0;     // New tokens this iteration.
+  // The request's Forwards before this one: 0 = its first (prompt tokens); a prompt prefilled in
+  // chunks takes several (gpu_worker/core/scheduler.h).
+  uint32_t iteration = 0;
+  uint32_t tokens = 0;  // New tokens this iteration.
+  // The new tokens are prompt tokens (the prefill or a chunk of it), not a decode step. Always
+  // true at iteration 0.
+  bool prefill = false;
+
+  bool in_prefill() const { return prefill || iteration == 0; }
 };
 
 // One request's expert figures so far (its share of the batch's hits, misses and the bytes of

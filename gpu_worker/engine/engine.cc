@@ -63,7 +63,9 @@ Engine::Engine(EngineOptions options, MoeModel& model, ExpertSource& experts,
       experts_(experts),
       tokenizer_(tokenizer),
       observer_(observer),
-      sink_(std::move(sink)) {}
+      sink_(std::move(sink)),
+      scheduler_(SchedulerOptions{options_.max_batch, options_.max_batched_tokens,
+                                  options_.max_waiting}) {}
 
 Engine::~Engine() = default;
 
@@ -129,11 +131,19 @@ void Engine::Run(const std::function<bool()>& stop) {
 
 std::string Engine::RunningIds() const {
   std::string ids;
-  for (const auto& seq : running_) {
+  for (uint64_t id : scheduler_.RunningIds()) {
     if (!ids.empty()) ids += ',';
-    ids += std::to_string(seq->id);
+    ids += std::to_string(id);
   }
   return ids.empty() ? "none" : ids;
+}
+
+void Engine::DropFinished() {
+  std::erase_if(sequences_, [this](const auto& entry) {
+    if (!entry.second->finished) return false;
+    scheduler_.Remove(entry.first);
+    return true;
+  });
 }
 
 void Engine::StepThrew(const std::exception_ptr& error) {
@@ -144,15 +154,17 @@ void Engine::StepThrew(const std::exception_ptr& error) {
     GroupFailed(Internal(what));
     return;
   }
-  for (auto& seq : running_) {
+  for (uint64_t id : scheduler_.RunningIds()) {
+    Sequence& seq = *sequences_.at(id);
     try {
-      Finish(*seq, FinishReason::kError, what);
+      Finish(seq, FinishReason::kError, what);
     } catch (...) {
-      spdlog::error("req={}: the error event could not be sent: {}", seq->id,
+      seq.finished = true;
+      spdlog::error("req={}: the error event could not be sent: {}", id,
                     What(std::current_exception()));
     }
   }
-  running_.clear();
+  DropFinished();
 }
 
 ExpertFigures Engine::group_figures() const {
@@ -167,7 +179,8 @@ bool Engine::SendPlan(PlanKind kind, std::span<const SequenceInput> inputs) {
   plan.step = plan_step_++;
   plan.ended.swap(ended_);
   for (const SequenceInput& in : inputs) {
-    plan.sequences.push_back({in.request_id, in.iteration, {in.tokens.begin(), in.tokens.end()}});
+    plan.sequences.push_back(
+        {in.request_id, in.iteration, {in.tokens.begin(), in.tokens.end()}, in.prefill});
   }
   std::vector<uint8_t> bytes = EncodePlan(plan);
   last_plan_us_ = SteadyNowUs();
@@ -178,9 +191,9 @@ bool Engine::SendPlan(PlanKind kind, std::span<const SequenceInput> inputs) {
   return true;
 }
 
-bool Engine::SumFigures() {
+bool Engine::SumFigures(std::span<const SequenceInput> inputs) {
   std::vector<RequestUsage> usage;
-  for (const auto& seq : running_) usage.push_back(experts_.Usage(seq->id));
+  for (const SequenceInput& in : inputs) usage.push_back(experts_.Usage(in.request_id));
   std::vector<int64_t> counters =
       PackFigures(usage, options_.local_figures ? options_.local_figures() : ExpertFigures{});
   if (Status s = options_.group->SumCounters(counters); !s.ok()) {
@@ -189,7 +202,9 @@ bool Engine::SumFigures() {
   }
   ExpertFigures totals;
   UnpackFigures(counters, usage, &totals);
-  for (size_t i = 0; i < running_.size(); ++i) running_[i]->group_usage = usage[i];
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    sequences_.at(inputs[i].request_id)->group_usage = usage[i];
+  }
   std::lock_guard<std::mutex> lock(figures_mu_);
   group_figures_ = totals;
   return true;
@@ -198,7 +213,7 @@ bool Engine::SumFigures() {
 void Engine::GroupFailed(const Status& why) {
   if (group_failed_.exchange(true)) return;
   spdlog::error("{}; {} running and {} waiting requests are left to the router", why.message(),
-                running_.size(), waiting_.size());
+                scheduler_.running(), scheduler_.waiting());
   if (options_.on_group_failure) options_.on_group_failure(why);
 }
 
@@ -214,23 +229,24 @@ void Engine::DrainInbox() {
       continue;
     }
     const uint64_t id = command.request.request_id;
-    auto waiting =
-        std::find_if(waiting_.begin(), waiting_.end(), [id](const auto& s) { return s->id == id; });
-    if (waiting != waiting_.end()) {
-      Finish(**waiting, FinishReason::kCancelled);
-      waiting_.erase(waiting);
-      continue;
-    }
-    for (auto& seq : running_) {
-      if (seq->id == id) seq->cancelled = true;
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) continue;
+    if (scheduler_.IsWaiting(id)) {
+      Finish(*it->second, FinishReason::kCancelled);
+    } else {
+      it->second->cancelled = true;  // It leaves at the next Step.
     }
   }
+  DropFinished();
 }
 
 void Engine::Admit(Generate request, int64_t submitted_us) {
   const ModelInfo& info = model_.info();
   const std::string req = "req=" + std::to_string(request.request_id) + ": ";
-  if (waiting_.size() >= options_.max_waiting) {
+  if (sequences_.contains(request.request_id)) {
+    return Fail(request.request_id, req + "a request with this id is already queued or running");
+  }
+  if (scheduler_.waiting() >= options_.max_waiting) {
     return Fail(request.request_id, req + "the worker's queue is full (" +
                                         std::to_string(options_.max_waiting) + " waiting)");
   }
@@ -262,7 +278,25 @@ void Engine::Admit(Generate request, int64_t submitted_us) {
     seq->text = std::make_unique<TextStream>(*tokenizer_, /*skip_special_tokens=*/true);
     seq->stops = std::make_unique<StopMatcher>(seq->sampling.stop);
   }
-  waiting_.push_back(std::move(seq));
+  // LongRoPE picks its factors by the sequence's length at each Forward: a prompt that crosses
+  // the original context runs whole, as it would without a budget, so its tokens do not depend
+  // on how it was cut.
+  const bool chunkable =
+      !info.longrope || seq->prompt.size() <= info.longrope->original_max_position_embeddings;
+  if (!scheduler_.Add(seq->id, static_cast<uint32_t>(seq->prompt.size()), chunkable)) {
+    return Fail(request.request_id, req + "the scheduler refused the request");
+  }
+  sequences_.emplace(seq->id, std::move(seq));
+}
+
+void Engine::AppendPromptLogprobs(Sequence& seq, PromptLogprobs chunk) {
+  if (!seq.prompt_logprobs) {
+    seq.prompt_logprobs = std::move(chunk);
+    return;
+  }
+  PromptLogprobs& all = *seq.prompt_logprobs;
+  all.logprob.insert(all.logprob.end(), chunk.logprob.begin(), chunk.logprob.end());
+  all.top.insert(all.top.end(), chunk.top.begin(), chunk.top.end());
 }
 
 void Engine::Fail(uint64_t request_id, const std::string& error) {
@@ -384,43 +418,58 @@ void Engine::SampleAndEmit(Sequence& seq, std::span<const float> logits, uint32_
 bool Engine::Step() {
   if (group_failed_) return false;
   DrainInbox();
-  for (auto& seq : running_) {
-    if (seq->cancelled) Finish(*seq, FinishReason::kCancelled);
+  for (uint64_t id : scheduler_.RunningIds()) {
+    Sequence& seq = *sequences_.at(id);
+    if (seq.cancelled) Finish(seq, FinishReason::kCancelled);
   }
-  std::erase_if(running_, [](const auto& s) { return s->finished; });
-  const int64_t now = SteadyNowUs();
-  while (running_.size() < options_.max_batch && !waiting_.empty()) {
-    std::unique_ptr<Sequence> seq = std::move(waiting_.front());
-    waiting_.pop_front();
-    seq->admitted_us = now;
-    try {
-      seq->kv = model_.NewKvCache();
-    } catch (...) {
-      Finish(*seq, FinishReason::kError,
-             "req=" + std::to_string(seq->id) +
-                 ": no KV cache could be allocated: " + What(std::current_exception()));
-      continue;
-    }
-    running_.push_back(std::move(seq));
-  }
-  if (running_.empty()) return false;
+  DropFinished();
 
-  std::vector<SequenceInput> inputs(running_.size());
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Sequence& seq = *running_[i];
-    inputs[i].request_id = seq.id;
-    inputs[i].iteration = seq.iteration;
-    inputs[i].kv = seq.kv.get();
-    seq.forwarded = true;
-    if (seq.iteration == 0) {
-      inputs[i].tokens = seq.prompt;
-      if (seq.sampling.prompt_logprobs) inputs[i].prompt_logprobs = seq.sampling.logprobs;
-      stats_.prefill_tokens += seq.prompt.size();
+  // Schedule: the step's work, and each request's part of the Forward.
+  const std::vector<ScheduledWork> work = scheduler_.Schedule();
+  if (work.empty()) return false;
+  const int64_t now = SteadyNowUs();
+  std::vector<ScheduledWork> ran;
+  std::vector<SequenceInput> inputs;
+  ran.reserve(work.size());
+  inputs.reserve(work.size());
+  for (const ScheduledWork& w : work) {
+    Sequence& seq = *sequences_.at(w.id);
+    if (w.admitted) {
+      seq.admitted_us = now;
+      try {
+        seq.kv = model_.NewKvCache();
+      } catch (...) {
+        Finish(seq, FinishReason::kError,
+               "req=" + std::to_string(seq.id) +
+                   ": no KV cache could be allocated: " + What(std::current_exception()));
+        continue;
+      }
+    }
+    SequenceInput in;
+    in.request_id = seq.id;
+    in.iteration = seq.iteration;
+    in.kv = seq.kv.get();
+    in.prefill = w.prefill;
+    if (w.prefill) {
+      in.tokens = std::span<const int32_t>(seq.prompt).subspan(w.first, w.tokens);
+      in.no_logits = !w.samples;
+      if (seq.sampling.prompt_logprobs) {
+        in.prompt_logprobs = seq.sampling.logprobs;
+        if (!w.samples) in.next_token = seq.prompt[w.first + w.tokens];
+      }
+      stats_.prefill_tokens += w.tokens;
     } else {
-      inputs[i].tokens = std::span<const int32_t>(&seq.output.back(), 1);
+      in.tokens = std::span<const int32_t>(&seq.output.back(), 1);
       ++stats_.decode_tokens;
     }
+    seq.forwarded = true;
+    inputs.push_back(in);
+    ran.push_back(w);
   }
+  DropFinished();
+  if (inputs.empty()) return true;
+
+  // Forward.
   if (grouped() && !SendPlan(PlanKind::kIteration, inputs)) return false;
   ForwardResult result;
   const int64_t t0 = SteadyNowUs();
@@ -437,21 +486,27 @@ bool Engine::Step() {
     GroupFailed(s);
     return false;
   }
-  if (grouped() && !SumFigures()) return false;
+  if (grouped() && !SumFigures(inputs)) return false;
   if (!s.ok()) {
+    // The step's KV caches are unusable; the requests that waited are untouched.
     spdlog::error("iteration failed for req={}: {}", RunningIds(), s.message());
-    for (auto& seq : running_) Finish(*seq, FinishReason::kError, s.message());
-    running_.clear();
+    for (const SequenceInput& in : inputs) {
+      Finish(*sequences_.at(in.request_id), FinishReason::kError, s.message());
+    }
+    DropFinished();
     return true;
   }
+  scheduler_.Completed(ran);
 
+  // Sample and emit: the requests whose prompt is wholly in their KV draw a token.
   const uint32_t max_positions = model_.info().max_position_embeddings;
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Sequence& seq = *running_[i];
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Sequence& seq = *sequences_.at(inputs[i].request_id);
     if (inputs[i].prompt_logprobs >= 0 && i < result.prompt_logprobs.size()) {
-      seq.prompt_logprobs = std::move(result.prompt_logprobs[i]);
+      AppendPromptLogprobs(seq, std::move(result.prompt_logprobs[i]));
     }
     ++seq.iteration;
+    if (!ran[i].samples) continue;
     try {
       SampleAndEmit(seq, result.logits[i], max_positions);
     } catch (...) {
@@ -460,7 +515,7 @@ bool Engine::Step() {
                  ": sampling or reporting a token threw: " + What(std::current_exception()));
     }
   }
-  std::erase_if(running_, [](const auto& s) { return s->finished; });
+  DropFinished();
   return true;
 }
 

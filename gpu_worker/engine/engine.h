@@ -1,8 +1,10 @@
-// The worker's engine loop: continuous batching over the model runtime. Requests join and leave
-// at iteration boundaries, up to max_batch at once; each iteration runs every admitted request's
-// new tokens (the prompt for a request just admitted, its last token otherwise) through one
-// Forward, samples one token per request and reports it. A request's tokens do not depend on
-// what else is in the batch (see model.h and sampler.h).
+// The worker's engine loop: schedule -> forward -> sample/emit (DESIGN section 14). The scheduler
+// (gpu_worker/core/scheduler.h) owns the waiting and running queues and picks each step's work
+// within max_batched_tokens: one decode token per running request first, then chunks of the
+// prompts still being prefilled, then newly admitted requests (up to max_batch). One Forward runs
+// the step; each request whose prompt is wholly in its KV then samples one token and reports it.
+// A request's tokens do not depend on what else is in the batch, nor on how its prompt was cut
+// (see model.h and sampler.h).
 //
 // Threads: Submit/Cancel/active from any thread (they only enqueue); Step/Run on the one engine
 // thread that owns the model, the KV caches and the expert source. Events go to the sink on
@@ -17,7 +19,8 @@
 // the worker then tells the router and exits, and the launcher restarts the group.
 //
 // A request's life:
-//   WAITING --(a batch slot is free: Step admits, oldest first)--> RUNNING
+//   WAITING --(a batch slot and budget are free: Step admits, oldest first)--> RUNNING (prompt)
+//   RUNNING (prompt) --(its last chunk ran; first token sampled)--> RUNNING (decode)
 //   RUNNING --(stop token, stop string, max_tokens, context full)--> finished (stop / length)
 //   WAITING or RUNNING --(Cancel)--> finished (cancelled); a running one leaves at the next Step
 //   any --(invalid request or runtime error)--> finished (error)
@@ -51,6 +54,7 @@
 #include "common/wire/messages.h"
 #include "gpu_worker/core/group_plan.h"
 #include "gpu_worker/core/request_executor.h"
+#include "gpu_worker/core/scheduler.h"
 #include "gpu_worker/group/expert_group.h"
 #include "gpu_worker/model/model.h"
 #include "gpu_worker/sampling/sampler.h"
@@ -59,6 +63,9 @@ namespace fmoe {
 
 struct EngineOptions {
   uint32_t max_batch = 8;  // Requests running at once. Default: 8
+  // Tokens per step (decode tokens plus prompt chunks); 0 = whole prompts at once; else at least
+  // max_batch (SchedulerOptions::Check). Default: 0
+  uint32_t max_batched_tokens = 0;
   // Requests waiting for a slot; more are refused with an error event. Default: 1024
   uint32_t max_waiting = 1024;
   // Token ids that end generation besides a request's own (the model's eos). Default: none
@@ -132,12 +139,16 @@ class Engine final : public RequestExecutor {
   // (or, in a group, breaks the group), logged with their ids.
   void StepThrew(const std::exception_ptr& error);
   std::string RunningIds() const;  // "1,5,7" for logs; "none".
+  // Sequences marked finished leave the scheduler and the engine.
+  void DropFinished();
+  // A prompt chunk's prompt logprobs join the ones of the chunks before it.
+  static void AppendPromptLogprobs(Sequence& seq, PromptLogprobs chunk);
   void WaitForWork(int timeout_ms);
   bool grouped() const { return options_.group != nullptr && options_.group->world_size() > 1; }
   // Broadcasts a plan (with the requests ended since the last one); false when the group broke.
   bool SendPlan(PlanKind kind, std::span<const SequenceInput> inputs);
-  // Sums the running requests' figures and the cache totals across the group.
-  bool SumFigures();
+  // Sums the step's requests' figures and the cache totals across the group.
+  bool SumFigures(std::span<const SequenceInput> inputs);
   void GroupFailed(const Status& why);
 
   EngineOptions options_;
@@ -158,8 +169,8 @@ class Engine final : public RequestExecutor {
   ExpertFigures group_figures_;  // GUARDED_BY(figures_mu_)
 
   // Engine thread only.
-  std::deque<std::unique_ptr<Sequence>> waiting_;
-  std::vector<std::unique_ptr<Sequence>> running_;
+  Scheduler scheduler_;
+  std::unordered_map<uint64_t, std::unique_ptr<Sequence>> sequences_;  // Waiting and running.
   std::vector<uint64_t> ended_;  // Left the batch since the last plan.
   uint64_t plan_step_ = 0;
   int64_t last_plan_us_ = 0;

@@ -56,9 +56,13 @@ Status Follower::RunPlan(const IterationPlan& plan) {
     if (s.iteration == 0) {
       if (it != requests_.end()) return Internal(req + ": prefilled twice");
       it = requests_.emplace(s.request_id, Request{model_.NewKvCache(), 0}).first;
+    } else if (it == requests_.end()) {
+      return Internal(req + ": iteration " + std::to_string(s.iteration) +
+                      " of a request this rank never saw");
+    }
+    if (s.prefill) {
       stats_.prefill_tokens += s.tokens.size();
     } else {
-      if (it == requests_.end()) return Internal(req + ": decode of a request this rank never saw");
       ++stats_.decode_tokens;
     }
     if (it->second.next_iteration != s.iteration) {
@@ -69,6 +73,7 @@ Status Follower::RunPlan(const IterationPlan& plan) {
     inputs[i].request_id = s.request_id;
     inputs[i].iteration = s.iteration;
     inputs[i].tokens = s.tokens;
+    inputs[i].prefill = s.prefill;
     inputs[i].kv = it->second.kv.get();
   }
   if (requests_.size() > limits_.max_sequences) {

@@ -491,7 +491,8 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
   std::vector<SequenceInfo> sequences(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     sequences[i] = {inputs[i].request_id, inputs[i].iteration,
-                    static_cast<uint32_t>(inputs[i].tokens.size())};
+                    static_cast<uint32_t>(inputs[i].tokens.size()),
+                    inputs[i].prefill || inputs[i].iteration == 0};
   }
   if (observer != nullptr) ObserveIterationStart(x, batch, sequences);
 
@@ -534,6 +535,11 @@ Status MoeModel::LayOutBatch(Batch* batch, std::vector<int64_t>* ids, int64_t* m
                                " is out of range (vocab " + std::to_string(vocab) + ")");
       }
       ids->push_back(s.tokens[t]);
+    }
+    if (s.next_token >= vocab) {
+      return InvalidArgument("req=" + std::to_string(s.request_id) + ": the next prompt token " +
+                             std::to_string(s.next_token) + " is out of range (vocab " +
+                             std::to_string(vocab) + ")");
     }
     batch->offset[i + 1] = batch->offset[i] + static_cast<int64_t>(s.tokens.size());
     *max_end = std::max(*max_end, end);
@@ -667,23 +673,26 @@ void MoeModel::CollectLogits(const at::Tensor& x, const Batch& batch, ForwardRes
   const int64_t vocab = info_.vocab_size;
   // Logits of the rows asked for.
   std::vector<int64_t> logit_rows;
+  auto rows_of = [&](size_t i) -> int64_t {
+    if (inputs[i].no_logits) return 0;
+    return inputs[i].all_logits ? batch.offset[i + 1] - batch.offset[i] : 1;
+  };
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].all_logits) {
-      for (int64_t r = batch.offset[i]; r < batch.offset[i + 1]; ++r) logit_rows.push_back(r);
-    } else {
-      logit_rows.push_back(batch.offset[i + 1] - 1);
+    for (int64_t r = batch.offset[i + 1] - rows_of(i); r < batch.offset[i + 1]; ++r) {
+      logit_rows.push_back(r);
     }
   }
-  at::Tensor sel =
-      x.index_select(0, at::tensor(logit_rows, at::TensorOptions().dtype(at::kLong)).to(m.device));
-  at::Tensor logits = LogitsOf(sel).to(at::kCPU, at::kFloat).contiguous();
-  const float* lp = logits.data_ptr<float>();
-  size_t row = 0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const size_t n =
-        inputs[i].all_logits ? static_cast<size_t>(batch.offset[i + 1] - batch.offset[i]) : 1;
-    out->logits[i].assign(lp + row * vocab, lp + (row + n) * vocab);
-    row += n;
+  if (!logit_rows.empty()) {
+    at::Tensor sel = x.index_select(
+        0, at::tensor(logit_rows, at::TensorOptions().dtype(at::kLong)).to(m.device));
+    at::Tensor logits = LogitsOf(sel).to(at::kCPU, at::kFloat).contiguous();
+    const float* lp = logits.data_ptr<float>();
+    size_t row = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const auto n = static_cast<size_t>(rows_of(i));
+      out->logits[i].assign(lp + row * vocab, lp + (row + n) * vocab);
+      row += n;
+    }
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i].prompt_logprobs < 0) continue;
@@ -699,7 +708,8 @@ at::Tensor MoeModel::LogitsOf(const at::Tensor& hidden) const {
 
 void MoeModel::PromptLogprobsOf(const at::Tensor& x, int64_t first_row, const SequenceInput& in,
                                 PromptLogprobs* out) const {
-  const int64_t n = static_cast<int64_t>(in.tokens.size()) - 1;
+  // Row r predicts new token r + 1, or next_token after the last new token.
+  const int64_t n = static_cast<int64_t>(in.tokens.size()) - (in.next_token >= 0 ? 0 : 1);
   const int64_t vocab = info_.vocab_size;
   const int64_t top_n = std::min<int64_t>(in.prompt_logprobs, vocab);
   out->top_n = static_cast<uint32_t>(top_n);
@@ -714,7 +724,11 @@ void MoeModel::PromptLogprobsOf(const at::Tensor& x, int64_t first_row, const Se
     at::Tensor logprobs = at::log_softmax(LogitsOf(h).to(at::kFloat), -1);
     // Finite on the wire whatever the model gave, as the sampler's (kMinLogprob).
     logprobs = at::nan_to_num(logprobs, kMinLogprob, 0.0, kMinLogprob).clamp_min(kMinLogprob);
-    std::vector<int64_t> next(in.tokens.begin() + r0 + 1, in.tokens.begin() + r0 + 1 + rows);
+    std::vector<int64_t> next(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto t = static_cast<size_t>(r0 + r + 1);
+      next[static_cast<size_t>(r)] = t < in.tokens.size() ? in.tokens[t] : in.next_token;
+    }
     at::Tensor targets =
         at::tensor(next, at::TensorOptions().dtype(at::kLong)).to(logprobs.device()).unsqueeze(1);
     at::Tensor picked = logprobs.gather(1, targets).squeeze(1).to(at::kCPU).contiguous();

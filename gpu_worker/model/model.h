@@ -73,13 +73,19 @@ class KvCache {
 
 struct SequenceInput {
   uint64_t request_id = 0;
-  uint32_t iteration = 0;           // 0 = prefill.
+  uint32_t iteration = 0;           // The request's Forwards before this one (SequenceInfo).
   std::span<const int32_t> tokens;  // New tokens, at positions kv->length() onwards.
   KvCache* kv = nullptr;
+  bool prefill = false;     // `tokens` are prompt tokens (the prompt or a chunk of it).
   bool all_logits = false;  // Logits of every new token (tests), else of the last only.
-  // >= 0: the log-probabilities of new tokens 1.. given the tokens before each, and the top
-  // `prompt_logprobs` there (ForwardResult::prompt_logprobs), computed where the logits are.
+  bool no_logits = false;   // No logits at all (a prompt chunk before the last).
+  // >= 0: the log-probabilities of new tokens 1.. given the tokens before each (and of
+  // `next_token` after the last, when it is >= 0), and the top `prompt_logprobs` there
+  // (ForwardResult::prompt_logprobs), computed where the logits are.
   int32_t prompt_logprobs = -1;
+  // A prompt chunk before the last: the prompt's token after the chunk, whose log-probability the
+  // chunk's last row gives (prompt_logprobs). -1: none.
+  int32_t next_token = -1;
 };
 
 // One sequence's log-probabilities of its new tokens after the first (TokenEvent's prompt
@@ -92,7 +98,7 @@ struct PromptLogprobs {
 };
 
 struct ForwardResult {
-  // Per sequence: row-major [rows x vocab], rows = tokens.size() or 1.
+  // Per sequence: row-major [rows x vocab], rows = tokens.size() or 1 (0 with no_logits).
   std::vector<std::vector<float>> logits;
   // Per sequence: filled for those whose input asked (prompt_logprobs >= 0), else empty.
   std::vector<PromptLogprobs> prompt_logprobs;

@@ -113,6 +113,7 @@ void TraceRecorder::OnBatchStart(std::span<const SequenceInfo> sequences) {
     a.it.request_id = s.request_id;
     a.it.iteration = s.iteration;
     a.it.tokens = s.tokens;
+    a.it.prefill = s.in_prefill();
     a.it.used_offsets.reserve(L + 1);
     a.it.used_offsets.push_back(0);
     a.it.map_offsets.reserve(L + 1);

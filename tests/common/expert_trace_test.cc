@@ -63,9 +63,13 @@ class ExpertTraceTest : public ::testing::Test {
 TEST_F(ExpertTraceTest, RoundTripsEveryField) {
   auto w = TraceWriter::Create(Path("t.trace"), header_);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
-  ASSERT_TRUE(w->Append(Iteration(7, 0, false, false)).ok());
+  TraceIteration first = Iteration(7, 0, false, false);
+  first.prefill = true;  // A chunk of a prompt, then its last chunk at iteration 1.
+  ASSERT_TRUE(w->Append(first).ok());
   ASSERT_TRUE(w->Append(Iteration(9, 0, true, true)).ok());
-  ASSERT_TRUE(w->Append(Iteration(7, 1, true, false)).ok());
+  TraceIteration second = Iteration(7, 1, true, false);
+  second.prefill = true;
+  ASSERT_TRUE(w->Append(second).ok());
   ASSERT_TRUE(w->Close().ok());
 
   auto t = ReadTrace(Path("t.trace"));
@@ -87,6 +91,9 @@ TEST_F(ExpertTraceTest, RoundTripsEveryField) {
   EXPECT_EQ(a.speculation[0].fractions, (std::vector<float>{1.0f, 0.5f}));
   EXPECT_TRUE(t->iterations[1].map_derived);
   EXPECT_TRUE(t->iterations[2].last);
+  EXPECT_TRUE(a.prefill);
+  EXPECT_FALSE(t->iterations[1].prefill);
+  EXPECT_TRUE(t->iterations[2].prefill);
 
   std::vector<float> map;
   a.FillMap(t->header, &map);

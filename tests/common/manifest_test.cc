@@ -45,6 +45,7 @@ worker_groups:
   - name: gpu-a
     policy: fmoe-nextuse
     max_batch: 16
+    max_batched_tokens: 2048
     queue_limit: 256
     expert_cache_gb: 2.5
     link:
@@ -115,6 +116,7 @@ void ExpectManifestEq(const Manifest& a, const Manifest& b) {
     EXPECT_EQ(x.name, y.name);
     EXPECT_EQ(x.policy, y.policy);
     EXPECT_EQ(x.max_batch, y.max_batch);
+    EXPECT_EQ(x.max_batched_tokens, y.max_batched_tokens);
     EXPECT_EQ(x.queue_limit, y.queue_limit);
     EXPECT_EQ(x.expert_cache_gb, y.expert_cache_gb);
     EXPECT_EQ(x.expert_cache_fraction, y.expert_cache_fraction);
@@ -197,6 +199,7 @@ TEST(Manifest, MinimalGetsAllDefaults) {
   EXPECT_EQ(g.name, "g0");
   EXPECT_EQ(g.policy, "fmoe");
   EXPECT_EQ(g.max_batch, 8);
+  EXPECT_EQ(g.max_batched_tokens, 512);
   EXPECT_EQ(g.queue_limit, 64);
   EXPECT_FALSE(g.expert_cache_gb.has_value());
   EXPECT_EQ(g.expert_cache_fraction, 1.0);
@@ -288,6 +291,8 @@ TEST(Manifest, FullManifestSetsEveryKey) {
   EXPECT_EQ(a.name, "gpu-a");
   EXPECT_EQ(a.policy, "fmoe-nextuse");
   EXPECT_EQ(a.max_batch, 16);
+  EXPECT_EQ(a.max_batched_tokens, 2048);
+  EXPECT_EQ(m.worker_groups[1].max_batched_tokens, 512);
   EXPECT_EQ(a.queue_limit, 256);
   EXPECT_EQ(a.expert_cache_gb, 2.5);
   EXPECT_FALSE(a.expert_cache_fraction.has_value());
@@ -630,6 +635,12 @@ std::vector<BadCase> BadCases() {
        "manifest: map_service.sync: \"true\" is a quoted string; expected true or false"},
       {"IntOutOfRange", OneGroup("{name: g, max_batch: 0, workers: [{}]}"),
        "manifest: worker_groups[0].max_batch: 0 is out of range 1..1024"},
+      {"BudgetBelowMaxBatch",
+       OneGroup("{name: g, max_batch: 16, max_batched_tokens: 8, workers: [{}]}"),
+       "manifest: worker_groups[0].max_batched_tokens: 8 is below max_batch 16 (each running "
+       "request needs a token of every step); 0 = no budget"},
+      {"BudgetOutOfRange", OneGroup("{name: g, max_batched_tokens: -1, workers: [{}]}"),
+       "manifest: worker_groups[0].max_batched_tokens: -1 is out of range 0..1048576"},
       {"DoubleOutOfRange", OneGroup("{name: g, link: {gbps: 0}, workers: [{}]}"),
        "manifest: worker_groups[0].link.gbps: 0 is out of range (0, 10000]"},
       {"FractionAboveOne", OneGroup("{name: g, expert_cache_fraction: 1.5, workers: [{}]}"),
@@ -724,7 +735,8 @@ std::vector<BadCase> BadCases() {
        "manifest: worker_groups[0].rendezvous_timeout_s: has no value; expected a number"},
       {"UnknownGroupKey", OneGroup("{name: g, collective_timeout: 5, workers: [{}]}"),
        "manifest: worker_groups[0].collective_timeout: unknown key; allowed keys: name, policy, "
-       "max_batch, queue_limit, expert_cache_gb, expert_cache_fraction, memory_utilization, link, "
+       "max_batch, max_batched_tokens, queue_limit, expert_cache_gb, expert_cache_fraction, "
+       "memory_utilization, link, "
        "hybrid, rendezvous, "
        "collective_timeout_s, rendezvous_timeout_s, record_trace, workers"},
       {"RecordTraceEmpty", OneGroup("{name: g, record_trace: \"\", workers: [{}]}"),

@@ -37,6 +37,16 @@ ResidentExperts& Experts() {
 // Records what each Forward ran: the request ids of every iteration and their iteration number.
 class BatchRecorder : public ForwardObserver {
  public:
+  void OnBatchStart(std::span<const SequenceInfo> sequences) override {
+    uint32_t tokens = 0;
+    std::map<uint64_t, bool> prefill;
+    for (const SequenceInfo& s : sequences) {
+      tokens += s.tokens;
+      prefill[s.request_id] = s.in_prefill();
+    }
+    batch_tokens_.push_back(tokens);
+    prefill_.push_back(std::move(prefill));
+  }
   void OnIterationStart(uint64_t id, uint32_t iteration, std::span<const float> sem) override {
     if (!open_) batches_.emplace_back();
     open_ = true;
@@ -55,6 +65,8 @@ class BatchRecorder : public ForwardObserver {
   void OnRequestEnd(uint64_t id) override { ended_.push_back(id); }
 
   std::vector<std::map<uint64_t, uint32_t>> batches_;
+  std::vector<uint32_t> batch_tokens_;             // Per batch: its new tokens.
+  std::vector<std::map<uint64_t, bool>> prefill_;  // Per batch: which ran prompt tokens.
   std::map<uint64_t, int> gates_;
   std::set<size_t> sem_sizes_;
   std::vector<uint64_t> ended_;
@@ -83,10 +95,11 @@ struct Outcome {
 class EngineHarness {
  public:
   explicit EngineHarness(uint32_t max_batch, ForwardObserver* observer = nullptr,
-                         std::vector<int32_t> eos_token_ids = {}) {
+                         std::vector<int32_t> eos_token_ids = {}, uint32_t max_batched_tokens = 0) {
     Loaded& f = Fixture();
     EngineOptions options;
     options.max_batch = max_batch;
+    options.max_batched_tokens = max_batched_tokens;
     options.eos_token_ids = std::move(eos_token_ids);
     engine_ = std::make_unique<Engine>(options, *f.model, Experts(), f.tokenizer.get(), observer,
                                        [this](const TokenEvent& ev) { OnEvent(ev); });
@@ -181,6 +194,80 @@ TEST(Engine, TokensDoNotDependOnTheBatch) {
       EXPECT_EQ(h.outcomes[i + 1].tokens, alone[i + 1]) << "prompt " << i << " batch " << max_batch;
     }
   }
+}
+
+// Chunked prefill: with a token budget per step, prompts are prefilled in chunks that share steps
+// with the running requests' decodes, and every request gets the tokens (and the token and prompt
+// logprobs) it gets with whole prompts.
+TEST(Engine, ChunkedPrefillGivesTheTokensOfWholePrompts) {
+  auto params = [](size_t i) {
+    SamplingParams p = i % 2 ? Sampled(10, 300 + i) : Greedy(10);
+    p.logprobs = 2;
+    p.prompt_logprobs = i % 3 == 0;
+    return p;
+  };
+  EngineHarness whole(3);
+  for (size_t i = 0; i < kPrompts.size(); ++i) whole.Submit(i + 1, Encode(kPrompts[i]), params(i));
+  whole.RunToEnd();
+  for (uint32_t budget : {3u, 4u, 9u}) {
+    BatchRecorder rec;
+    EngineHarness h(3, &rec, {}, budget);
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      h.Submit(i + 1, Encode(kPrompts[i]), params(i));
+      if (i % 2 == 1) h.engine().Step();
+    }
+    h.RunToEnd();
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      const Outcome& a = whole.outcomes[i + 1];
+      const Outcome& b = h.outcomes[i + 1];
+      SCOPED_TRACE("budget " + std::to_string(budget) + " prompt " + std::to_string(i));
+      EXPECT_EQ(b.finish, FinishReason::kLength);
+      EXPECT_EQ(b.tokens, a.tokens);
+      ASSERT_EQ(b.logprobs.size(), a.logprobs.size());
+      for (size_t t = 0; t < a.logprobs.size(); ++t)
+        EXPECT_NEAR(b.logprobs[t], a.logprobs[t], 1e-4);
+      EXPECT_EQ(b.prompt_event, a.prompt_event);
+      ASSERT_EQ(b.prompt_logprobs.size(), a.prompt_logprobs.size());
+      for (size_t t = 0; t < a.prompt_logprobs.size(); ++t) {
+        EXPECT_NEAR(b.prompt_logprobs[t], a.prompt_logprobs[t], 1e-4) << t;
+      }
+      EXPECT_EQ(b.prompt_top.size(), a.prompt_top.size());
+    }
+    // No step ran more than the budget, and some step ran a prompt chunk beside a decode.
+    bool mixed = false;
+    for (size_t b = 0; b < rec.batch_tokens_.size(); ++b) {
+      EXPECT_LE(rec.batch_tokens_[b], budget) << "batch " << b;
+      bool prefill = false, decode = false;
+      for (const auto& [id, in_prefill] : rec.prefill_[b]) (in_prefill ? prefill : decode) = true;
+      mixed = mixed || (prefill && decode);
+    }
+    EXPECT_TRUE(mixed);
+    EXPECT_EQ(h.engine().active(), 0u);
+  }
+}
+
+// A prompt longer than the budget takes several steps before its first token, and the request
+// that decodes meanwhile gets a token from every one of them.
+TEST(Engine, ALongPromptDoesNotStallTheDecodes) {
+  BatchRecorder rec;
+  EngineHarness h(2, &rec, {}, /*max_batched_tokens=*/4);
+  h.Submit(1, Encode(kPrompts[0]), Greedy(30));
+  while (h.outcomes[1].tokens.empty()) ASSERT_TRUE(h.engine().Step());
+  const std::vector<int32_t> long_prompt = Encode(kPrompts[3]);
+  ASSERT_GT(long_prompt.size(), 12u);
+  h.Submit(2, long_prompt, Greedy(2));
+  const size_t before = h.outcomes[1].tokens.size();
+  int steps = 0;
+  while (h.outcomes[2].tokens.empty()) {
+    ASSERT_TRUE(h.engine().Step());
+    ++steps;
+  }
+  // Three prompt tokens a step beside request 1's decode.
+  EXPECT_EQ(steps, static_cast<int>((long_prompt.size() + 2) / 3));
+  EXPECT_EQ(h.outcomes[1].tokens.size(), before + static_cast<size_t>(steps));
+  h.RunToEnd();
+  EXPECT_EQ(h.outcomes[2].finish, FinishReason::kLength);
+  EXPECT_EQ(h.outcomes[1].finish, FinishReason::kLength);
 }
 
 TEST(Engine, RequestsJoinAndLeaveAtIterationBoundaries) {

@@ -14,8 +14,8 @@ IterationPlan Sample() {
   plan.kind = PlanKind::kIteration;
   plan.step = 41;
   plan.ended = {7, 9};
-  plan.sequences.push_back({11, 0, {1, 2, 3, 4}});
-  plan.sequences.push_back({12, 5, {99}});
+  plan.sequences.push_back({11, 0, {1, 2, 3, 4}, /*prefill=*/true});
+  plan.sequences.push_back({12, 5, {99}, /*prefill=*/false});
   return plan;
 }
 
@@ -100,6 +100,25 @@ TEST(GroupPlan, LimitsAndContentsAreChecked) {
   plan = Sample();
   plan.sequences[1].request_id = 11;
   EXPECT_NE(ErrorOf(EncodePlan(plan)).find("request 11 appears twice"), std::string::npos);
+}
+
+// A prompt prefilled in chunks: a later iteration may carry several prompt tokens; a decode
+// carries one, and a request's first iteration is its prompt.
+TEST(GroupPlan, PrefillChunksAndDecodesAreTold) {
+  IterationPlan plan = Sample();
+  plan.sequences[1] = {12, 3, {5, 6, 7}, /*prefill=*/true};
+  auto back = DecodePlan(EncodePlan(plan), Limits());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, plan);
+  plan = Sample();
+  plan.sequences[0].prefill = false;
+  plan.sequences[0].tokens = {1};
+  EXPECT_NE(ErrorOf(EncodePlan(plan)).find("starts with a decode step"), std::string::npos);
+  std::vector<uint8_t> bytes = EncodePlan(Sample());
+  const size_t flags_at = 4 + 2 + 2 + 8 + 4 + 4 + 2 * 8 + 8 + 4;  // Sequence 0's flags.
+  ASSERT_EQ(bytes[flags_at], 1);
+  bytes[flags_at] = 6;
+  EXPECT_NE(ErrorOf(bytes).find("unknown flags 6"), std::string::npos);
 }
 
 TEST(GroupPlan, HugeCountsDoNotAllocateBeforeTheBytesAreThere) {

@@ -193,6 +193,73 @@ TEST_P(FamilyReference, PrefillLogitsAndRouterMatchTransformers) {
   }
 }
 
+// Chunked prefill (gpu_worker/core/scheduler.h): the prompt fed in chunks of 1, 3 and 7 tokens,
+// each chunk attending to the KV the chunks before it left, gives every row the logits of the
+// whole prompt at once, for every family (sliding windows and MLA included); the prompt logprobs
+// of the chunks, each given the prompt token after it, join into the whole prompt's. LongRoPE
+// picks its factors by the length at each Forward, so a prompt past its original context is not
+// cut (the engine runs it whole: Engine::Admit): its prompts are compared up to that length.
+TEST_P(FamilyReference, ChunkedPrefillMatchesTheWholePrompt) {
+  Runtime& rt = Fixture(GetParam());
+  const size_t vocab = rt.info.vocab_size;
+  int compared = 0;
+  for (const Json& p : FixtureJson(GetParam())["prompts"]) {
+    std::vector<int32_t> ids = Ids(p["ids"]);
+    if (rt.info.longrope && ids.size() > rt.info.longrope->original_max_position_embeddings) {
+      ids.resize(rt.info.longrope->original_max_position_embeddings);
+    }
+    const ForwardResult whole = Prefill(rt, ids);
+    std::vector<float> whole_logprobs;
+    {
+      auto kv = rt.model->NewKvCache();
+      SequenceInput in;
+      in.tokens = ids;
+      in.kv = kv.get();
+      in.prompt_logprobs = 2;
+      ForwardResult out;
+      ASSERT_TRUE(rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out).ok());
+      whole_logprobs = out.prompt_logprobs[0].logprob;
+    }
+    for (size_t chunk : {size_t{1}, size_t{3}, size_t{7}}) {
+      if (chunk >= ids.size()) continue;
+      auto kv = rt.model->NewKvCache();
+      std::vector<float> logits, logprobs;
+      for (size_t first = 0; first < ids.size(); first += chunk) {
+        const size_t n = std::min(chunk, ids.size() - first);
+        SequenceInput in;
+        in.iteration = static_cast<uint32_t>(first / chunk);
+        in.prefill = true;
+        in.tokens = std::span<const int32_t>(ids).subspan(first, n);
+        in.kv = kv.get();
+        in.all_logits = true;
+        in.prompt_logprobs = 2;
+        if (first + n < ids.size()) in.next_token = ids[first + n];
+        ForwardResult out;
+        ASSERT_TRUE(rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out).ok());
+        ASSERT_EQ(out.logits[0].size(), n * vocab);
+        logits.insert(logits.end(), out.logits[0].begin(), out.logits[0].end());
+        const auto& lp = out.prompt_logprobs[0];
+        ASSERT_EQ(lp.logprob.size(), first + n < ids.size() ? n : n - 1);
+        ASSERT_EQ(lp.top.size(), 2 * lp.logprob.size());
+        logprobs.insert(logprobs.end(), lp.logprob.begin(), lp.logprob.end());
+      }
+      ASSERT_EQ(kv->length(), static_cast<int64_t>(ids.size()));
+      ++compared;
+      ASSERT_EQ(logits.size(), whole.logits[0].size());
+      double diff = 0;
+      for (size_t i = 0; i < logits.size(); ++i) {
+        diff = std::max(diff, double{std::abs(logits[i] - whole.logits[0][i])});
+      }
+      EXPECT_LE(diff, 1e-4) << "chunks of " << chunk << ", prompt " << p["text"];
+      ASSERT_EQ(logprobs.size(), whole_logprobs.size());
+      for (size_t i = 0; i < logprobs.size(); ++i) {
+        EXPECT_NEAR(logprobs[i], whole_logprobs[i], 1e-4) << "chunks of " << chunk << " row " << i;
+      }
+    }
+  }
+  EXPECT_GT(compared, 0);
+}
+
 // A long prompt's prefill runs its queries in blocks (RuntimeOptions::attention_score_budget):
 // blocks of one row, and of three rows for the 40-token prompts (13 and a last one of one), give
 // transformers' logits too.

@@ -171,7 +171,7 @@ void MoeInfinityPolicy::OnIterationStart(std::span<const SequenceInfo> sequences
   const size_t cells = size_t{layers_} * experts_;
   batch_.clear();
   for (const SequenceInfo& seq : sequences) {
-    const Phase phase = seq.iteration == 0 ? kPrefill : kDecode;
+    const Phase phase = seq.in_prefill() ? kPrefill : kDecode;
     auto [it, inserted] = requests_.try_emplace(seq.request_id);
     Request& r = it->second;
     if (inserted) {
