@@ -108,10 +108,28 @@ Result<ServeWorkload> BuildServeWorkload(const TraceRequests& requests,
     ServeRequest r;
     r.id = trace.iterations[its.front()].request_id;
     switch (options.kind) {
-      case TraceKind::kIterations:
-        for (uint32_t i : its) r.steps.push_back(&trace.iterations[i]);
+      case TraceKind::kIterations: {
+        // An engine that prefilled the prompt in chunks recorded its leading iterations with
+        // `prefill` set: they are one prefill here, as a whole prompt would have been recorded,
+        // so the replay's own batching (and chunking) decides how it runs.
+        size_t chunks = 1;
+        if (trace.iterations[its.front()].prefill) {
+          while (chunks < its.size() && trace.iterations[its[chunks]].prefill) ++chunks;
+        }
+        if (chunks > 1) {
+          std::vector<const TraceIteration*> prompt;
+          for (size_t c = 0; c < chunks; ++c) prompt.push_back(&trace.iterations[its[c]]);
+          w.merged.push_back(MergePositions(trace.header, prompt));
+          w.merged.back().prefill = true;
+          w.merged.back().last = prompt.back()->last;
+          r.steps.push_back(&w.merged.back());
+        } else {
+          r.steps.push_back(&trace.iterations[its.front()]);
+        }
+        for (size_t i = chunks; i < its.size(); ++i) r.steps.push_back(&trace.iterations[its[i]]);
         r.prompt_tokens = r.steps.front()->tokens;
         break;
+      }
       case TraceKind::kDecodePositions:
         r.has_prefill = false;
         for (uint32_t i : its) r.steps.push_back(&trace.iterations[i]);

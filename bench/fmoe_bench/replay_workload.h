@@ -21,7 +21,8 @@ namespace fmoe::bench {
 
 // What a trace's records become:
 //   iterations        the worker's engine iterations: 0 is the prefill, each later one a decode
-//                     step, used as recorded.
+//                     step, used as recorded; a prefill recorded in chunks (the leading
+//                     iterations flagged prefill) is merged into one.
 //   prompt-positions  one record per prompt token position (the DeepSeek-V2-Lite trace, a prefill
 //                     of the Mixtral files): the first positions are merged into the prefill; the
 //                     last round(T * decode_share) positions (at least 1 when T >= 2, at most

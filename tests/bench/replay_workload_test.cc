@@ -137,6 +137,25 @@ TEST(ServeWorkloadTest, IterationsAreUsedAsRecordedAndDecodePositionsHaveNoPrefi
   EXPECT_EQ(w->requests[0].decode_steps(), 2u);
   EXPECT_EQ(w->requests[0].steps[0], &trace.iterations[0]);
   EXPECT_TRUE(w->requests[0].prompt_positions.empty());  // A prefill recorded whole.
+
+  // A prefill the engine ran in chunks: records 0 and 1 flagged prefill are one prefill.
+  Trace chunked = MakeTrace(2, 6, 2, Positions(4));
+  chunked.iterations[0].prefill = true;
+  chunked.iterations[1].prefill = true;
+  auto cw = BuildServeWorkload(GroupByRequest(chunked), o);
+  ASSERT_TRUE(cw.ok());
+  ASSERT_EQ(cw->requests[0].steps.size(), 3u);
+  EXPECT_EQ(cw->requests[0].prompt_tokens, 2u);
+  EXPECT_EQ(cw->requests[0].decode_steps(), 2u);
+  const TraceIteration& prefill = *cw->requests[0].steps[0];
+  EXPECT_TRUE(prefill.prefill);
+  // Layer 0: position 0 picks {0, 1}, position 1 {1, 2}: expert 1 twice.
+  EXPECT_EQ(std::vector<uint16_t>(prefill.used(0).begin(), prefill.used(0).end()),
+            (std::vector<uint16_t>{0, 1, 2}));
+  EXPECT_EQ(std::vector<uint32_t>(prefill.used_counts(0).begin(), prefill.used_counts(0).end()),
+            (std::vector<uint32_t>{1, 2, 1}));
+  EXPECT_EQ(cw->requests[0].steps[1], &chunked.iterations[2]);
+
   o.kind = TraceKind::kDecodePositions;
   w = BuildServeWorkload(grouped, o);
   ASSERT_TRUE(w.ok());
