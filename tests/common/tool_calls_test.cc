@@ -400,5 +400,20 @@ TEST(ToolCalls, Bounds) {
   EXPECT_EQ(p.content, deep);
 }
 
+TEST(ToolCalls, LongHeadersAreNotCalls) {
+  // Harmony's <|message|> and Mistral's arguments must start within 512 bytes of the header.
+  for (size_t pad : {size_t{450}, size_t{530}}) {
+    const std::string harmony =
+        "<|channel|>commentary to=functions.f" + std::string(pad, ' ') + "<|message|>{}<|call|>";
+    ParsedToolCalls p = Parse(ToolCallFormat::kGptOss, harmony);
+    EXPECT_EQ(p.calls.size(), pad < 512 ? 1u : 0u);
+    EXPECT_EQ(p.content, pad < 512 ? "" : harmony);
+    const std::string mistral = "[TOOL_CALLS]" + std::string(pad, ' ') + "f[ARGS]{}";
+    p = Parse(ToolCallFormat::kMistral, mistral);
+    EXPECT_EQ(p.calls.size(), pad < 512 ? 1u : 0u);
+    EXPECT_EQ(p.content, pad < 512 ? "" : mistral);
+  }
+}
+
 }  // namespace
 }  // namespace fmoe
