@@ -386,58 +386,77 @@ struct ToolCallSpec {
   std::vector<std::string_view> call_ends;
   bool accept_unterminated;  // At Finish, a call without its end is parsed all the same.
   ParseFn parse;
+  // What ProcessText looks for: section begins and call begins, in a section its end and calls.
+  std::vector<std::string_view> text_markers = {};
+  std::vector<std::string_view> section_markers = {};
 };
 
 namespace {
 
 const std::vector<ToolCallSpec>& Specs() {
-  static const std::vector<ToolCallSpec> specs = {
-      {ToolCallFormat::kNone, "none", {}, {}, {}, {}, false, ParseNothing},
-      // vLLM's hermes parser also takes a last <tool_call> without </tool_call>.
-      {ToolCallFormat::kHermes,
-       "hermes",
-       {},
-       {},
-       {"<tool_call>"},
-       {"</tool_call>"},
-       true,
-       ParseHermes},
-      {ToolCallFormat::kMistral, "mistral", {}, {}, {"[TOOL_CALLS]"}, {}, false, ParseMistral},
-      {ToolCallFormat::kDeepSeekV3,
-       "deepseek_v3",
-       {"<｜tool▁calls▁begin｜>"},
-       {"<｜tool▁calls▁end｜>"},
-       {"<｜tool▁call▁begin｜>"},
-       {"<｜tool▁call▁end｜>"},
-       false,
-       ParseDeepSeek},
-      {ToolCallFormat::kKimiK2,
-       "kimi_k2",
-       {"<|tool_calls_section_begin|>", "<|tool_call_section_begin|>"},
-       {"<|tool_calls_section_end|>", "<|tool_call_section_end|>"},
-       {"<|tool_call_begin|>"},
-       {"<|tool_call_end|>"},
-       false,
-       ParseKimi},
-      {ToolCallFormat::kGlm45, "glm45", {}, {}, {"<tool_call>"}, {"</tool_call>"}, false, ParseGlm},
-      // <|call|> is a stop token, so the text may end without it.
-      {ToolCallFormat::kGptOss,
-       "gpt_oss",
-       {},
-       {},
-       {"<|start|>", "<|channel|>"},
-       {},
-       true,
-       ParseHarmony},
-      {ToolCallFormat::kMiniMaxM2,
-       "minimax_m2",
-       {},
-       {},
-       {"<minimax:tool_call>"},
-       {"</minimax:tool_call>"},
-       false,
-       ParseMiniMax},
-  };
+  static const std::vector<ToolCallSpec> specs = [] {
+    std::vector<ToolCallSpec> all = {
+        {ToolCallFormat::kNone, "none", {}, {}, {}, {}, false, ParseNothing},
+        // vLLM's hermes parser also takes a last <tool_call> without </tool_call>.
+        {ToolCallFormat::kHermes,
+         "hermes",
+         {},
+         {},
+         {"<tool_call>"},
+         {"</tool_call>"},
+         true,
+         ParseHermes},
+        {ToolCallFormat::kMistral, "mistral", {}, {}, {"[TOOL_CALLS]"}, {}, false, ParseMistral},
+        {ToolCallFormat::kDeepSeekV3,
+         "deepseek_v3",
+         {"<｜tool▁calls▁begin｜>"},
+         {"<｜tool▁calls▁end｜>"},
+         {"<｜tool▁call▁begin｜>"},
+         {"<｜tool▁call▁end｜>"},
+         false,
+         ParseDeepSeek},
+        {ToolCallFormat::kKimiK2,
+         "kimi_k2",
+         {"<|tool_calls_section_begin|>", "<|tool_call_section_begin|>"},
+         {"<|tool_calls_section_end|>", "<|tool_call_section_end|>"},
+         {"<|tool_call_begin|>"},
+         {"<|tool_call_end|>"},
+         false,
+         ParseKimi},
+        {ToolCallFormat::kGlm45,
+         "glm45",
+         {},
+         {},
+         {"<tool_call>"},
+         {"</tool_call>"},
+         false,
+         ParseGlm},
+        // <|call|> is a stop token, so the text may end without it.
+        {ToolCallFormat::kGptOss,
+         "gpt_oss",
+         {},
+         {},
+         {"<|start|>", "<|channel|>"},
+         {},
+         true,
+         ParseHarmony},
+        {ToolCallFormat::kMiniMaxM2,
+         "minimax_m2",
+         {},
+         {},
+         {"<minimax:tool_call>"},
+         {"</minimax:tool_call>"},
+         false,
+         ParseMiniMax},
+    };
+    for (ToolCallSpec& s : all) {
+      s.text_markers = s.section_begins;
+      s.text_markers.insert(s.text_markers.end(), s.call_begins.begin(), s.call_begins.end());
+      s.section_markers = s.section_ends;
+      s.section_markers.insert(s.section_markers.end(), s.call_begins.begin(), s.call_begins.end());
+    }
+    return all;
+  }();
   return specs;
 }
 
@@ -615,8 +634,8 @@ bool ToolCallStream::ProcessText(bool final, ToolCallStreamDelta* out) {
   if (buf_.empty()) return false;
   const std::vector<std::string_view>& opens =
       in_section_ ? spec_->section_ends : spec_->section_begins;
-  std::vector<std::string_view> markers = opens;
-  markers.insert(markers.end(), spec_->call_begins.begin(), spec_->call_begins.end());
+  const std::vector<std::string_view>& markers =
+      in_section_ ? spec_->section_markers : spec_->text_markers;
   const auto [at, len] = FindFirst(buf_, 0, buf_.size(), markers);
   if (at == std::string::npos) {
     const size_t keep = final ? 0 : HeldBack(buf_, markers);
