@@ -81,7 +81,7 @@ struct Output {
   void OnToken(const TokenEvent& ev) {
     if (ev.token_id >= 0) {
       if (generated++ == 0) first_token_s = Seconds(start);
-      std::fputs(stops->Feed(text->Push(ev.token_id)).c_str(), stdout);
+      if (!ev.stop_token) std::fputs(stops->Feed(text->Push(ev.token_id)).c_str(), stdout);
       std::fflush(stdout);
     }
     if (ev.finish == FinishReason::kNone) return;

@@ -8,6 +8,7 @@
 
 #include "common/model/model_config.h"
 #include "common/process_util.h"
+#include "common/text/unicode.h"
 #include "router/completion_request.h"
 #include "router/completions.h"
 #include "router/tokenize.h"
@@ -98,10 +99,12 @@ class ObservedResponder final : public HttpResponder {
   uint32_t completion_tokens_ = 0;
 };
 
+constexpr std::string_view kModelPrefix = "/v1/models/";
+
 bool IsKnownRoute(const std::string& path) {
   return path == "/health" || path == "/metrics" || path == "/v1/models" ||
          path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
-         path == "/detokenize";
+         path == "/detokenize" || path == "/version" || path == "/ping";
 }
 
 }  // namespace
@@ -115,7 +118,10 @@ RouterApi::RouterApi(RouterApiOptions options, const WorkerLink& link, Completio
 }
 
 bool RouterApi::Authorized(const HttpRequest& request) const {
-  if (options_.api_keys.empty() || request.path == "/health") return true;
+  // Liveness probes carry no key.
+  if (options_.api_keys.empty() || request.path == "/health" || request.path == "/ping") {
+    return true;
+  }
   auto it = request.headers.find("authorization");
   if (it == request.headers.end()) return false;
   const std::string& value = it->second;
@@ -160,7 +166,9 @@ void RouterApi::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder
   }
   auto observed =
       std::make_shared<ObservedResponder>(std::move(responder), request, request_id, extra);
-  const std::string route = IsKnownRoute(request.path) ? request.path : "other";
+  const std::string route = IsKnownRoute(request.path)               ? request.path
+                            : request.path.starts_with(kModelPrefix) ? "/v1/models/{id}"
+                                                                     : "other";
   try {
     if (request.method == "OPTIONS" && !origin.empty() &&
         request.headers.count("access-control-request-method") > 0) {
@@ -243,18 +251,47 @@ HttpResponse RouterApi::HandleNow(const HttpRequest& request) const {
     if (request.method != "GET") return MethodNotAllowed(request, "GET");
     return Models();
   }
+  if (request.path.starts_with(kModelPrefix)) {  // openai's models.retrieve.
+    if (request.method != "GET") return MethodNotAllowed(request, "GET");
+    const std::string id = request.path.substr(kModelPrefix.size());
+    if (id != options_.model_name) {
+      return ApiError(404, "the model `" + ToValidUtf8(id) + "` does not exist",
+                      "invalid_request_error", "model", "model_not_found");
+    }
+    HttpResponse res;
+    res.body = JsonText(ModelJson());
+    return res;
+  }
+  if (request.path == "/version") {
+    if (request.method != "GET") return MethodNotAllowed(request, "GET");
+    HttpResponse res;
+    res.body = JsonText(nlohmann::json{{"version", FMOE_VERSION}});
+    return res;
+  }
+  if (request.path == "/ping") {  // vLLM's (SageMaker's) liveness probe: the process answers.
+    if (request.method != "GET" && request.method != "POST") {
+      return MethodNotAllowed(request, "GET, POST");
+    }
+    HttpResponse res;
+    res.body = "{}";
+    return res;
+  }
   return ApiError(404, "no route " + request.method + " " + request.path, "invalid_request_error",
                   "", "not_found");
 }
 
+nlohmann::json RouterApi::ModelJson() const {
+  return {{"id", options_.model_name},
+          {"object", "model"},
+          {"created", created_},
+          {"owned_by", "fmoe"},
+          {"max_model_len", options_.context_length}};
+}
+
 HttpResponse RouterApi::Models() const {
-  nlohmann::json model = {{"id", options_.model_name},
-                          {"object", "model"},
-                          {"created", created_},
-                          {"owned_by", "fmoe"},
-                          {"max_model_len", options_.context_length}};
   HttpResponse res;
-  res.body = JsonText(nlohmann::json{{"object", "list"}, {"data", nlohmann::json::array({model})}});
+  res.body =
+      JsonText(nlohmann::json{{"object", "list"}, {"data", nlohmann::json::array({ModelJson()})}});
   return res;
 }
 

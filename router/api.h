@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "router/http_server.h"
 #include "router/metrics.h"
 #include "router/worker_link.h"
@@ -48,6 +50,7 @@ class RouterApi {
              std::shared_ptr<HttpResponder> responder) const;
   HttpResponse Health() const;
   HttpResponse Models() const;
+  nlohmann::json ModelJson() const;  // The served model's entry of /v1/models.
   bool Authorized(const HttpRequest& request) const;
   // The Access-Control-Allow-Origin value for the request's Origin, "" when none applies.
   std::string AllowedOrigin(const HttpRequest& request) const;

@@ -26,13 +26,24 @@ bool Unsupported(const std::string& key, const Json& v) {
       key == "guided_grammar") {
     return true;
   }
-  if (key == "use_beam_search") return !(v.is_boolean() && !v.get<bool>());
+  if (key == "use_beam_search" || key == "include_stop_str_in_output") {
+    return !(v.is_boolean() && !v.get<bool>());
+  }
+  // vLLM's current name for guided decoding: only empty.
+  if (key == "structured_outputs") return !(v.is_object() && v.empty());
   return false;
 }
 
-constexpr const char* kUnsupported[] = {"best_of",        "suffix",         "prompt_logprobs",
-                                        "guided_json",    "guided_regex",   "guided_choice",
-                                        "guided_grammar", "use_beam_search"};
+constexpr const char* kUnsupported[] = {"best_of",
+                                        "suffix",
+                                        "prompt_logprobs",
+                                        "guided_json",
+                                        "guided_regex",
+                                        "guided_choice",
+                                        "guided_grammar",
+                                        "use_beam_search",
+                                        "structured_outputs",
+                                        "include_stop_str_in_output"};
 
 // A number parameter in [lo, hi] (absent or null: `def`). False with *error set otherwise.
 bool ReadNumber(const Json& j, const char* key, double lo, double hi, bool lo_open, double def,
@@ -450,12 +461,20 @@ bool ReadMaxTokens(const Json& j, const CompletionsOptions& options, bool chat,
   }
   // Without max_tokens: OpenAI's 16 for completions, the rest of the context for chat (vLLM).
   *max_new = chat ? options.context_length - len : options.default_max_tokens;
+  // Completions' echo with max_tokens 0 scores the prompt and generates nothing (OpenAI, vLLM).
+  const auto echo = j.find("echo");
+  const bool scoring = !chat && echo != j.end() && echo->is_boolean() && echo->get<bool>();
   if (max_tokens != j.end() && !max_tokens->is_null()) {
     // JSON integers that are not negative parse as unsigned, the others as signed.
+    const int64_t least = scoring ? 0 : 1;
     if (!max_tokens->is_number_integer() ||
-        (max_tokens->is_number_unsigned() ? max_tokens->get<uint64_t>() == 0
-                                          : max_tokens->get<int64_t>() < 1)) {
-      return Refuse(error, BadParam("max_tokens", "'max_tokens' must be an integer of at least 1"));
+        (max_tokens->is_number_unsigned()
+             ? max_tokens->get<uint64_t>() < static_cast<uint64_t>(least)
+             : max_tokens->get<int64_t>() < least)) {
+      return Refuse(error, BadParam("max_tokens", scoring ? "'max_tokens' must be an integer of "
+                                                            "at least 0"
+                                                          : "'max_tokens' must be an integer of "
+                                                            "at least 1 (0 only with 'echo')"));
     }
     *max_new = max_tokens->get<uint64_t>();
     // Compared without a sum that could wrap around for values near 2^64.
@@ -635,6 +654,18 @@ bool ReadStream(const Json& j, CompletionRequest* out, HttpResponse* error) {
       return Refuse(error, BadParam("stream_options", "'include_usage' must be a boolean"));
     }
     out->include_usage = u->get<bool>();
+  }
+  if (auto c = so->find("continuous_usage_stats"); c != so->end() && !c->is_null()) {
+    if (!c->is_boolean()) {
+      return Refuse(error,
+                    BadParam("stream_options", "'continuous_usage_stats' must be a boolean"));
+    }
+    if (c->get<bool>()) {
+      return Refuse(error, BadParam("stream_options",
+                                    "'continuous_usage_stats' is not supported by this server "
+                                    "(the usage comes in the last chunk with include_usage)",
+                                    "unsupported_parameter"));
+    }
   }
   return true;
 }

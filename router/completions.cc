@@ -192,12 +192,15 @@ class CompletionState {
       }
       ++c.tokens;
       if (logprobs_ >= 0) c.probs.push_back({ev.token_id, ev.logprob, ev.top_logprobs});
-      // Stop strings are looked for once min_tokens tokens are out (as the worker does).
-      std::string piece = c.text.Push(ev.token_id);
-      if (c.tokens < min_tokens_) {
-        Emit(i, piece);
-      } else if (!c.stop.stopped()) {
-        Emit(i, c.stop.Feed(piece));
+      // The stop token that ended the request counts (usage, logprobs) but is not text. Stop
+      // strings are looked for once min_tokens tokens are out (as the worker does).
+      if (!ev.stop_token) {
+        std::string piece = c.text.Push(ev.token_id);
+        if (c.tokens < min_tokens_) {
+          Emit(i, piece);
+        } else if (!c.stop.stopped()) {
+          Emit(i, c.stop.Feed(piece));
+        }
       }
     }
     if (ev.finish == FinishReason::kNone) return;
@@ -374,7 +377,10 @@ class CompletionState {
           top.push_back(nullptr);
         } else {
           token_logprobs.push_back(t.logprob);
+          // The token's own entry first, as vLLM's (so logprobs 0 gives it, and a sampled token
+          // outside the top ones is still there).
           Json alternatives = Json::object();
+          alternatives[text] = t.logprob;
           for (const auto& [id, lp] : t.top) {
             const std::string alt = ToValidUtf8(TokenText(id));
             if (!alternatives.contains(alt)) alternatives[alt] = lp;

@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
     spdlog::info("chat answers: gpt-oss's analysis channel is reasoning_content");
   }
   RouterMetrics metrics;
-  metrics.SetModel(*model);
+  metrics.SetModel(*model, manifest.model.name);
   Completions completions(completions_options, **tokenizer, link, &metrics);
   RouterApi api({manifest.model.name, model->max_position_embeddings, manifest.router.api_keys,
                  manifest.router.cors_allowed_origins},

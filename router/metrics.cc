@@ -31,18 +31,22 @@ std::string Escape(const std::string& s) {
 const std::vector<double> kPromptTokens = {8,    16,   32,   64,   128,   256,  512,
                                            1024, 2048, 4096, 8192, 16384, 32768};
 
-// `scale` turns the histogram's unit into the metric's (1e-3: milliseconds to seconds).
+// `scale` turns the histogram's unit into the metric's (1e-3: milliseconds to seconds). `labels`
+// ("" or `name="value",...`) go on every sample.
 void RenderHistogram(std::ostringstream& out, const std::string& name, const std::string& help,
-                     const Histogram& h, double scale) {
+                     const Histogram& h, double scale, const std::string& labels = "") {
   out << "# HELP " << name << " " << help << "\n# TYPE " << name << " histogram\n";
+  const std::string lead = labels.empty() ? "" : labels + ",";
+  const std::string only = labels.empty() ? "" : "{" + labels + "}";
   uint64_t cumulative = 0;
   for (size_t b = 0; b < h.bounds().size(); ++b) {
     cumulative += h.counts()[b];
-    out << name << "_bucket{le=\"" << Num(h.bounds()[b] * scale) << "\"} " << cumulative << "\n";
+    out << name << "_bucket{" << lead << "le=\"" << Num(h.bounds()[b] * scale) << "\"} "
+        << cumulative << "\n";
   }
-  out << name << "_bucket{le=\"+Inf\"} " << h.count() << "\n";
-  out << name << "_sum " << Num(h.sum() * scale) << "\n";
-  out << name << "_count " << h.count() << "\n";
+  out << name << "_bucket{" << lead << "le=\"+Inf\"} " << h.count() << "\n";
+  out << name << "_sum" << only << " " << Num(h.sum() * scale) << "\n";
+  out << name << "_count" << only << " " << h.count() << "\n";
 }
 
 // One family with a sample per group.
@@ -64,9 +68,10 @@ RouterMetrics::RouterMetrics()
       queue_ms_(kLatencyMs),
       prompt_tokens_hist_(kPromptTokens) {}
 
-void RouterMetrics::SetModel(const ModelInfo& info) {
+void RouterMetrics::SetModel(const ModelInfo& info, std::string served_name) {
   std::lock_guard<std::mutex> lock(mu_);
   model_ = info;
+  served_name_ = std::move(served_name);
 }
 
 void RouterMetrics::CountRequest(const std::string& route, int status) {
@@ -180,6 +185,38 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
       << "\nfmoe_map_service_match_latency_seconds{quantile=\"0.99\"} "
       << Num(view.map_match_p99_us / 1e6) << "\nfmoe_map_service_match_latency_seconds_count "
       << view.map_match_count << "\n";
+  // vLLM's names, for the dashboards and autoscalers built for it (metrics.h).
+  const std::string model = "model_name=\"" + Escape(served_name_) + "\"";
+  uint64_t running = 0, waiting = 0;
+  for (const auto& g : view.groups) {
+    running += g.running;
+    waiting += g.queued;
+  }
+  auto alias = [&](const char* name, const char* type, const char* help, uint64_t value) {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
+        << name << "{" << model << "} " << value << "\n";
+  };
+  alias("vllm:num_requests_running", "gauge",
+        "Requests running on the workers (fmoe_running_requests, summed).", running);
+  alias("vllm:num_requests_waiting", "gauge",
+        "Requests waiting in the router (fmoe_queue_depth, summed).", waiting);
+  alias("vllm:prompt_tokens_total", "counter", "Prompt tokens (fmoe_prompt_tokens_total).",
+        prompt_tokens_);
+  alias("vllm:generation_tokens_total", "counter",
+        "Generated tokens (fmoe_generation_tokens_total).", generated_tokens_);
+  RenderHistogram(out, "vllm:time_to_first_token_seconds",
+                  "Time to first token (fmoe_time_to_first_token_seconds).", ttft_ms_, 1e-3, model);
+  RenderHistogram(out, "vllm:time_per_output_token_seconds",
+                  "Time per output token (fmoe_time_per_output_token_seconds).", tpot_ms_, 1e-3,
+                  model);
+  RenderHistogram(out, "vllm:e2e_request_latency_seconds",
+                  "End-to-end request latency (fmoe_e2e_request_latency_seconds).", e2e_ms_, 1e-3,
+                  model);
+  RenderHistogram(out, "vllm:request_queue_time_seconds",
+                  "Queue time (fmoe_request_queue_time_seconds).", queue_ms_, 1e-3, model);
+  RenderHistogram(out, "vllm:request_prompt_tokens",
+                  "Prompt tokens of a request (fmoe_request_prompt_tokens).", prompt_tokens_hist_,
+                  1.0, model);
   out << "# HELP fmoe_worker_hellos_refused_total Worker Hellos refused: a group not in the "
          "manifest, another model name or fingerprint, another world size.\n"
          "# TYPE fmoe_worker_hellos_refused_total counter\n";

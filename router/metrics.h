@@ -5,6 +5,14 @@
 // queue depth, running requests and loading state per group, the workers' expert hits, misses
 // and bytes moved, and the map service's match latency; the model's expert shape (L, J, K, bytes
 // of a routed and of a shared expert). Thread-safe.
+//
+// Beside ours, the names dashboards and autoscalers built for vLLM read, with its `model_name`
+// label: vllm:num_requests_running and vllm:num_requests_waiting (gauges, summed over the
+// groups), vllm:time_to_first_token_seconds, vllm:time_per_output_token_seconds,
+// vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds and
+// vllm:request_prompt_tokens (histograms), vllm:prompt_tokens_total and
+// vllm:generation_tokens_total (counters). Each is the same figure as its fmoe_ twin.
+// vllm:kv_cache_usage_perc is not among them: the workers do not report KV use yet.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +41,9 @@ class RouterMetrics {
     double queue_ms = 0.0;           // Arrival to the start of its prefill (the longest choice).
   };
 
-  // The served model's shape, rendered as fmoe_model_* gauges (set once, before serving).
-  void SetModel(const ModelInfo& info);
+  // The served model's shape, rendered as fmoe_model_* gauges, and the name it is served by
+  // (the vllm: aliases' model_name label); set once, before serving.
+  void SetModel(const ModelInfo& info, std::string served_name = "");
 
   void CountRequest(const std::string& route, int status);
   // A finished generation (one choice): time to its first token, mean time per later token,
@@ -56,6 +65,7 @@ class RouterMetrics {
   uint64_t generated_tokens_ = 0;                             // GUARDED_BY(mu_)
   uint64_t prompt_tokens_ = 0;                                // GUARDED_BY(mu_)
   std::optional<ModelInfo> model_;                            // GUARDED_BY(mu_)
+  std::string served_name_;                                   // GUARDED_BY(mu_)
 };
 
 }  // namespace fmoe

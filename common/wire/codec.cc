@@ -219,6 +219,7 @@ flatbuffers::Offset<fb::TokenEvent> Build(Builder& fbb, const TokenEvent& m) {
   b.add_prompt_top_n(m.prompt_top_n);
   b.add_prompt_top_ids(prompt_top_ids);
   b.add_prompt_top_values(prompt_top_values);
+  b.add_stop_token(m.stop_token);
   return b.Finish();
 }
 
@@ -646,6 +647,10 @@ bool Read(const fb::TokenEvent& t, const Checker& c, TokenEvent* m) {
   m->expert_host_us = t.expert_host_us();
   m->bytes_not_moved = t.bytes_not_moved();
   m->logprob = t.logprob();
+  m->stop_token = t.stop_token();
+  if (m->stop_token && (m->token_id < 0 || m->finish != FinishReason::kStop)) {
+    return c.OutOfRange("TokenEvent.stop_token: set on an event that does not end with a token");
+  }
   if (!c.String(t.error(), "TokenEvent.error", &m->error) ||
       !c.Finite(m->logprob, "TokenEvent.logprob") ||
       !c.Pairs(t.top_logprob_ids(), t.top_logprob_values(), "TokenEvent.top_logprobs", kMaxLogprobs,

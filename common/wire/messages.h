@@ -133,6 +133,10 @@ struct TokenEvent {
   std::vector<float> prompt_logprobs{};
   uint32_t prompt_top_n = 0;
   std::vector<std::pair<int32_t, float>> prompt_top{};
+  // token_id is the stop token that ended the request (an eos id or one of stop_token_ids; then
+  // finish == kStop): it counts in the usage and the logprobs, as vLLM counts it, but its text
+  // is not part of the completion.
+  bool stop_token = false;
 };
 
 // Leader -> router, once, when the group is dead (a rank failed a collective) and the leader is

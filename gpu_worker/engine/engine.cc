@@ -310,13 +310,14 @@ void Engine::Fail(uint64_t request_id, const std::string& error) {
   sink_(ev);
 }
 
-void Engine::Emit(Sequence& seq, int32_t token, FinishReason finish) {
+void Engine::Emit(Sequence& seq, int32_t token, FinishReason finish, bool stop_token) {
   const int64_t now = SteadyNowUs();
   TokenEvent ev;
   ev.request_id = seq.id;
   ev.token_id = token;
   ev.index = static_cast<uint32_t>(seq.output.empty() ? 0 : seq.output.size() - 1);
   ev.finish = finish;
+  ev.stop_token = stop_token;
   if (seq.last_event_us < 0) {
     ev.queue_us = static_cast<uint64_t>(std::max<int64_t>(0, seq.admitted_us - seq.submitted_us));
     ev.token_us = static_cast<uint64_t>(std::max<int64_t>(0, now - seq.admitted_us));
@@ -392,7 +393,11 @@ void Engine::SampleAndEmit(Sequence& seq, std::span<const float> logits, uint32_
   if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end() ||
       (!seq.sampling.ignore_eos &&
        std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end())) {
-    Finish(seq, FinishReason::kStop);  // A stop token is not part of the completion.
+    // Reported (its logprobs, the usage) as vLLM reports it; its text is not part of the
+    // completion (TokenEvent::stop_token).
+    seq.output.push_back(token);
+    Emit(seq, token, FinishReason::kStop, /*stop_token=*/true);
+    Retire(seq, FinishReason::kStop);
     return;
   }
   seq.output.push_back(token);
@@ -508,6 +513,10 @@ bool Engine::Step() {
     ++seq.iteration;
     if (!ran[i].samples) continue;
     try {
+      if (seq.sampling.max_tokens == 0) {  // Scoring only: the prompt's logprobs, no token.
+        Finish(seq, FinishReason::kLength);
+        continue;
+      }
       SampleAndEmit(seq, result.logits[i], max_positions);
     } catch (...) {
       Finish(seq, FinishReason::kError,

@@ -21,7 +21,8 @@
 // A request's life:
 //   WAITING --(a batch slot and budget are free: Step admits, oldest first)--> RUNNING (prompt)
 //   RUNNING (prompt) --(its last chunk ran; first token sampled)--> RUNNING (decode)
-//   RUNNING --(stop token, stop string, max_tokens, context full)--> finished (stop / length)
+//   RUNNING --(stop token, stop string, max_tokens, context full)--> finished (stop / length);
+//     a stop token is reported like any token, with TokenEvent::stop_token (not in the text)
 //   WAITING or RUNNING --(Cancel)--> finished (cancelled); a running one leaves at the next Step
 //   any --(invalid request or runtime error)--> finished (error)
 //
@@ -129,7 +130,7 @@ class Engine final : public RequestExecutor {
   void Retire(Sequence& seq, FinishReason reason);
   void Finish(Sequence& seq, FinishReason reason, std::string error = {});
   void Fail(uint64_t request_id, const std::string& error);
-  void Emit(Sequence& seq, int32_t token, FinishReason finish);
+  void Emit(Sequence& seq, int32_t token, FinishReason finish, bool stop_token = false);
   // Moves the prompt's logprobs, if the prefill computed them and no event carried them yet,
   // into `ev`.
   void TakePromptLogprobs(Sequence& seq, TokenEvent* ev);

@@ -36,7 +36,6 @@ Status ValidateSampling(const SamplingParams& p, uint32_t vocab_size) {
     return InvalidArgument("sampling.top_p: " + Num(p.top_p) + " is not in (0, 1]");
   }
   if (p.top_k < 0) return InvalidArgument("sampling.top_k: " + Num(p.top_k) + " is negative");
-  if (p.max_tokens == 0) return InvalidArgument("sampling.max_tokens: must be at least 1");
   auto is_token = [vocab_size](int32_t id) {
     return id >= 0 && static_cast<uint32_t>(id) < vocab_size;
   };

@@ -242,6 +242,15 @@ TEST(Codec, RoundTripTokenEvent) {
   EXPECT_EQ(out.prompt_logprobs, in.prompt_logprobs);
   EXPECT_EQ(out.prompt_top_n, in.prompt_top_n);
   EXPECT_EQ(out.prompt_top, in.prompt_top);
+  EXPECT_FALSE(out.stop_token);
+  // The stop token that ended a request.
+  TokenEvent stop;
+  stop.request_id = 6;
+  stop.token_id = 2;
+  stop.index = 3;
+  stop.finish = FinishReason::kStop;
+  stop.stop_token = true;
+  EXPECT_TRUE((RoundTripAs<TokenEvent, WorkerMessage>(stop).stop_token));
   const TokenEvent defaults = RoundTripAs<TokenEvent, WorkerMessage>({});
   EXPECT_EQ(defaults.token_id, -1);
   EXPECT_EQ(defaults.logprob, 0.0f);
@@ -771,6 +780,13 @@ TEST(CodecReject, LogprobsAndSamplingFloats) {
   ev.prompt_top_n = kMaxLogprobs + 1;
   EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(ev))).detail,
             "TokenEvent.prompt_top_n: 21 > limit 20");
+  ev.prompt_top_n = 0;
+  ev.prompt_logprobs.clear();
+  ev.prompt_top.clear();
+  ev.stop_token = true;  // On an event that does not end the request.
+  EXPECT_EQ(Reject<WorkerMessage>(Encode(WorkerMessage(ev))).detail,
+            "TokenEvent.stop_token: set on an event that does not end with a token");
+  ev.stop_token = false;
   ev.prompt_logprobs.clear();
   ev.prompt_top.clear();
   ev.prompt_top_n = 0;

@@ -85,6 +85,7 @@ struct Outcome {
   FinishReason finish = FinishReason::kNone;
   std::string error;
   int events = 0;
+  bool stop_token = false;  // The last token is the stop token that ended it.
   // The prompt's logprobs, and the index of the event that carried them (-1: none did).
   std::vector<float> prompt_logprobs;
   uint32_t prompt_top_n = 0;
@@ -138,6 +139,8 @@ class EngineHarness {
       o.tokens.push_back(ev.token_id);
       o.logprobs.push_back(ev.logprob);
       o.top_logprobs.push_back(ev.top_logprobs);
+      EXPECT_TRUE(!ev.stop_token || ev.finish == FinishReason::kStop);
+      o.stop_token = ev.stop_token;
     }
     o.finish = ev.finish;
     o.error = ev.error;
@@ -324,7 +327,8 @@ TEST(Engine, StopTokenAndStopStringEndGeneration) {
   const std::vector<int32_t> full = ref.outcomes[1].tokens;
   ASSERT_EQ(full.size(), 16u);
 
-  // A stop token id ends generation before that token, which is not reported.
+  // A stop token id ends generation at that token, reported as the stop token (its logprob and
+  // usage count; its text is not part of the completion).
   size_t first = 3;
   while (first < full.size() &&
          std::find(full.begin(), full.begin() + first, full[first]) != full.begin() + first) {
@@ -337,7 +341,8 @@ TEST(Engine, StopTokenAndStopStringEndGeneration) {
   a.Submit(1, Encode(kPrompts[3]), with_stop_id);
   a.RunToEnd();
   EXPECT_EQ(a.outcomes[1].finish, FinishReason::kStop);
-  EXPECT_EQ(a.outcomes[1].tokens, std::vector<int32_t>(full.begin(), full.begin() + first));
+  EXPECT_EQ(a.outcomes[1].tokens, std::vector<int32_t>(full.begin(), full.begin() + first + 1));
+  EXPECT_TRUE(a.outcomes[1].stop_token);
 
   // A stop string ends generation at the token that completes it.
   const Tokenizer& tok = *Fixture().tokenizer;
@@ -363,6 +368,7 @@ TEST(Engine, StopTokenAndStopStringEndGeneration) {
   b.RunToEnd();
   EXPECT_EQ(b.outcomes[1].finish, FinishReason::kStop);
   EXPECT_EQ(b.outcomes[1].tokens, std::vector<int32_t>(full.begin(), full.begin() + end_token + 1));
+  EXPECT_FALSE(b.outcomes[1].stop_token);
 }
 
 TEST(Engine, LengthEndsAtMaxTokensAndAtTheContext) {
@@ -446,11 +452,14 @@ TEST(Engine, IgnoreEosRunsToMaxTokens) {
   h.Submit(3, Encode(kPrompts[0]), stop_id);
   h.RunToEnd();
   EXPECT_EQ(h.outcomes[1].finish, FinishReason::kStop);
-  EXPECT_TRUE(h.outcomes[1].tokens.empty());
+  EXPECT_EQ(h.outcomes[1].tokens, std::vector<int32_t>{kEos});  // The stop token, reported.
+  EXPECT_TRUE(h.outcomes[1].stop_token);
   EXPECT_EQ(h.outcomes[2].finish, FinishReason::kLength);
   EXPECT_EQ(h.outcomes[2].tokens, std::vector<int32_t>(8, kEos));
+  EXPECT_FALSE(h.outcomes[2].stop_token);
   EXPECT_EQ(h.outcomes[3].finish, FinishReason::kStop);
-  EXPECT_TRUE(h.outcomes[3].tokens.empty());
+  EXPECT_EQ(h.outcomes[3].tokens, std::vector<int32_t>{kEos});
+  EXPECT_TRUE(h.outcomes[3].stop_token);
 }
 
 TEST(Engine, MinTokensHoldsOffEosAndStopStrings) {
@@ -460,8 +469,9 @@ TEST(Engine, MinTokensHoldsOffEosAndStopStrings) {
   h.Submit(1, Encode(kPrompts[0]), p);
   h.RunToEnd();
   EXPECT_EQ(h.outcomes[1].finish, FinishReason::kStop);
-  ASSERT_EQ(h.outcomes[1].tokens.size(), 3u);
-  for (int32_t t : h.outcomes[1].tokens) EXPECT_NE(t, kEos);
+  ASSERT_EQ(h.outcomes[1].tokens.size(), 4u);  // Three, then eos.
+  for (size_t i = 0; i < 3; ++i) EXPECT_NE(h.outcomes[1].tokens[i], kEos);
+  EXPECT_EQ(h.outcomes[1].tokens[3], kEos);
 
   // A stop string completed by one of the first min_tokens tokens is not looked for.
   EngineHarness ref(1);
@@ -549,7 +559,14 @@ TEST(Engine, PromptLogprobsComeWithTheFirstEventAndMatchTheLogits) {
   token_only.logprobs = 0;
   h.Submit(3, prompt, token_only);
   h.Submit(4, {prompt[0]}, with);  // One token: nothing to report but the empty list.
+  SamplingParams scoring = with;    // max_tokens 0: the prompt scored, nothing generated.
+  scoring.max_tokens = 0;
+  h.Submit(5, prompt, scoring);
   h.RunToEnd();
+  EXPECT_EQ(h.outcomes[5].finish, FinishReason::kLength);
+  EXPECT_TRUE(h.outcomes[5].tokens.empty());
+  EXPECT_EQ(h.outcomes[5].prompt_event, 0);
+  EXPECT_EQ(h.outcomes[5].prompt_logprobs, h.outcomes[1].prompt_logprobs);
   const Outcome& o = h.outcomes[1];
   EXPECT_EQ(o.tokens, h.outcomes[2].tokens);
   EXPECT_EQ(o.prompt_event, 0);

@@ -110,8 +110,8 @@ TEST(Sampler, ValidatesParameters) {
     EXPECT_EQ(s.message(), c.message);
   }
   SamplingParams p;
-  p.max_tokens = 0;
-  EXPECT_EQ(ValidateSampling(p, 100).message(), "sampling.max_tokens: must be at least 1");
+  p.max_tokens = 0;  // The prompt is only scored (completions' echo with max_tokens 0).
+  EXPECT_TRUE(ValidateSampling(p, 100).ok());
   p.max_tokens = 4;
   p.stop_token_ids = {3, 100};
   EXPECT_EQ(ValidateSampling(p, 100).message(),

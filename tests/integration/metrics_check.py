@@ -5,8 +5,9 @@ python3: python3 metrics_check.py FILE. The parser is prometheus_client's
 (text_string_to_metric_families, Debian's python3-prometheus-client). The rules are those of
 `promtool check metrics`: every family has HELP and TYPE, counters end in _total, no counter
 is named *_total_total, units are base units (seconds and bytes, never milliseconds or
-kilobytes), byte counters end in _bytes_total, names are snake_case with the fmoe_ prefix, and
-no sample is NaN or negative where it counts. Exits 0 when the text passes; prints what failed
+kilobytes), byte counters end in _bytes_total, names are snake_case with the fmoe_ prefix (or
+vllm: for the documented aliases of vLLM's names, router/metrics.h), and no sample is NaN or
+negative where it counts. Exits 0 when the text passes; prints what failed
 otherwise.
 """
 import math
@@ -15,7 +16,7 @@ import sys
 
 from prometheus_client.parser import text_string_to_metric_families
 
-NAME = re.compile(r"^fmoe_[a-z0-9_]+$")
+NAME = re.compile(r"^(fmoe_|vllm:)[a-z0-9_]+$")
 NON_BASE_UNITS = ("_milliseconds", "_microseconds", "_ms", "_us", "_kilobytes", "_megabytes",
                   "_mb", "_kb", "_percent", "_rate", "_per_second")
 

@@ -200,7 +200,10 @@ TEST_F(RouterApiTest, EchoWithLogprobsScoresThePromptAsThePrefixesPredictIt) {
     Json next = Completion({{"prompt", prefix}, {"logprobs", 20}, {"max_tokens", 1}});
     const Json& expected = next["choices"][0]["logprobs"]["top_logprobs"][0];
     const Json& got = lp["top_logprobs"][k];
-    ASSERT_EQ(got.size(), expected.size()) << k;
+    // The prompt token's own entry is there too (vLLM's): one more when it is not a top one.
+    ASSERT_TRUE(got.contains(lp["tokens"][k].get<std::string>())) << k;
+    ASSERT_GE(got.size(), expected.size()) << k;
+    ASSERT_LE(got.size(), expected.size() + 1) << k;
     for (auto it = expected.begin(); it != expected.end(); ++it) {
       ASSERT_TRUE(got.contains(it.key())) << k << " " << it.key();
       EXPECT_NEAR(got[it.key()].get<double>(), it.value().get<double>(), 1e-4) << k;
@@ -216,6 +219,48 @@ TEST_F(RouterApiTest, EchoWithLogprobsScoresThePromptAsThePrefixesPredictIt) {
   EXPECT_EQ(lp["tokens"][ids.size()], plain["choices"][0]["logprobs"]["tokens"][0]);
   EXPECT_NEAR(lp["token_logprobs"][ids.size()].get<double>(),
               plain["choices"][0]["logprobs"]["token_logprobs"][0].get<double>(), 1e-5);
+}
+
+// lm-eval's loglikelihood when the greedy next token is eos: the echoed prompt's entries and the
+// generated eos, 6 for a 5-token prompt (the eos entry was lost before); echo with max_tokens 0
+// scores the prompt alone with the same figures; logprobs 0 gives each token's own entry.
+TEST_F(RouterApiTest, AStopTokenKeepsItsLogprobAndEchoScoresWithoutGenerating) {
+  const std::vector<int> prompt = {1, 735, 266, 2908, 906};
+  Json a = Completion({{"prompt", prompt},
+                       {"max_tokens", 1},
+                       {"echo", true},
+                       {"logprobs", 1},
+                       {"logit_bias", {{std::to_string(kEos), 100}}}});
+  const Json& lp = a["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 6u) << a.dump();
+  ASSERT_EQ(lp["token_logprobs"].size(), 6u);
+  EXPECT_EQ(a["usage"]["completion_tokens"], 1);
+  EXPECT_EQ(a["choices"][0]["finish_reason"], "stop");
+  // The model's own log-probability of eos (logit_bias is not in the reported figures).
+  EXPECT_LE(lp["token_logprobs"][5].get<double>(), 0.0);
+  Json scored =
+      Completion({{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}});
+  const Json& s = scored["choices"][0]["logprobs"];
+  ASSERT_EQ(s["tokens"].size(), 5u) << scored.dump();
+  EXPECT_EQ(scored["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(Text(scored), Text(a)) << "the prompt, echoed; the eos adds no text";
+  for (size_t k = 1; k < 5; ++k) {
+    EXPECT_NEAR(s["token_logprobs"][k].get<double>(), lp["token_logprobs"][k].get<double>(), 1e-5);
+  }
+  EXPECT_EQ(Call("POST", "/v1/completions",
+                 Json({{"model", "tiny-moe"}, {"prompt", "x"}, {"max_tokens", 0}}).dump())
+                .status,
+            400)
+      << "max_tokens 0 without echo";
+  Json zero = Completion({{"max_tokens", 3}, {"logprobs", 0}});
+  const Json& z = zero["choices"][0]["logprobs"];
+  ASSERT_GE(z["tokens"].size(), 1u);
+  ASSERT_EQ(z["top_logprobs"].size(), z["tokens"].size());
+  for (size_t i = 0; i < z["tokens"].size(); ++i) {
+    ASSERT_EQ(z["top_logprobs"][i].size(), 1u) << zero.dump();
+    EXPECT_NEAR(z["top_logprobs"][i][z["tokens"][i].get<std::string>()].get<double>(),
+                z["token_logprobs"][i].get<double>(), 1e-6);
+  }
 }
 
 // A batch of prompts answers what each prompt alone answers: greedy, and sampled with n (choice
@@ -290,10 +335,13 @@ TEST_F(RouterApiTest, LogitBiasMinPAndPenaltiesChangeTheOutputAsTheyShould) {
   EXPECT_EQ(Text(neutral), Text(greedy));
 }
 
+// The stop token that ends a completion (eos, stop_token_ids) counts in the usage and the
+// logprobs as vLLM counts it, but its text is not in the answer.
 TEST_F(RouterApiTest, EosStopTokensMinTokensAndIgnoreEos) {
   const Json eos_first = {{"max_tokens", 10}, {"logit_bias", {{std::to_string(kEos), 100}}}};
   Json a = Completion(eos_first);
-  EXPECT_EQ(a["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(a["usage"]["completion_tokens"], 1);
+  EXPECT_EQ(Text(a), "");
   EXPECT_EQ(a["choices"][0]["finish_reason"], "stop");
   Json extra = eos_first;
   extra["ignore_eos"] = true;
@@ -303,11 +351,12 @@ TEST_F(RouterApiTest, EosStopTokensMinTokensAndIgnoreEos) {
   extra = eos_first;
   extra["min_tokens"] = 4;
   a = Completion(extra);
-  EXPECT_EQ(a["usage"]["completion_tokens"], 4) << "eos is masked for the first 4 tokens";
+  EXPECT_EQ(a["usage"]["completion_tokens"], 5) << "eos is masked for the first 4 tokens";
   EXPECT_EQ(a["choices"][0]["finish_reason"], "stop");
   // stop_token_ids: a token forced by logit_bias ends the completion at once.
   a = Completion({{"max_tokens", 10}, {"logit_bias", {{"300", 100}}}, {"stop_token_ids", {300}}});
-  EXPECT_EQ(a["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(a["usage"]["completion_tokens"], 1);
+  EXPECT_EQ(Text(a), "");
   EXPECT_EQ(a["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(
       Call("POST", "/v1/completions",
@@ -347,7 +396,11 @@ TEST_F(RouterApiTest, ChatWithoutMaxTokensMayUseTheRestOfTheContext) {
 
 TEST_F(RouterApiTest, UnsupportedParametersAreRefusedByName) {
   const std::vector<std::pair<std::string, Json>> cases = {
-      {"best_of", 2}, {"suffix", "x"}, {"prompt_logprobs", 1}};
+      {"best_of", 2},
+      {"suffix", "x"},
+      {"prompt_logprobs", 1},
+      {"include_stop_str_in_output", true},
+      {"structured_outputs", {{"json", {{"type", "object"}}}}}};
   for (const auto& [key, value] : cases) {
     Json body = {{"model", "tiny-moe"}, {"prompt", "x"}, {key, value}};
     Reply r = Call("POST", "/v1/completions", body.dump());
@@ -365,6 +418,20 @@ TEST_F(RouterApiTest, UnsupportedParametersAreRefusedByName) {
   }
   Json body = {{"model", "tiny-moe"}, {"prompt", "x"}, {"n", 17}};
   EXPECT_EQ(Json::parse(Call("POST", "/v1/completions", body.dump()).body)["error"]["param"], "n");
+  body = {{"model", "tiny-moe"},
+          {"prompt", "x"},
+          {"stream", true},
+          {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}};
+  Reply r = Call("POST", "/v1/completions", body.dump());
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("continuous_usage_stats"), std::string::npos) << r.body;
+  // Their neutral values are accepted.
+  body = {{"model", "tiny-moe"},
+          {"prompt", "x"},
+          {"max_tokens", 1},
+          {"include_stop_str_in_output", false},
+          {"structured_outputs", Json::object()}};
+  EXPECT_EQ(Call("POST", "/v1/completions", body.dump()).status, 200);
 }
 
 TEST_F(RouterApiTest, TokenizeAndDetokenize) {
@@ -388,6 +455,25 @@ TEST_F(RouterApiTest, TokenizeAndDetokenize) {
   EXPECT_EQ(Call("POST", "/detokenize", R"({"tokens": [99999]})").status, 400);
   EXPECT_EQ(Call("POST", "/tokenize", R"({"model": "other", "prompt": "x"})").status, 404);
   EXPECT_EQ(Call("GET", "/tokenize", "").status, 405);
+}
+
+// openai's models.retrieve, vLLM's /version and /ping.
+TEST_F(RouterApiTest, ModelRetrieveVersionAndPing) {
+  Reply r = Call("GET", "/v1/models/tiny-moe", "");
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json m = Json::parse(r.body);
+  EXPECT_EQ(m["id"], "tiny-moe");
+  EXPECT_EQ(m["object"], "model");
+  EXPECT_EQ(m, Json::parse(Call("GET", "/v1/models", "").body)["data"][0]);
+  r = Call("GET", "/v1/models/gpt-4o", "");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(Json::parse(r.body)["error"]["code"], "model_not_found") << r.body;
+  EXPECT_EQ(Call("POST", "/v1/models/tiny-moe", "{}").status, 405);
+  r = Call("GET", "/version", "");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_TRUE(Json::parse(r.body)["version"].is_string()) << r.body;
+  EXPECT_EQ(Call("GET", "/ping", "").status, 200);
+  EXPECT_EQ(Call("POST", "/ping", "").status, 200);
 }
 
 TEST_F(RouterApiTest, RequestIdsCorsAndTheAccessLog) {
@@ -442,6 +528,15 @@ TEST_F(RouterApiTest, MetricsFollowPrometheusConventions) {
         "fmoe_request_prompt_tokens_sum", "fmoe_prompt_tokens_total",
         "fmoe_expert_moved_bytes_total", "fmoe_expert_host_runs_total",
         "fmoe_expert_host_seconds_total", "fmoe_expert_not_moved_bytes_total"}) {
+    EXPECT_NE(r.body.find(name), std::string::npos) << name;
+  }
+  // vLLM's names, with its model_name label, for the dashboards built for it.
+  for (const char* name :
+       {"vllm:num_requests_running{model_name=\"tiny-moe\"} ",
+        "vllm:num_requests_waiting{model_name=\"tiny-moe\"} ",
+        "vllm:generation_tokens_total{model_name=\"tiny-moe\"} ",
+        "vllm:time_to_first_token_seconds_bucket{model_name=\"tiny-moe\",le=\"+Inf\"} ",
+        "vllm:e2e_request_latency_seconds_count{model_name=\"tiny-moe\"} "}) {
     EXPECT_NE(r.body.find(name), std::string::npos) << name;
   }
   for (const char* gone : {"fmoe_expert_hit_rate", "fmoe_tokens_per_second"}) {

@@ -213,7 +213,9 @@ TEST_F(CompletionsTest, LogprobTokensAndChoicesStayValidJson) {
     const Json& lp = choice["logprobs"];
     ASSERT_EQ(lp["tokens"].size(), 4u);
     EXPECT_EQ(lp["tokens"][0], kFffd) << "a byte token alone is not a character";
-    EXPECT_EQ(lp["top_logprobs"][0].size(), 3u);
+    // The token's own entry (vLLM's) and the worker's 3 alternatives, which do not hold it here.
+    EXPECT_EQ(lp["top_logprobs"][0].size(), 4u);
+    EXPECT_TRUE(lp["top_logprobs"][0].contains(kFffd));
   }
   Json chat = {{"model", "tiny"},
                {"messages", {{{"role", "user"}, {"content", "hi"}}}},
@@ -256,7 +258,7 @@ TEST_F(CompletionsTest, EchoWithLogprobsLeadsWithThePromptsTokens) {
     chars += CodePoints(lp["tokens"][k].get<std::string>());
     if (k == 0) continue;
     EXPECT_FLOAT_EQ(lp["token_logprobs"][k].get<float>(), -1.0f - 0.25f * (k - 1)) << k;
-    EXPECT_EQ(lp["top_logprobs"][k].size(), 2u);
+    EXPECT_EQ(lp["top_logprobs"][k].size(), 3u) << "the token's own entry and 2 alternatives";
     EXPECT_FLOAT_EQ(lp["top_logprobs"][k]["a"].get<float>(), -0.125f);
   }
   EXPECT_EQ(lp["tokens"][t], "x");
