@@ -45,8 +45,10 @@ struct ServeOptions {
   std::vector<std::string> policies;  // Default: every manifest policy.
   double budget = 0.25;               // expert_cache_fraction of the policy runs.
   bool no_reference = false;          // Skip the fraction-1.0 run "resident".
-  std::string arrivals;               // Required.
-  std::string prompts;                // Required.
+  int max_batch = 0;                  // > 0: every group's max_batch. Default: the manifest's
+  int max_batched_tokens = -1;  // >= 0: every group's max_batched_tokens. Default: the manifest's
+  std::string arrivals;         // Required.
+  std::string prompts;          // Required.
   WorkloadOptions workload;
   std::string prompt_field = "prompt";   // JSONL field holding the prompt.
   std::string prompt_match = "length";   // length | order
@@ -287,6 +289,15 @@ int RunServe(ServeOptions o) {
 
   Result<Manifest> base = LoadManifest(o.manifest);
   if (!base.ok()) return bad(base.status().message());
+  for (WorkerGroupSpec& g : base->worker_groups) {
+    if (o.max_batch > 0) g.max_batch = o.max_batch;
+    if (o.max_batched_tokens >= 0) g.max_batched_tokens = o.max_batched_tokens;
+    if (g.max_batched_tokens != 0 && g.max_batched_tokens < g.max_batch) {
+      return bad("group " + g.name + ": max_batched_tokens " +
+                 std::to_string(g.max_batched_tokens) + " is below max_batch " +
+                 std::to_string(g.max_batch));
+    }
+  }
   Result<ModelInfo> model = LoadModelInfo(base->model.path);
   if (!model.ok()) return bad(model.status().message());
   if (model->max_position_embeddings > 0 &&
@@ -377,6 +388,12 @@ void AddServeCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(1e-9, 1.0));
   cmd->add_flag("--no-reference", o->no_reference, "skip the all-resident reference run");
+  cmd->add_option("--max-batch", o->max_batch, "every group's max_batch (default: the manifest's)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--max-batched-tokens", o->max_batched_tokens,
+                  "every group's tokens per engine step; 0 = whole prompts (default: the "
+                  "manifest's)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--arrivals", o->arrivals,
                   "arrival trace CSV (TIMESTAMP,ContextTokens,"
                   "GeneratedTokens; Azure LLM inference format)")

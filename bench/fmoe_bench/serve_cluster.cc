@@ -89,6 +89,9 @@ Manifest DeriveManifest(const Manifest& base, const std::string& policy, double 
     g.rendezvous = "127.0.0.1:" + std::to_string(FreePort(taken));
   }
   m.launcher.run_dir = (fs::path(dir) / "run").string();
+  // The run's own cluster key, not one beside the base manifest (the base's default follows
+  // its run_dir).
+  m.security.key_file = (fs::path(m.launcher.run_dir) / "cluster.key").string();
   return m;
 }
 

@@ -20,7 +20,8 @@ namespace fmoe::bench {
 
 // The base manifest for one run: every group gets `policy` and expert_cache_fraction `fraction`
 // (expert_cache_gb dropped); the router, map service, worker endpoint and each group's rendezvous
-// get ports that were free a moment ago; run_dir = dir/run, map data_dir = dir/maps.
+// get ports that were free a moment ago; run_dir = dir/run (the cluster key in it), map
+// data_dir = dir/maps.
 Manifest DeriveManifest(const Manifest& base, const std::string& policy, double fraction,
                         const std::string& dir);
 
