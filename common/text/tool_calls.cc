@@ -158,8 +158,15 @@ std::string_view ArgType(const ToolCallOptions& options, std::string_view tool,
 // ---- the formats' parsers ----
 
 // <tool_call>{"name": "f", "arguments": {...}}</tool_call>
-bool ParseHermes(const Block& block, const ToolCallOptions&, std::vector<RawCall>* out) {
-  std::optional<Json> j = ParseJson(block.body());
+bool ParseQwenCoder(std::string_view body, const ToolCallOptions& options,
+                    std::vector<RawCall>* out);
+
+// <tool_call>{"name": "f", "arguments": {...}}</tool_call>, or Qwen3-Coder's XML between the
+// same markers (vLLM's qwen3_coder): <function=f><parameter=k>\nv\n</parameter></function>.
+bool ParseHermes(const Block& block, const ToolCallOptions& options, std::vector<RawCall>* out) {
+  std::string_view body = Trim(block.body());
+  if (StartsWith(body, "<function=")) return ParseQwenCoder(body, options, out);
+  std::optional<Json> j = ParseJson(body);
   return j && CallFromObject(*j, out);
 }
 
@@ -282,8 +289,9 @@ bool ParseGlm(const Block& block, const ToolCallOptions& options, std::vector<Ra
   return true;
 }
 
-// `value` of a MiniMax-M2 parameter, by the type the tool declares (none: a string).
-Json MiniMaxValue(std::string_view text, std::string_view type) {
+// An argument written as text (MiniMax-M2, Qwen3-Coder), by the type the tool declares (none: a
+// string), as vLLM converts them.
+Json TypedValue(std::string_view text, std::string_view type) {
   if (ToLower(text) == "null") return Json(nullptr);
   const std::string t = ToLower(type.empty() ? "string" : type);
   if (t == "string" || t == "str" || t == "text") return Json(ToValidUtf8(text));
@@ -301,6 +309,43 @@ Json MiniMaxValue(std::string_view text, std::string_view type) {
     if (fits) return std::move(*j);
   }
   return Json(ToValidUtf8(text));
+}
+
+// <function=NAME><parameter=K>\nV\n</parameter>...</function>; one newline around a value is
+// dropped, and a parameter may end where the next begins.
+bool ParseQwenCoder(std::string_view body, const ToolCallOptions& options,
+                    std::vector<RawCall>* out) {
+  constexpr std::string_view kFunction = "<function=", kFunctionEnd = "</function>";
+  constexpr std::string_view kParam = "<parameter=", kParamEnd = "</parameter>";
+  const size_t gt = body.find('>');
+  const size_t end = body.rfind(kFunctionEnd);
+  if (!StartsWith(body, kFunction) || gt == std::string_view::npos ||
+      end == std::string_view::npos || end < gt ||
+      !Trim(body.substr(end + kFunctionEnd.size())).empty()) {
+    return false;
+  }
+  RawCall call;
+  call.name = std::string(Trim(body.substr(kFunction.size(), gt - kFunction.size())));
+  if (!ValidName(call.name)) return false;
+  std::string_view inner = body.substr(gt + 1, end - gt - 1);
+  Json args = Json::object();
+  for (size_t p = inner.find(kParam); p != std::string_view::npos; p = inner.find(kParam, p)) {
+    const size_t start = p + kParam.size();
+    const size_t close = inner.find(kParamEnd, start);
+    const size_t stop = std::min({close, inner.find(kParam, start), inner.size()});
+    std::string_view param = inner.substr(start, stop - start);
+    p = stop == close ? close + kParamEnd.size() : stop;
+    const size_t p_gt = param.find('>');
+    if (p_gt == std::string_view::npos) return false;
+    const std::string key = ToValidUtf8(Trim(param.substr(0, p_gt)));
+    std::string_view value = param.substr(p_gt + 1);
+    if (StartsWith(value, "\n")) value.remove_prefix(1);
+    if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+    args[key] = TypedValue(value, ArgType(options, call.name, key));
+  }
+  call.arguments = Dump(args);
+  out->push_back(std::move(call));
+  return true;
 }
 
 // A quoted (or bare) name="..." attribute's value: the text up to '>' without quotes.
@@ -337,7 +382,7 @@ bool ParseMiniMax(const Block& block, const ToolCallOptions& options, std::vecto
       const size_t p_gt = param.find('>');
       if (p_gt == std::string_view::npos) return false;
       const std::string key = ToValidUtf8(AttributeName(param.substr(0, p_gt)));
-      args[key] = MiniMaxValue(Trim(param.substr(p_gt + 1)), ArgType(options, call.name, key));
+      args[key] = TypedValue(Trim(param.substr(p_gt + 1)), ArgType(options, call.name, key));
     }
     call.arguments = Dump(args);
     calls.push_back(std::move(call));
@@ -531,6 +576,7 @@ Result<ToolCallFormat> ParseToolCallFormat(std::string_view name) {
     return ToolCallFormat::kDeepSeekV3;
   }
   if (name == "glm4_moe") return ToolCallFormat::kGlm45;
+  if (name == "qwen3_coder") return ToolCallFormat::kHermes;
   if (name == "openai") return ToolCallFormat::kGptOss;
   return InvalidArgument("tool call parser \"" + ToValidUtf8(name.substr(0, 64)) +
                          "\" is not one of none, hermes, mistral, deepseek_v3, kimi_k2, glm45, "

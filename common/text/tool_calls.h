@@ -24,24 +24,34 @@
 namespace fmoe {
 
 enum class ToolCallFormat {
-  kNone,     // No tool calls: everything is content.
-  kHermes,   // Qwen2.5/3(-MoE), Hermes: <tool_call>{"name": .., "arguments": {..}}</tool_call>.
-  kMistral,  // [TOOL_CALLS][{"name": .., "arguments": {..}}, ..] or [TOOL_CALLS]f[ARGS]{..}.
-  kDeepSeekV3,  // <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json..
-                // (V3/R1) or <｜tool▁call▁begin｜>f<｜tool▁sep｜>{..} (V3.1),
-                // ..<｜tool▁calls▁end｜>.
-  kKimiK2,     // <|tool_calls_section_begin|><|tool_call_begin|>functions.f:0
-               // <|tool_call_argument_begin|>{..}<|tool_call_end|>..<|tool_calls_section_end|>.
-  kGlm45,      // GLM-4.5/4.6: <tool_call>f\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>..
-               // </tool_call>; a value that is JSON stays JSON, others are strings.
-  kGptOss,     // harmony: a message whose header names `to=functions.f`, ended by <|call|>.
-               // Content is the other messages verbatim (markers kept), for HarmonySplitter.
-  kMiniMaxM2,  // <minimax:tool_call><invoke name="f"><parameter name="k">v</parameter>
-               // </invoke>..</minimax:tool_call>; values are strings unless typed otherwise.
+  // No tool calls: everything is content.
+  kNone,
+  // Qwen2.5/3(-MoE), Hermes: <tool_call>{"name": .., "arguments": {..}}</tool_call>; also
+  // Qwen3-Coder's <tool_call><function=f><parameter=k>v</parameter>..</function></tool_call>
+  // (its values are strings unless typed otherwise).
+  kHermes,
+  // [TOOL_CALLS][{"name": .., "arguments": {..}}, ..], or [TOOL_CALLS]f[ARGS]{..}.
+  kMistral,
+  // <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{..}\n```
+  // <｜tool▁call▁end｜>..<｜tool▁calls▁end｜> (V3/R1), or V3.1's f<｜tool▁sep｜>{..} in the call.
+  kDeepSeekV3,
+  // <|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{..}
+  // <|tool_call_end|>..<|tool_calls_section_end|>.
+  kKimiK2,
+  // GLM-4.5/4.6: <tool_call>f\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>..</tool_call>; a
+  // value that is JSON stays JSON, others are strings.
+  kGlm45,
+  // gpt-oss (harmony): a message whose header names `to=functions.f`, ended by <|call|>. Content is
+  // the other messages verbatim (markers kept), for HarmonySplitter.
+  kGptOss,
+  // <minimax:tool_call><invoke name="f"><parameter name="k">v</parameter></invoke>..
+  // </minimax:tool_call>; values are strings unless typed otherwise.
+  kMiniMaxM2,
 };
 
-// "none", "hermes", "mistral", "deepseek_v3" (also "deepseek_v31", "deepseekv3"), "kimi_k2",
-// "glm45" (also "glm4_moe"), "gpt_oss" (also "openai"), "minimax_m2". kInvalidArgument otherwise.
+// "none", "hermes" (also "qwen3_coder"), "mistral", "deepseek_v3" (also "deepseek_v31",
+// "deepseekv3"), "kimi_k2", "glm45" (also "glm4_moe"), "gpt_oss" (also "openai"), "minimax_m2".
+// kInvalidArgument otherwise.
 Result<ToolCallFormat> ParseToolCallFormat(std::string_view name);
 std::string_view ToolCallFormatName(ToolCallFormat format);
 
@@ -58,7 +68,7 @@ struct ToolCallOptions {
   uint64_t id_seed = 0;
   // Tool name -> argument name -> the JSON-schema "type" the request's `tools` declare for it.
   // Read by the formats that write arguments as text (glm45: "string" keeps a value a string;
-  // minimax_m2: converts from string by type). Default: empty.
+  // minimax_m2 and Qwen3-Coder: converted from a string by type). Default: empty.
   std::map<std::string, std::map<std::string, std::string, std::less<>>, std::less<>> arg_types;
 };
 

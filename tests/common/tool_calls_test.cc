@@ -138,6 +138,28 @@ TEST(ToolCalls, HermesMalformedCallsAreContent) {
   }
 }
 
+TEST(ToolCalls, HermesTakesQwen3CoderXml) {
+  const std::string text =
+      "I'll run it.\n<tool_call>\n<function=run>\n<parameter=cmd>\nls -l\n  /tmp\n</parameter>\n"
+      "<parameter=timeout>\n30\n</parameter>\n<parameter=env>null</parameter>\n</function>\n"
+      "</tool_call>";
+  ParsedToolCalls p = Parse(ToolCallFormat::kHermes, text);
+  EXPECT_EQ(p.content, "I'll run it.\n");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].name, "run");
+  EXPECT_EQ(p.calls[0].arguments, "{\"cmd\":\"ls -l\\n  /tmp\",\"timeout\":\"30\",\"env\":null}");
+  ToolCallOptions options;
+  options.arg_types["run"]["timeout"] = "integer";
+  p = ParseToolCalls(ToolCallFormat::kHermes, text, options);
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].arguments, "{\"cmd\":\"ls -l\\n  /tmp\",\"timeout\":30,\"env\":null}");
+  EXPECT_EQ(*ParseToolCallFormat("qwen3_coder"), ToolCallFormat::kHermes);
+  const std::string bad = "<tool_call><function=run><parameter=cmd>ls</tool_call>";
+  p = Parse(ToolCallFormat::kHermes, bad);
+  EXPECT_EQ(p.content, bad);
+  EXPECT_TRUE(p.calls.empty());
+}
+
 TEST(ToolCalls, MarkerPrefixIsHeldBackUntilKnown) {
   ToolCallStream s(ToolCallFormat::kHermes);
   EXPECT_EQ(s.Feed("Hi <tool_").content, "Hi ");

@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
       "</tool_call>",
       "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1, {\"b\": null}]}}",
       "a <tool_ca <tool_call>{bad</tool_call> <tool_call>",
+      "<tool_call>\n<function=run>\n<parameter=cmd>\nls\n</parameter>\n<parameter=n>3\n"
+      "</function>\n</tool_call>",
       // mistral
       "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"a\": \"]\"}}, {\"name\": \"g\", "
       "\"arguments\": {}}]",
