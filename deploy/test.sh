@@ -66,7 +66,8 @@ fmoe_build "$FMOE_ROOT/build-fuzz" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER
   -DFMOE_WERROR=ON -- codec_fuzz make_corpus request_fuzz make_request_corpus curve_key_fuzz \
   model_config_fuzz make_config_corpus tiktoken_fuzz make_tiktoken_corpus \
   tool_calls_fuzz make_tool_calls_corpus \
-  chat_template_fuzz make_template_corpus harmony_fuzz make_harmony_corpus make_curve_key_corpus
+  chat_template_fuzz make_template_corpus harmony_fuzz make_harmony_corpus make_curve_key_corpus \
+  plan_fuzz make_plan_corpus
 fmoe_log "running the fuzz suite (build-fuzz/: libFuzzer+ASan+UBSan, clang)"
 (cd "$FMOE_ROOT/build-fuzz" && ctest --output-on-failure -L fuzz)
 stage_done "stage 3 (build-fuzz/)"
