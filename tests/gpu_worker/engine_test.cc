@@ -559,7 +559,7 @@ TEST(Engine, PromptLogprobsComeWithTheFirstEventAndMatchTheLogits) {
   token_only.logprobs = 0;
   h.Submit(3, prompt, token_only);
   h.Submit(4, {prompt[0]}, with);  // One token: nothing to report but the empty list.
-  SamplingParams scoring = with;    // max_tokens 0: the prompt scored, nothing generated.
+  SamplingParams scoring = with;   // max_tokens 0: the prompt scored, nothing generated.
   scoring.max_tokens = 0;
   h.Submit(5, prompt, scoring);
   h.RunToEnd();
