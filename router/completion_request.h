@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 
 #include "common/status.h"
 #include "common/text/chat_template.h"
+#include "common/text/think_splitter.h"
 #include "common/text/tokenizer.h"
 #include "common/wire/messages.h"
 #include "router/http_server.h"
@@ -32,6 +34,12 @@ struct CompletionsOptions {
   // gpt-oss (harmony): chat answers keep the special tokens in their text and are split into
   // reasoning_content (the analysis channel) and content (common/text/harmony.h).
   bool harmony_channels = false;
+  // Reasoning models that think between <think> and </think> (DeepSeek-R1, Qwen3, GLM-4.5,
+  // MiniMax-M2, Kimi-K2-Thinking; ThinkStyleFor picks the style): chat answers' thinking is
+  // reasoning_content, the rest content (common/text/think_splitter.h). Markers that are special
+  // tokens are decoded as their text, the other special tokens still skipped. Not with
+  // harmony_channels. Default: none
+  std::optional<ThinkStyle> think_style;
 };
 
 enum class RequestKind { kText, kChat };
@@ -57,6 +65,9 @@ struct CompletionRequest {
   bool include_usage = false;  // stream_options.include_usage
   uint32_t n = 1;              // Independent choices per prompt.
   bool echo = false;           // Completions: the prompt's text starts each choice's text.
+  // Chat (vLLM's include_reasoning): false leaves reasoning_content out (null) where the model's
+  // reasoning is split out. Read by Completions::Run. Default: true
+  bool include_reasoning = true;
 };
 
 // Parses a body of `kind`. On error, *error holds the HTTP answer.

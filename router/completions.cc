@@ -11,6 +11,7 @@
 #include "common/model/model_config.h"
 #include "common/process_util.h"
 #include "common/text/harmony.h"
+#include "common/text/think_splitter.h"
 #include "common/text/unicode.h"
 
 namespace fmoe {
@@ -39,16 +40,42 @@ struct TokenLogprob {
   bool first = false;   // The prompt's first token: no logprob (null), as OpenAI and vLLM.
 };
 
+// A chat answer's text told apart: content, and reasoning (reasoning_content).
+struct SplitText {
+  std::string content;
+  std::string reasoning;
+};
+
 // One choice of a request: its own token stream, text and stop strings.
 struct Choice {
   // `harmony`: gpt-oss's chat answers, whose text keeps the special tokens for the splitter.
-  Choice(const Tokenizer& tokenizer, std::vector<std::string> stops, bool harmony)
+  // `think`: a reasoning model's chat answers, split at <think>/</think>. At most one of them.
+  Choice(const Tokenizer& tokenizer, std::vector<std::string> stops, bool harmony,
+         std::optional<ThinkStyle> think_style)
       : text(tokenizer, /*skip_special_tokens=*/!harmony), stop(std::move(stops)) {
-    if (harmony) channels = std::make_unique<HarmonySplitter>();
+    if (harmony) {
+      channels = std::make_unique<HarmonySplitter>();
+    } else if (think_style) {
+      think = std::make_unique<ThinkSplitter>(*think_style);
+    }
   }
+  bool splits() const { return channels != nullptr || think != nullptr; }
+  // REQUIRES: splits(). The next text of the answer, or its end (Finish).
+  SplitText Split(std::string_view piece) {
+    return channels != nullptr ? Parts(channels->Feed(piece)) : Parts(think->Feed(piece));
+  }
+  SplitText FinishSplit() {
+    return channels != nullptr ? Parts(channels->Finish()) : Parts(think->Finish());
+  }
+  template <typename Pieces>
+  static SplitText Parts(Pieces p) {
+    return {std::move(p.content), std::move(p.reasoning)};
+  }
+
   TextStream text;
   StopMatcher stop;
   std::unique_ptr<HarmonySplitter> channels;  // gpt-oss: analysis -> reasoning_content.
+  std::unique_ptr<ThinkSplitter> think;       // <think>...</think> -> reasoning_content.
   std::string reasoning;                      // Whole answers: the reasoning so far.
   uint64_t link_id = 0;                       // 0 until submitted.
   bool finished = false;
@@ -70,10 +97,19 @@ struct Choice {
 class CompletionState {
  public:
   CompletionState(const Tokenizer& tokenizer, WorkerLink& link, RouterMetrics* metrics,
-                  const CompletionRequest& request, bool harmony_channels)
+                  const CompletionRequest& request, const CompletionsOptions& options)
       : tokenizer_(tokenizer), link_(link), metrics_(metrics) {
     chat_ = request.kind == RequestKind::kChat;
-    harmony_ = chat_ && harmony_channels;
+    harmony_ = chat_ && options.harmony_channels;
+    if (chat_ && !harmony_ && options.think_style) {
+      think_style_ = options.think_style;
+      // The markers that are special tokens are decoded as their text (Decode).
+      for (std::string_view marker : {kThinkStart, kThinkEnd}) {
+        auto id = tokenizer.TokenToId(marker);
+        if (id && tokenizer.IsSpecial(*id)) special_markers_.emplace_back(*id, marker);
+      }
+    }
+    include_reasoning_ = request.include_reasoning;
     route_ = chat_ ? "/v1/chat/completions" : "/v1/completions";
     id_ = (chat_ ? "chatcmpl-" : "cmpl-") + FingerprintHex(RandomId());
     stream_ = request.stream;
@@ -88,7 +124,8 @@ class CompletionState {
     created_ = UnixSeconds();
     for (size_t p = 0; p < request.prompts.size(); ++p) {
       for (uint32_t c = 0; c < request.n; ++c) {
-        choices_.push_back(std::make_unique<Choice>(tokenizer, request.sampling.stop, harmony_));
+        choices_.push_back(
+            std::make_unique<Choice>(tokenizer, request.sampling.stop, harmony_, think_style_));
         choices_.back()->prompt = p;
       }
     }
@@ -195,7 +232,7 @@ class CompletionState {
       // The stop token that ended the request counts (usage, logprobs) but is not text. Stop
       // strings are looked for once min_tokens tokens are out (as the worker does).
       if (!ev.stop_token) {
-        std::string piece = c.text.Push(ev.token_id);
+        std::string piece = Decode(c, ev.token_id);
         if (c.tokens < min_tokens_) {
           Emit(i, piece);
         } else if (!c.stop.stopped()) {
@@ -210,7 +247,7 @@ class CompletionState {
         Emit(i, c.tokens < min_tokens_ ? rest : c.stop.Feed(rest));
         if (!c.stop.stopped()) Emit(i, c.stop.Flush());
       }
-      if (c.channels != nullptr) EmitPieces(i, c.channels->Finish());
+      if (c.splits()) EmitPieces(i, c.FinishSplit());
       const char* finish = c.stop.stopped() || ev.finish == FinishReason::kStop ? "stop" : "length";
       c.finished = true;
       ++finished_;
@@ -236,6 +273,15 @@ class CompletionState {
                                  ev.error == kTimeoutError ? "timeout" : "unavailable")
                       : ApiError(500, message.empty() ? "generation failed" : message,
                                  "server_error", "", ""));
+  }
+
+  // The text token `id` adds to choice c. A think marker that is a special token (skipped by
+  // the TextStream, as every special token) is its text, after what the stream still held.
+  std::string Decode(Choice& c, int32_t id) {
+    for (const auto& [marker, text] : special_markers_) {
+      if (id == marker) return c.text.Finish() + text;
+    }
+    return c.text.Push(id);
   }
 
   // Every choice is finished: the usage, then [DONE] or the whole answer.
@@ -407,7 +453,7 @@ class CompletionState {
   }
 
   // Choice `i`'s entry: a streamed delta (with the logprobs not sent yet) or the whole answer;
-  // `reasoning`, gpt-oss's analysis channel, as reasoning_content.
+  // `reasoning` (gpt-oss's analysis channel, a reasoning model's thinking) as reasoning_content.
   Json ChoiceJson(size_t i, const std::string& text, const char* finish, bool with_logprobs,
                   const std::string& reasoning = "") {
     Choice& c = *choices_[i];
@@ -425,9 +471,9 @@ class CompletionState {
       choice["delta"] = std::move(delta);
     } else {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
-      if (c.channels != nullptr) {
+      if (c.splits()) {
         choice["message"]["reasoning_content"] =
-            c.reasoning.empty() ? Json(nullptr) : Json(c.reasoning);
+            c.reasoning.empty() || !include_reasoning_ ? Json(nullptr) : Json(c.reasoning);
       }
     }
     return choice;
@@ -444,8 +490,8 @@ class CompletionState {
 
   void Emit(size_t i, const std::string& piece) {
     if (piece.empty()) return;
-    if (choices_[i]->channels != nullptr) {
-      EmitPieces(i, choices_[i]->channels->Feed(piece));
+    if (choices_[i]->splits()) {
+      EmitPieces(i, choices_[i]->Split(piece));
       return;
     }
     if (stream_) {
@@ -455,8 +501,10 @@ class CompletionState {
     }
   }
 
-  // gpt-oss's channels: the analysis text as reasoning_content, the rest as content.
-  void EmitPieces(size_t i, const HarmonySplitter::Pieces& p) {
+  // A split answer's text: the reasoning as reasoning_content (unless include_reasoning is
+  // false), the rest as content.
+  void EmitPieces(size_t i, SplitText p) {
+    if (!include_reasoning_) p.reasoning.clear();
     if (p.content.empty() && p.reasoning.empty()) return;
     if (stream_) {
       Send(Chunk(i, p.content, nullptr, true, p.reasoning));
@@ -474,6 +522,9 @@ class CompletionState {
   int64_t created_ = 0;
   bool chat_ = false;
   bool harmony_ = false;  // gpt-oss chat: the answer's channels split (HarmonySplitter).
+  std::optional<ThinkStyle> think_style_;  // Reasoning models' chat: split at <think>.
+  std::vector<std::pair<int32_t, std::string>> special_markers_;  // (id, text), see Decode.
+  bool include_reasoning_ = true;
   bool stream_ = false;
   bool include_usage_ = false;
   bool responder_streaming_ = false;
@@ -488,6 +539,15 @@ class CompletionState {
   std::map<size_t, const char*> finish_;
   size_t finished_ = 0;
 };
+
+// vLLM's include_reasoning (chat): a boolean, absent or null meaning true. Read here from the
+// body ParseRequest accepted (a JSON object), whether or not the model's reasoning is split out.
+bool ReadIncludeReasoning(const std::string& body, CompletionRequest* request,
+                          HttpResponse* error) {
+  const Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return true;
+  return ReadBool(j, "include_reasoning", &request->include_reasoning, error);
+}
 
 }  // namespace
 
@@ -513,8 +573,12 @@ void Completions::Run(RequestKind kind, const HttpRequest& request,
     responder->Respond(std::move(error));
     return;
   }
-  auto state = std::make_shared<CompletionState>(tokenizer_, link_, metrics_, *parsed,
-                                                 options_.harmony_channels);
+  if (kind == RequestKind::kChat && !ReadIncludeReasoning(request.body, &*parsed, &error)) {
+    if (metrics_ != nullptr) metrics_->CountRequest(route, error.status);
+    responder->Respond(std::move(error));
+    return;
+  }
+  auto state = std::make_shared<CompletionState>(tokenizer_, link_, metrics_, *parsed, options_);
   state->responder = responder;
   state->model = options_.model_name;
   // Headers first for a stream, so the client sees it start; under the state's lock so no

@@ -7,7 +7,11 @@
 // error text from the worker that is not UTF-8 must not break the error answer either.
 #include "router/completions.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -443,6 +447,156 @@ TEST_F(HarmonyCompletionsTest, StreamsCarryReasoningAndContentDeltasWithoutMarke
   EXPECT_EQ(content, "The river starts in the hills.");
   EXPECT_EQ(reasoning, "The river starts high.");
   EXPECT_EQ(rec->body().find("<|"), std::string::npos) << rec->body();
+}
+
+// Reasoning models' chat answers (think_style): the thinking between <think> and </think> is
+// reasoning_content, the rest content, whole and streamed, in both styles. The tokenizer is the
+// Qwen3 fixture's (<think> and </think> are added tokens, not special), or a copy of it where they
+// are special: the markers must still reach the splitter while <|endoftext|> stays skipped.
+class ThinkCompletionsTest : public ::testing::Test {
+ protected:
+  void Start(ThinkStyle style, bool special_markers) {
+    std::string dir = FMOE_SOURCE_DIR "/tests/fixtures/qwen3-moe-ref";
+    if (special_markers) {
+      std::ifstream in(dir + "/tokenizer.json");
+      Json tok = Json::parse(in);
+      for (Json& t : tok["added_tokens"]) {
+        if (t["content"] == "<think>" || t["content"] == "</think>") t["special"] = true;
+      }
+      dir = ::testing::TempDir() + "/think-special-" + std::to_string(::getpid());
+      std::filesystem::create_directories(dir);
+      std::ofstream(dir + "/tokenizer.json") << tok.dump();
+    }
+    auto loaded = Tokenizer::Load(dir);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    tokenizer_ = std::move(*loaded);
+    ASSERT_EQ(tokenizer_->IsSpecial(*tokenizer_->TokenToId("<think>")), special_markers);
+    CompletionsOptions options;
+    options.model_name = "qwen3";
+    options.context_length = 256;
+    options.think_style = style;
+    auto compiled = ChatTemplate::Compile(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}<|im_start|>assistant\n");
+    ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+    template_.emplace(std::move(*compiled));
+    options.chat_template = &*template_;
+    completions_ = std::make_unique<Completions>(options, *tokenizer_, *link_);
+    leader_ = std::make_unique<FakeLeader>(link_.endpoint(), "g0", 0, 1);
+    ASSERT_TRUE(leader_->Join());
+    ASSERT_TRUE(WaitUntil([&] { return link_.Alive("g0", 1); }));
+  }
+
+  // The model's output `text` (markers spelled out) as the leader's tokens, then stop.
+  std::shared_ptr<Recorder> Run(Json body, const std::string& text) {
+    body["model"] = "qwen3";
+    body["messages"] = {{{"role", "user"}, {"content", "Why is the sky blue?"}}};
+    body["max_tokens"] = 64;
+    auto rec = std::make_shared<Recorder>();
+    HttpRequest req;
+    req.method = "POST";
+    req.path = req.target = "/v1/chat/completions";
+    req.body = body.dump();
+    completions_->HandleChat(req, rec);
+    if (rec->done()) return rec;  // Refused.
+    auto gen = leader_->Next<Generate>();
+    EXPECT_TRUE(gen);
+    if (!gen) return rec;
+    auto ids = tokenizer_->Encode(text, /*add_special_tokens=*/false);
+    EXPECT_TRUE(ids.ok());
+    for (size_t i = 0; ids.ok() && i < ids->size(); ++i) {
+      TokenEvent ev = Token(gen->request_id, (*ids)[i]);
+      ev.index = static_cast<uint32_t>(i);
+      leader_->Send(ev);
+    }
+    leader_->Send(Token(gen->request_id, -1, FinishReason::kStop));
+    EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
+    return rec;
+  }
+
+  // A whole answer's message.
+  Json Message(const std::shared_ptr<Recorder>& rec) {
+    EXPECT_EQ(rec->status(), 200) << rec->body();
+    const Json j = Json::parse(rec->body(), nullptr, false);
+    return j.is_discarded() ? Json() : j["choices"][0]["message"];
+  }
+
+  // A stream's deltas joined: {content, reasoning_content}.
+  std::pair<std::string, std::string> Streamed(const std::shared_ptr<Recorder>& rec) {
+    EXPECT_EQ(rec->status(), 200) << rec->body();
+    std::string content, reasoning;
+    for (const std::string& e : DataEvents(rec->body())) {
+      if (e == "[DONE]") continue;
+      const Json j = Json::parse(e);
+      const Json& delta = j["choices"][0]["delta"];
+      if (delta.contains("content")) content += delta["content"].get<std::string>();
+      if (delta.contains("reasoning_content")) {
+        reasoning += delta["reasoning_content"].get<std::string>();
+      }
+    }
+    return {content, reasoning};
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::optional<ChatTemplate> template_;
+  Link link_;
+  std::unique_ptr<Completions> completions_;
+  std::unique_ptr<FakeLeader> leader_;
+};
+
+const char kQwen3Answer[] = "<think>\nShort light scatters more.\n</think>\n\nRayleigh scattering.";
+
+TEST_F(ThinkCompletionsTest, Qwen3ThinkingIsReasoningContentInWholeAnswers) {
+  Start(ThinkStyle::kOpensThinking, /*special_markers=*/false);
+  const Json message = Message(Run(Json::object(), kQwen3Answer));
+  EXPECT_EQ(message["reasoning_content"], "\nShort light scatters more.\n") << message;
+  EXPECT_EQ(message["content"], "\n\nRayleigh scattering.") << message;
+  // Thinking switched off: no markers, all content, no reasoning_content.
+  const Json plain = Message(Run(Json::object(), "Rayleigh scattering."));
+  EXPECT_EQ(plain["content"], "Rayleigh scattering.") << plain;
+  EXPECT_TRUE(plain["reasoning_content"].is_null()) << plain;
+}
+
+TEST_F(ThinkCompletionsTest, Qwen3StreamsReasoningAndContentDeltasWithoutMarkers) {
+  Start(ThinkStyle::kOpensThinking, /*special_markers=*/false);
+  auto rec = Run({{"stream", true}}, kQwen3Answer);
+  const auto [content, reasoning] = Streamed(rec);
+  EXPECT_EQ(reasoning, "\nShort light scatters more.\n");
+  EXPECT_EQ(content, "\n\nRayleigh scattering.");
+  EXPECT_EQ(rec->body().find("think>"), std::string::npos) << rec->body();
+}
+
+TEST_F(ThinkCompletionsTest, DeepSeekR1StartsInsideTheThinkingWithSpecialMarkers) {
+  // The prompt opened the thinking: only </think> comes; the markers are special tokens, and
+  // the other special tokens (<|endoftext|> here) are still not shown.
+  Start(ThinkStyle::kStartsThinking, /*special_markers=*/true);
+  const std::string answer = "Blue is short.<|endoftext|></think>Rayleigh.";
+  const Json message = Message(Run(Json::object(), answer));
+  EXPECT_EQ(message["reasoning_content"], "Blue is short.") << message;
+  EXPECT_EQ(message["content"], "Rayleigh.") << message;
+  const auto [content, reasoning] = Streamed(Run({{"stream", true}}, answer));
+  EXPECT_EQ(reasoning, "Blue is short.");
+  EXPECT_EQ(content, "Rayleigh.");
+  // Cut short before </think>: all of it is reasoning.
+  const Json cut = Message(Run(Json::object(), "Blue is"));
+  EXPECT_EQ(cut["reasoning_content"], "Blue is") << cut;
+  EXPECT_EQ(cut["content"], "") << cut;
+}
+
+TEST_F(ThinkCompletionsTest, IncludeReasoningFalseDropsIt) {
+  Start(ThinkStyle::kOpensThinking, /*special_markers=*/true);
+  const Json message = Message(Run({{"include_reasoning", false}}, kQwen3Answer));
+  EXPECT_TRUE(message["reasoning_content"].is_null()) << message;
+  EXPECT_EQ(message["content"], "\n\nRayleigh scattering.") << message;
+  auto rec = Run({{"include_reasoning", false}, {"stream", true}}, kQwen3Answer);
+  const auto [content, reasoning] = Streamed(rec);
+  EXPECT_EQ(reasoning, "");
+  EXPECT_EQ(content, "\n\nRayleigh scattering.");
+  EXPECT_EQ(rec->body().find("reasoning_content"), std::string::npos) << rec->body();
+  // Not a boolean: refused by name.
+  auto bad = Run({{"include_reasoning", "no"}}, kQwen3Answer);
+  EXPECT_EQ(bad->status(), 400) << bad->body();
+  EXPECT_NE(bad->body().find("include_reasoning"), std::string::npos) << bad->body();
 }
 
 }  // namespace
