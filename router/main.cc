@@ -13,6 +13,7 @@
 #include "common/model/model_config.h"
 #include "common/process_util.h"
 #include "common/service_setup.h"
+#include "common/text/think_splitter.h"
 #include "common/text/tokenizer.h"
 #include "common/wire/curve_key.h"
 #include "router/api.h"
@@ -120,6 +121,22 @@ int main(int argc, char** argv) {
                                          (*tokenizer)->TokenToId("<|message|>").has_value();
   if (completions_options.harmony_channels) {
     spdlog::info("chat answers: gpt-oss's analysis channel is reasoning_content");
+  }
+  // Reasoning models (DeepSeek-R1, Qwen3, GLM-4.5, MiniMax-M2, Kimi-K2-Thinking): the thinking
+  // between <think> and </think> goes to reasoning_content, in the style of the template's
+  // generation prompt (common/text/think_splitter.h).
+  if (!completions_options.harmony_channels && chat_template) {
+    completions_options.think_style = ThinkStyleFor(
+        **tokenizer, *chat_template, completions_options.bos_token, completions_options.eos_token);
+  }
+  if (completions_options.think_style) {
+    const bool starts = *completions_options.think_style == ThinkStyle::kStartsThinking;
+    spdlog::info(
+        "chat answers: <think>...</think> is reasoning_content ({} style: {}; architecture {})",
+        ThinkStyleName(*completions_options.think_style),
+        starts ? "the prompt opens the thinking, output before </think> is reasoning"
+               : "the model opens the thinking, output without <think> is content",
+        model->architecture);
   }
   RouterMetrics metrics;
   metrics.SetModel(*model, manifest.model.name);
