@@ -47,6 +47,7 @@ bool OnEvent(const std::string& data, BenchClock::time_point at, StreamResult& r
     }
     if (auto f = choice.find("finish_reason"); f != choice.end() && f->is_string()) {
       r.finish_reason = f->get<std::string>();
+      r.finished = at;
     }
   }
   if (auto u = j.find("usage"); u != j.end() && u->is_object()) {

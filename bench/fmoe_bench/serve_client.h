@@ -21,9 +21,12 @@ struct StreamResult {
   BenchClock::time_point sent{};  // Just before connecting.
   BenchClock::time_point first_content{};  // First event with non-empty text.
   BenchClock::time_point last_content{};   // Last event with non-empty text.
-  BenchClock::time_point done{};           // [DONE], the end of the body, or the failure.
-  int content_events = 0;                  // Events with non-empty text.
-  std::string finish_reason;               // "length", "stop" or "" when none came.
+  // The event with the finish reason: the last token's, text or not (a stop token that ends the
+  // answer counts in completion_tokens but has no text).
+  BenchClock::time_point finished{};
+  BenchClock::time_point done{};  // [DONE], the end of the body, or the failure.
+  int content_events = 0;         // Events with non-empty text.
+  std::string finish_reason;      // "length", "stop" or "" when none came.
   bool has_usage = false;
   int64_t prompt_tokens = 0;  // From usage.
   int64_t completion_tokens = 0;

@@ -135,9 +135,11 @@ RunSummary Summarize(const std::vector<BenchRequest>& requests,
     s.expert_misses += r.expert_misses;
     s.bytes_moved += r.bytes_moved;
     if (r.content_events > 0) ttft.push_back(Ms(r.first_content - r.sent));
+    // Every token after the first, up to the one that finished the answer (a stop token
+    // included: it counts in completion_tokens but brings no text).
     if (r.content_events > 0 && r.completion_tokens >= 2) {
-      tpot.push_back(Ms(r.last_content - r.first_content) /
-                     static_cast<double>(r.completion_tokens - 1));
+      const auto end = std::max(r.last_content, r.finished);
+      tpot.push_back(Ms(end - r.first_content) / static_cast<double>(r.completion_tokens - 1));
     }
   }
   s.ttft_samples = static_cast<int>(ttft.size());
@@ -147,6 +149,13 @@ RunSummary Summarize(const std::vector<BenchRequest>& requests,
     s.ttft_ms[k] = Percentile(ttft, pct[k]);
     s.tpot_ms[k] = Percentile(tpot, pct[k]);
   }
+  auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+  };
+  s.ttft_mean_ms = mean(ttft);
+  s.tpot_mean_ms = mean(tpot);
   s.duration_s = any ? std::chrono::duration<double>(last - first).count() : 0;
   if (s.duration_s > 0) {
     s.tokens_per_s = static_cast<double>(s.output_tokens) / s.duration_s;
@@ -186,9 +195,10 @@ Status WriteRequestsCsv(const std::string& path, const std::vector<BenchRequest>
 }
 
 std::string FormatTable(const std::vector<RunSummary>& runs) {
-  const std::vector<std::string> header = {
-      "run",    "policy", "budget", "status", "sent",   "ok",    "err",   "out tok",  "TTFT50",
-      "TTFT90", "TTFT99", "TPOT50", "TPOT90", "TPOT99", "tok/s", "req/s", "hit rate", "MB moved"};
+  const std::vector<std::string> header = {"run",     "policy",  "budget",  "status",   "sent",
+                                           "ok",      "err",     "out tok", "TTFT50",   "TTFT90",
+                                           "TTFT99",  "TTFTavg", "TPOT50",  "TPOT90",   "TPOT99",
+                                           "TPOTavg", "tok/s",   "req/s",   "hit rate", "MB moved"};
   std::vector<std::vector<std::string>> rows;
   for (const RunSummary& r : runs) {
     std::vector<std::string> row = {r.name,
@@ -203,7 +213,9 @@ std::string FormatTable(const std::vector<RunSummary>& runs) {
     } else {
       row.push_back(std::to_string(r.output_tokens));
       for (double v : r.ttft_ms) row.push_back(r.ttft_samples > 0 ? Fixed(v, 1) : "-");
+      row.push_back(r.ttft_samples > 0 ? Fixed(r.ttft_mean_ms, 1) : "-");
       for (double v : r.tpot_ms) row.push_back(r.tpot_samples > 0 ? Fixed(v, 1) : "-");
+      row.push_back(r.tpot_samples > 0 ? Fixed(r.tpot_mean_ms, 1) : "-");
       row.push_back(Fixed(r.tokens_per_s, 1));
       row.push_back(Fixed(r.requests_per_s, 2));
       row.push_back(r.hit_rate < 0 ? "-" : Fixed(r.hit_rate, 3));
@@ -231,7 +243,7 @@ std::string FormatTable(const std::vector<RunSummary>& runs) {
   out += rule.substr(0, rule.size() - 2) + "\n";
   for (const auto& row : rows) out += line(row);
   out +=
-      "TTFT/TPOT in ms (p50/p90/p99 of the successful requests); tok/s and req/s over the "
+      "TTFT/TPOT in ms (p50/p90/p99 and mean of the successful requests); tok/s and req/s over the "
       "measured window; hit rate from usage.fmoe_experts.\n";
   for (const RunSummary& r : runs) {
     if (r.failed) out += r.name + ": FAILED: " + r.failure + "\n";
@@ -262,7 +274,7 @@ Status WriteSummaryCsv(const std::string& path, const std::vector<RunSummary>& r
   out << "run,policy,budget,status,requests,ok,errors,prompt_tokens,output_tokens,"
          "requested_tokens,duration_s,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,tpot_p50_ms,"
          "tpot_p90_ms,tpot_p99_ms,output_tokens_per_s,requests_per_s,expert_hits,expert_misses,"
-         "hit_rate,bytes_moved,error\n";
+         "hit_rate,bytes_moved,error,ttft_mean_ms,tpot_mean_ms\n";
   for (const RunSummary& r : runs) {
     const bool data = !r.failed && r.ok > 0;
     auto num = [&](double v, int digits) { return data ? Fixed(v, digits) : std::string(); };
@@ -274,7 +286,9 @@ Status WriteSummaryCsv(const std::string& path, const std::vector<RunSummary>& r
     for (double v : r.tpot_ms) out << ',' << (r.tpot_samples > 0 ? num(v, 3) : "");
     out << ',' << num(r.tokens_per_s, 3) << ',' << num(r.requests_per_s, 4) << ',' << r.expert_hits
         << ',' << r.expert_misses << ',' << (data && r.hit_rate >= 0 ? Fixed(r.hit_rate, 6) : "")
-        << ',' << r.bytes_moved << ',' << CsvField(r.failed ? r.failure : r.first_error) << '\n';
+        << ',' << r.bytes_moved << ',' << CsvField(r.failed ? r.failure : r.first_error) << ','
+        << (r.ttft_samples > 0 ? num(r.ttft_mean_ms, 3) : "") << ','
+        << (r.tpot_samples > 0 ? num(r.tpot_mean_ms, 3) : "") << '\n';
   }
   if (!out) return IoError(path + ": write failed");
   return Status::Ok();

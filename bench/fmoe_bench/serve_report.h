@@ -40,6 +40,8 @@ struct RunSummary {
   double duration_s = 0;
   double ttft_ms[3] = {0, 0, 0};  // p50, p90, p99.
   double tpot_ms[3] = {0, 0, 0};
+  double ttft_mean_ms = 0;
+  double tpot_mean_ms = 0;
   int ttft_samples = 0;  // Requests with a first token.
   int tpot_samples = 0;  // Requests with 2 tokens or more.
   double tokens_per_s = 0;

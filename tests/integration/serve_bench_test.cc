@@ -35,7 +35,7 @@ std::vector<std::string> SplitLines(const std::string& text) {
   return lines;
 }
 
-// Our CSV quotes only the last field (error), and only when needed.
+// Our CSV quotes only the error field, and only when needed.
 std::vector<std::string> SplitCsv(const std::string& line) {
   std::vector<std::string> cells;
   std::string cell;
@@ -192,6 +192,8 @@ TEST(ServeBench, TwoPoliciesAndResidentFromSmallTrace) {
       EXPECT_LE(p90, p99) << metric;
     }
     EXPECT_GT(Num(row, "ttft_p50_ms"), 0);
+    EXPECT_GT(Num(row, "ttft_mean_ms"), 0);
+    EXPECT_GE(Num(row, "tpot_mean_ms"), 0);
     EXPECT_GT(Num(row, "output_tokens_per_s"), 0);
     const double hit_rate = Num(row, "hit_rate");
     EXPECT_GE(hit_rate, 0.0);
