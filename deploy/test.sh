@@ -67,6 +67,7 @@ fmoe_build "$FMOE_ROOT/build-fuzz" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER
   model_config_fuzz make_config_corpus tiktoken_fuzz make_tiktoken_corpus \
   tool_calls_fuzz make_tool_calls_corpus \
   chat_template_fuzz make_template_corpus harmony_fuzz make_harmony_corpus make_curve_key_corpus \
+  think_fuzz make_think_corpus \
   plan_fuzz make_plan_corpus
 fmoe_log "running the fuzz suite (build-fuzz/: libFuzzer+ASan+UBSan, clang)"
 (cd "$FMOE_ROOT/build-fuzz" && ctest --output-on-failure -L fuzz)
