@@ -4,6 +4,9 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string_view>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -540,8 +543,9 @@ class CompletionState {
   size_t finished_ = 0;
 };
 
-// vLLM's include_reasoning (chat): a boolean, absent or null meaning true. Read here from the
-// body ParseRequest accepted (a JSON object), whether or not the model's reasoning is split out.
+// vLLM's include_reasoning (chat): a boolean, absent or null meaning true, accepted whether or
+// not the model's reasoning is split out. Read here from the body ParseRequest accepted, parsed a
+// second time (ParseRequest, in completion_request.cc, is the place for it).
 bool ReadIncludeReasoning(const std::string& body, CompletionRequest* request,
                           HttpResponse* error) {
   const Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
