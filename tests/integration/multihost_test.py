@@ -9,8 +9,9 @@ One manifest text on every host (each host's copy in its own directory, so `run_
 the cluster key beside it are per host); A's launcher writes the cluster key and the test copies
 it to B and C, as docs/DEPLOY.md says. The group is world 4 (cpu ranks, Gloo, rendezvous on B).
 Greedy completions and chat completions, whole and streamed, must give the same text and tokens
-as a world-1 group: a one-host cluster on loopback in namespace A, run first. Then SIGTERM stops
-every launcher, and each must exit 0.
+as a world-1 group: a one-host cluster on loopback in namespace A, run first. Each rank's log
+names B's rendezvous and A's map service, `fmoe status` on each host reports its processes
+healthy and never restarted; then SIGTERM stops every launcher (A first), and each must exit 0.
 
 Needs root, `ip` and network namespaces; otherwise prints "skipped: <why>" and exits 77 (ctest's
 SKIP_RETURN_CODE). Whatever it made (namespaces, the bridge and veths inside them, processes,
@@ -150,7 +151,7 @@ def _setns(fd):
 def socket_in(ns, addr, port, timeout):
     """A TCP connection to addr:port made from inside network namespace `ns` (setns on this
     thread for the socket's creation only; the socket keeps its namespace)."""
-    own = os.open(f"/proc/thread-self/ns/net", os.O_RDONLY)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
         target = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
         try:
@@ -461,6 +462,17 @@ def describe(i):
 # ---------------------------------------------------------------------------------------------
 
 
+def fmoe_status(bin_dir, ns, manifest):
+    """`fmoe status MANIFEST --json` run on host `ns`, parsed."""
+    out = run(["ip", "netns", "exec", ns, os.path.join(bin_dir, "fmoe"), "status", manifest,
+               "--json"], check=False)
+    try:
+        return json.loads(out.stdout.decode("utf-8"))
+    except ValueError:
+        raise Failure(f"fmoe status --json on {ns} printed no JSON (exit {out.returncode}): "
+                      f"{out.stdout[:500]!r} {out.stderr[:500]!r}")
+
+
 def stop_launchers(launchers, problems):
     """SIGTERM to each, together; each must exit 0 within the bound (else SIGKILL)."""
     for la in launchers:
@@ -544,13 +556,18 @@ def run_cluster(bin_dir, source_dir, net, work, launchers, reference):
         wait_until(f"host {la.name}'s launcher saying `fmoe is up (worker ranks only)`",
                    lambda: (all_alive(hosts), "fmoe is up (worker ranks only)" in la.output())[1],
                    READY_TIMEOUT_S)
-    # Each rank joined the group of four through B's rendezvous, from its own host's address.
+    # Each rank joined the group of four through B's rendezvous and registered with A's map
+    # service; rank 0 leads the group at A's router.
     for la, ranks in ((b, (0, 1)), (c, (2, 3))):
         for r in ranks:
             text_r = la.read_log(f"worker-g0-{r}.log")
-            want = f"rank {r}/4: joined through {net.addr['b']}:{RDZV_PORT}"
-            if want not in text_r:
-                raise Failure(f"host {la.name}: worker-g0-{r}.log lacks {want!r}")
+            wants = [f"rank {r}/4: joined through {net.addr['b']}:{RDZV_PORT}",
+                     f"registered with map service tcp://{net.addr['a']}:{MAP_PORT}"]
+            if r == 0:
+                wants.append(f"joined router tcp://{net.addr['a']}:{WORKER_PORT} as leader")
+            for want in wants:
+                if want not in text_r:
+                    raise Failure(f"host {la.name}: worker-g0-{r}.log lacks {want!r}")
     answers = ask_all(net.names["a"], net.addr["a"], HTTP_PORT)
     mismatches = []
     for i, (got, want) in enumerate(zip(answers, reference)):
@@ -561,10 +578,15 @@ def run_cluster(bin_dir, source_dir, net, work, launchers, reference):
     if mismatches:
         raise Failure("world 4 across hosts differs from world 1:\n  " + "\n  ".join(mismatches))
     log(f"{len(answers)} answers equal the world-1 group's text and tokens")
-    restarts = [f"host {la.name}: {p.get('name')} restarted {p.get('restarts')} times"
-                for la in hosts for p in la.status().get("processes", []) if p.get("restarts")]
-    if restarts:
-        raise Failure("; ".join(restarts))
+    # `fmoe status` on each host: its own processes, all healthy, none restarted.
+    for h, la in zip(("a", "b", "c"), hosts):
+        st = fmoe_status(bin_dir, net.names[h], la.manifest)
+        procs = st.get("processes") or []
+        if not st.get("healthy") or not st.get("launcher_alive") or len(procs) != 2:
+            raise Failure(f"host {la.name}: fmoe status: {st}")
+        for p in procs:
+            if p.get("state") != "running" or p.get("restarts") != 0:
+                raise Failure(f"host {la.name}: fmoe status: {p}")
     # Stop: the main host first (the router drains), then B and C together.
     problems = []
     stop_launchers([a], problems)
