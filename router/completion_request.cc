@@ -80,9 +80,71 @@ bool ReadCount(const Json& j, const char* key, uint64_t lo, uint64_t hi, uint64_
   return true;
 }
 
+// An assistant message's tool_calls, as the templates take them: [{id, type: "function",
+// function: {name, arguments}}], arguments an object (a client's JSON text is parsed, as vLLM
+// does, since the templates iterate over it).
+bool ReadToolCalls(const Json& calls, const std::string& at, nlohmann::ordered_json* out,
+                   std::string* problem) {
+  if (!calls.is_array() || calls.size() > kMaxToolCalls) {
+    *problem = at + " must be an array of at most " + std::to_string(kMaxToolCalls) + " calls";
+    return false;
+  }
+  *out = nlohmann::ordered_json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const Json& call = calls[k];
+    const std::string call_at = at + "[" + std::to_string(k) + "]";
+    if (!call.is_object()) {
+      *problem = call_at + " must be an object, not " + JsonTypeName(call);
+      return false;
+    }
+    if (auto type = call.find("type");
+        type != call.end() && !type->is_null() && *type != Json("function")) {
+      *problem = call_at + ".type must be \"function\"";
+      return false;
+    }
+    auto fn = call.find("function");
+    if (fn == call.end() || !fn->is_object()) {
+      *problem = call_at + ".function must be an object {name, arguments}";
+      return false;
+    }
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string() || name->get<std::string>().empty()) {
+      *problem = call_at + ".function.name must be a non-empty string";
+      return false;
+    }
+    nlohmann::ordered_json arguments = nlohmann::ordered_json::object();
+    if (auto args = fn->find("arguments"); args != fn->end() && !args->is_null()) {
+      if (args->is_string()) {
+        arguments = nlohmann::ordered_json::parse(args->get<std::string>(), nullptr, false);
+      } else {
+        arguments = nlohmann::ordered_json::parse(args->dump(), nullptr, false);
+      }
+      if (arguments.is_discarded() || !arguments.is_object()) {
+        *problem = call_at + ".function.arguments must be a JSON object (or its text)";
+        return false;
+      }
+    }
+    nlohmann::ordered_json c = nlohmann::ordered_json::object();
+    if (auto id = call.find("id"); id != call.end() && !id->is_null()) {
+      if (!id->is_string()) {
+        *problem = call_at + ".id must be a string";
+        return false;
+      }
+      c["id"] = id->get<std::string>();
+    }
+    c["type"] = "function";
+    c["function"] = {{"name", name->get<std::string>()}, {"arguments", std::move(arguments)}};
+    out->push_back(std::move(c));
+  }
+  return true;
+}
+
 // The chat messages' text: content as a string, or an array of {"type": "text", "text": ...}
-// parts (joined), or null for an assistant turn without text.
-bool ReadMessages(const Json& messages, std::vector<ChatMessage>* out, HttpResponse* error) {
+// parts (joined), or null for an assistant turn without text. With `rendered`, also the messages
+// as the template takes them with tools (role, content, an assistant's tool_calls, a tool
+// message's tool_call_id and name); *with_tools says whether any message has those.
+bool ReadMessages(const Json& messages, std::vector<ChatMessage>* out, HttpResponse* error,
+                  nlohmann::ordered_json* rendered = nullptr, bool* with_tools = nullptr) {
   auto bad = [&](const std::string& message) {
     *error = BadParam("messages", message);
     return false;
@@ -102,9 +164,9 @@ bool ReadMessages(const Json& messages, std::vector<ChatMessage>* out, HttpRespo
     ChatMessage msg;
     msg.role = role->get<std::string>();
     if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
-        msg.role != "developer") {
+        msg.role != "developer" && msg.role != "tool") {
       return bad(at + ".role '" + msg.role +
-                 "' is not supported (system, developer, user or assistant)");
+                 "' is not supported (system, developer, user, assistant or tool)");
     }
     if (msg.role == "developer") msg.role = "system";
     auto content = m.find("content");
@@ -138,13 +200,31 @@ bool ReadMessages(const Json& messages, std::vector<ChatMessage>* out, HttpRespo
     } else {
       return bad(at + ".content must be a string or an array of text parts");
     }
-    for (const char* unsupported : {"tool_calls", "function_call", "tool_call_id"}) {
-      if (auto it = m.find(unsupported); it != m.end() && !it->is_null()) {
-        *error = BadParam("messages", at + "." + unsupported + " is not supported by this server",
-                          "unsupported_parameter");
-        return false;
-      }
+    if (auto it = m.find("function_call"); it != m.end() && !it->is_null()) {
+      *error = BadParam("messages", at + ".function_call is not supported (use tool_calls)",
+                        "unsupported_parameter");
+      return false;
     }
+    nlohmann::ordered_json r = {{"role", msg.role}, {"content", msg.content}};
+    if (auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+      if (msg.role != "assistant") return bad(at + ".tool_calls is for assistant messages");
+      std::string problem;
+      nlohmann::ordered_json list;
+      if (!ReadToolCalls(*calls, at + ".tool_calls", &list, &problem)) return bad(problem);
+      r["tool_calls"] = std::move(list);
+      if (with_tools != nullptr) *with_tools = true;
+    }
+    for (const char* key : {"tool_call_id", "name"}) {
+      auto it = m.find(key);
+      if (it == m.end() || it->is_null()) continue;
+      if (!it->is_string()) return bad(at + "." + key + " must be a string");
+      if (std::string_view(key) == "tool_call_id" && msg.role != "tool") {
+        return bad(at + ".tool_call_id is for tool messages");
+      }
+      r[key] = it->get<std::string>();
+    }
+    if (msg.role == "tool" && with_tools != nullptr) *with_tools = true;
+    if (rendered != nullptr) rendered->push_back(std::move(r));
     out->push_back(std::move(msg));
   }
   return true;
@@ -263,17 +343,33 @@ HttpResponse BadParam(const std::string& param, const std::string& message,
 
 Result<std::vector<int32_t>> TokenizeChat(const Json& messages, const CompletionsOptions& options,
                                           const Tokenizer& tokenizer, bool add_generation_prompt,
-                                          HttpResponse* error) {
+                                          HttpResponse* error,
+                                          const nlohmann::ordered_json* tools) {
   std::vector<ChatMessage> chat;
-  if (!ReadMessages(messages, &chat, error)) return InvalidArgument("messages");
+  nlohmann::ordered_json rendered = nlohmann::ordered_json::array();
+  bool with_tools = false;
+  if (!ReadMessages(messages, &chat, error, &rendered, &with_tools)) {
+    return InvalidArgument("messages");
+  }
   if (options.chat_template == nullptr) {
     *error =
         BadParam("messages", "this model has no chat template; use /v1/completions with a prompt",
                  "no_chat_template");
     return InvalidArgument("messages");
   }
-  auto text = options.chat_template->Render(chat, options.bos_token, options.eos_token,
-                                            add_generation_prompt);
+  // With tools, or tool calls and results in the history, the template gets them (its own
+  // format for them); otherwise the plain messages.
+  Result<std::string> text =
+      with_tools || tools != nullptr
+          ? options.chat_template->Render(nlohmann::ordered_json{
+                {"messages", std::move(rendered)},
+                {"tools", tools != nullptr ? *tools : nlohmann::ordered_json(nullptr)},
+                {"documents", nullptr},
+                {"bos_token", options.bos_token},
+                {"eos_token", options.eos_token},
+                {"add_generation_prompt", add_generation_prompt}})
+          : options.chat_template->Render(chat, options.bos_token, options.eos_token,
+                                          add_generation_prompt);
   if (!text.ok()) {
     *error = BadParam("messages", text.status().message());
     return InvalidArgument("messages");
@@ -342,18 +438,111 @@ bool ReadResponseFormat(const Json& j, HttpResponse* error) {
   return true;
 }
 
-// Chat: the conversation through the chat template; no tools, no echo.
-bool ReadChatPrompt(const Json& j, const CompletionsOptions& options, const Tokenizer& tokenizer,
-                    CompletionRequest* out, HttpResponse* error) {
-  for (const char* key : {"tools", "tool_choice", "functions", "function_call"}) {
-    auto it = j.find(key);
-    if (it != j.end() && !it->is_null() && !(it->is_array() && it->empty()) &&
-        !(it->is_string() && it->get<std::string>() == "none")) {
+// tools: [{"type": "function", "function": {name, description?, parameters?, strict?}}], kept
+// for the template as given; each tool's argument types (parameters.properties.*.type) go to
+// the parser. tool_choice: "none" (tools rendered, the answer not parsed), "auto" (the default
+// with tools: the answer parsed into calls in the model's format), "required" and a named
+// function need constrained decoding and are refused.
+bool ReadTools(const Json& j, const CompletionsOptions& options, CompletionRequest* out,
+               nlohmann::ordered_json* tools, HttpResponse* error) {
+  auto list = j.find("tools");
+  const bool have = list != j.end() && !list->is_null() && !(list->is_array() && list->empty());
+  if (have) {
+    if (!list->is_array() || list->size() > kMaxTools) {
+      return Refuse(error, BadParam("tools", "'tools' must be an array of at most " +
+                                                 std::to_string(kMaxTools) + " tools"));
+    }
+    *tools = nlohmann::ordered_json::array();
+    for (size_t k = 0; k < list->size(); ++k) {
+      const Json& tool = (*list)[k];
+      const std::string at = "tools[" + std::to_string(k) + "]";
+      auto type = tool.is_object() ? tool.find("type") : tool.end();
+      if (!tool.is_object() || type == tool.end() || *type != Json("function")) {
+        return Refuse(error, BadParam("tools", at + " must be {\"type\": \"function\", "
+                                                    "\"function\": {...}}"));
+      }
+      auto fn = tool.find("function");
+      if (fn == tool.end() || !fn->is_object()) {
+        return Refuse(error, BadParam("tools", at + ".function must be an object"));
+      }
+      auto name = fn->find("name");
+      if (name == fn->end() || !name->is_string() || name->get<std::string>().empty() ||
+          name->get<std::string>().size() > 64) {
+        return Refuse(error,
+                      BadParam("tools", at + ".function.name must be a string of 1 to 64 bytes"));
+      }
+      if (auto d = fn->find("description"); d != fn->end() && !d->is_null() && !d->is_string()) {
+        return Refuse(error, BadParam("tools", at + ".function.description must be a string"));
+      }
+      auto params = fn->find("parameters");
+      if (params != fn->end() && !params->is_null() && !params->is_object()) {
+        return Refuse(error, BadParam("tools", at + ".function.parameters must be an object"));
+      }
+      if (params != fn->end() && params->is_object()) {
+        if (auto props = params->find("properties"); props != params->end() && props->is_object()) {
+          auto& types = out->tool_options.arg_types[name->get<std::string>()];
+          for (auto it = props->begin(); it != props->end(); ++it) {
+            if (it->is_object()) {
+              if (auto t = it->find("type"); t != it->end() && t->is_string()) {
+                types[it.key()] = t->get<std::string>();
+              }
+            }
+          }
+        }
+      }
+      tools->push_back(nlohmann::ordered_json::parse(tool.dump()));
+    }
+  }
+  for (const char* legacy : {"functions", "function_call"}) {
+    if (auto it = j.find(legacy); it != j.end() && !it->is_null()) {
       return Refuse(error,
-                    BadParam(key, std::string("'") + key + "' is not supported by this server",
+                    BadParam(legacy, std::string("'") + legacy + "' is not supported (use tools)",
                              "unsupported_parameter"));
     }
   }
+  std::string choice = have ? "auto" : "none";
+  if (auto tc = j.find("tool_choice"); tc != j.end() && !tc->is_null()) {
+    if (tc->is_string()) {
+      choice = tc->get<std::string>();
+      if (choice != "none" && choice != "auto" && choice != "required") {
+        return Refuse(error, BadParam("tool_choice",
+                                      "'tool_choice' must be \"none\", \"auto\", "
+                                      "\"required\" or a named function"));
+      }
+    } else if (tc->is_object()) {
+      choice = "named";
+    } else {
+      return Refuse(error, BadParam("tool_choice", "'tool_choice' must be a string or an object"));
+    }
+  }
+  if (choice == "none") return true;
+  if (!have) return Refuse(error, BadParam("tool_choice", "'tool_choice' needs 'tools'"));
+  if (choice == "required" || choice == "named") {
+    return Refuse(error, BadParam("tool_choice",
+                                  "tool_choice \"required\" and a named function need "
+                                  "constrained decoding, which this server does not have yet; "
+                                  "use \"auto\"",
+                                  "unsupported_parameter"));
+  }
+  if (options.tool_call_format == ToolCallFormat::kNone) {
+    return Refuse(error, BadParam("tools",
+                                  "this model has no tool-call format this server can parse; "
+                                  "tool_choice \"none\" renders the tools without parsing",
+                                  "unsupported_parameter"));
+  }
+  out->tool_format = options.tool_call_format;
+  out->tool_options.id_seed = RandomId();
+  return true;
+}
+
+// Chat: the conversation (tools included) through the chat template; no echo.
+bool ReadChatPrompt(const Json& j, const CompletionsOptions& options, const Tokenizer& tokenizer,
+                    CompletionRequest* out, HttpResponse* error) {
+  nlohmann::ordered_json tools;
+  if (!ReadTools(j, options, out, &tools, error)) return false;
+  // vLLM's include_reasoning: absent or null means true, accepted whether or not the model's
+  // reasoning is split out.
+  if (!ReadBool(j, "include_reasoning", &out->include_reasoning, error)) return false;
   if (!ReadResponseFormat(j, error)) return false;
   if (auto e = j.find("echo"); e != j.end() && !e->is_null() && !(e->is_boolean() && !*e)) {
     return Refuse(error, BadParam("echo", "'echo' is not supported by chat completions",
@@ -363,7 +552,8 @@ bool ReadChatPrompt(const Json& j, const CompletionsOptions& options, const Toke
   if (messages == j.end() || messages->is_null()) {
     return Refuse(error, BadParam("messages", "you must provide messages", "missing_required"));
   }
-  auto ids = TokenizeChat(*messages, options, tokenizer, /*add_generation_prompt=*/true, error);
+  auto ids = TokenizeChat(*messages, options, tokenizer, /*add_generation_prompt=*/true, error,
+                          tools.is_array() ? &tools : nullptr);
   if (!ids.ok()) return false;
   out->prompts.push_back({std::move(*ids), ""});
   return true;

@@ -15,6 +15,7 @@
 #include "common/text/chat_template.h"
 #include "common/text/think_splitter.h"
 #include "common/text/tokenizer.h"
+#include "common/text/tool_calls.h"
 #include "common/wire/messages.h"
 #include "router/http_server.h"
 
@@ -40,6 +41,10 @@ struct CompletionsOptions {
   // tokens are decoded as their text, the other special tokens still skipped. Not with
   // harmony_channels. Default: none
   std::optional<ThinkStyle> think_style;
+  // How this model writes tool calls (common/text/tool_calls.h; ToolCallFormatFor picks it from
+  // the architecture): chat requests with `tools` and tool_choice auto have their answers parsed
+  // into tool_calls. kNone: such requests are refused (tool_choice none still renders tools).
+  ToolCallFormat tool_call_format = ToolCallFormat::kNone;
 };
 
 enum class RequestKind { kText, kChat };
@@ -47,6 +52,8 @@ enum class RequestKind { kText, kChat };
 inline constexpr uint32_t kMaxChoices = 16;   // n
 inline constexpr size_t kMaxPrompts = 64;     // Completions' batch of prompts; also prompts x n.
 inline constexpr size_t kMaxLogitBias = 300;  // logit_bias entries
+inline constexpr size_t kMaxTools = 128;      // tools
+inline constexpr size_t kMaxToolCalls = 128;  // An assistant message's tool_calls.
 // echo with logprobs: the prompt's logprobs' bytes in their one event (the frame limit is 8 MiB).
 inline constexpr uint64_t kMaxPromptLogprobBytes = 6u << 20;
 
@@ -68,6 +75,10 @@ struct CompletionRequest {
   // Chat (vLLM's include_reasoning): false leaves reasoning_content out (null) where the model's
   // reasoning is split out. Read by Completions::Run. Default: true
   bool include_reasoning = true;
+  // Chat with `tools` and tool_choice auto: the answer is parsed into tool calls in this format
+  // (kNone: not parsed), with the argument types the tools declare.
+  ToolCallFormat tool_format = ToolCallFormat::kNone;
+  ToolCallOptions tool_options;
 };
 
 // Parses a body of `kind`. On error, *error holds the HTTP answer.
@@ -88,10 +99,12 @@ inline Result<CompletionRequest> ParseChatRequest(const std::string& body,
 
 // A chat body's "messages" rendered through the model's template and tokenized (used by the
 // completions and by POST /tokenize). On error, *error holds the HTTP answer.
+// `tools` (may be null): the request's tools, for the template.
 Result<std::vector<int32_t>> TokenizeChat(const nlohmann::json& messages,
                                           const CompletionsOptions& options,
                                           const Tokenizer& tokenizer, bool add_generation_prompt,
-                                          HttpResponse* error);
+                                          HttpResponse* error,
+                                          const nlohmann::ordered_json* tools = nullptr);
 
 // JSON text of an answer; model text is bytes until proven UTF-8, so ill-formed sequences are
 // written as U+FFFD instead of throwing.

@@ -79,6 +79,9 @@ struct Choice {
   StopMatcher stop;
   std::unique_ptr<HarmonySplitter> channels;  // gpt-oss: analysis -> reasoning_content.
   std::unique_ptr<ThinkSplitter> think;       // <think>...</think> -> reasoning_content.
+  std::unique_ptr<ToolCallStream> calls;      // Chat with tools: the answer's tool calls.
+  std::vector<ToolCall> tool_calls;           // Whole answers: the calls so far.
+  size_t calls_seen = 0;                      // Calls reported (finish_reason "tool_calls").
   std::string reasoning;                      // Whole answers: the reasoning so far.
   uint64_t link_id = 0;                       // 0 until submitted.
   bool finished = false;
@@ -113,6 +116,14 @@ class CompletionState {
       }
     }
     include_reasoning_ = request.include_reasoning;
+    if (chat_ && request.tool_format != ToolCallFormat::kNone) {
+      // A format's markers that are special tokens are decoded as their text, as the think
+      // markers are (gpt-oss's text keeps every special token already).
+      for (std::string_view marker : ToolCallMarkers(request.tool_format)) {
+        auto id = tokenizer.TokenToId(marker);
+        if (id && tokenizer.IsSpecial(*id)) special_markers_.emplace_back(*id, marker);
+      }
+    }
     route_ = chat_ ? "/v1/chat/completions" : "/v1/completions";
     id_ = (chat_ ? "chatcmpl-" : "cmpl-") + FingerprintHex(RandomId());
     stream_ = request.stream;
@@ -130,6 +141,12 @@ class CompletionState {
         choices_.push_back(
             std::make_unique<Choice>(tokenizer, request.sampling.stop, harmony_, think_style_));
         choices_.back()->prompt = p;
+        if (request.tool_format != ToolCallFormat::kNone) {
+          ToolCallOptions tool_options = request.tool_options;
+          tool_options.id_seed += choices_.size();  // Each choice its own ids.
+          choices_.back()->calls =
+              std::make_unique<ToolCallStream>(request.tool_format, std::move(tool_options));
+        }
       }
     }
   }
@@ -250,8 +267,11 @@ class CompletionState {
         Emit(i, c.tokens < min_tokens_ ? rest : c.stop.Feed(rest));
         if (!c.stop.stopped()) Emit(i, c.stop.Flush());
       }
-      if (c.splits()) EmitPieces(i, c.FinishSplit());
-      const char* finish = c.stop.stopped() || ev.finish == FinishReason::kStop ? "stop" : "length";
+      if (c.splits() || c.calls != nullptr) Route(i, "", /*final=*/true);
+      // A choice that called tools ends with "tool_calls" (vLLM's), else stop or length.
+      const char* finish = c.calls_seen > 0                                       ? "tool_calls"
+                           : c.stop.stopped() || ev.finish == FinishReason::kStop ? "stop"
+                                                                                  : "length";
       c.finished = true;
       ++finished_;
       CountGeneration(c);
@@ -474,6 +494,16 @@ class CompletionState {
       choice["delta"] = std::move(delta);
     } else {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
+      if (!c.tool_calls.empty()) {
+        Json list = Json::array();
+        for (const ToolCall& t : c.tool_calls) {
+          list.push_back({{"id", t.id},
+                          {"type", "function"},
+                          {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        }
+        choice["message"]["tool_calls"] = std::move(list);
+        if (text.empty()) choice["message"]["content"] = nullptr;  // OpenAI's, with calls only.
+      }
       if (c.splits()) {
         choice["message"]["reasoning_content"] =
             c.reasoning.empty() || !include_reasoning_ ? Json(nullptr) : Json(c.reasoning);
@@ -493,8 +523,8 @@ class CompletionState {
 
   void Emit(size_t i, const std::string& piece) {
     if (piece.empty()) return;
-    if (choices_[i]->splits()) {
-      EmitPieces(i, choices_[i]->Split(piece));
+    if (choices_[i]->splits() || choices_[i]->calls != nullptr) {
+      Route(i, piece, /*final=*/false);
       return;
     }
     if (stream_) {
@@ -502,6 +532,79 @@ class CompletionState {
     } else {
       choices_[i]->out += piece;
     }
+  }
+
+  // A chat choice's text through its parsers (`final`: the answer ended, flush them): gpt-oss's
+  // tool calls come out of the raw harmony text before its channels are split; a reasoning
+  // model's out of the content once the thinking is split off (vLLM's order).
+  void Route(size_t i, std::string_view piece, bool final) {
+    Choice& c = *choices_[i];
+    std::vector<ToolCallDelta> calls;
+    auto parse = [&](std::string_view text) -> std::string {
+      if (c.calls == nullptr) return std::string(text);
+      ToolCallStreamDelta d = c.calls->Feed(text);
+      if (final) {
+        ToolCallStreamDelta rest = c.calls->Finish();
+        d.content += rest.content;
+        for (ToolCallDelta& t : rest.tool_calls) d.tool_calls.push_back(std::move(t));
+      }
+      for (ToolCallDelta& t : d.tool_calls) calls.push_back(std::move(t));
+      return std::move(d.content);
+    };
+    SplitText out;
+    if (c.channels != nullptr) {
+      out = c.Split(parse(piece));
+      if (final) {
+        SplitText rest = c.FinishSplit();
+        out.content += rest.content;
+        out.reasoning += rest.reasoning;
+      }
+    } else if (c.think != nullptr) {
+      out = c.Split(piece);
+      if (final) {
+        SplitText rest = c.FinishSplit();
+        out.content += rest.content;
+        out.reasoning += rest.reasoning;
+      }
+      out.content = parse(out.content);
+    } else {
+      out.content = parse(piece);
+    }
+    EmitPieces(i, std::move(out));
+    EmitCalls(i, std::move(calls));
+  }
+
+  // Tool calls the parser reported: a streamed delta.tool_calls, or the whole answer's list.
+  void EmitCalls(size_t i, std::vector<ToolCallDelta> calls) {
+    if (calls.empty()) return;
+    Choice& c = *choices_[i];
+    c.calls_seen += calls.size();
+    if (!stream_) {
+      for (ToolCallDelta& d : calls) {
+        c.tool_calls.push_back({std::move(d.id), std::move(d.name), std::move(d.arguments)});
+      }
+      return;
+    }
+    Json list = Json::array();
+    for (const ToolCallDelta& d : calls) {
+      list.push_back({{"index", d.index},
+                      {"id", d.id},
+                      {"type", "function"},
+                      {"function", {{"name", d.name}, {"arguments", d.arguments}}}});
+    }
+    Json j = Envelope();
+    Json delta = Json::object();
+    if (!c.role_sent) {
+      delta["role"] = "assistant";
+      delta["content"] = nullptr;
+      c.role_sent = true;
+    }
+    delta["tool_calls"] = std::move(list);
+    j["choices"] = Json::array({{{"index", i},
+                                 {"delta", std::move(delta)},
+                                 {"logprobs", Logprobs(c)},
+                                 {"finish_reason", nullptr}}});
+    Send(j);
   }
 
   // A split answer's text: the reasoning as reasoning_content (unless include_reasoning is
@@ -543,16 +646,6 @@ class CompletionState {
   size_t finished_ = 0;
 };
 
-// vLLM's include_reasoning (chat): a boolean, absent or null meaning true, accepted whether or
-// not the model's reasoning is split out. Read here from the body ParseRequest accepted, parsed a
-// second time (ParseRequest, in completion_request.cc, is the place for it).
-bool ReadIncludeReasoning(const std::string& body, CompletionRequest* request,
-                          HttpResponse* error) {
-  const Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return true;
-  return ReadBool(j, "include_reasoning", &request->include_reasoning, error);
-}
-
 }  // namespace
 
 Completions::Completions(CompletionsOptions options, const Tokenizer& tokenizer, WorkerLink& link,
@@ -573,11 +666,6 @@ void Completions::Run(RequestKind kind, const HttpRequest& request,
   auto parsed = ParseRequest(request.body, options_, tokenizer_, kind, &error);
   const char* route = kind == RequestKind::kChat ? "/v1/chat/completions" : "/v1/completions";
   if (!parsed.ok()) {
-    if (metrics_ != nullptr) metrics_->CountRequest(route, error.status);
-    responder->Respond(std::move(error));
-    return;
-  }
-  if (kind == RequestKind::kChat && !ReadIncludeReasoning(request.body, &*parsed, &error)) {
     if (metrics_ != nullptr) metrics_->CountRequest(route, error.status);
     responder->Respond(std::move(error));
     return;

@@ -138,6 +138,20 @@ int main(int argc, char** argv) {
                : "the model opens the thinking, output without <think> is content",
         model->architecture);
   }
+  // Tool calls: the model family's format (common/text/tool_calls.h); Kimi-K2 shares
+  // DeepSeek-V3's architecture and is told apart by its tokenizer's tool tokens.
+  if (chat_template) {
+    const bool kimi = (*tokenizer)->TokenToId("<|tool_calls_section_begin|>").has_value();
+    completions_options.tool_call_format = ToolCallFormatFor(model->architecture, kimi);
+    spdlog::info("chat tools: {} ({})",
+                 completions_options.tool_call_format == ToolCallFormat::kNone
+                     ? std::string("no tool-call format for this architecture; tool_choice auto "
+                                   "is refused")
+                     : "calls parsed in the " +
+                           std::string(ToolCallFormatName(completions_options.tool_call_format)) +
+                           " format",
+                 model->architecture);
+  }
   RouterMetrics metrics;
   metrics.SetModel(*model, manifest.model.name);
   Completions completions(completions_options, **tokenizer, link, &metrics);

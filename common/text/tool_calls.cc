@@ -512,6 +512,39 @@ const ToolCallSpec& SpecOf(ToolCallFormat format) {
   return Specs()[0];
 }
 
+}  // namespace
+
+std::vector<std::string_view> ToolCallMarkers(ToolCallFormat format) {
+  const ToolCallSpec& spec = SpecOf(format);
+  std::vector<std::string_view> out;
+  for (const auto* list :
+       {&spec.section_begins, &spec.section_ends, &spec.call_begins, &spec.call_ends}) {
+    out.insert(out.end(), list->begin(), list->end());
+  }
+  switch (format) {
+    case ToolCallFormat::kMistral:
+      out.insert(out.end(), {"[ARGS]", "[CALL_ID]"});
+      break;
+    case ToolCallFormat::kDeepSeekV3:
+      out.push_back("<｜tool▁sep｜>");
+      break;
+    case ToolCallFormat::kKimiK2:
+      out.push_back("<|tool_call_argument_begin|>");
+      break;
+    case ToolCallFormat::kGlm45:
+      out.insert(out.end(), {"<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"});
+      break;
+    case ToolCallFormat::kGptOss:
+      out.insert(out.end(), {"<|message|>", "<|constrain|>", "<|call|>", "<|end|>", "<|return|>"});
+      break;
+    default:
+      break;
+  }
+  return out;
+}
+
+namespace {
+
 // The length of the longest suffix of `text` that is a proper prefix of one of `markers`.
 size_t HeldBack(std::string_view text, const std::vector<std::string_view>& markers) {
   size_t best = 0;

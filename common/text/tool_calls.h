@@ -61,6 +61,12 @@ std::string_view ToolCallFormatName(ToolCallFormat format);
 // minimax_m2; kNone for the others.
 ToolCallFormat ToolCallFormatFor(std::string_view architecture, bool kimi_tokenizer = false);
 
+// Every marker a format's calls are written with (section and call delimiters, and the ones
+// inside a call: DeepSeek's tool separator, Mistral's [ARGS], Kimi's argument begin, GLM's argument
+// tags, harmony's headers). A caller that decodes with special tokens skipped must keep these as
+// text for the parser to see them.
+std::vector<std::string_view> ToolCallMarkers(ToolCallFormat format);
+
 struct ToolCallOptions {
   // Seeds the generated call ids ("call_" and 24 alphanumerics; Mistral's templates require 9
   // alphanumerics). Give each request its own so that ids differ across turns. Kimi-K2's calls

@@ -599,5 +599,210 @@ TEST_F(ThinkCompletionsTest, IncludeReasoningFalseDropsIt) {
   EXPECT_NE(bad->body().find("include_reasoning"), std::string::npos) << bad->body();
 }
 
+// Tool calling in chat (tools, tool_choice): the request's tools and the history's calls and
+// results go through the model's own template (Qwen3's here), and the answer is parsed into
+// tool_calls in the model's format (hermes), whole and streamed, after the thinking is split
+// off; finish_reason "tool_calls". What needs constrained decoding is refused by name.
+class ToolCompletionsTest : public ::testing::Test {
+ protected:
+  void Start(ToolCallFormat format, bool think) {
+    auto loaded = Tokenizer::Load(FMOE_SOURCE_DIR "/tests/fixtures/qwen3-moe-ref");
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    tokenizer_ = std::move(*loaded);
+    CompletionsOptions options;
+    options.model_name = "qwen3";
+    options.context_length = 1024;
+    options.tool_call_format = format;
+    if (think) options.think_style = ThinkStyle::kOpensThinking;
+    std::ifstream in(FMOE_SOURCE_DIR "/tests/fixtures/chat_templates/qwen3_30b_a3b.json");
+    const Json fixture = Json::parse(in);
+    auto compiled = ChatTemplate::Compile(fixture["template"].get<std::string>());
+    ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+    template_.emplace(std::move(*compiled));
+    options.chat_template = &*template_;
+    completions_ = std::make_unique<Completions>(options, *tokenizer_, *link_);
+    leader_ = std::make_unique<FakeLeader>(link_.endpoint(), "g0", 0, 1);
+    ASSERT_TRUE(leader_->Join());
+    ASSERT_TRUE(WaitUntil([&] { return link_.Alive("g0", 1); }));
+  }
+
+  static Json Tools() {
+    return Json::array({{{"type", "function"},
+                         {"function",
+                          {{"name", "get_weather"},
+                           {"description", "The weather in a city"},
+                           {"parameters",
+                            {{"type", "object"},
+                             {"properties", {{"city", {{"type", "string"}}}}},
+                             {"required", {"city"}}}}}}}});
+  }
+
+  // The model's output `text` as the leader's tokens, then stop. `prompt` receives the prompt
+  // the router rendered.
+  std::shared_ptr<Recorder> Run(Json body, const std::string& text, std::string* prompt = nullptr) {
+    body["model"] = "qwen3";
+    if (!body.contains("messages")) {
+      body["messages"] = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
+    }
+    body["max_tokens"] = 128;
+    auto rec = std::make_shared<Recorder>();
+    HttpRequest req;
+    req.method = "POST";
+    req.path = req.target = "/v1/chat/completions";
+    req.body = body.dump();
+    completions_->HandleChat(req, rec);
+    if (rec->done()) return rec;  // Refused.
+    auto gen = leader_->Next<Generate>();
+    EXPECT_TRUE(gen);
+    if (!gen) return rec;
+    if (prompt != nullptr) *prompt = tokenizer_->Decode(gen->token_ids, false);
+    auto ids = tokenizer_->Encode(text, /*add_special_tokens=*/false);
+    EXPECT_TRUE(ids.ok());
+    for (size_t i = 0; ids.ok() && i < ids->size(); ++i) {
+      TokenEvent ev = Token(gen->request_id, (*ids)[i]);
+      ev.index = static_cast<uint32_t>(i);
+      leader_->Send(ev);
+    }
+    leader_->Send(Token(gen->request_id, -1, FinishReason::kStop));
+    EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
+    return rec;
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::optional<ChatTemplate> template_;
+  Link link_;
+  std::unique_ptr<Completions> completions_;
+  std::unique_ptr<FakeLeader> leader_;
+};
+
+const char kCallAnswer[] =
+    "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+    "\"Paris\"}}\n</tool_call>";
+
+TEST_F(ToolCompletionsTest, WholeAnswersCarryToolCalls) {
+  Start(ToolCallFormat::kHermes, /*think=*/false);
+  std::string prompt;
+  auto rec = Run({{"tools", Tools()}}, kCallAnswer, &prompt);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  EXPECT_NE(prompt.find("<tools>"), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("\"get_weather\""), std::string::npos) << prompt;
+  const Json choice = Json::parse(rec->body())["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  const Json& message = choice["message"];
+  EXPECT_EQ(message["content"], "Let me check.\n") << message;
+  ASSERT_EQ(message["tool_calls"].size(), 1u) << message;
+  const Json& call = message["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_TRUE(call["id"].get<std::string>().starts_with("call_")) << call;
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(Json::parse(call["function"]["arguments"].get<std::string>()),
+            Json({{"city", "Paris"}}));
+  // Without a call the answer is plain content and stops as usual.
+  rec = Run({{"tools", Tools()}}, "It is sunny.");
+  const Json plain = Json::parse(rec->body())["choices"][0];
+  EXPECT_EQ(plain["finish_reason"], "stop");
+  EXPECT_EQ(plain["message"]["content"], "It is sunny.");
+  EXPECT_FALSE(plain["message"].contains("tool_calls")) << plain;
+}
+
+TEST_F(ToolCompletionsTest, StreamsCarryToolCallDeltas) {
+  Start(ToolCallFormat::kHermes, /*think=*/false);
+  auto rec = Run({{"tools", Tools()}, {"stream", true}}, kCallAnswer);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  std::string content, arguments, name, finish;
+  size_t call_deltas = 0;
+  for (const std::string& e : DataEvents(rec->body())) {
+    if (e == "[DONE]") continue;
+    const Json j = Json::parse(e);
+    const Json& c = j["choices"][0];
+    if (c["finish_reason"].is_string()) finish = c["finish_reason"];
+    const Json& delta = c["delta"];
+    if (delta.contains("content") && delta["content"].is_string()) content += delta["content"];
+    if (!delta.contains("tool_calls")) continue;
+    for (const Json& t : delta["tool_calls"]) {
+      ++call_deltas;
+      EXPECT_EQ(t["index"], 0);
+      if (t["function"].contains("name")) name += t["function"]["name"].get<std::string>();
+      arguments += t["function"]["arguments"].get<std::string>();
+    }
+  }
+  EXPECT_EQ(content, "Let me check.\n");
+  EXPECT_EQ(call_deltas, 1u);
+  EXPECT_EQ(name, "get_weather");
+  EXPECT_EQ(Json::parse(arguments), Json({{"city", "Paris"}}));
+  EXPECT_EQ(finish, "tool_calls");
+  EXPECT_EQ(rec->body().find("<tool_call>"), std::string::npos) << rec->body();
+}
+
+TEST_F(ToolCompletionsTest, ThinkingIsSplitOffBeforeCallsAreParsed) {
+  Start(ToolCallFormat::kHermes, /*think=*/true);
+  auto rec = Run({{"tools", Tools()}}, std::string("<think>Call it.</think>") + kCallAnswer);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  const Json body = Json::parse(rec->body());
+  const Json& message = body["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], "Call it.") << message;
+  ASSERT_EQ(message["tool_calls"].size(), 1u) << message;
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_weather");
+}
+
+TEST_F(ToolCompletionsTest, HistoryWithCallsAndResultsRendersThroughTheTemplate) {
+  Start(ToolCallFormat::kHermes, /*think=*/false);
+  const Json messages = {
+      {{"role", "user"}, {"content", "Weather in Paris?"}},
+      {{"role", "assistant"},
+       {"content", nullptr},
+       {"tool_calls",
+        {{{"id", "call_1"},
+          {"type", "function"},
+          {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}}}}},
+      {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "{\"temp\": 22}"}}};
+  std::string prompt;
+  auto rec = Run({{"tools", Tools()}, {"messages", messages}}, "It is 22.", &prompt);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  EXPECT_NE(prompt.find("<tool_response>\n{\"temp\": 22}\n</tool_response>"), std::string::npos)
+      << prompt;
+  EXPECT_NE(prompt.find("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"),
+            std::string::npos)
+      << prompt;
+}
+
+TEST_F(ToolCompletionsTest, ToolChoiceNoneRequiredAndBadToolsAreHandledByName) {
+  Start(ToolCallFormat::kHermes, /*think=*/false);
+  // none: the tools are rendered, the answer is not parsed.
+  auto rec = Run({{"tools", Tools()}, {"tool_choice", "none"}}, kCallAnswer);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  const Json none = Json::parse(rec->body())["choices"][0];
+  EXPECT_EQ(none["finish_reason"], "stop");
+  EXPECT_NE(none["message"]["content"].get<std::string>().find("<tool_call>"), std::string::npos);
+  for (const Json& choice :
+       {Json("required"), Json({{"type", "function"}, {"function", {{"name", "get_weather"}}}})}) {
+    rec = Run({{"tools", Tools()}, {"tool_choice", choice}}, "");
+    EXPECT_EQ(rec->status(), 400) << rec->body();
+    EXPECT_EQ(Json::parse(rec->body())["error"]["param"], "tool_choice") << rec->body();
+  }
+  rec = Run({{"tools", Json::array({{{"type", "function"}, {"function", {{"name", 7}}}}})}}, "");
+  EXPECT_EQ(rec->status(), 400) << rec->body();
+  EXPECT_EQ(Json::parse(rec->body())["error"]["param"], "tools") << rec->body();
+  rec = Run({{"tool_choice", "auto"}}, "");
+  EXPECT_EQ(rec->status(), 400) << "tool_choice without tools: " << rec->body();
+  const Json bad_call = {
+      {{"role", "assistant"},
+       {"tool_calls", {{{"function", {{"name", "f"}, {"arguments", "{oops"}}}}}}},
+      {{"role", "user"}, {"content", "x"}}};
+  rec = Run({{"messages", bad_call}}, "");
+  EXPECT_EQ(rec->status(), 400) << rec->body();
+  EXPECT_NE(rec->body().find("messages[0].tool_calls[0].function.arguments"), std::string::npos)
+      << rec->body();
+}
+
+TEST_F(ToolCompletionsTest, AModelWithoutAFormatRefusesAutoButRendersNone) {
+  Start(ToolCallFormat::kNone, /*think=*/false);
+  auto rec = Run({{"tools", Tools()}}, "");
+  EXPECT_EQ(rec->status(), 400) << rec->body();
+  EXPECT_EQ(Json::parse(rec->body())["error"]["param"], "tools") << rec->body();
+  rec = Run({{"tools", Tools()}, {"tool_choice", "none"}}, "Sunny.");
+  EXPECT_EQ(rec->status(), 200) << rec->body();
+}
+
 }  // namespace
 }  // namespace fmoe
