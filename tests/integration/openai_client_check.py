@@ -53,6 +53,33 @@ def main() -> int:
             deltas.append(choice.delta.content or "")
     assert "".join(deltas) == chat.choices[0].message.content, (deltas, chat)
 
+    # Tools: the client's tools, a history with a call and its result, streamed too; the tiny
+    # model writes no calls, so the answers are text, in the shapes the client parses.
+    assert client.models.retrieve(model).id == model
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "22 C and sunny"}]
+    with_tools = client.chat.completions.create(model=model, max_tokens=6, temperature=0,
+                                                tools=tools, messages=history)
+    assert with_tools.choices[0].finish_reason in ("stop", "length", "tool_calls"), with_tools
+    streamed_tools = list(client.chat.completions.create(
+        model=model, max_tokens=6, temperature=0, tools=tools, tool_choice="auto", stream=True,
+        messages=history))
+    text = "".join(c.choices[0].delta.content or "" for c in streamed_tools if c.choices)
+    assert text == (with_tools.choices[0].message.content or ""), (text, with_tools)
+    try:
+        client.chat.completions.create(model=model, max_tokens=4, tools=tools,
+                                       tool_choice="required", messages=history)
+        raise AssertionError("tool_choice required was accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and "tool_choice" in str(e), e
+
     # n: independent choices; with a seed, choice i is the request with seed + i.
     many = client.completions.create(model=model, prompt="In the beginning", max_tokens=6,
                                      temperature=1.5, seed=11, n=2)
