@@ -104,7 +104,7 @@ constexpr std::string_view kModelPrefix = "/v1/models/";
 bool IsKnownRoute(const std::string& path) {
   return path == "/health" || path == "/metrics" || path == "/v1/models" ||
          path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
-         path == "/detokenize" || path == "/version" || path == "/ping";
+         path == "/detokenize" || path == "/version" || path == "/ping" || path == "/v1/messages";
 }
 
 }  // namespace
@@ -122,14 +122,19 @@ bool RouterApi::Authorized(const HttpRequest& request) const {
   if (options_.api_keys.empty() || request.path == "/health" || request.path == "/ping") {
     return true;
   }
-  auto it = request.headers.find("authorization");
-  if (it == request.headers.end()) return false;
-  const std::string& value = it->second;
-  constexpr std::string_view kBearer = "Bearer ";
-  if (value.size() < kBearer.size() || value.compare(0, kBearer.size(), kBearer) != 0) {
+  std::string_view given;
+  if (auto it = request.headers.find("authorization"); it != request.headers.end()) {
+    const std::string& value = it->second;
+    constexpr std::string_view kBearer = "Bearer ";
+    if (value.size() < kBearer.size() || value.compare(0, kBearer.size(), kBearer) != 0) {
+      return false;
+    }
+    given = std::string_view(value).substr(kBearer.size());
+  } else if (auto key = request.headers.find("x-api-key"); key != request.headers.end()) {
+    given = key->second;  // Anthropic's clients send the key so.
+  } else {
     return false;
   }
-  const std::string_view given = std::string_view(value).substr(kBearer.size());
   // Every key is compared over its whole length whatever matches: the time says nothing about
   // which bytes were right.
   bool any = false;
@@ -214,6 +219,9 @@ void RouterApi::Route(const HttpRequest& request, const std::string& route,
     if (request.path == "/v1/chat/completions") {
       return completions_->HandleChat(request, std::move(responder));
     }
+    if (request.path == "/v1/messages") {
+      return completions_->HandleMessages(request, std::move(responder));
+    }
   }
   HttpResponse res = HandleNow(request);
   if (metrics_ != nullptr) metrics_->CountRequest(route, res.status);
@@ -221,7 +229,8 @@ void RouterApi::Route(const HttpRequest& request, const std::string& route,
 }
 
 HttpResponse RouterApi::HandleNow(const HttpRequest& request) const {
-  if (request.path == "/v1/completions" || request.path == "/v1/chat/completions") {
+  if (request.path == "/v1/completions" || request.path == "/v1/chat/completions" ||
+      request.path == "/v1/messages") {
     if (request.method != "POST") return MethodNotAllowed(request, "POST");
     return ApiError(503, "this router serves no model", "service_unavailable", "", "");
   }

@@ -80,6 +80,7 @@ bool ReadCount(const Json& j, const char* key, uint64_t lo, uint64_t hi, uint64_
   return true;
 }
 
+
 // An assistant message's tool_calls, as the templates take them: [{id, type: "function",
 // function: {name, arguments}}], arguments an object (a client's JSON text is parsed, as vLLM
 // does, since the templates iterate over it).
@@ -114,7 +115,18 @@ bool ReadToolCalls(const Json& calls, const std::string& at, nlohmann::ordered_j
     }
     nlohmann::ordered_json arguments = nlohmann::ordered_json::object();
     if (auto args = fn->find("arguments"); args != fn->end() && !args->is_null()) {
+      if (!args->is_string() && JsonDepth(*args) > kMaxToolJsonDepth) {
+        *problem =
+            call_at + ".function.arguments nests deeper than " + std::to_string(kMaxToolJsonDepth);
+        return false;
+      }
       if (args->is_string()) {
+        const Json parsed = Json::parse(args->get<std::string>(), nullptr, false);
+        if (!parsed.is_discarded() && JsonDepth(parsed) > kMaxToolJsonDepth) {
+          *problem = call_at + ".function.arguments nests deeper than " +
+                     std::to_string(kMaxToolJsonDepth);
+          return false;
+        }
         arguments = nlohmann::ordered_json::parse(args->get<std::string>(), nullptr, false);
       } else {
         arguments = nlohmann::ordered_json::parse(args->dump(), nullptr, false);
@@ -341,6 +353,19 @@ HttpResponse BadParam(const std::string& param, const std::string& message,
   return ApiError(400, message, "invalid_request_error", param, code);
 }
 
+size_t JsonDepth(const Json& value) {
+  size_t deepest = 0;
+  std::vector<std::pair<const Json*, size_t>> todo = {{&value, 0}};
+  while (!todo.empty()) {
+    auto [v, depth] = todo.back();
+    todo.pop_back();
+    if (!v->is_structured()) continue;
+    deepest = std::max(deepest, depth + 1);
+    for (const Json& child : *v) todo.emplace_back(&child, depth + 1);
+  }
+  return deepest;
+}
+
 Result<std::vector<int32_t>> TokenizeChat(const Json& messages, const CompletionsOptions& options,
                                           const Tokenizer& tokenizer, bool add_generation_prompt,
                                           HttpResponse* error,
@@ -456,6 +481,10 @@ bool ReadTools(const Json& j, const CompletionsOptions& options, CompletionReque
     for (size_t k = 0; k < list->size(); ++k) {
       const Json& tool = (*list)[k];
       const std::string at = "tools[" + std::to_string(k) + "]";
+      if (JsonDepth(tool) > kMaxToolJsonDepth) {
+        return Refuse(error, BadParam("tools", at + " nests deeper than " +
+                                                   std::to_string(kMaxToolJsonDepth)));
+      }
       auto type = tool.is_object() ? tool.find("type") : tool.end();
       if (!tool.is_object() || type == tool.end() || *type != Json("function")) {
         return Refuse(error, BadParam("tools", at + " must be {\"type\": \"function\", "

@@ -53,6 +53,9 @@ inline constexpr uint32_t kMaxChoices = 16;   // n
 inline constexpr size_t kMaxPrompts = 64;     // Completions' batch of prompts; also prompts x n.
 inline constexpr size_t kMaxLogitBias = 300;  // logit_bias entries
 inline constexpr size_t kMaxTools = 128;      // tools
+// Nesting of a tool's definition or a call's arguments (they are copied and written out by
+// recursive code, which a value nested a hundred thousand deep would overflow).
+inline constexpr size_t kMaxToolJsonDepth = 64;
 inline constexpr size_t kMaxToolCalls = 128;  // An assistant message's tool_calls.
 // echo with logprobs: the prompt's logprobs' bytes in their one event (the frame limit is 8 MiB).
 inline constexpr uint64_t kMaxPromptLogprobBytes = 6u << 20;
@@ -105,6 +108,9 @@ Result<std::vector<int32_t>> TokenizeChat(const nlohmann::json& messages,
                                           const Tokenizer& tokenizer, bool add_generation_prompt,
                                           HttpResponse* error,
                                           const nlohmann::ordered_json* tools = nullptr);
+
+// How deep `value` nests (a scalar: 0), counted without recursion.
+size_t JsonDepth(const nlohmann::json& value);
 
 // JSON text of an answer; model text is bytes until proven UTF-8, so ill-formed sequences are
 // written as U+FFFD instead of throwing.

@@ -16,6 +16,7 @@
 #include "common/text/harmony.h"
 #include "common/text/think_splitter.h"
 #include "common/text/unicode.h"
+#include "router/anthropic.h"
 
 namespace fmoe {
 namespace {
@@ -102,9 +103,11 @@ struct Choice {
 // One request's rendering state; the link thread feeds it events of its choices.
 class CompletionState {
  public:
+  // `messages`: a Messages API request (router/anthropic.h): its answer shapes.
   CompletionState(const Tokenizer& tokenizer, WorkerLink& link, RouterMetrics* metrics,
-                  const CompletionRequest& request, const CompletionsOptions& options)
-      : tokenizer_(tokenizer), link_(link), metrics_(metrics) {
+                  const CompletionRequest& request, const CompletionsOptions& options,
+                  bool messages = false)
+      : tokenizer_(tokenizer), link_(link), metrics_(metrics), messages_(messages) {
     chat_ = request.kind == RequestKind::kChat;
     harmony_ = chat_ && options.harmony_channels;
     if (chat_ && !harmony_ && options.think_style) {
@@ -124,8 +127,8 @@ class CompletionState {
         if (id && tokenizer.IsSpecial(*id)) special_markers_.emplace_back(*id, marker);
       }
     }
-    route_ = chat_ ? "/v1/chat/completions" : "/v1/completions";
-    id_ = (chat_ ? "chatcmpl-" : "cmpl-") + FingerprintHex(RandomId());
+    route_ = messages_ ? "/v1/messages" : chat_ ? "/v1/chat/completions" : "/v1/completions";
+    id_ = (messages_ ? "msg_" : chat_ ? "chatcmpl-" : "cmpl-") + FingerprintHex(RandomId());
     stream_ = request.stream;
     include_usage_ = request.include_usage;
     for (const PromptInput& p : request.prompts) {
@@ -166,6 +169,20 @@ class CompletionState {
   void BeginStream() {
     Count(200);
     responder->BeginStream(200, "text/event-stream");
+    if (messages_) {
+      SendEvent("message_start",
+                {{"type", "message_start"},
+                 {"message",
+                  {{"id", id_},
+                   {"type", "message"},
+                   {"role", "assistant"},
+                   {"model", model},
+                   {"content", Json::array()},
+                   {"stop_reason", nullptr},
+                   {"stop_sequence", nullptr},
+                   {"usage", {{"input_tokens", prompt_tokens_}, {"output_tokens", 0}}}}}});
+      return;
+    }
     // With the prompt's logprobs, each choice's echo waits for its first event, which has them.
     if (prompt_logprobs_) return;
     for (size_t i = 0; i < choices_.size(); ++i) {
@@ -190,9 +207,14 @@ class CompletionState {
       if (c->link_id != 0 && !c->finished) link_.Cancel(c->link_id);
     }
     Count(err.status);
+    if (messages_) err = MessagesError(err);
     if (stream_ && responder_streaming_) {
-      responder->Write("data: " + err.body + "\n\n");
-      responder->Write("data: [DONE]\n\n");
+      if (messages_) {
+        responder->Write("event: error\ndata: " + err.body + "\n\n");
+      } else {
+        responder->Write("data: " + err.body + "\n\n");
+        responder->Write("data: [DONE]\n\n");
+      }
       responder->End();
     } else {
       responder->Respond(std::move(err));
@@ -275,8 +297,9 @@ class CompletionState {
       c.finished = true;
       ++finished_;
       CountGeneration(c);
-      if (stream_) Send(Chunk(i, "", finish, true));
+      if (stream_ && !messages_) Send(Chunk(i, "", finish, true));
       finish_[i] = finish;
+      if (c.stop.stopped()) stop_sequence_ = c.stop.matched();
       if (finished_ == choices_.size()) Complete();
       return;
     }
@@ -319,6 +342,7 @@ class CompletionState {
       metrics_->CountFinished(
           {route_, prompt_tokens_, completion, Ms(Clock::now() - arrived_).count(), queue_ms});
     }
+    if (messages_) return CompleteMessages(completion);
     if (stream_) {
       if (include_usage_) {
         Json u = Envelope();
@@ -527,7 +551,9 @@ class CompletionState {
       Route(i, piece, /*final=*/false);
       return;
     }
-    if (stream_) {
+    if (stream_ && messages_) {
+      BlockDelta("text", piece);
+    } else if (stream_) {
       Send(Chunk(i, piece, nullptr, true));
     } else {
       choices_[i]->out += piece;
@@ -585,6 +611,24 @@ class CompletionState {
       }
       return;
     }
+    if (messages_) {
+      for (const ToolCallDelta& d : calls) {
+        CloseBlock();
+        const int index = ++block_index_;
+        SendEvent(
+            "content_block_start",
+            {{"type", "content_block_start"},
+             {"index", index},
+             {"content_block",
+              {{"type", "tool_use"}, {"id", d.id}, {"name", d.name}, {"input", Json::object()}}}});
+        SendEvent("content_block_delta",
+                  {{"type", "content_block_delta"},
+                   {"index", index},
+                   {"delta", {{"type", "input_json_delta"}, {"partial_json", d.arguments}}}});
+        SendEvent("content_block_stop", {{"type", "content_block_stop"}, {"index", index}});
+      }
+      return;
+    }
     Json list = Json::array();
     for (const ToolCallDelta& d : calls) {
       list.push_back({{"index", d.index},
@@ -612,7 +656,10 @@ class CompletionState {
   void EmitPieces(size_t i, SplitText p) {
     if (!include_reasoning_) p.reasoning.clear();
     if (p.content.empty() && p.reasoning.empty()) return;
-    if (stream_) {
+    if (stream_ && messages_) {
+      BlockDelta("thinking", p.reasoning);
+      BlockDelta("text", p.content);
+    } else if (stream_) {
       Send(Chunk(i, p.content, nullptr, true, p.reasoning));
     } else {
       choices_[i]->out += p.content;
@@ -620,9 +667,81 @@ class CompletionState {
     }
   }
 
+  // ---- Messages API (router/anthropic.h): one choice, content blocks ----
+  void SendEvent(const char* type, const Json& data) {
+    responder->Write(std::string("event: ") + type + "\ndata: " + JsonText(data) + "\n\n");
+  }
+  // Streamed text of a block kind ("text" or "thinking"): a new block when another is open.
+  void BlockDelta(const char* kind, const std::string& text) {
+    if (text.empty()) return;
+    if (open_block_ != kind) {
+      CloseBlock();
+      open_block_ = kind;
+      Json block = {{"type", kind}, {kind, ""}};
+      if (open_block_ == "thinking") block["signature"] = "";
+      SendEvent("content_block_start", {{"type", "content_block_start"},
+                                        {"index", ++block_index_},
+                                        {"content_block", std::move(block)}});
+    }
+    const bool thinking = open_block_ == "thinking";
+    SendEvent("content_block_delta",
+              {{"type", "content_block_delta"},
+               {"index", block_index_},
+               {"delta", {{"type", thinking ? "thinking_delta" : "text_delta"}, {kind, text}}}});
+  }
+  void CloseBlock() {
+    if (open_block_.empty()) return;
+    SendEvent("content_block_stop", {{"type", "content_block_stop"}, {"index", block_index_}});
+    open_block_.clear();
+  }
+  // The answer's end: the stream's last events, or the whole message.
+  void CompleteMessages(uint32_t completion) {
+    const std::string stop_reason = MessagesStopReason(finish_[0], !stop_sequence_.empty());
+    const Json stop_sequence = stop_sequence_.empty() ? Json(nullptr) : Json(stop_sequence_);
+    if (stream_) {
+      CloseBlock();
+      SendEvent("message_delta",
+                {{"type", "message_delta"},
+                 {"delta", {{"stop_reason", stop_reason}, {"stop_sequence", stop_sequence}}},
+                 {"usage", {{"output_tokens", completion}}}});
+      SendEvent("message_stop", {{"type", "message_stop"}});
+      responder->End();
+      return;
+    }
+    const Choice& c = *choices_[0];
+    Json content = Json::array();
+    if (!c.reasoning.empty() && include_reasoning_) {
+      content.push_back({{"type", "thinking"}, {"thinking", c.reasoning}, {"signature", ""}});
+    }
+    if (!c.out.empty()) content.push_back({{"type", "text"}, {"text", c.out}});
+    for (const ToolCall& t : c.tool_calls) {
+      Json input = Json::parse(t.arguments, nullptr, /*allow_exceptions=*/false);
+      content.push_back({{"type", "tool_use"},
+                         {"id", t.id},
+                         {"name", t.name},
+                         {"input", input.is_object() ? input : Json::object()}});
+    }
+    HttpResponse res;
+    res.body =
+        JsonText({{"id", id_},
+                  {"type", "message"},
+                  {"role", "assistant"},
+                  {"model", model},
+                  {"content", std::move(content)},
+                  {"stop_reason", stop_reason},
+                  {"stop_sequence", stop_sequence},
+                  {"usage", {{"input_tokens", prompt_tokens_}, {"output_tokens", completion}}}});
+    Count(200);
+    responder->Respond(std::move(res));
+  }
+
   const Tokenizer& tokenizer_;
   WorkerLink& link_;
   RouterMetrics* metrics_;
+  bool messages_ = false;      // A Messages API request.
+  std::string open_block_;     // Messages streams: the open block's kind ("" = none).
+  int block_index_ = -1;       // Messages streams: the last block's index.
+  std::string stop_sequence_;  // The stop string that ended the answer ("" = none).
   const char* route_ = "/v1/completions";
   std::string id_;
   int64_t created_ = 0;
@@ -660,17 +779,42 @@ void Completions::HandleChat(const HttpRequest& request, std::shared_ptr<HttpRes
   Run(RequestKind::kChat, request, std::move(responder));
 }
 
+void Completions::HandleMessages(const HttpRequest& request,
+                                 std::shared_ptr<HttpResponder> responder) {
+  Run(RequestKind::kChat, request, std::move(responder), /*messages=*/true);
+}
+
 void Completions::Run(RequestKind kind, const HttpRequest& request,
-                      std::shared_ptr<HttpResponder> responder) {
+                      std::shared_ptr<HttpResponder> responder, bool messages) {
   HttpResponse error;
-  auto parsed = ParseRequest(request.body, options_, tokenizer_, kind, &error);
-  const char* route = kind == RequestKind::kChat ? "/v1/chat/completions" : "/v1/completions";
-  if (!parsed.ok()) {
-    if (metrics_ != nullptr) metrics_->CountRequest(route, error.status);
-    responder->Respond(std::move(error));
-    return;
+  const char* route = messages                     ? "/v1/messages"
+                      : kind == RequestKind::kChat ? "/v1/chat/completions"
+                                                   : "/v1/completions";
+  auto refuse = [&](HttpResponse res) {
+    if (metrics_ != nullptr) metrics_->CountRequest(route, res.status);
+    responder->Respond(messages ? MessagesError(res) : std::move(res));
+  };
+  std::string body = request.body;
+  if (messages) {
+    const Json j = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      return refuse(ApiError(400, "the request body is not valid JSON", "invalid_request_error", "",
+                             "invalid_json"));
+    }
+    // The translation copies and writes the body out with recursive code: bound its nesting.
+    if (JsonDepth(j) > 2 * kMaxToolJsonDepth) {
+      return refuse(ApiError(
+          400, "the request nests deeper than " + std::to_string(2 * kMaxToolJsonDepth) + " levels",
+          "invalid_request_error", "", "invalid_value"));
+    }
+    auto chat = MessagesToChat(j, &error);
+    if (!chat.ok()) return refuse(std::move(error));
+    body = JsonText(*chat);
   }
-  auto state = std::make_shared<CompletionState>(tokenizer_, link_, metrics_, *parsed, options_);
+  auto parsed = ParseRequest(body, options_, tokenizer_, kind, &error);
+  if (!parsed.ok()) return refuse(std::move(error));
+  auto state =
+      std::make_shared<CompletionState>(tokenizer_, link_, metrics_, *parsed, options_, messages);
   state->responder = responder;
   state->model = options_.model_name;
   // Headers first for a stream, so the client sees it start; under the state's lock so no

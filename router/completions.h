@@ -30,11 +30,15 @@ class Completions {
               RouterMetrics* metrics = nullptr);
   void Handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   void HandleChat(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  // Anthropic's Messages API (router/anthropic.h): a chat completion in the Messages shapes.
+  void HandleMessages(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   const CompletionsOptions& options() const { return options_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
 
  private:
-  void Run(RequestKind kind, const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  // `messages`: the body is a Messages request, translated to chat; answers in its shapes.
+  void Run(RequestKind kind, const HttpRequest& request, std::shared_ptr<HttpResponder> responder,
+           bool messages = false);
 
   CompletionsOptions options_;
   const Tokenizer& tokenizer_;

@@ -668,6 +668,52 @@ class ToolCompletionsTest : public ::testing::Test {
     return rec;
   }
 
+  // A Messages API request (POST /v1/messages): the leader answers with `text`, then stop.
+  std::shared_ptr<Recorder> RunMessages(Json body, const std::string& text,
+                                        std::string* prompt = nullptr) {
+    body["model"] = "qwen3";
+    if (!body.contains("max_tokens")) body["max_tokens"] = 128;
+    if (!body.contains("messages")) {
+      body["messages"] = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
+    }
+    auto rec = std::make_shared<Recorder>();
+    HttpRequest req;
+    req.method = "POST";
+    req.path = req.target = "/v1/messages";
+    req.body = body.dump();
+    completions_->HandleMessages(req, rec);
+    if (rec->done()) return rec;  // Refused.
+    auto gen = leader_->Next<Generate>();
+    EXPECT_TRUE(gen);
+    if (!gen) return rec;
+    if (prompt != nullptr) *prompt = tokenizer_->Decode(gen->token_ids, false);
+    auto ids = tokenizer_->Encode(text, /*add_special_tokens=*/false);
+    EXPECT_TRUE(ids.ok());
+    for (size_t i = 0; ids.ok() && i < ids->size(); ++i) {
+      TokenEvent ev = Token(gen->request_id, (*ids)[i]);
+      ev.index = static_cast<uint32_t>(i);
+      leader_->Send(ev);
+    }
+    leader_->Send(Token(gen->request_id, -1, FinishReason::kStop));
+    EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
+    return rec;
+  }
+
+  // A Messages stream's events: (event name, data).
+  static std::vector<std::pair<std::string, Json>> Events(const std::string& sse) {
+    std::vector<std::pair<std::string, Json>> out;
+    for (size_t at = 0; (at = sse.find("event: ", at)) != std::string::npos;) {
+      const size_t nl = sse.find('\n', at);
+      const size_t data = sse.find("data: ", nl);
+      const size_t end = sse.find("\n\n", data);
+      if (nl == std::string::npos || data == std::string::npos || end == std::string::npos) break;
+      out.emplace_back(sse.substr(at + 7, nl - at - 7),
+                       Json::parse(sse.substr(data + 6, end - data - 6)));
+      at = end;
+    }
+    return out;
+  }
+
   std::unique_ptr<Tokenizer> tokenizer_;
   std::optional<ChatTemplate> template_;
   Link link_;
@@ -802,6 +848,124 @@ TEST_F(ToolCompletionsTest, AModelWithoutAFormatRefusesAutoButRendersNone) {
   EXPECT_EQ(Json::parse(rec->body())["error"]["param"], "tools") << rec->body();
   rec = Run({{"tools", Tools()}, {"tool_choice", "none"}}, "Sunny.");
   EXPECT_EQ(rec->status(), 200) << rec->body();
+}
+
+// Anthropic's Messages API: the request as the chat it means (system, blocks, tools, results),
+// the answer as content blocks with stop_reason and usage, and the streamed event sequence.
+TEST_F(ToolCompletionsTest, MessagesAnswerWithContentBlocks) {
+  Start(ToolCallFormat::kHermes, /*think=*/false);
+  std::string prompt;
+  auto rec = RunMessages({{"system", "Be brief."}}, "Sunny and 22.", &prompt);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  EXPECT_NE(prompt.find("Be brief."), std::string::npos) << prompt;
+  const Json m = Json::parse(rec->body());
+  EXPECT_EQ(m["type"], "message");
+  EXPECT_EQ(m["role"], "assistant");
+  EXPECT_TRUE(m["id"].get<std::string>().starts_with("msg_")) << m;
+  EXPECT_EQ(m["content"], Json::array({{{"type", "text"}, {"text", "Sunny and 22."}}})) << m;
+  EXPECT_EQ(m["stop_reason"], "end_turn");
+  EXPECT_TRUE(m["stop_sequence"].is_null());
+  EXPECT_GT(m["usage"]["input_tokens"].get<int>(), 0);
+  EXPECT_GT(m["usage"]["output_tokens"].get<int>(), 0);
+  // A stop sequence.
+  rec = RunMessages({{"stop_sequences", {" and"}}}, "Sunny and 22.");
+  const Json s = Json::parse(rec->body());
+  EXPECT_EQ(s["content"][0]["text"], "Sunny") << s;
+  EXPECT_EQ(s["stop_reason"], "stop_sequence");
+  EXPECT_EQ(s["stop_sequence"], " and");
+}
+
+TEST_F(ToolCompletionsTest, MessagesStreamTheEventSequence) {
+  Start(ToolCallFormat::kHermes, /*think=*/true);
+  auto rec = RunMessages(
+      {{"stream", true},
+       {"tools",
+        {{{"name", "get_weather"}, {"input_schema", Tools()[0]["function"]["parameters"]}}}}},
+      std::string("<think>Call it.</think>") + kCallAnswer);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  std::vector<std::string> names;
+  std::string thinking, text, json;
+  std::vector<std::string> block_types;
+  Json last_delta;
+  for (const auto& [name, data] : Events(rec->body())) {
+    names.push_back(name);
+    EXPECT_EQ(data["type"], name);
+    if (name == "content_block_start") block_types.push_back(data["content_block"]["type"]);
+    if (name == "content_block_delta") {
+      const Json& d = data["delta"];
+      if (d["type"] == "thinking_delta") thinking += d["thinking"].get<std::string>();
+      if (d["type"] == "text_delta") text += d["text"].get<std::string>();
+      if (d["type"] == "input_json_delta") json += d["partial_json"].get<std::string>();
+    }
+    if (name == "message_delta") last_delta = data;
+  }
+  ASSERT_FALSE(names.empty()) << rec->body();
+  EXPECT_EQ(names.front(), "message_start");
+  EXPECT_EQ(names.back(), "message_stop");
+  EXPECT_EQ(block_types, (std::vector<std::string>{"thinking", "text", "tool_use"}));
+  EXPECT_EQ(thinking, "Call it.");
+  EXPECT_EQ(text, "Let me check.\n");
+  EXPECT_EQ(Json::parse(json), Json({{"city", "Paris"}}));
+  EXPECT_EQ(last_delta["delta"]["stop_reason"], "tool_use") << last_delta;
+  EXPECT_GT(last_delta["usage"]["output_tokens"].get<int>(), 0);
+  EXPECT_EQ(rec->body().find("[DONE]"), std::string::npos);
+}
+
+TEST_F(ToolCompletionsTest, MessagesToolUseAndToolResults) {
+  Start(ToolCallFormat::kHermes, /*think=*/false);
+  const Json tools = {{{"name", "get_weather"},
+                       {"description", "The weather in a city"},
+                       {"input_schema", Tools()[0]["function"]["parameters"]}}};
+  auto rec = RunMessages({{"tools", tools}}, kCallAnswer);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  const Json m = Json::parse(rec->body());
+  EXPECT_EQ(m["stop_reason"], "tool_use");
+  ASSERT_EQ(m["content"].size(), 2u) << m;
+  EXPECT_EQ(m["content"][1]["type"], "tool_use");
+  EXPECT_EQ(m["content"][1]["name"], "get_weather");
+  EXPECT_EQ(m["content"][1]["input"], Json({{"city", "Paris"}}));
+  // The call and its result in the history reach the template.
+  const Json history = {
+      {{"role", "user"}, {"content", "Weather in Paris?"}},
+      {{"role", "assistant"},
+       {"content",
+        {{{"type", "tool_use"},
+          {"id", "t1"},
+          {"name", "get_weather"},
+          {"input", {{"city", "Paris"}}}}}}},
+      {{"role", "user"},
+       {"content", {{{"type", "tool_result"}, {"tool_use_id", "t1"}, {"content", "22 C"}}}}}};
+  std::string prompt;
+  rec = RunMessages({{"tools", tools}, {"messages", history}}, "It is 22.", &prompt);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  EXPECT_NE(prompt.find("<tool_response>\n22 C\n</tool_response>"), std::string::npos) << prompt;
+}
+
+TEST_F(ToolCompletionsTest, MessagesErrorsAreInTheMessagesShape) {
+  Start(ToolCallFormat::kHermes, /*think=*/false);
+  auto error_of = [](const std::shared_ptr<Recorder>& rec) {
+    EXPECT_EQ(rec->status(), 400) << rec->body();
+    const Json j = Json::parse(rec->body(), nullptr, false);
+    EXPECT_EQ(j["type"], "error") << rec->body();
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error") << rec->body();
+    return j["error"]["message"].get<std::string>();
+  };
+  Json no_max = {{"model", "qwen3"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}};
+  auto rec = std::make_shared<Recorder>();
+  HttpRequest req;
+  req.method = "POST";
+  req.path = req.target = "/v1/messages";
+  req.body = no_max.dump();
+  completions_->HandleMessages(req, rec);
+  ASSERT_TRUE(rec->done());
+  EXPECT_NE(error_of(rec).find("max_tokens"), std::string::npos);
+  const Json image = {
+      {{"role", "user"}, {"content", {{{"type", "image"}, {"source", {{"type", "base64"}}}}}}}};
+  EXPECT_NE(error_of(RunMessages({{"messages", image}}, "")).find("image"), std::string::npos);
+  EXPECT_NE(error_of(RunMessages({{"tool_choice", {{"type", "any"}}}}, "")).find("tool_choice"),
+            std::string::npos);
+  EXPECT_NE(error_of(RunMessages({{"temperature", "hot"}}, "")).find("temperature"),
+            std::string::npos);
 }
 
 }  // namespace
