@@ -1,9 +1,12 @@
 #include "gpu_worker/group/expert_group.h"
 
+#include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <thread>
 #include <type_traits>
 
 // Debian's LibTorch is built with Gloo, but its headers leave the Gloo process group out unless
@@ -113,22 +116,41 @@ Result<std::unique_ptr<ExpertGroup>> ExpertGroup::Join(const ExpertGroupOptions&
     return InvalidArgument(who + ": no rendezvous address");
   }
   const std::string at = options.rendezvous_host + ":" + std::to_string(options.rendezvous_port);
-  try {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = options.rendezvous_port;
-    store_options.isServer = options.rank == 0;
-    store_options.numWorkers = options.world_size;
-    store_options.waitWorkers = true;
-    store_options.timeout = options.rendezvous_timeout;
-    group->impl_->store =
-        c10::make_intrusive<c10d::TCPStore>(options.rendezvous_host, store_options);
-  } catch (const std::exception& e) {
-    return Unavailable(who + ": rendezvous at " + at + " failed within " +
-                       std::to_string(options.rendezvous_timeout.count() / 1000) + " s (" +
-                       (options.rank == 0 ? "serving the store; is the port free and every "
-                                            "rank started?"
-                                          : "is rank 0 running?") +
-                       "): " + Why(e));
+  // A client's connect fails at once, not at the timeout, when rank 0's host is unreachable
+  // (EHOSTUNREACH while a link is down): it tries again until the rendezvous timeout has passed,
+  // so a rank restarted during a network outage waits for it instead of crash-looping.
+  const auto deadline = std::chrono::steady_clock::now() + options.rendezvous_timeout;
+  for (int attempt = 1;; ++attempt) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    try {
+      c10d::TCPStoreOptions store_options;
+      store_options.port = options.rendezvous_port;
+      store_options.isServer = options.rank == 0;
+      store_options.numWorkers = options.world_size;
+      store_options.waitWorkers = true;
+      store_options.timeout = std::max(left, std::chrono::milliseconds{1000});
+      group->impl_->store =
+          c10::make_intrusive<c10d::TCPStore>(options.rendezvous_host, store_options);
+      break;
+    } catch (const std::exception& e) {
+      if (options.rank != 0 && std::chrono::steady_clock::now() + std::chrono::seconds{1} <
+                                   deadline) {
+        if (attempt == 1) {
+          spdlog::warn("{}: rendezvous at {} not reachable yet ({}); trying again each second "
+                       "until the rendezvous timeout ({} s)",
+                       who, at, Why(e), options.rendezvous_timeout.count() / 1000);
+        }
+        std::this_thread::sleep_for(std::chrono::seconds{1});
+        continue;
+      }
+      return Unavailable(who + ": rendezvous at " + at + " failed within " +
+                         std::to_string(options.rendezvous_timeout.count() / 1000) + " s (" +
+                         (options.rank == 0 ? "serving the store; is the port free and every "
+                                              "rank started?"
+                                            : "is rank 0 running?") +
+                         "): " + Why(e));
+    }
   }
   try {
 #ifdef FMOE_HAVE_NCCL
