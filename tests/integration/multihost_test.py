@@ -13,6 +13,22 @@ as a world-1 group: a one-host cluster on loopback in namespace A, run first. Ea
 names B's rendezvous and A's map service, `fmoe status` on each host reports its processes
 healthy and never restarted; then SIGTERM stops every launcher (A first), and each must exit 0.
 
+With --faults (ctest's multihost_faults_test; issue 35, item 2) the manifest has short timeouts
+(heartbeat 250/2000 ms, collective_timeout_s 10, request_timeout_s 60, restarts after 0.5-2 s) and,
+after the equality checks, three faults strike, each bounded by those timeouts plus SLACK_S:
+  1. kill -9 of C's ranks while LOAD_STREAMS streamed requests run: each ends with an SSE error
+     event (or a 5xx) at once, /health says g0 down within the heartbeat timeout, B's ranks leave
+     within collective_timeout_s, A's processes stay; C's and B's launchers restart their ranks,
+     and the group re-forms and answers as the world-1 group again.
+  2. C's veth taken down (in the bridge namespace) under the same load: nothing closes a socket
+     and B's leader still heartbeats, so the group breaks when its collective times out: /health
+     says g0 down within collective_timeout_s + the heartbeat timeout; B's and C's ranks leave;
+     the restarted ranks wait at the rendezvous (C's cannot reach it) and g0 stays down; the link
+     comes back up and the group re-forms and answers as the world-1 group.
+  3. kill -9 of A's map service: A's launcher restarts it, every rank on B and C registers again
+     (its log says so) and the answers stay the world-1 group's.
+Each fault's times are logged (a line "timings (s from the fault): ...").
+
 Needs root, `ip` and network namespaces; otherwise prints "skipped: <why>" and exits 77 (ctest's
 SKIP_RETURN_CODE). Whatever it made (namespaces, the bridge and veths inside them, processes,
 the temp dir) is removed on every exit path, SIGINT and SIGTERM included; namespaces left by a
@@ -20,7 +36,7 @@ run that was SIGKILLed are removed by the next run.
 
 Run by ctest (multihost_test, labels integration;torch) with the system python3, standard library
 only:
-  python3 multihost_test.py --bin-dir BUILD/bin --source-dir SOURCE [--keep]
+  python3 multihost_test.py --bin-dir BUILD/bin --source-dir SOURCE [--faults] [--keep]
 """
 import argparse
 import ctypes
@@ -34,6 +50,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 SKIP = 77  # ctest SKIP_RETURN_CODE (tests/CMakeLists.txt).
@@ -48,6 +65,14 @@ CLONE_NEWNET = 0x40000000
 MAP_PORT, WORKER_PORT, HTTP_PORT, RDZV_PORT = 5555, 5556, 8000, 29500
 # The world-1 reference on loopback in namespace A (other ports: no TIME_WAIT overlap).
 REF_MAP_PORT, REF_WORKER_PORT, REF_HTTP_PORT, REF_RDZV_PORT = 6555, 6556, 8100, 29600
+
+# --faults (issue 35, item 2): the manifest's timeouts, and the bounds derived from them.
+FAULT_HB_INTERVAL_MS, FAULT_HB_TIMEOUT_MS = 250, 2000  # heartbeat.interval_ms, .timeout_ms
+FAULT_COLLECTIVE_TIMEOUT_S = 10  # worker_groups[0].collective_timeout_s
+FAULT_REQUEST_TIMEOUT_S = 60  # router.request_timeout_s
+LOAD_STREAMS = 3  # Concurrent streamed requests in flight when a fault strikes.
+LOAD_MAX_TOKENS = 600  # With ignore_eos: long enough to be running when the fault strikes.
+SLACK_S = 8  # Scheduling slack on a busy 2-core machine, added to each bound.
 
 PROMPTS = ["In the beginning", "And God said", "The LORD is my shepherd", "Once upon a time"]
 QUESTIONS = ["Who made the earth?", "Tell me a story."]
@@ -186,8 +211,15 @@ class NsHTTPConnection(http.client.HTTPConnection):
 # Manifests and launchers.
 
 
-def cluster_manifest(source_dir, net):
+def cluster_manifest(source_dir, net, faults):
+    """`faults`: short heartbeat and collective timeouts and quick restarts, so each fault's
+    outcome comes within bounds derived from them (FAULT_* below)."""
     a, b, c = net.addr["a"], net.addr["b"], net.addr["c"]
+    collective_s = FAULT_COLLECTIVE_TIMEOUT_S if faults else 120
+    hb_interval, hb_timeout = (FAULT_HB_INTERVAL_MS, FAULT_HB_TIMEOUT_MS) if faults else (500, 10000)
+    router_extra = f"  request_timeout_s: {FAULT_REQUEST_TIMEOUT_S}\n" if faults else ""
+    restart = ("  restart:\n    initial_backoff_ms: 500\n    max_backoff_ms: 2000\n"
+               "    max_restarts: 20\n    window_s: 60\n") if faults else ""
     return f"""# Written by multihost_test.py: one group of world 4 on hosts B and C; A serves.
 # The same text on every host; each host's copy sits in its own directory (run_dir: run).
 model:
@@ -205,7 +237,7 @@ worker_groups:
     queue_limit: 64
     expert_cache_fraction: 0.5
     rendezvous: {b}:{RDZV_PORT}
-    collective_timeout_s: 120
+    collective_timeout_s: {collective_s}
     rendezvous_timeout_s: {READY_TIMEOUT_S}
     workers:
       - {{host: {b}, device: cpu}}
@@ -215,16 +247,16 @@ worker_groups:
 router:
   listen: {a}:{HTTP_PORT}
   worker_endpoint: tcp://{a}:{WORKER_PORT}
-heartbeat:
-  interval_ms: 500
-  timeout_ms: 10000
+{router_extra}heartbeat:
+  interval_ms: {hb_interval}
+  timeout_ms: {hb_timeout}
 logging:
   level: info
 launcher:
   run_dir: run
   ready_timeout_s: {READY_TIMEOUT_S}
   stop_timeout_s: 20
-"""
+{restart}"""
 
 
 def reference_manifest(source_dir):
@@ -513,8 +545,8 @@ def run_reference(bin_dir, source_dir, net, work, launchers):
     return answers
 
 
-def run_cluster(bin_dir, source_dir, net, work, launchers, reference):
-    text = cluster_manifest(source_dir, net)
+def run_cluster(bin_dir, source_dir, net, work, launchers, reference, faults):
+    text = cluster_manifest(source_dir, net, faults)
     dirs = {}
     for h in ("a", "b", "c"):
         dirs[h] = os.path.join(work, "hosts", h)
@@ -587,12 +619,292 @@ def run_cluster(bin_dir, source_dir, net, work, launchers, reference):
         for p in procs:
             if p.get("state") != "running" or p.get("restarts") != 0:
                 raise Failure(f"host {la.name}: fmoe status: {p}")
+    if faults:
+        run_faults(net, hosts, reference)
     # Stop: the main host first (the router drains), then B and C together.
     problems = []
     stop_launchers([a], problems)
     stop_launchers([b, c], problems)
     if problems:
         raise Failure("; ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults across hosts (--faults; issue 35, item 2).
+
+
+def health_state(ns, addr, port):
+    """(HTTP status, g0 alive) of the router's /health; (0, False) when it does not answer."""
+    try:
+        conn = NsHTTPConnection(ns, addr, port, timeout=5)
+        try:
+            conn.request("GET", "/health")
+            res = conn.getresponse()
+            body = res.read()
+        finally:
+            conn.close()
+    except (OSError, http.client.HTTPException):
+        return 0, False
+    try:
+        groups = json.loads(body.decode("utf-8")).get("groups") or []
+    except ValueError:
+        groups = []
+    alive = any(g.get("name") == "g0" and g.get("alive") for g in groups)
+    return res.status, alive
+
+
+class Stream(threading.Thread):
+    """One streamed completion with ignore_eos, read event by event. Its outcome: "done" (the
+    whole answer and [DONE]), "error event" (an SSE event with "error"), "status N" (not 200),
+    or "broken: ..." (the connection dropped without either)."""
+
+    def __init__(self, ns, addr, port, prompt):
+        super().__init__(daemon=True)
+        self.ns, self.addr, self.port, self.prompt = ns, addr, port, prompt
+        self.tokens = 0
+        self.outcome = None
+        self.detail = ""
+        self.ended_at = None
+
+    def run(self):
+        body = {"model": MODEL, "prompt": self.prompt, "max_tokens": LOAD_MAX_TOKENS,
+                "temperature": 0, "ignore_eos": True, "stream": True}
+        try:
+            conn = NsHTTPConnection(self.ns, self.addr, self.port,
+                                    timeout=FAULT_REQUEST_TIMEOUT_S + SLACK_S)
+            try:
+                conn.request("POST", "/v1/completions", body=json.dumps(body).encode("utf-8"),
+                             headers={"Content-Type": "application/json"})
+                res = conn.getresponse()
+                if res.status != 200:
+                    self.outcome, self.detail = f"status {res.status}", res.read()[:300]
+                    return
+                while True:
+                    line = res.readline()
+                    if not line:
+                        self.outcome = "broken: the stream ended without [DONE] or an error"
+                        return
+                    line = line.decode("utf-8", "replace").strip()
+                    if not line.startswith("data: "):
+                        continue
+                    payload = line[len("data: "):]
+                    if payload == "[DONE]":
+                        self.outcome = "done"
+                        return
+                    j = json.loads(payload)
+                    if "error" in j:
+                        self.outcome, self.detail = "error event", json.dumps(j["error"])[:300]
+                        return
+                    if j.get("choices") and j["choices"][0].get("text"):
+                        self.tokens += 1
+            finally:
+                conn.close()
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            self.outcome = f"broken: {type(e).__name__}: {e}"
+        finally:
+            self.ended_at = time.monotonic()
+
+
+def start_load(net):
+    streams = [Stream(net.names["a"], net.addr["a"], HTTP_PORT, PROMPTS[i % len(PROMPTS)])
+               for i in range(LOAD_STREAMS)]
+    for st in streams:
+        st.start()
+    # In flight: each has streamed tokens (started requests end with an error when their group is
+    # lost; unstarted ones would be re-queued).
+    wait_until(f"{LOAD_STREAMS} streams each past their first tokens",
+               lambda: all(st.tokens >= 2 or st.outcome for st in streams), READY_TIMEOUT_S)
+    for st in streams:
+        if st.outcome:
+            raise Failure(f"a load stream ended before the fault: {st.outcome} {st.detail!r}")
+    return streams
+
+
+def check_load_ended(streams, what, t_fault):
+    """Each in-flight stream ends with an error (event or 5xx) within the request timeout."""
+    bound = FAULT_REQUEST_TIMEOUT_S + SLACK_S
+    for st in streams:
+        st.join(max(0.0, t_fault + bound - time.monotonic()))
+        if st.is_alive():
+            raise Failure(f"{what}: a stream in flight did not end within {bound} s "
+                          f"(the router's request timeout is {FAULT_REQUEST_TIMEOUT_S} s)")
+        if st.outcome != "error event" and not st.outcome.startswith("status 5"):
+            raise Failure(f"{what}: a stream in flight ended with {st.outcome} {st.detail!r}, "
+                          f"not an error event or a 5xx")
+    worst = max(st.ended_at for st in streams) - t_fault
+    log(f"{what}: {len(streams)} streams in flight ended with "
+        f"{sorted(set(st.outcome for st in streams))} ({streams[0].detail}) "
+        f"{worst:.1f} s after the fault")
+    return worst
+
+
+def procs_of(la, states=("running",)):
+    """{name: pid} of a launcher's processes in `states`."""
+    return {p["name"]: p["pid"] for p in la.status().get("processes", [])
+            if p.get("state") in states and isinstance(p.get("pid"), int) and p["pid"] > 0}
+
+
+def wait_group_down(net, what, t_fault, bound_s):
+    def down():
+        status, alive = health_state(net.names["a"], net.addr["a"], HTTP_PORT)
+        return status != 200 or not alive
+
+    wait_until(f"{what}: the router reporting g0 down (/health 503 or alive false)", down,
+               bound_s, poll_s=0.05)
+    took = time.monotonic() - t_fault
+    log(f"{what}: the router reports g0 down {took:.2f} s after the fault (bound {bound_s} s)")
+    return took
+
+
+def wait_ranks_left(la, before, what, t_fault, bound_s):
+    """Every rank `la` ran before the fault has exited (none is stuck in a collective)."""
+    def gone():
+        return all(not os.path.exists(f"/proc/{pid}") or
+                   open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z"
+                   for pid in before.values())
+
+    wait_until(f"{what}: host {la.name}'s ranks {sorted(before)} leaving the broken group "
+               f"(pids {sorted(before.values())})", gone, bound_s, poll_s=0.1)
+    took = time.monotonic() - t_fault
+    log(f"{what}: host {la.name}'s ranks left {took:.1f} s after the fault (bound {bound_s} s)")
+    return took
+
+
+def wait_serving_again(net, hosts, what, t_fault, reference):
+    def up():
+        all_alive(hosts)
+        return health_state(net.names["a"], net.addr["a"], HTTP_PORT) == (200, True)
+
+    wait_until(f"{what}: g0 re-formed (/health 200, g0 alive)", up, READY_TIMEOUT_S, poll_s=0.1)
+    took = time.monotonic() - t_fault
+    log(f"{what}: g0 serves again {took:.1f} s after the fault")
+    check_answers(net, reference, what)
+    return took
+
+
+def check_answers(net, reference, what):
+    answers = ask_all(net.names["a"], net.addr["a"], HTTP_PORT)
+    bad = [f"{describe(i)}: got {got!r}, world 1 gave {want!r}"
+           for i, (got, want) in enumerate(zip(answers, reference)) if got != want]
+    if bad:
+        raise Failure(f"{what}: answers differ from the world-1 group's:\n  " + "\n  ".join(bad))
+    log(f"{what}: {len(answers)} answers equal the world-1 group's text and tokens")
+
+
+def fault_kill_host_c(net, hosts, reference, timings):
+    a, b, c = hosts
+    what = "C's workers killed"
+    before_a, before_b, before_c = procs_of(a), procs_of(b), procs_of(c)
+    streams = start_load(net)
+    t0 = time.monotonic()
+    for name, pid in before_c.items():
+        os.kill(pid, signal.SIGKILL)
+    log(f"{what}: kill -9 {sorted(before_c.values())} ({sorted(before_c)}) under "
+        f"{len(streams)} streams in flight")
+    timings["kill: group down"] = wait_group_down(
+        net, what, t0, FAULT_HB_TIMEOUT_MS / 1000 + SLACK_S)
+    timings["kill: B's ranks left"] = wait_ranks_left(
+        b, before_b, what, t0, FAULT_COLLECTIVE_TIMEOUT_S + SLACK_S)
+    timings["kill: streams ended"] = check_load_ended(streams, what, t0)
+    timings["kill: serving again"] = wait_serving_again(net, hosts, what, t0, reference)
+    if procs_of(a) != before_a:
+        raise Failure(f"{what}: host A's processes changed: {before_a} -> {procs_of(a)}")
+
+
+def fault_cut_link_c(net, hosts, reference, timings):
+    a, b, c = hosts
+    what = "C's link cut"
+    before_a, before_b, before_c = procs_of(a), procs_of(b), procs_of(c)
+    streams = start_load(net)
+    t0 = time.monotonic()
+    run(["ip", "-n", net.names["sw"], "link", "set", "vc", "down"])
+    log(f"{what}: `ip -n {net.names['sw']} link set vc down` under {len(streams)} streams "
+        f"in flight")
+    try:
+        # No socket closes and B's leader still heartbeats to A: the group breaks when its
+        # collective times out (collective_timeout_s), so that, not the heartbeat timeout, bounds
+        # the router's view.
+        bound = FAULT_COLLECTIVE_TIMEOUT_S + FAULT_HB_TIMEOUT_MS / 1000 + SLACK_S
+        timings["cut: group down"] = wait_group_down(net, what, t0, bound)
+        for la, before in ((b, before_b), (c, before_c)):
+            timings[f"cut: {la.name}'s ranks left"] = wait_ranks_left(
+                la, before, what, t0, FAULT_COLLECTIVE_TIMEOUT_S + SLACK_S)
+        timings["cut: streams ended"] = check_load_ended(streams, what, t0)
+        # Both halves restart and wait at the rendezvous (on B), C's ranks unable to reach it:
+        # they must wait there (not crash-loop toward the launcher's give-up), and the group
+        # must stay down while the link is down.
+        waiting = ("starting", "running")
+        wait_until(f"{what}: B's and C's launchers restarting their ranks",
+                   lambda: len(procs_of(b, waiting)) == 2 and len(procs_of(c, waiting)) == 2,
+                   READY_TIMEOUT_S)
+        waiting_c = procs_of(c, waiting)
+        hold_until = time.monotonic() + FAULT_COLLECTIVE_TIMEOUT_S
+        while time.monotonic() < hold_until:
+            if health_state(net.names["a"], net.addr["a"], HTTP_PORT) == (200, True):
+                raise Failure(f"{what}: g0 reported alive while C is unreachable")
+            time.sleep(0.2)
+        if procs_of(c, waiting) != waiting_c:
+            raise Failure(f"{what}: C's restarted ranks {waiting_c} did not wait at the "
+                          f"rendezvous while the link was down (now {procs_of(c, waiting)}; "
+                          f"see worker-g0-2.log: a rendezvous that fails at once on "
+                          f"'No route to host' instead of within rendezvous_timeout_s)")
+        if procs_of(a) != before_a:
+            raise Failure(f"{what}: host A's processes changed: {before_a} -> {procs_of(a)}")
+    finally:
+        run(["ip", "-n", net.names["sw"], "link", "set", "vc", "up"])
+    t1 = time.monotonic()
+    log(f"{what}: link up again {t1 - t0:.1f} s after the cut (the restarted ranks waited at "
+        f"the rendezvous)")
+    timings["cut: serving again after link up"] = wait_serving_again(
+        net, hosts, what + " and restored", t1, reference)
+    timings["cut: serving again"] = time.monotonic() - t0
+
+
+def fault_restart_map_service(net, hosts, reference, timings):
+    a, b, c = hosts
+    what = "A's map service killed"
+    before = procs_of(a)
+    pid = before.get("map-service")
+    if not pid:
+        raise Failure(f"{what}: host A runs no map-service process: {before}")
+    registered = {(la.name, r): la.read_log(f"worker-g0-{r}.log").count(
+        "registered with map service") for la, rs in ((b, (0, 1)), (c, (2, 3))) for r in rs}
+    offsets = {(la.name, r): len(la.read_log(f"worker-g0-{r}.log"))
+               for la, rs in ((b, (0, 1)), (c, (2, 3))) for r in rs}
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    log(f"{what}: kill -9 {pid}")
+    wait_until(f"{what}: host A's launcher restarting it",
+               lambda: procs_of(a).get("map-service", pid) != pid, READY_TIMEOUT_S)
+    log(f"{what}: restarted by A's launcher {time.monotonic() - t0:.1f} s after the kill")
+
+    def reregistered():
+        all_alive(hosts)
+        return all(la.read_log(f"worker-g0-{r}.log").count("registered with map service") > n
+                   for (name, r), n in registered.items()
+                   for la in hosts if la.name == name)
+
+    wait_until(f"{what}: every rank on B and C registering again", reregistered,
+               READY_TIMEOUT_S, poll_s=0.2)
+    timings["map service: ranks registered again"] = time.monotonic() - t0
+    log(f"{what}: every rank registered again {timings['map service: ranks registered again']:.1f}"
+        f" s after the kill")
+    check_answers(net, reference, what)
+    for la in (b, c):
+        for r in ((0, 1) if la is b else (2, 3)):
+            new_text = la.read_log(f"worker-g0-{r}.log")[offsets[(la.name, r)]:]
+            for line in new_text.splitlines():
+                if "map service" in line:
+                    log(f"  host {la.name} worker-g0-{r}.log: {line}")
+
+
+def run_faults(net, hosts, reference):
+    timings = {}
+    fault_kill_host_c(net, hosts, reference, timings)
+    fault_cut_link_c(net, hosts, reference, timings)
+    fault_restart_map_service(net, hosts, reference, timings)
+    log("timings (s from the fault): " +
+        ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
 
 
 def check_can_run():
@@ -608,6 +920,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin-dir", required=True)
     ap.add_argument("--source-dir", required=True)
+    ap.add_argument("--faults", action="store_true",
+                    help="then kill C's ranks, cut C's link, kill A's map service (issue 35.2)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) afterwards")
     args = ap.parse_args()
     bin_dir = os.path.abspath(args.bin_dir)
@@ -640,7 +954,7 @@ def main():
             f"({net.names['b']}), C {net.addr['c']} ({net.names['c']}); bridge br0 in "
             f"{net.names['sw']}; work dir {work}")
         reference = run_reference(bin_dir, source_dir, net, work, launchers)
-        run_cluster(bin_dir, source_dir, net, work, launchers, reference)
+        run_cluster(bin_dir, source_dir, net, work, launchers, reference, args.faults)
         log(f"{time.monotonic() - started:.1f} s in all")
     except Skip as e:
         print(f"skipped: {e}", flush=True)
