@@ -134,12 +134,13 @@ Result<std::unique_ptr<ExpertGroup>> ExpertGroup::Join(const ExpertGroupOptions&
           c10::make_intrusive<c10d::TCPStore>(options.rendezvous_host, store_options);
       break;
     } catch (const std::exception& e) {
-      if (options.rank != 0 && std::chrono::steady_clock::now() + std::chrono::seconds{1} <
-                                   deadline) {
+      if (options.rank != 0 &&
+          std::chrono::steady_clock::now() + std::chrono::seconds{1} < deadline) {
         if (attempt == 1) {
-          spdlog::warn("{}: rendezvous at {} not reachable yet ({}); trying again each second "
-                       "until the rendezvous timeout ({} s)",
-                       who, at, Why(e), options.rendezvous_timeout.count() / 1000);
+          spdlog::warn(
+              "{}: rendezvous at {} not reachable yet ({}); trying again each second "
+              "until the rendezvous timeout ({} s)",
+              who, at, Why(e), options.rendezvous_timeout.count() / 1000);
         }
         std::this_thread::sleep_for(std::chrono::seconds{1});
         continue;
