@@ -12,8 +12,8 @@
 #      (CI): build-cuda/ against PyPI's CUDA LibTorch with FMOE_CUDA=ON, and the tests that run
 #      LibTorch code (ctest -L torch -LE gpu). Skipped, saying so, when PyPI is unreachable or
 #      nvcc is missing; FMOE_CUDA=0 leaves it out.
-# Before stage 1 it prepares .venv with the official `openai` Python client from PyPI for the
-# router's compatibility test; without PyPI that test says it was skipped.
+# Before stage 1 it prepares .venv with the official `openai` and `anthropic` Python clients from
+# PyPI for the router's compatibility tests; without PyPI those tests say they were skipped.
 # Exits non-zero on any failure.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -37,11 +37,12 @@ else
   main_build="$FMOE_ROOT/build"
   fmoe_build "$main_build" -DCMAKE_BUILD_TYPE=Release -DFMOE_WERROR=ON
 fi
-if [ ! -x "$FMOE_ROOT/.venv/bin/python" ] || ! "$FMOE_ROOT/.venv/bin/python" -c "import openai" 2>/dev/null; then
-  fmoe_log "installing the openai Python client into .venv (for the router compatibility test)"
+if [ ! -x "$FMOE_ROOT/.venv/bin/python" ] ||
+   ! "$FMOE_ROOT/.venv/bin/python" -c "import openai, anthropic" 2>/dev/null; then
+  fmoe_log "installing the openai and anthropic Python clients into .venv (router compatibility tests)"
   if ! { fmoe_venv && \
-         "$FMOE_ROOT/.venv/bin/pip" install -q --disable-pip-version-check openai; }; then
-    fmoe_log "PyPI is unreachable: the openai client test will be SKIPPED"
+         "$FMOE_ROOT/.venv/bin/pip" install -q --disable-pip-version-check openai anthropic; }; then
+    fmoe_log "PyPI is unreachable: the openai and anthropic client tests will be SKIPPED"
   fi
 fi
 fmoe_log "running the test suite ($(basename "$main_build")/)"

@@ -9,6 +9,7 @@
 #include "common/model/model_config.h"
 #include "common/process_util.h"
 #include "common/text/unicode.h"
+#include "router/anthropic.h"
 #include "router/completion_request.h"
 #include "router/completions.h"
 #include "router/tokenize.h"
@@ -208,7 +209,7 @@ void RouterApi::Route(const HttpRequest& request, const std::string& route,
                  "invalid_request_error", "", "invalid_api_key");
     res.headers.emplace_back("WWW-Authenticate", "Bearer");
     if (metrics_ != nullptr) metrics_->CountRequest(route, 401);
-    responder->Respond(std::move(res));
+    responder->Respond(request.path == "/v1/messages" ? MessagesError(res) : std::move(res));
     return;
   }
   if (request.method == "POST" && completions_ != nullptr) {

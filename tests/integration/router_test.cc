@@ -436,6 +436,22 @@ TEST_F(RouterTest, OfficialOpenAIClient) {
   EXPECT_NE(log.find("all checks passed"), std::string::npos) << log;
 }
 
+// The official `anthropic` Python client on POST /v1/messages, from the same virtual environment.
+TEST_F(RouterTest, OfficialAnthropicClient) {
+  const std::string python = std::string(FMOE_SOURCE_DIR) + "/.venv/bin/python";
+  auto [probe, out] = testing::RunCommand({python, "-c", "import anthropic"}, 60000);
+  if (probe != 0) {
+    GTEST_SKIP() << "SKIPPED: the anthropic Python client is not installed in " << python
+                 << " (deploy/test.sh installs it from PyPI; PyPI may be unreachable)";
+  }
+  auto [code, log] = testing::RunCommand(
+      {python, std::string(FMOE_SOURCE_DIR) + "/tests/integration/anthropic_client_check.py",
+       "http://127.0.0.1:" + std::to_string(http_), kKey, "tiny-moe"},
+      120000);
+  EXPECT_EQ(code, 0) << log;
+  EXPECT_NE(log.find("all checks passed"), std::string::npos) << log;
+}
+
 TEST_F(RouterTest, ADisconnectingClientCancelsItsRequest) {
   testing::AsyncCall call(
       http_, "POST", "/v1/completions",
