@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -79,7 +80,6 @@ bool ReadCount(const Json& j, const char* key, uint64_t lo, uint64_t hi, uint64_
   *out = it->get<uint64_t>();
   return true;
 }
-
 
 // An assistant message's tool_calls, as the templates take them: [{id, type: "function",
 // function: {name, arguments}}], arguments an object (a client's JSON text is parsed, as vLLM
@@ -891,6 +891,64 @@ bool ReadStream(const Json& j, CompletionRequest* out, HttpResponse* error) {
 
 }  // namespace
 
+namespace {
+
+std::vector<std::string> IgnoredFields(const Json& body, bool chat) {
+  // Read above, refused unless neutral (kUnsupported), or taken without changing the output
+  // (OpenAI's user, store, metadata, service_tier, parallel_tool_calls; the client's name for
+  // the request).
+  static const std::set<std::string, std::less<>> kKnown = {"model",
+                                                            "prompt",
+                                                            "messages",
+                                                            "max_tokens",
+                                                            "max_completion_tokens",
+                                                            "temperature",
+                                                            "top_p",
+                                                            "top_k",
+                                                            "min_p",
+                                                            "seed",
+                                                            "n",
+                                                            "stop",
+                                                            "stop_token_ids",
+                                                            "presence_penalty",
+                                                            "frequency_penalty",
+                                                            "repetition_penalty",
+                                                            "logit_bias",
+                                                            "logprobs",
+                                                            "top_logprobs",
+                                                            "echo",
+                                                            "min_tokens",
+                                                            "ignore_eos",
+                                                            "stream",
+                                                            "stream_options",
+                                                            "response_format",
+                                                            "tools",
+                                                            "tool_choice",
+                                                            "functions",
+                                                            "function_call",
+                                                            "include_reasoning",
+                                                            "user",
+                                                            "store",
+                                                            "metadata",
+                                                            "service_tier",
+                                                            "parallel_tool_calls"};
+  std::vector<std::string> out;
+  if (!body.is_object()) return out;
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (kKnown.contains(it.key())) continue;
+    if (std::find(std::begin(kUnsupported), std::end(kUnsupported), it.key()) !=
+        std::end(kUnsupported)) {
+      continue;
+    }
+    if (!chat && (it.key() == "messages" || it.key() == "tools")) continue;
+    out.push_back(ToValidUtf8(it.key().substr(0, 64)));
+    if (out.size() == 16) break;
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<CompletionRequest> ParseRequest(const std::string& body, const CompletionsOptions& options,
                                        const Tokenizer& tokenizer, RequestKind kind,
                                        HttpResponse* error) {
@@ -910,6 +968,7 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
                   ReadLogprobs(j, chat, prompt_len, &out, error) &&
                   ReadStopStrings(j, &out.sampling, error) && ReadStream(j, &out, error);
   if (!ok) return InvalidArgument(error->body);
+  out.ignored_fields = IgnoredFields(j, chat);
   return out;
 }
 

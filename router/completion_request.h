@@ -82,6 +82,9 @@ struct CompletionRequest {
   // (kNone: not parsed), with the argument types the tools declare.
   ToolCallFormat tool_format = ToolCallFormat::kNone;
   ToolCallOptions tool_options;
+  // Top-level fields this server does not know (at most 16, cut to 64 bytes), logged as ignored
+  // as vLLM does; those it knows and does not apply are refused instead.
+  std::vector<std::string> ignored_fields;
 };
 
 // Parses a body of `kind`. On error, *error holds the HTTP answer.

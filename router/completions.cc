@@ -813,6 +813,11 @@ void Completions::Run(RequestKind kind, const HttpRequest& request,
   }
   auto parsed = ParseRequest(body, options_, tokenizer_, kind, &error);
   if (!parsed.ok()) return refuse(std::move(error));
+  if (!parsed->ignored_fields.empty()) {
+    std::string names;
+    for (const std::string& f : parsed->ignored_fields) names += (names.empty() ? "" : ", ") + f;
+    spdlog::info("{}: fields this server does not know, ignored: {}", route, names);
+  }
   auto state =
       std::make_shared<CompletionState>(tokenizer_, link_, metrics_, *parsed, options_, messages);
   state->responder = responder;

@@ -841,6 +841,21 @@ TEST_F(ToolCompletionsTest, ToolChoiceNoneRequiredAndBadToolsAreHandledByName) {
       << rec->body();
 }
 
+TEST(IgnoredFields, UnknownTopLevelFieldsAreListedKnownOnesNot) {
+  auto tokenizer = Tokenizer::Load(FMOE_SOURCE_DIR "/deploy/models/tiny-moe");
+  ASSERT_TRUE(tokenizer.ok());
+  CompletionsOptions options;
+  options.model_name = "tiny";
+  options.context_length = 1024;
+  HttpResponse error;
+  auto parsed = ParseCompletionRequest(
+      R"({"model": "tiny", "prompt": "x", "max_tokens": 2, "user": "u", "best_of": 1,
+          "my_extension": true, "priority": 3})",
+      options, **tokenizer, &error);
+  ASSERT_TRUE(parsed.ok()) << error.body;
+  EXPECT_EQ(parsed->ignored_fields, (std::vector<std::string>{"my_extension", "priority"}));
+}
+
 TEST_F(ToolCompletionsTest, AModelWithoutAFormatRefusesAutoButRendersNone) {
   Start(ToolCallFormat::kNone, /*think=*/false);
   auto rec = Run({{"tools", Tools()}}, "");
