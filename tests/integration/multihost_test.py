@@ -27,7 +27,12 @@ after the equality checks, three faults strike, each bounded by those timeouts p
      comes back up and the group re-forms and answers as the world-1 group.
   3. kill -9 of A's map service: A's launcher restarts it, every rank on B and C registers again
      (its log says so) and the answers stay the world-1 group's.
-Each fault's times are logged (a line "timings (s from the fault): ...").
+Then (issue 35, item 3) a second cluster: g0 (world 1) on B and g1 (world 1) on C behind A's
+router, max_batch 1 each. TWO_STREAMS streams spread over both (each runs one, the rest queue);
+kill -9 of g1's rank: /health says g1 down within the heartbeat timeout, its queued streams move
+to g0, and every stream completes whole but g1's running one (an error event if it had started);
+C's launcher restarts g1, and the answers are the world-1 group's.
+Each fault's times are logged (lines "timings (s from the ...): ...").
 
 Needs root, `ip` and network namespaces; otherwise prints "skipped: <why>" and exits 77 (ctest's
 SKIP_RETURN_CODE). Whatever it made (namespaces, the bridge and veths inside them, processes,
@@ -658,16 +663,17 @@ class Stream(threading.Thread):
     whole answer and [DONE]), "error event" (an SSE event with "error"), "status N" (not 200),
     or "broken: ..." (the connection dropped without either)."""
 
-    def __init__(self, ns, addr, port, prompt):
+    def __init__(self, ns, addr, port, prompt, max_tokens=LOAD_MAX_TOKENS):
         super().__init__(daemon=True)
         self.ns, self.addr, self.port, self.prompt = ns, addr, port, prompt
+        self.max_tokens = max_tokens
         self.tokens = 0
         self.outcome = None
         self.detail = ""
         self.ended_at = None
 
     def run(self):
-        body = {"model": MODEL, "prompt": self.prompt, "max_tokens": LOAD_MAX_TOKENS,
+        body = {"model": MODEL, "prompt": self.prompt, "max_tokens": self.max_tokens,
                 "temperature": 0, "ignore_eos": True, "stream": True}
         try:
             conn = NsHTTPConnection(self.ns, self.addr, self.port,
@@ -907,6 +913,179 @@ def run_faults(net, hosts, reference):
         ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
 
 
+# ---------------------------------------------------------------------------------------------
+# Two groups on different hosts behind one router (--faults; issue 35, item 3).
+
+TWO_MAX_TOKENS = 200  # Per load stream, with ignore_eos.
+TWO_STREAMS = 8  # Concurrent streams over two groups of max_batch 1: 2 run, 6 queue.
+
+
+def two_groups_manifest(source_dir, net):
+    a, b, c = net.addr["a"], net.addr["b"], net.addr["c"]
+    groups = ""
+    for name, host in (("g0", b), ("g1", c)):
+        groups += f"""  - name: {name}
+    policy: fmoe
+    max_batch: 1
+    queue_limit: 64
+    expert_cache_fraction: 0.5
+    workers:
+      - {{host: {host}, device: cpu}}
+"""
+    return f"""# Written by multihost_test.py: group g0 (world 1) on host B, g1 (world 1) on host C.
+model:
+  path: {source_dir}/deploy/models/tiny-moe
+  name: {MODEL}
+map_service:
+  endpoint: tcp://{a}:{MAP_PORT}
+  data_dir: maps
+  store_capacity: 1000
+  prefetch_distance: 3
+worker_groups:
+{groups}router:
+  listen: {a}:{HTTP_PORT}
+  worker_endpoint: tcp://{a}:{WORKER_PORT}
+  request_timeout_s: {FAULT_REQUEST_TIMEOUT_S}
+heartbeat:
+  interval_ms: {FAULT_HB_INTERVAL_MS}
+  timeout_ms: {FAULT_HB_TIMEOUT_MS}
+logging:
+  level: info
+launcher:
+  run_dir: run
+  ready_timeout_s: {READY_TIMEOUT_S}
+  stop_timeout_s: 20
+  restart:
+    initial_backoff_ms: 500
+    max_backoff_ms: 2000
+    max_restarts: 20
+    window_s: 60
+"""
+
+
+def groups_view(net):
+    """{group: its /health entry}; {} when the router does not answer."""
+    try:
+        conn = NsHTTPConnection(net.names["a"], net.addr["a"], HTTP_PORT, timeout=5)
+        try:
+            conn.request("GET", "/health")
+            body = conn.getresponse().read()
+        finally:
+            conn.close()
+        return {g["name"]: g for g in json.loads(body.decode("utf-8")).get("groups") or []}
+    except (OSError, http.client.HTTPException, ValueError, KeyError):
+        return {}
+
+
+def run_two_groups(bin_dir, source_dir, net, work, launchers, reference):
+    text = two_groups_manifest(source_dir, net)
+    dirs = {}
+    for h in ("a", "b", "c"):
+        dirs[h] = os.path.join(work, "two", h)
+        os.makedirs(dirs[h])
+        with open(os.path.join(dirs[h], "cluster.yaml"), "w", encoding="utf-8") as f:
+            f.write(text)
+    a = Launcher("A (two groups)", bin_dir, net.names["a"], dirs["a"], ["--host", net.addr["a"]])
+    launchers.append(a)
+    key_a = os.path.join(dirs["a"], "run", "cluster.key")
+    wait_until(f"host A's cluster key {key_a}",
+               lambda: (all_alive([a]), os.path.exists(key_a))[1], READY_TIMEOUT_S)
+    for h in ("b", "c"):
+        os.makedirs(os.path.join(dirs[h], "run"), exist_ok=True)
+        dst = os.path.join(dirs[h], "run", "cluster.key")
+        shutil.copyfile(key_a, dst)
+        os.chmod(dst, 0o600)
+    b = Launcher("B (g0)", bin_dir, net.names["b"], dirs["b"],
+                 ["--workers-only", "--host", net.addr["b"]])
+    c = Launcher("C (g1)", bin_dir, net.names["c"], dirs["c"],
+                 ["--workers-only", "--host", net.addr["c"]])
+    launchers += [b, c]
+    hosts = [a, b, c]
+
+    def both_alive():
+        all_alive(hosts)
+        v = groups_view(net)
+        return all(v.get(g, {}).get("alive") for g in ("g0", "g1"))
+
+    wait_until("two groups: g0 (B) and g1 (C) alive", both_alive, READY_TIMEOUT_S)
+    check_answers(net, reference, "two groups")
+    # Load: both groups run one stream each (max_batch 1), the rest queue, spread over both.
+    streams = [Stream(net.names["a"], net.addr["a"], HTTP_PORT, PROMPTS[i % len(PROMPTS)],
+                      TWO_MAX_TOKENS) for i in range(TWO_STREAMS)]
+    for st in streams:
+        st.start()
+    seen = {}
+
+    def spread():
+        v = groups_view(net)
+        seen.update(v)
+        return all(v.get(g, {}).get("running") == 1 for g in ("g0", "g1")) and \
+            v.get("g1", {}).get("queued", 0) >= 1
+    wait_until("two groups: each running one stream, g1 with streams queued", spread,
+               READY_TIMEOUT_S, poll_s=0.05)
+    log("two groups: requests spread over both: " + ", ".join(
+        f"{g} running {seen[g]['running']} queued {seen[g]['queued']}" for g in ("g0", "g1")))
+    moved = seen["g1"]["queued"]
+    instance = seen["g1"].get("instance")
+    victims = procs_of(c)
+    t0 = time.monotonic()
+    for pid in victims.values():
+        os.kill(pid, signal.SIGKILL)
+    log(f"two groups: kill -9 {sorted(victims.values())} ({sorted(victims)}: g1 on host C) "
+        f"with {moved} of its streams queued")
+
+    # Down for a moment only: C's launcher restarts g1 in about the heartbeat timeout, and the new
+    # instance can join within milliseconds of the router's "lost" (seen on this machine: 29 ms).
+    def g1_down():
+        g1 = groups_view(net).get("g1")
+        return g1 is not None and (not g1.get("alive") or g1.get("instance") != instance)
+
+    wait_until("two groups: the router reporting g1 down (or a new g1 instance)", g1_down,
+               FAULT_HB_TIMEOUT_MS / 1000 + SLACK_S, poll_s=0.02)
+    t_down = time.monotonic() - t0
+    v = groups_view(net)
+    log(f"two groups: g1 down (or anew) {t_down:.2f} s after the kill; now g0 running "
+        f"{v['g0']['running']} queued {v['g0']['queued']}, g1 queued {v['g1']['queued']}")
+    if v["g1"]["queued"] != 0:
+        raise Failure(f"two groups: g1's queued requests stayed on the lost group: {v['g1']}")
+    # Each stream: g1's running one ends with an error event if it had started (else it moves
+    # too); every other (g0's, and the ones queued on g1, moved to g0) completes whole. Meanwhile
+    # C's launcher restarts g1.
+    bound = FAULT_REQUEST_TIMEOUT_S + SLACK_S
+    t_up = None
+    deadline = t0 + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        all_alive(hosts)
+        if t_up is None and groups_view(net).get("g1", {}).get("alive"):
+            t_up = time.monotonic() - t0
+            log(f"two groups: g1 restarted by C's launcher serves again {t_up:.1f} s after the "
+                f"kill")
+        if any(st.is_alive() for st in streams) and time.monotonic() > t0 + bound:
+            raise Failure(f"two groups: a stream did not end within {bound} s of the kill")
+        if t_up is not None and not any(st.is_alive() for st in streams):
+            break
+        time.sleep(0.1)
+    if t_up is None:
+        raise Failure(f"two groups: g1 not restarted within {READY_TIMEOUT_S} s of the kill")
+    outcomes = [st.outcome for st in streams]
+    errors = [st for st in streams if st.outcome == "error event"]
+    done = [st for st in streams if st.outcome == "done" and st.tokens == TWO_MAX_TOKENS]
+    if len(errors) > 1 or len(errors) + len(done) != len(streams):
+        raise Failure(f"two groups: streams ended {outcomes} with "
+                      f"{[st.tokens for st in streams]} tokens; expected every one whole but "
+                      f"at most one (g1's running one) with an error event")
+    last = max(st.ended_at for st in streams) - t0
+    log(f"two groups: {len(done)} streams whole ({moved} of them moved from g1 to g0), "
+        f"{len(errors)} with an error event, the last {last:.1f} s after the kill")
+    check_answers(net, reference, "two groups after g1's restart")
+    problems = []
+    stop_launchers([a], problems)
+    stop_launchers([b, c], problems)
+    if problems:
+        raise Failure("; ".join(problems))
+    return {"two groups: g1 down": t_down, "two groups: g1 serving again": t_up}
+
+
 def check_can_run():
     if os.geteuid() != 0:
         raise Skip("network namespaces need root")
@@ -955,6 +1134,10 @@ def main():
             f"{net.names['sw']}; work dir {work}")
         reference = run_reference(bin_dir, source_dir, net, work, launchers)
         run_cluster(bin_dir, source_dir, net, work, launchers, reference, args.faults)
+        if args.faults:
+            timings = run_two_groups(bin_dir, source_dir, net, work, launchers, reference)
+            log("timings (s from the kill): " +
+                ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
         log(f"{time.monotonic() - started:.1f} s in all")
     except Skip as e:
         print(f"skipped: {e}", flush=True)
