@@ -86,8 +86,10 @@ struct GroupRun {
 };
 
 // Runs the prompts through a group of `world` rank threads; rank 0 serves them.
+// `max_batched_tokens`: the leader's token budget per step (prompts prefilled in chunks).
 GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
-                  const std::vector<LayerAccess>& future = {}, const std::string& dir = kModelDir) {
+                  const std::vector<LayerAccess>& future = {}, const std::string& dir = kModelDir,
+                  uint32_t max_batched_tokens = 0) {
   const ModelInfo& info = Common(dir).info;
   GroupRun run;
   std::mutex mu;
@@ -147,6 +149,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
     if (r == 0) {
       EngineOptions options;
       options.max_batch = 4;  // Six prompts: requests join and leave mid-run.
+      options.max_batched_tokens = max_batched_tokens;
       options.group = &group;
       options.keepalive_ms = 100;
       options.local_figures = local;
@@ -278,6 +281,15 @@ TEST(ExpertParallel, EveryWorldSizeAndPolicyGivesTheAllResidentTokens) {
       EXPECT_EQ(uses, request_uses);
     }
   }
+}
+
+// Chunked prefill across a group: the plans carry the prompt chunks (iterations after the first
+// with several prompt tokens), the followers run them, and the tokens are the all-resident ones.
+TEST(ExpertParallel, PromptChunksAcrossAGroupGiveTheAllResidentTokens) {
+  const Reference& ref = AllResident();
+  GroupRun run = RunGroup(2, "lru", 0.5, ref.accesses, kModelDir, /*max_batched_tokens=*/5);
+  EXPECT_TRUE(run.errors.empty()) << run.errors.front();
+  EXPECT_EQ(run.tokens, ref.tokens);
 }
 
 // Every family (tests/fixtures/<family>-ref): a group of two ranks at a quarter of the experts
