@@ -129,7 +129,7 @@ Result<std::unique_ptr<ExpertGroup>> ExpertGroup::Join(const ExpertGroupOptions&
       store_options.isServer = options.rank == 0;
       store_options.numWorkers = options.world_size;
       store_options.waitWorkers = true;
-      store_options.timeout = std::max(left, std::chrono::milliseconds{1000});
+      store_options.timeout = std::max(left, std::chrono::milliseconds{1});
       group->impl_->store =
           c10::make_intrusive<c10d::TCPStore>(options.rendezvous_host, store_options);
       break;
