@@ -764,10 +764,15 @@ def wait_group_down(net, what, t_fault, bound_s):
 
 def wait_ranks_left(la, before, what, t_fault, bound_s):
     """Every rank `la` ran before the fault has exited (none is stuck in a collective)."""
+    def exited(pid):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+                return f.read().rsplit(")", 1)[-1].split()[0] == "Z"  # A zombie has exited.
+        except OSError:
+            return True
+
     def gone():
-        return all(not os.path.exists(f"/proc/{pid}") or
-                   open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z"
-                   for pid in before.values())
+        return all(exited(pid) for pid in before.values())
 
     wait_until(f"{what}: host {la.name}'s ranks {sorted(before)} leaving the broken group "
                f"(pids {sorted(before.values())})", gone, bound_s, poll_s=0.1)
@@ -840,9 +845,12 @@ def fault_cut_link_c(net, hosts, reference, timings):
         # they must wait there (not crash-loop toward the launcher's give-up), and the group
         # must stay down while the link is down.
         waiting = ("starting", "running")
+        def restarted(la, before):  # launcher.json names two new pids (it may lag the exits).
+            now = procs_of(la, waiting)
+            return len(now) == 2 and not set(now.values()) & set(before.values())
+
         wait_until(f"{what}: B's and C's launchers restarting their ranks",
-                   lambda: len(procs_of(b, waiting)) == 2 and len(procs_of(c, waiting)) == 2,
-                   READY_TIMEOUT_S)
+                   lambda: restarted(b, before_b) and restarted(c, before_c), READY_TIMEOUT_S)
         waiting_c = procs_of(c, waiting)
         hold_until = time.monotonic() + FAULT_COLLECTIVE_TIMEOUT_S
         while time.monotonic() < hold_until:
