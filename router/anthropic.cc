@@ -4,28 +4,12 @@
 #include <utility>
 
 #include "common/text/unicode.h"
+#include "router/completion_request.h"
 
 namespace fmoe {
 namespace {
 
 using Json = nlohmann::json;
-
-const char* TypeName(const Json& v) {
-  switch (v.type()) {
-    case Json::value_t::null:
-      return "null";
-    case Json::value_t::boolean:
-      return "a boolean";
-    case Json::value_t::string:
-      return "a string";
-    case Json::value_t::array:
-      return "an array";
-    case Json::value_t::object:
-      return "an object";
-    default:
-      return "a number";
-  }
-}
 
 HttpResponse Invalid(const std::string& message) {
   HttpResponse res;
@@ -43,7 +27,7 @@ bool TextOf(const Json& content, const std::string& at, std::string* out, std::s
     return true;
   }
   if (!content.is_array()) {
-    *problem = at + " must be a string or an array of text blocks, not " + TypeName(content);
+    *problem = at + " must be a string or an array of text blocks, not " + JsonTypeName(content);
     return false;
   }
   for (size_t k = 0; k < content.size(); ++k) {

@@ -637,51 +637,40 @@ class ToolCompletionsTest : public ::testing::Test {
                              {"required", {"city"}}}}}}}});
   }
 
-  // The model's output `text` as the leader's tokens, then stop. `prompt` receives the prompt
-  // the router rendered.
+  // A chat request, answered by Answer.
   std::shared_ptr<Recorder> Run(Json body, const std::string& text, std::string* prompt = nullptr) {
-    body["model"] = "qwen3";
     if (!body.contains("messages")) {
       body["messages"] = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
     }
     body["max_tokens"] = 128;
-    auto rec = std::make_shared<Recorder>();
-    HttpRequest req;
-    req.method = "POST";
-    req.path = req.target = "/v1/chat/completions";
-    req.body = body.dump();
-    completions_->HandleChat(req, rec);
-    if (rec->done()) return rec;  // Refused.
-    auto gen = leader_->Next<Generate>();
-    EXPECT_TRUE(gen);
-    if (!gen) return rec;
-    if (prompt != nullptr) *prompt = tokenizer_->Decode(gen->token_ids, false);
-    auto ids = tokenizer_->Encode(text, /*add_special_tokens=*/false);
-    EXPECT_TRUE(ids.ok());
-    for (size_t i = 0; ids.ok() && i < ids->size(); ++i) {
-      TokenEvent ev = Token(gen->request_id, (*ids)[i]);
-      ev.index = static_cast<uint32_t>(i);
-      leader_->Send(ev);
-    }
-    leader_->Send(Token(gen->request_id, -1, FinishReason::kStop));
-    EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
-    return rec;
+    return Answer("/v1/chat/completions", std::move(body), text, prompt);
   }
 
-  // A Messages API request (POST /v1/messages): the leader answers with `text`, then stop.
+  // A Messages API request (POST /v1/messages), answered as Run answers.
   std::shared_ptr<Recorder> RunMessages(Json body, const std::string& text,
                                         std::string* prompt = nullptr) {
-    body["model"] = "qwen3";
     if (!body.contains("max_tokens")) body["max_tokens"] = 128;
     if (!body.contains("messages")) {
       body["messages"] = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
     }
+    return Answer("/v1/messages", std::move(body), text, prompt);
+  }
+
+  // Sends `body` to `path`; the leader answers with the model's output `text` as its tokens,
+  // then stop. `prompt` receives the prompt the router rendered.
+  std::shared_ptr<Recorder> Answer(const std::string& path, Json body, const std::string& text,
+                                   std::string* prompt) {
+    body["model"] = "qwen3";
     auto rec = std::make_shared<Recorder>();
     HttpRequest req;
     req.method = "POST";
-    req.path = req.target = "/v1/messages";
+    req.path = req.target = path;
     req.body = body.dump();
-    completions_->HandleMessages(req, rec);
+    if (path == "/v1/messages") {
+      completions_->HandleMessages(req, rec);
+    } else {
+      completions_->HandleChat(req, rec);
+    }
     if (rec->done()) return rec;  // Refused.
     auto gen = leader_->Next<Generate>();
     EXPECT_TRUE(gen);
