@@ -105,7 +105,8 @@ constexpr std::string_view kModelPrefix = "/v1/models/";
 bool IsKnownRoute(const std::string& path) {
   return path == "/health" || path == "/metrics" || path == "/v1/models" ||
          path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
-         path == "/detokenize" || path == "/version" || path == "/ping" || path == "/v1/messages";
+         path == "/detokenize" || path == "/version" || path == "/ping" || path == "/v1/messages" ||
+         path == "/v1/responses";
 }
 
 }  // namespace
@@ -223,6 +224,9 @@ void RouterApi::Route(const HttpRequest& request, const std::string& route,
     if (request.path == "/v1/messages") {
       return completions_->HandleMessages(request, std::move(responder));
     }
+    if (request.path == "/v1/responses") {
+      return completions_->HandleResponses(request, std::move(responder));
+    }
   }
   HttpResponse res = HandleNow(request);
   if (metrics_ != nullptr) metrics_->CountRequest(route, res.status);
@@ -231,7 +235,7 @@ void RouterApi::Route(const HttpRequest& request, const std::string& route,
 
 HttpResponse RouterApi::HandleNow(const HttpRequest& request) const {
   if (request.path == "/v1/completions" || request.path == "/v1/chat/completions" ||
-      request.path == "/v1/messages") {
+      request.path == "/v1/messages" || request.path == "/v1/responses") {
     if (request.method != "POST") return MethodNotAllowed(request, "POST");
     return ApiError(503, "this router serves no model", "service_unavailable", "", "");
   }

@@ -17,6 +17,7 @@
 #include "common/text/think_splitter.h"
 #include "common/text/unicode.h"
 #include "router/anthropic.h"
+#include "router/responses.h"
 
 namespace fmoe {
 namespace {
@@ -103,11 +104,23 @@ struct Choice {
 // One request's rendering state; the link thread feeds it events of its choices.
 class CompletionState {
  public:
-  // `messages`: a Messages API request (router/anthropic.h): its answer shapes.
+  // `messages`: a Messages API request (router/anthropic.h): its answer shapes. `responses`
+  // (with the store it goes to): a Responses API request (router/responses.h).
   CompletionState(const Tokenizer& tokenizer, WorkerLink& link, RouterMetrics* metrics,
                   const CompletionRequest& request, const CompletionsOptions& options,
-                  bool messages = false)
-      : tokenizer_(tokenizer), link_(link), metrics_(metrics), messages_(messages) {
+                  bool messages = false, const ResponsesRequest* responses = nullptr,
+                  ResponseStore* store = nullptr)
+      : tokenizer_(tokenizer),
+        link_(link),
+        metrics_(metrics),
+        messages_(messages),
+        responses_(responses != nullptr),
+        response_store_(store) {
+    if (responses != nullptr) {
+      conversation_ = responses->conversation;
+      store_response_ = responses->store;
+      echo_ = responses->echo;
+    }
     chat_ = request.kind == RequestKind::kChat;
     harmony_ = chat_ && options.harmony_channels;
     if (chat_ && !harmony_ && options.think_style) {
@@ -127,8 +140,15 @@ class CompletionState {
         if (id && tokenizer.IsSpecial(*id)) special_markers_.emplace_back(*id, marker);
       }
     }
-    route_ = messages_ ? "/v1/messages" : chat_ ? "/v1/chat/completions" : "/v1/completions";
-    id_ = (messages_ ? "msg_" : chat_ ? "chatcmpl-" : "cmpl-") + FingerprintHex(RandomId());
+    route_ = messages_    ? "/v1/messages"
+             : responses_ ? "/v1/responses"
+             : chat_      ? "/v1/chat/completions"
+                          : "/v1/completions";
+    id_ = (messages_    ? "msg_"
+           : responses_ ? "resp_"
+           : chat_      ? "chatcmpl-"
+                        : "cmpl-") +
+          FingerprintHex(RandomId());
     stream_ = request.stream;
     include_usage_ = request.include_usage;
     for (const PromptInput& p : request.prompts) {
@@ -169,6 +189,12 @@ class CompletionState {
   void BeginStream() {
     Count(200);
     responder->BeginStream(200, "text/event-stream");
+    if (responses_) {
+      Json r = ResponseObject("in_progress", Json::array(), 0);
+      ResponsesEvent("response.created", {{"response", r}});
+      ResponsesEvent("response.in_progress", {{"response", std::move(r)}});
+      return;
+    }
     if (messages_) {
       SendEvent("message_start",
                 {{"type", "message_start"},
@@ -211,6 +237,17 @@ class CompletionState {
     if (stream_ && responder_streaming_) {
       if (messages_) {
         responder->Write("event: error\ndata: " + err.body + "\n\n");
+      } else if (responses_) {
+        const Json e = Json::parse(err.body, nullptr, /*allow_exceptions=*/false);
+        Json data = {{"type", "error"},
+                     {"code", nullptr},
+                     {"message", "request failed"},
+                     {"param", nullptr}};
+        if (e.is_object() && e.contains("error") && e["error"].is_object()) {
+          data["code"] = e["error"].value("code", Json(nullptr));
+          data["message"] = e["error"].value("message", Json("request failed"));
+        }
+        ResponsesEvent("error", std::move(data));
       } else {
         responder->Write("data: " + err.body + "\n\n");
         responder->Write("data: [DONE]\n\n");
@@ -297,7 +334,7 @@ class CompletionState {
       c.finished = true;
       ++finished_;
       CountGeneration(c);
-      if (stream_ && !messages_) Send(Chunk(i, "", finish, true));
+      if (stream_ && !messages_ && !responses_) Send(Chunk(i, "", finish, true));
       finish_[i] = finish;
       if (c.stop.stopped()) stop_sequence_ = c.stop.matched();
       if (finished_ == choices_.size()) Complete();
@@ -343,6 +380,7 @@ class CompletionState {
           {route_, prompt_tokens_, completion, Ms(Clock::now() - arrived_).count(), queue_ms});
     }
     if (messages_) return CompleteMessages(completion);
+    if (responses_) return CompleteResponses(completion);
     if (stream_) {
       if (include_usage_) {
         Json u = Envelope();
@@ -553,6 +591,8 @@ class CompletionState {
     }
     if (stream_ && messages_) {
       BlockDelta("text", piece);
+    } else if (stream_ && responses_) {
+      ItemDelta("message", piece);
     } else if (stream_) {
       Send(Chunk(i, piece, nullptr, true));
     } else {
@@ -605,6 +645,26 @@ class CompletionState {
     if (calls.empty()) return;
     Choice& c = *choices_[i];
     c.calls_seen += calls.size();
+    if (stream_ && responses_) {
+      for (const ToolCallDelta& d : calls) {
+        CloseItem();
+        const std::string item_id = "fc_" + FingerprintHex(RandomId());
+        const size_t index = output_.size();
+        Json item = {{"type", "function_call"}, {"id", item_id},   {"call_id", d.id},
+                     {"name", d.name},          {"arguments", ""}, {"status", "in_progress"}};
+        ResponsesEvent("response.output_item.added", {{"output_index", index}, {"item", item}});
+        ResponsesEvent("response.function_call_arguments.delta",
+                       {{"item_id", item_id}, {"output_index", index}, {"delta", d.arguments}});
+        ResponsesEvent("response.function_call_arguments.done",
+                       {{"item_id", item_id}, {"output_index", index}, {"arguments", d.arguments}});
+        item["arguments"] = d.arguments;
+        item["status"] = "completed";
+        ResponsesEvent("response.output_item.done", {{"output_index", index}, {"item", item}});
+        output_.push_back(std::move(item));
+        c.tool_calls.push_back({d.id, d.name, d.arguments});
+      }
+      return;
+    }
     if (!stream_) {
       for (ToolCallDelta& d : calls) {
         c.tool_calls.push_back({std::move(d.id), std::move(d.name), std::move(d.arguments)});
@@ -659,12 +719,183 @@ class CompletionState {
     if (stream_ && messages_) {
       BlockDelta("thinking", p.reasoning);
       BlockDelta("text", p.content);
+    } else if (stream_ && responses_) {
+      ItemDelta("reasoning", p.reasoning);
+      ItemDelta("message", p.content);
     } else if (stream_) {
       Send(Chunk(i, p.content, nullptr, true, p.reasoning));
     } else {
       choices_[i]->out += p.content;
       choices_[i]->reasoning += p.reasoning;
     }
+  }
+
+  // ---- Responses API (router/responses.h): one choice, output items ----
+  void ResponsesEvent(const char* type, Json data) {
+    data["type"] = type;
+    data["sequence_number"] = sequence_++;
+    responder->Write(std::string("event: ") + type + "\ndata: " + JsonText(data) + "\n\n");
+  }
+  // The response object: `status`, its output items so far, the tokens out.
+  Json ResponseObject(const char* status, Json output, uint32_t completion) const {
+    Json r = {{"id", id_},
+              {"object", "response"},
+              {"created_at", created_},
+              {"status", status},
+              {"model", model},
+              {"output", std::move(output)},
+              {"error", nullptr},
+              {"incomplete_details", nullptr},
+              {"instructions", nullptr},
+              {"max_output_tokens", nullptr},
+              {"previous_response_id", nullptr},
+              {"temperature", nullptr},
+              {"top_p", nullptr},
+              {"tools", Json::array()},
+              {"tool_choice", "auto"},
+              {"parallel_tool_calls", true},
+              {"text", {{"format", {{"type", "text"}}}}},
+              {"store", store_response_},
+              {"metadata", Json::object()},
+              {"usage",
+               {{"input_tokens", prompt_tokens_},
+                {"input_tokens_details", {{"cached_tokens", 0}}},
+                {"output_tokens", completion},
+                {"output_tokens_details", {{"reasoning_tokens", 0}}},
+                {"total_tokens", prompt_tokens_ + completion}}}};
+    for (auto it = echo_.begin(); it != echo_.end(); ++it) r[it.key()] = it.value();
+    return r;
+  }
+  static Json MessageItem(const std::string& id, const std::string& text, const char* status) {
+    return {
+        {"type", "message"},
+        {"id", id},
+        {"status", status},
+        {"role", "assistant"},
+        {"content",
+         Json::array({{{"type", "output_text"}, {"text", text}, {"annotations", Json::array()}}})}};
+  }
+  static Json ReasoningItem(const std::string& id, const std::string& text) {
+    return {{"type", "reasoning"},
+            {"id", id},
+            {"summary", Json::array()},
+            {"content", Json::array({{{"type", "reasoning_text"}, {"text", text}}})}};
+  }
+  // Streamed text of an item kind ("message" or "reasoning"): a new item when another is open.
+  void ItemDelta(const char* kind, const std::string& text) {
+    if (text.empty()) return;
+    const bool message = std::string_view(kind) == "message";
+    if (open_item_ != kind) {
+      CloseItem();
+      open_item_ = kind;
+      item_id_ = (message ? "msg_" : "rs_") + FingerprintHex(RandomId());
+      item_text_.clear();
+      const size_t index = output_.size();
+      if (message) {
+        Json item = MessageItem(item_id_, "", "in_progress");
+        item["content"] = Json::array();
+        ResponsesEvent("response.output_item.added", {{"output_index", index}, {"item", item}});
+        ResponsesEvent(
+            "response.content_part.added",
+            {{"item_id", item_id_},
+             {"output_index", index},
+             {"content_index", 0},
+             {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", Json::array()}}}});
+      } else {
+        Json item = ReasoningItem(item_id_, "");
+        item["content"] = Json::array();
+        ResponsesEvent("response.output_item.added", {{"output_index", index}, {"item", item}});
+      }
+    }
+    item_text_ += text;
+    ResponsesEvent(message ? "response.output_text.delta" : "response.reasoning_text.delta",
+                   {{"item_id", item_id_},
+                    {"output_index", output_.size()},
+                    {"content_index", 0},
+                    {"delta", text}});
+  }
+  void CloseItem() {
+    if (open_item_.empty()) return;
+    const size_t index = output_.size();
+    if (open_item_ == "message") {
+      ResponsesEvent("response.output_text.done", {{"item_id", item_id_},
+                                                   {"output_index", index},
+                                                   {"content_index", 0},
+                                                   {"text", item_text_}});
+      ResponsesEvent(
+          "response.content_part.done",
+          {{"item_id", item_id_},
+           {"output_index", index},
+           {"content_index", 0},
+           {"part",
+            {{"type", "output_text"}, {"text", item_text_}, {"annotations", Json::array()}}}});
+      output_.push_back(MessageItem(item_id_, item_text_, "completed"));
+    } else {
+      ResponsesEvent("response.reasoning_text.done", {{"item_id", item_id_},
+                                                      {"output_index", index},
+                                                      {"content_index", 0},
+                                                      {"text", item_text_}});
+      output_.push_back(ReasoningItem(item_id_, item_text_));
+    }
+    ResponsesEvent("response.output_item.done",
+                   {{"output_index", index}, {"item", output_.back()}});
+    if (open_item_ == "message") answer_text_ += item_text_;
+    open_item_.clear();
+  }
+  // The answer's end: the stream's last events or the whole response; the conversation kept.
+  void CompleteResponses(uint32_t completion) {
+    const Choice& c = *choices_[0];
+    const bool incomplete = std::string_view(finish_[0]) == "length";
+    Json output = Json::array();
+    std::string text;
+    if (stream_) {
+      CloseItem();
+      output = output_;
+      text = answer_text_;
+    } else {
+      if (!c.reasoning.empty() && include_reasoning_) {
+        output.push_back(ReasoningItem("rs_" + FingerprintHex(RandomId()), c.reasoning));
+      }
+      if (!c.out.empty()) {
+        output.push_back(MessageItem("msg_" + FingerprintHex(RandomId()), c.out,
+                                     incomplete ? "incomplete" : "completed"));
+      }
+      for (const ToolCall& t : c.tool_calls) {
+        output.push_back({{"type", "function_call"},
+                          {"id", "fc_" + FingerprintHex(RandomId())},
+                          {"call_id", t.id},
+                          {"name", t.name},
+                          {"arguments", t.arguments},
+                          {"status", "completed"}});
+      }
+      text = c.out;
+    }
+    Json r = ResponseObject(incomplete ? "incomplete" : "completed", std::move(output), completion);
+    if (incomplete) r["incomplete_details"] = {{"reason", "max_output_tokens"}};
+    if (store_response_ && response_store_ != nullptr) {
+      Json answer = {{"role", "assistant"}, {"content", text}};
+      if (!c.tool_calls.empty()) {
+        Json calls = Json::array();
+        for (const ToolCall& t : c.tool_calls) {
+          calls.push_back({{"id", t.id},
+                           {"type", "function"},
+                           {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        }
+        answer["tool_calls"] = std::move(calls);
+      }
+      conversation_.push_back(std::move(answer));
+      response_store_->Put(id_, std::move(conversation_));
+    }
+    if (stream_) {
+      ResponsesEvent(incomplete ? "response.incomplete" : "response.completed",
+                     {{"response", std::move(r)}});
+      responder->End();
+      return;
+    }
+    HttpResponse res;
+    res.body = JsonText(r);
+    Count(200);
+    responder->Respond(std::move(res));
   }
 
   // ---- Messages API (router/anthropic.h): one choice, content blocks ----
@@ -738,7 +969,18 @@ class CompletionState {
   const Tokenizer& tokenizer_;
   WorkerLink& link_;
   RouterMetrics* metrics_;
-  bool messages_ = false;      // A Messages API request.
+  bool messages_ = false;   // A Messages API request.
+  bool responses_ = false;  // A Responses API request.
+  ResponseStore* response_store_ = nullptr;
+  Json conversation_;  // Responses: the request's chat messages (stored with the answer).
+  bool store_response_ = true;
+  Json echo_ = Json::object();   // Responses: the request's fields the response object echoes.
+  Json output_ = Json::array();  // Responses streams: the output items done so far.
+  std::string open_item_;        // Responses streams: the open item's kind ("" = none).
+  std::string item_id_;
+  std::string item_text_;
+  std::string answer_text_;    // Responses streams: the message text of the answer.
+  uint64_t sequence_ = 0;      // Responses streams: the events' sequence_number.
   std::string open_block_;     // Messages streams: the open block's kind ("" = none).
   int block_index_ = -1;       // Messages streams: the last block's index.
   std::string stop_sequence_;  // The stop string that ended the answer ("" = none).
@@ -781,13 +1023,21 @@ void Completions::HandleChat(const HttpRequest& request, std::shared_ptr<HttpRes
 
 void Completions::HandleMessages(const HttpRequest& request,
                                  std::shared_ptr<HttpResponder> responder) {
-  Run(RequestKind::kChat, request, std::move(responder), /*messages=*/true);
+  Run(RequestKind::kChat, request, std::move(responder), Dialect::kMessages);
+}
+
+void Completions::HandleResponses(const HttpRequest& request,
+                                  std::shared_ptr<HttpResponder> responder) {
+  Run(RequestKind::kChat, request, std::move(responder), Dialect::kResponses);
 }
 
 void Completions::Run(RequestKind kind, const HttpRequest& request,
-                      std::shared_ptr<HttpResponder> responder, bool messages) {
+                      std::shared_ptr<HttpResponder> responder, Dialect dialect) {
   HttpResponse error;
+  const bool messages = dialect == Dialect::kMessages;
+  const bool responses = dialect == Dialect::kResponses;
   const char* route = messages                     ? "/v1/messages"
+                      : responses                  ? "/v1/responses"
                       : kind == RequestKind::kChat ? "/v1/chat/completions"
                                                    : "/v1/completions";
   auto refuse = [&](HttpResponse res) {
@@ -795,7 +1045,8 @@ void Completions::Run(RequestKind kind, const HttpRequest& request,
     responder->Respond(messages ? MessagesError(res) : std::move(res));
   };
   std::string body = request.body;
-  if (messages) {
+  std::optional<ResponsesRequest> translated;
+  if (messages || responses) {
     const Json j = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) {
       return refuse(ApiError(400, "the request body is not valid JSON", "invalid_request_error", "",
@@ -807,9 +1058,16 @@ void Completions::Run(RequestKind kind, const HttpRequest& request,
           400, "the request nests deeper than " + std::to_string(2 * kMaxToolJsonDepth) + " levels",
           "invalid_request_error", "", "invalid_value"));
     }
-    auto chat = MessagesToChat(j, &error);
-    if (!chat.ok()) return refuse(std::move(error));
-    body = JsonText(*chat);
+    if (messages) {
+      auto chat = MessagesToChat(j, &error);
+      if (!chat.ok()) return refuse(std::move(error));
+      body = JsonText(*chat);
+    } else {
+      auto r = ResponsesToChat(j, responses_, &error);
+      if (!r.ok()) return refuse(std::move(error));
+      translated = std::move(*r);
+      body = JsonText(translated->chat);
+    }
   }
   auto parsed = ParseRequest(body, options_, tokenizer_, kind, &error);
   if (!parsed.ok()) return refuse(std::move(error));
@@ -818,8 +1076,9 @@ void Completions::Run(RequestKind kind, const HttpRequest& request,
     for (const std::string& f : parsed->ignored_fields) names += (names.empty() ? "" : ", ") + f;
     spdlog::info("{}: fields this server does not know, ignored: {}", route, names);
   }
-  auto state =
-      std::make_shared<CompletionState>(tokenizer_, link_, metrics_, *parsed, options_, messages);
+  auto state = std::make_shared<CompletionState>(tokenizer_, link_, metrics_, *parsed, options_,
+                                                 messages, translated ? &*translated : nullptr,
+                                                 translated ? &responses_ : nullptr);
   state->responder = responder;
   state->model = options_.model_name;
   // Headers first for a stream, so the client sees it start; under the state's lock so no

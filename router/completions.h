@@ -19,6 +19,7 @@
 #include "router/completion_request.h"
 #include "router/http_server.h"
 #include "router/metrics.h"
+#include "router/responses.h"
 #include "router/worker_link.h"
 
 namespace fmoe {
@@ -32,18 +33,23 @@ class Completions {
   void HandleChat(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   // Anthropic's Messages API (router/anthropic.h): a chat completion in the Messages shapes.
   void HandleMessages(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  // OpenAI's Responses API (router/responses.h), with the responses kept for
+  // previous_response_id.
+  void HandleResponses(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   const CompletionsOptions& options() const { return options_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
 
  private:
-  // `messages`: the body is a Messages request, translated to chat; answers in its shapes.
+  // The API a chat body comes in: translated to chat, answered in its shapes.
+  enum class Dialect { kOpenAI, kMessages, kResponses };
   void Run(RequestKind kind, const HttpRequest& request, std::shared_ptr<HttpResponder> responder,
-           bool messages = false);
+           Dialect dialect = Dialect::kOpenAI);
 
   CompletionsOptions options_;
   const Tokenizer& tokenizer_;
   WorkerLink& link_;
   RouterMetrics* metrics_;
+  ResponseStore responses_;  // The Responses API's kept responses.
 };
 
 }  // namespace fmoe

@@ -80,6 +80,34 @@ def main() -> int:
     except openai.BadRequestError as e:
         assert e.status_code == 400 and "tool_choice" in str(e), e
 
+    # The Responses API: whole, streamed through the client's event handling, and a second turn
+    # by previous_response_id.
+    first = client.responses.create(model=model, input="Who made the earth?",
+                                    instructions="Be brief.", max_output_tokens=8, temperature=0)
+    assert first.object == "response" and first.status in ("completed", "incomplete"), first
+    assert first.output_text, first
+    assert first.usage.output_tokens > 0 and first.usage.input_tokens > 0, first
+    # (A response cut by max_output_tokens ends with response.incomplete, as OpenAI's does.)
+    streamed, final = "", None
+    for event in client.responses.create(model=model, input="Who made the earth?",
+                                         instructions="Be brief.", max_output_tokens=8,
+                                         temperature=0, stream=True):
+        if event.type == "response.output_text.delta":
+            streamed += event.delta
+        if event.type in ("response.completed", "response.incomplete"):
+            final = event.response
+    assert final is not None and final.status == first.status, final
+    assert streamed == first.output_text == final.output_text, (streamed, first, final)
+    second = client.responses.create(model=model, input="And then?", max_output_tokens=4,
+                                     temperature=0, previous_response_id=first.id)
+    assert second.previous_response_id == first.id and second.usage.input_tokens > \
+        first.usage.input_tokens, second
+    try:
+        client.responses.create(model=model, input="x", previous_response_id="resp_unknown")
+        raise AssertionError("an unknown previous_response_id was accepted")
+    except openai.NotFoundError as e:
+        assert e.status_code == 404, e
+
     # n: independent choices; with a seed, choice i is the request with seed + i.
     many = client.completions.create(model=model, prompt="In the beginning", max_tokens=6,
                                      temperature=1.5, seed=11, n=2)

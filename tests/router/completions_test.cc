@@ -659,7 +659,7 @@ class ToolCompletionsTest : public ::testing::Test {
   // Sends `body` to `path`; the leader answers with the model's output `text` as its tokens,
   // then stop. `prompt` receives the prompt the router rendered.
   std::shared_ptr<Recorder> Answer(const std::string& path, Json body, const std::string& text,
-                                   std::string* prompt) {
+                                   std::string* prompt = nullptr) {
     body["model"] = "qwen3";
     auto rec = std::make_shared<Recorder>();
     HttpRequest req;
@@ -668,6 +668,8 @@ class ToolCompletionsTest : public ::testing::Test {
     req.body = body.dump();
     if (path == "/v1/messages") {
       completions_->HandleMessages(req, rec);
+    } else if (path == "/v1/responses") {
+      completions_->HandleResponses(req, rec);
     } else {
       completions_->HandleChat(req, rec);
     }
@@ -970,6 +972,105 @@ TEST_F(ToolCompletionsTest, MessagesErrorsAreInTheMessagesShape) {
             std::string::npos);
   EXPECT_NE(error_of(RunMessages({{"temperature", "hot"}}, "")).find("temperature"),
             std::string::npos);
+}
+
+// OpenAI's Responses API: input items as the chat they mean, the answer as output items
+// (reasoning, message, function_call) with usage, the response.* event sequence, and
+// previous_response_id continuing a kept conversation.
+TEST_F(ToolCompletionsTest, ResponsesAnswerWithOutputItemsAndContinue) {
+  Start(ToolCallFormat::kHermes, /*think=*/false);
+  std::string prompt;
+  auto rec = Answer(
+      "/v1/responses",
+      {{"input", "Weather in Paris?"}, {"instructions", "Be brief."}, {"max_output_tokens", 64}},
+      "Sunny.", &prompt);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  EXPECT_NE(prompt.find("Be brief."), std::string::npos) << prompt;
+  const Json r = Json::parse(rec->body());
+  EXPECT_EQ(r["object"], "response");
+  EXPECT_EQ(r["status"], "completed");
+  EXPECT_TRUE(r["id"].get<std::string>().starts_with("resp_")) << r;
+  ASSERT_EQ(r["output"].size(), 1u) << r;
+  EXPECT_EQ(r["output"][0]["type"], "message");
+  EXPECT_EQ(r["output"][0]["content"][0]["type"], "output_text");
+  EXPECT_EQ(r["output"][0]["content"][0]["text"], "Sunny.");
+  EXPECT_EQ(r["instructions"], "Be brief.");
+  EXPECT_EQ(r["usage"]["total_tokens"].get<int>(),
+            r["usage"]["input_tokens"].get<int>() + r["usage"]["output_tokens"].get<int>());
+  // The next turn continues the kept conversation (its instructions are not carried).
+  rec = Answer(
+      "/v1/responses",
+      {{"input", "And tomorrow?"}, {"previous_response_id", r["id"]}, {"max_output_tokens", 64}},
+      "Rain.", &prompt);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  EXPECT_NE(prompt.find("Weather in Paris?"), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("Sunny."), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("And tomorrow?"), std::string::npos) << prompt;
+  EXPECT_EQ(prompt.find("Be brief."), std::string::npos) << prompt;
+  rec = Answer("/v1/responses", {{"input", "x"}, {"previous_response_id", "resp_nope"}}, "");
+  EXPECT_EQ(rec->status(), 404) << rec->body();
+  // Function tools, a call and its output in the input.
+  const Json tools = {{{"type", "function"},
+                       {"name", "get_weather"},
+                       {"parameters", Tools()[0]["function"]["parameters"]}}};
+  rec = Answer("/v1/responses", {{"input", "Weather in Paris?"}, {"tools", tools}}, kCallAnswer);
+  const Json call = Json::parse(rec->body());
+  ASSERT_EQ(call["output"].size(), 2u) << call;
+  EXPECT_EQ(call["output"][1]["type"], "function_call");
+  EXPECT_EQ(call["output"][1]["name"], "get_weather");
+  EXPECT_EQ(Json::parse(call["output"][1]["arguments"].get<std::string>()),
+            Json({{"city", "Paris"}}));
+  const Json items = {
+      {{"role", "user"}, {"content", "Weather in Paris?"}},
+      {{"type", "function_call"},
+       {"call_id", "call_1"},
+       {"name", "get_weather"},
+       {"arguments", "{\"city\": \"Paris\"}"}},
+      {{"type", "function_call_output"}, {"call_id", "call_1"}, {"output", "22 C"}}};
+  rec = Answer("/v1/responses", {{"input", items}, {"tools", tools}}, "It is 22.", &prompt);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  EXPECT_NE(prompt.find("<tool_response>\n22 C\n</tool_response>"), std::string::npos) << prompt;
+  // What needs constrained decoding is refused by name.
+  rec = Answer("/v1/responses", {{"input", "x"}, {"text", {{"format", {{"type", "json_object"}}}}}},
+               "");
+  EXPECT_EQ(rec->status(), 400) << rec->body();
+  EXPECT_EQ(Json::parse(rec->body())["error"]["param"], "text") << rec->body();
+}
+
+TEST_F(ToolCompletionsTest, ResponsesStreamTheEventSequence) {
+  Start(ToolCallFormat::kHermes, /*think=*/true);
+  const Json tools = {{{"type", "function"},
+                       {"name", "get_weather"},
+                       {"parameters", Tools()[0]["function"]["parameters"]}}};
+  auto rec =
+      Answer("/v1/responses", {{"input", "Weather in Paris?"}, {"tools", tools}, {"stream", true}},
+             std::string("<think>Call it.</think>") + kCallAnswer, nullptr);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  std::vector<std::string> names, added;
+  std::string reasoning, text, arguments;
+  int64_t sequence = -1;
+  Json completed;
+  for (const auto& [name, data] : Events(rec->body())) {
+    names.push_back(name);
+    EXPECT_EQ(data["type"], name);
+    EXPECT_EQ(data["sequence_number"].get<int64_t>(), sequence + 1) << name;
+    sequence = data["sequence_number"];
+    if (name == "response.output_item.added") added.push_back(data["item"]["type"]);
+    if (name == "response.reasoning_text.delta") reasoning += data["delta"].get<std::string>();
+    if (name == "response.output_text.delta") text += data["delta"].get<std::string>();
+    if (name == "response.function_call_arguments.delta") arguments += data["delta"];
+    if (name == "response.completed") completed = data["response"];
+  }
+  ASSERT_FALSE(names.empty()) << rec->body();
+  EXPECT_EQ(names.front(), "response.created");
+  EXPECT_EQ(names.back(), "response.completed");
+  EXPECT_EQ(added, (std::vector<std::string>{"reasoning", "message", "function_call"}));
+  EXPECT_EQ(reasoning, "Call it.");
+  EXPECT_EQ(text, "Let me check.\n");
+  EXPECT_EQ(Json::parse(arguments), Json({{"city", "Paris"}}));
+  ASSERT_EQ(completed["output"].size(), 3u) << completed;
+  EXPECT_EQ(completed["output"][1]["content"][0]["text"], "Let me check.\n");
+  EXPECT_EQ(completed["status"], "completed");
 }
 
 }  // namespace

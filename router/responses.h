@@ -1,0 +1,61 @@
+// OpenAI's Responses API (POST /v1/responses), the OpenAI Agents SDK's and LangChain's
+// use_responses_api default: the request (instructions, input as a string or items: messages,
+// function_call and function_call_output, function tools, tool_choice, sampling,
+// max_output_tokens, previous_response_id) is translated into the chat completion it means,
+// which ParseRequest validates like any chat request; Completions writes the answer as a
+// `response` with output items (reasoning, message, function_call) and the streamed
+// response.* events. Responses are kept in the router's memory (ResponseStore, bounded) so a
+// later request can continue one by previous_response_id. Thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "router/http_server.h"
+
+namespace fmoe {
+
+// The conversations of stored responses: id -> the chat messages up to and including the
+// response's answer (instructions left out: they are not carried to the next turn), least
+// recently used dropped past the capacity.
+class ResponseStore {
+ public:
+  explicit ResponseStore(size_t capacity = 1024) : capacity_(capacity) {}
+  void Put(const std::string& id, nlohmann::json conversation);
+  std::optional<nlohmann::json> Get(const std::string& id);
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  size_t capacity_;
+  std::list<std::pair<std::string, nlohmann::json>> lru_;  // GUARDED_BY(mu_), newest first.
+  std::unordered_map<std::string, std::list<std::pair<std::string, nlohmann::json>>::iterator>
+      index_;  // GUARDED_BY(mu_)
+};
+
+struct ResponsesRequest {
+  nlohmann::json chat;          // The chat completion body it means.
+  nlohmann::json conversation;  // Its chat messages without the instructions (to store).
+  bool store = true;            // Keep the response for previous_response_id.
+  // What the response object echoes: instructions, max_output_tokens, temperature, top_p, tools,
+  // tool_choice, previous_response_id.
+  nlohmann::json echo = nlohmann::json::object();
+};
+
+// The chat completion `body` (a Responses request) means, continuing a stored response when it
+// names one. On error, *error holds the answer (400 naming the field; 404 for an unknown
+// previous_response_id). Refused: input items other than messages, function calls and their
+// outputs (images, files, built-in tools), text.format other than text, reasoning settings,
+// tool_choice "required" or a named function (constrained decoding).
+Result<ResponsesRequest> ResponsesToChat(const nlohmann::json& body, ResponseStore& store,
+                                         HttpResponse* error);
+
+}  // namespace fmoe
