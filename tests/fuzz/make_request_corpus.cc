@@ -52,6 +52,9 @@ std::vector<Seed> Seeds() {
       Ok("ok-token-ids", "{" + m + R"("prompt":[1,15,200,4095],"max_tokens":4})"),
       Ok("ok-token-ids-in-array", "{" + m + R"("prompt":[[1,15,200]],"max_tokens":4})"),
       Ok("ok-batch-of-ids", "{" + m + R"("prompt":[[1,2],[3]],"n":2,"echo":true})"),
+      Ok("ok-echo-scores-only", "{" + m +
+                                    R"("prompt":[1,300,301],"echo":true,"logprobs":2,)"
+                                    R"("max_tokens":0})"),
       Ok("ok-batch-of-strings", "{" + m + R"("prompt":["a","b c"],"logprobs":1,"echo":true})"),
       Ok("ok-one-string-array", "{" + m + R"("prompt":["Once upon a time"]})"),
       Ok("ok-stream-usage", "{" + m +

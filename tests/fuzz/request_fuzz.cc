@@ -77,7 +77,8 @@ void CheckRequest(const CompletionRequest& request, const Tokenizer& tokenizer) 
   Check(!request.prompts.empty() && request.prompts.size() <= kMaxPrompts);
   Check(request.kind == RequestKind::kText || request.prompts.size() == 1);
   const SamplingParams& s = request.sampling;
-  Check(s.max_tokens >= 1);
+  // max_tokens 0 only scores a prompt: completions with echo.
+  Check(s.max_tokens >= 1 || (request.echo && request.kind == RequestKind::kText));
   for (const PromptInput& p : request.prompts) {
     Check(!p.ids.empty());
     for (int32_t id : p.ids) Check(id >= 0 && static_cast<size_t>(id) < tokenizer.vocab_size());
