@@ -44,6 +44,20 @@ std::vector<std::string> DataEvents(const std::string& sse) {
   return events;
 }
 
+// The leader answers request `id` with the model's output `text` (markers spelled out) as its
+// tokens, then stop.
+void AnswerWithText(FakeLeader& leader, const Tokenizer& tokenizer, uint64_t id,
+                    const std::string& text) {
+  auto ids = tokenizer.Encode(text, /*add_special_tokens=*/false);
+  EXPECT_TRUE(ids.ok());
+  for (size_t i = 0; ids.ok() && i < ids->size(); ++i) {
+    TokenEvent ev = Token(id, (*ids)[i]);
+    ev.index = static_cast<uint32_t>(i);
+    leader.Send(ev);
+  }
+  leader.Send(Token(id, -1, FinishReason::kStop));
+}
+
 size_t CodePoints(const std::string& s) {
   return static_cast<size_t>(
       std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
@@ -388,14 +402,7 @@ class HarmonyCompletionsTest : public ::testing::Test {
     auto gen = leader_->Next<Generate>();
     EXPECT_TRUE(gen);
     if (!gen) return rec;
-    auto ids = tokenizer_->Encode(text, /*add_special_tokens=*/false);
-    EXPECT_TRUE(ids.ok());
-    for (size_t i = 0; ids.ok() && i < ids->size(); ++i) {
-      TokenEvent ev = Token(gen->request_id, (*ids)[i]);
-      ev.index = static_cast<uint32_t>(i);
-      leader_->Send(ev);
-    }
-    leader_->Send(Token(gen->request_id, -1, FinishReason::kStop));
+    AnswerWithText(*leader_, *tokenizer_, gen->request_id, text);
     EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
     return rec;
   }
@@ -502,14 +509,7 @@ class ThinkCompletionsTest : public ::testing::Test {
     auto gen = leader_->Next<Generate>();
     EXPECT_TRUE(gen);
     if (!gen) return rec;
-    auto ids = tokenizer_->Encode(text, /*add_special_tokens=*/false);
-    EXPECT_TRUE(ids.ok());
-    for (size_t i = 0; ids.ok() && i < ids->size(); ++i) {
-      TokenEvent ev = Token(gen->request_id, (*ids)[i]);
-      ev.index = static_cast<uint32_t>(i);
-      leader_->Send(ev);
-    }
-    leader_->Send(Token(gen->request_id, -1, FinishReason::kStop));
+    AnswerWithText(*leader_, *tokenizer_, gen->request_id, text);
     EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
     return rec;
   }
@@ -678,14 +678,7 @@ class ToolCompletionsTest : public ::testing::Test {
     EXPECT_TRUE(gen);
     if (!gen) return rec;
     if (prompt != nullptr) *prompt = tokenizer_->Decode(gen->token_ids, false);
-    auto ids = tokenizer_->Encode(text, /*add_special_tokens=*/false);
-    EXPECT_TRUE(ids.ok());
-    for (size_t i = 0; ids.ok() && i < ids->size(); ++i) {
-      TokenEvent ev = Token(gen->request_id, (*ids)[i]);
-      ev.index = static_cast<uint32_t>(i);
-      leader_->Send(ev);
-    }
-    leader_->Send(Token(gen->request_id, -1, FinishReason::kStop));
+    AnswerWithText(*leader_, *tokenizer_, gen->request_id, text);
     EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
     return rec;
   }
