@@ -18,12 +18,14 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "gpu_worker/experts/cpu_expert.h"
+#include "gpu_worker/kernels/cpu_gemm.h"
 #include "gpu_worker/model/blocks.h"
 
 namespace {
@@ -160,15 +162,23 @@ void BM_CpuSwiGluQuantized(benchmark::State& state, fmoe::QuantMethod method) {
   Report(state, e.bytes);
 }
 
-void BM_TorchSwiGlu(benchmark::State& state, at::ScalarType dt) {
+// The dense path's SwiGLU: row_block 0 = LibTorch's products (not batch-invariant), 4 = the
+// host kernel (gpu_worker/kernels/cpu_gemm.h, what the runtime runs on the CPU). `gflops`
+// counts the three products' multiply-adds twice.
+void BM_SwiGlu(benchmark::State& state, at::ScalarType dt, int row_block) {
   const Expert& e = GetExpert(dt);
   at::Tensor x = at::randn({state.range(0), g_hidden}).to(dt);
   for (auto _ : state) {
-    at::Tensor y = fmoe::SwiGlu(x, e.w1, e.w3, e.w2, /*row_block=*/0);
+    at::Tensor y = fmoe::SwiGlu(x, e.w1, e.w3, e.w2, row_block);
     benchmark::DoNotOptimize(y.data_ptr());
   }
   Report(state, e.bytes);
+  const double flops = 2.0 * 3.0 * static_cast<double>(state.range(0) * g_hidden * g_inter);
+  state.counters["gflops"] = benchmark::Counter(
+      flops * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
+void BM_TorchSwiGlu(benchmark::State& state, at::ScalarType dt) { BM_SwiGlu(state, dt, 0); }
+void BM_HostGemmSwiGlu(benchmark::State& state, at::ScalarType dt) { BM_SwiGlu(state, dt, 4); }
 
 }  // namespace
 
@@ -182,6 +192,14 @@ BENCHMARK_CAPTURE(BM_TorchSwiGlu, bf16, at::kBFloat16)
     ->Arg(1)
     ->Arg(4)
     ->Arg(32)
+    ->Arg(128)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_HostGemmSwiGlu, bf16, at::kBFloat16)
+    ->Arg(1)
+    ->Arg(4)
+    ->Arg(32)
+    ->Arg(128)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_CpuSwiGluQuantized, fp8_block128, fmoe::QuantMethod::kFp8Block)
@@ -206,6 +224,14 @@ BENCHMARK_CAPTURE(BM_TorchSwiGlu, fp32, at::kFloat)
     ->Arg(1)
     ->Arg(4)
     ->Arg(32)
+    ->Arg(128)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_HostGemmSwiGlu, fp32, at::kFloat)
+    ->Arg(1)
+    ->Arg(4)
+    ->Arg(32)
+    ->Arg(128)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
@@ -222,9 +248,12 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   g_read_gbps = MeasureReadGbps();
-  std::printf("expert %lldx%lld, %d intra-op threads, avx2 kernel: %s, read bandwidth %.2f GB/s\n",
-              static_cast<long long>(g_hidden), static_cast<long long>(g_inter),
-              at::get_num_threads(), fmoe::CpuSwiGluVectorised() ? "yes" : "no", g_read_gbps);
+  std::printf(
+      "expert %lldx%lld, %d intra-op threads, avx2 kernel: %s, host gemm: %s, read bandwidth "
+      "%.2f GB/s\n",
+      static_cast<long long>(g_hidden), static_cast<long long>(g_inter), at::get_num_threads(),
+      fmoe::CpuSwiGluVectorised() ? "yes" : "no", std::string(fmoe::GemmIsa()).c_str(),
+      g_read_gbps);
   benchmark::AddCustomContext("read_GBps", std::to_string(g_read_gbps));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -1,19 +1,71 @@
 #include "gpu_worker/model/blocks.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numbers>
+#include <optional>
+
+#include "gpu_worker/kernels/cpu_gemm.h"
 
 namespace fmoe {
+
+namespace {
+
+std::optional<GemmType> GemmTypeOf(at::ScalarType t) {
+  if (t == at::kFloat) return GemmType::kFloat32;
+  if (t == at::kBFloat16) return GemmType::kBFloat16;
+  return std::nullopt;
+}
+
+// x w^T by the host kernel (cpu_gemm.h) when it takes these tensors: float32 or bfloat16 on the
+// CPU, w's rows contiguous. The columns are split over the intra-op threads in whole tiles; a
+// product too small to be worth waking a thread for runs on the caller's.
+std::optional<at::Tensor> HostGemm(const at::Tensor& x, const at::Tensor& w) {
+  const std::optional<GemmType> xt = GemmTypeOf(x.scalar_type());
+  const std::optional<GemmType> wt = GemmTypeOf(w.scalar_type());
+  if (!xt || !wt || !w.is_cpu() || x.dim() != 2 || w.dim() != 2 || w.size(1) != x.size(1) ||
+      w.stride(1) != 1) {
+    return std::nullopt;
+  }
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({x.size(0), w.size(0)}, x.options());
+  GemmProblem p;
+  p.x = xf.data_ptr<float>();
+  p.ldx = xf.size(1);
+  p.w = w.data_ptr();
+  p.w_type = *wt;
+  p.ldw = w.stride(0);
+  p.y = out.data_ptr();
+  p.y_type = *xt;
+  p.ldy = out.size(1);
+  p.m = x.size(0);
+  p.n = w.size(0);
+  p.k = x.size(1);
+  const int64_t tile = GemmColumnTile();
+  const int64_t tiles = (p.n + tile - 1) / tile;
+  constexpr int64_t kMinMacsPerThread = int64_t{1} << 18;
+  const int64_t grain =
+      std::max<int64_t>(1, kMinMacsPerThread / std::max<int64_t>(1, p.m * p.k * tile));
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    GemmColumns(p, t0 * tile, std::min(p.n, t1 * tile));
+  });
+  return out;
+}
+
+}  // namespace
 
 at::Tensor BlockLinear(const at::Tensor& x, const at::Tensor& w, int64_t rows,
                        const at::Tensor& bias) {
   const int64_t m = x.size(0);
   at::Tensor out;
-  if (rows <= 0 || !x.is_cpu() || m == 0) {
+  std::optional<at::Tensor> host;
+  if (rows > 0 && x.is_cpu() && m > 0 && (host = HostGemm(x, w))) {
+    out = std::move(*host);
+  } else if (rows <= 0 || !x.is_cpu() || m == 0) {
     out = at::linear(x, w);
   } else {
     out = at::empty({m, w.size(0)}, x.options());

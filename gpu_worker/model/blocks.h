@@ -19,9 +19,12 @@
 
 namespace fmoe {
 
-// y = x w^T (+ b) over fixed blocks of `rows` rows on the CPU: row i of y depends on row i of x
-// only, never on how many rows surround it (model.h: batch invariance). x: [M, K] contiguous,
-// w: [N, K]; `rows` <= 0 or a non-CPU tensor: one product. `bias` may be undefined.
+// y = x w^T (+ b), batch-invariant on the CPU when `rows` > 0: row i of y depends on row i of x
+// only, never on how many rows surround it (model.h: batch invariance). float32 and bfloat16 run
+// the host kernel (gpu_worker/kernels/cpu_gemm.h: invariant by its fixed accumulation order, each
+// weight read once per block of rows); other dtypes run LibTorch's product over fixed blocks of
+// `rows` rows. x: [M, K] contiguous, w: [N, K]; `rows` <= 0 or a non-CPU tensor: one LibTorch
+// product. `bias` may be undefined.
 at::Tensor BlockLinear(const at::Tensor& x, const at::Tensor& w, int64_t rows,
                        const at::Tensor& bias = {});
 

@@ -7,8 +7,10 @@
 // engine's); nothing here is thread-safe.
 //
 // Batch invariance: a sequence's logits do not depend on what else is in the batch. Attention
-// runs per sequence; every matrix product on the CPU runs over fixed blocks of `row_block` rows
-// (the last one zero-padded), so a row meets the same BLAS kernel wherever it sits.
+// runs per sequence; every matrix product on the CPU runs through the host kernel
+// (gpu_worker/kernels/cpu_gemm.h), whose accumulation order depends on nothing but the inner
+// dimension, or (float16) over fixed blocks of `row_block` rows, the last one zero-padded, so a
+// row meets the same BLAS kernel wherever it sits.
 #pragma once
 
 #include <cstdint>
@@ -39,8 +41,9 @@ struct MlpWeights;
 struct RuntimeOptions {
   std::string dtype = "float32";  // Compute dtype: float32 | bfloat16 | float16. Default: float32
   int cuda_index = -1;            // -1 = cpu. Default: -1
-  // Rows per matrix-product block on the CPU (batch invariance); 0 = one product over all rows.
-  // Default: 4
+  // Batch invariance of the CPU's matrix products: > 0 runs them through the host kernel
+  // (float32, bfloat16) or LibTorch over fixed blocks of this many rows (other dtypes); 0 = one
+  // LibTorch product over all rows (not invariant). Default: 4
   int row_block = 4;
   // Elements of one block of attention scores: a prefill whose [heads, tokens, keys] scores are
   // larger runs its queries in blocks (QueryBlockRows). Default: 2^26 (256 MiB in float32)

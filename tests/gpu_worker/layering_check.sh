@@ -5,12 +5,13 @@
 #   observe         the observer interface, map publisher, trace recorder: core
 #   sampling        logits processing and draws: core
 #   cache/transfer  the links: nothing of gpu_worker/
+#   kernels         the host's compute kernels (the CPU matrix product): nothing of gpu_worker/
 #   cache/policies  the policies and their factory: core
 #   cache           the expert cache manager: core, cache/policies, cache/transfer
 #   control         the control plane: core
 #   group           the c10d group: core
-#   experts         the expert sources: core and the cache's rooms
-#   model           the model runtime: core, observe, sampling, group, experts
+#   experts         the expert sources: core, kernels and the cache's rooms
+#   model           the model runtime: core, kernels, observe, sampling, group, experts
 #   engine          the leader's engine and the follower: model and everything below it
 #   (gpu_worker/)   the rank and the programs: any room
 # A file in a folder missing from this table fails the check (a new room is added here). Nothing
@@ -51,13 +52,14 @@ declare -A allowed=(
   [observe]='core'
   [sampling]='core'
   [cache/transfer]=''
+  [kernels]=''
   [cache/policies]='core'
   [cache]='core cache/policies cache/transfer'
   [control]='core'
   [group]='core'
-  [experts]='core cache cache/policies cache/transfer'
-  [model]='core observe sampling group experts cache cache/policies cache/transfer'
-  [engine]='core observe sampling group experts cache cache/policies cache/transfer model'
+  [experts]='core kernels cache cache/policies cache/transfer'
+  [model]='core kernels observe sampling group experts cache cache/policies cache/transfer'
+  [engine]='core kernels observe sampling group experts cache cache/policies cache/transfer model'
 )
 bad=0
 # room_of PATH: the folder of a path below gpu_worker/ ("." for the top), without a subprocess.

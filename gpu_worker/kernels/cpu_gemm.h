@@ -1,0 +1,47 @@
+// The CPU matrix product every linear layer on the host runs: y = x w^T, x float32 [m, k],
+// w [n, k] float32 or bfloat16 read in place, y float32 or bfloat16 [m, n]. Batch-invariant by
+// construction: every output is accumulated in one fixed order that depends only on k (16
+// partial sums, lane l holding the products at k = l mod 16 in increasing k, then one fixed
+// reduction tree), never on m, on the other rows, on the tiling or on the thread split; and the
+// AVX-512, AVX2 and portable code take the same steps (fused multiply-adds, the same tree), so a
+// row's output is bit-identical alone, inside any batch and on any x86-64 CPU.
+// Tiles of several rows times several columns reuse each loaded weight vector for every row of
+// the tile, so a prefill reads each weight once per block of rows held in cache.
+// Stateless and reentrant; the caller splits the columns over its threads (GemmColumns).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace fmoe {
+
+enum class GemmType : uint8_t { kFloat32, kBFloat16 };
+
+struct GemmProblem {
+  const float* x = nullptr;  // [m, k], row stride ldx (elements)
+  int64_t ldx = 0;
+  const void* w = nullptr;  // [n, k], row stride ldw (elements), w_type
+  GemmType w_type = GemmType::kFloat32;
+  int64_t ldw = 0;
+  void* y = nullptr;  // [m, n], row stride ldy (elements), y_type (bfloat16: round to nearest even)
+  GemmType y_type = GemmType::kFloat32;
+  int64_t ldy = 0;
+  int64_t m = 0, n = 0, k = 0;
+};
+
+// Computes the columns [n0, n1) of every row of y. Callers cover [0, n) once, in any split.
+void GemmColumns(const GemmProblem& p, int64_t n0, int64_t n1);
+
+// The columns of the kernel's widest tile: callers that split the columns over threads split on
+// multiples of it (any split gives the same result; this one keeps every tile whole).
+int64_t GemmColumnTile();
+
+// The code GemmColumns runs on this CPU: "avx512", "avx2" or "portable". FMOE_GEMM_ISA=avx2 or
+// =portable in the environment picks a lower one (tests compare them; results are the same).
+std::string_view GemmIsa();
+
+// As GemmColumns, on the named code ("avx512", "avx2" or "portable"); false, computing nothing,
+// when this CPU does not run it. For tests and benchmarks that compare them.
+bool GemmColumnsOn(std::string_view isa, const GemmProblem& p, int64_t n0, int64_t n1);
+
+}  // namespace fmoe

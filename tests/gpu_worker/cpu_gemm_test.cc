@@ -1,0 +1,212 @@
+// The CPU matrix product: agreement with a double-precision product, bit-identical rows whatever
+// the batch and the column split, the same bits from every instruction set this CPU runs, and
+// bfloat16 output rounded to nearest even.
+#include "gpu_worker/kernels/cpu_gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string_view>
+#include <vector>
+
+namespace fmoe {
+namespace {
+
+uint16_t ToBf16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float FromBf16(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+
+struct Case {
+  int64_t m, n, k;
+  GemmType w_type;
+  std::vector<float> x;
+  std::vector<float> w32;
+  std::vector<uint16_t> w16;
+  const void* w() const {
+    return w_type == GemmType::kBFloat16 ? static_cast<const void*>(w16.data()) : w32.data();
+  }
+  float W(int64_t j, int64_t k2) const {
+    return w_type == GemmType::kBFloat16 ? FromBf16(w16[j * k + k2]) : w32[j * k + k2];
+  }
+};
+
+Case MakeCase(std::mt19937& rng, int64_t m, int64_t n, int64_t k, GemmType t) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  Case c{m, n, k, t, {}, {}, {}};
+  c.x.resize(m * k);
+  for (float& v : c.x) v = d(rng);
+  c.w32.resize(n * k);
+  for (float& v : c.w32) v = d(rng) * 0.1f;
+  if (t == GemmType::kBFloat16) {
+    c.w16.resize(n * k);
+    for (size_t i = 0; i < c.w32.size(); ++i) c.w16[i] = ToBf16(c.w32[i]);
+  }
+  return c;
+}
+
+// y for rows [r0, r0 + rows) of c.x, columns split at `split` (0 = none), on `isa` ("" = the
+// active code).
+std::vector<float> Multiply(const Case& c, const float* x, int64_t rows, int64_t split = 0,
+                            std::string_view isa = "") {
+  std::vector<float> y(rows * c.n, -1.0f);
+  GemmProblem p;
+  p.x = x;
+  p.ldx = c.k;
+  p.w = c.w();
+  p.w_type = c.w_type;
+  p.ldw = c.k;
+  p.y = y.data();
+  p.ldy = c.n;
+  p.m = rows;
+  p.n = c.n;
+  p.k = c.k;
+  const int64_t cut = split > 0 ? std::min(split, c.n) : c.n;
+  if (isa.empty()) {
+    GemmColumns(p, 0, cut);
+    GemmColumns(p, cut, c.n);
+  } else {
+    EXPECT_TRUE(GemmColumnsOn(isa, p, 0, cut));
+    EXPECT_TRUE(GemmColumnsOn(isa, p, cut, c.n));
+  }
+  return y;
+}
+
+bool SameBits(const float* a, const float* b, int64_t n) {
+  return std::memcmp(a, b, sizeof(float) * static_cast<size_t>(n)) == 0;
+}
+
+TEST(CpuGemmTest, AgreesWithADoubleProduct) {
+  std::mt19937 rng(7);
+  for (GemmType t : {GemmType::kFloat32, GemmType::kBFloat16}) {
+    for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 1, 1},
+                                                                             {1, 7, 5},
+                                                                             {3, 13, 16},
+                                                                             {5, 6, 17},
+                                                                             {9, 25, 64},
+                                                                             {17, 31, 100},
+                                                                             {64, 48, 257},
+                                                                             {70, 19, 33}}) {
+      const Case c = MakeCase(rng, m, n, k, t);
+      const std::vector<float> y = Multiply(c, c.x.data(), m);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double ref = 0.0, mag = 0.0;
+          for (int64_t l = 0; l < k; ++l) {
+            ref += static_cast<double>(c.x[i * k + l]) * c.W(j, l);
+            mag += std::abs(static_cast<double>(c.x[i * k + l]) * c.W(j, l));
+          }
+          ASSERT_NEAR(y[i * n + j], ref, 1e-5 * mag + 1e-6)
+              << "m=" << m << " n=" << n << " k=" << k << " i=" << i << " j=" << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuGemmTest, ARowIsBitIdenticalAloneAndInAnyBatch) {
+  std::mt19937 rng(11);
+  for (GemmType t : {GemmType::kFloat32, GemmType::kBFloat16}) {
+    for (int64_t k : {16, 40, 96, 1000}) {
+      const int64_t rows = 64, n = 37;
+      const Case c = MakeCase(rng, rows, n, k, t);
+      const std::vector<float> all = Multiply(c, c.x.data(), rows);
+      // Each row alone.
+      for (int64_t i = 0; i < rows; ++i) {
+        const std::vector<float> one = Multiply(c, c.x.data() + i * k, 1);
+        ASSERT_TRUE(SameBits(one.data(), all.data() + i * n, n)) << "row " << i << " k=" << k;
+      }
+      // Inside batches of 2..64 starting anywhere, with columns split anywhere.
+      std::uniform_int_distribution<int64_t> start(0, rows - 1), cut(0, n);
+      for (int64_t b = 2; b <= rows; ++b) {
+        const int64_t s = start(rng) % (rows - b + 1);
+        const std::vector<float> part = Multiply(c, c.x.data() + s * k, b, cut(rng));
+        ASSERT_TRUE(SameBits(part.data(), all.data() + s * n, b * n))
+            << "batch " << b << " from row " << s << " k=" << k;
+      }
+    }
+  }
+}
+
+TEST(CpuGemmTest, EveryInstructionSetGivesTheSameBits) {
+  std::mt19937 rng(13);
+  for (GemmType t : {GemmType::kFloat32, GemmType::kBFloat16}) {
+    const Case c = MakeCase(rng, 23, 29, 203, t);
+    const std::vector<float> portable = Multiply(c, c.x.data(), c.m, 0, "portable");
+    for (std::string_view isa : {"avx2", "avx512"}) {
+      GemmProblem probe;
+      if (!GemmColumnsOn(isa, probe, 0, 0)) {
+        std::printf("%.*s: not on this CPU\n", static_cast<int>(isa.size()), isa.data());
+        continue;
+      }
+      const std::vector<float> y = Multiply(c, c.x.data(), c.m, 5, isa);
+      EXPECT_TRUE(SameBits(y.data(), portable.data(), c.m * c.n)) << isa;
+    }
+  }
+  std::printf("active: %.*s, column tile %ld\n", static_cast<int>(GemmIsa().size()),
+              GemmIsa().data(), static_cast<long>(GemmColumnTile()));
+}
+
+TEST(CpuGemmTest, BFloat16OutputRoundsToNearestEven) {
+  std::mt19937 rng(17);
+  const Case c = MakeCase(rng, 7, 21, 50, GemmType::kBFloat16);
+  const std::vector<float> y32 = Multiply(c, c.x.data(), c.m);
+  std::vector<uint16_t> y16(c.m * c.n);
+  GemmProblem p;
+  p.x = c.x.data();
+  p.ldx = c.k;
+  p.w = c.w();
+  p.w_type = c.w_type;
+  p.ldw = c.k;
+  p.y = y16.data();
+  p.y_type = GemmType::kBFloat16;
+  p.ldy = c.n;
+  p.m = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  GemmColumns(p, 0, c.n);
+  for (size_t i = 0; i < y16.size(); ++i) ASSERT_EQ(y16[i], ToBf16(y32[i])) << i;
+}
+
+TEST(CpuGemmTest, StridesNanAndEmptyShapes) {
+  // x and y with row strides wider than k and n; a NaN in one row stays in that row.
+  const int64_t m = 3, n = 5, k = 20, ldx = 24, ldy = 9;
+  std::vector<float> x(m * ldx, 1.0f), w(n * k, 0.5f), y(m * ldy, 7.0f);
+  x[1 * ldx + 3] = std::nanf("");
+  GemmProblem p;
+  p.x = x.data();
+  p.ldx = ldx;
+  p.w = w.data();
+  p.ldw = k;
+  p.y = y.data();
+  p.ldy = ldy;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  GemmColumns(p, 0, n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < ldy; ++j) {
+      const float v = y[i * ldy + j];
+      if (j >= n) {
+        EXPECT_EQ(v, 7.0f);  // past n: untouched
+      } else if (i == 1) {
+        EXPECT_TRUE(std::isnan(v));
+      } else {
+        EXPECT_EQ(v, 10.0f);
+      }
+    }
+  }
+  p.k = 0;  // an empty inner dimension gives zeros
+  GemmColumns(p, 0, n);
+  for (int64_t i = 0; i < m; ++i) EXPECT_EQ(y[i * ldy], 0.0f);
+  p.m = 0;  // no rows: nothing written, nothing read
+  p.x = nullptr;
+  GemmColumns(p, 0, n);
+}
+
+}  // namespace
+}  // namespace fmoe
