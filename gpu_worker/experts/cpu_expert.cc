@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -16,6 +17,7 @@
 
 #include "common/model/quant.h"
 #include "gpu_worker/experts/quantized.h"
+#include "gpu_worker/kernels/cpu_gemm.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -25,8 +27,10 @@ namespace fmoe {
 
 namespace {
 
-constexpr int kTile = 4;        // Tokens per pass over a weight row.
-constexpr int64_t kGrain = 32;  // Output rows per parallel task.
+constexpr int kTile = 4;  // Tokens per pass over a row in the fused kernels.
+// Output rows per parallel task, rounded up to whole GEMM tiles: a task's rows meet every token
+// in the matrix product (each weight read once per block of tokens).
+constexpr int64_t kChunkRows = 64;
 
 inline float Widen(float v) { return v; }
 inline float Widen(uint16_t v) {  // bfloat16 -> float32: the high half of the float's bits.
@@ -34,24 +38,6 @@ inline float Widen(uint16_t v) {  // bfloat16 -> float32: the high half of the f
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
-}
-
-// out[t] = dot(row, x + t * ldx) for t < nt, over len elements: two partial sums per token
-// (even and odd blocks of 8), then the tail, always in this order.
-template <typename W>
-void DotsPortable(const W* row, const float* x, int64_t ldx, int nt, int64_t len, float* out) {
-  for (int t = 0; t < nt; ++t) {
-    const float* xt = x + t * ldx;
-    float acc[16] = {};
-    int64_t k = 0;
-    for (; k + 16 <= len; k += 16) {
-      for (int i = 0; i < 16; ++i) acc[i] += Widen(row[k + i]) * xt[k + i];
-    }
-    float sum = 0.0f;
-    for (float a : acc) sum += a;
-    for (; k < len; ++k) sum += Widen(row[k]) * xt[k];
-    out[t] = sum;
-  }
 }
 
 #if defined(__x86_64__)
@@ -68,27 +54,6 @@ FMOE_AVX2 inline float Sum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
 }
 
-// As DotsPortable for NT tokens: each weight element is loaded once and used NT times. A token's
-// sums take the same steps whatever NT is.
-template <typename W, int NT>
-FMOE_AVX2 void DotsAvx2(const W* row, const float* x, int64_t ldx, int64_t len, float* out) {
-  __m256 a0[NT], a1[NT];
-  for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= len; k += 16) {
-    const __m256 w0 = Load8(row + k), w1 = Load8(row + k + 8);
-    for (int t = 0; t < NT; ++t) {
-      a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * ldx + k), a0[t]);
-      a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * ldx + k + 8), a1[t]);
-    }
-  }
-  for (int t = 0; t < NT; ++t) {
-    float sum = Sum8(_mm256_add_ps(a0[t], a1[t]));
-    for (int64_t j = k; j < len; ++j) sum += Widen(row[j]) * x[t * ldx + j];
-    out[t] = sum;
-  }
-}
-
 bool HaveAvx2() {
   static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                            __builtin_cpu_supports("f16c");
@@ -97,40 +62,6 @@ bool HaveAvx2() {
 #else
 bool HaveAvx2() { return false; }
 #endif
-
-// out[t * ldo] = dot(row, x[t]) for every token, kTile tokens per pass over the row.
-template <typename W>
-void RowDots(const W* row, const float* x, int64_t ldx, int64_t tokens, int64_t len, float* out,
-             int64_t ldo) {
-  float tile[kTile];
-  for (int64_t t0 = 0; t0 < tokens; t0 += kTile) {
-    const int nt = static_cast<int>(std::min<int64_t>(kTile, tokens - t0));
-    const float* xt = x + t0 * ldx;
-#if defined(__x86_64__)
-    if (HaveAvx2()) {
-      switch (nt) {
-        case 1:
-          DotsAvx2<W, 1>(row, xt, ldx, len, tile);
-          break;
-        case 2:
-          DotsAvx2<W, 2>(row, xt, ldx, len, tile);
-          break;
-        case 3:
-          DotsAvx2<W, 3>(row, xt, ldx, len, tile);
-          break;
-        default:
-          DotsAvx2<W, 4>(row, xt, ldx, len, tile);
-          break;
-      }
-    } else {
-      DotsPortable(row, xt, ldx, nt, len, tile);
-    }
-#else
-    DotsPortable(row, xt, ldx, nt, len, tile);
-#endif
-    for (int t = 0; t < nt; ++t) out[(t0 + t) * ldo] = tile[t];
-  }
-}
 
 // A float expert's rows, read in place.
 template <typename W>
@@ -202,9 +133,24 @@ FMOE_AVX2 void Int4RunAvx2(const int32_t* words, int64_t n_words, float offset, 
   }
 }
 
-// The fused kernels compute what DotsAvx2 computes over the dequantized row (the same weights,
-// the same partial sums in the same order, so the same bits), decoding each weight in registers
-// instead of from a buffer: NT tokens per pass, 16 columns per step.
+// The fused kernels compute what the host GEMM (gpu_worker/kernels/cpu_gemm.h) computes over the
+// dequantized rows: the same weights, the same 16 partial sums in the same order (the last block
+// zero-padded), the same reduction, so the same bits; they decode each weight in registers instead
+// of from a buffer: NT tokens per pass, 16 columns per step.
+
+// The last, partial block of 16 columns: `w` holds its weights zero-padded; x's columns [k, len)
+// of each token join the partial sums as one more step.
+template <int NT>
+FMOE_AVX2 inline void TailStep(const float* w, const float* x, int64_t ldx, int64_t k, int64_t len,
+                               __m256 (&a0)[NT], __m256 (&a1)[NT]) {
+  const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+  for (int t = 0; t < NT; ++t) {
+    alignas(32) float xt[16] = {};
+    for (int64_t j = k; j < len; ++j) xt[j - k] = x[t * ldx + j];
+    a0[t] = _mm256_fmadd_ps(w0, _mm256_load_ps(xt), a0[t]);
+    a1[t] = _mm256_fmadd_ps(w1, _mm256_load_ps(xt + 8), a1[t]);
+  }
+}
 
 struct Floats16 {
   __m256 lo, hi;
@@ -221,14 +167,6 @@ FMOE_AVX2 inline Floats16 DecodeFp8Scaled16(const uint8_t* p, __m256 scale256) {
   const __m256i h = _mm256_or_si256(_mm256_or_si256(mag, sign), nan);
   return {_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), scale256),
           _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale256)};
-}
-
-// sum + the columns [k, len) of an FP8 row's dot with x, one at a time.
-__attribute__((noinline)) float Fp8Tail(float sum, const uint8_t* row, const float* scales256,
-                                        int64_t bi, const float* x, int64_t k, int64_t len) {
-  const float* table = Fp8Table();
-  for (int64_t j = k; j < len; ++j) sum += table[row[j]] * (scales256[j / bi] * 0x1p-8f) * x[j];
-  return sum;
 }
 
 // FP8: `scales256[c / bi]` = the column block's scale x 2^8 (bi a multiple of 16).
@@ -252,9 +190,13 @@ FMOE_AVX2 void Fp8DotsAvx2(const uint8_t* row, const float* scales256, int64_t b
       a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * ldx + k + 8), a1[t]);
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    out[t] = Fp8Tail(Sum8(_mm256_add_ps(a0[t], a1[t])), row, scales256, bi, x + t * ldx, k, len);
+  if (k < len) {
+    const float* table = Fp8Table();
+    alignas(32) float w[16] = {};
+    for (int64_t j = k; j < len; ++j) w[j - k] = table[row[j]] * (scales256[j / bi] * 0x1p-8f);
+    TailStep<NT>(w, x, ldx, k, len, a0, a1);
   }
+  for (int t = 0; t < NT; ++t) out[t] = Sum8(_mm256_add_ps(a0[t], a1[t]));
 }
 
 // INT4: w = (nibble - offset[g]) x scale[g] for the column's group g (the group a multiple
@@ -280,14 +222,15 @@ FMOE_AVX2 void Int4DotsAvx2(const int32_t* words, const float* offsets, const fl
       a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * ldx + k + 8), a1[t]);
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    float sum = Sum8(_mm256_add_ps(a0[t], a1[t]));
+  if (k < len) {
+    alignas(32) float w[16] = {};
     for (int64_t j = k; j < len; ++j) {
       const float q = static_cast<float>((words[j / 8] >> (4 * (j % 8))) & 15);
-      sum += (q - offsets[j / group]) * scales[j / group] * x[t * ldx + j];
+      w[j - k] = (q - offsets[j / group]) * scales[j / group];
     }
-    out[t] = sum;
+    TailStep<NT>(w, x, ldx, k, len, a0, a1);
   }
+  for (int t = 0; t < NT; ++t) out[t] = Sum8(_mm256_add_ps(a0[t], a1[t]));
 }
 
 // Runs KERNEL<NT> (NT = 1..4) for `tokens` tokens, a pass per 4.
@@ -444,14 +387,61 @@ struct Int4Rows {
   }
 };
 
-// out[t * ldo] = row i of `rows` . x[t] for every token: fused from the stored bytes for a
-// decode-sized call (up to one tile of tokens, each weight decoded once), else the row
-// dequantized into `buf` once and dotted with every token.
+// Rows [i0, i0 + n) of a projection as the GEMM reads them: a float expert's in place, a
+// quantized expert's decoded into `buf` (n x len floats), exactly as its dequantization gives them.
+struct RowsView {
+  const void* w;
+  GemmType type;
+};
+template <typename W>
+RowsView BlockOf(const PlainRows<W>& rows, int64_t i0, int64_t /*n*/, float* /*buf*/) {
+  return {rows.base + i0 * rows.len,
+          std::is_same_v<W, float> ? GemmType::kFloat32 : GemmType::kBFloat16};
+}
 template <typename Rows>
-void ProjectionDots(const Rows& rows, int64_t i, const float* x, int64_t ldx, int64_t tokens,
-                    int64_t len, float* out, int64_t ldo, float* buf) {
-  if (tokens <= kTile && rows.FusedDots(i, x, ldx, tokens, out, ldo, buf)) return;
-  RowDots(rows.Row(i, buf), x, ldx, tokens, len, out, ldo);
+RowsView BlockOf(const Rows& rows, int64_t i0, int64_t n, float* buf) {
+  for (int64_t r = 0; r < n; ++r) {
+    float* dst = buf + r * rows.len;
+    const float* row = rows.Row(i0 + r, dst);
+    if (row != dst) std::memcpy(dst, row, sizeof(float) * static_cast<size_t>(rows.len));
+  }
+  return {buf, GemmType::kFloat32};
+}
+
+// out[t * ldo + r] = row i0 + r of `rows` . x[t] for r < n and every token: fused from the
+// stored bytes for a decode-sized call (up to one tile of tokens, each weight decoded once), else
+// the host GEMM over the rows read in place or decoded into `buf` (n x len floats). Both give the
+// GEMM's bits.
+template <typename Rows>
+void Projection(const Rows& rows, int64_t i0, int64_t n, const float* x, int64_t tokens,
+                int64_t len, float* out, int64_t ldo, float* buf) {
+  if (tokens <= kTile) {
+    int64_t r = 0;
+    while (r < n && rows.FusedDots(i0 + r, x, len, tokens, out + r, ldo, buf)) ++r;
+    i0 += r;
+    n -= r;
+    out += r;
+    if (n == 0) return;
+  }
+  const RowsView v = BlockOf(rows, i0, n, buf);
+  GemmProblem p;
+  p.x = x;
+  p.ldx = len;
+  p.w = v.w;
+  p.w_type = v.type;
+  p.ldw = len;
+  p.y = out;
+  p.ldy = ldo;
+  p.m = tokens;
+  p.n = n;
+  p.k = len;
+  GemmColumns(p, 0, n);
+}
+
+// Rows per parallel task: whole GEMM tiles, about kChunkRows.
+int64_t ChunkRows() {
+  const int64_t tile = GemmColumnTile();
+  return std::max<int64_t>(1, kChunkRows / tile) * tile;
 }
 
 // The projections' biases (float32, or nullptr) and gpt-oss's clamp (limit > 0).
@@ -466,33 +456,49 @@ template <typename Rows>
 void SwiGluKernel(const float* x, const Rows& w1, const Rows& w3, const Rows& w2, int64_t tokens,
                   int64_t hidden, int64_t inter, float* act, float* y,
                   const KernelActivation& a = {}) {
+  const int64_t chunk = ChunkRows();
+  // Scratch for the fused kernels' scales (a row's length) or a chunk's decoded rows.
+  const auto scratch = [&](int64_t len) {
+    return static_cast<size_t>(std::is_same_v<Rows, PlainRows<float>> ||
+                                       std::is_same_v<Rows, PlainRows<uint16_t>>
+                                   ? len
+                                   : chunk * len);
+  };
   // act[t, i] = silu(w1[i] . x[t]) * (w3[i] . x[t]), or gpt-oss's clamped form (expert_source.h)
-  at::parallel_for(0, inter, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<float> g(static_cast<size_t>(tokens)), u(static_cast<size_t>(tokens));
-    std::vector<float> buf(static_cast<size_t>(hidden));
-    for (int64_t i = begin; i < end; ++i) {
-      ProjectionDots(w1, i, x, hidden, tokens, hidden, g.data(), 1, buf.data());
-      ProjectionDots(w3, i, x, hidden, tokens, hidden, u.data(), 1, buf.data());
-      const float b1 = a.b1 != nullptr ? a.b1[i] : 0.0f, b3 = a.b3 != nullptr ? a.b3[i] : 0.0f;
+  at::parallel_for(0, (inter + chunk - 1) / chunk, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> g(static_cast<size_t>(tokens * chunk)), u(g.size());
+    std::vector<float> buf(scratch(hidden));
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t i0 = c * chunk, n = std::min(chunk, inter - i0);
+      Projection(w1, i0, n, x, tokens, hidden, g.data(), n, buf.data());
+      Projection(w3, i0, n, x, tokens, hidden, u.data(), n, buf.data());
       for (int64_t t = 0; t < tokens; ++t) {
-        float gate = g[t] + b1, up = u[t] + b3;
-        if (a.limit > 0.0f) {
-          gate = std::min(gate, a.limit);
-          up = std::clamp(up, -a.limit, a.limit);
-          act[t * inter + i] = (up + 1.0f) * (gate / (1.0f + std::exp(-1.702f * gate)));
-        } else {
-          act[t * inter + i] = gate / (1.0f + std::exp(-gate)) * up;
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t i = i0 + r;
+          const float b1 = a.b1 != nullptr ? a.b1[i] : 0.0f;
+          const float b3 = a.b3 != nullptr ? a.b3[i] : 0.0f;
+          float gate = g[t * n + r] + b1, up = u[t * n + r] + b3;
+          if (a.limit > 0.0f) {
+            gate = std::min(gate, a.limit);
+            up = std::clamp(up, -a.limit, a.limit);
+            act[t * inter + i] = (up + 1.0f) * (gate / (1.0f + std::exp(-1.702f * gate)));
+          } else {
+            act[t * inter + i] = gate / (1.0f + std::exp(-gate)) * up;
+          }
         }
       }
     }
   });
   // y[t, j] = w2[j] . act[t] (+ b2[j])
-  at::parallel_for(0, hidden, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(static_cast<size_t>(inter));
-    for (int64_t j = begin; j < end; ++j) {
-      ProjectionDots(w2, j, act, inter, tokens, inter, y + j, hidden, buf.data());
+  at::parallel_for(0, (hidden + chunk - 1) / chunk, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(scratch(inter));
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t j0 = c * chunk, n = std::min(chunk, hidden - j0);
+      Projection(w2, j0, n, act, tokens, inter, y + j0, hidden, buf.data());
       if (a.b2 != nullptr) {
-        for (int64_t t = 0; t < tokens; ++t) y[t * hidden + j] += a.b2[j];
+        for (int64_t t = 0; t < tokens; ++t) {
+          for (int64_t r = 0; r < n; ++r) y[t * hidden + j0 + r] += a.b2[j0 + r];
+        }
       }
     }
   });
