@@ -19,9 +19,9 @@ namespace {
 // y = v[0] + v[1].
 constexpr int kLanes = 16;
 
-// Bytes of x a row block keeps in cache while its columns stream past (each core's L2 is
-// 512 KiB-2 MiB on the CPUs we run on): the weights are read once per row block.
-constexpr int64_t kRowBlockBytes = 384 * 1024;
+// Bytes of weights a panel of columns keeps in a core's L2 (512 KiB-2 MiB on the CPUs we run on)
+// while the rows pass over them.
+constexpr int64_t kPanelBytes = 384 * 1024;
 
 inline float Widen(float v) { return v; }
 inline float Widen(uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); }
@@ -284,37 +284,29 @@ void Run(const Kernels& ks, const GemmProblem& p, int64_t n0, int64_t n1) {
     return;
   }
   const int rb = ks.main.rows, cb = ks.main.cols;
-  const int64_t block =
-      std::max<int64_t>(rb, kRowBlockBytes / (static_cast<int64_t>(sizeof(float)) * p.k) / rb * rb);
+  // Columns in panels whose weights stay in a core's L2 while every row passes over them, so each
+  // weight comes from memory once; a row tile's x is reused by every column tile of the panel.
+  const int64_t w_bytes = p.w_type == GemmType::kBFloat16 ? 2 : 4;
+  const int64_t panel = std::max<int64_t>(cb, kPanelBytes / (w_bytes * p.k) / cb * cb);
   const TileFn main = ks.main.For(p.w_type), row = ks.row.For(p.w_type);
   const TileFn column = ks.column.For(p.w_type), one = ks.one.For(p.w_type);
-  for (int64_t i0 = 0; i0 < p.m; i0 += block) {
-    const int64_t i1 = std::min(p.m, i0 + block);
-    const int64_t i_full = i0 + (i1 - i0) / rb * rb;
-    int64_t j = n0;
-    for (; j + cb <= n1; j += cb) {
-      const void* w = WeightRow(p, j);
-      int64_t i = i0;
-      for (; i < i_full; i += rb) {
-        main(p.x + i * p.ldx, p.ldx, w, p.ldw, p.k, out);
-        Store(p, i, j, rb, cb, out);
+  const int64_t i_full = p.m / rb * rb;
+  for (int64_t j0 = n0; j0 < n1; j0 += panel) {
+    const int64_t j1 = std::min(n1, j0 + panel);
+    for (int64_t i = 0; i < p.m;) {
+      const int rows = i < i_full ? rb : 1;
+      const TileFn wide = rows == rb ? main : row, narrow = rows == rb ? column : one;
+      const float* x = p.x + i * p.ldx;
+      int64_t j = j0;
+      for (; j + cb <= j1; j += cb) {
+        wide(x, p.ldx, WeightRow(p, j), p.ldw, p.k, out);
+        Store(p, i, j, rows, cb, out);
       }
-      for (; i < i1; ++i) {
-        row(p.x + i * p.ldx, p.ldx, w, p.ldw, p.k, out);
-        Store(p, i, j, 1, cb, out);
+      for (; j < j1; ++j) {
+        narrow(x, p.ldx, WeightRow(p, j), p.ldw, p.k, out);
+        Store(p, i, j, rows, 1, out);
       }
-    }
-    for (; j < n1; ++j) {
-      const void* w = WeightRow(p, j);
-      int64_t i = i0;
-      for (; i < i_full; i += rb) {
-        column(p.x + i * p.ldx, p.ldx, w, p.ldw, p.k, out);
-        Store(p, i, j, rb, 1, out);
-      }
-      for (; i < i1; ++i) {
-        one(p.x + i * p.ldx, p.ldx, w, p.ldw, p.k, out);
-        Store(p, i, j, 1, 1, out);
-      }
+      i += rows;
     }
   }
 }
