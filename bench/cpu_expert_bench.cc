@@ -1,12 +1,14 @@
-// The CPU expert kernel against host memory bandwidth: one Mixtral-shaped routed
-// expert (hidden 4096, intermediate 14336: 352 MB in bfloat16, 704 MB in float32) for 1, 4 and 32
-// tokens, computed by CpuSwiGlu (gpu_worker/experts/cpu_expert.h) and by plain LibTorch matmuls
-// (at::linear), in float32 and bfloat16, and by CpuSwiGlu from the expert stored in FP8 (128 x 128
-// blocks) and INT4 (group 128): 168 MB and 88 MB read per token. Before the benchmarks the program
-// measures the machine's read bandwidth with its intra-op threads (a streaming integer sum over 512
-// MiB, far beyond the last-level cache; the best of 5 passes); each case reports the weight bytes
-// it streams per second (`weights_GBps`) and that rate's fraction of the measured read bandwidth
-// (`of_read_bw`).
+// The CPU expert kernel against host memory bandwidth and the machine's GEMM peak: one
+// Mixtral-shaped routed expert (hidden 4096, intermediate 14336: 352 MB in bfloat16, 704 MB in
+// float32) for 1 to 256 tokens, computed by CpuSwiGlu (gpu_worker/experts/cpu_expert.h, hybrid
+// execution's host run), by the runtime's own products (SwiGlu with row_block 4: the host GEMM,
+// gpu_worker/kernels/cpu_gemm.h) and by plain LibTorch matmuls (row_block 0), in float32 and
+// bfloat16, and by CpuSwiGlu from the expert stored in FP8 (128 x 128 blocks) and INT4 (group
+// 128): 168 MB and 88 MB read per token. Before the benchmarks the program measures the machine's
+// read bandwidth with its intra-op threads (a streaming integer sum over 512 MiB, far beyond the
+// last-level cache; the best of 5 passes); each case reports the weight bytes it streams per
+// second (`weights_GBps`), that rate's fraction of the measured read bandwidth (`of_read_bw`) and
+// its multiply-adds (`gflops`), which BM_BlasPeak's large LibTorch product puts in scale.
 //   build/bin/cpu_expert_bench [--benchmark_filter=...] [--benchmark_repetitions=5]
 // FMOE_BENCH_EXPERT="hidden,intermediate" picks another shape (e.g. "2048,1408").
 #include <benchmark/benchmark.h>
@@ -102,6 +104,9 @@ void BM_CpuSwiGlu(benchmark::State& state, at::ScalarType dt) {
     benchmark::DoNotOptimize(y->data_ptr());
   }
   Report(state, e.bytes);
+  const double flops = 2.0 * 3.0 * static_cast<double>(state.range(0) * g_hidden * g_inter);
+  state.counters["gflops"] = benchmark::Counter(
+      flops * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
 
 // The same expert stored quantized (DESIGN section 12): FP8 e4m3 with float32 scales per
@@ -180,12 +185,31 @@ void BM_SwiGlu(benchmark::State& state, at::ScalarType dt, int row_block) {
 void BM_TorchSwiGlu(benchmark::State& state, at::ScalarType dt) { BM_SwiGlu(state, dt, 0); }
 void BM_HostGemmSwiGlu(benchmark::State& state, at::ScalarType dt) { BM_SwiGlu(state, dt, 4); }
 
+// The machine's GEMM peak as LibTorch's BLAS reaches it: a 2048 x 2048 x 2048 float32 product
+// (compute-bound; OpenBLAS or MKL) with the intra-op threads. `gflops` is what the SwiGLU cases'
+// counters compare with.
+void BM_BlasPeak(benchmark::State& state) {
+  at::manual_seed(4);
+  const at::Tensor a = at::randn({2048, 2048}), b = at::randn({2048, 2048});
+  for (auto _ : state) {
+    at::Tensor c = at::mm(a, b);
+    benchmark::DoNotOptimize(c.data_ptr());
+  }
+  state.counters["gflops"] =
+      benchmark::Counter(2.0 * 2048 * 2048 * 2048 * static_cast<double>(state.iterations()) / 1e9,
+                         benchmark::Counter::kIsRate);
+}
+
 }  // namespace
 
+BENCHMARK(BM_BlasPeak)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_CpuSwiGlu, bf16, at::kBFloat16)
     ->Arg(1)
     ->Arg(4)
+    ->Arg(16)
     ->Arg(32)
+    ->Arg(64)
+    ->Arg(256)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_TorchSwiGlu, bf16, at::kBFloat16)
@@ -217,7 +241,10 @@ BENCHMARK_CAPTURE(BM_CpuSwiGluQuantized, int4_g128, fmoe::QuantMethod::kInt4Pack
 BENCHMARK_CAPTURE(BM_CpuSwiGlu, fp32, at::kFloat)
     ->Arg(1)
     ->Arg(4)
+    ->Arg(16)
     ->Arg(32)
+    ->Arg(64)
+    ->Arg(256)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_TorchSwiGlu, fp32, at::kFloat)

@@ -449,8 +449,9 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--hybrid", o->hybrid,
                   "serving: compute missing experts on the CPU when that has the layer's experts "
-                  "sooner (off, on, or both: every run with and without it; on and both need "
-                  "--cpu-factor or --cpu-expert-us)")
+                  "sooner (off, on, or both: every run with and without it); the CPU model is "
+                  "--cpu-expert-us or --cpu-factor, else the time model preset's measured host "
+                  "kernel curve")
       ->check(CLI::IsMember({"off", "on", "both"}))
       ->capture_default_str();
   cmd->add_option("--cpu-factor", o->cpu.factor,
@@ -485,11 +486,22 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
         return;
       }
       o->cpu.curve = std::move(*curve);
+      o->cpu.source = "--cpu-expert-us";
+    }
+    if (o->hybrid != "off" && !o->cpu.enabled() && !o->time.cpu_expert.empty()) {
+      // The preset's host-kernel curve, for an expert of the preset's size scaled to this one.
+      const double scale = o->time.expert_mb / o->time.cpu_expert_mb;
+      for (const LayerTimePoint& p : o->time.cpu_expert) {
+        o->cpu.curve.push_back({p.tokens, p.ms * 1e3 * scale});
+      }
+      o->cpu.source = o->time.cpu_source;
+      if (scale != 1.0) o->cpu.source += ", scaled x" + std::to_string(scale) + " to --expert-mb";
     }
     if (o->hybrid != "off" && (!o->cpu.enabled() || o->model != "serving")) {
       std::fprintf(stderr,
                    "fmoe-bench replay: --hybrid %s needs --model serving and a CPU model "
-                   "(--cpu-factor or --cpu-expert-us)\n",
+                   "(--cpu-factor, --cpu-expert-us, or a time model preset with a measured "
+                   "host kernel curve)\n",
                    o->hybrid.c_str());
       exit_code = 2;
       return;

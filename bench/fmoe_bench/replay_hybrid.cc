@@ -46,6 +46,7 @@ std::string CpuModel::Describe(int64_t load_ns) const {
       out += (i ? ", " : " ") + Fixed(curve[i].us / 1e3, 3) + " ms at " +
              Fixed(curve[i].tokens, 0) + " tokens";
     }
+    if (!source.empty()) out += " (" + source + ")";
     return out;
   }
   return out + "c = " + Fixed(factor, 2) + " of a load (" +

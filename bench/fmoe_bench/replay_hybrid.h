@@ -33,6 +33,7 @@ struct CpuModel {
   // (compute-bound): c * load * max(1, tokens / knee_tokens). Default: 0 (off)
   double factor = 0;
   double knee_tokens = 16;  // Default: 16
+  std::string source;       // Where `curve` comes from (the report names it); may be empty.
 
   bool enabled() const { return !curve.empty() || factor > 0; }
   // One expert at `tokens` tokens (>= 1 ns); `load_ns` is the time model's load.

@@ -72,6 +72,17 @@ Status ValidateTimeModel(const TimeModel& m) {
   if (!(m.link_latency_us >= 0) || !std::isfinite(m.link_latency_us)) {
     return bad("link latency must be >= 0");
   }
+  for (size_t i = 0; i < m.cpu_expert.size(); ++i) {
+    const LayerTimePoint& p = m.cpu_expert[i];
+    const std::string at = "CPU expert time " + std::to_string(i + 1) + " (" + Fixed(p.tokens, 1) +
+                           " tokens: " + Fixed(p.ms, 4) + " ms)";
+    if (!(p.tokens >= 1) || !std::isfinite(p.tokens)) return bad(at + ": tokens must be >= 1");
+    if (!(p.ms > 0) || !std::isfinite(p.ms)) return bad(at + ": the time must be > 0");
+    if (i > 0 && !(p.tokens > m.cpu_expert[i - 1].tokens)) return bad(at + ": tokens must ascend");
+  }
+  if (!m.cpu_expert.empty() && (!(m.cpu_expert_mb > 0) || !std::isfinite(m.cpu_expert_mb))) {
+    return bad("the CPU expert curve's expert MB must be > 0");
+  }
   return Status::Ok();
 }
 
@@ -91,6 +102,13 @@ Result<TimeModel> TimeModelPreset(std::string_view name) {
     m.expert_mb = 0.393216;
     m.link_gbps = 0.30;
     m.link_latency_us = 10;
+    // cpu_expert_bench, FMOE_BENCH_EXPERT="256,128" (the tiny model's float32 expert), 1 thread,
+    // BM_CpuSwiGlu's medians of 3 (2026-11-27: the host GEMM).
+    m.cpu_expert = {{1, 0.00577}, {4, 0.0148}, {16, 0.0548}, {64, 0.2247}, {256, 1.118}};
+    m.cpu_expert_mb = 0.393216;
+    m.cpu_source =
+        "the host kernel measured on the dev VM: cpu_expert_bench, the tiny model's expert, 1 "
+        "thread";
     return m;
   }
   if (name == "fmoe-paper") {

@@ -30,6 +30,12 @@ struct TimeModel {
   double expert_mb = 0;        // One expert, in 10^6 bytes.
   double link_gbps = 0;        // Host-to-device bandwidth, 10^9 bytes/s.
   double link_latency_us = 0;  // Per transfer.
+  // Hybrid execution's default CPU model: the host kernel's measured time for one expert of
+  // `cpu_expert_mb` MB against its tokens (piecewise linear, as `layer`), scaled by
+  // expert_mb / cpu_expert_mb when --expert-mb changes the expert. Empty: no default.
+  std::vector<LayerTimePoint> cpu_expert;
+  double cpu_expert_mb = 0;
+  std::string cpu_source;  // Where the curve comes from, for the report.
 
   // One layer's compute for an iteration of `tokens` tokens (>= 1 ns).
   int64_t LayerNs(uint64_t tokens) const;
@@ -48,7 +54,11 @@ Status ValidateTimeModel(const TimeModel& model);
 //              runtime_bench (tiny model, 1 thread: decode of 1 and 8 tokens, prefill of 128 and
 //              8 x 128 tokens, the iteration's time over its 8 layers); the link is cache_bench's
 //              emulated link (0.30 GB/s + 10 us for a 393,216-byte fp32 expert: 1.32 ms, 3 layers
-//              of decode compute), which link_bench measured at 99.6% of its setting.
+//              of decode compute), which link_bench measured at 99.6% of its setting. Hybrid
+//              execution's CPU: the host kernel's time for that expert against its tokens
+//              (cpu_expert_bench, 1 thread: 5.8 us at 1 token, 1.12 ms at 256).
+//              fmoe-paper has no CPU curve (the paper's host was not measured): --hybrid
+//              there needs --cpu-expert-us or --cpu-factor.
 //  fmoe-paper  the fMoE paper's testbed: Mixtral-8x7B on an RTX 3090 over PCIe 4.0. A decode
 //              layer reads two experts and attention (789 MB) at 936 GB/s: 0.842 ms; one 352.3 MB
 //              expert at 32 GB/s: 11.01 ms (13.1 layers). Not measured here: the paper states

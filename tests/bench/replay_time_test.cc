@@ -58,6 +58,20 @@ TEST(TimeModelTest, PresetsCarryTheirMeasuredAndPublishedFigures) {
   EXPECT_NEAR(static_cast<double>(paper->LoadNs()) / static_cast<double>(paper->LayerNs(1)), 13.1,
               0.05);
   EXPECT_NE(dev->Describe().find("1.321 ms"), std::string::npos) << dev->Describe();
+  // Hybrid execution's default CPU model: the host kernel's measured curve for the dev VM's
+  // expert, rising with the tokens; none for the paper's unmeasured host.
+  ASSERT_GE(dev->cpu_expert.size(), 2u);
+  EXPECT_EQ(dev->cpu_expert_mb, dev->expert_mb);
+  for (size_t i = 1; i < dev->cpu_expert.size(); ++i) {
+    EXPECT_GT(dev->cpu_expert[i].ms, dev->cpu_expert[i - 1].ms);
+  }
+  EXPECT_TRUE(paper->cpu_expert.empty());
+  TimeModel bad = *dev;
+  bad.cpu_expert[1].tokens = 1;
+  EXPECT_NE(ValidateTimeModel(bad).message().find("CPU expert time 2"), std::string::npos);
+  bad = *dev;
+  bad.cpu_expert_mb = 0;
+  EXPECT_FALSE(ValidateTimeModel(bad).ok());
   EXPECT_EQ(TimeModelPreset("h100").status().code(), ErrorCode::kInvalidArgument);
 }
 
