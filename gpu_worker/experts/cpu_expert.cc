@@ -18,6 +18,7 @@
 #include "common/model/quant.h"
 #include "gpu_worker/experts/quantized.h"
 #include "gpu_worker/kernels/cpu_gemm.h"
+#include "gpu_worker/kernels/gemm_lanes.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -42,17 +43,6 @@ inline float Widen(uint16_t v) {  // bfloat16 -> float32: the high half of the f
 
 #if defined(__x86_64__)
 #define FMOE_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-FMOE_AVX2 inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
-FMOE_AVX2 inline __m256 Load8(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-FMOE_AVX2 inline float Sum8(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 d = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-}
 
 bool HaveAvx2() {
   static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -196,7 +186,7 @@ FMOE_AVX2 void Fp8DotsAvx2(const uint8_t* row, const float* scales256, int64_t b
     for (int64_t j = k; j < len; ++j) w[j - k] = table[row[j]] * (scales256[j / bi] * 0x1p-8f);
     TailStep<NT>(w, x, ldx, k, len, a0, a1);
   }
-  for (int t = 0; t < NT; ++t) out[t] = Sum8(_mm256_add_ps(a0[t], a1[t]));
+  for (int t = 0; t < NT; ++t) out[t] = GemmReduce8(_mm256_add_ps(a0[t], a1[t]));
 }
 
 // INT4: w = (nibble - offset[g]) x scale[g] for the column's group g (the group a multiple
@@ -230,7 +220,7 @@ FMOE_AVX2 void Int4DotsAvx2(const int32_t* words, const float* offsets, const fl
     }
     TailStep<NT>(w, x, ldx, k, len, a0, a1);
   }
-  for (int t = 0; t < NT; ++t) out[t] = Sum8(_mm256_add_ps(a0[t], a1[t]));
+  for (int t = 0; t < NT; ++t) out[t] = GemmReduce8(_mm256_add_ps(a0[t], a1[t]));
 }
 
 // Runs KERNEL<NT> (NT = 1..4) for `tokens` tokens, a pass per 4.

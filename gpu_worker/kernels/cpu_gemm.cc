@@ -1,5 +1,7 @@
 #include "gpu_worker/kernels/cpu_gemm.h"
 
+#include "gpu_worker/kernels/gemm_lanes.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -77,12 +79,8 @@ FMOE_AVX2 inline __m256 Load8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-// ReduceLanes of s = (lo, hi): t = lo + hi, then the same tree.
-FMOE_AVX2 inline float Reduce8(__m256 t) {
-  const __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-  const __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
-  return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
-}
+// ReduceLanes of s = (lo, hi): t = lo + hi, then the same tree (gemm_lanes.h).
+FMOE_AVX2 inline float Reduce8(__m256 t) { return GemmReduce8(t); }
 
 // One 16-wide step of the AVX2 tile: lanes 0-7 into lo, 8-15 into hi.
 template <int R, int C, typename W>
@@ -149,10 +147,7 @@ FMOE_AVX512 inline __m512 LoadTail16(const uint16_t* p, __mmask16 m) {
 FMOE_AVX512 inline float Reduce16(__m512 s) {
   const __m256 lo = _mm512_castps512_ps256(s);
   const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1));
-  const __m256 t = _mm256_add_ps(lo, hi);
-  const __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-  const __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
-  return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+  return GemmReduce8(_mm256_add_ps(lo, hi));
 }
 
 template <int R, int C, typename W>
