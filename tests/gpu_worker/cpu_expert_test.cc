@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <limits>
 #include <string>
@@ -102,6 +103,22 @@ TEST(CpuExpert, IsBatchInvariant) {
       EXPECT_TRUE(at::equal(*one, all->narrow(0, t, 1))) << "token " << t << " dtype " << dt;
     }
   }
+}
+
+// The kernels split their work with at::parallel_for, which is an inline template: its OpenMP
+// backend splits the range only where the calling file was compiled with OpenMP, and otherwise
+// runs everything on one thread, silently. The build gives every LibTorch user OpenMP; this
+// fails if it stops doing so (two threads take the two halves whatever the cores).
+TEST(CpuExpert, TheIntraOpThreadsSplitTheWork) {
+  const int before = at::get_num_threads();
+  at::set_num_threads(2);
+  std::vector<int> chunk_thread(2, -1);
+  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) chunk_thread[i] = at::get_thread_num();
+  });
+  at::set_num_threads(before);
+  EXPECT_NE(chunk_thread[0], chunk_thread[1])
+      << "at::parallel_for ran both halves on thread " << chunk_thread[0];
 }
 
 TEST(CpuExpert, NoTokensGiveAnEmptyResult) {
