@@ -61,7 +61,6 @@ struct PlainRows {
   bool FusedDots(int64_t, const float*, int64_t, int64_t, float*, int64_t, float*) const {
     return false;
   }
-  const W* Row(int64_t i, float* /*buf*/) const { return base + i * len; }
 };
 
 // A stored scale (float32, bfloat16 or float16) as float32.

@@ -6,7 +6,8 @@
 // AVX-512, AVX2 and portable code take the same steps (fused multiply-adds, the same tree), so a
 // row's output is bit-identical alone, inside any batch and on any x86-64 CPU.
 // Tiles of several rows times several columns reuse each loaded weight vector for every row of
-// the tile, so a prefill reads each weight once per block of rows held in cache.
+// the tile, and the columns go in L2-sized panels that every row passes over, so a prefill reads
+// each weight from memory once.
 // Stateless and reentrant; the caller splits the columns over its threads (GemmColumns).
 #pragma once
 
