@@ -19,6 +19,8 @@ FMOE_PACKAGES=(
   libsentencepiece-dev libpcre2-dev libicu-dev
   libopenblas0-openmp
   zlib1g-dev
+  # The disk tier reads experts with io_uring.
+  liburing-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv
   # The metrics test parses /metrics with a real Prometheus parser.

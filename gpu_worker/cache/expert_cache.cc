@@ -93,6 +93,10 @@ Result<std::unique_ptr<ExpertCache>> ExpertCache::Create(ExpertCacheOptions opti
   for (size_t key = 0; key < total; ++key) {
     const bool mine = key % options.world_size == options.rank;
     owned += mine ? 1 : 0;
+    if (options.tiered) {
+      if (host[key] != nullptr) return bad("a tiered link takes no host addresses");
+      continue;
+    }
     if (mine != (host[key] != nullptr)) {
       return bad("expert " + std::to_string(key % options.num_experts) + " of layer " +
                  std::to_string(key / options.num_experts) +
@@ -124,7 +128,9 @@ ExpertCache::ExpertCache(ExpertCacheOptions options, std::unique_ptr<CachePolicy
   slot_fence_.assign(options_.slots, 0);
   for (uint32_t s = options_.slots; s > 0; --s) free_slots_.push_back(static_cast<int32_t>(s - 1));
   counters_.resize(options_.num_layers);
-  for (const void* h : host_) owned_ += h != nullptr ? 1 : 0;
+  for (size_t key = 0; key < total; ++key) {
+    owned_ += key % options_.world_size == options_.rank ? 1 : 0;
+  }
   policy_->Attach(this);
 }
 
@@ -142,7 +148,7 @@ ExpertCache::~ExpertCache() {
 
 Status ExpertCache::Preload() {
   for (uint32_t key = 0; key < entries_.size() && !free_slots_.empty(); ++key) {
-    if (host_[key] == nullptr) continue;
+    if (key % options_.world_size != options_.rank) continue;
     const int32_t slot = free_slots_.back();
     free_slots_.pop_back();
     SubmitLoad(key, slot, /*on_demand=*/true, 0.0);
@@ -240,6 +246,7 @@ void ExpertCache::SubmitLoad(uint32_t key, int32_t slot, bool on_demand, double 
   TransferTask task;
   task.id = e.task;
   task.src = host_[key];
+  task.key = key;
   task.dst = slots_base_ + static_cast<size_t>(slot) * options_.expert_bytes;
   task.bytes = options_.expert_bytes;
   task.on_demand = on_demand;
@@ -277,8 +284,15 @@ void ExpertCache::Complete(const TransferDone& done) {
   }
   e.on_demand = false;
   e.task = 0;
-  if (done.cancelled) {
-    ++c.prefetches_cancelled;
+  if (!done.status.ok()) {
+    // The source could not be read: back on the host (a later load retries); a layer waiting
+    // for it fails with the read's error.
+    spdlog::warn("expert cache: loading expert {} of layer {} failed: {}",
+                 key % options_.num_experts, layer, done.status.ToString());
+    if (e.needed && layer_error_.ok()) layer_error_ = done.status;
+  }
+  if (done.cancelled || !done.status.ok()) {
+    if (done.cancelled) ++c.prefetches_cancelled;
     slot_owner_[e.slot] = -1;
     free_slots_.push_back(e.slot);
     e.slot = -1;
@@ -400,7 +414,7 @@ void ExpertCache::ApplyDirective(const PrefetchDirective& d) {
 void ExpertCache::TopUp() {
   // On-demand loads for the running layer first, evicting protected experts if they must.
   bool starved = false;
-  if (in_layer_) {
+  if (in_layer_ && layer_error_.ok()) {
     for (uint32_t key : layer_needed_) {
       Entry& e = entries_[key];
       if (!e.needed) continue;
@@ -449,12 +463,16 @@ void ExpertCache::TopUp() {
       continue;
     }
     const int32_t slot = TakeSlot(/*force=*/false);
-    if (slot < 0) return;  // Everything resident is pinned or protected: wait.
+    if (slot < 0) break;  // Everything resident is pinned or protected: wait.
     RemoveQueued(best);
     SubmitLoad(q.key, slot, /*on_demand=*/false, q.priority);
     Entry& e = entries_[q.key];
     e.prefetched = true;
     e.protect_until = q.position;
+  }
+  // What waits in the queue may come from a slower tier: the link can start on it now.
+  if (options_.tiered) {
+    for (const QueuedPrefetch& q : queue_) link_->Hint(q.key);
   }
 }
 
@@ -502,6 +520,7 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
     return InvalidArgument("expert cache: layer " + std::to_string(layer) +
                            " is out of order or range");
   }
+  layer_error_ = Status::Ok();
   if (routing.tokens.size() != routing.experts.size()) {
     return InvalidArgument("expert cache: " + std::to_string(routing.tokens.size()) +
                            " token counts for " + std::to_string(routing.experts.size()) +
@@ -598,6 +617,7 @@ Result<ReadyExpert> ExpertCache::Next() {
   if (!in_layer_) return FailedPrecondition("expert cache: Next() outside a layer");
   while (true) {
     if (!full_) Pump();
+    if (!layer_error_.ok()) return layer_error_;
     bool waiting = false;
     Entry* host_run = nullptr;
     uint32_t host_key = 0;
@@ -809,7 +829,9 @@ Status ExpertCache::CheckInvariants() const {
     if (e.state == Residency::kOnHost) {
       if (e.slot != -1 || e.task != 0) return broken(name + " on host holds a slot or task");
     } else {
-      if (host_[key] == nullptr) return broken(name + " of another rank is on the device");
+      if (key % options_.world_size != options_.rank) {
+        return broken(name + " of another rank is on the device");
+      }
       if (e.slot < 0 || slot_owner_[e.slot] != static_cast<int32_t>(key)) {
         return broken(name + " has no slot");
       }

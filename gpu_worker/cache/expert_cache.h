@@ -66,6 +66,10 @@ struct ExpertCacheOptions {
   // when the policy values it above what it would evict for it (the fmoe policies: the maps
   // predict its reuse). Default: on
   bool admit_host_runs = true;
+  // The link finds each expert's bytes itself from TransferTask::key (TieredLink, the host tier
+  // in front of the disk): `host` holds no addresses, a load may fail (its read did), and
+  // prefetches the link window has no room for yet are hinted to it. Default: off
+  bool tiered = false;
 };
 
 // Converts a manifest budget into slots: `gb` (1e9 bytes) when set, else `fraction` of the
@@ -116,7 +120,8 @@ struct ReadyExpert {
 
 class ExpertCache final : public CacheControl {
  public:
-  // `host[l * J + j]`: the expert's bytes in host memory (nullptr for experts other ranks own).
+  // `host[l * J + j]`: the expert's bytes in host memory (nullptr for experts other ranks own;
+  // every one nullptr with options.tiered).
   // `slot_memory`: slots * expert_bytes bytes on the device end of `link`. The cache does not
   // own the memory; it owns the policy. `clock` times stalls.
   static Result<std::unique_ptr<ExpertCache>> Create(ExpertCacheOptions options,
@@ -266,6 +271,7 @@ class ExpertCache final : public CacheControl {
   int64_t layer_start_ns_ = 0;
   int64_t layer_stall_ns_ = 0;
   bool layer_loaded_on_demand_ = false;  // The running layer submitted an on-demand load.
+  Status layer_error_;                   // A load the running layer needed failed.
   double layer_compute_ns_ = 0.0;        // Moving average of a layer's compute (no stall).
   double load_ns_ = 0.0;                 // Moving average of one expert's transfer.
 

@@ -30,7 +30,7 @@ class ScriptedLink final : public TransferEngine {
   }
   void Cancel(uint64_t id) override {
     if (live_.erase(id) == 0) return;
-    finished_.push_back({id, true, 0, 0, 0, 0});
+    finished_.push_back({id, true, 0, 0, 0, 0, Status::Ok()});
     ++cancels;
   }
   void Promote(uint64_t id) override {
@@ -66,7 +66,8 @@ class ScriptedLink final : public TransferEngine {
       live_.erase(best);
       std::memcpy(t.dst, t.src, t.bytes);
       clock_.AdvanceNs(1000);
-      finished_.push_back({t.id, false, t.bytes, 0, clock_.NowNs() - 1000, clock_.NowNs()});
+      finished_.push_back(
+          {t.id, false, t.bytes, 0, clock_.NowNs() - 1000, clock_.NowNs(), Status::Ok()});
     }
     std::erase_if(order_, [&](uint64_t id) { return !live_.count(id); });
   }

@@ -7,7 +7,8 @@
 #   cache/transfer  the links: nothing of gpu_worker/
 #   kernels         the host's compute kernels (the CPU matrix product): nothing of gpu_worker/
 #   cache/policies  the policies and their factory: core
-#   cache           the expert cache manager: core, cache/policies, cache/transfer
+#   cache/store     the host tier and the disk reader: cache/transfer
+#   cache           the expert cache manager: core, cache/policies, cache/transfer, cache/store
 #   control         the control plane: core
 #   group           the c10d group: core
 #   experts         the expert sources: core, kernels and the cache's rooms
@@ -54,12 +55,13 @@ declare -A allowed=(
   [cache/transfer]=''
   [kernels]=''
   [cache/policies]='core'
-  [cache]='core cache/policies cache/transfer'
+  [cache/store]='cache/transfer'
+  [cache]='core cache/policies cache/transfer cache/store'
   [control]='core'
   [group]='core'
-  [experts]='core kernels cache cache/policies cache/transfer'
-  [model]='core kernels observe sampling group experts cache cache/policies cache/transfer'
-  [engine]='core kernels observe sampling group experts cache cache/policies cache/transfer model'
+  [experts]='core kernels cache cache/policies cache/transfer cache/store'
+  [model]='core kernels observe sampling group experts cache cache/policies cache/transfer cache/store'
+  [engine]='core kernels observe sampling group experts cache cache/policies cache/transfer cache/store model'
 )
 bad=0
 # room_of PATH: the folder of a path below gpu_worker/ ("." for the top), without a subprocess.

@@ -28,10 +28,16 @@
 
 namespace fmoe {
 
+// TransferTask::key when the task names no expert.
+inline constexpr uint32_t kNoExpertKey = 0xffffffffu;
+
 struct TransferTask {
   uint64_t id = 0;            // Unique among unfinished tasks; chosen by the caller.
   const void* src = nullptr;  // Host memory (pinned in cuda mode).
-  void* dst = nullptr;        // Device cache slot (cpu mode: the emulated device pool).
+  // The expert (layer * J + expert) whose bytes these are. A link in front of a host tier
+  // (TieredLink) finds the source itself from it and ignores src. Default: none
+  uint32_t key = kNoExpertKey;
+  void* dst = nullptr;  // Device cache slot (cpu mode: the emulated device pool).
   size_t bytes = 0;
   bool on_demand = false;  // Overtakes every prefetch.
   double priority = 0.0;   // Among prefetches: higher first.
@@ -46,6 +52,9 @@ struct TransferDone {
   int64_t submit_ns = 0;    // Steady clock (ns): Submit, first byte, last byte.
   int64_t start_ns = 0;     // Cancelled before its first byte: start_ns == end_ns (the Cancel).
   int64_t end_ns = 0;
+  // Not ok when the source could not be had (a tiered link's disk read failed): nothing was
+  // copied, and the message names the file and the tensor.
+  Status status;
 };
 
 struct TransferStats {
@@ -76,6 +85,9 @@ class TransferEngine {
   virtual void Cancel(uint64_t id) = 0;
   // Makes a queued or parked prefetch on-demand. No effect on an unknown id.
   virtual void Promote(uint64_t id) = 0;
+  // A load of expert `key` is likely soon, not yet submitted: a link in front of a slower tier
+  // may start bringing its bytes closer. Default: nothing.
+  virtual void Hint(uint32_t key) {}
   // Appends finished tasks to `out` without blocking; returns how many.
   virtual size_t Poll(std::vector<TransferDone>* out) = 0;
   // Blocks until at least one task has finished (or `timeout` passes) and appends every finished
