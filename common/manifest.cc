@@ -44,6 +44,8 @@ constexpr std::string_view kGroupKeys[] = {"name",
                                            "expert_cache_gb",
                                            "expert_cache_fraction",
                                            "memory_utilization",
+                                           "host_cache_gb",
+                                           "host_cache_fraction",
                                            "link",
                                            "hybrid",
                                            "rendezvous",
@@ -709,6 +711,23 @@ Status ParseGroup(const Field& field, size_t index, const std::string& base_dir,
     group->expert_cache_fraction = value;
     group->expert_cache_gb.reset();
   }
+  const Field host_gb = section.Get("host_cache_gb");
+  const Field host_fraction = section.Get("host_cache_fraction");
+  if (host_gb.present && host_fraction.present) {
+    return Error(section.path(),
+                 "host_cache_gb and host_cache_fraction are both set; set at most one");
+  }
+  if (host_gb.present && host_gb.node.IsScalar() && host_gb.node.Scalar() == "auto") {
+    group->host_cache_auto = true;
+  } else if (host_gb.present) {
+    double value = 0;
+    FMOE_RETURN_IF_ERROR(ReadDouble(host_gb, {0, true, 100000}, &value));
+    group->host_cache_gb = value;
+  } else if (host_fraction.present) {
+    double value = 1.0;
+    FMOE_RETURN_IF_ERROR(ReadDouble(host_fraction, {0, true, 1}, &value));
+    group->host_cache_fraction = value;
+  }
   FMOE_ASSIGN_OR_RETURN(Section link, Section::Read(section.Get("link"), kLinkKeys));
   FMOE_RETURN_IF_ERROR(ReadDouble(link.Get("gbps"), {0, true, 10000}, &group->link.gbps));
   FMOE_RETURN_IF_ERROR(
@@ -1058,6 +1077,9 @@ std::string DescribeManifest(const Manifest& m) {
     if (!g.expert_cache_auto && (g.expert_cache_fraction || !g.expert_cache_gb)) {
       EmitDouble(out, "expert_cache_fraction", g.expert_cache_fraction.value_or(1.0));
     }
+    if (g.host_cache_auto) EmitValue(out, "host_cache_gb", std::string("auto"));
+    if (g.host_cache_gb) EmitDouble(out, "host_cache_gb", *g.host_cache_gb);
+    if (g.host_cache_fraction) EmitDouble(out, "host_cache_fraction", *g.host_cache_fraction);
     out << YAML::Key << "link" << YAML::Value << YAML::BeginMap;
     EmitDouble(out, "gbps", g.link.gbps);
     EmitDouble(out, "latency_us", g.link.latency_us);

@@ -88,6 +88,14 @@ struct WorkerGroupSpec {
   std::optional<double> expert_cache_fraction;  // (0, 1]
   bool expert_cache_auto = false;
   double memory_utilization = 0.9;  // (0, 1], with expert_cache_gb: auto. Default: 0.9
+  // The host tier (DESIGN section 13): set, each rank leaves its experts in the checkpoint's
+  // files and keeps a host cache of this budget in front of them, read from disk as needed; at
+  // most one of the two. `host_cache_gb: auto` (host_cache_auto): every expert when they fit in
+  // the host's available memory less 4 GiB, else what fits. Default: unset (every expert read
+  // into host memory at start).
+  std::optional<double> host_cache_gb;        // (0, 100000]
+  std::optional<double> host_cache_fraction;  // (0, 1]
+  bool host_cache_auto = false;
   LinkSpec link;
   HybridSpec hybrid;
   std::string rendezvous;  // c10d TCPStore HOST:PORT. Default: 127.0.0.1:(29500 + group index)

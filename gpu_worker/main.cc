@@ -62,6 +62,9 @@ RankOptions RankFromManifest(const Manifest& manifest, const WorkerGroupSpec& gr
   o.cache.cache_fraction = group.expert_cache_fraction;
   o.cache.cache_auto = group.expert_cache_auto;
   o.cache.memory_utilization = group.memory_utilization;
+  o.cache.host_cache_gb = group.host_cache_gb;
+  o.cache.host_cache_fraction = group.host_cache_fraction;
+  o.cache.host_cache_auto = group.host_cache_auto;
   o.cache.link.gbps = group.link.gbps;
   o.cache.link.latency_us = group.link.latency_us;
   o.cache.hybrid = group.hybrid.enabled;

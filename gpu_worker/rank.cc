@@ -229,6 +229,9 @@ Status Rank::LoadWeights(ExpertTable* table) {
   r.row_block = options_.row_block;
   r.expert_rank = options_.rank;
   r.expert_world_size = options_.world_size;
+  const CachedExpertsOptions& c = options_.cache;
+  r.experts_on_disk = options_.experts == RankExperts::kCached &&
+                      (c.host_cache_gb || c.host_cache_fraction || c.host_cache_auto);
   const auto t0 = std::chrono::steady_clock::now();
   int last_decile = -1;
   auto progress = [&](uint64_t done, uint64_t total) {

@@ -162,6 +162,15 @@ Status Checkpoint::ReleasePages(const std::string& name, uint64_t offset, uint64
   return it->second.file->ReleasePages(*it->second.view, offset, bytes).WithContext("model");
 }
 
+Result<Checkpoint::Location> Checkpoint::Locate(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return NotFound("model: " + dir_ + ": tensor " + Quote(name) + " is missing");
+  }
+  FMOE_ASSIGN_OR_RETURN(const uint64_t offset, it->second.file->FileOffset(*it->second.view));
+  return Location{it->second.file->path(), offset, it->second.view->data.size()};
+}
+
 std::vector<std::string> Checkpoint::TensorNames() const {
   std::vector<std::string> names;
   names.reserve(tensors_.size());

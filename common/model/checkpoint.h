@@ -46,6 +46,14 @@ class Checkpoint {
   // the file). kNotFound when absent; kInvalidArgument for a range outside the tensor; kIoError
   // "model: /m/model.safetensors: tensor \"x\": madvise..." when the kernel refuses.
   Status ReleasePages(const std::string& name, uint64_t offset, uint64_t bytes) const;
+  // Where tensor `name`'s bytes are on disk: its file and the byte range in it. kNotFound when
+  // absent.
+  struct Location {
+    std::string path;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+  };
+  Result<Location> Locate(const std::string& name) const;
   std::vector<std::string> TensorNames() const;
   uint64_t total_bytes() const;
 

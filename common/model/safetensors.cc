@@ -417,6 +417,17 @@ const TensorView* SafetensorsFile::Find(const std::string& name) const {
   return &*it;
 }
 
+Result<uint64_t> SafetensorsFile::FileOffset(const TensorView& tensor) const {
+  const auto base = reinterpret_cast<uintptr_t>(map_);
+  const auto data = reinterpret_cast<uintptr_t>(tensor.data.data());
+  if (data < base || data - base > file_bytes_ ||
+      tensor.data.size() > file_bytes_ - (data - base)) {
+    return InvalidArgument(path_ + ": tensor " + Quote(tensor.name) +
+                           ": its data is not in this file's mapping");
+  }
+  return static_cast<uint64_t>(data - base);
+}
+
 Status SafetensorsFile::ReleasePages(const TensorView& tensor, uint64_t offset,
                                      uint64_t bytes) const {
   const std::string where = path_ + ": tensor " + Quote(tensor.name);

@@ -66,6 +66,9 @@ class SafetensorsFile {
   // while others read the file. kInvalidArgument for a range outside the tensor or a view not in
   // this file's mapping; kIoError when madvise fails. Errors name the file and the tensor.
   Status ReleasePages(const TensorView& tensor, uint64_t offset, uint64_t bytes) const;
+  // Where `tensor`'s data (one of this file's views) starts in the file, for reading it without
+  // the mapping. kInvalidArgument for a view not in this file.
+  Result<uint64_t> FileOffset(const TensorView& tensor) const;
 
  private:
   SafetensorsFile() = default;

@@ -1,17 +1,21 @@
 #include "gpu_worker/experts/cached_experts.h"
 #include "gpu_worker/cache/policies/policy_factory.h"
+#include "gpu_worker/cache/store/tiered_link.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 namespace fmoe {
@@ -70,10 +74,22 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   } else {
     FMOE_ASSIGN_OR_RETURN(self->link_, NewEmulatedLink(options.link));
   }
-  FMOE_ASSIGN_OR_RETURN(std::vector<const void*> addresses,
-                        self->PackHost(&experts, options, owned));
-  FMOE_RETURN_IF_ERROR(self->link_->RegisterHost(self->host_, self->host_bytes_));
-  if (options.hybrid) self->host_addresses_ = addresses;
+  std::vector<const void*> addresses;
+  if (self->on_disk_) {
+    FMOE_ASSIGN_OR_RETURN(addresses, self->MakeHostTier(experts, options, owned));
+    experts.clear();
+    FMOE_RETURN_IF_ERROR(
+        self->link_->RegisterHost(self->tier_->memory(), self->tier_->memory_bytes()));
+  } else {
+    if (options.host_cache_gb || options.host_cache_fraction || options.host_cache_auto) {
+      return InvalidArgument(
+          "cached experts: a host cache budget is set but the experts were loaded into memory; "
+          "the host tier needs them left on disk (RuntimeOptions::experts_on_disk)");
+    }
+    FMOE_ASSIGN_OR_RETURN(addresses, self->PackHost(&experts, options, owned));
+    FMOE_RETURN_IF_ERROR(self->link_->RegisterHost(self->host_, self->host_bytes_));
+    if (options.hybrid) self->host_addresses_ = addresses;
+  }
   if (options.cache_auto) {
     FMOE_ASSIGN_OR_RETURN(slots, AutoSlots(*self->link_, options, expert_bytes, owned));
   }
@@ -93,9 +109,17 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   cache_options.preload = options.preload;
   cache_options.hybrid = options.hybrid;
   cache_options.admit_host_runs = options.admit_host_runs;
+  cache_options.tiered = self->tier_ != nullptr;
   FMOE_ASSIGN_OR_RETURN(self->cache_,
                         ExpertCache::Create(cache_options, std::move(policy), self->link_.get(),
                                             std::move(addresses), self->slots_, clock));
+  if (self->tier_ != nullptr) {
+    // The host tier evicts by the device cache's score: the same predicted next use.
+    const ExpertCache* cache = self->cache_.get();
+    self->tier_->set_score([cache, per_layer](uint32_t key) {
+      return cache->policy().EvictionScore(key / per_layer, key % per_layer);
+    });
+  }
   spdlog::info(
       "expert cache: policy={} rank={}/{} slots={} of {} experts ({:.1f} MB of {:.1f} MB) "
       "expert={} bytes link={} hybrid={}",
@@ -144,6 +168,7 @@ Result<uint32_t> CachedExperts::TakeShape(const ExpertTable& experts,
   }
   cuda_ = options.cuda_index >= 0;
   host_slowdown_ = options.host_slowdown;
+  on_disk_ = first->disk != nullptr;
   // The layout: each stored tensor after the last; a quantized expert's mixed dtypes each start
   // 64-byte aligned (a device reads them as their own type).
   const size_t align = first->quantized() ? 64 : 1;
@@ -235,8 +260,10 @@ CachedExperts::~CachedExperts() {
   if (link_ != nullptr) {
     if (slots_ != nullptr) link_->FreeDevice(slots_);
     if (host_ != nullptr) link_->UnregisterHost(host_);
+    if (tier_ != nullptr) link_->UnregisterHost(tier_->memory());
   }
   link_.reset();
+  tier_.reset();
   std::free(host_);
 }
 
@@ -259,15 +286,21 @@ Result<std::pair<uint32_t, ExpertWeights>> CachedExperts::Next() {
   if (!ready.on_host) {
     return std::pair<uint32_t, ExpertWeights>(ready.expert, slot_views_[ready.slot]);
   }
-  // A host run: views of the packed host copy.
+  // A host run: views of the packed host copy (read into the host tier first, with one).
   const size_t key =
       static_cast<size_t>(cache_->current_layer()) * cache_->num_experts() + ready.expert;
-  if (key >= host_addresses_.size() || host_addresses_[key] == nullptr) {
+  const void* base = nullptr;
+  if (tier_ != nullptr) {
+    FMOE_ASSIGN_OR_RETURN(base, tier_->Acquire(static_cast<uint32_t>(key)));
+    host_key_ = static_cast<int64_t>(key);
+  } else if (key < host_addresses_.size()) {
+    base = host_addresses_[key];
+  }
+  if (base == nullptr) {
     return Internal("cached experts: no host copy of expert " + std::to_string(ready.expert) +
                     " of layer " + std::to_string(cache_->current_layer()));
   }
-  ExpertWeights w =
-      ViewsAt(static_cast<char*>(const_cast<void*>(host_addresses_[key])), at::Device(at::kCPU));
+  ExpertWeights w = ViewsAt(static_cast<char*>(const_cast<void*>(base)), at::Device(at::kCPU));
   host_expert_ = ready.expert;
   host_start_ns_ = SteadyClock::Get().NowNs();
   return std::pair<uint32_t, ExpertWeights>(ready.expert, std::move(w));
@@ -283,14 +316,21 @@ void CachedExperts::Done(uint32_t expert) {
     }
     cache_->RecordHostRun(expert, SteadyClock::Get().NowNs() - host_start_ns_);
     host_expert_ = -1;
+    ReleaseHostKey();
   }
   cache_->Done(expert);
 }
 
 bool CachedExperts::HostRunsPlanned() const { return cache_->host_runs_planned() > 0; }
 
+void CachedExperts::ReleaseHostKey() {
+  if (tier_ != nullptr && host_key_ >= 0) tier_->Unpin(static_cast<uint32_t>(host_key_));
+  host_key_ = -1;
+}
+
 void CachedExperts::EndLayer() {
   host_expert_ = -1;
+  ReleaseHostKey();
   cache_->EndLayer();
 }
 
@@ -313,5 +353,109 @@ CacheStats CachedExperts::stats() const {
 }
 
 TransferStats CachedExperts::link_stats() const { return link_->stats(); }
+
+std::optional<HostTierStats> CachedExperts::host_tier_stats() const {
+  if (tier_ == nullptr) return std::nullopt;
+  return tier_->stats();
+}
+
+namespace {
+
+// /proc/meminfo's MemAvailable in bytes; 0 when it cannot be read.
+uint64_t MemAvailable() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  uint64_t value = 0;
+  while (in >> key >> value) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return value * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Result<std::vector<const void*>> CachedExperts::MakeHostTier(const ExpertTable& experts,
+                                                             const CachedExpertsOptions& options,
+                                                             uint32_t owned) {
+  const uint32_t layers = static_cast<uint32_t>(experts.size());
+  const uint32_t per_layer = static_cast<uint32_t>(experts[0].size());
+  const size_t expert_bytes = this->expert_bytes();
+  uint32_t slots = owned;
+  std::string budget = "every expert";
+  if (options.host_cache_auto) {
+    const uint64_t available = MemAvailable();
+    const uint64_t usable =
+        available > options.host_reserve_bytes ? available - options.host_reserve_bytes : 0;
+    slots = static_cast<uint32_t>(
+        std::clamp<uint64_t>(usable / expert_bytes, 1, static_cast<uint64_t>(owned)));
+    budget = fmt::format("auto: {:.2f} GB available - {:.2f} GB reserve", available / 1e9,
+                         options.host_reserve_bytes / 1e9);
+  } else if (options.host_cache_gb || options.host_cache_fraction) {
+    if (options.host_cache_gb && options.host_cache_fraction) {
+      return InvalidArgument(
+          "cached experts: host_cache_gb and host_cache_fraction are both set; give one");
+    }
+    Result<uint32_t> budget_slots =
+        BudgetSlots(options.host_cache_gb, options.host_cache_fraction, expert_bytes, owned);
+    if (!budget_slots.ok()) {
+      return InvalidArgument("host tier: " + budget_slots.status().message());
+    }
+    slots = *budget_slots;
+    budget = options.host_cache_gb
+                 ? fmt::format("host_cache_gb {:g}", *options.host_cache_gb)
+                 : fmt::format("host_cache_fraction {:g}", *options.host_cache_fraction);
+  }
+  FMOE_ASSIGN_OR_RETURN(std::unique_ptr<DiskReader> reader, DiskReader::Create(options.disk));
+  std::map<std::string, uint32_t> files;
+  std::vector<std::string> paths;
+  std::vector<std::vector<ExpertExtent>> extents(static_cast<size_t>(layers) * per_layer);
+  for (uint32_t l = 0; l < layers; ++l) {
+    for (uint32_t j = 0; j < per_layer; ++j) {
+      const size_t key = static_cast<size_t>(l) * per_layer + j;
+      if (key % options.world_size != options.rank) continue;
+      const ExpertWeights& w = experts[l][j];
+      const std::string name = "expert " + std::to_string(j) + " of layer " + std::to_string(l);
+      const std::vector<const at::Tensor*> tensors = w.Tensors();
+      if (w.disk == nullptr || w.disk->size() != tensors.size() ||
+          tensors.size() != layout_.size() || !(w.quant == quant_)) {
+        return InvalidArgument("cached experts: " + name +
+                               " is not left on disk like the others, or differs in its tensors");
+      }
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        const DiskExtent& d = (*w.disk)[i];
+        const uint64_t want = static_cast<uint64_t>(tensors[i]->numel()) *
+                              static_cast<uint64_t>(tensors[i]->element_size());
+        if (tensors[i]->sizes() != at::IntArrayRef(layout_[i].sizes) ||
+            tensors[i]->scalar_type() != layout_[i].dtype || d.bytes != want) {
+          return InvalidArgument("cached experts: " + name + ": tensor \"" + d.tensor + "\" (" +
+                                 d.path + ") differs in shape, dtype or size from the others'");
+        }
+        auto [it, added] = files.emplace(d.path, 0);
+        if (added) {
+          FMOE_ASSIGN_OR_RETURN(it->second, reader->AddFile(d.path));
+          paths.push_back(d.path);
+        }
+        extents[key].push_back({it->second, d.offset, d.bytes, layout_[i].offset, d.tensor});
+      }
+    }
+  }
+  const std::string_view backend = reader->backend();
+  HostTierOptions t;
+  t.num_experts = per_layer;
+  t.expert_bytes = expert_bytes;
+  t.slots = slots;
+  t.max_prefetch_reads = std::max<uint32_t>(4, 2 * options.max_inflight_prefetches);
+  FMOE_ASSIGN_OR_RETURN(
+      tier_, HostTier::Create(t, std::move(extents), std::move(paths), std::move(reader)));
+  link_ = std::make_unique<TieredLink>(std::move(link_), tier_.get());
+  spdlog::info(
+      "host tier: {} host slots of {} experts ({:.1f} MB of {:.1f} MB; {}), read from {} "
+      "checkpoint files with {} (queue depth {}, {} KiB chunks)",
+      slots, owned, slots * static_cast<double>(expert_bytes) / 1e6,
+      owned * static_cast<double>(expert_bytes) / 1e6, budget, files.size(), backend,
+      options.disk.queue_depth, options.disk.chunk_bytes >> 10);
+  return std::vector<const void*>(static_cast<size_t>(layers) * per_layer, nullptr);
+}
 
 }  // namespace fmoe

@@ -17,6 +17,7 @@
 
 #include "common/clock.h"
 #include "gpu_worker/cache/expert_cache.h"
+#include "gpu_worker/cache/store/host_tier.h"
 #include "gpu_worker/experts/expert_source.h"
 
 namespace fmoe {
@@ -49,6 +50,17 @@ struct CachedExpertsOptions {
   // cpu mode: a host run takes this many times its real time (>= 1), as the emulated link paces
   // copies, so the split sees a host slower than the compute device. Default: 1
   double host_slowdown = 1.0;
+  // The host tier (DESIGN section 13), for experts the loader left on disk
+  // (RuntimeOptions::experts_on_disk): a host cache of host_cache_gb (1e9 bytes) or
+  // host_cache_fraction of this rank's experts (at most one), read from the checkpoint's files
+  // as they are needed; neither = a slot for every expert. host_cache_auto overrides both: every
+  // expert when they fit in the host's available memory less host_reserve_bytes, else what fits
+  // (at least one). Experts in memory (not left on disk) take none of these.
+  std::optional<double> host_cache_gb;
+  std::optional<double> host_cache_fraction;
+  bool host_cache_auto = false;
+  uint64_t host_reserve_bytes = uint64_t{4} << 30;  // Default: 4 GiB
+  DiskReaderOptions disk;                           // The host tier's reader.
 };
 
 class CachedExperts final : public ExpertSource {
@@ -77,6 +89,8 @@ class CachedExperts final : public ExpertSource {
   // Refreshed at the end of every iteration; any thread.
   CacheStats stats() const;
   TransferStats link_stats() const;
+  // The host tier's figures; nullopt without one (experts in memory). Any thread.
+  std::optional<HostTierStats> host_tier_stats() const;
   const ExpertCache& cache() const { return *cache_; }
   ExpertCache& cache() { return *cache_; }
 
@@ -99,8 +113,16 @@ class CachedExperts final : public ExpertSource {
   void MakeSlotViews(uint32_t slots, const CachedExpertsOptions& options);
   // An expert's tensors over its packed bytes at `base`, on `device`.
   ExpertWeights ViewsAt(char* base, at::Device device) const;
+  // Unpins the host tier's copy of the host run that just finished (with a tier).
+  void ReleaseHostKey();
   size_t expert_bytes() const { return expert_bytes_; }
 
+  // With experts on disk: the host tier; the cache's link is a TieredLink in front of it.
+  // Returns the experts' addresses (all null: the link finds them by key).
+  Result<std::vector<const void*>> MakeHostTier(const ExpertTable& experts,
+                                                const CachedExpertsOptions& options,
+                                                uint32_t owned);
+  std::unique_ptr<HostTier> tier_;
   std::unique_ptr<TransferEngine> link_;
   std::unique_ptr<ExpertCache> cache_;
   void* host_ = nullptr;  // Packed experts, expert_bytes_ apart.
@@ -112,6 +134,8 @@ class CachedExperts final : public ExpertSource {
   double host_slowdown_ = 1.0;
   // The host run handed out by Next and not yet Done (one at a time: the model runs it at once).
   int64_t host_expert_ = -1;
+  int64_t host_key_ = -1;  // Its key, pinned in the host tier (with one).
+  bool on_disk_ = false;   // The experts were left on disk: a host tier.
   int64_t host_start_ns_ = 0;
   QuantSpec quant_;                            // The experts' stored format (kNone: float).
   std::array<bool, kExpertPlaces> present_{};  // Per ExpertWeights::Places entry: stored.

@@ -38,6 +38,7 @@ namespace {
 
 at::Tensor HostCopy(const at::Tensor& t) {
   if (!t.defined()) return {};
+  if (t.is_meta()) return t;  // An expert left on disk: shapes only, nothing to copy.
   return t.is_cpu() ? t.clone() : t.to(at::kCPU);
 }
 
@@ -57,6 +58,15 @@ ExpertTable CloneExpertTable(const ExpertTable& table) {
 
 Result<std::unique_ptr<ResidentExperts>> ResidentExperts::Create(ExpertTable experts,
                                                                  int cuda_index) {
+  for (const auto& layer : experts) {
+    for (const ExpertWeights& w : layer) {
+      if (w.disk != nullptr) {
+        return InvalidArgument(
+            "resident experts: the experts were left on disk; every expert resident needs them "
+            "loaded (no host_cache_gb)");
+      }
+    }
+  }
   if (cuda_index >= 0) {
     const at::Device device(at::kCUDA, static_cast<at::DeviceIndex>(cuda_index));
     size_t bytes = 0;

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -45,6 +46,14 @@ struct ExpertActivation {
   double swiglu_limit = 0.0;
 };
 
+// Where one stored tensor of an expert left on disk is (the host tier reads it from there).
+struct DiskExtent {
+  std::string path;    // The safetensors file.
+  std::string tensor;  // Its name, for messages.
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
 // Where a stored tensor of an expert may be (ExpertWeights::Places).
 inline constexpr size_t kExpertPlaces = 15;
 
@@ -60,6 +69,10 @@ struct ExpertWeights {
   at::Tensor w3;  // [intermediate, hidden] (up projection)
   std::array<ProjectionParts, 3> q;
   QuantSpec quant;
+  // An expert left on disk (RuntimeOptions::experts_on_disk): its tensors are shapes and dtypes
+  // only (the meta device), and this gives each one's bytes in the checkpoint, in Tensors()
+  // order. Null for an expert in memory.
+  std::shared_ptr<const std::vector<DiskExtent>> disk;
   bool quantized() const { return quant.quantized(); }
   // Every stored tensor's bytes.
   size_t bytes() const;

@@ -275,6 +275,12 @@ Status MoeModel::LoadMoeBlock(const ModelInfo& info, const ExpertTensorNames& na
     }
   }
   layer_experts->resize(info.num_experts);
+  if (names.fused_experts && options.experts_on_disk) {
+    return InvalidArgument("model: " + info.dir + ": " + info.architecture +
+                           " stores each layer's experts fused in one tensor, sliced at load; "
+                           "the host tier cannot read them from disk yet: leave host_cache_gb "
+                           "unset");
+  }
   if (names.fused_experts) {
     return LoadFusedExperts(info, names, options, loader, moe, layer->moe, layer_experts);
   }
@@ -282,6 +288,12 @@ Status MoeModel::LoadMoeBlock(const ModelInfo& info, const ExpertTensorNames& na
     const std::string q = moe + "experts." + std::to_string(e) + ".";
     const bool owned =
         (int64_t{layer->moe} * j + e) % options.expert_world_size == options.expert_rank;
+    TensorLoader::DiskSink sink;
+    loader.set_disk_sink(owned && options.experts_on_disk ? &sink : nullptr);
+    struct SinkOff {
+      TensorLoader& loader;
+      ~SinkOff() { loader.set_disk_sink(nullptr); }
+    } sink_off{loader};
     if (info.quant.quantized()) {
       // Kept as stored (DESIGN section 12), in host memory like any routed expert.
       ExpertWeights& w = (*layer_experts)[e];
@@ -300,6 +312,7 @@ Status MoeModel::LoadMoeBlock(const ModelInfo& info, const ExpertTensorNames& na
                                    : loader.SkipQuantized(prefix, p.out, p.in));
       }
       if (!owned) w = ExpertWeights{};
+      if (owned && options.experts_on_disk) FMOE_RETURN_IF_ERROR(KeepOnDisk(sink, &w));
       continue;
     }
     if (!owned) {
@@ -314,7 +327,19 @@ Status MoeModel::LoadMoeBlock(const ModelInfo& info, const ExpertTensorNames& na
     FMOE_ASSIGN_OR_RETURN(w.w1, loader.Load(q + names.expert_gate, {inter, h}, at::kCPU));
     FMOE_ASSIGN_OR_RETURN(w.w2, loader.Load(q + names.expert_down, {h, inter}, at::kCPU));
     FMOE_ASSIGN_OR_RETURN(w.w3, loader.Load(q + names.expert_up, {inter, h}, at::kCPU));
+    if (options.experts_on_disk) FMOE_RETURN_IF_ERROR(KeepOnDisk(sink, &w));
   }
+  return Status::Ok();
+}
+
+Status MoeModel::KeepOnDisk(const TensorLoader::DiskSink& sink, ExpertWeights* w) {
+  auto extents = std::make_shared<std::vector<DiskExtent>>();
+  for (const at::Tensor* t : std::as_const(*w).Tensors()) {
+    auto it = sink.find(t->unsafeGetTensorImpl());
+    if (it == sink.end()) return Internal("model: an expert tensor left on disk was not located");
+    extents->push_back(it->second);
+  }
+  w->disk = std::move(extents);
   return Status::Ok();
 }
 

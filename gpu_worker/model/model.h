@@ -52,6 +52,11 @@ struct RuntimeOptions {
   // the others stay undefined in the table. Default: rank 0 of 1 (every expert)
   uint32_t expert_rank = 0;
   uint32_t expert_world_size = 1;
+  // Leave this rank's routed experts on disk (the host tier reads them when needed, DESIGN
+  // section 13): Load records where each expert's tensors are (ExpertWeights::disk) and reads
+  // none of them. Experts must be used as stored (no dtype conversion), and experts fused into
+  // one tensor per layer (gpt-oss) are refused. Default: off
+  bool experts_on_disk = false;
 };
 
 // One sequence's keys and values for every layer, grown as it lengthens.
@@ -174,6 +179,8 @@ class MoeModel {
                              std::vector<ExpertWeights>* layer_experts);
   static Status LoadOutput(const ModelInfo& info, const Checkpoint& ckpt, TensorLoader& loader,
                            Impl* m);
+  // An expert left on disk: its tensors' extents from the loader's sink, in Tensors() order.
+  static Status KeepOnDisk(const TensorLoader::DiskSink& sink, ExpertWeights* w);
   // Forward's steps, in order.
   Status ForwardImpl(std::span<const SequenceInput> batch, ExpertSource& experts,
                      ForwardObserver* observer, ForwardResult* out, bool record_router);

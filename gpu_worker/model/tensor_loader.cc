@@ -8,6 +8,7 @@
 #include <cstring>
 #include <new>
 #include <optional>
+#include <utility>
 
 #include "common/model/safetensors.h"
 #include "gpu_worker/experts/quantized.h"
@@ -83,6 +84,23 @@ Result<at::Tensor> TensorLoader::Load(const std::string& name, const std::vector
 Result<at::Tensor> TensorLoader::Read(const std::string& name, const TensorView& view,
                                       at::ScalarType stored, const at::TensorOptions& options) {
   at::Tensor out;
+  if (sink_ != nullptr) {
+    if (options.dtype() != stored) {
+      return InvalidArgument(Where(name) + ": stored as " + std::string(c10::toString(stored)) +
+                             " and computed in " +
+                             std::string(c10::toString(options.dtype().toScalarType())) +
+                             ": experts read from disk by the host tier (host_cache_gb) are "
+                             "used as stored; set dtype to the stored one or leave "
+                             "host_cache_gb unset");
+    }
+    FMOE_ASSIGN_OR_RETURN(const Checkpoint::Location where, ckpt_.Locate(name));
+    out = at::empty(view.shape, at::TensorOptions().dtype(stored).device(at::kMeta));
+    sink_->emplace(out.unsafeGetTensorImpl(),
+                   DiskExtent{where.path, name, where.offset, where.bytes});
+    total_ -= std::min<uint64_t>(total_, view.data.size());
+    if (progress_) progress_(done_, total_);
+    return out;
+  }
   try {
     out = at::empty(view.shape, options);
     FMOE_RETURN_IF_ERROR(ReadInto(ckpt_, name, view, stored, out));
@@ -180,9 +198,17 @@ Status TensorLoader::LoadQuantized(const std::string& prefix, int64_t out, int64
         break;
       case QuantRole::kGroupIndex:
         if (t.defined()) {
-          // Each column's group indexes the scales: one out of range would read past them.
+          // Each column's group indexes the scales: one out of range would read past them. Left
+          // on disk, they are read here once to be checked.
+          at::Tensor values = t;
+          if (t.is_meta()) {
+            DiskSink* sink = std::exchange(sink_, nullptr);
+            Result<at::Tensor> read = LoadStored(prefix + spec.suffix, spec);
+            sink_ = sink;
+            FMOE_ASSIGN_OR_RETURN(values, std::move(read));
+          }
           const int64_t groups = (in + quant_.group_size - 1) / quant_.group_size;
-          const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
+          const int64_t lo = values.min().item<int64_t>(), hi = values.max().item<int64_t>();
           if (lo < 0 || hi >= groups) {
             return InvalidArgument("model: " + ckpt_.FileOf(prefix + spec.suffix) + ": tensor \"" +
                                    prefix + spec.suffix + "\": group " +

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -57,6 +58,13 @@ class TensorLoader {
                        ProjectionParts* parts);
   // The same, checked and counted, not read (another rank's expert).
   Status SkipQuantized(const std::string& prefix, int64_t out, int64_t in);
+  // Experts left on disk (the host tier, DESIGN section 13): while a sink is set, Load and
+  // LoadQuantized read nothing: each returns a tensor of the stored shape and dtype on the meta
+  // device and records where its bytes are in the sink, by the tensor's TensorImpl. A tensor
+  // that would be converted (stored in another dtype than the compute dtype) is refused: the
+  // host tier reads experts as stored. Not counted in the progress. Null: read as usual.
+  using DiskSink = std::unordered_map<const void*, DiskExtent>;
+  void set_disk_sink(DiskSink* sink) { sink_ = sink; }
   // Whether the weight `name` is stored quantized (by what the checkpoint holds).
   bool StoredQuantized(const std::string& name) const;
   // The tensor `name` as stored, which must be `dtype` and `shape`, in host memory (gpt-oss's
@@ -80,6 +88,7 @@ class TensorLoader {
 
   LoadProgress progress_;  // A copy: a temporary argument may be passed.
   QuantSpec quant_;
+  DiskSink* sink_ = nullptr;
   uint64_t done_ = 0, total_ = 0;
 };
 

@@ -122,6 +122,9 @@ void ExpectManifestEq(const Manifest& a, const Manifest& b) {
     EXPECT_EQ(x.expert_cache_fraction, y.expert_cache_fraction);
     EXPECT_EQ(x.expert_cache_auto, y.expert_cache_auto);
     EXPECT_EQ(x.memory_utilization, y.memory_utilization);
+    EXPECT_EQ(x.host_cache_gb, y.host_cache_gb);
+    EXPECT_EQ(x.host_cache_fraction, y.host_cache_fraction);
+    EXPECT_EQ(x.host_cache_auto, y.host_cache_auto);
     EXPECT_EQ(x.link.gbps, y.link.gbps);
     EXPECT_EQ(x.link.latency_us, y.link.latency_us);
     EXPECT_EQ(x.hybrid.enabled, y.hybrid.enabled);
@@ -736,7 +739,7 @@ std::vector<BadCase> BadCases() {
       {"UnknownGroupKey", OneGroup("{name: g, collective_timeout: 5, workers: [{}]}"),
        "manifest: worker_groups[0].collective_timeout: unknown key; allowed keys: name, policy, "
        "max_batch, max_batched_tokens, queue_limit, expert_cache_gb, expert_cache_fraction, "
-       "memory_utilization, link, "
+       "memory_utilization, host_cache_gb, host_cache_fraction, link, "
        "hybrid, rendezvous, "
        "collective_timeout_s, rendezvous_timeout_s, record_trace, workers"},
       {"RecordTraceEmpty", OneGroup("{name: g, record_trace: \"\", workers: [{}]}"),
@@ -945,6 +948,34 @@ worker_groups:
   EXPECT_NE(only.status().message().find("applies only with expert_cache_gb: auto"),
             std::string::npos)
       << only.status().message();
+}
+
+TEST(Manifest, HostCacheLeavesExpertsOnDisk) {
+  auto m = ParseManifest(R"(model: {path: /m}
+worker_groups:
+  - {name: g0, host_cache_gb: 12.5, workers: [{}]}
+  - {name: g1, host_cache_gb: auto, workers: [{}]}
+  - {name: g2, host_cache_fraction: 0.25, workers: [{}]}
+  - {name: g3, workers: [{}]}
+)",
+                         "/etc/fmoe.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->worker_groups[0].host_cache_gb, 12.5);
+  EXPECT_TRUE(m->worker_groups[1].host_cache_auto);
+  EXPECT_EQ(m->worker_groups[2].host_cache_fraction, 0.25);
+  const WorkerGroupSpec& none = m->worker_groups[3];
+  EXPECT_FALSE(none.host_cache_gb || none.host_cache_fraction || none.host_cache_auto);
+  auto again = ParseManifest(DescribeManifest(*m), "/etc/fmoe.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ExpectManifestEq(*m, *again);
+  for (const char* bad : {"host_cache_gb: 0", "host_cache_gb: lots", "host_cache_fraction: 1.5",
+                          "host_cache_gb: 4, host_cache_fraction: 0.5"}) {
+    auto r = ParseManifest(std::string("model: {path: /m}\nworker_groups:\n  - {name: g0, ") + bad +
+                               ", workers: [{}]}\n",
+                           "/etc/fmoe.yaml");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("host_cache"), std::string::npos) << r.status().message();
+  }
 }
 
 }  // namespace

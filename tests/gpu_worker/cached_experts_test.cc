@@ -4,7 +4,10 @@
 // invariants hold after every iteration.
 #include "gpu_worker/experts/cached_experts.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
@@ -303,6 +306,212 @@ TEST(CachedExperts, RejectsABudgetThatHoldsNoExpert) {
   cached = CachedExperts::Create(CloneExpertTable(Fixture().table), o);
   ASSERT_FALSE(cached.ok());
   EXPECT_NE(cached.status().message().find("unknown policy"), std::string::npos);
+}
+
+// ---- The host tier (DESIGN section 13): experts left in the checkpoint's files ----
+
+// The tiny model in bfloat16 (its experts' stored dtype: the host tier reads them as stored),
+// loaded into memory or left on disk; from `dir` (default: the shipped one).
+std::unique_ptr<Loaded> LoadBf16(bool on_disk, const std::string& dir = kModelDir) {
+  RuntimeOptions r;
+  r.dtype = "bfloat16";
+  r.experts_on_disk = on_disk;
+  return testing::LoadModel(dir, r);
+}
+
+Loaded& SharedBf16(bool on_disk) {
+  static auto* models = new std::unique_ptr<Loaded>[2];
+  auto& m = models[on_disk ? 1 : 0];
+  if (!m) m = LoadBf16(on_disk);
+  if (!m) std::abort();
+  return *m;
+}
+
+const Tokens& Bf16Reference() {
+  static const Tokens* ref = [] {
+    ResidentExperts resident(CloneExpertTable(SharedBf16(false).table));
+    return new Tokens(testing::RunPrompts(SharedBf16(false), resident, nullptr, {}));
+  }();
+  return *ref;
+}
+
+TEST(HostTierExperts, TheLoaderReadsNoExpertAndRecordsWhereEachOneIs) {
+  const Loaded& m = SharedBf16(true);
+  size_t experts = 0;
+  for (const auto& layer : m.table) {
+    for (const ExpertWeights& w : layer) {
+      ASSERT_NE(w.disk, nullptr);
+      ASSERT_TRUE(w.w1.is_meta());
+      ASSERT_EQ(w.disk->size(), 3u);
+      EXPECT_EQ((*w.disk)[0].bytes, static_cast<uint64_t>(w.w1.numel()) * 2);
+      EXPECT_NE((*w.disk)[0].tensor.find("experts"), std::string::npos);
+      ++experts;
+    }
+  }
+  EXPECT_EQ(experts, 64u);
+  // Every expert resident needs them in memory: refused by name.
+  auto resident = ResidentExperts::Create(CloneExpertTable(m.table), -1);
+  EXPECT_FALSE(resident.ok());
+  // A float32 run would convert the stored bfloat16: refused, naming the tensor and the way out.
+  RuntimeOptions r;
+  r.experts_on_disk = true;
+  auto info = LoadModelInfo(kModelDir);
+  ASSERT_TRUE(info.ok());
+  ExpertTable table;
+  auto f32 = MoeModel::Load(*info, r, {}, &table);
+  ASSERT_FALSE(f32.ok());
+  EXPECT_NE(f32.status().message().find("host_cache_gb"), std::string::npos)
+      << f32.status().ToString();
+}
+
+// Losslessness with three tiers: every policy, host budgets from one expert to all of them, two
+// device budgets: the all-resident tokens, the invariants of both caches after every step.
+TEST(HostTierExperts, EveryPolicyAndBothBudgetsGiveTheAllResidentTokens) {
+  const Tokens& ref = Bf16Reference();
+  ASSERT_EQ(ref.size(), kPrompts.size());
+  Loaded& m = SharedBf16(true);
+  for (const char* policy : {"fmoe", "moe-infinity", "lru", "lfu", "on-demand", "speculative"}) {
+    for (double host : {0.02, 0.25, 1.0}) {  // 0.02 of 64: one expert.
+      for (double device : {0.1, 0.5}) {
+        CachedExpertsOptions o;
+        o.policy = policy;
+        o.top_k = m.info.top_k;
+        o.cache_fraction = device;
+        o.host_cache_fraction = host;
+        o.policy_options.prefetch_distance = 2;
+        o.link.gbps = 8;
+        o.link.latency_us = 10;
+        o.disk.backend = "threads";
+        auto cached = CachedExperts::Create(CloneExpertTable(m.table), o);
+        ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+        CachedExperts& c = **cached;
+        testing::FakeMapService directives(&c, m.info.num_moe_layers);
+        const std::string what = std::string(policy) + " host " + std::to_string(host) +
+                                 " device " + std::to_string(device);
+        const Tokens got = testing::RunPrompts(m, c, &directives, [&] {
+          Status s = c.cache().CheckInvariants();
+          ASSERT_TRUE(s.ok()) << what << ": " << s.ToString();
+        });
+        EXPECT_EQ(got, ref) << what;
+        const std::optional<HostTierStats> t = c.host_tier_stats();
+        ASSERT_TRUE(t.has_value());
+        EXPECT_EQ(t->slots, std::max<uint32_t>(1, static_cast<uint32_t>(host * 64 + 1e-9)));
+        EXPECT_GT(t->reads, 0u) << what;
+        EXPECT_EQ(t->read_errors, 0u) << what;
+        if (host < 1.0) {
+          EXPECT_GT(t->evictions, 0u) << what;
+        }
+        EXPECT_LE(t->resident, t->slots);
+      }
+    }
+  }
+}
+
+// Hybrid execution reads a missing expert into host memory and runs it there.
+TEST(HostTierExperts, HybridRunsExpertsFromTheHostTier) {
+  Loaded& m = SharedBf16(true);
+  CachedExpertsOptions o;
+  o.policy = "lru";
+  o.top_k = m.info.top_k;
+  o.cache_fraction = 0.1;
+  o.host_cache_fraction = 0.25;
+  o.link.gbps = 0.5;
+  o.link.latency_us = 200;
+  o.hybrid = true;
+  o.host_slowdown = 2;
+  auto cached = CachedExperts::Create(CloneExpertTable(m.table), o);
+  ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+  CachedExperts& c = **cached;
+  const Tokens got = testing::RunPrompts(m, c, nullptr, {});
+  EXPECT_EQ(got, Bf16Reference());
+  EXPECT_GT(c.stats().total.host_runs, 0u);
+}
+
+// A quantized checkpoint's experts are read in their stored bytes.
+TEST(HostTierExperts, QuantizedExpertsReadAsStoredGiveTheAllResidentTokens) {
+  for (const char* family : {"deepseek-v3-fp8-ref", "kimi-k2-int4-ref"}) {
+    const std::string dir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + family;
+    const Reference& ref = AllResident(dir);
+    RuntimeOptions r;
+    r.experts_on_disk = true;
+    std::unique_ptr<Loaded> m = testing::LoadModel(dir, r);
+    ASSERT_NE(m, nullptr) << family;
+    CachedExpertsOptions o = AtAQuarter(dir, "fmoe");
+    o.host_cache_fraction = 0.25;
+    o.link.gbps = 8;
+    auto cached = CachedExperts::Create(CloneExpertTable(m->table), o);
+    ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+    CachedExperts& c = **cached;
+    testing::FakeMapService directives(&c, m->info.num_moe_layers);
+    EXPECT_EQ(testing::RunPrompts(*m, c, &directives, {}), ref.tokens) << family;
+    EXPECT_GT(c.host_tier_stats()->reads, 0u);
+  }
+}
+
+// A checkpoint cut short while serving: the requests that needed an unreadable expert end with
+// an error naming the file and the tensor, the process goes on, and once the file is whole again
+// the same prompts give the all-resident tokens.
+TEST(HostTierExperts, AFileCutShortFailsTheRequestsThatNeedItAndServingGoesOn) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("tiny-moe-cut-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::copy(kModelDir, dir, fs::copy_options::recursive);
+  const fs::path weights = dir / "model.safetensors";
+  const std::string whole =
+      (fs::path(::testing::TempDir()) / "tiny-moe-whole.safetensors").string();
+  fs::copy_file(weights, whole, fs::copy_options::overwrite_existing);
+  std::unique_ptr<Loaded> m = LoadBf16(true, dir.string());
+  ASSERT_NE(m, nullptr);
+  CachedExpertsOptions o;
+  o.policy = "lru";
+  o.top_k = m->info.top_k;
+  o.cache_fraction = 0.1;
+  o.host_cache_fraction = 0.02;  // One expert: nearly every use reads.
+  o.disk.backend = "threads";
+  auto cached = CachedExperts::Create(CloneExpertTable(m->table), o);
+  ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+  CachedExperts& c = **cached;
+  // Cut the file just past the dense weights' end: most experts are beyond it.
+  uint64_t first_expert = fs::file_size(weights);
+  for (const auto& layer : m->table) {
+    for (const ExpertWeights& w : layer) first_expert = std::min(first_expert, (*w.disk)[0].offset);
+  }
+  fs::resize_file(weights, first_expert + 100);
+  std::vector<TokenEvent> errors;
+  size_t finished = 0;
+  {
+    EngineOptions e;
+    e.max_batch = 2;
+    Engine engine(e, *m->model, c, m->tokenizer.get(), nullptr, [&](const TokenEvent& ev) {
+      if (ev.finish == FinishReason::kError) errors.push_back(ev);
+      if (ev.finish != FinishReason::kNone) ++finished;
+    });
+    for (Generate& g : testing::PromptRequests(*m->tokenizer, false)) engine.Submit(std::move(g));
+    for (int step = 0; step < 200 && engine.Step(); ++step) {
+    }
+  }
+  EXPECT_EQ(finished, kPrompts.size());
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(errors[0].error.find(weights.string()), std::string::npos) << errors[0].error;
+  EXPECT_NE(errors[0].error.find("experts"), std::string::npos) << errors[0].error;
+  EXPECT_GT(c.host_tier_stats()->read_errors, 0u);
+  // Whole again: served as before, by the same cache.
+  fs::copy_file(whole, weights, fs::copy_options::overwrite_existing);
+  const Tokens got = testing::RunPrompts(*m, c, nullptr, {});
+  EXPECT_EQ(got, Bf16Reference());
+  fs::remove_all(dir);
+  fs::remove(whole);
+}
+
+TEST(HostTierExperts, AHostBudgetWithExpertsInMemoryIsRefused) {
+  CachedExpertsOptions o;
+  o.policy = "lru";
+  o.top_k = Fixture().info.top_k;
+  o.host_cache_fraction = 0.5;
+  auto cached = CachedExperts::Create(CloneExpertTable(Fixture().table), o);
+  ASSERT_FALSE(cached.ok());
+  EXPECT_NE(cached.status().message().find("left on disk"), std::string::npos);
 }
 
 }  // namespace
