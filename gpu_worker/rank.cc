@@ -262,6 +262,7 @@ Result<std::unique_ptr<CachedExperts>> Rank::NewCachedExperts(CachedExpertsOptio
 ExpertFigures Rank::local_figures() const {
   if (!cached_) return {};
   const CacheCounters t = cached_->stats().total;
+  const std::optional<HostTierStats> tier = cached_->host_tier_stats();
   return ExpertFigures{t.hits,
                        t.misses,
                        t.prefetches_issued,
@@ -270,7 +271,10 @@ ExpertFigures Rank::local_figures() const {
                        static_cast<uint64_t>(t.stall_ns / 1000),
                        t.host_runs,
                        static_cast<uint64_t>(t.host_ns / 1000),
-                       t.bytes_not_moved};
+                       t.bytes_not_moved,
+                       t.disk_reads,
+                       tier ? tier->bytes_read : 0,
+                       static_cast<uint64_t>(t.disk_stall_ns / 1000)};
 }
 
 ExpertFigures Rank::group_figures() const {

@@ -90,6 +90,7 @@ struct Choice {
   uint32_t tokens = 0;
   uint64_t hits = 0, misses = 0, bytes = 0;
   uint64_t host_runs = 0, host_us = 0, bytes_not_moved = 0;  // Hybrid execution.
+  uint64_t disk_reads = 0;                                    // The host tier.
   std::string out;                                           // Whole answers: the text so far.
   std::vector<TokenLogprob> probs;  // Not yet sent (streams) or all (whole answers).
   size_t text_chars = 0;            // Code points of the logprob tokens so far (text_offset).
@@ -286,6 +287,7 @@ class CompletionState {
     c.host_runs = std::max(c.host_runs, ev.expert_host_runs);
     c.host_us = std::max(c.host_us, ev.expert_host_us);
     c.bytes_not_moved = std::max(c.bytes_not_moved, ev.bytes_not_moved);
+    c.disk_reads = std::max(c.disk_reads, ev.expert_disk_reads);
     const bool ends_well = ev.finish == FinishReason::kStop || ev.finish == FinishReason::kLength;
     if (prompt_logprobs_ && !c.echo_sent && (ev.token_id >= 0 || ends_well)) {
       if (!TakePromptLogprobs(c, ev)) {
@@ -415,7 +417,8 @@ class CompletionState {
   }
 
   Json Usage() const {
-    uint64_t hits = 0, misses = 0, bytes = 0, host_runs = 0, host_us = 0, bytes_not_moved = 0;
+    uint64_t hits = 0, misses = 0, bytes = 0, host_runs = 0, host_us = 0, bytes_not_moved = 0,
+             disk_reads = 0;
     uint32_t completion = 0;
     for (const auto& c : choices_) {
       hits += c->hits;
@@ -424,6 +427,7 @@ class CompletionState {
       host_runs += c->host_runs;
       host_us += c->host_us;
       bytes_not_moved += c->bytes_not_moved;
+      disk_reads += c->disk_reads;
       completion += c->tokens;
     }
     const uint64_t total = hits + misses;
@@ -437,7 +441,8 @@ class CompletionState {
               {"bytes_moved", bytes},
               {"host_runs", host_runs},
               {"host_ms", static_cast<double>(host_us) / 1e3},
-              {"bytes_not_moved", bytes_not_moved}}}};
+              {"bytes_not_moved", bytes_not_moved},
+              {"disk_reads", disk_reads}}}};
   }
 
   Json Envelope() const {

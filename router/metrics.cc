@@ -175,6 +175,15 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
   RenderPerGroup(out, "fmoe_expert_not_moved_bytes_total", "counter",
                  "Bytes of the experts run on the host, which were not copied to the device.", view,
                  [](const GroupView& g) { return g.experts.bytes_not_moved; });
+  RenderPerGroup(out, "fmoe_expert_disk_reads_total", "counter",
+                 "Expert misses read from the checkpoint on disk before their copy (host tier).",
+                 view, [](const GroupView& g) { return g.experts.disk_reads; });
+  RenderPerGroup(out, "fmoe_expert_disk_read_bytes_total", "counter",
+                 "Bytes of experts read from the checkpoint on disk (host tier).", view,
+                 [](const GroupView& g) { return g.experts.disk_bytes; });
+  RenderPerGroup(out, "fmoe_expert_disk_stall_seconds_total", "counter",
+                 "Compute time spent waiting for experts still being read from disk.", view,
+                 [](const GroupView& g) { return g.experts.disk_stall_us / 1e6; });
   out << "# HELP fmoe_map_service_up Whether the map service answers (1) or not (0).\n"
          "# TYPE fmoe_map_service_up gauge\nfmoe_map_service_up "
       << (view.map_service_alive ? 1 : 0) << "\n";

@@ -5,6 +5,8 @@
 //   fmoe validate MANIFEST   check a manifest and print the effective configuration
 //   fmoe generate --model DIR --prompt TEXT   run a model locally: execs fmoe-generate, the
 //                                            LibTorch binary next to this one (LibTorch builds)
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "common/log.h"
 #include "common/manifest.h"
@@ -34,6 +37,51 @@ int LoadOrExplain(const std::string& path, fmoe::Manifest* out) {
   }
   *out = std::move(*manifest);
   return 0;
+}
+
+// Each group's expert tiers per rank against the model's experts: the device cache, the host
+// tier (or every expert in host memory), and what stays on disk.
+std::string DescribeTiers(const fmoe::Manifest& manifest, const fmoe::ModelInfo& info) {
+  const uint64_t expert = fmoe::RoutedExpertBytes(info);
+  const uint64_t all = uint64_t{info.num_moe_layers} * info.num_experts;
+  if (expert == 0 || all == 0) return "";
+  auto mb = [](double bytes) { return fmt::format("{:.1f} MB", bytes / 1e6); };
+  std::string out = "expert tiers (per rank; a routed expert is " + mb(expert) + "):\n";
+  for (const fmoe::WorkerGroupSpec& g : manifest.worker_groups) {
+    const uint64_t world = std::max<size_t>(1, g.workers.size());
+    const uint64_t owned = (all + world - 1) / world;
+    auto slots = [&](std::optional<double> gb, std::optional<double> fraction) {
+      const double n = gb ? std::floor(*gb * 1e9 / static_cast<double>(expert))
+                          : std::floor(fraction.value_or(1.0) * static_cast<double>(owned) + 1e-9);
+      return static_cast<uint64_t>(std::clamp<double>(n, 0, static_cast<double>(owned)));
+    };
+    out += fmt::format("  group {}: {} of {} experts per rank ({})\n", g.name, owned, all,
+                       mb(static_cast<double>(owned * expert)));
+    if (g.expert_cache_auto) {
+      out += fmt::format("    device: auto ({:g} of the free memory, sized at start)\n",
+                         g.memory_utilization);
+    } else {
+      const uint64_t d = slots(g.expert_cache_gb, g.expert_cache_fraction);
+      out += fmt::format("    device: {} experts ({}){}\n", d, mb(static_cast<double>(d * expert)),
+                         d == 0 ? ": holds no expert, the worker will refuse it" : "");
+    }
+    if (g.host_cache_auto) {
+      out += "    host: auto (every expert if they fit in the available memory less 4 GiB, else "
+             "what fits); the rest read from the checkpoint on disk\n";
+    } else if (g.host_cache_gb || g.host_cache_fraction) {
+      const uint64_t h = slots(g.host_cache_gb, g.host_cache_fraction);
+      out += fmt::format(
+          "    host: {} experts ({}){}; {} experts ({}) read from the checkpoint on disk as "
+          "needed\n",
+          h, mb(static_cast<double>(h * expert)),
+          h == 0 ? ": holds no expert, the worker will refuse it" : "", owned - std::min(h, owned),
+          mb(static_cast<double>((owned - std::min(h, owned)) * expert)));
+    } else {
+      out += fmt::format("    host: every expert, read into host memory at start ({})\n",
+                         mb(static_cast<double>(owned * expert)));
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -105,6 +153,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::printf("%s", fmoe::DescribeModel(*model).c_str());
+    std::printf("%s", DescribeTiers(manifest, *model).c_str());
     if (!model->runtime_unsupported.empty()) {
       std::fprintf(stderr, "fmoe: model.path: %s: %s\n", model->dir.c_str(),
                    model->runtime_unsupported.c_str());

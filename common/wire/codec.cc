@@ -146,6 +146,9 @@ flatbuffers::Offset<fb::WorkerHeartbeat> Build(Builder& fbb, const WorkerHeartbe
   b.add_expert_host_runs(m.experts.host_runs);
   b.add_expert_host_us(m.experts.host_us);
   b.add_expert_bytes_not_moved(m.experts.bytes_not_moved);
+  b.add_expert_disk_reads(m.experts.disk_reads);
+  b.add_expert_disk_bytes(m.experts.disk_bytes);
+  b.add_expert_disk_stall_us(m.experts.disk_stall_us);
   return b.Finish();
 }
 
@@ -212,6 +215,7 @@ flatbuffers::Offset<fb::TokenEvent> Build(Builder& fbb, const TokenEvent& m) {
   b.add_expert_host_runs(m.expert_host_runs);
   b.add_expert_host_us(m.expert_host_us);
   b.add_bytes_not_moved(m.bytes_not_moved);
+  b.add_expert_disk_reads(m.expert_disk_reads);
   b.add_logprob(m.logprob);
   b.add_top_logprob_ids(top_ids);
   b.add_top_logprob_values(top_values);
@@ -549,7 +553,10 @@ bool Read(const fb::WorkerHeartbeat& t, const Checker& c, WorkerHeartbeat* m) {
                 t.expert_stall_us(),
                 t.expert_host_runs(),
                 t.expert_host_us(),
-                t.expert_bytes_not_moved()};
+                t.expert_bytes_not_moved(),
+                t.expert_disk_reads(),
+                t.expert_disk_bytes(),
+                t.expert_disk_stall_us()};
   return c.String(t.group(), "WorkerHeartbeat.group", &m->group, /*required=*/true);
 }
 
@@ -646,6 +653,7 @@ bool Read(const fb::TokenEvent& t, const Checker& c, TokenEvent* m) {
   m->expert_host_runs = t.expert_host_runs();
   m->expert_host_us = t.expert_host_us();
   m->bytes_not_moved = t.bytes_not_moved();
+  m->expert_disk_reads = t.expert_disk_reads();
   m->logprob = t.logprob();
   m->stop_token = t.stop_token();
   if (m->stop_token && (m->token_id < 0 || m->finish != FinishReason::kStop)) {

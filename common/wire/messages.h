@@ -45,6 +45,11 @@ struct ExpertFigures {
   uint64_t host_runs = 0;  // Hybrid execution: missing experts run on the host instead.
   uint64_t host_us = 0;    // Their time.
   uint64_t bytes_not_moved = 0;
+  // The host tier (experts left on disk): misses read from disk first, their bytes, and the
+  // compute's wait while one was still being read.
+  uint64_t disk_reads = 0;
+  uint64_t disk_bytes = 0;
+  uint64_t disk_stall_us = 0;
 };
 
 // Leader -> router, every heartbeat interval.
@@ -123,6 +128,7 @@ struct TokenEvent {
   uint64_t expert_host_runs = 0;  // Hybrid execution: see RequestUsage.
   uint64_t expert_host_us = 0;
   uint64_t bytes_not_moved = 0;
+  uint64_t expert_disk_reads = 0;  // Host tier: its misses read from disk first.
   // With sampling.logprobs >= 0, on events that carry a token: the token's log-probability and
   // the top sampling.logprobs (id, log-probability), likeliest first.
   float logprob = 0.0f;

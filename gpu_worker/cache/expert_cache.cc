@@ -38,6 +38,8 @@ CacheCounters& CacheCounters::operator+=(const CacheCounters& o) {
   host_ns += o.host_ns;
   bytes_not_moved += o.bytes_not_moved;
   host_runs_admitted += o.host_runs_admitted;
+  disk_reads += o.disk_reads;
+  disk_stall_ns += o.disk_stall_ns;
   return *this;
 }
 
@@ -570,11 +572,14 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
     e.needed = true;
     e.pinned = true;
     const bool hit = e.state == Residency::kResident;
+    // A miss that must be read from disk before its copy (a tiered link).
+    const bool disk = !hit && !e.host_run && options_.tiered && !link_->Staged(key);
     if (hit) {
       ++c.hits;
     } else {
       ++c.misses;
       if (e.state == Residency::kLoading && !e.on_demand) ++c.late_prefetches;
+      if (disk) ++c.disk_reads;
     }
     if (e.prefetched) {
       ++c.prefetches_used;
@@ -584,6 +589,7 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
     for (size_t s = 0; s < usage.size(); ++s) {
       if (routing.sequence_counts[s * J + expert] == 0) continue;
       ++(hit ? usage[s]->hits : usage[s]->misses);
+      if (disk) ++usage[s]->disk_reads;
       if (e.host_run) {
         ++usage[s]->host_runs;
         usage[s]->bytes_not_moved += options_.expert_bytes;
@@ -643,11 +649,19 @@ Result<ReadyExpert> ExpertCache::Next() {
       return ReadyExpert{host_key % options_.num_experts, 0, /*on_host=*/true};
     }
     if (!waiting) return NotFound("expert cache: every expert of the layer was handed out");
+    bool reading = false;  // A needed expert is still being read from disk.
+    if (options_.tiered) {
+      for (uint32_t key : layer_needed_) {
+        const Entry& e = entries_[key];
+        reading = reading || (e.needed && e.state == Residency::kLoading && !link_->Staged(key));
+      }
+    }
     const int64_t start = clock_.NowNs();
     Status s = WaitForLink();
     const int64_t stalled = clock_.NowNs() - start;
     layer_stall_ns_ += stalled;
     counters_[layer_].stall_ns += stalled;
+    if (reading) counters_[layer_].disk_stall_ns += stalled;
     FMOE_RETURN_IF_ERROR(s);
   }
 }

@@ -95,6 +95,10 @@ struct CacheCounters {
   int64_t host_ns = 0;              // Time of those runs.
   uint64_t bytes_not_moved = 0;     // Their bytes, which stayed on the host.
   uint64_t host_runs_admitted = 0;  // Host-run experts then loaded with spare link time.
+  // Tiered link: misses whose bytes were not in host memory either (read from disk first), and
+  // the part of stall_ns spent waiting while a needed expert was still being read.
+  uint64_t disk_reads = 0;
+  int64_t disk_stall_ns = 0;
   CacheCounters& operator+=(const CacheCounters& o);
 };
 

@@ -47,7 +47,7 @@ class Reader {
 
 Status Bad(const std::string& what) { return InvalidArgument("iteration plan: " + what); }
 
-constexpr size_t kUsageCounters = 6;  // Per request: the fields of RequestUsage.
+constexpr size_t kUsageCounters = 7;  // Per request: the fields of RequestUsage.
 
 }  // namespace
 
@@ -155,11 +155,12 @@ Result<IterationPlan> DecodePlan(std::span<const uint8_t> bytes, const PlanLimit
 
 std::vector<int64_t> PackFigures(std::span<const RequestUsage> usage, const ExpertFigures& totals) {
   std::vector<int64_t> out;
-  out.reserve(usage.size() * kUsageCounters + 9);
+  out.reserve(usage.size() * kUsageCounters + 12);
   for (const RequestUsage& u : usage) {
     out.insert(out.end(), {static_cast<int64_t>(u.hits), static_cast<int64_t>(u.misses),
                            static_cast<int64_t>(u.bytes_moved), static_cast<int64_t>(u.host_runs),
-                           u.host_ns, static_cast<int64_t>(u.bytes_not_moved)});
+                           u.host_ns, static_cast<int64_t>(u.bytes_not_moved),
+                           static_cast<int64_t>(u.disk_reads)});
   }
   out.insert(
       out.end(),
@@ -167,7 +168,8 @@ std::vector<int64_t> PackFigures(std::span<const RequestUsage> usage, const Expe
        static_cast<int64_t>(totals.prefetches_issued), static_cast<int64_t>(totals.prefetches_used),
        static_cast<int64_t>(totals.bytes_moved), static_cast<int64_t>(totals.stall_us),
        static_cast<int64_t>(totals.host_runs), static_cast<int64_t>(totals.host_us),
-       static_cast<int64_t>(totals.bytes_not_moved)});
+       static_cast<int64_t>(totals.bytes_not_moved), static_cast<int64_t>(totals.disk_reads),
+       static_cast<int64_t>(totals.disk_bytes), static_cast<int64_t>(totals.disk_stall_us)});
   return out;
 }
 
@@ -177,11 +179,11 @@ void UnpackFigures(std::span<const int64_t> counters, std::span<RequestUsage> us
   for (size_t i = 0; i < usage.size(); ++i) {
     const size_t u = kUsageCounters * i;
     usage[i] = {u64(u),    u64(u + 1), u64(u + 2), u64(u + 3), static_cast<int64_t>(u64(u + 4)),
-                u64(u + 5)};
+                u64(u + 5), u64(u + 6)};
   }
   const size_t t = kUsageCounters * usage.size();
   *totals = {u64(t),     u64(t + 1), u64(t + 2), u64(t + 3), u64(t + 4),
-             u64(t + 5), u64(t + 6), u64(t + 7), u64(t + 8)};
+             u64(t + 5), u64(t + 6), u64(t + 7), u64(t + 8), u64(t + 9), u64(t + 10), u64(t + 11)};
 }
 
 }  // namespace fmoe

@@ -30,6 +30,8 @@ struct RequestUsage {
   uint64_t host_runs = 0;        // Hybrid: missing experts its tokens had run on the host.
   int64_t host_ns = 0;           // Those runs' time, shared among the requests by tokens.
   uint64_t bytes_not_moved = 0;  // Their bytes, which stayed on the host.
+  // Host tier: misses whose experts were not in host memory either (read from disk first).
+  uint64_t disk_reads = 0;
 };
 
 // The gate's decision for one MoE layer of the running batch.

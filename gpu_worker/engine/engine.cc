@@ -332,6 +332,7 @@ void Engine::Emit(Sequence& seq, int32_t token, FinishReason finish, bool stop_t
   ev.expert_host_runs = usage.host_runs;
   ev.expert_host_us = static_cast<uint64_t>(std::max<int64_t>(0, usage.host_ns / 1000));
   ev.bytes_not_moved = usage.bytes_not_moved;
+  ev.expert_disk_reads = usage.disk_reads;
   if (seq.sampling.logprobs >= 0) {
     ev.logprob = seq.sampler.logprobs().token;
     ev.top_logprobs = seq.sampler.logprobs().top;
@@ -379,6 +380,7 @@ void Engine::Finish(Sequence& seq, FinishReason reason, std::string error) {
   ev.expert_host_runs = usage.host_runs;
   ev.expert_host_us = static_cast<uint64_t>(std::max<int64_t>(0, usage.host_ns / 1000));
   ev.bytes_not_moved = usage.bytes_not_moved;
+  ev.expert_disk_reads = usage.disk_reads;
   if (reason != FinishReason::kError && reason != FinishReason::kCancelled) {
     TakePromptLogprobs(seq, &ev);  // A stop token drawn first: this is the first event.
   }

@@ -108,7 +108,7 @@ TEST(Codec, RoundTripWorkerHeartbeat) {
                      .seq = 1ull << 40,
                      .free_slots = 3,
                      .active_requests = 12,
-                     .experts = {1, 2, 3, 4, 1ull << 35, 6, 7, 8, 1ull << 36}};
+                     .experts = {1, 2, 3, 4, 1ull << 35, 6, 7, 8, 1ull << 36, 9, 1ull << 37, 10}};
   auto out = RoundTripAs<WorkerHeartbeat, WorkerMessage>(in);
   EXPECT_EQ(out.experts.hits, 1u);
   EXPECT_EQ(out.experts.misses, 2u);
@@ -119,6 +119,9 @@ TEST(Codec, RoundTripWorkerHeartbeat) {
   EXPECT_EQ(out.experts.host_runs, 7u);
   EXPECT_EQ(out.experts.host_us, 8u);
   EXPECT_EQ(out.experts.bytes_not_moved, 1ull << 36);
+  EXPECT_EQ(out.experts.disk_reads, 9u);
+  EXPECT_EQ(out.experts.disk_bytes, 1ull << 37);
+  EXPECT_EQ(out.experts.disk_stall_us, 10u);
   EXPECT_EQ(out.group, in.group);
   EXPECT_EQ(out.instance_id, in.instance_id);
   EXPECT_EQ(out.seq, in.seq);
@@ -218,6 +221,7 @@ TEST(Codec, RoundTripTokenEvent) {
       .expert_host_runs = 55,
       .expert_host_us = 66,
       .bytes_not_moved = 1ull << 34,
+      .expert_disk_reads = 77,
       .logprob = -0.75f,
       .top_logprobs = {{151643, -0.75f}, {7, -1.5f}, {0, -9999.0f}},
       .prompt_logprobs = {-2.5f, -0.125f, -30.0f},
@@ -237,6 +241,7 @@ TEST(Codec, RoundTripTokenEvent) {
   EXPECT_EQ(out.expert_host_runs, in.expert_host_runs);
   EXPECT_EQ(out.expert_host_us, in.expert_host_us);
   EXPECT_EQ(out.bytes_not_moved, in.bytes_not_moved);
+  EXPECT_EQ(out.expert_disk_reads, in.expert_disk_reads);
   EXPECT_EQ(out.logprob, in.logprob);
   EXPECT_EQ(out.top_logprobs, in.top_logprobs);
   EXPECT_EQ(out.prompt_logprobs, in.prompt_logprobs);

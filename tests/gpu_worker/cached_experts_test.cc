@@ -398,6 +398,11 @@ TEST(HostTierExperts, EveryPolicyAndBothBudgetsGiveTheAllResidentTokens) {
         EXPECT_EQ(t->slots, std::max<uint32_t>(1, static_cast<uint32_t>(host * 64 + 1e-9)));
         EXPECT_GT(t->reads, 0u) << what;
         EXPECT_EQ(t->read_errors, 0u) << what;
+        const CacheStats st = c.stats();
+        EXPECT_LE(st.total.disk_reads, st.total.misses) << what;
+        if (host < 0.5) {
+          EXPECT_GT(st.total.disk_reads, 0u) << what;
+        }
         if (host < 1.0) {
           EXPECT_GT(t->evictions, 0u) << what;
         }
@@ -502,6 +507,35 @@ TEST(HostTierExperts, AFileCutShortFailsTheRequestsThatNeedItAndServingGoesOn) {
   EXPECT_EQ(got, Bf16Reference());
   fs::remove_all(dir);
   fs::remove(whole);
+}
+
+// The disk reads a request's misses needed reach its token events (usage.fmoe_experts).
+TEST(HostTierExperts, DiskReadsReachTheTokenEvents) {
+  Loaded& m = SharedBf16(true);
+  CachedExpertsOptions o;
+  o.policy = "lru";
+  o.top_k = m.info.top_k;
+  o.cache_fraction = 0.1;
+  o.host_cache_fraction = 0.1;
+  auto cached = CachedExperts::Create(CloneExpertTable(m.table), o);
+  ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+  std::map<uint64_t, TokenEvent> last;
+  Engine engine(EngineOptions{}, *m.model, **cached, m.tokenizer.get(), nullptr,
+                [&](const TokenEvent& ev) { last[ev.request_id] = ev; });
+  Generate g;
+  g.request_id = 9;
+  g.token_ids = *m.tokenizer->Encode(kPrompts[0], true);
+  g.sampling.max_tokens = 8;
+  engine.Submit(std::move(g));
+  for (int step = 0; step < 50 && engine.Step(); ++step) {
+  }
+  const TokenEvent& ev = last[9];
+  EXPECT_GT(ev.expert_disk_reads, 0u);
+  EXPECT_LE(ev.expert_disk_reads, ev.expert_misses);
+  const CacheStats st = (*cached)->stats();
+  EXPECT_GE(st.total.disk_reads, ev.expert_disk_reads);
+  EXPECT_GT(st.total.disk_stall_ns, 0);
+  EXPECT_LE(st.total.disk_stall_ns, st.total.stall_ns);
 }
 
 TEST(HostTierExperts, AHostBudgetWithExpertsInMemoryIsRefused) {

@@ -131,10 +131,10 @@ TEST(GroupPlan, HugeCountsDoNotAllocateBeforeTheBytesAreThere) {
 }
 
 TEST(GroupPlan, FiguresPackAndUnpack) {
-  std::vector<RequestUsage> usage = {{1, 2, 3, 7, 8, 9}, {4, 5, 6, 17, 18, 19}};
-  ExpertFigures totals{10, 11, 12, 13, 14, 15, 16, 17, 18};
+  std::vector<RequestUsage> usage = {{1, 2, 3, 7, 8, 9, 40}, {4, 5, 6, 17, 18, 19, 41}};
+  ExpertFigures totals{10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21};
   std::vector<int64_t> packed = PackFigures(usage, totals);
-  ASSERT_EQ(packed.size(), 21u);
+  ASSERT_EQ(packed.size(), 26u);
   for (int64_t& v : packed) v *= 2;  // What a group of two identical ranks would sum to.
   std::vector<RequestUsage> back(2);
   ExpertFigures sum;
@@ -149,6 +149,11 @@ TEST(GroupPlan, FiguresPackAndUnpack) {
   EXPECT_EQ(sum.host_runs, 32u);
   EXPECT_EQ(sum.host_us, 34u);
   EXPECT_EQ(sum.bytes_not_moved, 36u);
+  EXPECT_EQ(back[0].disk_reads, 80u);
+  EXPECT_EQ(back[1].disk_reads, 82u);
+  EXPECT_EQ(sum.disk_reads, 38u);
+  EXPECT_EQ(sum.disk_bytes, 40u);
+  EXPECT_EQ(sum.disk_stall_us, 42u);
 }
 
 }  // namespace

@@ -33,6 +33,7 @@ class TieredLink final : public TransferEngine {
   void Cancel(uint64_t id) override;
   void Promote(uint64_t id) override;
   void Hint(uint32_t key) override { tier_->Prefetch(key); }
+  bool Staged(uint32_t key) const override { return tier_->Resident(key); }
   size_t Poll(std::vector<TransferDone>* out) override;
   size_t Wait(std::vector<TransferDone>* out, std::chrono::milliseconds timeout) override;
   uint64_t RecordComputeFence() override { return device_->RecordComputeFence(); }

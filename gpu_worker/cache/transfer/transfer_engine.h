@@ -88,6 +88,9 @@ class TransferEngine {
   // A load of expert `key` is likely soon, not yet submitted: a link in front of a slower tier
   // may start bringing its bytes closer. Default: nothing.
   virtual void Hint(uint32_t key) {}
+  // Whether expert `key`'s bytes are in host memory now, so that a load waits for no slower tier.
+  // Default: always.
+  virtual bool Staged(uint32_t key) const { return true; }
   // Appends finished tasks to `out` without blocking; returns how many.
   virtual size_t Poll(std::vector<TransferDone>* out) = 0;
   // Blocks until at least one task has finished (or `timeout` passes) and appends every finished
