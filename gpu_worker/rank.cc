@@ -76,7 +76,8 @@ uint64_t KvReserveBytes(const ModelInfo& info, uint32_t max_batch, const std::st
   return uint64_t{max_batch} * per_sequence;
 }
 
-Result<std::string> ResolveDtype(std::string_view requested, const ModelInfo& info, bool cuda) {
+Result<std::string> ResolveDtype(std::string_view requested, const ModelInfo& info, bool cuda,
+                                 bool experts_on_disk) {
   if (requested == "float32" || requested == "bfloat16" || requested == "float16") {
     return std::string(requested);
   }
@@ -84,9 +85,10 @@ Result<std::string> ResolveDtype(std::string_view requested, const ModelInfo& in
     return InvalidArgument("dtype \"" + std::string(requested) +
                            "\" is not auto, float32, bfloat16 or float16");
   }
-  if (cuda && (info.torch_dtype == "bfloat16" || info.torch_dtype == "float16")) {
-    return info.torch_dtype;
-  }
+  const bool half = info.torch_dtype == "bfloat16" || info.torch_dtype == "float16";
+  if (cuda && half) return info.torch_dtype;
+  // Experts read from disk are used as stored: a float checkpoint's dtype.
+  if (experts_on_disk && half && !info.quant.quantized()) return info.torch_dtype;
   return std::string("float32");
 }
 
@@ -117,7 +119,10 @@ Status Rank::Build(RankStage* stage) {
   }
   if (o.model_name.empty()) o.model_name = std::filesystem::path(info_.dir).filename().string();
   FMOE_ASSIGN_OR_RETURN(device_, ResolveDevice(o.device, cuda_index, o.threads));
-  FMOE_ASSIGN_OR_RETURN(dtype_, ResolveDtype(o.dtype, info_, device_.cuda));
+  const bool on_disk =
+      o.experts == RankExperts::kCached &&
+      (o.cache.host_cache_gb || o.cache.host_cache_fraction || o.cache.host_cache_auto);
+  FMOE_ASSIGN_OR_RETURN(dtype_, ResolveDtype(o.dtype, info_, device_.cuda, on_disk));
   spdlog::info(
       "effective config: group={} rank={}/{} device={} dtype={}{} experts={} max_batch={} "
       "max_batched_tokens={}",

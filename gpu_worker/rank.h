@@ -105,14 +105,18 @@ struct RankOptions {
 
 // The compute dtype for `requested`: float32, bfloat16 or float16 as given; "auto" is the
 // checkpoint's torch_dtype when the device is cuda and that is bfloat16 or float16, else float32
-// (so cpu stays float32). kInvalidArgument naming the accepted values otherwise.
+// (so cpu stays float32, unless the experts are left on disk: below). kInvalidArgument naming
+// the accepted values otherwise.
 // The KV cache memory `expert_cache_gb: auto` keeps free: max_batch sequences at the model's
 // full context (max_position_embeddings, 4096 when unset), at the bytes the runtime's KV cache
 // holds per token (model_config.h KvBytesPerToken: MLA's latents, not per-head keys); a
 // sliding-window layer holds at most twice its window.
 uint64_t KvReserveBytes(const ModelInfo& info, uint32_t max_batch, const std::string& dtype);
 
-Result<std::string> ResolveDtype(std::string_view requested, const ModelInfo& info, bool cuda);
+// With `experts_on_disk` (the host tier reads experts as stored) and a float checkpoint, auto is
+// its torch_dtype on any device.
+Result<std::string> ResolveDtype(std::string_view requested, const ModelInfo& info, bool cuda,
+                                 bool experts_on_disk = false);
 
 class Rank {
  public:

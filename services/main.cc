@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "common/log.h"
 #include "common/manifest.h"
@@ -66,8 +66,9 @@ std::string DescribeTiers(const fmoe::Manifest& manifest, const fmoe::ModelInfo&
                          d == 0 ? ": holds no expert, the worker will refuse it" : "");
     }
     if (g.host_cache_auto) {
-      out += "    host: auto (every expert if they fit in the available memory less 4 GiB, else "
-             "what fits); the rest read from the checkpoint on disk\n";
+      out +=
+          "    host: auto (every expert if they fit in the available memory less 4 GiB, else "
+          "what fits); the rest read from the checkpoint on disk\n";
     } else if (g.host_cache_gb || g.host_cache_fraction) {
       const uint64_t h = slots(g.host_cache_gb, g.host_cache_fraction);
       out += fmt::format(

@@ -34,6 +34,10 @@ TEST(ResolveDtype, AutoIsTheCheckpointsHalfDtypeOnCudaAndFloat32Otherwise) {
   // cpu stays float32 whatever the checkpoint.
   EXPECT_EQ(*ResolveDtype("auto", WithTorchDtype("bfloat16"), /*cuda=*/false), "float32");
   EXPECT_EQ(*ResolveDtype("auto", WithTorchDtype("float16"), false), "float32");
+  // Experts left on disk are used as stored: the checkpoint's float dtype on any device.
+  EXPECT_EQ(*ResolveDtype("auto", WithTorchDtype("bfloat16"), false, /*experts_on_disk=*/true),
+            "bfloat16");
+  EXPECT_EQ(*ResolveDtype("auto", WithTorchDtype("float32"), false, true), "float32");
 }
 
 TEST(ResolveDtype, AnExplicitDtypeIsKeptAndAnUnknownOneRefused) {
