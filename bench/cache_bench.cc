@@ -22,10 +22,12 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
@@ -131,6 +133,7 @@ int main(int argc, char** argv) {
   std::string hybrid = "off";
   std::string admit = "on";
   double host_ratio = 0.5;
+  std::vector<double> host_budgets;
   app.add_option("--model", model_dir, "model directory");
   app.add_option("--prompts-file", prompts_file, "JSONL with a \"prompt\" field per line");
   app.add_option("--prompts", num_prompts, "prompts, one request each");
@@ -163,6 +166,11 @@ int main(int argc, char** argv) {
                  "(the emulated host compute rate, c)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--host-budget", host_budgets,
+                 "host tier: leave the experts in the checkpoint and keep this fraction of them "
+                 "in host memory, read from disk as needed (repeatable; unset: every expert in "
+                 "host memory); the compute dtype must be the experts' stored one")
+      ->check(CLI::Range(1e-9, 1.0));
   app.footer("Policies:\n" + PolicyHelp(/*servable_only=*/false));
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
@@ -184,6 +192,20 @@ int main(int argc, char** argv) {
   MoeModel& model = (*rank)->model();
   const Tokenizer& tok = *(*rank)->tokenizer();
   ResidentExperts& resident = *(*rank)->resident();
+  // The host tier's runs read the experts from the checkpoint: a second load leaves them there.
+  ExpertTable on_disk;
+  if (!host_budgets.empty()) {
+    RuntimeOptions r;
+    r.dtype = (*rank)->dtype();
+    r.cuda_index = (*rank)->device().cuda_index;
+    r.experts_on_disk = true;
+    auto second = MoeModel::Load(info, r, {}, &on_disk);
+    if (!second.ok()) {
+      std::fprintf(stderr, "cannot leave the experts on disk: %s\n",
+                   second.status().message().c_str());
+      return 1;
+    }
+  }
   std::vector<std::vector<int32_t>> prompts;
   for (const std::string& p : bench::ReadPrompts(prompts_file, num_prompts, kFallback, 600)) {
     prompts.push_back(*tok.Encode(p, true));
@@ -250,11 +272,13 @@ int main(int argc, char** argv) {
   std::printf("; %zu prompts x %u tokens, batch 1, %d thread(s), d=%u\n\n", prompts.size(),
               max_tokens, threads, distance);
   std::printf(
-      "| policy | hybrid | budget | TPOT ms | vs all-resident (paired) | hit rate | stall ms/token "
-      "| MB moved/token | host runs/token | prefetches used / issued | identical tokens "
-      "|\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
-  std::printf("| all-resident | - | 100%% | %.2f | 1.00 | 100%% | 0 | 0 | 0 | - | - |\n",
-              reference_tpot);
+      "| policy | hybrid | budget | host | TPOT ms | vs all-resident (paired) | hit rate | stall "
+      "ms/token | MB moved/token | host runs/token | disk reads/token | disk stall ms/token | MB "
+      "read/token | prefetches used / issued | identical tokens "
+      "|\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+  std::printf(
+      "| all-resident | - | 100%% | all | %.2f | 1.00 | 100%% | 0 | 0 | 0 | 0 | 0 | 0 | - | - |\n",
+      reference_tpot);
   // (hybrid, admission) per row.
   std::vector<std::pair<bool, bool>> hybrid_modes;
   if (hybrid != "on") hybrid_modes.push_back({false, false});
@@ -263,62 +287,80 @@ int main(int argc, char** argv) {
     if (admit != "off") hybrid_modes.push_back({true, true});
   }
   std::fflush(stdout);
+  std::vector<double> hosts = host_budgets;
+  if (hosts.empty()) hosts.push_back(0);  // 0: every expert in host memory.
   for (const std::string& policy : policies) {
     for (double budget : budgets) {
-      for (const auto& [on_host, admits] : hybrid_modes) {
-        CachedExpertsOptions o;
-        o.hybrid = on_host;
-        o.admit_host_runs = admits;
-        o.host_slowdown = host_slowdown;
-        o.policy = policy;
-        if (budget_expert_bytes > 0) {
-          o.cache_gb = budget * info.num_moe_layers * info.num_experts * budget_expert_bytes / 1e9;
-        } else {
-          o.cache_fraction = budget;
-        }
-        o.link.gbps = gbps;
-        o.link.latency_us = latency_us;
-        o.policy_options.prefetch_distance = distance;
-        o.policy_options.future = recording.accesses();
-        std::vector<double> tpots;
-        std::vector<double> paired;
-        Run run;
-        CacheStats st;
-        for (int r = 0; r < std::max(1, repeats); ++r) {
-          auto cached = (*rank)->NewCachedExperts(o);
-          if (!cached.ok()) {
-            std::fprintf(stderr, "%s\n", cached.status().message().c_str());
-            return 1;
+      for (double host : hosts) {
+        for (const auto& [on_host, admits] : hybrid_modes) {
+          CachedExpertsOptions o;
+          o.hybrid = on_host;
+          o.admit_host_runs = admits;
+          o.host_slowdown = host_slowdown;
+          o.policy = policy;
+          if (budget_expert_bytes > 0) {
+            o.cache_gb =
+                budget * info.num_moe_layers * info.num_experts * budget_expert_bytes / 1e9;
+          } else {
+            o.cache_fraction = budget;
           }
-          auto [base_run, cached_run] =
-              RunInterleaved(model, resident, **cached, tok, prompts, max_tokens);
-          run = std::move(cached_run);
-          tpots.push_back(run.tpot_ms());
-          paired.push_back(base_run.tpot_ms());
-          st = (*cached)->stats();
+          o.link.gbps = gbps;
+          o.link.latency_us = latency_us;
+          o.policy_options.prefetch_distance = distance;
+          o.policy_options.future = recording.accesses();
+          if (host > 0) o.host_cache_fraction = host;
+          std::vector<double> tpots;
+          std::vector<double> paired;
+          Run run;
+          CacheStats st;
+          std::optional<HostTierStats> host_tier;
+          for (int r = 0; r < std::max(1, repeats); ++r) {
+            Result<std::unique_ptr<CachedExperts>> cached =
+              host > 0 ? [&] {
+                CachedExpertsOptions t = o;
+                t.top_k = info.top_k;
+                t.cuda_index = (*rank)->device().cuda_index;
+                return CachedExperts::Create(CloneExpertTable(on_disk), t);
+              }()
+                       : (*rank)->NewCachedExperts(o);
+            if (!cached.ok()) {
+              std::fprintf(stderr, "%s\n", cached.status().message().c_str());
+              return 1;
+            }
+            auto [base_run, cached_run] =
+                RunInterleaved(model, resident, **cached, tok, prompts, max_tokens);
+            run = std::move(cached_run);
+            tpots.push_back(run.tpot_ms());
+            paired.push_back(base_run.tpot_ms());
+            st = (*cached)->stats();
+            host_tier = (*cached)->host_tier_stats();
+          }
+          std::sort(tpots.begin(), tpots.end());
+          std::sort(paired.begin(), paired.end());
+          const double tpot = tpots[tpots.size() / 2];
+          const double base = paired[paired.size() / 2];
+          const CacheCounters& t = st.total;
+          const uint64_t tokens = std::max<uint64_t>(1, run.decode_tokens + prompts.size());
+          const double lookups = static_cast<double>(t.hits + t.misses);
+          const HostTierStats tier = host_tier.value_or(HostTierStats{});
+          const std::string host_column =
+              host > 0 ? fmt::format("{:.0f}% ({} slots)", host * 100, tier.slots) : "all";
+          std::printf(
+              "| %s | %s | %.0f%% (%u slots) | %s | %.2f | %.2f | %.1f%% | %.2f | %.2f | %.2f | "
+              "%.2f | %.2f | %.1f | %llu / %llu | %s |\n",
+              policy.c_str(),
+              !on_host ? "off"
+              : admits ? (cuda ? "on" : "on (emulated)")
+                       : (cuda ? "on, no admission" : "on, no admission (emulated)"),
+              budget * 100, st.slots, host_column.c_str(), tpot, tpot / base,
+              lookups > 0 ? 100.0 * t.hits / lookups : 0.0, t.stall_ns / 1e6 / tokens,
+              t.bytes_moved / 1e6 / tokens, static_cast<double>(t.host_runs) / tokens,
+              static_cast<double>(t.disk_reads) / tokens, t.disk_stall_ns / 1e6 / tokens,
+              tier.bytes_read / 1e6 / tokens, static_cast<unsigned long long>(t.prefetches_used),
+              static_cast<unsigned long long>(t.prefetches_issued),
+              run.tokens == reference.tokens ? "yes" : "NO");
+          std::fflush(stdout);
         }
-        std::sort(tpots.begin(), tpots.end());
-        std::sort(paired.begin(), paired.end());
-        const double tpot = tpots[tpots.size() / 2];
-        const double base = paired[paired.size() / 2];
-        const CacheCounters& t = st.total;
-        const uint64_t tokens = std::max<uint64_t>(1, run.decode_tokens + prompts.size());
-        const double lookups = static_cast<double>(t.hits + t.misses);
-        std::printf(
-            "| %s | %s | %.0f%% (%u slots) | %.2f | %.2f | %.1f%% | %.2f | %.2f | %.2f | %llu / "
-            "%llu | "
-            "%s |\n",
-            policy.c_str(),
-            !on_host ? "off"
-            : admits ? (cuda ? "on" : "on (emulated)")
-                     : (cuda ? "on, no admission" : "on, no admission (emulated)"),
-            budget * 100, st.slots, tpot, tpot / base, lookups > 0 ? 100.0 * t.hits / lookups : 0.0,
-            t.stall_ns / 1e6 / tokens, t.bytes_moved / 1e6 / tokens,
-            static_cast<double>(t.host_runs) / tokens,
-            static_cast<unsigned long long>(t.prefetches_used),
-            static_cast<unsigned long long>(t.prefetches_issued),
-            run.tokens == reference.tokens ? "yes" : "NO");
-        std::fflush(stdout);
       }
     }
   }
