@@ -397,6 +397,7 @@ void ExpertCache::ApplyDirectives() {
 }
 
 void ExpertCache::ApplyDirective(const PrefetchDirective& d) {
+  if (options_.tiered) HintDirective(d);
   auto it = batch_.find(d.request_id);
   const bool current = in_iteration_ && it != batch_.end() && it->second == d.iteration &&
                        d.target_layer < options_.num_layers && Position(d.target_layer) > started_;
@@ -411,6 +412,28 @@ void ExpertCache::ApplyDirective(const PrefetchDirective& d) {
   }
   ++directives_;
   policy_->OnDirective(d);
+}
+
+void ExpertCache::HintDirective(const PrefetchDirective& d) {
+  // The slower tier looks further ahead than the device's window: a directive's likeliest
+  // experts for its layer are likely again at that layer in the next iteration, so even a
+  // directive too late for the device (its layer started) is worth reading into host memory.
+  // The likeliest 2K, by probability; the tier bounds what it reads at once.
+  if (d.target_layer >= options_.num_layers) return;
+  hint_scratch_.clear();
+  for (const PrefetchEntry& entry : d.entries) {
+    if (entry.expert < options_.num_experts && Owns(d.target_layer, entry.expert) &&
+        entry.probability > 0.0f) {
+      hint_scratch_.push_back(entry);
+    }
+  }
+  const size_t n = std::min<size_t>(hint_scratch_.size(), 2 * size_t{options_.top_k});
+  std::partial_sort(hint_scratch_.begin(), hint_scratch_.begin() + static_cast<std::ptrdiff_t>(n),
+                    hint_scratch_.end(), [](const PrefetchEntry& a, const PrefetchEntry& b) {
+                      return a.probability > b.probability ||
+                             (a.probability == b.probability && a.expert < b.expert);
+                    });
+  for (size_t i = 0; i < n; ++i) link_->Hint(Key(d.target_layer, hint_scratch_[i].expert));
 }
 
 void ExpertCache::TopUp() {

@@ -227,6 +227,8 @@ class ExpertCache final : public CacheControl {
   void Complete(const TransferDone& done);
   void ApplyDirectives();
   void ApplyDirective(const PrefetchDirective& d);
+  // Tiered: a directive's likeliest experts hinted to the link (the host tier reads ahead).
+  void HintDirective(const PrefetchDirective& d);
   void TopUp();
   bool DeadlineAllows(const QueuedPrefetch& q, uint32_t ahead) const;
   void DropStalePrefetches();
@@ -255,12 +257,13 @@ class ExpertCache final : public CacheControl {
   std::vector<uint32_t> layer_needed_;      // This rank's experts of the running layer.
   // Per sequence of the batch, its tokens per expert of the running layer (row-major [s x J]).
   std::vector<uint32_t> layer_sequence_counts_;
-  HostTimeModel host_time_;             // Hybrid: measured host run times.
-  uint32_t host_runs_planned_ = 0;      // Host runs of the running layer.
-  std::vector<MissingExpert> missing_;  // Scratch.
-  std::vector<uint32_t> host_ran_;      // Scratch: keys the last layer ran on the host.
-  std::vector<TransferDone> done_;      // Scratch.
-  uint32_t owned_ = 0;                  // Experts this rank owns.
+  HostTimeModel host_time_;                  // Hybrid: measured host run times.
+  uint32_t host_runs_planned_ = 0;           // Host runs of the running layer.
+  std::vector<MissingExpert> missing_;       // Scratch.
+  std::vector<uint32_t> host_ran_;           // Scratch: keys the last layer ran on the host.
+  std::vector<TransferDone> done_;           // Scratch.
+  std::vector<PrefetchEntry> hint_scratch_;  // Scratch (HintDirective).
+  uint32_t owned_ = 0;                       // Experts this rank owns.
   // The budget holds every expert and all were preloaded: nothing will ever move, so the
   // policy is not consulted (its predictions could not change anything).
   bool full_ = false;

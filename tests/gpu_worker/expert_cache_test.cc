@@ -51,6 +51,9 @@ class ScriptedLink final : public TransferEngine {
     return Poll(out);
   }
   TransferStats stats() const override { return {}; }
+  // Tiered mode: a task names its expert; its bytes come from `by_key` (key * task.bytes).
+  void Hint(uint32_t key) override { hints.push_back(key); }
+  bool Staged(uint32_t key) const override { return !on_disk.count(key); }
   Result<void*> AllocateDevice(size_t) override { return InternalError(); }
   void FreeDevice(void*) override {}
 
@@ -64,8 +67,15 @@ class ScriptedLink final : public TransferEngine {
       }
       const TransferTask t = live_[best];
       live_.erase(best);
-      std::memcpy(t.dst, t.src, t.bytes);
       clock_.AdvanceNs(1000);
+      if (unreadable.count(t.key)) {
+        finished_.push_back({t.id, false, 0, 0, clock_.NowNs() - 1000, clock_.NowNs(),
+                             DataLoss("/m/model.safetensors: bytes [0, 64): the file ends at 0")});
+        continue;
+      }
+      const void* src = t.src != nullptr ? t.src : by_key + size_t{t.key} * t.bytes;
+      std::memcpy(t.dst, src, t.bytes);
+      on_disk.erase(t.key);
       finished_.push_back(
           {t.id, false, t.bytes, 0, clock_.NowNs() - 1000, clock_.NowNs(), Status::Ok()});
     }
@@ -77,6 +87,10 @@ class ScriptedLink final : public TransferEngine {
   }
 
   std::vector<TransferTask> submitted;
+  std::vector<uint32_t> hints;
+  std::set<uint32_t> on_disk;     // Keys not staged in host memory (Staged false until loaded).
+  std::set<uint32_t> unreadable;  // Keys whose load fails (a read error).
+  const char* by_key = nullptr;
   int cancels = 0;
   int promotions = 0;
 
@@ -99,7 +113,8 @@ constexpr size_t kBytes = 64;
 
 struct Fixture {
   Fixture(std::string policy, uint32_t slots, uint32_t rank = 0, uint32_t world = 1,
-          bool preload = false, uint32_t inflight = 2, bool hybrid = false, bool admit = false)
+          bool preload = false, uint32_t inflight = 2, bool hybrid = false, bool admit = false,
+          bool tiered = false)
       : link(clock) {
     host.resize(kLayers * kExperts * kBytes);
     for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<char>((i / kBytes) * 7 + i);
@@ -120,6 +135,11 @@ struct Fixture {
     o.max_inflight_prefetches = inflight;
     o.hybrid = hybrid;
     o.admit_host_runs = admit;
+    o.tiered = tiered;
+    if (tiered) {
+      std::fill(addresses.begin(), addresses.end(), nullptr);
+      link.by_key = host.data();
+    }
     PolicyOptions po;
     po.prefetch_distance = 2;
     auto p = MakePolicy(policy, po);
@@ -528,6 +548,59 @@ TEST(ExpertCache, StaleDirectivesAreDropped) {
   f.cache->EndIteration();
   EXPECT_GE(f.cache->stats().prefetch_requests_dropped, 1u);
   ASSERT_TRUE(f.cache->CheckInvariants().ok());
+}
+
+// Tiered (a link in front of a host tier): loads name their expert, misses not staged in host
+// memory count as disk reads (and in the request's usage), directives are hinted to the link
+// even when their layer has started (the next iteration may use them), and a load that fails
+// fails the layer that needs it with the read's error, not the ones after.
+TEST(ExpertCache, TieredLoadsByKeyCountDiskReadsHintAndFailOnlyTheirLayer) {
+  Fixture f("fmoe", 4, 0, 1, /*preload=*/false, 2, false, false, /*tiered=*/true);
+  for (uint32_t k = 0; k < kLayers * kExperts; ++k) f.link.on_disk.insert(k);
+  f.link.on_disk.erase(1);  // Expert 1 of layer 0 is in host memory.
+  SequenceInfo s{7, 3, 1};
+  f.cache->BeginIteration({&s, 1});
+  std::vector<uint32_t> counts(kExperts, 0);
+  counts[0] = counts[1] = 1;
+  const std::vector<uint32_t> experts = {0, 1}, tokens = {1, 1};
+  ASSERT_TRUE(f.cache->BeginLayer({0, experts, tokens, counts}).ok());
+  for (int i = 0; i < 2; ++i) {
+    Result<ReadyExpert> e = f.cache->Next();
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    EXPECT_EQ(0, std::memcmp(f.device.data() + e->slot * kBytes, f.host.data() + e->expert * kBytes,
+                             kBytes));
+    f.cache->Done(e->expert);
+  }
+  EXPECT_EQ(f.cache->Next().status().code(), ErrorCode::kNotFound);
+  f.cache->EndLayer();
+  for (const TransferTask& t : f.link.submitted) {
+    EXPECT_EQ(t.src, nullptr);
+    EXPECT_LT(t.key, kLayers * kExperts);
+  }
+  EXPECT_EQ(f.cache->stats().total.disk_reads, 1u);  // Expert 0; expert 1 was staged.
+  EXPECT_EQ(f.cache->stats().total.misses, 2u);
+  EXPECT_EQ(f.cache->Usage(7).disk_reads, 1u);
+  EXPECT_EQ(f.cache->Usage(7).misses, 2u);
+  // A directive for layer 0, which has run: too late for the device, hinted to the link.
+  f.cache->PostDirective(Directive(7, 3, 0, {5, 6}));
+  f.cache->Pump();
+  EXPECT_EQ(f.cache->stats().directives_stale, 1u);
+  EXPECT_NE(std::find(f.link.hints.begin(), f.link.hints.end(), 5u), f.link.hints.end());
+  EXPECT_NE(std::find(f.link.hints.begin(), f.link.hints.end(), 6u), f.link.hints.end());
+  // Layer 1 needs an unreadable expert: its Next fails with the read's error.
+  f.link.unreadable.insert(kExperts + 3);
+  ASSERT_TRUE(
+      f.cache->BeginLayer({1, std::vector<uint32_t>{3}, std::vector<uint32_t>{1}, {}}).ok());
+  Result<ReadyExpert> bad = f.cache->Next();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), ErrorCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("model.safetensors"), std::string::npos);
+  f.cache->EndLayer();
+  EXPECT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+  // Layer 2 goes on.
+  f.RunLayer(2, {4});
+  f.cache->EndIteration();
+  EXPECT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
 }
 
 TEST(ExpertCache, DirectivesForAnotherRanksExpertsAreIgnored) {
