@@ -464,13 +464,39 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(1.0, 1e6))
       ->capture_default_str();
   auto cpu_times = std::make_shared<std::string>();
+  auto host_start = std::make_shared<std::string>("warm");
   cmd->add_option("--cpu-expert-us", *cpu_times,
                   "serving, hybrid: one expert's measured CPU time against its tokens, "
                   "TOKENS:MICROSECONDS,... (piecewise linear; overrides --cpu-factor)");
+  cmd->add_option("--host-budget", o->disk.host_budget,
+                  "serving: a disk tier: experts live on disk behind a host cache of this "
+                  "fraction of them, (0, 1] (unset: every expert in host memory, no disk)")
+      ->check(CLI::Range(1e-9, 1.0));
+  cmd->add_option("--disk-gbps", o->disk.gbps,
+                  "serving, disk tier: disk bandwidth, GB/s, shared by the reads in flight "
+                  "(default: 1.1, the dev VM's virtio disk vda with O_DIRECT 8-64 MiB reads, "
+                  "fio and disk_bench; an NVMe drive is about 3-7)")
+      ->check(CLI::Range(1e-9, 1e6))
+      ->capture_default_str();
+  cmd->add_option("--disk-latency-us", o->disk.latency_us,
+                  "serving, disk tier: latency per expert read, us (default: 57, the mean of "
+                  "fio's 4 KiB O_DIRECT random reads at queue depth 1 (io_uring) on the dev VM's "
+                  "virtio disk vda; an NVMe drive is about 50-100)")
+      ->check(CLI::Range(0.0, 1e9))
+      ->capture_default_str();
+  cmd->add_option("--disk-queue-depth", o->disk.queue_depth,
+                  "serving, disk tier: expert reads in flight at once")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--host-start", *host_start,
+                  "serving, disk tier: the host cache at start: warm (the first experts in "
+                  "(layer, expert) order, as many as it holds) or empty")
+      ->check(CLI::IsMember({"warm", "empty"}))
+      ->capture_default_str();
   cmd->add_option("--threads", o->threads, "replays run in parallel (0: one per core)");
   cmd->add_option("--csv", o->csv, "write the table as CSV");
   cmd->add_option("--png", o->png, "plot with gnuplot");
-  cmd->callback([o, t, cpu_times, &exit_code] {
+  cmd->callback([o, t, cpu_times, host_start, &exit_code] {
     auto time = ResolveTime(*t);
     if (!time.ok()) {
       std::fprintf(stderr, "fmoe-bench replay: %s\n", time.status().message().c_str());
@@ -503,6 +529,14 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
                    "(--cpu-factor, --cpu-expert-us, or a time model preset with a measured "
                    "host kernel curve)\n",
                    o->hybrid.c_str());
+      exit_code = 2;
+      return;
+    }
+    o->disk.warm = *host_start == "warm";
+    if (o->disk.enabled() && (o->model != "serving" || o->hybrid != "off")) {
+      std::fprintf(stderr,
+                   "fmoe-bench replay: --host-budget (the disk tier) needs --model serving and "
+                   "--hybrid off\n");
       exit_code = 2;
       return;
     }

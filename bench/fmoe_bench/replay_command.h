@@ -18,6 +18,7 @@
 #include "bench/fmoe_bench/replay_core.h"
 #include "bench/fmoe_bench/replay_hybrid.h"
 #include "bench/fmoe_bench/replay_time.h"
+#include "bench/fmoe_bench/sim_tier.h"
 #include "common/model/expert_trace.h"
 #include "common/policy_names.h"
 #include "common/status.h"
@@ -58,6 +59,9 @@ struct ReplayOptions {
   // Hybrid execution (replay_hybrid.h): off, on, or both (every run with and without it).
   std::string hybrid = "off";  // Default: off
   CpuModel cpu;                // From --cpu-factor, --cpu-knee-tokens, --cpu-expert-us.
+  // The disk tier: --host-budget (unset: none), --disk-gbps, --disk-latency-us,
+  // --disk-queue-depth, --host-start.
+  DiskModel disk;
 };
 
 // The policies of `asked` that `trace` can run (speculative needs the speculative predictions

@@ -43,6 +43,10 @@ PhaseSummary Summarise(const PhaseFigures& p, double expert_mb) {
   s.recall = p.recall();
   s.cpu_experts = Per(static_cast<double>(p.cpu_experts), p.requests);
   s.cpu_ms = Per(p.cpu_ns, p.requests) / 1e6;
+  s.host_hit_rate = p.host_hit_rate();
+  s.disk_reads = Per(static_cast<double>(p.disk_reads), p.requests);
+  s.disk_mb = Per(p.disk_bytes, p.requests) / 1e6;
+  s.disk_stall_ms = Per(p.disk_stall_ns, p.requests) / 1e6;
   return s;
 }
 
@@ -60,6 +64,7 @@ ServeSummary Summarise(const ServeResult& r, double expert_mb) {
   s.mean_batch = r.mean_batch;
   s.total_s = r.total_ns / 1e9;
   s.hybrid = r.config.hybrid;
+  s.disk = r.config.disk.enabled();
   return s;
 }
 
@@ -70,10 +75,13 @@ std::string ServeTable(const std::vector<std::pair<std::string, ServeSummary>>& 
   char buf[512];
   const bool hybrid =
       std::any_of(rows.begin(), rows.end(), [](const auto& row) { return row.second.hybrid; });
-  std::snprintf(buf, sizeof(buf), "%-17s %31s %27s | %-32s | %-32s | %5s%s\n", "",
-                "TTFT ms p50/p90/p99/mean", "TPOT ms p50/p90/p99/mean",
-                "prefill: hit% stall ms MB P R", "decode: hit% stall ms/t MB/t P R", "batch",
-                hybrid ? " | cpu/prefill cpu/token" : "");
+  const bool disk =
+      std::any_of(rows.begin(), rows.end(), [](const auto& row) { return row.second.disk; });
+  std::snprintf(
+      buf, sizeof(buf), "%-17s %31s %27s | %-32s | %-32s | %5s%s%s\n", "",
+      "TTFT ms p50/p90/p99/mean", "TPOT ms p50/p90/p99/mean", "prefill: hit% stall ms MB P R",
+      "decode: hit% stall ms/t MB/t P R", "batch", hybrid ? " | cpu/prefill cpu/token" : "",
+      disk ? " | disk prefill: host% reads stall ms | decode: host% reads/t stall ms/t" : "");
   out << buf;
   for (const auto& [label, s] : rows) {
     const std::string ttft = Fixed(s.ttft.p50_ms, 1) + "/" + Fixed(s.ttft.p90_ms, 1) + "/" +
@@ -93,19 +101,30 @@ std::string ServeTable(const std::vector<std::pair<std::string, ServeSummary>>& 
                     s.decode.cpu_experts);
       out << buf;
     }
+    if (disk) {
+      std::snprintf(buf, sizeof(buf), " | %18.1f %5.1f %8.1f | %13.1f %7.3f %10.2f",
+                    100 * s.prefill.host_hit_rate, s.prefill.disk_reads, s.prefill.disk_stall_ms,
+                    100 * s.decode.host_hit_rate, s.decode.disk_reads, s.decode.disk_stall_ms);
+      out << buf;
+    }
     out << '\n';
   }
   return out.str();
 }
 
-std::string ServeCsvHeader() {
+std::string ServeCsvHeader(bool disk) {
   return "mode,max_batch,budget,distance,policy,requests,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,"
          "ttft_mean_ms,tpot_p50_ms,tpot_p90_ms,tpot_p99_ms,tpot_mean_ms,prefills,"
          "prefill_hit_rate,prefill_stall_ms,prefill_loads,prefill_mb,prefill_precision,"
          "prefill_recall,decode_tokens,decode_hit_rate,decode_stall_ms_per_token,"
          "decode_loads_per_token,decode_mb_per_token,decode_precision,decode_recall,mean_batch,"
          "total_s,hybrid,prefill_cpu_experts,prefill_cpu_ms,decode_cpu_experts_per_token,"
-         "decode_cpu_ms_per_token,max_batched_tokens";
+         "decode_cpu_ms_per_token,max_batched_tokens" +
+         std::string(disk ? ",host_budget,prefill_host_hit_rate,prefill_disk_reads,"
+                            "prefill_disk_mb,prefill_disk_stall_ms,decode_host_hit_rate,"
+                            "decode_disk_reads_per_token,decode_disk_mb_per_token,"
+                            "decode_disk_stall_ms_per_token"
+                          : "");
 }
 
 std::string ServeCsvRow(const ServeConfig& c, const ServeSummary& s) {
@@ -125,6 +144,12 @@ std::string ServeCsvRow(const ServeConfig& c, const ServeSummary& s) {
       << ',' << (c.hybrid ? "on" : "off") << ',' << Fixed(s.prefill.cpu_experts, 3) << ','
       << Fixed(s.prefill.cpu_ms, 3) << ',' << Fixed(s.decode.cpu_experts, 4) << ','
       << Fixed(s.decode.cpu_ms, 4) << ',' << c.max_batched_tokens;
+  if (!c.disk.enabled()) return out.str();
+  out << ',' << Fixed(c.disk.host_budget, 3) << ',' << Fixed(s.prefill.host_hit_rate, 5) << ','
+      << Fixed(s.prefill.disk_reads, 3) << ',' << Fixed(s.prefill.disk_mb, 3) << ','
+      << Fixed(s.prefill.disk_stall_ms, 3) << ',' << Fixed(s.decode.host_hit_rate, 5) << ','
+      << Fixed(s.decode.disk_reads, 4) << ',' << Fixed(s.decode.disk_mb, 4) << ','
+      << Fixed(s.decode.disk_stall_ms, 4);
   return out.str();
 }
 

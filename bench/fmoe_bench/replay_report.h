@@ -31,6 +31,13 @@ struct PhaseSummary {
   double recall = 0;       // Loads a prefetch covered / loads a layer needed.
   double cpu_experts = 0;  // Hybrid: missing experts computed on the CPU per unit.
   double cpu_ms = 0;       // Hybrid: the CPU's time on them per unit.
+  // Disk tier (PhaseFigures): loads found in the host cache / loads handed to it; expert reads
+  // from disk and their MB per unit; the part of stall_ms with a needed expert still being read
+  // from disk per unit (the rest of stall_ms waited for the device link).
+  double host_hit_rate = 0;
+  double disk_reads = 0;
+  double disk_mb = 0;
+  double disk_stall_ms = 0;
 };
 
 PhaseSummary Summarise(const PhaseFigures& phase, double expert_mb);
@@ -41,6 +48,7 @@ struct ServeSummary {
   double mean_batch = 0;
   double total_s = 0;   // First arrival to last token.
   bool hybrid = false;  // Run with the CPU path.
+  bool disk = false;    // Run with the disk tier.
 };
 
 // A run's row label: the policy, with "+cpu" when it ran with the CPU path.
@@ -50,12 +58,16 @@ ServeSummary Summarise(const ServeResult& result, double expert_mb);
 
 // A text table, one row per (label, summary): TTFT and TPOT p50 / p90 / p99 / mean in ms, then
 // prefill and decode hit rate, stall, MB, precision and recall, and the mean batch; when a row
-// ran with the CPU path, the experts computed on the CPU per prefill and per decode token.
+// ran with the CPU path, the experts computed on the CPU per prefill and per decode token; when
+// one ran with the disk tier, per prefill and per decode token its host-cache hit rate, expert
+// reads from disk and disk stall (ms; part of the stall column).
 std::string ServeTable(const std::vector<std::pair<std::string, ServeSummary>>& rows);
 
 // CSV: the header (no newline), and one row for a run (no newline). Columns are only ever added
 // at the end (max_batched_tokens last: 0 for whole prefills), so readers by position still work.
-std::string ServeCsvHeader();
+// Runs with the disk tier (`disk`; a row: its config's) add its columns after those: host_budget,
+// then per prefill and per decode token the host hit rate, disk reads, disk MB and disk stall ms.
+std::string ServeCsvHeader(bool disk = false);
 std::string ServeCsvRow(const ServeConfig& config, const ServeSummary& s);
 
 // The design's targets at one (mode, batch): `fmoe` against the other policies that can be built

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -326,7 +327,7 @@ class ServeRun {
   }
   ~ServeRun() {
     cache_.reset();  // Cancels what is on the link before the slots go.
-    if (slot_memory_ != nullptr) link_.FreeDevice(slot_memory_);
+    if (slot_memory_ != nullptr) link().FreeDevice(slot_memory_);
   }
 
   // Serves `reqs` (workload indices), request k arriving arrival_ns[k] after now: batched
@@ -415,7 +416,10 @@ class ServeRun {
     return score_count_ ? score_sum_ / static_cast<double>(score_count_) : 0.0;
   }
   bool full() const { return slots_ >= owned_; }
-  Status CheckInvariants() const { return cache_->CheckInvariants(); }
+  Status CheckInvariants() const {
+    FMOE_RETURN_IF_ERROR(cache_->CheckInvariants());
+    return tiered_ != nullptr ? tiered_->CheckInvariants() : Status::Ok();
+  }
 
  private:
   ServeRun(const ServeWorkload& w, const ServeConfig& c, Routes* routes)
@@ -428,6 +432,11 @@ class ServeRun {
   // Whether `s` is the request's last (of `steps` steps, `prompt` prompt positions).
   static bool LastOfRequest(const ContinuousBatcher::Slot& s, uint32_t steps, uint32_t prompt) {
     return s.step + 1 == steps && EndsStep(s, prompt);
+  }
+
+  // The cache's link: the disk tier in front of the link when configured, else the link alone.
+  TransferEngine& link() {
+    return tiered_ != nullptr ? *tiered_ : static_cast<TransferEngine&>(link_);
   }
 
   Status Init(std::vector<LayerAccess> future, const MapStore* store) {
@@ -445,10 +454,21 @@ class ServeRun {
     owned_ = L * J;
     FMOE_ASSIGN_OR_RETURN(slots_,
                           BudgetSlots(std::nullopt, c_.budget, kNominalExpertBytes, owned_));
-    host_.resize(static_cast<size_t>(owned_) * kNominalExpertBytes);
     std::vector<const void*> host_ptrs(owned_);
-    for (uint32_t k = 0; k < owned_; ++k) host_ptrs[k] = host_.data() + k * kNominalExpertBytes;
-    FMOE_ASSIGN_OR_RETURN(slot_memory_, link_.AllocateDevice(slots_ * kNominalExpertBytes));
+    if (c_.disk.enabled()) {
+      // The tier finds each expert by its key: no host addresses.
+      SimTierOptions to;
+      to.experts = owned_;
+      to.host_slots = std::clamp<uint32_t>(
+          static_cast<uint32_t>(std::floor(c_.disk.host_budget * owned_)), 1, owned_);
+      to.expert_bytes = c_.time.expert_mb * 1e6;
+      to.disk = c_.disk;
+      FMOE_ASSIGN_OR_RETURN(tiered_, SimTieredLink::Create(clock_, c_.time.LoadNs(), to));
+    } else {
+      host_.resize(static_cast<size_t>(owned_) * kNominalExpertBytes);
+      for (uint32_t k = 0; k < owned_; ++k) host_ptrs[k] = host_.data() + k * kNominalExpertBytes;
+    }
+    FMOE_ASSIGN_OR_RETURN(slot_memory_, link().AllocateDevice(slots_ * kNominalExpertBytes));
     ExpertCacheOptions co;
     co.num_layers = L;
     co.num_experts = J;
@@ -457,8 +477,15 @@ class ServeRun {
     co.slots = slots_;
     co.max_inflight_prefetches = c_.max_inflight_prefetches;
     co.preload = true;
-    FMOE_ASSIGN_OR_RETURN(cache_, ExpertCache::Create(co, std::move(policy), &link_,
+    co.tiered = tiered_ != nullptr;
+    FMOE_ASSIGN_OR_RETURN(cache_, ExpertCache::Create(co, std::move(policy), &link(),
                                                       std::move(host_ptrs), slot_memory_, clock_));
+    if (tiered_ != nullptr) {
+      // Host-cache eviction by the policy's score, as the worker's host tier.
+      const ExpertCache* cache = cache_.get();
+      tiered_->set_score(
+          [cache, J](uint32_t key) { return cache->policy().EvictionScore(key / J, key % J); });
+    }
     if (UsesMapService(c_.policy)) {
       if (store != nullptr) {
         store_.emplace(*store);
@@ -491,9 +518,11 @@ class ServeRun {
       }
     }
     const CacheCounters before = cache_->stats().total;
+    const SimTierStats tier_before = tiered_ != nullptr ? tiered_->tier_stats() : SimTierStats{};
     const int64_t start = clock_.NowNs();
     FMOE_RETURN_IF_ERROR(Iteration(batch_, match));
     const CacheCounters after = cache_->stats().total;
+    const SimTierStats tier_after = tiered_ != nullptr ? tiered_->tier_stats() : SimTierStats{};
     const int64_t end = clock_.NowNs();
     PhaseFigures& p = prefill ? out->prefill : out->decode;
     ++p.iterations;
@@ -517,6 +546,11 @@ class ServeRun {
     p.cpu_experts += cpu_experts_;
     p.cpu_ns += cpu_ns_;
     p.cpu_stall_ns += cpu_stall_ns_;
+    p.host_loads += tier_after.loads - tier_before.loads;
+    p.host_hits += tier_after.host_hits - tier_before.host_hits;
+    p.disk_reads += tier_after.disk_reads - tier_before.disk_reads;
+    p.disk_bytes += tier_after.bytes_read - tier_before.bytes_read;
+    p.disk_stall_ns += static_cast<double>(tier_after.disk_stall_ns - tier_before.disk_stall_ns);
     p.time_ns += static_cast<double>(end - start);
     ++out->iterations;
     out->batch_sum += batch_.size();
@@ -696,6 +730,7 @@ class ServeRun {
   std::vector<const TraceIteration*> its_;  // The running iteration's routings.
   ManualClock clock_;
   SimLink link_;
+  std::unique_ptr<SimTieredLink> tiered_;  // The disk tier, when configured (link() then).
   uint32_t owned_ = 0, slots_ = 0;
   std::vector<char> host_;
   void* slot_memory_ = nullptr;
@@ -786,6 +821,14 @@ Result<ServeResult> RunServeReplay(const ServeWorkload& w, const std::vector<uin
   FMOE_RETURN_IF_ERROR(ValidateCpuModel(c.cpu));
   if (c.hybrid && !c.cpu.enabled()) {
     return InvalidArgument("hybrid execution needs a CPU model (a factor c or measured times)");
+  }
+  if (c.disk.enabled()) {
+    FMOE_RETURN_IF_ERROR(ValidateDiskModel(c.disk));
+    if (c.hybrid) {
+      return InvalidArgument(
+          "the disk tier (host budget) does not model hybrid execution: run one or the other");
+    }
+    if (!(c.time.expert_mb > 0)) return InvalidArgument("the disk tier needs the expert's MB");
   }
   const bool fmoe = UsesMapService(c.policy);
   const bool oracle = c.policy == "oracle";

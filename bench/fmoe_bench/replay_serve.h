@@ -16,6 +16,7 @@
 #include "bench/fmoe_bench/replay_hybrid.h"
 #include "bench/fmoe_bench/replay_time.h"
 #include "bench/fmoe_bench/replay_workload.h"
+#include "bench/fmoe_bench/sim_tier.h"
 #include "common/status.h"
 #include "map_service/map_store.h"
 
@@ -98,6 +99,11 @@ struct ServeConfig {
   // overlapped with the layer's compute (conservative). Default: off
   bool hybrid = false;
   CpuModel cpu;  // Required (enabled) when hybrid.
+  // The disk tier (sim_tier.h): with disk.host_budget > 0 the experts live on a simulated disk
+  // behind a host cache of that fraction of them (SimTieredLink, the cache tiered), read at
+  // disk.gbps + disk.latency_us per expert of time.expert_mb; 0: every expert in host memory
+  // (the link alone). Not with hybrid. Default: off
+  DiskModel disk;
   // oracle: it knows the accesses to come, but batches depend on timing, which depends on the
   // oracle. It runs told the schedule of a run without stalls, then of its own previous run,
   // until the two agree; after this many runs, once more keeping to the last schedule (a batch
@@ -139,6 +145,14 @@ struct PhaseFigures {
   uint64_t cpu_experts = 0;  // Missing experts computed on the CPU (also counted in misses).
   double cpu_ns = 0;         // The CPU's time on them.
   double cpu_stall_ns = 0;   // The part of stall_ns spent waiting for the CPU after the link.
+  // Disk tier (ServeConfig::disk): loads handed to it and those whose expert was in host memory
+  // (no read waited for); expert reads from disk (hinted ones included) and their bytes (of
+  // time.expert_mb); the part of stall_ns with a needed expert still being read
+  // (SimTierStats::disk_stall_ns: before its copy could start). Zero without the tier.
+  uint64_t host_loads = 0, host_hits = 0;
+  uint64_t disk_reads = 0;
+  double disk_bytes = 0;
+  double disk_stall_ns = 0;
 
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0; }
   double precision() const {
@@ -148,6 +162,7 @@ struct PhaseFigures {
     const uint64_t needed = prefetches_used + on_demand_loads;
     return needed ? double(prefetches_used) / double(needed) : 0;
   }
+  double host_hit_rate() const { return host_loads ? double(host_hits) / double(host_loads) : 0; }
 };
 
 struct ServeResult {

@@ -163,6 +163,10 @@ int RunServingReplay(const ReplayOptions& o) {
   if (o.hybrid != "off") {
     std::printf("CPU path (runs labelled +cpu): %s\n", o.cpu.Describe(o.time.LoadNs()).c_str());
   }
+  if (o.disk.enabled()) {
+    std::printf("disk tier (simulated): %s\n",
+                o.disk.Describe(h.num_layers * h.num_experts, o.time.expert_mb * 1e6).c_str());
+  }
   std::fflush(stdout);
 
   // Configurations: budgets at the main distance, distances at the main budget.
@@ -199,6 +203,7 @@ int RunServingReplay(const ReplayOptions& o) {
               c.time = o.time;
               c.store_capacity = o.store_capacity;
               c.max_inflight_prefetches = o.inflight;
+              c.disk = o.disk;
               if (UsesMapService(p) && !c.online) warm[d] = nullptr;
               jobs.push_back(std::move(job));
             }
@@ -229,7 +234,7 @@ int RunServingReplay(const ReplayOptions& o) {
 
   // Tables, one per (mode, batch, budget, d), and the CSV.
   std::ostringstream csv;
-  csv << ServeCsvHeader() << '\n';
+  csv << ServeCsvHeader(o.disk.enabled()) << '\n';
   bool failed = false;
   using Key = std::tuple<std::string, uint32_t, double, uint32_t, uint32_t>;
   std::map<Key, std::vector<std::pair<std::string, ServeSummary>>> groups;

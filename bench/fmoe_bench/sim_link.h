@@ -37,6 +37,10 @@ class SimLink final : public TransferEngine {
   // is on the link (one that finished by now included: poll first). The replay's CPU path asks
   // it of a missing expert's host copy.
   int64_t RemainingNs(const void* src);
+  // When the task now on the link finishes if nothing overtakes it; -1 when the link is idle.
+  // Meaningful once the link has been run up to the clock (Poll); the disk tier (sim_tier.h)
+  // orders its own events with the link's by it.
+  int64_t NextEndNs() const { return current_ ? current_since_ + current_->remaining_ns : -1; }
 
  private:
   struct Task {
