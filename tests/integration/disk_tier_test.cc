@@ -20,13 +20,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-double MetricValue(const std::string& text, const std::string& name) {
-  const std::string key = name + "{group=\"g0\"} ";
-  const size_t at = text.find(key);
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + key.size(), text.find('\n', at) - at - key.size()));
-}
-
 // The worker's pid and restarts in the launcher's status file; {-1, -1} when absent.
 std::pair<int, int> Worker(const testing::LaunchedCluster& cluster) {
   const Json state =
@@ -69,12 +62,12 @@ TEST(DiskTier, ServesFromTheCheckpointAndSurvivesAKillWhileReading) {
   EXPECT_TRUE(testing::WaitUntil(
       [&] {
         metrics = testing::HttpCall(http, "GET", "/metrics").body;
-        return MetricValue(metrics, "fmoe_expert_disk_reads_total") >=
+        return testing::GroupMetric(metrics, "fmoe_expert_disk_reads_total") >=
                static_cast<double>(disk_reads);
       },
       10000, 100))
       << metrics;
-  EXPECT_GT(MetricValue(metrics, "fmoe_expert_disk_read_bytes_total"), 0.0) << metrics;
+  EXPECT_GT(testing::GroupMetric(metrics, "fmoe_expert_disk_read_bytes_total"), 0.0) << metrics;
 
   // SIGKILL the worker while it serves (and so reads): the launcher restarts it, and it serves
   // the same tokens from the same files.
@@ -89,7 +82,8 @@ TEST(DiskTier, ServesFromTheCheckpointAndSurvivesAKillWhileReading) {
   testing::WaitUntil(
       [&] {
         const std::string m = testing::HttpCall(http, "GET", "/metrics").body;
-        return MetricValue(m, "fmoe_expert_disk_reads_total") > static_cast<double>(disk_reads);
+        return testing::GroupMetric(m, "fmoe_expert_disk_reads_total") >
+               static_cast<double>(disk_reads);
       },
       20000, 20);
   ASSERT_EQ(kill(pid, SIGKILL), 0);

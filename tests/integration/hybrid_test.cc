@@ -15,14 +15,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-// The value of `name{group="g0"}` in Prometheus text; -1 when absent.
-double MetricValue(const std::string& text, const std::string& name) {
-  const std::string key = name + "{group=\"g0\"} ";
-  const size_t at = text.find(key);
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + key.size(), text.find('\n', at) - at - key.size()));
-}
-
 TEST(Hybrid, UsageAndMetricsCarryTheHostRuns) {
   testing::LaunchedCluster cluster("fmoe-hybrid");
   const int http = testing::FreeTcpPort();
@@ -55,13 +47,13 @@ TEST(Hybrid, UsageAndMetricsCarryTheHostRuns) {
   EXPECT_TRUE(testing::WaitUntil(
       [&] {
         metrics = testing::HttpCall(http, "GET", "/metrics").body;
-        return MetricValue(metrics, "fmoe_expert_host_runs_total") >=
+        return testing::GroupMetric(metrics, "fmoe_expert_host_runs_total") >=
                static_cast<double>(host_runs);
       },
       10000, 100))
       << metrics;
-  EXPECT_GT(MetricValue(metrics, "fmoe_expert_host_seconds_total"), 0.0) << metrics;
-  EXPECT_GE(MetricValue(metrics, "fmoe_expert_not_moved_bytes_total"),
+  EXPECT_GT(testing::GroupMetric(metrics, "fmoe_expert_host_seconds_total"), 0.0) << metrics;
+  EXPECT_GE(testing::GroupMetric(metrics, "fmoe_expert_not_moved_bytes_total"),
             static_cast<double>(not_moved))
       << metrics;
 }

@@ -52,6 +52,13 @@ size_t CountEvents(const std::string& body) {
 
 }  // namespace
 
+double GroupMetric(const std::string& text, const std::string& name, const std::string& group) {
+  const std::string key = name + "{group=\"" + group + "\"} ";
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + key.size(), text.find('\n', at) - at - key.size()));
+}
+
 HttpReply HttpCall(int port, const std::string& method, const std::string& path,
                    const std::string& body, const std::string& auth, const std::string& headers) {
   HttpReply r;

@@ -25,6 +25,9 @@ struct HttpReply {
 HttpReply HttpCall(int port, const std::string& method, const std::string& path,
                    const std::string& body = "", const std::string& auth = "",
                    const std::string& headers = "");
+// The value of `name{group="GROUP"}` in Prometheus text (/metrics); -1 when absent.
+double GroupMetric(const std::string& text, const std::string& name,
+                   const std::string& group = "g0");
 // The data: payloads of an event stream, in order.
 std::vector<std::string> SseEvents(const std::string& sse);
 
