@@ -716,7 +716,15 @@ void ExpertCache::SplitLayer() {
   for (uint32_t key : layer_needed_) {
     const Entry& e = entries_[key];
     if (e.state == Residency::kLoading) ++loading;
-    if (e.state == Residency::kOnHost) missing_.push_back({key, std::max<uint32_t>(e.tokens, 1)});
+    if (e.state != Residency::kOnHost) continue;
+    // Tiered: an expert not in host memory is read from disk whichever way it runs; the read
+    // feeds the link's copy (the tier pipelines them), so it goes to the link, and only experts
+    // already in host memory are candidates for the host.
+    if (options_.tiered && !link_->Staged(key)) {
+      ++loading;
+      continue;
+    }
+    missing_.push_back({key, std::max<uint32_t>(e.tokens, 1)});
   }
   if (missing_.empty()) return;
   // The layer's loads already on the link go first.

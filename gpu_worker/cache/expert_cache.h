@@ -16,7 +16,8 @@
 //     copy stream waits for that event before overwriting; cpu: compute is synchronous).
 // Hybrid execution (options.hybrid): BeginLayer sends each of the running layer's experts that is
 // ON_HOST either to the link (LOADING, as above) or to the host (hybrid_split.h), whichever
-// finishes the layer sooner; a host run stays ON_HOST, takes no slot and is handed out by Next
+// finishes the layer sooner (tiered: only experts whose bytes are in host memory, Staged, may go
+// to the host); a host run stays ON_HOST, takes no slot and is handed out by Next
 // with on_host set; its time comes back through RecordHostRun. After the layer, a host-run expert
 // the policy values above the expert it would evict is loaded as a prefetch when the link has
 // spare time (options.admit_host_runs).

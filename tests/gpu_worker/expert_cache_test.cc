@@ -603,6 +603,26 @@ TEST(ExpertCache, TieredLoadsByKeyCountDiskReadsHintAndFailOnlyTheirLayer) {
   EXPECT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
 }
 
+// Tiered hybrid: only an expert already in host memory may run on the host; one still on disk
+// is read and loaded whichever way, so it goes to the link.
+TEST(ExpertCache, TieredHybridRunsOnlyStagedExpertsOnTheHost) {
+  Fixture f("lru", 2, 0, 1, /*preload=*/false, 2, /*hybrid=*/true, false, /*tiered=*/true);
+  for (uint32_t k = 0; k < kLayers * kExperts; ++k) f.link.on_disk.insert(k);
+  for (uint32_t k : {1u, 2u, 3u, 9u, 10u, 11u}) f.link.on_disk.erase(k);  // Staged.
+  SequenceInfo s{7, 3, 1};
+  f.cache->BeginIteration({&s, 1});
+  std::set<uint32_t> ran;
+  // A host far faster than the link: the split sends every candidate to the host.
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    for (uint32_t e : f.RunHybridLayer(layer, {0, 1, 2, 3, 4, 5}, 1))
+      ran.insert(layer * kExperts + e);
+  }
+  EXPECT_FALSE(ran.empty());
+  for (uint32_t key : ran) EXPECT_EQ(f.link.on_disk.count(key), 0u) << "key " << key;
+  f.cache->EndIteration();
+  EXPECT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+}
+
 TEST(ExpertCache, DirectivesForAnotherRanksExpertsAreIgnored) {
   // Rank 1 of 2 owns keys 1, 3, 5, ...: in layer 1 (keys 8..15) experts 1, 3, 5, 7.
   Fixture f("fmoe", 4, /*rank=*/1, /*world=*/2);
