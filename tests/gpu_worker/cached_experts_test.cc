@@ -538,6 +538,25 @@ TEST(HostTierExperts, DiskReadsReachTheTokenEvents) {
   EXPECT_LE(st.total.disk_stall_ns, st.total.stall_ns);
 }
 
+// host_cache_gb: auto: every expert when they fit in the available memory less the reserve
+// (the tiny model's 64 do here), else what fits, at least one.
+TEST(HostTierExperts, AnAutoHostCacheTakesWhatTheAvailableMemoryHolds) {
+  Loaded& m = SharedBf16(true);
+  CachedExpertsOptions o;
+  o.policy = "lru";
+  o.top_k = m.info.top_k;
+  o.cache_fraction = 0.25;
+  o.host_cache_auto = true;
+  auto all = CachedExperts::Create(CloneExpertTable(m.table), o);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ((*all)->host_tier_stats()->slots, 64u);
+  o.host_reserve_bytes = uint64_t{1} << 62;  // More than any host has: one slot still.
+  auto one = CachedExperts::Create(CloneExpertTable(m.table), o);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ((*one)->host_tier_stats()->slots, 1u);
+  EXPECT_EQ(testing::RunPrompts(m, **one, nullptr, {}), Bf16Reference());
+}
+
 TEST(HostTierExperts, AHostBudgetWithExpertsInMemoryIsRefused) {
   CachedExpertsOptions o;
   o.policy = "lru";
