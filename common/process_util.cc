@@ -139,4 +139,15 @@ std::string ExecutableDir() {
   return exe.parent_path().string();
 }
 
+Result<uint64_t> HostAvailableBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return Unavailable("/proc/meminfo has no MemAvailable line");
+}
+
 }  // namespace fmoe

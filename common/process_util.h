@@ -58,4 +58,8 @@ uint64_t RandomId();
 // Directory of the running executable (/proc/self/exe), for finding sibling binaries.
 std::string ExecutableDir();
 
+// The host's available memory in bytes (/proc/meminfo MemAvailable). kUnavailable when it cannot
+// be read.
+Result<uint64_t> HostAvailableBytes();
+
 }  // namespace fmoe

@@ -1,4 +1,5 @@
 #include "gpu_worker/experts/cached_experts.h"
+#include "common/process_util.h"
 #include "gpu_worker/cache/policies/policy_factory.h"
 #include "gpu_worker/cache/store/tiered_link.h"
 
@@ -7,7 +8,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -359,22 +359,6 @@ std::optional<HostTierStats> CachedExperts::host_tier_stats() const {
   return tier_->stats();
 }
 
-namespace {
-
-// /proc/meminfo's MemAvailable in bytes; 0 when it cannot be read.
-uint64_t MemAvailable() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  uint64_t value = 0;
-  while (in >> key >> value) {
-    std::getline(in, unit);
-    if (key == "MemAvailable:") return value * 1024;
-  }
-  return 0;
-}
-
-}  // namespace
-
 Result<std::vector<const void*>> CachedExperts::MakeHostTier(const ExpertTable& experts,
                                                              const CachedExpertsOptions& options,
                                                              uint32_t owned) {
@@ -384,7 +368,8 @@ Result<std::vector<const void*>> CachedExperts::MakeHostTier(const ExpertTable& 
   uint32_t slots = owned;
   std::string budget = "every expert";
   if (options.host_cache_auto) {
-    const uint64_t available = MemAvailable();
+    const Result<uint64_t> memory = HostAvailableBytes();
+    const uint64_t available = memory.ok() ? *memory : 0;
     const uint64_t usable =
         available > options.host_reserve_bytes ? available - options.host_reserve_bytes : 0;
     slots = static_cast<uint32_t>(

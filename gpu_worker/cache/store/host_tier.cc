@@ -196,7 +196,6 @@ void HostTier::Request(uint32_t key, bool urgent) {
     return;
   }
   ++counters_.misses;
-  e.held = true;
   e.urgent = urgent;
   e.prefetched = false;
   const int32_t slot = TakeSlot(nullptr);

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <new>
 #include <string>
@@ -19,6 +18,7 @@
 #include <sys/prctl.h>
 #endif
 
+#include "common/process_util.h"
 #include "gpu_worker/cache/transfer/transfer_engine.h"
 #include "gpu_worker/cache/transfer/transfer_queue.h"
 
@@ -41,18 +41,6 @@ void WaitUntil(int64_t deadline_ns) {
     if (left <= 0) return;
     if (left > kSpinNs) std::this_thread::sleep_for(std::chrono::nanoseconds(left - kSpinNs));
   }
-}
-
-// /proc/meminfo's MemAvailable, in bytes.
-Result<uint64_t> HostAvailableBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit) {
-    if (key == "MemAvailable:") return kb * 1024;
-  }
-  return Unavailable("link: /proc/meminfo has no MemAvailable line");
 }
 
 class EmulatedLink final : public TransferEngine {
