@@ -68,15 +68,17 @@ int main(int argc, char** argv) {
   w.wv = at::randn({kv_heads * head_dim, hidden}) * scale;
   w.wo = at::randn({hidden, heads * head_dim}) * scale;
   at::Tensor hn = at::randn({tokens, hidden});
-  at::Tensor k_cache = at::zeros({kv_heads, tokens, head_dim});
-  at::Tensor v_cache = at::zeros({kv_heads, tokens, head_dim});
+  // The paged pool's layout ([rows, KV, hd]), the sequence's positions in rows 0..tokens-1.
+  at::Tensor k_pool = at::zeros({tokens, kv_heads, head_dim});
+  at::Tensor v_pool = at::zeros({tokens, kv_heads, head_dim});
+  at::Tensor slots = at::arange(tokens, at::kLong);
   fmoe::RotaryTables rope;
   at::Tensor freqs =
       at::outer(at::arange(tokens, at::kLong).to(at::kFloat), fmoe::RotaryInverseFrequencies(info));
   at::Tensor emb = at::cat({freqs, freqs}, -1);
   rope.cos = emb.cos();
   rope.sin = emb.sin();
-  const std::vector<fmoe::AttentionSpan> spans = {{0, tokens, 0, &k_cache, &v_cache}};
+  const std::vector<fmoe::AttentionSpan> spans = {{0, tokens, 0, &k_pool, &v_pool, slots, 0}};
 
   const uint64_t rss_before = ProcStatusBytes("VmRSS");
   const auto start = std::chrono::steady_clock::now();

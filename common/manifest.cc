@@ -41,6 +41,8 @@ constexpr std::string_view kGroupKeys[] = {"name",
                                            "max_batch",
                                            "max_batched_tokens",
                                            "queue_limit",
+                                           "kv_cache_tokens",
+                                           "prefix_caching",
                                            "expert_cache_gb",
                                            "expert_cache_fraction",
                                            "memory_utilization",
@@ -686,6 +688,10 @@ Status ParseGroup(const Field& field, size_t index, const std::string& base_dir,
                                   "no budget");
   }
   FMOE_RETURN_IF_ERROR(ReadInt(section.Get("queue_limit"), 1, 100000, &group->queue_limit));
+  if (const Field kv = section.Get("kv_cache_tokens"); kv.present) {
+    FMOE_RETURN_IF_ERROR(ReadInt(kv, 16, int64_t{1} << 32, &group->kv_cache_tokens));
+  }
+  FMOE_RETURN_IF_ERROR(ReadBool(section.Get("prefix_caching"), &group->prefix_caching));
   const Field gb = section.Get("expert_cache_gb");
   const Field fraction = section.Get("expert_cache_fraction");
   if (gb.present && fraction.present) {
@@ -1069,6 +1075,8 @@ std::string DescribeManifest(const Manifest& m) {
     EmitValue(out, "max_batch", g.max_batch);
     EmitValue(out, "max_batched_tokens", g.max_batched_tokens);
     EmitValue(out, "queue_limit", g.queue_limit);
+    if (g.kv_cache_tokens > 0) EmitValue(out, "kv_cache_tokens", g.kv_cache_tokens);
+    EmitValue(out, "prefix_caching", g.prefix_caching);
     if (g.expert_cache_auto) {
       EmitValue(out, "expert_cache_gb", std::string("auto"));
       EmitDouble(out, "memory_utilization", g.memory_utilization);

@@ -80,6 +80,13 @@ struct WorkerGroupSpec {
   // of 512 and max_batch
   int max_batched_tokens = 512;
   int queue_limit = 64;  // Router admission queue for this group, 1..100000. Default: 64
+  // Positions each rank's paged KV pool holds (common/model/model_config.h KvPoolTokens), 16..
+  // 2^32; the router refuses a request whose prompt plus max_tokens exceed it. 0 = the
+  // default: max(context, max_batch x min(context, 32768)). Default: 0
+  int64_t kv_cache_tokens = 0;
+  // Full KV blocks are shared by later requests that begin with the same tokens (groups of one
+  // rank; models without sliding-window layers). Default: true
+  bool prefix_caching = true;
   // Expert cache budget per rank: at most one of the two. Default: fraction 1.0 (all resident).
   // `expert_cache_gb: auto` (expert_cache_auto): each rank sizes its cache once its dense weights
   // are loaded, to memory_utilization x the free device memory (cpu: the host's available

@@ -59,21 +59,10 @@ std::string CacheDescription(const CachedExpertsOptions& c) {
 
 }  // namespace
 
-uint64_t KvReserveBytes(const ModelInfo& info, uint32_t max_batch, const std::string& dtype) {
+uint64_t KvReserveBytes(const ModelInfo& info, uint64_t pool_tokens, const std::string& dtype) {
   const uint32_t width = dtype == "float32" ? 4 : 2;
-  const uint64_t context = info.max_position_embeddings > 0 ? info.max_position_embeddings : 4096;
-  const uint64_t layers = std::max<uint32_t>(info.num_hidden_layers, 1);
-  const uint64_t per_layer_token = KvBytesPerToken(info, width) / layers;
-  uint64_t per_sequence = 0;
-  for (uint64_t l = 0; l < layers; ++l) {
-    const bool sliding =
-        !info.mla && info.sliding_window.value_or(0) > 0 &&
-        (info.sliding_layers.empty() || (l < info.sliding_layers.size() && info.sliding_layers[l]));
-    const uint64_t positions =
-        sliding ? std::min<uint64_t>(context, 2ull * *info.sliding_window) : context;
-    per_sequence += positions * per_layer_token;
-  }
-  return uint64_t{max_batch} * per_sequence;
+  // Each layer group of the pool (kv_pool.h) has pool_tokens positions, sliding layers' too.
+  return pool_tokens * KvBytesPerToken(info, width);
 }
 
 Result<std::string> ResolveDtype(std::string_view requested, const ModelInfo& info, bool cuda,
@@ -157,7 +146,7 @@ Status Rank::Build(RankStage* stage) {
     cache.rank = o.rank;
     cache.world_size = o.world_size;
     cache.cuda_index = device_.cuda_index;
-    if (cache.cache_auto) cache.reserve_bytes = KvReserveBytes(info_, o.max_batch, dtype_);
+    if (cache.cache_auto) cache.reserve_bytes = KvReserveBytes(info_, kv_pool_tokens_, dtype_);
     FMOE_ASSIGN_OR_RETURN(cached_, CachedExperts::Create(std::move(table), cache));
     source_ = cached_.get();
   }
@@ -250,6 +239,18 @@ Status Rank::LoadWeights(ExpertTable* table) {
   };
   FMOE_ASSIGN_OR_RETURN(model_, MoeModel::Load(info_, r, progress, table));
   spdlog::info("model loaded in {:.2f} s (dtype {})", SecondsSince(t0), dtype_);
+  // The paged KV pool; prefix caching needs every rank to share the same blocks, so only a
+  // group of one rank has it.
+  kv_pool_tokens_ = KvPoolTokens(info_, options_.max_batch, options_.kv_cache_tokens);
+  KvPoolOptions kv;
+  kv.tokens = kv_pool_tokens_;
+  kv.prefix_caching = options_.prefix_caching && options_.world_size == 1;
+  model_->ConfigureKv(kv);
+  const KvPoolFigures f = model_->kv_figures();
+  spdlog::info("KV pool: {} positions in blocks of {} ({:.1f} MB, {} B per position){}",
+               kv_pool_tokens_, kKvBlockTokens, static_cast<double>(f.bytes) / 1e6,
+               f.bytes_per_token,
+               kv.prefix_caching && model_->kv_figures().fixed ? ", prefix caching" : "");
   return Status::Ok();
 }
 

@@ -94,6 +94,10 @@ struct RankOptions {
   uint32_t max_batch = 8;  // Requests per iteration. Default: 8
   // Tokens per engine step (EngineOptions::max_batched_tokens); 0 = whole prompts. Default: 0
   uint32_t max_batched_tokens = 0;
+  // Positions of the paged KV pool (model_config.h KvPoolTokens); 0 = its default. Default: 0
+  uint64_t kv_cache_tokens = 0;
+  // Prefix caching over the pool (a group of one rank only). Default: on
+  bool prefix_caching = true;
   // The model's eos ids (config.json, else the tokenizer's) end requests; off, requests run to
   // max_tokens (the benchmarks). Default: on
   bool stop_at_eos = true;
@@ -107,11 +111,10 @@ struct RankOptions {
 // checkpoint's torch_dtype when the device is cuda and that is bfloat16 or float16, else float32
 // (so cpu stays float32, unless the experts are left on disk: below). kInvalidArgument naming
 // the accepted values otherwise.
-// The KV cache memory `expert_cache_gb: auto` keeps free: max_batch sequences at the model's
-// full context (max_position_embeddings, 4096 when unset), at the bytes the runtime's KV cache
-// holds per token (model_config.h KvBytesPerToken: MLA's latents, not per-head keys); a
-// sliding-window layer holds at most twice its window.
-uint64_t KvReserveBytes(const ModelInfo& info, uint32_t max_batch, const std::string& dtype);
+// The KV cache memory `expert_cache_gb: auto` keeps free: the paged pool's positions
+// (model_config.h KvPoolTokens) at the bytes the runtime's KV cache holds per token
+// (KvBytesPerToken: MLA's latents, not per-head keys), in every layer, sliding ones included.
+uint64_t KvReserveBytes(const ModelInfo& info, uint64_t pool_tokens, const std::string& dtype);
 
 // With `experts_on_disk` (the host tier reads experts as stored) and a float checkpoint, auto is
 // its torch_dtype on any device.
@@ -182,6 +185,7 @@ class Rank {
   ModelInfo info_;
   DeviceInfo device_;
   std::string dtype_;
+  uint64_t kv_pool_tokens_ = 0;  // The paged KV pool's positions.
   // Destroyed in reverse: the compute first, then what it uses.
   std::unique_ptr<TraceRecorder> recorder_;
   std::unique_ptr<Tokenizer> tokenizer_;

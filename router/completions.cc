@@ -90,8 +90,9 @@ struct Choice {
   uint32_t tokens = 0;
   uint64_t hits = 0, misses = 0, bytes = 0;
   uint64_t host_runs = 0, host_us = 0, bytes_not_moved = 0;  // Hybrid execution.
-  uint64_t disk_reads = 0;                                    // The host tier.
-  std::string out;                                           // Whole answers: the text so far.
+  uint64_t disk_reads = 0;                                   // The host tier.
+  uint32_t cached_tokens = 0;       // Prompt tokens the worker found in its prefix cache.
+  std::string out;                  // Whole answers: the text so far.
   std::vector<TokenLogprob> probs;  // Not yet sent (streams) or all (whole answers).
   size_t text_chars = 0;            // Code points of the logprob tokens so far (text_offset).
   size_t prompt_chars = 0;          // The same over the prompt's tokens (echo with logprobs).
@@ -288,6 +289,7 @@ class CompletionState {
     c.host_us = std::max(c.host_us, ev.expert_host_us);
     c.bytes_not_moved = std::max(c.bytes_not_moved, ev.bytes_not_moved);
     c.disk_reads = std::max(c.disk_reads, ev.expert_disk_reads);
+    c.cached_tokens = std::max(c.cached_tokens, ev.cached_tokens);
     const bool ends_well = ev.finish == FinishReason::kStop || ev.finish == FinishReason::kLength;
     if (prompt_logprobs_ && !c.echo_sent && (ev.token_id >= 0 || ends_well)) {
       if (!TakePromptLogprobs(c, ev)) {
@@ -416,6 +418,18 @@ class CompletionState {
     metrics_->CountGeneration(ttft, tpot, c.tokens);
   }
 
+  // Prompt tokens served from the workers' prefix caches: per prompt the most any of its
+  // choices found, never more than the prompts hold.
+  uint32_t CachedTokens() const {
+    std::map<size_t, uint32_t> per_prompt;
+    for (const auto& c : choices_) {
+      per_prompt[c->prompt] = std::max(per_prompt[c->prompt], c->cached_tokens);
+    }
+    uint64_t cached = 0;
+    for (const auto& [prompt, n] : per_prompt) cached += n;
+    return static_cast<uint32_t>(std::min<uint64_t>(cached, prompt_tokens_));
+  }
+
   Json Usage() const {
     uint64_t hits = 0, misses = 0, bytes = 0, host_runs = 0, host_us = 0, bytes_not_moved = 0,
              disk_reads = 0;
@@ -434,6 +448,7 @@ class CompletionState {
     return {{"prompt_tokens", prompt_tokens_},
             {"completion_tokens", completion},
             {"total_tokens", prompt_tokens_ + completion},
+            {"prompt_tokens_details", {{"cached_tokens", CachedTokens()}}},
             {"fmoe_experts",
              {{"hits", hits},
               {"misses", misses},
@@ -764,7 +779,7 @@ class CompletionState {
               {"metadata", Json::object()},
               {"usage",
                {{"input_tokens", prompt_tokens_},
-                {"input_tokens_details", {{"cached_tokens", 0}}},
+                {"input_tokens_details", {{"cached_tokens", CachedTokens()}}},
                 {"output_tokens", completion},
                 {"output_tokens_details", {{"reasoning_tokens", 0}}},
                 {"total_tokens", prompt_tokens_ + completion}}}};
@@ -958,15 +973,17 @@ class CompletionState {
                          {"input", input.is_object() ? input : Json::object()}});
     }
     HttpResponse res;
-    res.body =
-        JsonText({{"id", id_},
-                  {"type", "message"},
-                  {"role", "assistant"},
-                  {"model", model},
-                  {"content", std::move(content)},
-                  {"stop_reason", stop_reason},
-                  {"stop_sequence", stop_sequence},
-                  {"usage", {{"input_tokens", prompt_tokens_}, {"output_tokens", completion}}}});
+    res.body = JsonText({{"id", id_},
+                         {"type", "message"},
+                         {"role", "assistant"},
+                         {"model", model},
+                         {"content", std::move(content)},
+                         {"stop_reason", stop_reason},
+                         {"stop_sequence", stop_sequence},
+                         {"usage",
+                          {{"input_tokens", prompt_tokens_},
+                           {"output_tokens", completion},
+                           {"cache_read_input_tokens", CachedTokens()}}}});
     Count(200);
     responder->Respond(std::move(res));
   }

@@ -21,6 +21,28 @@
 #include "router/http_server.h"
 #include "router/worker_link.h"
 
+namespace {
+
+// The longest prompt plus max_tokens the router admits: the model's context, or less where a
+// group's KV pool holds fewer positions (a request must fit the pool even alone).
+uint32_t RouterContextLength(const fmoe::ModelInfo& model, const fmoe::Manifest& manifest) {
+  uint64_t context = model.max_position_embeddings > 0 ? model.max_position_embeddings : 4096;
+  for (const fmoe::WorkerGroupSpec& g : manifest.worker_groups) {
+    const uint64_t pool = fmoe::KvPoolTokens(model, static_cast<uint32_t>(g.max_batch),
+                                             static_cast<uint64_t>(g.kv_cache_tokens));
+    if (pool < context) {
+      spdlog::info(
+          "group {}: its KV pool's {} positions limit prompt plus max_tokens (the "
+          "model's context is {})",
+          g.name, pool, context);
+      context = pool;
+    }
+  }
+  return static_cast<uint32_t>(context);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace fmoe;
   CLI::App app{"fmoe-router: OpenAI-compatible HTTP front end of an fmoe cluster"};
@@ -93,7 +115,7 @@ int main(int argc, char** argv) {
   }
   CompletionsOptions completions_options;
   completions_options.model_name = manifest.model.name;
-  completions_options.context_length = model->max_position_embeddings;
+  completions_options.context_length = RouterContextLength(*model, manifest);
   completions_options.request_timeout_ms =
       static_cast<int64_t>(manifest.router.request_timeout_s * 1000.0);
   // The model's chat template, compiled once; a template this router cannot compile leaves

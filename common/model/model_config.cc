@@ -277,6 +277,15 @@ uint64_t KvBytesPerToken(const ModelInfo& info, uint32_t bytes_per_value) {
   return per_layer * info.num_hidden_layers * bytes_per_value;
 }
 
+uint64_t KvPoolTokens(const ModelInfo& info, uint32_t max_batch, uint64_t requested) {
+  constexpr uint64_t kBlock = 16;
+  if (requested > 0) return (requested + kBlock - 1) / kBlock * kBlock;
+  const uint64_t context = info.max_position_embeddings > 0 ? info.max_position_embeddings : 4096;
+  const uint64_t tokens = std::max<uint64_t>(
+      context, uint64_t{std::max<uint32_t>(max_batch, 1)} * std::min<uint64_t>(context, 32768));
+  return (tokens + kBlock - 1) / kBlock * kBlock;
+}
+
 uint64_t ExpandedKvBytesPerToken(const ModelInfo& info, uint32_t bytes_per_value) {
   if (!info.mla) return KvBytesPerToken(info, bytes_per_value);
   const MlaSpec& m = *info.mla;

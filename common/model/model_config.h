@@ -159,6 +159,11 @@ uint64_t SharedExpertParams(const ModelInfo& info);
 // KV cache bytes one token takes over every layer at `bytes_per_value` per element: MLA keeps
 // kv_lora_rank + qk_rope_head_dim values per layer; grouped-query attention 2 x KV x head_dim.
 uint64_t KvBytesPerToken(const ModelInfo& info, uint32_t bytes_per_value);
+// Positions a rank's paged KV pool holds (DESIGN section 14): `requested` rounded up to whole
+// 16-position blocks, or when 0, max(context, max_batch x min(context, 32768)), context being
+// max_position_embeddings (4096 when unset): one sequence can always reach the whole context.
+// The router takes the smallest group's as the longest prompt plus max_tokens it admits.
+uint64_t KvPoolTokens(const ModelInfo& info, uint32_t max_batch, uint64_t requested);
 // The same for MLA's keys and values expanded per head (a plain cache of the same model:
 // H x (qk_nope + qk_rope + v_head_dim) per layer); equal to KvBytesPerToken without MLA.
 uint64_t ExpandedKvBytesPerToken(const ModelInfo& info, uint32_t bytes_per_value);

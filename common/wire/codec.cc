@@ -216,6 +216,7 @@ flatbuffers::Offset<fb::TokenEvent> Build(Builder& fbb, const TokenEvent& m) {
   b.add_expert_host_us(m.expert_host_us);
   b.add_bytes_not_moved(m.bytes_not_moved);
   b.add_expert_disk_reads(m.expert_disk_reads);
+  b.add_cached_tokens(m.cached_tokens);
   b.add_logprob(m.logprob);
   b.add_top_logprob_ids(top_ids);
   b.add_top_logprob_values(top_values);
@@ -654,6 +655,7 @@ bool Read(const fb::TokenEvent& t, const Checker& c, TokenEvent* m) {
   m->expert_host_us = t.expert_host_us();
   m->bytes_not_moved = t.bytes_not_moved();
   m->expert_disk_reads = t.expert_disk_reads();
+  m->cached_tokens = t.cached_tokens();
   m->logprob = t.logprob();
   m->stop_token = t.stop_token();
   if (m->stop_token && (m->token_id < 0 || m->finish != FinishReason::kStop)) {

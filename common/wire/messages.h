@@ -129,6 +129,7 @@ struct TokenEvent {
   uint64_t expert_host_us = 0;
   uint64_t bytes_not_moved = 0;
   uint64_t expert_disk_reads = 0;  // Host tier: its misses read from disk first.
+  uint32_t cached_tokens = 0;      // Prompt tokens found in the prefix cache (first event only).
   // With sampling.logprobs >= 0, on events that carry a token: the token's log-probability and
   // the top sampling.logprobs (id, log-probability), likeliest first.
   float logprob = 0.0f;

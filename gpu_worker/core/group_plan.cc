@@ -63,7 +63,7 @@ std::vector<uint8_t> EncodePlan(const IterationPlan& plan) {
   for (const PlannedSequence& s : plan.sequences) {
     w.Put<uint64_t>(s.request_id);
     w.Put<uint32_t>(s.iteration);
-    w.Put<uint8_t>(s.prefill ? 1 : 0);
+    w.Put<uint8_t>(static_cast<uint8_t>((s.prefill ? 1 : 0) | (s.restart ? 2 : 0)));
     w.Put<uint32_t>(static_cast<uint32_t>(s.tokens.size()));
     w.PutBytes(s.tokens.data(), s.tokens.size() * sizeof(int32_t));
   }
@@ -115,8 +115,12 @@ Result<IterationPlan> DecodePlan(std::span<const uint8_t> bytes, const PlanLimit
     if (!r.Get(&s.request_id) || !r.Get(&s.iteration) || !r.Get(&flags) || !r.Get(&n_tokens)) {
       return Bad(which + ": truncated");
     }
-    if (flags > 1) return Bad(which + ": unknown flags " + std::to_string(flags));
-    s.prefill = flags == 1;
+    if (flags > 3) return Bad(which + ": unknown flags " + std::to_string(flags));
+    s.prefill = (flags & 1) != 0;
+    s.restart = (flags & 2) != 0;
+    if (s.restart && !s.prefill) {
+      return Bad(which + " (req=" + std::to_string(s.request_id) + ") restarts with a decode step");
+    }
     if (s.iteration == 0 && !s.prefill) {
       return Bad(which + " (req=" + std::to_string(s.request_id) +
                  ") starts with a decode step, not its prompt");
@@ -157,10 +161,10 @@ std::vector<int64_t> PackFigures(std::span<const RequestUsage> usage, const Expe
   std::vector<int64_t> out;
   out.reserve(usage.size() * kUsageCounters + 12);
   for (const RequestUsage& u : usage) {
-    out.insert(out.end(), {static_cast<int64_t>(u.hits), static_cast<int64_t>(u.misses),
-                           static_cast<int64_t>(u.bytes_moved), static_cast<int64_t>(u.host_runs),
-                           u.host_ns, static_cast<int64_t>(u.bytes_not_moved),
-                           static_cast<int64_t>(u.disk_reads)});
+    out.insert(out.end(),
+               {static_cast<int64_t>(u.hits), static_cast<int64_t>(u.misses),
+                static_cast<int64_t>(u.bytes_moved), static_cast<int64_t>(u.host_runs), u.host_ns,
+                static_cast<int64_t>(u.bytes_not_moved), static_cast<int64_t>(u.disk_reads)});
   }
   out.insert(
       out.end(),
@@ -178,12 +182,12 @@ void UnpackFigures(std::span<const int64_t> counters, std::span<RequestUsage> us
   auto u64 = [&](size_t i) { return i < counters.size() ? static_cast<uint64_t>(counters[i]) : 0; };
   for (size_t i = 0; i < usage.size(); ++i) {
     const size_t u = kUsageCounters * i;
-    usage[i] = {u64(u),    u64(u + 1), u64(u + 2), u64(u + 3), static_cast<int64_t>(u64(u + 4)),
+    usage[i] = {u64(u),     u64(u + 1), u64(u + 2), u64(u + 3), static_cast<int64_t>(u64(u + 4)),
                 u64(u + 5), u64(u + 6)};
   }
   const size_t t = kUsageCounters * usage.size();
-  *totals = {u64(t),     u64(t + 1), u64(t + 2), u64(t + 3), u64(t + 4),
-             u64(t + 5), u64(t + 6), u64(t + 7), u64(t + 8), u64(t + 9), u64(t + 10), u64(t + 11)};
+  *totals = {u64(t),     u64(t + 1), u64(t + 2), u64(t + 3), u64(t + 4),  u64(t + 5),
+             u64(t + 6), u64(t + 7), u64(t + 8), u64(t + 9), u64(t + 10), u64(t + 11)};
 }
 
 }  // namespace fmoe

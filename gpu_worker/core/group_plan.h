@@ -6,8 +6,8 @@
 //
 // Layout (little-endian): magic "FMPL", version u16, kind u16, step u64, ended count u32,
 // sequence count u32, ended ids u64[], then per sequence: request id u64, iteration u32, flags u8
-// (bit 0: prefill), token count u32, tokens i32[]. DecodePlan checks every count against the bytes
-// that are there and against the limits given, and names what is wrong.
+// (bit 0: prefill, bit 1: restart), token count u32, tokens i32[]. DecodePlan checks every count
+// against the bytes that are there and against the limits given, and names what is wrong.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +32,9 @@ struct PlannedSequence {
   uint32_t iteration = 0;       // 0: a new request (SequenceInfo::iteration).
   std::vector<int32_t> tokens;  // New tokens.
   bool prefill = false;         // Prompt tokens (a prefill or a chunk of one); else one decode.
+  // Preempted since its last iteration: its KV is emptied and it is prefilled again from
+  // position 0 (with prefill).
+  bool restart = false;
 
   bool operator==(const PlannedSequence&) const = default;
 };

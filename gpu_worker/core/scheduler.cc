@@ -85,15 +85,29 @@ std::vector<ScheduledWork> Scheduler::Schedule() {
     work.push_back({e.id, true, e.prefilled, chunk, false, e.prefilled + chunk == e.prompt});
   }
   while (running_.size() < options_.max_batch && !waiting_.empty()) {
-    const Entry& e = waiting_.front();
+    Entry e = waiting_.front();
+    e.prefilled = 0;
+    if (admit_hook_) e.prefilled = std::min(admit_hook_(e.id, e.prompt), e.prompt - 1);
     const uint32_t chunk = ChunkOf(e, first_prefill, &budget);
     if (chunk == 0) break;
     first_prefill = false;
-    work.push_back({e.id, true, 0, chunk, true, chunk == e.prompt});
+    work.push_back({e.id, true, e.prefilled, chunk, true, e.prefilled + chunk == e.prompt});
     running_.push_back(e);
     waiting_.pop_front();
   }
   return work;
+}
+
+bool Scheduler::Preempt(uint64_t id, uint32_t prompt_tokens) {
+  auto it =
+      std::find_if(running_.begin(), running_.end(), [id](const Entry& e) { return e.id == id; });
+  if (it == running_.end() || prompt_tokens == 0) return false;
+  Entry e = *it;
+  running_.erase(it);
+  e.prompt = prompt_tokens;
+  e.prefilled = 0;
+  waiting_.push_front(e);
+  return true;
 }
 
 void Scheduler::Completed(std::span<const ScheduledWork> work) {

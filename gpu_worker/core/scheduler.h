@@ -14,10 +14,16 @@
 // a running request is in its prompt, so the oldest such request gets a chunk every step and
 // prompts complete in admission order. A prompt that must not be cut (Add's `chunkable` false)
 // runs whole, in a step where it is the first prompt chunk, even beyond B.
+//
+// The paged KV (kv_blocks.h): on admission the admit hook says how many of the prompt's tokens
+// are already in the request's KV (a cached prefix); its prefill starts after them. When the KV
+// pool cannot hold a step's work the engine preempts (Preempt): the request goes back to the
+// front of the waiting queue, to be prefilled again from its first token.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -60,6 +66,15 @@ class Scheduler {
   bool Remove(uint64_t id);
   bool Contains(uint64_t id) const;
   bool IsWaiting(uint64_t id) const;
+  // Called when a request is admitted, with its id and prompt tokens: the tokens at the start
+  // of the prompt already in its KV (a cached prefix; fewer than the prompt). Default: none.
+  void SetAdmitHook(std::function<uint32_t(uint64_t id, uint32_t prompt)> hook) {
+    admit_hook_ = std::move(hook);
+  }
+  // A running request leaves the batch for the front of the waiting queue, its KV gone: it is
+  // prefilled again over `prompt_tokens` (>= 1) tokens when next admitted. false when it is not
+  // running.
+  bool Preempt(uint64_t id, uint32_t prompt_tokens);
 
   // This step's work, decodes first (in admission order), then prompt chunks (in admission
   // order); empty when nothing runs. Admitted requests are running from now on.
@@ -89,6 +104,7 @@ class Scheduler {
   uint32_t ChunkOf(const Entry& e, bool first_prefill, uint64_t* budget) const;
 
   SchedulerOptions options_;
+  std::function<uint32_t(uint64_t, uint32_t)> admit_hook_;
   std::deque<Entry> waiting_;
   std::vector<Entry> running_;  // Admission order.
 };

@@ -33,6 +33,16 @@ struct Engine::Sequence {
   // carries them.
   std::optional<PromptLogprobs> prompt_logprobs;
   RequestUsage group_usage;  // The group's figures for this request (with a group).
+  // After a preemption: the tokens to prefill again (the prompt and the output so far); the
+  // last chunk's sample is the next output token. Empty before any preemption with output.
+  std::vector<int32_t> resume;
+  uint32_t cached_tokens = 0;  // Prompt tokens the first admission found in the prefix cache.
+  bool restart = false;        // Preempted: the next plan restarts it on the other ranks.
+  bool computed = false;       // A Forward ran it since it was (re)admitted.
+
+  std::span<const int32_t> prefill_tokens() const {
+    return resume.empty() ? std::span<const int32_t>(prompt) : std::span<const int32_t>(resume);
+  }
 
   Sequence(Generate& request, std::span<const int32_t> eos_ids)
       : id(request.request_id),
@@ -64,8 +74,66 @@ Engine::Engine(EngineOptions options, MoeModel& model, ExpertSource& experts,
       tokenizer_(tokenizer),
       observer_(observer),
       sink_(std::move(sink)),
-      scheduler_(SchedulerOptions{options_.max_batch, options_.max_batched_tokens,
-                                  options_.max_waiting}) {}
+      scheduler_(
+          SchedulerOptions{options_.max_batch, options_.max_batched_tokens, options_.max_waiting}) {
+  scheduler_.SetAdmitHook([this](uint64_t id, uint32_t) { return OnAdmit(id); });
+}
+
+uint32_t Engine::OnAdmit(uint64_t id) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) return 0;
+  Sequence& seq = *it->second;
+  if (!seq.kv) {
+    try {
+      seq.kv = model_.NewKvCache();
+    } catch (...) {
+      return 0;  // Step fails the request: it has no cache.
+    }
+  }
+  seq.kv->Reset();
+  seq.computed = false;
+  // A request that reports its prompt's logprobs computes every prompt token (as vLLM does).
+  if (seq.sampling.prompt_logprobs && seq.output.empty()) return 0;
+  const auto cached = static_cast<uint32_t>(seq.kv->TakePrefix(seq.prefill_tokens()));
+  if (seq.resume.empty()) seq.cached_tokens = cached;
+  return cached;
+}
+
+void Engine::Preempt(Sequence& seq) {
+  if (!seq.output.empty()) {
+    seq.resume = seq.prompt;
+    seq.resume.insert(seq.resume.end(), seq.output.begin(), seq.output.end());
+  }
+  seq.prompt_logprobs.reset();  // A prefill cut short: recomputed whole.
+  if (seq.kv) seq.kv->Reset();
+  scheduler_.Preempt(seq.id, static_cast<uint32_t>(seq.prefill_tokens().size()));
+  seq.restart = seq.forwarded;
+  if (!seq.computed) {
+    // Admitted this step and sent back before it ran: it only waits longer.
+    spdlog::debug("req={}: waits for KV blocks", seq.id);
+    return;
+  }
+  ++stats_.preemptions;
+  spdlog::info(
+      "req={}: preempted (the KV pool is full; {} of {} blocks used); it resumes with {} "
+      "tokens to prefill",
+      seq.id, model_.kv_figures().used_blocks, model_.kv_figures().total_blocks,
+      seq.prefill_tokens().size());
+}
+
+bool Engine::ReserveKv(const ScheduledWork& w, std::vector<uint64_t>* preempted) {
+  Sequence& seq = *sequences_.at(w.id);
+  while (!seq.kv->Reserve(w.tokens)) {
+    // The newest running request gives its blocks up, this one last.
+    const std::vector<uint64_t> running = scheduler_.RunningIds();
+    if (running.empty()) return false;
+    Sequence& victim = *sequences_.at(running.back());
+    Preempt(victim);
+    preempted->push_back(victim.id);
+    if (victim.id == seq.id) return false;
+  }
+  return true;
+}
 
 Engine::~Engine() = default;
 
@@ -179,8 +247,13 @@ bool Engine::SendPlan(PlanKind kind, std::span<const SequenceInput> inputs) {
   plan.step = plan_step_++;
   plan.ended.swap(ended_);
   for (const SequenceInput& in : inputs) {
-    plan.sequences.push_back(
-        {in.request_id, in.iteration, {in.tokens.begin(), in.tokens.end()}, in.prefill});
+    Sequence& seq = *sequences_.at(in.request_id);
+    plan.sequences.push_back({in.request_id,
+                              in.iteration,
+                              {in.tokens.begin(), in.tokens.end()},
+                              in.prefill,
+                              seq.restart});
+    seq.restart = false;
   }
   std::vector<uint8_t> bytes = EncodePlan(plan);
   last_plan_us_ = SteadyNowUs();
@@ -269,6 +342,14 @@ void Engine::Admit(Generate request, int64_t submitted_us) {
   if (Status s = ValidateSampling(request.sampling, info.vocab_size); !s.ok()) {
     return Fail(request.request_id, req + s.message());
   }
+  if (const uint64_t pool = model_.kv_capacity_tokens();
+      pool > 0 && request.token_ids.size() + uint64_t{request.sampling.max_tokens} > pool) {
+    return Fail(request.request_id,
+                req + "the prompt's " + std::to_string(request.token_ids.size()) +
+                    " tokens plus max_tokens " + std::to_string(request.sampling.max_tokens) +
+                    " exceed the KV pool's " + std::to_string(pool) +
+                    " positions (kv_cache_tokens)");
+  }
   auto seq = std::make_unique<Sequence>(request, options_.eos_token_ids);
   seq->submitted_us = submitted_us;
   if (!seq->sampling.stop.empty()) {
@@ -319,6 +400,7 @@ void Engine::Emit(Sequence& seq, int32_t token, FinishReason finish, bool stop_t
   ev.finish = finish;
   ev.stop_token = stop_token;
   if (seq.last_event_us < 0) {
+    ev.cached_tokens = seq.cached_tokens;
     ev.queue_us = static_cast<uint64_t>(std::max<int64_t>(0, seq.admitted_us - seq.submitted_us));
     ev.token_us = static_cast<uint64_t>(std::max<int64_t>(0, now - seq.admitted_us));
   } else {
@@ -384,6 +466,7 @@ void Engine::Finish(Sequence& seq, FinishReason reason, std::string error) {
   if (reason != FinishReason::kError && reason != FinishReason::kCancelled) {
     TakePromptLogprobs(seq, &ev);  // A stop token drawn first: this is the first event.
   }
+  if (seq.last_event_us < 0) ev.cached_tokens = seq.cached_tokens;
   sink_(ev);
 }
 
@@ -439,30 +522,36 @@ bool Engine::Step() {
   std::vector<SequenceInput> inputs;
   ran.reserve(work.size());
   inputs.reserve(work.size());
+  // The KV blocks of the step's work, in its order (decodes first, oldest first): what cannot
+  // get its blocks preempts the newest running request, or waits itself.
+  std::vector<uint64_t> preempted;
   for (const ScheduledWork& w : work) {
+    if (std::find(preempted.begin(), preempted.end(), w.id) != preempted.end()) continue;
     Sequence& seq = *sequences_.at(w.id);
-    if (w.admitted) {
-      seq.admitted_us = now;
-      try {
-        seq.kv = model_.NewKvCache();
-      } catch (...) {
-        Finish(seq, FinishReason::kError,
-               "req=" + std::to_string(seq.id) +
-                   ": no KV cache could be allocated: " + What(std::current_exception()));
-        continue;
-      }
+    if (w.admitted && seq.admitted_us < 0) seq.admitted_us = now;
+    if (!seq.kv) {
+      Finish(seq, FinishReason::kError,
+             "req=" + std::to_string(seq.id) + ": no KV cache could be allocated");
+      continue;
     }
+    if (!ReserveKv(w, &preempted)) continue;
+  }
+  for (const ScheduledWork& w : work) {
+    if (std::find(preempted.begin(), preempted.end(), w.id) != preempted.end()) continue;
+    Sequence& seq = *sequences_.at(w.id);
+    if (seq.finished) continue;
     SequenceInput in;
     in.request_id = seq.id;
     in.iteration = seq.iteration;
     in.kv = seq.kv.get();
     in.prefill = w.prefill;
     if (w.prefill) {
-      in.tokens = std::span<const int32_t>(seq.prompt).subspan(w.first, w.tokens);
+      const std::span<const int32_t> tokens = seq.prefill_tokens();
+      in.tokens = tokens.subspan(w.first, w.tokens);
       in.no_logits = !w.samples;
-      if (seq.sampling.prompt_logprobs) {
+      if (seq.sampling.prompt_logprobs && seq.resume.empty()) {
         in.prompt_logprobs = seq.sampling.logprobs;
-        if (!w.samples) in.next_token = seq.prompt[w.first + w.tokens];
+        if (!w.samples) in.next_token = tokens[w.first + w.tokens];
       }
       stats_.prefill_tokens += w.tokens;
     } else {
@@ -470,6 +559,7 @@ bool Engine::Step() {
       ++stats_.decode_tokens;
     }
     seq.forwarded = true;
+    seq.computed = true;
     inputs.push_back(in);
     ran.push_back(w);
   }

@@ -23,6 +23,9 @@
 //   RUNNING (prompt) --(its last chunk ran; first token sampled)--> RUNNING (decode)
 //   RUNNING --(stop token, stop string, max_tokens, context full)--> finished (stop / length);
 //     a stop token is reported like any token, with TokenEvent::stop_token (not in the text)
+//   RUNNING --(the KV pool cannot hold the step's work: the newest running request first)-->
+//     WAITING (preempted: its blocks freed; prefilled again over its prompt and output, then it
+//     samples its next token as if never interrupted)
 //   WAITING or RUNNING --(Cancel)--> finished (cancelled); a running one leaves at the next Step
 //   any --(invalid request or runtime error)--> finished (error)
 //
@@ -87,7 +90,8 @@ struct EngineStats {
   uint64_t decode_tokens = 0;
   uint64_t requests_finished = 0;
   uint64_t requests_failed = 0;
-  uint64_t forward_us = 0;  // Time inside Forward.
+  uint64_t forward_us = 0;   // Time inside Forward.
+  uint64_t preemptions = 0;  // Running requests whose KV blocks were taken back (KV pool full).
 };
 
 class Engine final : public RequestExecutor {
@@ -125,6 +129,15 @@ class Engine final : public RequestExecutor {
   };
 
   void DrainInbox();
+  // The scheduler's admit hook: the request's KV cache (made on first admission, emptied on
+  // later ones) takes the cached prefix of what it prefills; returns its length.
+  uint32_t OnAdmit(uint64_t id);
+  // Blocks for one piece of the step's work; while the pool lacks them the newest running
+  // request is preempted (appended to `preempted`), this one last. false when it was.
+  bool ReserveKv(const ScheduledWork& w, std::vector<uint64_t>* preempted);
+  // The request's KV blocks go back to the pool; it waits at the front of the queue to be
+  // prefilled again (its prompt and output so far), keeping its sampler and stop-string state.
+  void Preempt(Sequence& seq);
   void Admit(Generate request, int64_t submitted_us);
   // Marks a sequence finished (counters, observer); Finish also sends its final event.
   void Retire(Sequence& seq, FinishReason reason);

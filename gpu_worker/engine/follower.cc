@@ -59,6 +59,8 @@ Status Follower::RunPlan(const IterationPlan& plan) {
     } else if (it == requests_.end()) {
       return Internal(req + ": iteration " + std::to_string(s.iteration) +
                       " of a request this rank never saw");
+    } else if (s.restart) {
+      it->second.kv->Reset();  // Preempted by the leader: prefilled again from position 0.
     }
     if (s.prefill) {
       stats_.prefill_tokens += s.tokens.size();

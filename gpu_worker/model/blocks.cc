@@ -234,12 +234,14 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
     at::Tensor vi = v.narrow(0, s.row, t).view({t, n_kv, hd});
     qi = Rotate(qi, cos, sin);
     ki = Rotate(ki, cos, sin);
-    // Cache entry j holds position first + j.
+    // Slot j holds position first + j.
     const int64_t first = s.first, held = len - first;
-    s.k_cache->narrow(1, p0 - first, t).copy_(ki.permute({1, 0, 2}));
-    s.v_cache->narrow(1, p0 - first, t).copy_(vi.permute({1, 0, 2}));
-    at::Tensor keys = s.k_cache->narrow(1, 0, held);  // [KV, held, hd]
-    at::Tensor values = s.v_cache->narrow(1, 0, held);
+    at::Tensor new_slots = s.slots.narrow(0, p0 - first, t);
+    s.k_pool->index_copy_(0, new_slots, ki.contiguous());
+    s.v_pool->index_copy_(0, new_slots, vi.contiguous());
+    // Gathered from the pool's blocks: [KV, held, hd].
+    at::Tensor keys = s.k_pool->index_select(0, s.slots).permute({1, 0, 2});
+    at::Tensor values = s.v_pool->index_select(0, s.slots).permute({1, 0, 2});
     const bool masked = t > 1 || (window > 0 && len > window);
     const int64_t block = QueryBlockRows(n_heads, held, score_budget);
     for (int64_t r0 = 0; r0 < t; r0 += block) {
@@ -385,10 +387,12 @@ at::Tensor LatentAttention(const ModelInfo& info, const MlaWeights& w, const at:
     qr = qr * cos.unsqueeze(1) + RotateHalf(qr) * sin.unsqueeze(1);
     at::Tensor kr = k_rot.narrow(0, s.row, t);  // [t, rope]
     kr = kr * cos + RotateHalf(kr) * sin;
-    s.k_cache->select(0, 0).narrow(0, p0, t).copy_(latent.narrow(0, s.row, t));
-    s.v_cache->select(0, 0).narrow(0, p0, t).copy_(kr);
-    at::Tensor latents = s.k_cache->select(0, 0).narrow(0, 0, len);   // [len, r]
-    at::Tensor rot_keys = s.v_cache->select(0, 0).narrow(0, 0, len);  // [len, rope]
+    at::Tensor new_slots = s.slots.narrow(0, p0 - s.first, t);
+    s.k_pool->index_copy_(0, new_slots, latent.narrow(0, s.row, t).unsqueeze(1).contiguous());
+    s.v_pool->index_copy_(0, new_slots, kr.unsqueeze(1).contiguous());
+    // Gathered from the pool's blocks (MLA reads every position: first is 0).
+    at::Tensor latents = s.k_pool->index_select(0, s.slots).select(1, 0);   // [len, r]
+    at::Tensor rot_keys = s.v_pool->index_select(0, s.slots).select(1, 0);  // [len, rope]
     const int64_t block = QueryBlockRows(n_heads, len, score_budget);
     for (int64_t r0 = 0; r0 < t; r0 += block) {
       const int64_t b = std::min(block, t - r0);

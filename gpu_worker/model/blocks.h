@@ -59,17 +59,19 @@ struct AttentionWeights {
 };
 
 // One sequence's part of a ragged batch: rows [row, row + tokens) of the batch's hidden state,
-// at positions [position, position + tokens), with the layer's two KV cache tensors, already
-// large enough: grouped-query attention's keys and values ([KV, capacity, hd] each); MLA's
-// latents and rotary keys ([1, capacity, kv_lora_rank] and [1, capacity, qk_rope_head_dim]).
+// at positions [position, position + tokens), with the layer's two tensors of the paged KV pool
+// (kv_pool.h: [pool rows, KV, hd] keys and values; MLA: [pool rows, 1, kv_lora_rank] latents and
+// [pool rows, 1, qk_rope_head_dim] rotary keys) and the pool rows of positions [first, position
+// + tokens): attention writes the new tokens' entries there and reads those positions.
 struct AttentionSpan {
   int64_t row = 0;
   int64_t tokens = 0;
   int64_t position = 0;
-  at::Tensor* k_cache = nullptr;
-  at::Tensor* v_cache = nullptr;
-  // The position the caches' first entry holds (a sliding-window layer drops older ones; MLA and
-  // full attention: 0). Entry j is position first + j.
+  at::Tensor* k_pool = nullptr;
+  at::Tensor* v_pool = nullptr;
+  at::Tensor slots;  // kLong [position + tokens - first]; entry j is position first + j.
+  // The first position read: 0, or for a sliding-window layer the first its first new query
+  // sees.
   int64_t first = 0;
 };
 

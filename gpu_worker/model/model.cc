@@ -79,17 +79,14 @@ struct MoeModel::Batch {
   ForwardObserver* observer = nullptr;
   ForwardResult* out = nullptr;
   bool record_router = false;
+  // Per KV layer group, per sequence: the pool rows of the positions its attention reads, from
+  // first[g][i] to the end of its new tokens.
+  std::vector<std::vector<at::Tensor>> slots;
+  std::vector<std::vector<int64_t>> first;
 };
 
 MoeModel::MoeModel(ModelInfo info) : info_(std::move(info)), impl_(new Impl) {}
 MoeModel::~MoeModel() = default;
-
-size_t KvCache::bytes() const {
-  size_t total = 0;
-  for (const auto& t : k_) total += t.numel() * t.element_size();
-  for (const auto& t : v_) total += t.numel() * t.element_size();
-  return total;
-}
 
 Result<std::unique_ptr<MoeModel>> MoeModel::Load(const ModelInfo& info,
                                                  const RuntimeOptions& options,
@@ -467,13 +464,31 @@ Status MoeModel::LoadLatentAttention(const ModelInfo& info, TensorLoader& loader
   return Status::Ok();
 }
 
-std::unique_ptr<KvCache> MoeModel::NewKvCache() const {
-  auto kv = std::make_unique<KvCache>();
-  kv->k_.resize(info_.num_hidden_layers);
-  kv->v_.resize(info_.num_hidden_layers);
-  kv->first_.assign(info_.num_hidden_layers, 0);
-  kv->capacity_.assign(info_.num_hidden_layers, 0);
-  return kv;
+void MoeModel::ConfigureKv(const KvPoolOptions& options) {
+  const Impl& m = *impl_;
+  const ModelInfo& info = info_;
+  std::vector<KvPool::LayerShape> shapes(m.layers.size());
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    KvPool::LayerShape& s = shapes[l];
+    if (info.mla) {
+      s = {1, int64_t{info.mla->kv_lora_rank}, int64_t{info.mla->qk_rope_head_dim}, 0};
+    } else {
+      s = {int64_t{info.num_key_value_heads}, int64_t{info.head_dim}, int64_t{info.head_dim},
+           m.layers[l].attention.window};
+    }
+  }
+  pool_ = std::make_shared<KvPool>(std::move(shapes), m.opts(), options);
+}
+
+std::unique_ptr<KvCache> MoeModel::NewKvCache() {
+  if (!pool_) ConfigureKv({});
+  return std::make_unique<KvCache>(pool_);
+}
+
+KvPoolFigures MoeModel::kv_figures() const { return pool_ ? pool_->figures() : KvPoolFigures{}; }
+
+uint64_t MoeModel::kv_capacity_tokens() const {
+  return pool_ && pool_->fixed() ? pool_->capacity_tokens() : 0;
 }
 
 Status MoeModel::Forward(std::span<const SequenceInput> batch, ExpertSource& experts,
@@ -509,7 +524,7 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
   }
   if (batch.rows == 0) return Status::Ok();
   GrowRotaryTables(max_end);
-  GrowKvCaches(inputs);
+  FMOE_RETURN_IF_ERROR(ReserveKv(&batch));
 
   at::Tensor id_tensor = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(m.device);
   at::Tensor x = m.embed.index_select(0, id_tensor);  // [rows, h]
@@ -529,8 +544,7 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
   FMOE_RETURN_IF_ERROR(RunLayers(batch, experts, &x));
 
   if (out != nullptr) CollectLogits(x, batch, out);
-  for (const SequenceInput& s : inputs) s.kv->length_ += static_cast<int64_t>(s.tokens.size());
-  TrimSlidingKv(inputs);
+  for (const SequenceInput& s : inputs) s.kv->Advance(s.tokens);
   if (observer != nullptr) {
     for (const SequenceInput& s : inputs) observer->OnIterationEnd(s.request_id, s.iteration);
   }
@@ -547,7 +561,7 @@ Status MoeModel::LayOutBatch(Batch* batch, std::vector<int64_t>* ids, int64_t* m
     if (s.kv == nullptr || s.tokens.empty()) {
       return InvalidArgument("req=" + std::to_string(s.request_id) + ": no tokens or no KV cache");
     }
-    const int64_t end = s.kv->length_ + static_cast<int64_t>(s.tokens.size());
+    const int64_t end = s.kv->length() + static_cast<int64_t>(s.tokens.size());
     if (info.max_position_embeddings > 0 && end > info.max_position_embeddings) {
       return InvalidArgument("req=" + std::to_string(s.request_id) + ": " + std::to_string(end) +
                              " positions exceed max_position_embeddings " +
@@ -590,64 +604,38 @@ void MoeModel::GrowRotaryTables(int64_t max_end) {
   }
 }
 
-void MoeModel::GrowKvCaches(std::span<const SequenceInput> inputs) const {
-  const Impl& m = *impl_;
-  const ModelInfo& info = info_;
-  // Each layer's two cache tensors [rows, capacity, width] (KvCache).
-  const int64_t k_rows = info.mla ? 1 : int64_t{info.num_key_value_heads}, v_rows = k_rows;
-  const int64_t k_width = info.mla ? int64_t{info.mla->kv_lora_rank} : int64_t{info.head_dim};
-  const int64_t v_width = info.mla ? int64_t{info.mla->qk_rope_head_dim} : int64_t{info.head_dim};
-  for (const SequenceInput& s : inputs) {
-    KvCache& kv = *s.kv;
-    for (size_t l = 0; l < kv.k_.size(); ++l) {
-      const int64_t held = kv.length_ - kv.first_[l];
-      const int64_t need = held + static_cast<int64_t>(s.tokens.size());
-      if (need <= kv.capacity_[l]) continue;
-      const int64_t cap = std::max<int64_t>((need + 63) / 64 * 64, 2 * kv.capacity_[l]);
-      at::Tensor k = at::zeros({k_rows, cap, k_width}, m.opts());
-      at::Tensor v = at::zeros({v_rows, cap, v_width}, m.opts());
-      if (held > 0) {
-        k.narrow(1, 0, held).copy_(kv.k_[l].narrow(1, 0, held));
-        v.narrow(1, 0, held).copy_(kv.v_[l].narrow(1, 0, held));
-      }
-      kv.k_[l] = k;
-      kv.v_[l] = v;
-      kv.capacity_[l] = cap;
-    }
-  }
-}
-
-void MoeModel::TrimSlidingKv(std::span<const SequenceInput> inputs) const {
+Status MoeModel::ReserveKv(Batch* batch) const {
+  const std::span<const SequenceInput> inputs = batch->inputs;
   const Impl& m = *impl_;
   for (const SequenceInput& s : inputs) {
-    KvCache& kv = *s.kv;
-    for (size_t l = 0; l < m.layers.size() && l < kv.k_.size(); ++l) {
-      const int64_t window = info_.mla ? 0 : m.layers[l].attention.window;
-      if (window <= 0) continue;
-      const int64_t held = kv.length_ - kv.first_[l];
-      if (held <= 2 * window) continue;
-      // Keep the last window - 1 positions: a later query at position p sees p - window + 1..p.
-      const int64_t keep = window - 1, drop = held - keep;
-      // After a long prefill the tensors shrink too: a sliding layer's memory is its window's.
-      const int64_t cap = (2 * window + 63) / 64 * 64 + 64;
-      const bool shrink = kv.capacity_[l] > cap;
-      at::Tensor k =
-          shrink ? at::zeros({kv.k_[l].size(0), cap, kv.k_[l].size(2)}, m.opts()) : kv.k_[l];
-      at::Tensor v =
-          shrink ? at::zeros({kv.v_[l].size(0), cap, kv.v_[l].size(2)}, m.opts()) : kv.v_[l];
-      if (keep > 0) {
-        // Through a copy: the source and destination rows may overlap.
-        k.narrow(1, 0, keep).copy_(kv.k_[l].narrow(1, drop, keep).clone());
-        v.narrow(1, 0, keep).copy_(kv.v_[l].narrow(1, drop, keep).clone());
-      }
-      if (shrink) {
-        kv.k_[l] = k;
-        kv.v_[l] = v;
-        kv.capacity_[l] = cap;
-      }
-      kv.first_[l] += drop;
+    if (&s.kv->pool() != pool_.get()) {
+      return FailedPrecondition("req=" + std::to_string(s.request_id) +
+                                ": its KV cache is in a pool the model no longer uses");
+    }
+    if (!s.kv->Reserve(static_cast<int64_t>(s.tokens.size()))) {
+      const KvPoolFigures f = pool_->figures();
+      return ResourceExhausted("req=" + std::to_string(s.request_id) +
+                               ": the KV pool has no room for " + std::to_string(s.tokens.size()) +
+                               " more positions (" +
+                               std::to_string(f.total_blocks - f.used_blocks) + " of " +
+                               std::to_string(f.total_blocks) + " blocks free)");
     }
   }
+  const size_t groups = pool_->groups();
+  batch->slots.assign(groups, std::vector<at::Tensor>(inputs.size()));
+  batch->first.assign(groups, std::vector<int64_t>(inputs.size(), 0));
+  for (size_t g = 0; g < groups; ++g) {
+    const int64_t window = pool_->window(static_cast<int>(g));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const int64_t p0 = inputs[i].kv->length();
+      const int64_t end = p0 + static_cast<int64_t>(inputs[i].tokens.size());
+      // A sliding layer's first new query (position p0) sees positions > p0 - window.
+      const int64_t first = window > 0 ? std::max<int64_t>(0, p0 - window + 1) : 0;
+      batch->first[g][i] = first;
+      batch->slots[g][i] = inputs[i].kv->Slots(static_cast<int>(g), first, end, m.device);
+    }
+  }
+  return Status::Ok();
 }
 
 void MoeModel::ObserveIterationStart(const at::Tensor& x, const Batch& batch,
@@ -670,11 +658,15 @@ Status MoeModel::RunLayers(const Batch& batch, ExpertSource& experts, at::Tensor
   std::vector<AttentionSpan> spans(batch.inputs.size());
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const Layer& layer = m.layers[l];
+    const int g = pool_->group_of(l);
     for (size_t i = 0; i < batch.inputs.size(); ++i) {
-      KvCache& kv = *batch.inputs[i].kv;
-      spans[i] = {batch.offset[i], batch.offset[i + 1] - batch.offset[i],
-                  kv.length_,      &kv.k_[l],
-                  &kv.v_[l],       kv.first_[l]};
+      spans[i] = {batch.offset[i],
+                  batch.offset[i + 1] - batch.offset[i],
+                  batch.inputs[i].kv->length(),
+                  &pool_->k(l),
+                  &pool_->v(l),
+                  batch.slots[g][i],
+                  batch.first[g][i]};
     }
     at::Tensor normed = DecoderNorm(info, x, layer.input_norm, layer.input_norm_bias);
     x = x + (info.mla ? LatentAttention(info, layer.latent, normed, spans, m.rope,

@@ -26,6 +26,7 @@
 #include "common/model/model_config.h"
 #include "common/status.h"
 #include "gpu_worker/experts/expert_source.h"
+#include "gpu_worker/model/kv_pool.h"
 #include "gpu_worker/model/tensor_loader.h"
 #include "gpu_worker/observe/forward_observer.h"
 
@@ -57,26 +58,6 @@ struct RuntimeOptions {
   // none of them. Experts must be used as stored (no dtype conversion), and experts fused into
   // one tensor per layer (gpt-oss) are refused. Default: off
   bool experts_on_disk = false;
-};
-
-// One sequence's keys and values for every layer, grown as it lengthens.
-class KvCache {
- public:
-  int64_t length() const { return length_; }
-  size_t bytes() const;
-
- private:
-  friend class MoeModel;  // Grows the tensors and hands each layer's to blocks.h's attention.
-  int64_t length_ = 0;
-  // Per transformer layer, two tensors: grouped-query attention's keys and values
-  // ([kv_heads, capacity, head_dim] each); with MLA the compressed latents after kv_a_layernorm
-  // ([1, capacity, kv_lora_rank]) and the rotated rotary keys ([1, capacity, qk_rope_head_dim]),
-  // never per-head keys and values (model_config.h KvBytesPerToken). A sliding-window layer
-  // (gpt-oss) holds positions [first_[l], length_) only: once it holds more than twice its
-  // window, the oldest are dropped down to window - 1 (all a next query can see).
-  std::vector<at::Tensor> k_, v_;
-  std::vector<int64_t> first_;     // Per layer: the first position held (0: every position).
-  std::vector<int64_t> capacity_;  // Per layer: positions the tensors hold room for.
 };
 
 struct SequenceInput {
@@ -130,7 +111,14 @@ class MoeModel {
                                                 const LoadProgress& progress, ExpertTable* experts);
 
   const ModelInfo& info() const { return info_; }
-  std::unique_ptr<KvCache> NewKvCache() const;
+  // The paged KV pool (kv_pool.h), replacing the one before (caches made from it keep it). Until
+  // this is called the pool grows on demand.
+  void ConfigureKv(const KvPoolOptions& options);
+  // An empty cache in the pool.
+  std::unique_ptr<KvCache> NewKvCache();
+  KvPoolFigures kv_figures() const;
+  // Positions one sequence can reach in a fixed pool; 0 when it grows on demand.
+  uint64_t kv_capacity_tokens() const;
 
   // Expert parallelism (DESIGN section 7): every rank of `group` runs the same Forward; each
   // computes the routed experts it owns and the group combines their outputs after each layer.
@@ -163,8 +151,6 @@ class MoeModel {
                                  const RuntimeOptions& options, TensorLoader& loader,
                                  const std::string& moe, uint32_t moe_layer,
                                  std::vector<ExpertWeights>* layer_experts);
-  // After a forward: each sliding-window layer's cache cut to its window (KvCache).
-  void TrimSlidingKv(std::span<const SequenceInput> inputs) const;
   static void LogSkippedLayers(const ModelInfo& info, const Checkpoint& ckpt);
   static Status CheckLoadable(const ModelInfo& info, const RuntimeOptions& options);
   static Status LoadAttention(const ModelInfo& info, TensorLoader& loader,
@@ -188,10 +174,11 @@ class MoeModel {
   // max_position_embeddings) and lays out their rows: batch->offset and rows, the token ids in
   // row order, the furthest position any sequence reaches.
   Status LayOutBatch(Batch* batch, std::vector<int64_t>* ids, int64_t* max_end) const;
-  // The rotary tables up to position `max_end` (doubling), and each KV cache's capacity for its
-  // new tokens (a multiple of 64, doubling).
+  // The rotary tables up to position `max_end` (doubling).
   void GrowRotaryTables(int64_t max_end);
-  void GrowKvCaches(std::span<const SequenceInput> inputs) const;
+  // Each sequence's blocks for its new tokens (kResourceExhausted when a fixed pool is full),
+  // and per layer group and sequence the pool rows its attention reads (Batch::slots).
+  Status ReserveKv(Batch* batch) const;
   // The observer's OnBatchStart and each sequence's OnIterationStart (its mean embedding).
   void ObserveIterationStart(const at::Tensor& x, const Batch& batch,
                              const std::vector<SequenceInfo>& sequences) const;
@@ -224,6 +211,7 @@ class MoeModel {
   // `first_row`.
   void PromptLogprobsOf(const at::Tensor& x, int64_t first_row, const SequenceInput& in,
                         PromptLogprobs* out) const;
+  std::shared_ptr<KvPool> pool_;  // Made on first use when not configured.
   ModelInfo info_;
   std::unique_ptr<Impl> impl_;
   ExpertGroup* group_ = nullptr;

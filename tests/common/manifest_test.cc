@@ -738,7 +738,7 @@ std::vector<BadCase> BadCases() {
        "manifest: worker_groups[0].rendezvous_timeout_s: has no value; expected a number"},
       {"UnknownGroupKey", OneGroup("{name: g, collective_timeout: 5, workers: [{}]}"),
        "manifest: worker_groups[0].collective_timeout: unknown key; allowed keys: name, policy, "
-       "max_batch, max_batched_tokens, queue_limit, expert_cache_gb, expert_cache_fraction, "
+       "max_batch, max_batched_tokens, queue_limit, kv_cache_tokens, prefix_caching, expert_cache_gb, expert_cache_fraction, "
        "memory_utilization, host_cache_gb, host_cache_fraction, link, "
        "hybrid, rendezvous, "
        "collective_timeout_s, rendezvous_timeout_s, record_trace, workers"},

@@ -91,6 +91,7 @@ struct Outcome {
   uint32_t prompt_top_n = 0;
   std::vector<std::pair<int32_t, float>> prompt_top;
   int prompt_event = -1;
+  uint32_t cached_tokens = 0;  // The first event's.
 };
 
 class EngineHarness {
@@ -132,6 +133,7 @@ class EngineHarness {
       o.prompt_top_n = ev.prompt_top_n;
       o.prompt_top = ev.prompt_top;
     }
+    if (o.events == 0) o.cached_tokens = ev.cached_tokens;
     ++o.events;
     EXPECT_EQ(o.finish, FinishReason::kNone) << "event after the final one, req=" << ev.request_id;
     if (ev.token_id >= 0) {
@@ -247,6 +249,110 @@ TEST(Engine, ChunkedPrefillGivesTheTokensOfWholePrompts) {
     EXPECT_TRUE(mixed);
     EXPECT_EQ(h.engine().active(), 0u);
   }
+}
+
+// The model's KV pool for one test: fixed at `tokens` positions, back to a growing one after.
+class ScopedKvPool {
+ public:
+  ScopedKvPool(uint64_t tokens, bool prefix_caching) {
+    Fixture().model->ConfigureKv({tokens, prefix_caching});
+  }
+  ~ScopedKvPool() { Fixture().model->ConfigureKv({}); }
+};
+
+// Paged KV with a pool too small for every running request: the newest is preempted (its blocks
+// freed), prefilled again later over its prompt and output, and every request gets the tokens it
+// gets with room to spare, greedy and sampled, with and without prefix caching.
+TEST(Engine, PreemptionGivesTheTokensOfAnUninterruptedRun) {
+  auto params = [](size_t i) { return i % 2 ? Sampled(24, 700 + i) : Greedy(24); };
+  std::map<uint64_t, std::vector<int32_t>> roomy;
+  {
+    EngineHarness h(4);
+    for (size_t i = 0; i < kPrompts.size(); ++i) h.Submit(i + 1, Encode(kPrompts[i]), params(i));
+    h.RunToEnd();
+    for (size_t i = 0; i < kPrompts.size(); ++i) roomy[i + 1] = h.outcomes[i + 1].tokens;
+    EXPECT_EQ(h.engine().stats().preemptions, 0u);
+  }
+  for (bool prefix : {false, true}) {
+    for (uint32_t budget : {0u, 8u}) {
+      SCOPED_TRACE(std::string("prefix caching ") + (prefix ? "on" : "off") + ", budget " +
+                   std::to_string(budget));
+      // 6 blocks of 16 positions; each request needs 2 or 3 of them by its end.
+      ScopedKvPool pool(96, prefix);
+      EngineHarness h(4, nullptr, {}, budget);
+      for (size_t i = 0; i < kPrompts.size(); ++i) h.Submit(i + 1, Encode(kPrompts[i]), params(i));
+      h.RunToEnd(5000);
+      for (size_t i = 0; i < kPrompts.size(); ++i) {
+        EXPECT_EQ(h.outcomes[i + 1].finish, FinishReason::kLength) << h.outcomes[i + 1].error;
+        EXPECT_EQ(h.outcomes[i + 1].tokens, roomy[i + 1]) << "prompt " << i;
+      }
+      EXPECT_GT(h.engine().stats().preemptions, 0u);
+      EXPECT_EQ(Fixture().model->kv_figures().used_blocks, 0u);
+      EXPECT_EQ(h.engine().active(), 0u);
+    }
+  }
+}
+
+// A request that could not fit the pool even alone is refused when it arrives, naming the
+// limit; the others run.
+TEST(Engine, ARequestLargerThanThePoolIsRefusedAtAdmission) {
+  ScopedKvPool pool(64, false);
+  EngineHarness h(2);
+  h.Submit(1, Encode(kPrompts[0]), Greedy(200));
+  h.Submit(2, Encode(kPrompts[0]), Greedy(8));
+  h.RunToEnd();
+  EXPECT_EQ(h.outcomes[1].finish, FinishReason::kError);
+  EXPECT_NE(h.outcomes[1].error.find("exceed the KV pool's 64 positions"), std::string::npos)
+      << h.outcomes[1].error;
+  EXPECT_EQ(h.outcomes[2].finish, FinishReason::kLength);
+}
+
+// Prefix caching: a later request that begins with the same full blocks shares them
+// (usage.prompt_tokens_details.cached_tokens) and gets the tokens it gets without the cache; a
+// request that reports prompt logprobs computes its whole prompt.
+TEST(Engine, PrefixCachingReusesFullBlocksAndKeepsTheTokens) {
+  const std::vector<int32_t> prompt = Encode(kPrompts[3] + " " + kPrompts[3]);
+  ASSERT_GT(prompt.size(), 33u);
+  std::vector<int32_t> other = prompt;
+  other.resize(20);
+  for (int32_t t : Encode("and then something else happened entirely")) other.push_back(t);
+  std::vector<int32_t> plain_prompt, plain_other;
+  {
+    ScopedKvPool pool(1024, false);
+    EngineHarness h(2);
+    h.Submit(1, prompt, Greedy(10));
+    h.Submit(2, other, Greedy(10));
+    h.RunToEnd();
+    plain_prompt = h.outcomes[1].tokens;
+    plain_other = h.outcomes[2].tokens;
+    EXPECT_EQ(h.outcomes[1].cached_tokens, 0u);
+  }
+  ScopedKvPool pool(1024, true);
+  EngineHarness h(2);
+  h.Submit(1, prompt, Greedy(10));
+  h.RunToEnd();
+  EXPECT_EQ(h.outcomes[1].cached_tokens, 0u);
+  EXPECT_EQ(h.outcomes[1].tokens, plain_prompt);
+  h.Submit(2, prompt, Greedy(10));
+  h.RunToEnd();
+  EXPECT_EQ(h.outcomes[2].cached_tokens, (prompt.size() - 1) / 16 * 16);
+  EXPECT_EQ(h.outcomes[2].tokens, plain_prompt);
+  h.Submit(3, other, Greedy(10));
+  h.RunToEnd();
+  EXPECT_EQ(h.outcomes[3].cached_tokens, 16u);  // Its first 20 tokens are the first's.
+  EXPECT_EQ(h.outcomes[3].tokens, plain_other);
+  SamplingParams scored = Greedy(10);
+  scored.prompt_logprobs = true;
+  scored.logprobs = 1;
+  h.Submit(4, prompt, scored);
+  h.RunToEnd();
+  EXPECT_EQ(h.outcomes[4].cached_tokens, 0u);
+  EXPECT_EQ(h.outcomes[4].prompt_logprobs.size(), prompt.size() - 1);
+  EXPECT_EQ(h.outcomes[4].tokens, plain_prompt);
+  const KvPoolFigures f = Fixture().model->kv_figures();
+  EXPECT_EQ(f.used_blocks, 0u);
+  EXPECT_GT(f.blocks.prefix_hit_tokens, 0u);
+  EXPECT_GT(f.blocks.prefix_queries, f.blocks.prefix_hit_tokens);
 }
 
 // A prompt longer than the budget takes several steps before its first token, and the request

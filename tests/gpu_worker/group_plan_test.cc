@@ -119,6 +119,15 @@ TEST(GroupPlan, PrefillChunksAndDecodesAreTold) {
   ASSERT_EQ(bytes[flags_at], 1);
   bytes[flags_at] = 6;
   EXPECT_NE(ErrorOf(bytes).find("unknown flags 6"), std::string::npos);
+  // A preempted request restarts with a prefill from position 0, never with a decode.
+  plan = Sample();
+  plan.sequences[1] = {12, 9, {5, 6, 7, 8}, /*prefill=*/true, /*restart=*/true};
+  back = DecodePlan(EncodePlan(plan), Limits());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, plan);
+  bytes = EncodePlan(Sample());
+  bytes[flags_at] = 2;
+  EXPECT_NE(ErrorOf(bytes).find("restarts with a decode step"), std::string::npos);
 }
 
 TEST(GroupPlan, HugeCountsDoNotAllocateBeforeTheBytesAreThere) {

@@ -390,12 +390,142 @@ TEST(MoeModel, LatentAttentionCachesTheLatentAndTheRotaryKey) {
     ForwardResult out;
     ASSERT_TRUE(rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out).ok());
     ASSERT_EQ(kv->length(), 10);
-    // Capacity grows by 64 tokens; float32 values.
+    // One 16-position block of the paged pool; float32 values.
     const size_t per_token = KvBytesPerToken(rt.info, 4);
     EXPECT_EQ(per_token, size_t{3} * (16 + 8) * 4) << name;
-    EXPECT_EQ(kv->bytes(), 64 * per_token) << name;
-    EXPECT_LT(kv->bytes(), 64 * ExpandedKvBytesPerToken(rt.info, 4)) << name;
+    EXPECT_EQ(kv->bytes(), 16 * per_token) << name;
+    EXPECT_EQ(rt.model->kv_figures().bytes_per_token, per_token) << name;
+    EXPECT_LT(kv->bytes(), 16 * ExpandedKvBytesPerToken(rt.info, 4)) << name;
   }
+}
+
+// The paged KV cache: a sequence's logits do not depend on where in the pool its blocks are.
+// Alone in a fresh pool its blocks are consecutive; with other sequences growing between its
+// steps (one of them ending halfway so its blocks are reused) they are scattered, and a sliding
+// layer's early blocks are released. The logits are equal bit for bit in float32, for every family,
+// over prefill and decode steps that cross several block boundaries.
+TEST(MoeModel, PagedKvDoesNotDependOnWhereItsBlocksAre) {
+  for (const char* name : kFamilies) {
+    SCOPED_TRACE(name);
+    Runtime& rt = Fixture(name);
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 20; ++i) prompt.push_back(3 + (i * 11) % 200);
+    auto run = [&](bool crowded) {
+      rt.model->ConfigureKv(crowded ? KvPoolOptions{512, false} : KvPoolOptions{});
+      std::vector<std::vector<float>> logits;
+      auto a = rt.model->NewKvCache();
+      auto f = rt.model->NewKvCache();
+      auto g = rt.model->NewKvCache();
+      const std::vector<int32_t> f_prompt = {9, 8, 7, 6, 5, 4, 3}, g_prompt(33, 12);
+      const std::vector<int32_t> five = {5};
+      ForwardResult out;
+      if (crowded) {
+        SequenceInput in{1, 0, f_prompt, f.get(), true};
+        EXPECT_TRUE(rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out).ok());
+      }
+      std::vector<int32_t> next = prompt;
+      for (int step = 0; step < 30; ++step) {
+        // The others run in Forwards of their own between this sequence's (batch invariance is
+        // another test's): only the placement of its blocks differs.
+        std::vector<SequenceInput> others;
+        if (crowded && step == 0) others.push_back({3, 0, g_prompt, g.get(), true});
+        if (crowded && step > 0 && step % 3 == 0) others.push_back({3, 1, five, g.get()});
+        if (crowded && f && step < 12) others.push_back({1, 1, five, f.get()});
+        if (crowded && step == 12) f.reset();  // Its blocks go back to the pool.
+        for (const SequenceInput& o : others) {
+          ForwardResult ignored;
+          EXPECT_TRUE(rt.model->Forward({&o, 1}, *rt.experts, nullptr, &ignored).ok());
+        }
+        SequenceInput in{2, static_cast<uint32_t>(step), next, a.get(), step == 0};
+        out = ForwardResult{};
+        Status st = rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out);
+        EXPECT_TRUE(st.ok()) << st.message();
+        if (!st.ok()) break;
+        logits.push_back(out.logits[0]);
+        next = {static_cast<int32_t>(ArgMax(out.logits[0]))};
+      }
+      return logits;
+    };
+    const auto alone = run(false);
+    const auto crowded = run(true);
+    rt.model->ConfigureKv({});
+    ASSERT_EQ(alone.size(), 30u);
+    ASSERT_EQ(crowded.size(), 30u);
+    for (size_t step = 0; step < alone.size(); ++step) {
+      EXPECT_EQ(crowded[step], alone[step]) << "step " << step;
+    }
+  }
+}
+
+// A fixed pool refuses a Forward it cannot hold, naming the shortfall, before computing
+// anything; the cache stays usable.
+TEST(MoeModel, AFullFixedPoolRefusesTheForward) {
+  Runtime& rt = Reference();
+  rt.model->ConfigureKv({32, false});
+  EXPECT_EQ(rt.model->kv_capacity_tokens(), 32u);
+  auto kv = rt.model->NewKvCache();
+  std::vector<int32_t> tokens(40, 7);
+  SequenceInput in{1, 0, tokens, kv.get(), true};
+  ForwardResult out;
+  Status s = rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out);
+  EXPECT_EQ(s.code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("the KV pool has no room for 40 more positions (2 of 2 blocks free)"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(kv->length(), 0);
+  tokens.resize(30);
+  in.tokens = tokens;
+  EXPECT_TRUE(rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out).ok());
+  EXPECT_EQ(kv->length(), 30);
+  kv.reset();
+  rt.model->ConfigureKv({});
+}
+
+// Prefix caching in the model: a second sequence takes the first's full blocks and its logits
+// are those of a run without the cache (within float32 rounding: the prefix was computed in a
+// longer forward); a model with sliding layers has no prefix caching.
+TEST(MoeModel, PrefixCachingSharesFullBlocks) {
+  Runtime& rt = Reference();
+  std::vector<int32_t> first(40), second(45);
+  for (int i = 0; i < 40; ++i) first[i] = 3 + (i * 7) % 100;
+  for (int i = 0; i < 45; ++i) second[i] = i < 35 ? first[i] : 50 + i;
+  rt.model->ConfigureKv({});
+  auto plain = rt.model->NewKvCache();
+  SequenceInput whole{2, 0, second, plain.get(), true};
+  ForwardResult ref;
+  ASSERT_TRUE(rt.model->Forward({&whole, 1}, *rt.experts, nullptr, &ref).ok());
+  plain.reset();
+
+  rt.model->ConfigureKv({1024, true});
+  auto a = rt.model->NewKvCache();
+  SequenceInput in{1, 0, first, a.get(), true};
+  ForwardResult out;
+  ASSERT_TRUE(rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out).ok());
+  a.reset();  // Its two full blocks stay cached.
+  auto b = rt.model->NewKvCache();
+  EXPECT_EQ(b->TakePrefix(second), 32);
+  EXPECT_EQ(b->length(), 32);
+  std::span<const int32_t> rest(second.data() + 32, second.size() - 32);
+  SequenceInput tail{2, 0, rest, b.get(), true};
+  ASSERT_TRUE(rt.model->Forward({&tail, 1}, *rt.experts, nullptr, &out).ok());
+  ASSERT_EQ(out.logits[0].size(), ref.logits[0].size());
+  for (size_t v = 0; v < ref.logits[0].size(); ++v) {
+    EXPECT_NEAR(out.logits[0][v], ref.logits[0][v], 1e-4) << v;
+  }
+  EXPECT_EQ(ArgMax(out.logits[0]), ArgMax(ref.logits[0]));
+  b.reset();
+  rt.model->ConfigureKv({});
+
+  Runtime& oss = Fixture("gpt-oss-ref");
+  oss.model->ConfigureKv({1024, true});
+  auto c = oss.model->NewKvCache();
+  SequenceInput cin{1, 0, first, c.get(), true};
+  ASSERT_TRUE(oss.model->Forward({&cin, 1}, *oss.experts, nullptr, &out).ok());
+  c.reset();
+  auto d = oss.model->NewKvCache();
+  EXPECT_EQ(d->TakePrefix(first), 0);
+  d.reset();
+  oss.model->ConfigureKv({});
 }
 
 // gpt-oss's sliding layers (window 4: layers 0 and 2 of gpt-oss-ref) keep only their window of
@@ -424,10 +554,11 @@ TEST(MoeModel, SlidingLayersKeepOnlyTheirWindow) {
     ASSERT_TRUE(rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out).ok());
   }
   ASSERT_EQ(kv->length(), 206);
-  // float32 keys and values of 2 KV heads x 16: 256 bytes a position a layer. The full layer's
-  // tensors hold 256 positions (grown by 64); each sliding layer's 128.
+  // float32 keys and values of 2 KV heads x 16: 256 bytes a position a layer. The full layer
+  // holds 13 blocks of 16 positions (206 positions); the sliding layers only the blocks that hold
+  // positions a next query sees (203..206): the block of 192..207.
   const size_t per_position = 2 * 2 * 16 * 4;
-  EXPECT_EQ(kv->bytes(), per_position * (256 + 2 * 128));
+  EXPECT_EQ(kv->bytes(), per_position * 16 * (13 + 2 * 1));
   // The last step's logits against a fresh prefill of the same 206 tokens.
   auto fresh = rt.model->NewKvCache();
   SequenceInput whole;

@@ -192,5 +192,38 @@ TEST(Scheduler, RandomWorkloadsCoverEveryPromptOnceWithinTheLimits) {
   }
 }
 
+// The admit hook's cached prefix: the prefill starts after it. A preempted request goes to the
+// front of the queue with its new prompt length and is prefilled again from its first token.
+TEST(Scheduler, CachedPrefixAndPreemption) {
+  Scheduler s(Options(2, 8));
+  s.SetAdmitHook([](uint64_t id, uint32_t prompt) { return id == 1 ? prompt : 0u; });
+  ASSERT_TRUE(s.Add(1, 20));
+  ASSERT_TRUE(s.Add(2, 5));
+  ASSERT_TRUE(s.Add(3, 5));
+  auto work = s.Schedule();
+  // Request 1's whole prompt is cached: its last token is still computed (the first sample).
+  ASSERT_EQ(work.size(), 2u);
+  EXPECT_EQ(work[0].id, 1u);
+  EXPECT_EQ(work[0].first, 19u);
+  EXPECT_EQ(work[0].tokens, 1u);
+  EXPECT_TRUE(work[0].samples);
+  EXPECT_EQ(work[1].id, 2u);
+  EXPECT_EQ(work[1].first, 0u);
+  EXPECT_EQ(work[1].tokens, 5u);
+  s.Completed(work);
+  EXPECT_FALSE(s.Preempt(3, 6));  // Waiting, not running.
+  EXPECT_TRUE(s.Preempt(2, 6));   // Its prompt and first token, again.
+  EXPECT_EQ(s.WaitingIds(), (std::vector<uint64_t>{2, 3}));
+  EXPECT_EQ(s.RunningIds(), (std::vector<uint64_t>{1}));
+  work = s.Schedule();
+  ASSERT_EQ(work.size(), 2u);
+  EXPECT_FALSE(work[0].prefill);  // Request 1 decodes.
+  EXPECT_EQ(work[1].id, 2u);
+  EXPECT_TRUE(work[1].admitted);
+  EXPECT_EQ(work[1].first, 0u);
+  EXPECT_EQ(work[1].tokens, 6u);
+  EXPECT_TRUE(work[1].samples);
+}
+
 }  // namespace
 }  // namespace fmoe

@@ -1,0 +1,213 @@
+#include "gpu_worker/model/kv_pool.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <ATen/ATen.h>
+
+namespace fmoe {
+
+namespace {
+
+// A growing pool starts with this many blocks per group.
+constexpr uint32_t kInitialBlocks = 64;
+
+}  // namespace
+
+KvPool::KvPool(std::vector<LayerShape> layers, at::TensorOptions tensor_options,
+               KvPoolOptions options)
+    : shapes_(std::move(layers)), tensor_options_(tensor_options), fixed_(options.tokens > 0) {
+  const uint64_t blocks64 =
+      fixed_ ? (options.tokens + kKvBlockTokens - 1) / kKvBlockTokens : kInitialBlocks;
+  const auto blocks = static_cast<uint32_t>(std::min<uint64_t>(blocks64, UINT32_MAX));
+  int64_t sliding_window = 0;
+  for (const LayerShape& s : shapes_) {
+    if (s.window > 0) sliding_window = s.window;
+  }
+  const bool prefix = options.prefix_caching && sliding_window == 0;
+  groups_.push_back(Group{KvBlockAllocator(blocks, prefix), 0, 0, {}});
+  if (sliding_window > 0)
+    groups_.push_back(Group{KvBlockAllocator(blocks, false), sliding_window, 0, {}});
+  const int64_t elem =
+      static_cast<int64_t>(at::elementSize(c10::typeMetaToScalarType(tensor_options_.dtype())));
+  layer_group_.resize(shapes_.size());
+  for (size_t l = 0; l < shapes_.size(); ++l) {
+    const LayerShape& s = shapes_[l];
+    const int g = s.window > 0 ? 1 : 0;
+    layer_group_[l] = g;
+    groups_[g].layers.push_back(l);
+    groups_[g].block_bytes +=
+        static_cast<uint64_t>(s.rows * (s.k_width + s.v_width) * elem) * kKvBlockTokens;
+  }
+  k_.resize(shapes_.size());
+  v_.resize(shapes_.size());
+}
+
+void KvPool::Materialize() {
+  for (size_t l = 0; l < shapes_.size(); ++l) {
+    if (k_[l].defined()) continue;
+    const LayerShape& s = shapes_[l];
+    const int64_t rows = int64_t{groups_[layer_group_[l]].alloc.total_blocks()} * kKvBlockTokens;
+    // Never read before written (attention gathers only positions it wrote), so not zeroed: on
+    // the CPU the pages are committed as blocks are first used.
+    k_[l] = at::empty({rows, s.rows, s.k_width}, tensor_options_);
+    v_[l] = at::empty({rows, s.rows, s.v_width}, tensor_options_);
+  }
+}
+
+bool KvPool::Grow(int group) {
+  if (fixed_) return false;
+  Group& g = groups_[group];
+  const uint32_t old_blocks = g.alloc.total_blocks();
+  if (old_blocks >= UINT32_MAX / 2) return false;
+  const uint32_t blocks = old_blocks * 2;
+  for (size_t l : g.layers) {
+    if (!k_[l].defined()) continue;
+    const LayerShape& s = shapes_[l];
+    const int64_t rows = int64_t{blocks} * kKvBlockTokens;
+    at::Tensor k = at::empty({rows, s.rows, s.k_width}, tensor_options_);
+    at::Tensor v = at::empty({rows, s.rows, s.v_width}, tensor_options_);
+    k.narrow(0, 0, k_[l].size(0)).copy_(k_[l]);
+    v.narrow(0, 0, v_[l].size(0)).copy_(v_[l]);
+    k_[l] = std::move(k);
+    v_[l] = std::move(v);
+  }
+  g.alloc.Grow(blocks);
+  return true;
+}
+
+KvPoolFigures KvPool::figures() const {
+  KvPoolFigures f;
+  f.fixed = fixed_;
+  f.total_blocks = groups_[0].alloc.total_blocks();
+  f.used_blocks = groups_[0].alloc.used_blocks();
+  f.blocks = groups_[0].alloc.stats();
+  for (const Group& g : groups_) {
+    f.bytes += uint64_t{g.alloc.total_blocks()} * g.block_bytes;
+    f.bytes_per_token += g.block_bytes / kKvBlockTokens;
+  }
+  return f;
+}
+
+KvCache::KvCache(std::shared_ptr<KvPool> pool) : pool_(std::move(pool)) {
+  tables_.resize(pool_->groups());
+}
+
+KvCache::~KvCache() { Reset(); }
+
+size_t KvCache::bytes() const {
+  size_t total = 0;
+  for (size_t g = 0; g < tables_.size(); ++g) {
+    total += tables_[g].blocks.size() * pool_->block_bytes(static_cast<int>(g));
+  }
+  return total;
+}
+
+void KvCache::Reset() {
+  for (size_t g = 0; g < tables_.size(); ++g) {
+    KvBlockAllocator& alloc = pool_->allocator(static_cast<int>(g));
+    // The last block first: a prefix's later blocks leave the LRU before its earlier ones.
+    for (auto it = tables_[g].blocks.rbegin(); it != tables_[g].blocks.rend(); ++it) {
+      alloc.Release(*it);
+    }
+    tables_[g] = {};
+  }
+  length_ = 0;
+  tokens_.clear();
+}
+
+uint32_t KvCache::BlocksNeeded(int64_t tokens) const {
+  uint32_t need = 0;
+  for (const KvBlockTable& t : tables_)
+    need += t.BlocksFor(static_cast<uint64_t>(length_ + tokens));
+  return need;
+}
+
+bool KvCache::Reserve(int64_t tokens) {
+  const auto end = static_cast<uint64_t>(length_ + tokens);
+  if (pool_->fixed()) {
+    for (size_t g = 0; g < tables_.size(); ++g) {
+      if (tables_[g].BlocksFor(end) > pool_->allocator(static_cast<int>(g)).free_blocks()) {
+        return false;
+      }
+    }
+  }
+  pool_->Materialize();
+  for (size_t g = 0; g < tables_.size(); ++g) {
+    KvBlockTable& t = tables_[g];
+    KvBlockAllocator& alloc = pool_->allocator(static_cast<int>(g));
+    for (uint32_t n = t.BlocksFor(end); n > 0; --n) {
+      std::optional<uint32_t> b = alloc.Allocate();
+      if (!b && pool_->Grow(static_cast<int>(g))) b = alloc.Allocate();
+      if (!b) return false;  // Not reached: checked above, or the pool grew.
+      t.blocks.push_back(*b);
+    }
+  }
+  return true;
+}
+
+int64_t KvCache::TakePrefix(std::span<const int32_t> tokens) {
+  if (length_ != 0 || !pool_->prefix_caching() || tokens.empty()) return 0;
+  KvBlockAllocator& alloc = pool_->allocator(0);
+  KvBlockTable& t = tables_[0];
+  // At least the last token is computed: its logits are the first sample's.
+  const size_t full = (tokens.size() - 1) / kKvBlockTokens;
+  uint64_t parent = 0;
+  for (size_t b = 0; b < full; ++b) {
+    std::span<const int32_t> block = tokens.subspan(b * kKvBlockTokens, kKvBlockTokens);
+    const uint64_t key = KvBlockAllocator::Key(parent, block);
+    std::optional<uint32_t> found = alloc.Lookup(key, block);
+    if (!found) break;
+    t.blocks.push_back(*found);
+    t.keys.push_back(key);
+    parent = key;
+  }
+  length_ = static_cast<int64_t>(t.blocks.size() * kKvBlockTokens);
+  tokens_.assign(tokens.begin(), tokens.begin() + length_);
+  alloc.CountLookup(full * kKvBlockTokens, static_cast<uint64_t>(length_));
+  return length_;
+}
+
+void KvCache::Advance(std::span<const int32_t> tokens) {
+  length_ += static_cast<int64_t>(tokens.size());
+  if (pool_->prefix_caching()) {
+    tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+    KvBlockTable& t = tables_[0];
+    KvBlockAllocator& alloc = pool_->allocator(0);
+    while ((t.keys.size() + 1) * kKvBlockTokens <= static_cast<size_t>(length_)) {
+      const size_t b = t.keys.size();
+      std::span<const int32_t> block(tokens_.data() + b * kKvBlockTokens, kKvBlockTokens);
+      const uint64_t key = KvBlockAllocator::Key(t.keys.empty() ? 0 : t.keys.back(), block);
+      alloc.Publish(t.blocks[b], key, block);
+      t.keys.push_back(key);
+    }
+  }
+  for (size_t g = 1; g < tables_.size(); ++g) {
+    // A later query at position p >= length sees positions > p - window: a block wholly before
+    // length - window + 1 is never read again.
+    KvBlockTable& t = tables_[g];
+    const int64_t keep_from = length_ - pool_->window(static_cast<int>(g)) + 1;
+    KvBlockAllocator& alloc = pool_->allocator(static_cast<int>(g));
+    size_t drop = 0;
+    while (drop < t.blocks.size() &&
+           static_cast<int64_t>((t.first_block + drop + 1) * kKvBlockTokens) <= keep_from) {
+      alloc.Release(t.blocks[drop]);
+      ++drop;
+    }
+    t.blocks.erase(t.blocks.begin(), t.blocks.begin() + static_cast<std::ptrdiff_t>(drop));
+    t.first_block += static_cast<uint32_t>(drop);
+  }
+}
+
+at::Tensor KvCache::Slots(int group, int64_t first, int64_t end, at::Device device) const {
+  const KvBlockTable& t = tables_[group];
+  std::vector<int64_t> rows(static_cast<size_t>(std::max<int64_t>(0, end - first)));
+  for (int64_t p = first; p < end; ++p) {
+    const int64_t block = t.blocks[static_cast<size_t>(p / kKvBlockTokens - t.first_block)];
+    rows[static_cast<size_t>(p - first)] = block * kKvBlockTokens + p % kKvBlockTokens;
+  }
+  at::Tensor slots = at::tensor(rows, at::TensorOptions().dtype(at::kLong));
+  return device.is_cpu() ? slots : slots.to(device);
+}
+
+}  // namespace fmoe

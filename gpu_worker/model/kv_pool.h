@@ -1,0 +1,132 @@
+// The paged KV cache (DESIGN section 14): one pool of kKvBlockTokens-position blocks per rank,
+// and each sequence's block tables into it. No sequence owns tensors: per transformer layer the
+// pool holds two tensors [blocks * kKvBlockTokens, rows, width] (grouped-query attention: keys
+// and values, rows = KV heads, width = head_dim; MLA: the latents after kv_a_layernorm and the
+// rotated rotary keys, rows = 1), and position p of a sequence lives in pool row
+// table.blocks[p / 16 - first_block] * 16 + p % 16. Attention writes a step's new keys there and
+// gathers the positions a query may see (gpu_worker/model/blocks.h AttentionSpan).
+//
+// Layers come in one or two groups, each with its own blocks: the full-attention layers (and
+// MLA), and the sliding-window layers (gpt-oss), whose blocks before the window are released as
+// a sequence grows. Prefix caching (kv_blocks.h) covers the first group; it is off for models
+// with sliding layers (their window's keys of a cached prefix would be gone).
+//
+// A pool with a token budget is fixed: Reserve fails when its blocks are taken (the engine then
+// preempts or waits). A pool without one (tests, `fmoe generate`) grows by doubling when full.
+// One owner thread (the engine's); caches keep the pool alive.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "gpu_worker/core/kv_blocks.h"
+
+namespace fmoe {
+
+struct KvPoolOptions {
+  // Positions the pool holds per layer group (rounded up to whole blocks); 0 = it grows on
+  // demand. Default: 0
+  uint64_t tokens = 0;
+  // Full blocks of a sequence are shared with later sequences that begin with the same tokens.
+  // Ignored (off) for models with sliding-window layers. Default: off
+  bool prefix_caching = false;
+};
+
+// What a pool holds, for /metrics and /health.
+struct KvPoolFigures {
+  bool fixed = false;
+  uint64_t total_blocks = 0;  // Of the first group.
+  uint64_t used_blocks = 0;   // Referenced by a sequence (first group).
+  uint64_t bytes = 0;         // The pool's tensors, every group.
+  uint64_t bytes_per_token = 0;
+  KvBlockStats blocks;  // The first group's prefix-cache figures.
+};
+
+class KvPool {
+ public:
+  struct LayerShape {
+    int64_t rows = 1;     // KV heads, or 1 (MLA).
+    int64_t k_width = 0;  // head_dim, or kv_lora_rank.
+    int64_t v_width = 0;  // head_dim, or qk_rope_head_dim.
+    int64_t window = 0;   // Sliding window (0: full attention).
+  };
+  KvPool(std::vector<LayerShape> layers, at::TensorOptions tensor_options, KvPoolOptions options);
+
+  size_t groups() const { return groups_.size(); }
+  int group_of(size_t layer) const { return layer_group_[layer]; }
+  int64_t window(int group) const { return groups_[group].window; }
+  bool fixed() const { return fixed_; }
+  bool prefix_caching() const { return groups_[0].alloc.prefix_caching(); }
+  KvBlockAllocator& allocator(int group) { return groups_[group].alloc; }
+  // Layer l's tensors, [blocks * 16, rows, width]; allocated on first use.
+  at::Tensor& k(size_t layer) { return k_[layer]; }
+  at::Tensor& v(size_t layer) { return v_[layer]; }
+  // Positions one group's blocks hold (the first group's: what one sequence can reach).
+  uint64_t capacity_tokens() const {
+    return uint64_t{groups_[0].alloc.total_blocks()} * kKvBlockTokens;
+  }
+  // A growing pool: `group` doubled (its tensors copied). false for a fixed pool.
+  bool Grow(int group);
+  // The tensors, allocated if they are not yet (a LibTorch error throws).
+  void Materialize();
+  KvPoolFigures figures() const;
+  uint64_t block_bytes(int group) const { return groups_[group].block_bytes; }
+
+ private:
+  struct Group {
+    KvBlockAllocator alloc;
+    int64_t window = 0;
+    uint64_t block_bytes = 0;
+    std::vector<size_t> layers;
+  };
+  std::vector<LayerShape> shapes_;
+  at::TensorOptions tensor_options_;
+  bool fixed_ = false;
+  std::vector<Group> groups_;
+  std::vector<int> layer_group_;
+  std::vector<at::Tensor> k_, v_;
+};
+
+// One sequence's keys and values: its block table per layer group in the pool.
+class KvCache {
+ public:
+  explicit KvCache(std::shared_ptr<KvPool> pool);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  // Positions in the cache.
+  int64_t length() const { return length_; }
+  // The bytes of the blocks this sequence references.
+  size_t bytes() const;
+  // Blocks for `tokens` more positions, in every group: false, with nothing taken, when a fixed
+  // pool has not enough free blocks.
+  bool Reserve(int64_t tokens);
+  // Blocks `tokens` more positions need beyond those held, summed over groups.
+  uint32_t BlocksNeeded(int64_t tokens) const;
+  // An empty cache only, with prefix caching: shares the cached full blocks that begin `tokens`
+  // (leaving at least the last token to compute) and returns the positions now held.
+  int64_t TakePrefix(std::span<const int32_t> tokens);
+  // Every block released; length 0.
+  void Reset();
+
+  // The model's part, after a Forward wrote `tokens` at positions length().. : the length
+  // grows, full blocks are published for prefix caching, a sliding group's blocks before its
+  // window are released.
+  void Advance(std::span<const int32_t> tokens);
+  // Pool rows of positions [first, end) of `group`, as a kLong tensor on `device`.
+  at::Tensor Slots(int group, int64_t first, int64_t end, at::Device device) const;
+  KvPool& pool() { return *pool_; }
+
+ private:
+  std::shared_ptr<KvPool> pool_;
+  int64_t length_ = 0;
+  std::vector<KvBlockTable> tables_;  // Per group.
+  std::vector<int32_t> tokens_;       // With prefix caching: the tokens of every position.
+};
+
+}  // namespace fmoe
