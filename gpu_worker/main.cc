@@ -296,7 +296,10 @@ int main(int argc, char** argv) {
   Outbox outbox(options.context_queue);
   std::unique_ptr<Rank> rank;
   if (int rc = AssembleRank(args, place, options, &outbox, &rank); rc != 0) return rc;
-  if (options.rank == 0) options.expert_figures = [&rank] { return rank->group_figures(); };
+  if (options.rank == 0) {
+    options.expert_figures = [&rank] { return rank->group_figures(); };
+    options.kv_figures = [&rank] { return rank->kv_figures(); };
+  }
   // Every rank receives the group's directives and keeps those for its own experts.
   options.on_directive = [&rank](const PrefetchDirective& d) { rank->PostDirective(d); };
   Worker worker(options, rank->info(), SteadyClock::Get(), rank->engine(), &outbox);

@@ -283,6 +283,8 @@ ExpertFigures Rank::local_figures() const {
                        static_cast<uint64_t>(t.disk_stall_ns / 1000)};
 }
 
+KvFigures Rank::kv_figures() const { return engine_ ? engine_->kv_figures() : KvFigures{}; }
+
 ExpertFigures Rank::group_figures() const {
   return engine_ ? engine_->group_figures() : local_figures();
 }

@@ -156,6 +156,8 @@ class Rank {
   ExpertFigures local_figures() const;
   // The group's totals as of the last iteration on the leader's engine, else this rank's.
   ExpertFigures group_figures() const;
+  // The leader's KV pool as of its engine's last step (empty without an engine); any thread.
+  KvFigures kv_figures() const;
   // Any thread: a map-service directive for the expert cache (ignored with every expert
   // resident); the cache keeps the entries of this rank's experts.
   void PostDirective(const PrefetchDirective& directive);

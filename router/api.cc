@@ -321,7 +321,16 @@ HttpResponse RouterApi::Health() const {
               {"free_slots", g.free_slots},
               {"active_requests", g.active_requests},
               {"queued", g.queued},
-              {"running", g.running}};
+              {"running", g.running},
+              {"kv_cache",
+               {{"blocks", g.kv.total_blocks},
+                {"blocks_used", g.kv.used_blocks},
+                {"block_tokens", 16},
+                {"prefix_cache_hit_rate",
+                 g.kv.prefix_queries ? static_cast<double>(g.kv.prefix_hits) /
+                                           static_cast<double>(g.kv.prefix_queries)
+                                     : 0.0},
+                {"preemptions", g.kv.preemptions}}}};
     j["last_heartbeat_ms"] = g.silence_ms >= 0 ? Json(g.silence_ms) : Json(nullptr);
     j["instance"] = g.instance_id ? Json(FingerprintHex(g.instance_id)) : Json(nullptr);
     j["model_fingerprint"] =

@@ -184,6 +184,22 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
   RenderPerGroup(out, "fmoe_expert_disk_stall_seconds_total", "counter",
                  "Compute time spent waiting for experts still being read from disk.", view,
                  [](const GroupView& g) { return g.experts.disk_stall_us / 1e6; });
+  RenderPerGroup(out, "fmoe_kv_blocks", "gauge",
+                 "Blocks of 16 positions in the leader's paged KV pool.", view,
+                 [](const GroupView& g) { return g.kv.total_blocks; });
+  RenderPerGroup(out, "fmoe_kv_blocks_used", "gauge",
+                 "KV blocks referenced by running requests (cached prefixes nobody uses are "
+                 "free).",
+                 view, [](const GroupView& g) { return g.kv.used_blocks; });
+  RenderPerGroup(out, "fmoe_prefix_cache_queries_total", "counter",
+                 "Prompt tokens looked up in the prefix cache (whole blocks).", view,
+                 [](const GroupView& g) { return g.kv.prefix_queries; });
+  RenderPerGroup(out, "fmoe_prefix_cache_hits_total", "counter",
+                 "Prompt tokens found in the prefix cache, not computed again.", view,
+                 [](const GroupView& g) { return g.kv.prefix_hits; });
+  RenderPerGroup(out, "fmoe_preemptions_total", "counter",
+                 "Running requests preempted because the KV pool was full (recomputed later).",
+                 view, [](const GroupView& g) { return g.kv.preemptions; });
   out << "# HELP fmoe_map_service_up Whether the map service answers (1) or not (0).\n"
          "# TYPE fmoe_map_service_up gauge\nfmoe_map_service_up "
       << (view.map_service_alive ? 1 : 0) << "\n";
@@ -196,10 +212,16 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
       << view.map_match_count << "\n";
   // vLLM's names, for the dashboards and autoscalers built for it (metrics.h).
   const std::string model = "model_name=\"" + Escape(served_name_) + "\"";
-  uint64_t running = 0, waiting = 0;
+  uint64_t running = 0, waiting = 0, kv_total = 0, kv_used = 0, prefix_queries = 0,
+           prefix_hits = 0, preemptions = 0;
   for (const auto& g : view.groups) {
     running += g.running;
     waiting += g.queued;
+    kv_total += g.kv.total_blocks;
+    kv_used += g.kv.used_blocks;
+    prefix_queries += g.kv.prefix_queries;
+    prefix_hits += g.kv.prefix_hits;
+    preemptions += g.kv.preemptions;
   }
   auto alias = [&](const char* name, const char* type, const char* help, uint64_t value) {
     out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
@@ -209,6 +231,20 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
         "Requests running on the workers (fmoe_running_requests, summed).", running);
   alias("vllm:num_requests_waiting", "gauge",
         "Requests waiting in the router (fmoe_queue_depth, summed).", waiting);
+  out << "# HELP vllm:kv_cache_usage_perc KV blocks in use, a fraction of every group's pool "
+         "(fmoe_kv_blocks_used / fmoe_kv_blocks, summed).\n# TYPE vllm:kv_cache_usage_perc "
+         "gauge\nvllm:kv_cache_usage_perc{"
+      << model << "} "
+      << Num(kv_total ? static_cast<double>(kv_used) / static_cast<double>(kv_total) : 0.0)
+      << "\n";
+  alias("vllm:prefix_cache_queries_total", "counter",
+        "Prompt tokens looked up in the prefix cache (fmoe_prefix_cache_queries_total, summed).",
+        prefix_queries);
+  alias("vllm:prefix_cache_hits_total", "counter",
+        "Prompt tokens found in the prefix cache (fmoe_prefix_cache_hits_total, summed).",
+        prefix_hits);
+  alias("vllm:num_preemptions_total", "counter",
+        "Requests preempted (fmoe_preemptions_total, summed).", preemptions);
   alias("vllm:prompt_tokens_total", "counter", "Prompt tokens (fmoe_prompt_tokens_total).",
         prompt_tokens_);
   alias("vllm:generation_tokens_total", "counter",

@@ -12,7 +12,7 @@
 // vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds and
 // vllm:request_prompt_tokens (histograms), vllm:prompt_tokens_total and
 // vllm:generation_tokens_total (counters). Each is the same figure as its fmoe_ twin.
-// vllm:kv_cache_usage_perc is not among them: the workers do not report KV use yet.
+// vllm:kv_cache_usage_perc comes from the leaders' heartbeats (their KV pools).
 #pragma once
 
 #include <cstdint>

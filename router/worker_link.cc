@@ -377,6 +377,7 @@ void WorkerLink::HandleWorker(const std::string& peer, const WorkerMessage& mess
       entry->info.free_slots = hb->free_slots;
       entry->info.active_requests = hb->active_requests;
       entry->info.experts = hb->experts;
+      entry->info.kv = hb->kv;
     }
     Status s = workers_->Send(WorkerHeartbeatAck{hb->seq, known}, peer);
     if (!s.ok()) spdlog::debug("heartbeat ack to {} failed: {}", peer, s.ToString());
@@ -443,6 +444,7 @@ void WorkerLink::OnHello(const std::string& peer, const WorkerHello& hello) {
                                  hello.max_batch,
                                  hello.free_slots,
                                  0,
+                                 {},
                                  {}});
     last_seen_by_group_[hello.group] = clock_.NowMs();
     loading_.erase(hello.group);
@@ -540,6 +542,7 @@ void WorkerLink::Publish() {
       g.free_slots = entry.info.free_slots;
       g.active_requests = entry.info.active_requests;
       g.experts = entry.info.experts;
+      g.kv = entry.info.kv;
       g.instance_id = entry.info.instance_id;
       g.model_fingerprint = entry.info.model_fingerprint;
     }

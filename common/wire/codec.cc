@@ -149,6 +149,11 @@ flatbuffers::Offset<fb::WorkerHeartbeat> Build(Builder& fbb, const WorkerHeartbe
   b.add_expert_disk_reads(m.experts.disk_reads);
   b.add_expert_disk_bytes(m.experts.disk_bytes);
   b.add_expert_disk_stall_us(m.experts.disk_stall_us);
+  b.add_kv_blocks_total(m.kv.total_blocks);
+  b.add_kv_blocks_used(m.kv.used_blocks);
+  b.add_prefix_cache_queries(m.kv.prefix_queries);
+  b.add_prefix_cache_hits(m.kv.prefix_hits);
+  b.add_preemptions(m.kv.preemptions);
   return b.Finish();
 }
 
@@ -558,6 +563,17 @@ bool Read(const fb::WorkerHeartbeat& t, const Checker& c, WorkerHeartbeat* m) {
                 t.expert_disk_reads(),
                 t.expert_disk_bytes(),
                 t.expert_disk_stall_us()};
+  m->kv = {t.kv_blocks_total(), t.kv_blocks_used(), t.prefix_cache_queries(),
+           t.prefix_cache_hits(), t.preemptions()};
+  if (m->kv.used_blocks > m->kv.total_blocks) {
+    return c.OutOfRange("WorkerHeartbeat.kv_blocks_used: " + std::to_string(m->kv.used_blocks) +
+                        " exceeds kv_blocks_total " + std::to_string(m->kv.total_blocks));
+  }
+  if (m->kv.prefix_hits > m->kv.prefix_queries) {
+    return c.OutOfRange("WorkerHeartbeat.prefix_cache_hits: " +
+                        std::to_string(m->kv.prefix_hits) + " exceeds prefix_cache_queries " +
+                        std::to_string(m->kv.prefix_queries));
+  }
   return c.String(t.group(), "WorkerHeartbeat.group", &m->group, /*required=*/true);
 }
 

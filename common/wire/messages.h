@@ -52,6 +52,15 @@ struct ExpertFigures {
   uint64_t disk_stall_us = 0;
 };
 
+// The leader's paged KV pool (gpu_worker/model/kv_pool.h).
+struct KvFigures {
+  uint64_t total_blocks = 0;
+  uint64_t used_blocks = 0;     // Referenced by a sequence now (<= total_blocks).
+  uint64_t prefix_queries = 0;  // Prompt tokens looked up in the prefix cache since start.
+  uint64_t prefix_hits = 0;     // Of those, found (<= prefix_queries).
+  uint64_t preemptions = 0;     // Running requests preempted since start.
+};
+
 // Leader -> router, every heartbeat interval.
 struct WorkerHeartbeat {
   std::string group;
@@ -60,6 +69,7 @@ struct WorkerHeartbeat {
   uint32_t free_slots = 0;
   uint32_t active_requests = 0;
   ExpertFigures experts;  // The expert cache since start.
+  KvFigures kv;
 };
 
 // Router -> leader, answering a heartbeat. known=false asks the worker to send Hello again.

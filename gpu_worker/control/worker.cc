@@ -240,6 +240,7 @@ void Worker::Tick() {
       hb.free_slots = options_.max_batch - std::min(active, options_.max_batch);
       hb.active_requests = active;
       if (options_.expert_figures) hb.experts = options_.expert_figures();
+      if (options_.kv_figures) hb.kv = options_.kv_figures();
       s = router_socket_->Send(hb);
     }
     if (!s.ok()) spdlog::debug("to router: {}", s.ToString());

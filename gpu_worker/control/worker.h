@@ -52,6 +52,8 @@ struct WorkerOptions {
   int register_wait_ms = 5000;       // Readiness waits this long for the map service. Default: 5000
   // The expert cache's totals for heartbeats; called on the control thread. Default: none
   std::function<ExpertFigures()> expert_figures;
+  // The KV pool's figures for heartbeats; called on the control thread. Default: none
+  std::function<KvFigures()> kv_figures;
   // Where prefetch directives go (the expert cache); called on the control thread. Default: none
   std::function<void(const PrefetchDirective&)> on_directive;
   bool semantic = true;         // Ask the map service for semantic matching. Default: on

@@ -87,6 +87,8 @@ std::vector<ScheduledWork> Scheduler::Schedule() {
   while (running_.size() < options_.max_batch && !waiting_.empty()) {
     Entry e = waiting_.front();
     e.prefilled = 0;
+    uint64_t probe = budget;
+    if (ChunkOf(e, first_prefill, &probe) == 0) break;  // Before the hook takes any blocks.
     if (admit_hook_) e.prefilled = std::min(admit_hook_(e.id, e.prompt), e.prompt - 1);
     const uint32_t chunk = ChunkOf(e, first_prefill, &budget);
     if (chunk == 0) break;

@@ -283,6 +283,18 @@ bool Engine::SumFigures(std::span<const SequenceInput> inputs) {
   return true;
 }
 
+KvFigures Engine::kv_figures() const {
+  std::lock_guard<std::mutex> lock(figures_mu_);
+  return kv_figures_;
+}
+
+void Engine::PublishKvFigures() {
+  const KvPoolFigures f = model_.kv_figures();
+  std::lock_guard<std::mutex> lock(figures_mu_);
+  kv_figures_ = {f.total_blocks, f.used_blocks, f.blocks.prefix_queries,
+                 f.blocks.prefix_hit_tokens, stats_.preemptions};
+}
+
 void Engine::GroupFailed(const Status& why) {
   if (group_failed_.exchange(true)) return;
   spdlog::error("{}; {} running and {} waiting requests are left to the router", why.message(),
@@ -516,7 +528,10 @@ bool Engine::Step() {
 
   // Schedule: the step's work, and each request's part of the Forward.
   const std::vector<ScheduledWork> work = scheduler_.Schedule();
-  if (work.empty()) return false;
+  if (work.empty()) {
+    PublishKvFigures();
+    return false;
+  }
   const int64_t now = SteadyNowUs();
   std::vector<ScheduledWork> ran;
   std::vector<SequenceInput> inputs;
@@ -617,6 +632,7 @@ bool Engine::Step() {
     }
   }
   DropFinished();
+  PublishKvFigures();
   return true;
 }
 

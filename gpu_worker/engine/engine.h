@@ -120,6 +120,8 @@ class Engine final : public RequestExecutor {
   // group); any thread.
   ExpertFigures group_figures() const;
   bool group_failed() const { return group_failed_.load(); }
+  // The KV pool's figures as of the last step; any thread.
+  KvFigures kv_figures() const;
 
  private:
   struct Sequence;
@@ -181,6 +183,9 @@ class Engine final : public RequestExecutor {
   std::atomic<bool> group_failed_{false};
   mutable std::mutex figures_mu_;
   ExpertFigures group_figures_;  // GUARDED_BY(figures_mu_)
+  KvFigures kv_figures_;         // GUARDED_BY(figures_mu_)
+  // The pool's figures into kv_figures_ (engine thread).
+  void PublishKvFigures();
 
   // Engine thread only.
   Scheduler scheduler_;

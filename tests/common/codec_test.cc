@@ -108,8 +108,14 @@ TEST(Codec, RoundTripWorkerHeartbeat) {
                      .seq = 1ull << 40,
                      .free_slots = 3,
                      .active_requests = 12,
-                     .experts = {1, 2, 3, 4, 1ull << 35, 6, 7, 8, 1ull << 36, 9, 1ull << 37, 10}};
+                     .experts = {1, 2, 3, 4, 1ull << 35, 6, 7, 8, 1ull << 36, 9, 1ull << 37, 10},
+                     .kv = {4096, 17, 1ull << 33, 1ull << 32, 5}};
   auto out = RoundTripAs<WorkerHeartbeat, WorkerMessage>(in);
+  EXPECT_EQ(out.kv.total_blocks, 4096u);
+  EXPECT_EQ(out.kv.used_blocks, 17u);
+  EXPECT_EQ(out.kv.prefix_queries, 1ull << 33);
+  EXPECT_EQ(out.kv.prefix_hits, 1ull << 32);
+  EXPECT_EQ(out.kv.preemptions, 5u);
   EXPECT_EQ(out.experts.hits, 1u);
   EXPECT_EQ(out.experts.misses, 2u);
   EXPECT_EQ(out.experts.prefetches_issued, 3u);
@@ -614,6 +620,22 @@ TEST(CodecReject, UnknownUnionTagPatched) {
   EXPECT_NE(error.detail.find("WorkerEnvelope.body_type"), std::string::npos) << error.detail;
   frame[tag] = 0;  // NONE with a body.
   EXPECT_EQ(Reject<WorkerMessage>(frame).reason, DropReason::kOutOfRange);
+}
+
+// A heartbeat's KV figures must be consistent: no more blocks used than the pool has, no more
+// prefix hits than lookups.
+TEST(CodecReject, HeartbeatKvFiguresOutOfRange) {
+  WorkerHeartbeat hb;
+  hb.group = "g";
+  hb.kv = {8, 9, 0, 0, 0};
+  DecodeError error = Reject<WorkerMessage>(Encode(WorkerMessage(hb)));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_NE(error.detail.find("kv_blocks_used: 9 exceeds kv_blocks_total 8"), std::string::npos)
+      << error.detail;
+  hb.kv = {8, 1, 16, 32, 0};
+  error = Reject<WorkerMessage>(Encode(WorkerMessage(hb)));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_NE(error.detail.find("prefix_cache_hits: 32 exceeds"), std::string::npos) << error.detail;
 }
 
 // An envelope built with the raw builder: protocol_version, body_type 200, body an empty table.

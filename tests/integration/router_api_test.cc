@@ -394,6 +394,49 @@ TEST_F(RouterApiTest, ChatWithoutMaxTokensMayUseTheRestOfTheContext) {
   EXPECT_EQ(Ok("/v1/completions", text)["usage"]["completion_tokens"], 16);
 }
 
+// Prefix caching: the second request with the same prompt finds its full 16-token KV blocks
+// cached (usage.prompt_tokens_details.cached_tokens, as OpenAI reports it) and gives the same
+// text; the leader's heartbeats carry the hits and the pool into /metrics.
+TEST_F(RouterApiTest, PrefixCachingSharesAPromptsBlocks) {
+  std::string prompt = "A prefix shared by two requests:";
+  for (int i = 0; i < 12; ++i) prompt += " the river ran north past stone " + std::to_string(i);
+  Json a = Completion({{"prompt", prompt}});
+  const int n = a["usage"]["prompt_tokens"].get<int>();
+  ASSERT_GT(n, 33);
+  EXPECT_EQ(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  Json b = Completion({{"prompt", prompt}});
+  EXPECT_EQ(b["usage"]["prompt_tokens_details"]["cached_tokens"], (n - 1) / 16 * 16);
+  EXPECT_EQ(Text(b), Text(a));
+  // Chat reports it the same way.
+  Json chat = {{"model", "tiny-moe"},
+               {"messages", {{{"role", "user"}, {"content", prompt}}}},
+               {"max_tokens", 4},
+               {"temperature", 0}};
+  Ok("/v1/chat/completions", chat);
+  Json again = Ok("/v1/chat/completions", chat);
+  EXPECT_GE(again["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 16);
+  auto metric = [&](const std::string& name) -> double {
+    Reply r = Call("GET", "/metrics", "");
+    const std::string key = name + "{group=\"g0\"} ";
+    const size_t at = r.body.find(key);
+    if (at == std::string::npos) return -1;
+    return std::stod(r.body.substr(at + key.size()));
+  };
+  EXPECT_TRUE(WaitUntil([&] { return metric("fmoe_prefix_cache_hits_total") >= (n - 1) / 16 * 16; },
+                        60000))
+      << Call("GET", "/metrics", "").body;
+  EXPECT_GT(metric("fmoe_prefix_cache_queries_total"), metric("fmoe_prefix_cache_hits_total"));
+  EXPECT_EQ(metric("fmoe_kv_blocks"), 4096 / 16);  // max_batch 4 x the 1024-token context.
+  Json health = Json::parse(Call("GET", "/health", "").body, nullptr, false);
+  ASSERT_TRUE(health.is_object());
+  EXPECT_EQ(health["groups"][0]["kv_cache"]["blocks"], 256);
+  EXPECT_GT(health["groups"][0]["kv_cache"]["prefix_cache_hit_rate"].get<double>(), 0.0);
+  Reply r = Call("GET", "/metrics", "");
+  EXPECT_NE(r.body.find("vllm:kv_cache_usage_perc{model_name=\"tiny-moe\"} "), std::string::npos);
+  EXPECT_NE(r.body.find("vllm:prefix_cache_hits_total{model_name=\"tiny-moe\"} "),
+            std::string::npos);
+}
+
 TEST_F(RouterApiTest, UnsupportedParametersAreRefusedByName) {
   const std::vector<std::pair<std::string, Json>> cases = {
       {"best_of", 2},
