@@ -47,6 +47,7 @@ struct ServeOptions {
   bool no_reference = false;          // Skip the fraction-1.0 run "resident".
   int max_batch = 0;                  // > 0: every group's max_batch. Default: the manifest's
   int max_batched_tokens = -1;  // >= 0: every group's max_batched_tokens. Default: the manifest's
+  std::string prefix_caching;   // "on" | "off": every group's. Default: the manifest's
   std::string arrivals;         // Required.
   std::string prompts;          // Required.
   WorkloadOptions workload;
@@ -292,6 +293,7 @@ int RunServe(ServeOptions o) {
   for (WorkerGroupSpec& g : base->worker_groups) {
     if (o.max_batch > 0) g.max_batch = o.max_batch;
     if (o.max_batched_tokens >= 0) g.max_batched_tokens = o.max_batched_tokens;
+    if (!o.prefix_caching.empty()) g.prefix_caching = o.prefix_caching == "on";
     if (g.max_batched_tokens != 0 && g.max_batched_tokens < g.max_batch) {
       return bad("group " + g.name + ": max_batched_tokens " +
                  std::to_string(g.max_batched_tokens) + " is below max_batch " +
@@ -390,6 +392,9 @@ void AddServeCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--no-reference", o->no_reference, "skip the all-resident reference run");
   cmd->add_option("--max-batch", o->max_batch, "every group's max_batch (default: the manifest's)")
       ->check(CLI::Range(1, 1024));
+  cmd->add_option("--prefix-caching", o->prefix_caching,
+                  "every group's prefix caching (default: the manifest's)")
+      ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--max-batched-tokens", o->max_batched_tokens,
                   "every group's tokens per engine step; 0 = whole prompts (default: the "
                   "manifest's)")

@@ -54,6 +54,9 @@ bool OnEvent(const std::string& data, BenchClock::time_point at, StreamResult& r
     r.has_usage = true;
     r.prompt_tokens = u->value("prompt_tokens", int64_t{0});
     r.completion_tokens = u->value("completion_tokens", int64_t{0});
+    if (auto d = u->find("prompt_tokens_details"); d != u->end() && d->is_object()) {
+      r.cached_tokens = d->value("cached_tokens", int64_t{0});
+    }
     if (auto x = u->find("fmoe_experts"); x != u->end() && x->is_object()) {
       r.expert_hits = x->value("hits", uint64_t{0});
       r.expert_misses = x->value("misses", uint64_t{0});

@@ -29,6 +29,7 @@ struct StreamResult {
   std::string finish_reason;      // "length", "stop" or "" when none came.
   bool has_usage = false;
   int64_t prompt_tokens = 0;  // From usage.
+  int64_t cached_tokens = 0;  // usage.prompt_tokens_details.cached_tokens.
   int64_t completion_tokens = 0;
   uint64_t expert_hits = 0;  // usage.fmoe_experts.
   uint64_t expert_misses = 0;

@@ -125,6 +125,7 @@ RunSummary Summarize(const std::vector<BenchRequest>& requests,
     }
     ++s.ok;
     s.prompt_tokens += r.prompt_tokens;
+    s.cached_tokens += r.cached_tokens;
     s.output_tokens += r.completion_tokens;
     s.requested_tokens += requests[i].max_tokens;
     if (r.completion_tokens < requests[i].max_tokens) ++s.short_requests;
@@ -246,6 +247,14 @@ std::string FormatTable(const std::vector<RunSummary>& runs) {
       "TTFT/TPOT in ms (p50/p90/p99 and mean of the successful requests); tok/s and req/s over the "
       "measured window; hit rate from usage.fmoe_experts.\n";
   for (const RunSummary& r : runs) {
+    if (!r.failed && r.cached_tokens > 0) {
+      out += r.name + ": " + std::to_string(r.cached_tokens) + " of " +
+             std::to_string(r.prompt_tokens) + " prompt tokens from the prefix cache (" +
+             Fixed(100.0 * static_cast<double>(r.cached_tokens) /
+                       static_cast<double>(std::max<int64_t>(r.prompt_tokens, 1)),
+                   1) +
+             "%)\n";
+    }
     if (r.failed) out += r.name + ": FAILED: " + r.failure + "\n";
     if (!r.failed && !r.failure.empty()) out += r.name + ": note: " + r.failure + "\n";
     if (r.errors > 0)

@@ -32,6 +32,7 @@ struct RunSummary {
   int errors = 0;
   std::string first_error;  // The first failed request's error, for the report.
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;     // Of prompt_tokens, found in the prefix cache.
   int64_t output_tokens = 0;     // Sum of usage.completion_tokens.
   int64_t requested_tokens = 0;  // Sum of max_tokens of the successful requests.
   int short_requests = 0;        // Successful requests that ended before max_tokens (eos).
