@@ -6,7 +6,7 @@ namespace fmoe {
 namespace {
 
 constexpr uint8_t kMagic[4] = {'F', 'M', 'P', 'L'};
-constexpr uint16_t kVersion = 2;  // 2: per-sequence flags (prefill).
+constexpr uint16_t kVersion = 3;  // 2: per-sequence flags (prefill); 3: preempted ids, restart.
 
 class Writer {
  public:
@@ -60,6 +60,8 @@ std::vector<uint8_t> EncodePlan(const IterationPlan& plan) {
   w.Put<uint32_t>(static_cast<uint32_t>(plan.ended.size()));
   w.Put<uint32_t>(static_cast<uint32_t>(plan.sequences.size()));
   for (uint64_t id : plan.ended) w.Put<uint64_t>(id);
+  w.Put<uint32_t>(static_cast<uint32_t>(plan.preempted.size()));
+  for (uint64_t id : plan.preempted) w.Put<uint64_t>(id);
   for (const PlannedSequence& s : plan.sequences) {
     w.Put<uint64_t>(s.request_id);
     w.Put<uint32_t>(s.iteration);
@@ -106,6 +108,17 @@ Result<IterationPlan> DecodePlan(std::span<const uint8_t> bytes, const PlanLimit
   if (r.left() < static_cast<size_t>(n_ended) * sizeof(uint64_t)) return Bad("truncated ended ids");
   plan.ended.resize(n_ended);
   for (uint64_t& id : plan.ended) r.Get(&id);
+  uint32_t n_preempted = 0;
+  if (!r.Get(&n_preempted)) return Bad("truncated preempted count");
+  if (n_preempted > limits.max_sequences) {
+    return Bad(std::to_string(n_preempted) + " preempted requests, more than max_batch " +
+               std::to_string(limits.max_sequences));
+  }
+  if (r.left() < static_cast<size_t>(n_preempted) * sizeof(uint64_t)) {
+    return Bad("truncated preempted ids");
+  }
+  plan.preempted.resize(n_preempted);
+  for (uint64_t& id : plan.preempted) r.Get(&id);
   plan.sequences.resize(n_seq);
   for (uint32_t i = 0; i < n_seq; ++i) {
     PlannedSequence& s = plan.sequences[i];

@@ -1,11 +1,13 @@
 // What the leader of an expert-parallel group tells every other rank before each iteration
 // (DESIGN section 7): the batch to run (each sequence's request id, iteration and new tokens),
-// the requests that left the batch since the last plan (their KV caches and cache state can go),
+// the requests that left the batch since the last plan (their KV caches and cache state can go)
+// or were preempted (their KV blocks go back to the pool, as on the leader),
 // or that nothing runs (a keep-alive while idle, so a waiting rank can tell an idle leader from a
 // dead one) or that the group stops. Torch-free; the bytes travel in a c10d broadcast.
 //
 // Layout (little-endian): magic "FMPL", version u16, kind u16, step u64, ended count u32,
-// sequence count u32, ended ids u64[], then per sequence: request id u64, iteration u32, flags u8
+// sequence count u32, ended ids u64[], preempted count u32, preempted ids u64[], then per
+// sequence: request id u64, iteration u32, flags u8
 // (bit 0: prefill, bit 1: restart), token count u32, tokens i32[]. DecodePlan checks every count
 // against the bytes that are there and against the limits given, and names what is wrong.
 #pragma once
@@ -44,6 +46,9 @@ struct IterationPlan {
   uint64_t step = 0;            // Plans sent so far by this leader; each rank checks the sequence.
   std::vector<uint64_t> ended;  // Requests that left the batch since the previous plan.
   std::vector<PlannedSequence> sequences;
+  // Requests preempted since the previous plan: their KV blocks go back to the pool now (they
+  // restart later, PlannedSequence::restart).
+  std::vector<uint64_t> preempted;
 
   bool operator==(const IterationPlan&) const = default;
 };

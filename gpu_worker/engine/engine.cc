@@ -108,6 +108,7 @@ void Engine::Preempt(Sequence& seq) {
   if (seq.kv) seq.kv->Reset();
   scheduler_.Preempt(seq.id, static_cast<uint32_t>(seq.prefill_tokens().size()));
   seq.restart = seq.forwarded;
+  if (grouped() && seq.forwarded) preempted_.push_back(seq.id);
   if (!seq.computed) {
     // Admitted this step and sent back before it ran: it only waits longer.
     spdlog::debug("req={}: waits for KV blocks", seq.id);
@@ -246,6 +247,7 @@ bool Engine::SendPlan(PlanKind kind, std::span<const SequenceInput> inputs) {
   plan.kind = kind;
   plan.step = plan_step_++;
   plan.ended.swap(ended_);
+  plan.preempted.swap(preempted_);
   for (const SequenceInput& in : inputs) {
     Sequence& seq = *sequences_.at(in.request_id);
     plan.sequences.push_back({in.request_id,
@@ -291,8 +293,8 @@ KvFigures Engine::kv_figures() const {
 void Engine::PublishKvFigures() {
   const KvPoolFigures f = model_.kv_figures();
   std::lock_guard<std::mutex> lock(figures_mu_);
-  kv_figures_ = {f.total_blocks, f.used_blocks, f.blocks.prefix_queries,
-                 f.blocks.prefix_hit_tokens, stats_.preemptions};
+  kv_figures_ = {f.total_blocks, f.used_blocks, f.blocks.prefix_queries, f.blocks.prefix_hit_tokens,
+                 stats_.preemptions};
 }
 
 void Engine::GroupFailed(const Status& why) {

@@ -190,7 +190,8 @@ class Engine final : public RequestExecutor {
   // Engine thread only.
   Scheduler scheduler_;
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> sequences_;  // Waiting and running.
-  std::vector<uint64_t> ended_;  // Left the batch since the last plan.
+  std::vector<uint64_t> ended_;      // Left the batch since the last plan.
+  std::vector<uint64_t> preempted_;  // Preempted since the last plan.
   uint64_t plan_step_ = 0;
   int64_t last_plan_us_ = 0;
 };

@@ -42,6 +42,10 @@ Status Follower::Run(const std::function<bool()>& stop, std::chrono::millisecond
       experts_.OnRequestEnd(id);
       requests_.erase(it);
     }
+    for (uint64_t id : plan->preempted) {
+      // The leader gave this request's blocks back: so does this rank, before the Forward.
+      if (auto it = requests_.find(id); it != requests_.end()) it->second.kv->Reset();
+    }
     if (plan->kind == PlanKind::kStop) return Status::Ok();
     if (plan->kind == PlanKind::kIteration) FMOE_RETURN_IF_ERROR(RunPlan(*plan));
   }
@@ -59,8 +63,9 @@ Status Follower::RunPlan(const IterationPlan& plan) {
     } else if (it == requests_.end()) {
       return Internal(req + ": iteration " + std::to_string(s.iteration) +
                       " of a request this rank never saw");
-    } else if (s.restart) {
-      it->second.kv->Reset();  // Preempted by the leader: prefilled again from position 0.
+    } else if (s.restart && it->second.kv->length() != 0) {
+      return Internal(req + ": restarts with " + std::to_string(it->second.kv->length()) +
+                      " positions in its KV (its preemption was never told)");
     }
     if (s.prefill) {
       stats_.prefill_tokens += s.tokens.size();

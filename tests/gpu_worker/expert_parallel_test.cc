@@ -83,14 +83,18 @@ struct GroupRun {
   ExpertFigures group_figures;
   std::vector<GroupStats> group_stats;
   std::vector<std::string> errors;
+  uint64_t preemptions = 0;  // The leader's.
 };
 
 // Runs the prompts through a group of `world` rank threads; rank 0 serves them.
 // `max_batched_tokens`: the leader's token budget per step (prompts prefilled in chunks).
 GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
                   const std::vector<LayerAccess>& future = {}, const std::string& dir = kModelDir,
-                  uint32_t max_batched_tokens = 0) {
+                  uint32_t max_batched_tokens = 0, uint64_t kv_tokens = 0) {
   const ModelInfo& info = Common(dir).info;
+  // Every rank's KV pool: fixed at kv_tokens positions (0: growing), as the rank sets it.
+  for (uint32_t r = 0; r < world; ++r)
+    Weights(world, r, dir).model->ConfigureKv({kv_tokens, false});
   GroupRun run;
   std::mutex mu;
   const uint16_t port = FreePort();
@@ -170,6 +174,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
         return finished == kPrompts.size() || std::chrono::steady_clock::now() > deadline;
       });
       run.group_figures = engine.group_figures();
+      run.preemptions = engine.stats().preemptions;
     } else {
       Follower follower(model, cache, group, 4, local);
       Status s = follower.Run([] { return false; }, std::chrono::seconds(0));
@@ -285,6 +290,19 @@ TEST(ExpertParallel, EveryWorldSizeAndPolicyGivesTheAllResidentTokens) {
 
 // Chunked prefill across a group: the plans carry the prompt chunks (iterations after the first
 // with several prompt tokens), the followers run them, and the tokens are the all-resident ones.
+// A KV pool too small for every running request: the leader preempts, the other rank is told
+// by the plan to restart the request, and the tokens are those of one rank with room to spare.
+TEST(ExpertParallel, PreemptionAcrossAGroupGivesTheAllResidentTokens) {
+  const Reference& ref = AllResident();
+  for (auto [budget, pool] : {std::pair{0u, 96u}, std::pair{5u, 48u}}) {
+    GroupRun run = RunGroup(2, "lru", 0.5, ref.accesses, kModelDir, budget, pool);
+    EXPECT_TRUE(run.errors.empty()) << run.errors.front();
+    EXPECT_EQ(run.tokens, ref.tokens) << "budget " << budget;
+    EXPECT_GT(run.preemptions, 0u) << "budget " << budget;
+  }
+  for (uint32_t r = 0; r < 2; ++r) Weights(2, r).model->ConfigureKv({});
+}
+
 TEST(ExpertParallel, PromptChunksAcrossAGroupGiveTheAllResidentTokens) {
   const Reference& ref = AllResident();
   GroupRun run = RunGroup(2, "lru", 0.5, ref.accesses, kModelDir, /*max_batched_tokens=*/5);

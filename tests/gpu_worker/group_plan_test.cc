@@ -37,8 +37,8 @@ std::string ErrorOf(const std::vector<uint8_t>& bytes, const PlanLimits& limits 
 }
 
 TEST(GroupPlan, RoundTrips) {
-  for (const IterationPlan& plan : {Sample(), IterationPlan{PlanKind::kIdle, 3, {1, 2, 3}, {}},
-                                    IterationPlan{PlanKind::kStop, 0, {}, {}}}) {
+  for (const IterationPlan& plan : {Sample(), IterationPlan{PlanKind::kIdle, 3, {1, 2, 3}, {}, {5}},
+                                    IterationPlan{PlanKind::kStop, 0, {}, {}, {}}}) {
     auto back = DecodePlan(EncodePlan(plan), Limits());
     ASSERT_TRUE(back.ok()) << back.status().ToString();
     EXPECT_EQ(*back, plan);
@@ -115,7 +115,7 @@ TEST(GroupPlan, PrefillChunksAndDecodesAreTold) {
   plan.sequences[0].tokens = {1};
   EXPECT_NE(ErrorOf(EncodePlan(plan)).find("starts with a decode step"), std::string::npos);
   std::vector<uint8_t> bytes = EncodePlan(Sample());
-  const size_t flags_at = 4 + 2 + 2 + 8 + 4 + 4 + 2 * 8 + 8 + 4;  // Sequence 0's flags.
+  const size_t flags_at = 4 + 2 + 2 + 8 + 4 + 4 + 2 * 8 + 4 + 8 + 4;  // Sequence 0's flags.
   ASSERT_EQ(bytes[flags_at], 1);
   bytes[flags_at] = 6;
   EXPECT_NE(ErrorOf(bytes).find("unknown flags 6"), std::string::npos);
@@ -131,7 +131,7 @@ TEST(GroupPlan, PrefillChunksAndDecodesAreTold) {
 }
 
 TEST(GroupPlan, HugeCountsDoNotAllocateBeforeTheBytesAreThere) {
-  std::vector<uint8_t> bytes = EncodePlan(IterationPlan{PlanKind::kIteration, 0, {}, {}});
+  std::vector<uint8_t> bytes = EncodePlan(IterationPlan{PlanKind::kIteration, 0, {}, {}, {}});
   const uint32_t many = 0xffffffffu;
   std::memcpy(bytes.data() + 16, &many, sizeof(many));  // Ended count.
   PlanLimits open = Limits();
