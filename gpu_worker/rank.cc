@@ -59,10 +59,11 @@ std::string CacheDescription(const CachedExpertsOptions& c) {
 
 }  // namespace
 
-uint64_t KvReserveBytes(const ModelInfo& info, uint64_t pool_tokens, const std::string& dtype) {
+uint64_t KvReserveBytes(const ModelInfo& info, uint64_t pool_tokens, uint64_t sliding_tokens,
+                        const std::string& dtype) {
   const uint32_t width = dtype == "float32" ? 4 : 2;
-  // Each layer group of the pool (kv_pool.h) has pool_tokens positions, sliding layers' too.
-  return pool_tokens * KvBytesPerToken(info, width);
+  const auto [full, sliding] = KvBytesPerTokenSplit(info, width);
+  return pool_tokens * full + sliding_tokens * sliding;
 }
 
 Result<std::string> ResolveDtype(std::string_view requested, const ModelInfo& info, bool cuda,
@@ -146,7 +147,8 @@ Status Rank::Build(RankStage* stage) {
     cache.rank = o.rank;
     cache.world_size = o.world_size;
     cache.cuda_index = device_.cuda_index;
-    if (cache.cache_auto) cache.reserve_bytes = KvReserveBytes(info_, kv_pool_tokens_, dtype_);
+    if (cache.cache_auto)
+      cache.reserve_bytes = KvReserveBytes(info_, kv_pool_tokens_, kv_sliding_tokens_, dtype_);
     FMOE_ASSIGN_OR_RETURN(cached_, CachedExperts::Create(std::move(table), cache));
     source_ = cached_.get();
   }
@@ -242,8 +244,11 @@ Status Rank::LoadWeights(ExpertTable* table) {
   // The paged KV pool; prefix caching needs every rank to share the same blocks, so only a
   // group of one rank has it.
   kv_pool_tokens_ = KvPoolTokens(info_, options_.max_batch, options_.kv_cache_tokens);
+  kv_sliding_tokens_ =
+      KvSlidingPoolTokens(info_, options_.max_batch, options_.max_batched_tokens, kv_pool_tokens_);
   KvPoolOptions kv;
   kv.tokens = kv_pool_tokens_;
+  kv.sliding_tokens = kv_sliding_tokens_;
   kv.prefix_caching = options_.prefix_caching && options_.world_size == 1;
   model_->ConfigureKv(kv);
   const KvPoolFigures f = model_->kv_figures();

@@ -113,8 +113,10 @@ struct RankOptions {
 // the accepted values otherwise.
 // The KV cache memory `expert_cache_gb: auto` keeps free: the paged pool's positions
 // (model_config.h KvPoolTokens) at the bytes the runtime's KV cache holds per token
-// (KvBytesPerToken: MLA's latents, not per-head keys), in every layer, sliding ones included.
-uint64_t KvReserveBytes(const ModelInfo& info, uint64_t pool_tokens, const std::string& dtype);
+// (KvBytesPerToken: MLA's latents, not per-head keys); the sliding-window layers at
+// `sliding_tokens` (KvSlidingPoolTokens).
+uint64_t KvReserveBytes(const ModelInfo& info, uint64_t pool_tokens, uint64_t sliding_tokens,
+                        const std::string& dtype);
 
 // With `experts_on_disk` (the host tier reads experts as stored) and a float checkpoint, auto is
 // its torch_dtype on any device.
@@ -187,7 +189,8 @@ class Rank {
   ModelInfo info_;
   DeviceInfo device_;
   std::string dtype_;
-  uint64_t kv_pool_tokens_ = 0;  // The paged KV pool's positions.
+  uint64_t kv_pool_tokens_ = 0;     // The paged KV pool's positions.
+  uint64_t kv_sliding_tokens_ = 0;  // Its sliding-window layers'.
   // Destroyed in reverse: the compute first, then what it uses.
   std::unique_ptr<TraceRecorder> recorder_;
   std::unique_ptr<Tokenizer> tokenizer_;

@@ -286,6 +286,32 @@ uint64_t KvPoolTokens(const ModelInfo& info, uint32_t max_batch, uint64_t reques
   return (tokens + kBlock - 1) / kBlock * kBlock;
 }
 
+uint64_t KvSlidingPoolTokens(const ModelInfo& info, uint32_t max_batch, uint32_t max_batched_tokens,
+                             uint64_t pool_tokens) {
+  constexpr uint64_t kBlock = 16;
+  const uint64_t window = info.mla ? 0 : info.sliding_window.value_or(0);
+  if (window == 0 || max_batched_tokens == 0) return pool_tokens;
+  const uint64_t per_sequence = (window + kBlock - 1) / kBlock * kBlock + 2 * kBlock;
+  const uint64_t tokens = uint64_t{std::max<uint32_t>(max_batch, 1)} * per_sequence +
+                          (uint64_t{max_batched_tokens} + kBlock - 1) / kBlock * kBlock;
+  return std::min(tokens, pool_tokens);
+}
+
+std::pair<uint64_t, uint64_t> KvBytesPerTokenSplit(const ModelInfo& info,
+                                                   uint32_t bytes_per_value) {
+  const uint64_t total = KvBytesPerToken(info, bytes_per_value);
+  const uint64_t layers = std::max<uint32_t>(info.num_hidden_layers, 1);
+  if (info.mla || info.sliding_window.value_or(0) == 0) return {total, 0};
+  uint64_t sliding = 0;
+  for (uint64_t l = 0; l < layers; ++l) {
+    if (info.sliding_layers.empty() || (l < info.sliding_layers.size() && info.sliding_layers[l])) {
+      ++sliding;
+    }
+  }
+  const uint64_t per_layer = total / layers;
+  return {per_layer * (layers - sliding), per_layer * sliding};
+}
+
 uint64_t ExpandedKvBytesPerToken(const ModelInfo& info, uint32_t bytes_per_value) {
   if (!info.mla) return KvBytesPerToken(info, bytes_per_value);
   const MlaSpec& m = *info.mla;

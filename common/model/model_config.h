@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/model/quant.h"
@@ -164,6 +165,15 @@ uint64_t KvBytesPerToken(const ModelInfo& info, uint32_t bytes_per_value);
 // max_position_embeddings (4096 when unset): one sequence can always reach the whole context.
 // The router takes the smallest group's as the longest prompt plus max_tokens it admits.
 uint64_t KvPoolTokens(const ModelInfo& info, uint32_t max_batch, uint64_t requested);
+// Positions the pool's sliding-window layers hold (gpt-oss): with a token budget per step, each
+// running sequence keeps its window and a block either side, and a step adds at most the budget:
+// max_batch x (window rounded up to blocks + 32) + the budget rounded up, at most `pool_tokens`.
+// Without a budget (whole prompts) or sliding layers: `pool_tokens`.
+uint64_t KvSlidingPoolTokens(const ModelInfo& info, uint32_t max_batch, uint32_t max_batched_tokens,
+                             uint64_t pool_tokens);
+// KV bytes per position of the full-attention (and MLA) layers and of the sliding-window
+// layers, at `bytes_per_value`; their sum is KvBytesPerToken.
+std::pair<uint64_t, uint64_t> KvBytesPerTokenSplit(const ModelInfo& info, uint32_t bytes_per_value);
 // The same for MLA's keys and values expanded per head (a plain cache of the same model:
 // H x (qk_nope + qk_rope + v_head_dim) per layer); equal to KvBytesPerToken without MLA.
 uint64_t ExpandedKvBytesPerToken(const ModelInfo& info, uint32_t bytes_per_value);

@@ -26,8 +26,14 @@ KvPool::KvPool(std::vector<LayerShape> layers, at::TensorOptions tensor_options,
   }
   const bool prefix = options.prefix_caching && sliding_window == 0;
   groups_.push_back(Group{KvBlockAllocator(blocks, prefix), 0, 0, {}});
-  if (sliding_window > 0)
-    groups_.push_back(Group{KvBlockAllocator(blocks, false), sliding_window, 0, {}});
+  if (sliding_window > 0) {
+    uint32_t sliding_blocks = blocks;
+    if (fixed_ && options.sliding_tokens > 0) {
+      sliding_blocks = static_cast<uint32_t>(std::min<uint64_t>(
+          (options.sliding_tokens + kKvBlockTokens - 1) / kKvBlockTokens, blocks));
+    }
+    groups_.push_back(Group{KvBlockAllocator(sliding_blocks, false), sliding_window, 0, {}});
+  }
   const int64_t elem =
       static_cast<int64_t>(at::elementSize(c10::typeMetaToScalarType(tensor_options_.dtype())));
   layer_group_.resize(shapes_.size());

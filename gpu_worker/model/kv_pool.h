@@ -34,6 +34,9 @@ struct KvPoolOptions {
   // Full blocks of a sequence are shared with later sequences that begin with the same tokens.
   // Ignored (off) for models with sliding-window layers. Default: off
   bool prefix_caching = false;
+  // With `tokens` set: positions of the sliding-window layers' blocks (they keep only a window
+  // per sequence); 0 = as many as `tokens`. Default: 0
+  uint64_t sliding_tokens = 0;
 };
 
 // What a pool holds, for /metrics and /health.

@@ -457,6 +457,45 @@ TEST(MoeModel, PagedKvDoesNotDependOnWhereItsBlocksAre) {
   }
 }
 
+// Sliding-window layers have their own, smaller group of blocks: a prompt prefilled in chunks
+// and decoded through a pool whose sliding group holds 4 blocks gives the logits of a growing
+// pool, since a sliding layer's blocks before its window go back as the sequence grows.
+TEST(MoeModel, ASmallSlidingGroupHoldsOnlyTheWindow) {
+  Runtime& rt = Fixture("gpt-oss-ref");
+  ASSERT_EQ(rt.info.sliding_window, 4u);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 100; ++i) prompt.push_back(5 + (i * 13) % 300);
+  auto run = [&](const KvPoolOptions& options) {
+    rt.model->ConfigureKv(options);
+    auto kv = rt.model->NewKvCache();
+    std::vector<std::vector<float>> logits;
+    for (size_t at = 0; at < prompt.size(); at += 16) {
+      std::span<const int32_t> chunk(prompt.data() + at, std::min<size_t>(16, prompt.size() - at));
+      SequenceInput in{1, static_cast<uint32_t>(at / 16), chunk, kv.get(), true};
+      ForwardResult out;
+      Status s = rt.model->Forward({&in, 1}, *rt.experts, nullptr, &out);
+      EXPECT_TRUE(s.ok()) << s.message();
+      if (!s.ok()) break;
+      logits.push_back(out.logits[0]);
+    }
+    return logits;
+  };
+  const auto growing = run({});
+  const auto small = run({1024, false, 64});
+  rt.model->ConfigureKv({});
+  ASSERT_EQ(growing.size(), 7u);
+  EXPECT_EQ(small, growing);
+  // A whole prompt does not fit the sliding group: refused, not computed.
+  rt.model->ConfigureKv({1024, false, 64});
+  auto kv = rt.model->NewKvCache();
+  SequenceInput whole{1, 0, prompt, kv.get(), true};
+  ForwardResult out;
+  EXPECT_EQ(rt.model->Forward({&whole, 1}, *rt.experts, nullptr, &out).code(),
+            ErrorCode::kResourceExhausted);
+  kv.reset();
+  rt.model->ConfigureKv({});
+}
+
 // A fixed pool refuses a Forward it cannot hold, naming the shortfall, before computing
 // anything; the cache stays usable.
 TEST(MoeModel, AFullFixedPoolRefusesTheForward) {

@@ -148,22 +148,32 @@ TEST(Rank, AnAutoCacheSizesItselfFromFreeMemory) {
   EXPECT_EQ(KvPoolTokens(info, 1, 0), 1024u);
   EXPECT_EQ(KvPoolTokens(info, 8, 0), 8 * 1024u);
   EXPECT_EQ(KvPoolTokens(info, 8, 1000), 1008u);  // Whole 16-position blocks.
-  EXPECT_EQ(KvReserveBytes(info, KvPoolTokens(info, 1, 0), "float32"),
+  EXPECT_EQ(KvReserveBytes(info, KvPoolTokens(info, 1, 0), 0, "float32"),
             2ull * 8 * 4 * 32 * 4 * 1024);
-  EXPECT_EQ(KvReserveBytes(info, KvPoolTokens(info, 8, 0), "bfloat16"),
+  EXPECT_EQ(KvReserveBytes(info, KvPoolTokens(info, 8, 0), 0, "bfloat16"),
             8 * 2ull * 8 * 4 * 32 * 2 * 1024);
   // MLA keeps latents, not per-head keys and values: the reserve is what the runtime holds.
   ModelInfo mla = info;
   mla.mla = MlaSpec{};
   mla.mla->kv_lora_rank = 512;
   mla.mla->qk_rope_head_dim = 64;
-  EXPECT_EQ(KvReserveBytes(mla, 2048, "bfloat16"), 2ull * 1024 * (512 + 64) * 8 * 2);
-  EXPECT_EQ(KvReserveBytes(mla, 2048, "bfloat16"), 2ull * 1024 * KvBytesPerToken(mla, 2));
+  EXPECT_EQ(KvReserveBytes(mla, 2048, 2048, "bfloat16"), 2ull * 1024 * (512 + 64) * 8 * 2);
+  EXPECT_EQ(KvReserveBytes(mla, 2048, 2048, "bfloat16"), 2ull * 1024 * KvBytesPerToken(mla, 2));
   // A model of 128K positions: the pool holds one whole context or 32K per batch slot.
   ModelInfo long_context = info;
   long_context.max_position_embeddings = 131072;
   EXPECT_EQ(KvPoolTokens(long_context, 1, 0), 131072u);
   EXPECT_EQ(KvPoolTokens(long_context, 8, 0), 8 * 32768u);
+  // gpt-oss-style sliding layers keep a window per sequence: with a step budget their blocks
+  // are max_batch x (window + 2 blocks) + the budget; without one, the whole pool's.
+  ModelInfo sliding = info;
+  sliding.sliding_window = 128;
+  sliding.sliding_layers = {true, false, true, false, true, false, true, false};
+  EXPECT_EQ(KvSlidingPoolTokens(sliding, 8, 512, 8192), 8 * (128 + 32) + 512u);
+  EXPECT_EQ(KvSlidingPoolTokens(sliding, 8, 0, 8192), 8192u);
+  EXPECT_EQ(KvSlidingPoolTokens(info, 8, 512, 8192), 8192u);  // No sliding layers.
+  EXPECT_EQ(KvReserveBytes(sliding, 1024, 160, "float32"),
+            (4 * 1024ull + 4 * 160ull) * 2 * 4 * 32 * 4);
 
   // A utilization that leaves less than one expert:
   std::vector<std::vector<int32_t>> more;
