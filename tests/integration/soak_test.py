@@ -1,12 +1,14 @@
 """Soak test of the real processes: `fmoe launch` (map service, one group of two cpu ranks with
-half the experts cached and an emulated link, the router) under many concurrent sampled
-requests.
+half the experts cached and an emulated link, a second group of one cpu rank whose paged KV pool
+holds only 192 positions with prefix caching on, the router) under many concurrent sampled
+requests, some of which share a long system prompt.
 
 Sampled output is where the unusual text is: a byte-level token cut by max_tokens, a lead byte
 followed by a space. Requests also mix in n, logprobs, the penalties and min_p. Every answer must still be a 200 with valid JSON (whole) or valid
 server-sent events ending with [DONE] (streamed); clients that leave mid-stream must not hurt
-anyone; afterwards the router still serves, no process has restarted, and SIGINT stops the
-launcher with exit 0.
+anyone; afterwards the router still serves, no process has restarted, the small pool's group
+found shared prefixes in its cache and preempted requests (counted in /metrics), and SIGINT
+stops the launcher with exit 0.
 
 Run by ctest (soak_test, label integration) with the system python3, standard library only:
   python3 soak_test.py --bin-dir BUILD/bin --source-dir SOURCE [--requests N] [--clients N]
@@ -47,6 +49,10 @@ PROMPTS = [
     "x",
     "1 2 3 4",
 ]
+# A system prompt some requests share: full 16-token KV blocks of it are found in the prefix
+# cache by later requests.
+SHARED = ("You are the keeper of an old library. You answer questions about its books, its "
+          "rooms and its history, and you always answer briefly.")
 QUESTIONS = [
     "Who made the earth?",
     "What is the light?",
@@ -97,6 +103,14 @@ worker_groups:
     rendezvous: 127.0.0.1:{rdzv_port}
     workers:
       - device: cpu
+      - device: cpu
+  - name: g1
+    policy: lru
+    max_batch: 8
+    queue_limit: 64
+    kv_cache_tokens: 192
+    prefix_caching: true
+    workers:
       - device: cpu
 router:
   listen: 127.0.0.1:{http_port}
@@ -172,12 +186,17 @@ def plan_requests(master_seed, count):
             body["min_p"] = round(rng.uniform(0.0, 0.3), 3)
         if chat:
             messages = []
-            if rng.random() < 0.3:
+            r = rng.random()
+            if r < 0.4:
+                messages.append({"role": "system", "content": SHARED})
+            elif r < 0.55:
                 messages.append({"role": "system", "content": "You answer briefly."})
             messages.append({"role": "user", "content": rng.choice(QUESTIONS)})
             body["messages"] = messages
         else:
             body["prompt"] = rng.choice(PROMPTS)
+            if rng.random() < 0.4:
+                body["prompt"] = SHARED + " " + body["prompt"]
         if stream:
             body["stream"] = True
             if rng.random() < 0.3:
@@ -521,6 +540,27 @@ def main():
             run_one(http_port, greedy)
         except (Failure, OSError, http.client.HTTPException) as e:
             problems.append(f"the last greedy completion failed: {e}")
+        # The small pool's group shared prefixes and preempted (its leader's heartbeats).
+        def g1_metric(name):
+            try:
+                _, body = http_get(http_port, "/metrics")
+            except OSError:
+                return -1.0
+            key = name + '{group="g1"} '
+            for line in body.decode("utf-8", "replace").splitlines():
+                if line.startswith(key):
+                    return float(line[len(key):])
+            return -1.0
+        wait_until(lambda: g1_metric("fmoe_prefix_cache_hits_total") > 0
+                   and g1_metric("fmoe_preemptions_total") > 0, 30)
+        hits = g1_metric("fmoe_prefix_cache_hits_total")
+        preemptions = g1_metric("fmoe_preemptions_total")
+        log(f"soak: group g1 (192-position KV pool): {hits:.0f} prompt tokens from the prefix "
+            f"cache, {preemptions:.0f} preemptions")
+        if hits <= 0:
+            problems.append("group g1 found no prompt tokens in its prefix cache")
+        if preemptions <= 0:
+            problems.append("group g1 preempted no request with its 192-position pool")
         status = launcher.status_json()
         if not status.get("launcher_alive"):
             problems.append(f"fmoe status: the launcher is not alive: {status}")
