@@ -59,8 +59,8 @@ constexpr std::string_view kLinkKeys[] = {"gbps", "latency_us"};
 constexpr std::string_view kHybridKeys[] = {"cpu_threads", "host_slowdown"};
 constexpr std::string_view kWorkerKeys[] = {"device", "host"};
 constexpr std::string_view kRouterKeys[] = {
-    "listen",         "worker_endpoint", "request_timeout_s",   "drain_timeout_s",
-    "max_body_bytes", "api_keys",        "cors_allowed_origins"};
+    "listen",         "worker_endpoint", "request_timeout_s",    "drain_timeout_s",
+    "max_body_bytes", "api_keys",        "cors_allowed_origins", "tool_call_parser"};
 constexpr std::string_view kHeartbeatKeys[] = {"interval_ms", "timeout_ms"};
 constexpr std::string_view kLoggingKeys[] = {"level"};
 constexpr std::string_view kLauncherKeys[] = {"run_dir", "ready_timeout_s", "stop_timeout_s",
@@ -856,6 +856,17 @@ Status ParseRouter(const Field& field, RouterSpec* spec) {
   FMOE_RETURN_IF_ERROR(ReadInt(section.Get("max_body_bytes"), int64_t{1} << 10, int64_t{256} << 20,
                                &spec->max_body_bytes));
   FMOE_RETURN_IF_ERROR(ParseApiKeys(section.Get("api_keys"), &spec->api_keys));
+  if (const Field parser = section.Get("tool_call_parser"); parser.present) {
+    FMOE_RETURN_IF_ERROR(ReadString(parser, &spec->tool_call_parser));
+    if (std::find(std::begin(kToolCallParsers), std::end(kToolCallParsers),
+                  spec->tool_call_parser) == std::end(kToolCallParsers)) {
+      std::string names;
+      for (std::string_view n : kToolCallParsers)
+        names += (names.empty() ? "" : ", ") + std::string(n);
+      return Error(parser.path,
+                   Quote(spec->tool_call_parser) + " is not a tool-call format; one of " + names);
+    }
+  }
   return ParseCorsOrigins(section.Get("cors_allowed_origins"), &spec->cors_allowed_origins);
 }
 
@@ -1122,6 +1133,9 @@ std::string DescribeManifest(const Manifest& m) {
   EmitDouble(out, "request_timeout_s", m.router.request_timeout_s);
   EmitDouble(out, "drain_timeout_s", m.router.drain_timeout_s);
   EmitValue(out, "max_body_bytes", m.router.max_body_bytes);
+  if (!m.router.tool_call_parser.empty()) {
+    EmitValue(out, "tool_call_parser", m.router.tool_call_parser);
+  }
   out << YAML::Key << "api_keys" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (size_t i = 0; i < m.router.api_keys.size(); ++i) out << std::string(kRedactedKey);
   out << YAML::EndSeq;

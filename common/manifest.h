@@ -130,7 +130,15 @@ struct RouterSpec {
   // Origins browsers may call from (CORS): "https://host[:port]", or "*" for any. Default: none
   // (CORS off)
   std::vector<std::string> cors_allowed_origins;
+  // The tool-call format chat answers are parsed in (vLLM's --tool-call-parser): one of
+  // kToolCallParsers; empty = the model family's (common/text/tool_calls.h). Default: empty
+  std::string tool_call_parser;
 };
+
+// The names router.tool_call_parser accepts (common/text/tool_calls.h ParseToolCallFormat's).
+inline constexpr std::string_view kToolCallParsers[] = {
+    "none",    "hermes", "qwen3_coder", "mistral", "deepseek_v3", "deepseek_v31", "deepseekv3",
+    "kimi_k2", "glm45",  "glm4_moe",    "gpt_oss", "openai",      "minimax_m2"};
 
 struct HeartbeatSpec {
   int interval_ms = 500;  // 10..60000. Default: 500

@@ -165,6 +165,18 @@ int main(int argc, char** argv) {
   if (chat_template) {
     const bool kimi = (*tokenizer)->TokenToId("<|tool_calls_section_begin|>").has_value();
     completions_options.tool_call_format = ToolCallFormatFor(model->architecture, kimi);
+    if (!manifest.router.tool_call_parser.empty()) {
+      auto chosen = ParseToolCallFormat(manifest.router.tool_call_parser);
+      if (!chosen.ok()) {
+        spdlog::error("manifest: router.tool_call_parser: {}", chosen.status().message());
+        return 1;
+      }
+      completions_options.tool_call_format = *chosen;
+      spdlog::info("chat tools: router.tool_call_parser {} replaces the {} format of {}",
+                   manifest.router.tool_call_parser,
+                   ToolCallFormatName(ToolCallFormatFor(model->architecture, kimi)),
+                   model->architecture);
+    }
     spdlog::info("chat tools: {} ({})",
                  completions_options.tool_call_format == ToolCallFormat::kNone
                      ? std::string("no tool-call format for this architecture; tool_choice auto "

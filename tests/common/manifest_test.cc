@@ -118,6 +118,8 @@ void ExpectManifestEq(const Manifest& a, const Manifest& b) {
     EXPECT_EQ(x.max_batch, y.max_batch);
     EXPECT_EQ(x.max_batched_tokens, y.max_batched_tokens);
     EXPECT_EQ(x.queue_limit, y.queue_limit);
+    EXPECT_EQ(x.kv_cache_tokens, y.kv_cache_tokens);
+    EXPECT_EQ(x.prefix_caching, y.prefix_caching);
     EXPECT_EQ(x.expert_cache_gb, y.expert_cache_gb);
     EXPECT_EQ(x.expert_cache_fraction, y.expert_cache_fraction);
     EXPECT_EQ(x.expert_cache_auto, y.expert_cache_auto);
@@ -145,6 +147,7 @@ void ExpectManifestEq(const Manifest& a, const Manifest& b) {
   EXPECT_EQ(a.router.worker_endpoint, b.router.worker_endpoint);
   EXPECT_EQ(a.router.request_timeout_s, b.router.request_timeout_s);
   EXPECT_EQ(a.router.max_body_bytes, b.router.max_body_bytes);
+  EXPECT_EQ(a.router.tool_call_parser, b.router.tool_call_parser);
   EXPECT_EQ(a.router.api_keys, b.router.api_keys);
   EXPECT_EQ(a.heartbeat.interval_ms, b.heartbeat.interval_ms);
   EXPECT_EQ(a.heartbeat.timeout_ms, b.heartbeat.timeout_ms);
@@ -948,6 +951,38 @@ worker_groups:
   EXPECT_NE(only.status().message().find("applies only with expert_cache_gb: auto"),
             std::string::npos)
       << only.status().message();
+}
+
+TEST(Manifest, KvPoolAndToolCallParserKeys) {
+  auto m = ParseManifest(R"(model: {path: /m}
+router: {tool_call_parser: qwen3_coder}
+worker_groups:
+  - {name: g0, kv_cache_tokens: 65536, prefix_caching: false, workers: [{}]}
+  - {name: g1, workers: [{}]}
+)",
+                         "/etc/fmoe.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->router.tool_call_parser, "qwen3_coder");
+  EXPECT_EQ(m->worker_groups[0].kv_cache_tokens, 65536);
+  EXPECT_FALSE(m->worker_groups[0].prefix_caching);
+  EXPECT_EQ(m->worker_groups[1].kv_cache_tokens, 0) << "the default pool";
+  EXPECT_TRUE(m->worker_groups[1].prefix_caching);
+  auto again = ParseManifest(DescribeManifest(*m), "/etc/fmoe.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ExpectManifestEq(*m, *again);
+  for (const auto& [yaml, message] : std::vector<std::pair<std::string, std::string>>{
+           {"worker_groups:\n  - {name: g0, kv_cache_tokens: 8, workers: [{}]}\n",
+            "worker_groups[0].kv_cache_tokens"},
+           {"worker_groups:\n  - {name: g0, prefix_caching: sometimes, workers: [{}]}\n",
+            "worker_groups[0].prefix_caching"},
+           {"router: {tool_call_parser: llama3_json}\nworker_groups:\n  - {name: g0, workers: "
+            "[{}]}\n",
+            "router.tool_call_parser: \"llama3_json\" is not a tool-call format; one of none, "
+            "hermes"}}) {
+    auto r = ParseManifest("model: {path: /m}\n" + yaml, "/etc/fmoe.yaml");
+    ASSERT_FALSE(r.ok()) << yaml;
+    EXPECT_NE(r.status().message().find(message), std::string::npos) << r.status().ToString();
+  }
 }
 
 TEST(Manifest, HostCacheLeavesExpertsOnDisk) {

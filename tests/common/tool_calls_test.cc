@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/manifest.h"
 #include "common/text/harmony.h"
 
 namespace fmoe {
@@ -65,6 +66,10 @@ TEST(ToolCallFormat, NamesAndArchitectures) {
   EXPECT_EQ(*ParseToolCallFormat("glm4_moe"), ToolCallFormat::kGlm45);
   EXPECT_EQ(*ParseToolCallFormat("openai"), ToolCallFormat::kGptOss);
   EXPECT_EQ(*ParseToolCallFormat("none"), ToolCallFormat::kNone);
+  // Every name the manifest's router.tool_call_parser accepts is one.
+  for (std::string_view name : kToolCallParsers) {
+    EXPECT_TRUE(ParseToolCallFormat(name).ok()) << name;
+  }
   Result<ToolCallFormat> bad = ParseToolCallFormat("llama3_json");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("llama3_json"), std::string::npos);
