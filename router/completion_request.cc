@@ -668,9 +668,10 @@ bool ReadMaxTokens(const Json& j, const CompletionsOptions& options, bool chat,
   auto context_error = [&](uint64_t completion) {
     return ApiError(400,
                     "this model's maximum context length is " +
-                        std::to_string(options.context_length) + " tokens; the request needs " +
-                        std::to_string(len + completion) + " (" + std::to_string(len) +
-                        " in the prompt, " + std::to_string(completion) + " for the completion)",
+                        std::to_string(options.context_length) + " tokens" + options.context_limit +
+                        "; the request needs " + std::to_string(len + completion) + " (" +
+                        std::to_string(len) + " in the prompt, " + std::to_string(completion) +
+                        " for the completion)",
                     "invalid_request_error", "max_tokens", "context_length_exceeded");
   };
   if (len >= options.context_length) return Refuse(error, context_error(1));

@@ -22,8 +22,10 @@
 namespace fmoe {
 
 struct CompletionsOptions {
-  std::string model_name;               // The served model id. Required.
-  uint32_t context_length = 0;          // Prompt + max_tokens must fit. Required.
+  std::string model_name;       // The served model id. Required.
+  uint32_t context_length = 0;  // Prompt + max_tokens must fit. Required.
+  // Why context_length is below the model's context, for the 400 (e.g. a group's KV pool).
+  std::string context_limit;
   int64_t request_timeout_ms = 600000;  // Whole request. Default: 600 s
   // /v1/completions without max_tokens: OpenAI's default, shrunk to fit the context. Chat
   // completions without max_tokens may use the rest of the context (as vLLM). Default: 16

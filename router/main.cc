@@ -25,7 +25,8 @@ namespace {
 
 // The longest prompt plus max_tokens the router admits: the model's context, or less where a
 // group's KV pool holds fewer positions (a request must fit the pool even alone).
-uint32_t RouterContextLength(const fmoe::ModelInfo& model, const fmoe::Manifest& manifest) {
+uint32_t RouterContextLength(const fmoe::ModelInfo& model, const fmoe::Manifest& manifest,
+                             std::string* why) {
   uint64_t context = model.max_position_embeddings > 0 ? model.max_position_embeddings : 4096;
   for (const fmoe::WorkerGroupSpec& g : manifest.worker_groups) {
     const uint64_t pool = fmoe::KvPoolTokens(model, static_cast<uint32_t>(g.max_batch),
@@ -36,6 +37,8 @@ uint32_t RouterContextLength(const fmoe::ModelInfo& model, const fmoe::Manifest&
           "model's context is {})",
           g.name, pool, context);
       context = pool;
+      *why = " (the KV pool of group " + g.name + " holds " + std::to_string(pool) +
+             " positions: kv_cache_tokens)";
     }
   }
   return static_cast<uint32_t>(context);
@@ -115,7 +118,8 @@ int main(int argc, char** argv) {
   }
   CompletionsOptions completions_options;
   completions_options.model_name = manifest.model.name;
-  completions_options.context_length = RouterContextLength(*model, manifest);
+  completions_options.context_length =
+      RouterContextLength(*model, manifest, &completions_options.context_limit);
   completions_options.request_timeout_ms =
       static_cast<int64_t>(manifest.router.request_timeout_s * 1000.0);
   // The model's chat template, compiled once; a template this router cannot compile leaves
