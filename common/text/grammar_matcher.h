@@ -1,0 +1,77 @@
+// GrammarMatcher: accepts the bytes of one JSON text against a JsonGrammar, byte by byte (a
+// token may end inside a UTF-8 character, a string or a number). The state is a small set of
+// pushdown stacks (more than one only while anyOf alternatives are still all possible), each
+// a vector of Frames, so the token mask (token_mask.h) can copy and advance it along a trie.
+// One matcher per request, used by one thread; the grammar it reads is shared and immutable.
+//
+// Bounds: at most kMaxMatchDepth nested values (deeper ones are rejected) and kMaxStacks live
+// alternatives (further ones are dropped, which narrows the language and never widens it).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "common/text/json_schema.h"
+
+namespace fmoe {
+
+inline constexpr size_t kMaxMatchDepth = 48;
+inline constexpr size_t kMaxStacks = 64;
+
+// Bytes a matcher accepts, as plain data: stack i is frames[ends[i-1] .. ends[i]).
+struct MatchFrame {
+  int32_t node = 0;
+  uint8_t phase = 0;
+  uint8_t ws = 0;          // Whitespace bytes in the current gap.
+  uint8_t utf8_need = 0;   // Continuation bytes still due in a string or key.
+  uint8_t utf8_range = 0;  // Which range the next continuation byte must be in (see .cc).
+  uint32_t count = 0;      // Items, characters or digits so far.
+  int32_t pos = 0;         // Trie node, property index or hex digits still due.
+  uint64_t seen = 0;       // Object: properties already written.
+  bool operator==(const MatchFrame&) const = default;
+};
+struct MatchState {
+  std::vector<MatchFrame> frames;
+  std::vector<uint32_t> ends;
+  bool empty() const { return ends.empty(); }
+};
+
+// The stepping logic, with scratch space (not thread-safe: one per thread or per matcher).
+class GrammarStepper {
+ public:
+  explicit GrammarStepper(std::shared_ptr<const JsonGrammar> grammar);
+  MatchState Initial() const;
+  // out = the states after `byte`; false (out empty) when no stack accepts it.
+  bool Step(const MatchState& in, uint8_t byte, MatchState* out);
+  // True when the bytes so far are a whole JSON text of the grammar.
+  bool Complete(const MatchState& state) const;
+  const JsonGrammar& grammar() const { return *grammar_; }
+
+ private:
+  void Feed(std::vector<MatchFrame>& stack, uint8_t b, MatchState* out);
+  void PushValue(std::vector<MatchFrame>& stack, int32_t node, uint8_t b, MatchState* out,
+                 uint32_t hops);
+  void Append(const std::vector<MatchFrame>& stack, MatchState* out);
+  bool FeedObject(MatchFrame& f, const JsonGrammar::Node& n, uint8_t b, int32_t* push);
+  std::shared_ptr<const JsonGrammar> grammar_;
+  std::vector<MatchFrame> scratch_;
+};
+
+class GrammarMatcher {
+ public:
+  explicit GrammarMatcher(std::shared_ptr<const JsonGrammar> grammar);
+  // Accepts all of `bytes` or nothing (the state is unchanged on false).
+  bool Accept(std::string_view bytes);
+  bool complete() const { return stepper_.Complete(state_); }
+  const MatchState& state() const { return state_; }
+  GrammarStepper& stepper() { return stepper_; }
+
+ private:
+  GrammarStepper stepper_;
+  MatchState state_;
+  MatchState next_, spare_;
+};
+
+}  // namespace fmoe

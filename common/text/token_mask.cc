@@ -1,0 +1,169 @@
+#include "common/text/token_mask.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "common/text/sentencepiece_tokenizer.h"
+#include "common/text/tokenizer.h"
+
+namespace fmoe {
+namespace {
+
+// "<0x41>" -> 0x41.
+std::optional<uint8_t> BytePiece(std::string_view piece) {
+  if (piece.size() != 6 || piece.substr(0, 3) != "<0x" || piece[5] != '>') return std::nullopt;
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  const int hi = hex(piece[3]), lo = hex(piece[4]);
+  if (hi < 0 || lo < 0) return std::nullopt;
+  return static_cast<uint8_t>(hi * 16 + lo);
+}
+
+}  // namespace
+
+TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<bool> special)
+    : bytes_(std::move(bytes)), special_(std::move(special)) {
+  special_.resize(bytes_.size(), false);
+  std::vector<int32_t> order;
+  for (size_t id = 0; id < bytes_.size(); ++id) {
+    if (!special_[id] && !bytes_[id].empty() && bytes_[id].size() <= kMaxTokenBytes) {
+      order.push_back(static_cast<int32_t>(id));
+    }
+  }
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return bytes_[static_cast<size_t>(a)] != bytes_[static_cast<size_t>(b)]
+               ? bytes_[static_cast<size_t>(a)] < bytes_[static_cast<size_t>(b)]
+               : a < b;
+  });
+  nodes_.emplace_back();
+  Build(order, 0, order.size(), 0, 0);
+}
+
+// Tokens order[lo, hi) share their first `depth` bytes, the path to `node`; sorted, so those
+// that end here come first and the rest group by their next byte.
+void TokenVocab::Build(std::vector<int32_t>& order, size_t lo, size_t hi, uint32_t depth,
+                       uint32_t node) {
+  max_depth_ = std::max(max_depth_, depth);
+  auto len = [&](size_t i) { return bytes_[static_cast<size_t>(order[i])].size(); };
+  auto at = [&](size_t i) {
+    return static_cast<uint8_t>(bytes_[static_cast<size_t>(order[i])][depth]);
+  };
+  nodes_[node].ids_begin = static_cast<uint32_t>(ids_.size());
+  while (lo < hi && len(lo) == depth) ids_.push_back(order[lo++]);
+  nodes_[node].ids_end = static_cast<uint32_t>(ids_.size());
+  std::vector<std::pair<size_t, size_t>> groups;
+  for (size_t i = lo; i < hi;) {
+    size_t j = i + 1;
+    while (j < hi && at(j) == at(i)) ++j;
+    groups.push_back({i, j});
+    i = j;
+  }
+  const auto first = static_cast<uint32_t>(nodes_.size());
+  nodes_[node].children_begin = first;
+  nodes_[node].children_end = first + static_cast<uint32_t>(groups.size());
+  for (const auto& [i, j] : groups) nodes_.push_back(Node{.byte = at(i)});
+  for (size_t k = 0; k < groups.size(); ++k) {
+    Build(order, groups[k].first, groups[k].second, depth + 1, first + static_cast<uint32_t>(k));
+  }
+}
+
+std::shared_ptr<const TokenVocab> TokenVocab::FromTokenizer(const Tokenizer& tokenizer) {
+  const size_t n = tokenizer.vocab_size();
+  std::vector<std::string> bytes(n);
+  std::vector<bool> special(n, false);
+  const bool sentencepiece = dynamic_cast<const SentencePieceTokenizer*>(&tokenizer) != nullptr;
+  for (size_t i = 0; i < n; ++i) {
+    const auto id = static_cast<int32_t>(i);
+    special[i] = tokenizer.IsSpecial(id);
+    if (special[i]) continue;
+    if (sentencepiece) {
+      const std::string piece = tokenizer.IdToToken(id);
+      if (auto b = BytePiece(piece)) {
+        bytes[i] = std::string(1, static_cast<char>(*b));
+        continue;
+      }
+      std::string text;
+      for (size_t k = 0; k < piece.size(); ++k) {
+        if (piece.compare(k, 3, "\xE2\x96\x81") == 0) {
+          text += ' ';
+          k += 2;
+        } else {
+          text += piece[k];
+        }
+      }
+      bytes[i] = std::move(text);
+    } else {
+      const int32_t ids[] = {id};
+      bytes[i] = tokenizer.Decode(ids, /*skip_special_tokens=*/false);
+    }
+  }
+  return std::make_shared<const TokenVocab>(std::move(bytes), std::move(special));
+}
+
+TokenMasker::TokenMasker(std::shared_ptr<const JsonGrammar> grammar,
+                         std::shared_ptr<const TokenVocab> vocab, std::vector<int32_t> end_ids)
+    : vocab_(std::move(vocab)), end_ids_(std::move(end_ids)), matcher_(std::move(grammar)) {
+  levels_.resize(vocab_->max_depth() + 1);
+}
+
+bool TokenMasker::IsEnd(int32_t token) const {
+  return std::find(end_ids_.begin(), end_ids_.end(), token) != end_ids_.end();
+}
+
+size_t TokenMasker::Fill(size_t n, std::vector<uint8_t>* allowed) {
+  allowed->assign(n, 0);
+  size_t count = 0;
+  if (ended_ || matcher_.complete()) {
+    for (int32_t id : end_ids_) {
+      if (id >= 0 && static_cast<size_t>(id) < n && !(*allowed)[static_cast<size_t>(id)]) {
+        (*allowed)[static_cast<size_t>(id)] = 1;
+        ++count;
+      }
+    }
+    if (ended_) return count;
+  }
+  levels_[0] = matcher_.state();
+  Walk(0, 0, allowed, &count);
+  return count;
+}
+
+void TokenMasker::Walk(uint32_t node, uint32_t depth, std::vector<uint8_t>* allowed,
+                       size_t* count) {
+  const auto& nodes = vocab_->nodes();
+  const auto& ids = vocab_->ids();
+  GrammarStepper& stepper = matcher_.stepper();
+  const size_t n = allowed->size();
+  for (uint32_t c = nodes[node].children_begin; c < nodes[node].children_end; ++c) {
+    if (!stepper.Step(levels_[depth], nodes[c].byte, &levels_[depth + 1])) continue;
+    for (uint32_t k = nodes[c].ids_begin; k < nodes[c].ids_end; ++k) {
+      const auto id = static_cast<size_t>(ids[k]);
+      if (id < n && !(*allowed)[id]) {
+        (*allowed)[id] = 1;
+        ++*count;
+      }
+    }
+    if (nodes[c].children_end > nodes[c].children_begin) Walk(c, depth + 1, allowed, count);
+  }
+}
+
+bool TokenMasker::Accept(int32_t token) {
+  if (IsEnd(token)) {
+    if (!ended_ && !matcher_.complete()) return false;
+    ended_ = true;
+    return true;
+  }
+  if (ended_ || token < 0 || static_cast<size_t>(token) >= vocab_->size() ||
+      vocab_->special(token)) {
+    return false;
+  }
+  const std::string& bytes = vocab_->bytes(token);
+  if (bytes.empty() || bytes.size() > TokenVocab::kMaxTokenBytes) return false;
+  return matcher_.Accept(bytes);
+}
+
+}  // namespace fmoe

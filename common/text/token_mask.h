@@ -1,0 +1,76 @@
+// Token masks for constrained decoding. TokenVocab: every token id's bytes in a byte trie
+// (built once per tokenizer, immutable, shared by all requests). TokenMasker: one request's
+// GrammarMatcher and the allowed next tokens, found by walking the trie depth first with the
+// matcher's state and pruning every prefix the grammar rejects, so a step costs the live part
+// of the trie rather than vocab x token length. Special tokens are never allowed, except the end
+// tokens (eos, stop_token_ids), which are allowed exactly when the text is complete.
+// One TokenMasker per request, used by one thread (the engine's).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/text/grammar_matcher.h"
+
+namespace fmoe {
+
+class Tokenizer;
+
+class TokenVocab {
+ public:
+  // bytes[id]: the token's bytes; special[id]: never allowed by a grammar (may be shorter).
+  TokenVocab(std::vector<std::string> bytes, std::vector<bool> special);
+  // Each token's bytes from the tokenizer: Decode({id}) for byte-level vocabularies; the piece
+  // with U+2581 as a space and <0xHH> as a byte for SentencePiece ones.
+  static std::shared_ptr<const TokenVocab> FromTokenizer(const Tokenizer& tokenizer);
+
+  size_t size() const { return bytes_.size(); }
+  const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
+  bool special(int32_t id) const { return special_[static_cast<size_t>(id)]; }
+
+  struct Node {
+    uint8_t byte = 0;
+    uint32_t children_begin = 0, children_end = 0;  // Into nodes().
+    uint32_t ids_begin = 0, ids_end = 0;            // Into ids(): tokens ending here.
+  };
+  const std::vector<Node>& nodes() const { return nodes_; }  // nodes()[0] is the root.
+  const std::vector<int32_t>& ids() const { return ids_; }
+  uint32_t max_depth() const { return max_depth_; }
+  static constexpr size_t kMaxTokenBytes = 256;  // Longer tokens are left out of the trie.
+
+ private:
+  void Build(std::vector<int32_t>& order, size_t lo, size_t hi, uint32_t depth, uint32_t node);
+  std::vector<std::string> bytes_;
+  std::vector<bool> special_;
+  std::vector<Node> nodes_;
+  std::vector<int32_t> ids_;
+  uint32_t max_depth_ = 0;
+};
+
+class TokenMasker {
+ public:
+  // end_ids: eos and stop tokens (allowed when complete, even when special).
+  TokenMasker(std::shared_ptr<const JsonGrammar> grammar, std::shared_ptr<const TokenVocab> vocab,
+              std::vector<int32_t> end_ids);
+
+  // allowed[id] = 1 for the tokens that may come next (allowed.size() = n, the logits' size;
+  // ids beyond the vocabulary are 0). Returns how many are allowed.
+  size_t Fill(size_t n, std::vector<uint8_t>* allowed);
+  // Advances by a drawn token; false (state unchanged) when the grammar rejects it.
+  bool Accept(int32_t token);
+  bool complete() const { return matcher_.complete(); }
+  bool IsEnd(int32_t token) const;
+
+ private:
+  void Walk(uint32_t node, uint32_t depth, std::vector<uint8_t>* allowed, size_t* count);
+  std::shared_ptr<const TokenVocab> vocab_;
+  std::vector<int32_t> end_ids_;
+  GrammarMatcher matcher_;
+  std::vector<MatchState> levels_;  // levels_[d]: the state after d bytes of the walk.
+  bool ended_ = false;              // An end token was accepted.
+};
+
+}  // namespace fmoe
