@@ -490,6 +490,9 @@ int32_t JsonGrammar::Child(int32_t trie, uint8_t byte) const {
 }
 
 Result<std::shared_ptr<const JsonGrammar>> CompileJsonSchema(std::string_view schema_json) {
+  if (schema_json.size() > kMaxSchemaBytes) {
+    return InvalidArgument("schema: larger than " + std::to_string(kMaxSchemaBytes) + " bytes");
+  }
   Json schema = Json::parse(schema_json, nullptr, /*allow_exceptions=*/false);
   if (schema.is_discarded()) return InvalidArgument("schema: not valid JSON");
   try {
