@@ -20,6 +20,7 @@ enum : uint8_t {
 };
 enum : uint8_t { kArrOpen = 0, kArrFirst, kArrAfterItem, kArrComma };
 enum : uint8_t { kStrOpen = 0, kStrBody, kStrEscape, kStrHex };
+static_assert(kStrBody == kStringBodyPhase);
 enum : uint8_t {
   kNumStart = 0,
   kNumMinus,
@@ -81,6 +82,54 @@ bool Endable(const JsonGrammar& g, const MatchFrame& f) {
 }
 
 }  // namespace
+
+bool InStringBody(const MatchFrame& f) { return f.phase == kStrBody && f.utf8_need == 0; }
+
+StringStep StepString(MatchFrame& f, uint8_t b, uint32_t min_len, uint32_t max_len) {
+  switch (f.phase) {
+    case kStrOpen:
+      if (b != '"') return StringStep::kReject;
+      f.phase = kStrBody;
+      return StringStep::kAccept;
+    case kStrBody: {
+      bool starts = false;
+      if (f.utf8_need != 0) {  // Inside a character: only its continuation bytes.
+        return Utf8(f, b, &starts) ? StringStep::kAccept : StringStep::kReject;
+      }
+      if (b == '"') return f.count < min_len ? StringStep::kReject : StringStep::kClose;
+      if (b == '\\') {  // An escape counts as one character.
+        if (f.count >= max_len) return StringStep::kReject;
+        ++f.count;
+        f.phase = kStrEscape;
+        return StringStep::kAccept;
+      }
+      if (b < 0x20 || !Utf8(f, b, &starts)) return StringStep::kReject;
+      if (starts) {
+        if (f.count >= max_len) return StringStep::kReject;
+        ++f.count;
+      }
+      return StringStep::kAccept;
+    }
+    case kStrEscape:
+      if (b == 'u') {
+        f.phase = kStrHex;
+        f.pos = 4;
+        return StringStep::kAccept;
+      }
+      if (b != '"' && b != '\\' && b != '/' && b != 'b' && b != 'f' && b != 'n' && b != 'r' &&
+          b != 't') {
+        return StringStep::kReject;
+      }
+      f.phase = kStrBody;
+      return StringStep::kAccept;
+    case kStrHex:
+      if (!IsHex(b)) return StringStep::kReject;
+      if (--f.pos == 0) f.phase = kStrBody;
+      return StringStep::kAccept;
+    default:
+      return StringStep::kReject;
+  }
+}
 
 GrammarStepper::GrammarStepper(std::shared_ptr<const JsonGrammar> grammar)
     : grammar_(std::move(grammar)) {}
@@ -299,56 +348,16 @@ void GrammarStepper::Feed(std::vector<MatchFrame>& stack, uint8_t b, MatchState*
             return;
         }
       case Kind::kString:
-        switch (f.phase) {
-          case kStrOpen:
-            if (b != '"') return;
-            f.phase = kStrBody;
-            return Append(stack, out);
-          case kStrBody: {
-            if (f.utf8_need != 0) {  // Inside a character: only its continuation bytes.
-              bool starts = false;
-              if (!Utf8(f, b, &starts)) return;
-              return Append(stack, out);
-            }
-            if (b == '"') {
-              if (f.utf8_need != 0 || f.count < n.min_len) return;
-              stack.pop_back();
-              return Append(stack, out);
-            }
-            if (b == '\\') {
-              if (f.count >= n.max_len) return;
-              ++f.count;
-              f.phase = kStrEscape;
-              return Append(stack, out);
-            }
-            if (b < 0x20) return;
-            bool starts = false;
-            if (!Utf8(f, b, &starts)) return;
-            if (starts) {
-              if (f.count >= n.max_len) return;
-              ++f.count;
-            }
-            return Append(stack, out);
-          }
-          case kStrEscape:
-            if (b == 'u') {
-              f.phase = kStrHex;
-              f.pos = 4;
-              return Append(stack, out);
-            }
-            if (b != '"' && b != '\\' && b != '/' && b != 'b' && b != 'f' && b != 'n' && b != 'r' &&
-                b != 't') {
-              return;
-            }
-            f.phase = kStrBody;
-            return Append(stack, out);
-          case kStrHex:
-            if (!IsHex(b)) return;
-            if (--f.pos == 0) f.phase = kStrBody;
-            return Append(stack, out);
-          default:
+        switch (StepString(f, b, n.min_len, n.max_len)) {
+          case StringStep::kReject:
             return;
+          case StringStep::kAccept:
+            return Append(stack, out);
+          case StringStep::kClose:
+            stack.pop_back();
+            return Append(stack, out);
         }
+        return;
       case Kind::kNumber:
       case Kind::kInteger: {
         const bool real = n.kind == Kind::kNumber;

@@ -38,6 +38,14 @@ struct MatchState {
   bool empty() const { return ends.empty(); }
 };
 
+// One byte of a JSON string's frame f (opened by '"'): the matcher's own rule, shared with the
+// token mask's precomputed string scan. kClose: b is the closing quote (the frame is done).
+enum class StringStep : uint8_t { kReject, kAccept, kClose };
+StringStep StepString(MatchFrame& f, uint8_t b, uint32_t min_len, uint32_t max_len);
+// f is in a string's body between characters (no escape or UTF-8 sequence under way).
+bool InStringBody(const MatchFrame& f);
+inline constexpr uint8_t kStringBodyPhase = 1;
+
 // The stepping logic, with scratch space (not thread-safe: one per thread or per matcher).
 class GrammarStepper {
  public:

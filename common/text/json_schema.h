@@ -81,7 +81,7 @@ inline constexpr uint32_t kMaxExpDigits = 2;     // Of the exponent.
 inline constexpr uint32_t kMaxProperties = 64;   // Per object.
 inline constexpr uint32_t kMaxSchemaDepth = 64;  // Nesting of the schema document.
 inline constexpr size_t kMaxGrammarNodes = 20000;
-inline constexpr size_t kMaxLiteralBytes = size_t{1} << 20;  // enum/const texts and names, all.
+inline constexpr size_t kMaxLiteralBytes = size_t{1} << 18;  // enum/const texts and names, all.
 inline constexpr size_t kMaxSchemaBytes = size_t{1} << 20;   // The schema's JSON text.
 
 // Compiles a JSON Schema (JSON text). kInvalidArgument naming the JSON pointer and keyword:

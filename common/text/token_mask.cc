@@ -42,6 +42,27 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<bool> special
   });
   nodes_.emplace_back();
   Build(order, 0, order.size(), 0, 0);
+  scans_.resize(bytes_.size());
+  for (size_t id = 0; id < bytes_.size(); ++id) {
+    if (special_[id] || bytes_[id].empty() || bytes_[id].size() > kMaxTokenBytes) continue;
+    MatchFrame f{.phase = kStringBodyPhase};
+    StringScan& scan = scans_[id];
+    scan.kind = StringScan::kInside;
+    for (size_t i = 0; i < bytes_[id].size(); ++i) {
+      const StringStep step = StepString(f, static_cast<uint8_t>(bytes_[id][i]), 0, UINT32_MAX);
+      if (step == StringStep::kReject) {
+        scan.kind = StringScan::kNot;
+        break;
+      }
+      if (step == StringStep::kClose) {
+        scan.kind = StringScan::kCloses;
+        scan.close = static_cast<uint32_t>(i);
+        closing_.push_back(static_cast<int32_t>(id));
+        break;
+      }
+    }
+    scan.chars = f.count;
+  }
 }
 
 // Tokens order[lo, hi) share their first `depth` bytes, the path to `node`; sorted, so those
@@ -127,9 +148,55 @@ size_t TokenMasker::Fill(size_t n, std::vector<uint8_t>* allowed) {
     }
     if (ended_) return count;
   }
+  if (FillInString(allowed, &count)) return count;
   levels_[0] = matcher_.state();
   Walk(0, 0, allowed, &count);
   return count;
+}
+
+bool TokenMasker::FillInString(std::vector<uint8_t>* allowed, size_t* count) {
+  const MatchState& state = matcher_.state();
+  GrammarStepper& stepper = matcher_.stepper();
+  const JsonGrammar& g = stepper.grammar();
+  if (state.ends.size() != 1) return false;
+  const MatchFrame& top = state.frames.back();
+  if (top.node < 0 || g.nodes[static_cast<size_t>(top.node)].kind != JsonGrammar::Kind::kString ||
+      !InStringBody(top)) {
+    return false;
+  }
+  const JsonGrammar::Node& n = g.nodes[static_cast<size_t>(top.node)];
+  const uint64_t c0 = top.count;
+  const size_t limit = std::min(allowed->size(), vocab_->size());
+  for (size_t id = 0; id < limit; ++id) {
+    const TokenVocab::StringScan& scan = vocab_->string_scan(static_cast<int32_t>(id));
+    if (scan.kind == TokenVocab::StringScan::kInside && c0 + scan.chars <= n.max_len) {
+      (*allowed)[id] = 1;
+      ++*count;
+    }
+  }
+  // The tokens that close the string: the state after the quote (the same for all of them, the
+  // string's length aside), then the rest of each token from there.
+  scratch_a_ = state;
+  scratch_a_.frames.back().count = std::max<uint32_t>(top.count, n.min_len);
+  if (!stepper.Step(scratch_a_, '"', &closed_)) return true;
+  for (int32_t id : vocab_->closing()) {
+    if (static_cast<size_t>(id) >= limit) continue;
+    const TokenVocab::StringScan& scan = vocab_->string_scan(id);
+    if (c0 + scan.chars < n.min_len || c0 + scan.chars > n.max_len) continue;
+    const std::string& bytes = vocab_->bytes(id);
+    const MatchState* at = &closed_;
+    bool ok = true;
+    for (size_t i = scan.close + 1; ok && i < bytes.size(); ++i) {
+      MatchState* next = at == &scratch_a_ ? &scratch_b_ : &scratch_a_;
+      ok = stepper.Step(*at, static_cast<uint8_t>(bytes[i]), next);
+      at = next;
+    }
+    if (ok) {
+      (*allowed)[static_cast<size_t>(id)] = 1;
+      ++*count;
+    }
+  }
+  return true;
 }
 
 void TokenMasker::Walk(uint32_t node, uint32_t depth, std::vector<uint8_t>* allowed,

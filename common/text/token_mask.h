@@ -39,6 +39,19 @@ class TokenVocab {
   const std::vector<Node>& nodes() const { return nodes_; }  // nodes()[0] is the root.
   const std::vector<int32_t>& ids() const { return ids_; }
   uint32_t max_depth() const { return max_depth_; }
+
+  // Each token read from inside a JSON string, between characters (StepString with no length
+  // bounds): it stays inside (kInside), closes the string at byte `close` (kCloses; what follows
+  // is JSON after the string), or cannot be string content (kNot). `chars`: the characters it
+  // adds to the string (up to the close). Lets TokenMasker skip the trie walk inside strings.
+  struct StringScan {
+    enum Kind : uint8_t { kNot, kInside, kCloses };
+    Kind kind = kNot;
+    uint32_t chars = 0;
+    uint32_t close = 0;
+  };
+  const StringScan& string_scan(int32_t id) const { return scans_[static_cast<size_t>(id)]; }
+  const std::vector<int32_t>& closing() const { return closing_; }  // The kCloses tokens.
   static constexpr size_t kMaxTokenBytes = 256;  // Longer tokens are left out of the trie.
 
  private:
@@ -48,6 +61,8 @@ class TokenVocab {
   std::vector<Node> nodes_;
   std::vector<int32_t> ids_;
   uint32_t max_depth_ = 0;
+  std::vector<StringScan> scans_;
+  std::vector<int32_t> closing_;
 };
 
 class TokenMasker {
@@ -66,11 +81,15 @@ class TokenMasker {
 
  private:
   void Walk(uint32_t node, uint32_t depth, std::vector<uint8_t>* allowed, size_t* count);
+  // Inside a string's body (one stack): the precomputed scans instead of the walk. False when
+  // the state is not that.
+  bool FillInString(std::vector<uint8_t>* allowed, size_t* count);
   std::shared_ptr<const TokenVocab> vocab_;
   std::vector<int32_t> end_ids_;
   GrammarMatcher matcher_;
   std::vector<MatchState> levels_;  // levels_[d]: the state after d bytes of the walk.
-  bool ended_ = false;              // An end token was accepted.
+  MatchState closed_, scratch_a_, scratch_b_;
+  bool ended_ = false;  // An end token was accepted.
 };
 
 }  // namespace fmoe

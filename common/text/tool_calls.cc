@@ -675,9 +675,6 @@ void ToolCallStream::Reset() {
 
 ToolCallStreamDelta ToolCallStream::Feed(std::string_view piece) {
   ToolCallStreamDelta out;
-  if (options_.forced != ToolCallOptions::Forced::kNone && buf_.size() > kMaxCallBytes) {
-    return out;  // Past the limit: FinishForced reports it as content (cut).
-  }
   buf_.append(piece);
   if (options_.forced == ToolCallOptions::Forced::kNone) Process(/*final=*/false, &out);
   return out;
@@ -693,8 +690,8 @@ ToolCallStreamDelta ToolCallStream::FinishForced() {
       for (const Json& c : *j) {
         auto name = c.is_object() ? c.find("name") : c.end();
         auto params = c.is_object() ? c.find("parameters") : c.end();
-        if (name == c.end() || !name->is_string() || params == c.end() || !params->is_object() ||
-            calls.size() == kMaxCalls) {
+        if (name == c.end() || !name->is_string() || name->get<std::string>().empty() ||
+            params == c.end() || !params->is_object() || calls.size() == kMaxCalls) {
           calls.clear();
           break;
         }
