@@ -78,15 +78,21 @@ const std::shared_ptr<const TokenVocab>& SyntheticVocab() {
 const char* const kPrefixes[] = {"", "{\"na", "{\"name\": \"Ann Smi", "{\"name\": \"Ann\"",
                                  "{\"name\": \"Ann\", \"age\": 4"};
 
-void Mask(benchmark::State& state, const std::shared_ptr<const TokenVocab>& vocab) {
+// response_format json_object (any object): in a free key, in a string value, in a number.
+const char* const kObjectPrefixes[] = {"{\"ke", "{\"k\": \"va", "{\"k\": [1, {\"x\": 12"};
+
+void Mask(benchmark::State& state, const std::shared_ptr<const TokenVocab>& vocab,
+          bool any_object = false) {
   if (vocab == nullptr) {
     state.SkipWithError("no vocabulary");
     return;
   }
-  static const auto grammar = *CompileJsonSchema(R"({"type": "object",
+  static const auto schema = *CompileJsonSchema(R"({"type": "object",
       "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                      "tags": {"type": "array", "items": {"type": "string"}}},
       "required": ["name", "age"]})");
+  const auto grammar = any_object ? AnyJsonObjectGrammar() : schema;
+  const char* prefix = any_object ? kObjectPrefixes[state.range(0)] : kPrefixes[state.range(0)];
   // Feeds the prefix byte by byte through single-byte tokens (every vocabulary has them).
   std::vector<int32_t> byte_token(256, -1);
   for (size_t id = 0; id < vocab->size(); ++id) {
@@ -96,7 +102,7 @@ void Mask(benchmark::State& state, const std::shared_ptr<const TokenVocab>& voca
     }
   }
   TokenMasker masker(grammar, vocab, {});
-  for (char c : std::string(kPrefixes[state.range(0)])) {
+  for (char c : std::string(prefix)) {
     if (!masker.Accept(byte_token[static_cast<uint8_t>(c)])) {
       state.SkipWithError("prefix refused");
       return;
@@ -118,6 +124,23 @@ BENCHMARK(BM_TinyModel)->DenseRange(0, 4)->Unit(benchmark::kMicrosecond);
 
 void BM_Synthetic150k(benchmark::State& state) { Mask(state, SyntheticVocab()); }
 BENCHMARK(BM_Synthetic150k)->DenseRange(0, 4)->Unit(benchmark::kMicrosecond);
+
+// Building the vocabulary's trie and string scans (once per tokenizer, at the first request
+// with a schema).
+void BM_BuildVocab150k(benchmark::State& state) {
+  std::vector<std::string> bytes;
+  for (size_t id = 0; id < SyntheticVocab()->size(); ++id) {
+    bytes.push_back(SyntheticVocab()->bytes(static_cast<int32_t>(id)));
+  }
+  for (auto _ : state) {
+    TokenVocab vocab(bytes, std::vector<bool>(bytes.size(), false));
+    benchmark::DoNotOptimize(vocab.nodes().data());
+  }
+}
+BENCHMARK(BM_BuildVocab150k)->Iterations(3)->Unit(benchmark::kMillisecond);
+
+void BM_Synthetic150kJsonObject(benchmark::State& state) { Mask(state, SyntheticVocab(), true); }
+BENCHMARK(BM_Synthetic150kJsonObject)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace fmoe

@@ -131,6 +131,22 @@ StringStep StepString(MatchFrame& f, uint8_t b, uint32_t min_len, uint32_t max_l
   }
 }
 
+StringStep StepKey(MatchFrame& f, uint8_t b) {
+  bool starts = false;
+  if (b == '"') {
+    return f.utf8_need == 0 ? StringStep::kClose : StringStep::kReject;
+  }
+  if (b == '\\' || b < 0x20 || !Utf8(f, b, &starts)) return StringStep::kReject;
+  return StringStep::kAccept;
+}
+
+bool InFreeKey(const JsonGrammar& g, const MatchFrame& f) {
+  if (f.node < 0) return false;
+  const JsonGrammar::Node& n = g.nodes[static_cast<size_t>(f.node)];
+  return n.kind == Kind::kObject && f.phase == kObjKey && f.pos < 0 && n.additional >= 0 &&
+         f.utf8_need == 0;
+}
+
 GrammarStepper::GrammarStepper(std::shared_ptr<const JsonGrammar> grammar)
     : grammar_(std::move(grammar)) {}
 
@@ -248,9 +264,7 @@ bool GrammarStepper::FeedObject(MatchFrame& f, const JsonGrammar::Node& n, uint8
         f.ws = 0;
         return true;
       }
-      if (b == '\\' || b < 0x20) return false;
-      bool starts = false;
-      if (!Utf8(f, b, &starts)) return false;
+      if (StepKey(f, b) == StringStep::kReject) return false;
       if (f.pos >= 0) {
         f.pos = g.Child(f.pos, b);
         // A declared name still unwritten must pass here, unless any key may follow.

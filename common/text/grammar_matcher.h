@@ -45,6 +45,12 @@ StringStep StepString(MatchFrame& f, uint8_t b, uint32_t min_len, uint32_t max_l
 // f is in a string's body between characters (no escape or UTF-8 sequence under way).
 bool InStringBody(const MatchFrame& f);
 inline constexpr uint8_t kStringBodyPhase = 1;
+// One byte of an object's key (the key rules: no escapes, no control bytes, UTF-8); the frame's
+// key trie position is not moved. kClose: the closing quote.
+StringStep StepKey(MatchFrame& f, uint8_t b);
+// f is an object's key under way, off the declared names (an additional property's), between
+// characters: any key text may follow.
+bool InFreeKey(const JsonGrammar& g, const MatchFrame& f);
 
 // The stepping logic, with scratch space (not thread-safe: one per thread or per matcher).
 class GrammarStepper {

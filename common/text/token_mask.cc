@@ -42,26 +42,31 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<bool> special
   });
   nodes_.emplace_back();
   Build(order, 0, order.size(), 0, 0);
-  scans_.resize(bytes_.size());
-  for (size_t id = 0; id < bytes_.size(); ++id) {
-    if (special_[id] || bytes_[id].empty() || bytes_[id].size() > kMaxTokenBytes) continue;
-    MatchFrame f{.phase = kStringBodyPhase};
-    StringScan& scan = scans_[id];
-    scan.kind = StringScan::kInside;
-    for (size_t i = 0; i < bytes_[id].size(); ++i) {
-      const StringStep step = StepString(f, static_cast<uint8_t>(bytes_[id][i]), 0, UINT32_MAX);
-      if (step == StringStep::kReject) {
-        scan.kind = StringScan::kNot;
-        break;
+  for (bool key : {false, true}) {
+    std::vector<StringScan>& scans = key ? key_scans_ : scans_;
+    std::vector<int32_t>& closing = key ? key_closing_ : closing_;
+    scans.resize(bytes_.size());
+    for (size_t id = 0; id < bytes_.size(); ++id) {
+      if (special_[id] || bytes_[id].empty() || bytes_[id].size() > kMaxTokenBytes) continue;
+      MatchFrame f{.phase = kStringBodyPhase};
+      StringScan& scan = scans[id];
+      scan.kind = StringScan::kInside;
+      for (size_t i = 0; i < bytes_[id].size(); ++i) {
+        const auto b = static_cast<uint8_t>(bytes_[id][i]);
+        const StringStep step = key ? StepKey(f, b) : StepString(f, b, 0, UINT32_MAX);
+        if (step == StringStep::kReject) {
+          scan.kind = StringScan::kNot;
+          break;
+        }
+        if (step == StringStep::kClose) {
+          scan.kind = StringScan::kCloses;
+          scan.close = static_cast<uint32_t>(i);
+          closing.push_back(static_cast<int32_t>(id));
+          break;
+        }
       }
-      if (step == StringStep::kClose) {
-        scan.kind = StringScan::kCloses;
-        scan.close = static_cast<uint32_t>(i);
-        closing_.push_back(static_cast<int32_t>(id));
-        break;
-      }
+      scan.chars = f.count;
     }
-    scan.chars = f.count;
   }
 }
 
@@ -154,51 +159,6 @@ size_t TokenMasker::Fill(size_t n, std::vector<uint8_t>* allowed) {
   return count;
 }
 
-bool TokenMasker::FillInString(std::vector<uint8_t>* allowed, size_t* count) {
-  const MatchState& state = matcher_.state();
-  GrammarStepper& stepper = matcher_.stepper();
-  const JsonGrammar& g = stepper.grammar();
-  if (state.ends.size() != 1) return false;
-  const MatchFrame& top = state.frames.back();
-  if (top.node < 0 || g.nodes[static_cast<size_t>(top.node)].kind != JsonGrammar::Kind::kString ||
-      !InStringBody(top)) {
-    return false;
-  }
-  const JsonGrammar::Node& n = g.nodes[static_cast<size_t>(top.node)];
-  const uint64_t c0 = top.count;
-  const size_t limit = std::min(allowed->size(), vocab_->size());
-  for (size_t id = 0; id < limit; ++id) {
-    const TokenVocab::StringScan& scan = vocab_->string_scan(static_cast<int32_t>(id));
-    if (scan.kind == TokenVocab::StringScan::kInside && c0 + scan.chars <= n.max_len) {
-      (*allowed)[id] = 1;
-      ++*count;
-    }
-  }
-  // The tokens that close the string: the state after the quote (the same for all of them, the
-  // string's length aside), then the rest of each token from there.
-  scratch_a_ = state;
-  scratch_a_.frames.back().count = std::max<uint32_t>(top.count, n.min_len);
-  if (!stepper.Step(scratch_a_, '"', &closed_)) return true;
-  for (int32_t id : vocab_->closing()) {
-    if (static_cast<size_t>(id) >= limit) continue;
-    const TokenVocab::StringScan& scan = vocab_->string_scan(id);
-    if (c0 + scan.chars < n.min_len || c0 + scan.chars > n.max_len) continue;
-    const std::string& bytes = vocab_->bytes(id);
-    const MatchState* at = &closed_;
-    bool ok = true;
-    for (size_t i = scan.close + 1; ok && i < bytes.size(); ++i) {
-      MatchState* next = at == &scratch_a_ ? &scratch_b_ : &scratch_a_;
-      ok = stepper.Step(*at, static_cast<uint8_t>(bytes[i]), next);
-      at = next;
-    }
-    if (ok) {
-      (*allowed)[static_cast<size_t>(id)] = 1;
-      ++*count;
-    }
-  }
-  return true;
-}
-
 void TokenMasker::Walk(uint32_t node, uint32_t depth, std::vector<uint8_t>* allowed,
                        size_t* count) {
   const auto& nodes = vocab_->nodes();
@@ -215,6 +175,66 @@ void TokenMasker::Walk(uint32_t node, uint32_t depth, std::vector<uint8_t>* allo
       }
     }
     if (nodes[c].children_end > nodes[c].children_begin) Walk(c, depth + 1, allowed, count);
+  }
+}
+
+bool TokenMasker::FillInString(std::vector<uint8_t>* allowed, size_t* count) {
+  const MatchState& state = matcher_.state();
+  GrammarStepper& stepper = matcher_.stepper();
+  const JsonGrammar& g = stepper.grammar();
+  if (state.ends.size() != 1) return false;
+  const MatchFrame& top = state.frames.back();
+  if (InFreeKey(g, top)) {
+    if (!stepper.Step(state, '"', &closed_)) closed_ = MatchState{};
+    FillScanned(/*key=*/true, closed_, 0, 0, UINT64_MAX, allowed, count);
+    return true;
+  }
+  if (top.node < 0 || g.nodes[static_cast<size_t>(top.node)].kind != JsonGrammar::Kind::kString ||
+      !InStringBody(top)) {
+    return false;
+  }
+  const JsonGrammar::Node& n = g.nodes[static_cast<size_t>(top.node)];
+  // The state after the closing quote is the same for every token, the string's length aside.
+  scratch_a_ = state;
+  scratch_a_.frames.back().count = std::max<uint32_t>(top.count, n.min_len);
+  if (!stepper.Step(scratch_a_, '"', &closed_)) closed_ = MatchState{};
+  FillScanned(/*key=*/false, closed_, top.count, n.min_len, n.max_len, allowed, count);
+  return true;
+}
+
+void TokenMasker::FillScanned(bool key, const MatchState& closed, uint64_t chars_before,
+                              uint64_t min_chars, uint64_t max_chars, std::vector<uint8_t>* allowed,
+                              size_t* count) {
+  GrammarStepper& stepper = matcher_.stepper();
+  const size_t limit = std::min(allowed->size(), vocab_->size());
+  auto scan_of = [&](int32_t id) -> const TokenVocab::StringScan& {
+    return key ? vocab_->key_scan(id) : vocab_->string_scan(id);
+  };
+  for (size_t id = 0; id < limit; ++id) {
+    const TokenVocab::StringScan& scan = scan_of(static_cast<int32_t>(id));
+    if (scan.kind == TokenVocab::StringScan::kInside && chars_before + scan.chars <= max_chars) {
+      (*allowed)[id] = 1;
+      ++*count;
+    }
+  }
+  if (closed.empty()) return;
+  for (int32_t id : key ? vocab_->key_closing() : vocab_->closing()) {
+    if (static_cast<size_t>(id) >= limit) continue;
+    const TokenVocab::StringScan& scan = scan_of(id);
+    const uint64_t chars = chars_before + scan.chars;
+    if (chars < min_chars || chars > max_chars) continue;
+    const std::string& bytes = vocab_->bytes(id);
+    const MatchState* at = &closed;
+    bool ok = true;
+    for (size_t i = scan.close + 1; ok && i < bytes.size(); ++i) {
+      MatchState* next = at == &scratch_a_ ? &scratch_b_ : &scratch_a_;
+      ok = stepper.Step(*at, static_cast<uint8_t>(bytes[i]), next);
+      at = next;
+    }
+    if (ok) {
+      (*allowed)[static_cast<size_t>(id)] = 1;
+      ++*count;
+    }
   }
 }
 

@@ -52,6 +52,9 @@ class TokenVocab {
   };
   const StringScan& string_scan(int32_t id) const { return scans_[static_cast<size_t>(id)]; }
   const std::vector<int32_t>& closing() const { return closing_; }  // The kCloses tokens.
+  // The same for an object's key (StepKey: no escapes).
+  const StringScan& key_scan(int32_t id) const { return key_scans_[static_cast<size_t>(id)]; }
+  const std::vector<int32_t>& key_closing() const { return key_closing_; }
   static constexpr size_t kMaxTokenBytes = 256;  // Longer tokens are left out of the trie.
 
  private:
@@ -63,6 +66,8 @@ class TokenVocab {
   uint32_t max_depth_ = 0;
   std::vector<StringScan> scans_;
   std::vector<int32_t> closing_;
+  std::vector<StringScan> key_scans_;
+  std::vector<int32_t> key_closing_;
 };
 
 class TokenMasker {
@@ -84,6 +89,10 @@ class TokenMasker {
   // Inside a string's body (one stack): the precomputed scans instead of the walk. False when
   // the state is not that.
   bool FillInString(std::vector<uint8_t>* allowed, size_t* count);
+  // The tokens of `scans` inside (within `max_chars` more characters) and those of `closing`
+  // whose rest the state after `closed` (the closing quote's) takes.
+  void FillScanned(bool key, const MatchState& closed, uint64_t chars_before, uint64_t min_chars,
+                   uint64_t max_chars, std::vector<uint8_t>* allowed, size_t* count);
   std::shared_ptr<const TokenVocab> vocab_;
   std::vector<int32_t> end_ids_;
   GrammarMatcher matcher_;
