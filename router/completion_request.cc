@@ -955,7 +955,7 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
                   ReadStopConditions(j, vocab, max_new, &out.sampling, error) &&
                   ReadLogprobs(j, chat, prompt_len, &out, error) &&
                   ReadStopStrings(j, &out.sampling, error) && ReadStream(j, &out, error) &&
-                  ReadStructuredOutput(j, &out, error);
+                  ReadStructuredOutput(j, chat && options.harmony_channels, &out, error);
   if (!ok) return InvalidArgument(error->body);
   out.ignored_fields = IgnoredFields(j, chat);
   return out;

@@ -90,7 +90,7 @@ struct Choice {
   uint32_t tokens = 0;
   uint64_t hits = 0, misses = 0, bytes = 0;
   uint64_t host_runs = 0, host_us = 0, bytes_not_moved = 0;  // Hybrid execution.
-  uint64_t disk_reads = 0;                                    // The host tier.
+  uint64_t disk_reads = 0;                                   // The host tier.
   std::string out;                                           // Whole answers: the text so far.
   std::vector<TokenLogprob> probs;  // Not yet sent (streams) or all (whole answers).
   size_t text_chars = 0;            // Code points of the logprob tokens so far (text_offset).
@@ -124,7 +124,9 @@ class CompletionState {
     }
     chat_ = request.kind == RequestKind::kChat;
     harmony_ = chat_ && options.harmony_channels;
-    if (chat_ && !harmony_ && options.think_style) {
+    // Structured output constrains the answer from its first token: no thinking to split off
+    // (a deepseek_r1-style prompt would otherwise make the whole answer reasoning).
+    if (chat_ && !harmony_ && options.think_style && request.sampling.json_schema.empty()) {
       think_style_ = options.think_style;
       // The markers that are special tokens are decoded as their text (Decode).
       for (std::string_view marker : {kThinkStart, kThinkEnd}) {

@@ -17,7 +17,10 @@ namespace fmoe {
 // response_format, structured_outputs, guided_json (and guided_regex / guided_choice /
 // guided_grammar, structured_outputs' regex / choice / grammar / structural_tag: refused by
 // name). At most one of them may constrain the output, and not beside a forced tool_choice.
-bool ReadStructuredOutput(const nlohmann::json& body, CompletionRequest* out, HttpResponse* error);
+// `harmony`: gpt-oss's answers open with harmony headers, which a schema leaves no room for:
+// refused by name.
+bool ReadStructuredOutput(const nlohmann::json& body, bool harmony, CompletionRequest* out,
+                          HttpResponse* error);
 
 // tool_choice "required" (`named` empty) or the function `named`: the answer is decoded under
 // vLLM's schema (required: [{"name": one of the tools, "parameters": its parameters}, ...];

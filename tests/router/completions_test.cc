@@ -24,6 +24,7 @@
 #include "common/text/json_schema.h"
 #include "common/text/tokenizer.h"
 #include "common/text/unicode.h"
+#include "router/structured_output.h"
 #include "tests/router/link_fixture.h"
 
 namespace fmoe {
@@ -607,7 +608,7 @@ TEST_F(ThinkCompletionsTest, IncludeReasoningFalseDropsIt) {
 // off; finish_reason "tool_calls". What needs constrained decoding is refused by name.
 class ToolCompletionsTest : public ::testing::Test {
  protected:
-  void Start(ToolCallFormat format, bool think) {
+  void Start(ToolCallFormat format, bool think, ThinkStyle style = ThinkStyle::kOpensThinking) {
     auto loaded = Tokenizer::Load(FMOE_SOURCE_DIR "/tests/fixtures/qwen3-moe-ref");
     ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
     tokenizer_ = std::move(*loaded);
@@ -615,7 +616,7 @@ class ToolCompletionsTest : public ::testing::Test {
     options.model_name = "qwen3";
     options.context_length = 1024;
     options.tool_call_format = format;
-    if (think) options.think_style = ThinkStyle::kOpensThinking;
+    if (think) options.think_style = style;
     std::ifstream in(FMOE_SOURCE_DIR "/tests/fixtures/chat_templates/qwen3_30b_a3b.json");
     const Json fixture = Json::parse(in);
     auto compiled = ChatTemplate::Compile(fixture["template"].get<std::string>());
@@ -1143,6 +1144,19 @@ TEST_F(ToolCompletionsTest, ToolChoiceRequiredAndNamedDecodeUnderASchema) {
       << rec->body();
 }
 
+// A reasoning model whose prompt ends inside <think> (deepseek_r1 style): under a schema the
+// answer is content, not reasoning; gpt-oss (harmony) refuses structured output by name.
+TEST_F(ToolCompletionsTest, StructuredOutputIsContentForReasoningModels) {
+  Start(ToolCallFormat::kHermes, /*think=*/true, ThinkStyle::kStartsThinking);
+  auto rec = Run({{"response_format", {{"type", "json_object"}}}}, R"({"a": 1})");
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  Json message = Json::parse(rec->body())["choices"][0]["message"];
+  EXPECT_EQ(message["content"], R"({"a": 1})") << message;
+  rec = Run(Json::object(), R"(thinking</think>{"a": 1})");
+  message = Json::parse(rec->body())["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], "thinking") << message;  // Without a schema: split.
+}
+
 // response_format json_object / json_schema, structured_outputs.json and guided_json send the
 // schema to the worker; conflicts, bad schemas and the forms not implemented are 400s by name.
 TEST_F(ToolCompletionsTest, StructuredOutputSchemasTravelOrAreRefusedByName) {
@@ -1206,6 +1220,22 @@ TEST_F(ToolCompletionsTest, StructuredOutputSchemasTravelOrAreRefusedByName) {
     EXPECT_NE(Json::parse(rec->body())["error"]["message"].get<std::string>().find(message),
               std::string::npos)
         << rec->body();
+  }
+}
+
+TEST(StructuredOutput, HarmonyModelsRefuseItByName) {
+  for (const char* key : {"guided_json", "response_format"}) {
+    const Json body = std::string(key) == "guided_json"
+                          ? Json{{"guided_json", {{"type", "object"}}}}
+                          : Json{{"response_format", {{"type", "json_object"}}}};
+    CompletionRequest out;
+    HttpResponse error;
+    EXPECT_FALSE(ReadStructuredOutput(body, /*harmony=*/true, &out, &error)) << key;
+    EXPECT_EQ(Json::parse(error.body)["error"]["param"], key) << error.body;
+    EXPECT_NE(error.body.find("harmony"), std::string::npos) << error.body;
+    CompletionRequest plain;
+    EXPECT_TRUE(ReadStructuredOutput(body, /*harmony=*/false, &plain, &error)) << error.body;
+    EXPECT_EQ(Json::parse(plain.sampling.json_schema), Json({{"type", "object"}}));
   }
 }
 
