@@ -123,7 +123,16 @@ StringStep StepString(MatchFrame& f, uint8_t b, uint32_t min_len, uint32_t max_l
       f.phase = kStrBody;
       return StringStep::kAccept;
     case kStrHex:
+      // No surrogates (\uD800-\uDFFF): a pair would count as two characters where validators
+      // count one code point, and a lone one is not Unicode. Characters beyond the BMP are
+      // written as UTF-8.
       if (!IsHex(b)) return StringStep::kReject;
+      if (f.pos == 4) f.utf8_range = (b == 'd' || b == 'D') ? 1 : 0;  // Marks \uD...
+      if (f.pos == 3) {
+        const bool surrogate = f.utf8_range == 1 && !(b >= '0' && b <= '7');
+        f.utf8_range = 0;
+        if (surrogate) return StringStep::kReject;
+      }
       if (--f.pos == 0) f.phase = kStrBody;
       return StringStep::kAccept;
     default:

@@ -10,8 +10,10 @@
 // - type (a string or an array), properties, required, additionalProperties, items, minItems,
 //   maxItems, minLength, maxLength, enum, const, anyOf, oneOf (as anyOf, as xgrammar does),
 //   allOf with one member, $ref to "#", "#/$defs/..", "#/definitions/.." (JSON pointers into
-//   the document; recursion works, a cycle that consumes no input is refused), nullable.
+//   the document; recursion works, a cycle that consumes no input is refused), nullable (OpenAPI
+//   3.0's: `nullable: true` also allows null).
 // - Properties may come in any order, each at most once; keys are written without escapes.
+//   Strings use no \u escapes of surrogates (characters beyond the BMP are written as UTF-8).
 //   additionalProperties absent counts as false when the schema lists properties (xgrammar's
 //   strict mode, vLLM's default) and as true for an object without properties.
 // - Numbers: at most 16 integer digits, 16 fraction digits and 2 exponent digits.
