@@ -90,7 +90,7 @@ struct Choice {
   uint32_t tokens = 0;
   uint64_t hits = 0, misses = 0, bytes = 0;
   uint64_t host_runs = 0, host_us = 0, bytes_not_moved = 0;  // Hybrid execution.
-  uint64_t disk_reads = 0;                                   // The host tier.
+  uint64_t disk_reads = 0;                                    // The host tier.
   std::string out;                                           // Whole answers: the text so far.
   std::vector<TokenLogprob> probs;  // Not yet sent (streams) or all (whole answers).
   size_t text_chars = 0;            // Code points of the logprob tokens so far (text_offset).

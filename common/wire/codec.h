@@ -32,20 +32,22 @@ enum class DropReason : uint8_t {
 std::string_view DropReasonName(DropReason reason);
 
 struct DecodeLimits {
-  size_t max_bytes = 8u << 20;              // Whole frame. Default: 8 MiB
-  unsigned max_depth = 8;                   // Verifier nesting depth. Default: 8
-  unsigned max_tables = 64;                 // Verifier table count. Default: 64
-  size_t max_string_bytes = 4096;           // Any string field but the one below. Default: 4096
-  size_t max_admin_json_bytes = 1u << 20;   // AdminReply.json. Default: 1 MiB
-  size_t max_token_ids = 1u << 20;          // Generate.token_ids. Default: 1,048,576
-  size_t max_stop_tokens = 64;              // SamplingParams.stop_token_ids. Default: 64
-  size_t max_stop_strings = 16;             // SamplingParams.stop. Default: 16
-  size_t max_stop_string_bytes = 256;       // Each stop string. Default: 256
-  size_t max_logit_bias = 1024;             // SamplingParams.logit_bias entries. Default: 1024
-  size_t max_json_schema_bytes = 1u << 20;  // SamplingParams.json_schema. Default: 1 MiB
-  size_t max_floats = 1u << 16;             // sem, probs. Default: 65,536
-  size_t max_prefetch_entries = 4096;       // PrefetchDirective.entries. Default: 4096
-  uint32_t max_layer = 4096;                // layer, target_layer. Default: 4096
+  size_t max_bytes = 8u << 20;             // Whole frame. Default: 8 MiB
+  unsigned max_depth = 8;                  // Verifier nesting depth. Default: 8
+  unsigned max_tables = 64;                // Verifier table count. Default: 64
+  size_t max_string_bytes = 4096;          // Any string field but the one below. Default: 4096
+  size_t max_admin_json_bytes = 1u << 20;  // AdminReply.json. Default: 1 MiB
+  size_t max_token_ids = 1u << 20;         // Generate.token_ids. Default: 1,048,576
+  size_t max_stop_tokens = 64;             // SamplingParams.stop_token_ids. Default: 64
+  size_t max_stop_strings = 16;            // SamplingParams.stop. Default: 16
+  size_t max_stop_string_bytes = 256;      // Each stop string. Default: 256
+  size_t max_logit_bias = 1024;            // SamplingParams.logit_bias entries. Default: 1024
+  size_t max_floats = 1u << 16;            // sem, probs. Default: 65,536
+  size_t max_prefetch_entries = 4096;      // PrefetchDirective.entries. Default: 4096
+  uint32_t max_layer = 4096;               // layer, target_layer. Default: 4096
+
+  // SamplingParams.json_schema (structured output). Default: 1 MiB
+  size_t max_json_schema_bytes = 1u << 20;
 };
 
 struct DecodeError {

@@ -3,6 +3,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "common/text/json_schema.h"
@@ -11,13 +12,32 @@
 namespace fmoe {
 namespace {
 
+// A few tokens' text and the vocabulary's size: tells a tokenizer from another one that a freed
+// one's address was reused for (tests load several models in one process).
+std::string Fingerprint(const Tokenizer& tokenizer) {
+  const size_t n = tokenizer.vocab_size();
+  std::string out = std::to_string(n);
+  for (size_t k = 0; k < 16 && n > 0; ++k) {
+    out += '|';
+    out += tokenizer.IdToToken(static_cast<int32_t>(k * n / 16));
+  }
+  return out;
+}
+
 std::shared_ptr<const TokenVocab> VocabOf(const Tokenizer& tokenizer) {
+  struct Entry {
+    std::string fingerprint;
+    std::shared_ptr<const TokenVocab> vocab;
+  };
   static std::mutex mu;
-  static std::map<const Tokenizer*, std::shared_ptr<const TokenVocab>> vocabs;  // GUARDED_BY(mu)
+  static std::map<const Tokenizer*, Entry> vocabs;  // GUARDED_BY(mu)
+  const std::string fingerprint = Fingerprint(tokenizer);
   std::lock_guard<std::mutex> lock(mu);
-  auto& vocab = vocabs[&tokenizer];
-  if (vocab == nullptr) vocab = TokenVocab::FromTokenizer(tokenizer);
-  return vocab;
+  Entry& entry = vocabs[&tokenizer];
+  if (entry.vocab == nullptr || entry.fingerprint != fingerprint) {
+    entry = {fingerprint, TokenVocab::FromTokenizer(tokenizer)};
+  }
+  return entry.vocab;
 }
 
 }  // namespace
