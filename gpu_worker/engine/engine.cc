@@ -394,8 +394,10 @@ void Engine::Finish(Sequence& seq, FinishReason reason, std::string error) {
 
 void Engine::SampleAndEmit(Sequence& seq, std::span<const float> logits, uint32_t max_positions) {
   const int32_t token = seq.sampler.Sample(logits);
-  if (token < 0) {  // Structured output with no token left (sampler.h).
-    return Finish(seq, FinishReason::kError, "structured output: no token continues the output");
+  if (token < 0) {  // Structured output with no token left (sampler.h): done, or stuck.
+    const bool done = seq.sampler.constraint() != nullptr && seq.sampler.constraint()->complete();
+    return Finish(seq, done ? FinishReason::kStop : FinishReason::kError,
+                  done ? "" : "structured output: no token continues the output");
   }
   const auto& stop_ids = seq.sampling.stop_token_ids;
   const auto& eos_ids = options_.eos_token_ids;

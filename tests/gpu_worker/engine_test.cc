@@ -721,6 +721,15 @@ TEST(Engine, StructuredOutputYieldsJsonThatValidates) {
   if (h.outcomes[1].tokens[0] == h.outcomes[2].tokens[0]) {
     EXPECT_EQ(h.outcomes[1].logprobs[0], h.outcomes[2].logprobs[0]);
   }
+  // A model without eos tokens: the request stops when the JSON is complete.
+  EngineHarness no_eos(/*max_batch=*/1, nullptr, {});
+  no_eos.Submit(5, Encode(kPrompts[0]), constrained);
+  no_eos.RunToEnd();
+  const Outcome& o = no_eos.outcomes[5];
+  EXPECT_EQ(o.finish, FinishReason::kStop) << o.error;
+  EXPECT_FALSE(o.stop_token);
+  EXPECT_EQ(o.tokens,
+            std::vector<int32_t>(h.outcomes[2].tokens.begin(), h.outcomes[2].tokens.end() - 1));
   EXPECT_EQ(h.outcomes[4].finish, FinishReason::kError);
   EXPECT_NE(h.outcomes[4].error.find("structured output: schema /properties/a: \"pattern\""),
             std::string::npos)

@@ -463,6 +463,17 @@ TEST(Sampler, ConstraintWithNothingAllowedReturnsMinusOne) {
   Sampler s(Params(0.0f));
   s.Constrain(Constraint(R"({"type":"array"})"));  // No token starts an array.
   EXPECT_EQ(s.Sample(std::vector<float>(9, 0.0f)), -1);
+  EXPECT_FALSE(s.constraint()->complete());
+  // Complete, and no end token to draw (the engine then stops the request).
+  Sampler done(Params(0.0f));
+  done.Constrain(std::make_unique<TokenMasker>(
+      AnyJsonObjectGrammar(),
+      std::make_shared<const TokenVocab>(std::vector<std::string>{"{}", "x"},
+                                         std::vector<bool>{false, false}),
+      std::vector<int32_t>{}));
+  EXPECT_EQ(done.Sample(std::vector<float>{0.0f, 5.0f}), 0);
+  EXPECT_EQ(done.Sample(std::vector<float>{0.0f, 5.0f}), -1);
+  EXPECT_TRUE(done.constraint()->complete());
 }
 
 TEST(Sampler, ConstraintCompleteLiftsMinTokensForEos) {
