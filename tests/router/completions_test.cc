@@ -946,6 +946,30 @@ TEST_F(ToolCompletionsTest, MessagesToolUseAndToolResults) {
   EXPECT_NE(prompt.find("<tool_response>\n22 C\n</tool_response>"), std::string::npos) << prompt;
 }
 
+// Anthropic's tool_choice any / tool: the chat completion's "required" / named function.
+TEST_F(ToolCompletionsTest, MessagesToolChoiceAnyAndToolDecodeUnderASchema) {
+  Start(ToolCallFormat::kHermes, /*think=*/false);
+  const Json params = Tools()[0]["function"]["parameters"];
+  const Json tools = {{{"name", "get_weather"}, {"input_schema", params}}};
+  auto rec = RunMessages({{"tools", tools}, {"tool_choice", {{"type", "any"}}}},
+                         R"([{"name": "get_weather", "parameters": {"city": "Oslo"}}])");
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  Json m = Json::parse(rec->body());
+  EXPECT_EQ(m["stop_reason"], "tool_use") << m;
+  ASSERT_EQ(m["content"].size(), 1u) << m;
+  EXPECT_EQ(m["content"][0]["input"], Json({{"city", "Oslo"}}));
+  EXPECT_EQ(Json::parse(last_schema_)["type"], "array");
+  rec =
+      RunMessages({{"tools", tools}, {"tool_choice", {{"type", "tool"}, {"name", "get_weather"}}}},
+                  R"({"city": "Rome"})");
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  m = Json::parse(rec->body());
+  ASSERT_EQ(m["content"].size(), 1u) << m;
+  EXPECT_EQ(m["content"][0]["name"], "get_weather");
+  EXPECT_EQ(m["content"][0]["input"], Json({{"city", "Rome"}}));
+  EXPECT_EQ(Json::parse(last_schema_), params);
+}
+
 TEST_F(ToolCompletionsTest, MessagesErrorsAreInTheMessagesShape) {
   Start(ToolCallFormat::kHermes, /*think=*/false);
   auto error_of = [](const std::shared_ptr<Recorder>& rec) {
