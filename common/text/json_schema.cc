@@ -479,6 +479,22 @@ class Compiler {
   size_t literal_bytes_ = 0;
 };
 
+// How deep `root` nests, counted without recursion (enum and const values are serialised by
+// recursive code, and a document of a megabyte could nest half a million deep).
+size_t Depth(const Json& root) {
+  size_t deepest = 0;
+  std::vector<std::pair<const Json*, size_t>> stack{{&root, 0}};
+  while (!stack.empty()) {
+    const auto [v, depth] = stack.back();
+    stack.pop_back();
+    deepest = std::max(deepest, depth);
+    if (v->is_structured()) {
+      for (const Json& child : *v) stack.push_back({&child, depth + 1});
+    }
+  }
+  return deepest;
+}
+
 }  // namespace
 
 int32_t JsonGrammar::Child(int32_t trie, uint8_t byte) const {
@@ -495,6 +511,10 @@ Result<std::shared_ptr<const JsonGrammar>> CompileJsonSchema(std::string_view sc
   }
   Json schema = Json::parse(schema_json, nullptr, /*allow_exceptions=*/false);
   if (schema.is_discarded()) return InvalidArgument("schema: not valid JSON");
+  if (Depth(schema) > kMaxJsonDepth) {
+    return InvalidArgument("schema: nested deeper than " + std::to_string(kMaxJsonDepth) +
+                           " JSON levels");
+  }
   try {
     return Compiler(schema).Run();
   } catch (const std::exception& e) {  // std::bad_alloc, a JSON type error missed above.

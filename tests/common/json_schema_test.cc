@@ -192,6 +192,11 @@ TEST(JsonSchema, RefusesWhatItCannotCompileNamingThePath) {
   for (int i = 0; i < 100; ++i) deep = Cat({R"({"type":"array","items":)", deep, "}"});
   EXPECT_NE(CompileJsonSchema(deep).status().message().find("nested deeper than 64"),
             std::string::npos);
+  // An enum value nested a hundred thousand deep: refused before anything recurses into it.
+  const std::string nested =
+      Cat({R"({"enum":[)", std::string(100000, '['), std::string(100000, ']'), "]}"});
+  EXPECT_NE(CompileJsonSchema(nested).status().message().find("deeper than 512 JSON levels"),
+            std::string::npos);
   Json wide = {{"type", "object"}, {"properties", Json::object()}};
   for (int i = 0; i < 65; ++i) wide["properties"][Cat({"p", std::to_string(i)})] = Json::object();
   EXPECT_NE(CompileJsonSchema(wide.dump()).status().message().find("more than 64 properties"),
