@@ -197,10 +197,10 @@ Result<Json> MessagesToChat(const Json& body, HttpResponse* error) {
             : "";
     if (type == "auto" || type == "none") {
       chat["tool_choice"] = type;
-    } else if (type == "any" || type == "tool") {
-      return fail("tool_choice: \"" + type +
-                  "\" needs constrained decoding, which this server does not have yet; use "
-                  "\"auto\"");
+    } else if (type == "any") {
+      chat["tool_choice"] = "required";
+    } else if (type == "tool" && choice->contains("name")) {
+      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", (*choice)["name"]}}}};
     } else {
       return fail("tool_choice: must be {\"type\": \"auto\" | \"none\" | \"any\" | \"tool\"}");
     }

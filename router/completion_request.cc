@@ -11,6 +11,7 @@
 
 #include "common/process_util.h"
 #include "common/text/unicode.h"
+#include "router/structured_output.h"
 
 namespace fmoe {
 namespace {
@@ -23,28 +24,17 @@ bool Unsupported(const std::string& key, const Json& v) {
   if (key == "best_of") return !(v.is_number_integer() && v.get<int64_t>() == 1);
   if (key == "suffix") return !(v.is_string() && v.get<std::string>().empty());
   if (key == "prompt_logprobs") return true;
-  if (key == "guided_json" || key == "guided_regex" || key == "guided_choice" ||
-      key == "guided_grammar") {
-    return true;
-  }
+  // guided_json and structured_outputs are structured output (structured_output.cc).
+  if (key == "guided_regex" || key == "guided_choice" || key == "guided_grammar") return true;
   if (key == "use_beam_search" || key == "include_stop_str_in_output") {
     return !(v.is_boolean() && !v.get<bool>());
   }
-  // vLLM's current name for guided decoding: only empty.
-  if (key == "structured_outputs") return !(v.is_object() && v.empty());
   return false;
 }
 
-constexpr const char* kUnsupported[] = {"best_of",
-                                        "suffix",
-                                        "prompt_logprobs",
-                                        "guided_json",
-                                        "guided_regex",
-                                        "guided_choice",
-                                        "guided_grammar",
-                                        "use_beam_search",
-                                        "structured_outputs",
-                                        "include_stop_str_in_output"};
+constexpr const char* kUnsupported[] = {
+    "best_of",       "suffix",         "prompt_logprobs", "guided_regex",
+    "guided_choice", "guided_grammar", "use_beam_search", "include_stop_str_in_output"};
 
 // A number parameter in [lo, hi] (absent or null: `def`). False with *error set otherwise.
 bool ReadNumber(const Json& j, const char* key, double lo, double hi, bool lo_open, double def,
@@ -441,33 +431,12 @@ bool ReadBody(const std::string& body, Json* j, HttpResponse* error) {
   return true;
 }
 
-// response_format: only {"type": "text"}.
-bool ReadResponseFormat(const Json& j, HttpResponse* error) {
-  auto rf = j.find("response_format");
-  if (rf == j.end() || rf->is_null()) return true;
-  if (!rf->is_object()) {
-    return Refuse(error, BadParam("response_format",
-                                  "'response_format' must be an object, not " + JsonTypeName(*rf)));
-  }
-  auto type = rf->find("type");
-  if (type == rf->end() || !type->is_string()) {
-    return Refuse(error,
-                  BadParam("response_format",
-                           "'response_format.type' must be a string, not " +
-                               (type == rf->end() ? std::string("missing") : JsonTypeName(*type))));
-  }
-  if (type->get<std::string>() != "text") {
-    return Refuse(error, BadParam("response_format", "only {\"type\": \"text\"} is supported",
-                                  "unsupported_parameter"));
-  }
-  return true;
-}
-
 // tools: [{"type": "function", "function": {name, description?, parameters?, strict?}}], kept
 // for the template as given; each tool's argument types (parameters.properties.*.type) go to
 // the parser. tool_choice: "none" (tools rendered, the answer not parsed), "auto" (the default
 // with tools: the answer parsed into calls in the model's format), "required" and a named
-// function need constrained decoding and are refused.
+// function ({"type": "function", "function": {"name": ..}}): the answer decoded under a JSON
+// Schema and parsed back into calls (structured_output.h).
 bool ReadTools(const Json& j, const CompletionsOptions& options, CompletionRequest* out,
                nlohmann::ordered_json* tools, HttpResponse* error) {
   auto list = j.find("tools");
@@ -530,6 +499,7 @@ bool ReadTools(const Json& j, const CompletionsOptions& options, CompletionReque
     }
   }
   std::string choice = have ? "auto" : "none";
+  std::string named;
   if (auto tc = j.find("tool_choice"); tc != j.end() && !tc->is_null()) {
     if (tc->is_string()) {
       choice = tc->get<std::string>();
@@ -540,6 +510,16 @@ bool ReadTools(const Json& j, const CompletionsOptions& options, CompletionReque
       }
     } else if (tc->is_object()) {
       choice = "named";
+      const Json* fn = tc->contains("function") ? &tc->at("function") : nullptr;
+      const Json* name =
+          fn != nullptr && fn->is_object() && fn->contains("name") ? &fn->at("name") : nullptr;
+      if (tc->value("type", Json()) != Json("function") || name == nullptr || !name->is_string() ||
+          name->get<std::string>().empty()) {
+        return Refuse(error, BadParam("tool_choice",
+                                      "a named tool_choice must be {\"type\": \"function\", "
+                                      "\"function\": {\"name\": ..}}"));
+      }
+      named = name->get<std::string>();
     } else {
       return Refuse(error, BadParam("tool_choice", "'tool_choice' must be a string or an object"));
     }
@@ -547,11 +527,18 @@ bool ReadTools(const Json& j, const CompletionsOptions& options, CompletionReque
   if (choice == "none") return true;
   if (!have) return Refuse(error, BadParam("tool_choice", "'tool_choice' needs 'tools'"));
   if (choice == "required" || choice == "named") {
-    return Refuse(error, BadParam("tool_choice",
-                                  "tool_choice \"required\" and a named function need "
-                                  "constrained decoding, which this server does not have yet; "
-                                  "use \"auto\"",
-                                  "unsupported_parameter"));
+    if (options.harmony_channels || options.tool_call_format == ToolCallFormat::kGptOss) {
+      // The answer must open with harmony's headers, which a JSON Schema leaves no room for.
+      return Refuse(error, BadParam("tool_choice",
+                                    "tool_choice \"required\" and a named function are not "
+                                    "supported for the gpt_oss (harmony) format; use \"auto\"",
+                                    "unsupported_parameter"));
+    }
+    // The answer is JSON whatever the model's format; the format's stream only names the ids.
+    out->tool_format = options.tool_call_format == ToolCallFormat::kNone ? ToolCallFormat::kHermes
+                                                                         : options.tool_call_format;
+    out->tool_options.id_seed = RandomId();
+    return ForceToolChoice(named, *tools, out, error);
   }
   if (options.tool_call_format == ToolCallFormat::kNone) {
     return Refuse(error, BadParam("tools",
@@ -572,7 +559,6 @@ bool ReadChatPrompt(const Json& j, const CompletionsOptions& options, const Toke
   // vLLM's include_reasoning: absent or null means true, accepted whether or not the model's
   // reasoning is split out.
   if (!ReadBool(j, "include_reasoning", &out->include_reasoning, error)) return false;
-  if (!ReadResponseFormat(j, error)) return false;
   if (auto e = j.find("echo"); e != j.end() && !e->is_null() && !(e->is_boolean() && !*e)) {
     return Refuse(error, BadParam("echo", "'echo' is not supported by chat completions",
                                   "unsupported_parameter"));
@@ -923,6 +909,8 @@ std::vector<std::string> IgnoredFields(const Json& body, bool chat) {
                                                             "stream",
                                                             "stream_options",
                                                             "response_format",
+                                                            "structured_outputs",
+                                                            "guided_json",
                                                             "tools",
                                                             "tool_choice",
                                                             "functions",
@@ -967,7 +955,8 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
                   ReadSampling(j, vocab, &out.sampling, error) && ReadChoices(j, &out, error) &&
                   ReadStopConditions(j, vocab, max_new, &out.sampling, error) &&
                   ReadLogprobs(j, chat, prompt_len, &out, error) &&
-                  ReadStopStrings(j, &out.sampling, error) && ReadStream(j, &out, error);
+                  ReadStopStrings(j, &out.sampling, error) && ReadStream(j, &out, error) &&
+                  ReadStructuredOutput(j, chat && options.harmony_channels, &out, error);
   if (!ok) return InvalidArgument(error->body);
   out.ignored_fields = IgnoredFields(j, chat);
   return out;

@@ -125,7 +125,9 @@ class CompletionState {
     }
     chat_ = request.kind == RequestKind::kChat;
     harmony_ = chat_ && options.harmony_channels;
-    if (chat_ && !harmony_ && options.think_style) {
+    // Structured output constrains the answer from its first token: no thinking to split off
+    // (a deepseek_r1-style prompt would otherwise make the whole answer reasoning).
+    if (chat_ && !harmony_ && options.think_style && request.sampling.json_schema.empty()) {
       think_style_ = options.think_style;
       // The markers that are special tokens are decoded as their text (Decode).
       for (std::string_view marker : {kThinkStart, kThinkEnd}) {

@@ -178,14 +178,24 @@ Result<ResponsesRequest> ResponsesToChat(const Json& body, ResponseStore& store,
                 "item)");
   }
   if (auto text = body.find("text"); text != body.end() && !text->is_null()) {
-    const bool plain = text->is_object() &&
-                       (!text->contains("format") ||
-                        ((*text)["format"].is_object() && (*text)["format"].contains("type") &&
-                         (*text)["format"]["type"] == "text"));
-    if (!plain) {
+    // text.format: structured output, as the chat completion's response_format.
+    const Json* format =
+        text->is_object() && text->contains("format") ? &(*text)["format"] : nullptr;
+    const Json type =
+        format != nullptr && format->is_object() ? format->value("type", Json()) : Json();
+    if (!text->is_object() || (format != nullptr && !format->is_null() && type != "text" &&
+                               type != "json_object" && type != "json_schema")) {
       return fail("text",
-                  "only text.format {\"type\": \"text\"} is supported (structured output "
-                  "needs constrained decoding, which this server does not have yet)");
+                  "text.format must be {\"type\": \"text\" | \"json_object\" | "
+                  "\"json_schema\"}");
+    }
+    if (type == "json_object") chat["response_format"] = {{"type", "json_object"}};
+    if (type == "json_schema") {
+      if (!format->contains("schema")) return fail("text", "text.format.schema is missing");
+      chat["response_format"] = {
+          {"type", "json_schema"},
+          {"json_schema",
+           {{"name", format->value("name", Json("response"))}, {"schema", (*format)["schema"]}}}};
     }
   }
   // The conversation: a stored response's, then this request's input.
@@ -240,13 +250,16 @@ Result<ResponsesRequest> ResponsesToChat(const Json& body, ResponseStore& store,
     out.echo["tools"] = *tools;
   }
   if (auto choice = body.find("tool_choice"); choice != body.end() && !choice->is_null()) {
-    if (*choice == "auto" || *choice == "none") {
+    if (*choice == "auto" || *choice == "none" || *choice == "required") {
       chat["tool_choice"] = *choice;
+    } else if (choice->is_object() && choice->value("type", Json()) == "function" &&
+               choice->contains("name")) {
+      // {"type": "function", "name": f}: the chat completion's named function.
+      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", (*choice)["name"]}}}};
     } else {
       return fail("tool_choice",
-                  "tool_choice \"required\" and a named function need "
-                  "constrained decoding, which this server does not have yet; "
-                  "use \"auto\"");
+                  "tool_choice must be \"auto\", \"none\", \"required\" or "
+                  "{\"type\": \"function\", \"name\": ..}");
     }
     out.echo["tool_choice"] = *choice;
   }

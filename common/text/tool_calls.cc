@@ -676,11 +676,47 @@ void ToolCallStream::Reset() {
 ToolCallStreamDelta ToolCallStream::Feed(std::string_view piece) {
   ToolCallStreamDelta out;
   buf_.append(piece);
-  Process(/*final=*/false, &out);
+  if (options_.forced == ToolCallOptions::Forced::kNone) Process(/*final=*/false, &out);
+  return out;
+}
+
+ToolCallStreamDelta ToolCallStream::FinishForced() {
+  ToolCallStreamDelta out;
+  std::vector<RawCall> calls;
+  if (std::optional<Json> j = ParseJson(buf_)) {
+    if (options_.forced == ToolCallOptions::Forced::kNamed && j->is_object()) {
+      calls.push_back({"", options_.forced_name, Dump(*j)});
+    } else if (options_.forced == ToolCallOptions::Forced::kList && j->is_array()) {
+      for (const Json& c : *j) {
+        auto name = c.is_object() ? c.find("name") : c.end();
+        auto params = c.is_object() ? c.find("parameters") : c.end();
+        if (name == c.end() || !name->is_string() || name->get<std::string>().empty() ||
+            params == c.end() || !params->is_object() || calls.size() == kMaxCalls) {
+          calls.clear();
+          break;
+        }
+        calls.push_back({"", name->get<std::string>(), Dump(*params)});
+      }
+    }
+  }
+  if (calls.empty()) {
+    out.content = ToValidUtf8(buf_);
+  } else {
+    for (RawCall& c : calls) {
+      ToolCallDelta d;
+      d.index = calls_++;
+      d.id = MakeId(spec_->format, options_.id_seed, d.index);
+      d.name = ToValidUtf8(c.name);
+      d.arguments = std::move(c.arguments);
+      out.tool_calls.push_back(std::move(d));
+    }
+  }
+  Reset();
   return out;
 }
 
 ToolCallStreamDelta ToolCallStream::Finish() {
+  if (options_.forced != ToolCallOptions::Forced::kNone) return FinishForced();
   ToolCallStreamDelta out;
   Process(/*final=*/true, &out);
   out.content += ToValidUtf8(pending_);

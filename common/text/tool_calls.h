@@ -76,6 +76,14 @@ struct ToolCallOptions {
   // Read by the formats that write arguments as text (glm45: "string" keeps a value a string;
   // minimax_m2 and Qwen3-Coder: converted from a string by type). Default: empty.
   std::map<std::string, std::map<std::string, std::string, std::less<>>, std::less<>> arg_types;
+  // tool_choice "required" or a named function, decoded under a JSON Schema (structured output)
+  // as vLLM does it: the whole answer is JSON instead of the model's format, parsed at Finish
+  // (Feed holds everything back). kNamed: the arguments object of `forced_name`; kList:
+  // [{"name": .., "parameters": {..}}, ..]. An answer that is not such JSON (cut by max_tokens)
+  // stays content. Default: kNone (the format's parser).
+  enum class Forced { kNone, kNamed, kList };
+  Forced forced = Forced::kNone;
+  std::string forced_name;
 };
 
 struct ToolCall {
@@ -133,6 +141,7 @@ class ToolCallStream {
   bool ProcessCall(bool final, ToolCallStreamDelta* out);
   void EmitContent(std::string_view text, ToolCallStreamDelta* out);
   void Reset();
+  ToolCallStreamDelta FinishForced();
 
   const ToolCallSpec* spec_;
   ToolCallOptions options_;

@@ -87,7 +87,7 @@ size_t PayloadBytes(const Generate& m) {
   size_t bytes = 4 * (m.token_ids.size() + m.sampling.stop_token_ids.size()) +
                  8 * m.sampling.logit_bias.size();
   for (const auto& s : m.sampling.stop) bytes += s.size() + 8;
-  return bytes;
+  return bytes + m.sampling.json_schema.size();
 }
 size_t PayloadBytes(const TokenEvent& m) {
   return m.error.size() + 8 * (m.top_logprobs.size() + m.prompt_top.size()) +
@@ -169,6 +169,7 @@ flatbuffers::Offset<fb::Generate> Build(Builder& fbb, const Generate& m) {
   auto stop_token_ids = OptVector(fbb, m.sampling.stop_token_ids);
   auto stop = m.sampling.stop.empty() ? 0 : fbb.CreateVectorOfStrings(m.sampling.stop);
   const auto [bias_ids, bias_values] = SplitPairs(fbb, m.sampling.logit_bias);
+  auto json_schema = OptString(fbb, m.sampling.json_schema);
   fb::SamplingParamsBuilder sb(fbb);
   sb.add_temperature(m.sampling.temperature);
   sb.add_top_p(m.sampling.top_p);
@@ -187,6 +188,7 @@ flatbuffers::Offset<fb::Generate> Build(Builder& fbb, const Generate& m) {
   sb.add_min_p(m.sampling.min_p);
   sb.add_logprobs(m.sampling.logprobs);
   sb.add_prompt_logprobs(m.sampling.prompt_logprobs);
+  sb.add_json_schema(json_schema);
   auto sampling = sb.Finish();
   fb::GenerateBuilder b(fbb);
   b.add_request_id(m.request_id);
@@ -641,6 +643,11 @@ bool Read(const fb::Generate& t, const Checker& c, Generate* m) {
   s.min_p = sp->min_p();
   s.logprobs = sp->logprobs();
   s.prompt_logprobs = sp->prompt_logprobs();
+  // Compiled (and refused with an error event) by the worker; here only its size.
+  if (!c.String(sp->json_schema(), "Generate.sampling.json_schema", &s.json_schema,
+                /*required=*/false, c.limits().max_json_schema_bytes)) {
+    return false;
+  }
   return c.Finite(s.presence_penalty, "Generate.sampling.presence_penalty") &&
          c.Finite(s.frequency_penalty, "Generate.sampling.frequency_penalty") &&
          c.Finite(s.repetition_penalty, "Generate.sampling.repetition_penalty") &&

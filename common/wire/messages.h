@@ -105,6 +105,10 @@ struct SamplingParams {
   // for each prompt token after the first, its log-probability given the tokens before it and
   // the `logprobs` likeliest tokens' there.
   bool prompt_logprobs = false;
+  // Structured output: the JSON Schema (JSON text) the completion must be an instance of ("":
+  // unconstrained). The worker compiles it (common/text/json_schema.h) and masks the tokens
+  // that cannot continue a matching text; a schema it cannot compile fails the request.
+  std::string json_schema{};
 };
 inline constexpr int32_t kMaxLogprobs = 20;  // SamplingParams.logprobs at most.
 

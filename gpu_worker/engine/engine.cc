@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "gpu_worker/sampling/structured_output.h"
 
 namespace fmoe {
 
@@ -366,6 +367,10 @@ void Engine::Admit(Generate request, int64_t submitted_us) {
   }
   auto seq = std::make_unique<Sequence>(request, options_.eos_token_ids);
   seq->submitted_us = submitted_us;
+  if (Status s = ConstrainSampler(seq->sampler, seq->sampling, tokenizer_, options_.eos_token_ids);
+      !s.ok()) {
+    return Fail(request.request_id, req + s.message());
+  }
   if (!seq->sampling.stop.empty()) {
     if (tokenizer_ == nullptr) {
       return Fail(request.request_id, req + "stop strings need the model's tokenizer");
@@ -486,6 +491,11 @@ void Engine::Finish(Sequence& seq, FinishReason reason, std::string error) {
 
 void Engine::SampleAndEmit(Sequence& seq, std::span<const float> logits, uint32_t max_positions) {
   const int32_t token = seq.sampler.Sample(logits);
+  if (token < 0) {  // Structured output with no token left (sampler.h): done, or stuck.
+    const bool done = seq.sampler.constraint() != nullptr && seq.sampler.constraint()->complete();
+    return Finish(seq, done ? FinishReason::kStop : FinishReason::kError,
+                  done ? "" : "structured output: no token continues the output");
+  }
   const auto& stop_ids = seq.sampling.stop_token_ids;
   const auto& eos_ids = options_.eos_token_ids;
   // While output.size() < min_tokens the sampler cannot draw these.

@@ -101,8 +101,11 @@ bool Sampler::penalized() const {
 }
 
 bool Sampler::Process(std::span<const float> logits) {
-  const bool masking = generated_ < params_.min_tokens && !masked_ids_.empty();
-  if (params_.logit_bias.empty() && !masking && !penalized()) return false;
+  const bool masking = generated_ < params_.min_tokens && !masked_ids_.empty() &&
+                       (constraint_ == nullptr || !constraint_->complete());
+  if (params_.logit_bias.empty() && !masking && !penalized() && constraint_ == nullptr) {
+    return false;
+  }
   const size_t n = logits.size();
   processed_.assign(logits.begin(), logits.end());
   for (const auto& [id, bias] : params_.logit_bias) {
@@ -127,13 +130,28 @@ bool Sampler::Process(std::span<const float> logits) {
       }
     }
   }
+  if (constraint_ != nullptr) {
+    for (size_t i = 0; i < n; ++i) {
+      if (!allowed_[i]) processed_[i] = -std::numeric_limits<float>::infinity();
+    }
+  }
   return true;
 }
 
 int32_t Sampler::Sample(std::span<const float> raw) {
   if (raw.empty()) return -1;
+  if (constraint_ != nullptr && constraint_->Fill(raw.size(), &allowed_) == 0) return -1;
   const std::span<const float> logits = Process(raw) ? std::span<const float>(processed_) : raw;
-  const int32_t token = Draw(logits);
+  int32_t token = Draw(logits);
+  if (constraint_ != nullptr) {
+    // Every allowed logit -inf (or NaN): Draw's fallback may be a masked token; take the first
+    // allowed one instead.
+    if (!allowed_[static_cast<size_t>(token)]) {
+      token =
+          static_cast<int32_t>(std::find(allowed_.begin(), allowed_.end(), 1) - allowed_.begin());
+    }
+    if (!constraint_->Accept(token)) return -1;
+  }
   ++generated_;
   if (penalized()) ++seen_[token].output;
   if (params_.logprobs >= 0) ComputeLogprobs(raw, token);

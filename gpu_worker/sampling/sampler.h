@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <span>
 #include <unordered_map>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/text/token_mask.h"
 #include "common/wire/messages.h"
 
 namespace fmoe {
@@ -48,7 +50,15 @@ class Sampler {
   // the smallest set of highest-probability tokens whose mass reaches top_p, renormalise, draw.
   // NaN logits never win. With every parameter neutral the logits are used as they are.
   // Cost per call: O(vocab) plus O(distinct tokens of the prompt and output) with penalties.
+  // With a constraint (structured output), the tokens it does not allow are set to -inf last,
+  // after the penalties (min_tokens' eos mask is skipped once the constrained text is complete,
+  // when only the end tokens are left); the drawn token advances it. Returns -1 when the
+  // constraint allows no token at all (the request cannot go on).
   int32_t Sample(std::span<const float> logits);
+
+  // Structured output: from now on only tokens `constraint` allows are drawn.
+  void Constrain(std::unique_ptr<TokenMasker> constraint) { constraint_ = std::move(constraint); }
+  const TokenMasker* constraint() const { return constraint_.get(); }
 
   // The last Sample's log-probabilities; meaningful only when params.logprobs >= 0.
   const TokenLogprobs& logprobs() const { return logprobs_; }
@@ -75,6 +85,8 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> candidates_;
   std::vector<double> probs_;
   TokenLogprobs logprobs_;
+  std::unique_ptr<TokenMasker> constraint_;  // Structured output; null: none.
+  std::vector<uint8_t> allowed_;             // constraint_'s mask of this step.
 };
 
 }  // namespace fmoe

@@ -159,7 +159,8 @@ TEST(Codec, RoundTripGenerate) {
                            .repetition_penalty = 1.1f,
                            .min_p = 0.05f,
                            .logprobs = 5,
-                           .prompt_logprobs = true}};
+                           .prompt_logprobs = true,
+                           .json_schema = R"({"type":"object","properties":{"a":{}}})"}};
   auto out = RoundTripAs<Generate, WorkerMessage>(in);
   EXPECT_EQ(out.request_id, in.request_id);
   EXPECT_EQ(out.token_ids, in.token_ids);
@@ -179,6 +180,7 @@ TEST(Codec, RoundTripGenerate) {
   EXPECT_EQ(out.sampling.min_p, in.sampling.min_p);
   EXPECT_EQ(out.sampling.logprobs, in.sampling.logprobs);
   EXPECT_TRUE(out.sampling.prompt_logprobs);
+  EXPECT_EQ(out.sampling.json_schema, in.sampling.json_schema);
   // Values that happen to be the wire defaults are not lost either (logprobs 0 = the drawn
   // token only, repetition_penalty 1 written or not).
   in.sampling.logprobs = 0;
@@ -205,6 +207,22 @@ TEST(Codec, RoundTripGenerateDefaults) {
   EXPECT_EQ(out.sampling.min_p, neutral.min_p);
   EXPECT_EQ(out.sampling.logprobs, neutral.logprobs);
   EXPECT_EQ(out.sampling.prompt_logprobs, neutral.prompt_logprobs);
+  EXPECT_TRUE(out.sampling.json_schema.empty());
+}
+
+TEST(CodecReject, JsonSchemaOverItsLimit) {
+  Generate in;
+  in.sampling.json_schema = std::string(100, ' ');
+  DecodeLimits limits;
+  limits.max_json_schema_bytes = 99;
+  WorkerMessage out;
+  DecodeError error;
+  EXPECT_FALSE(Decode(Encode(WorkerMessage(in)), limits, &out, &error));
+  EXPECT_NE(error.detail.find("Generate.sampling.json_schema: 100 bytes > limit 99"),
+            std::string::npos)
+      << error.detail;
+  limits.max_json_schema_bytes = 100;
+  EXPECT_TRUE(Decode(Encode(WorkerMessage(in)), limits, &out, &error)) << error.detail;
 }
 
 TEST(Codec, RoundTripCancel) {

@@ -8,6 +8,7 @@
 
 #include "common/manifest.h"
 #include "common/text/harmony.h"
+#include "common/text/unicode.h"
 
 namespace fmoe {
 namespace {
@@ -439,6 +440,43 @@ TEST(ToolCalls, LongHeadersAreNotCalls) {
     p = Parse(ToolCallFormat::kMistral, mistral);
     EXPECT_EQ(p.calls.size(), pad < 512 ? 1u : 0u);
     EXPECT_EQ(p.content, pad < 512 ? "" : mistral);
+  }
+}
+
+// tool_choice required / named: the whole answer is JSON (decoded under a schema), held back
+// until Finish and parsed into calls; anything else stays content, verbatim.
+TEST(ToolCallStream, ForcedAnswersAreParsedAtFinish) {
+  auto run = [](ToolCallOptions::Forced forced, std::string_view text) {
+    ToolCallOptions options;
+    options.forced = forced;
+    options.forced_name = "get_weather";
+    ToolCallStream stream(ToolCallFormat::kHermes, options);
+    EXPECT_TRUE(stream.Feed(text.substr(0, text.size() / 2)).empty());
+    EXPECT_TRUE(stream.Feed(text.substr(text.size() / 2)).empty());
+    return stream.Finish();
+  };
+  using F = ToolCallOptions::Forced;
+  ToolCallStreamDelta d = run(F::kNamed, R"({"city": "Paris"})");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(d.tool_calls[0].arguments, R"({"city":"Paris"})");
+  EXPECT_EQ(d.tool_calls[0].id.substr(0, 5), "call_");
+  EXPECT_TRUE(d.content.empty());
+  d = run(F::kList, R"([{"name": "a", "parameters": {}}, {"name": "b", "parameters": {"x": 1}}])");
+  ASSERT_EQ(d.tool_calls.size(), 2u);
+  EXPECT_EQ(d.tool_calls[1].index, 1u);
+  EXPECT_EQ(d.tool_calls[1].name, "b");
+  EXPECT_EQ(d.tool_calls[1].arguments, R"({"x":1})");
+  for (auto [forced, text] : std::vector<std::pair<F, std::string>>{
+           {F::kNamed, R"({"city": "Par)"},  // Cut by max_tokens.
+           {F::kNamed, "[1]"},
+           {F::kList, R"([{"name": "a"}])"},
+           {F::kList, R"([{"name": "", "parameters": {}}])"},
+           {F::kList, "[]"},
+           {F::kList, "\xff{"}}) {
+    d = run(forced, text);
+    EXPECT_TRUE(d.tool_calls.empty()) << text;
+    EXPECT_EQ(d.content, ToValidUtf8(text)) << text;
   }
 }
 

@@ -96,6 +96,24 @@ std::vector<Seed> Seeds() {
       {"err-missing-prompt", "{" + m + R"("max_tokens":4})", 400, "missing_required"},
       {"err-n-17", "{" + m + R"("prompt":"hi","n":17})", 400, "invalid_value"},
       {"err-best-of", "{" + m + R"("prompt":"hi","best_of":2})", 400, "unsupported_parameter"},
+      // Structured output (router/structured_output.h).
+      Ok("ok-json-schema",
+         "{" + m +
+             R"("prompt":"x","response_format":{"type":"json_schema",)"
+             R"("json_schema":{"name":"A","schema":{"type":"object","properties":)"
+             R"({"a":{"$ref":"#/$defs/B"}},"$defs":{"B":{"enum":[1,"x"]}}}}}})"),
+      Ok("ok-structured-outputs", "{" + m +
+                                      R"("prompt":"x","structured_outputs":{"json":)"
+                                      R"({"type":"array","items":{"type":"integer"}}}})"),
+      Ok("ok-guided-json-text", "{" + m + R"("prompt":"x","guided_json":"{\"type\":\"string\"}"})"),
+      {"err-schema-pattern",
+       "{" + m + R"("prompt":"x","guided_json":{"type":"string","pattern":"a"}})", 400,
+       "unsupported_schema"},
+      {"err-two-schemas",
+       "{" + m +
+           R"("prompt":"x","guided_json":{},"response_format":{"type":)"
+           R"("json_object"}})",
+       400, "invalid_value"},
       {"err-logprobs-21", "{" + m + R"("prompt":"hi","logprobs":21})", 400, "invalid_value"},
       {"err-logit-bias-id", "{" + m + R"("prompt":"hi","logit_bias":{"4096":1}})", 400,
        "invalid_value"},

@@ -70,5 +70,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(bytes.content == whole.content && bytes.calls == whole.calls);
     if (format == fmoe::ToolCallFormat::kNone) Check(whole.calls.empty());
   }
+  // tool_choice required / named (ToolCallOptions::Forced): the whole text is the JSON.
+  for (auto forced :
+       {fmoe::ToolCallOptions::Forced::kNamed, fmoe::ToolCallOptions::Forced::kList}) {
+    fmoe::ToolCallOptions options;
+    options.id_seed = seed;
+    options.forced = forced;
+    options.forced_name = "f";
+    fmoe::ToolCallStream stream(fmoe::ToolCallFormat::kHermes, options);
+    const fmoe::ToolCallStreamDelta early = stream.Feed(text);
+    Check(early.empty());
+    const fmoe::ToolCallStreamDelta d = stream.Finish();
+    Check(fmoe::IsValidUtf8(d.content));
+    Check(d.tool_calls.empty() || d.content.empty());
+    for (const fmoe::ToolCallDelta& c : d.tool_calls) {
+      const nlohmann::json args = nlohmann::json::parse(c.arguments, nullptr, false);
+      Check(!args.is_discarded() && args.is_object() && !c.id.empty() && !c.name.empty());
+    }
+  }
   return 0;
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "common/model/model_config.h"
 #include "common/text/tokenizer.h"
@@ -771,6 +772,74 @@ TEST(Engine, RunCatchesWhatEscapesAStepAndServesOn) {
   EXPECT_EQ(h.outcomes[3].finish, FinishReason::kLength);
   EXPECT_EQ(h.outcomes[3].tokens.size(), 3u);
   EXPECT_EQ(h.engine().active(), 0u);
+}
+
+// Structured output end to end on the reference checkpoint: greedy decoding under a schema
+// gives JSON that parses and validates where the unconstrained answer is not JSON at all, with
+// the logprobs still the model's raw ones; a schema the compiler refuses fails the request by
+// name and the engine serves on.
+TEST(Engine, StructuredOutputYieldsJsonThatValidates) {
+  const Tokenizer& tok = *Fixture().tokenizer;
+  const int32_t eos = *tok.eos_id();
+  EngineHarness h(/*max_batch=*/4, nullptr, {eos});
+  const nlohmann::json schema = nlohmann::json::parse(R"({
+      "type": "object",
+      "properties": {"name": {"type": "string", "maxLength": 8},
+                     "n": {"type": "integer"},
+                     "ok": {"type": "boolean"}},
+      "required": ["name", "n", "ok"]})");
+  SamplingParams free = Greedy(60);
+  free.logprobs = 0;
+  SamplingParams constrained = free;
+  constrained.max_tokens = 200;
+  constrained.json_schema = schema.dump();
+  SamplingParams sampled = constrained;
+  sampled.temperature = 1.0f;
+  sampled.seed = 5;
+  SamplingParams bad = Greedy(5);
+  bad.json_schema = R"({"type":"object","properties":{"a":{"type":"string","pattern":"x"}}})";
+  h.Submit(1, Encode(kPrompts[0]), free);
+  h.Submit(2, Encode(kPrompts[0]), constrained);
+  h.Submit(3, Encode(kPrompts[1]), sampled);
+  h.Submit(4, Encode(kPrompts[0]), bad);
+  h.RunToEnd();
+
+  const std::string unconstrained = tok.Decode(h.outcomes[1].tokens, true);
+  EXPECT_TRUE(nlohmann::json::parse(unconstrained, nullptr, false).is_discarded()) << unconstrained;
+  for (uint64_t id : {2, 3}) {
+    const Outcome& o = h.outcomes[id];
+    ASSERT_EQ(o.finish, FinishReason::kStop) << "req " << id << " " << o.error;
+    ASSERT_TRUE(o.stop_token);
+    std::vector<int32_t> body(o.tokens.begin(), o.tokens.end() - 1);
+    const std::string text = tok.Decode(body, false);
+    const nlohmann::json v = nlohmann::json::parse(text, nullptr, false);
+    ASSERT_FALSE(v.is_discarded()) << text;
+    ASSERT_TRUE(v.is_object()) << text;
+    EXPECT_EQ(v.size(), 3u) << text;
+    ASSERT_TRUE(v.contains("name") && v["name"].is_string()) << text;
+    EXPECT_LE(v["name"].get<std::string>().size(), 8u * 4) << text;
+    EXPECT_TRUE(v.contains("n") && v["n"].is_number_integer()) << text;
+    EXPECT_TRUE(v.contains("ok") && v["ok"].is_boolean()) << text;
+    for (float lp : o.logprobs) EXPECT_LE(lp, 0.0f);
+  }
+  // The first constrained token's logprob is the model's raw one: the same as the free run's for
+  // the same token at the same position, masked or not.
+  if (h.outcomes[1].tokens[0] == h.outcomes[2].tokens[0]) {
+    EXPECT_EQ(h.outcomes[1].logprobs[0], h.outcomes[2].logprobs[0]);
+  }
+  // A model without eos tokens: the request stops when the JSON is complete.
+  EngineHarness no_eos(/*max_batch=*/1, nullptr, {});
+  no_eos.Submit(5, Encode(kPrompts[0]), constrained);
+  no_eos.RunToEnd();
+  const Outcome& o = no_eos.outcomes[5];
+  EXPECT_EQ(o.finish, FinishReason::kStop) << o.error;
+  EXPECT_FALSE(o.stop_token);
+  EXPECT_EQ(o.tokens,
+            std::vector<int32_t>(h.outcomes[2].tokens.begin(), h.outcomes[2].tokens.end() - 1));
+  EXPECT_EQ(h.outcomes[4].finish, FinishReason::kError);
+  EXPECT_NE(h.outcomes[4].error.find("structured output: schema /properties/a: \"pattern\""),
+            std::string::npos)
+      << h.outcomes[4].error;
 }
 
 }  // namespace

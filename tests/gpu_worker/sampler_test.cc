@@ -8,6 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include "common/text/json_schema.h"
+#include "common/text/token_mask.h"
+#include "gpu_worker/sampling/structured_output.h"
+
 namespace fmoe {
 namespace {
 
@@ -413,6 +417,86 @@ TEST(Sampler, ValidatesTheLogitsProcessingParameters) {
   EXPECT_TRUE(ValidateSampling(p, 100).ok());
   p.logprobs = -1;
   EXPECT_TRUE(ValidateSampling(p, 100).ok());
+}
+
+// Structured output: a vocabulary of JSON pieces; token 7 is eos.
+std::unique_ptr<TokenMasker> Constraint(const char* schema) {
+  std::vector<std::string> bytes = {"{", "}", "\"a\"", ":", "1", "x", "{}", "<eos>", "\"b\""};
+  std::vector<bool> special(bytes.size(), false);
+  special[7] = true;
+  auto grammar = CompileJsonSchema(schema);
+  EXPECT_TRUE(grammar.ok());
+  return std::make_unique<TokenMasker>(*grammar, std::make_shared<const TokenVocab>(bytes, special),
+                                       std::vector<int32_t>{7});
+}
+
+TEST(Sampler, ConstraintMasksAfterProcessingGreedyAndSampled) {
+  for (float temperature : {0.0f, 1.0f}) {
+    SamplingParams p = Params(temperature);
+    p.logprobs = 1;
+    p.logit_bias = {{5, 50.0f}};  // "x" would win every step without the constraint.
+    Sampler s(p);
+    s.Constrain(Constraint(R"({"type":"object","properties":{"a":{"type":"integer"}},
+                               "required":["a"]})"));
+    const std::vector<float> logits = {0.0f, 0.5f, 0.1f, 0.2f, 0.3f, 9.0f, 1.0f, 2.0f, 0.0f};
+    std::string text;
+    std::vector<int32_t> drawn;
+    for (int step = 0; step < 6; ++step) {
+      const int32_t t = s.Sample(logits);
+      ASSERT_GE(t, 0);
+      drawn.push_back(t);
+      // Logprobs stay the raw model's (vLLM's default), whatever the mask.
+      EXPECT_NEAR(s.logprobs().token, logits[t] - std::log([&] {
+                                        double sum = 0;
+                                        for (float l : logits) sum += std::exp(l);
+                                        return sum;
+                                      }()),
+                  1e-4);
+      EXPECT_EQ(s.logprobs().top[0].first, 5);
+      if (t == 7) break;
+    }
+    EXPECT_EQ(drawn, (std::vector<int32_t>{0, 2, 3, 4, 1, 7})) << temperature;
+  }
+}
+
+TEST(Sampler, ConstraintWithNothingAllowedReturnsMinusOne) {
+  Sampler s(Params(0.0f));
+  s.Constrain(Constraint(R"({"type":"array"})"));  // No token starts an array.
+  EXPECT_EQ(s.Sample(std::vector<float>(9, 0.0f)), -1);
+  EXPECT_FALSE(s.constraint()->complete());
+  // Complete, and no end token to draw (the engine then stops the request).
+  Sampler done(Params(0.0f));
+  done.Constrain(std::make_unique<TokenMasker>(
+      AnyJsonObjectGrammar(),
+      std::make_shared<const TokenVocab>(std::vector<std::string>{"{}", "x"},
+                                         std::vector<bool>{false, false}),
+      std::vector<int32_t>{}));
+  EXPECT_EQ(done.Sample(std::vector<float>{0.0f, 5.0f}), 0);
+  EXPECT_EQ(done.Sample(std::vector<float>{0.0f, 5.0f}), -1);
+  EXPECT_TRUE(done.constraint()->complete());
+}
+
+TEST(Sampler, ConstraintCompleteLiftsMinTokensForEos) {
+  SamplingParams p = Params(0.0f);
+  p.min_tokens = 5;
+  p.max_tokens = 10;
+  const int32_t eos[] = {7};
+  Sampler s(p, {}, eos);
+  s.Constrain(Constraint(R"({"type":"object","properties":{"a":{}}})"));
+  EXPECT_EQ(s.Sample(std::vector<float>(9, 0.0f)), 0);  // "{" before "{}" on ties.
+  EXPECT_EQ(s.Sample(std::vector<float>{0, 1, 0, 0, 0, 0, 0, 0, 0}), 1);
+  EXPECT_EQ(s.Sample(std::vector<float>(9, 0.0f)), 7);
+}
+
+TEST(Sampler, ConstrainSamplerRefusesBadSchemasByPath) {
+  SamplingParams p;
+  p.json_schema = R"({"type":"object","properties":{"a":{"type":"string","pattern":"x"}}})";
+  Sampler s(p);
+  Status st = ConstrainSampler(s, p, nullptr, {});
+  EXPECT_NE(st.message().find("tokenizer"), std::string::npos) << st.message();
+  p.json_schema.clear();
+  EXPECT_TRUE(ConstrainSampler(s, p, nullptr, {}).ok());
+  EXPECT_EQ(s.constraint(), nullptr);
 }
 
 }  // namespace

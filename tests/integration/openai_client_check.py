@@ -4,6 +4,7 @@ Run by router_test (RouterTest.OfficialOpenAIClient) with the virtual environmen
 deploy/test.sh prepares: python openai_client_check.py BASE_URL API_KEY MODEL
 Exits 0 when every check passes; prints what failed otherwise.
 """
+import json
 import sys
 
 import openai
@@ -73,12 +74,50 @@ def main() -> int:
         messages=history))
     text = "".join(c.choices[0].delta.content or "" for c in streamed_tools if c.choices)
     assert text == (with_tools.choices[0].message.content or ""), (text, with_tools)
+    # tool_choice by name and "required" decode under the tool's schema (structured output), so
+    # even the tiny model's calls parse; its strings are bounded so that the answer completes.
+    short = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string", "maxLength": 12}},
+                       "required": ["city"]}}}]
+    for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+        forced = client.chat.completions.create(model=model, max_tokens=400, temperature=0,
+                                                tools=short, tool_choice=choice,
+                                                messages=history)
+        calls = forced.choices[0].message.tool_calls
+        assert calls and calls[0].function.name == "get_weather", forced
+        args = json.loads(calls[0].function.arguments)
+        assert set(args) == {"city"} and isinstance(args["city"], str), args
     try:
-        client.chat.completions.create(model=model, max_tokens=4, tools=tools,
-                                       tool_choice="required", messages=history)
-        raise AssertionError("tool_choice required was accepted")
+        client.chat.completions.create(
+            model=model, max_tokens=4, tools=tools, messages=history,
+            tool_choice={"type": "function", "function": {"name": "no_such_tool"}})
+        raise AssertionError("a named tool_choice that is not in tools was accepted")
     except openai.BadRequestError as e:
         assert e.status_code == 400 and "tool_choice" in str(e), e
+
+    # response_format json_schema: the answer is JSON that validates.
+    schema = {"type": "object",
+              "properties": {"answer": {"type": "string", "maxLength": 10},
+                             "confidence": {"type": "integer"}},
+              "required": ["answer", "confidence"]}
+    structured = client.chat.completions.create(
+        model=model, max_tokens=400, temperature=0,
+        messages=[{"role": "user", "content": "Who made the earth?"}],
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "Answer", "schema": schema, "strict": True}})
+    value = json.loads(structured.choices[0].message.content)
+    assert set(value) == {"answer", "confidence"}, value
+    assert isinstance(value["answer"], str) and isinstance(value["confidence"], int), value
+    try:
+        client.chat.completions.create(
+            model=model, max_tokens=4, messages=[{"role": "user", "content": "x"}],
+            response_format={"type": "json_schema", "json_schema": {
+                "name": "A", "schema": {"type": "string", "pattern": "^a"}}})
+        raise AssertionError("a schema with pattern was accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and "pattern" in str(e), e
 
     # The Responses API: whole, streamed through the client's event handling, and a second turn
     # by previous_response_id.

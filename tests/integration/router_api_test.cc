@@ -443,7 +443,9 @@ TEST_F(RouterApiTest, UnsupportedParametersAreRefusedByName) {
       {"suffix", "x"},
       {"prompt_logprobs", 1},
       {"include_stop_str_in_output", true},
-      {"structured_outputs", {{"json", {{"type", "object"}}}}}};
+      {"structured_outputs", {{"regex", "a+"}}},
+      {"guided_regex", "a+"},
+      {"guided_json", {{"type", "string"}, {"pattern", "a+"}}}};
   for (const auto& [key, value] : cases) {
     Json body = {{"model", "tiny-moe"}, {"prompt", "x"}, {key, value}};
     Reply r = Call("POST", "/v1/completions", body.dump());
@@ -452,7 +454,7 @@ TEST_F(RouterApiTest, UnsupportedParametersAreRefusedByName) {
   }
   for (const auto& [key, value] :
        std::vector<std::pair<std::string, Json>>{{"tools", Json::array({{{"type", "function"}}})},
-                                                 {"response_format", {{"type", "json_object"}}}}) {
+                                                 {"response_format", {{"type", "json_schema"}}}}) {
     Json body = {
         {"model", "tiny-moe"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {key, value}};
     Reply r = Call("POST", "/v1/chat/completions", body.dump());

@@ -20,8 +20,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/text/grammar_matcher.h"
+#include "common/text/json_schema.h"
 #include "common/text/tokenizer.h"
 #include "common/text/unicode.h"
+#include "router/structured_output.h"
 #include "tests/router/link_fixture.h"
 
 namespace fmoe {
@@ -605,7 +608,7 @@ TEST_F(ThinkCompletionsTest, IncludeReasoningFalseDropsIt) {
 // off; finish_reason "tool_calls". What needs constrained decoding is refused by name.
 class ToolCompletionsTest : public ::testing::Test {
  protected:
-  void Start(ToolCallFormat format, bool think) {
+  void Start(ToolCallFormat format, bool think, ThinkStyle style = ThinkStyle::kOpensThinking) {
     auto loaded = Tokenizer::Load(FMOE_SOURCE_DIR "/tests/fixtures/qwen3-moe-ref");
     ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
     tokenizer_ = std::move(*loaded);
@@ -613,7 +616,7 @@ class ToolCompletionsTest : public ::testing::Test {
     options.model_name = "qwen3";
     options.context_length = 1024;
     options.tool_call_format = format;
-    if (think) options.think_style = ThinkStyle::kOpensThinking;
+    if (think) options.think_style = style;
     std::ifstream in(FMOE_SOURCE_DIR "/tests/fixtures/chat_templates/qwen3_30b_a3b.json");
     const Json fixture = Json::parse(in);
     auto compiled = ChatTemplate::Compile(fixture["template"].get<std::string>());
@@ -678,6 +681,7 @@ class ToolCompletionsTest : public ::testing::Test {
     EXPECT_TRUE(gen);
     if (!gen) return rec;
     if (prompt != nullptr) *prompt = tokenizer_->Decode(gen->token_ids, false);
+    last_schema_ = gen->sampling.json_schema;
     AnswerWithText(*leader_, *tokenizer_, gen->request_id, text);
     EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
     return rec;
@@ -703,6 +707,7 @@ class ToolCompletionsTest : public ::testing::Test {
   Link link_;
   std::unique_ptr<Completions> completions_;
   std::unique_ptr<FakeLeader> leader_;
+  std::string last_schema_;  // The last request's sampling.json_schema.
 };
 
 const char kCallAnswer[] =
@@ -805,7 +810,8 @@ TEST_F(ToolCompletionsTest, ToolChoiceNoneRequiredAndBadToolsAreHandledByName) {
   EXPECT_EQ(none["finish_reason"], "stop");
   EXPECT_NE(none["message"]["content"].get<std::string>().find("<tool_call>"), std::string::npos);
   for (const Json& choice :
-       {Json("required"), Json({{"type", "function"}, {"function", {{"name", "get_weather"}}}})}) {
+       {Json("requird"), Json({{"type", "function"}, {"function", {{"name", "get_weathr"}}}}),
+        Json({{"type", "function"}})}) {
     rec = Run({{"tools", Tools()}, {"tool_choice", choice}}, "");
     EXPECT_EQ(rec->status(), 400) << rec->body();
     EXPECT_EQ(Json::parse(rec->body())["error"]["param"], "tool_choice") << rec->body();
@@ -940,6 +946,30 @@ TEST_F(ToolCompletionsTest, MessagesToolUseAndToolResults) {
   EXPECT_NE(prompt.find("<tool_response>\n22 C\n</tool_response>"), std::string::npos) << prompt;
 }
 
+// Anthropic's tool_choice any / tool: the chat completion's "required" / named function.
+TEST_F(ToolCompletionsTest, MessagesToolChoiceAnyAndToolDecodeUnderASchema) {
+  Start(ToolCallFormat::kHermes, /*think=*/false);
+  const Json params = Tools()[0]["function"]["parameters"];
+  const Json tools = {{{"name", "get_weather"}, {"input_schema", params}}};
+  auto rec = RunMessages({{"tools", tools}, {"tool_choice", {{"type", "any"}}}},
+                         R"([{"name": "get_weather", "parameters": {"city": "Oslo"}}])");
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  Json m = Json::parse(rec->body());
+  EXPECT_EQ(m["stop_reason"], "tool_use") << m;
+  ASSERT_EQ(m["content"].size(), 1u) << m;
+  EXPECT_EQ(m["content"][0]["input"], Json({{"city", "Oslo"}}));
+  EXPECT_EQ(Json::parse(last_schema_)["type"], "array");
+  rec =
+      RunMessages({{"tools", tools}, {"tool_choice", {{"type", "tool"}, {"name", "get_weather"}}}},
+                  R"({"city": "Rome"})");
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  m = Json::parse(rec->body());
+  ASSERT_EQ(m["content"].size(), 1u) << m;
+  EXPECT_EQ(m["content"][0]["name"], "get_weather");
+  EXPECT_EQ(m["content"][0]["input"], Json({{"city", "Rome"}}));
+  EXPECT_EQ(Json::parse(last_schema_), params);
+}
+
 TEST_F(ToolCompletionsTest, MessagesErrorsAreInTheMessagesShape) {
   Start(ToolCallFormat::kHermes, /*think=*/false);
   auto error_of = [](const std::shared_ptr<Recorder>& rec) {
@@ -961,7 +991,7 @@ TEST_F(ToolCompletionsTest, MessagesErrorsAreInTheMessagesShape) {
   const Json image = {
       {{"role", "user"}, {"content", {{{"type", "image"}, {"source", {{"type", "base64"}}}}}}}};
   EXPECT_NE(error_of(RunMessages({{"messages", image}}, "")).find("image"), std::string::npos);
-  EXPECT_NE(error_of(RunMessages({{"tool_choice", {{"type", "any"}}}}, "")).find("tool_choice"),
+  EXPECT_NE(error_of(RunMessages({{"tool_choice", {{"type", "all"}}}}, "")).find("tool_choice"),
             std::string::npos);
   EXPECT_NE(error_of(RunMessages({{"temperature", "hot"}}, "")).find("temperature"),
             std::string::npos);
@@ -1023,11 +1053,31 @@ TEST_F(ToolCompletionsTest, ResponsesAnswerWithOutputItemsAndContinue) {
   rec = Answer("/v1/responses", {{"input", items}, {"tools", tools}}, "It is 22.", &prompt);
   ASSERT_EQ(rec->status(), 200) << rec->body();
   EXPECT_NE(prompt.find("<tool_response>\n22 C\n</tool_response>"), std::string::npos) << prompt;
-  // What needs constrained decoding is refused by name.
+  // text.format json_schema / json_object: structured output, as response_format.
+  const Json schema = Tools()[0]["function"]["parameters"];
+  rec =
+      Answer("/v1/responses",
+             {{"input", "x"},
+              {"text", {{"format", {{"type", "json_schema"}, {"name", "W"}, {"schema", schema}}}}}},
+             R"({"city": "Paris"})");
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  EXPECT_EQ(Json::parse(last_schema_), schema);
   rec = Answer("/v1/responses", {{"input", "x"}, {"text", {{"format", {{"type", "json_object"}}}}}},
-               "");
+               "{}");
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  EXPECT_EQ(Json::parse(last_schema_), Json({{"type", "object"}}));
+  rec = Answer("/v1/responses", {{"input", "x"}, {"text", {{"format", {{"type", "yaml"}}}}}}, "");
   EXPECT_EQ(rec->status(), 400) << rec->body();
   EXPECT_EQ(Json::parse(rec->body())["error"]["param"], "text") << rec->body();
+  // tool_choice by name: the call comes back as a function_call item.
+  rec = Answer("/v1/responses",
+               {{"input", "x"},
+                {"tools", tools},
+                {"tool_choice", {{"type", "function"}, {"name", "get_weather"}}}},
+               R"({"city": "Rome"})");
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  EXPECT_NE(rec->body().find(R"("type":"function_call")"), std::string::npos) << rec->body();
+  EXPECT_EQ(Json::parse(last_schema_), schema);
 }
 
 TEST_F(ToolCompletionsTest, ResponsesStreamTheEventSequence) {
@@ -1064,6 +1114,153 @@ TEST_F(ToolCompletionsTest, ResponsesStreamTheEventSequence) {
   ASSERT_EQ(completed["output"].size(), 3u) << completed;
   EXPECT_EQ(completed["output"][1]["content"][0]["text"], "Let me check.\n");
   EXPECT_EQ(completed["status"], "completed");
+}
+
+// tool_choice required / named: the answer is decoded under vLLM's schema (which the matcher
+// takes the answer under) and parsed back into tool_calls, whole and streamed.
+TEST_F(ToolCompletionsTest, ToolChoiceRequiredAndNamedDecodeUnderASchema) {
+  Start(ToolCallFormat::kHermes, /*think=*/false);
+  const Json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  auto rec = Run({{"tools", Tools()}, {"tool_choice", named}}, R"({"city": "Paris"})");
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  EXPECT_EQ(Json::parse(last_schema_), Tools()[0]["function"]["parameters"]);
+  Json choice = Json::parse(rec->body())["choices"][0];
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << choice;
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(
+      Json::parse(choice["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+      Json({{"city", "Paris"}}));
+  EXPECT_TRUE(choice["message"]["content"].is_null()) << choice;
+
+  const std::string list = R"([{"name": "get_weather", "parameters": {"city": "Rome"}}, )"
+                           R"({"name":"get_weather","parameters":{"city":"Oslo"}}])";
+  rec = Run({{"tools", Tools()}, {"tool_choice", "required"}}, list);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  auto grammar = CompileJsonSchema(last_schema_);
+  ASSERT_TRUE(grammar.ok()) << grammar.status().message();
+  GrammarMatcher matcher(*grammar);
+  EXPECT_TRUE(matcher.Accept(list) && matcher.complete()) << last_schema_;
+  GrammarMatcher wrong(*grammar);
+  EXPECT_FALSE(wrong.Accept(R"([{"name": "get_time", "parameters": {}}])")) << last_schema_;
+  choice = Json::parse(rec->body())["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 2u) << choice;
+  EXPECT_EQ(
+      Json::parse(choice["message"]["tool_calls"][1]["function"]["arguments"].get<std::string>()),
+      Json({{"city", "Oslo"}}));
+
+  rec = Run({{"tools", Tools()}, {"tool_choice", "required"}, {"stream", true}}, list);
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  EXPECT_NE(rec->body().find(R"("tool_calls":[{"function":{"arguments":"{\"city\":\"Rome\"}")"),
+            std::string::npos)
+      << rec->body();
+  EXPECT_NE(rec->body().find(R"("finish_reason":"tool_calls")"), std::string::npos) << rec->body();
+
+  // A tool whose parameters the compiler refuses: 400 naming the tool and the keyword.
+  Json tools = Tools();
+  tools[0]["function"]["parameters"]["properties"]["city"]["pattern"] = "^[A-Z]";
+  rec = Run({{"tools", tools}, {"tool_choice", "required"}}, "");
+  ASSERT_EQ(rec->status(), 400) << rec->body();
+  EXPECT_EQ(Json::parse(rec->body())["error"]["param"], "tools") << rec->body();
+  EXPECT_NE(
+      rec->body().find(R"(tools[0].function.parameters: schema /properties/city: \"pattern\")"),
+      std::string::npos)
+      << rec->body();
+}
+
+// A reasoning model whose prompt ends inside <think> (deepseek_r1 style): under a schema the
+// answer is content, not reasoning; gpt-oss (harmony) refuses structured output by name.
+TEST_F(ToolCompletionsTest, StructuredOutputIsContentForReasoningModels) {
+  Start(ToolCallFormat::kHermes, /*think=*/true, ThinkStyle::kStartsThinking);
+  auto rec = Run({{"response_format", {{"type", "json_object"}}}}, R"({"a": 1})");
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  Json message = Json::parse(rec->body())["choices"][0]["message"];
+  EXPECT_EQ(message["content"], R"({"a": 1})") << message;
+  rec = Run(Json::object(), R"(thinking</think>{"a": 1})");
+  message = Json::parse(rec->body())["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], "thinking") << message;  // Without a schema: split.
+}
+
+// response_format json_object / json_schema, structured_outputs.json and guided_json send the
+// schema to the worker; conflicts, bad schemas and the forms not implemented are 400s by name.
+TEST_F(ToolCompletionsTest, StructuredOutputSchemasTravelOrAreRefusedByName) {
+  Start(ToolCallFormat::kHermes, /*think=*/false);
+  const Json schema = {
+      {"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}, {"required", {"a"}}};
+  const std::vector<std::pair<Json, Json>> accepted = {
+      {{{"response_format", {{"type", "json_object"}}}}, {{"type", "object"}}},
+      {{{"response_format",
+         {{"type", "json_schema"},
+          {"json_schema", {{"name", "A"}, {"schema", schema}, {"strict", true}}}}}},
+       schema},
+      {{{"structured_outputs", {{"json", schema}}}}, schema},
+      {{{"structured_outputs", {{"json", schema.dump()}}}}, schema},
+      {{{"guided_json", schema}}, schema},
+      {{{"response_format", {{"type", "text"}}}, {"structured_outputs", Json::object()}}, nullptr},
+  };
+  for (const auto& [fields, expected] : accepted) {
+    auto rec = Run(fields, R"({"a": 1})");
+    ASSERT_EQ(rec->status(), 200) << fields << rec->body();
+    if (expected.is_null()) {
+      EXPECT_TRUE(last_schema_.empty()) << fields;
+    } else {
+      EXPECT_EQ(Json::parse(last_schema_), expected) << fields;
+    }
+    EXPECT_EQ(Json::parse(rec->body())["choices"][0]["message"]["content"], R"({"a": 1})");
+  }
+  const std::vector<std::tuple<Json, std::string, std::string>> refused = {
+      {{{"response_format", {{"type", "yaml"}}}}, "response_format", "must be \"text\""},
+      {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "A"}}}}}},
+       "response_format",
+       "schema' is missing"},
+      {{{"response_format",
+         {{"type", "json_schema"},
+          {"json_schema", {{"schema", {{"type", "string"}, {"pattern", "a+"}}}}}}}},
+       "response_format",
+       "response_format.json_schema.schema: schema /: \"pattern\" is not supported"},
+      {{{"response_format",
+         {{"type", "json_schema"},
+          {"json_schema",
+           {{"schema", {{"$ref", "#/$defs/A"}, {"$defs", {{"A", {{"$ref", "#/$defs/A"}}}}}}}}}}}},
+       "response_format",
+       "$ref cycle"},
+      {{{"response_format", {{"type", "json_object"}}}, {"guided_json", schema}},
+       "guided_json",
+       "only one of"},
+      {{{"structured_outputs", {{"regex", "a+"}}}}, "structured_outputs", "regex"},
+      {{{"structured_outputs", {{"choice", {"a", "b"}}}}}, "structured_outputs", "choice"},
+      {{{"guided_choice", {"a", "b"}}}, "guided_choice", "not supported"},
+      {{{"guided_json", "{not json"}}, "guided_json", "not JSON"},
+      {{{"tools", Tools()},
+        {"tool_choice", "required"},
+        {"response_format", {{"type", "json_object"}}}},
+       "response_format",
+       "only one of"},
+  };
+  for (const auto& [fields, param, message] : refused) {
+    auto rec = Run(fields, "");
+    ASSERT_EQ(rec->status(), 400) << fields;
+    EXPECT_EQ(Json::parse(rec->body())["error"]["param"], param) << rec->body();
+    EXPECT_NE(Json::parse(rec->body())["error"]["message"].get<std::string>().find(message),
+              std::string::npos)
+        << rec->body();
+  }
+}
+
+TEST(StructuredOutput, HarmonyModelsRefuseItByName) {
+  for (const char* key : {"guided_json", "response_format"}) {
+    const Json body = std::string(key) == "guided_json"
+                          ? Json{{"guided_json", {{"type", "object"}}}}
+                          : Json{{"response_format", {{"type", "json_object"}}}};
+    CompletionRequest out;
+    HttpResponse error;
+    EXPECT_FALSE(ReadStructuredOutput(body, /*harmony=*/true, &out, &error)) << key;
+    EXPECT_EQ(Json::parse(error.body)["error"]["param"], key) << error.body;
+    EXPECT_NE(error.body.find("harmony"), std::string::npos) << error.body;
+    CompletionRequest plain;
+    EXPECT_TRUE(ReadStructuredOutput(body, /*harmony=*/false, &plain, &error)) << error.body;
+    EXPECT_EQ(Json::parse(plain.sampling.json_schema), Json({{"type", "object"}}));
+  }
 }
 
 }  // namespace

@@ -1,0 +1,146 @@
+// Micro-benchmarks of structured output's token mask (common/text/token_mask.h): one step's
+// allowed set (TokenMasker::Fill) in the states a JSON answer passes through, over the tiny
+// model's vocabulary (deploy/models/tiny-moe, 4,096 tokens) and a synthetic byte-level vocabulary
+// of 150,000 tokens shaped like a large BPE one (every byte, then words with and without a
+// leading space, capitalised, digit runs, punctuation and JSON pieces, whitespace runs, CJK).
+// Run: build/bench/token_mask_bench [--benchmark_filter=Synthetic]
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "common/text/json_schema.h"
+#include "common/text/token_mask.h"
+#include "common/text/tokenizer.h"
+
+namespace fmoe {
+namespace {
+
+std::shared_ptr<const TokenVocab> Synthetic(size_t n) {
+  std::mt19937_64 rng(42);
+  std::set<std::string> seen;
+  std::vector<std::string> tokens;
+  auto add = [&](std::string t) {
+    if (!t.empty() && seen.insert(t).second) tokens.push_back(std::move(t));
+  };
+  for (int b = 0; b < 256; ++b) add(std::string(1, static_cast<char>(b)));
+  for (const char* t : {"{\"", "\":", "\",", "\"}", " \"", "\":\"", "\", \"", "\": ", "},", "}]",
+                        "[{", "\n", "\n  ", "\n    ", "  ", "    ", "true", "false", "null"}) {
+    add(t);
+  }
+  const std::string letters = "etaoinshrdlcumwfgypbvkjxqz";
+  while (tokens.size() < n) {
+    const int kind = static_cast<int>(rng() % 10);
+    std::string t;
+    if (kind < 7) {  // A word piece, maybe with a leading space or a capital.
+      const size_t len = 2 + rng() % 9;
+      for (size_t i = 0; i < len; ++i) t += letters[std::min<size_t>(rng() % 26, rng() % 26)];
+      if (rng() % 2) t[0] = static_cast<char>(t[0] - 'a' + 'A');
+      if (rng() % 2) t = " " + t;
+    } else if (kind == 7) {  // Digits.
+      for (size_t i = 0, len = 1 + rng() % 3; i < len; ++i)
+        t += static_cast<char>('0' + rng() % 10);
+    } else if (kind == 8) {  // Punctuation runs.
+      const std::string p = ".,;:!?'\"()[]{}-_/\\*#@ ";
+      for (size_t i = 0, len = 2 + rng() % 3; i < len; ++i) t += p[rng() % p.size()];
+    } else {  // A CJK character or two (3 UTF-8 bytes each).
+      for (size_t i = 0, len = 1 + rng() % 2; i < len; ++i) {
+        const uint32_t cp = 0x4E00 + rng() % 0x5000;
+        t += static_cast<char>(0xE0 | (cp >> 12));
+        t += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+        t += static_cast<char>(0x80 | (cp & 0x3F));
+      }
+    }
+    add(std::move(t));
+  }
+  std::vector<bool> special(tokens.size(), false);
+  return std::make_shared<const TokenVocab>(std::move(tokens), std::move(special));
+}
+
+const std::shared_ptr<const TokenVocab>& TinyVocab() {
+  static const std::shared_ptr<const TokenVocab> vocab = [] {
+    auto tok = Tokenizer::Load(FMOE_SOURCE_DIR "/deploy/models/tiny-moe");
+    return tok.ok() ? TokenVocab::FromTokenizer(**tok) : nullptr;
+  }();
+  return vocab;
+}
+
+const std::shared_ptr<const TokenVocab>& SyntheticVocab() {
+  static const std::shared_ptr<const TokenVocab> vocab = Synthetic(150000);
+  return vocab;
+}
+
+// The states: before the answer, in a key, inside a free string value, after a value, in a
+// number.
+const char* const kPrefixes[] = {"", "{\"na", "{\"name\": \"Ann Smi", "{\"name\": \"Ann\"",
+                                 "{\"name\": \"Ann\", \"age\": 4"};
+
+// response_format json_object (any object): in a free key, in a string value, in a number.
+const char* const kObjectPrefixes[] = {"{\"ke", "{\"k\": \"va", "{\"k\": [1, {\"x\": 12"};
+
+void Mask(benchmark::State& state, const std::shared_ptr<const TokenVocab>& vocab,
+          bool any_object = false) {
+  if (vocab == nullptr) {
+    state.SkipWithError("no vocabulary");
+    return;
+  }
+  static const auto schema = *CompileJsonSchema(R"({"type": "object",
+      "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                     "tags": {"type": "array", "items": {"type": "string"}}},
+      "required": ["name", "age"]})");
+  const auto grammar = any_object ? AnyJsonObjectGrammar() : schema;
+  const char* prefix = any_object ? kObjectPrefixes[state.range(0)] : kPrefixes[state.range(0)];
+  // Feeds the prefix byte by byte through single-byte tokens (every vocabulary has them).
+  std::vector<int32_t> byte_token(256, -1);
+  for (size_t id = 0; id < vocab->size(); ++id) {
+    const std::string& b = vocab->bytes(static_cast<int32_t>(id));
+    if (b.size() == 1 && byte_token[static_cast<uint8_t>(b[0])] < 0) {
+      byte_token[static_cast<uint8_t>(b[0])] = static_cast<int32_t>(id);
+    }
+  }
+  TokenMasker masker(grammar, vocab, {});
+  for (char c : std::string(prefix)) {
+    if (!masker.Accept(byte_token[static_cast<uint8_t>(c)])) {
+      state.SkipWithError("prefix refused");
+      return;
+    }
+  }
+  std::vector<uint8_t> allowed;
+  size_t count = 0;
+  for (auto _ : state) {
+    count = masker.Fill(vocab->size(), &allowed);
+    benchmark::DoNotOptimize(allowed.data());
+  }
+  state.counters["allowed"] = static_cast<double>(count);
+  state.counters["vocab"] = static_cast<double>(vocab->size());
+  state.counters["trie_nodes"] = static_cast<double>(vocab->nodes().size());
+}
+
+void BM_TinyModel(benchmark::State& state) { Mask(state, TinyVocab()); }
+BENCHMARK(BM_TinyModel)->DenseRange(0, 4)->Unit(benchmark::kMicrosecond);
+
+void BM_Synthetic150k(benchmark::State& state) { Mask(state, SyntheticVocab()); }
+BENCHMARK(BM_Synthetic150k)->DenseRange(0, 4)->Unit(benchmark::kMicrosecond);
+
+// Building the vocabulary's trie and string scans (once per tokenizer, at the first request
+// with a schema).
+void BM_BuildVocab150k(benchmark::State& state) {
+  std::vector<std::string> bytes;
+  for (size_t id = 0; id < SyntheticVocab()->size(); ++id) {
+    bytes.push_back(SyntheticVocab()->bytes(static_cast<int32_t>(id)));
+  }
+  for (auto _ : state) {
+    TokenVocab vocab(bytes, std::vector<bool>(bytes.size(), false));
+    benchmark::DoNotOptimize(vocab.nodes().data());
+  }
+}
+BENCHMARK(BM_BuildVocab150k)->Iterations(3)->Unit(benchmark::kMillisecond);
+
+void BM_Synthetic150kJsonObject(benchmark::State& state) { Mask(state, SyntheticVocab(), true); }
+BENCHMARK(BM_Synthetic150kJsonObject)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace fmoe

@@ -1,0 +1,256 @@
+#include "common/text/token_mask.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "common/text/sentencepiece_tokenizer.h"
+#include "common/text/tokenizer.h"
+
+namespace fmoe {
+namespace {
+
+// "<0x41>" -> 0x41.
+std::optional<uint8_t> BytePiece(std::string_view piece) {
+  if (piece.size() != 6 || piece.substr(0, 3) != "<0x" || piece[5] != '>') return std::nullopt;
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  const int hi = hex(piece[3]), lo = hex(piece[4]);
+  if (hi < 0 || lo < 0) return std::nullopt;
+  return static_cast<uint8_t>(hi * 16 + lo);
+}
+
+}  // namespace
+
+TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<bool> special)
+    : bytes_(std::move(bytes)), special_(std::move(special)) {
+  special_.resize(bytes_.size(), false);
+  std::vector<int32_t> order;
+  for (size_t id = 0; id < bytes_.size(); ++id) {
+    if (!special_[id] && !bytes_[id].empty() && bytes_[id].size() <= kMaxTokenBytes) {
+      order.push_back(static_cast<int32_t>(id));
+    }
+  }
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return bytes_[static_cast<size_t>(a)] != bytes_[static_cast<size_t>(b)]
+               ? bytes_[static_cast<size_t>(a)] < bytes_[static_cast<size_t>(b)]
+               : a < b;
+  });
+  nodes_.emplace_back();
+  Build(order, 0, order.size(), 0, 0);
+  for (bool key : {false, true}) {
+    std::vector<StringScan>& scans = key ? key_scans_ : scans_;
+    std::vector<int32_t>& closing = key ? key_closing_ : closing_;
+    scans.resize(bytes_.size());
+    for (size_t id = 0; id < bytes_.size(); ++id) {
+      if (special_[id] || bytes_[id].empty() || bytes_[id].size() > kMaxTokenBytes) continue;
+      MatchFrame f{.phase = kStringBodyPhase};
+      StringScan& scan = scans[id];
+      scan.kind = StringScan::kInside;
+      for (size_t i = 0; i < bytes_[id].size(); ++i) {
+        const auto b = static_cast<uint8_t>(bytes_[id][i]);
+        const StringStep step = key ? StepKey(f, b) : StepString(f, b, 0, UINT32_MAX);
+        if (step == StringStep::kReject) {
+          scan.kind = StringScan::kNot;
+          break;
+        }
+        if (step == StringStep::kClose) {
+          scan.kind = StringScan::kCloses;
+          scan.close = static_cast<uint32_t>(i);
+          closing.push_back(static_cast<int32_t>(id));
+          break;
+        }
+      }
+      scan.chars = f.count;
+    }
+  }
+}
+
+// Tokens order[lo, hi) share their first `depth` bytes, the path to `node`; sorted, so those
+// that end here come first and the rest group by their next byte.
+void TokenVocab::Build(std::vector<int32_t>& order, size_t lo, size_t hi, uint32_t depth,
+                       uint32_t node) {
+  max_depth_ = std::max(max_depth_, depth);
+  auto len = [&](size_t i) { return bytes_[static_cast<size_t>(order[i])].size(); };
+  auto at = [&](size_t i) {
+    return static_cast<uint8_t>(bytes_[static_cast<size_t>(order[i])][depth]);
+  };
+  nodes_[node].ids_begin = static_cast<uint32_t>(ids_.size());
+  while (lo < hi && len(lo) == depth) ids_.push_back(order[lo++]);
+  nodes_[node].ids_end = static_cast<uint32_t>(ids_.size());
+  std::vector<std::pair<size_t, size_t>> groups;
+  for (size_t i = lo; i < hi;) {
+    size_t j = i + 1;
+    while (j < hi && at(j) == at(i)) ++j;
+    groups.push_back({i, j});
+    i = j;
+  }
+  const auto first = static_cast<uint32_t>(nodes_.size());
+  nodes_[node].children_begin = first;
+  nodes_[node].children_end = first + static_cast<uint32_t>(groups.size());
+  for (const auto& [i, j] : groups) nodes_.push_back(Node{.byte = at(i)});
+  for (size_t k = 0; k < groups.size(); ++k) {
+    Build(order, groups[k].first, groups[k].second, depth + 1, first + static_cast<uint32_t>(k));
+  }
+}
+
+std::shared_ptr<const TokenVocab> TokenVocab::FromTokenizer(const Tokenizer& tokenizer) {
+  const size_t n = tokenizer.vocab_size();
+  std::vector<std::string> bytes(n);
+  std::vector<bool> special(n, false);
+  const bool sentencepiece = dynamic_cast<const SentencePieceTokenizer*>(&tokenizer) != nullptr;
+  for (size_t i = 0; i < n; ++i) {
+    const auto id = static_cast<int32_t>(i);
+    special[i] = tokenizer.IsSpecial(id);
+    if (special[i]) continue;
+    if (sentencepiece) {
+      const std::string piece = tokenizer.IdToToken(id);
+      if (auto b = BytePiece(piece)) {
+        bytes[i] = std::string(1, static_cast<char>(*b));
+        continue;
+      }
+      std::string text;
+      for (size_t k = 0; k < piece.size(); ++k) {
+        if (piece.compare(k, 3, "\xE2\x96\x81") == 0) {
+          text += ' ';
+          k += 2;
+        } else {
+          text += piece[k];
+        }
+      }
+      bytes[i] = std::move(text);
+    } else {
+      const int32_t ids[] = {id};
+      bytes[i] = tokenizer.Decode(ids, /*skip_special_tokens=*/false);
+    }
+  }
+  return std::make_shared<const TokenVocab>(std::move(bytes), std::move(special));
+}
+
+TokenMasker::TokenMasker(std::shared_ptr<const JsonGrammar> grammar,
+                         std::shared_ptr<const TokenVocab> vocab, std::vector<int32_t> end_ids)
+    : vocab_(std::move(vocab)), end_ids_(std::move(end_ids)), matcher_(std::move(grammar)) {
+  levels_.resize(vocab_->max_depth() + 1);
+}
+
+bool TokenMasker::IsEnd(int32_t token) const {
+  return std::find(end_ids_.begin(), end_ids_.end(), token) != end_ids_.end();
+}
+
+size_t TokenMasker::Fill(size_t n, std::vector<uint8_t>* allowed) {
+  allowed->assign(n, 0);
+  size_t count = 0;
+  if (ended_ || matcher_.complete()) {
+    for (int32_t id : end_ids_) {
+      if (id >= 0 && static_cast<size_t>(id) < n && !(*allowed)[static_cast<size_t>(id)]) {
+        (*allowed)[static_cast<size_t>(id)] = 1;
+        ++count;
+      }
+    }
+    if (ended_) return count;
+  }
+  if (FillInString(allowed, &count)) return count;
+  levels_[0] = matcher_.state();
+  Walk(0, 0, allowed, &count);
+  return count;
+}
+
+void TokenMasker::Walk(uint32_t node, uint32_t depth, std::vector<uint8_t>* allowed,
+                       size_t* count) {
+  const auto& nodes = vocab_->nodes();
+  const auto& ids = vocab_->ids();
+  GrammarStepper& stepper = matcher_.stepper();
+  const size_t n = allowed->size();
+  for (uint32_t c = nodes[node].children_begin; c < nodes[node].children_end; ++c) {
+    if (!stepper.Step(levels_[depth], nodes[c].byte, &levels_[depth + 1])) continue;
+    for (uint32_t k = nodes[c].ids_begin; k < nodes[c].ids_end; ++k) {
+      const auto id = static_cast<size_t>(ids[k]);
+      if (id < n && !(*allowed)[id]) {
+        (*allowed)[id] = 1;
+        ++*count;
+      }
+    }
+    if (nodes[c].children_end > nodes[c].children_begin) Walk(c, depth + 1, allowed, count);
+  }
+}
+
+bool TokenMasker::FillInString(std::vector<uint8_t>* allowed, size_t* count) {
+  const MatchState& state = matcher_.state();
+  GrammarStepper& stepper = matcher_.stepper();
+  const JsonGrammar& g = stepper.grammar();
+  if (state.ends.size() != 1) return false;
+  const MatchFrame& top = state.frames.back();
+  if (InFreeKey(g, top)) {
+    if (!stepper.Step(state, '"', &closed_)) closed_ = MatchState{};
+    FillScanned(/*key=*/true, closed_, 0, 0, UINT64_MAX, allowed, count);
+    return true;
+  }
+  if (top.node < 0 || g.nodes[static_cast<size_t>(top.node)].kind != JsonGrammar::Kind::kString ||
+      !InStringBody(top)) {
+    return false;
+  }
+  const JsonGrammar::Node& n = g.nodes[static_cast<size_t>(top.node)];
+  // The state after the closing quote is the same for every token, the string's length aside.
+  scratch_a_ = state;
+  scratch_a_.frames.back().count = std::max<uint32_t>(top.count, n.min_len);
+  if (!stepper.Step(scratch_a_, '"', &closed_)) closed_ = MatchState{};
+  FillScanned(/*key=*/false, closed_, top.count, n.min_len, n.max_len, allowed, count);
+  return true;
+}
+
+void TokenMasker::FillScanned(bool key, const MatchState& closed, uint64_t chars_before,
+                              uint64_t min_chars, uint64_t max_chars, std::vector<uint8_t>* allowed,
+                              size_t* count) {
+  GrammarStepper& stepper = matcher_.stepper();
+  const size_t limit = std::min(allowed->size(), vocab_->size());
+  auto scan_of = [&](int32_t id) -> const TokenVocab::StringScan& {
+    return key ? vocab_->key_scan(id) : vocab_->string_scan(id);
+  };
+  for (size_t id = 0; id < limit; ++id) {
+    const TokenVocab::StringScan& scan = scan_of(static_cast<int32_t>(id));
+    if (scan.kind == TokenVocab::StringScan::kInside && chars_before + scan.chars <= max_chars) {
+      (*allowed)[id] = 1;
+      ++*count;
+    }
+  }
+  if (closed.empty()) return;
+  for (int32_t id : key ? vocab_->key_closing() : vocab_->closing()) {
+    if (static_cast<size_t>(id) >= limit) continue;
+    const TokenVocab::StringScan& scan = scan_of(id);
+    const uint64_t chars = chars_before + scan.chars;
+    if (chars < min_chars || chars > max_chars) continue;
+    const std::string& bytes = vocab_->bytes(id);
+    const MatchState* at = &closed;
+    bool ok = true;
+    for (size_t i = scan.close + 1; ok && i < bytes.size(); ++i) {
+      MatchState* next = at == &scratch_a_ ? &scratch_b_ : &scratch_a_;
+      ok = stepper.Step(*at, static_cast<uint8_t>(bytes[i]), next);
+      at = next;
+    }
+    if (ok) {
+      (*allowed)[static_cast<size_t>(id)] = 1;
+      ++*count;
+    }
+  }
+}
+
+bool TokenMasker::Accept(int32_t token) {
+  if (IsEnd(token)) {
+    if (!ended_ && !matcher_.complete()) return false;
+    ended_ = true;
+    return true;
+  }
+  if (ended_ || token < 0 || static_cast<size_t>(token) >= vocab_->size() ||
+      vocab_->special(token)) {
+    return false;
+  }
+  const std::string& bytes = vocab_->bytes(token);
+  if (bytes.empty() || bytes.size() > TokenVocab::kMaxTokenBytes) return false;
+  return matcher_.Accept(bytes);
+}
+
+}  // namespace fmoe

@@ -1,0 +1,60 @@
+#include "gpu_worker/sampling/structured_output.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/text/json_schema.h"
+#include "common/text/token_mask.h"
+
+namespace fmoe {
+namespace {
+
+// A few tokens' text and the vocabulary's size: tells a tokenizer from another one that a freed
+// one's address was reused for (tests load several models in one process).
+std::string Fingerprint(const Tokenizer& tokenizer) {
+  const size_t n = tokenizer.vocab_size();
+  std::string out = std::to_string(n);
+  for (size_t k = 0; k < 16 && n > 0; ++k) {
+    out += '|';
+    out += tokenizer.IdToToken(static_cast<int32_t>(k * n / 16));
+  }
+  return out;
+}
+
+std::shared_ptr<const TokenVocab> VocabOf(const Tokenizer& tokenizer) {
+  struct Entry {
+    std::string fingerprint;
+    std::shared_ptr<const TokenVocab> vocab;
+  };
+  static std::mutex mu;
+  static std::map<const Tokenizer*, Entry> vocabs;  // GUARDED_BY(mu)
+  const std::string fingerprint = Fingerprint(tokenizer);
+  std::lock_guard<std::mutex> lock(mu);
+  Entry& entry = vocabs[&tokenizer];
+  if (entry.vocab == nullptr || entry.fingerprint != fingerprint) {
+    entry = {fingerprint, TokenVocab::FromTokenizer(tokenizer)};
+  }
+  return entry.vocab;
+}
+
+}  // namespace
+
+Status ConstrainSampler(Sampler& sampler, const SamplingParams& params, const Tokenizer* tokenizer,
+                        std::span<const int32_t> eos_ids) {
+  if (params.json_schema.empty()) return Status::Ok();
+  if (tokenizer == nullptr) {
+    return InvalidArgument("structured output needs the model's tokenizer");
+  }
+  auto grammar = CompileJsonSchema(params.json_schema);
+  if (!grammar.ok()) return InvalidArgument("structured output: " + grammar.status().message());
+  std::vector<int32_t> ends(eos_ids.begin(), eos_ids.end());
+  ends.insert(ends.end(), params.stop_token_ids.begin(), params.stop_token_ids.end());
+  sampler.Constrain(
+      std::make_unique<TokenMasker>(*std::move(grammar), VocabOf(*tokenizer), std::move(ends)));
+  return Status::Ok();
+}
+
+}  // namespace fmoe

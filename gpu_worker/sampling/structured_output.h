@@ -1,0 +1,23 @@
+// Structured output on the worker: compiles a request's SamplingParams.json_schema once and
+// hands its Sampler a TokenMasker over the model's vocabulary. The vocabulary trie is built
+// once per tokenizer (the first constrained request pays for it) and shared by all requests;
+// Constrain may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "common/status.h"
+#include "common/text/tokenizer.h"
+#include "gpu_worker/sampling/sampler.h"
+
+namespace fmoe {
+
+// Nothing when params.json_schema is empty. Otherwise compiles it and constrains `sampler`;
+// the end tokens are eos_ids and params.stop_token_ids. kInvalidArgument naming the schema's
+// JSON pointer ("structured output: schema /properties/a: \"pattern\" is not supported"), or
+// when there is no tokenizer.
+Status ConstrainSampler(Sampler& sampler, const SamplingParams& params, const Tokenizer* tokenizer,
+                        std::span<const int32_t> eos_ids);
+
+}  // namespace fmoe

@@ -1,0 +1,228 @@
+#include "router/structured_output.h"
+
+#include <utility>
+
+#include "common/text/json_schema.h"
+
+namespace fmoe {
+namespace {
+
+using Json = nlohmann::json;
+
+bool Refuse(HttpResponse* error, HttpResponse response) {
+  *error = std::move(response);
+  return false;
+}
+
+// The top-level parameter a field belongs to: "response_format.json_schema.schema" ->
+// "response_format", "tools[0].function.parameters" -> "tools".
+std::string ParamOf(const std::string& field) { return field.substr(0, field.find_first_of(".[")); }
+
+// The schema, compiled here first; `field` names it in errors.
+bool SetSchema(const Json& schema, const std::string& field, CompletionRequest* out,
+               HttpResponse* error) {
+  const std::string param = ParamOf(field);
+  if (!out->sampling.json_schema.empty()) {
+    return Refuse(error, BadParam(param,
+                                  "only one of response_format, structured_outputs, guided_json "
+                                  "and a forced tool_choice may constrain the output"));
+  }
+  if (!schema.is_object() && !schema.is_boolean()) {
+    return Refuse(error, BadParam(param, field + " must be a JSON Schema object, not " +
+                                             JsonTypeName(schema)));
+  }
+  // Deeper than the compiler takes anyway; bounded before the recursive dump.
+  if (JsonDepth(schema) > 2 * kMaxSchemaDepth + 8) {
+    return Refuse(error, BadParam(param, field + " nests deeper than " +
+                                             std::to_string(kMaxSchemaDepth) + " schemas"));
+  }
+  std::string text = JsonText(schema);
+  if (text.size() > kMaxSchemaBytes) {
+    return Refuse(error, BadParam(param, field + " is larger than " +
+                                             std::to_string(kMaxSchemaBytes) + " bytes"));
+  }
+  auto grammar = CompileJsonSchema(text);
+  if (!grammar.ok()) {
+    return Refuse(error,
+                  BadParam(param, field + ": " + grammar.status().message(), "unsupported_schema"));
+  }
+  out->sampling.json_schema = std::move(text);
+  return true;
+}
+
+// A schema given as an object or as its JSON text (vLLM takes both).
+bool SetSchemaOrText(const Json& v, const std::string& field, CompletionRequest* out,
+                     HttpResponse* error) {
+  if (v.is_string()) {
+    Json parsed = Json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded()) {
+      return Refuse(error, BadParam(ParamOf(field), field + " is a string that is not JSON"));
+    }
+    return SetSchema(parsed, field, out, error);
+  }
+  return SetSchema(v, field, out, error);
+}
+
+// A tool's parameters moved to #/$defs/<base> of a larger schema: its local $refs ("#/...")
+// rebased there. The depth is bounded by SetSchema's check before.
+void RebaseRefs(Json& v, const std::string& base) {
+  if (v.is_object()) {
+    for (auto& [key, sub] : v.items()) {
+      if (key == "$ref" && sub.is_string() && sub.get<std::string>().starts_with("#")) {
+        sub = "#/$defs/" + base + sub.get<std::string>().substr(1);
+      } else if (key != "enum" && key != "const") {
+        RebaseRefs(sub, base);
+      }
+    }
+  } else if (v.is_array()) {
+    for (Json& e : v) RebaseRefs(e, base);
+  }
+}
+
+const Json& AnyObject() {
+  static const Json schema = {{"type", "object"}};
+  return schema;
+}
+
+bool ReadResponseFormat(const Json& j, CompletionRequest* out, HttpResponse* error) {
+  auto rf = j.find("response_format");
+  if (rf == j.end() || rf->is_null()) return true;
+  if (!rf->is_object()) {
+    return Refuse(error, BadParam("response_format",
+                                  "'response_format' must be an object, not " + JsonTypeName(*rf)));
+  }
+  auto type = rf->find("type");
+  if (type == rf->end() || !type->is_string()) {
+    return Refuse(error,
+                  BadParam("response_format",
+                           "'response_format.type' must be a string, not " +
+                               (type == rf->end() ? std::string("missing") : JsonTypeName(*type))));
+  }
+  const std::string& t = type->get_ref<const std::string&>();
+  if (t == "text") return true;
+  if (t == "json_object") return SetSchema(AnyObject(), "response_format", out, error);
+  if (t == "json_schema") {
+    auto js = rf->find("json_schema");
+    if (js == rf->end() || !js->is_object()) {
+      return Refuse(error, BadParam("response_format",
+                                    "'response_format.json_schema' must be an object with a "
+                                    "'schema'"));
+    }
+    if (auto name = js->find("name"); name != js->end() && !name->is_null() && !name->is_string()) {
+      return Refuse(error, BadParam("response_format",
+                                    "'response_format.json_schema.name' must be a "
+                                    "string"));
+    }
+    auto schema = js->find("schema");
+    if (schema == js->end() || schema->is_null()) {
+      return Refuse(error,
+                    BadParam("response_format", "'response_format.json_schema.schema' is missing"));
+    }
+    // "strict": decoding is always constrained to the schema, strict or not.
+    return SetSchema(*schema, "response_format.json_schema.schema", out, error);
+  }
+  return Refuse(error, BadParam("response_format",
+                                "'response_format.type' must be \"text\", \"json_object\" or "
+                                "\"json_schema\""));
+}
+
+bool ReadVllmStructuredOutputs(const Json& j, CompletionRequest* out, HttpResponse* error) {
+  auto so = j.find("structured_outputs");
+  if (so != j.end() && !so->is_null()) {
+    if (!so->is_object()) {
+      return Refuse(error,
+                    BadParam("structured_outputs", "'structured_outputs' must be an object"));
+    }
+    for (const char* key : {"regex", "choice", "grammar", "structural_tag"}) {
+      if (auto it = so->find(key); it != so->end() && !it->is_null()) {
+        return Refuse(error, BadParam("structured_outputs",
+                                      std::string("'structured_outputs.") + key +
+                                          "' is not supported by this server (json and "
+                                          "json_object are)",
+                                      "unsupported_parameter"));
+      }
+    }
+    if (auto it = so->find("json"); it != so->end() && !it->is_null()) {
+      if (!SetSchemaOrText(*it, "structured_outputs.json", out, error)) return false;
+    }
+    if (auto it = so->find("json_object"); it != so->end() && !it->is_null()) {
+      if (!it->is_boolean()) {
+        return Refuse(error, BadParam("structured_outputs",
+                                      "'structured_outputs.json_object' must be a boolean"));
+      }
+      if (it->get<bool>() &&
+          !SetSchema(AnyObject(), "structured_outputs.json_object", out, error)) {
+        return false;
+      }
+    }
+  }
+  if (auto g = j.find("guided_json"); g != j.end() && !g->is_null()) {
+    if (!SetSchemaOrText(*g, "guided_json", out, error)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool ReadStructuredOutput(const Json& body, bool harmony, CompletionRequest* out,
+                          HttpResponse* error) {
+  const bool had = !out->sampling.json_schema.empty();  // A forced tool_choice's.
+  if (!ReadResponseFormat(body, out, error) || !ReadVllmStructuredOutputs(body, out, error)) {
+    return false;
+  }
+  if (harmony && !had && !out->sampling.json_schema.empty()) {
+    std::string param = "response_format";
+    for (const char* key : {"structured_outputs", "guided_json"}) {
+      if (auto it = body.find(key); it != body.end() && !it->is_null()) param = key;
+    }
+    return Refuse(error, BadParam(param,
+                                  "structured output is not supported for the gpt_oss (harmony) "
+                                  "format, whose answers open with harmony headers",
+                                  "unsupported_parameter"));
+  }
+  return true;
+}
+
+bool ForceToolChoice(const std::string& named, const nlohmann::ordered_json& tools,
+                     CompletionRequest* out, HttpResponse* error) {
+  Json alternatives = Json::array();
+  Json defs = Json::object();
+  for (size_t k = 0; k < tools.size(); ++k) {
+    const auto& fn = tools[k]["function"];
+    const std::string name = fn["name"].get<std::string>();
+    Json params = AnyObject();
+    if (auto p = fn.find("parameters"); p != fn.end() && p->is_object()) {
+      params = Json::parse(p->dump());
+    }
+    const std::string field = "tools[" + std::to_string(k) + "].function.parameters";
+    if (!named.empty()) {
+      if (name != named) continue;
+      out->tool_options.forced = ToolCallOptions::Forced::kNamed;
+      out->tool_options.forced_name = name;
+      return SetSchema(params, field, out, error);
+    }
+    // Each tool's parameters compiled alone first, so that an error names the tool.
+    CompletionRequest probe;
+    if (!SetSchema(params, field, &probe, error)) return false;
+    const std::string base = "fmoe_tool_" + std::to_string(k);
+    RebaseRefs(params, base);
+    defs[base] = std::move(params);
+    alternatives.push_back(
+        {{"type", "object"},
+         {"properties",
+          {{"name", {{"const", name}}}, {"parameters", {{"$ref", "#/$defs/" + base}}}}},
+         {"required", {"name", "parameters"}}});
+  }
+  if (!named.empty()) {
+    return Refuse(error, BadParam("tool_choice", "tool_choice names the function \"" + named +
+                                                     "\", which is not in 'tools'"));
+  }
+  out->tool_options.forced = ToolCallOptions::Forced::kList;
+  const Json list = {{"type", "array"},
+                     {"minItems", 1},
+                     {"items", {{"anyOf", alternatives}}},
+                     {"$defs", std::move(defs)}};
+  return SetSchema(list, "tool_choice", out, error);
+}
+
+}  // namespace fmoe

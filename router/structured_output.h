@@ -1,0 +1,32 @@
+// Structured output on the router: the request fields that constrain a completion to a JSON
+// Schema (OpenAI's response_format json_object / json_schema, vLLM's structured_outputs.json and
+// guided_json, tool_choice "required" or a named function) read into
+// CompletionRequest.sampling.json_schema, which the worker compiles and decodes under
+// (common/text/json_schema.h). The schema is compiled here too, so one the compiler refuses is a
+// 400 naming the field and the schema's JSON pointer, never an error event. Stateless.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "router/completion_request.h"
+
+namespace fmoe {
+
+// response_format, structured_outputs, guided_json (and guided_regex / guided_choice /
+// guided_grammar, structured_outputs' regex / choice / grammar / structural_tag: refused by
+// name). At most one of them may constrain the output, and not beside a forced tool_choice.
+// `harmony`: gpt-oss's answers open with harmony headers, which a schema leaves no room for:
+// refused by name.
+bool ReadStructuredOutput(const nlohmann::json& body, bool harmony, CompletionRequest* out,
+                          HttpResponse* error);
+
+// tool_choice "required" (`named` empty) or the function `named`: the answer is decoded under
+// vLLM's schema (required: [{"name": one of the tools, "parameters": its parameters}, ...];
+// named: the function's parameters) and parsed back into tool_calls (ToolCallOptions::Forced).
+// `tools` as ReadTools keeps them. 400 naming tool_choice or tools[k].function.parameters.
+bool ForceToolChoice(const std::string& named, const nlohmann::ordered_json& tools,
+                     CompletionRequest* out, HttpResponse* error);
+
+}  // namespace fmoe
