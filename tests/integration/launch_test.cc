@@ -330,11 +330,20 @@ TEST_F(LaunchTest, UnwritableDataDirIsOneClearLine) {
   EXPECT_EQ(out.find("terminate called"), std::string::npos) << out;
 }
 
-TEST_F(LaunchTest, StatusWithoutLauncherSaysSo) {
+TEST_F(LaunchTest, StatusWithNothingRunningNamesEachProcessNotReachable) {
   std::string manifest = WriteManifest();
   auto [code, out] = testing::RunCommand({BinDir() + "/fmoe", "status", manifest}, 20000);
-  EXPECT_EQ(code, 1);
-  EXPECT_NE(out.find("no launcher has run"), std::string::npos) << out;
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_NE(out.find("launcher on this host: none"), std::string::npos) << out;
+  EXPECT_NE(out.find("host 127.0.0.1 (router): not reachable: connection refused"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("host 127.0.0.1 (map service): not reachable: connection refused"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("host 127.0.0.1 (rank 1 of group g0): not reachable: unknown"),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace
