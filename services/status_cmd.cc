@@ -263,7 +263,9 @@ void AddLauncherView(const ProbeResults& p, std::vector<ProcessReport>* reports)
     for (ProcessReport& r : *reports) {
       if (r.name != name) continue;
       const int64_t pid = proc.value("pid", int64_t{-1});
-      r.detail += fmt::format("; pid {}, {} restart(s)", pid, proc.value("restarts", 0));
+      r.pid = pid;
+      r.restarts = proc.value("restarts", 0);
+      r.detail += fmt::format("; pid {}, {} restart(s)", pid, r.restarts);
       const auto given_up = proc.find("given_up");
       if (given_up != proc.end() && given_up->is_boolean() && given_up->get<bool>()) {
         MarkUnhealthy(&r,
@@ -348,7 +350,10 @@ int PrintStatus(const Manifest& manifest, const StatusOptions& options) {
                       {"address", r.address},
                       {"state", StateText(r)},
                       {"healthy", r.state == ProbeState::kUp},
-                      {"detail", r.detail}});
+                      {"detail", r.detail},
+                      {"local", r.pid > 0},
+                      {"pid", r.pid},
+                      {"restarts", r.restarts}});
     }
     Json out = {{"healthy", code == kStatusAllUp},         {"exit_code", code},
                 {"timeout_ms", options.timeout_ms},        {"launcher_pid", launcher_pid},

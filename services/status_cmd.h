@@ -38,6 +38,9 @@ struct ProcessReport {
   std::string address;  // What was probed: tcp://HOST:PORT, http://HOST:PORT, HOST:PORT.
   ProbeState state = ProbeState::kUnreachable;
   std::string detail;  // Figures (up), the problem (unhealthy) or the error (not reachable).
+  // When this host's launcher runs it: its pid and restarts; -1 otherwise.
+  int64_t pid = -1;
+  int restarts = -1;
 };
 
 // What the probes found; the input of BuildReports.

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -55,6 +56,40 @@ TEST(ProbeTcp, ReachesAListenerAndNamesARefusal) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.code(), ErrorCode::kUnavailable);
   EXPECT_EQ(refused.message(), "connection refused");
+}
+
+TEST(ProbeTcp, APeerThatNeverAnswersTimesOutAtTheBound) {
+  // A listener that never accepts, its accept queue full: the kernel drops later SYNs, as a
+  // firewall that drops the port does.
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 0), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  std::vector<int> fillers;
+  Status s;
+  // Fill the queue: each probe that connects takes a slot until one no longer can.
+  for (int i = 0; i < 16; ++i) {
+    const int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    fillers.push_back(c);
+    const auto start = std::chrono::steady_clock::now();
+    s = ProbeTcp("127.0.0.1", port, 300);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+    EXPECT_LT(ms, 2000);
+    if (!s.ok()) break;
+  }
+  for (int c : fillers) close(c);
+  close(fd);
+  ASSERT_FALSE(s.ok()) << "the accept queue never filled";
+  EXPECT_EQ(s.code(), ErrorCode::kTimeout) << s.ToString();
+  EXPECT_EQ(s.message(), "timed out after 300 ms");
 }
 
 TEST(ProbeTcp, AnAddressNobodyServesEndsWithinTheBound) {

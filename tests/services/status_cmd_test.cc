@@ -174,6 +174,9 @@ TEST(StatusReports, TheLocalLauncherAddsPidsAndAProcessGivenUpOn) {
   const ProcessReport& maps = Find(reports, "map-service");
   EXPECT_EQ(maps.state, ProbeState::kUp);
   EXPECT_EQ(maps.detail, "3 rank(s) registered, 1 model(s); pid 1, 2 restart(s)");
+  EXPECT_EQ(maps.pid, 1);
+  EXPECT_EQ(maps.restarts, 2);
+  EXPECT_EQ(Find(reports, "worker-g0-0").pid, -1) << "not run by this host's launcher";
   EXPECT_EQ(Find(reports, "router").state, ProbeState::kUnhealthy);
   EXPECT_NE(Find(reports, "router").detail.find("given up on"), std::string::npos);
   EXPECT_EQ(StatusExitCode(reports), kStatusUnhealthy);
