@@ -10,8 +10,9 @@ the cluster key beside it are per host); A's launcher writes the cluster key and
 it to B and C, as docs/DEPLOY.md says. The group is world 4 (cpu ranks, Gloo, rendezvous on B).
 Greedy completions and chat completions, whole and streamed, must give the same text and tokens
 as a world-1 group: a one-host cluster on loopback in namespace A, run first. Each rank's log
-names B's rendezvous and A's map service, `fmoe status` on each host reports its processes
-healthy and never restarted; then SIGTERM stops every launcher (A first), and each must exit 0.
+names B's rendezvous and A's map service, B's and C's launchers log when A's map service and
+router became reachable, `fmoe status` on each host reports every host's six processes up and
+its own never restarted; then SIGTERM stops every launcher (A first), and each must exit 0.
 
 With --faults (ctest's multihost_faults_test; issue 35, item 2) the manifest has short timeouts
 (heartbeat 250/2000 ms, collective_timeout_s 10, request_timeout_s 60, restarts after 0.5-2 s) and,
@@ -593,6 +594,11 @@ def run_cluster(bin_dir, source_dir, net, work, launchers, reference, faults):
         wait_until(f"host {la.name}'s launcher saying `fmoe is up (worker ranks only)`",
                    lambda: (all_alive(hosts), "fmoe is up (worker ranks only)" in la.output())[1],
                    READY_TIMEOUT_S)
+        for what, endpoint in (("the map service", f"tcp://{net.addr['a']}:{MAP_PORT}"),
+                               ("the router", f"tcp://{net.addr['a']}:{WORKER_PORT}")):
+            said = f"{what} at {endpoint} (host {net.addr['a']}) is reachable after"
+            if said not in la.output():
+                raise Failure(f"host {la.name}'s launcher did not log `{said}`:\n{la.output()}")
     # Each rank joined the group of four through B's rendezvous and registered with A's map
     # service; rank 0 leads the group at A's router.
     for la, ranks in ((b, (0, 1)), (c, (2, 3))):
@@ -615,15 +621,21 @@ def run_cluster(bin_dir, source_dir, net, work, launchers, reference, faults):
     if mismatches:
         raise Failure("world 4 across hosts differs from world 1:\n  " + "\n  ".join(mismatches))
     log(f"{len(answers)} answers equal the world-1 group's text and tokens")
-    # `fmoe status` on each host: its own processes, all healthy, none restarted.
+    # `fmoe status` on each host: every host's processes (map service, router, four ranks), all
+    # up; its own two with their pids, none restarted.
     for h, la in zip(("a", "b", "c"), hosts):
         st = fmoe_status(bin_dir, net.names[h], la.manifest)
         procs = st.get("processes") or []
-        if not st.get("healthy") or not st.get("launcher_alive") or len(procs) != 2:
+        if (not st.get("healthy") or st.get("exit_code") != 0 or not st.get("launcher_alive")
+                or len(procs) != 6):
             raise Failure(f"host {la.name}: fmoe status: {st}")
+        local = [p for p in procs if p.get("local")]
+        if len(local) != 2:
+            raise Failure(f"host {la.name}: fmoe status: {len(local)} local processes: {st}")
         for p in procs:
-            if p.get("state") != "running" or p.get("restarts") != 0:
+            if p.get("state") != "up" or (p.get("local") and p.get("restarts") != 0):
                 raise Failure(f"host {la.name}: fmoe status: {p}")
+    log("fmoe status on A, B and C: every host's 6 processes up")
     if faults:
         run_faults(net, hosts, reference)
     # Stop: the main host first (the router drains), then B and C together.
