@@ -24,8 +24,9 @@ after the equality checks, three faults strike, each bounded by those timeouts p
   2. C's veth taken down (in the bridge namespace) under the same load: nothing closes a socket
      and B's leader still heartbeats, so the group breaks when its collective times out: /health
      says g0 down within collective_timeout_s + the heartbeat timeout; B's and C's ranks leave;
-     the restarted ranks wait at the rendezvous (C's cannot reach it) and g0 stays down; the link
-     comes back up and the group re-forms and answers as the world-1 group.
+     the restarted ranks wait at the rendezvous (C's cannot reach it) and g0 stays down;
+     `fmoe status` on A names C's ranks not reachable and on C names A's map service and router
+     not reachable (timed out), each exiting 3 within its bound; the link comes back up and the group re-forms and answers as the world-1 group.
   3. kill -9 of A's map service: A's launcher restarts it, every rank on B and C registers again
      (its log says so) and the answers stay the world-1 group's.
 Then (issue 35, item 3) a second cluster: g0 (world 1) on B and g1 (world 1) on C behind A's
@@ -500,10 +501,10 @@ def describe(i):
 # ---------------------------------------------------------------------------------------------
 
 
-def fmoe_status(bin_dir, ns, manifest):
+def fmoe_status(bin_dir, ns, manifest, extra=()):
     """`fmoe status MANIFEST --json` run on host `ns`, parsed."""
     out = run(["ip", "netns", "exec", ns, os.path.join(bin_dir, "fmoe"), "status", manifest,
-               "--json"], check=False)
+               "--json", *extra], check=False)
     try:
         return json.loads(out.stdout.decode("utf-8"))
     except ValueError:
@@ -834,6 +835,32 @@ def fault_kill_host_c(net, hosts, reference, timings):
         raise Failure(f"{what}: host A's processes changed: {before_a} -> {procs_of(a)}")
 
 
+def check_status_while_cut(net, hosts, what):
+    """`fmoe status` while C is cut off: A names C's ranks not reachable, C names A's map service
+    and router not reachable (its SYNs go nowhere: a timeout), each exits 3 within its bound."""
+    a, _, c = hosts
+    timeout_ms = 1000
+    bound_s = 2 * timeout_ms / 1000 + SLACK_S  # A connect, then the answer; probes run at once.
+    for host, la, names in (("a", a, ("worker-g0-2", "worker-g0-3")),
+                            ("c", c, ("map-service", "router"))):
+        t0 = time.monotonic()
+        st = fmoe_status(la.bin_dir, net.names[host], la.manifest,
+                         ("--timeout-ms", str(timeout_ms)))
+        took = time.monotonic() - t0
+        if took > bound_s:
+            raise Failure(f"{what}: fmoe status on {la.name} took {took:.1f} s (bound {bound_s} s)")
+        procs = {p.get("name"): p for p in st.get("processes") or []}
+        if st.get("exit_code") != 3:
+            raise Failure(f"{what}: fmoe status on {la.name}: exit_code {st.get('exit_code')}, "
+                          f"not 3: {st}")
+        for name in names:
+            p = procs.get(name) or {}
+            if p.get("state") != "not reachable":
+                raise Failure(f"{what}: fmoe status on {la.name}: {name}: {p}")
+        log(f"{what}: fmoe status on {la.name} ({took:.1f} s, exit 3): " + "; ".join(
+            f"{n} on {procs[n]['host']}: {procs[n]['detail']}" for n in names))
+
+
 def fault_cut_link_c(net, hosts, reference, timings):
     a, b, c = hosts
     what = "C's link cut"
@@ -864,6 +891,7 @@ def fault_cut_link_c(net, hosts, reference, timings):
         wait_until(f"{what}: B's and C's launchers restarting their ranks",
                    lambda: restarted(b, before_b) and restarted(c, before_c), READY_TIMEOUT_S)
         waiting_c = procs_of(c, waiting)
+        check_status_while_cut(net, hosts, what)
         hold_until = time.monotonic() + FAULT_COLLECTIVE_TIMEOUT_S
         while time.monotonic() < hold_until:
             if health_state(net.names["a"], net.addr["a"], HTTP_PORT) == (200, True):
