@@ -264,6 +264,41 @@ TEST(Preflight, FullLaunchNamesTheBusyRouterPort) {
   EXPECT_TRUE(Preflight(m, PlanProcesses(m, options), options).ok());
 }
 
+// Addresses of another host: 192.0.2.1 (TEST-NET-1) is no address of this machine.
+TEST(Preflight, AnAddressOfAnotherHostIsNamed) {
+  FakeBinDir bin;
+  const std::string common = std::string("model: {path: ") + FMOE_SOURCE_DIR +
+                             "/deploy/models/tiny-moe}\n"
+                             "map_service: {data_dir: " +
+                             bin.path() + "/maps}\nlauncher: {run_dir: " + bin.path() +
+                             "/run}\nsecurity: {curve: false}\n";
+  LaunchOptions options;
+  options.bin_dir = bin.path();
+  const Manifest router_elsewhere = Parse(common +
+                                          "worker_groups: [{name: g0, workers: [{}]}]\n"
+                                          "router: {listen: \"192.0.2.1:8000\"}\n");
+  Status s = Preflight(router_elsewhere, PlanProcesses(router_elsewhere, options), options);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(),
+            "router.listen: 192.0.2.1:8000: cannot bind: 192.0.2.1 is not an address of this "
+            "host (Cannot assign requested address)");
+
+  // A rank this launcher runs (its --host) on an address of another machine.
+  const Manifest rank_elsewhere =
+      Parse(common + "worker_groups: [{name: g0, workers: [{}, {host: 192.0.2.1}]}]\n");
+  options.workers_only = true;
+  options.host = "192.0.2.1";
+  s = Preflight(rank_elsewhere, PlanProcesses(rank_elsewhere, options), options);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message().rfind("worker_groups[0].workers[1].host: 192.0.2.1 is not an address of "
+                              "this host (this launcher's --host 192.0.2.1); ",
+                              0),
+            0u)
+      << s.message();
+  options.host = "127.0.0.1";  // Rank 0's: an address of this machine.
+  EXPECT_TRUE(Preflight(rank_elsewhere, PlanProcesses(rank_elsewhere, options), options).ok());
+}
+
 // The cluster key: a full launch makes it (0600); a workers-only host must hold a copy.
 TEST(Preflight, AFullLaunchMakesTheClusterKeyAndAWorkersOnlyHostNeedsIt) {
   FakeBinDir bin;
