@@ -82,7 +82,8 @@ struct WaitTarget {
 
 }  // namespace
 
-int WaitForServices(const Manifest& manifest, StopSignals& signals) {
+int WaitForServices(const Manifest& manifest, const Clock& clock,
+                    const std::function<bool(int64_t)>& wait) {
   const int64_t limit_ms = int64_t{manifest.launcher.services_wait_s} * 1000;
   if (limit_ms == 0) return 0;
   std::vector<WaitTarget> targets;
@@ -92,7 +93,6 @@ int WaitForServices(const Manifest& manifest, StopSignals& signals) {
   if (auto hp = TcpEndpoint(manifest.router.worker_endpoint)) {
     targets.push_back({"the router", manifest.router.worker_endpoint, *hp, true, false, ""});
   }
-  const Clock& clock = SteadyClock::Get();
   const int64_t start = clock.NowMs();
   int64_t next_report = start + 10000;
   for (const WaitTarget& t : targets) {
@@ -145,7 +145,7 @@ int WaitForServices(const Manifest& manifest, StopSignals& signals) {
                      t.address.host, (now - start) / 1000, t.last_error);
       }
     }
-    if (signals.WaitMs(std::min<int64_t>(500, start + limit_ms - now))) return -1;
+    if (wait(std::min<int64_t>(500, start + limit_ms - now))) return -1;
   }
 }
 
@@ -345,7 +345,8 @@ int Launch(const Manifest& manifest, const LaunchOptions& options) {
   if (options.workers_only) {
     // The ranks need the router (the leader joins it) and the map service: say what they wait
     // for here, rather than leave each rank's log to show retries.
-    const int waited = WaitForServices(manifest, signals);
+    const int waited = WaitForServices(manifest, SteadyClock::Get(),
+                                       [&signals](int64_t ms) { return signals.WaitMs(ms); });
     if (waited != 0) {
       if (waited < 0)
         spdlog::info("signal {}: stopping before any rank started", signals.last_signal());
