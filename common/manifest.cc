@@ -64,7 +64,7 @@ constexpr std::string_view kRouterKeys[] = {
 constexpr std::string_view kHeartbeatKeys[] = {"interval_ms", "timeout_ms"};
 constexpr std::string_view kLoggingKeys[] = {"level"};
 constexpr std::string_view kLauncherKeys[] = {"run_dir", "ready_timeout_s", "stop_timeout_s",
-                                              "restart"};
+                                              "services_wait_s", "restart"};
 constexpr std::string_view kRestartKeys[] = {"initial_backoff_ms", "max_backoff_ms", "max_restarts",
                                              "window_s"};
 constexpr std::string_view kDtypes[] = {"auto", "float32", "bfloat16", "float16"};
@@ -889,6 +889,7 @@ Status ParseLauncher(const Field& field, const std::string& base_dir, LauncherSp
   FMOE_RETURN_IF_ERROR(ReadPath(section.Get("run_dir"), base_dir, &spec->run_dir));
   FMOE_RETURN_IF_ERROR(ReadInt(section.Get("ready_timeout_s"), 1, 3600, &spec->ready_timeout_s));
   FMOE_RETURN_IF_ERROR(ReadInt(section.Get("stop_timeout_s"), 1, 600, &spec->stop_timeout_s));
+  FMOE_RETURN_IF_ERROR(ReadInt(section.Get("services_wait_s"), 0, 86400, &spec->services_wait_s));
   FMOE_ASSIGN_OR_RETURN(Section restart, Section::Read(section.Get("restart"), kRestartKeys));
   RestartSpec& r = spec->restart;
   FMOE_RETURN_IF_ERROR(
@@ -1157,6 +1158,7 @@ std::string DescribeManifest(const Manifest& m) {
   EmitValue(out, "run_dir", m.launcher.run_dir);
   EmitValue(out, "ready_timeout_s", m.launcher.ready_timeout_s);
   EmitValue(out, "stop_timeout_s", m.launcher.stop_timeout_s);
+  EmitValue(out, "services_wait_s", m.launcher.services_wait_s);
   out << YAML::Key << "restart" << YAML::Value << YAML::BeginMap;
   EmitValue(out, "initial_backoff_ms", m.launcher.restart.initial_backoff_ms);
   EmitValue(out, "max_backoff_ms", m.launcher.restart.max_backoff_ms);

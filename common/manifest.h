@@ -162,6 +162,11 @@ struct LauncherSpec {
   // SIGTERM then SIGKILL after this, 1..600 (the router: at least router.drain_timeout_s + 5).
   // Default: 10
   int stop_timeout_s = 10;
+  // `fmoe launch --workers-only`: how long it waits for the map service and the router's worker
+  // endpoint to accept connections before it starts its ranks, 0..86400 (0: no wait). The router
+  // not reachable by then is an error (exit 1); the map service only a warning, since serving
+  // needs no map. Default: 600
+  int services_wait_s = 600;
   RestartSpec restart;
 };
 

@@ -99,6 +99,10 @@ Status CheckTcpPortFree(const std::string& host, int port) {
   close(fd);
   if (rc == 0) return Status::Ok();
   if (err == EADDRINUSE) return AlreadyExists(where + " is already in use");
+  if (err == EADDRNOTAVAIL) {
+    return InvalidArgument(where + ": cannot bind: " + host + " is not an address of this host (" +
+                           std::strerror(err) + ")");
+  }
   return IoError(where + ": cannot bind: " + std::strerror(err));
 }
 

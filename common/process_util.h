@@ -45,7 +45,9 @@ class StopSignals {
 void NotifyReady(int fd);
 
 // Binds and closes a TCP socket at host:port. Error: kAlreadyExists
-// "127.0.0.1:8000 is already in use", or kInvalidArgument for a host that does not resolve.
+// "127.0.0.1:8000 is already in use", or kInvalidArgument for a host that does not resolve or
+// that is not an address of this host ("10.0.0.2:8000: cannot bind: 10.0.0.2 is not an address
+// of this host (Cannot assign requested address)").
 Status CheckTcpPortFree(const std::string& host, int port);
 
 // Creates `dir` (and parents) if needed and proves it writable by creating and deleting a file.

@@ -117,8 +117,10 @@ Status MapService::Start() {
       options_.data_dir, writes_.health().healthy() ? "" : " read-only", models_.models().size(),
       models_.not_loaded().size(), models_.memory_used() >> 20, options_.memory_limit_mb,
       contents.ranks.size(), contents.corrupt.size() + corrupt_maps);
-  FMOE_ASSIGN_OR_RETURN(socket_,
-                        wire::MapSocket::Bind(context_, wire::Role::kRouter, options_.endpoint));
+  // The manifest key in the message: an address of another host is the usual mistake.
+  auto socket = wire::MapSocket::Bind(context_, wire::Role::kRouter, options_.endpoint);
+  if (!socket.ok()) return socket.status().WithContext("map_service.endpoint");
+  socket_ = std::move(*socket);
   writes_.Open(std::move(db));
   spdlog::info("listening on {}", options_.endpoint);
   return Status::Ok();

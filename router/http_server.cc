@@ -474,6 +474,9 @@ Status HttpServer::Start() {
   tcp::endpoint endpoint = results.begin()->endpoint();
   auto fail = [&](const char* step) -> Status {
     std::string msg = "cannot listen on " + where + ": " + ec.message();
+    if (ec == beast::errc::address_not_available) {
+      msg += " (" + impl_->options.host + " is not an address of this host)";
+    }
     if (ec == asio::error::address_in_use) return AlreadyExists(msg);
     return IoError(msg + " (" + step + ")");
   };

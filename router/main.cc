@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
                       api.Handle(r, std::move(responder));
                     }));
   if (Status s = server.Start(); !s.ok()) {
-    spdlog::error("{}", s.message());
+    spdlog::error("router.listen: {}", s.message());
     return 1;
   }
 

@@ -61,8 +61,9 @@ WorkerLink::WorkerLink(WorkerLinkOptions options, const Clock& clock)
 WorkerLink::~WorkerLink() = default;
 
 Status WorkerLink::Start() {
-  FMOE_ASSIGN_OR_RETURN(
-      workers_, wire::WorkerSocket::Bind(context_, wire::Role::kRouter, options_.worker_endpoint));
+  auto workers = wire::WorkerSocket::Bind(context_, wire::Role::kRouter, options_.worker_endpoint);
+  if (!workers.ok()) return workers.status().WithContext("router.worker_endpoint");
+  workers_ = std::move(*workers);
   wire::SocketOptions admin;
   admin.send_hwm = 4;  // Pings are periodic: never queue many for a map service that is down.
   FMOE_ASSIGN_OR_RETURN(map_service_,

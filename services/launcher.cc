@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -18,6 +19,7 @@
 #include "common/model/model_config.h"
 #include "common/process_util.h"
 #include "common/wire/curve_key.h"
+#include "services/reach.h"
 #include "services/supervisor.h"
 
 namespace fmoe {
@@ -42,12 +44,112 @@ bool IsLocalHost(const std::string& host, const std::string& this_host) {
 }
 
 // The TCP port of "tcp://host:port", or nullopt for ipc endpoints.
-std::optional<HostPort> TcpOf(const std::string& endpoint) {
-  if (endpoint.rfind("tcp://", 0) != 0) return std::nullopt;
-  auto hp = ParseHostPort(endpoint.substr(6));
-  if (!hp.ok()) return std::nullopt;
-  return *hp;
+std::optional<HostPort> TcpOf(const std::string& endpoint) { return TcpEndpoint(endpoint); }
+
+// A local rank's host must be an address of this machine: Gloo binds the rank's connections to
+// it, and rank 0's rendezvous listens on it.
+Status CheckLocalRankHosts(const Manifest& manifest, const LaunchOptions& options) {
+  std::set<std::string> checked;
+  for (size_t g = 0; g < manifest.worker_groups.size(); ++g) {
+    const WorkerGroupSpec& group = manifest.worker_groups[g];
+    for (size_t r = 0; r < group.workers.size(); ++r) {
+      const std::string& host = group.workers[r].host;
+      if (!IsLocalHost(host, options.host) || host == "::1" || !checked.insert(host).second) {
+        continue;
+      }
+      Status s = CheckTcpPortFree(host, 0);
+      if (s.ok() || s.code() != ErrorCode::kInvalidArgument) continue;
+      const bool resolves = s.message().find("cannot resolve") == std::string::npos;
+      return InvalidArgument(fmt::format(
+          "worker_groups[{}].workers[{}].host: {} {}{}; the rank binds its group's connections to "
+          "it, so it must be an address of the host that runs the rank",
+          g, r, host, resolves ? "is not an address of this host" : "does not resolve",
+          options.host.empty() ? "" : " (this launcher's --host " + options.host + ")"));
+    }
+  }
+  return Status::Ok();
 }
+
+// One process a workers-only launcher waits for before it starts its ranks.
+struct WaitTarget {
+  std::string what;      // "the map service"
+  std::string endpoint;  // tcp://HOST:PORT
+  HostPort address;
+  bool required = false;  // Not reachable by the limit: an error (else a warning).
+  bool reachable = false;
+  std::string last_error;
+};
+
+}  // namespace
+
+int WaitForServices(const Manifest& manifest, const Clock& clock,
+                    const std::function<bool(int64_t)>& wait) {
+  const int64_t limit_ms = int64_t{manifest.launcher.services_wait_s} * 1000;
+  if (limit_ms == 0) return 0;
+  std::vector<WaitTarget> targets;
+  if (auto hp = TcpEndpoint(manifest.map_service.endpoint)) {
+    targets.push_back({"the map service", manifest.map_service.endpoint, *hp, false, false, ""});
+  }
+  if (auto hp = TcpEndpoint(manifest.router.worker_endpoint)) {
+    targets.push_back({"the router", manifest.router.worker_endpoint, *hp, true, false, ""});
+  }
+  const int64_t start = clock.NowMs();
+  int64_t next_report = start + 10000;
+  for (const WaitTarget& t : targets) {
+    spdlog::info("waiting for {} at {} (host {}), up to {} s (launcher.services_wait_s)", t.what,
+                 t.endpoint, t.address.host, manifest.launcher.services_wait_s);
+  }
+  for (;;) {
+    bool all = true;
+    for (WaitTarget& t : targets) {
+      if (t.reachable) continue;
+      Status s = ProbeTcp(t.address.host, t.address.port, 1000);
+      if (s.ok()) {
+        t.reachable = true;
+        spdlog::info("{} at {} (host {}) is reachable after {:.1f} s", t.what, t.endpoint,
+                     t.address.host, static_cast<double>(clock.NowMs() - start) / 1000.0);
+      } else {
+        t.last_error = s.message();
+        all = false;
+      }
+    }
+    if (all) return 0;
+    const int64_t now = clock.NowMs();
+    if (now - start >= limit_ms) {
+      int rc = 0;
+      for (const WaitTarget& t : targets) rc = !t.reachable && t.required ? 1 : rc;
+      for (const WaitTarget& t : targets) {
+        if (t.reachable) continue;
+        if (t.required) {
+          std::fprintf(stderr,
+                       "fmoe: %s at %s (host %s) is not reachable after %d s "
+                       "(launcher.services_wait_s): %s\n",
+                       t.what.c_str(), t.endpoint.c_str(), t.address.host.c_str(),
+                       manifest.launcher.services_wait_s, t.last_error.c_str());
+        } else {
+          spdlog::warn(
+              "{} at {} (host {}) is not reachable after {} s (launcher.services_wait_s): {}{}",
+              t.what, t.endpoint, t.address.host, manifest.launcher.services_wait_s, t.last_error,
+              rc == 0 ? "; starting the ranks anyway (they serve without maps and "
+                        "register when it comes)"
+                      : "");
+        }
+      }
+      return rc;
+    }
+    if (now >= next_report) {
+      next_report = now + 10000;
+      for (const WaitTarget& t : targets) {
+        if (t.reachable) continue;
+        spdlog::info("still waiting for {} at {} (host {}), {} s: {}", t.what, t.endpoint,
+                     t.address.host, (now - start) / 1000, t.last_error);
+      }
+    }
+    if (wait(std::min<int64_t>(500, start + limit_ms - now))) return -1;
+  }
+}
+
+namespace {
 
 // Writes the status file atomically (temporary file, then rename).
 void WriteStatusFile(const std::string& path, const Manifest& manifest, const Supervisor& sup,
@@ -189,6 +291,7 @@ Status Preflight(const Manifest& manifest, const std::vector<ProcessSpec>& plan,
     auto key = wire::LoadCurveKey(manifest.security.key_file, !options.workers_only);
     if (!key.ok()) return key.status().WithContext("security.key_file");
   }
+  FMOE_RETURN_IF_ERROR(CheckLocalRankHosts(manifest, options));
   if (options.workers_only) return Status::Ok();  // The map service and router run elsewhere.
   if (Status s = EnsureWritableDir(manifest.map_service.data_dir); !s.ok()) {
     // A store already there is served read-only while its disk refuses writes (the map service
@@ -237,6 +340,20 @@ int Launch(const Manifest& manifest, const LaunchOptions& options) {
     std::fprintf(stderr, "fmoe: another launcher is running with run_dir %s (see `fmoe status`)\n",
                  manifest.launcher.run_dir.c_str());
     return 1;
+  }
+
+  if (options.workers_only) {
+    // The ranks need the router (the leader joins it) and the map service: say what they wait
+    // for here, rather than leave each rank's log to show retries.
+    const int waited = WaitForServices(manifest, SteadyClock::Get(),
+                                       [&signals](int64_t ms) { return signals.WaitMs(ms); });
+    if (waited != 0) {
+      if (waited < 0)
+        spdlog::info("signal {}: stopping before any rank started", signals.last_signal());
+      flock(lock_fd, LOCK_UN);
+      close(lock_fd);
+      return waited < 0 ? 0 : 1;
+    }
   }
 
   SupervisorOptions sup_options;

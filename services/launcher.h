@@ -7,10 +7,14 @@
 // a run directory (one per host). Runs on main's thread.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/manifest.h"
+#include "common/process_util.h"
 #include "common/status.h"
 #include "services/process.h"
 
@@ -34,6 +38,15 @@ std::vector<ProcessSpec> PlanProcesses(const Manifest& manifest, const LaunchOpt
 // ("router.listen: 127.0.0.1:8000 is already in use").
 Status Preflight(const Manifest& manifest, const std::vector<ProcessSpec>& plan,
                  const LaunchOptions& options);
+
+// The workers-only launcher's wait before it starts its ranks: until the map service and the
+// router's worker endpoint (tcp ones) accept connections, up to launcher.services_wait_s, logging
+// what it waits for, every 10 s what it still waits for, and when each became reachable. Returns
+// 0 (go on; a map service still away is only a warning), 1 (the router not reachable by the
+// limit; printed on stderr, naming it) or -1 (a stop signal came). `wait(ms)` sleeps up to ms
+// and returns true when a stop was requested (StopSignals::WaitMs; tests advance a ManualClock).
+int WaitForServices(const Manifest& manifest, const Clock& clock,
+                    const std::function<bool(int64_t)>& wait);
 
 // Runs the cluster until a stop signal (returns 0) or until supervision gives up (returns 1).
 // Returns 2 for workers_only when no worker rank is local to this host.

@@ -1,7 +1,8 @@
 // fmoe: the launcher and command-line tool.
 //   fmoe launch MANIFEST     start and supervise the cluster in the foreground
 //     [--workers-only] [--host NAME]   only this host's worker ranks (the other hosts)
-//   fmoe status MANIFEST     each process and its health
+//   fmoe status MANIFEST     each process of the manifest, on every host, and whether it is
+//     [--json] [--timeout-ms N]  reachable from here (exit 0 all up, 1 unhealthy, 3 unreachable)
 //   fmoe validate MANIFEST   check a manifest and print the effective configuration
 //   fmoe generate --model DIR --prompt TEXT   run a model locally: execs fmoe-generate, the
 //                                            LibTorch binary next to this one (LibTorch builds)
@@ -97,7 +98,6 @@ int main(int argc, char** argv) {
   CLI::App app{"fmoe: serve Mixture-of-Experts models with offloaded, prefetched experts"};
   app.require_subcommand(1);
   std::string manifest_path;
-  bool json = false;
 
   fmoe::LaunchOptions launch_options;
   auto* launch = app.add_subcommand("launch", "start the map service, workers and router");
@@ -116,9 +116,20 @@ int main(int argc, char** argv) {
   launch->footer(
       "Each host's launcher needs its own launcher.run_dir (not one shared between hosts): it "
       "holds the launcher's lock, launcher.json and the logs.");
-  auto* status = app.add_subcommand("status", "show each process of a launch and its health");
+  fmoe::StatusOptions status_options;
+  auto* status = app.add_subcommand(
+      "status", "probe each process of the manifest, on every host, and show its health");
   status->add_option("manifest", manifest_path, "cluster manifest (YAML)")->required();
-  status->add_flag("--json", json, "print JSON");
+  status->add_flag("--json", status_options.json, "print JSON");
+  status
+      ->add_option("--timeout-ms", status_options.timeout_ms,
+                   "bound of each probe (connect, then the answer); the probes run at once")
+      ->check(CLI::Range(1, 60000))
+      ->capture_default_str();
+  status->footer(
+      "Exit status: 0 every process is up; 1 all are reachable but one reports a problem "
+      "(/health not 200, a group not alive, a store read-only, a process given up on); 2 the "
+      "manifest does not load; 3 at least one process is not reachable.");
   fmoe::MapsCommand maps_cmd;
   auto* maps =
       app.add_subcommand("maps", "show, export, import or drop the map service's expert maps");
@@ -174,7 +185,7 @@ int main(int argc, char** argv) {
       if (maps->parsed()) return 1;
     }
   }
-  if (status->parsed()) return fmoe::PrintStatus(manifest, json);
+  if (status->parsed()) return fmoe::PrintStatus(manifest, status_options);
   if (maps->parsed()) return fmoe::RunMaps(manifest, maps_cmd);
 
   if (fmoe::Status s = fmoe::InitLogging("fmoe", manifest.logging.level); !s.ok()) {

@@ -74,6 +74,10 @@ bool WildcardPort(std::string_view endpoint) {
 Status BindOrConnectError(const zmq::error_t& e, bool bind, const std::string& endpoint) {
   std::string m =
       std::string(bind ? "cannot bind " : "cannot connect ") + endpoint + ": " + e.what();
+  if (bind && e.num() == EADDRNOTAVAIL) {
+    // A manifest address of another host ("tcp://10.0.0.1:5555" on 10.0.0.2).
+    m += " (not an address of this host)";
+  }
   switch (e.num()) {
     case EADDRINUSE:
       return AlreadyExists(std::move(m));

@@ -86,6 +86,7 @@ launcher:
   run_dir: /var/run/fmoe
   ready_timeout_s: 3600
   stop_timeout_s: 1
+  services_wait_s: 0
   restart:
     initial_backoff_ms: 0
     max_backoff_ms: 600000
@@ -155,6 +156,7 @@ void ExpectManifestEq(const Manifest& a, const Manifest& b) {
   EXPECT_EQ(a.launcher.run_dir, b.launcher.run_dir);
   EXPECT_EQ(a.launcher.ready_timeout_s, b.launcher.ready_timeout_s);
   EXPECT_EQ(a.launcher.stop_timeout_s, b.launcher.stop_timeout_s);
+  EXPECT_EQ(a.launcher.services_wait_s, b.launcher.services_wait_s);
   EXPECT_EQ(a.launcher.restart.initial_backoff_ms, b.launcher.restart.initial_backoff_ms);
   EXPECT_EQ(a.launcher.restart.max_backoff_ms, b.launcher.restart.max_backoff_ms);
   EXPECT_EQ(a.launcher.restart.max_restarts, b.launcher.restart.max_restarts);
@@ -229,6 +231,7 @@ TEST(Manifest, MinimalGetsAllDefaults) {
   EXPECT_EQ(m.launcher.run_dir, "/srv/cluster/.fmoe/run");
   EXPECT_EQ(m.launcher.ready_timeout_s, 120);
   EXPECT_EQ(m.launcher.stop_timeout_s, 10);
+  EXPECT_EQ(m.launcher.services_wait_s, 600);
   EXPECT_EQ(m.launcher.restart.initial_backoff_ms, 500);
   EXPECT_EQ(m.launcher.restart.max_backoff_ms, 10000);
   EXPECT_EQ(m.launcher.restart.max_restarts, 5);
@@ -339,6 +342,7 @@ TEST(Manifest, FullManifestSetsEveryKey) {
   EXPECT_EQ(m.launcher.run_dir, "/var/run/fmoe");
   EXPECT_EQ(m.launcher.ready_timeout_s, 3600);
   EXPECT_EQ(m.launcher.stop_timeout_s, 1);
+  EXPECT_EQ(m.launcher.services_wait_s, 0);
   EXPECT_EQ(m.launcher.restart.initial_backoff_ms, 0);
   EXPECT_EQ(m.launcher.restart.max_backoff_ms, 600000);
   EXPECT_EQ(m.launcher.restart.max_restarts, 0);
@@ -491,6 +495,7 @@ TEST(Manifest, DescribeListsEveryKeyAndRedactsApiKeys) {
                           "run_dir:",
                           "ready_timeout_s:",
                           "stop_timeout_s:",
+                          "services_wait_s:",
                           "restart:",
                           "initial_backoff_ms:",
                           "max_backoff_ms:",
@@ -630,6 +635,8 @@ std::vector<BadCase> BadCases() {
        "manifest: map_service.prefetch_distance: \"1.5\" is not an integer"},
       {"QuotedInt", Minimal("map_service: {prefetch_distance: \"4\"}\n"),
        "manifest: map_service.prefetch_distance: \"4\" is a quoted string; expected an integer"},
+      {"ServicesWaitNegative", Minimal("launcher: {services_wait_s: -1}\n"),
+       "manifest: launcher.services_wait_s: -1 is out of range 0..86400"},
       {"IntOverflow", Minimal("heartbeat: {interval_ms: 99999999999}\n"),
        "manifest: heartbeat.interval_ms: 99999999999 is out of range 10..60000"},
       {"Int64Overflow", Minimal("router: {max_body_bytes: 99999999999999999999999}\n"),
@@ -741,7 +748,8 @@ std::vector<BadCase> BadCases() {
        "manifest: worker_groups[0].rendezvous_timeout_s: has no value; expected a number"},
       {"UnknownGroupKey", OneGroup("{name: g, collective_timeout: 5, workers: [{}]}"),
        "manifest: worker_groups[0].collective_timeout: unknown key; allowed keys: name, policy, "
-       "max_batch, max_batched_tokens, queue_limit, kv_cache_tokens, prefix_caching, expert_cache_gb, expert_cache_fraction, "
+       "max_batch, max_batched_tokens, queue_limit, kv_cache_tokens, prefix_caching, "
+       "expert_cache_gb, expert_cache_fraction, "
        "memory_utilization, host_cache_gb, host_cache_fraction, link, "
        "hybrid, rendezvous, "
        "collective_timeout_s, rendezvous_timeout_s, record_trace, workers"},

@@ -260,6 +260,17 @@ TEST(Wire, PeerArgumentChecked) {
   EXPECT_EQ(dealer->Send(Cancel{}, "someone").code(), ErrorCode::kInvalidArgument);
 }
 
+// A manifest address of another host (192.0.2.1, TEST-NET-1): named as such.
+TEST(Wire, BindAnAddressOfAnotherHost) {
+  Context ctx;
+  auto socket = WorkerSocket::Bind(ctx, Role::kRouter, "tcp://192.0.2.1:5555");
+  ASSERT_FALSE(socket.ok());
+  EXPECT_EQ(socket.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(socket.status().message(),
+            "cannot bind tcp://192.0.2.1:5555: Cannot assign requested address (not an address "
+            "of this host)");
+}
+
 TEST(Wire, BindAddressInUse) {
   Context ctx;
   auto first = MustBind<WorkerMessage>(ctx, Role::kRouter, kLoopbackAnyPort);

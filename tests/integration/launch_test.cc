@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -330,11 +331,191 @@ TEST_F(LaunchTest, UnwritableDataDirIsOneClearLine) {
   EXPECT_EQ(out.find("terminate called"), std::string::npos) << out;
 }
 
-TEST_F(LaunchTest, StatusWithoutLauncherSaysSo) {
+TEST_F(LaunchTest, StatusWithNothingRunningNamesEachProcessNotReachable) {
   std::string manifest = WriteManifest();
   auto [code, out] = testing::RunCommand({BinDir() + "/fmoe", "status", manifest}, 20000);
-  EXPECT_EQ(code, 1);
-  EXPECT_NE(out.find("no launcher has run"), std::string::npos) << out;
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_NE(out.find("launcher on this host: none"), std::string::npos) << out;
+  EXPECT_NE(out.find("host 127.0.0.1 (router): not reachable: connection refused"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("host 127.0.0.1 (map service): not reachable: connection refused"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("host 127.0.0.1 (rank 1 of group g0): not reachable: unknown"),
+            std::string::npos)
+      << out;
+}
+
+// A group across two "hosts" of the loopback network: rank 0 on 127.0.0.1, started by the full
+// launcher; rank 1 on 127.0.0.2, started by `fmoe launch --workers-only --host 127.0.0.2` with a
+// run_dir of its own, before the map service and router exist: it says what it waits for, then
+// when each is reachable. `fmoe status` from a third directory (a host that runs nothing) reports
+// every process up; with a manifest that adds a group on hosts nobody serves, it names those
+// ranks not reachable, exits 3, and returns within its bound.
+TEST_F(LaunchTest, StatusFromAnyHostAndAWorkersOnlyLauncherThatWaits) {
+  const std::string base = WriteManifest();
+  std::string text = ReadFile(base);
+  auto replace = [](std::string* s, const std::string& from, const std::string& to) {
+    const size_t at = s->find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    s->replace(at, from.size(), to);
+  };
+  replace(&text, "      - device: cpu\n      - device: cpu\n",
+          "      - {device: cpu, host: 127.0.0.1}\n      - {device: cpu, host: 127.0.0.2}\n");
+  replace(&text, "  stop_timeout_s: 10\n", "  stop_timeout_s: 10\n  services_wait_s: 120\n");
+  text += "security: {curve: false}\n";
+  auto write_for = [&](const std::string& host_dir, const std::string& extra) {
+    std::string t = text;
+    replace(&t, dir_ + "/run\n", dir_ + "/" + host_dir + "/run\n");
+    std::filesystem::create_directories(dir_ + "/" + host_dir);
+    testing::WriteFile(dir_ + "/" + host_dir + "/manifest.yaml", t + extra);
+    return dir_ + "/" + host_dir + "/manifest.yaml";
+  };
+  const std::string main_manifest = write_for("a", "");
+  const std::string b_manifest = write_for("b", "");
+  const std::string other_manifest = write_for("c", "");
+
+  Child b({BinDir() + "/fmoe", "launch", b_manifest, "--workers-only", "--host", "127.0.0.2"},
+          dir_ + "/b.log");
+  const std::string router_at =
+      "the router at tcp://127.0.0.1:" + std::to_string(ports_.workers) + " (host 127.0.0.1)";
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        return ReadFile(dir_ + "/b.log").find("waiting for " + router_at) != std::string::npos;
+      },
+      30000))
+      << ReadFile(dir_ + "/b.log");
+  EXPECT_NE(ReadFile(dir_ + "/b.log")
+                .find("waiting for the map service at tcp://127.0.0.1:" +
+                      std::to_string(ports_.map) + " (host 127.0.0.1)"),
+            std::string::npos)
+      << ReadFile(dir_ + "/b.log");
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/b/run/logs/worker-g0-1.log"))
+      << "no rank starts before the router is reachable";
+
+  Child a({BinDir() + "/fmoe", "launch", main_manifest}, dir_ + "/a.log");
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        const std::string log = ReadFile(dir_ + "/b.log");
+        return log.find(router_at + " is reachable after") != std::string::npos &&
+               log.find("fmoe is up (worker ranks only): worker-g0-1 on host 127.0.0.2") !=
+                   std::string::npos;
+      },
+      120000))
+      << "b:\n"
+      << ReadFile(dir_ + "/b.log") << "a:\n"
+      << ReadFile(dir_ + "/a.log");
+  ASSERT_TRUE(WaitUntil([&] { return HealthStatus() == 200; }, 90000)) << ReadFile(dir_ + "/a.log");
+
+  // (a) From a host that runs none of the processes: every process up, exit 0.
+  std::pair<int, std::string> up;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        up = testing::RunCommand({BinDir() + "/fmoe", "status", other_manifest}, 20000);
+        return up.first == 0;
+      },
+      60000))
+      << up.second;
+  EXPECT_NE(up.second.find("launcher on this host: none"), std::string::npos) << up.second;
+  EXPECT_NE(up.second.find("4 of 4 process(es) up"), std::string::npos) << up.second;
+  for (const std::string role :
+       {"map service", "router", "rank 0 of group g0", "rank 1 of group g0"}) {
+    EXPECT_NE(up.second.find(role), std::string::npos) << role << "\n" << up.second;
+  }
+
+  // (b) A manifest with one more group on hosts nobody serves: a TEST-NET address for its
+  // leader (its rendezvous probe times out, or the route is refused at once) and 127.0.0.3 for
+  // its other rank (never registered).
+  const std::string ghost_manifest = write_for("d", "");
+  std::string ghost = ReadFile(ghost_manifest);
+  replace(&ghost, "router:\n",
+          "  - name: g9\n"
+          "    rendezvous: 192.0.2.1:29500\n"
+          "    workers: [{device: cpu, host: 192.0.2.1}, {device: cpu, host: 127.0.0.3}]\n"
+          "router:\n");
+  testing::WriteFile(ghost_manifest, ghost);
+  const auto start = std::chrono::steady_clock::now();
+  auto [code, out] = testing::RunCommand(
+      {BinDir() + "/fmoe", "status", ghost_manifest, "--timeout-ms", "500"}, 20000);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_LT(ms, 5000) << "every probe is bounded (500 ms each, run at once)\n" << out;
+  EXPECT_NE(out.find("host 192.0.2.1 (rank 0 of group g9): not reachable: rendezvous "
+                     "192.0.2.1:29500: "),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("host 127.0.0.3 (rank 1 of group g9): not reachable: not registered at the "
+                     "map service"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("4 of 6 process(es) up, 2 not reachable"), std::string::npos) << out;
+
+  // The same from the main host: its launcher's pids join the lines.
+  auto [main_code, main_out] =
+      testing::RunCommand({BinDir() + "/fmoe", "status", main_manifest}, 20000);
+  EXPECT_EQ(main_code, 0) << main_out;
+  EXPECT_NE(main_out.find("launcher on this host: pid"), std::string::npos) << main_out;
+  EXPECT_NE(main_out.find("restart(s)"), std::string::npos) << main_out;
+
+  for (Child* c : {&a, &b}) {
+    c->Signal(SIGTERM);
+    auto status = c->Wait(60000);
+    ASSERT_TRUE(status.has_value());
+    ASSERT_TRUE(WIFEXITED(*status));
+    EXPECT_EQ(WEXITSTATUS(*status), 0);
+  }
+}
+
+// A worker host whose router never comes: the launcher names it and gives up at
+// launcher.services_wait_s; a rank host that is not this machine's is named before anything.
+TEST_F(LaunchTest, WorkersOnlyLauncherNamesWhatItWaitedForAndAForeignHost) {
+  std::string text = ReadFile(WriteManifest());
+  const size_t at = text.find("  stop_timeout_s: 10\n");
+  ASSERT_NE(at, std::string::npos);
+  text.insert(at, "  services_wait_s: 2\n");
+  text += "security: {curve: false}\n";
+  testing::WriteFile(dir_ + "/manifest.yaml", text);
+  const auto start = std::chrono::steady_clock::now();
+  auto [code, out] = testing::RunCommand({BinDir() + "/fmoe", "launch", dir_ + "/manifest.yaml",
+                                          "--workers-only", "--host", "127.0.0.1"},
+                                         30000);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_GE(ms, 2000) << out;
+  const std::string router = "tcp://127.0.0.1:" + std::to_string(ports_.workers);
+  EXPECT_NE(out.find("waiting for the router at " + router + " (host 127.0.0.1), up to 2 s"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("fmoe: the router at " + router +
+                     " (host 127.0.0.1) is not reachable after 2 s (launcher.services_wait_s): "
+                     "connection refused"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("the map service at tcp://127.0.0.1:" + std::to_string(ports_.map) +
+                     " (host 127.0.0.1) is not reachable after 2 s"),
+            std::string::npos)
+      << out;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/run/logs/worker-g0-0.log")) << "no rank started";
+
+  // 192.0.2.1 (TEST-NET) is no address of this machine.
+  std::string foreign = text;
+  const size_t w = foreign.find("      - device: cpu\n");
+  ASSERT_NE(w, std::string::npos);
+  foreign.replace(w, 20, "      - {device: cpu, host: 192.0.2.1}\n");
+  testing::WriteFile(dir_ + "/manifest.yaml", foreign);
+  auto [fcode, fout] = testing::RunCommand({BinDir() + "/fmoe", "launch", dir_ + "/manifest.yaml",
+                                            "--workers-only", "--host", "192.0.2.1"},
+                                           30000);
+  EXPECT_EQ(fcode, 1) << fout;
+  EXPECT_NE(fout.find("fmoe: worker_groups[0].workers[0].host: 192.0.2.1 is not an address of "
+                      "this host (this launcher's --host 192.0.2.1)"),
+            std::string::npos)
+      << fout;
 }
 
 }  // namespace

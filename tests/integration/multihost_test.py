@@ -10,8 +10,9 @@ the cluster key beside it are per host); A's launcher writes the cluster key and
 it to B and C, as docs/DEPLOY.md says. The group is world 4 (cpu ranks, Gloo, rendezvous on B).
 Greedy completions and chat completions, whole and streamed, must give the same text and tokens
 as a world-1 group: a one-host cluster on loopback in namespace A, run first. Each rank's log
-names B's rendezvous and A's map service, `fmoe status` on each host reports its processes
-healthy and never restarted; then SIGTERM stops every launcher (A first), and each must exit 0.
+names B's rendezvous and A's map service, B's and C's launchers log when A's map service and
+router became reachable, `fmoe status` on each host reports every host's six processes up and
+its own never restarted; then SIGTERM stops every launcher (A first), and each must exit 0.
 
 With --faults (ctest's multihost_faults_test; issue 35, item 2) the manifest has short timeouts
 (heartbeat 250/2000 ms, collective_timeout_s 10, request_timeout_s 60, restarts after 0.5-2 s) and,
@@ -23,8 +24,9 @@ after the equality checks, three faults strike, each bounded by those timeouts p
   2. C's veth taken down (in the bridge namespace) under the same load: nothing closes a socket
      and B's leader still heartbeats, so the group breaks when its collective times out: /health
      says g0 down within collective_timeout_s + the heartbeat timeout; B's and C's ranks leave;
-     the restarted ranks wait at the rendezvous (C's cannot reach it) and g0 stays down; the link
-     comes back up and the group re-forms and answers as the world-1 group.
+     the restarted ranks wait at the rendezvous (C's cannot reach it) and g0 stays down;
+     `fmoe status` on A names C's ranks not reachable and on C names A's map service and router
+     not reachable (timed out), each exiting 3 within its bound; the link comes back up and the group re-forms and answers as the world-1 group.
   3. kill -9 of A's map service: A's launcher restarts it, every rank on B and C registers again
      (its log says so) and the answers stay the world-1 group's.
 Then (issue 35, item 3) a second cluster: g0 (world 1) on B and g1 (world 1) on C behind A's
@@ -499,10 +501,10 @@ def describe(i):
 # ---------------------------------------------------------------------------------------------
 
 
-def fmoe_status(bin_dir, ns, manifest):
+def fmoe_status(bin_dir, ns, manifest, extra=()):
     """`fmoe status MANIFEST --json` run on host `ns`, parsed."""
     out = run(["ip", "netns", "exec", ns, os.path.join(bin_dir, "fmoe"), "status", manifest,
-               "--json"], check=False)
+               "--json", *extra], check=False)
     try:
         return json.loads(out.stdout.decode("utf-8"))
     except ValueError:
@@ -593,6 +595,11 @@ def run_cluster(bin_dir, source_dir, net, work, launchers, reference, faults):
         wait_until(f"host {la.name}'s launcher saying `fmoe is up (worker ranks only)`",
                    lambda: (all_alive(hosts), "fmoe is up (worker ranks only)" in la.output())[1],
                    READY_TIMEOUT_S)
+        for what, endpoint in (("the map service", f"tcp://{net.addr['a']}:{MAP_PORT}"),
+                               ("the router", f"tcp://{net.addr['a']}:{WORKER_PORT}")):
+            said = f"{what} at {endpoint} (host {net.addr['a']}) is reachable after"
+            if said not in la.output():
+                raise Failure(f"host {la.name}'s launcher did not log `{said}`:\n{la.output()}")
     # Each rank joined the group of four through B's rendezvous and registered with A's map
     # service; rank 0 leads the group at A's router.
     for la, ranks in ((b, (0, 1)), (c, (2, 3))):
@@ -615,15 +622,21 @@ def run_cluster(bin_dir, source_dir, net, work, launchers, reference, faults):
     if mismatches:
         raise Failure("world 4 across hosts differs from world 1:\n  " + "\n  ".join(mismatches))
     log(f"{len(answers)} answers equal the world-1 group's text and tokens")
-    # `fmoe status` on each host: its own processes, all healthy, none restarted.
+    # `fmoe status` on each host: every host's processes (map service, router, four ranks), all
+    # up; its own two with their pids, none restarted.
     for h, la in zip(("a", "b", "c"), hosts):
         st = fmoe_status(bin_dir, net.names[h], la.manifest)
         procs = st.get("processes") or []
-        if not st.get("healthy") or not st.get("launcher_alive") or len(procs) != 2:
+        if (not st.get("healthy") or st.get("exit_code") != 0 or not st.get("launcher_alive")
+                or len(procs) != 6):
             raise Failure(f"host {la.name}: fmoe status: {st}")
+        local = [p for p in procs if p.get("local")]
+        if len(local) != 2:
+            raise Failure(f"host {la.name}: fmoe status: {len(local)} local processes: {st}")
         for p in procs:
-            if p.get("state") != "running" or p.get("restarts") != 0:
+            if p.get("state") != "up" or (p.get("local") and p.get("restarts") != 0):
                 raise Failure(f"host {la.name}: fmoe status: {p}")
+    log("fmoe status on A, B and C: every host's 6 processes up")
     if faults:
         run_faults(net, hosts, reference)
     # Stop: the main host first (the router drains), then B and C together.
@@ -822,6 +835,32 @@ def fault_kill_host_c(net, hosts, reference, timings):
         raise Failure(f"{what}: host A's processes changed: {before_a} -> {procs_of(a)}")
 
 
+def check_status_while_cut(net, hosts, what):
+    """`fmoe status` while C is cut off: A names C's ranks not reachable, C names A's map service
+    and router not reachable (its SYNs go nowhere: a timeout), each exits 3 within its bound."""
+    a, _, c = hosts
+    timeout_ms = 1000
+    bound_s = 2 * timeout_ms / 1000 + SLACK_S  # A connect, then the answer; probes run at once.
+    for host, la, names in (("a", a, ("worker-g0-2", "worker-g0-3")),
+                            ("c", c, ("map-service", "router"))):
+        t0 = time.monotonic()
+        st = fmoe_status(la.bin_dir, net.names[host], la.manifest,
+                         ("--timeout-ms", str(timeout_ms)))
+        took = time.monotonic() - t0
+        if took > bound_s:
+            raise Failure(f"{what}: fmoe status on {la.name} took {took:.1f} s (bound {bound_s} s)")
+        procs = {p.get("name"): p for p in st.get("processes") or []}
+        if st.get("exit_code") != 3:
+            raise Failure(f"{what}: fmoe status on {la.name}: exit_code {st.get('exit_code')}, "
+                          f"not 3: {st}")
+        for name in names:
+            p = procs.get(name) or {}
+            if p.get("state") != "not reachable":
+                raise Failure(f"{what}: fmoe status on {la.name}: {name}: {p}")
+        log(f"{what}: fmoe status on {la.name} ({took:.1f} s, exit 3): " + "; ".join(
+            f"{n} on {procs[n]['host']}: {procs[n]['detail']}" for n in names))
+
+
 def fault_cut_link_c(net, hosts, reference, timings):
     a, b, c = hosts
     what = "C's link cut"
@@ -852,6 +891,7 @@ def fault_cut_link_c(net, hosts, reference, timings):
         wait_until(f"{what}: B's and C's launchers restarting their ranks",
                    lambda: restarted(b, before_b) and restarted(c, before_c), READY_TIMEOUT_S)
         waiting_c = procs_of(c, waiting)
+        check_status_while_cut(net, hosts, what)
         hold_until = time.monotonic() + FAULT_COLLECTIVE_TIMEOUT_S
         while time.monotonic() < hold_until:
             if health_state(net.names["a"], net.addr["a"], HTTP_PORT) == (200, True):

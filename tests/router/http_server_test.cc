@@ -119,6 +119,18 @@ std::string Dechunk(const std::string& body, bool* complete) {
   }
 }
 
+// router.listen on an address of another host (192.0.2.1, TEST-NET-1): named as such.
+TEST(HttpServer, AnAddressOfAnotherHostIsNamed) {
+  HttpServer server({.host = "192.0.2.1", .port = 8000},
+                    [](const HttpRequest&) { return HttpResponse{}; });
+  Status s = server.Start();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cannot listen on 192.0.2.1:8000: "), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("(192.0.2.1 is not an address of this host)"), std::string::npos)
+      << s.message();
+}
+
 TEST(HttpServer, SyncAnswersKeepTheConnection) {
   HttpServer server({.host = "127.0.0.1", .port = 0}, [](const HttpRequest& r) {
     HttpResponse res;

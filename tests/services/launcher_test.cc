@@ -1,6 +1,7 @@
 // The launch plan and its pre-flight without starting anything: which processes run on this host
 // (--host, --workers-only), the restart unit of each worker rank, and the checks workers-only
-// skips (the router's and map service's ports and data directory belong to another host).
+// skips (the router's and map service's ports and data directory belong to another host), the
+// addresses of another host it names, and the workers-only wait for the map service and router.
 #include "services/launcher.h"
 
 #include <netinet/in.h>
@@ -9,15 +10,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 namespace fmoe {
 namespace {
@@ -264,6 +270,41 @@ TEST(Preflight, FullLaunchNamesTheBusyRouterPort) {
   EXPECT_TRUE(Preflight(m, PlanProcesses(m, options), options).ok());
 }
 
+// Addresses of another host: 192.0.2.1 (TEST-NET-1) is no address of this machine.
+TEST(Preflight, AnAddressOfAnotherHostIsNamed) {
+  FakeBinDir bin;
+  const std::string common = std::string("model: {path: ") + FMOE_SOURCE_DIR +
+                             "/deploy/models/tiny-moe}\n"
+                             "map_service: {data_dir: " +
+                             bin.path() + "/maps}\nlauncher: {run_dir: " + bin.path() +
+                             "/run}\nsecurity: {curve: false}\n";
+  LaunchOptions options;
+  options.bin_dir = bin.path();
+  const Manifest router_elsewhere = Parse(common +
+                                          "worker_groups: [{name: g0, workers: [{}]}]\n"
+                                          "router: {listen: \"192.0.2.1:8000\"}\n");
+  Status s = Preflight(router_elsewhere, PlanProcesses(router_elsewhere, options), options);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(),
+            "router.listen: 192.0.2.1:8000: cannot bind: 192.0.2.1 is not an address of this "
+            "host (Cannot assign requested address)");
+
+  // A rank this launcher runs (its --host) on an address of another machine.
+  const Manifest rank_elsewhere =
+      Parse(common + "worker_groups: [{name: g0, workers: [{}, {host: 192.0.2.1}]}]\n");
+  options.workers_only = true;
+  options.host = "192.0.2.1";
+  s = Preflight(rank_elsewhere, PlanProcesses(rank_elsewhere, options), options);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message().rfind("worker_groups[0].workers[1].host: 192.0.2.1 is not an address of "
+                              "this host (this launcher's --host 192.0.2.1); ",
+                              0),
+            0u)
+      << s.message();
+  options.host = "127.0.0.1";  // Rank 0's: an address of this machine.
+  EXPECT_TRUE(Preflight(rank_elsewhere, PlanProcesses(rank_elsewhere, options), options).ok());
+}
+
 // The cluster key: a full launch makes it (0600); a workers-only host must hold a copy.
 TEST(Preflight, AFullLaunchMakesTheClusterKeyAndAWorkersOnlyHostNeedsIt) {
   FakeBinDir bin;
@@ -349,6 +390,153 @@ TEST(Preflight, AStoreOnAFullDiskDoesNotStopTheLaunch) {
   ASSERT_FALSE(without.ok());
   EXPECT_NE(without.message().find("map_service.data_dir"), std::string::npos) << without.message();
   ::umount2(disk.c_str(), MNT_DETACH);
+}
+
+}  // namespace
+}  // namespace fmoe
+
+namespace fmoe {
+namespace {
+
+// A socket listening on 127.0.0.1:port (0: a port of the OS's choice).
+class TcpListener {
+ public:
+  explicit TcpListener(int port = 0) {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << strerror(errno);
+    EXPECT_EQ(listen(fd_, 16), 0);
+    socklen_t len = sizeof(addr);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~TcpListener() { close(fd_); }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// Lines the default logger writes while it lives.
+class LogLines {
+ public:
+  LogLines() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+  }
+  ~LogLines() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::string Text() {
+    sink_->flush();
+    return out_.str();
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
+Manifest WaitManifest(int map_port, int router_port, int wait_s) {
+  return Parse(
+      "model: {path: m}\nworker_groups: [{name: g0, workers: [{}]}]\n"
+      "map_service: {endpoint: \"tcp://127.0.0.1:" +
+      std::to_string(map_port) +
+      "\"}\n"
+      "router: {worker_endpoint: \"tcp://127.0.0.1:" +
+      std::to_string(router_port) +
+      "\"}\n"
+      "launcher: {services_wait_s: " +
+      std::to_string(wait_s) + "}\n");
+}
+
+// The workers-only wait, on a ManualClock: what it waits for, every 10 s what it still waits
+// for, when each is reachable; a router that never comes ends it at the limit.
+TEST(WaitForServices, LogsWhatItWaitsForAndGivesUpOnTheRouterAtTheLimit) {
+  TcpListener map_service;
+  int router_port = 0;
+  {
+    TcpListener gone;
+    router_port = gone.port();
+  }
+  const Manifest m = WaitManifest(map_service.port(), router_port, 25);
+  ManualClock clock(1000);
+  LogLines log;
+  int waits = 0;
+  const int rc = WaitForServices(m, clock, [&](int64_t ms) {
+    EXPECT_GT(ms, 0);
+    EXPECT_LE(ms, 500);
+    clock.AdvanceMs(ms);
+    ++waits;
+    return false;
+  });
+  EXPECT_EQ(rc, 1);
+  EXPECT_EQ(waits, 50) << "one probe each 500 ms for 25 s";
+  const std::string text = log.Text();
+  const std::string router =
+      "the router at tcp://127.0.0.1:" + std::to_string(router_port) + " (host 127.0.0.1)";
+  const std::string maps =
+      "the map service at tcp://127.0.0.1:" + std::to_string(map_service.port()) +
+      " (host 127.0.0.1)";
+  EXPECT_NE(text.find("waiting for " + router + ", up to 25 s (launcher.services_wait_s)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(maps + " is reachable after 0.0 s"), std::string::npos) << text;
+  EXPECT_NE(text.find("still waiting for " + router + ", 10 s: connection refused"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("still waiting for " + router + ", 20 s: connection refused"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("still waiting for the map service"), std::string::npos) << text;
+}
+
+TEST(WaitForServices, GoesOnOnceTheRouterListensAndStopsOnASignal) {
+  TcpListener map_service;
+  int router_port = 0;
+  {
+    TcpListener gone;
+    router_port = gone.port();
+  }
+  const Manifest m = WaitManifest(map_service.port(), router_port, 600);
+  ManualClock clock(0);
+  LogLines log;
+  std::unique_ptr<TcpListener> router;
+  const int rc = WaitForServices(m, clock, [&](int64_t ms) {
+    clock.AdvanceMs(ms);
+    if (clock.NowMs() >= 3000 && !router) router = std::make_unique<TcpListener>(router_port);
+    return false;
+  });
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(log.Text().find("the router at tcp://127.0.0.1:" + std::to_string(router_port) +
+                            " (host 127.0.0.1) is reachable after 3.0 s"),
+            std::string::npos)
+      << log.Text();
+  router.reset();
+
+  // A stop signal while waiting: -1, at once.
+  int waits = 0;
+  EXPECT_EQ(WaitForServices(m, clock,
+                            [&](int64_t) {
+                              ++waits;
+                              return true;
+                            }),
+            -1);
+  EXPECT_EQ(waits, 1);
+
+  // services_wait_s: 0 waits for nothing.
+  EXPECT_EQ(WaitForServices(WaitManifest(map_service.port(), router_port, 0), clock,
+                            [&](int64_t) -> bool {
+                              ADD_FAILURE() << "waited";
+                              return true;
+                            }),
+            0);
 }
 
 }  // namespace
