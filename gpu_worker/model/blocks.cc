@@ -224,24 +224,43 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
   at::Tensor sinks;
   if (w.sinks.defined()) sinks = w.sinks.to(at::kFloat).view({n_kv, group, 1, 1});
   at::Tensor attn = at::empty({rows, n_heads * hd}, hn.options());
-  for (const AttentionSpan& s : spans) {
+  // Every sequence's new keys and values rotated and written to the pool in one copy, then every
+  // position the batch reads gathered in one (slot j of a span holds position first + j).
+  std::vector<at::Tensor> queries(spans.size()), new_k(spans.size()), new_v(spans.size());
+  std::vector<at::Tensor> new_slots(spans.size()), read_slots(spans.size());
+  std::vector<int64_t> read_at(spans.size() + 1, 0);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const AttentionSpan& s = spans[i];
     const int64_t t = s.tokens, p0 = s.position, len = p0 + t;
     const bool long_rope = rope.long_after > 0 && len > rope.long_after;
     at::Tensor cos = (long_rope ? rope.long_cos : rope.cos).narrow(0, p0, t).unsqueeze(1);
     at::Tensor sin = (long_rope ? rope.long_sin : rope.sin).narrow(0, p0, t).unsqueeze(1);
-    at::Tensor qi = q.narrow(0, s.row, t).view({t, n_heads, hd});
-    at::Tensor ki = k.narrow(0, s.row, t).view({t, n_kv, hd});
-    at::Tensor vi = v.narrow(0, s.row, t).view({t, n_kv, hd});
-    qi = Rotate(qi, cos, sin);
-    ki = Rotate(ki, cos, sin);
-    // Slot j holds position first + j.
+    queries[i] = Rotate(q.narrow(0, s.row, t).view({t, n_heads, hd}), cos, sin);
+    new_k[i] = Rotate(k.narrow(0, s.row, t).view({t, n_kv, hd}), cos, sin);
+    new_v[i] = v.narrow(0, s.row, t).view({t, n_kv, hd});
+    new_slots[i] = s.slots.narrow(0, p0 - s.first, t);
+    read_slots[i] = s.slots;
+    read_at[i + 1] = read_at[i] + s.slots.size(0);
+  }
+  at::Tensor gathered_k, gathered_v;
+  if (!spans.empty()) {
+    at::Tensor* k_pool = spans[0].k_pool;
+    at::Tensor* v_pool = spans[0].v_pool;
+    at::Tensor slots = at::cat(new_slots);
+    k_pool->index_copy_(0, slots, at::cat(new_k));
+    v_pool->index_copy_(0, slots, at::cat(new_v));
+    at::Tensor reads = at::cat(read_slots);
+    gathered_k = k_pool->index_select(0, reads);  // [positions read, KV, hd]
+    gathered_v = v_pool->index_select(0, reads);
+  }
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const AttentionSpan& s = spans[i];
+    const int64_t t = s.tokens, p0 = s.position, len = p0 + t;
+    at::Tensor qi = queries[i];
     const int64_t first = s.first, held = len - first;
-    at::Tensor new_slots = s.slots.narrow(0, p0 - first, t);
-    s.k_pool->index_copy_(0, new_slots, ki.contiguous());
-    s.v_pool->index_copy_(0, new_slots, vi.contiguous());
-    // Gathered from the pool's blocks: [KV, held, hd].
-    at::Tensor keys = s.k_pool->index_select(0, s.slots).permute({1, 0, 2});
-    at::Tensor values = s.v_pool->index_select(0, s.slots).permute({1, 0, 2});
+    // This sequence's positions: [KV, held, hd].
+    at::Tensor keys = gathered_k.narrow(0, read_at[i], held).permute({1, 0, 2});
+    at::Tensor values = gathered_v.narrow(0, read_at[i], held).permute({1, 0, 2});
     const bool masked = t > 1 || (window > 0 && len > window);
     const int64_t block = QueryBlockRows(n_heads, held, score_budget);
     for (int64_t r0 = 0; r0 < t; r0 += block) {
@@ -379,20 +398,40 @@ at::Tensor LatentAttention(const ModelInfo& info, const MlaWeights& w, const at:
   }
   const double scale = LatentSoftmaxScale(info);
   at::Tensor attn = at::empty({rows, n_heads * vd}, hn.options());
-  for (const AttentionSpan& s : spans) {
-    const int64_t t = s.tokens, p0 = s.position, len = p0 + t;
+  // Every sequence's new latents and rotary keys written to the pool in one copy, then every
+  // position the batch reads gathered in one (MLA reads every position: first is 0).
+  std::vector<at::Tensor> queries(spans.size()), new_latent(spans.size()), new_rot(spans.size());
+  std::vector<at::Tensor> new_slots(spans.size()), read_slots(spans.size());
+  std::vector<int64_t> read_at(spans.size() + 1, 0);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const AttentionSpan& s = spans[i];
+    const int64_t t = s.tokens, p0 = s.position;
     at::Tensor cos = rope.cos.narrow(0, p0, t);  // [t, rope]
     at::Tensor sin = rope.sin.narrow(0, p0, t);
     at::Tensor qr = q_rot.narrow(0, s.row, t);  // [t, H, rope]
-    qr = qr * cos.unsqueeze(1) + RotateHalf(qr) * sin.unsqueeze(1);
+    queries[i] = qr * cos.unsqueeze(1) + RotateHalf(qr) * sin.unsqueeze(1);
     at::Tensor kr = k_rot.narrow(0, s.row, t);  // [t, rope]
-    kr = kr * cos + RotateHalf(kr) * sin;
-    at::Tensor new_slots = s.slots.narrow(0, p0 - s.first, t);
-    s.k_pool->index_copy_(0, new_slots, latent.narrow(0, s.row, t).unsqueeze(1).contiguous());
-    s.v_pool->index_copy_(0, new_slots, kr.unsqueeze(1).contiguous());
-    // Gathered from the pool's blocks (MLA reads every position: first is 0).
-    at::Tensor latents = s.k_pool->index_select(0, s.slots).select(1, 0);   // [len, r]
-    at::Tensor rot_keys = s.v_pool->index_select(0, s.slots).select(1, 0);  // [len, rope]
+    new_rot[i] = (kr * cos + RotateHalf(kr) * sin).unsqueeze(1);
+    new_latent[i] = latent.narrow(0, s.row, t).unsqueeze(1);
+    new_slots[i] = s.slots.narrow(0, p0 - s.first, t);
+    read_slots[i] = s.slots;
+    read_at[i + 1] = read_at[i] + s.slots.size(0);
+  }
+  at::Tensor gathered_latents, gathered_rot;
+  if (!spans.empty()) {
+    at::Tensor slots = at::cat(new_slots);
+    spans[0].k_pool->index_copy_(0, slots, at::cat(new_latent));
+    spans[0].v_pool->index_copy_(0, slots, at::cat(new_rot));
+    at::Tensor reads = at::cat(read_slots);
+    gathered_latents = spans[0].k_pool->index_select(0, reads).select(1, 0);  // [read, r]
+    gathered_rot = spans[0].v_pool->index_select(0, reads).select(1, 0);      // [read, rope]
+  }
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const AttentionSpan& s = spans[i];
+    const int64_t t = s.tokens, p0 = s.position, len = p0 + t;
+    at::Tensor qr = queries[i];
+    at::Tensor latents = gathered_latents.narrow(0, read_at[i], len);  // [len, r]
+    at::Tensor rot_keys = gathered_rot.narrow(0, read_at[i], len);     // [len, rope]
     const int64_t block = QueryBlockRows(n_heads, len, score_budget);
     for (int64_t r0 = 0; r0 < t; r0 += block) {
       const int64_t b = std::min(block, t - r0);

@@ -62,7 +62,9 @@ struct AttentionWeights {
 // at positions [position, position + tokens), with the layer's two tensors of the paged KV pool
 // (kv_pool.h: [pool rows, KV, hd] keys and values; MLA: [pool rows, 1, kv_lora_rank] latents and
 // [pool rows, 1, qk_rope_head_dim] rotary keys) and the pool rows of positions [first, position
-// + tokens): attention writes the new tokens' entries there and reads those positions.
+// + tokens): attention writes the new tokens' entries there and reads those positions (every
+// span of one call is in the same layer's pool tensors: one copy writes the batch's new entries,
+// one gather reads its positions).
 struct AttentionSpan {
   int64_t row = 0;
   int64_t tokens = 0;
