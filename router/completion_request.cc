@@ -358,8 +358,8 @@ size_t JsonDepth(const Json& value) {
 
 Result<std::vector<int32_t>> TokenizeChat(const Json& messages, const CompletionsOptions& options,
                                           const Tokenizer& tokenizer, bool add_generation_prompt,
-                                          HttpResponse* error,
-                                          const nlohmann::ordered_json* tools) {
+                                          HttpResponse* error, const nlohmann::ordered_json* tools,
+                                          const nlohmann::ordered_json* template_kwargs) {
   std::vector<ChatMessage> chat;
   nlohmann::ordered_json rendered = nlohmann::ordered_json::array();
   bool with_tools = false;
@@ -374,17 +374,25 @@ Result<std::vector<int32_t>> TokenizeChat(const Json& messages, const Completion
   }
   // With tools, or tool calls and results in the history, the template gets them (its own
   // format for them); otherwise the plain messages.
-  Result<std::string> text =
-      with_tools || tools != nullptr
-          ? options.chat_template->Render(nlohmann::ordered_json{
-                {"messages", std::move(rendered)},
-                {"tools", tools != nullptr ? *tools : nlohmann::ordered_json(nullptr)},
-                {"documents", nullptr},
-                {"bos_token", options.bos_token},
-                {"eos_token", options.eos_token},
-                {"add_generation_prompt", add_generation_prompt}})
-          : options.chat_template->Render(chat, options.bos_token, options.eos_token,
-                                          add_generation_prompt);
+  Result<std::string> text = std::string();
+  if (with_tools || tools != nullptr || template_kwargs != nullptr) {
+    nlohmann::ordered_json variables{
+        {"messages", std::move(rendered)},
+        {"tools", tools != nullptr ? *tools : nlohmann::ordered_json(nullptr)},
+        {"documents", nullptr},
+        {"bos_token", options.bos_token},
+        {"eos_token", options.eos_token},
+        {"add_generation_prompt", add_generation_prompt}};
+    if (template_kwargs != nullptr) {
+      for (auto it = template_kwargs->begin(); it != template_kwargs->end(); ++it) {
+        variables[it.key()] = it.value();  // Checked by ReadTemplateKwargs: no reserved name.
+      }
+    }
+    text = options.chat_template->Render(variables);
+  } else {
+    text = options.chat_template->Render(chat, options.bos_token, options.eos_token,
+                                         add_generation_prompt);
+  }
   if (!text.ok()) {
     *error = BadParam("messages", text.status().message());
     return InvalidArgument("messages");
@@ -552,10 +560,47 @@ bool ReadTools(const Json& j, const CompletionsOptions& options, CompletionReque
 }
 
 // Chat: the conversation (tools included) through the chat template; no echo.
+// chat_template_kwargs (vLLM's): more variables for the model's chat template, e.g.
+// {"enable_thinking": false} for Qwen3. An object of at most 64 names, none of the variables the
+// server sets itself (messages, tools, documents, bos_token, eos_token, add_generation_prompt),
+// values nested at most 16 deep.
+bool ReadTemplateKwargs(const Json& j, nlohmann::ordered_json* kwargs, HttpResponse* error) {
+  auto k = j.find("chat_template_kwargs");
+  if (k == j.end() || k->is_null()) return true;
+  if (!k->is_object()) {
+    return Refuse(error,
+                  BadParam("chat_template_kwargs",
+                           "'chat_template_kwargs' must be an object, not " + JsonTypeName(*k)));
+  }
+  if (k->size() > 64) {
+    return Refuse(error, BadParam("chat_template_kwargs", "'chat_template_kwargs' has " +
+                                                              std::to_string(k->size()) +
+                                                              " entries; at most 64"));
+  }
+  for (auto it = k->begin(); it != k->end(); ++it) {
+    for (const char* reserved :
+         {"messages", "tools", "documents", "bos_token", "eos_token", "add_generation_prompt"}) {
+      if (it.key() == reserved) {
+        return Refuse(error, BadParam("chat_template_kwargs",
+                                      "'chat_template_kwargs." + it.key() +
+                                          "' is set by the server (use the request's own field)"));
+      }
+    }
+    if (JsonDepth(it.value()) > 16) {
+      return Refuse(error, BadParam("chat_template_kwargs", "'chat_template_kwargs." + it.key() +
+                                                                "' nests deeper than 16"));
+    }
+  }
+  *kwargs = nlohmann::ordered_json::parse(k->dump());
+  return true;
+}
+
 bool ReadChatPrompt(const Json& j, const CompletionsOptions& options, const Tokenizer& tokenizer,
                     CompletionRequest* out, HttpResponse* error) {
   nlohmann::ordered_json tools;
   if (!ReadTools(j, options, out, &tools, error)) return false;
+  nlohmann::ordered_json template_kwargs;
+  if (!ReadTemplateKwargs(j, &template_kwargs, error)) return false;
   // vLLM's include_reasoning: absent or null means true, accepted whether or not the model's
   // reasoning is split out.
   if (!ReadBool(j, "include_reasoning", &out->include_reasoning, error)) return false;
@@ -568,7 +613,8 @@ bool ReadChatPrompt(const Json& j, const CompletionsOptions& options, const Toke
     return Refuse(error, BadParam("messages", "you must provide messages", "missing_required"));
   }
   auto ids = TokenizeChat(*messages, options, tokenizer, /*add_generation_prompt=*/true, error,
-                          tools.is_array() ? &tools : nullptr);
+                          tools.is_array() ? &tools : nullptr,
+                          template_kwargs.is_object() ? &template_kwargs : nullptr);
   if (!ids.ok()) return false;
   out->prompts.push_back({std::move(*ids), ""});
   return true;
@@ -916,6 +962,7 @@ std::vector<std::string> IgnoredFields(const Json& body, bool chat) {
                                                             "functions",
                                                             "function_call",
                                                             "include_reasoning",
+                                                            "chat_template_kwargs",
                                                             "user",
                                                             "store",
                                                             "metadata",
@@ -924,7 +971,7 @@ std::vector<std::string> IgnoredFields(const Json& body, bool chat) {
   std::vector<std::string> out;
   if (!body.is_object()) return out;
   for (auto it = body.begin(); it != body.end(); ++it) {
-    if (kKnown.contains(it.key())) continue;
+    if (kKnown.contains(it.key()) && (chat || it.key() != "chat_template_kwargs")) continue;
     if (std::find(std::begin(kUnsupported), std::end(kUnsupported), it.key()) !=
         std::end(kUnsupported)) {
       continue;

@@ -107,12 +107,14 @@ inline Result<CompletionRequest> ParseChatRequest(const std::string& body,
 
 // A chat body's "messages" rendered through the model's template and tokenized (used by the
 // completions and by POST /tokenize). On error, *error holds the HTTP answer.
-// `tools` (may be null): the request's tools, for the template.
+// `tools` (may be null): the request's tools, for the template. `template_kwargs` (may be null):
+// the request's chat_template_kwargs, more variables for the template (e.g. enable_thinking).
 Result<std::vector<int32_t>> TokenizeChat(const nlohmann::json& messages,
                                           const CompletionsOptions& options,
                                           const Tokenizer& tokenizer, bool add_generation_prompt,
                                           HttpResponse* error,
-                                          const nlohmann::ordered_json* tools = nullptr);
+                                          const nlohmann::ordered_json* tools = nullptr,
+                                          const nlohmann::ordered_json* template_kwargs = nullptr);
 
 // How deep `value` nests (a scalar: 0), counted without recursion.
 size_t JsonDepth(const nlohmann::json& value);

@@ -549,6 +549,50 @@ class ThinkCompletionsTest : public ::testing::Test {
 
 const char kQwen3Answer[] = "<think>\nShort light scatters more.\n</think>\n\nRayleigh scattering.";
 
+// chat_template_kwargs reach the model's template: Qwen3's own template closes the thinking in
+// the prompt when enable_thinking is false. Reserved names and bad shapes are refused by name.
+TEST_F(ThinkCompletionsTest, ChatTemplateKwargsReachTheTemplate) {
+  Start(ThinkStyle::kOpensThinking, false);
+  std::ifstream in(FMOE_SOURCE_DIR "/tests/fixtures/qwen3-moe-ref/tokenizer_config.json");
+  auto qwen3 = ChatTemplate::Compile(Json::parse(in)["chat_template"].get<std::string>());
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status().ToString();
+  template_.emplace(std::move(*qwen3));
+  auto prompt_of = [&](const Json& extra) {
+    Json body = {{"model", "qwen3"},
+                 {"messages", {{{"role", "user"}, {"content", "Why is the sky blue?"}}}},
+                 {"max_tokens", 4}};
+    for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
+    HttpRequest req;
+    req.method = "POST";
+    req.path = req.target = "/v1/chat/completions";
+    req.body = body.dump();
+    auto rec = std::make_shared<Recorder>();
+    completions_->HandleChat(req, rec);
+    if (rec->done()) return "refused " + std::to_string(rec->status()) + ": " + rec->body();
+    auto gen = leader_->Next<Generate>();
+    EXPECT_TRUE(gen);
+    if (!gen) return std::string();
+    AnswerWithText(*leader_, *tokenizer_, gen->request_id, "ok");
+    EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
+    return tokenizer_->Decode(gen->token_ids, false);
+  };
+  const std::string plain = prompt_of(Json::object());
+  const std::string off = prompt_of({{"chat_template_kwargs", {{"enable_thinking", false}}}});
+  const std::string on = prompt_of({{"chat_template_kwargs", {{"enable_thinking", true}}}});
+  EXPECT_EQ(plain.find("<think>"), std::string::npos) << plain;
+  EXPECT_EQ(on, plain);
+  EXPECT_EQ(off, plain + "<think>\n\n</think>\n\n");
+  for (const auto& [kwargs, message] : std::vector<std::pair<Json, std::string>>{
+           {Json::array(), "'chat_template_kwargs' must be an object"},
+           {{{"messages", Json::array()}}, "'chat_template_kwargs.messages' is set by the server"},
+           {{{"add_generation_prompt", false}},
+            "'chat_template_kwargs.add_generation_prompt' is set by the server"}}) {
+    const std::string refused = prompt_of({{"chat_template_kwargs", kwargs}});
+    EXPECT_EQ(refused.rfind("refused 400", 0), 0u) << refused;
+    EXPECT_NE(refused.find(message), std::string::npos) << refused;
+  }
+}
+
 TEST_F(ThinkCompletionsTest, Qwen3ThinkingIsReasoningContentInWholeAnswers) {
   Start(ThinkStyle::kOpensThinking, /*special_markers=*/false);
   const Json message = Message(Run(Json::object(), kQwen3Answer));
