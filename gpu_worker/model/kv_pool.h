@@ -32,7 +32,8 @@ struct KvPoolOptions {
   // demand. Default: 0
   uint64_t tokens = 0;
   // Full blocks of a sequence are shared with later sequences that begin with the same tokens.
-  // Ignored (off) for models with sliding-window layers. Default: off
+  // Ignored (off) for models with sliding-window layers and (MoeModel::ConfigureKv) LongRoPE.
+  // Default: off
   bool prefix_caching = false;
   // With `tokens` set: positions of the sliding-window layers' blocks (they keep only a window
   // per sequence); 0 = as many as `tokens`. Default: 0

@@ -477,7 +477,11 @@ void MoeModel::ConfigureKv(const KvPoolOptions& options) {
            m.layers[l].attention.window};
     }
   }
-  pool_ = std::make_shared<KvPool>(std::move(shapes), m.opts(), options);
+  KvPoolOptions kv = options;
+  // LongRoPE rotates a prompt's keys by the sequence's length at the Forward that computes them,
+  // so a cached prefix's keys are not those a longer prompt would compute: no prefix caching.
+  if (info.longrope) kv.prefix_caching = false;
+  pool_ = std::make_shared<KvPool>(std::move(shapes), m.opts(), kv);
 }
 
 std::unique_ptr<KvCache> MoeModel::NewKvCache() {

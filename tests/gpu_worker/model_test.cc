@@ -522,7 +522,7 @@ TEST(MoeModel, AFullFixedPoolRefusesTheForward) {
 
 // Prefix caching in the model: a second sequence takes the first's full blocks and its logits
 // are those of a run without the cache (within float32 rounding: the prefix was computed in a
-// longer forward); a model with sliding layers has no prefix caching.
+// longer forward); a model with sliding layers or LongRoPE has no prefix caching.
 TEST(MoeModel, PrefixCachingSharesFullBlocks) {
   Runtime& rt = Reference();
   std::vector<int32_t> first(40), second(45);
@@ -565,6 +565,18 @@ TEST(MoeModel, PrefixCachingSharesFullBlocks) {
   EXPECT_EQ(d->TakePrefix(first), 0);
   d.reset();
   oss.model->ConfigureKv({});
+  // Nor LongRoPE (Phi-3.5-MoE): a key's rotation depends on the length of its Forward.
+  Runtime& phi = Fixture("phimoe-ref");
+  ASSERT_TRUE(phi.info.longrope.has_value());
+  phi.model->ConfigureKv({1024, true});
+  auto e = phi.model->NewKvCache();
+  SequenceInput ein{1, 0, first, e.get(), true};
+  ASSERT_TRUE(phi.model->Forward({&ein, 1}, *phi.experts, nullptr, &out).ok());
+  e.reset();
+  auto f = phi.model->NewKvCache();
+  EXPECT_EQ(f->TakePrefix(first), 0);
+  f.reset();
+  phi.model->ConfigureKv({});
 }
 
 // gpt-oss's sliding layers (window 4: layers 0 and 2 of gpt-oss-ref) keep only their window of
