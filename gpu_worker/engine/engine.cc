@@ -78,6 +78,7 @@ Engine::Engine(EngineOptions options, MoeModel& model, ExpertSource& experts,
       scheduler_(
           SchedulerOptions{options_.max_batch, options_.max_batched_tokens, options_.max_waiting}) {
   scheduler_.SetAdmitHook([this](uint64_t id, uint32_t) { return OnAdmit(id); });
+  PublishKvFigures();  // Heartbeats carry the pool from the start, before the first step.
 }
 
 uint32_t Engine::OnAdmit(uint64_t id) {
