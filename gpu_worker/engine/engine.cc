@@ -117,11 +117,11 @@ void Engine::Preempt(Sequence& seq) {
     return;
   }
   ++stats_.preemptions;
+  const KvPoolFigures pool = model_.kv_figures();
   spdlog::info(
       "req={}: preempted (the KV pool is full; {} of {} blocks used); it resumes with {} "
       "tokens to prefill",
-      seq.id, model_.kv_figures().used_blocks, model_.kv_figures().total_blocks,
-      seq.prefill_tokens().size());
+      seq.id, pool.used_blocks, pool.total_blocks, seq.prefill_tokens().size());
 }
 
 bool Engine::ReserveKv(const ScheduledWork& w, std::vector<uint64_t>* preempted) {

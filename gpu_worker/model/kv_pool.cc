@@ -122,13 +122,6 @@ void KvCache::Reset() {
   tokens_.clear();
 }
 
-uint32_t KvCache::BlocksNeeded(int64_t tokens) const {
-  uint32_t need = 0;
-  for (const KvBlockTable& t : tables_)
-    need += t.BlocksFor(static_cast<uint64_t>(length_ + tokens));
-  return need;
-}
-
 bool KvCache::Reserve(int64_t tokens) {
   const auto end = static_cast<uint64_t>(length_ + tokens);
   if (pool_->fixed()) {

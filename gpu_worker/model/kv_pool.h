@@ -110,8 +110,6 @@ class KvCache {
   // Blocks for `tokens` more positions, in every group: false, with nothing taken, when a fixed
   // pool has not enough free blocks.
   bool Reserve(int64_t tokens);
-  // Blocks `tokens` more positions need beyond those held, summed over groups.
-  uint32_t BlocksNeeded(int64_t tokens) const;
   // An empty cache only, with prefix caching: shares the cached full blocks that begin `tokens`
   // (leaving at least the last token to compute) and returns the positions now held.
   int64_t TakePrefix(std::span<const int32_t> tokens);
