@@ -251,6 +251,7 @@ Status Rank::LoadWeights(ExpertTable* table) {
   kv.sliding_tokens = kv_sliding_tokens_;
   kv.prefix_caching = options_.prefix_caching && options_.world_size == 1;
   model_->ConfigureKv(kv);
+  FMOE_RETURN_IF_ERROR(model_->MaterializeKv());
   const KvPoolFigures f = model_->kv_figures();
   spdlog::info("KV pool: {} positions in blocks of {} ({:.1f} MB, {} B per position){}",
                kv_pool_tokens_, kKvBlockTokens, static_cast<double>(f.bytes) / 1e6,

@@ -489,6 +489,20 @@ std::unique_ptr<KvCache> MoeModel::NewKvCache() {
   return std::make_unique<KvCache>(pool_);
 }
 
+Status MoeModel::MaterializeKv() {
+  if (!pool_) ConfigureKv({});
+  const std::string what = "model: the KV pool's " + std::to_string(pool_->figures().bytes) +
+                           " bytes could not be allocated (lower kv_cache_tokens): ";
+  try {
+    pool_->Materialize();
+  } catch (const c10::Error& e) {
+    return ResourceExhausted(what + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return ResourceExhausted(what + e.what());
+  }
+  return Status::Ok();
+}
+
 KvPoolFigures MoeModel::kv_figures() const { return pool_ ? pool_->figures() : KvPoolFigures{}; }
 
 uint64_t MoeModel::kv_capacity_tokens() const {

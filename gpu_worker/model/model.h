@@ -114,6 +114,9 @@ class MoeModel {
   // The paged KV pool (kv_pool.h), replacing the one before (caches made from it keep it). Until
   // this is called the pool grows on demand.
   void ConfigureKv(const KvPoolOptions& options);
+  // A fixed pool's tensors allocated now (at start, not at the first request): kResourceExhausted
+  // naming the bytes when the device cannot hold them.
+  Status MaterializeKv();
   // An empty cache in the pool.
   std::unique_ptr<KvCache> NewKvCache();
   KvPoolFigures kv_figures() const;
