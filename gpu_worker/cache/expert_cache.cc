@@ -82,6 +82,10 @@ Result<std::unique_ptr<ExpertCache>> ExpertCache::Create(ExpertCacheOptions opti
                std::to_string(options.world_size));
   }
   if (options.expert_bytes == 0) return bad("expert_bytes is 0");
+  if (options.slot_stride != 0 && options.slot_stride < options.expert_bytes) {
+    return bad("slot_stride " + std::to_string(options.slot_stride) + " is below expert_bytes " +
+               std::to_string(options.expert_bytes));
+  }
   if (options.max_inflight_prefetches == 0) return bad("max_inflight_prefetches is 0");
   if (policy == nullptr || link == nullptr || slot_memory == nullptr) {
     return bad("missing policy, link or slot memory");
@@ -128,6 +132,8 @@ ExpertCache::ExpertCache(ExpertCacheOptions options, std::unique_ptr<CachePolicy
   queue_index_.assign(total, -1);
   slot_owner_.assign(options_.slots, -1);
   slot_fence_.assign(options_.slots, 0);
+  slot_lent_.assign(options_.slots, 0);
+  slot_stride_ = options_.slot_stride != 0 ? options_.slot_stride : options_.expert_bytes;
   for (uint32_t s = options_.slots; s > 0; --s) free_slots_.push_back(static_cast<int32_t>(s - 1));
   counters_.resize(options_.num_layers);
   for (size_t key = 0; key < total; ++key) {
@@ -220,6 +226,32 @@ int32_t ExpertCache::TakeSlot(bool force) {
   return slot;
 }
 
+std::optional<uint32_t> ExpertCache::LendSlot(uint32_t keep) {
+  if (in_layer_ || active_slots() <= std::max<uint32_t>(keep, 1)) return std::nullopt;
+  if (free_slots_.empty()) {
+    bool is_protected = false;
+    int32_t victim = Victim(/*force=*/false, &is_protected);
+    if (victim < 0) victim = Victim(/*force=*/true, &is_protected);
+    if (victim < 0) return std::nullopt;  // Every slot is loading.
+    Evict(static_cast<uint32_t>(victim));
+  }
+  const int32_t slot = free_slots_.back();
+  free_slots_.pop_back();
+  slot_lent_[slot] = 1;
+  ++lent_;
+  ++slots_lent_;
+  full_ = false;  // An expert left, or a free slot went: the policy decides again.
+  return static_cast<uint32_t>(slot);
+}
+
+void ExpertCache::ReturnSlot(uint32_t slot) {
+  if (slot >= slot_lent_.size() || slot_lent_[slot] == 0) return;
+  slot_lent_[slot] = 0;
+  --lent_;
+  slot_fence_[slot] = 1;
+  free_slots_.push_back(static_cast<int32_t>(slot));
+}
+
 void ExpertCache::Evict(uint32_t key) {
   Entry& e = entries_[key];
   const uint32_t layer = key / options_.num_experts;
@@ -249,7 +281,7 @@ void ExpertCache::SubmitLoad(uint32_t key, int32_t slot, bool on_demand, double 
   task.id = e.task;
   task.src = host_[key];
   task.key = key;
-  task.dst = slots_base_ + static_cast<size_t>(slot) * options_.expert_bytes;
+  task.dst = slots_base_ + static_cast<size_t>(slot) * slot_stride_;
   task.bytes = options_.expert_bytes;
   task.on_demand = on_demand;
   task.priority = priority;
@@ -831,7 +863,9 @@ CacheStats ExpertCache::stats() const {
   s.directives_foreign = directives_foreign_;
   s.prefetch_requests_dropped = prefetch_requests_dropped_;
   s.preload_bytes = preload_bytes_;
-  s.slots = options_.slots;
+  s.slots = active_slots();
+  s.lent_slots = lent_;
+  s.slots_lent = slots_lent_;
   s.expert_bytes = options_.expert_bytes;
   for (const Entry& e : entries_) s.resident += e.state == Residency::kResident ? 1 : 0;
   return s;
@@ -852,13 +886,22 @@ Status ExpertCache::CheckInvariants() const {
                     " does not hold it");
     }
   }
-  if (used + free_slots_.size() != slot_owner_.size()) {
+  size_t lent = 0;
+  for (size_t s = 0; s < slot_lent_.size(); ++s) {
+    if (slot_lent_[s] == 0) continue;
+    ++lent;
+    if (slot_owner_[s] != -1) return broken("lent slot " + std::to_string(s) + " has an owner");
+  }
+  if (lent != lent_) return broken("lent slots miscounted");
+  if (used + free_slots_.size() + lent != slot_owner_.size()) {
     return broken(std::to_string(used) + " used + " + std::to_string(free_slots_.size()) +
-                  " free slots != " + std::to_string(slot_owner_.size()));
+                  " free + " + std::to_string(lent) +
+                  " lent slots != " + std::to_string(slot_owner_.size()));
   }
   std::vector<bool> seen(slot_owner_.size(), false);
   for (int32_t s : free_slots_) {
-    if (s < 0 || static_cast<size_t>(s) >= seen.size() || seen[s] || slot_owner_[s] != -1) {
+    if (s < 0 || static_cast<size_t>(s) >= seen.size() || seen[s] || slot_owner_[s] != -1 ||
+        slot_lent_[s] != 0) {
       return broken("free slot list is corrupt at slot " + std::to_string(s));
     }
     seen[s] = true;
@@ -907,7 +950,7 @@ Status ExpertCache::CheckInvariants() const {
   for (size_t i = 0; i < queue_.size(); ++i) {
     if (queue_index_[queue_[i].key] != static_cast<int32_t>(i)) return broken("queue index");
   }
-  if (used > options_.slots) return broken("more experts on the device than slots");
+  if (used > active_slots()) return broken("more experts on the device than slots");
   return Status::Ok();
 }
 

@@ -54,6 +54,9 @@ struct ExpertCacheOptions {
   size_t expert_bytes = 0;  // Bytes of one expert (every expert has the same shape). Required.
   // Slots: experts the device budget holds, 1..owned experts. Required.
   uint32_t slots = 0;
+  // Bytes from one slot to the next (>= expert_bytes); 0 = expert_bytes. One device budget with
+  // the KV pool (LendSlot) makes slots pages that also hold whole KV blocks. Default: 0
+  size_t slot_stride = 0;
   // Prefetch transfers handed to the link at once; the rest wait in the cache's queue, where
   // directives can still re-rank or drop them. Default: 2
   uint32_t max_inflight_prefetches = 2;
@@ -111,7 +114,9 @@ struct CacheStats {
   uint64_t directives_foreign = 0;  // Entries for experts another rank owns: ignored.
   uint64_t prefetch_requests_dropped = 0;  // Queued prefetches whose layer started first.
   uint64_t preload_bytes = 0;
-  uint32_t slots = 0;
+  uint32_t slots = 0;       // Slots the cache holds now (lent ones not counted).
+  uint32_t lent_slots = 0;  // Slots lent to the KV pool now.
+  uint64_t slots_lent = 0;  // Lendings since start.
   uint32_t resident = 0;
   size_t expert_bytes = 0;
 };
@@ -167,8 +172,19 @@ class ExpertCache final : public CacheControl {
 
   // The policy's, or 0 when the budget holds every expert of this rank (nothing to predict).
   uint32_t speculation_distance() const {
-    return options_.slots >= owned_ ? 0 : policy_->speculation_distance();
+    return active_slots() >= owned_ ? 0 : policy_->speculation_distance();
   }
+
+  // ---- one device budget with the KV pool (DESIGN section 14), between iterations ----
+  // A slot for the KV pool: a free one, else the resident expert the policy values least is
+  // evicted (unprotected ones first). nullopt when the cache would keep fewer than
+  // max(keep, 1) slots, inside an iteration's layer, or when every slot is loading.
+  std::optional<uint32_t> LendSlot(uint32_t keep);
+  // A lent slot back (free; the next load into it waits for the latest compute fence, as KV
+  // reads of it may still run). A slot not lent is ignored.
+  void ReturnSlot(uint32_t slot);
+  uint32_t active_slots() const { return options_.slots - lent_; }
+  uint32_t lent_slots() const { return lent_; }
   const ExpertCacheOptions& options() const { return options_; }
   const CachePolicy& policy() const { return *policy_; }
   CacheStats stats() const;
@@ -179,7 +195,7 @@ class ExpertCache final : public CacheControl {
   uint32_t num_layers() const override { return options_.num_layers; }
   uint32_t num_experts() const override { return options_.num_experts; }
   uint32_t top_k() const override { return options_.top_k; }
-  uint32_t slots() const override { return options_.slots; }
+  uint32_t slots() const override { return active_slots(); }
   bool Owns(uint32_t layer, uint32_t expert) const override;
   uint32_t current_layer() const override { return layer_; }
   void Prefetch(uint32_t layer, uint32_t expert, double priority) override;
@@ -246,7 +262,11 @@ class ExpertCache final : public CacheControl {
   std::vector<Entry> entries_;       // By key = l * J + j.
   std::vector<int32_t> slot_owner_;  // Key in each slot, -1 = free.
   std::vector<uint8_t> slot_fence_;  // 1: read since its last load; wait for a fence.
-  uint64_t latest_fence_ = 0;        // Recorded after the last layer's compute.
+  std::vector<uint8_t> slot_lent_;   // 1: lent to the KV pool (neither free nor owned).
+  uint32_t lent_ = 0;
+  uint64_t slots_lent_ = 0;
+  size_t slot_stride_ = 0;
+  uint64_t latest_fence_ = 0;  // Recorded after the last layer's compute.
   std::vector<int32_t> free_slots_;
   std::vector<QueuedPrefetch> queue_;             // Unordered; picked by priority.
   std::vector<int32_t> queue_index_;              // By key: index in queue_, -1 = not queued.

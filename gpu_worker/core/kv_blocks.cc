@@ -5,18 +5,25 @@
 
 namespace fmoe {
 
-KvBlockAllocator::KvBlockAllocator(uint32_t blocks, bool prefix_caching)
-    : total_(std::max<uint32_t>(blocks, 1)), prefix_caching_(prefix_caching), blocks_(total_) {
-  free_.reserve(total_);
-  // Popped from the back: block 0 first.
-  for (uint32_t b = total_; b > 0; --b) free_.push_back(b - 1);
+KvBlockAllocator::KvBlockAllocator(uint32_t blocks, bool prefix_caching, uint32_t present)
+    : total_(std::max<uint32_t>(blocks, 1)),
+      present_(std::min(present, total_)),
+      prefix_caching_(prefix_caching),
+      blocks_(total_) {
+  for (uint32_t b = 0; b < total_; ++b) {
+    if (b < present_) {
+      free_.insert(free_.end(), b);
+    } else {
+      blocks_[b].present = false;
+    }
+  }
 }
 
 std::optional<uint32_t> KvBlockAllocator::Allocate() {
   uint32_t b = 0;
   if (!free_.empty()) {
-    b = free_.back();
-    free_.pop_back();
+    b = *free_.begin();
+    free_.erase(free_.begin());
   } else if (!lru_.empty()) {
     b = lru_.front();
     lru_.pop_front();
@@ -51,7 +58,7 @@ void KvBlockAllocator::Release(uint32_t b) {
     lru_.push_back(b);
     block.lru = std::prev(lru_.end());
   } else {
-    free_.push_back(b);
+    free_.insert(b);
   }
 }
 
@@ -62,13 +69,43 @@ void KvBlockAllocator::Retain(uint32_t b) {
 void KvBlockAllocator::Grow(uint32_t blocks) {
   if (blocks <= total_) return;
   blocks_.resize(blocks);
-  // Free blocks are popped from the back: the new ones go in front of the old, lowest last.
-  std::vector<uint32_t> fresh;
-  fresh.reserve(blocks - total_ + free_.size());
-  for (uint32_t b = blocks; b > total_; --b) fresh.push_back(b - 1);
-  fresh.insert(fresh.end(), free_.begin(), free_.end());
-  free_.swap(fresh);
+  for (uint32_t b = total_; b < blocks; ++b) free_.insert(free_.end(), b);
+  present_ += blocks - total_;
   total_ = blocks;
+}
+
+void KvBlockAllocator::Add(uint32_t first, uint32_t count) {
+  for (uint32_t b = first; b < first + count && b < total_; ++b) {
+    if (blocks_[b].present) continue;
+    blocks_[b] = Block{};
+    free_.insert(b);
+    ++present_;
+  }
+}
+
+bool KvBlockAllocator::Unreferenced(uint32_t first, uint32_t count) const {
+  for (uint32_t b = first; b < first + count && b < total_; ++b) {
+    if (blocks_[b].present && blocks_[b].refs > 0) return false;
+  }
+  return true;
+}
+
+bool KvBlockAllocator::Remove(uint32_t first, uint32_t count) {
+  if (!Unreferenced(first, count)) return false;
+  for (uint32_t b = first; b < first + count && b < total_; ++b) {
+    Block& block = blocks_[b];
+    if (!block.present) continue;
+    if (block.published) {
+      lru_.erase(block.lru);
+      Unpublish(b);
+      ++stats_.evictions;
+    } else {
+      free_.erase(b);
+    }
+    block.present = false;
+    --present_;
+  }
+  return true;
 }
 
 uint64_t KvBlockAllocator::Key(uint64_t parent, std::span<const int32_t> tokens) {

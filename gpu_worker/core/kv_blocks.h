@@ -9,12 +9,18 @@
 // prompt starts with the same full blocks takes them (reference counted) instead of computing
 // them. A block nobody references stays cached, in LRU order, until a fresh block is needed and
 // no never-used block is left: then the least recently released cached block is evicted.
+//
+// One device budget (DESIGN section 14): the pool's memory may be pages the expert cache lends
+// (KvPageLender). The allocator then addresses every block of every page, but only the blocks of
+// the pages the pool holds are present (Add / Remove a page's range); free blocks are handed out
+// lowest first, so the pages borrowed last empty first and can go back.
 // Thread-unsafe: the engine thread owns it.
 #pragma once
 
 #include <cstdint>
 #include <list>
 #include <optional>
+#include <set>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -29,15 +35,30 @@ struct KvBlockStats {
   uint64_t evictions = 0;          // Cached blocks given up for fresh ones.
 };
 
+// The expert cache's side of one device budget (DESIGN section 14): device memory in pages, each
+// an expert's slot or a run of the KV pool's blocks. Engine thread only.
+class KvPageLender {
+ public:
+  virtual ~KvPageLender() = default;
+  // A page for the KV pool (the expert in it given up by the cache's policy); nullopt when none
+  // can be given now (the experts' floor, or every candidate slot is loading).
+  virtual std::optional<uint32_t> Lend() = 0;
+  // A page the pool lent back: the expert cache's again.
+  virtual void Return(uint32_t page) = 0;
+};
+
 class KvBlockAllocator {
  public:
-  // `blocks` >= 1.
-  KvBlockAllocator(uint32_t blocks, bool prefix_caching);
+  // Blocks [0, present) of `blocks` (>= 1) are present; present > blocks counts as blocks.
+  KvBlockAllocator(uint32_t blocks, bool prefix_caching, uint32_t present = UINT32_MAX);
 
-  uint32_t total_blocks() const { return total_; }
+  // Blocks present (the pool's now).
+  uint32_t total_blocks() const { return present_; }
+  // Blocks addressable (present or not).
+  uint32_t max_blocks() const { return total_; }
   // Blocks a sequence could get now: never used or freed, plus cached ones nobody references.
   uint32_t free_blocks() const { return static_cast<uint32_t>(free_.size() + lru_.size()); }
-  uint32_t used_blocks() const { return total_ - free_blocks(); }
+  uint32_t used_blocks() const { return present_ - free_blocks(); }
   bool prefix_caching() const { return prefix_caching_; }
   const KvBlockStats& stats() const { return stats_; }
 
@@ -51,6 +72,13 @@ class KvBlockAllocator {
   void Retain(uint32_t block);
   // The pool grew to `blocks` (more than now): the new blocks are free.
   void Grow(uint32_t blocks);
+  // Blocks [first, first + count), absent, are present and free (a page came in).
+  void Add(uint32_t first, uint32_t count);
+  // Blocks [first, first + count), present, leave the pool when none is referenced (cached ones
+  // are evicted); false, with nothing changed, when one is referenced.
+  bool Remove(uint32_t first, uint32_t count);
+  // Whether none of [first, first + count) is referenced by a sequence.
+  bool Unreferenced(uint32_t first, uint32_t count) const;
 
   // The key of a block holding `tokens` (kKvBlockTokens of them) after the blocks whose key is
   // `parent` (0 for the first block).
@@ -69,6 +97,7 @@ class KvBlockAllocator {
  private:
   struct Block {
     uint32_t refs = 0;
+    bool present = true;
     bool published = false;
     uint64_t key = 0;
     std::vector<int32_t> tokens;        // When published.
@@ -77,10 +106,11 @@ class KvBlockAllocator {
   void Unpublish(uint32_t block);
 
   uint32_t total_;
+  uint32_t present_;
   bool prefix_caching_;
   std::vector<Block> blocks_;
-  std::vector<uint32_t> free_;  // Never used or unpublished, unreferenced; popped from the back.
-  std::list<uint32_t> lru_;     // Published, unreferenced; least recently released first.
+  std::set<uint32_t> free_;  // Present, never used or unpublished, unreferenced; lowest first.
+  std::list<uint32_t> lru_;  // Published, unreferenced; least recently released first.
   std::unordered_multimap<uint64_t, uint32_t> by_key_;
   KvBlockStats stats_;
 };

@@ -661,6 +661,38 @@ TEST(ExpertCache, PrefetchedExpertsAreProtectedUntilTheirLayer) {
 // Random batches, routings, directives, prefetches and link progress, for every policy and
 // several budgets: the invariants hold after every step and every handed-out slot holds the
 // right bytes (RunLayer checks both).
+TEST(ExpertCache, LendsFreeSlotsFirstThenTheLeastValuedExpertAndKeepsItsFloor) {
+  Fixture f("lru", 4);
+  f.cache->BeginIteration(std::vector<SequenceInfo>{{1, 0, 1}});
+  f.RunLayer(0, {0, 1});
+  f.RunLayer(1, {2});
+  f.cache->EndIteration();
+  // One slot is free: it goes first, and no expert leaves.
+  std::optional<uint32_t> a = f.cache->LendSlot(1);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(f.cache->stats().resident, 3u);
+  EXPECT_EQ(f.cache->stats().total.evictions, 0u);
+  // Then the least recently used expert (layer 0's expert 0) is evicted for the next.
+  std::optional<uint32_t> b = f.cache->LendSlot(1);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(f.cache->stats().total.evictions, 1u);
+  EXPECT_EQ(f.cache->stats().slots, 2u);
+  EXPECT_EQ(f.cache->speculation_distance(), f.cache->policy().speculation_distance());
+  // The floor: the cache keeps two slots here.
+  EXPECT_FALSE(f.cache->LendSlot(2).has_value());
+  ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+  // Lent slots come back free and take loads again.
+  f.cache->ReturnSlot(*a);
+  f.cache->ReturnSlot(*a);  // Not lent any more: ignored.
+  f.cache->ReturnSlot(*b);
+  EXPECT_EQ(f.cache->lent_slots(), 0u);
+  f.cache->BeginIteration(std::vector<SequenceInfo>{{1, 1, 1}});
+  f.RunLayer(0, {0, 3, 4, 5});
+  f.cache->EndIteration();
+  EXPECT_EQ(f.cache->stats().resident, 4u);
+  ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+}
+
 TEST(ExpertCache, RandomSequencesKeepInvariantsForEveryPolicy) {
   for (const char* policy :
        {"fmoe", "fmoe-nextuse", "moe-infinity", "speculative", "on-demand", "lru", "lfu"}) {
@@ -671,6 +703,7 @@ TEST(ExpertCache, RandomSequencesKeepInvariantsForEveryPolicy) {
         std::mt19937 rng(slots * 131 + world);
         uint64_t next_request = 1;
         std::vector<SequenceInfo> batch;
+        std::vector<uint32_t> lent;
         for (int it = 0; it < 40; ++it) {
           if (batch.empty() || rng() % 4 == 0) {
             for (SequenceInfo& s : batch) f.cache->OnRequestEnd(s.request_id);
@@ -712,6 +745,25 @@ TEST(ExpertCache, RandomSequencesKeepInvariantsForEveryPolicy) {
           f.cache->EndIteration();
           for (SequenceInfo& s : batch) ++s.iteration;
           ASSERT_TRUE(f.cache->CheckInvariants().ok());
+          // One device budget with the KV pool: slots are lent between iterations (the KV
+          // pool writes them) and come back; no load may write a lent slot meanwhile.
+          if (rng() % 3 == 0) {
+            if (std::optional<uint32_t> slot = f.cache->LendSlot(1)) {
+              std::memset(f.device.data() + *slot * kBytes, 0x5a, kBytes);
+              lent.push_back(*slot);
+            } else {
+              EXPECT_LE(f.cache->active_slots(), 1u);
+            }
+          } else if (rng() % 3 == 0 && !lent.empty()) {
+            const uint32_t slot = lent.back();
+            lent.pop_back();
+            const std::vector<char> marker(kBytes, 0x5a);
+            ASSERT_EQ(0, std::memcmp(f.device.data() + slot * kBytes, marker.data(), kBytes))
+                << "a load wrote lent slot " << slot;
+            f.cache->ReturnSlot(slot);
+          }
+          ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+          ASSERT_EQ(f.cache->lent_slots(), lent.size());
         }
         const CacheStats st = f.cache->stats();
         EXPECT_LE(st.resident, st.slots);

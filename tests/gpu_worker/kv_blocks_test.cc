@@ -83,6 +83,40 @@ TEST(KvBlockAllocator, PublishedBlocksAreSharedThenEvictedLeastRecentlyReleasedF
 
 // A random workload of sequences that take, share and release blocks: no block is handed out
 // twice while referenced, and free plus referenced blocks always make the pool.
+TEST(KvBlockAllocator, PagesComeAndGoWhenUnreferenced) {
+  // 3 pages of 4 blocks; only the first page present, as when the pool starts at its floor.
+  KvBlockAllocator alloc(12, true, 4);
+  EXPECT_EQ(alloc.total_blocks(), 4u);
+  EXPECT_EQ(alloc.max_blocks(), 12u);
+  std::vector<uint32_t> held;
+  for (int i = 0; i < 4; ++i) held.push_back(*alloc.Allocate());
+  EXPECT_FALSE(alloc.Allocate().has_value());  // Absent blocks are never handed out.
+  alloc.Add(8, 4);                             // The third page comes in.
+  EXPECT_EQ(alloc.total_blocks(), 8u);
+  EXPECT_EQ(alloc.free_blocks(), 4u);
+  const uint32_t b = *alloc.Allocate();
+  EXPECT_EQ(b, 8u);
+  EXPECT_FALSE(alloc.Remove(8, 4));  // Block 8 is referenced: nothing changes.
+  EXPECT_EQ(alloc.total_blocks(), 8u);
+  // A cached block in the page is evicted when the page goes.
+  const auto tokens = Block(7);
+  const uint64_t key = KvBlockAllocator::Key(0, tokens);
+  alloc.Publish(b, key, tokens);
+  alloc.Release(b);
+  EXPECT_EQ(alloc.free_blocks(), 4u);
+  EXPECT_TRUE(alloc.Remove(8, 4));
+  EXPECT_EQ(alloc.total_blocks(), 4u);
+  EXPECT_EQ(alloc.free_blocks(), 0u);
+  EXPECT_EQ(alloc.stats().evictions, 1u);
+  EXPECT_FALSE(alloc.Lookup(key, tokens).has_value());
+  // Freed blocks are handed out lowest first: a later page empties before an earlier one.
+  alloc.Add(4, 4);
+  alloc.Release(held[1]);
+  EXPECT_EQ(*alloc.Allocate(), held[1]);
+  EXPECT_EQ(*alloc.Allocate(), 4u);
+  EXPECT_EQ(alloc.used_blocks(), 5u);
+}
+
 TEST(KvBlockAllocator, RandomWorkloadKeepsTheCounts) {
   std::mt19937 rng(5);
   KvBlockAllocator alloc(32, true);
