@@ -46,6 +46,7 @@ constexpr std::string_view kGroupKeys[] = {"name",
                                            "expert_cache_gb",
                                            "expert_cache_fraction",
                                            "memory_utilization",
+                                           "memory",
                                            "host_cache_gb",
                                            "host_cache_fraction",
                                            "link",
@@ -57,6 +58,8 @@ constexpr std::string_view kGroupKeys[] = {"name",
                                            "workers"};
 constexpr std::string_view kLinkKeys[] = {"gbps", "latency_us"};
 constexpr std::string_view kHybridKeys[] = {"cpu_threads", "host_slowdown"};
+constexpr std::string_view kMemoryKeys[] = {"device_gb", "device_fraction", "kv_floor",
+                                            "expert_floor"};
 constexpr std::string_view kWorkerKeys[] = {"device", "host"};
 constexpr std::string_view kRouterKeys[] = {
     "listen",         "worker_endpoint", "request_timeout_s",    "drain_timeout_s",
@@ -667,6 +670,46 @@ Status ParseHybrid(const Field& field, HybridSpec* spec) {
   return ReadDouble(section.Get("host_slowdown"), {1, false, 1000000}, &spec->host_slowdown);
 }
 
+// The group's `memory` (one device budget), after the rest of the group.
+Status ParseMemory(const Section& group_section, WorkerGroupSpec* group) {
+  const Field field = group_section.Get("memory");
+  if (!field.present) return Status::Ok();
+  for (const char* key :
+       {"expert_cache_gb", "expert_cache_fraction", "memory_utilization", "kv_cache_tokens"}) {
+    if (group_section.Get(key).present) {
+      return Error(field.path, std::string("sizes the expert cache and the KV pool together; ") +
+                                   key + " cannot be set with it");
+    }
+  }
+  if (group->workers.size() > 1) {
+    return Error(field.path, "one device budget needs a group of one rank, not " +
+                                 std::to_string(group->workers.size()));
+  }
+  FMOE_ASSIGN_OR_RETURN(Section section, Section::Read(field, kMemoryKeys));
+  MemorySpec m;
+  const Field gb = section.Get("device_gb");
+  const Field fraction = section.Get("device_fraction");
+  if (gb.present && fraction.present) {
+    return Error(field.path, "device_gb and device_fraction are both set; set at most one");
+  }
+  if (gb.present) {
+    double value = 0;
+    FMOE_RETURN_IF_ERROR(ReadDouble(gb, {0, true, 100000}, &value));
+    m.device_gb = value;
+  }
+  FMOE_RETURN_IF_ERROR(ReadDouble(fraction, {0, true, 1}, &m.device_fraction));
+  FMOE_RETURN_IF_ERROR(ReadDouble(section.Get("kv_floor"), {0, false, 0.999}, &m.kv_floor));
+  FMOE_RETURN_IF_ERROR(
+      ReadDouble(section.Get("expert_floor"), {0, false, 0.999}, &m.expert_floor));
+  if (m.kv_floor + m.expert_floor > 1) {
+    return Error(field.path, "kv_floor " + std::to_string(m.kv_floor) + " + expert_floor " +
+                                 std::to_string(m.expert_floor) + " exceed 1");
+  }
+  group->memory = m;
+  group->expert_cache_fraction.reset();
+  return Status::Ok();
+}
+
 Status ParseGroup(const Field& field, size_t index, const std::string& base_dir,
                   WorkerGroupSpec* group) {
   FMOE_ASSIGN_OR_RETURN(Section section, Section::Read(field, kGroupKeys));
@@ -750,7 +793,8 @@ Status ParseGroup(const Field& field, size_t index, const std::string& base_dir,
   if (trace.present && trace.node.Scalar().back() == '/') {
     return Error(trace.path, Quote(trace.node.Scalar()) + " names a directory; expected a file");
   }
-  return ParseWorkers(section.Get("workers"), &group->workers);
+  FMOE_RETURN_IF_ERROR(ParseWorkers(section.Get("workers"), &group->workers));
+  return ParseMemory(section, group);
 }
 
 Status ParseWorkerGroups(const Field& field, const std::string& base_dir,
@@ -1094,7 +1138,17 @@ std::string DescribeManifest(const Manifest& m) {
       EmitDouble(out, "memory_utilization", g.memory_utilization);
     }
     if (g.expert_cache_gb) EmitDouble(out, "expert_cache_gb", *g.expert_cache_gb);
-    if (!g.expert_cache_auto && (g.expert_cache_fraction || !g.expert_cache_gb)) {
+    if (g.memory) {
+      out << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
+      if (g.memory->device_gb) {
+        EmitDouble(out, "device_gb", *g.memory->device_gb);
+      } else {
+        EmitDouble(out, "device_fraction", g.memory->device_fraction);
+      }
+      EmitDouble(out, "kv_floor", g.memory->kv_floor);
+      EmitDouble(out, "expert_floor", g.memory->expert_floor);
+      out << YAML::EndMap;
+    } else if (!g.expert_cache_auto && (g.expert_cache_fraction || !g.expert_cache_gb)) {
       EmitDouble(out, "expert_cache_fraction", g.expert_cache_fraction.value_or(1.0));
     }
     if (g.host_cache_auto) EmitValue(out, "host_cache_gb", std::string("auto"));

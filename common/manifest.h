@@ -70,6 +70,16 @@ struct WorkerSpec {
   std::string host = "127.0.0.1";  // Host the rank runs on. Default: 127.0.0.1
 };
 
+// One device budget per rank shared by the expert cache and the paged KV pool (DESIGN section
+// 14): the KV pool borrows the cache's slots as sequences need blocks and gives them back as
+// they finish; each keeps its floor (a fraction of the budget, at least one expert's bytes).
+struct MemorySpec {
+  std::optional<double> device_gb;  // (0, 100000]: the budget in 1e9 bytes; else
+  double device_fraction = 0.9;     // (0, 1] of the device's free memory after the dense weights.
+  double kv_floor = 0.1;            // [0, 1). Default: 0.1
+  double expert_floor = 0.1;        // [0, 1); kv_floor + expert_floor <= 1. Default: 0.1
+};
+
 struct WorkerGroupSpec {
   std::string name;  // Required, [A-Za-z0-9_-]{1,32}, unique across groups.
   // A servable name of common/policy_names.h (oracle is replay-only). Default: fmoe
@@ -95,6 +105,9 @@ struct WorkerGroupSpec {
   std::optional<double> expert_cache_fraction;  // (0, 1]
   bool expert_cache_auto = false;
   double memory_utilization = 0.9;  // (0, 1], with expert_cache_gb: auto. Default: 0.9
+  // One device budget for experts and KV (groups of one rank), instead of expert_cache_* and
+  // kv_cache_tokens. Default: unset
+  std::optional<MemorySpec> memory;
   // The host tier (DESIGN section 13): set, each rank leaves its experts in the checkpoint's
   // files and keeps a host cache of this budget in front of them, read from disk as needed; at
   // most one of the two. `host_cache_gb: auto` (host_cache_auto): every expert when they fit in

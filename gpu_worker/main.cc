@@ -62,6 +62,14 @@ RankOptions RankFromManifest(const Manifest& manifest, const WorkerGroupSpec& gr
   o.cache.cache_fraction = group.expert_cache_fraction;
   o.cache.cache_auto = group.expert_cache_auto;
   o.cache.memory_utilization = group.memory_utilization;
+  if (group.memory) {
+    CachedExpertsOptions::SharedBudget b;
+    b.device_gb = group.memory->device_gb;
+    b.device_fraction = group.memory->device_fraction;
+    b.kv_floor = group.memory->kv_floor;
+    b.expert_floor = group.memory->expert_floor;
+    o.cache.shared = b;
+  }
   o.cache.host_cache_gb = group.host_cache_gb;
   o.cache.host_cache_fraction = group.host_cache_fraction;
   o.cache.host_cache_auto = group.host_cache_auto;

@@ -44,6 +44,13 @@ Status Check(const RankOptions& o) {
     return InvalidArgument("rank: every expert resident needs a group of one rank, not " +
                            std::to_string(o.world_size));
   }
+  if (o.cache.shared && (o.experts != RankExperts::kCached || o.world_size > 1)) {
+    return InvalidArgument(
+        "rank: one device budget for KV and experts (memory) needs a group of one rank with an "
+        "expert cache, not " +
+        std::to_string(o.world_size) + " ranks" +
+        (o.experts != RankExperts::kCached ? " with every expert resident" : ""));
+  }
   if (o.world_size > 1 && (o.rendezvous_host.empty() || o.rendezvous_port == 0)) {
     return InvalidArgument("rank: group " + o.group + " of " + std::to_string(o.world_size) +
                            " ranks has no rendezvous address");
@@ -52,6 +59,13 @@ Status Check(const RankOptions& o) {
 }
 
 std::string CacheDescription(const CachedExpertsOptions& c) {
+  if (c.shared) {
+    return fmt::format("one budget with the KV pool ({}, kv_floor {:g}, expert_floor {:g})",
+                       c.shared->device_gb ? fmt::format("{:g} GB", *c.shared->device_gb)
+                                           : fmt::format("{:g} of free device memory",
+                                                         c.shared->device_fraction),
+                       c.shared->kv_floor, c.shared->expert_floor);
+  }
   if (c.cache_auto) return fmt::format("auto ({:g} of free memory)", c.memory_utilization);
   return c.cache_gb ? fmt::format("{:g} GB", *c.cache_gb)
                     : fmt::format("{:g} of experts", c.cache_fraction.value_or(1.0));
@@ -149,8 +163,10 @@ Status Rank::Build(RankStage* stage) {
     cache.cuda_index = device_.cuda_index;
     if (cache.cache_auto)
       cache.reserve_bytes = KvReserveBytes(info_, kv_pool_tokens_, kv_sliding_tokens_, dtype_);
+    if (cache.shared) cache.shared->page_quantum = model_->kv_block_bytes();
     FMOE_ASSIGN_OR_RETURN(cached_, CachedExperts::Create(std::move(table), cache));
     source_ = cached_.get();
+    if (cache.shared) FMOE_RETURN_IF_ERROR(ConfigureKv(cached_->kv_arena()));
   }
 
   // The group, once the weights are in: a slow loader does not eat the others' timeout.
@@ -241,18 +257,39 @@ Status Rank::LoadWeights(ExpertTable* table) {
   };
   FMOE_ASSIGN_OR_RETURN(model_, MoeModel::Load(info_, r, progress, table));
   spdlog::info("model loaded in {:.2f} s (dtype {})", SecondsSince(t0), dtype_);
+  // One device budget: the pool lives in the expert cache's pages, made after it.
+  if (options_.cache.shared && options_.experts == RankExperts::kCached) return Status::Ok();
+  return ConfigureKv(std::nullopt);
+}
+
+Status Rank::ConfigureKv(std::optional<KvArena> arena) {
   // The paged KV pool; prefix caching needs every rank to share the same blocks, so only a
   // group of one rank has it.
-  kv_pool_tokens_ = KvPoolTokens(info_, options_.max_batch, options_.kv_cache_tokens);
+  KvPoolOptions kv;
+  if (arena) {
+    kv_pool_tokens_ =
+        uint64_t{arena->max_pages} * (arena->page_bytes / model_->kv_block_bytes()) * kKvBlockTokens;
+    kv.arena = arena;
+  } else {
+    kv_pool_tokens_ = KvPoolTokens(info_, options_.max_batch, options_.kv_cache_tokens);
+  }
   kv_sliding_tokens_ =
       KvSlidingPoolTokens(info_, options_.max_batch, options_.max_batched_tokens, kv_pool_tokens_);
-  KvPoolOptions kv;
   kv.tokens = kv_pool_tokens_;
   kv.sliding_tokens = kv_sliding_tokens_;
   kv.prefix_caching = options_.prefix_caching && options_.world_size == 1;
   model_->ConfigureKv(kv);
   FMOE_RETURN_IF_ERROR(model_->MaterializeKv());
   const KvPoolFigures f = model_->kv_figures();
+  if (arena) {
+    spdlog::info(
+        "KV pool: {} positions its own, up to {} with pages borrowed from the expert cache, in "
+        "blocks of {} ({:.1f} MB now, {} B per position){}",
+        f.total_blocks * kKvBlockTokens, kv_pool_tokens_, kKvBlockTokens,
+        static_cast<double>(f.bytes) / 1e6, f.bytes_per_token,
+        kv.prefix_caching ? ", prefix caching" : "");
+    return Status::Ok();
+  }
   spdlog::info("KV pool: {} positions in blocks of {} ({:.1f} MB, {} B per position){}",
                kv_pool_tokens_, kKvBlockTokens, static_cast<double>(f.bytes) / 1e6,
                f.bytes_per_token,

@@ -95,7 +95,7 @@ struct RankOptions {
   // Tokens per engine step (EngineOptions::max_batched_tokens); 0 = whole prompts. Default: 0
   uint32_t max_batched_tokens = 0;
   // Positions of the paged KV pool (model_config.h KvPoolTokens); 0 = its default. Default: 0
-  uint64_t kv_cache_tokens = 0;
+  uint64_t kv_cache_tokens = 0;  // Ignored with one device budget (cache.shared).
   // Prefix caching over the pool (a group of one rank only). Default: on
   bool prefix_caching = true;
   // The model's eos ids (config.json, else the tokenizer's) end requests; off, requests run to
@@ -183,6 +183,8 @@ class Rank {
   Status Build(RankStage* stage);
   Status OpenTrace();
   Status LoadWeights(ExpertTable* table);
+  // The model's paged KV pool: its own memory, or (one device budget) the expert cache's pages.
+  Status ConfigureKv(std::optional<KvArena> arena);
   void OnGroupFailure(const Status& why);
 
   RankOptions options_;

@@ -331,6 +331,11 @@ HttpResponse RouterApi::Health() const {
                                            static_cast<double>(g.kv.prefix_queries)
                                      : 0.0},
                 {"preemptions", g.kv.preemptions}}}};
+    if (g.kv.max_blocks != 0) {
+      // One device budget: the split between the KV pool and the expert cache now.
+      j["kv_cache"]["max_blocks"] = g.kv.max_blocks;
+      j["device_memory"] = {{"kv_bytes", g.kv.kv_bytes}, {"expert_bytes", g.kv.expert_bytes}};
+    }
     j["last_heartbeat_ms"] = g.silence_ms >= 0 ? Json(g.silence_ms) : Json(nullptr);
     j["instance"] = g.instance_id ? Json(FingerprintHex(g.instance_id)) : Json(nullptr);
     j["model_fingerprint"] =

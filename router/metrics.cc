@@ -187,6 +187,20 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
   RenderPerGroup(out, "fmoe_kv_blocks", "gauge",
                  "Blocks of 16 positions in the leader's paged KV pool.", view,
                  [](const GroupView& g) { return g.kv.total_blocks; });
+  RenderPerGroup(out, "fmoe_kv_blocks_max", "gauge",
+                 "Blocks the leader's KV pool may hold: with one device budget (memory), what "
+                 "it may borrow from the expert cache; else fmoe_kv_blocks.",
+                 view, [](const GroupView& g) {
+                   return g.kv.max_blocks != 0 ? g.kv.max_blocks : g.kv.total_blocks;
+                 });
+  RenderPerGroup(out, "fmoe_device_kv_bytes", "gauge",
+                 "One device budget (memory): the leader's device bytes the KV pool holds now "
+                 "(0 without one).",
+                 view, [](const GroupView& g) { return g.kv.kv_bytes; });
+  RenderPerGroup(out, "fmoe_device_expert_bytes", "gauge",
+                 "One device budget (memory): the leader's device bytes the expert cache holds "
+                 "now (0 without one).",
+                 view, [](const GroupView& g) { return g.kv.expert_bytes; });
   RenderPerGroup(out, "fmoe_kv_blocks_used", "gauge",
                  "KV blocks referenced by running requests (cached prefixes nobody uses are "
                  "free).",

@@ -154,6 +154,9 @@ flatbuffers::Offset<fb::WorkerHeartbeat> Build(Builder& fbb, const WorkerHeartbe
   b.add_prefix_cache_queries(m.kv.prefix_queries);
   b.add_prefix_cache_hits(m.kv.prefix_hits);
   b.add_preemptions(m.kv.preemptions);
+  b.add_kv_blocks_max(m.kv.max_blocks);
+  b.add_device_kv_bytes(m.kv.kv_bytes);
+  b.add_device_expert_bytes(m.kv.expert_bytes);
   return b.Finish();
 }
 
@@ -565,8 +568,13 @@ bool Read(const fb::WorkerHeartbeat& t, const Checker& c, WorkerHeartbeat* m) {
                 t.expert_disk_reads(),
                 t.expert_disk_bytes(),
                 t.expert_disk_stall_us()};
-  m->kv = {t.kv_blocks_total(), t.kv_blocks_used(), t.prefix_cache_queries(),
-           t.prefix_cache_hits(), t.preemptions()};
+  m->kv = {t.kv_blocks_total(),    t.kv_blocks_used(),  t.prefix_cache_queries(),
+           t.prefix_cache_hits(),  t.preemptions(),     t.kv_blocks_max(),
+           t.device_kv_bytes(),    t.device_expert_bytes()};
+  if (m->kv.max_blocks != 0 && m->kv.max_blocks < m->kv.total_blocks) {
+    return c.OutOfRange("WorkerHeartbeat.kv_blocks_max: " + std::to_string(m->kv.max_blocks) +
+                        " is below kv_blocks_total " + std::to_string(m->kv.total_blocks));
+  }
   if (m->kv.used_blocks > m->kv.total_blocks) {
     return c.OutOfRange("WorkerHeartbeat.kv_blocks_used: " + std::to_string(m->kv.used_blocks) +
                         " exceeds kv_blocks_total " + std::to_string(m->kv.total_blocks));

@@ -59,6 +59,11 @@ struct KvFigures {
   uint64_t prefix_queries = 0;  // Prompt tokens looked up in the prefix cache since start.
   uint64_t prefix_hits = 0;     // Of those, found (<= prefix_queries).
   uint64_t preemptions = 0;     // Running requests preempted since start.
+  // One device budget (manifest `memory`; 0 without): the most blocks the pool may hold
+  // (>= total_blocks), and the device bytes the KV pool and the expert cache hold now.
+  uint64_t max_blocks = 0;
+  uint64_t kv_bytes = 0;
+  uint64_t expert_bytes = 0;
 };
 
 // Leader -> router, every heartbeat interval.

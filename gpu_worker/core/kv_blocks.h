@@ -47,6 +47,18 @@ class KvPageLender {
   virtual void Return(uint32_t page) = 0;
 };
 
+// The device memory of one budget (CachedExperts::kv_arena): `pages` pages of `page_bytes` at
+// `base`, each an expert's slot or whole KV blocks. Pages [0, floor_pages) are always the KV
+// pool's; up to max_pages in all may be; `lender` lends and takes back the others.
+struct KvArena {
+  void* base = nullptr;
+  uint64_t page_bytes = 0;
+  uint32_t pages = 0;
+  uint32_t floor_pages = 0;
+  uint32_t max_pages = 0;
+  KvPageLender* lender = nullptr;
+};
+
 class KvBlockAllocator {
  public:
   // Blocks [0, present) of `blocks` (>= 1) are present; present > blocks counts as blocks.

@@ -295,8 +295,15 @@ KvFigures Engine::kv_figures() const {
 void Engine::PublishKvFigures() {
   const KvPoolFigures f = model_.kv_figures();
   std::lock_guard<std::mutex> lock(figures_mu_);
-  kv_figures_ = {f.total_blocks, f.used_blocks, f.blocks.prefix_queries, f.blocks.prefix_hit_tokens,
-                 stats_.preemptions};
+  const bool shared = model_.kv_arena() != nullptr;
+  kv_figures_ = {f.total_blocks,
+                 f.used_blocks,
+                 f.blocks.prefix_queries,
+                 f.blocks.prefix_hit_tokens,
+                 stats_.preemptions,
+                 shared ? f.max_blocks : 0,
+                 shared ? f.bytes : 0,
+                 shared ? f.expert_bytes : 0};
 }
 
 void Engine::GroupFailed(const Status& why) {
@@ -542,6 +549,7 @@ bool Engine::Step() {
   // Schedule: the step's work, and each request's part of the Forward.
   const std::vector<ScheduledWork> work = scheduler_.Schedule();
   if (work.empty()) {
+    model_.ReturnIdleKv();  // One device budget: an idle pool's borrowed pages go back.
     PublishKvFigures();
     return false;
   }
@@ -645,6 +653,8 @@ bool Engine::Step() {
     }
   }
   DropFinished();
+  // One device budget: pages the finished requests freed go back to the expert cache.
+  model_.ReturnIdleKv();
   PublishKvFigures();
   return true;
 }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <utility>
@@ -62,7 +63,7 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   const uint32_t per_layer = static_cast<uint32_t>(experts[0].size());
   const size_t expert_bytes = self->expert_bytes();
   uint32_t slots = owned;
-  if (!options.cache_auto) {
+  if (!options.cache_auto && !options.shared) {
     FMOE_ASSIGN_OR_RETURN(
         slots, BudgetSlots(options.cache_gb, options.cache_fraction, expert_bytes, owned));
   }
@@ -90,11 +91,17 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
     FMOE_RETURN_IF_ERROR(self->link_->RegisterHost(self->host_, self->host_bytes_));
     if (options.hybrid) self->host_addresses_ = addresses;
   }
-  if (options.cache_auto) {
-    FMOE_ASSIGN_OR_RETURN(slots, AutoSlots(*self->link_, options, expert_bytes, owned));
+  if (options.shared) {
+    FMOE_ASSIGN_OR_RETURN(slots, self->PlanSharedBudget(options, owned));
+    FMOE_ASSIGN_OR_RETURN(self->slots_,
+                          self->link_->AllocateDevice(self->pages_ * self->page_bytes_));
+  } else {
+    if (options.cache_auto) {
+      FMOE_ASSIGN_OR_RETURN(slots, AutoSlots(*self->link_, options, expert_bytes, owned));
+    }
+    FMOE_ASSIGN_OR_RETURN(self->slots_,
+                          self->link_->AllocateDevice(static_cast<size_t>(slots) * expert_bytes));
   }
-  FMOE_ASSIGN_OR_RETURN(self->slots_,
-                        self->link_->AllocateDevice(static_cast<size_t>(slots) * expert_bytes));
   self->MakeSlotViews(slots, options);
 
   ExpertCacheOptions cache_options;
@@ -105,6 +112,7 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   cache_options.world_size = options.world_size;
   cache_options.expert_bytes = expert_bytes;
   cache_options.slots = slots;
+  cache_options.slot_stride = self->page_bytes_;  // 0 without a shared budget.
   cache_options.max_inflight_prefetches = options.max_inflight_prefetches;
   cache_options.preload = options.preload;
   cache_options.hybrid = options.hybrid;
@@ -112,7 +120,7 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   cache_options.tiered = self->tier_ != nullptr;
   FMOE_ASSIGN_OR_RETURN(self->cache_,
                         ExpertCache::Create(cache_options, std::move(policy), self->link_.get(),
-                                            std::move(addresses), self->slots_, clock));
+                                            std::move(addresses), self->SlotBase(), clock));
   if (self->tier_ != nullptr) {
     // The host tier evicts by the device cache's score: the same predicted next use.
     const ExpertCache* cache = self->cache_.get();
@@ -249,10 +257,87 @@ void CachedExperts::MakeSlotViews(uint32_t slots, const CachedExpertsOptions& op
   const at::Device device = options.cuda_index >= 0
                                 ? at::Device(at::kCUDA, static_cast<int8_t>(options.cuda_index))
                                 : at::Device(at::kCPU);
+  const size_t stride = page_bytes_ != 0 ? page_bytes_ : expert_bytes();
   for (uint32_t s = 0; s < slots; ++s) {
-    slot_views_.push_back(
-        ViewsAt(static_cast<char*>(slots_) + static_cast<size_t>(s) * expert_bytes(), device));
+    slot_views_.push_back(ViewsAt(SlotBase() + static_cast<size_t>(s) * stride, device));
   }
+}
+
+Result<uint32_t> CachedExperts::PlanSharedBudget(const CachedExpertsOptions& options,
+                                                 uint32_t owned) {
+  const CachedExpertsOptions::SharedBudget& b = *options.shared;
+  const auto bad = [](const std::string& what) { return InvalidArgument("memory: " + what); };
+  if (b.page_quantum == 0) return bad("no KV block size (page_quantum)");
+  if (!(b.kv_floor >= 0 && b.kv_floor < 1) || !(b.expert_floor >= 0 && b.expert_floor < 1) ||
+      !(b.kv_floor + b.expert_floor <= 1)) {
+    return bad("kv_floor " + std::to_string(b.kv_floor) + " and expert_floor " +
+               std::to_string(b.expert_floor) + " must be in [0, 1) and sum to at most 1");
+  }
+  double budget = 0;
+  std::string source;
+  if (b.device_gb) {
+    budget = *b.device_gb * 1e9;
+    source = fmt::format("device_gb {:g}", *b.device_gb);
+  } else {
+    if (!(b.device_fraction > 0 && b.device_fraction <= 1)) {
+      return bad("device_fraction " + std::to_string(b.device_fraction) + " is not in (0, 1]");
+    }
+    FMOE_ASSIGN_OR_RETURN(const uint64_t free, link_->FreeDeviceBytes());
+    budget = b.device_fraction * static_cast<double>(free);
+    source = fmt::format("device_fraction {:g} of {:.2f} GB free on the {} link", b.device_fraction,
+                         static_cast<double>(free) / 1e9, link_->name());
+  }
+  // A page holds an expert or whole KV blocks, and starts 256-byte aligned.
+  const uint64_t unit = std::lcm<uint64_t>(b.page_quantum, 256);
+  page_bytes_ = (expert_bytes() + unit - 1) / unit * unit;
+  const double pages = std::floor(budget / static_cast<double>(page_bytes_));
+  const auto at_least = [&](double fraction) {
+    return static_cast<uint32_t>(std::max(1.0, std::ceil(fraction * pages - 1e-9)));
+  };
+  const uint32_t kv_floor = at_least(b.kv_floor);
+  const uint32_t expert_floor = at_least(b.expert_floor);
+  if (pages < 2 || kv_floor + expert_floor > pages) {
+    return ResourceExhausted(fmt::format(
+        "memory: a budget of {:.3f} GB ({}) holds {} pages of {} bytes (an expert of {} bytes, or "
+        "{} KV blocks); it needs {} for the KV floor and {} for the experts' floor",
+        budget / 1e9, source, pages, page_bytes_, expert_bytes(), page_bytes_ / b.page_quantum,
+        kv_floor, expert_floor));
+  }
+  pages_ = static_cast<uint32_t>(std::min<double>(pages, UINT32_MAX / 2));
+  // Pages beyond one per owned expert are the pool's for good.
+  const uint32_t slots = std::min(pages_ - kv_floor, owned);
+  kv_floor_pages_ = pages_ - slots;
+  expert_floor_slots_ = std::min(expert_floor, slots);
+  spdlog::info(
+      "memory: one device budget of {:.3f} GB ({}): {} pages of {:.2f} MB (an expert, or {} KV "
+      "blocks of 16 positions); the KV pool keeps {} and may borrow up to {} of the {} expert "
+      "slots ({} stay experts')",
+      budget / 1e9, source, pages_, static_cast<double>(page_bytes_) / 1e6,
+      page_bytes_ / b.page_quantum, kv_floor_pages_, slots - expert_floor_slots_, slots,
+      expert_floor_slots_);
+  return slots;
+}
+
+std::optional<KvArena> CachedExperts::kv_arena() {
+  if (pages_ == 0) return std::nullopt;
+  KvArena a;
+  a.base = slots_;
+  a.page_bytes = page_bytes_;
+  a.pages = pages_;
+  a.floor_pages = kv_floor_pages_;
+  a.max_pages = pages_ - expert_floor_slots_;
+  a.lender = this;
+  return a;
+}
+
+std::optional<uint32_t> CachedExperts::Lend() {
+  std::optional<uint32_t> slot = cache_->LendSlot(expert_floor_slots_);
+  if (!slot) return std::nullopt;
+  return kv_floor_pages_ + *slot;
+}
+
+void CachedExperts::Return(uint32_t page) {
+  if (page >= kv_floor_pages_) cache_->ReturnSlot(page - kv_floor_pages_);
 }
 
 CachedExperts::~CachedExperts() {

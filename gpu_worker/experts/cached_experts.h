@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "gpu_worker/cache/expert_cache.h"
 #include "gpu_worker/cache/store/host_tier.h"
+#include "gpu_worker/core/kv_blocks.h"
 #include "gpu_worker/experts/expert_source.h"
 
 namespace fmoe {
@@ -61,9 +62,25 @@ struct CachedExpertsOptions {
   bool host_cache_auto = false;
   uint64_t host_reserve_bytes = uint64_t{4} << 30;  // Default: 4 GiB
   DiskReaderOptions disk;                           // The host tier's reader.
+  // One device budget for the experts and the KV pool (DESIGN section 14; the manifest's
+  // `memory`), which overrides cache_gb, cache_fraction and cache_auto: the slot memory is the
+  // whole budget cut into pages, each an expert's bytes rounded up to a multiple of
+  // `page_quantum` (one KV block of every full-attention layer) so that a page holds either an
+  // expert or whole KV blocks. The first pages are the KV pool's for good (kv_floor of the
+  // budget, at least one page, and every page beyond one per owned expert); the others are
+  // slots the pool borrows as sequences need blocks (kv_arena()) while at least expert_floor of
+  // the budget (at least one slot) stays the experts'.
+  struct SharedBudget {
+    std::optional<double> device_gb;  // (0, 100000]: the budget in 1e9 bytes; else
+    double device_fraction = 0.9;     // (0, 1] of the link's free bytes after the dense weights.
+    double kv_floor = 0.1;            // [0, 1)
+    double expert_floor = 0.1;        // [0, 1)
+    uint64_t page_quantum = 0;        // Required (> 0).
+  };
+  std::optional<SharedBudget> shared;
 };
 
-class CachedExperts final : public ExpertSource {
+class CachedExperts final : public ExpertSource, public KvPageLender {
  public:
   // Takes the experts the loader read (host memory, compute dtype); experts other ranks own may
   // be undefined tensors. kInvalidArgument for a budget that holds no expert or a bad policy.
@@ -94,6 +111,12 @@ class CachedExperts final : public ExpertSource {
   const ExpertCache& cache() const { return *cache_; }
   ExpertCache& cache() { return *cache_; }
 
+  // With a shared budget: the pages the KV pool lives in; nullopt without one.
+  std::optional<KvArena> kv_arena();
+  // KvPageLender (engine thread, between iterations): page floor_pages + s is the cache's slot s.
+  std::optional<uint32_t> Lend() override;
+  void Return(uint32_t page) override;
+
  private:
   CachedExperts() = default;
   // Where one stored tensor of an expert sits in its packed bytes.
@@ -111,11 +134,18 @@ class CachedExperts final : public ExpertSource {
   Result<std::vector<const void*>> PackHost(ExpertTable* experts,
                                             const CachedExpertsOptions& options, uint32_t owned);
   void MakeSlotViews(uint32_t slots, const CachedExpertsOptions& options);
+  // A shared budget's pages: sets page_bytes_, pages_, kv_floor_pages_, expert_floor_slots_ and
+  // returns the cache's slots.
+  Result<uint32_t> PlanSharedBudget(const CachedExpertsOptions& options, uint32_t owned);
   // An expert's tensors over its packed bytes at `base`, on `device`.
   ExpertWeights ViewsAt(char* base, at::Device device) const;
   // Unpins the host tier's copy of the host run that just finished (with a tier).
   void ReleaseHostKey();
   size_t expert_bytes() const { return expert_bytes_; }
+  // Slot 0's first byte (after a shared budget's KV floor pages).
+  char* SlotBase() const {
+    return static_cast<char*>(slots_) + size_t{kv_floor_pages_} * page_bytes_;
+  }
 
   // With experts on disk: the host tier; the cache's link is a TieredLink in front of it.
   // Returns the experts' addresses (all null: the link finds them by key).
@@ -127,8 +157,14 @@ class CachedExperts final : public ExpertSource {
   std::unique_ptr<ExpertCache> cache_;
   void* host_ = nullptr;  // Packed experts, expert_bytes_ apart.
   size_t host_bytes_ = 0;
-  void* slots_ = nullptr;
-  std::vector<ExpertWeights> slot_views_;    // Per slot: its expert's tensors over its bytes.
+  void* slots_ = nullptr;  // The device memory (with a shared budget: every page).
+  std::vector<ExpertWeights> slot_views_;  // Per slot: its expert's tensors over its bytes.
+  // A shared budget (0 pages without): pages of page_bytes_; the slots begin after the KV
+  // pool's floor pages.
+  uint64_t page_bytes_ = 0;
+  uint32_t pages_ = 0;
+  uint32_t kv_floor_pages_ = 0;
+  uint32_t expert_floor_slots_ = 0;
   std::vector<const void*> host_addresses_;  // Per expert key: its packed host copy.
   bool cuda_ = false;
   double host_slowdown_ = 1.0;

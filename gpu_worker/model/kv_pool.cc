@@ -14,28 +14,50 @@ constexpr uint32_t kInitialBlocks = 64;
 
 }  // namespace
 
+uint64_t KvPool::BlockBytes(const std::vector<LayerShape>& layers, at::ScalarType dtype) {
+  const auto elem = static_cast<int64_t>(at::elementSize(dtype));
+  uint64_t bytes = 0;
+  for (const LayerShape& s : layers) {
+    if (s.window > 0) continue;
+    bytes += static_cast<uint64_t>(s.rows * (s.k_width + s.v_width) * elem) * kKvBlockTokens;
+  }
+  return bytes;
+}
+
 KvPool::KvPool(std::vector<LayerShape> layers, at::TensorOptions tensor_options,
                KvPoolOptions options)
-    : shapes_(std::move(layers)), tensor_options_(tensor_options), fixed_(options.tokens > 0) {
-  const uint64_t blocks64 =
-      fixed_ ? (options.tokens + kKvBlockTokens - 1) / kKvBlockTokens : kInitialBlocks;
-  const auto blocks = static_cast<uint32_t>(std::min<uint64_t>(blocks64, UINT32_MAX));
+    : shapes_(std::move(layers)),
+      tensor_options_(tensor_options),
+      fixed_(options.tokens > 0 || options.arena.has_value()),
+      arena_(options.arena) {
+  const int64_t elem =
+      static_cast<int64_t>(at::elementSize(c10::typeMetaToScalarType(tensor_options_.dtype())));
   int64_t sliding_window = 0;
   for (const LayerShape& s : shapes_) {
     if (s.window > 0) sliding_window = s.window;
   }
   const bool prefix = options.prefix_caching && sliding_window == 0;
-  groups_.push_back(Group{KvBlockAllocator(blocks, prefix), 0, 0, {}});
+  uint64_t blocks64 =
+      fixed_ ? (options.tokens + kKvBlockTokens - 1) / kKvBlockTokens : kInitialBlocks;
+  uint32_t present = UINT32_MAX;
+  if (arena_) {
+    const uint64_t block_bytes = BlockBytes(shapes_, c10::typeMetaToScalarType(tensor_options_.dtype()));
+    blocks_per_page_ = static_cast<uint32_t>(arena_->page_bytes / std::max<uint64_t>(block_bytes, 1));
+    blocks64 = uint64_t{arena_->pages} * blocks_per_page_;
+    present = arena_->floor_pages * blocks_per_page_;
+  }
+  const auto blocks = static_cast<uint32_t>(std::min<uint64_t>(blocks64, UINT32_MAX));
+  groups_.push_back(Group{KvBlockAllocator(blocks, prefix, present), 0, 0, {}});
   if (sliding_window > 0) {
-    uint32_t sliding_blocks = blocks;
+    uint32_t sliding_blocks = arena_ ? static_cast<uint32_t>(std::min<uint64_t>(
+                                           uint64_t{arena_->max_pages} * blocks_per_page_, UINT32_MAX))
+                                     : blocks;
     if (fixed_ && options.sliding_tokens > 0) {
       sliding_blocks = static_cast<uint32_t>(std::min<uint64_t>(
-          (options.sliding_tokens + kKvBlockTokens - 1) / kKvBlockTokens, blocks));
+          (options.sliding_tokens + kKvBlockTokens - 1) / kKvBlockTokens, sliding_blocks));
     }
     groups_.push_back(Group{KvBlockAllocator(sliding_blocks, false), sliding_window, 0, {}});
   }
-  const int64_t elem =
-      static_cast<int64_t>(at::elementSize(c10::typeMetaToScalarType(tensor_options_.dtype())));
   layer_group_.resize(shapes_.size());
   for (size_t l = 0; l < shapes_.size(); ++l) {
     const LayerShape& s = shapes_[l];
@@ -50,6 +72,25 @@ KvPool::KvPool(std::vector<LayerShape> layers, at::TensorOptions tensor_options,
 }
 
 void KvPool::Materialize() {
+  if (arena_ && !groups_[0].layers.empty() && !k_[groups_[0].layers[0]].defined()) {
+    // Views of the arena: position row r of every layer is at r * row bytes, each layer's keys
+    // and values at their offset in the row.
+    const int64_t elem =
+        static_cast<int64_t>(at::elementSize(c10::typeMetaToScalarType(tensor_options_.dtype())));
+    const auto row_elems = static_cast<int64_t>(groups_[0].block_bytes / kKvBlockTokens) / elem;
+    const int64_t rows = int64_t{groups_[0].alloc.max_blocks()} * kKvBlockTokens;
+    auto* base = static_cast<char*>(arena_->base);
+    int64_t offset = 0;  // Elements into the row.
+    for (size_t l : groups_[0].layers) {
+      const LayerShape& s = shapes_[l];
+      k_[l] = at::from_blob(base + offset * elem, {rows, s.rows, s.k_width},
+                            {row_elems, s.k_width, 1}, tensor_options_);
+      offset += s.rows * s.k_width;
+      v_[l] = at::from_blob(base + offset * elem, {rows, s.rows, s.v_width},
+                            {row_elems, s.v_width, 1}, tensor_options_);
+      offset += s.rows * s.v_width;
+    }
+  }
   for (size_t l = 0; l < shapes_.size(); ++l) {
     if (k_[l].defined()) continue;
     const LayerShape& s = shapes_[l];
@@ -59,6 +100,39 @@ void KvPool::Materialize() {
     k_[l] = at::empty({rows, s.rows, s.k_width}, tensor_options_);
     v_[l] = at::empty({rows, s.rows, s.v_width}, tensor_options_);
   }
+}
+
+bool KvPool::Borrow(uint32_t blocks) {
+  if (!arena_ || arena_->lender == nullptr) return false;
+  KvBlockAllocator& alloc = groups_[0].alloc;
+  while (alloc.free_blocks() < blocks) {
+    if (alloc.total_blocks() + blocks_per_page_ > max_arena_blocks()) return false;
+    const std::optional<uint32_t> page = arena_->lender->Lend();
+    if (!page || *page >= arena_->pages) return false;
+    alloc.Add(*page * blocks_per_page_, blocks_per_page_);
+    borrowed_.push_back(*page);
+    ++pages_borrowed_;
+  }
+  return true;
+}
+
+uint32_t KvPool::ReturnIdle() {
+  if (!arena_ || arena_->lender == nullptr) return 0;
+  KvBlockAllocator& alloc = groups_[0].alloc;
+  uint32_t returned = 0;
+  for (size_t i = borrowed_.size(); i > 0; --i) {
+    const uint32_t page = borrowed_[i - 1];
+    const uint32_t first = page * blocks_per_page_;
+    if (alloc.free_blocks() < 2 * blocks_per_page_ || !alloc.Unreferenced(first, blocks_per_page_)) {
+      continue;
+    }
+    alloc.Remove(first, blocks_per_page_);
+    arena_->lender->Return(page);
+    borrowed_.erase(borrowed_.begin() + static_cast<std::ptrdiff_t>(i - 1));
+    ++pages_returned_;
+    ++returned;
+  }
+  return returned;
 }
 
 bool KvPool::Grow(int group) {
@@ -86,11 +160,19 @@ KvPoolFigures KvPool::figures() const {
   KvPoolFigures f;
   f.fixed = fixed_;
   f.total_blocks = groups_[0].alloc.total_blocks();
+  f.max_blocks = arena_ ? max_arena_blocks() : f.total_blocks;
   f.used_blocks = groups_[0].alloc.used_blocks();
   f.blocks = groups_[0].alloc.stats();
   for (const Group& g : groups_) {
     f.bytes += uint64_t{g.alloc.total_blocks()} * g.block_bytes;
     f.bytes_per_token += g.block_bytes / kKvBlockTokens;
+  }
+  if (arena_) {
+    const uint64_t kv_pages = arena_->floor_pages + borrowed_.size();
+    f.bytes += kv_pages * arena_->page_bytes - uint64_t{f.total_blocks} * groups_[0].block_bytes;
+    f.expert_bytes = (arena_->pages - kv_pages) * arena_->page_bytes;
+    f.pages_borrowed = pages_borrowed_;
+    f.pages_returned = pages_returned_;
   }
   return f;
 }
@@ -126,9 +208,11 @@ bool KvCache::Reserve(int64_t tokens) {
   const auto end = static_cast<uint64_t>(length_ + tokens);
   if (pool_->fixed()) {
     for (size_t g = 0; g < tables_.size(); ++g) {
-      if (tables_[g].BlocksFor(end) > pool_->allocator(static_cast<int>(g)).free_blocks()) {
-        return false;
-      }
+      const uint32_t need = tables_[g].BlocksFor(end);
+      if (need <= pool_->allocator(static_cast<int>(g)).free_blocks()) continue;
+      // One device budget: the first group borrows pages for what its own blocks cannot hold.
+      if (g == 0 && pool_->Borrow(need)) continue;
+      return false;
     }
   }
   pool_->Materialize();

@@ -13,11 +13,20 @@
 //
 // A pool with a token budget is fixed: Reserve fails when its blocks are taken (the engine then
 // preempts or waits). A pool without one (tests, `fmoe generate`) grows by doubling when full.
+//
+// One device budget (KvPoolOptions::arena, DESIGN section 14): the first group's blocks live in
+// pages of device memory shared with the expert cache. Each page is an expert's slot or
+// page_bytes / block_bytes blocks; a block's positions of every layer are one run of bytes (a
+// position's keys and values of each layer in turn), so position rows are evenly spaced over
+// all pages and each layer's tensors are strided views of the whole memory. Reserve borrows
+// pages from the lender when the pool's own are taken (the cache evicts an expert for each), and
+// ReturnIdle gives back borrowed pages nobody references, keeping a page of free blocks.
 // One owner thread (the engine's); caches keep the pool alive.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -38,16 +47,26 @@ struct KvPoolOptions {
   // With `tokens` set: positions of the sliding-window layers' blocks (they keep only a window
   // per sequence); 0 = as many as `tokens`. Default: 0
   uint64_t sliding_tokens = 0;
+  // One device budget: the first group lives in these pages (`tokens` is then ignored; the
+  // arena's page_bytes must be a multiple of the group's block bytes, KvPool::BlockBytes).
+  // Default: none
+  std::optional<KvArena> arena = std::nullopt;
 };
 
 // What a pool holds, for /metrics and /health.
 struct KvPoolFigures {
   bool fixed = false;
-  uint64_t total_blocks = 0;  // Of the first group.
+  uint64_t total_blocks = 0;  // Of the first group, held now.
+  uint64_t max_blocks = 0;    // Of the first group, the most it may hold (one budget: borrowed).
   uint64_t used_blocks = 0;   // Referenced by a sequence (first group).
-  uint64_t bytes = 0;         // The pool's tensors, every group.
+  uint64_t bytes = 0;         // The pool's memory now, every group.
   uint64_t bytes_per_token = 0;
   KvBlockStats blocks;  // The first group's prefix-cache figures.
+  // One device budget: the bytes of the pages the expert cache holds now (slots), and the
+  // pages borrowed and given back since start.
+  uint64_t expert_bytes = 0;
+  uint64_t pages_borrowed = 0;
+  uint64_t pages_returned = 0;
 };
 
 class KvPool {
@@ -60,21 +79,33 @@ class KvPool {
   };
   KvPool(std::vector<LayerShape> layers, at::TensorOptions tensor_options, KvPoolOptions options);
 
+  // Bytes of one block of the first group's layers (16 positions, keys and values).
+  static uint64_t BlockBytes(const std::vector<LayerShape>& layers, at::ScalarType dtype);
+
   size_t groups() const { return groups_.size(); }
   int group_of(size_t layer) const { return layer_group_[layer]; }
   int64_t window(int group) const { return groups_[group].window; }
   bool fixed() const { return fixed_; }
+  const std::optional<KvArena>& arena() const { return arena_; }
   bool prefix_caching() const { return groups_[0].alloc.prefix_caching(); }
   KvBlockAllocator& allocator(int group) { return groups_[group].alloc; }
   // Layer l's tensors, [blocks * 16, rows, width]; allocated on first use.
   at::Tensor& k(size_t layer) { return k_[layer]; }
   at::Tensor& v(size_t layer) { return v_[layer]; }
   // Positions one group's blocks hold (the first group's: what one sequence can reach).
+  // With one device budget: the most it may borrow.
   uint64_t capacity_tokens() const {
-    return uint64_t{groups_[0].alloc.total_blocks()} * kKvBlockTokens;
+    return uint64_t{arena_ ? max_arena_blocks() : groups_[0].alloc.total_blocks()} *
+           kKvBlockTokens;
   }
   // A growing pool: `group` doubled (its tensors copied). false for a fixed pool.
   bool Grow(int group);
+  // One device budget: pages borrowed until the first group has `blocks` free blocks; false
+  // when the lender has none to give (or the pool is at its most).
+  bool Borrow(uint32_t blocks);
+  // One device budget: borrowed pages that no sequence references go back to the lender, the
+  // last borrowed first, while a page of free blocks stays. Returns the pages given back.
+  uint32_t ReturnIdle();
   // The tensors, allocated if they are not yet (a LibTorch error throws).
   void Materialize();
   KvPoolFigures figures() const;
@@ -87,9 +118,15 @@ class KvPool {
     uint64_t block_bytes = 0;
     std::vector<size_t> layers;
   };
+  uint32_t max_arena_blocks() const { return arena_->max_pages * blocks_per_page_; }
+
   std::vector<LayerShape> shapes_;
   at::TensorOptions tensor_options_;
   bool fixed_ = false;
+  std::optional<KvArena> arena_;
+  uint32_t blocks_per_page_ = 0;
+  std::vector<uint32_t> borrowed_;  // Pages borrowed, in order.
+  uint64_t pages_borrowed_ = 0, pages_returned_ = 0;
   std::vector<Group> groups_;
   std::vector<int> layer_group_;
   std::vector<at::Tensor> k_, v_;

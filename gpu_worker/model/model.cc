@@ -464,7 +464,7 @@ Status MoeModel::LoadLatentAttention(const ModelInfo& info, TensorLoader& loader
   return Status::Ok();
 }
 
-void MoeModel::ConfigureKv(const KvPoolOptions& options) {
+std::vector<KvPool::LayerShape> MoeModel::KvShapes() const {
   const Impl& m = *impl_;
   const ModelInfo& info = info_;
   std::vector<KvPool::LayerShape> shapes(m.layers.size());
@@ -477,6 +477,17 @@ void MoeModel::ConfigureKv(const KvPoolOptions& options) {
            m.layers[l].attention.window};
     }
   }
+  return shapes;
+}
+
+uint64_t MoeModel::kv_block_bytes() const {
+  return KvPool::BlockBytes(KvShapes(), c10::typeMetaToScalarType(impl_->opts().dtype()));
+}
+
+void MoeModel::ConfigureKv(const KvPoolOptions& options) {
+  const Impl& m = *impl_;
+  const ModelInfo& info = info_;
+  std::vector<KvPool::LayerShape> shapes = KvShapes();
   KvPoolOptions kv = options;
   // LongRoPE rotates a prompt's keys by the sequence's length at the Forward that computes them,
   // so a cached prefix's keys are not those a longer prompt would compute: no prefix caching.
@@ -491,6 +502,17 @@ std::unique_ptr<KvCache> MoeModel::NewKvCache() {
 
 Status MoeModel::MaterializeKv() {
   if (!pool_) ConfigureKv({});
+  if (const std::optional<KvArena>& a = pool_->arena()) {
+    const uint64_t block = kv_block_bytes();
+    if (block == 0 || a->page_bytes % block != 0 || a->page_bytes < block || a->base == nullptr ||
+        a->floor_pages == 0 || a->floor_pages > a->max_pages || a->max_pages > a->pages) {
+      return InvalidArgument("model: a KV arena of " + std::to_string(a->pages) + " pages of " +
+                             std::to_string(a->page_bytes) + " bytes (floor " +
+                             std::to_string(a->floor_pages) + ", at most " +
+                             std::to_string(a->max_pages) + ") does not hold whole KV blocks of " +
+                             std::to_string(block) + " bytes");
+    }
+  }
   const std::string what = "model: the KV pool's " + std::to_string(pool_->figures().bytes) +
                            " bytes could not be allocated (lower kv_cache_tokens): ";
   try {

@@ -115,8 +115,17 @@ class MoeModel {
   // this is called the pool grows on demand.
   void ConfigureKv(const KvPoolOptions& options);
   // A fixed pool's tensors allocated now (at start, not at the first request): kResourceExhausted
-  // naming the bytes when the device cannot hold them.
+  // naming the bytes when the device cannot hold them; kInvalidArgument for an arena whose pages
+  // do not hold whole blocks.
   Status MaterializeKv();
+  // Bytes of one KV block (16 positions) of the full-attention layers at the compute dtype: the
+  // page quantum of one device budget (KvPoolOptions::arena).
+  uint64_t kv_block_bytes() const;
+  // One device budget: borrowed pages nobody references go back to the expert cache
+  // (KvPool::ReturnIdle). Between Forwards.
+  uint32_t ReturnIdleKv() { return pool_ ? pool_->ReturnIdle() : 0; }
+  // The pool's arena (one device budget), or null.
+  const KvArena* kv_arena() const { return pool_ && pool_->arena() ? &*pool_->arena() : nullptr; }
   // An empty cache in the pool.
   std::unique_ptr<KvCache> NewKvCache();
   KvPoolFigures kv_figures() const;
@@ -179,6 +188,7 @@ class MoeModel {
   Status LayOutBatch(Batch* batch, std::vector<int64_t>* ids, int64_t* max_end) const;
   // The rotary tables up to position `max_end` (doubling).
   void GrowRotaryTables(int64_t max_end);
+  std::vector<KvPool::LayerShape> KvShapes() const;
   // Each sequence's blocks for its new tokens (kResourceExhausted when a fixed pool is full),
   // and per layer group and sequence the pool rows its attention reads (Batch::slots).
   Status ReserveKv(Batch* batch) const;

@@ -109,13 +109,16 @@ TEST(Codec, RoundTripWorkerHeartbeat) {
                      .free_slots = 3,
                      .active_requests = 12,
                      .experts = {1, 2, 3, 4, 1ull << 35, 6, 7, 8, 1ull << 36, 9, 1ull << 37, 10},
-                     .kv = {4096, 17, 1ull << 33, 1ull << 32, 5}};
+                     .kv = {4096, 17, 1ull << 33, 1ull << 32, 5, 8192, 1ull << 34, 1ull << 38}};
   auto out = RoundTripAs<WorkerHeartbeat, WorkerMessage>(in);
   EXPECT_EQ(out.kv.total_blocks, 4096u);
   EXPECT_EQ(out.kv.used_blocks, 17u);
   EXPECT_EQ(out.kv.prefix_queries, 1ull << 33);
   EXPECT_EQ(out.kv.prefix_hits, 1ull << 32);
   EXPECT_EQ(out.kv.preemptions, 5u);
+  EXPECT_EQ(out.kv.max_blocks, 8192u);
+  EXPECT_EQ(out.kv.kv_bytes, 1ull << 34);
+  EXPECT_EQ(out.kv.expert_bytes, 1ull << 38);
   EXPECT_EQ(out.experts.hits, 1u);
   EXPECT_EQ(out.experts.misses, 2u);
   EXPECT_EQ(out.experts.prefetches_issued, 3u);
@@ -654,6 +657,11 @@ TEST(CodecReject, HeartbeatKvFiguresOutOfRange) {
   error = Reject<WorkerMessage>(Encode(WorkerMessage(hb)));
   EXPECT_EQ(error.reason, DropReason::kOutOfRange);
   EXPECT_NE(error.detail.find("prefix_cache_hits: 32 exceeds"), std::string::npos) << error.detail;
+  hb.kv = {8, 1, 0, 0, 0, 4, 0, 0};  // A pool's most below what it holds.
+  error = Reject<WorkerMessage>(Encode(WorkerMessage(hb)));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_NE(error.detail.find("kv_blocks_max: 4 is below kv_blocks_total 8"), std::string::npos)
+      << error.detail;
 }
 
 // An envelope built with the raw builder: protocol_version, body_type 200, body an empty table.

@@ -128,6 +128,13 @@ void ExpectManifestEq(const Manifest& a, const Manifest& b) {
     EXPECT_EQ(x.host_cache_gb, y.host_cache_gb);
     EXPECT_EQ(x.host_cache_fraction, y.host_cache_fraction);
     EXPECT_EQ(x.host_cache_auto, y.host_cache_auto);
+    EXPECT_EQ(x.memory.has_value(), y.memory.has_value());
+    if (x.memory && y.memory) {
+      EXPECT_EQ(x.memory->device_gb, y.memory->device_gb);
+      EXPECT_EQ(x.memory->device_fraction, y.memory->device_fraction);
+      EXPECT_EQ(x.memory->kv_floor, y.memory->kv_floor);
+      EXPECT_EQ(x.memory->expert_floor, y.memory->expert_floor);
+    }
     EXPECT_EQ(x.link.gbps, y.link.gbps);
     EXPECT_EQ(x.link.latency_us, y.link.latency_us);
     EXPECT_EQ(x.hybrid.enabled, y.hybrid.enabled);
@@ -750,7 +757,7 @@ std::vector<BadCase> BadCases() {
        "manifest: worker_groups[0].collective_timeout: unknown key; allowed keys: name, policy, "
        "max_batch, max_batched_tokens, queue_limit, kv_cache_tokens, prefix_caching, "
        "expert_cache_gb, expert_cache_fraction, "
-       "memory_utilization, host_cache_gb, host_cache_fraction, link, "
+       "memory_utilization, memory, host_cache_gb, host_cache_fraction, link, "
        "hybrid, rendezvous, "
        "collective_timeout_s, rendezvous_timeout_s, record_trace, workers"},
       {"RecordTraceEmpty", OneGroup("{name: g, record_trace: \"\", workers: [{}]}"),
@@ -959,6 +966,63 @@ worker_groups:
   EXPECT_NE(only.status().message().find("applies only with expert_cache_gb: auto"),
             std::string::npos)
       << only.status().message();
+}
+
+TEST(Manifest, OneDeviceBudgetForKvAndExperts) {
+  auto m = ParseManifest(R"(model: {path: /m}
+worker_groups:
+  - name: g0
+    memory: {device_gb: 70, kv_floor: 0.2, expert_floor: 0.3}
+    workers: [{device: cuda:0}]
+  - name: g1
+    memory: {}
+    workers: [{}]
+)",
+                         "/etc/fmoe.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const WorkerGroupSpec& g0 = m->worker_groups[0];
+  ASSERT_TRUE(g0.memory.has_value());
+  EXPECT_EQ(g0.memory->device_gb, 70.0);
+  EXPECT_EQ(g0.memory->kv_floor, 0.2);
+  EXPECT_EQ(g0.memory->expert_floor, 0.3);
+  EXPECT_FALSE(g0.expert_cache_fraction.has_value());
+  const WorkerGroupSpec& g1 = m->worker_groups[1];
+  ASSERT_TRUE(g1.memory.has_value());
+  EXPECT_FALSE(g1.memory->device_gb.has_value());
+  EXPECT_EQ(g1.memory->device_fraction, 0.9) << "the default";
+  EXPECT_EQ(g1.memory->kv_floor, 0.1);
+  const std::string described = DescribeManifest(*m);
+  auto again = ParseManifest(described, "/etc/fmoe.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << described;
+  ExpectManifestEq(*m, *again);
+
+  const std::pair<const char*, const char*> bad[] = {
+      {"memory: {device_gb: 8}\n    expert_cache_fraction: 0.5",
+       "expert_cache_fraction cannot be set with it"},
+      {"memory: {device_gb: 8}\n    kv_cache_tokens: 4096",
+       "kv_cache_tokens cannot be set with it"},
+      {"memory: {device_gb: 8, device_fraction: 0.5}", "device_gb and device_fraction are both"},
+      {"memory: {kv_floor: 0.6, expert_floor: 0.6}", "exceed 1"},
+      {"memory: {kv_floor: 1}", "worker_groups[0].memory.kv_floor"},
+      {"memory: {device_gb: 0}", "worker_groups[0].memory.device_gb"},
+      {"memory: {budget: 3}", "worker_groups[0].memory.budget: unknown key"},
+      {"memory: 8", "worker_groups[0].memory: expected a map"},
+  };
+  for (const auto& [text, error] : bad) {
+    auto r = ParseManifest(std::string("model: {path: /m}\nworker_groups:\n  - name: g0\n    ") +
+                               text + "\n    workers: [{}]\n",
+                           "/etc/fmoe.yaml");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find(error), std::string::npos)
+        << text << ": " << r.status().message();
+  }
+  auto two = ParseManifest(
+      "model: {path: /m}\nworker_groups:\n  - name: g0\n    memory: {}\n"
+      "    workers: [{}, {}]\n",
+      "/etc/fmoe.yaml");
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("needs a group of one rank, not 2"), std::string::npos)
+      << two.status().message();
 }
 
 TEST(Manifest, KvPoolAndToolCallParserKeys) {

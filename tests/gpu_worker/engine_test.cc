@@ -17,6 +17,7 @@
 
 #include "common/model/model_config.h"
 #include "common/text/tokenizer.h"
+#include "gpu_worker/experts/cached_experts.h"
 #include "gpu_worker/experts/expert_source.h"
 #include "gpu_worker/model/model.h"
 #include "tests/testing/model_fixture.h"
@@ -98,14 +99,16 @@ struct Outcome {
 class EngineHarness {
  public:
   explicit EngineHarness(uint32_t max_batch, ForwardObserver* observer = nullptr,
-                         std::vector<int32_t> eos_token_ids = {}, uint32_t max_batched_tokens = 0) {
+                         std::vector<int32_t> eos_token_ids = {}, uint32_t max_batched_tokens = 0,
+                         ExpertSource* experts = nullptr) {
     Loaded& f = Fixture();
     EngineOptions options;
     options.max_batch = max_batch;
     options.max_batched_tokens = max_batched_tokens;
     options.eos_token_ids = std::move(eos_token_ids);
-    engine_ = std::make_unique<Engine>(options, *f.model, Experts(), f.tokenizer.get(), observer,
-                                       [this](const TokenEvent& ev) { OnEvent(ev); });
+    engine_ = std::make_unique<Engine>(
+        options, *f.model, experts != nullptr ? *experts : Experts(), f.tokenizer.get(), observer,
+        [this](const TokenEvent& ev) { OnEvent(ev); });
   }
   Engine& engine() { return *engine_; }
   void Submit(uint64_t id, std::vector<int32_t> prompt, SamplingParams sampling) {
@@ -296,6 +299,79 @@ TEST(Engine, PreemptionGivesTheTokensOfAnUninterruptedRun) {
 
 // A request that could not fit the pool even alone is refused when it arrives, naming the
 // limit; the others run.
+// One device budget: the KV pool starts with one page of its own and borrows the expert cache's
+// slots as a burst of requests needs blocks (the cache evicting by its policy), and gives them
+// back as they finish. Every request gets the tokens of an all-resident run with a roomy pool,
+// greedy and sampled, with and without prefix caching; nobody is preempted while the cache has
+// slots above its floor.
+TEST(Engine, OneDeviceBudgetLendsExpertSlotsToTheKvPoolAndStaysLossless) {
+  auto params = [](size_t i) { return i % 2 ? Sampled(40, 900 + i) : Greedy(40); };
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < 6; ++i) prompts.push_back(Encode(kPrompts[i % kPrompts.size()]));
+  std::map<uint64_t, std::vector<int32_t>> roomy;
+  {
+    ScopedKvPool pool(4096, false);
+    EngineHarness h(6);
+    for (size_t i = 0; i < prompts.size(); ++i) h.Submit(i + 1, prompts[i], params(i));
+    h.RunToEnd();
+    for (auto& [id, o] : h.outcomes) roomy[id] = o.tokens;
+  }
+  for (bool prefix : {false, true}) {
+    SCOPED_TRACE(prefix ? "prefix caching" : "no prefix caching");
+    Loaded& f = Fixture();
+    const uint64_t block = f.model->kv_block_bytes();
+    CachedExpertsOptions o;
+    o.policy = "lru";
+    o.top_k = f.model->info().top_k;
+    o.link.gbps = 1000;
+    o.link.latency_us = 0;
+    CachedExpertsOptions::SharedBudget b;
+    b.page_quantum = block;
+    b.kv_floor = 0.1;
+    b.expert_floor = 0.1;
+    // Ten pages: an expert's bytes rounded up to whole blocks (as CachedExperts does).
+    const uint64_t expert_bytes = 3ull * f.model->info().hidden_size *
+                                  f.model->info().intermediate_size * sizeof(float);
+    const uint64_t unit = std::lcm<uint64_t>(block, 256);
+    const uint64_t page = (expert_bytes + unit - 1) / unit * unit;
+    b.device_gb = 10.5 * static_cast<double>(page) / 1e9;
+    o.shared = b;
+    auto cached = CachedExperts::Create(CloneExpertTable(f.table), o);
+    ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+    std::optional<KvArena> arena = (*cached)->kv_arena();
+    ASSERT_TRUE(arena.has_value());
+    EXPECT_EQ(arena->pages, 10u);
+    EXPECT_EQ(arena->floor_pages, 1u);
+    EXPECT_EQ(arena->max_pages, 9u);
+    KvPoolOptions kv;
+    kv.arena = arena;
+    kv.prefix_caching = prefix;
+    f.model->ConfigureKv(kv);
+    ASSERT_TRUE(f.model->MaterializeKv().ok());
+    const uint64_t own_blocks = f.model->kv_figures().total_blocks;
+    ASSERT_LT(own_blocks * 16, 6 * 60u) << "the burst must need borrowed pages";
+    {
+      EngineHarness h(6, nullptr, {}, 0, cached->get());
+      for (size_t i = 0; i < prompts.size(); ++i) h.Submit(i + 1, prompts[i], params(i));
+      h.RunToEnd();
+      for (auto& [id, o] : h.outcomes) {
+        EXPECT_EQ(o.tokens, roomy[id]) << "req " << id;
+        EXPECT_EQ(o.finish, FinishReason::kLength) << "req " << id << ": " << o.error;
+      }
+      EXPECT_EQ(h.engine().stats().preemptions, 0u);
+      const KvPoolFigures fig = f.model->kv_figures();
+      EXPECT_GT(fig.pages_borrowed, 0u);
+      EXPECT_EQ(fig.pages_returned, fig.pages_borrowed);  // Idle: every page went back.
+      EXPECT_EQ(fig.total_blocks, own_blocks);
+      EXPECT_EQ(fig.expert_bytes, 9 * arena->page_bytes);
+      EXPECT_EQ((*cached)->cache().lent_slots(), 0u);
+      EXPECT_GT((*cached)->stats().total.evictions, 0u);
+      EXPECT_TRUE((*cached)->cache().CheckInvariants().ok());
+    }
+    f.model->ConfigureKv({});
+  }
+}
+
 TEST(Engine, ARequestLargerThanThePoolIsRefusedAtAdmission) {
   ScopedKvPool pool(64, false);
   EngineHarness h(2);
