@@ -355,6 +355,11 @@ class CompletionState {
                      "invalid_request_error", "", "client_closed_request"));
       return;
     }
+    if (ev.too_long) {
+      Abort(ApiError(400, ToValidUtf8(ev.error), "invalid_request_error", "max_tokens",
+                     "context_length_exceeded"));
+      return;
+    }
     const bool unavailable = ev.error == kGroupLostError || ev.error == kTimeoutError ||
                              ev.error == kNoGroupError || ev.error == kStoppingError;
     const std::string message = ToValidUtf8(ev.error);

@@ -235,6 +235,7 @@ flatbuffers::Offset<fb::TokenEvent> Build(Builder& fbb, const TokenEvent& m) {
   b.add_prompt_top_ids(prompt_top_ids);
   b.add_prompt_top_values(prompt_top_values);
   b.add_stop_token(m.stop_token);
+  b.add_too_long(m.too_long);
   return b.Finish();
 }
 
@@ -568,9 +569,9 @@ bool Read(const fb::WorkerHeartbeat& t, const Checker& c, WorkerHeartbeat* m) {
                 t.expert_disk_reads(),
                 t.expert_disk_bytes(),
                 t.expert_disk_stall_us()};
-  m->kv = {t.kv_blocks_total(),    t.kv_blocks_used(),  t.prefix_cache_queries(),
-           t.prefix_cache_hits(),  t.preemptions(),     t.kv_blocks_max(),
-           t.device_kv_bytes(),    t.device_expert_bytes()};
+  m->kv = {t.kv_blocks_total(),   t.kv_blocks_used(),     t.prefix_cache_queries(),
+           t.prefix_cache_hits(), t.preemptions(),        t.kv_blocks_max(),
+           t.device_kv_bytes(),   t.device_expert_bytes()};
   if (m->kv.max_blocks != 0 && m->kv.max_blocks < m->kv.total_blocks) {
     return c.OutOfRange("WorkerHeartbeat.kv_blocks_max: " + std::to_string(m->kv.max_blocks) +
                         " is below kv_blocks_total " + std::to_string(m->kv.total_blocks));
@@ -580,9 +581,8 @@ bool Read(const fb::WorkerHeartbeat& t, const Checker& c, WorkerHeartbeat* m) {
                         " exceeds kv_blocks_total " + std::to_string(m->kv.total_blocks));
   }
   if (m->kv.prefix_hits > m->kv.prefix_queries) {
-    return c.OutOfRange("WorkerHeartbeat.prefix_cache_hits: " +
-                        std::to_string(m->kv.prefix_hits) + " exceeds prefix_cache_queries " +
-                        std::to_string(m->kv.prefix_queries));
+    return c.OutOfRange("WorkerHeartbeat.prefix_cache_hits: " + std::to_string(m->kv.prefix_hits) +
+                        " exceeds prefix_cache_queries " + std::to_string(m->kv.prefix_queries));
   }
   return c.String(t.group(), "WorkerHeartbeat.group", &m->group, /*required=*/true);
 }
@@ -689,6 +689,10 @@ bool Read(const fb::TokenEvent& t, const Checker& c, TokenEvent* m) {
   m->cached_tokens = t.cached_tokens();
   m->logprob = t.logprob();
   m->stop_token = t.stop_token();
+  m->too_long = t.too_long();
+  if (m->too_long && (m->token_id >= 0 || m->finish != FinishReason::kError)) {
+    return c.OutOfRange("TokenEvent.too_long: set on an event that is not an error");
+  }
   if (m->stop_token && (m->token_id < 0 || m->finish != FinishReason::kStop)) {
     return c.OutOfRange("TokenEvent.stop_token: set on an event that does not end with a token");
   }

@@ -163,6 +163,9 @@ struct TokenEvent {
   // finish == kStop): it counts in the usage and the logprobs, as vLLM counts it, but its text
   // is not part of the completion.
   bool stop_token = false;
+  // finish == kError at admission: the prompt plus max_tokens exceed what the worker holds (the
+  // model's context, or the KV pool's positions): a client error.
+  bool too_long = false;
 };
 
 // Leader -> router, once, when the group is dead (a rank failed a collective) and the leader is

@@ -296,14 +296,10 @@ void Engine::PublishKvFigures() {
   const KvPoolFigures f = model_.kv_figures();
   std::lock_guard<std::mutex> lock(figures_mu_);
   const bool shared = model_.kv_arena() != nullptr;
-  kv_figures_ = {f.total_blocks,
-                 f.used_blocks,
-                 f.blocks.prefix_queries,
-                 f.blocks.prefix_hit_tokens,
-                 stats_.preemptions,
-                 shared ? f.max_blocks : 0,
-                 shared ? f.bytes : 0,
-                 shared ? f.expert_bytes : 0};
+  kv_figures_ = {f.total_blocks,          f.used_blocks,
+                 f.blocks.prefix_queries, f.blocks.prefix_hit_tokens,
+                 stats_.preemptions,      shared ? f.max_blocks : 0,
+                 shared ? f.bytes : 0,    shared ? f.expert_bytes : 0};
 }
 
 void Engine::GroupFailed(const Status& why) {
@@ -357,10 +353,11 @@ void Engine::Admit(Generate request, int64_t submitted_us) {
   }
   if (info.max_position_embeddings > 0 &&
       request.token_ids.size() >= info.max_position_embeddings) {
-    return Fail(request.request_id, req + "the prompt's " +
-                                        std::to_string(request.token_ids.size()) +
-                                        " tokens leave no room in the model's context of " +
-                                        std::to_string(info.max_position_embeddings));
+    return Fail(request.request_id,
+                req + "the prompt's " + std::to_string(request.token_ids.size()) +
+                    " tokens leave no room in the model's context of " +
+                    std::to_string(info.max_position_embeddings),
+                /*too_long=*/true);
   }
   if (Status s = ValidateSampling(request.sampling, info.vocab_size); !s.ok()) {
     return Fail(request.request_id, req + s.message());
@@ -370,8 +367,10 @@ void Engine::Admit(Generate request, int64_t submitted_us) {
     return Fail(request.request_id,
                 req + "the prompt's " + std::to_string(request.token_ids.size()) +
                     " tokens plus max_tokens " + std::to_string(request.sampling.max_tokens) +
-                    " exceed the KV pool's " + std::to_string(pool) +
-                    " positions (kv_cache_tokens)");
+                    " exceed the KV pool's " + std::to_string(pool) + " positions" +
+                    (model_.kv_arena() != nullptr ? " (memory: its most with borrowed pages)"
+                                                  : " (kv_cache_tokens)"),
+                /*too_long=*/true);
   }
   auto seq = std::make_unique<Sequence>(request, options_.eos_token_ids);
   seq->submitted_us = submitted_us;
@@ -407,12 +406,13 @@ void Engine::AppendPromptLogprobs(Sequence& seq, PromptLogprobs chunk) {
   all.top.insert(all.top.end(), chunk.top.begin(), chunk.top.end());
 }
 
-void Engine::Fail(uint64_t request_id, const std::string& error) {
+void Engine::Fail(uint64_t request_id, const std::string& error, bool too_long) {
   spdlog::warn("{}", error);
   TokenEvent ev;
   ev.request_id = request_id;
   ev.finish = FinishReason::kError;
   ev.error = error;
+  ev.too_long = too_long;
   ++stats_.requests_failed;
   active_.fetch_sub(1, std::memory_order_relaxed);
   sink_(ev);

@@ -144,7 +144,8 @@ class Engine final : public RequestExecutor {
   // Marks a sequence finished (counters, observer); Finish also sends its final event.
   void Retire(Sequence& seq, FinishReason reason);
   void Finish(Sequence& seq, FinishReason reason, std::string error = {});
-  void Fail(uint64_t request_id, const std::string& error);
+  // `too_long`: the request exceeds the context or the KV pool (the router answers 400).
+  void Fail(uint64_t request_id, const std::string& error, bool too_long = false);
   void Emit(Sequence& seq, int32_t token, FinishReason finish, bool stop_token = false);
   // Moves the prompt's logprobs, if the prefill computed them and no event carried them yet,
   // into `ev`.

@@ -293,6 +293,15 @@ TEST(Codec, RoundTripTokenEvent) {
   in.top_logprobs.assign(kMaxLogprobs, {3, -2.0f});
   EXPECT_EQ((RoundTripAs<TokenEvent, WorkerMessage>(in).top_logprobs.size()),
             static_cast<size_t>(kMaxLogprobs));
+  // An admission refusal for length: no token, an error; anything else carrying it is refused.
+  TokenEvent refusal{.request_id = 6, .finish = FinishReason::kError, .error = "too long"};
+  refusal.too_long = true;
+  EXPECT_TRUE((RoundTripAs<TokenEvent, WorkerMessage>(refusal).too_long));
+  TokenEvent bad = refusal;
+  bad.finish = FinishReason::kLength;
+  DecodeError error = Reject<WorkerMessage>(Encode(WorkerMessage(bad)));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_NE(error.detail.find("TokenEvent.too_long"), std::string::npos) << error.detail;
 }
 
 TEST(Codec, RoundTripWorkerGoodbye) {

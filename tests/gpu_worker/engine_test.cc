@@ -94,6 +94,7 @@ struct Outcome {
   std::vector<std::pair<int32_t, float>> prompt_top;
   int prompt_event = -1;
   uint32_t cached_tokens = 0;  // The first event's.
+  bool too_long = false;       // The final event's.
 };
 
 class EngineHarness {
@@ -106,9 +107,9 @@ class EngineHarness {
     options.max_batch = max_batch;
     options.max_batched_tokens = max_batched_tokens;
     options.eos_token_ids = std::move(eos_token_ids);
-    engine_ = std::make_unique<Engine>(
-        options, *f.model, experts != nullptr ? *experts : Experts(), f.tokenizer.get(), observer,
-        [this](const TokenEvent& ev) { OnEvent(ev); });
+    engine_ = std::make_unique<Engine>(options, *f.model, experts != nullptr ? *experts : Experts(),
+                                       f.tokenizer.get(), observer,
+                                       [this](const TokenEvent& ev) { OnEvent(ev); });
   }
   Engine& engine() { return *engine_; }
   void Submit(uint64_t id, std::vector<int32_t> prompt, SamplingParams sampling) {
@@ -150,6 +151,7 @@ class EngineHarness {
     }
     o.finish = ev.finish;
     o.error = ev.error;
+    o.too_long = ev.too_long;
   }
   std::unique_ptr<Engine> engine_;
 };
@@ -330,8 +332,8 @@ TEST(Engine, OneDeviceBudgetLendsExpertSlotsToTheKvPoolAndStaysLossless) {
     b.kv_floor = 0.1;
     b.expert_floor = 0.1;
     // Ten pages: an expert's bytes rounded up to whole blocks (as CachedExperts does).
-    const uint64_t expert_bytes = 3ull * f.model->info().hidden_size *
-                                  f.model->info().intermediate_size * sizeof(float);
+    const uint64_t expert_bytes =
+        3ull * f.model->info().hidden_size * f.model->info().intermediate_size * sizeof(float);
     const uint64_t unit = std::lcm<uint64_t>(block, 256);
     const uint64_t page = (expert_bytes + unit - 1) / unit * unit;
     b.device_gb = 10.5 * static_cast<double>(page) / 1e9;
@@ -381,6 +383,8 @@ TEST(Engine, ARequestLargerThanThePoolIsRefusedAtAdmission) {
   EXPECT_EQ(h.outcomes[1].finish, FinishReason::kError);
   EXPECT_NE(h.outcomes[1].error.find("exceed the KV pool's 64 positions"), std::string::npos)
       << h.outcomes[1].error;
+  EXPECT_TRUE(h.outcomes[1].too_long);  // The router answers 400 context_length_exceeded.
+  EXPECT_FALSE(h.outcomes[2].too_long);
   EXPECT_EQ(h.outcomes[2].finish, FinishReason::kLength);
 }
 
