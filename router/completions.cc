@@ -127,7 +127,8 @@ class CompletionState {
     harmony_ = chat_ && options.harmony_channels;
     // Structured output constrains the answer from its first token: no thinking to split off
     // (a deepseek_r1-style prompt would otherwise make the whole answer reasoning).
-    if (chat_ && !harmony_ && options.think_style && request.sampling.json_schema.empty()) {
+    if (chat_ && !harmony_ && options.think_style && request.sampling.json_schema.empty() &&
+        request.sampling.grammar.empty()) {
       think_style_ = options.think_style;
       // The markers that are special tokens are decoded as their text (Decode).
       for (std::string_view marker : {kThinkStart, kThinkEnd}) {
