@@ -137,6 +137,7 @@ class CompletionState {
       }
     }
     include_reasoning_ = request.include_reasoning;
+    named_tool_ = request.tool_options.forced == ToolCallOptions::Forced::kNamed;
     if (chat_ && request.tool_format != ToolCallFormat::kNone) {
       // A format's markers that are special tokens are decoded as their text, as the think
       // markers are (gpt-oss's text keeps every special token already).
@@ -334,8 +335,11 @@ class CompletionState {
         if (!c.stop.stopped()) Emit(i, c.stop.Flush());
       }
       if (c.splits() || c.calls != nullptr) Route(i, "", /*final=*/true);
-      // A choice that called tools ends with "tool_calls" (vLLM's), else stop or length.
-      const char* finish = c.calls_seen > 0                                       ? "tool_calls"
+      // A choice that called tools ends with "tool_calls" (vLLM's), else stop or length; a
+      // named tool_choice's call ends with "stop", as OpenAI's does (Anthropic's forced tool
+      // still ends with tool_use).
+      const bool called = c.calls_seen > 0 && (!named_tool_ || messages_);
+      const char* finish = called                                                 ? "tool_calls"
                            : c.stop.stopped() || ev.finish == FinishReason::kStop ? "stop"
                                                                                   : "length";
       c.finished = true;
@@ -1017,6 +1021,7 @@ class CompletionState {
   std::optional<ThinkStyle> think_style_;  // Reasoning models' chat: split at <think>.
   std::vector<std::pair<int32_t, std::string>> special_markers_;  // (id, text), see Decode.
   bool include_reasoning_ = true;
+  bool named_tool_ = false;  // tool_choice named a function: its call finishes with "stop".
   bool stream_ = false;
   bool include_usage_ = false;
   bool responder_streaming_ = false;

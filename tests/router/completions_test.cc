@@ -1165,7 +1165,8 @@ TEST_F(ToolCompletionsTest, ResponsesStreamTheEventSequence) {
 }
 
 // tool_choice required / named: the answer is decoded under vLLM's schema (which the matcher
-// takes the answer under) and parsed back into tool_calls, whole and streamed.
+// takes the answer under) and parsed back into tool_calls, whole and streamed; a named
+// function's call finishes with "stop" (OpenAI's), required's with "tool_calls".
 TEST_F(ToolCompletionsTest, ToolChoiceRequiredAndNamedDecodeUnderASchema) {
   Start(ToolCallFormat::kHermes, /*think=*/false);
   const Json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
@@ -1179,6 +1180,12 @@ TEST_F(ToolCompletionsTest, ToolChoiceRequiredAndNamedDecodeUnderASchema) {
       Json::parse(choice["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
       Json({{"city", "Paris"}}));
   EXPECT_TRUE(choice["message"]["content"].is_null()) << choice;
+  // A named function's call finishes with "stop", as OpenAI's does; "required" with tool_calls.
+  EXPECT_EQ(choice["finish_reason"], "stop") << choice;
+  rec = Run({{"tools", Tools()}, {"tool_choice", named}, {"stream", true}}, R"({"city": "Paris"})");
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  EXPECT_NE(rec->body().find(R"("finish_reason":"stop")"), std::string::npos) << rec->body();
+  EXPECT_EQ(rec->body().find(R"("finish_reason":"tool_calls")"), std::string::npos) << rec->body();
 
   const std::string list = R"([{"name": "get_weather", "parameters": {"city": "Rome"}}, )"
                            R"({"name":"get_weather","parameters":{"city":"Oslo"}}])";
