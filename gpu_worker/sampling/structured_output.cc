@@ -43,6 +43,8 @@ std::shared_ptr<const TokenVocab> VocabOf(const Tokenizer& tokenizer) {
 
 }  // namespace
 
+void PrepareStructuredOutput(const Tokenizer& tokenizer) { (void)VocabOf(tokenizer); }
+
 Status ConstrainSampler(Sampler& sampler, const SamplingParams& params, const Tokenizer* tokenizer,
                         std::span<const int32_t> eos_ids) {
   if (params.json_schema.empty() && params.grammar.empty()) return Status::Ok();

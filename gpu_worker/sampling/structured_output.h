@@ -1,7 +1,7 @@
 // Structured output on the worker: compiles a request's SamplingParams.json_schema (or grammar)
 // once and hands its Sampler a TokenMasker over the model's vocabulary. The vocabulary trie is
-// built once per tokenizer (the first constrained request pays for it) and shared by all
-// requests; Constrain may be called from any thread.
+// built once per tokenizer (PrepareStructuredOutput, when the engine starts, so no request pays
+// for it) and shared by all requests; both functions may be called from any thread.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,9 @@
 #include "gpu_worker/sampling/sampler.h"
 
 namespace fmoe {
+
+// Builds the tokenizer's TokenVocab now (71 ms at a 150K vocabulary), unless built already.
+void PrepareStructuredOutput(const Tokenizer& tokenizer);
 
 // Nothing when params.json_schema and params.grammar are empty. Otherwise compiles the one given
 // (common/text/json_schema.h, grammar.h) and constrains `sampler`; the end tokens are eos_ids and
