@@ -109,8 +109,10 @@ class Builder {
     return id;
   }
   Result<int32_t> Char(Ranges ranges) {
+    ranges = Normalize(std::move(ranges));
+    if (ranges.empty()) return InvalidArgument(what_ + ": a character class matches no character");
     FMOE_ASSIGN_OR_RETURN(int32_t id, New(Kind::kChar));
-    g_.nodes[id].ranges = Normalize(std::move(ranges));
+    g_.nodes[id].ranges = std::move(ranges);
     return id;
   }
   // The texts (one or more, at least one byte each) as one trie.
@@ -911,6 +913,12 @@ Result<std::shared_ptr<const JsonGrammar>> CompileChoice(const std::vector<std::
   if (choices.empty()) return InvalidArgument("choice: no strings to choose from");
   if (choices.size() > kMaxGuidedChoices) {
     return InvalidArgument("choice: more than " + std::to_string(kMaxGuidedChoices) + " strings");
+  }
+  size_t bytes = 0;
+  for (const std::string& c : choices) bytes += c.size();
+  if (bytes > kMaxGuidedChoiceBytes) {
+    return InvalidArgument("choice: the strings exceed " + std::to_string(kMaxGuidedChoiceBytes) +
+                           " bytes");
   }
   return CompileGrammar(ChoiceGrammar(choices));
 }

@@ -30,18 +30,20 @@
 
 namespace fmoe {
 
-inline constexpr size_t kMaxGrammarBytes = size_t{1} << 16;  // A grammar's text.
-inline constexpr size_t kMaxRegexBytes = size_t{1} << 14;    // A regex's text.
-inline constexpr size_t kMaxGuidedChoices = 1024;            // guided_choice's strings.
-inline constexpr uint32_t kMaxRepeat = 1000;                 // m and n of {m,n}.
-inline constexpr uint32_t kMaxGrammarNesting = 64;           // Of parentheses.
+inline constexpr size_t kMaxGrammarBytes = size_t{1} << 18;       // A grammar's text.
+inline constexpr size_t kMaxRegexBytes = size_t{1} << 14;         // A regex's text.
+inline constexpr size_t kMaxGuidedChoices = 1024;                 // guided_choice's strings.
+inline constexpr size_t kMaxGuidedChoiceBytes = size_t{1} << 15;  // All the strings.
+inline constexpr uint32_t kMaxRepeat = 1000;                      // m and n of {m,n}.
+inline constexpr uint32_t kMaxGrammarNesting = 64;                // Of parentheses.
 inline constexpr size_t kMaxGrammarRules = 1024;
 
 // kInvalidArgument naming the line and column ("grammar line 2 col 7: no rule named \"item\"").
 Result<std::shared_ptr<const JsonGrammar>> CompileGrammar(std::string_view gbnf);
 // kInvalidArgument naming the offset ("regex at 3: lookaround (?= is not supported").
 Result<std::shared_ptr<const JsonGrammar>> CompileRegex(std::string_view regex);
-// kInvalidArgument when there are none, more than kMaxGuidedChoices, or their bytes are too many.
+// kInvalidArgument when there are none, more than kMaxGuidedChoices, or more than
+// kMaxGuidedChoiceBytes (their GBNF then fits in kMaxGrammarBytes).
 Result<std::shared_ptr<const JsonGrammar>> CompileChoice(const std::vector<std::string>& choices);
 // The GBNF grammar whose language is exactly `choices` (what the router sends the worker).
 std::string ChoiceGrammar(const std::vector<std::string>& choices);

@@ -1,17 +1,17 @@
 // Grammars, regexes and choices (grammar.h) run by the byte matcher (grammar_matcher.h) and the
 // token mask (token_mask.h): accepted and rejected texts, the errors that name what is refused,
 // and masked sampling over random vocabularies that only ever produces matching text (checked
-// against std::regex for regexes).
+// against PCRE2, common/text/regex.h, for regexes).
 #include "common/text/grammar.h"
 
 #include <random>
-#include <regex>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "common/text/grammar_matcher.h"
+#include "common/text/regex.h"
 #include "common/text/token_mask.h"
 
 namespace fmoe {
@@ -27,6 +27,16 @@ std::shared_ptr<const JsonGrammar> Regex(std::string_view text) {
   auto g = CompileRegex(text);
   EXPECT_TRUE(g.ok()) << g.status().message() << " for " << text;
   return g.ok() ? *g : nullptr;
+}
+
+// PCRE2's whole-text match, an independent engine (Unicode-aware: the texts here are ASCII
+// where that differs from ours).
+bool PcreMatches(const std::string& pattern, std::string_view text) {
+  auto re = fmoe::Regex::Compile("\\A(?:" + pattern + ")\\z");
+  EXPECT_TRUE(re.ok()) << pattern;
+  std::vector<std::pair<size_t, size_t>> found;
+  if (!re.ok() || !re->FindAll(text, &found).ok()) return false;
+  return !found.empty() && found[0] == std::pair<size_t, size_t>{0, text.size()};
 }
 
 bool Matches(const std::shared_ptr<const JsonGrammar>& g, std::string_view text) {
@@ -134,6 +144,8 @@ TEST(Grammar, RefusesBadGrammarsNamingTheProblem) {
   EXPECT_EQ(GrammarError("root ::= ( \"a\""), "grammar line 1 col 15: expected )");
   EXPECT_EQ(GrammarError("root ::= \"a\" @"), "grammar line 1 col 14: unexpected '@'");
   EXPECT_EQ(GrammarError("root = \"a\""), "grammar line 1 col 6: expected ::= after root");
+  EXPECT_EQ(GrammarError(R"(root ::= "a" [^\x00-\U0010FFFF])"),
+            "grammar: a character class matches no character");
   std::string deep = "root ::= " + std::string(100, '(') + "\"a\"" + std::string(100, ')');
   EXPECT_NE(GrammarError(deep).find("nest deeper than 64"), std::string::npos);
   EXPECT_NE(GrammarError(std::string(kMaxGrammarBytes + 1, ' ')).find("larger than"),
@@ -193,6 +205,11 @@ TEST(Choice, IsExactlyOneOfTheStrings) {
   for (const char* s : {"yes", "no", "y\"es\\", "n\x01", "né", "ye"}) EXPECT_TRUE(Matches(*g, s));
   for (const char* s : {"y", "yess", "", "n", "No"}) EXPECT_FALSE(Matches(*g, s)) << s;
   EXPECT_FALSE(CompileChoice({}).ok());
+  EXPECT_EQ(CompileChoice({std::string(kMaxGuidedChoiceBytes + 1, 'a')}).status().message(),
+            "choice: the strings exceed 32768 bytes");
+  // The largest choice's GBNF (every byte escaped) is within a grammar's bound.
+  auto escaped = CompileChoice(std::vector<std::string>(16, std::string(2048, '\x01')));
+  EXPECT_TRUE(escaped.ok()) << escaped.status().message();
   EXPECT_FALSE(CompileChoice(std::vector<std::string>(kMaxGuidedChoices + 1, "a")).ok());
   // Many choices sharing a prefix stay one trie: none is lost to the matcher's stack bound.
   std::vector<std::string> many;
@@ -204,7 +221,7 @@ TEST(Choice, IsExactlyOneOfTheStrings) {
 
 // Sampling random allowed tokens until only the end is left: every text matches, and the end
 // token is offered exactly when the text is complete.
-void CheckMaskedWalks(const std::shared_ptr<const JsonGrammar>& g, const std::regex* re,
+void CheckMaskedWalks(const std::shared_ptr<const JsonGrammar>& g, const std::string* re,
                       const std::vector<std::string>& pieces, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<std::string> bytes;
@@ -240,7 +257,7 @@ void CheckMaskedWalks(const std::shared_ptr<const JsonGrammar>& g, const std::re
         GrammarMatcher check(g);
         EXPECT_TRUE(check.Accept(text) && check.complete()) << text;
         if (re != nullptr) {
-          EXPECT_TRUE(std::regex_match(text, *re)) << text;
+          EXPECT_TRUE(PcreMatches(*re, text)) << text;
         }
         ++finished;
         break;
@@ -255,11 +272,13 @@ TEST(GrammarMask, MaskedSamplingOnlyProducesMatchingText) {
   const std::vector<std::string> pieces = {"a", "b", "ab", "-", "1",    "12",   "x",  "\"", ",",
                                            " ", "[", "]",  "é", "\xC3", "\xA9", "\n", "c",  "yz"};
   const char* regexes[] = {"[ab]+-\\d{1,3}", "(ab|a)*x?c", "\\[(\\d+(, ?\\d+)*)?\\]",
-                           "(a|b|c){2,4}(yz)?", "[^\\n]*1"};
+                           "(a|b|c){2,4}(yz)?", "[^\\n]{0,5}1"};
+  ASSERT_TRUE(PcreMatches("[^\\n]{0,2}", "éé"));  // The reference counts characters.
+  ASSERT_FALSE(PcreMatches("a", "ab"));
   uint64_t seed = 1;
   for (const char* r : regexes) {
     SCOPED_TRACE(r);
-    const std::regex re(r);
+    const std::string re = r;
     CheckMaskedWalks(Regex(r), &re, pieces, seed++);
   }
   CheckMaskedWalks(Gbnf("root ::= \"[\" (item (\",\" \" \"? item)*)? \"]\"\n"
@@ -267,7 +286,7 @@ TEST(GrammarMask, MaskedSamplingOnlyProducesMatchingText) {
                    nullptr, pieces, seed++);
   auto choice = CompileChoice({"ab", "abab", "x", "yz-1"});
   ASSERT_TRUE(choice.ok());
-  const std::regex choice_re("ab|abab|x|yz-1");
+  const std::string choice_re = "ab|abab|x|yz-1";
   CheckMaskedWalks(*choice, &choice_re, pieces, seed++);
 }
 

@@ -5,9 +5,9 @@
 // besides ASan/UBSan and the time limit (no exponential blowup, no hang on left recursion): a
 // text either compiles or is refused with a message; a walk that picks each next byte among
 // those the matcher accepts (the input's bytes choose) never gets stuck before the text is
-// complete, and a complete walk is accepted again by a fresh matcher; a choice's complete text is
-// one of its strings. A violation aborts with __builtin_trap. Seeds:
-// tests/fuzz/make_grammar_corpus.cc.
+// complete (unless the matcher's depth or stack bound narrowed the language), and a complete walk
+// is accepted again by a fresh matcher; a choice's complete text is one of its strings. A violation
+// aborts with __builtin_trap. Seeds: tests/fuzz/make_grammar_corpus.cc.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -72,7 +72,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
     const bool complete = stepper.Complete(state);
-    Check(complete || !options.empty() || walk.empty());  // Never stuck after a start.
+    // Never stuck after a start, unless a bound narrowed the language (recursion as deep as the
+    // matcher keeps, or as many open parses).
+    size_t deepest = 0;
+    for (size_t k = 0; k < state.ends.size(); ++k) {
+      deepest = std::max<size_t>(deepest, state.ends[k] - (k == 0 ? 0 : state.ends[k - 1]));
+    }
+    const bool narrowed =
+        deepest + 4 >= fmoe::kMaxMatchDepth || state.ends.size() >= fmoe::kMaxStacks;
+    Check(complete || !options.empty() || walk.empty() || narrowed);
     if (options.empty()) break;
     const uint8_t pick = options[static_cast<uint8_t>(bytes[i]) % options.size()];
     Check(stepper.Step(state, pick, &next));
