@@ -12,6 +12,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "common/text/grammar.h"
 #include "common/text/json_schema.h"
 #include "common/text/token_mask.h"
 #include "common/text/tokenizer.h"
@@ -81,8 +82,32 @@ const char* const kPrefixes[] = {"", "{\"na", "{\"name\": \"Ann Smi", "{\"name\"
 // response_format json_object (any object): in a free key, in a string value, in a number.
 const char* const kObjectPrefixes[] = {"{\"ke", "{\"k\": \"va", "{\"k\": [1, {\"x\": 12"};
 
+// Grammars (guided_regex, guided_choice, guided_grammar) and a prefix each: free text of a
+// class, one of 500 choices, a list grammar inside a number.
+std::shared_ptr<const JsonGrammar> GuidedGrammar(int64_t which, const char** prefix) {
+  static const auto regex = *CompileRegex("[a-zA-Z ,.]{0,200}");
+  static const auto choice = [] {
+    std::vector<std::string> items;
+    for (int i = 0; i < 500; ++i) items.push_back("item-" + std::to_string(i));
+    return *CompileChoice(items);
+  }();
+  static const auto list = *CompileGrammar(
+      "root ::= \"[\" item (\", \" item)* \"]\"\nitem ::= [0-9]+ | \"\\\"\" [a-z]* \"\\\"\"");
+  switch (which) {
+    case 0:
+      *prefix = "Some words, ";
+      return regex;
+    case 1:
+      *prefix = "item-1";
+      return choice;
+    default:
+      *prefix = "[12, 3";
+      return list;
+  }
+}
+
 void Mask(benchmark::State& state, const std::shared_ptr<const TokenVocab>& vocab,
-          bool any_object = false) {
+          bool any_object = false, bool guided = false) {
   if (vocab == nullptr) {
     state.SkipWithError("no vocabulary");
     return;
@@ -91,8 +116,9 @@ void Mask(benchmark::State& state, const std::shared_ptr<const TokenVocab>& voca
       "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                      "tags": {"type": "array", "items": {"type": "string"}}},
       "required": ["name", "age"]})");
-  const auto grammar = any_object ? AnyJsonObjectGrammar() : schema;
+  auto grammar = any_object ? AnyJsonObjectGrammar() : schema;
   const char* prefix = any_object ? kObjectPrefixes[state.range(0)] : kPrefixes[state.range(0)];
+  if (guided) grammar = GuidedGrammar(state.range(0), &prefix);
   // Feeds the prefix byte by byte through single-byte tokens (every vocabulary has them).
   std::vector<int32_t> byte_token(256, -1);
   for (size_t id = 0; id < vocab->size(); ++id) {
@@ -125,8 +151,7 @@ BENCHMARK(BM_TinyModel)->DenseRange(0, 4)->Unit(benchmark::kMicrosecond);
 void BM_Synthetic150k(benchmark::State& state) { Mask(state, SyntheticVocab()); }
 BENCHMARK(BM_Synthetic150k)->DenseRange(0, 4)->Unit(benchmark::kMicrosecond);
 
-// Building the vocabulary's trie and string scans (once per tokenizer, at the first request
-// with a schema).
+// Building the vocabulary's trie and string scans (once per tokenizer, when the engine starts).
 void BM_BuildVocab150k(benchmark::State& state) {
   std::vector<std::string> bytes;
   for (size_t id = 0; id < SyntheticVocab()->size(); ++id) {
@@ -141,6 +166,16 @@ BENCHMARK(BM_BuildVocab150k)->Iterations(3)->Unit(benchmark::kMillisecond);
 
 void BM_Synthetic150kJsonObject(benchmark::State& state) { Mask(state, SyntheticVocab(), true); }
 BENCHMARK(BM_Synthetic150kJsonObject)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
+
+void BM_TinyModelGuided(benchmark::State& state) {
+  Mask(state, TinyVocab(), false, /*guided=*/true);
+}
+BENCHMARK(BM_TinyModelGuided)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
+
+void BM_Synthetic150kGuided(benchmark::State& state) {
+  Mask(state, SyntheticVocab(), false, /*guided=*/true);
+}
+BENCHMARK(BM_Synthetic150kGuided)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace fmoe

@@ -67,7 +67,7 @@ fmoe_build "$FMOE_ROOT/build-fuzz" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER
   -DFMOE_WERROR=ON -- codec_fuzz make_corpus request_fuzz make_request_corpus curve_key_fuzz \
   model_config_fuzz make_config_corpus tiktoken_fuzz make_tiktoken_corpus \
   tool_calls_fuzz make_tool_calls_corpus \
-  json_schema_fuzz make_json_schema_corpus \
+  json_schema_fuzz make_json_schema_corpus grammar_fuzz make_grammar_corpus \
   chat_template_fuzz make_template_corpus harmony_fuzz make_harmony_corpus make_curve_key_corpus \
   think_fuzz make_think_corpus \
   plan_fuzz make_plan_corpus

@@ -24,17 +24,16 @@ bool Unsupported(const std::string& key, const Json& v) {
   if (key == "best_of") return !(v.is_number_integer() && v.get<int64_t>() == 1);
   if (key == "suffix") return !(v.is_string() && v.get<std::string>().empty());
   if (key == "prompt_logprobs") return true;
-  // guided_json and structured_outputs are structured output (structured_output.cc).
-  if (key == "guided_regex" || key == "guided_choice" || key == "guided_grammar") return true;
   if (key == "use_beam_search" || key == "include_stop_str_in_output") {
     return !(v.is_boolean() && !v.get<bool>());
   }
   return false;
 }
 
-constexpr const char* kUnsupported[] = {
-    "best_of",       "suffix",         "prompt_logprobs", "guided_regex",
-    "guided_choice", "guided_grammar", "use_beam_search", "include_stop_str_in_output"};
+// (guided_json, guided_regex, guided_choice, guided_grammar and structured_outputs are
+// structured output: structured_output.cc.)
+constexpr const char* kUnsupported[] = {"best_of", "suffix", "prompt_logprobs", "use_beam_search",
+                                        "include_stop_str_in_output"};
 
 // A number parameter in [lo, hi] (absent or null: `def`). False with *error set otherwise.
 bool ReadNumber(const Json& j, const char* key, double lo, double hi, bool lo_open, double def,
@@ -957,6 +956,9 @@ std::vector<std::string> IgnoredFields(const Json& body, bool chat) {
                                                             "response_format",
                                                             "structured_outputs",
                                                             "guided_json",
+                                                            "guided_regex",
+                                                            "guided_choice",
+                                                            "guided_grammar",
                                                             "tools",
                                                             "tool_choice",
                                                             "functions",

@@ -127,7 +127,8 @@ class CompletionState {
     harmony_ = chat_ && options.harmony_channels;
     // Structured output constrains the answer from its first token: no thinking to split off
     // (a deepseek_r1-style prompt would otherwise make the whole answer reasoning).
-    if (chat_ && !harmony_ && options.think_style && request.sampling.json_schema.empty()) {
+    if (chat_ && !harmony_ && options.think_style && request.sampling.json_schema.empty() &&
+        request.sampling.grammar.empty()) {
       think_style_ = options.think_style;
       // The markers that are special tokens are decoded as their text (Decode).
       for (std::string_view marker : {kThinkStart, kThinkEnd}) {
@@ -136,6 +137,7 @@ class CompletionState {
       }
     }
     include_reasoning_ = request.include_reasoning;
+    named_tool_ = request.tool_options.forced == ToolCallOptions::Forced::kNamed;
     if (chat_ && request.tool_format != ToolCallFormat::kNone) {
       // A format's markers that are special tokens are decoded as their text, as the think
       // markers are (gpt-oss's text keeps every special token already).
@@ -333,8 +335,11 @@ class CompletionState {
         if (!c.stop.stopped()) Emit(i, c.stop.Flush());
       }
       if (c.splits() || c.calls != nullptr) Route(i, "", /*final=*/true);
-      // A choice that called tools ends with "tool_calls" (vLLM's), else stop or length.
-      const char* finish = c.calls_seen > 0                                       ? "tool_calls"
+      // A choice that called tools ends with "tool_calls" (vLLM's), else stop or length; a
+      // named tool_choice's call ends with "stop", as OpenAI's does (Anthropic's forced tool
+      // still ends with tool_use).
+      const bool called = c.calls_seen > 0 && (!named_tool_ || messages_);
+      const char* finish = called                                                 ? "tool_calls"
                            : c.stop.stopped() || ev.finish == FinishReason::kStop ? "stop"
                                                                                   : "length";
       c.finished = true;
@@ -1021,6 +1026,7 @@ class CompletionState {
   std::optional<ThinkStyle> think_style_;  // Reasoning models' chat: split at <think>.
   std::vector<std::pair<int32_t, std::string>> special_markers_;  // (id, text), see Decode.
   bool include_reasoning_ = true;
+  bool named_tool_ = false;  // tool_choice named a function: its call finishes with "stop".
   bool stream_ = false;
   bool include_usage_ = false;
   bool responder_streaming_ = false;

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "common/text/grammar.h"
 #include "common/text/json_schema.h"
 
 namespace fmoe {
@@ -18,15 +19,20 @@ bool Refuse(HttpResponse* error, HttpResponse response) {
 // "response_format", "tools[0].function.parameters" -> "tools".
 std::string ParamOf(const std::string& field) { return field.substr(0, field.find_first_of(".[")); }
 
+// No schema or grammar constrains the output yet.
+bool OnlyConstraint(const std::string& param, const CompletionRequest& out, HttpResponse* error) {
+  if (out.sampling.json_schema.empty() && out.sampling.grammar.empty()) return true;
+  return Refuse(error, BadParam(param,
+                                "only one of response_format, structured_outputs, guided_json, "
+                                "guided_regex, guided_choice, guided_grammar and a forced "
+                                "tool_choice may constrain the output"));
+}
+
 // The schema, compiled here first; `field` names it in errors.
 bool SetSchema(const Json& schema, const std::string& field, CompletionRequest* out,
                HttpResponse* error) {
   const std::string param = ParamOf(field);
-  if (!out->sampling.json_schema.empty()) {
-    return Refuse(error, BadParam(param,
-                                  "only one of response_format, structured_outputs, guided_json "
-                                  "and a forced tool_choice may constrain the output"));
-  }
+  if (!OnlyConstraint(param, *out, error)) return false;
   if (!schema.is_object() && !schema.is_boolean()) {
     return Refuse(error, BadParam(param, field + " must be a JSON Schema object, not " +
                                              JsonTypeName(schema)));
@@ -126,6 +132,50 @@ bool ReadResponseFormat(const Json& j, CompletionRequest* out, HttpResponse* err
                                 "\"json_schema\""));
 }
 
+// A regex, a grammar (GBNF) or a choice (a list of strings), compiled here first.
+bool SetGrammar(const Json& v, const std::string& kind, const std::string& field,
+                CompletionRequest* out, HttpResponse* error) {
+  const std::string param = ParamOf(field);
+  if (!OnlyConstraint(param, *out, error)) return false;
+  Result<std::shared_ptr<const JsonGrammar>> grammar = InvalidArgument("");
+  if (kind == "choice") {
+    if (!v.is_array()) {
+      return Refuse(error, BadParam(param, "'" + field + "' must be an array of strings, not " +
+                                               JsonTypeName(v)));
+    }
+    std::vector<std::string> choices;
+    for (const Json& c : v) {
+      if (!c.is_string()) {
+        return Refuse(error, BadParam(param, "'" + field + "' must be an array of strings, not " +
+                                                 "one with a " + JsonTypeName(c)));
+      }
+      choices.push_back(c.get<std::string>());
+    }
+    grammar = CompileChoice(choices);
+    if (grammar.ok()) out->sampling.grammar = ChoiceGrammar(choices);
+    out->sampling.grammar_syntax = GrammarSyntax::kGbnf;
+  } else {
+    if (!v.is_string()) {
+      return Refuse(error,
+                    BadParam(param, "'" + field + "' must be a string, not " + JsonTypeName(v)));
+    }
+    const std::string& text = v.get_ref<const std::string&>();
+    const bool regex = kind == "regex";
+    grammar = regex ? CompileRegex(text) : CompileGrammar(text);
+    if (grammar.ok()) out->sampling.grammar = text;
+    out->sampling.grammar_syntax = regex ? GrammarSyntax::kRegex : GrammarSyntax::kGbnf;
+  }
+  if (!grammar.ok()) {
+    out->sampling.grammar.clear();
+    return Refuse(
+        error, BadParam(param, field + ": " + grammar.status().message(), "unsupported_" + kind));
+  }
+  if (out->sampling.grammar.empty()) {  // An empty regex or grammar text: refused as such.
+    return Refuse(error, BadParam(param, "'" + field + "' is empty"));
+  }
+  return true;
+}
+
 bool ReadVllmStructuredOutputs(const Json& j, CompletionRequest* out, HttpResponse* error) {
   auto so = j.find("structured_outputs");
   if (so != j.end() && !so->is_null()) {
@@ -133,13 +183,18 @@ bool ReadVllmStructuredOutputs(const Json& j, CompletionRequest* out, HttpRespon
       return Refuse(error,
                     BadParam("structured_outputs", "'structured_outputs' must be an object"));
     }
-    for (const char* key : {"regex", "choice", "grammar", "structural_tag"}) {
+    if (auto it = so->find("structural_tag"); it != so->end() && !it->is_null()) {
+      return Refuse(error, BadParam("structured_outputs",
+                                    "'structured_outputs.structural_tag' is not supported by "
+                                    "this server (json, json_object, regex, choice and grammar "
+                                    "are)",
+                                    "unsupported_parameter"));
+    }
+    for (const char* key : {"regex", "choice", "grammar"}) {
       if (auto it = so->find(key); it != so->end() && !it->is_null()) {
-        return Refuse(error, BadParam("structured_outputs",
-                                      std::string("'structured_outputs.") + key +
-                                          "' is not supported by this server (json and "
-                                          "json_object are)",
-                                      "unsupported_parameter"));
+        if (!SetGrammar(*it, key, std::string("structured_outputs.") + key, out, error)) {
+          return false;
+        }
       }
     }
     if (auto it = so->find("json"); it != so->end() && !it->is_null()) {
@@ -159,6 +214,12 @@ bool ReadVllmStructuredOutputs(const Json& j, CompletionRequest* out, HttpRespon
   if (auto g = j.find("guided_json"); g != j.end() && !g->is_null()) {
     if (!SetSchemaOrText(*g, "guided_json", out, error)) return false;
   }
+  for (const char* key : {"regex", "choice", "grammar"}) {
+    const std::string param = std::string("guided_") + key;
+    if (auto g = j.find(param); g != j.end() && !g->is_null()) {
+      if (!SetGrammar(*g, key, param, out, error)) return false;
+    }
+  }
   return true;
 }
 
@@ -170,9 +231,10 @@ bool ReadStructuredOutput(const Json& body, bool harmony, CompletionRequest* out
   if (!ReadResponseFormat(body, out, error) || !ReadVllmStructuredOutputs(body, out, error)) {
     return false;
   }
-  if (harmony && !had && !out->sampling.json_schema.empty()) {
+  if (harmony && !had && (!out->sampling.json_schema.empty() || !out->sampling.grammar.empty())) {
     std::string param = "response_format";
-    for (const char* key : {"structured_outputs", "guided_json"}) {
+    for (const char* key :
+         {"structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"}) {
       if (auto it = body.find(key); it != body.end() && !it->is_null()) param = key;
     }
     return Refuse(error, BadParam(param,

@@ -75,10 +75,38 @@ bool Utf8(MatchFrame& f, uint8_t b, bool* starts) {
 
 bool Endable(const JsonGrammar& g, const MatchFrame& f) {
   const JsonGrammar::Node& n = g.nodes[f.node];
-  if (n.kind == Kind::kNumber || n.kind == Kind::kInteger) {
-    return f.phase == kNumZero || f.phase == kNumInt || f.phase == kNumFrac || f.phase == kNumExp;
+  switch (n.kind) {
+    case Kind::kNumber:
+    case Kind::kInteger:
+      return f.phase == kNumZero || f.phase == kNumInt || f.phase == kNumFrac || f.phase == kNumExp;
+    case Kind::kLiteral:
+      return g.tries[f.pos].terminal >= 0;
+    case Kind::kSeq:  // pos: the next element.
+      for (size_t i = static_cast<size_t>(f.pos); i < n.alts.size(); ++i) {
+        if (!g.nodes[n.alts[i]].nullable) return false;
+      }
+      return true;
+    case Kind::kRepeat:  // count: the iterations begun.
+      return f.count >= n.min_items || g.nodes[n.items].nullable;
+    case Kind::kChar:  // count: 1 once the character is whole.
+      return f.count == 1;
+    default:
+      return false;
   }
-  return n.kind == Kind::kLiteral && g.tries[f.pos].terminal >= 0;
+}
+
+// The code points a UTF-8 character may still become, given its bytes so far: f.pos holds
+// their value bits, f.utf8_need the bytes still due; `len` its whole length.
+bool CharMayMatch(const JsonGrammar::Node& n, const MatchFrame& f, uint32_t len) {
+  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  const uint32_t shift = 6u * f.utf8_need;
+  const uint32_t lo = std::max(static_cast<uint32_t>(f.pos) << shift, kMin[len]);
+  const uint32_t hi =
+      std::min((static_cast<uint32_t>(f.pos) << shift) | ((1u << shift) - 1), 0x10FFFFu);
+  for (const auto& [a, b] : n.ranges) {
+    if (a <= hi && b >= lo) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -173,6 +201,7 @@ bool GrammarStepper::Complete(const MatchState& state) const {
     size_t begin = i == 0 ? 0 : state.ends[i - 1];
     size_t end = state.ends[i];
     // The root marker stays at the bottom with phase 1 once the root value started.
+    if (state.frames[begin].phase == 0 && g.nodes[g.root].nullable) return true;
     if (state.frames[begin].phase != 1) continue;
     while (end > begin + 1 && Endable(g, state.frames[end - 1])) --end;
     if (end == begin + 1) return true;
@@ -183,6 +212,7 @@ bool GrammarStepper::Complete(const MatchState& state) const {
 bool GrammarStepper::Step(const MatchState& in, uint8_t byte, MatchState* out) {
   out->frames.clear();
   out->ends.clear();
+  work_ = 0;
   for (size_t i = 0; i < in.ends.size(); ++i) {
     const size_t begin = i == 0 ? 0 : in.ends[i - 1];
     scratch_.assign(in.frames.begin() + static_cast<std::ptrdiff_t>(begin),
@@ -209,7 +239,8 @@ void GrammarStepper::Append(const std::vector<MatchFrame>& stack, MatchState* ou
 void GrammarStepper::PushValue(std::vector<MatchFrame>& stack, int32_t node, uint8_t b,
                                MatchState* out, uint32_t hops) {
   const JsonGrammar& g = *grammar_;
-  if (hops > g.nodes.size()) return;  // The compiler refuses cycles; a bound all the same.
+  if (hops > g.nodes.size()) return;   // The compilers refuse cycles; a bound all the same.
+  if (++work_ > kMaxStepWork) return;  // Narrows an ambiguous grammar's language, never widens.
   const JsonGrammar::Node& n = g.nodes[node];
   if (n.kind == Kind::kRef) return PushValue(stack, n.target, b, out, hops + 1);
   if (n.kind == Kind::kAnyOf) {
@@ -219,11 +250,38 @@ void GrammarStepper::PushValue(std::vector<MatchFrame>& stack, int32_t node, uin
     }
     return;
   }
+  if (n.kind == Kind::kSeq) return StartSeq(stack, node, 0, b, out, hops);
+  if (n.kind == Kind::kRepeat) {
+    // The first iteration starts with b; the frame stays while more may follow.
+    if (n.max_items == 0) return;
+    if (n.max_items > 1) {
+      if (stack.size() >= kMaxMatchDepth) return;
+      stack.push_back(MatchFrame{.node = node, .count = 1});
+    }
+    return PushValue(stack, n.items, b, out, hops + 1);
+  }
   if (stack.size() >= kMaxMatchDepth) return;
   MatchFrame f{.node = node};
   if (n.kind == Kind::kLiteral) f.pos = n.trie_root;
   stack.push_back(f);
   Feed(stack, b, out);
+}
+
+// Element `from` or a later one of the sequence `node` starts with b (the nullable ones before
+// it matched ""); the sequence's frame stays below it unless that element is its last.
+void GrammarStepper::StartSeq(std::vector<MatchFrame>& stack, int32_t node, size_t from, uint8_t b,
+                              MatchState* out, uint32_t hops) {
+  const JsonGrammar& g = *grammar_;
+  const JsonGrammar::Node& n = g.nodes[node];
+  for (size_t i = from; i < n.alts.size(); ++i) {
+    std::vector<MatchFrame> copy = stack;
+    if (i + 1 < n.alts.size()) {
+      if (copy.size() >= kMaxMatchDepth) return;
+      copy.push_back(MatchFrame{.node = node, .pos = static_cast<int32_t>(i + 1)});
+    }
+    PushValue(copy, n.alts[i], b, out, hops + 1);
+    if (!g.nodes[n.alts[i]].nullable) return;
+  }
 }
 
 // The object frame f takes b: true when accepted; *push >= 0 when the property's value starts
@@ -458,13 +516,66 @@ void GrammarStepper::Feed(std::vector<MatchFrame>& stack, uint8_t b, MatchState*
       }
       case Kind::kLiteral: {
         const int32_t next = g.Child(f.pos, b);
+        const bool ends = g.tries[f.pos].terminal >= 0;
         if (next >= 0) {
-          f.pos = next;
-          return Append(stack, out);
+          if (!ends) {
+            f.pos = next;
+            return Append(stack, out);
+          }
+          // A text ends here and a longer one goes on with b: both stay possible.
+          std::vector<MatchFrame> copy = stack;
+          copy.back().pos = next;
+          Append(copy, out);
         }
-        if (g.tries[f.pos].terminal < 0) return;
+        if (!ends) return;
         stack.pop_back();
         continue;
+      }
+      case Kind::kSeq: {
+        // An element ended before b: a later one starts with b, or the sequence ends before b.
+        const int32_t node = f.node;
+        const auto from = static_cast<size_t>(f.pos);
+        stack.pop_back();
+        StartSeq(stack, node, from, b, out, 0);
+        if (!Endable(g, MatchFrame{.node = node, .pos = static_cast<int32_t>(from)})) return;
+        continue;
+      }
+      case Kind::kRepeat: {
+        // An iteration ended before b: the next one starts with b, or the repetition ends.
+        const int32_t node = f.node;
+        const uint32_t count = f.count;
+        stack.pop_back();
+        if (count < n.max_items) {
+          std::vector<MatchFrame> copy = stack;
+          // Unbounded: counts past min_items are all alike (so the states stay few).
+          uint32_t next = count + 1;
+          if (n.max_items == UINT32_MAX && next > n.min_items) next = std::max(n.min_items, 1u);
+          if (next < n.max_items) copy.push_back(MatchFrame{.node = node, .count = next});
+          PushValue(copy, n.items, b, out, 0);
+        }
+        if (count < n.min_items && !g.nodes[n.items].nullable) return;
+        continue;
+      }
+      case Kind::kChar: {
+        if (f.count == 1) {  // The character is whole: the parent takes b.
+          stack.pop_back();
+          continue;
+        }
+        bool starts = false;
+        if (!Utf8(f, b, &starts)) return;
+        uint32_t len = 0;
+        if (starts) {
+          len = f.utf8_need + 1u;
+          static constexpr uint8_t kLeadBits[] = {0, 0x7F, 0x1F, 0x0F, 0x07};
+          f.pos = b & kLeadBits[len];
+          f.seen = len;  // The character's length, for CharMayMatch.
+        } else {
+          len = static_cast<uint32_t>(f.seen);
+          f.pos = (f.pos << 6) | (b & 0x3F);
+        }
+        if (!CharMayMatch(n, f, len)) return;
+        if (f.utf8_need == 0) f.count = 1;
+        return Append(stack, out);
       }
       case Kind::kAnyOf:
       case Kind::kRef:

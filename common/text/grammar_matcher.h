@@ -1,11 +1,13 @@
-// GrammarMatcher: accepts the bytes of one JSON text against a JsonGrammar, byte by byte (a
-// token may end inside a UTF-8 character, a string or a number). The state is a small set of
-// pushdown stacks (more than one only while anyOf alternatives are still all possible), each
-// a vector of Frames, so the token mask (token_mask.h) can copy and advance it along a trie.
+// GrammarMatcher: accepts the bytes of one JSON text (or of a grammar's, regex's or choice's
+// text, grammar.h) against a JsonGrammar, byte by byte (a token may end inside a UTF-8
+// character, a string or a number). The state is a small set of pushdown stacks (more than one
+// only while alternatives are still all possible), each a vector of Frames, so the token mask
+// (token_mask.h) can copy and advance it along a trie.
 // One matcher per request, used by one thread; the grammar it reads is shared and immutable.
 //
 // Bounds: at most kMaxMatchDepth nested values (deeper ones are rejected) and kMaxStacks live
-// alternatives (further ones are dropped, which narrows the language and never widens it).
+// alternatives (further ones are dropped, which narrows the language and never widens it), and
+// at most kMaxStepWork values started per byte (an ambiguous grammar's further ones dropped).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +21,7 @@ namespace fmoe {
 
 inline constexpr size_t kMaxMatchDepth = 48;
 inline constexpr size_t kMaxStacks = 64;
+inline constexpr size_t kMaxStepWork = 4096;  // Values started per byte (PushValue calls).
 
 // Bytes a matcher accepts, as plain data: stack i is frames[ends[i-1] .. ends[i]).
 struct MatchFrame {
@@ -69,8 +72,11 @@ class GrammarStepper {
                  uint32_t hops);
   void Append(const std::vector<MatchFrame>& stack, MatchState* out);
   bool FeedObject(MatchFrame& f, const JsonGrammar::Node& n, uint8_t b, int32_t* push);
+  void StartSeq(std::vector<MatchFrame>& stack, int32_t node, size_t from, uint8_t b,
+                MatchState* out, uint32_t hops);
   std::shared_ptr<const JsonGrammar> grammar_;
   std::vector<MatchFrame> scratch_;
+  size_t work_ = 0;  // Values started in this Step (at most kMaxStepWork).
 };
 
 class GrammarMatcher {

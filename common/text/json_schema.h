@@ -1,7 +1,8 @@
 // JSON Schema -> JsonGrammar, the node table GrammarMatcher runs (structured output by
-// constrained decoding). Torch-free; a compiled JsonGrammar is immutable and shared by the
-// matchers of one request. Every schema from outside goes through CompileJsonSchema, which
-// bounds nesting, node count and literal sizes and names the JSON pointer of what it refuses.
+// constrained decoding; grammar.h compiles grammars, regexes and choices into the same table).
+// Torch-free; a compiled JsonGrammar is immutable and shared by the matchers of one request. Every
+// schema from outside goes through CompileJsonSchema, which bounds nesting, node count and literal
+// sizes and names the JSON pointer of what it refuses.
 //
 // The accepted language (docs/api.md "Structured output" says the same for clients):
 // - Output is compact JSON with at most kMaxWhitespace whitespace bytes (space, \n, \t) in each
@@ -43,6 +44,10 @@ struct JsonGrammar {
     kLiteral,  // One of the literal texts in the trie at trie_root (enum, const, true, ...).
     kAnyOf,    // alts: one of these.
     kRef,      // target: the same as node target.
+    // The kinds below come from grammars, regexes and choices (grammar.h), never from schemas.
+    kSeq,     // alts: these nodes in order (an empty one matches "").
+    kRepeat,  // items: min_items to max_items times in a row.
+    kChar,    // One UTF-8 character whose code point is in ranges.
   };
   struct Property {
     std::string name;
@@ -61,7 +66,9 @@ struct JsonGrammar {
     uint32_t max_len = UINT32_MAX;
     int32_t trie_root = -1;  // kLiteral.
     std::vector<int32_t> alts{};
-    int32_t target = -1;  // kRef.
+    int32_t target = -1;                                  // kRef.
+    std::vector<std::pair<uint32_t, uint32_t>> ranges{};  // kChar: sorted, disjoint, inclusive.
+    bool nullable = false;  // Matches the empty text (grammar nodes; JSON values never do).
   };
   // A byte trie (literals and property names). Node 0 of each trie is its root.
   struct TrieNode {

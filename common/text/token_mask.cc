@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <type_traits>
 #include <utility>
 
 #include "common/text/sentencepiece_tokenizer.h"
@@ -154,9 +155,65 @@ size_t TokenMasker::Fill(size_t n, std::vector<uint8_t>* allowed) {
     if (ended_) return count;
   }
   if (FillInString(allowed, &count)) return count;
-  levels_[0] = matcher_.state();
+  cache_used_ = 0;
+  cache_index_.clear();
+  if (WalkCached(0, CachedState(matcher_.state()), allowed, &count)) return count;
+  levels_[0] = matcher_.state();  // Too many states: the plain walk adds what is missing.
   Walk(0, 0, allowed, &count);
   return count;
+}
+
+int32_t TokenMasker::CachedState(const MatchState& state) {
+  static_assert(std::has_unique_object_representations_v<MatchFrame>,
+                "a state's bytes are its identity");
+  key_.assign(reinterpret_cast<const char*>(state.frames.data()),
+              state.frames.size() * sizeof(MatchFrame));
+  key_.append(reinterpret_cast<const char*>(state.ends.data()),
+              state.ends.size() * sizeof(uint32_t));
+  auto it = cache_index_.find(key_);
+  if (it != cache_index_.end()) return it->second;
+  if (cache_used_ >= kMaxCachedStates) return -1;
+  if (cache_used_ == cache_.size()) cache_.emplace_back();
+  Cached& c = cache_[cache_used_];
+  c.state = state;
+  c.next.fill(-1);
+  const auto id = static_cast<int32_t>(cache_used_++);
+  cache_index_.emplace(key_, id);
+  return id;
+}
+
+bool TokenMasker::WalkCached(uint32_t node, int32_t state, std::vector<uint8_t>* allowed,
+                             size_t* count) {
+  if (state < 0) return false;
+  const auto& nodes = vocab_->nodes();
+  const auto& ids = vocab_->ids();
+  GrammarStepper& stepper = matcher_.stepper();
+  const size_t n = allowed->size();
+  for (uint32_t c = nodes[node].children_begin; c < nodes[node].children_end; ++c) {
+    const uint8_t b = nodes[c].byte;
+    int32_t next = cache_[static_cast<size_t>(state)].next[b];
+    if (next == -1) {
+      if (stepper.Step(cache_[static_cast<size_t>(state)].state, b, &stepped_)) {
+        next = CachedState(stepped_);
+        if (next < 0) return false;
+      } else {
+        next = -2;
+      }
+      cache_[static_cast<size_t>(state)].next[b] = next;
+    }
+    if (next == -2) continue;
+    for (uint32_t k = nodes[c].ids_begin; k < nodes[c].ids_end; ++k) {
+      const auto id = static_cast<size_t>(ids[k]);
+      if (id < n && !(*allowed)[id]) {
+        (*allowed)[id] = 1;
+        ++*count;
+      }
+    }
+    if (nodes[c].children_end > nodes[c].children_begin && !WalkCached(c, next, allowed, count)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 void TokenMasker::Walk(uint32_t node, uint32_t depth, std::vector<uint8_t>* allowed,

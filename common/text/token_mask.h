@@ -2,15 +2,19 @@
 // (built once per tokenizer, immutable, shared by all requests). TokenMasker: one request's
 // GrammarMatcher and the allowed next tokens, found by walking the trie depth first with the
 // matcher's state and pruning every prefix the grammar rejects, so a step costs the live part
-// of the trie rather than vocab x token length. Special tokens are never allowed, except the end
-// tokens (eos, stop_token_ids), which are allowed exactly when the text is complete.
-// One TokenMasker per request, used by one thread (the engine's).
+// of the trie rather than vocab x token length; the states met are stepped once per byte and
+// reused (a DFA built lazily per step), so free text of a class costs trie nodes, not steps.
+// Special tokens are never allowed, except the end tokens (eos, stop_token_ids), which are allowed
+// exactly when the text is complete. One TokenMasker per request, used by one thread (the
+// engine's).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/text/grammar_matcher.h"
@@ -86,6 +90,21 @@ class TokenMasker {
 
  private:
   void Walk(uint32_t node, uint32_t depth, std::vector<uint8_t>* allowed, size_t* count);
+  // The walk over the states met so far in this Fill, each stepped at most once per byte (a
+  // repeated character class keeps one state, or a few, across most of the trie). False when
+  // more than kMaxCachedStates states were met: Walk finishes the job.
+  bool WalkCached(uint32_t node, int32_t state, std::vector<uint8_t>* allowed, size_t* count);
+  int32_t CachedState(const MatchState& state);     // Its index; -1 when the cache is full.
+  static constexpr size_t kMaxCachedStates = 1024;  // About 1 MiB at most, kept for reuse.
+  struct Cached {
+    MatchState state;
+    std::array<int32_t, 256> next;  // By byte: the state after it; -1 not yet stepped, -2 refused.
+  };
+  std::vector<Cached> cache_;  // The first cache_used_ are this Fill's.
+  size_t cache_used_ = 0;
+  std::unordered_map<std::string, int32_t> cache_index_;  // A state's bytes -> its index.
+  std::string key_;
+  MatchState stepped_;
   // Inside a string's body (one stack): the precomputed scans instead of the walk. False when
   // the state is not that.
   bool FillInString(std::vector<uint8_t>* allowed, size_t* count);

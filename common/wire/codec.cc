@@ -23,6 +23,7 @@ namespace {
 static_assert(FLATBUFFERS_LITTLEENDIAN, "the codec copies float and int vectors with memcpy");
 static_assert(static_cast<uint8_t>(fb::FinishReason::MAX) == kFinishReasonMax);
 static_assert(static_cast<uint8_t>(fb::AdminOp::MAX) == kAdminOpMax);
+static_assert(static_cast<uint8_t>(fb::GrammarSyntax::MAX) == kGrammarSyntaxMax);
 static_assert(static_cast<size_t>(fb::WorkerBody::MAX) == std::variant_size_v<WorkerMessage>);
 static_assert(static_cast<size_t>(fb::MapBody::MAX) == std::variant_size_v<MapMessage>);
 static_assert(sizeof(fb::PrefetchEntry) == 12);
@@ -87,7 +88,7 @@ size_t PayloadBytes(const Generate& m) {
   size_t bytes = 4 * (m.token_ids.size() + m.sampling.stop_token_ids.size()) +
                  8 * m.sampling.logit_bias.size();
   for (const auto& s : m.sampling.stop) bytes += s.size() + 8;
-  return bytes + m.sampling.json_schema.size();
+  return bytes + m.sampling.json_schema.size() + m.sampling.grammar.size();
 }
 size_t PayloadBytes(const TokenEvent& m) {
   return m.error.size() + 8 * (m.top_logprobs.size() + m.prompt_top.size()) +
@@ -173,6 +174,7 @@ flatbuffers::Offset<fb::Generate> Build(Builder& fbb, const Generate& m) {
   auto stop = m.sampling.stop.empty() ? 0 : fbb.CreateVectorOfStrings(m.sampling.stop);
   const auto [bias_ids, bias_values] = SplitPairs(fbb, m.sampling.logit_bias);
   auto json_schema = OptString(fbb, m.sampling.json_schema);
+  auto grammar = OptString(fbb, m.sampling.grammar);
   fb::SamplingParamsBuilder sb(fbb);
   sb.add_temperature(m.sampling.temperature);
   sb.add_top_p(m.sampling.top_p);
@@ -192,6 +194,8 @@ flatbuffers::Offset<fb::Generate> Build(Builder& fbb, const Generate& m) {
   sb.add_logprobs(m.sampling.logprobs);
   sb.add_prompt_logprobs(m.sampling.prompt_logprobs);
   sb.add_json_schema(json_schema);
+  sb.add_grammar(grammar);
+  sb.add_grammar_syntax(static_cast<fb::GrammarSyntax>(m.sampling.grammar_syntax));
   auto sampling = sb.Finish();
   fb::GenerateBuilder b(fbb);
   b.add_request_id(m.request_id);
@@ -656,6 +660,16 @@ bool Read(const fb::Generate& t, const Checker& c, Generate* m) {
                 /*required=*/false, c.limits().max_json_schema_bytes)) {
     return false;
   }
+  if (!c.String(sp->grammar(), "Generate.sampling.grammar", &s.grammar, /*required=*/false,
+                c.limits().max_json_schema_bytes)) {
+    return false;
+  }
+  if (static_cast<uint8_t>(sp->grammar_syntax()) > kGrammarSyntaxMax) {
+    return c.OutOfRange("Generate.sampling.grammar_syntax: " +
+                        std::to_string(static_cast<int>(sp->grammar_syntax())) +
+                        " is not a syntax");
+  }
+  s.grammar_syntax = static_cast<GrammarSyntax>(sp->grammar_syntax());
   return c.Finite(s.presence_penalty, "Generate.sampling.presence_penalty") &&
          c.Finite(s.frequency_penalty, "Generate.sampling.frequency_penalty") &&
          c.Finite(s.repetition_penalty, "Generate.sampling.repetition_penalty") &&

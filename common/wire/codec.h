@@ -46,7 +46,7 @@ struct DecodeLimits {
   size_t max_prefetch_entries = 4096;      // PrefetchDirective.entries. Default: 4096
   uint32_t max_layer = 4096;               // layer, target_layer. Default: 4096
 
-  // SamplingParams.json_schema (structured output). Default: 1 MiB
+  // SamplingParams.json_schema and .grammar (structured output). Default: 1 MiB
   size_t max_json_schema_bytes = 1u << 20;
 };
 

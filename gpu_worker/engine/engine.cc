@@ -179,6 +179,8 @@ void Engine::WaitForWork(int timeout_ms) {
 }
 
 void Engine::Run(const std::function<bool()>& stop) {
+  // Structured output's token vocabulary, built before the first request rather than in it.
+  if (tokenizer_ != nullptr) PrepareStructuredOutput(*tokenizer_);
   last_plan_us_ = SteadyNowUs();
   while (!stop() && !group_failed_) {
     bool worked = false;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/text/grammar.h"
 #include "common/text/json_schema.h"
 #include "common/text/token_mask.h"
 
@@ -42,13 +43,20 @@ std::shared_ptr<const TokenVocab> VocabOf(const Tokenizer& tokenizer) {
 
 }  // namespace
 
+void PrepareStructuredOutput(const Tokenizer& tokenizer) { (void)VocabOf(tokenizer); }
+
 Status ConstrainSampler(Sampler& sampler, const SamplingParams& params, const Tokenizer* tokenizer,
                         std::span<const int32_t> eos_ids) {
-  if (params.json_schema.empty()) return Status::Ok();
+  if (params.json_schema.empty() && params.grammar.empty()) return Status::Ok();
   if (tokenizer == nullptr) {
     return InvalidArgument("structured output needs the model's tokenizer");
   }
-  auto grammar = CompileJsonSchema(params.json_schema);
+  if (!params.json_schema.empty() && !params.grammar.empty()) {
+    return InvalidArgument("structured output: a schema and a grammar both given");
+  }
+  auto grammar = !params.json_schema.empty() ? CompileJsonSchema(params.json_schema)
+                 : params.grammar_syntax == GrammarSyntax::kRegex ? CompileRegex(params.grammar)
+                                                                  : CompileGrammar(params.grammar);
   if (!grammar.ok()) return InvalidArgument("structured output: " + grammar.status().message());
   std::vector<int32_t> ends(eos_ids.begin(), eos_ids.end());
   ends.insert(ends.end(), params.stop_token_ids.begin(), params.stop_token_ids.end());

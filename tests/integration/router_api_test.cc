@@ -3,12 +3,14 @@
 // (choice i with seed + i), batches of prompts, logprobs (completions and chat), echo (with
 // logprobs: the prompt scored), the penalties, logit_bias, min_p, ignore_eos, min_tokens and
 // stop_token_ids each changing the output as they should, the chat default of max_tokens,
-// unsupported parameters refused by name, /tokenize and /detokenize, X-Request-Id, CORS, the access
-// log and the Prometheus text read by a real parser.
+// guided_choice / guided_regex / guided_grammar decoded under the mask and their bad texts
+// refused, unsupported parameters refused by name, /tokenize and /detokenize, X-Request-Id, CORS,
+// the access log and the Prometheus text read by a real parser.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <regex>
 #include <set>
 #include <string>
 #include <tuple>
@@ -422,8 +424,8 @@ TEST_F(RouterApiTest, PrefixCachingSharesAPromptsBlocks) {
     if (at == std::string::npos) return -1;
     return std::stod(r.body.substr(at + key.size()));
   };
-  EXPECT_TRUE(WaitUntil([&] { return metric("fmoe_prefix_cache_hits_total") >= (n - 1) / 16 * 16; },
-                        60000))
+  EXPECT_TRUE(
+      WaitUntil([&] { return metric("fmoe_prefix_cache_hits_total") >= (n - 1) / 16 * 16; }, 60000))
       << Call("GET", "/metrics", "").body;
   EXPECT_GT(metric("fmoe_prefix_cache_queries_total"), metric("fmoe_prefix_cache_hits_total"));
   EXPECT_EQ(metric("fmoe_kv_blocks"), 4096 / 16);  // max_batch 4 x the 1024-token context.
@@ -443,8 +445,7 @@ TEST_F(RouterApiTest, UnsupportedParametersAreRefusedByName) {
       {"suffix", "x"},
       {"prompt_logprobs", 1},
       {"include_stop_str_in_output", true},
-      {"structured_outputs", {{"regex", "a+"}}},
-      {"guided_regex", "a+"},
+      {"structured_outputs", {{"structural_tag", "{}"}}},
       {"guided_json", {{"type", "string"}, {"pattern", "a+"}}}};
   for (const auto& [key, value] : cases) {
     Json body = {{"model", "tiny-moe"}, {"prompt", "x"}, {key, value}};
@@ -477,6 +478,108 @@ TEST_F(RouterApiTest, UnsupportedParametersAreRefusedByName) {
           {"include_stop_str_in_output", false},
           {"structured_outputs", Json::object()}};
   EXPECT_EQ(Call("POST", "/v1/completions", body.dump()).status, 200);
+}
+
+// guided_choice, guided_regex and guided_grammar (and structured_outputs' choice / regex /
+// grammar), decoded by the tiny model under the token mask: every answer matches, whole and
+// streamed, in chat and completions, and ends with "stop" once nothing more may follow.
+TEST_F(RouterApiTest, GuidedChoiceRegexAndGrammarConstrainTheOutput) {
+  const std::vector<std::string> choices = {"Paris", "London", "New York"};
+  for (const Json& extra :
+       {Json{{"guided_choice", choices}}, Json{{"structured_outputs", {{"choice", choices}}}}}) {
+    for (double temperature : {0.0, 1.0}) {
+      Json patch = extra;
+      patch["temperature"] = temperature;
+      patch["max_tokens"] = 16;
+      Json a = Completion(patch);
+      SCOPED_TRACE(a.dump());
+      EXPECT_NE(std::find(choices.begin(), choices.end(), Text(a)), choices.end());
+      EXPECT_EQ(a["choices"][0]["finish_reason"], "stop");
+    }
+  }
+  const std::string regex = R"(\d{3}-[a-z]{2,4}(, \d)?)";
+  const std::regex re(regex);
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    Json a = Completion(
+        {{"guided_regex", regex}, {"temperature", 1.0}, {"seed", seed}, {"max_tokens", 20}});
+    EXPECT_TRUE(std::regex_match(Text(a), re)) << a.dump();
+    EXPECT_EQ(a["choices"][0]["finish_reason"], "stop") << a.dump();
+  }
+  const std::string grammar = R"(root ::= "[" item ("," item){0,2} "]"
+item ::= "\"" [a-z]{1,5} "\"" | [0-9]{1,3}
+)";
+  const std::regex grammar_re(R"(\[("[a-z]{1,5}"|[0-9]{1,3})(,("[a-z]{1,5}"|[0-9]{1,3})){0,2}\])");
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    Json chat = Ok("/v1/chat/completions",
+                   {{"model", "tiny-moe"},
+                    {"messages", {{{"role", "user"}, {"content", "A list, please."}}}},
+                    {"structured_outputs", {{"grammar", grammar}}},
+                    {"temperature", 1.0},
+                    {"seed", seed},
+                    {"max_tokens", 40}});
+    const std::string content = chat["choices"][0]["message"]["content"].get<std::string>();
+    EXPECT_TRUE(std::regex_match(content, grammar_re)) << chat.dump();
+    EXPECT_EQ(chat["choices"][0]["finish_reason"], "stop") << chat.dump();
+  }
+  // Streamed: the deltas add up to a match.
+  Json body = {{"model", "tiny-moe"},
+               {"prompt", "The city of"},
+               {"max_tokens", 20},
+               {"temperature", 1.0},
+               {"seed", 5},
+               {"stream", true},
+               {"guided_grammar", grammar}};
+  Reply r = Call("POST", "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::string text, finish;
+  for (const std::string& e : DataEvents(r.body)) {
+    if (e == "[DONE]") continue;
+    Json j = Json::parse(e);
+    text += j["choices"][0]["text"].get<std::string>();
+    if (!j["choices"][0]["finish_reason"].is_null()) finish = j["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(std::regex_match(text, grammar_re)) << r.body;
+  EXPECT_EQ(finish, "stop");
+}
+
+// What the grammar, regex and choice compilers refuse: a 400 naming the parameter and the
+// problem, never a hang or a 500.
+TEST_F(RouterApiTest, BadGrammarsRegexesAndChoicesAre400s) {
+  struct Case {
+    Json patch;
+    std::string param, says;
+  };
+  const std::vector<Case> cases = {
+      {{{"guided_grammar", R"(root ::= root "a" | "b")"}}, "guided_grammar", "left-recursive"},
+      {{{"guided_grammar", R"(item ::= "a")"}}, "guided_grammar", "no rule named root"},
+      {{{"guided_grammar", R"(root ::= "a" undefined)"}},
+       "guided_grammar",
+       "line 1 col 14: no rule named undefined"},
+      {{{"guided_grammar", R"(root ::= "a"{100000})"}}, "guided_grammar", "above 1000"},
+      {{{"guided_regex", "a(?=b)"}}, "guided_regex", "lookaround is not supported"},
+      {{{"guided_regex", R"((a)\1)"}}, "guided_regex", "backreferences are not supported"},
+      {{{"guided_regex", 7}}, "guided_regex", "must be a string"},
+      {{{"structured_outputs", {{"regex", "[a-"}}}}, "structured_outputs", "unterminated"},
+      {{{"guided_choice", Json::array()}}, "guided_choice", "no strings"},
+      {{{"guided_choice", {"a", 1}}}, "guided_choice", "array of strings"},
+      {{{"guided_regex", "a+"}, {"guided_json", {{"type", "object"}}}},
+       "guided_regex",
+       "only one of"},
+      {{{"guided_regex", "a+"}, {"response_format", {{"type", "json_object"}}}},
+       "guided_regex",
+       "only one of"},
+  };
+  for (const Case& c : cases) {
+    Json b = {{"model", "tiny-moe"}, {"prompt", "x"}};
+    for (auto it = c.patch.begin(); it != c.patch.end(); ++it) b[it.key()] = it.value();
+    SCOPED_TRACE(b.dump());
+    Reply r = Call("POST", "/v1/completions", b.dump());
+    EXPECT_EQ(r.status, 400) << r.body;
+    Json e = Json::parse(r.body, nullptr, false);
+    ASSERT_FALSE(e.is_discarded()) << r.body;
+    EXPECT_EQ(e["error"]["param"], c.param) << r.body;
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(c.says), std::string::npos) << r.body;
+  }
 }
 
 TEST_F(RouterApiTest, TokenizeAndDetokenize) {

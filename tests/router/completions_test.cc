@@ -726,6 +726,8 @@ class ToolCompletionsTest : public ::testing::Test {
     if (!gen) return rec;
     if (prompt != nullptr) *prompt = tokenizer_->Decode(gen->token_ids, false);
     last_schema_ = gen->sampling.json_schema;
+    last_grammar_ = gen->sampling.grammar;
+    last_syntax_ = gen->sampling.grammar_syntax;
     AnswerWithText(*leader_, *tokenizer_, gen->request_id, text);
     EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
     return rec;
@@ -751,7 +753,9 @@ class ToolCompletionsTest : public ::testing::Test {
   Link link_;
   std::unique_ptr<Completions> completions_;
   std::unique_ptr<FakeLeader> leader_;
-  std::string last_schema_;  // The last request's sampling.json_schema.
+  std::string last_schema_;   // The last request's sampling.json_schema.
+  std::string last_grammar_;  // Its sampling.grammar and grammar_syntax.
+  GrammarSyntax last_syntax_ = GrammarSyntax::kGbnf;
 };
 
 const char kCallAnswer[] =
@@ -1161,7 +1165,8 @@ TEST_F(ToolCompletionsTest, ResponsesStreamTheEventSequence) {
 }
 
 // tool_choice required / named: the answer is decoded under vLLM's schema (which the matcher
-// takes the answer under) and parsed back into tool_calls, whole and streamed.
+// takes the answer under) and parsed back into tool_calls, whole and streamed; a named
+// function's call finishes with "stop" (OpenAI's), required's with "tool_calls".
 TEST_F(ToolCompletionsTest, ToolChoiceRequiredAndNamedDecodeUnderASchema) {
   Start(ToolCallFormat::kHermes, /*think=*/false);
   const Json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
@@ -1175,6 +1180,12 @@ TEST_F(ToolCompletionsTest, ToolChoiceRequiredAndNamedDecodeUnderASchema) {
       Json::parse(choice["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
       Json({{"city", "Paris"}}));
   EXPECT_TRUE(choice["message"]["content"].is_null()) << choice;
+  // A named function's call finishes with "stop", as OpenAI's does; "required" with tool_calls.
+  EXPECT_EQ(choice["finish_reason"], "stop") << choice;
+  rec = Run({{"tools", Tools()}, {"tool_choice", named}, {"stream", true}}, R"({"city": "Paris"})");
+  ASSERT_EQ(rec->status(), 200) << rec->body();
+  EXPECT_NE(rec->body().find(R"("finish_reason":"stop")"), std::string::npos) << rec->body();
+  EXPECT_EQ(rec->body().find(R"("finish_reason":"tool_calls")"), std::string::npos) << rec->body();
 
   const std::string list = R"([{"name": "get_weather", "parameters": {"city": "Rome"}}, )"
                            R"({"name":"get_weather","parameters":{"city":"Oslo"}}])";
@@ -1226,7 +1237,9 @@ TEST_F(ToolCompletionsTest, StructuredOutputIsContentForReasoningModels) {
 }
 
 // response_format json_object / json_schema, structured_outputs.json and guided_json send the
-// schema to the worker; conflicts, bad schemas and the forms not implemented are 400s by name.
+// schema to the worker, guided_regex / guided_choice / guided_grammar (and structured_outputs'
+// regex / choice / grammar) the grammar; conflicts, bad schemas and grammars and the forms not
+// implemented are 400s by name.
 TEST_F(ToolCompletionsTest, StructuredOutputSchemasTravelOrAreRefusedByName) {
   Start(ToolCallFormat::kHermes, /*think=*/false);
   const Json schema = {
@@ -1252,6 +1265,24 @@ TEST_F(ToolCompletionsTest, StructuredOutputSchemasTravelOrAreRefusedByName) {
     }
     EXPECT_EQ(Json::parse(rec->body())["choices"][0]["message"]["content"], R"({"a": 1})");
   }
+  // Regexes, grammars and choices travel in sampling.grammar (a choice as its GBNF).
+  const std::vector<std::tuple<Json, std::string, GrammarSyntax>> grammars = {
+      {{{"guided_regex", "a+"}}, "a+", GrammarSyntax::kRegex},
+      {{{"structured_outputs", {{"regex", "b?"}}}}, "b?", GrammarSyntax::kRegex},
+      {{{"guided_grammar", "root ::= \"x\""}}, "root ::= \"x\"", GrammarSyntax::kGbnf},
+      {{{"structured_outputs", {{"grammar", "root ::= [a-z]"}}}},
+       "root ::= [a-z]",
+       GrammarSyntax::kGbnf},
+      {{{"guided_choice", {"a", "b\""}}}, "root ::= \"a\" | \"b\\\"\"\n", GrammarSyntax::kGbnf},
+      {{{"structured_outputs", {{"choice", {"yes"}}}}}, "root ::= \"yes\"\n", GrammarSyntax::kGbnf},
+  };
+  for (const auto& [fields, grammar, syntax] : grammars) {
+    auto rec = Run(fields, "x");
+    ASSERT_EQ(rec->status(), 200) << fields << rec->body();
+    EXPECT_TRUE(last_schema_.empty()) << fields;
+    EXPECT_EQ(last_grammar_, grammar) << fields;
+    EXPECT_EQ(last_syntax_, syntax) << fields;
+  }
   const std::vector<std::tuple<Json, std::string, std::string>> refused = {
       {{{"response_format", {{"type", "yaml"}}}}, "response_format", "must be \"text\""},
       {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "A"}}}}}},
@@ -1271,9 +1302,20 @@ TEST_F(ToolCompletionsTest, StructuredOutputSchemasTravelOrAreRefusedByName) {
       {{{"response_format", {{"type", "json_object"}}}, {"guided_json", schema}},
        "guided_json",
        "only one of"},
-      {{{"structured_outputs", {{"regex", "a+"}}}}, "structured_outputs", "regex"},
-      {{{"structured_outputs", {{"choice", {"a", "b"}}}}}, "structured_outputs", "choice"},
-      {{{"guided_choice", {"a", "b"}}}, "guided_choice", "not supported"},
+      {{{"structured_outputs", {{"structural_tag", "{}"}}}},
+       "structured_outputs",
+       "structural_tag' is not supported"},
+      {{{"structured_outputs", {{"regex", "a("}}}},
+       "structured_outputs",
+       "structured_outputs.regex: regex at 2: missing )"},
+      {{{"guided_choice", {"a", 2}}}, "guided_choice", "array of strings"},
+      {{{"guided_grammar", "root ::= x"}},
+       "guided_grammar",
+       "guided_grammar: grammar line 1 col 10: no rule named x"},
+      {{{"guided_regex", "a"}, {"guided_json", schema}}, "guided_regex", "only one of"},
+      {{{"guided_regex", "a"}, {"structured_outputs", {{"choice", {"a"}}}}},
+       "guided_regex",
+       "only one of"},
       {{{"guided_json", "{not json"}}, "guided_json", "not JSON"},
       {{{"tools", Tools()},
         {"tool_choice", "required"},

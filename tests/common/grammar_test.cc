@@ -1,0 +1,310 @@
+// Grammars, regexes and choices (grammar.h) run by the byte matcher (grammar_matcher.h) and the
+// token mask (token_mask.h): accepted and rejected texts, the errors that name what is refused,
+// and masked sampling over random vocabularies that only ever produces matching text (checked
+// against PCRE2, common/text/regex.h, for regexes).
+#include "common/text/grammar.h"
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/text/grammar_matcher.h"
+#include "common/text/regex.h"
+#include "common/text/token_mask.h"
+
+namespace fmoe {
+namespace {
+
+std::shared_ptr<const JsonGrammar> Gbnf(std::string_view text) {
+  auto g = CompileGrammar(text);
+  EXPECT_TRUE(g.ok()) << g.status().message() << " for " << text;
+  return g.ok() ? *g : nullptr;
+}
+
+std::shared_ptr<const JsonGrammar> Regex(std::string_view text) {
+  auto g = CompileRegex(text);
+  EXPECT_TRUE(g.ok()) << g.status().message() << " for " << text;
+  return g.ok() ? *g : nullptr;
+}
+
+// PCRE2's whole-text match, an independent engine (Unicode-aware: the texts here are ASCII
+// where that differs from ours).
+bool PcreMatches(const std::string& pattern, std::string_view text) {
+  auto re = fmoe::Regex::Compile("\\A(?:" + pattern + ")\\z");
+  EXPECT_TRUE(re.ok()) << pattern;
+  std::vector<std::pair<size_t, size_t>> found;
+  if (!re.ok() || !re->FindAll(text, &found).ok()) return false;
+  return !found.empty() && found[0] == std::pair<size_t, size_t>{0, text.size()};
+}
+
+bool Matches(const std::shared_ptr<const JsonGrammar>& g, std::string_view text) {
+  if (g == nullptr) return false;
+  GrammarMatcher m(g);
+  return m.Accept(text) && m.complete();
+}
+
+std::string GrammarError(std::string_view text) {
+  auto g = CompileGrammar(text);
+  return g.ok() ? std::string("(compiled)") : g.status().message();
+}
+
+std::string RegexError(std::string_view text) {
+  auto g = CompileRegex(text);
+  return g.ok() ? std::string("(compiled)") : g.status().message();
+}
+
+TEST(Grammar, AcceptsTheLanguageOfAGbnfGrammar) {
+  auto g = Gbnf(R"(
+    # A list of small words.
+    root ::= "[" ws item ("," ws item)* ws "]"
+    item ::= word | num
+    word ::= [a-z]+
+    num  ::= "-"? [0-9]{1,3}
+    ws   ::= [ \t\n]*
+  )");
+  EXPECT_TRUE(Matches(g, "[a]"));
+  EXPECT_TRUE(Matches(g, "[ abc, -12,\n7 ]"));
+  EXPECT_TRUE(Matches(g, "[1,2,3]"));
+  EXPECT_FALSE(Matches(g, "[]"));
+  EXPECT_FALSE(Matches(g, "[1234]"));
+  EXPECT_FALSE(Matches(g, "[a,]"));
+  EXPECT_FALSE(Matches(g, "[A]"));
+  EXPECT_FALSE(Matches(g, "[a"));
+  EXPECT_FALSE(Matches(g, "[a]x"));
+}
+
+TEST(Grammar, RecursionNullablesAndAmbiguity) {
+  auto parens = Gbnf("root ::= \"(\" root \")\" | \"\"");
+  EXPECT_TRUE(Matches(parens, ""));
+  EXPECT_TRUE(Matches(parens, "((()))"));
+  EXPECT_FALSE(Matches(parens, "(()"));
+  // Right recursion does not grow the stack: a long list fits.
+  auto list = Gbnf("root ::= \"a\" rest\nrest ::= \",\" \"a\" rest | \"\"");
+  std::string long_list = "a";
+  for (int i = 0; i < 500; ++i) long_list += ",a";
+  EXPECT_TRUE(Matches(list, long_list));
+  // A literal that is a prefix of another, nullable elements and overlapping repetitions.
+  auto g = Gbnf("root ::= (\"ab\" | \"a\") \"b\"? [a-c]* \"c\"");
+  EXPECT_TRUE(Matches(g, "abc"));
+  EXPECT_TRUE(Matches(g, "ac"));
+  EXPECT_TRUE(Matches(g, "abbbbc"));
+  EXPECT_TRUE(Matches(g, "acccc"));
+  EXPECT_FALSE(Matches(g, "ab"));
+  auto counts = Gbnf("root ::= (\"x\"?){2,3} \"y\"{0,}");
+  EXPECT_TRUE(Matches(counts, ""));
+  EXPECT_TRUE(Matches(counts, "xxx"));
+  EXPECT_FALSE(Matches(counts, "xxxx"));
+  EXPECT_TRUE(Matches(counts, "xyyyy"));
+  // xgrammar's form: rules ended by ';', alternatives across lines.
+  auto semi = Gbnf("root ::= a | b;\na ::= \"A\";\nb ::=\n  \"B\"\n  | \"C\";");
+  EXPECT_TRUE(Matches(semi, "C"));
+  EXPECT_FALSE(Matches(semi, "AB"));
+}
+
+TEST(Grammar, CharacterClassesAreUnicode) {
+  auto g = Gbnf(R"(root ::= [à-ÿ]+ [^a-z\n] "é" "\u00e8\x41" .)");
+  EXPECT_TRUE(Matches(g,
+                      "àé"
+                      "€"
+                      "é"
+                      "èA"
+                      "\xF0\x9F\x98\x80"));
+  EXPECT_FALSE(Matches(g, "àéaéèAx"));        // 'a' is in [a-z].
+  EXPECT_FALSE(Matches(g, "a€éèAx"));         // 'a' is not in [à-ÿ].
+  EXPECT_FALSE(Matches(g, "à\xC3\x28éèAx"));  // Not UTF-8.
+  // A prefix of a character outside the class is refused at its first byte when no
+  // completion could be in it: U+20AC starts E2, and [à-ÿ] is all two-byte.
+  GrammarMatcher m(Gbnf("root ::= [à-ÿ]"));
+  EXPECT_FALSE(m.Accept("\xE2"));
+  EXPECT_TRUE(m.Accept("\xC3"));
+  EXPECT_FALSE(m.Accept("\x80"));  // U+00C0 is below à (U+00E0).
+  EXPECT_TRUE(m.Accept("\xA9"));
+  EXPECT_TRUE(m.complete());
+}
+
+TEST(Grammar, RefusesBadGrammarsNamingTheProblem) {
+  EXPECT_EQ(GrammarError("item ::= \"a\""), "grammar: no rule named root");
+  EXPECT_EQ(GrammarError("root ::= item"), "grammar line 1 col 10: no rule named item");
+  EXPECT_EQ(GrammarError("root ::= \"a\"\nroot ::= \"b\""),
+            "grammar line 2 col 1: rule root is defined twice");
+  EXPECT_EQ(GrammarError("root ::= root \"a\" | \"b\""),
+            "grammar: rule root is left-recursive (it can reach itself before consuming input)");
+  EXPECT_NE(GrammarError("root ::= x\nx ::= \"\"? y\ny ::= x \"a\"").find("left-recursive"),
+            std::string::npos);
+  EXPECT_EQ(GrammarError("root ::= \"a"), "grammar line 1 col 12: unterminated literal");
+  EXPECT_EQ(GrammarError("root ::= [a-"), "grammar line 1 col 13: unterminated character class");
+  EXPECT_EQ(GrammarError("root ::= \"a\"{5000}"),
+            "grammar line 1 col 14: repetition count above 1000");
+  EXPECT_EQ(GrammarError("root ::= \"a\"{3,2}"),
+            "grammar line 1 col 14: repetition {m,n} with n < m");
+  EXPECT_EQ(GrammarError("root ::= [z-a]"), "grammar line 1 col 14: character range is backwards");
+  EXPECT_EQ(GrammarError("root ::= \"\\q\""), "grammar line 1 col 11: unknown escape \\q");
+  EXPECT_EQ(GrammarError("root ::= ( \"a\""), "grammar line 1 col 15: expected )");
+  EXPECT_EQ(GrammarError("root ::= \"a\" @"), "grammar line 1 col 14: unexpected '@'");
+  EXPECT_EQ(GrammarError("root = \"a\""), "grammar line 1 col 6: expected ::= after root");
+  EXPECT_EQ(GrammarError(R"(root ::= "a" [^\x00-\U0010FFFF])"),
+            "grammar: a character class matches no character");
+  std::string deep = "root ::= " + std::string(100, '(') + "\"a\"" + std::string(100, ')');
+  EXPECT_NE(GrammarError(deep).find("nest deeper than 64"), std::string::npos);
+  EXPECT_NE(GrammarError(std::string(kMaxGrammarBytes + 1, ' ')).find("larger than"),
+            std::string::npos);
+}
+
+TEST(Regex, MatchesWholeOutputs) {
+  auto g = Regex(R"(^(\d{3})-[A-Z]{2,}\.?(?:x|yz)*$)");
+  EXPECT_TRUE(Matches(g, "123-AB"));
+  EXPECT_TRUE(Matches(g, "123-ABC.xyzx"));
+  EXPECT_FALSE(Matches(g, "12-AB"));
+  EXPECT_FALSE(Matches(g, "123-A"));
+  EXPECT_FALSE(Matches(g, "123-AB.y"));
+  auto email = Regex(R"([\w.+-]+@[\w-]+\.[a-z]{2,4})");
+  EXPECT_TRUE(Matches(email, "a.b+c@ex-ample.com"));
+  EXPECT_FALSE(Matches(email, "a@b"));
+  auto any = Regex("a.c|[^abc]{2}|é+|\\x41\\u00e8|(?P<n>q)(?<m>r)|{x}");
+  EXPECT_TRUE(Matches(any,
+                      "a\xE2\x82\xAC"
+                      "c"));
+  EXPECT_FALSE(Matches(any, "a\nc"));
+  EXPECT_TRUE(Matches(any, "xy"));
+  EXPECT_TRUE(Matches(any, "ééé"));
+  EXPECT_TRUE(Matches(any, "Aè"));
+  EXPECT_TRUE(Matches(any, "qr"));
+  EXPECT_TRUE(Matches(any, "{x}"));
+  auto lazy = Regex("a+?b*?c??");
+  EXPECT_TRUE(Matches(lazy, "aabbc"));
+  EXPECT_TRUE(Matches(Regex(""), ""));
+}
+
+TEST(Regex, RefusesUnsupportedConstructsNamingThem) {
+  EXPECT_EQ(RegexError("a(?=b)"), "regex at 1: lookaround is not supported");
+  EXPECT_EQ(RegexError("(?<!a)b"), "regex at 0: lookaround is not supported");
+  EXPECT_EQ(RegexError("(a)\\1"), "regex at 3: backreferences are not supported");
+  EXPECT_EQ(RegexError("(?P<x>a)(?P=x)"), "regex at 8: backreferences are not supported");
+  EXPECT_EQ(RegexError("\\bword"), "regex at 0: \\b (an anchor or word boundary) is not supported");
+  EXPECT_EQ(RegexError("\\p{L}"), "regex at 0: \\p{...} (Unicode properties) is not supported");
+  EXPECT_EQ(RegexError("(?i)abc"),
+            "regex at 0: inline flags and (?...) groups other than (?: ), (?P<name> ) and "
+            "(?<name> ) are not supported");
+  EXPECT_EQ(RegexError("a*+"), "regex at 2: possessive quantifiers are not supported");
+  EXPECT_EQ(RegexError("a**"), "regex at 2: a quantifier cannot follow a quantifier");
+  EXPECT_EQ(RegexError("*a"), "regex at 0: nothing to repeat before '*'");
+  EXPECT_EQ(RegexError("a{2000}"), "regex at 2: repetition count above 1000");
+  EXPECT_EQ(RegexError("(ab"), "regex at 3: missing )");
+  EXPECT_EQ(RegexError("ab)"), "regex at 2: unbalanced )");
+  EXPECT_EQ(RegexError("a$b"), "regex at 1: $ is only supported at the end");
+  EXPECT_EQ(RegexError("[[:alpha:]]"), "regex at 1: POSIX classes [:...:] are not supported");
+  EXPECT_NE(RegexError(std::string(kMaxRegexBytes + 1, 'a')).find("longer than"),
+            std::string::npos);
+}
+
+TEST(Choice, IsExactlyOneOfTheStrings) {
+  auto g = CompileChoice({"yes", "no", "y\"es\\", "n\x01", "né", "ye"});
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  for (const char* s : {"yes", "no", "y\"es\\", "n\x01", "né", "ye"}) EXPECT_TRUE(Matches(*g, s));
+  for (const char* s : {"y", "yess", "", "n", "No"}) EXPECT_FALSE(Matches(*g, s)) << s;
+  EXPECT_FALSE(CompileChoice({}).ok());
+  EXPECT_EQ(CompileChoice({std::string(kMaxGuidedChoiceBytes + 1, 'a')}).status().message(),
+            "choice: the strings exceed 32768 bytes");
+  // The largest choice's GBNF (every byte escaped) is within a grammar's bound.
+  auto escaped = CompileChoice(std::vector<std::string>(16, std::string(2048, '\x01')));
+  EXPECT_TRUE(escaped.ok()) << escaped.status().message();
+  EXPECT_FALSE(CompileChoice(std::vector<std::string>(kMaxGuidedChoices + 1, "a")).ok());
+  // Many choices sharing a prefix stay one trie: none is lost to the matcher's stack bound.
+  std::vector<std::string> many;
+  for (int i = 0; i < 500; ++i) many.push_back("item-" + std::to_string(i));
+  auto m = CompileChoice(many);
+  ASSERT_TRUE(m.ok());
+  for (const std::string& s : many) EXPECT_TRUE(Matches(*m, s)) << s;
+}
+
+// Sampling random allowed tokens until only the end is left: every text matches, and the end
+// token is offered exactly when the text is complete.
+void CheckMaskedWalks(const std::shared_ptr<const JsonGrammar>& g, const std::string* re,
+                      const std::vector<std::string>& pieces, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::string> bytes;
+  for (int i = 0; i < 200; ++i) {
+    std::string t;
+    for (int k = 0, n = 1 + static_cast<int>(rng() % 3); k < n; ++k) {
+      t += pieces[rng() % pieces.size()];
+    }
+    bytes.push_back(t);
+  }
+  for (const std::string& p : pieces) bytes.push_back(p);  // Every piece alone too.
+  bytes.push_back("<eos>");
+  std::vector<bool> special(bytes.size(), false);
+  special.back() = true;
+  const auto eos = static_cast<int32_t>(bytes.size() - 1);
+  auto vocab = std::make_shared<const TokenVocab>(bytes, special);
+  int finished = 0;
+  for (int walk = 0; walk < 40; ++walk) {
+    TokenMasker masker(g, vocab, {eos});
+    std::string text;
+    std::vector<uint8_t> mask;
+    for (int step = 0; step < 60; ++step) {
+      const size_t n = masker.Fill(bytes.size(), &mask);
+      ASSERT_GT(n, 0u) << "stuck after \"" << text << "\"";
+      EXPECT_EQ(mask[static_cast<size_t>(eos)] == 1, masker.complete()) << text;
+      std::vector<int32_t> allowed;
+      for (size_t id = 0; id < mask.size(); ++id) {
+        if (mask[id]) allowed.push_back(static_cast<int32_t>(id));
+      }
+      const int32_t token = allowed[rng() % allowed.size()];
+      ASSERT_TRUE(masker.Accept(token));
+      if (token == eos) {
+        GrammarMatcher check(g);
+        EXPECT_TRUE(check.Accept(text) && check.complete()) << text;
+        if (re != nullptr) {
+          EXPECT_TRUE(PcreMatches(*re, text)) << text;
+        }
+        ++finished;
+        break;
+      }
+      text += bytes[static_cast<size_t>(token)];
+    }
+  }
+  EXPECT_GT(finished, 0);
+}
+
+TEST(GrammarMask, MaskedSamplingOnlyProducesMatchingText) {
+  const std::vector<std::string> pieces = {"a", "b", "ab", "-", "1",    "12",   "x",  "\"", ",",
+                                           " ", "[", "]",  "é", "\xC3", "\xA9", "\n", "c",  "yz"};
+  const char* regexes[] = {"[ab]+-\\d{1,3}", "(ab|a)*x?c", "\\[(\\d+(, ?\\d+)*)?\\]",
+                           "(a|b|c){2,4}(yz)?", "[^\\n]{0,5}1"};
+  ASSERT_TRUE(PcreMatches("[^\\n]{0,2}", "éé"));  // The reference counts characters.
+  ASSERT_FALSE(PcreMatches("a", "ab"));
+  uint64_t seed = 1;
+  for (const char* r : regexes) {
+    SCOPED_TRACE(r);
+    const std::string re = r;
+    CheckMaskedWalks(Regex(r), &re, pieces, seed++);
+  }
+  CheckMaskedWalks(Gbnf("root ::= \"[\" (item (\",\" \" \"? item)*)? \"]\"\n"
+                        "item ::= \"\\\"\" [a-c]{1,3} \"\\\"\" | [0-9]+ | root"),
+                   nullptr, pieces, seed++);
+  auto choice = CompileChoice({"ab", "abab", "x", "yz-1"});
+  ASSERT_TRUE(choice.ok());
+  const std::string choice_re = "ab|abab|x|yz-1";
+  CheckMaskedWalks(*choice, &choice_re, pieces, seed++);
+}
+
+TEST(GrammarMask, EndsOnlyWhereTheGrammarMayEnd) {
+  std::vector<std::string> bytes = {"a", "b", "<eos>"};
+  std::vector<bool> special = {false, false, true};
+  auto vocab = std::make_shared<const TokenVocab>(bytes, special);
+  TokenMasker m(Regex("a{2}b?"), vocab, {2});
+  std::vector<uint8_t> mask;
+  EXPECT_EQ(m.Fill(3, &mask), 1u);  // "a"
+  ASSERT_TRUE(m.Accept(0));
+  EXPECT_FALSE(m.Accept(2));
+  ASSERT_TRUE(m.Accept(0));
+  EXPECT_EQ(m.Fill(3, &mask), 2u);  // "b" or the end.
+  ASSERT_TRUE(m.Accept(1));
+  EXPECT_EQ(m.Fill(3, &mask), 1u);  // Only the end: nothing more can follow.
+  EXPECT_EQ(mask[2], 1);
+}
+
+}  // namespace
+}  // namespace fmoe
