@@ -375,7 +375,7 @@ void SimTieredLink::Promote(uint64_t id) {
   }
 }
 
-void SimTieredLink::Hint(uint32_t key) {
+void SimTieredLink::Hint(uint32_t key, int64_t /*use_in_ns*/) {
   AdvanceTo(clock_.NowNs(), /*stalled=*/false);
   if (key >= entries_.size() || entries_[key].state != State::kAbsent) return;
   if (hinted_reading_ >= options_.disk.max_hinted_reads) return;

@@ -103,7 +103,7 @@ class SimTieredLink final : public TransferEngine {
   void Submit(const TransferTask& task) override;
   void Cancel(uint64_t id) override;
   void Promote(uint64_t id) override;
-  void Hint(uint32_t key) override;
+  void Hint(uint32_t key, int64_t use_in_ns) override;
   // In the host cache as of the last call (the cache's disk-read counters ask it).
   bool Staged(uint32_t key) const override { return Resident(key); }
   size_t Poll(std::vector<TransferDone>* out) override;

@@ -110,8 +110,8 @@ TEST(SimTieredLinkTest, ReadsInFlightShareTheBandwidth) {
 
 TEST(SimTieredLinkTest, UrgentReadsGoBeforeHintedOnes) {
   Tier t(Options(4, /*warm=*/false, /*queue_depth=*/1));
-  t.link->Hint(5);  // On the disk at once.
-  t.link->Hint(6);  // Waits for the disk.
+  t.link->Hint(5, -1);  // On the disk at once.
+  t.link->Hint(6, -1);  // Waits for the disk.
   EXPECT_EQ(t.link->reads_in_flight(), 1u);
   EXPECT_EQ(t.link->tier_stats().hinted_reads, 2u);
   t.link->Submit(Task(1, 7, /*on_demand=*/true));
@@ -201,10 +201,10 @@ TEST(SimTieredLinkTest, TheHostBudgetHoldsAndACopyingExpertIsNotEvicted) {
   EXPECT_EQ(t.link->resident(), 1u);
   EXPECT_TRUE(t.link->Resident(3));
   // A hint never evicts an expert scoring as high as itself, and starts no read then.
-  t.link->Hint(4);
+  t.link->Hint(4, -1);
   EXPECT_EQ(t.link->reads_in_flight(), 0u);
   t.link->set_score([](uint32_t key) { return key == 4 ? 2.0 : 1.0; });
-  t.link->Hint(4);
+  t.link->Hint(4, -1);
   EXPECT_EQ(t.link->reads_in_flight(), 1u);
   EXPECT_FALSE(t.link->Resident(3));
   EXPECT_TRUE(t.link->CheckInvariants().ok());
@@ -214,12 +214,12 @@ TEST(SimTieredLinkTest, HintedReadsAreBounded) {
   SimTierOptions o = Options(8, /*warm=*/false);
   o.disk.max_hinted_reads = 4;
   Tier t(o);
-  for (uint32_t key = 0; key < 6; ++key) t.link->Hint(key);
+  for (uint32_t key = 0; key < 6; ++key) t.link->Hint(key, -1);
   EXPECT_EQ(t.link->tier_stats().hinted_reads, 4u);
   t.AdvanceTo(10 * kMs);
   std::vector<TransferDone> out;
   t.link->Poll(&out);
-  t.link->Hint(4);  // The first four are read: room again.
+  t.link->Hint(4, -1);  // The first four are read: room again.
   EXPECT_EQ(t.link->tier_stats().hinted_reads, 5u);
 }
 
