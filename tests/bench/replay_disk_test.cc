@@ -223,6 +223,49 @@ TEST(SimTieredLinkTest, HintedReadsAreBounded) {
   EXPECT_EQ(t.link->tier_stats().hinted_reads, 5u);
 }
 
+TEST(SimTieredLinkTest, AHintedReadDoesNotStartWhileAnUrgentReadWaits) {
+  Tier t(Options(4, /*warm=*/false));
+  t.link->Submit(Task(1, 7, /*on_demand=*/true));
+  EXPECT_EQ(t.link->urgent_pending(), 1u);
+  t.link->Hint(5, -1);  // Would share the disk with 7's read: not read.
+  EXPECT_EQ(t.link->reads_in_flight(), 1u);
+  EXPECT_EQ(t.link->tier_stats().hinted_reads, 0u);
+  EXPECT_EQ(t.link->tier_stats().hints_yielded, 1u);
+  // 7's read alone: 1.1 ms, then the copy.
+  EXPECT_EQ(t.Next().end_ns, 1100 * kUs + kCopyNs);
+  EXPECT_EQ(t.link->urgent_pending(), 0u);
+  t.link->Hint(5, -1);  // The disk is spare now.
+  EXPECT_EQ(t.link->reads_in_flight(), 1u);
+  EXPECT_EQ(t.link->tier_stats().hinted_reads, 1u);
+  // A prefetch's read (not on demand) does not hold hints back.
+  t.link->Submit(Task(2, 8, /*on_demand=*/false));
+  t.link->Hint(6, -1);
+  EXPECT_EQ(t.link->tier_stats().hinted_reads, 2u);
+  EXPECT_TRUE(t.link->CheckInvariants().ok()) << t.link->CheckInvariants().ToString();
+}
+
+TEST(SimTieredLinkTest, AHintWhoseUseComesBeforeTheReadWouldEndIsNotRead) {
+  Tier t(Options(4, /*warm=*/false));
+  EXPECT_EQ(t.link->read_ns_mean(), 0.0);
+  t.link->Hint(5, 1);  // Nothing measured yet: read.
+  EXPECT_EQ(t.link->tier_stats().hinted_reads, 1u);
+  t.AdvanceTo(2 * kMs);
+  std::vector<TransferDone> out;
+  t.link->Poll(&out);
+  EXPECT_DOUBLE_EQ(t.link->read_ns_mean(), 1100.0 * kUs);  // 100 us + 1 MB at 1 GB/s.
+  t.link->Hint(6, 1000 * kUs);                             // Used before its read would end.
+  EXPECT_EQ(t.link->tier_stats().hints_late, 1u);
+  EXPECT_EQ(t.link->reads_in_flight(), 0u);
+  t.link->Hint(6, 1200 * kUs);
+  EXPECT_EQ(t.link->tier_stats().hinted_reads, 2u);
+  // Behind one hinted read: it needs two reads' time.
+  t.link->Hint(7, 2100 * kUs);
+  EXPECT_EQ(t.link->tier_stats().hints_late, 2u);
+  t.link->Hint(7, 2200 * kUs);
+  EXPECT_EQ(t.link->tier_stats().hinted_reads, 3u);
+  EXPECT_TRUE(t.link->CheckInvariants().ok()) << t.link->CheckInvariants().ToString();
+}
+
 TEST(SimTieredLinkTest, BadOptionsAreRefused) {
   ManualClock clock(0);
   SimTierOptions o = Options(0, true);
