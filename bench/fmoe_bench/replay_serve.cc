@@ -10,6 +10,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "bench/fmoe_bench/memo_policy.h"
 #include "bench/fmoe_bench/sim_link.h"
 #include "common/clock.h"
 #include "gpu_worker/cache/expert_cache.h"
@@ -451,6 +452,9 @@ class ServeRun {
       view_ = view.get();
       policy = std::move(view);
     }
+    // The host cache scores every expert it holds at each eviction: the scores are remembered
+    // between changes (the same results, far fewer computed).
+    if (c_.disk.enabled()) policy = std::make_unique<MemoPolicy>(std::move(policy));
     owned_ = L * J;
     FMOE_ASSIGN_OR_RETURN(slots_,
                           BudgetSlots(std::nullopt, c_.budget, kNominalExpertBytes, owned_));

@@ -25,8 +25,8 @@ std::string DiskModel::Describe(uint32_t experts, double expert_bytes) const {
       1, static_cast<uint32_t>(std::floor(host_budget * static_cast<double>(experts))));
   std::snprintf(buf, sizeof(buf),
                 "host cache %.0f%% of the experts (%u of %u, %s at start), disk %.2f GB/s + %.0f "
-                "us per read, queue depth %u, at most %u hinted reads: an expert read alone "
-                "%.3f ms",
+                "us per read, queue depth %u, hinted reads in its spare time, at most %u: an "
+                "expert read alone %.3f ms",
                 100 * host_budget, std::min(slots, experts), experts, warm ? "warm" : "empty", gbps,
                 latency_us, queue_depth, max_hinted_reads,
                 static_cast<double>(ReadNs(expert_bytes)) / 1e6);
@@ -169,21 +169,28 @@ void SimTieredLink::RunLink(int64_t to) {
 void SimTieredLink::FinishReads() {
   size_t moving = 0;
   for (const Read& r : inflight_) moving += r.ready_ns <= now_ ? 1 : 0;
-  std::vector<uint32_t> finished;
+  std::vector<std::pair<uint32_t, int64_t>> finished;  // Key, StartRead.
   size_t kept = 0;
   for (Read& r : inflight_) {
     // Less than a nanosecond of bytes left (event times are whole nanoseconds): done.
     if (r.ready_ns <= now_ && r.left * static_cast<double>(moving) <= bytes_per_ns_) {
-      finished.push_back(r.key);
+      finished.emplace_back(r.key, r.start_ns);
       continue;
     }
     inflight_[kept++] = r;
   }
   inflight_.resize(kept);
-  for (uint32_t key : finished) {
+  for (const auto& [key, start_ns] : finished) {
     Entry& e = entries_[key];
     e.state = State::kResident;
     --reading_;
+    if (e.urgent) {
+      e.urgent = false;
+      --urgent_pending_;
+    }
+    // A moving mean (1/8 per read), as HostTier's.
+    const auto took = static_cast<double>(now_ - start_ns);
+    read_ns_mean_ = read_ns_mean_ == 0 ? took : read_ns_mean_ + (took - read_ns_mean_) / 8;
     if (e.hinted) {
       e.hinted = false;
       --hinted_reading_;
@@ -244,7 +251,7 @@ bool SimTieredLink::TakeSlot(const double* below) {
 void SimTieredLink::StartRead(uint32_t key) {
   entries_[key].state = State::kReading;
   ++reading_;
-  disk_queue_.push_back(Read{key, next_seq_++, 0, options_.expert_bytes});
+  disk_queue_.push_back(Read{key, next_seq_++, 0, options_.expert_bytes, now_});
   StartDisk();
 }
 
@@ -286,6 +293,7 @@ void SimTieredLink::Request(uint32_t key, bool urgent) {
   if (e.state == State::kQueued || e.state == State::kReading) {
     if (urgent && !e.urgent) {
       e.urgent = true;
+      ++urgent_pending_;
       if (e.hinted) {
         // A hinted read someone now waits for.
         e.hinted = false;
@@ -296,6 +304,7 @@ void SimTieredLink::Request(uint32_t key, bool urgent) {
   }
   e.urgent = urgent;
   e.hinted = false;
+  if (urgent) ++urgent_pending_;
   if (!TakeSlot(nullptr)) {
     e.state = State::kQueued;
     slot_queue_.push_back(key);
@@ -310,6 +319,7 @@ void SimTieredLink::Release(uint32_t key) {
   if (e.state == State::kQueued) {
     // Nobody waits for it: it takes no slot.
     slot_queue_.erase(std::find(slot_queue_.begin(), slot_queue_.end(), key));
+    if (e.urgent) --urgent_pending_;
     e = Entry{};
   } else if (e.state == State::kResident && e.pins == 0 && !slot_queue_.empty()) {
     StartQueued();
@@ -375,9 +385,19 @@ void SimTieredLink::Promote(uint64_t id) {
   }
 }
 
-void SimTieredLink::Hint(uint32_t key) {
+void SimTieredLink::Hint(uint32_t key, int64_t use_in_ns) {
   AdvanceTo(clock_.NowNs(), /*stalled=*/false);
   if (key >= entries_.size() || entries_[key].state != State::kAbsent) return;
+  // The disk's spare time only, as HostTier::Prefetch.
+  if (urgent_pending_ > 0) {
+    ++stats_.hints_yielded;
+    return;
+  }
+  if (use_in_ns >= 0 &&
+      static_cast<double>(use_in_ns) < read_ns_mean_ * static_cast<double>(hinted_reading_ + 1)) {
+    ++stats_.hints_late;
+    return;
+  }
   if (hinted_reading_ >= options_.disk.max_hinted_reads) return;
   const double own = Score(key);
   if (!TakeSlot(&own)) return;
@@ -436,9 +456,10 @@ Status SimTieredLink::CheckInvariants() const {
                     std::to_string(reading_) + " reading experts in " +
                     std::to_string(options_.host_slots) + " host slots");
   }
-  uint32_t resident = 0, reading = 0, hinted = 0;
+  uint32_t resident = 0, reading = 0, hinted = 0, urgent = 0;
   for (uint32_t key = 0; key < entries_.size(); ++key) {
     const Entry& e = entries_[key];
+    urgent += e.urgent && (e.state == State::kQueued || e.state == State::kReading) ? 1 : 0;
     resident += e.state == State::kResident ? 1 : 0;
     reading += e.state == State::kReading ? 1 : 0;
     hinted += e.state == State::kReading && e.hinted ? 1 : 0;
@@ -448,8 +469,9 @@ Status SimTieredLink::CheckInvariants() const {
       return Internal(name(key) + ": slot queue mismatch");
     }
   }
-  if (resident != resident_.size() || reading != reading_ || hinted != hinted_reading_) {
-    return Internal("disk tier: counts of resident, reading or hinted experts are off");
+  if (resident != resident_.size() || reading != reading_ || hinted != hinted_reading_ ||
+      urgent != urgent_pending_) {
+    return Internal("disk tier: counts of resident, reading, hinted or urgent experts are off");
   }
   if (reading != disk_queue_.size() + inflight_.size()) {
     return Internal("disk tier: " + std::to_string(reading) + " reading experts, " +

@@ -34,7 +34,8 @@ struct DiskModel {
   double latency_us = 57;
   // Expert reads in flight at once (sharing the bandwidth). Default: 8 (DiskReader's)
   uint32_t queue_depth = 8;
-  // Reads started by Hint in flight at once (HostTier's max_prefetch_reads). Default: 4
+  // Reads started by Hint in flight at once, at most (HostTier's max_prefetch_reads); within
+  // it a hinted read starts only in the disk's spare time, as in HostTier::Prefetch. Default: 4
   uint32_t max_hinted_reads = 4;
   // The host cache starts with the first host slots' worth of experts in (layer, expert) order,
   // as if filled at start-up; off: empty. Default: on
@@ -64,8 +65,12 @@ struct SimTierStats {
   uint64_t host_hits = 0;     // ... whose expert was in host memory at Submit (no read waited for).
   uint64_t disk_reads = 0;    // Expert reads finished, hinted ones included.
   uint64_t hinted_reads = 0;  // Reads started by Hint.
-  double bytes_read = 0;      // disk_reads * expert_bytes.
-  uint64_t evictions = 0;     // Experts dropped from the host cache.
+  // Hints not read: an urgent read was queued or on the disk (yielded); the expert's predicted
+  // use came before the read's expected end (late).
+  uint64_t hints_yielded = 0;
+  uint64_t hints_late = 0;
+  double bytes_read = 0;   // disk_reads * expert_bytes.
+  uint64_t evictions = 0;  // Experts dropped from the host cache.
   // Time the compute waited (inside Wait, which the cache calls only when it must have a load
   // to go on) while at least one on-demand task (the running layer needs its expert) was still
   // waiting for its expert's read, i.e. before its copy could start. The rest of a stall is the
@@ -80,8 +85,10 @@ struct SimTierStats {
 //   waited, so the cache's load time sees the disk).  WAITING --Cancel--> done cancelled at once
 //   (the read goes on into the host cache).  WAITING --Promote--> its read urgent.
 // An expert (host cache):  ABSENT --Request, a slot--> READING --read done--> RESIDENT;
-//   ABSENT --Request, no slot--> QUEUED --a slot frees--> READING;  ABSENT --Hint, a free slot
-//   or an unpinned expert scoring below it, fewer than max_hinted_reads hinted reads--> READING;
+//   ABSENT --Request, no slot--> QUEUED --a slot frees--> READING;  ABSENT --Hint, in the disk's
+//   spare time (no urgent read queued or on the disk, the predicted use no sooner than the mean
+//   read time x (hinted reads under way + 1)), fewer than max_hinted_reads hinted reads, a free
+//   slot or an unpinned expert scoring below it--> READING;
 //   RESIDENT unpinned and not held --evicted for another (lowest score, LRU on ties)--> ABSENT.
 //   Requested experts are held (not evicted) until their task pins them or is cancelled.
 // The disk: at most queue_depth expert reads at once; each waits `latency`, then moves its
@@ -103,7 +110,8 @@ class SimTieredLink final : public TransferEngine {
   void Submit(const TransferTask& task) override;
   void Cancel(uint64_t id) override;
   void Promote(uint64_t id) override;
-  void Hint(uint32_t key) override;
+  // As HostTier::Prefetch: `use_in_ns` negative is unknown (not checked).
+  void Hint(uint32_t key, int64_t use_in_ns) override;
   // In the host cache as of the last call (the cache's disk-read counters ask it).
   bool Staged(uint32_t key) const override { return Resident(key); }
   size_t Poll(std::vector<TransferDone>* out) override;
@@ -117,6 +125,10 @@ class SimTieredLink final : public TransferEngine {
   uint32_t resident() const { return static_cast<uint32_t>(resident_.size()); }
   // Expert reads on the disk now (at most disk.queue_depth).
   size_t reads_in_flight() const { return inflight_.size(); }
+  // Urgent reads queued for a slot or for the disk, or on it.
+  uint32_t urgent_pending() const { return urgent_pending_; }
+  // The moving mean of expert reads' times (slot taken to last byte), ns; 0 before the first.
+  double read_ns_mean() const { return read_ns_mean_; }
   // kInternal naming the first broken invariant (tests).
   Status CheckInvariants() const;
 
@@ -135,6 +147,7 @@ class SimTieredLink final : public TransferEngine {
     uint64_t seq = 0;      // Order of arrival on the disk queue.
     int64_t ready_ns = 0;  // In flight: the end of its latency.
     double left = 0;       // Bytes still to move.
+    int64_t start_ns = 0;  // StartRead.
   };
   struct Task {
     TransferTask task;
@@ -174,6 +187,8 @@ class SimTieredLink final : public TransferEngine {
   std::vector<uint32_t> resident_;  // Keys of RESIDENT experts.
   uint32_t reading_ = 0;            // READING experts (a slot each).
   uint32_t hinted_reading_ = 0;
+  uint32_t urgent_pending_ = 0;  // QUEUED or READING entries with urgent set.
+  double read_ns_mean_ = 0;
   std::vector<uint32_t> slot_queue_;  // QUEUED keys, in request order.
   std::vector<Read> disk_queue_;      // Waiting for the disk.
   std::vector<Read> inflight_;        // On the disk.

@@ -414,6 +414,12 @@ bool ExpertCache::DeadlineAllows(const QueuedPrefetch& q, uint32_t ahead) const 
   return (ahead + 1) * load_ns_ <= layers_left * layer_compute_ns_;
 }
 
+int64_t ExpertCache::UseInNs(uint64_t position) const {
+  if (layer_compute_ns_ <= 0.0) return -1;  // Nothing measured yet.
+  const double layers = position > started_ ? static_cast<double>(position - started_) : 0.0;
+  return static_cast<int64_t>(layers * layer_compute_ns_);
+}
+
 void ExpertCache::PostDirective(PrefetchDirective directive) {
   std::lock_guard<std::mutex> lock(inbox_mu_);
   inbox_.push_back(std::move(directive));
@@ -465,7 +471,14 @@ void ExpertCache::HintDirective(const PrefetchDirective& d) {
                       return a.probability > b.probability ||
                              (a.probability == b.probability && a.expert < b.expert);
                     });
-  for (size_t i = 0; i < n; ++i) link_->Hint(Key(d.target_layer, hint_scratch_[i].expert));
+  // Its use: this iteration's layer when it has not started, else the next iteration's.
+  const uint64_t position = Position(d.target_layer) > started_
+                                ? Position(d.target_layer)
+                                : Position(d.target_layer) + options_.num_layers;
+  const int64_t use_in_ns = UseInNs(position);
+  for (size_t i = 0; i < n; ++i) {
+    link_->Hint(Key(d.target_layer, hint_scratch_[i].expert), use_in_ns);
+  }
 }
 
 void ExpertCache::TopUp() {
@@ -529,7 +542,7 @@ void ExpertCache::TopUp() {
   }
   // What waits in the queue may come from a slower tier: the link can start on it now.
   if (options_.tiered) {
-    for (const QueuedPrefetch& q : queue_) link_->Hint(q.key);
+    for (const QueuedPrefetch& q : queue_) link_->Hint(q.key, UseInNs(q.position));
   }
 }
 

@@ -248,6 +248,8 @@ class ExpertCache final : public CacheControl {
   void HintDirective(const PrefetchDirective& d);
   void TopUp();
   bool DeadlineAllows(const QueuedPrefetch& q, uint32_t ahead) const;
+  // Predicted ns until `position` runs (layers ahead x a layer's compute); -1 before a measure.
+  int64_t UseInNs(uint64_t position) const;
   void DropStalePrefetches();
   void RemoveQueued(size_t index);
   Status WaitForLink();

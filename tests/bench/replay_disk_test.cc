@@ -110,8 +110,8 @@ TEST(SimTieredLinkTest, ReadsInFlightShareTheBandwidth) {
 
 TEST(SimTieredLinkTest, UrgentReadsGoBeforeHintedOnes) {
   Tier t(Options(4, /*warm=*/false, /*queue_depth=*/1));
-  t.link->Hint(5);  // On the disk at once.
-  t.link->Hint(6);  // Waits for the disk.
+  t.link->Hint(5, -1);  // On the disk at once.
+  t.link->Hint(6, -1);  // Waits for the disk.
   EXPECT_EQ(t.link->reads_in_flight(), 1u);
   EXPECT_EQ(t.link->tier_stats().hinted_reads, 2u);
   t.link->Submit(Task(1, 7, /*on_demand=*/true));
@@ -201,10 +201,10 @@ TEST(SimTieredLinkTest, TheHostBudgetHoldsAndACopyingExpertIsNotEvicted) {
   EXPECT_EQ(t.link->resident(), 1u);
   EXPECT_TRUE(t.link->Resident(3));
   // A hint never evicts an expert scoring as high as itself, and starts no read then.
-  t.link->Hint(4);
+  t.link->Hint(4, -1);
   EXPECT_EQ(t.link->reads_in_flight(), 0u);
   t.link->set_score([](uint32_t key) { return key == 4 ? 2.0 : 1.0; });
-  t.link->Hint(4);
+  t.link->Hint(4, -1);
   EXPECT_EQ(t.link->reads_in_flight(), 1u);
   EXPECT_FALSE(t.link->Resident(3));
   EXPECT_TRUE(t.link->CheckInvariants().ok());
@@ -214,13 +214,56 @@ TEST(SimTieredLinkTest, HintedReadsAreBounded) {
   SimTierOptions o = Options(8, /*warm=*/false);
   o.disk.max_hinted_reads = 4;
   Tier t(o);
-  for (uint32_t key = 0; key < 6; ++key) t.link->Hint(key);
+  for (uint32_t key = 0; key < 6; ++key) t.link->Hint(key, -1);
   EXPECT_EQ(t.link->tier_stats().hinted_reads, 4u);
   t.AdvanceTo(10 * kMs);
   std::vector<TransferDone> out;
   t.link->Poll(&out);
-  t.link->Hint(4);  // The first four are read: room again.
+  t.link->Hint(4, -1);  // The first four are read: room again.
   EXPECT_EQ(t.link->tier_stats().hinted_reads, 5u);
+}
+
+TEST(SimTieredLinkTest, AHintedReadDoesNotStartWhileAnUrgentReadWaits) {
+  Tier t(Options(4, /*warm=*/false));
+  t.link->Submit(Task(1, 7, /*on_demand=*/true));
+  EXPECT_EQ(t.link->urgent_pending(), 1u);
+  t.link->Hint(5, -1);  // Would share the disk with 7's read: not read.
+  EXPECT_EQ(t.link->reads_in_flight(), 1u);
+  EXPECT_EQ(t.link->tier_stats().hinted_reads, 0u);
+  EXPECT_EQ(t.link->tier_stats().hints_yielded, 1u);
+  // 7's read alone: 1.1 ms, then the copy.
+  EXPECT_EQ(t.Next().end_ns, 1100 * kUs + kCopyNs);
+  EXPECT_EQ(t.link->urgent_pending(), 0u);
+  t.link->Hint(5, -1);  // The disk is spare now.
+  EXPECT_EQ(t.link->reads_in_flight(), 1u);
+  EXPECT_EQ(t.link->tier_stats().hinted_reads, 1u);
+  // A prefetch's read (not on demand) does not hold hints back.
+  t.link->Submit(Task(2, 8, /*on_demand=*/false));
+  t.link->Hint(6, -1);
+  EXPECT_EQ(t.link->tier_stats().hinted_reads, 2u);
+  EXPECT_TRUE(t.link->CheckInvariants().ok()) << t.link->CheckInvariants().ToString();
+}
+
+TEST(SimTieredLinkTest, AHintWhoseUseComesBeforeTheReadWouldEndIsNotRead) {
+  Tier t(Options(4, /*warm=*/false));
+  EXPECT_EQ(t.link->read_ns_mean(), 0.0);
+  t.link->Hint(5, 1);  // Nothing measured yet: read.
+  EXPECT_EQ(t.link->tier_stats().hinted_reads, 1u);
+  t.AdvanceTo(2 * kMs);
+  std::vector<TransferDone> out;
+  t.link->Poll(&out);
+  EXPECT_DOUBLE_EQ(t.link->read_ns_mean(), 1100.0 * kUs);  // 100 us + 1 MB at 1 GB/s.
+  t.link->Hint(6, 1000 * kUs);                             // Used before its read would end.
+  EXPECT_EQ(t.link->tier_stats().hints_late, 1u);
+  EXPECT_EQ(t.link->reads_in_flight(), 0u);
+  t.link->Hint(6, 1200 * kUs);
+  EXPECT_EQ(t.link->tier_stats().hinted_reads, 2u);
+  // Behind one hinted read: it needs two reads' time.
+  t.link->Hint(7, 2100 * kUs);
+  EXPECT_EQ(t.link->tier_stats().hints_late, 2u);
+  t.link->Hint(7, 2200 * kUs);
+  EXPECT_EQ(t.link->tier_stats().hinted_reads, 3u);
+  EXPECT_TRUE(t.link->CheckInvariants().ok()) << t.link->CheckInvariants().ToString();
 }
 
 TEST(SimTieredLinkTest, BadOptionsAreRefused) {

@@ -52,7 +52,7 @@ class ScriptedLink final : public TransferEngine {
   }
   TransferStats stats() const override { return {}; }
   // Tiered mode: a task names its expert; its bytes come from `by_key` (key * task.bytes).
-  void Hint(uint32_t key) override { hints.push_back(key); }
+  void Hint(uint32_t key, int64_t) override { hints.push_back(key); }
   bool Staged(uint32_t key) const override { return !on_disk.count(key); }
   Result<void*> AllocateDevice(size_t) override { return InternalError(); }
   void FreeDevice(void*) override {}

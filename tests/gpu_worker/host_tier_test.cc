@@ -15,6 +15,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -259,6 +260,141 @@ TEST(HostTier, PrefetchTakesAFreeSlotOrOneThatScoresLower) {
   const HostTierStats st = tier->stats();
   EXPECT_EQ(st.prefetches, 3u);
   EXPECT_EQ(st.prefetches_used, 1u);
+}
+
+// A reader whose reads end only when the test says so: the tier's order of reads, without a disk.
+class HeldReader final : public DiskReader {
+ public:
+  struct Read {
+    uint64_t id;
+    bool urgent;
+  };
+  std::string_view backend() const override { return "held"; }
+  Result<uint32_t> AddFile(const std::string&) override { return uint32_t{0}; }
+  bool direct(uint32_t) const override { return true; }
+  void Submit(uint64_t id, uint32_t, uint64_t, size_t, void*, bool urgent) override {
+    submitted.push_back({id, urgent});
+  }
+  size_t Poll(std::vector<ReadDone>* out) override {
+    const size_t n = done.size();
+    for (const ReadDone& d : done) out->push_back(d);
+    done.clear();
+    return n;
+  }
+  size_t Wait(std::vector<ReadDone>* out, std::chrono::milliseconds) override { return Poll(out); }
+  size_t pending() const override { return submitted.size() - finished; }
+  DiskReaderStats stats() const override { return {}; }
+  // Ends every read submitted so far.
+  void FinishAll() {
+    for (; finished < submitted.size(); ++finished) {
+      ReadDone d;
+      d.id = submitted[finished].id;
+      done.push_back(d);
+    }
+  }
+
+  std::vector<Read> submitted;
+  size_t finished = 0;
+  std::vector<ReadDone> done;
+};
+
+struct HeldTier {
+  HeldReader* reader = nullptr;
+  std::unique_ptr<HostTier> tier;
+};
+
+HeldTier MakeHeldTier(const TestFile& f, uint32_t slots) {
+  auto reader = std::make_unique<HeldReader>();
+  HeldTier t;
+  t.reader = reader.get();
+  HostTierOptions o;
+  o.num_experts = kExperts;
+  o.expert_bytes = kExpertBytes;
+  o.slots = slots;
+  auto tier = HostTier::Create(o, f.extents, {f.path.string()}, std::move(reader));
+  EXPECT_TRUE(tier.ok()) << tier.status().ToString();
+  if (tier.ok()) t.tier = std::move(*tier);
+  return t;
+}
+
+TEST(HostTier, APrefetchDoesNotStartWhileAnUrgentReadIsReadingOrQueued) {
+  const TestFile f = MakeFile("spare.bin");
+  HeldTier t = MakeHeldTier(f, 2);
+  ASSERT_NE(t.tier, nullptr);
+  HostTier& tier = *t.tier;
+  tier.set_score([](uint32_t key) { return static_cast<double>(key); });
+  tier.Request(0, /*urgent=*/true);
+  const size_t parts = f.extents[0].size();
+  ASSERT_EQ(t.reader->submitted.size(), parts);
+  EXPECT_EQ(tier.urgent_pending(), 1u);
+  tier.Prefetch(5);  // The urgent read would share the disk with it: not started.
+  EXPECT_EQ(t.reader->submitted.size(), parts);
+  EXPECT_FALSE(tier.Resident(5));
+  EXPECT_EQ(tier.stats().prefetches_yielded, 1u);
+  // A read a load does not wait for (a device prefetch's) does not hold prefetches back.
+  tier.Request(1, /*urgent=*/false);
+  EXPECT_EQ(tier.urgent_pending(), 1u);
+  t.reader->FinishAll();
+  std::vector<TierDone> done;
+  ASSERT_EQ(tier.Poll(&done), 2u);
+  EXPECT_EQ(tier.urgent_pending(), 0u);
+  // Both slots held for their requesters; pinned, then a third urgent request queues for a slot.
+  ASSERT_NE(tier.Pin(0), nullptr);
+  ASSERT_NE(tier.Pin(1), nullptr);
+  tier.Request(2, /*urgent=*/true);
+  EXPECT_EQ(tier.pending(), 1u);
+  EXPECT_EQ(tier.urgent_pending(), 1u);
+  const size_t before = t.reader->submitted.size();
+  tier.Prefetch(6);  // Queued for a slot, still urgent: the prefetch yields.
+  EXPECT_EQ(t.reader->submitted.size(), before);
+  EXPECT_EQ(tier.stats().prefetches_yielded, 2u);
+  tier.Unpin(1);  // Key 2 takes key 1's slot and is read.
+  EXPECT_EQ(t.reader->submitted.size(), before + parts);
+  t.reader->FinishAll();
+  ASSERT_EQ(tier.Poll(&done), 1u);
+  EXPECT_EQ(tier.urgent_pending(), 0u);
+  ASSERT_NE(tier.Pin(2), nullptr);
+  tier.Unpin(2);
+  tier.Unpin(0);
+  // Nothing urgent now: the prefetch starts, as a normal (not urgent) read.
+  tier.Prefetch(6);
+  ASSERT_EQ(t.reader->submitted.size(), before + 2 * parts);
+  EXPECT_FALSE(t.reader->submitted.back().urgent);
+  EXPECT_EQ(tier.stats().prefetches, 1u);
+  EXPECT_TRUE(tier.CheckInvariants().ok()) << tier.CheckInvariants().ToString();
+}
+
+TEST(HostTier, APrefetchWhoseUseComesBeforeTheReadWouldEndIsNotStarted) {
+  const TestFile f = MakeFile("late.bin");
+  HeldTier t = MakeHeldTier(f, 4);
+  ASSERT_NE(t.tier, nullptr);
+  HostTier& tier = *t.tier;
+  // Nothing measured: a prefetch with any predicted use starts.
+  EXPECT_EQ(tier.read_ns_mean(), 0.0);
+  tier.Prefetch(1, /*use_in_ns=*/1);
+  EXPECT_EQ(tier.stats().prefetches, 1u);
+  // One read of at least 2 ms: the expected read time.
+  std::this_thread::sleep_for(milliseconds(2));
+  t.reader->FinishAll();
+  std::vector<TierDone> done;
+  ASSERT_EQ(tier.Poll(&done), 1u);
+  const double read_ns = tier.read_ns_mean();
+  ASSERT_GE(read_ns, 2e6);
+  // Used sooner than a read ends: the load will read it anyway; not started.
+  const size_t before = t.reader->submitted.size();
+  tier.Prefetch(2, static_cast<int64_t>(read_ns / 2));
+  EXPECT_EQ(t.reader->submitted.size(), before);
+  EXPECT_EQ(tier.stats().prefetches_late, 1u);
+  // Used after it: started. A second one must wait behind it, so it needs twice the time.
+  tier.Prefetch(2, static_cast<int64_t>(read_ns * 1.5));
+  EXPECT_GT(t.reader->submitted.size(), before);
+  tier.Prefetch(3, static_cast<int64_t>(read_ns * 1.5));
+  EXPECT_EQ(tier.stats().prefetches_late, 2u);
+  tier.Prefetch(3, static_cast<int64_t>(read_ns * 2.5));
+  // Unknown use (negative): only the disk's state decides.
+  tier.Prefetch(4, -1);
+  EXPECT_EQ(tier.stats().prefetches, 4u);
+  EXPECT_TRUE(tier.CheckInvariants().ok()) << tier.CheckInvariants().ToString();
 }
 
 TEST(HostTier, RejectsBadOptionsAndExtents) {

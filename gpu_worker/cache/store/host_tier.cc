@@ -187,6 +187,7 @@ void HostTier::Request(uint32_t key, bool urgent) {
   if (e.state == State::kQueued || e.state == State::kReading) {
     if (urgent && !e.urgent) {
       e.urgent = true;
+      ++urgent_pending_;
       if (e.prefetched) {
         // A prefetch someone now waits for.
         e.prefetched = false;
@@ -198,6 +199,7 @@ void HostTier::Request(uint32_t key, bool urgent) {
   ++counters_.misses;
   e.urgent = urgent;
   e.prefetched = false;
+  if (urgent) ++urgent_pending_;
   const int32_t slot = TakeSlot(nullptr);
   if (slot < 0) {
     e.state = State::kQueued;
@@ -214,12 +216,26 @@ void HostTier::Release(uint32_t key) {
   if (e.state == State::kQueued) {
     // Nobody waits for it: it does not take a slot.
     queued_.erase(std::find(queued_.begin(), queued_.end(), key));
+    if (e.urgent) --urgent_pending_;
     e = Entry{};
   }
 }
 
-void HostTier::Prefetch(uint32_t key) {
+void HostTier::Prefetch(uint32_t key, int64_t use_in_ns) {
   if (!Owns(key) || entries_[key].state != State::kAbsent) return;
+  // Spare time only: a read a load waits for would share the disk with this one.
+  if (urgent_pending_ > 0) {
+    ++counters_.prefetches_yielded;
+    Publish();
+    return;
+  }
+  // Worth it only when it can end before the use (the reader takes one read at a time).
+  if (use_in_ns >= 0 &&
+      static_cast<double>(use_in_ns) < read_ns_mean_ * static_cast<double>(prefetching_ + 1)) {
+    ++counters_.prefetches_late;
+    Publish();
+    return;
+  }
   if (prefetching_ >= options_.max_prefetch_reads) return;
   const double own = score_ ? score_(key) : 0.0;
   const int32_t slot = TakeSlot(&own);
@@ -230,6 +246,7 @@ void HostTier::Prefetch(uint32_t key) {
   ++prefetching_;
   ++counters_.prefetches;
   StartRead(key, slot);
+  Publish();
 }
 
 void HostTier::Drain(const std::vector<ReadDone>& reads, std::vector<TierDone>* out) {
@@ -248,12 +265,19 @@ void HostTier::Drain(const std::vector<ReadDone>& reads, std::vector<TierDone>* 
     if (--e.parts_left > 0) continue;
     --reading_;
     if (e.prefetched && e.state == State::kReading) --prefetching_;
+    if (e.urgent) {
+      e.urgent = false;
+      --urgent_pending_;
+    }
     TierDone d;
     d.key = key;
     d.start_ns = e.start_ns;
     d.end_ns = SteadyClock::Get().NowNs();
     ++counters_.reads;
     counters_.read_ns += d.end_ns - d.start_ns;
+    // A moving mean (1/8 per read), so the expected read time follows the disk's load.
+    const auto took = static_cast<double>(d.end_ns - d.start_ns);
+    read_ns_mean_ = read_ns_mean_ == 0.0 ? took : read_ns_mean_ + (took - read_ns_mean_) / 8.0;
     if (e.error.ok()) {
       e.state = State::kResident;
       ++counters_.resident;
@@ -357,8 +381,10 @@ Status HostTier::CheckInvariants() const {
                     std::to_string(free_slots_.size()) + " free slots of " +
                     std::to_string(slot_owner_.size()));
   }
+  uint32_t urgent = 0;
   for (size_t key = 0; key < entries_.size(); ++key) {
     const Entry& e = entries_[key];
+    urgent += e.urgent && (e.state == State::kQueued || e.state == State::kReading) ? 1 : 0;
     if (e.pins > 0 && e.state != State::kResident) {
       return Internal("host tier: " + Name(static_cast<uint32_t>(key)) +
                       " pinned but not resident");
@@ -367,6 +393,10 @@ Status HostTier::CheckInvariants() const {
         (std::find(queued_.begin(), queued_.end(), key) != queued_.end())) {
       return Internal("host tier: " + Name(static_cast<uint32_t>(key)) + " queue mismatch");
     }
+  }
+  if (urgent != urgent_pending_) {
+    return Internal("host tier: " + std::to_string(urgent) + " urgent reads, counted " +
+                    std::to_string(urgent_pending_));
   }
   return Status::Ok();
 }

@@ -5,7 +5,9 @@
 // The device link copies from a slot (TieredLink pins it for the copy) and hybrid execution
 // computes from one. When no slot is free, the unpinned expert with the lowest score goes (the
 // device cache's eviction score, the same predicted next use), least recently used first on
-// ties; a request finding every slot pinned or being read waits for one.
+// ties; a request finding every slot pinned or being read waits for one. Reads ahead (Prefetch)
+// get only the disk's spare time: none starts while a read a device load waits for (urgent) is
+// queued or reading, nor when the expert's predicted use comes sooner than a read would end.
 //
 // Torch-free. Threads: every method on one thread (the engine thread), except stats (any). The
 // reader's threads read; finished expert reads come back through Poll/Wait.
@@ -43,7 +45,8 @@ struct HostTierOptions {
   uint32_t num_experts = 0;  // J, for messages (key = layer * J + expert). Required.
   size_t expert_bytes = 0;   // One expert's packed bytes. Required.
   uint32_t slots = 0;        // Experts the host budget holds, >= 1. Required.
-  // Prefetch reads (whole experts) in flight or queued at once; more are dropped. Default: 4
+  // Prefetch reads (whole experts) in flight or queued at once, at most; more are dropped.
+  // Within it a prefetch starts only in the disk's spare time (Prefetch). Default: 4
   uint32_t max_prefetch_reads = 4;
 };
 
@@ -68,6 +71,10 @@ struct HostTierStats {
   uint64_t evictions = 0;
   uint64_t prefetches = 0;       // Reads Prefetch started.
   uint64_t prefetches_used = 0;  // Prefetched experts pinned afterwards.
+  // Prefetches not started: an urgent read was queued or reading (yielded); the expert's
+  // predicted use came before the read's expected end (late).
+  uint64_t prefetches_yielded = 0;
+  uint64_t prefetches_late = 0;
   uint32_t slots = 0;
   uint32_t resident = 0;
 };
@@ -104,9 +111,17 @@ class HostTier {
   void Request(uint32_t key, bool urgent);
   // The requester no longer wants `key` (a cancelled load): it may be evicted once read.
   void Release(uint32_t key);
-  // Reads `key` ahead of use when a slot is free or an unpinned expert scores below it, and
-  // fewer than max_prefetch_reads prefetches are under way; otherwise does nothing.
-  void Prefetch(uint32_t key);
+  // Reads `key` ahead of use, in the disk's spare time only: when no urgent read is queued or
+  // reading (one would share the disk with it), the read is expected to end before the use
+  // `use_in_ns` from now (negative: unknown, not checked), fewer than max_prefetch_reads
+  // prefetches are under way, and a slot is free or an unpinned expert scores below it;
+  // otherwise does nothing. Expected end: the mean of recent reads' times (submit to end) x
+  // (prefetches under way + 1), the reader taking one read at a time.
+  void Prefetch(uint32_t key, int64_t use_in_ns = -1);
+  // Reads a device load waits for (urgent), queued or reading.
+  uint32_t urgent_pending() const { return urgent_pending_; }
+  // The moving mean of expert reads' times, ns; 0 before the first.
+  double read_ns_mean() const { return read_ns_mean_; }
   // Finished expert reads, without blocking / waiting up to `timeout` for one.
   size_t Poll(std::vector<TierDone>* out);
   size_t Wait(std::vector<TierDone>* out, std::chrono::milliseconds timeout);
@@ -165,6 +180,8 @@ class HostTier {
   uint64_t clock_ = 0;  // Use counter for LRU.
   uint32_t reading_ = 0;
   uint32_t prefetching_ = 0;
+  uint32_t urgent_pending_ = 0;  // Entries QUEUED or READING with urgent set.
+  double read_ns_mean_ = 0.0;
   HostTierStats counters_;
 
   mutable std::mutex stats_mu_;

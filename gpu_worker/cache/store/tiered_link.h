@@ -32,7 +32,7 @@ class TieredLink final : public TransferEngine {
   void Submit(const TransferTask& task) override;
   void Cancel(uint64_t id) override;
   void Promote(uint64_t id) override;
-  void Hint(uint32_t key) override { tier_->Prefetch(key); }
+  void Hint(uint32_t key, int64_t use_in_ns) override { tier_->Prefetch(key, use_in_ns); }
   bool Staged(uint32_t key) const override { return tier_->Resident(key); }
   size_t Poll(std::vector<TransferDone>* out) override;
   size_t Wait(std::vector<TransferDone>* out, std::chrono::milliseconds timeout) override;

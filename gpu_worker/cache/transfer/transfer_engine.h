@@ -86,8 +86,10 @@ class TransferEngine {
   // Makes a queued or parked prefetch on-demand. No effect on an unknown id.
   virtual void Promote(uint64_t id) = 0;
   // A load of expert `key` is likely soon, not yet submitted: a link in front of a slower tier
-  // may start bringing its bytes closer. Default: nothing.
-  virtual void Hint(uint32_t key) {}
+  // may start bringing its bytes closer. `use_in_ns`: the predicted time until the expert is
+  // used (the layers until its layer times a layer's compute), so the link can judge whether
+  // reading it now is worth it; negative when nothing is measured yet. Default: nothing.
+  virtual void Hint(uint32_t key, int64_t use_in_ns) {}
   // Whether expert `key`'s bytes are in host memory now, so that a load waits for no slower tier.
   // Default: always.
   virtual bool Staged(uint32_t key) const { return true; }
