@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -29,6 +30,7 @@
 #include "bench/fmoe_bench/serve_cluster.h"
 #include "bench/fmoe_bench/serve_report.h"
 #include "bench/fmoe_bench/serve_workload.h"
+#include "common/http_client.h"
 #include "common/manifest.h"
 #include "common/model/model_config.h"
 #include "common/policy_names.h"
@@ -37,6 +39,20 @@
 
 namespace fmoe::bench {
 namespace {
+
+// The groups' preemptions since start, from the router's /metrics; -1 when it does not answer.
+int64_t ScrapePreemptions(int port) {
+  Result<http::Response> metrics = http::Get("127.0.0.1", port, "/metrics", 2000);
+  if (!metrics.ok() || metrics->status != 200) return -1;
+  int64_t total = 0;
+  std::istringstream lines(metrics->body);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.starts_with("fmoe_preemptions_total{")) continue;
+    const size_t space = line.rfind(' ');
+    if (space != std::string::npos) total += std::atoll(line.c_str() + space + 1);
+  }
+  return total;
+}
 
 namespace fs = std::filesystem;
 
@@ -48,6 +64,9 @@ struct ServeOptions {
   int max_batch = 0;                  // > 0: every group's max_batch. Default: the manifest's
   int max_batched_tokens = -1;  // >= 0: every group's max_batched_tokens. Default: the manifest's
   std::string prefix_caching;   // "on" | "off": every group's. Default: the manifest's
+  // > 0: every group's memory {device_gb} (one device budget for experts and KV; --budget and
+  // kv_cache_tokens then do not apply to the policy runs). Default: the manifest's
+  double memory_gb = 0;
   std::string arrivals;         // Required.
   std::string prompts;          // Required.
   WorkloadOptions workload;
@@ -190,12 +209,14 @@ RunSummary RunOne(Bench& bench, const RunPlan& plan, size_t number, size_t count
       bench, cluster->router_port(), [&cluster] { return cluster->Running(); }, &start);
   const bool launcher_alive = cluster->Running();
   const std::string launcher_exit = cluster->exit_description();
+  const int64_t preemptions = ScrapePreemptions(cluster->router_port());
   const auto t_stop = BenchClock::now();
   Status stopped = cluster->Stop(o.stop_timeout_s, [&bench] { return bench.signals.count() > 1; });
   const std::string tails = launcher_alive ? "" : cluster->LogTails(15);
   cluster.reset();
 
   summary = Summarize(bench.workload.requests, results);
+  summary.preemptions = preemptions;
   summary.name = plan.name;
   summary.policy = plan.policy;
   summary.budget = plan.fraction;
@@ -294,6 +315,16 @@ int RunServe(ServeOptions o) {
     if (o.max_batch > 0) g.max_batch = o.max_batch;
     if (o.max_batched_tokens >= 0) g.max_batched_tokens = o.max_batched_tokens;
     if (!o.prefix_caching.empty()) g.prefix_caching = o.prefix_caching == "on";
+    if (o.memory_gb > 0) {
+      MemorySpec m = g.memory.value_or(MemorySpec{});
+      m.device_gb = o.memory_gb;
+      g.memory = m;
+      g.kv_cache_tokens = 0;
+      g.expert_cache_auto = false;
+    }
+    if (g.memory && g.workers.size() > 1) {
+      return bad("group " + g.name + ": one device budget (memory) needs a group of one rank");
+    }
     if (g.max_batched_tokens != 0 && g.max_batched_tokens < g.max_batch) {
       return bad("group " + g.name + ": max_batched_tokens " +
                  std::to_string(g.max_batched_tokens) + " is below max_batch " +
@@ -395,6 +426,10 @@ void AddServeCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--prefix-caching", o->prefix_caching,
                   "every group's prefix caching (default: the manifest's)")
       ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--memory-gb", o->memory_gb,
+                  "every group's one device budget for experts and KV (memory: {device_gb}); "
+                  "the policy runs use it instead of --budget")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--max-batched-tokens", o->max_batched_tokens,
                   "every group's tokens per engine step; 0 = whole prompts (default: the "
                   "manifest's)")

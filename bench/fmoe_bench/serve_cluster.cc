@@ -85,7 +85,14 @@ Manifest DeriveManifest(const Manifest& base, const std::string& policy, double 
   for (WorkerGroupSpec& g : m.worker_groups) {
     g.policy = policy;
     g.expert_cache_gb.reset();
-    g.expert_cache_fraction = fraction;
+    g.expert_cache_auto = false;
+    if (g.memory && fraction < 1) {
+      // One device budget: the policy runs keep it; the all-resident reference does not.
+      g.expert_cache_fraction.reset();
+    } else {
+      g.memory.reset();
+      g.expert_cache_fraction = fraction;
+    }
     g.rendezvous = "127.0.0.1:" + std::to_string(FreePort(taken));
   }
   m.launcher.run_dir = (fs::path(dir) / "run").string();

@@ -255,6 +255,10 @@ std::string FormatTable(const std::vector<RunSummary>& runs) {
                    1) +
              "%)\n";
     }
+    if (!r.failed && r.preemptions > 0) {
+      out += r.name + ": " + std::to_string(r.preemptions) +
+             " preemption(s) (the KV pool was full; the requests were recomputed)\n";
+    }
     if (r.failed) out += r.name + ": FAILED: " + r.failure + "\n";
     if (!r.failed && !r.failure.empty()) out += r.name + ": note: " + r.failure + "\n";
     if (r.errors > 0)

@@ -51,6 +51,7 @@ struct RunSummary {
   uint64_t expert_misses = 0;
   double hit_rate = -1;  // -1: no expert figures.
   uint64_t bytes_moved = 0;
+  int64_t preemptions = -1;  // The groups' fmoe_preemptions_total after the run; -1: unknown.
 };
 
 // Summarises one run. `results[i]` belongs to `requests[i]`.
