@@ -699,8 +699,7 @@ Status ParseMemory(const Section& group_section, WorkerGroupSpec* group) {
   }
   FMOE_RETURN_IF_ERROR(ReadDouble(fraction, {0, true, 1}, &m.device_fraction));
   FMOE_RETURN_IF_ERROR(ReadDouble(section.Get("kv_floor"), {0, false, 0.999}, &m.kv_floor));
-  FMOE_RETURN_IF_ERROR(
-      ReadDouble(section.Get("expert_floor"), {0, false, 0.999}, &m.expert_floor));
+  FMOE_RETURN_IF_ERROR(ReadDouble(section.Get("expert_floor"), {0, false, 0.999}, &m.expert_floor));
   if (m.kv_floor + m.expert_floor > 1) {
     return Error(field.path, "kv_floor " + std::to_string(m.kv_floor) + " + expert_floor " +
                                  std::to_string(m.expert_floor) + " exceed 1");

@@ -61,9 +61,9 @@ Status Check(const RankOptions& o) {
 std::string CacheDescription(const CachedExpertsOptions& c) {
   if (c.shared) {
     return fmt::format("one budget with the KV pool ({}, kv_floor {:g}, expert_floor {:g})",
-                       c.shared->device_gb ? fmt::format("{:g} GB", *c.shared->device_gb)
-                                           : fmt::format("{:g} of free device memory",
-                                                         c.shared->device_fraction),
+                       c.shared->device_gb
+                           ? fmt::format("{:g} GB", *c.shared->device_gb)
+                           : fmt::format("{:g} of free device memory", c.shared->device_fraction),
                        c.shared->kv_floor, c.shared->expert_floor);
   }
   if (c.cache_auto) return fmt::format("auto ({:g} of free memory)", c.memory_utilization);
@@ -267,8 +267,8 @@ Status Rank::ConfigureKv(std::optional<KvArena> arena) {
   // group of one rank has it.
   KvPoolOptions kv;
   if (arena) {
-    kv_pool_tokens_ =
-        uint64_t{arena->max_pages} * (arena->page_bytes / model_->kv_block_bytes()) * kKvBlockTokens;
+    kv_pool_tokens_ = uint64_t{arena->max_pages} * (arena->page_bytes / model_->kv_block_bytes()) *
+                      kKvBlockTokens;
     kv.arena = arena;
   } else {
     kv_pool_tokens_ = KvPoolTokens(info_, options_.max_batch, options_.kv_cache_tokens);

@@ -326,10 +326,10 @@ HttpResponse RouterApi::Health() const {
                {{"blocks", g.kv.total_blocks},
                 {"blocks_used", g.kv.used_blocks},
                 {"block_tokens", 16},
-                {"prefix_cache_hit_rate",
-                 g.kv.prefix_queries ? static_cast<double>(g.kv.prefix_hits) /
-                                           static_cast<double>(g.kv.prefix_queries)
-                                     : 0.0},
+                {"prefix_cache_hit_rate", g.kv.prefix_queries
+                                              ? static_cast<double>(g.kv.prefix_hits) /
+                                                    static_cast<double>(g.kv.prefix_queries)
+                                              : 0.0},
                 {"preemptions", g.kv.preemptions}}}};
     if (g.kv.max_blocks != 0) {
       // One device budget: the split between the KV pool and the expert cache now.

@@ -226,8 +226,8 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
       << view.map_match_count << "\n";
   // vLLM's names, for the dashboards and autoscalers built for it (metrics.h).
   const std::string model = "model_name=\"" + Escape(served_name_) + "\"";
-  uint64_t running = 0, waiting = 0, kv_total = 0, kv_used = 0, prefix_queries = 0,
-           prefix_hits = 0, preemptions = 0;
+  uint64_t running = 0, waiting = 0, kv_total = 0, kv_used = 0, prefix_queries = 0, prefix_hits = 0,
+           preemptions = 0;
   for (const auto& g : view.groups) {
     running += g.running;
     waiting += g.queued;
@@ -249,8 +249,7 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
          "(fmoe_kv_blocks_used / fmoe_kv_blocks, summed).\n# TYPE vllm:kv_cache_usage_perc "
          "gauge\nvllm:kv_cache_usage_perc{"
       << model << "} "
-      << Num(kv_total ? static_cast<double>(kv_used) / static_cast<double>(kv_total) : 0.0)
-      << "\n";
+      << Num(kv_total ? static_cast<double>(kv_used) / static_cast<double>(kv_total) : 0.0) << "\n";
   alias("vllm:prefix_cache_queries_total", "counter",
         "Prompt tokens looked up in the prefix cache (fmoe_prefix_cache_queries_total, summed).",
         prefix_queries);

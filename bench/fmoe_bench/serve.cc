@@ -16,8 +16,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <sstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,8 +67,8 @@ struct ServeOptions {
   // > 0: every group's memory {device_gb} (one device budget for experts and KV; --budget and
   // kv_cache_tokens then do not apply to the policy runs). Default: the manifest's
   double memory_gb = 0;
-  std::string arrivals;         // Required.
-  std::string prompts;          // Required.
+  std::string arrivals;  // Required.
+  std::string prompts;   // Required.
   WorkloadOptions workload;
   std::string prompt_field = "prompt";   // JSONL field holding the prompt.
   std::string prompt_match = "length";   // length | order

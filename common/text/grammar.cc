@@ -126,18 +126,7 @@ class Builder {
         return InvalidArgument(what_ + ": literals exceed " + std::to_string(kMaxLiteralBytes) +
                                " bytes");
       }
-      int32_t at = root;
-      for (char c : text) {
-        const auto b = static_cast<uint8_t>(c);
-        int32_t next = g_.Child(at, b);
-        if (next < 0) {
-          next = NewTrieNode();
-          auto& edges = g_.tries[at].next;
-          edges.insert(std::lower_bound(edges.begin(), edges.end(), std::pair{b, int32_t{-1}}),
-                       {b, next});
-        }
-        at = next;
-      }
+      const int32_t at = g_.AddPath(root, text);
       g_.tries[at].terminal = 0;
     }
     return id;

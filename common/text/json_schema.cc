@@ -117,19 +117,7 @@ class Compiler {
       return Error(path, "enum, const and property names exceed " +
                              std::to_string(kMaxLiteralBytes) + " bytes");
     }
-    int32_t at = root;
-    for (char c : text) {
-      const auto b = static_cast<uint8_t>(c);
-      int32_t next = g_.Child(at, b);
-      if (next < 0) {
-        next = NewTrieNode();
-        auto& edges = g_.tries[at].next;
-        edges.insert(std::lower_bound(edges.begin(), edges.end(), std::pair{b, int32_t{-1}}),
-                     {b, next});
-      }
-      at = next;
-    }
-    return at;
+    return g_.AddPath(root, text);
   }
 
   Result<int32_t> Literal(const std::vector<std::string>& texts, const std::string& path) {
@@ -496,6 +484,23 @@ size_t Depth(const Json& root) {
 }
 
 }  // namespace
+
+int32_t JsonGrammar::AddPath(int32_t root, std::string_view text) {
+  int32_t at = root;
+  for (char c : text) {
+    const auto b = static_cast<uint8_t>(c);
+    int32_t next = Child(at, b);
+    if (next < 0) {
+      tries.emplace_back();
+      next = static_cast<int32_t>(tries.size() - 1);
+      auto& edges = tries[at].next;
+      edges.insert(std::lower_bound(edges.begin(), edges.end(), std::pair{b, int32_t{-1}}),
+                   {b, next});
+    }
+    at = next;
+  }
+  return at;
+}
 
 int32_t JsonGrammar::Child(int32_t trie, uint8_t byte) const {
   for (const auto& [b, next] : tries[trie].next) {

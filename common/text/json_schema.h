@@ -81,6 +81,9 @@ struct JsonGrammar {
   int32_t root = 0;
 
   int32_t Child(int32_t trie, uint8_t byte) const;
+  // The trie path of `text` from node `root`, made where missing (edges kept sorted by byte);
+  // returns its last node.
+  int32_t AddPath(int32_t root, std::string_view text);
 };
 
 inline constexpr uint32_t kMaxWhitespace = 16;   // Per gap.

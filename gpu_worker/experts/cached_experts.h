@@ -157,7 +157,7 @@ class CachedExperts final : public ExpertSource, public KvPageLender {
   std::unique_ptr<ExpertCache> cache_;
   void* host_ = nullptr;  // Packed experts, expert_bytes_ apart.
   size_t host_bytes_ = 0;
-  void* slots_ = nullptr;  // The device memory (with a shared budget: every page).
+  void* slots_ = nullptr;                  // The device memory (with a shared budget: every page).
   std::vector<ExpertWeights> slot_views_;  // Per slot: its expert's tensors over its bytes.
   // A shared budget (0 pages without): pages of page_bytes_; the slots begin after the KV
   // pool's floor pages.

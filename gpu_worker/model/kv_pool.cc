@@ -41,17 +41,20 @@ KvPool::KvPool(std::vector<LayerShape> layers, at::TensorOptions tensor_options,
       fixed_ ? (options.tokens + kKvBlockTokens - 1) / kKvBlockTokens : kInitialBlocks;
   uint32_t present = UINT32_MAX;
   if (arena_) {
-    const uint64_t block_bytes = BlockBytes(shapes_, c10::typeMetaToScalarType(tensor_options_.dtype()));
-    blocks_per_page_ = static_cast<uint32_t>(arena_->page_bytes / std::max<uint64_t>(block_bytes, 1));
+    const uint64_t block_bytes =
+        BlockBytes(shapes_, c10::typeMetaToScalarType(tensor_options_.dtype()));
+    blocks_per_page_ =
+        static_cast<uint32_t>(arena_->page_bytes / std::max<uint64_t>(block_bytes, 1));
     blocks64 = uint64_t{arena_->pages} * blocks_per_page_;
     present = arena_->floor_pages * blocks_per_page_;
   }
   const auto blocks = static_cast<uint32_t>(std::min<uint64_t>(blocks64, UINT32_MAX));
   groups_.push_back(Group{KvBlockAllocator(blocks, prefix, present), 0, 0, {}});
   if (sliding_window > 0) {
-    uint32_t sliding_blocks = arena_ ? static_cast<uint32_t>(std::min<uint64_t>(
-                                           uint64_t{arena_->max_pages} * blocks_per_page_, UINT32_MAX))
-                                     : blocks;
+    uint32_t sliding_blocks = arena_
+                                  ? static_cast<uint32_t>(std::min<uint64_t>(
+                                        uint64_t{arena_->max_pages} * blocks_per_page_, UINT32_MAX))
+                                  : blocks;
     if (fixed_ && options.sliding_tokens > 0) {
       sliding_blocks = static_cast<uint32_t>(std::min<uint64_t>(
           (options.sliding_tokens + kKvBlockTokens - 1) / kKvBlockTokens, sliding_blocks));
@@ -123,7 +126,8 @@ uint32_t KvPool::ReturnIdle() {
   for (size_t i = borrowed_.size(); i > 0; --i) {
     const uint32_t page = borrowed_[i - 1];
     const uint32_t first = page * blocks_per_page_;
-    if (alloc.free_blocks() < 2 * blocks_per_page_ || !alloc.Unreferenced(first, blocks_per_page_)) {
+    if (alloc.free_blocks() < 2 * blocks_per_page_ ||
+        !alloc.Unreferenced(first, blocks_per_page_)) {
       continue;
     }
     alloc.Remove(first, blocks_per_page_);

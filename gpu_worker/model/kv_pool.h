@@ -95,8 +95,7 @@ class KvPool {
   // Positions one group's blocks hold (the first group's: what one sequence can reach).
   // With one device budget: the most it may borrow.
   uint64_t capacity_tokens() const {
-    return uint64_t{arena_ ? max_arena_blocks() : groups_[0].alloc.total_blocks()} *
-           kKvBlockTokens;
+    return uint64_t{arena_ ? max_arena_blocks() : groups_[0].alloc.total_blocks()} * kKvBlockTokens;
   }
   // A growing pool: `group` doubled (its tensors copied). false for a fixed pool.
   bool Grow(int group);
