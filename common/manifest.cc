@@ -59,7 +59,7 @@ constexpr std::string_view kGroupKeys[] = {"name",
 constexpr std::string_view kLinkKeys[] = {"gbps", "latency_us"};
 constexpr std::string_view kHybridKeys[] = {"cpu_threads", "host_slowdown"};
 constexpr std::string_view kMemoryKeys[] = {"device_gb", "device_fraction", "kv_floor",
-                                            "expert_floor"};
+                                            "expert_floor", "return_hold_s"};
 constexpr std::string_view kWorkerKeys[] = {"device", "host"};
 constexpr std::string_view kRouterKeys[] = {
     "listen",         "worker_endpoint", "request_timeout_s",    "drain_timeout_s",
@@ -700,6 +700,8 @@ Status ParseMemory(const Section& group_section, WorkerGroupSpec* group) {
   FMOE_RETURN_IF_ERROR(ReadDouble(fraction, {0, true, 1}, &m.device_fraction));
   FMOE_RETURN_IF_ERROR(ReadDouble(section.Get("kv_floor"), {0, false, 0.999}, &m.kv_floor));
   FMOE_RETURN_IF_ERROR(ReadDouble(section.Get("expert_floor"), {0, false, 0.999}, &m.expert_floor));
+  FMOE_RETURN_IF_ERROR(
+      ReadDouble(section.Get("return_hold_s"), {0, false, 3600}, &m.return_hold_s));
   if (m.kv_floor + m.expert_floor > 1) {
     return Error(field.path, "kv_floor " + std::to_string(m.kv_floor) + " + expert_floor " +
                                  std::to_string(m.expert_floor) + " exceed 1");
@@ -1146,6 +1148,7 @@ std::string DescribeManifest(const Manifest& m) {
       }
       EmitDouble(out, "kv_floor", g.memory->kv_floor);
       EmitDouble(out, "expert_floor", g.memory->expert_floor);
+      EmitDouble(out, "return_hold_s", g.memory->return_hold_s);
       out << YAML::EndMap;
     } else if (!g.expert_cache_auto && (g.expert_cache_fraction || !g.expert_cache_gb)) {
       EmitDouble(out, "expert_cache_fraction", g.expert_cache_fraction.value_or(1.0));

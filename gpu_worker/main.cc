@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <thread>
@@ -69,6 +70,7 @@ RankOptions RankFromManifest(const Manifest& manifest, const WorkerGroupSpec& gr
     b.kv_floor = group.memory->kv_floor;
     b.expert_floor = group.memory->expert_floor;
     o.cache.shared = b;
+    o.kv_return_hold_ms = std::llround(group.memory->return_hold_s * 1000);
   }
   o.cache.host_cache_gb = group.host_cache_gb;
   o.cache.host_cache_fraction = group.host_cache_fraction;

@@ -270,6 +270,7 @@ Status Rank::ConfigureKv(std::optional<KvArena> arena) {
     kv_pool_tokens_ = uint64_t{arena->max_pages} * (arena->page_bytes / model_->kv_block_bytes()) *
                       kKvBlockTokens;
     kv.arena = arena;
+    kv.return_hold_ms = options_.kv_return_hold_ms;
   } else {
     kv_pool_tokens_ = KvPoolTokens(info_, options_.max_batch, options_.kv_cache_tokens);
   }

@@ -67,6 +67,8 @@ struct ServeOptions {
   // > 0: every group's memory {device_gb} (one device budget for experts and KV; --budget and
   // kv_cache_tokens then do not apply to the policy runs). Default: the manifest's
   double memory_gb = 0;
+  // >= 0: with --memory-gb, memory.return_hold_s. Default: the manifest's (1 s)
+  double return_hold_s = -1;
   std::string arrivals;  // Required.
   std::string prompts;   // Required.
   WorkloadOptions workload;
@@ -318,6 +320,7 @@ int RunServe(ServeOptions o) {
     if (o.memory_gb > 0) {
       MemorySpec m = g.memory.value_or(MemorySpec{});
       m.device_gb = o.memory_gb;
+      if (o.return_hold_s >= 0) m.return_hold_s = o.return_hold_s;
       g.memory = m;
       g.kv_cache_tokens = 0;
       g.expert_cache_auto = false;
@@ -430,6 +433,10 @@ void AddServeCommand(CLI::App& app, int& exit_code) {
                   "every group's one device budget for experts and KV (memory: {device_gb}); "
                   "the policy runs use it instead of --budget")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--return-hold-s", o->return_hold_s,
+                  "with --memory-gb: how long the KV pool keeps a borrowed page it no longer "
+                  "needs (memory: {return_hold_s}; default: the manifest's)")
+      ->check(CLI::Range(0.0, 3600.0));
   cmd->add_option("--max-batched-tokens", o->max_batched_tokens,
                   "every group's tokens per engine step; 0 = whole prompts (default: the "
                   "manifest's)")

@@ -29,7 +29,8 @@ KvPool::KvPool(std::vector<LayerShape> layers, at::TensorOptions tensor_options,
     : shapes_(std::move(layers)),
       tensor_options_(tensor_options),
       fixed_(options.tokens > 0 || options.arena.has_value()),
-      arena_(options.arena) {
+      arena_(options.arena),
+      return_hold_ms_(std::max<int64_t>(options.return_hold_ms, 0)) {
   const int64_t elem =
       static_cast<int64_t>(at::elementSize(c10::typeMetaToScalarType(tensor_options_.dtype())));
   int64_t sliding_window = 0;
@@ -108,6 +109,7 @@ void KvPool::Materialize() {
 bool KvPool::Borrow(uint32_t blocks) {
   if (!arena_ || arena_->lender == nullptr) return false;
   KvBlockAllocator& alloc = groups_[0].alloc;
+  peak_blocks_ = std::max(peak_blocks_, alloc.used_blocks() + blocks);
   while (alloc.free_blocks() < blocks) {
     if (alloc.total_blocks() + blocks_per_page_ > max_arena_blocks()) return false;
     const std::optional<uint32_t> page = arena_->lender->Lend();
@@ -119,14 +121,30 @@ bool KvPool::Borrow(uint32_t blocks) {
   return true;
 }
 
-uint32_t KvPool::ReturnIdle() {
+uint32_t KvPool::ReturnIdle(int64_t now_ms) {
   if (!arena_ || arena_->lender == nullptr) return 0;
   KvBlockAllocator& alloc = groups_[0].alloc;
+  uint32_t keep = alloc.used_blocks();
+  if (return_hold_ms_ > 0) {
+    // The recent peak: the current window's and the previous one's, so what was needed up to
+    // return_hold_ms ago (and at most twice that) is kept.
+    peak_blocks_ = std::max(peak_blocks_, keep);
+    if (window_start_ms_ == INT64_MIN) {
+      window_start_ms_ = now_ms;
+    } else if (now_ms - window_start_ms_ >= return_hold_ms_ || now_ms < window_start_ms_) {
+      // A window left without a call for a whole hold says nothing about the last hold.
+      const bool adjacent = now_ms - window_start_ms_ < 2 * return_hold_ms_;
+      previous_peak_blocks_ = adjacent ? peak_blocks_ : 0;
+      peak_blocks_ = keep;
+      window_start_ms_ = now_ms;
+    }
+    keep = std::max(peak_blocks_, previous_peak_blocks_);
+  }
   uint32_t returned = 0;
   for (size_t i = borrowed_.size(); i > 0; --i) {
     const uint32_t page = borrowed_[i - 1];
     const uint32_t first = page * blocks_per_page_;
-    if (alloc.free_blocks() < 2 * blocks_per_page_ ||
+    if (alloc.total_blocks() < keep + 2 * blocks_per_page_ ||
         !alloc.Unreferenced(first, blocks_per_page_)) {
       continue;
     }

@@ -51,6 +51,11 @@ struct KvPoolOptions {
   // arena's page_bytes must be a multiple of the group's block bytes, KvPool::BlockBytes).
   // Default: none
   std::optional<KvArena> arena = std::nullopt;
+  // One device budget: a borrowed page goes back only while the pool keeps a page of free
+  // blocks beyond the most blocks it needed over the last return_hold_ms (at least; at most
+  // twice that), so a burst that comes and goes within it does not evict experts for the same
+  // page again and again. 0: back as soon as a page of free blocks stays. Default: 1000
+  int64_t return_hold_ms = 1000;
 };
 
 // What a pool holds, for /metrics and /health.
@@ -103,8 +108,9 @@ class KvPool {
   // when the lender has none to give (or the pool is at its most).
   bool Borrow(uint32_t blocks);
   // One device budget: borrowed pages that no sequence references go back to the lender, the
-  // last borrowed first, while a page of free blocks stays. Returns the pages given back.
-  uint32_t ReturnIdle();
+  // last borrowed first, while a page of free blocks stays beyond the recent peak of blocks in
+  // use (KvPoolOptions::return_hold_ms; `now_ms` on a steady clock). Returns the pages given back.
+  uint32_t ReturnIdle(int64_t now_ms);
   // The tensors, allocated if they are not yet (a LibTorch error throws).
   void Materialize();
   KvPoolFigures figures() const;
@@ -125,6 +131,11 @@ class KvPool {
   std::optional<KvArena> arena_;
   uint32_t blocks_per_page_ = 0;
   std::vector<uint32_t> borrowed_;  // Pages borrowed, in order.
+  // The most blocks in use (or asked for by Borrow) in the hold window that began at
+  // window_start_ms_, and in the one before it.
+  int64_t return_hold_ms_ = 0;
+  int64_t window_start_ms_ = INT64_MIN;
+  uint32_t peak_blocks_ = 0, previous_peak_blocks_ = 0;
   uint64_t pages_borrowed_ = 0, pages_returned_ = 0;
   std::vector<Group> groups_;
   std::vector<int> layer_group_;

@@ -23,6 +23,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "common/clock.h"
 #include "common/model/model_config.h"
 #include "common/status.h"
 #include "gpu_worker/experts/expert_source.h"
@@ -122,8 +123,8 @@ class MoeModel {
   // page quantum of one device budget (KvPoolOptions::arena).
   uint64_t kv_block_bytes() const;
   // One device budget: borrowed pages nobody references go back to the expert cache
-  // (KvPool::ReturnIdle). Between Forwards.
-  uint32_t ReturnIdleKv() { return pool_ ? pool_->ReturnIdle() : 0; }
+  // (KvPool::ReturnIdle, on the steady clock). Between Forwards.
+  uint32_t ReturnIdleKv() { return pool_ ? pool_->ReturnIdle(SteadyNowUs() / 1000) : 0; }
   // The pool's arena (one device budget), or null.
   const KvArena* kv_arena() const { return pool_ && pool_->arena() ? &*pool_->arena() : nullptr; }
   // An empty cache in the pool.

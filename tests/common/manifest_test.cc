@@ -134,6 +134,7 @@ void ExpectManifestEq(const Manifest& a, const Manifest& b) {
       EXPECT_EQ(x.memory->device_fraction, y.memory->device_fraction);
       EXPECT_EQ(x.memory->kv_floor, y.memory->kv_floor);
       EXPECT_EQ(x.memory->expert_floor, y.memory->expert_floor);
+      EXPECT_EQ(x.memory->return_hold_s, y.memory->return_hold_s);
     }
     EXPECT_EQ(x.link.gbps, y.link.gbps);
     EXPECT_EQ(x.link.latency_us, y.link.latency_us);
@@ -972,7 +973,7 @@ TEST(Manifest, OneDeviceBudgetForKvAndExperts) {
   auto m = ParseManifest(R"(model: {path: /m}
 worker_groups:
   - name: g0
-    memory: {device_gb: 70, kv_floor: 0.2, expert_floor: 0.3}
+    memory: {device_gb: 70, kv_floor: 0.2, expert_floor: 0.3, return_hold_s: 2.5}
     workers: [{device: cuda:0}]
   - name: g1
     memory: {}
@@ -985,12 +986,14 @@ worker_groups:
   EXPECT_EQ(g0.memory->device_gb, 70.0);
   EXPECT_EQ(g0.memory->kv_floor, 0.2);
   EXPECT_EQ(g0.memory->expert_floor, 0.3);
+  EXPECT_EQ(g0.memory->return_hold_s, 2.5);
   EXPECT_FALSE(g0.expert_cache_fraction.has_value());
   const WorkerGroupSpec& g1 = m->worker_groups[1];
   ASSERT_TRUE(g1.memory.has_value());
   EXPECT_FALSE(g1.memory->device_gb.has_value());
   EXPECT_EQ(g1.memory->device_fraction, 0.9) << "the default";
   EXPECT_EQ(g1.memory->kv_floor, 0.1);
+  EXPECT_EQ(g1.memory->return_hold_s, 1.0);
   const std::string described = DescribeManifest(*m);
   auto again = ParseManifest(described, "/etc/fmoe.yaml");
   ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << described;
@@ -1005,6 +1008,7 @@ worker_groups:
       {"memory: {kv_floor: 0.6, expert_floor: 0.6}", "exceed 1"},
       {"memory: {kv_floor: 1}", "worker_groups[0].memory.kv_floor"},
       {"memory: {device_gb: 0}", "worker_groups[0].memory.device_gb"},
+      {"memory: {return_hold_s: -1}", "worker_groups[0].memory.return_hold_s"},
       {"memory: {budget: 3}", "worker_groups[0].memory.budget: unknown key"},
       {"memory: 8", "worker_groups[0].memory: expected a map"},
   };

@@ -348,6 +348,7 @@ TEST(Engine, OneDeviceBudgetLendsExpertSlotsToTheKvPoolAndStaysLossless) {
     KvPoolOptions kv;
     kv.arena = arena;
     kv.prefix_caching = prefix;
+    kv.return_hold_ms = 0;  // Every page back as soon as the burst ends (below).
     f.model->ConfigureKv(kv);
     ASSERT_TRUE(f.model->MaterializeKv().ok());
     const uint64_t own_blocks = f.model->kv_figures().total_blocks;

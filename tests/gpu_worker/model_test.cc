@@ -948,5 +948,74 @@ TEST_F(BadCheckpoint, MissingDirectoryAndWeights) {
   EXPECT_EQ(s.message(), "model: " + (dir_ / "nowhere").string() + ": no such directory");
 }
 
+// One device budget's hysteresis: a borrowed page goes back only once the pool has not needed
+// it for a hold (KvPoolOptions::return_hold_ms), so a burst that comes back within the hold
+// finds its pages still there and evicts no expert for them again; with no hold it goes back at
+// once.
+class PageBank : public KvPageLender {
+ public:
+  std::optional<uint32_t> Lend() override {
+    if (free.empty()) return std::nullopt;
+    const uint32_t page = free.back();
+    free.pop_back();
+    ++lent;
+    return page;
+  }
+  void Return(uint32_t page) override {
+    free.push_back(page);
+    ++returned;
+  }
+  std::vector<uint32_t> free{3, 2, 1};
+  int lent = 0, returned = 0;
+};
+
+TEST(KvPool, BorrowedPagesGoBackOnlyAfterTheHold) {
+  const std::vector<KvPool::LayerShape> shapes{{1, 4, 4, 0}, {1, 4, 4, 0}};
+  const uint64_t block = KvPool::BlockBytes(shapes, at::kFloat);
+  std::vector<float> memory(4 * 2 * block / sizeof(float));  // Four pages of two blocks.
+  for (int64_t hold : {int64_t{0}, int64_t{1000}}) {
+    SCOPED_TRACE("hold " + std::to_string(hold) + " ms");
+    PageBank bank;
+    KvPoolOptions o;
+    o.arena = KvArena{memory.data(), 2 * block, 4, 1, 4, &bank};
+    o.return_hold_ms = hold;
+    auto pool = std::make_shared<KvPool>(shapes, at::TensorOptions().dtype(at::kFloat), o);
+    pool->Materialize();
+    auto burst = [&] {
+      KvCache a(pool), b(pool);
+      EXPECT_TRUE(a.Reserve(64));  // Four blocks: the own page and one borrowed.
+      EXPECT_TRUE(b.Reserve(32));  // Two more: a second page borrowed.
+      // Three more: a third page borrowed, and still short; the arena has no fourth.
+      EXPECT_FALSE(KvCache(pool).Reserve(48));
+    };
+    burst();
+    EXPECT_EQ(bank.lent, 3);
+    EXPECT_EQ(pool->figures().total_blocks, 8u);
+    if (hold == 0) {
+      EXPECT_EQ(pool->ReturnIdle(0), 3u);
+      EXPECT_EQ(pool->figures().total_blocks, 2u);
+      continue;
+    }
+    // Within the hold nothing goes back, and the same burst borrows nothing more.
+    EXPECT_EQ(pool->ReturnIdle(0), 0u);
+    EXPECT_EQ(pool->ReturnIdle(999), 0u);
+    burst();
+    EXPECT_EQ(bank.lent, 3);
+    EXPECT_EQ(pool->ReturnIdle(1000), 0u);  // The last hold's peak still stands.
+    EXPECT_EQ(pool->ReturnIdle(1999), 0u);
+    // A whole hold without the burst: every borrowed page goes back, the last borrowed first.
+    EXPECT_EQ(pool->ReturnIdle(2000), 3u);
+    EXPECT_EQ(bank.returned, 3);
+    EXPECT_EQ(pool->figures().total_blocks, 2u);
+    EXPECT_EQ(pool->figures().pages_returned, 3u);
+    // A page in use stays, hold or not.
+    KvCache c(pool);
+    EXPECT_TRUE(c.Reserve(40));  // Three blocks: one page borrowed.
+    EXPECT_EQ(bank.lent, 4);
+    EXPECT_EQ(pool->ReturnIdle(5000), 0u);
+    EXPECT_EQ(pool->ReturnIdle(7000), 0u);  // Still in use.
+  }
+}
+
 }  // namespace
 }  // namespace fmoe
