@@ -1120,6 +1120,8 @@ void Completions::Run(RequestKind kind, const HttpRequest& request,
   // event is written before them.
   std::lock_guard<std::mutex> lock(state->mu);
   auto& choices = state->choices();
+  // Every choice admitted at once, or the request refused whole.
+  std::vector<WorkerLink::Submission> submissions;
   for (size_t i = 0; i < choices.size(); ++i) {
     Generate g;
     g.token_ids = parsed->prompts[choices[i]->prompt].ids;
@@ -1127,28 +1129,28 @@ void Completions::Run(RequestKind kind, const HttpRequest& request,
     // Independent samples, reproducible: choice c of each prompt draws with seed + c, as that
     // prompt alone would.
     g.sampling.seed = parsed->sampling.seed + i % parsed->n;
-    auto id = link_.Submit(
-        std::move(g), [state, i](const TokenEvent& ev) { state->OnEvent(i, ev); },
-        options_.request_timeout_ms);
-    if (!id.ok()) {
-      if (id.status().code() == ErrorCode::kResourceExhausted) {
-        HttpResponse res = ApiError(429, id.status().message() + "; retry later",
-                                    "rate_limit_exceeded", "", "queue_full");
-        res.headers.emplace_back("Retry-After", "1");
-        state->Abort(std::move(res));
-      } else {
-        HttpResponse res =
-            ApiError(503,
-                     id.status().message() == kNoGroupError ? link_.View()->UnavailableReason()
-                                                            : id.status().message(),
-                     "service_unavailable", "", "unavailable");
-        res.headers.emplace_back("Retry-After", "5");
-        state->Abort(std::move(res));
-      }
-      return;
-    }
-    choices[i]->link_id = *id;
+    submissions.push_back(
+        {std::move(g), [state, i](const TokenEvent& ev) { state->OnEvent(i, ev); }});
   }
+  auto ids = link_.SubmitAll(std::move(submissions), options_.request_timeout_ms);
+  if (!ids.ok()) {
+    if (ids.status().code() == ErrorCode::kResourceExhausted) {
+      HttpResponse res = ApiError(429, ids.status().message() + "; retry later",
+                                  "rate_limit_exceeded", "", "queue_full");
+      res.headers.emplace_back("Retry-After", "1");
+      state->Abort(std::move(res));
+    } else {
+      HttpResponse res =
+          ApiError(503,
+                   ids.status().message() == kNoGroupError ? link_.View()->UnavailableReason()
+                                                           : ids.status().message(),
+                   "service_unavailable", "", "unavailable");
+      res.headers.emplace_back("Retry-After", "5");
+      state->Abort(std::move(res));
+    }
+    return;
+  }
+  for (size_t i = 0; i < choices.size(); ++i) choices[i]->link_id = (*ids)[i];
   if (state->stream()) {
     state->set_streaming();
     state->BeginStream();

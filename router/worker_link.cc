@@ -170,33 +170,51 @@ void WorkerLink::EndOpenRequests() {
 }
 
 Result<uint64_t> WorkerLink::Submit(Generate request, RequestSink sink, int64_t timeout_ms) {
-  uint64_t id = 0;
+  std::vector<Submission> one;
+  one.push_back({std::move(request), std::move(sink)});
+  FMOE_ASSIGN_OR_RETURN(std::vector<uint64_t> ids, SubmitAll(std::move(one), timeout_ms));
+  return ids.front();
+}
+
+Result<std::vector<uint64_t>> WorkerLink::SubmitAll(std::vector<Submission> requests,
+                                                    int64_t timeout_ms) {
+  std::vector<uint64_t> ids;
+  if (requests.empty()) return ids;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return Unavailable(kStoppingError);
-    const std::string group = PickGroup();
-    if (group.empty()) return Unavailable(kNoGroupError);
-    size_t limit = 64;
-    for (size_t i = 0; i < options_.group_names.size(); ++i) {
-      if (options_.group_names[i] == group) limit = static_cast<size_t>(options_.queue_limits[i]);
+    const int64_t deadline_ms = timeout_ms > 0 ? clock_.NowMs() + timeout_ms : 0;
+    for (Submission& r : requests) {
+      const std::string group = PickGroup();
+      if (group.empty()) return Unavailable(kNoGroupError);
+      auto& queue = queues_[group];
+      if (ids.empty()) {
+        // Admission, once per client request.
+        size_t limit = 64;
+        for (size_t i = 0; i < options_.group_names.size(); ++i) {
+          if (options_.group_names[i] == group) {
+            limit = static_cast<size_t>(options_.queue_limits[i]);
+          }
+        }
+        if (queue.size() >= limit) {
+          return ResourceExhausted("the queue of worker group " + group + " is full (" +
+                                   std::to_string(limit) + " requests)");
+        }
+      }
+      const uint64_t id = next_id_++;
+      r.request.request_id = id;
+      Pending p;
+      p.request = std::move(r.request);
+      p.sink = std::move(r.sink);
+      p.deadline_ms = deadline_ms;
+      p.group = group;
+      requests_.emplace(id, std::move(p));
+      queue.push_back(id);
+      ids.push_back(id);
     }
-    auto& queue = queues_[group];
-    if (queue.size() >= limit) {
-      return ResourceExhausted("the queue of worker group " + group + " is full (" +
-                               std::to_string(limit) + " requests)");
-    }
-    id = next_id_++;
-    request.request_id = id;
-    Pending p;
-    p.request = std::move(request);
-    p.sink = std::move(sink);
-    p.deadline_ms = timeout_ms > 0 ? clock_.NowMs() + timeout_ms : 0;
-    p.group = group;
-    requests_.emplace(id, std::move(p));
-    queue.push_back(id);
   }
   notifier_.Notify();
-  return id;
+  return ids;
 }
 
 void WorkerLink::Cancel(uint64_t request_id) {

@@ -110,6 +110,15 @@ class WorkerLink {
   // least-loaded live group. kUnavailable when no group is alive, kResourceExhausted when that
   // group's queue is full. `timeout_ms` > 0 bounds the whole request.
   Result<uint64_t> Submit(Generate request, RequestSink sink, int64_t timeout_ms);
+  // Any thread. The choices of one client request (n > 1, several prompts), admitted or refused
+  // whole: refused as Submit refuses one request (the least-loaded group's queue full), else
+  // every one queued, each on the least-loaded group then, even past a queue's limit. Ids in
+  // the order given.
+  struct Submission {
+    Generate request;
+    RequestSink sink;
+  };
+  Result<std::vector<uint64_t>> SubmitAll(std::vector<Submission> requests, int64_t timeout_ms);
   // Any thread. The request ends with kCancelled (its leader is told when it runs there).
   void Cancel(uint64_t request_id);
   // Any thread, never blocks: the router is stopping. Every open request ends at once with

@@ -5,6 +5,7 @@ deploy/test.sh prepares: python openai_client_check.py BASE_URL API_KEY MODEL
 Exits 0 when every check passes; prints what failed otherwise.
 """
 import json
+import re
 import sys
 
 import openai
@@ -118,6 +119,43 @@ def main() -> int:
         raise AssertionError("a schema with pattern was accepted")
     except openai.BadRequestError as e:
         assert e.status_code == 400 and "pattern" in str(e), e
+
+    # vLLM's guided decoding through the client's extra_body: a choice, a regex and a GBNF
+    # grammar (the legacy guided_* names and structured_outputs), whole and streamed, on chat
+    # and on completions; a bad regex and two constraints at once are 400s naming the field.
+    ask = [{"role": "user", "content": "Is the earth round?"}]
+    colours = ["red", "green", "blue violet"]
+    picked = client.chat.completions.create(model=model, max_tokens=16, temperature=0,
+                                            messages=ask, extra_body={"guided_choice": colours})
+    assert picked.choices[0].message.content in colours, picked
+    assert picked.choices[0].finish_reason == "stop", picked
+    streamed_pick = "".join(
+        c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model=model, max_tokens=16, temperature=0, messages=ask, stream=True,
+            extra_body={"guided_choice": colours}) if c.choices)
+    assert streamed_pick == picked.choices[0].message.content, (streamed_pick, picked)
+    sampled = client.chat.completions.create(
+        model=model, max_tokens=16, temperature=1.0, seed=5, n=3, messages=ask,
+        extra_body={"structured_outputs": {"choice": colours}})
+    assert all(c.message.content in colours for c in sampled.choices), sampled
+    code = client.completions.create(model=model, prompt="The code is", max_tokens=32,
+                                     temperature=0.8, seed=2,
+                                     extra_body={"guided_regex": "[0-9]{3}-[a-z]{2,4}"})
+    assert re.fullmatch("[0-9]{3}-[a-z]{2,4}", code.choices[0].text), code
+    assert code.choices[0].finish_reason == "stop", code
+    gbnf = 'root ::= animal " and " animal\nanimal ::= "cat" | "dog" | "owl"'
+    pair = client.chat.completions.create(
+        model=model, max_tokens=32, temperature=0.7, seed=9, messages=ask,
+        extra_body={"structured_outputs": {"grammar": gbnf}})
+    assert re.fullmatch("(cat|dog|owl) and (cat|dog|owl)", pair.choices[0].message.content), pair
+    for extra, field in (({"guided_regex": "[0-9"}, "guided_regex"),
+                         ({"guided_choice": colours, "guided_regex": "a+"}, "guided_")):
+        try:
+            client.chat.completions.create(model=model, max_tokens=4, messages=ask,
+                                           extra_body=extra)
+            raise AssertionError(f"{extra} was accepted")
+        except openai.BadRequestError as e:
+            assert e.status_code == 400 and field in str(e), (extra, e)
 
     # The Responses API: whole, streamed through the client's event handling, and a second turn
     # by previous_response_id.

@@ -141,6 +141,19 @@ TEST_F(RouterTest, GreedyAndSeededSamplingAreReproducible) {
   EXPECT_EQ(Json::parse(c.body)["choices"][0]["text"], Json::parse(d.body)["choices"][0]["text"]);
 }
 
+// A request's choices are admitted together: n = 6 against this group's queue of 2 (max_batch
+// 1) is one request, taken whole while the queue has room for one, never refused halfway
+// through because its own first choices filled the queue.
+TEST_F(RouterTest, ChoicesOfOneRequestAreAdmittedTogether) {
+  for (int round = 0; round < 3; ++round) {
+    Reply r = Post(http_, Completion({{"n", 6}, {"temperature", 1.0}, {"seed", round}}));
+    ASSERT_EQ(r.status, 200) << r.body;
+    const Json j = Json::parse(r.body);
+    ASSERT_EQ(j["choices"].size(), 6u) << r.body;
+    for (size_t i = 0; i < 6; ++i) EXPECT_EQ(j["choices"][i]["index"], i);
+  }
+}
+
 TEST_F(RouterTest, StreamEqualsTheWholeAnswer) {
   Reply whole = Post(http_, Completion({{"max_tokens", 12}}));
   ASSERT_EQ(whole.status, 200);
