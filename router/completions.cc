@@ -1042,6 +1042,23 @@ class CompletionState {
   size_t finished_ = 0;
 };
 
+// A request must fit every KV pool it may be sent to, as it must fit the context: the router
+// knows a `kv_cache_tokens` pool from the manifest (options.context_length), and a pool of one
+// device budget (`memory`) only from its group's heartbeats (the most blocks it may hold).
+CompletionsOptions FitToPools(const CompletionsOptions& base, const ClusterView& view) {
+  CompletionsOptions options = base;
+  for (const GroupView& g : view.groups) {
+    if (!g.alive || g.kv.max_blocks == 0) continue;
+    constexpr uint64_t kBlockPositions = 16;  // A KvFigures block (kv_blocks.h kKvBlockTokens).
+    const uint64_t positions = g.kv.max_blocks * kBlockPositions;
+    if (positions >= options.context_length) continue;
+    options.context_length = static_cast<uint32_t>(positions);
+    options.context_limit = " (the KV pool of group " + g.name + " holds at most " +
+                            std::to_string(positions) + " positions: memory)";
+  }
+  return options;
+}
+
 }  // namespace
 
 Completions::Completions(CompletionsOptions options, const Tokenizer& tokenizer, WorkerLink& link,
@@ -1104,14 +1121,15 @@ void Completions::Run(RequestKind kind, const HttpRequest& request,
       body = JsonText(translated->chat);
     }
   }
-  auto parsed = ParseRequest(body, options_, tokenizer_, kind, &error);
+  const CompletionsOptions options = FitToPools(options_, *link_.View());
+  auto parsed = ParseRequest(body, options, tokenizer_, kind, &error);
   if (!parsed.ok()) return refuse(std::move(error));
   if (!parsed->ignored_fields.empty()) {
     std::string names;
     for (const std::string& f : parsed->ignored_fields) names += (names.empty() ? "" : ", ") + f;
     spdlog::info("{}: fields this server does not know, ignored: {}", route, names);
   }
-  auto state = std::make_shared<CompletionState>(tokenizer_, link_, metrics_, *parsed, options_,
+  auto state = std::make_shared<CompletionState>(tokenizer_, link_, metrics_, *parsed, options,
                                                  messages, translated ? &*translated : nullptr,
                                                  translated ? &responses_ : nullptr);
   state->responder = responder;

@@ -692,5 +692,55 @@ TEST(RouterTimeoutTest, ARequestPastItsDeadlineIsCancelledAndAnswered503) {
   if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir, ec);
 }
 
+// One device budget (`memory`): the router learns the pool's most positions from the group's
+// heartbeats and holds requests to it as to the context. A chat without max_tokens gets the
+// rest of the pool (not the model's 1024, which the worker would refuse), and a request that
+// could never fit is a 400 from the router naming the pool.
+TEST(RouterMemoryBudget, RequestsFitThePoolTheHeartbeatsReport) {
+  testing::LaunchedCluster cluster("fmoe-router-memory");
+  const int http = FreeTcpPort();
+  // About 20 pages of 0.39 MB (an expert, or 3 blocks of 16 positions): the pool may hold at
+  // most 18 of them, 864 positions, under the tiny model's context of 1024.
+  ASSERT_TRUE(cluster.Start(cluster.TinyManifest(http, "    memory: {device_gb: 0.008}\n",
+                                                 std::string("  api_keys: [") + kKey + "]\n", 2000),
+                            http, 90000))
+      << cluster.LauncherLog();
+  uint64_t positions = 0;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        const Json j = Json::parse(Call(http, "GET", "/health").body, nullptr, false);
+        if (j.is_discarded()) return false;
+        const Json& kv = j["groups"][0]["kv_cache"];
+        positions = kv.is_object() ? kv.value("max_blocks", uint64_t{0}) * 16 : 0;
+        return positions > 0;
+      },
+      60000, 50))
+      << cluster.LogOf("router");
+  ASSERT_LT(positions, 1024u) << "the pool must be smaller than the context for this test";
+
+  std::string words;
+  for (int i = 0; i < 300; ++i) words += "a b ";
+  const Json chat = {{"model", "tiny-moe"},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"messages", {{{"role", "user"}, {"content", words}}}}};
+  Reply r = Call(http, "POST", "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = Json::parse(r.body);
+  EXPECT_EQ(j["usage"]["total_tokens"], positions) << r.body;
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+
+  const Json too_long = {{"model", "tiny-moe"},
+                         {"prompt", "The LORD is my shepherd"},
+                         {"max_tokens", positions},
+                         {"temperature", 0}};
+  Reply refused = Post(http, too_long);
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("context_length_exceeded"), std::string::npos) << refused.body;
+  EXPECT_NE(refused.body.find("the KV pool of group g0 holds at most " + std::to_string(positions)),
+            std::string::npos)
+      << refused.body;
+}
+
 }  // namespace
 }  // namespace fmoe
