@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 #include <set>
+#include <span>
 
 #include <nlohmann/json.hpp>
 
@@ -985,6 +986,30 @@ std::vector<std::string> IgnoredFields(const Json& body, bool chat) {
   return out;
 }
 
+// A reasoning model's chat with structured output (a schema, a grammar, a forced tool call):
+// it thinks first and only its answer is constrained (as vLLM does with a reasoning parser), so
+// the constraint starts after its end-of-thinking token, unless the prompt closed the thinking
+// already (Qwen3 with enable_thinking false ends the prompt with <think>, </think> and blank
+// lines): then it applies from the first token.
+void ConstrainAfterThinking(const Tokenizer& tokenizer, CompletionRequest* out) {
+  SamplingParams& s = out->sampling;
+  if ((s.json_schema.empty() && s.grammar.empty()) || out->prompts.size() != 1) return;
+  const std::optional<int32_t> end = tokenizer.TokenToId(kThinkEnd);
+  if (!end) return;
+  const std::vector<int32_t>& ids = out->prompts[0].ids;
+  const auto last_end = std::find(ids.rbegin(), ids.rend(), *end);
+  if (last_end != ids.rend()) {
+    const auto after = static_cast<size_t>(last_end.base() - ids.begin());
+    const std::string tail = tokenizer.Decode(std::span<const int32_t>(ids).subspan(after),
+                                              /*skip_special_tokens=*/false);
+    if (std::all_of(tail.begin(), tail.end(),
+                    [](char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; })) {
+      return;
+    }
+  }
+  s.constrain_after = *end;
+}
+
 }  // namespace
 
 Result<CompletionRequest> ParseRequest(const std::string& body, const CompletionsOptions& options,
@@ -1007,6 +1032,9 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
                   ReadStopStrings(j, &out.sampling, error) && ReadStream(j, &out, error) &&
                   ReadStructuredOutput(j, chat && options.harmony_channels, &out, error);
   if (!ok) return InvalidArgument(error->body);
+  if (chat && !options.harmony_channels && options.think_style) {
+    ConstrainAfterThinking(tokenizer, &out);
+  }
   out.ignored_fields = IgnoredFields(j, chat);
   return out;
 }

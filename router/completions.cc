@@ -125,10 +125,13 @@ class CompletionState {
     }
     chat_ = request.kind == RequestKind::kChat;
     harmony_ = chat_ && options.harmony_channels;
-    // Structured output constrains the answer from its first token: no thinking to split off
-    // (a deepseek_r1-style prompt would otherwise make the whole answer reasoning).
-    if (chat_ && !harmony_ && options.think_style && request.sampling.json_schema.empty() &&
-        request.sampling.grammar.empty()) {
+    // Structured output that constrains the answer from its first token leaves no thinking to
+    // split off (a deepseek_r1-style prompt would otherwise make the whole answer reasoning);
+    // one that starts after the end of thinking (constrain_after) constrains the content only.
+    const bool constrained =
+        !request.sampling.json_schema.empty() || !request.sampling.grammar.empty();
+    if (chat_ && !harmony_ && options.think_style &&
+        (!constrained || request.sampling.constrain_after >= 0)) {
       think_style_ = options.think_style;
       // The markers that are special tokens are decoded as their text (Decode).
       for (std::string_view marker : {kThinkStart, kThinkEnd}) {

@@ -196,6 +196,7 @@ flatbuffers::Offset<fb::Generate> Build(Builder& fbb, const Generate& m) {
   sb.add_json_schema(json_schema);
   sb.add_grammar(grammar);
   sb.add_grammar_syntax(static_cast<fb::GrammarSyntax>(m.sampling.grammar_syntax));
+  sb.add_constrain_after(m.sampling.constrain_after);
   auto sampling = sb.Finish();
   fb::GenerateBuilder b(fbb);
   b.add_request_id(m.request_id);
@@ -670,6 +671,7 @@ bool Read(const fb::Generate& t, const Checker& c, Generate* m) {
                         " is not a syntax");
   }
   s.grammar_syntax = static_cast<GrammarSyntax>(sp->grammar_syntax());
+  s.constrain_after = sp->constrain_after();
   return c.Finite(s.presence_penalty, "Generate.sampling.presence_penalty") &&
          c.Finite(s.frequency_penalty, "Generate.sampling.frequency_penalty") &&
          c.Finite(s.repetition_penalty, "Generate.sampling.repetition_penalty") &&

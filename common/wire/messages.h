@@ -123,6 +123,10 @@ struct SamplingParams {
   // sends a choice as the GBNF of its strings.
   std::string grammar{};
   GrammarSyntax grammar_syntax = GrammarSyntax::kGbnf;
+  // With json_schema or grammar: the constraint applies only once this token has been drawn (a
+  // reasoning model's end-of-thinking token: it thinks freely, then answers in the format); -1:
+  // from the first token. The worker refuses an id outside the vocabulary.
+  int32_t constrain_after = -1;
 };
 inline constexpr int32_t kMaxLogprobs = 20;  // SamplingParams.logprobs at most.
 

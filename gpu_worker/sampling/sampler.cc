@@ -152,6 +152,7 @@ int32_t Sampler::Sample(std::span<const float> raw) {
     }
     if (!constraint_->Accept(token)) return -1;
   }
+  if (pending_ != nullptr && token == pending_after_) constraint_ = std::move(pending_);
   ++generated_;
   if (penalized()) ++seen_[token].output;
   if (params_.logprobs >= 0) ComputeLogprobs(raw, token);

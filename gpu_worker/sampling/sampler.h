@@ -56,8 +56,18 @@ class Sampler {
   // constraint allows no token at all (the request cannot go on).
   int32_t Sample(std::span<const float> logits);
 
-  // Structured output: from now on only tokens `constraint` allows are drawn.
-  void Constrain(std::unique_ptr<TokenMasker> constraint) { constraint_ = std::move(constraint); }
+  // Structured output: from now on only tokens `constraint` allows are drawn; with `after` >= 0,
+  // only once the token `after` has been drawn (it and what came before are free: a reasoning
+  // model's thinking, up to its end-of-thinking token).
+  void Constrain(std::unique_ptr<TokenMasker> constraint, int32_t after = -1) {
+    if (after >= 0) {
+      pending_ = std::move(constraint);
+      pending_after_ = after;
+    } else {
+      constraint_ = std::move(constraint);
+    }
+  }
+  // The constraint in force (null before `after` was drawn).
   const TokenMasker* constraint() const { return constraint_.get(); }
 
   // The last Sample's log-probabilities; meaningful only when params.logprobs >= 0.
@@ -86,7 +96,9 @@ class Sampler {
   std::vector<double> probs_;
   TokenLogprobs logprobs_;
   std::unique_ptr<TokenMasker> constraint_;  // Structured output; null: none.
-  std::vector<uint8_t> allowed_;             // constraint_'s mask of this step.
+  std::unique_ptr<TokenMasker> pending_;     // Structured output once pending_after_ is drawn.
+  int32_t pending_after_ = -1;
+  std::vector<uint8_t> allowed_;  // constraint_'s mask of this step.
 };
 
 }  // namespace fmoe

@@ -163,7 +163,8 @@ TEST(Codec, RoundTripGenerate) {
                            .min_p = 0.05f,
                            .logprobs = 5,
                            .prompt_logprobs = true,
-                           .json_schema = R"({"type":"object","properties":{"a":{}}})"}};
+                           .json_schema = R"({"type":"object","properties":{"a":{}}})",
+                           .constrain_after = 151668}};
   auto out = RoundTripAs<Generate, WorkerMessage>(in);
   EXPECT_EQ(out.request_id, in.request_id);
   EXPECT_EQ(out.token_ids, in.token_ids);
@@ -184,6 +185,7 @@ TEST(Codec, RoundTripGenerate) {
   EXPECT_EQ(out.sampling.logprobs, in.sampling.logprobs);
   EXPECT_TRUE(out.sampling.prompt_logprobs);
   EXPECT_EQ(out.sampling.json_schema, in.sampling.json_schema);
+  EXPECT_EQ(out.sampling.constrain_after, 151668);
   // Values that happen to be the wire defaults are not lost either (logprobs 0 = the drawn
   // token only, repetition_penalty 1 written or not).
   in.sampling.logprobs = 0;
@@ -211,6 +213,7 @@ TEST(Codec, RoundTripGenerateDefaults) {
   EXPECT_EQ(out.sampling.logprobs, neutral.logprobs);
   EXPECT_EQ(out.sampling.prompt_logprobs, neutral.prompt_logprobs);
   EXPECT_TRUE(out.sampling.json_schema.empty());
+  EXPECT_EQ(out.sampling.constrain_after, -1);
 }
 
 TEST(CodecReject, JsonSchemaOverItsLimit) {

@@ -923,5 +923,46 @@ TEST(Engine, StructuredOutputYieldsJsonThatValidates) {
       << h.outcomes[4].error;
 }
 
+// A reasoning model's thinking stays free: with constrain_after, the tokens up to and including
+// that one are the unconstrained run's, and what follows is JSON that parses. An id outside the
+// vocabulary fails the request by name.
+TEST(Engine, StructuredOutputAfterATokenLeavesTheTokensBeforeItFree) {
+  const Tokenizer& tok = *Fixture().tokenizer;
+  const int32_t eos = *tok.eos_id();
+  EngineHarness free_run(/*max_batch=*/1, nullptr, {eos});
+  free_run.Submit(1, Encode(kPrompts[0]), Greedy(12));
+  free_run.RunToEnd();
+  const std::vector<int32_t>& free = free_run.outcomes[1].tokens;
+  ASSERT_GE(free.size(), 6u);
+  // The "end of thinking": a token of the free run that does not occur before it.
+  size_t k = 2;
+  while (k < free.size() &&
+         std::find(free.begin(), free.begin() + k, free[k]) != free.begin() + k) {
+    ++k;
+  }
+  ASSERT_LT(k, free.size());
+  SamplingParams p = Greedy(200);
+  p.json_schema = R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})";
+  p.constrain_after = free[k];
+  SamplingParams bad = p;
+  bad.constrain_after = static_cast<int32_t>(tok.vocab_size()) + 5;
+  EngineHarness h(/*max_batch=*/2, nullptr, {eos});
+  h.Submit(2, Encode(kPrompts[0]), p);
+  h.Submit(3, Encode(kPrompts[0]), bad);
+  h.RunToEnd();
+  const Outcome& o = h.outcomes[2];
+  ASSERT_EQ(o.finish, FinishReason::kStop) << o.error;
+  ASSERT_GT(o.tokens.size(), k + 1);
+  EXPECT_EQ(std::vector<int32_t>(o.tokens.begin(), o.tokens.begin() + static_cast<long>(k) + 1),
+            std::vector<int32_t>(free.begin(), free.begin() + static_cast<long>(k) + 1));
+  const std::string answer = tok.Decode(
+      std::vector<int32_t>(o.tokens.begin() + static_cast<long>(k) + 1, o.tokens.end() - 1), false);
+  const nlohmann::json v = nlohmann::json::parse(answer, nullptr, false);
+  ASSERT_FALSE(v.is_discarded()) << answer;
+  EXPECT_TRUE(v.is_object() && v.contains("n") && v["n"].is_number_integer()) << answer;
+  EXPECT_EQ(h.outcomes[3].finish, FinishReason::kError);
+  EXPECT_NE(h.outcomes[3].error.find("constrain_after"), std::string::npos) << h.outcomes[3].error;
+}
+
 }  // namespace
 }  // namespace fmoe

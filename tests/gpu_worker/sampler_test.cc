@@ -459,6 +459,34 @@ TEST(Sampler, ConstraintMasksAfterProcessingGreedyAndSampled) {
   }
 }
 
+// A reasoning model thinks freely and answers in the format: the constraint starts only once
+// the token `after` (its end of thinking, here "x") has been drawn, and that token is free too.
+TEST(Sampler, ConstraintAfterATokenLeavesWhatComesBeforeFree) {
+  SamplingParams p = Params(0.0f);
+  Sampler s(p);
+  s.Constrain(Constraint(R"({"type":"object","properties":{"a":{"type":"integer"}},
+                             "required":["a"]})"),
+              /*after=*/5);
+  // "\"b\"" (8) wins while free: no JSON object starts with it.
+  std::vector<float> logits = {0.0f, 0.5f, 0.1f, 0.2f, 0.3f, 1.0f, 1.0f, 2.0f, 9.0f};
+  EXPECT_EQ(s.Sample(logits), 8);
+  EXPECT_EQ(s.Sample(logits), 8);
+  EXPECT_EQ(s.constraint(), nullptr);
+  logits[5] = 20.0f;  // The end of thinking.
+  EXPECT_EQ(s.Sample(logits), 5);
+  ASSERT_NE(s.constraint(), nullptr);
+  logits[5] = 1.0f;
+  logits[8] = 0.0f;
+  std::vector<int32_t> drawn;
+  for (int step = 0; step < 6; ++step) {
+    const int32_t t = s.Sample(logits);
+    ASSERT_GE(t, 0);
+    drawn.push_back(t);
+    if (t == 7) break;
+  }
+  EXPECT_EQ(drawn, (std::vector<int32_t>{0, 2, 3, 4, 1, 7}));
+}
+
 TEST(Sampler, ConstraintWithNothingAllowedReturnsMinusOne) {
   Sampler s(Params(0.0f));
   s.Constrain(Constraint(R"({"type":"array"})"));  // No token starts an array.

@@ -593,6 +593,44 @@ TEST_F(ThinkCompletionsTest, ChatTemplateKwargsReachTheTemplate) {
   }
 }
 
+// Structured output on a model that opens its thinking itself (qwen3): constrained after
+// </think>, unless the prompt closed the thinking already (enable_thinking false), when the
+// answer is constrained from its first token and is all content.
+TEST_F(ThinkCompletionsTest, StructuredOutputStartsAfterTheThinkingUnlessThePromptClosedIt) {
+  Start(ThinkStyle::kOpensThinking, /*special_markers=*/true);
+  std::ifstream in(FMOE_SOURCE_DIR "/tests/fixtures/qwen3-moe-ref/tokenizer_config.json");
+  auto qwen3 = ChatTemplate::Compile(Json::parse(in)["chat_template"].get<std::string>());
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status().ToString();
+  template_.emplace(std::move(*qwen3));
+  const int32_t end = *tokenizer_->TokenToId("</think>");
+  auto constrain_after = [&](bool thinking, const std::string& answer, Json* message) {
+    Json body = {{"model", "qwen3"},
+                 {"messages", {{{"role", "user"}, {"content", "Why is the sky blue?"}}}},
+                 {"max_tokens", 64},
+                 {"response_format", {{"type", "json_object"}}},
+                 {"chat_template_kwargs", {{"enable_thinking", thinking}}}};
+    HttpRequest req;
+    req.method = "POST";
+    req.path = req.target = "/v1/chat/completions";
+    req.body = body.dump();
+    auto rec = std::make_shared<Recorder>();
+    completions_->HandleChat(req, rec);
+    auto gen = leader_->Next<Generate>();
+    EXPECT_TRUE(gen);
+    if (!gen) return -2;
+    AnswerWithText(*leader_, *tokenizer_, gen->request_id, answer);
+    EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
+    *message = Json::parse(rec->body())["choices"][0]["message"];
+    return gen->sampling.constrain_after;
+  };
+  Json message;
+  EXPECT_EQ(constrain_after(true, "<think>\nhm\n</think>\n\n{}", &message), end);
+  EXPECT_EQ(message["reasoning_content"], "\nhm\n") << message;
+  EXPECT_EQ(message["content"], "\n\n{}") << message;
+  EXPECT_EQ(constrain_after(false, "{}", &message), -1);
+  EXPECT_EQ(message["content"], "{}") << message;
+}
+
 TEST_F(ThinkCompletionsTest, Qwen3ThinkingIsReasoningContentInWholeAnswers) {
   Start(ThinkStyle::kOpensThinking, /*special_markers=*/false);
   const Json message = Message(Run(Json::object(), kQwen3Answer));
@@ -728,6 +766,7 @@ class ToolCompletionsTest : public ::testing::Test {
     last_schema_ = gen->sampling.json_schema;
     last_grammar_ = gen->sampling.grammar;
     last_syntax_ = gen->sampling.grammar_syntax;
+    last_constrain_after_ = gen->sampling.constrain_after;
     AnswerWithText(*leader_, *tokenizer_, gen->request_id, text);
     EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
     return rec;
@@ -756,6 +795,7 @@ class ToolCompletionsTest : public ::testing::Test {
   std::string last_schema_;   // The last request's sampling.json_schema.
   std::string last_grammar_;  // Its sampling.grammar and grammar_syntax.
   GrammarSyntax last_syntax_ = GrammarSyntax::kGbnf;
+  int32_t last_constrain_after_ = -1;  // Its sampling.constrain_after.
 };
 
 const char kCallAnswer[] =
@@ -1223,17 +1263,22 @@ TEST_F(ToolCompletionsTest, ToolChoiceRequiredAndNamedDecodeUnderASchema) {
       << rec->body();
 }
 
-// A reasoning model whose prompt ends inside <think> (deepseek_r1 style): under a schema the
-// answer is content, not reasoning; gpt-oss (harmony) refuses structured output by name.
+// A reasoning model whose prompt ends inside <think> (deepseek_r1 style) thinks first under a
+// schema too: the worker is told to constrain only after </think> (vLLM with a reasoning
+// parser), the thinking is reasoning_content and the constrained answer the content.
 TEST_F(ToolCompletionsTest, StructuredOutputIsContentForReasoningModels) {
   Start(ToolCallFormat::kHermes, /*think=*/true, ThinkStyle::kStartsThinking);
-  auto rec = Run({{"response_format", {{"type", "json_object"}}}}, R"({"a": 1})");
-  ASSERT_EQ(rec->status(), 200) << rec->body();
-  Json message = Json::parse(rec->body())["choices"][0]["message"];
-  EXPECT_EQ(message["content"], R"({"a": 1})") << message;
-  rec = Run(Json::object(), R"(thinking</think>{"a": 1})");
-  message = Json::parse(rec->body())["choices"][0]["message"];
-  EXPECT_EQ(message["reasoning_content"], "thinking") << message;  // Without a schema: split.
+  const int32_t end = *tokenizer_->TokenToId("</think>");
+  for (const Json& body : {Json{{"response_format", {{"type", "json_object"}}}},
+                           Json{{"guided_regex", "[a-z]+"}}, Json::object()}) {
+    SCOPED_TRACE(body.dump());
+    auto rec = Run(body, R"(thinking</think>{"a": 1})");
+    ASSERT_EQ(rec->status(), 200) << rec->body();
+    const Json message = Json::parse(rec->body())["choices"][0]["message"];
+    EXPECT_EQ(message["reasoning_content"], "thinking") << message;
+    EXPECT_EQ(message["content"], R"({"a": 1})") << message;
+    EXPECT_EQ(last_constrain_after_, body.empty() ? -1 : end);
+  }
 }
 
 // response_format json_object / json_schema, structured_outputs.json and guided_json send the
