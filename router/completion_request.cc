@@ -864,8 +864,9 @@ bool ReadLogprobs(const Json& j, bool chat, uint64_t prompt_len, CompletionReque
   return true;
 }
 
-// stop: a string or up to 16 strings of 1 to 256 bytes.
-bool ReadStopStrings(const Json& j, SamplingParams* s, HttpResponse* error) {
+// stop: a string or up to 16 strings of 1 to 256 bytes. Matched by the router (never sent to a
+// worker).
+bool ReadStopStrings(const Json& j, CompletionRequest* out, HttpResponse* error) {
   auto st = j.find("stop");
   if (st == j.end() || st->is_null()) return true;
   std::vector<std::string> stops;
@@ -884,7 +885,7 @@ bool ReadStopStrings(const Json& j, SamplingParams* s, HttpResponse* error) {
       return Refuse(error, BadParam("stop", "each stop string must have 1 to 256 bytes"));
     }
   }
-  s->stop = std::move(stops);
+  out->stop = std::move(stops);
   return true;
 }
 
@@ -1004,7 +1005,7 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
                   ReadSampling(j, vocab, &out.sampling, error) && ReadChoices(j, &out, error) &&
                   ReadStopConditions(j, vocab, max_new, &out.sampling, error) &&
                   ReadLogprobs(j, chat, prompt_len, &out, error) &&
-                  ReadStopStrings(j, &out.sampling, error) && ReadStream(j, &out, error) &&
+                  ReadStopStrings(j, &out, error) && ReadStream(j, &out, error) &&
                   ReadStructuredOutput(j, chat && options.harmony_channels, &out, error);
   if (!ok) return InvalidArgument(error->body);
   out.ignored_fields = IgnoredFields(j, chat);

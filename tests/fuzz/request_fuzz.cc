@@ -10,7 +10,8 @@
 //     and prompt + max_tokens <= 1024, temperature in [0, 2], top_p in (0, 1], min_p in [0, 1],
 //     penalties in range, logit_bias ids in the vocabulary with |bias| <= 100, 1 <= n <= 16,
 //     logprobs in [-1, 20], min_tokens <= max_tokens, at most 16 stop strings of 1 to 256 bytes
-//     each, and include_usage only with stream;
+//     each (kept by the router, none in the sampling parameters), and include_usage only with
+//     stream;
 //   - /tokenize answers count == len(tokens) and /detokenize a string, both as valid JSON.
 // A violation aborts with __builtin_trap. Seeds: tests/fuzz/make_request_corpus.cc.
 #include <cstddef>
@@ -100,8 +101,9 @@ void CheckRequest(const CompletionRequest& request, const Tokenizer& tokenizer) 
   for (int32_t id : s.stop_token_ids) {
     Check(id >= 0 && static_cast<size_t>(id) < tokenizer.vocab_size());
   }
-  Check(s.stop.size() <= 16);
-  for (const std::string& stop : s.stop) Check(!stop.empty() && stop.size() <= 256);
+  Check(s.stop.empty());  // Stop strings stay at the router (request.stop).
+  Check(request.stop.size() <= 16);
+  for (const std::string& stop : request.stop) Check(!stop.empty() && stop.size() <= 256);
   Check(request.stream || !request.include_usage);
 }
 
