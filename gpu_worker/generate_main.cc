@@ -2,12 +2,15 @@
 // The launcher (`fmoe`, Torch-free) execs this binary from its own directory with the arguments
 // after `generate`. Assembles a rank (gpu_worker/rank.h: cpu, every expert resident, one request
 // at a time) with a progress bar while the weights load, runs one request through the same engine
-// a worker uses, streams the text to stdout and prints timings to stderr.
+// a worker uses, streams the text to stdout and prints timings to stderr. Like the router, it is
+// the engine's client: it matches the stop strings in the text it prints and cancels the request
+// at the first one (the engine never looks for stop strings).
 // Exit codes: 0 done, 1 load or run failure, 2 bad arguments.
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +20,7 @@
 #include "common/log.h"
 #include "common/model/model_config.h"
 #include "common/text/tokenizer.h"
+#include "common/wire/sampling_limits.h"
 #include "gpu_worker/rank.h"
 
 namespace {
@@ -68,10 +72,11 @@ class ProgressBar {
   bool tty_;
 };
 
-// What the engine reports, printed as it comes.
+// What the engine reports, printed as it comes; the stop strings are matched here.
 struct Output {
   TextStream* text = nullptr;
   StopMatcher* stops = nullptr;
+  std::function<void()> cancel;  // Ends the request at the engine.
   std::chrono::steady_clock::time_point start;
   uint32_t generated = 0;
   double first_token_s = 0.0;
@@ -79,12 +84,16 @@ struct Output {
   int exit_code = 0;
 
   void OnToken(const TokenEvent& ev) {
+    if (done) return;  // Ended by a stop string: the cancel's event.
     if (ev.token_id >= 0) {
       if (generated++ == 0) first_token_s = Seconds(start);
       if (!ev.stop_token) std::fputs(stops->Feed(text->Push(ev.token_id)).c_str(), stdout);
       std::fflush(stdout);
     }
-    if (ev.finish == FinishReason::kNone) return;
+    if (ev.finish == FinishReason::kNone) {
+      if (!stops->stopped()) return;
+      cancel();  // The text holds a stop string: done, with this token.
+    }
     done = true;
     if (!stops->stopped()) std::fputs(stops->Feed(text->Finish()).c_str(), stdout);
     if (!stops->stopped()) std::fputs(stops->Flush().c_str(), stdout);
@@ -145,15 +154,15 @@ int RunGenerate(const GenerateCommand& cmd) {
   request.sampling.top_p = cmd.top_p;
   request.sampling.top_k = cmd.top_k;
   request.sampling.seed = cmd.seed;
-  request.sampling.stop = cmd.stop;
 
   TextStream text(*rank.tokenizer(), /*skip_special_tokens=*/true);
   StopMatcher stops(cmd.stop);
   out.text = &text;
   out.stops = &stops;
+  Engine& engine = *rank.engine();
+  out.cancel = [&engine] { engine.Cancel(1); };
   out.start = std::chrono::steady_clock::now();
   std::fputs(cmd.prompt.c_str(), stdout);
-  Engine& engine = *rank.engine();
   engine.Submit(std::move(request));
   while (!out.done && engine.Step()) {
   }
@@ -180,13 +189,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1u, 1u << 20));
   app.add_option("--temperature", gen.temperature, "0 = greedy")
       ->capture_default_str()
-      ->check(CLI::Range(0.0f, 100.0f));
+      ->check(CLI::Range(0.0f, kMaxTemperature));
   app.add_option("--top-p", gen.top_p, "nucleus sampling mass")
       ->capture_default_str()
       ->check(CLI::Range(0.0f, 1.0f));
   app.add_option("--top-k", gen.top_k, "0 = off")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, kMaxTopK));
   app.add_option("--seed", gen.seed, "sampling seed")->capture_default_str();
   app.add_option("--stop", gen.stop, "stop string (repeatable)");
   app.add_option("--dtype", gen.dtype,

@@ -12,6 +12,7 @@
 
 #include "common/process_util.h"
 #include "common/text/unicode.h"
+#include "common/wire/sampling_limits.h"
 #include "router/structured_output.h"
 
 namespace fmoe {
@@ -36,22 +37,34 @@ bool Unsupported(const std::string& key, const Json& v) {
 constexpr const char* kUnsupported[] = {"best_of", "suffix", "prompt_logprobs", "use_beam_search",
                                         "include_stop_str_in_output"};
 
-// A number parameter in [lo, hi] (absent or null: `def`). False with *error set otherwise.
-bool ReadNumber(const Json& j, const char* key, double lo, double hi, bool lo_open, double def,
-                double* out, HttpResponse* error) {
+// A finite number parameter (absent or null: `def`), as a float: beyond float's range it is
+// float's largest, which no range admits. Its range is CheckSampling's (after the parse). False
+// with *error set when it is not a number.
+bool ReadFloat(const Json& j, const char* key, float def, float* out, HttpResponse* error) {
   *out = def;
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return true;
-  const bool ok = it->is_number() && std::isfinite(it->get<double>()) &&
-                  (lo_open ? it->get<double>() > lo : it->get<double>() >= lo) &&
-                  it->get<double>() <= hi;
-  if (!ok) {
-    char range[96];
-    std::snprintf(range, sizeof(range), "%s%g, %g]", lo_open ? "(" : "[", lo, hi);
-    *error = BadParam(key, std::string("'") + key + "' must be a number in " + range);
+  if (!it->is_number() || !std::isfinite(it->get<double>())) {
+    *error = BadParam(key, std::string("'") + key + "' must be a number, not " + JsonTypeName(*it));
     return false;
   }
-  *out = it->get<double>();
+  constexpr double kMost = std::numeric_limits<float>::max();
+  *out = static_cast<float>(std::clamp(it->get<double>(), -kMost, kMost));
+  return true;
+}
+
+// An integer parameter that fits int32_t (absent or null: `def`); its range is CheckSampling's.
+bool ReadInt32(const Json& j, const char* key, int32_t def, int32_t* out, HttpResponse* error) {
+  *out = def;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_number_integer() || (it->is_number_unsigned() ? it->get<uint64_t>() > INT32_MAX
+                                                            : it->get<int64_t>() < INT32_MIN ||
+                                                                  it->get<int64_t>() > INT32_MAX)) {
+    *error = BadParam(key, std::string("'") + key + "' must be an integer");
+    return false;
+  }
+  *out = static_cast<int32_t>(it->get<int64_t>());
   return true;
 }
 
@@ -232,8 +245,8 @@ bool ReadMessages(const Json& messages, std::vector<ChatMessage>* out, HttpRespo
   return true;
 }
 
-// logit_bias: {"<token id>": bias, ...}, bias in [-100, 100].
-bool ReadLogitBias(const Json& j, uint32_t vocab, SamplingParams* sampling, HttpResponse* error) {
+// logit_bias: {"<token id>": bias, ...} (the ids and biases checked by CheckSampling).
+bool ReadLogitBias(const Json& j, SamplingParams* sampling, HttpResponse* error) {
   auto it = j.find("logit_bias");
   if (it == j.end() || it->is_null()) return true;
   if (!it->is_object()) {
@@ -248,18 +261,19 @@ bool ReadLogitBias(const Json& j, uint32_t vocab, SamplingParams* sampling, Http
   for (const auto& [key, value] : it->items()) {
     int64_t id = -1;
     const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
-    if (ec != std::errc() || end != key.data() + key.size() || id < 0 ||
-        id >= static_cast<int64_t>(vocab)) {
-      *error = BadParam("logit_bias", "logit_bias key '" + ToValidUtf8(key) +
-                                          "' is not a token id of the vocabulary of " +
-                                          std::to_string(vocab));
+    if (ec != std::errc() || end != key.data() + key.size() || id < INT32_MIN || id > INT32_MAX) {
+      *error = BadParam("logit_bias", "logit_bias key '" + ToValidUtf8(key).substr(0, 64) +
+                                          "' is not a token id");
       return false;
     }
-    if (!value.is_number() || !(std::fabs(value.get<double>()) <= 100.0)) {
-      *error = BadParam("logit_bias", "logit_bias[" + key + "] must be a number from -100 to 100");
+    if (!value.is_number() || !std::isfinite(value.get<double>())) {
+      *error = BadParam("logit_bias", "logit_bias['" + ToValidUtf8(key) + "'] must be a number");
       return false;
     }
-    sampling->logit_bias.emplace_back(static_cast<int32_t>(id), value.get<float>());
+    constexpr double kMost = std::numeric_limits<float>::max();
+    sampling->logit_bias.emplace_back(
+        static_cast<int32_t>(id),
+        static_cast<float>(std::clamp(value.get<double>(), -kMost, kMost)));
   }
   return true;
 }
@@ -740,32 +754,25 @@ bool ReadMaxTokens(const Json& j, const CompletionsOptions& options, bool chat,
   return true;
 }
 
-// temperature, top_p, top_k, min_p, the penalties, logit_bias and seed.
-bool ReadSampling(const Json& j, uint32_t vocab, SamplingParams* s, HttpResponse* error) {
-  double v = 0.0;
-  if (!ReadNumber(j, "temperature", 0.0, 2.0, false, 1.0, &v, error)) return false;
-  s->temperature = static_cast<float>(v);
-  if (!ReadNumber(j, "top_p", 0.0, 1.0, true, 1.0, &v, error)) return false;
-  // A value below float's range (1e-50) would round to 0, which the worker refuses: keep the
-  // smallest normal float instead (the top token only, as asked).
-  s->top_p = std::max(static_cast<float>(v), std::numeric_limits<float>::min());
-  if (auto k = j.find("top_k"); k != j.end() && !k->is_null()) {
-    if (!k->is_number_integer() || (k->is_number_unsigned() && k->get<uint64_t>() > 1000000) ||
-        k->get<int64_t>() < -1 || k->get<int64_t>() > 1000000) {
-      return Refuse(error,
-                    BadParam("top_k", "'top_k' must be an integer from -1 (off) to 1000000"));
-    }
-    s->top_k = static_cast<int32_t>(std::max<int64_t>(0, k->get<int64_t>()));
+// temperature, top_p, top_k, min_p, the penalties, logit_bias and seed: their JSON types and
+// OpenAI's spellings here, their ranges CheckSampling's.
+bool ReadSampling(const Json& j, SamplingParams* s, HttpResponse* error) {
+  if (!ReadFloat(j, "temperature", 1.0f, &s->temperature, error)) return false;
+  if (!ReadFloat(j, "top_p", 1.0f, &s->top_p, error)) return false;
+  // A positive value below float's range (1e-50) rounds to 0, which is refused: keep the
+  // smallest normal float instead (the top token only, as asked). (0 only from a number here.)
+  if (s->top_p == 0.0f && j.at("top_p").get<double>() > 0.0) {
+    s->top_p = std::numeric_limits<float>::min();
   }
-  if (!ReadNumber(j, "min_p", 0.0, 1.0, false, 0.0, &v, error)) return false;
-  s->min_p = static_cast<float>(v);
-  if (!ReadNumber(j, "presence_penalty", -2.0, 2.0, false, 0.0, &v, error)) return false;
-  s->presence_penalty = static_cast<float>(v);
-  if (!ReadNumber(j, "frequency_penalty", -2.0, 2.0, false, 0.0, &v, error)) return false;
-  s->frequency_penalty = static_cast<float>(v);
-  if (!ReadNumber(j, "repetition_penalty", 0.0, 10.0, true, 1.0, &v, error)) return false;
-  s->repetition_penalty = static_cast<float>(v);
-  if (!ReadLogitBias(j, vocab, s, error)) return false;
+  if (!ReadInt32(j, "top_k", 0, &s->top_k, error)) return false;
+  if (s->top_k == -1) s->top_k = 0;  // vLLM's "off".
+  if (!ReadFloat(j, "min_p", 0.0f, &s->min_p, error) ||
+      !ReadFloat(j, "presence_penalty", 0.0f, &s->presence_penalty, error) ||
+      !ReadFloat(j, "frequency_penalty", 0.0f, &s->frequency_penalty, error) ||
+      !ReadFloat(j, "repetition_penalty", 1.0f, &s->repetition_penalty, error)) {
+    return false;
+  }
+  if (!ReadLogitBias(j, s, error)) return false;
   if (auto sd = j.find("seed"); sd != j.end() && !sd->is_null()) {
     if (!sd->is_number_integer())
       return Refuse(error, BadParam("seed", "'seed' must be an integer"));
@@ -791,16 +798,11 @@ bool ReadChoices(const Json& j, CompletionRequest* out, HttpResponse* error) {
   return true;
 }
 
-// ignore_eos, min_tokens (at most max_new) and stop_token_ids.
-bool ReadStopConditions(const Json& j, uint32_t vocab, uint64_t max_new, SamplingParams* s,
-                        HttpResponse* error) {
+// ignore_eos, min_tokens and stop_token_ids (their ranges CheckSampling's).
+bool ReadStopConditions(const Json& j, SamplingParams* s, HttpResponse* error) {
   if (!ReadBool(j, "ignore_eos", &s->ignore_eos, error)) return false;
   uint64_t count = 0;
-  if (!ReadCount(j, "min_tokens", 0, max_new, 0, &count, error)) {
-    return Refuse(error,
-                  BadParam("min_tokens", "'min_tokens' must be an integer from 0 to max_tokens (" +
-                                             std::to_string(max_new) + ")"));
-  }
+  if (!ReadCount(j, "min_tokens", 0, UINT32_MAX, 0, &count, error)) return false;
   s->min_tokens = static_cast<uint32_t>(count);
   if (auto st = j.find("stop_token_ids"); st != j.end() && !st->is_null()) {
     if (!st->is_array() || st->size() > 64) {
@@ -808,11 +810,11 @@ bool ReadStopConditions(const Json& j, uint32_t vocab, uint64_t max_new, Samplin
                                     "'stop_token_ids' must be an array of at most 64 token ids"));
     }
     for (const Json& x : *st) {
-      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= vocab) {
-        return Refuse(error,
-                      BadParam("stop_token_ids", "stop_token_ids holds " + JsonTypeName(x) +
-                                                     ", not a token id of the vocabulary of " +
-                                                     std::to_string(vocab)));
+      if (!x.is_number_integer() ||
+          (x.is_number_unsigned() ? x.get<uint64_t>() > INT32_MAX
+                                  : x.get<int64_t>() < INT32_MIN || x.get<int64_t>() > INT32_MAX)) {
+        return Refuse(error, BadParam("stop_token_ids", "stop_token_ids holds " + JsonTypeName(x) +
+                                                            ", not a token id"));
       }
       s->stop_token_ids.push_back(x.get<int32_t>());
     }
@@ -821,14 +823,13 @@ bool ReadStopConditions(const Json& j, uint32_t vocab, uint64_t max_new, Samplin
 }
 
 // logprobs: completions take an integer (the top N) and echo; chat a boolean plus top_logprobs.
-bool ReadLogprobs(const Json& j, bool chat, uint64_t prompt_len, CompletionRequest* out,
-                  HttpResponse* error) {
+bool ReadLogprobs(const Json& j, bool chat, CompletionRequest* out, HttpResponse* error) {
   SamplingParams& s = out->sampling;
   if (chat) {
     bool logprobs = false;
     if (!ReadBool(j, "logprobs", &logprobs, error)) return false;
     uint64_t top = 0;
-    if (!ReadCount(j, "top_logprobs", 0, kMaxLogprobs, 0, &top, error)) return false;
+    if (!ReadCount(j, "top_logprobs", 0, INT32_MAX, 0, &top, error)) return false;
     if (auto t = j.find("top_logprobs"); t != j.end() && !t->is_null() && !logprobs) {
       return Refuse(error, BadParam("top_logprobs", "'top_logprobs' needs 'logprobs': true"));
     }
@@ -841,32 +842,46 @@ bool ReadLogprobs(const Json& j, bool chat, uint64_t prompt_len, CompletionReque
                                                     std::to_string(kMaxLogprobs)));
     }
     uint64_t top = 0;
-    if (!ReadCount(j, "logprobs", 0, kMaxLogprobs, 0, &top, error)) return false;
+    if (!ReadCount(j, "logprobs", 0, INT32_MAX, 0, &top, error)) return false;
     s.logprobs = static_cast<int32_t>(top);
   }
   if (!ReadBool(j, "echo", &out->echo, error)) return false;
-  if (out->echo && s.logprobs >= 0) {
-    // The prompt's logprobs come back in one event: 4 bytes per token and 8 per alternative,
-    // under the worker channel's frame limit with room to spare.
-    const uint64_t per_token = 4 + 8 * static_cast<uint64_t>(s.logprobs);
-    const uint64_t most = kMaxPromptLogprobBytes / per_token;
-    if (prompt_len > most) {
-      return Refuse(error, BadParam("echo", "the prompt's " + std::to_string(prompt_len) +
-                                                " tokens are too many for their logprobs (at "
-                                                "most " +
-                                                std::to_string(most) + " with 'logprobs' " +
-                                                std::to_string(s.logprobs) + ")"));
-    }
-    s.prompt_logprobs = true;
-  }
+  s.prompt_logprobs = out->echo && s.logprobs >= 0;
   if (!out->echo) {
     for (PromptInput& p : out->prompts) p.text.clear();
   }
   return true;
 }
 
-// stop: a string or up to 16 strings of 1 to 256 bytes.
-bool ReadStopStrings(const Json& j, SamplingParams* s, HttpResponse* error) {
+// echo with logprobs: the prompt's logprobs come back in one event, 4 bytes per token and 8 per
+// alternative, under the worker channel's frame limit with room to spare. After CheckSampling
+// (logprobs in range).
+bool CheckPromptLogprobs(uint64_t prompt_len, const SamplingParams& s, HttpResponse* error) {
+  if (!s.prompt_logprobs) return true;
+  const uint64_t per_token = 4 + 8 * static_cast<uint64_t>(s.logprobs);
+  const uint64_t most = kMaxPromptLogprobBytes / per_token;
+  if (prompt_len <= most) return true;
+  return Refuse(error, BadParam("echo", "the prompt's " + std::to_string(prompt_len) +
+                                            " tokens are too many for their logprobs (at most " +
+                                            std::to_string(most) + " with 'logprobs' " +
+                                            std::to_string(s.logprobs) + ")"));
+}
+
+// The parsed sampling parameters against the one definition of valid ones
+// (common/wire/sampling_limits.h): a 400 naming the client's parameter.
+bool CheckSamplingParams(const SamplingParams& s, bool chat, uint32_t vocab, HttpResponse* error) {
+  SamplingProblem problem;
+  if (CheckSampling(s, vocab, &problem)) return true;
+  // Chat asks for the top N logprobs with top_logprobs (logprobs is its boolean).
+  if (chat && problem.field == "logprobs") {
+    return Refuse(error, BadParam("top_logprobs", "top_" + problem.message));
+  }
+  return Refuse(error, BadParam(problem.field, problem.message));
+}
+
+// stop: a string or up to 16 strings of 1 to 256 bytes. Matched by the router (never sent to a
+// worker).
+bool ReadStopStrings(const Json& j, CompletionRequest* out, HttpResponse* error) {
   auto st = j.find("stop");
   if (st == j.end() || st->is_null()) return true;
   std::vector<std::string> stops;
@@ -885,7 +900,7 @@ bool ReadStopStrings(const Json& j, SamplingParams* s, HttpResponse* error) {
       return Refuse(error, BadParam("stop", "each stop string must have 1 to 256 bytes"));
     }
   }
-  s->stop = std::move(stops);
+  out->stop = std::move(stops);
   return true;
 }
 
@@ -1026,11 +1041,13 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
                   (chat ? ReadChatPrompt(j, options, tokenizer, &out, error)
                         : ReadTextPrompts(j, tokenizer, vocab, &out, error)) &&
                   ReadMaxTokens(j, options, chat, &out, &prompt_len, &max_new, error) &&
-                  ReadSampling(j, vocab, &out.sampling, error) && ReadChoices(j, &out, error) &&
-                  ReadStopConditions(j, vocab, max_new, &out.sampling, error) &&
-                  ReadLogprobs(j, chat, prompt_len, &out, error) &&
-                  ReadStopStrings(j, &out.sampling, error) && ReadStream(j, &out, error) &&
-                  ReadStructuredOutput(j, chat && options.harmony_channels, &out, error);
+                  ReadSampling(j, &out.sampling, error) && ReadChoices(j, &out, error) &&
+                  ReadStopConditions(j, &out.sampling, error) &&
+                  ReadLogprobs(j, chat, &out, error) && ReadStopStrings(j, &out, error) &&
+                  ReadStream(j, &out, error) &&
+                  ReadStructuredOutput(j, chat && options.harmony_channels, &out, error) &&
+                  CheckSamplingParams(out.sampling, chat, vocab, error) &&
+                  CheckPromptLogprobs(prompt_len, out.sampling, error);
   if (!ok) return InvalidArgument(error->body);
   if (chat && !options.harmony_channels && options.think_style) {
     ConstrainAfterThinking(tokenizer, &out);

@@ -72,7 +72,12 @@ struct CompletionRequest {
   RequestKind kind = RequestKind::kText;
   // One prompt; completions may send a batch (prompt p's choices are p * n .. p * n + n - 1).
   std::vector<PromptInput> prompts;
-  SamplingParams sampling;  // sampling.seed: choice c of each prompt draws with seed + c.
+  // Checked with CheckSampling (common/wire/sampling_limits.h). sampling.seed: choice c of each
+  // prompt draws with seed + c. sampling.stop stays empty: the stop strings are `stop`.
+  SamplingParams sampling;
+  // Stop strings (1 to 16 of 1 to 256 bytes): the router matches them in each choice's text and
+  // cancels the choice's worker request at the first (router/completions.h).
+  std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   uint32_t n = 1;              // Independent choices per prompt.

@@ -171,7 +171,7 @@ class CompletionState {
     for (size_t p = 0; p < request.prompts.size(); ++p) {
       for (uint32_t c = 0; c < request.n; ++c) {
         choices_.push_back(
-            std::make_unique<Choice>(tokenizer, request.sampling.stop, harmony_, think_style_));
+            std::make_unique<Choice>(tokenizer, request.stop, harmony_, think_style_));
         choices_.back()->prompt = p;
         if (request.tool_format != ToolCallFormat::kNone) {
           ToolCallOptions tool_options = request.tool_options;
@@ -320,39 +320,21 @@ class CompletionState {
       ++c.tokens;
       if (logprobs_ >= 0) c.probs.push_back({ev.token_id, ev.logprob, ev.top_logprobs});
       // The stop token that ended the request counts (usage, logprobs) but is not text. Stop
-      // strings are looked for once min_tokens tokens are out (as the worker does).
+      // strings are looked for in the text after the first min_tokens tokens'.
       if (!ev.stop_token) {
         std::string piece = Decode(c, ev.token_id);
-        if (c.tokens < min_tokens_) {
-          Emit(i, piece);
-        } else if (!c.stop.stopped()) {
-          Emit(i, c.stop.Feed(piece));
-        }
+        Emit(i, c.tokens <= min_tokens_ ? piece : c.stop.Feed(piece));
       }
+    }
+    if (c.stop.stopped()) {
+      // The choice's text holds a stop string: it ends here with this token (counted, as vLLM
+      // counts it) and its worker request is cancelled; what comes for it later is ignored.
+      if (ev.finish == FinishReason::kNone) link_.Cancel(c.link_id);
+      return End(i, FinishReason::kStop);
     }
     if (ev.finish == FinishReason::kNone) return;
     if (ev.finish == FinishReason::kStop || ev.finish == FinishReason::kLength) {
-      if (!c.stop.stopped()) {
-        std::string rest = c.text.Finish();
-        Emit(i, c.tokens < min_tokens_ ? rest : c.stop.Feed(rest));
-        if (!c.stop.stopped()) Emit(i, c.stop.Flush());
-      }
-      if (c.splits() || c.calls != nullptr) Route(i, "", /*final=*/true);
-      // A choice that called tools ends with "tool_calls" (vLLM's), else stop or length; a
-      // named tool_choice's call ends with "stop", as OpenAI's does (Anthropic's forced tool
-      // still ends with tool_use).
-      const bool called = c.calls_seen > 0 && (!named_tool_ || messages_);
-      const char* finish = called                                                 ? "tool_calls"
-                           : c.stop.stopped() || ev.finish == FinishReason::kStop ? "stop"
-                                                                                  : "length";
-      c.finished = true;
-      ++finished_;
-      CountGeneration(c);
-      if (stream_ && !messages_ && !responses_) Send(Chunk(i, "", finish, true));
-      finish_[i] = finish;
-      if (c.stop.stopped()) stop_sequence_ = c.stop.matched();
-      if (finished_ == choices_.size()) Complete();
-      return;
+      return End(i, ev.finish);
     }
     // Cancelled (the client left) or failed.
     c.finished = true;
@@ -375,6 +357,33 @@ class CompletionState {
                                  ev.error == kTimeoutError ? "timeout" : "unavailable")
                       : ApiError(500, message.empty() ? "generation failed" : message,
                                  "server_error", "", ""));
+  }
+
+  // REQUIRES: mu held. Choice `i` ended well (`reason`: kStop, by a stop string here or by the
+  // worker, or kLength): the text still held back, its finish_reason, and the answer once every
+  // choice has ended.
+  void End(size_t i, FinishReason reason) {
+    Choice& c = *choices_[i];
+    if (!c.stop.stopped()) {
+      std::string rest = c.text.Finish();
+      Emit(i, c.tokens <= min_tokens_ ? rest : c.stop.Feed(rest));
+      if (!c.stop.stopped()) Emit(i, c.stop.Flush());
+    }
+    if (c.splits() || c.calls != nullptr) Route(i, "", /*final=*/true);
+    // A choice that called tools ends with "tool_calls" (vLLM's), else stop or length; a named
+    // tool_choice's call ends with "stop", as OpenAI's does (Anthropic's forced tool still ends
+    // with tool_use).
+    const bool called = c.calls_seen > 0 && (!named_tool_ || messages_);
+    const char* finish = called                                              ? "tool_calls"
+                         : c.stop.stopped() || reason == FinishReason::kStop ? "stop"
+                                                                             : "length";
+    c.finished = true;
+    ++finished_;
+    CountGeneration(c);
+    if (stream_ && !messages_ && !responses_) Send(Chunk(i, "", finish, true));
+    finish_[i] = finish;
+    if (c.stop.stopped()) stop_sequence_ = c.stop.matched();
+    if (finished_ == choices_.size()) Complete();
   }
 
   // The text token `id` adds to choice c. A think marker that is a special token (skipped by

@@ -3,7 +3,10 @@
 // seed, choice i draws with seed + i) to the WorkerLink, and answers as one JSON object or, with
 // "stream": true, as server-sent events ending in "data: [DONE]". Text is rendered here from the
 // token events (TextStream: never splits a UTF-8 character and turns ill-formed bytes into
-// U+FFFD; StopMatcher: cuts at a stop string), with logprobs when asked. A client that
+// U+FFFD), with logprobs when asked. Stop strings are matched here and only here (StopMatcher,
+// in the text after the first min_tokens tokens'): the choice ends at the token that completes
+// one (finish_reason "stop", the text cut before it, that token counted in the usage) and its
+// worker request is cancelled, later events for it ignored. A client that
 // disconnects cancels its choices. Never blocks: the answer is written from the link thread
 // through the HttpResponder. Whatever is thrown while rendering one request ends that request
 // (500, or an error event in a stream) and cancels its choices; nothing escapes to the link

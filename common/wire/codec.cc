@@ -616,15 +616,6 @@ bool Read(const fb::Generate& t, const Checker& c, Generate* m) {
       !c.Finite(s.top_p, "Generate.sampling.top_p")) {
     return false;
   }
-  if (s.temperature < 0.0f) {
-    return c.OutOfRange("Generate.sampling.temperature: " + FloatText(s.temperature) + " < 0");
-  }
-  if (s.top_p < 0.0f || s.top_p > 1.0f) {
-    return c.OutOfRange("Generate.sampling.top_p: " + FloatText(s.top_p) + " is outside [0, 1]");
-  }
-  if (s.top_k < 0) {
-    return c.OutOfRange("Generate.sampling.top_k: " + std::to_string(s.top_k) + " < 0");
-  }
   if (!c.Int32s(sp->stop_token_ids(), "Generate.sampling.stop_token_ids",
                 c.limits().max_stop_tokens, &s.stop_token_ids)) {
     return false;
@@ -646,8 +637,9 @@ bool Read(const fb::Generate& t, const Checker& c, Generate* m) {
                c.limits().max_logit_bias, &s.logit_bias)) {
     return false;
   }
-  // Ranges are the worker's ValidateSampling's, which answers with an error event naming the
-  // field; here only what no range check could make sense of (non-finite floats).
+  // Ranges are ValidateSampling's (common/wire/sampling_limits.h), which the worker answers with
+  // an error event naming the field; here only structure: sizes and finite floats. (Stop strings
+  // keep their wire field and its limits, but the router sends none and the worker refuses them.)
   s.min_tokens = sp->min_tokens();
   s.ignore_eos = sp->ignore_eos();
   s.presence_penalty = sp->presence_penalty();

@@ -94,13 +94,13 @@ struct SamplingParams {
   uint64_t seed = 0;
   uint32_t max_tokens = 16;
   std::vector<int32_t> stop_token_ids;
-  std::vector<std::string> stop;  // Stop strings: generation ends once the text contains one.
+  std::vector<std::string> stop;  // Always empty: the router matches stop strings (refused).
   // Logits processing, in vLLM's order: logit_bias, min_tokens, the penalties, temperature,
   // min_p, top_k, top_p. Greedy decoding takes the highest processed logit.
   // Added to a token's logit; -100 to 100. ({} keeps designated initializers warning-free.)
   std::vector<std::pair<int32_t, float>> logit_bias{};
   uint32_t min_tokens = 0;         // Until this many tokens, eos and stop_token_ids cannot be drawn
-                                   // and stop strings are not looked for.
+                                   // (nor are the router's stop strings looked for in their text).
   bool ignore_eos = false;         // The model's eos tokens do not end generation.
   float presence_penalty = 0.0f;   // -2 to 2: subtracted once from each token of the output.
   float frequency_penalty = 0.0f;  // -2 to 2: subtracted per occurrence in the output.

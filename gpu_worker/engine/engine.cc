@@ -23,8 +23,6 @@ struct Engine::Sequence {
   int64_t submitted_us = 0;
   int64_t admitted_us = -1;
   int64_t last_event_us = -1;
-  std::unique_ptr<TextStream> text;    // Only with stop strings.
-  std::unique_ptr<StopMatcher> stops;  // Only with stop strings.
   bool cancelled = false;
   bool finished = false;
   // Handed to a Forward: the observer and the expert source may hold state for it from then on
@@ -380,13 +378,6 @@ void Engine::Admit(Generate request, int64_t submitted_us) {
       !s.ok()) {
     return Fail(request.request_id, req + s.message());
   }
-  if (!seq->sampling.stop.empty()) {
-    if (tokenizer_ == nullptr) {
-      return Fail(request.request_id, req + "stop strings need the model's tokenizer");
-    }
-    seq->text = std::make_unique<TextStream>(*tokenizer_, /*skip_special_tokens=*/true);
-    seq->stops = std::make_unique<StopMatcher>(seq->sampling.stop);
-  }
   // LongRoPE picks its factors by the sequence's length at each Forward: a prompt that crosses
   // the original context runs whole, as it would without a budget, so its tokens do not depend
   // on how it was cut.
@@ -520,19 +511,10 @@ void Engine::SampleAndEmit(Sequence& seq, std::span<const float> logits, uint32_
     return;
   }
   seq.output.push_back(token);
+  // Stop strings are the router's: it cancels the request when its text has one.
   FinishReason finish = FinishReason::kNone;
-  if (seq.stops) {
-    // The text of the first min_tokens tokens is decoded (the stream keeps its state) but not
-    // searched: a stop string must lie wholly after them.
-    std::string text = seq.text->Push(token);
-    if (seq.output.size() > seq.sampling.min_tokens) {
-      seq.stops->Feed(text);
-      if (seq.stops->stopped()) finish = FinishReason::kStop;
-    }
-  }
-  if (finish == FinishReason::kNone &&
-      (seq.output.size() >= seq.sampling.max_tokens ||
-       (max_positions > 0 && seq.kv->length() + 1 > static_cast<int64_t>(max_positions)))) {
+  if (seq.output.size() >= seq.sampling.max_tokens ||
+      (max_positions > 0 && seq.kv->length() + 1 > static_cast<int64_t>(max_positions))) {
     finish = FinishReason::kLength;
   }
   Emit(seq, token, finish);

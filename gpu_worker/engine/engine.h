@@ -21,19 +21,21 @@
 // A request's life:
 //   WAITING --(a batch slot and budget are free: Step admits, oldest first)--> RUNNING (prompt)
 //   RUNNING (prompt) --(its last chunk ran; first token sampled)--> RUNNING (decode)
-//   RUNNING --(stop token, stop string, max_tokens, context full)--> finished (stop / length);
+//   RUNNING --(stop token, max_tokens, context full)--> finished (stop / length);
 //     a stop token is reported like any token, with TokenEvent::stop_token (not in the text)
 //   RUNNING --(the KV pool cannot hold the step's work: the newest running request first)-->
 //     WAITING (preempted: its blocks freed; prefilled again over its prompt and output, then it
 //     samples its next token as if never interrupted)
-//   WAITING or RUNNING --(Cancel)--> finished (cancelled); a running one leaves at the next Step
+//   WAITING or RUNNING --(Cancel)--> finished (cancelled); a running one leaves at the next Step.
+//     Stop strings end a request this way: the router matches them in the text it renders and
+//     cancels the request (the engine never detokenizes; a Generate with stop strings is refused)
 //   any --(invalid request or runtime error)--> finished (error)
 //
 // Sampling (sampler.h): each request's Sampler knows its prompt and the model's eos ids. With
 // sampling.ignore_eos the eos ids do not end a request (stop_token_ids still do). While fewer
-// than min_tokens tokens were generated, the sampler cannot draw eos or stop ids, and stop
-// strings are not searched in those tokens' text. With sampling.logprobs >= 0 each token event
-// carries the token's raw log-probability and the top ones.
+// than min_tokens tokens were generated, the sampler cannot draw eos or stop ids. With
+// sampling.logprobs >= 0 each token event carries the token's raw log-probability and the top
+// ones. Every Generate is checked with ValidateSampling (common/wire/sampling_limits.h).
 //
 // Errors: nothing a request does takes the worker down. An exception from Forward (c10::Error,
 // std::bad_alloc) fails the batch like a failed Forward; one from sampling fails its request;
@@ -98,7 +100,7 @@ class Engine final : public RequestExecutor {
  public:
   using EventSink = std::function<void(const TokenEvent&)>;
 
-  // `tokenizer` may be null: stop strings then fail the request. `observer` may be null.
+  // `tokenizer` may be null: structured output then fails the request. `observer` may be null.
   Engine(EngineOptions options, MoeModel& model, ExpertSource& experts, const Tokenizer* tokenizer,
          ForwardObserver* observer, EventSink sink);
   ~Engine();
@@ -138,7 +140,7 @@ class Engine final : public RequestExecutor {
   // request is preempted (appended to `preempted`), this one last. false when it was.
   bool ReserveKv(const ScheduledWork& w, std::vector<uint64_t>* preempted);
   // The request's KV blocks go back to the pool; it waits at the front of the queue to be
-  // prefilled again (its prompt and output so far), keeping its sampler and stop-string state.
+  // prefilled again (its prompt and output so far), keeping its sampler state.
   void Preempt(Sequence& seq);
   void Admit(Generate request, int64_t submitted_us);
   // Marks a sequence finished (counters, observer); Finish also sends its final event.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <string>
 
@@ -14,72 +13,11 @@ bool Better(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>&
   return a.first != b.first ? a.first > b.first : a.second < b.second;
 }
 
-constexpr float kMaxLogitBias = 100.0f;
-
 float Clean(float logit) {
   return std::isnan(logit) ? -std::numeric_limits<float>::infinity() : logit;
 }
 
-std::string Num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", v);
-  return buf;
-}
-
 }  // namespace
-
-Status ValidateSampling(const SamplingParams& p, uint32_t vocab_size) {
-  if (!std::isfinite(p.temperature) || p.temperature < 0.0f) {
-    return InvalidArgument("sampling.temperature: " + Num(p.temperature) + " is not >= 0");
-  }
-  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
-    return InvalidArgument("sampling.top_p: " + Num(p.top_p) + " is not in (0, 1]");
-  }
-  if (p.top_k < 0) return InvalidArgument("sampling.top_k: " + Num(p.top_k) + " is negative");
-  auto is_token = [vocab_size](int32_t id) {
-    return id >= 0 && static_cast<uint32_t>(id) < vocab_size;
-  };
-  const std::string vocab = " (vocab " + std::to_string(vocab_size) + ")";
-  for (int32_t id : p.stop_token_ids) {
-    if (!is_token(id)) {
-      return InvalidArgument("sampling.stop_token_ids: " + std::to_string(id) +
-                             " is not a token id" + vocab);
-    }
-  }
-  for (const auto& [id, bias] : p.logit_bias) {
-    if (!is_token(id)) {
-      return InvalidArgument("sampling.logit_bias: " + std::to_string(id) + " is not a token id" +
-                             vocab);
-    }
-    if (!(std::abs(bias) <= kMaxLogitBias)) {
-      return InvalidArgument("sampling.logit_bias: token " + std::to_string(id) + ": " + Num(bias) +
-                             " is not in [-100, 100]");
-    }
-  }
-  if (p.min_tokens > p.max_tokens) {
-    return InvalidArgument("sampling.min_tokens: " + std::to_string(p.min_tokens) +
-                           " is more than max_tokens " + std::to_string(p.max_tokens));
-  }
-  for (auto [value, name] : {std::pair{p.presence_penalty, "presence_penalty"},
-                             std::pair{p.frequency_penalty, "frequency_penalty"}}) {
-    if (!(value >= -2.0f && value <= 2.0f)) {
-      return InvalidArgument("sampling." + std::string(name) + ": " + Num(value) +
-                             " is not in [-2, 2]");
-    }
-  }
-  if (!std::isfinite(p.repetition_penalty) || p.repetition_penalty <= 0.0f) {
-    return InvalidArgument("sampling.repetition_penalty: " + Num(p.repetition_penalty) +
-                           " is not > 0");
-  }
-  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
-    return InvalidArgument("sampling.min_p: " + Num(p.min_p) + " is not in [0, 1]");
-  }
-  if (p.logprobs < -1 || p.logprobs > kMaxLogprobs) {
-    return InvalidArgument("sampling.logprobs: " + std::to_string(p.logprobs) + " is not in [-1, " +
-                           std::to_string(kMaxLogprobs) + "]");
-  }
-  return Status::Ok();
-}
 
 Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt,
                  std::span<const int32_t> eos_ids)

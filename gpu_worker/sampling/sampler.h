@@ -16,12 +16,9 @@
 #include "common/status.h"
 #include "common/text/token_mask.h"
 #include "common/wire/messages.h"
+#include "common/wire/sampling_limits.h"  // ValidateSampling: what Sampler may be given.
 
 namespace fmoe {
-
-// Checks a request's sampling parameters against the model: kInvalidArgument naming the field,
-// e.g. "sampling.top_p: 1.5 is not in (0, 1]", "sampling.min_p: 1.5 is not in [0, 1]".
-Status ValidateSampling(const SamplingParams& params, uint32_t vocab_size);
 
 // Log-probabilities of one step, from the model's raw logits (log_softmax before any
 // processing, as vLLM reports by default). Non-finite results (a -inf or NaN logit) are reported

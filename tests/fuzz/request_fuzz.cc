@@ -9,8 +9,9 @@
 //   - an accepted one has a non-empty prompt of ids below the vocabulary size, 1 <= max_tokens
 //     and prompt + max_tokens <= 1024, temperature in [0, 2], top_p in (0, 1], min_p in [0, 1],
 //     penalties in range, logit_bias ids in the vocabulary with |bias| <= 100, 1 <= n <= 16,
-//     logprobs in [-1, 20], min_tokens <= max_tokens, at most 16 stop strings of 1 to 256 bytes
-//     each, and include_usage only with stream;
+//     logprobs in [-1, 20], min_tokens <= max_tokens (CheckSampling holds), at most 16 stop
+//     strings of 1 to 256 bytes each (kept by the router, none in the sampling parameters), and
+//     include_usage only with stream;
 //   - /tokenize answers count == len(tokens) and /detokenize a string, both as valid JSON.
 // A violation aborts with __builtin_trap. Seeds: tests/fuzz/make_request_corpus.cc.
 #include <cstddef>
@@ -28,6 +29,7 @@
 
 #include "common/text/chat_template.h"
 #include "common/text/tokenizer.h"
+#include "common/wire/sampling_limits.h"
 #include "router/completion_request.h"
 #include "router/http_server.h"
 #include "router/tokenize.h"
@@ -100,8 +102,10 @@ void CheckRequest(const CompletionRequest& request, const Tokenizer& tokenizer) 
   for (int32_t id : s.stop_token_ids) {
     Check(id >= 0 && static_cast<size_t>(id) < tokenizer.vocab_size());
   }
-  Check(s.stop.size() <= 16);
-  for (const std::string& stop : s.stop) Check(!stop.empty() && stop.size() <= 256);
+  Check(s.stop.empty());  // Stop strings stay at the router (request.stop).
+  Check(request.stop.size() <= 16);
+  for (const std::string& stop : request.stop) Check(!stop.empty() && stop.size() <= 256);
+  Check(CheckSampling(s, static_cast<uint32_t>(tokenizer.vocab_size()), nullptr));
   Check(request.stream || !request.include_usage);
 }
 

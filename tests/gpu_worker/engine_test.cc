@@ -1,5 +1,6 @@
 // The engine loop over the reference checkpoint (tests/fixtures/mixtral-ref): continuous
-// batching, batch invariance of tokens, cancellation, stop conditions and bad requests.
+// batching, batch invariance of tokens, cancellation, stop conditions and bad requests. (Stop
+// strings are the router's: tests/router/completions_test.cc.)
 #include "gpu_worker/engine/engine.h"
 
 #include <algorithm>
@@ -508,7 +509,7 @@ TEST(Engine, CancelFreesTheSlotWithinOneIteration) {
   EXPECT_EQ(h.engine().active(), 0u);
 }
 
-TEST(Engine, StopTokenAndStopStringEndGeneration) {
+TEST(Engine, AStopTokenEndsGenerationAndStopStringsAreRefused) {
   EngineHarness ref(1);
   ref.Submit(1, Encode(kPrompts[3]), Greedy(16));
   ref.RunToEnd();
@@ -532,31 +533,17 @@ TEST(Engine, StopTokenAndStopStringEndGeneration) {
   EXPECT_EQ(a.outcomes[1].tokens, std::vector<int32_t>(full.begin(), full.begin() + first + 1));
   EXPECT_TRUE(a.outcomes[1].stop_token);
 
-  // A stop string ends generation at the token that completes it.
-  const Tokenizer& tok = *Fixture().tokenizer;
-  std::string text;
-  size_t end_token = 0;
-  std::string stop;
-  for (size_t i = 0; i < full.size() && stop.empty(); ++i) {
-    std::string next = tok.Decode(std::span<const int32_t>(full.data(), i + 1), true);
-    if (i >= 4 && next.size() >= text.size() + 2) {
-      stop = next.substr(next.size() - 2);  // Two characters the token just completed.
-      const bool ascii =
-          static_cast<unsigned char>(stop[0]) < 0x80 && static_cast<unsigned char>(stop[1]) < 0x80;
-      if (!ascii || text.find(stop) != std::string::npos) stop.clear();
-      end_token = i;
-    }
-    text = next;
-  }
-  ASSERT_FALSE(stop.empty());
+  // Stop strings are the client's (the router matches them and cancels the request): a
+  // Generate that carries some is refused, naming the field.
   SamplingParams with_stop = Greedy(16);
-  with_stop.stop = {"never-there", stop};
+  with_stop.stop = {"never-there"};
   EngineHarness b(1);
   b.Submit(1, Encode(kPrompts[3]), with_stop);
   b.RunToEnd();
-  EXPECT_EQ(b.outcomes[1].finish, FinishReason::kStop);
-  EXPECT_EQ(b.outcomes[1].tokens, std::vector<int32_t>(full.begin(), full.begin() + end_token + 1));
-  EXPECT_FALSE(b.outcomes[1].stop_token);
+  EXPECT_EQ(b.outcomes[1].finish, FinishReason::kError);
+  EXPECT_EQ(b.outcomes[1].error.rfind("req=1: sampling.stop: 1 stop strings", 0), 0u)
+      << b.outcomes[1].error;
+  EXPECT_TRUE(b.outcomes[1].tokens.empty());
 }
 
 TEST(Engine, LengthEndsAtMaxTokensAndAtTheContext) {
@@ -650,7 +637,7 @@ TEST(Engine, IgnoreEosRunsToMaxTokens) {
   EXPECT_TRUE(h.outcomes[3].stop_token);
 }
 
-TEST(Engine, MinTokensHoldsOffEosAndStopStrings) {
+TEST(Engine, MinTokensHoldsOffEos) {
   EngineHarness h(2, nullptr, {kEos});
   SamplingParams p = ForcedEos(10);
   p.min_tokens = 3;
@@ -660,38 +647,6 @@ TEST(Engine, MinTokensHoldsOffEosAndStopStrings) {
   ASSERT_EQ(h.outcomes[1].tokens.size(), 4u);  // Three, then eos.
   for (size_t i = 0; i < 3; ++i) EXPECT_NE(h.outcomes[1].tokens[i], kEos);
   EXPECT_EQ(h.outcomes[1].tokens[3], kEos);
-
-  // A stop string completed by one of the first min_tokens tokens is not looked for.
-  EngineHarness ref(1);
-  ref.Submit(1, Encode(kPrompts[3]), Greedy(16));
-  ref.RunToEnd();
-  const std::vector<int32_t> full = ref.outcomes[1].tokens;
-  ASSERT_EQ(full.size(), 16u);
-  const Tokenizer& tok = *Fixture().tokenizer;
-  const std::string text4 = tok.Decode(std::span<const int32_t>(full.data(), 5), true);
-  const std::string text5 = tok.Decode(std::span<const int32_t>(full.data(), 6), true);
-  ASSERT_GT(text5.size(), text4.size());
-  const std::string stop = text5.substr(text4.size());  // The text token 5 adds.
-  SamplingParams with_stop = Greedy(16);
-  with_stop.stop = {stop};
-  EngineHarness early(1);
-  early.Submit(1, Encode(kPrompts[3]), with_stop);
-  early.RunToEnd();
-  EXPECT_EQ(early.outcomes[1].finish, FinishReason::kStop);
-  EXPECT_LE(early.outcomes[1].tokens.size(), 6u);
-  with_stop.min_tokens = 6;  // Tokens 0..5 are not searched.
-  const std::string later = tok.Decode(std::span<const int32_t>(full.data() + 6, 10), true);
-  EngineHarness held(1);
-  held.Submit(1, Encode(kPrompts[3]), with_stop);
-  held.RunToEnd();
-  ASSERT_GT(held.outcomes[1].tokens.size(), 6u);
-  EXPECT_EQ(
-      std::vector<int32_t>(held.outcomes[1].tokens.begin(), held.outcomes[1].tokens.begin() + 6),
-      std::vector<int32_t>(full.begin(), full.begin() + 6));
-  if (later.find(stop) == std::string::npos) {
-    EXPECT_EQ(held.outcomes[1].finish, FinishReason::kLength);
-    EXPECT_EQ(held.outcomes[1].tokens, full);
-  }
 }
 
 TEST(Engine, LogprobsAreReportedAndConsistent) {

@@ -96,32 +96,6 @@ TEST(Sampler, TopPKeepsTheSmallestNucleus) {
   for (int i = 0; i < 100; ++i) EXPECT_EQ(tiny.Sample(logits), 0);
 }
 
-TEST(Sampler, ValidatesParameters) {
-  EXPECT_TRUE(ValidateSampling(Params(0.7f, 0.9f, 40), 100).ok());
-  struct Case {
-    SamplingParams p;
-    const char* message;
-  } cases[] = {
-      {Params(-1.0f), "sampling.temperature: -1 is not >= 0"},
-      {Params(std::numeric_limits<float>::infinity()), "sampling.temperature: inf is not >= 0"},
-      {Params(1.0f, 0.0f), "sampling.top_p: 0 is not in (0, 1]"},
-      {Params(1.0f, 1.5f), "sampling.top_p: 1.5 is not in (0, 1]"},
-      {Params(1.0f, 1.0f, -3), "sampling.top_k: -3 is negative"},
-  };
-  for (const auto& c : cases) {
-    Status s = ValidateSampling(c.p, 100);
-    EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
-    EXPECT_EQ(s.message(), c.message);
-  }
-  SamplingParams p;
-  p.max_tokens = 0;  // The prompt is only scored (completions' echo with max_tokens 0).
-  EXPECT_TRUE(ValidateSampling(p, 100).ok());
-  p.max_tokens = 4;
-  p.stop_token_ids = {3, 100};
-  EXPECT_EQ(ValidateSampling(p, 100).message(),
-            "sampling.stop_token_ids: 100 is not a token id (vocab 100)");
-}
-
 // ---- vLLM's logits processing ----
 
 std::vector<float> SineLogits() {
@@ -361,62 +335,6 @@ TEST(Sampler, LogprobsComeFromTheRawLogits) {
   EXPECT_EQ(small.logprobs().top[0], (std::pair<int32_t, float>{1, 0.0f}));
   EXPECT_EQ(small.logprobs().top[1], (std::pair<int32_t, float>{0, kMinLogprob}));
   EXPECT_EQ(small.logprobs().top[2], (std::pair<int32_t, float>{2, kMinLogprob}));
-}
-
-TEST(Sampler, ValidatesTheLogitsProcessingParameters) {
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  struct Case {
-    void (*set)(SamplingParams&);
-    const char* message;
-  } cases[] = {
-      {[](SamplingParams& p) {
-         p.logit_bias = {{5, 1.0f}, {100, 1.0f}};
-       },
-       "sampling.logit_bias: 100 is not a token id (vocab 100)"},
-      {[](SamplingParams& p) {
-         p.logit_bias = {{-1, 1.0f}};
-       },
-       "sampling.logit_bias: -1 is not a token id (vocab 100)"},
-      {[](SamplingParams& p) {
-         p.logit_bias = {{7, 100.5f}};
-       },
-       "sampling.logit_bias: token 7: 100.5 is not in [-100, 100]"},
-      {[](SamplingParams& p) { p.min_tokens = 17; },
-       "sampling.min_tokens: 17 is more than max_tokens 16"},
-      {[](SamplingParams& p) { p.presence_penalty = 2.5f; },
-       "sampling.presence_penalty: 2.5 is not in [-2, 2]"},
-      {[](SamplingParams& p) { p.frequency_penalty = -3.0f; },
-       "sampling.frequency_penalty: -3 is not in [-2, 2]"},
-      {[](SamplingParams& p) { p.repetition_penalty = 0.0f; },
-       "sampling.repetition_penalty: 0 is not > 0"},
-      {[](SamplingParams& p) { p.repetition_penalty = std::numeric_limits<float>::infinity(); },
-       "sampling.repetition_penalty: inf is not > 0"},
-      {[](SamplingParams& p) { p.min_p = 1.5f; }, "sampling.min_p: 1.5 is not in [0, 1]"},
-      {[](SamplingParams& p) { p.min_p = -0.1f; }, "sampling.min_p: -0.1 is not in [0, 1]"},
-      {[](SamplingParams& p) { p.logprobs = 21; }, "sampling.logprobs: 21 is not in [-1, 20]"},
-      {[](SamplingParams& p) { p.logprobs = -2; }, "sampling.logprobs: -2 is not in [-1, 20]"},
-  };
-  for (const Case& c : cases) {
-    SamplingParams p;
-    c.set(p);
-    Status s = ValidateSampling(p, 100);
-    EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << c.message;
-    EXPECT_EQ(s.message(), c.message);
-  }
-  SamplingParams p;
-  p.presence_penalty = nan;
-  EXPECT_EQ(ValidateSampling(p, 100).message(), "sampling.presence_penalty: nan is not in [-2, 2]");
-  p = SamplingParams{};
-  p.logit_bias = {{0, -100.0f}, {99, 100.0f}};
-  p.min_tokens = 16;
-  p.presence_penalty = -2.0f;
-  p.frequency_penalty = 2.0f;
-  p.repetition_penalty = 0.01f;
-  p.min_p = 1.0f;
-  p.logprobs = 20;
-  EXPECT_TRUE(ValidateSampling(p, 100).ok());
-  p.logprobs = -1;
-  EXPECT_TRUE(ValidateSampling(p, 100).ok());
 }
 
 // Structured output: a vocabulary of JSON pieces; token 7 is eos.

@@ -144,6 +144,31 @@ TEST(Generate, GivesTheTokensOfFmoeGenerateRunDirectly) {
   EXPECT_EQ(text(out_a), text(out_b)) << out_a << "\n---\n" << out_b;
 }
 
+// --stop: fmoe-generate matches its stop strings in the text it prints (the engine does not) and
+// ends the request at the first: the text stops right before it, and fewer tokens are made.
+TEST(Generate, StopsAtAStopString) {
+  const std::vector<std::string> args = {"generate", "--model",      kModel, "--prompt",
+                                         "The word", "--max-tokens", "24"};
+  auto [code, out] = Fmoe(args);
+  ASSERT_EQ(code, 0) << out;
+  const size_t at = out.find("The word");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string text = out.substr(at, out.find('\n', at) - at);
+  ASSERT_GE(text.size(), std::string("The word").size() + 8) << text;
+  const std::string stop = text.substr(std::string("The word").size() + 4, 3);
+  std::vector<std::string> stopped_args = args;
+  stopped_args.insert(stopped_args.end(), {"--stop", "never-there", "--stop", stop});
+  auto [stopped_code, stopped] = Fmoe(stopped_args);
+  ASSERT_EQ(stopped_code, 0) << stopped;
+  const size_t stopped_at = stopped.find("The word");
+  ASSERT_NE(stopped_at, std::string::npos) << stopped;
+  const std::string cut = stopped.substr(stopped_at, stopped.find('\n', stopped_at) - stopped_at);
+  const size_t gen = std::string("The word").size();
+  EXPECT_EQ(cut, text.substr(0, text.find(stop, gen))) << stopped;
+  EXPECT_EQ(stopped.find("24 generated"), std::string::npos) << stopped;
+  EXPECT_NE(stopped.find(" generated; prefill"), std::string::npos) << stopped;
+}
+
 TEST(Generate, HelpListsTheOptions) {
   auto [code, out] = Fmoe({"generate", "--help"});
   EXPECT_EQ(code, 0) << out;

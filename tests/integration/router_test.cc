@@ -209,6 +209,56 @@ TEST_F(RouterTest, TokenIdPromptsAndStopStrings) {
   EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), text.substr(0, text.find(stop)));
 }
 
+// The router owns stop strings: a choice whose text meets one ends there and its worker request
+// is cancelled, so a 1000-token request that meets its stop early answers at once, counts only
+// the tokens through the stop, and frees the group's one slot right away (1000 tokens take
+// seconds).
+TEST_F(RouterTest, AStopStringCancelsTheWorkerRequest) {
+  Reply whole = Post(http_, Completion({{"max_tokens", 16}, {"ignore_eos", true}}));
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const std::string text = Json::parse(whole.body)["choices"][0]["text"];
+  ASSERT_GE(text.size(), 6u) << text;
+  const std::string stop = text.substr(3, 3);
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "stream" : "whole");
+    Json body = Completion({{"max_tokens", 1000}, {"ignore_eos", true}, {"stop", {stop}}});
+    if (stream) {
+      body["stream"] = true;
+      body["stream_options"] = {{"include_usage", true}};
+    }
+    Reply stopped = Post(http_, body);
+    ASSERT_EQ(stopped.status, 200) << stopped.body;
+    const auto answered = std::chrono::steady_clock::now();
+    Json usage;
+    std::string got, finish;
+    if (stream) {
+      for (const std::string& e : Events(stopped.body)) {
+        if (e == "[DONE]") continue;
+        const Json chunk = Json::parse(e);
+        if (chunk["usage"].is_object()) usage = chunk["usage"];
+        if (chunk["choices"].empty()) continue;
+        got += chunk["choices"][0]["text"].get<std::string>();
+        if (chunk["choices"][0]["finish_reason"].is_string()) {
+          finish = chunk["choices"][0]["finish_reason"];
+        }
+      }
+    } else {
+      const Json j = Json::parse(stopped.body);
+      got = j["choices"][0]["text"];
+      finish = j["choices"][0]["finish_reason"];
+      usage = j["usage"];
+    }
+    EXPECT_EQ(finish, "stop");
+    EXPECT_EQ(got, text.substr(0, text.find(stop)));
+    // At most the 16 tokens whose text holds the stop, counted through the one completing it.
+    EXPECT_GE(usage["completion_tokens"].get<int>(), 1) << usage;
+    EXPECT_LE(usage["completion_tokens"].get<int>(), 16) << usage;
+    // The worker confirmed the cancel: the slot is free long before 1000 tokens could be made.
+    EXPECT_TRUE(WaitUntil([&] { return RunningAtRouter() == 0; }, 10000, 5));
+    EXPECT_LT(std::chrono::steady_clock::now() - answered, 1500ms);
+  }
+}
+
 TEST_F(RouterTest, BadRequestsGetTheirStatusAndError) {
   struct Case {
     std::string method, path, body;

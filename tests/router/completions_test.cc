@@ -919,6 +919,223 @@ TEST_F(ToolCompletionsTest, ToolChoiceNoneRequiredAndBadToolsAreHandledByName) {
       << rec->body();
 }
 
+// ---- stop strings: matched by the router alone, which cancels the worker request ----
+
+// The tokens of `text`, and how many of the first ones it takes for their text to hold `stop`
+// after the first `skip` tokens' text (0: never).
+struct StopTokens {
+  std::vector<int32_t> ids;
+  size_t through = 0;
+};
+StopTokens TokensTo(const Tokenizer& tokenizer, const std::string& text, const std::string& stop,
+                    size_t skip = 0) {
+  StopTokens out;
+  auto ids = tokenizer.Encode(text, /*add_special_tokens=*/false);
+  EXPECT_TRUE(ids.ok());
+  if (!ids.ok()) return out;
+  out.ids = *ids;
+  const size_t from = tokenizer.Decode(std::span<const int32_t>(out.ids.data(), skip), true).size();
+  for (size_t k = skip + 1; k <= out.ids.size() && out.through == 0; ++k) {
+    const std::string prefix = tokenizer.Decode(std::span<const int32_t>(out.ids.data(), k), true);
+    if (prefix.find(stop, from) != std::string::npos) out.through = k;
+  }
+  return out;
+}
+
+// Sends `ids` as request `id`'s tokens, from `from` up to (not including) `to`.
+void SendTokens(FakeLeader& leader, uint64_t id, const std::vector<int32_t>& ids, size_t from,
+                size_t to) {
+  for (size_t i = from; i < to && i < ids.size(); ++i) {
+    TokenEvent ev = Token(id, ids[i]);
+    ev.index = static_cast<uint32_t>(i);
+    leader.Send(ev);
+  }
+}
+
+// The choice ends at the token that completes the stop string, before the worker says anything
+// more: the text is cut before it, finish_reason is "stop", the usage counts the tokens through
+// that one, the worker request gets a Cancel, and what the worker sends afterwards is ignored.
+TEST_F(CompletionsTest, AStopStringEndsTheChoiceAndCancelsItsWorkerRequest) {
+  const StopTokens t = TokensTo(*tokenizer_, "Sunny and warm, and dry.", " and");
+  ASSERT_GT(t.through, 0u);
+  ASSERT_LT(t.through, t.ids.size());
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "stream" : "whole");
+    auto rec = std::make_shared<Recorder>();
+    HttpRequest req;
+    req.method = "POST";
+    req.path = req.target = "/v1/completions";
+    req.body = Json({{"model", "tiny"},
+                     {"prompt", "x"},
+                     {"max_tokens", 1000},
+                     {"stop", {" and", "never"}},
+                     {"stream", stream},
+                     {"stream_options", stream ? Json{{"include_usage", true}} : Json(nullptr)}})
+                   .dump();
+    completions_->Handle(req, rec);
+    auto gen = leader_->Next<Generate>();
+    ASSERT_TRUE(gen);
+    EXPECT_TRUE(gen->sampling.stop.empty()) << "stop strings never go to the worker";
+    SendTokens(*leader_, gen->request_id, t.ids, 0, t.through);
+    // Done without a finish from the worker.
+    ASSERT_TRUE(WaitUntil([&] { return rec->done(); })) << rec->body();
+    auto cancel = leader_->Next<Cancel>();
+    ASSERT_TRUE(cancel);
+    EXPECT_EQ(cancel->request_id, gen->request_id);
+    const std::string answer = rec->body();
+    // What the worker had in flight, then its answer to the cancel: ignored.
+    SendTokens(*leader_, gen->request_id, t.ids, t.through, t.ids.size());
+    leader_->Send(Token(gen->request_id, -1, FinishReason::kCancelled));
+    ASSERT_TRUE(leader_->Heartbeat());  // Everything sent before it was handled.
+    EXPECT_EQ(rec->body(), answer);
+    EXPECT_EQ(rec->status(), 200);
+    std::string text;
+    Json usage, finish;
+    if (stream) {
+      std::vector<std::string> events = DataEvents(answer);
+      ASSERT_FALSE(events.empty());
+      EXPECT_EQ(events.back(), "[DONE]");
+      for (size_t e = 0; e + 1 < events.size(); ++e) {
+        const Json chunk = Json::parse(events[e]);
+        if (chunk.contains("usage") && chunk["usage"].is_object()) usage = chunk["usage"];
+        if (chunk["choices"].empty()) continue;
+        text += chunk["choices"][0]["text"].get<std::string>();
+        if (!chunk["choices"][0]["finish_reason"].is_null()) {
+          finish = chunk["choices"][0]["finish_reason"];
+        }
+      }
+    } else {
+      const Json j = Json::parse(answer);
+      text = j["choices"][0]["text"];
+      finish = j["choices"][0]["finish_reason"];
+      usage = j["usage"];
+    }
+    EXPECT_EQ(text, "Sunny");
+    EXPECT_EQ(finish, "stop");
+    EXPECT_EQ(usage["completion_tokens"], t.through) << usage;
+  }
+}
+
+// n > 1: each choice has its own stop; the one that meets it is cancelled alone, the other runs
+// to its own end, and the usage adds the tokens each counted.
+TEST_F(CompletionsTest, EachChoiceStopsOnItsOwn) {
+  const StopTokens stops = TokensTo(*tokenizer_, "Rain and wind.", " and");
+  const StopTokens runs = TokensTo(*tokenizer_, "Rain, then sun.", " and");
+  ASSERT_GT(stops.through, 0u);
+  ASSERT_EQ(runs.through, 0u);
+  auto rec = std::make_shared<Recorder>();
+  HttpRequest req;
+  req.method = "POST";
+  req.path = req.target = "/v1/completions";
+  req.body =
+      Json({{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 100}, {"n", 2}, {"stop", " and"}})
+          .dump();
+  completions_->Handle(req, rec);
+  auto first = leader_->Next<Generate>();
+  auto second = leader_->Next<Generate>();
+  ASSERT_TRUE(first && second);
+  SendTokens(*leader_, first->request_id, stops.ids, 0, stops.through);
+  auto cancel = leader_->Next<Cancel>();
+  ASSERT_TRUE(cancel);
+  EXPECT_EQ(cancel->request_id, first->request_id);
+  EXPECT_FALSE(rec->done()) << "the other choice still runs";
+  SendTokens(*leader_, second->request_id, runs.ids, 0, runs.ids.size());
+  leader_->Send(Token(second->request_id, -1, FinishReason::kLength));
+  ASSERT_TRUE(WaitUntil([&] { return rec->done(); }));
+  const Json j = Json::parse(rec->body());
+  EXPECT_EQ(j["choices"][0]["text"], "Rain");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][1]["text"], "Rain, then sun.");
+  EXPECT_EQ(j["choices"][1]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], stops.through + runs.ids.size());
+}
+
+// A stop string must lie wholly after the first min_tokens tokens' text: one that the first
+// min_tokens tokens complete is not looked for (the next one is).
+TEST_F(CompletionsTest, MinTokensHoldsOffStopStrings) {
+  const std::string answer = "Snow and ice and fog.";
+  const StopTokens first = TokensTo(*tokenizer_, answer, " and");
+  ASSERT_GT(first.through, 0u);
+  const StopTokens second = TokensTo(*tokenizer_, answer, " and", first.through);
+  ASSERT_GT(second.through, first.through);
+  auto rec = std::make_shared<Recorder>();
+  HttpRequest req;
+  req.method = "POST";
+  req.path = req.target = "/v1/completions";
+  req.body = Json({{"model", "tiny"},
+                   {"prompt", "x"},
+                   {"max_tokens", 100},
+                   {"min_tokens", first.through},
+                   {"stop", " and"}})
+                 .dump();
+  completions_->Handle(req, rec);
+  auto gen = leader_->Next<Generate>();
+  ASSERT_TRUE(gen);
+  EXPECT_EQ(gen->sampling.min_tokens, first.through);
+  SendTokens(*leader_, gen->request_id, first.ids, 0, second.through);
+  ASSERT_TRUE(WaitUntil([&] { return rec->done(); }));
+  auto cancel = leader_->Next<Cancel>();
+  ASSERT_TRUE(cancel);
+  const Json j = Json::parse(rec->body());
+  EXPECT_EQ(j["choices"][0]["text"], "Snow and ice");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["usage"]["completion_tokens"], second.through);
+}
+
+// Chat streams end with the stop too, and the Messages API reports which stop sequence it was.
+TEST_F(CompletionsTest, ChatAndMessagesStopAtTheRouter) {
+  const StopTokens t = TokensTo(*tokenizer_, "Cold and grey.", " and");
+  ASSERT_GT(t.through, 0u);
+  for (const char* path : {"/v1/chat/completions", "/v1/messages"}) {
+    SCOPED_TRACE(path);
+    const bool messages = std::string(path) == "/v1/messages";
+    auto rec = std::make_shared<Recorder>();
+    HttpRequest req;
+    req.method = "POST";
+    req.path = req.target = path;
+    Json body = {{"model", "tiny"},
+                 {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                 {"max_tokens", 100},
+                 {"stream", true}};
+    body[messages ? "stop_sequences" : "stop"] = Json::array({" and"});
+    req.body = body.dump();
+    if (messages) {
+      completions_->HandleMessages(req, rec);
+    } else {
+      completions_->HandleChat(req, rec);
+    }
+    auto gen = leader_->Next<Generate>();
+    ASSERT_TRUE(gen);
+    EXPECT_TRUE(gen->sampling.stop.empty());
+    SendTokens(*leader_, gen->request_id, t.ids, 0, t.through);
+    ASSERT_TRUE(WaitUntil([&] { return rec->done(); })) << rec->body();
+    auto cancel = leader_->Next<Cancel>();
+    ASSERT_TRUE(cancel);
+    EXPECT_EQ(cancel->request_id, gen->request_id);
+    const std::string sse = rec->body();
+    std::string text;
+    for (const std::string& e : DataEvents(sse)) {
+      if (e == "[DONE]") continue;
+      const Json data = Json::parse(e);
+      if (messages) {
+        if (data["type"] == "content_block_delta" && data["delta"]["type"] == "text_delta") {
+          text += data["delta"]["text"].get<std::string>();
+        }
+      } else if (!data["choices"].empty()) {
+        text += data["choices"][0]["delta"].value("content", "");
+      }
+    }
+    EXPECT_EQ(text, "Cold") << sse;
+    if (messages) {
+      EXPECT_NE(sse.find(R"("stop_reason":"stop_sequence")"), std::string::npos) << sse;
+      EXPECT_NE(sse.find(R"("stop_sequence":" and")"), std::string::npos) << sse;
+    } else {
+      EXPECT_NE(sse.find(R"("finish_reason":"stop")"), std::string::npos) << sse;
+      EXPECT_EQ(DataEvents(sse).back(), "[DONE]");
+    }
+  }
+}
+
 TEST(IgnoredFields, UnknownTopLevelFieldsAreListedKnownOnesNot) {
   auto tokenizer = Tokenizer::Load(FMOE_SOURCE_DIR "/deploy/models/tiny-moe");
   ASSERT_TRUE(tokenizer.ok());
