@@ -93,7 +93,9 @@ class CachedExperts final : public ExpertSource, public KvPageLender {
   uint32_t speculation_distance() const override;
   void Speculate(uint32_t layer, uint32_t target, std::span<const float> probs) override;
   Status BeginLayer(const LayerRouting& routing) override;
-  Result<std::pair<uint32_t, ExpertWeights>> Next() override;
+  // An expert the cache hands out failed (its load failed twice), or a host run whose read into
+  // the host tier failed, comes out failed with that error.
+  Result<SourcedExpert> Next() override;
   void Done(uint32_t expert) override;
   bool HostRunsPlanned() const override;
   void EndLayer() override;
