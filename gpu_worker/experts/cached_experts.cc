@@ -483,6 +483,7 @@ Result<std::vector<const void*>> CachedExperts::MakeHostTier(const ExpertTable& 
                  : fmt::format("host_cache_fraction {:g}", *options.host_cache_fraction);
   }
   FMOE_ASSIGN_OR_RETURN(std::unique_ptr<DiskReader> reader, DiskReader::Create(options.disk));
+  if (options.wrap_disk_reader) reader = options.wrap_disk_reader(std::move(reader));
   std::map<std::string, uint32_t> files;
   std::vector<std::string> paths;
   std::vector<std::vector<ExpertExtent>> extents(static_cast<size_t>(layers) * per_layer);
