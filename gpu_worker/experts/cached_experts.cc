@@ -375,11 +375,19 @@ Result<SourcedExpert> CachedExperts::Next() {
       static_cast<size_t>(cache_->current_layer()) * cache_->num_experts() + ready.expert;
   const void* base = nullptr;
   if (tier_ != nullptr) {
+    // A failed read is tried once more (a transient error passes), as the cache does its loads;
+    // then the layer goes on without the expert.
     Result<const void*> acquired = tier_->Acquire(static_cast<uint32_t>(key));
     if (!acquired.ok()) {
-      // Its read into the host tier failed: the layer goes on without it (as a failed load).
-      spdlog::warn("cached experts: layer={} expert={}: host run's read failed: {}",
-                   cache_->current_layer(), ready.expert, acquired.status().ToString());
+      spdlog::warn("cached experts: layer={} expert={}: host run's read failed ({}): {}",
+                   cache_->current_layer(), ready.expert, "retrying once",
+                   acquired.status().ToString());
+      acquired = tier_->Acquire(static_cast<uint32_t>(key));
+    }
+    if (!acquired.ok()) {
+      spdlog::warn("cached experts: layer={} expert={}: host run's read failed ({}): {}",
+                   cache_->current_layer(), ready.expert, "the running layer goes on without it",
+                   acquired.status().ToString());
       return SourcedExpert{ready.expert, {}, acquired.status()};
     }
     base = *acquired;
