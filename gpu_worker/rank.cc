@@ -430,6 +430,12 @@ void Rank::Finish() {
         "wasted), {} evictions, {:.1f} MB moved, {:.1f} ms stalled",
         t.hits, t.misses, t.late_prefetches, t.prefetches_issued, t.prefetches_used,
         t.prefetches_wasted, t.evictions, t.bytes_moved / 1e6, t.stall_ns / 1e6);
+    if (t.failed_loads > 0) {
+      spdlog::warn(
+          "expert cache: {} loads failed (their reads did, retries included); {} experts were "
+          "handed to a layer as failed",
+          t.failed_loads, t.failed_experts);
+    }
   }
 }
 

@@ -217,6 +217,7 @@ Result<ReplayResult> RunReplay(const TraceRequests& requests, const std::vector<
             if (ready.status().code() == ErrorCode::kNotFound) break;
             return ready.status();
           }
+          if (!ready->error.ok()) return ready->error;  // The replay's links never fail a load.
           cache->Done(ready->expert);
         }
         clock.AdvanceNs(config.layer_ns);

@@ -633,6 +633,7 @@ class ServeRun {
           if (ready.status().code() == ErrorCode::kNotFound) break;
           return ready.status();
         }
+        if (!ready->error.ok()) return ready->error;  // The replay's links never fail a load.
         cache_->Done(ready->expert);
       }
       if (!split_.cpu.empty()) {

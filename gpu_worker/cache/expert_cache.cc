@@ -14,6 +14,9 @@ namespace {
 constexpr double kAverageWeight = 0.2;
 // Next() gives up when the link has finished nothing for this long.
 constexpr int64_t kLinkSilenceNs = 30'000'000'000;
+// Loads of an expert the running layer needs before it is handed out as failed: the first
+// failure is retried once (a transient read error passes; a file cut short fails again).
+constexpr uint8_t kLoadAttempts = 2;
 
 void Average(double* avg, double sample) {
   *avg = *avg == 0.0 ? sample : (1.0 - kAverageWeight) * *avg + kAverageWeight * sample;
@@ -40,6 +43,8 @@ CacheCounters& CacheCounters::operator+=(const CacheCounters& o) {
   host_runs_admitted += o.host_runs_admitted;
   disk_reads += o.disk_reads;
   disk_stall_ns += o.disk_stall_ns;
+  failed_loads += o.failed_loads;
+  failed_experts += o.failed_experts;
   return *this;
 }
 
@@ -319,11 +324,22 @@ void ExpertCache::Complete(const TransferDone& done) {
   e.on_demand = false;
   e.task = 0;
   if (!done.status.ok()) {
-    // The source could not be read: back on the host (a later load retries); a layer waiting
-    // for it fails with the read's error.
-    spdlog::warn("expert cache: loading expert {} of layer {} failed: {}",
-                 key % options_.num_experts, layer, done.status.ToString());
-    if (e.needed && layer_error_.ok()) layer_error_ = done.status;
+    // The source could not be read: back on the host, its slot freed (below). The running layer,
+    // if it needs the expert, loads it once more on demand (TopUp), then takes it as failed
+    // (Next); any later layer or iteration loads it afresh.
+    ++c.failed_loads;
+    const char* next = "a later use loads it again";
+    if (e.needed) {
+      ++e.failed_loads;
+      if (e.failed_loads >= kLoadAttempts) {
+        e.error = done.status;
+        next = "the running layer goes on without it";
+      } else {
+        next = "retrying once";
+      }
+    }
+    spdlog::warn("expert cache: layer={} expert={}: load failed ({}): {}", layer,
+                 key % options_.num_experts, next, done.status.ToString());
   }
   if (done.cancelled || !done.status.ok()) {
     if (done.cancelled) ++c.prefetches_cancelled;
@@ -484,10 +500,10 @@ void ExpertCache::HintDirective(const PrefetchDirective& d) {
 void ExpertCache::TopUp() {
   // On-demand loads for the running layer first, evicting protected experts if they must.
   bool starved = false;
-  if (in_layer_ && layer_error_.ok()) {
+  if (in_layer_) {
     for (uint32_t key : layer_needed_) {
       Entry& e = entries_[key];
-      if (!e.needed) continue;
+      if (!e.needed || !e.error.ok()) continue;  // Failed for this layer: not loaded again.
       if (e.state == Residency::kLoading && !e.on_demand) {
         link_->Promote(e.task);
         e.on_demand = true;
@@ -590,7 +606,6 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
     return InvalidArgument("expert cache: layer " + std::to_string(layer) +
                            " is out of order or range");
   }
-  layer_error_ = Status::Ok();
   if (routing.tokens.size() != routing.experts.size()) {
     return InvalidArgument("expert cache: " + std::to_string(routing.tokens.size()) +
                            " token counts for " + std::to_string(routing.experts.size()) +
@@ -691,16 +706,24 @@ Result<ReadyExpert> ExpertCache::Next() {
   if (!in_layer_) return FailedPrecondition("expert cache: Next() outside a layer");
   while (true) {
     if (!full_) Pump();
-    if (!layer_error_.ok()) return layer_error_;
     bool waiting = false;
     Entry* host_run = nullptr;
     uint32_t host_key = 0;
     for (uint32_t key : layer_needed_) {
       Entry& e = entries_[key];
       if (!e.needed) continue;
+      if (!e.error.ok()) {
+        // Its load failed twice: the layer goes on without it.
+        e.needed = false;
+        ++counters_[layer_].failed_experts;
+        ReadyExpert failed;
+        failed.expert = key % options_.num_experts;
+        failed.error = e.error;
+        return failed;
+      }
       if (e.state == Residency::kResident) {
         e.needed = false;
-        return ReadyExpert{key % options_.num_experts, static_cast<uint32_t>(e.slot)};
+        return ReadyExpert{key % options_.num_experts, static_cast<uint32_t>(e.slot), false, {}};
       }
       if (e.host_run) {
         if (host_run == nullptr) {
@@ -714,7 +737,7 @@ Result<ReadyExpert> ExpertCache::Next() {
     // Nothing loaded is ready: the host works meanwhile.
     if (host_run != nullptr) {
       host_run->needed = false;
-      return ReadyExpert{host_key % options_.num_experts, 0, /*on_host=*/true};
+      return ReadyExpert{host_key % options_.num_experts, 0, /*on_host=*/true, {}};
     }
     if (!waiting) return NotFound("expert cache: every expert of the layer was handed out");
     bool reading = false;  // A needed expert is still being read from disk.
@@ -796,6 +819,8 @@ void ExpertCache::EndLayer() {
     e.pinned = false;
     if (e.host_run) host_ran_.push_back(key);
     e.host_run = false;
+    e.failed_loads = 0;
+    e.error = Status::Ok();
     if (latest_fence_ != 0 && e.slot >= 0) slot_fence_[e.slot] = 1;
   }
   layer_needed_.clear();
@@ -946,6 +971,12 @@ Status ExpertCache::CheckInvariants() const {
       return broken(name + " is on demand but not loading");
     }
     if ((e.pinned || e.needed) && !in_layer_) return broken(name + " pinned between layers");
+    if ((e.failed_loads != 0 || !e.error.ok()) && !in_layer_) {
+      return broken(name + " failed outside a running layer");
+    }
+    if (!e.error.ok() && e.state != Residency::kOnHost) {
+      return broken(name + " failed for the layer but is not on the host");
+    }
     if (e.protect_until != 0 && e.protect_until <= started_) {
       return broken(name + " protected for a layer that started");
     }

@@ -10,6 +10,11 @@
 // An expert's residency (Entry::state), and the methods that move it:
 //   ON_HOST --Submit (BeginLayer/Next on a miss; Pump for a queued prefetch)--> LOADING
 //   LOADING --transfer done (Pump/Next)--> RESIDENT;  LOADING --transfer cancelled--> ON_HOST
+//   LOADING --transfer failed (its read did; tiered)--> ON_HOST, the slot freed; an expert the
+//     running layer needs is loaded once more on demand (TopUp: one retry, a transient error
+//     passes), and when that fails too it is FAILED for the layer: Next hands it out with the
+//     read's error (ReadyExpert::error) instead of failing the layer, and EndLayer clears it
+//     (ON_HOST: a later layer or iteration that picks it loads it afresh).
 //   RESIDENT --BeginLayer picks it--> RESIDENT pinned --Done--> RESIDENT
 //   RESIDENT (unpinned, unprotected) --Evict, to free a slot for a load--> EVICTING -> ON_HOST:
 //     the slot passes to the next load with the compute fence of its last reader (cuda: the
@@ -103,6 +108,10 @@ struct CacheCounters {
   // the part of stall_ns spent waiting while a needed expert was still being read.
   uint64_t disk_reads = 0;
   int64_t disk_stall_ns = 0;
+  // Loads the link reported failed (their source could not be read; retries included), and
+  // experts handed to a layer as failed (ReadyExpert::error) after their retry failed too.
+  uint64_t failed_loads = 0;
+  uint64_t failed_experts = 0;
   CacheCounters& operator+=(const CacheCounters& o);
 };
 
@@ -121,11 +130,14 @@ struct CacheStats {
   size_t expert_bytes = 0;
 };
 
-// An expert ready for the running layer: its bytes are in slot `slot` until Done.
+// An expert ready for the running layer: its bytes are in slot `slot` until Done. Or, when
+// `error` is not ok, an expert whose load failed twice (its read did): it has no bytes this
+// layer, and the caller computes nothing for it (still calling Done).
 struct ReadyExpert {
   uint32_t expert = 0;
-  uint32_t slot = 0;     // Unless on_host.
+  uint32_t slot = 0;     // Unless on_host or failed.
   bool on_host = false;  // Hybrid: run it on the host from its host copy; report RecordHostRun.
+  Status error;          // Not ok: the load's error (tiered: names the file and the tensor).
 };
 
 class ExpertCache final : public CacheControl {
@@ -149,8 +161,9 @@ class ExpertCache final : public CacheControl {
   // rest. kInvalidArgument for a layer out of order or an expert out of range.
   Status BeginLayer(const LayerRouting& routing);
   // The next of this layer's experts (this rank's only) that is ready, the resident ones first
-  // in ascending order, then the others as their loads finish; blocks meanwhile. kNotFound when
-  // every one has been handed out; kUnavailable if the link stops answering.
+  // in ascending order, then the others as their loads finish; blocks meanwhile. An expert whose
+  // load failed (after one retry) is handed out with ReadyExpert::error set; the layer goes on.
+  // kNotFound when every one has been handed out; kUnavailable if the link stops answering.
   Result<ReadyExpert> Next();
   // The compute on an expert from Next is finished: unpins it.
   void Done(uint32_t expert);
@@ -214,6 +227,9 @@ class ExpertCache final : public CacheControl {
     uint64_t task = 0;           // Transfer id while loading.
     bool host_run = false;       // Hybrid: the running layer runs it on the host.
     uint32_t tokens = 0;         // Tokens routed to it by the running layer.
+    // Loads of it that failed while the running layer needed it (the first is retried).
+    uint8_t failed_loads = 0;
+    Status error;  // FAILED for the running layer: the last failed load's error.
   };
   // BeginLayer (hybrid): picks the running layer's experts to run on the host.
   void SplitLayer();
@@ -301,7 +317,6 @@ class ExpertCache final : public CacheControl {
   int64_t layer_start_ns_ = 0;
   int64_t layer_stall_ns_ = 0;
   bool layer_loaded_on_demand_ = false;  // The running layer submitted an on-demand load.
-  Status layer_error_;                   // A load the running layer needed failed.
   double layer_compute_ns_ = 0.0;        // Moving average of a layer's compute (no stall).
   double load_ns_ = 0.0;                 // Moving average of one expert's transfer.
 

@@ -203,4 +203,32 @@ void UnpackFigures(std::span<const int64_t> counters, std::span<RequestUsage> us
              u64(t + 6), u64(t + 7), u64(t + 8), u64(t + 9), u64(t + 10), u64(t + 11)};
 }
 
+void PackFailures(std::span<const std::optional<RankFailure>> failures, uint32_t rank,
+                  uint32_t world_size, uint32_t experts, std::vector<int64_t>* counters) {
+  const size_t first = counters->size();
+  counters->resize(first + failures.size() * world_size, 0);
+  for (size_t i = 0; i < failures.size(); ++i) {
+    if (!failures[i]) continue;
+    (*counters)[first + size_t{rank} * failures.size() + i] =
+        1 + int64_t{failures[i]->layer} * experts + failures[i]->expert;
+  }
+}
+
+std::vector<std::optional<RankFailure>> UnpackFailures(std::span<const int64_t> counters,
+                                                       size_t first, size_t sequences,
+                                                       uint32_t world_size, uint32_t experts) {
+  std::vector<std::optional<RankFailure>> out(sequences);
+  for (size_t i = 0; i < sequences; ++i) {
+    for (uint32_t r = 0; r < world_size && !out[i]; ++r) {
+      const size_t at = first + size_t{r} * sequences + i;
+      const int64_t code = at < counters.size() ? counters[at] : 0;
+      if (code == 0) continue;
+      const auto key = static_cast<uint64_t>(code - 1);
+      const uint64_t j = experts == 0 ? 1 : experts;
+      out[i] = RankFailure{r, static_cast<uint32_t>(key / j), static_cast<uint32_t>(key % j)};
+    }
+  }
+  return out;
+}
+
 }  // namespace fmoe

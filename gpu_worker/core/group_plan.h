@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -71,5 +72,24 @@ std::vector<int64_t> PackFigures(std::span<const RequestUsage> usage, const Expe
 // The inverse, on the summed counters; `usage` has one entry per sequence.
 void UnpackFigures(std::span<const int64_t> counters, std::span<RequestUsage> usage,
                    ExpertFigures* totals);
+
+// A sequence that a rank's Forward failed: an expert the rank owns could not be read.
+struct RankFailure {
+  uint32_t rank = 0;
+  uint32_t layer = 0;  // MoE layer.
+  uint32_t expert = 0;
+};
+// After the figures, so that every rank ends the same sequences: a block of n counters (n
+// sequences of the plan) per rank, where rank r writes 1 + layer * experts + expert for each
+// sequence its Forward failed (`failures`: per sequence, nullopt when it did not), zero elsewhere;
+// summed, every rank's entries arrive intact (one writer per counter).
+void PackFailures(std::span<const std::optional<RankFailure>> failures, uint32_t rank,
+                  uint32_t world_size, uint32_t experts, std::vector<int64_t>* counters);
+// The inverse, on the summed counters from `first` (where PackFailures began): per sequence the
+// lowest rank's failure, nullopt when no rank failed it (a counter missing from `counters` is
+// zero: none).
+std::vector<std::optional<RankFailure>> UnpackFailures(std::span<const int64_t> counters,
+                                                       size_t first, size_t sequences,
+                                                       uint32_t world_size, uint32_t experts);
 
 }  // namespace fmoe

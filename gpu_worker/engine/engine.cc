@@ -268,17 +268,34 @@ bool Engine::SendPlan(PlanKind kind, std::span<const SequenceInput> inputs) {
   return true;
 }
 
-bool Engine::SumFigures(std::span<const SequenceInput> inputs) {
+bool Engine::SumFigures(std::span<const SequenceInput> inputs,
+                        std::span<const SequenceFailure> local, std::vector<std::string>* failed) {
   std::vector<RequestUsage> usage;
   for (const SequenceInput& in : inputs) usage.push_back(experts_.Usage(in.request_id));
   std::vector<int64_t> counters =
       PackFigures(usage, options_.local_figures ? options_.local_figures() : ExpertFigures{});
+  const size_t failures_at = counters.size();
+  const uint32_t world = options_.group->world_size();
+  const uint32_t experts = model_.info().num_experts;
+  std::vector<std::optional<RankFailure>> mine(inputs.size());
+  for (const SequenceFailure& f : local) {
+    if (f.sequence < mine.size()) mine[f.sequence] = RankFailure{0, f.layer, f.expert};
+  }
+  PackFailures(mine, options_.group->rank(), world, experts, &counters);
   if (Status s = options_.group->SumCounters(counters); !s.ok()) {
     GroupFailed(s);
     return false;
   }
   ExpertFigures totals;
   UnpackFigures(counters, usage, &totals);
+  const std::vector<std::optional<RankFailure>> all =
+      UnpackFailures(counters, failures_at, inputs.size(), world, experts);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!all[i] || !(*failed)[i].empty()) continue;
+    (*failed)[i] = "expert " + std::to_string(all[i]->expert) + " of MoE layer " +
+                   std::to_string(all[i]->layer) + " could not be read on rank " +
+                   std::to_string(all[i]->rank) + " (its log names the read's error)";
+  }
   for (size_t i = 0; i < inputs.size(); ++i) {
     sequences_.at(inputs[i].request_id)->group_usage = usage[i];
   }
@@ -603,7 +620,14 @@ bool Engine::Step() {
     GroupFailed(s);
     return false;
   }
-  if (grouped() && !SumFigures(inputs)) return false;
+  // Per sequence: why it failed (an expert its tokens picked could not be read), empty if not.
+  std::vector<std::string> failed(inputs.size());
+  if (s.ok()) {
+    for (const SequenceFailure& f : result.failed) {
+      if (f.sequence < failed.size()) failed[f.sequence] = f.error.message();
+    }
+  }
+  if (grouped() && !SumFigures(inputs, result.failed, &failed)) return false;
   if (!s.ok()) {
     // The step's KV caches are unusable; the requests that waited are untouched.
     spdlog::error("iteration failed for req={}: {}", RunningIds(), s.message());
@@ -614,11 +638,19 @@ bool Engine::Step() {
     return true;
   }
   scheduler_.Completed(ran);
+  // The sequences an unreadable expert failed end here (their KV goes with them); the others
+  // computed as if it had been read.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (failed[i].empty()) continue;
+    spdlog::error("req={}: {}", inputs[i].request_id, failed[i]);
+    Finish(*sequences_.at(inputs[i].request_id), FinishReason::kError, failed[i]);
+  }
 
   // Sample and emit: the requests whose prompt is wholly in their KV draw a token.
   const uint32_t max_positions = model_.info().max_position_embeddings;
   for (size_t i = 0; i < inputs.size(); ++i) {
     Sequence& seq = *sequences_.at(inputs[i].request_id);
+    if (seq.finished) continue;  // Failed above.
     if (inputs[i].prompt_logprobs >= 0 && i < result.prompt_logprobs.size()) {
       AppendPromptLogprobs(seq, std::move(result.prompt_logprobs[i]));
     }

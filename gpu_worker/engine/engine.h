@@ -37,10 +37,16 @@
 // sampling.logprobs >= 0 each token event carries the token's raw log-probability and the top
 // ones. Every Generate is checked with ValidateSampling (common/wire/sampling_limits.h).
 //
-// Errors: nothing a request does takes the worker down. An exception from Forward (c10::Error,
-// std::bad_alloc) fails the batch like a failed Forward; one from sampling fails its request;
-// anything else thrown out of Step is caught by Run, which fails the running requests and serves
-// on (a group breaks instead).
+// Errors: nothing a request does takes the worker down. An expert that could not be read (a host
+// tier's disk read failed, after its retry) fails only the step's requests whose tokens picked it
+// (ForwardResult::failed): they end with an error event naming the layer, the expert and the read
+// error, their KV dropped; the step's other requests sample and report as usual. In a group the
+// ranks add their failures to the figures they sum after the Forward, so every rank ends the same
+// requests (the leader names a follower's failure by rank, layer and expert; that rank's log has
+// the read's error), and the group goes on. An exception from Forward (c10::Error,
+// std::bad_alloc) fails the batch like a failed Forward (in a group it breaks the group); one
+// from sampling fails its request; anything else thrown out of Step is caught by Run, which
+// fails the running requests and serves on (a group breaks instead).
 #pragma once
 
 #include <atomic>
@@ -166,8 +172,11 @@ class Engine final : public RequestExecutor {
   bool grouped() const { return options_.group != nullptr && options_.group->world_size() > 1; }
   // Broadcasts a plan (with the requests ended since the last one); false when the group broke.
   bool SendPlan(PlanKind kind, std::span<const SequenceInput> inputs);
-  // Sums the step's requests' figures and the cache totals across the group.
-  bool SumFigures(std::span<const SequenceInput> inputs);
+  // Sums the step's requests' figures and the cache totals across the group, and the ranks'
+  // per-sequence expert failures: `failed` (per input, empty for none, this rank's messages)
+  // gains every other rank's. false when the group broke.
+  bool SumFigures(std::span<const SequenceInput> inputs, std::span<const SequenceFailure> local,
+                  std::vector<std::string>* failed);
   void GroupFailed(const Status& why);
 
   EngineOptions options_;

@@ -87,9 +87,13 @@ Status Follower::RunPlan(const IterationPlan& plan) {
     return Internal("the leader runs " + std::to_string(requests_.size()) +
                     " requests, more than max_batch " + std::to_string(limits_.max_sequences));
   }
+  // No logits (this rank never samples), but the sequences an unreadable expert of this rank
+  // failed, which the group's sum below tells every rank.
+  for (SequenceInput& in : inputs) in.no_logits = true;
+  ForwardResult result;
   const int64_t t0 = SteadyNowUs();
   try {
-    FMOE_RETURN_IF_ERROR(model_.Forward(inputs, experts_, nullptr, nullptr));
+    FMOE_RETURN_IF_ERROR(model_.Forward(inputs, experts_, nullptr, &result));
   } catch (const std::exception& e) {  // c10::Error, std::bad_alloc: the group cannot go on.
     return Internal("plan " + std::to_string(plan.step) + ": the forward pass threw: " + e.what());
   }
@@ -99,6 +103,14 @@ Status Follower::RunPlan(const IterationPlan& plan) {
   for (const SequenceInput& in : inputs) usage.push_back(experts_.Usage(in.request_id));
   std::vector<int64_t> counters =
       PackFigures(usage, local_figures_ ? local_figures_() : ExpertFigures{});
+  // The leader ends the failed sequences (they come back in its next plan's ended list).
+  std::vector<std::optional<RankFailure>> failed(inputs.size());
+  for (const SequenceFailure& f : result.failed) {
+    failed[f.sequence] = RankFailure{group_.rank(), f.layer, f.expert};
+    spdlog::error("rank={} req={}: {}", group_.rank(), inputs[f.sequence].request_id,
+                  f.error.message());
+  }
+  PackFailures(failed, group_.rank(), group_.world_size(), model_.info().num_experts, &counters);
   return group_.SumCounters(counters);
 }
 

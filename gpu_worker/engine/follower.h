@@ -1,7 +1,8 @@
 // A rank other than the leader in an expert-parallel group (DESIGN section 7): it runs the
 // leader's plans (gpu_worker/core/group_plan.h). Each iteration it runs the same Forward as the
 // leader, with its own KV caches and its own experts (the ones it owns), joins each layer's
-// combination of expert outputs, and adds its expert figures to the group's; it never samples.
+// combination of expert outputs, and adds its expert figures to the group's, with the sequences
+// an expert of its own that could not be read failed (the leader ends them); it never samples.
 // Requests the leader ended are forgotten (KV cache, cache state).
 //
 // A plan that does not follow from the previous ones (a skipped step, a decode for a request this

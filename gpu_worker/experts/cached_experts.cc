@@ -366,17 +366,31 @@ Status CachedExperts::BeginLayer(const LayerRouting& routing) {
   return cache_->BeginLayer(routing);
 }
 
-Result<std::pair<uint32_t, ExpertWeights>> CachedExperts::Next() {
+Result<SourcedExpert> CachedExperts::Next() {
   FMOE_ASSIGN_OR_RETURN(ReadyExpert ready, cache_->Next());
-  if (!ready.on_host) {
-    return std::pair<uint32_t, ExpertWeights>(ready.expert, slot_views_[ready.slot]);
-  }
+  if (!ready.error.ok()) return SourcedExpert{ready.expert, {}, std::move(ready.error)};
+  if (!ready.on_host) return SourcedExpert{ready.expert, slot_views_[ready.slot], Status::Ok()};
   // A host run: views of the packed host copy (read into the host tier first, with one).
   const size_t key =
       static_cast<size_t>(cache_->current_layer()) * cache_->num_experts() + ready.expert;
   const void* base = nullptr;
   if (tier_ != nullptr) {
-    FMOE_ASSIGN_OR_RETURN(base, tier_->Acquire(static_cast<uint32_t>(key)));
+    // A failed read is tried once more (a transient error passes), as the cache does its loads;
+    // then the layer goes on without the expert.
+    Result<const void*> acquired = tier_->Acquire(static_cast<uint32_t>(key));
+    if (!acquired.ok()) {
+      spdlog::warn("cached experts: layer={} expert={}: host run's read failed ({}): {}",
+                   cache_->current_layer(), ready.expert, "retrying once",
+                   acquired.status().ToString());
+      acquired = tier_->Acquire(static_cast<uint32_t>(key));
+    }
+    if (!acquired.ok()) {
+      spdlog::warn("cached experts: layer={} expert={}: host run's read failed ({}): {}",
+                   cache_->current_layer(), ready.expert, "the running layer goes on without it",
+                   acquired.status().ToString());
+      return SourcedExpert{ready.expert, {}, acquired.status()};
+    }
+    base = *acquired;
     host_key_ = static_cast<int64_t>(key);
   } else if (key < host_addresses_.size()) {
     base = host_addresses_[key];
@@ -388,7 +402,7 @@ Result<std::pair<uint32_t, ExpertWeights>> CachedExperts::Next() {
   ExpertWeights w = ViewsAt(static_cast<char*>(const_cast<void*>(base)), at::Device(at::kCPU));
   host_expert_ = ready.expert;
   host_start_ns_ = SteadyClock::Get().NowNs();
-  return std::pair<uint32_t, ExpertWeights>(ready.expert, std::move(w));
+  return SourcedExpert{ready.expert, std::move(w), Status::Ok()};
 }
 
 void CachedExperts::Done(uint32_t expert) {
@@ -477,6 +491,7 @@ Result<std::vector<const void*>> CachedExperts::MakeHostTier(const ExpertTable& 
                  : fmt::format("host_cache_fraction {:g}", *options.host_cache_fraction);
   }
   FMOE_ASSIGN_OR_RETURN(std::unique_ptr<DiskReader> reader, DiskReader::Create(options.disk));
+  if (options.wrap_disk_reader) reader = options.wrap_disk_reader(std::move(reader));
   std::map<std::string, uint32_t> files;
   std::vector<std::string> paths;
   std::vector<std::vector<ExpertExtent>> extents(static_cast<size_t>(layers) * per_layer);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -62,6 +63,9 @@ struct CachedExpertsOptions {
   bool host_cache_auto = false;
   uint64_t host_reserve_bytes = uint64_t{4} << 30;  // Default: 4 GiB
   DiskReaderOptions disk;                           // The host tier's reader.
+  // Tests: wraps the host tier's reader (fault injection: reads of chosen bytes fail).
+  // Default: none
+  std::function<std::unique_ptr<DiskReader>(std::unique_ptr<DiskReader>)> wrap_disk_reader;
   // One device budget for the experts and the KV pool (DESIGN section 14; the manifest's
   // `memory`), which overrides cache_gb, cache_fraction and cache_auto: the slot memory is the
   // whole budget cut into pages, each an expert's bytes rounded up to a multiple of
@@ -93,7 +97,9 @@ class CachedExperts final : public ExpertSource, public KvPageLender {
   uint32_t speculation_distance() const override;
   void Speculate(uint32_t layer, uint32_t target, std::span<const float> probs) override;
   Status BeginLayer(const LayerRouting& routing) override;
-  Result<std::pair<uint32_t, ExpertWeights>> Next() override;
+  // An expert the cache hands out failed (its load failed twice), or a host run whose read into
+  // the host tier failed, comes out failed with that error.
+  Result<SourcedExpert> Next() override;
   void Done(uint32_t expert) override;
   bool HostRunsPlanned() const override;
   void EndLayer() override;

@@ -103,11 +103,11 @@ Status ResidentExperts::BeginLayer(const LayerRouting& routing) {
   return Status::Ok();
 }
 
-Result<std::pair<uint32_t, ExpertWeights>> ResidentExperts::Next() {
+Result<SourcedExpert> ResidentExperts::Next() {
   if (pending_.empty()) return NotFound("expert source: layer done");
   const uint32_t e = pending_.back();
   pending_.pop_back();
-  return std::pair<uint32_t, ExpertWeights>(e, experts_[layer_][e]);
+  return SourcedExpert{e, experts_[layer_][e], Status::Ok()};
 }
 
 }  // namespace fmoe

@@ -5,13 +5,16 @@
 //   BeginIteration(sequences)
 //   per MoE layer: [Speculate(layer, target, probs) for target in layer+1..layer+d]
 //                  BeginLayer(routing)   -> the source pins what is resident, loads the rest
-//                  Next() ... until kNotFound, each followed by Done(expert)
+//                  Next() ... until kNotFound, each followed by Done(expert) (a failed one too)
 //                  EndLayer()            -> weights from Next are invalid from here
 //   EndIteration()
 // Next hands out ready experts in the order they become available, so the model accumulates
 // their outputs in ascending expert order afterwards: the result does not depend on that order.
 // An expert whose weights are in host memory while the model computes on a device (hybrid
-// execution) is run on the host (cpu_expert.h) and its result copied up.
+// execution) is run on the host (cpu_expert.h) and its result copied up. An expert whose weights
+// could not be had (a tiered source whose read of it failed, after its retry) comes out of Next
+// failed (SourcedExpert::failed): the model computes nothing for it and fails only the sequences
+// whose rows picked it (model.h, ForwardResult::failed); the layer goes on.
 #pragma once
 
 #include <array>
@@ -87,6 +90,15 @@ struct ExpertWeights {
 // Every routed expert of a model: experts[layer][expert], layer = MoE layer index.
 using ExpertTable = std::vector<std::vector<ExpertWeights>>;
 
+// One expert of the running layer from ExpertSource::Next.
+struct SourcedExpert {
+  uint32_t expert = 0;
+  ExpertWeights weights;  // Valid until EndLayer; undefined when failed.
+  // Not ok: the expert's weights could not be had for this layer (its read failed); the message
+  // names the file and the tensor where the source knows them.
+  Status failed;
+};
+
 class ExpertSource {
  public:
   virtual ~ExpertSource() = default;
@@ -97,8 +109,9 @@ class ExpertSource {
   virtual void Speculate(uint32_t layer, uint32_t target, std::span<const float> probs) {}
   virtual Status BeginLayer(const LayerRouting& routing) = 0;
   // The next expert of the layer that is ready on the compute device (this rank's only), with
-  // its weights valid until EndLayer; kNotFound when every one has been handed out.
-  virtual Result<std::pair<uint32_t, ExpertWeights>> Next() = 0;
+  // its weights valid until EndLayer, or failed (SourcedExpert::failed) when they could not be
+  // had; kNotFound when every one has been handed out. An error fails the whole Forward.
+  virtual Result<SourcedExpert> Next() = 0;
   virtual void Done(uint32_t expert) {}
   // After BeginLayer: whether some expert of the layer will come out of Next in host memory
   // (hybrid execution), so a model on another device copies the layer's activations down once,
@@ -124,7 +137,7 @@ class RecordingExperts final : public ExpertSource {
     accesses_.push_back({routing.layer, {routing.experts.begin(), routing.experts.end()}});
     return inner_.BeginLayer(routing);
   }
-  Result<std::pair<uint32_t, ExpertWeights>> Next() override { return inner_.Next(); }
+  Result<SourcedExpert> Next() override { return inner_.Next(); }
   void Done(uint32_t expert) override { inner_.Done(expert); }
   bool HostRunsPlanned() const override { return inner_.HostRunsPlanned(); }
   void EndLayer() override { inner_.EndLayer(); }
@@ -146,7 +159,7 @@ class ResidentExperts final : public ExpertSource {
   // speed. kResourceExhausted when the device cannot hold them. cuda_index < 0 keeps them here.
   static Result<std::unique_ptr<ResidentExperts>> Create(ExpertTable experts, int cuda_index);
   Status BeginLayer(const LayerRouting& routing) override;
-  Result<std::pair<uint32_t, ExpertWeights>> Next() override;
+  Result<SourcedExpert> Next() override;
   void EndLayer() override { pending_.clear(); }
   const ExpertTable& experts() const { return experts_; }
 

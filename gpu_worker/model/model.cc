@@ -32,6 +32,23 @@ Result<at::ScalarType> ParseDType(const std::string& name) {
 
 constexpr uint32_t kDense = UINT32_MAX;
 
+// Expert `e` of MoE layer `l` could not be had: each sequence (by `offset`) owning one of `rows`
+// fails, once (its first failure is kept).
+void FailSequences(uint32_t l, uint32_t e, const Status& why, const std::vector<int64_t>& rows,
+                   const std::vector<int64_t>& offset, std::vector<SequenceFailure>* failed) {
+  for (int64_t r : rows) {
+    const auto seq =
+        static_cast<size_t>(std::upper_bound(offset.begin(), offset.end(), r) - offset.begin() - 1);
+    const bool known = std::any_of(failed->begin(), failed->end(),
+                                   [&](const SequenceFailure& f) { return f.sequence == seq; });
+    if (known) continue;
+    failed->push_back(
+        {seq, l, e,
+         Status(why.code(), "expert " + std::to_string(e) + " of MoE layer " + std::to_string(l) +
+                                " could not be read: " + why.message())});
+  }
+}
+
 }  // namespace
 
 // One transformer layer: attention, then a dense MLP or a mixture of experts.
@@ -561,6 +578,7 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
     out->prompt_logprobs.assign(inputs.size(), {});
     out->router_probs.clear();
     out->router_topk.clear();
+    out->failed.clear();
   }
   if (batch.rows == 0) return Status::Ok();
   GrowRotaryTables(max_end);
@@ -581,12 +599,34 @@ Status MoeModel::ForwardImpl(std::span<const SequenceInput> inputs, ExpertSource
     ExpertSource& source;
     ~IterationEnd() { source.EndIteration(); }
   } iteration_end{experts};
-  FMOE_RETURN_IF_ERROR(RunLayers(batch, experts, &x));
+  std::vector<SequenceFailure> failed;
+  FMOE_RETURN_IF_ERROR(RunLayers(batch, experts, &x, &failed));
+  // No one to tell which sequences failed: the batch fails, as any Forward error.
+  if (out == nullptr && !failed.empty()) return failed.front().error;
+  std::sort(failed.begin(), failed.end(), [](const SequenceFailure& a, const SequenceFailure& b) {
+    return a.sequence < b.sequence;
+  });
+  std::vector<bool> ok(inputs.size(), true);
+  for (const SequenceFailure& f : failed) ok[f.sequence] = false;
 
-  if (out != nullptr) CollectLogits(x, batch, out);
-  for (const SequenceInput& s : inputs) s.kv->Advance(s.tokens);
+  if (out != nullptr) {
+    CollectLogits(x, batch, out);
+    for (const SequenceFailure& f : failed) {
+      out->logits[f.sequence].clear();
+      out->prompt_logprobs[f.sequence] = {};
+    }
+    out->failed = std::move(failed);
+  }
+  // A failed sequence's hidden state went wrong at the failure, so the keys and values written
+  // after it are wrong too: its KV cache keeps its length (nothing published for the prefix
+  // cache), and the observer does not see the iteration end (as for a failed Forward).
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (ok[i]) inputs[i].kv->Advance(inputs[i].tokens);
+  }
   if (observer != nullptr) {
-    for (const SequenceInput& s : inputs) observer->OnIterationEnd(s.request_id, s.iteration);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (ok[i]) observer->OnIterationEnd(inputs[i].request_id, inputs[i].iteration);
+    }
   }
   return Status::Ok();
 }
@@ -691,7 +731,8 @@ void MoeModel::ObserveIterationStart(const at::Tensor& x, const Batch& batch,
   }
 }
 
-Status MoeModel::RunLayers(const Batch& batch, ExpertSource& experts, at::Tensor* hidden) {
+Status MoeModel::RunLayers(const Batch& batch, ExpertSource& experts, at::Tensor* hidden,
+                           std::vector<SequenceFailure>* failed) {
   const Impl& m = *impl_;
   const ModelInfo& info = info_;
   at::Tensor& x = *hidden;
@@ -718,7 +759,8 @@ Status MoeModel::RunLayers(const Batch& batch, ExpertSource& experts, at::Tensor
       x = x + SwiGlu(hn, layer.dense.gate, layer.dense.up, layer.dense.down, m.options.row_block);
       continue;
     }
-    FMOE_ASSIGN_OR_RETURN(at::Tensor moe, MixtureOfExperts(layer.moe, x, hn, batch, experts));
+    FMOE_ASSIGN_OR_RETURN(at::Tensor moe,
+                          MixtureOfExperts(layer.moe, x, hn, batch, experts, failed));
     x = x + moe;
   }
   return Status::Ok();
@@ -822,7 +864,8 @@ struct MoeModel::ExpertAssignment {
 };
 
 Result<at::Tensor> MoeModel::MixtureOfExperts(uint32_t l, const at::Tensor& x, const at::Tensor& hn,
-                                              const Batch& batch, ExpertSource& experts) {
+                                              const Batch& batch, ExpertSource& experts,
+                                              std::vector<SequenceFailure>* failed) {
   const Layer& layer = impl_->layers[info_.moe_layers[l]];
   FMOE_ASSIGN_OR_RETURN(LayerRoute route, RouteLayer(l, layer, hn, batch));
   const ExpertAssignment assignment = AssignExperts(l, route, batch);
@@ -831,7 +874,7 @@ Result<at::Tensor> MoeModel::MixtureOfExperts(uint32_t l, const at::Tensor& x, c
                              assignment.sequence_counts};
   FMOE_RETURN_IF_ERROR(experts.BeginLayer(routing));
   at::Tensor slots;
-  const Status status = RunRoutedExperts(l, hn, batch.rows, assignment, experts, &slots);
+  const Status status = RunRoutedExperts(l, hn, batch, assignment, experts, &slots, failed);
   experts.EndLayer();
   FMOE_RETURN_IF_ERROR(status);
   return CombineExperts(layer, hn, batch.rows, &slots);
@@ -916,10 +959,11 @@ MoeModel::ExpertAssignment MoeModel::AssignExperts(uint32_t l, const LayerRoute&
   return a;
 }
 
-Status MoeModel::RunRoutedExperts(uint32_t l, const at::Tensor& hn, int64_t rows,
+Status MoeModel::RunRoutedExperts(uint32_t l, const at::Tensor& hn, const Batch& batch,
                                   const ExpertAssignment& a, ExpertSource& experts,
-                                  at::Tensor* slots) const {
+                                  at::Tensor* slots, std::vector<SequenceFailure>* failed) const {
   const Impl& m = *impl_;
+  const int64_t rows = batch.rows;
   const int64_t n_experts = info_.num_experts;
   const ExpertActivation activation{info_.swiglu_limit.value_or(0.0)};
   // Hybrid execution on a device: the activations come down once, before the device's work on
@@ -931,16 +975,24 @@ Status MoeModel::RunRoutedExperts(uint32_t l, const at::Tensor& hn, int64_t rows
   *slots = at::zeros({rows * info_.top_k, int64_t{info_.hidden_size}}, m.opts());
   std::vector<bool> done(static_cast<size_t>(n_experts), false);
   while (true) {
-    Result<std::pair<uint32_t, ExpertWeights>> next = experts.Next();
+    Result<SourcedExpert> next = experts.Next();
     if (!next.ok()) {
       if (next.status().code() != ErrorCode::kNotFound) return next.status();
       return Status::Ok();
     }
-    const uint32_t e = next->first;
-    const ExpertWeights& w = next->second;
+    const uint32_t e = next->expert;
+    const ExpertWeights& w = next->weights;
     if (e >= n_experts || a.rows[e].empty() || done[e]) {
       return Internal("model: expert source handed out expert " + std::to_string(e) +
                       " of MoE layer " + std::to_string(l) + ", which the gate did not pick");
+    }
+    if (!next->failed.ok()) {
+      // Nothing is computed for it: its slots stay zero. Only the sequences whose rows picked it
+      // fail; the other rows never meet its slots (a row sums its own slots only).
+      FailSequences(l, e, next->failed, a.rows[e], batch.offset, failed);
+      done[e] = true;
+      experts.Done(e);
+      continue;
     }
     at::Tensor idx = at::tensor(a.rows[e], at::TensorOptions().dtype(at::kLong));
     at::Tensor ye;

@@ -87,8 +87,20 @@ struct PromptLogprobs {
   std::vector<std::pair<int32_t, float>> top;
 };
 
+// A sequence of the batch that Forward could not compute: a routed expert its rows picked could
+// not be had (the source handed it out failed: ExpertSource::Next).
+struct SequenceFailure {
+  size_t sequence = 0;  // Its index in the batch.
+  uint32_t layer = 0;   // The MoE layer and the expert.
+  uint32_t expert = 0;
+  // "expert E of MoE layer L could not be read: " and the source's error (with a host tier:
+  // "host tier: expert E of layer L: tensor \"NAME\": PATH: bytes [A, B): ...").
+  Status error;
+};
+
 struct ForwardResult {
-  // Per sequence: row-major [rows x vocab], rows = tokens.size() or 1 (0 with no_logits).
+  // Per sequence: row-major [rows x vocab], rows = tokens.size() or 1 (0 with no_logits; 0 for
+  // a failed sequence).
   std::vector<std::vector<float>> logits;
   // Per sequence: filled for those whose input asked (prompt_logprobs >= 0), else empty.
   std::vector<PromptLogprobs> prompt_logprobs;
@@ -96,6 +108,12 @@ struct ForwardResult {
   // [total new tokens x K] chosen experts, rows in batch order.
   std::vector<std::vector<float>> router_probs;
   std::vector<std::vector<int32_t>> router_topk;
+  // The sequences an expert's failure touched, by ascending index, once each (the first
+  // failure): no logits or prompt logprobs, the KV cache not advanced (what the Forward wrote
+  // past its length is never read or published), no OnIterationEnd. Rows are independent in
+  // every layer (attention per sequence, the MoE per row), so every other sequence's results
+  // are exactly what they would have been had the expert been read.
+  std::vector<SequenceFailure> failed;
 };
 
 class MoeModel {
@@ -140,10 +158,13 @@ class MoeModel {
 
   // Runs one iteration. Appends each sequence's new tokens to its KV cache. kInvalidArgument for
   // a token id out of range or a sequence past max_position_embeddings; a LibTorch error is
-  // kInternal (the KV caches of the batch are then unusable: end its requests). `out` may be null
-  // (a rank that does not sample): no logits are computed. `observer` (may be null) is called as
-  // forward_observer.h describes; speculative gates are computed up to the larger of the
-  // source's and the observer's distance, and each sees only the targets within its own.
+  // kInternal (the KV caches of the batch are then unusable: end its requests). An expert the
+  // source hands out failed fails only the sequences that picked it (ForwardResult::failed; the
+  // Forward is Ok); with `out` null, the first such failure is returned as the Forward's error.
+  // `out` may be null (a rank that does not sample): no logits are computed. `observer` (may be
+  // null) is called as forward_observer.h describes; speculative gates are computed up to the
+  // larger of the source's and the observer's distance, and each sees only the targets within its
+  // own.
   Status Forward(std::span<const SequenceInput> batch, ExpertSource& experts,
                  ForwardObserver* observer, ForwardResult* out, bool record_router = false);
 
@@ -198,24 +219,28 @@ class MoeModel {
                              const std::vector<SequenceInfo>& sequences) const;
   // Every decoder layer over the hidden state: norm, attention, norm, then the dense MLP or the
   // mixture of experts, each added to the residual.
-  Status RunLayers(const Batch& batch, ExpertSource& experts, at::Tensor* hidden);
+  Status RunLayers(const Batch& batch, ExpertSource& experts, at::Tensor* hidden,
+                   std::vector<SequenceFailure>* failed);
   // The logits of the rows asked for and the prompt logprobs, into `out`.
   void CollectLogits(const at::Tensor& x, const Batch& batch, ForwardResult* out) const;
   // MoE layer l over the normed hidden state `hn`: routing, observer calls, speculation (from the
   // residual `x`), the routed experts through the source, the group's combine, the shared expert.
   Result<at::Tensor> MixtureOfExperts(uint32_t l, const at::Tensor& x, const at::Tensor& hn,
-                                      const Batch& batch, ExpertSource& experts);
+                                      const Batch& batch, ExpertSource& experts,
+                                      std::vector<SequenceFailure>* failed);
   // Its steps, in order: the gate (the observer's OnLayerGates, the router record); the rows,
   // slots and weights of each expert picked (the observer's OnLayerRouting); the routed experts
-  // as the source hands them out, into their slots (hybrid host runs included); the group's
+  // as the source hands them out, into their slots (hybrid host runs included; a failed one
+  // leaves its slots zero and fails the sequences whose rows picked it); the group's
   // combine, each row's slots summed in expert order and the shared expert added.
   struct LayerRoute;
   struct ExpertAssignment;
   Result<LayerRoute> RouteLayer(uint32_t l, const Layer& layer, const at::Tensor& hn,
                                 const Batch& batch) const;
   ExpertAssignment AssignExperts(uint32_t l, const LayerRoute& route, const Batch& batch) const;
-  Status RunRoutedExperts(uint32_t l, const at::Tensor& hn, int64_t rows, const ExpertAssignment& a,
-                          ExpertSource& experts, at::Tensor* slots) const;
+  Status RunRoutedExperts(uint32_t l, const at::Tensor& hn, const Batch& batch,
+                          const ExpertAssignment& a, ExpertSource& experts, at::Tensor* slots,
+                          std::vector<SequenceFailure>* failed) const;
   Result<at::Tensor> CombineExperts(const Layer& layer, const at::Tensor& hn, int64_t rows,
                                     at::Tensor* slots) const;
   void Speculate(uint32_t l, const at::Tensor& x, const Batch& batch, ExpertSource& experts);

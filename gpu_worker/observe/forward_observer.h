@@ -20,7 +20,8 @@ namespace fmoe {
 //   per MoE layer l: OnLayerGates per sequence, OnLayerRouting per sequence,
 //                    for t in l+1 .. l+speculation_distance() (t < L): OnSpeculation(l, t) per
 //                    sequence
-//   OnIterationEnd per sequence                 (not reached when the Forward fails)
+//   OnIterationEnd per sequence                 (not reached when the Forward fails, nor for a
+//                                               sequence an unreadable expert failed)
 // then, from the engine, OnRequestEnd once a request has left the batch.
 class ForwardObserver {
  public:

@@ -7,11 +7,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
 #include <memory>
+#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -507,6 +510,184 @@ TEST(HostTierExperts, AFileCutShortFailsTheRequestsThatNeedItAndServingGoesOn) {
   EXPECT_EQ(got, Bf16Reference());
   fs::remove_all(dir);
   fs::remove(whole);
+}
+
+// Fault injection for the host tier (CachedExpertsOptions::wrap_disk_reader): while armed,
+// every read overlapping one expert's stored tensors fails with an I/O error; the other reads go
+// to the real reader.
+struct ReadFaults {
+  std::atomic<bool> armed{true};
+  std::vector<DiskExtent> extents;  // The unreadable expert's.
+  std::atomic<int> failed{0};       // Reads failed so far.
+};
+
+class FailingReader final : public DiskReader {
+ public:
+  FailingReader(std::unique_ptr<DiskReader> inner, std::shared_ptr<ReadFaults> faults)
+      : inner_(std::move(inner)), faults_(std::move(faults)) {}
+  std::string_view backend() const override { return inner_->backend(); }
+  Result<uint32_t> AddFile(const std::string& path) override {
+    Result<uint32_t> file = inner_->AddFile(path);
+    if (file.ok()) paths_[*file] = path;
+    return file;
+  }
+  bool direct(uint32_t file) const override { return inner_->direct(file); }
+  void Submit(uint64_t id, uint32_t file, uint64_t offset, size_t bytes, void* dst,
+              bool urgent) override {
+    if (faults_->armed && Unreadable(file, offset, bytes)) {
+      ReadDone d;
+      d.id = id;
+      d.status = IoError(paths_[file] + ": bytes [" + std::to_string(offset) + ", " +
+                         std::to_string(offset + bytes) + "): pread: Input/output error");
+      failed_.push_back(std::move(d));
+      ++faults_->failed;
+      return;
+    }
+    inner_->Submit(id, file, offset, bytes, dst, urgent);
+  }
+  size_t Poll(std::vector<ReadDone>* out) override { return TakeFailed(out) + inner_->Poll(out); }
+  size_t Wait(std::vector<ReadDone>* out, std::chrono::milliseconds timeout) override {
+    const size_t n = TakeFailed(out);
+    return n > 0 ? n + inner_->Poll(out) : inner_->Wait(out, timeout);
+  }
+  size_t pending() const override { return inner_->pending() + failed_.size(); }
+  DiskReaderStats stats() const override { return inner_->stats(); }
+
+ private:
+  bool Unreadable(uint32_t file, uint64_t offset, size_t bytes) {
+    for (const DiskExtent& x : faults_->extents) {
+      if (x.path == paths_[file] && offset < x.offset + x.bytes && x.offset < offset + bytes) {
+        return true;
+      }
+    }
+    return false;
+  }
+  size_t TakeFailed(std::vector<ReadDone>* out) {
+    const size_t n = failed_.size();
+    out->insert(out->end(), failed_.begin(), failed_.end());
+    failed_.clear();
+    return n;
+  }
+  std::unique_ptr<DiskReader> inner_;
+  std::shared_ptr<ReadFaults> faults_;
+  std::map<uint32_t, std::string> paths_;
+  std::vector<ReadDone> failed_;
+};
+
+// Records the experts each request's tokens picked, per MoE layer.
+class RoutingRecorder final : public ForwardObserver {
+ public:
+  void OnLayerRouting(uint64_t request_id, uint32_t, uint32_t layer,
+                      std::span<const uint32_t> experts, std::span<const uint32_t>) override {
+    for (uint32_t e : experts) used[request_id].insert({layer, e});
+  }
+  std::map<uint64_t, std::set<std::pair<uint32_t, uint32_t>>> used;
+};
+
+struct Served {
+  std::vector<int32_t> tokens;
+  FinishReason finish = FinishReason::kNone;
+  std::string error;
+};
+
+// Runs `requests` through an engine over `source`, all in one batch, to the end.
+std::map<uint64_t, Served> Serve(Loaded& m, ExpertSource& source, std::vector<Generate> requests,
+                                 ForwardObserver* observer = nullptr) {
+  std::map<uint64_t, Served> out;
+  EngineOptions e;
+  e.max_batch = static_cast<uint32_t>(requests.size());
+  Engine engine(e, *m.model, source, m.tokenizer.get(), observer, [&](const TokenEvent& ev) {
+    Served& s = out[ev.request_id];
+    if (ev.token_id >= 0) s.tokens.push_back(ev.token_id);
+    if (ev.finish != FinishReason::kNone) {
+      s.finish = ev.finish;
+      s.error = ev.error;
+    }
+  });
+  for (Generate& g : requests) engine.Submit(std::move(g));
+  for (int step = 0; step < 200 && engine.Step(); ++step) {
+  }
+  return out;
+}
+
+// One unreadable expert behind the host tier: of two requests in one batch, the one whose tokens
+// pick it ends with an error naming the layer, the expert and the read's error (after one retry
+// of the read); the other gets the all-resident tokens exactly. A later request that does not
+// pick it is served, and once the expert reads again it loads again and its request is served.
+TEST(HostTierExperts, AnUnreadableExpertFailsOnlyTheRequestsThatPickIt) {
+  // The all-resident run, recording which experts each request's tokens pick.
+  std::vector<Generate> prompts = testing::PromptRequests(*SharedBf16(false).tokenizer, false);
+  ResidentExperts resident(CloneExpertTable(SharedBf16(false).table));
+  RoutingRecorder routing;
+  std::map<uint64_t, Served> ref = Serve(SharedBf16(false), resident, prompts, &routing);
+  ASSERT_EQ(ref.size(), prompts.size());
+  // Two requests and an expert the first picks and the second never does.
+  uint64_t a = 0, b = 0;
+  std::pair<uint32_t, uint32_t> bad;
+  for (const auto& [i, used_i] : routing.used) {
+    for (const auto& [j, used_j] : routing.used) {
+      if (a != 0 || i == j) continue;
+      for (const auto& x : used_i) {
+        if (used_j.count(x) == 0) {
+          a = i, b = j, bad = x;
+          break;
+        }
+      }
+    }
+  }
+  ASSERT_NE(a, 0u) << "every request picks every expert";
+  Loaded& m = SharedBf16(true);
+  auto faults = std::make_shared<ReadFaults>();
+  faults->extents = *m.table[bad.first][bad.second].disk;
+  CachedExpertsOptions o;
+  o.policy = "lru";
+  o.top_k = m.info.top_k;
+  o.cache_fraction = 0.1;
+  o.host_cache_fraction = 0.1;
+  o.preload = false;  // The unreadable expert is read when first picked.
+  o.disk.backend = "threads";
+  o.wrap_disk_reader = [faults](std::unique_ptr<DiskReader> inner) -> std::unique_ptr<DiskReader> {
+    return std::make_unique<FailingReader>(std::move(inner), faults);
+  };
+  auto cached = CachedExperts::Create(CloneExpertTable(m.table), o);
+  ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+  CachedExperts& c = **cached;
+  const std::string what = "layer " + std::to_string(bad.first) + " expert " +
+                           std::to_string(bad.second) + ", req " + std::to_string(a) +
+                           " picks it, req " + std::to_string(b) + " does not";
+  std::map<uint64_t, Served> got = Serve(m, c, {prompts[a - 1], prompts[b - 1]});
+  EXPECT_EQ(got[a].finish, FinishReason::kError) << what;
+  EXPECT_NE(got[a].error.find("expert " + std::to_string(bad.second) + " of MoE layer " +
+                              std::to_string(bad.first) + " could not be read"),
+            std::string::npos)
+      << got[a].error;
+  EXPECT_NE(got[a].error.find(faults->extents[0].path), std::string::npos) << got[a].error;
+  EXPECT_NE(got[a].error.find("Input/output error"), std::string::npos) << got[a].error;
+  // What it generated before the failing step is what it generates all-resident.
+  ASSERT_LE(got[a].tokens.size(), ref[a].tokens.size());
+  EXPECT_TRUE(std::equal(got[a].tokens.begin(), got[a].tokens.end(), ref[a].tokens.begin()));
+  EXPECT_NE(got[b].finish, FinishReason::kError) << got[b].error;
+  EXPECT_EQ(got[b].tokens, ref[b].tokens) << what;
+  EXPECT_GT(faults->failed, 0);
+  EXPECT_GE(c.host_tier_stats()->read_errors, 2u);  // The read and its retry.
+  const CacheStats failed_stats = c.stats();
+  EXPECT_GE(failed_stats.total.failed_loads, 2u);
+  EXPECT_EQ(failed_stats.total.failed_experts, 1u);
+  EXPECT_TRUE(c.cache().CheckInvariants().ok()) << c.cache().CheckInvariants().ToString();
+  // A later request that does not pick it is served.
+  Generate again = prompts[b - 1];
+  again.request_id = 100;
+  got = Serve(m, c, {again});
+  EXPECT_EQ(got[100].tokens, ref[b].tokens);
+  // Readable again: the expert loads, and its request gets the all-resident tokens.
+  faults->armed = false;
+  Generate retried = prompts[a - 1];
+  retried.request_id = 101;
+  got = Serve(m, c, {retried});
+  EXPECT_NE(got[101].finish, FinishReason::kError) << got[101].error;
+  EXPECT_EQ(got[101].tokens, ref[a].tokens);
+  EXPECT_EQ(c.stats().total.failed_experts, 1u);
+  EXPECT_TRUE(c.cache().CheckInvariants().ok()) << c.cache().CheckInvariants().ToString();
 }
 
 // The disk reads a request's misses needed reach its token events (usage.fmoe_experts).

@@ -68,7 +68,10 @@ class ScriptedLink final : public TransferEngine {
       const TransferTask t = live_[best];
       live_.erase(best);
       clock_.AdvanceNs(1000);
-      if (unreadable.count(t.key)) {
+      ++loads[t.key];
+      const bool fail_now = fail_next[t.key] > 0;
+      if (fail_now) --fail_next[t.key];
+      if (unreadable.count(t.key) || fail_now) {
         finished_.push_back({t.id, false, 0, 0, clock_.NowNs() - 1000, clock_.NowNs(),
                              DataLoss("/m/model.safetensors: bytes [0, 64): the file ends at 0")});
         continue;
@@ -88,8 +91,10 @@ class ScriptedLink final : public TransferEngine {
 
   std::vector<TransferTask> submitted;
   std::vector<uint32_t> hints;
-  std::set<uint32_t> on_disk;     // Keys not staged in host memory (Staged false until loaded).
-  std::set<uint32_t> unreadable;  // Keys whose load fails (a read error).
+  std::set<uint32_t> on_disk;         // Keys not staged in host memory (Staged false until loaded).
+  std::set<uint32_t> unreadable;      // Keys whose load fails (a read error).
+  std::map<uint32_t, int> fail_next;  // Keys whose next n loads fail (a transient error).
+  std::map<uint32_t, int> loads;      // Loads finished per key (failed ones included).
   const char* by_key = nullptr;
   int cancels = 0;
   int promotions = 0;
@@ -552,9 +557,10 @@ TEST(ExpertCache, StaleDirectivesAreDropped) {
 
 // Tiered (a link in front of a host tier): loads name their expert, misses not staged in host
 // memory count as disk reads (and in the request's usage), directives are hinted to the link
-// even when their layer has started (the next iteration may use them), and a load that fails
-// fails the layer that needs it with the read's error, not the ones after.
-TEST(ExpertCache, TieredLoadsByKeyCountDiskReadsHintAndFailOnlyTheirLayer) {
+// even when their layer has started (the next iteration may use them), and an expert whose load
+// fails twice is handed to the layer that needs it as failed, with the read's error; the layer
+// and the ones after go on.
+TEST(ExpertCache, TieredLoadsByKeyCountDiskReadsHintAndFailOnlyTheirExpert) {
   Fixture f("fmoe", 4, 0, 1, /*preload=*/false, 2, false, false, /*tiered=*/true);
   for (uint32_t k = 0; k < kLayers * kExperts; ++k) f.link.on_disk.insert(k);
   f.link.on_disk.erase(1);  // Expert 1 of layer 0 is in host memory.
@@ -587,19 +593,61 @@ TEST(ExpertCache, TieredLoadsByKeyCountDiskReadsHintAndFailOnlyTheirLayer) {
   EXPECT_EQ(f.cache->stats().directives_stale, 1u);
   EXPECT_NE(std::find(f.link.hints.begin(), f.link.hints.end(), 5u), f.link.hints.end());
   EXPECT_NE(std::find(f.link.hints.begin(), f.link.hints.end(), 6u), f.link.hints.end());
-  // Layer 1 needs an unreadable expert: its Next fails with the read's error.
+  // Layer 1 needs an unreadable expert (3) and a readable one (5): 5 comes out with its bytes,
+  // 3 is tried twice and comes out failed with the read's error, holding no slot.
   f.link.unreadable.insert(kExperts + 3);
   ASSERT_TRUE(
-      f.cache->BeginLayer({1, std::vector<uint32_t>{3}, std::vector<uint32_t>{1}, {}}).ok());
-  Result<ReadyExpert> bad = f.cache->Next();
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().code(), ErrorCode::kDataLoss);
-  EXPECT_NE(bad.status().message().find("model.safetensors"), std::string::npos);
+      f.cache->BeginLayer({1, std::vector<uint32_t>{3, 5}, std::vector<uint32_t>{1, 1}, {}}).ok());
+  std::map<uint32_t, Status> handed;
+  while (true) {
+    Result<ReadyExpert> e = f.cache->Next();
+    if (!e.ok()) {
+      EXPECT_EQ(e.status().code(), ErrorCode::kNotFound) << e.status().ToString();
+      break;
+    }
+    ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+    handed[e->expert] = e->error;
+    if (e->error.ok()) {
+      EXPECT_EQ(0, std::memcmp(f.device.data() + e->slot * kBytes,
+                               f.host.data() + (kExperts + e->expert) * kBytes, kBytes));
+    }
+    f.cache->Done(e->expert);
+  }
+  ASSERT_EQ(handed.size(), 2u);
+  EXPECT_TRUE(handed[5].ok());
+  EXPECT_EQ(handed[3].code(), ErrorCode::kDataLoss);
+  EXPECT_NE(handed[3].message().find("model.safetensors"), std::string::npos);
+  EXPECT_EQ(f.link.loads[kExperts + 3], 2);  // One retry.
+  EXPECT_EQ(f.cache->stats().layers[1].failed_loads, 2u);
+  EXPECT_EQ(f.cache->stats().layers[1].failed_experts, 1u);
   f.cache->EndLayer();
   EXPECT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
   // Layer 2 goes on.
   f.RunLayer(2, {4});
   f.cache->EndIteration();
+  EXPECT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+  // Readable again: the next iteration that picks it loads it.
+  f.link.unreadable.clear();
+  f.cache->BeginIteration({&s, 1});
+  f.RunLayer(1, {3});
+  f.cache->EndIteration();
+  EXPECT_EQ(f.link.loads[kExperts + 3], 3);
+  EXPECT_EQ(f.cache->stats().total.failed_experts, 1u);
+}
+
+// A load that fails once (a transient read error) is retried on demand and the layer gets the
+// expert's bytes; no expert is handed out failed.
+TEST(ExpertCache, TieredRetriesAFailedLoadOnce) {
+  Fixture f("lru", 2, 0, 1, /*preload=*/false, 2, false, false, /*tiered=*/true);
+  for (uint32_t k = 0; k < kLayers * kExperts; ++k) f.link.on_disk.insert(k);
+  f.link.fail_next[2] = 1;
+  SequenceInfo s{7, 0, 1};
+  f.cache->BeginIteration({&s, 1});
+  f.RunLayer(0, {1, 2});  // Checks every expert comes out with its own bytes.
+  f.cache->EndIteration();
+  EXPECT_EQ(f.link.loads[2], 2);
+  EXPECT_EQ(f.cache->stats().total.failed_loads, 1u);
+  EXPECT_EQ(f.cache->stats().total.failed_experts, 0u);
   EXPECT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
 }
 

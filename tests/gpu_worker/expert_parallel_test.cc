@@ -13,6 +13,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -76,6 +79,48 @@ std::vector<Generate> Requests(const std::string& dir = kModelDir) {
   return testing::PromptRequests(*Common(dir).tokenizer);
 }
 
+// An expert one rank cannot read (its source hands it out failed), for RunGroup.
+struct ExpertFault {
+  uint32_t rank = 0;
+  uint32_t layer = 0;
+  uint32_t expert = 0;
+};
+
+// Delegates to the rank's cache, except that the faulty expert comes out of Next failed, as a
+// read error behind a host tier would.
+class FailingExperts final : public ExpertSource {
+ public:
+  FailingExperts(ExpertSource& inner, const ExpertFault& fault) : inner_(inner), fault_(fault) {}
+  void BeginIteration(std::span<const SequenceInfo> s) override { inner_.BeginIteration(s); }
+  uint32_t speculation_distance() const override { return inner_.speculation_distance(); }
+  void Speculate(uint32_t layer, uint32_t target, std::span<const float> probs) override {
+    inner_.Speculate(layer, target, probs);
+  }
+  Status BeginLayer(const LayerRouting& routing) override {
+    layer_ = routing.layer;
+    return inner_.BeginLayer(routing);
+  }
+  Result<SourcedExpert> Next() override {
+    Result<SourcedExpert> next = inner_.Next();
+    if (next.ok() && layer_ == fault_.layer && next->expert == fault_.expert) {
+      next->weights = {};
+      next->failed = IoError("/m/model.safetensors: bytes [0, 64): pread: Input/output error");
+    }
+    return next;
+  }
+  void Done(uint32_t expert) override { inner_.Done(expert); }
+  bool HostRunsPlanned() const override { return inner_.HostRunsPlanned(); }
+  void EndLayer() override { inner_.EndLayer(); }
+  void EndIteration() override { inner_.EndIteration(); }
+  void OnRequestEnd(uint64_t id) override { inner_.OnRequestEnd(id); }
+  RequestUsage Usage(uint64_t id) const override { return inner_.Usage(id); }
+
+ private:
+  ExpertSource& inner_;
+  ExpertFault fault_;
+  uint32_t layer_ = 0;
+};
+
 struct GroupRun {
   Tokens tokens;
   std::map<uint64_t, TokenEvent> last_events;
@@ -90,7 +135,8 @@ struct GroupRun {
 // `max_batched_tokens`: the leader's token budget per step (prompts prefilled in chunks).
 GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
                   const std::vector<LayerAccess>& future = {}, const std::string& dir = kModelDir,
-                  uint32_t max_batched_tokens = 0, uint64_t kv_tokens = 0) {
+                  uint32_t max_batched_tokens = 0, uint64_t kv_tokens = 0,
+                  std::optional<ExpertFault> fault = std::nullopt) {
   const ModelInfo& info = Common(dir).info;
   // Every rank's KV pool: fixed at kv_tokens positions (0: growing), as the rank sets it.
   for (uint32_t r = 0; r < world; ++r)
@@ -140,6 +186,9 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
     MoeModel& model = *Weights(world, r, dir).model;
     model.set_group(&group);
     CachedExperts& cache = *caches[r];
+    std::unique_ptr<FailingExperts> failing;
+    if (fault && fault->rank == r) failing = std::make_unique<FailingExperts>(cache, *fault);
+    ExpertSource& source = failing ? static_cast<ExpertSource&>(*failing) : cache;
     auto local = [&cache] {
       const CacheCounters t = cache.stats().total;
       return ExpertFigures{t.hits,
@@ -159,7 +208,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
       options.local_figures = local;
       options.on_group_failure = [&](const Status& s) { fail(s.ToString()); };
       std::atomic<size_t> finished{0};
-      Engine engine(options, model, cache, Common(dir).tokenizer.get(), &directives,
+      Engine engine(options, model, source, Common(dir).tokenizer.get(), &directives,
                     [&](const TokenEvent& ev) {
                       std::lock_guard<std::mutex> lock(mu);
                       if (ev.token_id >= 0) run.tokens[ev.request_id].push_back(ev.token_id);
@@ -176,7 +225,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
       run.group_figures = engine.group_figures();
       run.preemptions = engine.stats().preemptions;
     } else {
-      Follower follower(model, cache, group, 4, local);
+      Follower follower(model, source, group, 4, local);
       Status s = follower.Run([] { return false; }, std::chrono::seconds(0));
       if (!s.ok()) fail(s.ToString());
       if (Status c = cache.cache().CheckInvariants(); !c.ok()) invariants = c;
@@ -196,6 +245,21 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
 struct Reference {
   Tokens tokens;
   std::vector<LayerAccess> accesses;
+  // Per request: the (MoE layer, expert) pairs its tokens picked.
+  std::map<uint64_t, std::set<std::pair<uint32_t, uint32_t>>> used;
+};
+
+// Records the experts each request's tokens pick.
+class RoutingRecorder final : public ForwardObserver {
+ public:
+  explicit RoutingRecorder(Reference* ref) : ref_(ref) {}
+  void OnLayerRouting(uint64_t request_id, uint32_t, uint32_t layer,
+                      std::span<const uint32_t> experts, std::span<const uint32_t>) override {
+    for (uint32_t e : experts) ref_->used[request_id].insert({layer, e});
+  }
+
+ private:
+  Reference* ref_;
 };
 
 // One rank, every expert resident: what every group must produce.
@@ -207,9 +271,10 @@ const Reference& AllResident(const std::string& dir = kModelDir) {
     RankWeights& w = Weights(1, 0, dir);
     ResidentExperts resident(CloneExpertTable(w.table));
     RecordingExperts recording(resident);
+    RoutingRecorder routing(r.get());
     EngineOptions options;
     options.max_batch = 4;
-    Engine engine(options, *w.model, recording, Common(dir).tokenizer.get(), nullptr,
+    Engine engine(options, *w.model, recording, Common(dir).tokenizer.get(), &routing,
                   [&](const TokenEvent& ev) {
                     if (ev.token_id >= 0) r->tokens[ev.request_id].push_back(ev.token_id);
                   });
@@ -284,6 +349,58 @@ TEST(ExpertParallel, EveryWorldSizeAndPolicyGivesTheAllResidentTokens) {
       for (const auto& [id, ev] : run.last_events) uses[id] = ev.expert_hits + ev.expert_misses;
       if (request_uses.empty()) request_uses = uses;
       EXPECT_EQ(uses, request_uses);
+    }
+  }
+}
+
+// An expert one rank cannot read fails, on every rank alike, only the requests whose tokens pick
+// it: each ends with an error naming the layer and the expert (and the rank, when it is not the
+// leader); the others get the all-resident tokens; the group does not break.
+TEST(ExpertParallel, AnUnreadableExpertOnOneRankFailsOnlyTheRequestsThatPickIt) {
+  const Reference& ref = AllResident();
+  const ModelInfo& info = Common().info;
+  for (uint32_t rank : {1u, 0u}) {
+    // An expert of this rank that some requests pick and others do not.
+    std::optional<ExpertFault> fault;
+    std::set<uint64_t> picking;
+    for (uint32_t l = 0; l < info.num_moe_layers && !fault; ++l) {
+      for (uint32_t j = 0; j < info.num_experts && !fault; ++j) {
+        if ((l * info.num_experts + j) % 2 != rank) continue;
+        picking.clear();
+        for (const auto& [id, used] : ref.used) {
+          if (used.count({l, j}) != 0) picking.insert(id);
+        }
+        if (!picking.empty() && picking.size() < ref.used.size()) fault = ExpertFault{rank, l, j};
+      }
+    }
+    ASSERT_TRUE(fault.has_value()) << "rank " << rank;
+    const std::string what = "fault on rank " + std::to_string(rank) + ": expert " +
+                             std::to_string(fault->expert) + " of MoE layer " +
+                             std::to_string(fault->layer);
+    GroupRun run = RunGroup(2, "lru", 0.5, ref.accesses, kModelDir, 0, 0, fault);
+    const std::string named = "expert " + std::to_string(fault->expert) + " of MoE layer " +
+                              std::to_string(fault->layer) + " could not be read";
+    for (const std::string& e : run.errors) {
+      EXPECT_NE(e.find(named), std::string::npos) << what << ": " << e;  // No group failure.
+    }
+    ASSERT_EQ(run.last_events.size(), kPrompts.size()) << what;
+    for (const auto& [id, ev] : run.last_events) {
+      const std::vector<int32_t>& want = ref.tokens.at(id);
+      const std::vector<int32_t>& got = run.tokens[id];
+      if (picking.count(id) != 0) {
+        EXPECT_EQ(ev.finish, FinishReason::kError) << what << " req " << id;
+        EXPECT_NE(ev.error.find(named), std::string::npos) << ev.error;
+        if (rank != 0) {
+          EXPECT_NE(ev.error.find("on rank 1"), std::string::npos) << ev.error;
+        } else {
+          EXPECT_NE(ev.error.find("Input/output error"), std::string::npos) << ev.error;
+        }
+        ASSERT_LE(got.size(), want.size());
+        EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin())) << what << " req " << id;
+      } else {
+        EXPECT_NE(ev.finish, FinishReason::kError) << what << " req " << id << ": " << ev.error;
+        EXPECT_EQ(got, want) << what << " req " << id;
+      }
     }
   }
 }

@@ -165,5 +165,49 @@ TEST(GroupPlan, FiguresPackAndUnpack) {
   EXPECT_EQ(sum.disk_stall_us, 42u);
 }
 
+// Each rank writes its failures into its own block after the figures; the sum of the ranks'
+// counters gives every rank the same per-sequence failures, the lowest rank's first.
+TEST(GroupPlan, FailuresRideOnTheFiguresSum) {
+  constexpr uint32_t kWorld = 3, kExperts = 8;
+  const std::vector<RequestUsage> usage(4);
+  std::vector<std::vector<int64_t>> ranks(kWorld);
+  size_t first = 0;
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    ranks[r] = PackFigures(usage, ExpertFigures{});
+    first = ranks[r].size();
+    std::vector<std::optional<RankFailure>> mine(usage.size());
+    if (r == 1) mine[2] = RankFailure{1, 5, 7};  // Layer 5, expert 7 (key 47).
+    if (r == 2) mine[2] = RankFailure{2, 0, 0};  // Key 0: still a failure.
+    if (r == 2) mine[3] = RankFailure{2, 3, 1};
+    PackFailures(mine, r, kWorld, kExperts, &ranks[r]);
+    ASSERT_EQ(ranks[r].size(), first + usage.size() * kWorld);
+  }
+  std::vector<int64_t> sum(ranks[0].size(), 0);
+  for (const auto& c : ranks) {
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += c[i];
+  }
+  const auto all = UnpackFailures(sum, first, usage.size(), kWorld, kExperts);
+  ASSERT_EQ(all.size(), usage.size());
+  EXPECT_FALSE(all[0].has_value());
+  EXPECT_FALSE(all[1].has_value());
+  ASSERT_TRUE(all[2].has_value());
+  EXPECT_EQ(all[2]->rank, 1u);
+  EXPECT_EQ(all[2]->layer, 5u);
+  EXPECT_EQ(all[2]->expert, 7u);
+  ASSERT_TRUE(all[3].has_value());
+  EXPECT_EQ(all[3]->rank, 2u);
+  EXPECT_EQ(all[3]->layer, 3u);
+  EXPECT_EQ(all[3]->expert, 1u);
+  // The figures before them are untouched.
+  RequestUsage out[4];
+  ExpertFigures totals;
+  UnpackFigures(sum, out, &totals);
+  EXPECT_EQ(totals.hits, 0u);
+  // Counters cut short read as no failure.
+  EXPECT_FALSE(
+      UnpackFailures(std::span<const int64_t>(sum).first(first), first, 4, kWorld, kExperts)[2]
+          .has_value());
+}
+
 }  // namespace
 }  // namespace fmoe

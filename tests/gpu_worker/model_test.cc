@@ -12,6 +12,8 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -717,10 +719,10 @@ class MisshapenExperts final : public ExpertSource {
  public:
   explicit MisshapenExperts(ExpertSource& inner) : inner_(inner) {}
   Status BeginLayer(const LayerRouting& routing) override { return inner_.BeginLayer(routing); }
-  Result<std::pair<uint32_t, ExpertWeights>> Next() override {
+  Result<SourcedExpert> Next() override {
     auto next = inner_.Next();
     if (!next.ok()) return next;
-    next->second.w1 = next->second.w1.t();  // [h, inter]: the product cannot be formed.
+    next->weights.w1 = next->weights.w1.t();  // [h, inter]: the product cannot be formed.
     return next;
   }
   void EndLayer() override { inner_.EndLayer(); }
@@ -745,6 +747,115 @@ TEST(MoeModel, ALibTorchErrorIsAStatus) {
   // The runtime serves on.
   ForwardResult good = Prefill(rt, ids);
   EXPECT_EQ(good.logits[0].size(), ids.size() * rt.info.vocab_size);
+}
+
+// A source whose expert `expert` of MoE layer `layer` cannot be read: Next hands it out failed.
+class FailingExperts final : public ExpertSource {
+ public:
+  FailingExperts(ExpertSource& inner, uint32_t layer, uint32_t expert)
+      : inner_(inner), layer_(layer), expert_(expert) {}
+  void BeginIteration(std::span<const SequenceInfo> s) override { inner_.BeginIteration(s); }
+  Status BeginLayer(const LayerRouting& routing) override {
+    running_ = routing.layer;
+    return inner_.BeginLayer(routing);
+  }
+  Result<SourcedExpert> Next() override {
+    auto next = inner_.Next();
+    if (next.ok() && running_ == layer_ && next->expert == expert_) {
+      next->weights = {};
+      next->failed = DataLoss("/m/model.safetensors: bytes [0, 64): the file ends at 0");
+      ++failures;
+    }
+    return next;
+  }
+  void Done(uint32_t expert) override { inner_.Done(expert); }
+  void EndLayer() override { inner_.EndLayer(); }
+  void EndIteration() override { inner_.EndIteration(); }
+  int failures = 0;
+
+ private:
+  ExpertSource& inner_;
+  uint32_t layer_, expert_, running_ = 0;
+};
+
+// An expert that cannot be read fails only the sequences whose tokens picked it: the other
+// sequence of the batch gets exactly the logits it gets alone, and keeps its KV; the failed one
+// gets no logits and its KV cache is not advanced. Without a result to report it in, the
+// failure is the Forward's error.
+TEST(MoeModel, AnUnreadableExpertFailsOnlyTheSequencesThatPickedIt) {
+  Runtime& rt = Reference();
+  const std::vector<int32_t> a = Ids(ReferenceJson()["prompts"][2]["ids"]);
+  // Two tokens of another prompt: they pick few experts.
+  std::vector<int32_t> b = Ids(ReferenceJson()["prompts"][1]["ids"]);
+  b.resize(2);
+  const ForwardResult alone_a = Prefill(rt, a, /*record_router=*/true);
+  const ForwardResult alone_b = Prefill(rt, b, /*record_router=*/true);
+  // An expert of some MoE layer that a's tokens pick and b's do not.
+  const auto k = static_cast<size_t>(rt.info.top_k);
+  int64_t layer = -1, expert = -1;
+  for (size_t l = 0; l < alone_a.router_topk.size() && layer < 0; ++l) {
+    std::set<int32_t> used_b(alone_b.router_topk[l].begin(), alone_b.router_topk[l].end());
+    for (int32_t e : alone_a.router_topk[l]) {
+      if (used_b.count(e) == 0) {
+        layer = static_cast<int64_t>(l);
+        expert = e;
+        break;
+      }
+    }
+  }
+  ASSERT_GE(layer, 0) << "every expert a picks, b picks too";
+  ASSERT_EQ(alone_a.router_topk[layer].size(), a.size() * k);
+  FailingExperts failing(*rt.experts, static_cast<uint32_t>(layer), static_cast<uint32_t>(expert));
+  auto kv_a = rt.model->NewKvCache();
+  auto kv_b = rt.model->NewKvCache();
+  SequenceInput in[2];
+  in[0].request_id = 1;
+  in[0].tokens = a;
+  in[0].kv = kv_a.get();
+  in[0].all_logits = true;
+  in[1].request_id = 2;
+  in[1].tokens = b;
+  in[1].kv = kv_b.get();
+  in[1].all_logits = true;
+  ForwardResult out;
+  Status s = rt.model->Forward({in, 2}, failing, nullptr, &out);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(failing.failures, 1);
+  ASSERT_EQ(out.failed.size(), 1u);
+  EXPECT_EQ(out.failed[0].sequence, 0u);
+  EXPECT_EQ(out.failed[0].layer, static_cast<uint32_t>(layer));
+  EXPECT_EQ(out.failed[0].expert, static_cast<uint32_t>(expert));
+  EXPECT_EQ(out.failed[0].error.code(), ErrorCode::kDataLoss);
+  EXPECT_EQ(out.failed[0].error.message(),
+            "expert " + std::to_string(expert) + " of MoE layer " + std::to_string(layer) +
+                " could not be read: /m/model.safetensors: bytes [0, 64): the file ends at 0");
+  EXPECT_TRUE(out.logits[0].empty());
+  EXPECT_EQ(kv_a->length(), 0);
+  EXPECT_EQ(out.logits[1], alone_b.logits[0]);  // Bit for bit.
+  EXPECT_EQ(kv_b->length(), static_cast<int64_t>(b.size()));
+  // b decodes on from its KV as it would have.
+  const std::vector<int32_t> t7 = {7};
+  SequenceInput next = in[1];
+  next.tokens = t7;
+  next.all_logits = false;
+  ForwardResult decoded;
+  ASSERT_TRUE(rt.model->Forward({&next, 1}, *rt.experts, nullptr, &decoded).ok());
+  auto kv_ref = rt.model->NewKvCache();
+  SequenceInput ref = in[1];
+  ref.kv = kv_ref.get();
+  ForwardResult ref_out;
+  ASSERT_TRUE(rt.model->Forward({&ref, 1}, *rt.experts, nullptr, &ref_out).ok());
+  ref.tokens = t7;
+  ref.all_logits = false;
+  ASSERT_TRUE(rt.model->Forward({&ref, 1}, *rt.experts, nullptr, &ref_out).ok());
+  EXPECT_EQ(decoded.logits[0], ref_out.logits[0]);
+  // No result to report it in: the Forward fails.
+  auto kv_c = rt.model->NewKvCache();
+  SequenceInput c = in[0];
+  c.kv = kv_c.get();
+  s = rt.model->Forward({&c, 1}, failing, nullptr, nullptr);
+  EXPECT_EQ(s.code(), ErrorCode::kDataLoss) << s.ToString();
+  EXPECT_EQ(kv_c->length(), 0);
 }
 
 // ---- bad checkpoints: copies of the reference with one thing wrong ----
