@@ -91,7 +91,7 @@ def run_config(args, net, tun, work, link, world, batch, port):
     hosts = ["b"] * world if link == "loopback" else placement(world)
     addr = link_addr(net, tun, link)
     rdzv = addr["b"]
-    threads = max(1, (os.cpu_count() or 1) // world)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // world)
     before = sent_bytes(net, tun, link)
     procs = []
     for r, h in enumerate(hosts):
@@ -147,6 +147,9 @@ def main():
     ap.add_argument("--budget", type=float, default=1.0)
     ap.add_argument("--links", default=DEFAULT_LINKS, help=f"of {', '.join(LINKS)}")
     ap.add_argument("--runs", type=int, default=2, help="runs of every configuration")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="intra-op threads per rank (0: max(1, cores / world), group_bench's; "
+                    "under load from other work, LibTorch's OpenMP threads wait on each other)")
     ap.add_argument("--keep", action="store_true", help="keep the ranks' logs afterwards")
     args = ap.parse_args()
     args.bin_dir = os.path.abspath(args.bin_dir)
@@ -212,6 +215,7 @@ def main():
                 for batch in batches:
                     for world in worlds:
                         key = (world, batch, link)
+                        load = os.getloadavg()[0]
                         t0 = time.monotonic()
                         try:
                             ranks, moved = run_config(args, net, tun, work, link, world, batch,
@@ -234,11 +238,12 @@ def main():
                             "payload": [r["payload_bytes"] / generated / 1e3 for r in ranks],
                             "wire": [moved[h] / generated / 1e3 for h in ("b", "c")],
                             "same": None if ref is None else ref == lead["tokens"],
+                            "load": load,
                         }
                         rows.setdefault(key, []).append(fig)
                         log(f"run {run_i + 1} world {world} batch {batch} {link}: TPOT p50 "
                             f"{fig['tpot_p50']:.2f} ms mean {fig['tpot_mean']:.2f} ms, "
-                            f"{time.monotonic() - t0:.1f} s")
+                            f"{time.monotonic() - t0:.1f} s, load average {load:.1f} at start")
                 if link == "netem":
                     for h in ("b", "c"):
                         net.shape(h, None)
@@ -260,14 +265,15 @@ def main():
 
     print(f"model {args.model}; {args.prompts} prompts x {args.tokens} tokens, greedy; budget "
           f"{args.budget:.0%}; ranks are processes sharing {os.cpu_count()} cores (each "
-          f"max(1, cores / world) intra-op threads); Gloo; {args.runs} runs per configuration, "
+          f"{args.threads or 'max(1, cores / world)'} intra-op threads); Gloo; {args.runs} runs "
+          f"per configuration, "
           f"each cell lists them in order")
     print("TCP round trip C to B, 1 byte, median of 50: " + "; ".join(
         f"{link} {fmt_runs(v, '.3f')} ms" for link, v in rtt.items()) + "\n")
     print("| world | batch | link | ranks on | TPOT p50 ms | TPOT mean ms | decode tok/s | leader "
           "in collectives ms/token | collective payload KB/token per rank (run 1) | link KB/token "
-          "out of B / C (run 1) | identical tokens |")
-    print("|---:|---:|---|---|---:|---:|---:|---:|---|---|---|")
+          "out of B / C (run 1) | identical tokens | load average at start |")
+    print("|---:|---:|---|---|---:|---:|---:|---:|---|---|---|---|")
     for link in links:
         for batch in batches:
             for world in worlds:
@@ -276,7 +282,7 @@ def main():
                     " ".join(h.upper() for h in placement(world))
                 if not figs:
                     print(f"| {world} | {batch} | {LINK_NAMES[link]} | {where} | failed | | | | "
-                          f"| | |")
+                          f"| | | |")
                     continue
                 payload = " / ".join(f"{p:.1f}" for p in figs[0]["payload"])
                 wire = "-" if link == "loopback" else \
@@ -289,7 +295,7 @@ def main():
                       f"{fmt_runs([f['tpot_mean'] for f in figs], '.2f')} | "
                       f"{fmt_runs([f['tok_s'] for f in figs], '.0f')} | "
                       f"{fmt_runs([f['wait'] for f in figs], '.2f')} | {payload} | {wire} | "
-                      f"{same_text} |")
+                      f"{same_text} | {fmt_runs([f['load'] for f in figs], '.1f')} |")
     medians = {k: statistics.median(f["tpot_p50"] for f in v) for k, v in rows.items()}
     for base, shaped in (("veth", "netem"), ("tun", "tun-1ms")):
         for batch in batches:
