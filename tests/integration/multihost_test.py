@@ -22,8 +22,9 @@ after the equality checks, three faults strike, each bounded by those timeouts p
      within collective_timeout_s, A's processes stay; C's and B's launchers restart their ranks,
      and the group re-forms and answers as the world-1 group again.
   2. C's veth taken down (in the bridge namespace) under the same load: nothing closes a socket
-     and B's leader still heartbeats, so the group breaks when its collective times out: /health
-     says g0 down within collective_timeout_s + the heartbeat timeout; B's and C's ranks leave;
+     and B's leader still heartbeats, so the group's liveness breaks it (each rank beats in rank
+     0's store; the workers take the heartbeat timeout as the liveness timeout): /health says g0
+     down within the heartbeat timeout, not collective_timeout_s; B's and C's ranks leave;
      the restarted ranks wait at the rendezvous (C's cannot reach it) and g0 stays down;
      `fmoe status` on A names C's ranks not reachable and on C names A's map service and router
      not reachable (timed out), each exiting 3 within its bound; the link comes back up and the group re-forms and answers as the world-1 group.
@@ -763,14 +764,15 @@ def fault_cut_link_c(net, hosts, reference, timings):
     log(f"{what}: `ip -n {net.names['sw']} link set vc down` under {len(streams)} streams "
         f"in flight")
     try:
-        # No socket closes and B's leader still heartbeats to A: the group breaks when its
-        # collective times out (collective_timeout_s), so that, not the heartbeat timeout, bounds
-        # the router's view.
-        bound = FAULT_COLLECTIVE_TIMEOUT_S + FAULT_HB_TIMEOUT_MS / 1000 + SLACK_S
+        # No socket closes and B's leader still heartbeats to A: the group's liveness breaks it.
+        # Rank 0 (on B) sees C's ranks' counters in its store stop, C's ranks see their additions
+        # to it stop going through, each within the liveness timeout (the heartbeat timeout),
+        # well before the collective timeout (collective_timeout_s) would.
+        bound = FAULT_HB_TIMEOUT_MS / 1000 + SLACK_S
         timings["cut: group down"] = wait_group_down(net, what, t0, bound)
         for la, before in ((b, before_b), (c, before_c)):
             timings[f"cut: {la.name}'s ranks left"] = wait_ranks_left(
-                la, before, what, t0, FAULT_COLLECTIVE_TIMEOUT_S + SLACK_S)
+                la, before, what, t0, FAULT_HB_TIMEOUT_MS / 1000 + SLACK_S)
         timings["cut: streams ended"] = check_load_ended(streams, what, t0)
         # Both halves restart and wait at the rendezvous (on B), C's ranks unable to reach it:
         # they must wait there (not crash-loop toward the launcher's give-up), and the group
