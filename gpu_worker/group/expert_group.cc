@@ -305,7 +305,9 @@ Result<std::unique_ptr<ExpertGroup>> ExpertGroup::Join(const ExpertGroupOptions&
   group->impl_->gather = options.sum_algorithm == SumAlgorithm::kAllGather ||
                          (options.sum_algorithm == SumAlgorithm::kAuto &&
                           group->backend_ == "gloo" && options.world_size == 2);
-  if (options.liveness_timeout.count() > 0) {
+  // Gloo only: a Gloo work's wait that runs out of its slice leaves the work as it was; NCCL's
+  // can count it as the collective's timeout.
+  if (options.liveness_timeout.count() > 0 && group->backend_ == "gloo") {
     try {
       // A connection of its own: the collectives' store client is not shared across threads.
       c10d::TCPStoreOptions beat_options;
@@ -331,7 +333,8 @@ Result<std::unique_ptr<ExpertGroup>> ExpertGroup::Join(const ExpertGroupOptions&
       "{}: joined through {} ({} backend, sums by {}, collective timeout {} ms, liveness "
       "timeout {} ms)",
       who, at, group->backend_, group->impl_->gather ? "all-gather" : "all-reduce",
-      options.collective_timeout.count(), options.liveness_timeout.count());
+      options.collective_timeout.count(),
+      group->impl_->liveness ? options.liveness_timeout.count() : 0);
   return group;
 }
 
