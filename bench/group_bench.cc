@@ -6,6 +6,11 @@
 // follower loop; they join through a TCPStore on 127.0.0.1. Every configuration checks that the
 // tokens equal world size 1's.
 //
+// With --rank R the process runs that one rank of one configuration (one value each of --worlds,
+// --batch, --budget) and prints its result as one JSON line on stdout, binding Gloo to --host and
+// joining rank 0's TCPStore at --rendezvous: the ranks run on different hosts (network
+// namespaces: bench/multihost_bench.py starts them and prints the table).
+//
 // For each world size, batch size and budget: --prompts prompts, --tokens tokens each, greedy;
 // batch 1 runs the prompts one after another, batch B runs B at once. TPOT = decode time /
 // decode tokens per request, averaged; tokens/s = all decode tokens / the decode wall time.
@@ -21,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <string>
@@ -56,8 +62,17 @@ struct Config {
   std::string policy = "lru";
   double gbps = 16;
   int threads = 1;
+  std::string host = "127.0.0.1";             // This rank's address: Gloo binds to it.
+  std::string rendezvous_host = "127.0.0.1";  // Rank 0's TCPStore.
   uint16_t port = 0;
 };
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 // One rank of one configuration; the result as one JSON line on `out_fd`.
 int RankMain(const Config& c, uint32_t rank, int out_fd) {
@@ -71,6 +86,7 @@ int RankMain(const Config& c, uint32_t rank, int out_fd) {
   };
   std::map<uint64_t, std::vector<int32_t>> tokens;
   std::map<uint64_t, BenchClock::time_point> first, last;
+  std::vector<double> gaps_ms;  // Between successive tokens of a request: decode only.
   size_t finished = 0;
   RankOptions o;
   o.model_dir = c.model_dir;
@@ -85,7 +101,8 @@ int RankMain(const Config& c, uint32_t rank, int out_fd) {
   o.group = "bench";
   o.rank = rank;
   o.world_size = c.world;
-  o.rendezvous_host = "127.0.0.1";
+  o.host = c.host;
+  o.rendezvous_host = c.rendezvous_host;
   o.rendezvous_port = c.port;
   o.rendezvous_timeout = std::chrono::seconds(60);
   o.collective_timeout = std::chrono::seconds(60);
@@ -94,7 +111,13 @@ int RankMain(const Config& c, uint32_t rank, int out_fd) {
   o.on_token = [&](const TokenEvent& ev) {
     if (ev.token_id >= 0) {
       tokens[ev.request_id].push_back(ev.token_id);
-      (tokens[ev.request_id].size() == 1 ? first : last)[ev.request_id] = BenchClock::now();
+      const auto now = BenchClock::now();
+      if (tokens[ev.request_id].size() > 1) {
+        const auto prev =
+            tokens[ev.request_id].size() == 2 ? first[ev.request_id] : last[ev.request_id];
+        gaps_ms.push_back(std::chrono::duration<double, std::milli>(now - prev).count());
+      }
+      (tokens[ev.request_id].size() == 1 ? first : last)[ev.request_id] = now;
     }
     if (ev.finish != FinishReason::kNone) ++finished;
   };
@@ -145,6 +168,7 @@ int RankMain(const Config& c, uint32_t rank, int out_fd) {
       all_tokens[std::to_string(id)] = t;
     }
     result["tpot_ms"] = 1e3 * tpot_sum / std::max<size_t>(1, tokens.size());
+    result["tpot_p50_ms"] = Median(gaps_ms);
     result["tokens_per_s"] = decode_tokens / std::max(decode_wall, 1e-9);
     result["generated"] = generated;
     result["tokens"] = all_tokens;
@@ -185,7 +209,8 @@ int CollectivesMain(const Config& c, uint32_t rank, int out_fd) {
     g.group = "bench";
     g.rank = rank;
     g.world_size = c.world;
-    g.rendezvous_host = "127.0.0.1";
+    g.host = c.host;
+    g.rendezvous_host = c.rendezvous_host;
     g.rendezvous_port = port++;
     g.sum_algorithm = algorithm;
     auto group = ExpertGroup::Join(g);
@@ -276,7 +301,46 @@ int main(int argc, char** argv) {
   bool collectives = false;
   app.add_flag("--collectives", collectives,
                "time the group's collectives alone (each way of summing) instead");
+  int one_rank = -1;
+  std::string rendezvous;
+  int threads = 0;
+  app.add_option("--rank", one_rank,
+                 "run this one rank of one configuration (one world, batch and budget) and print "
+                 "its result as a JSON line; the other ranks run elsewhere with the same flags");
+  app.add_option("--host", base.host, "this rank's address, Gloo binds to it (with --rank)")
+      ->capture_default_str();
+  app.add_option("--rendezvous", rendezvous, "rank 0's TCPStore, HOST:PORT (with --rank)");
+  app.add_option("--threads", threads,
+                 "intra-op threads per rank (default: max(1, cores / world))");
   CLI11_PARSE(app, argc, argv);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  if (one_rank >= 0) {
+    if (worlds.size() != 1 || batches.size() != 1 || budgets.size() != 1) {
+      std::fprintf(stderr, "--rank: give one value each of --worlds, --batch and --budget\n");
+      return 2;
+    }
+    const size_t colon = rendezvous.rfind(':');
+    const int rdzv_port =
+        colon == std::string::npos ? 0 : std::atoi(rendezvous.c_str() + colon + 1);
+    if (colon == 0 || rdzv_port <= 0 || rdzv_port > 65535) {
+      std::fprintf(stderr, "--rendezvous: \"%s\" is not HOST:PORT\n", rendezvous.c_str());
+      return 2;
+    }
+    if (static_cast<uint32_t>(one_rank) >= worlds[0]) {
+      std::fprintf(stderr, "--rank %d: not below --worlds %u\n", one_rank, worlds[0]);
+      return 2;
+    }
+    Config c = base;
+    c.world = worlds[0];
+    c.batch = batches[0];
+    c.budget = budgets[0];
+    c.threads = threads > 0 ? threads : static_cast<int>(std::max(1u, cores / c.world));
+    c.rendezvous_host = rendezvous.substr(0, colon);
+    c.port = static_cast<uint16_t>(rdzv_port);
+    if (!collectives) c.prompts = bench::ReadPrompts(prompts_file, num_prompts, kFallback, 600);
+    const uint32_t rank = static_cast<uint32_t>(one_rank);
+    return collectives ? CollectivesMain(c, rank, STDOUT_FILENO) : RankMain(c, rank, STDOUT_FILENO);
+  }
   if (collectives) {
     std::printf(
         "c10d Gloo over loopback, ranks are processes; microseconds per call on rank 0\n\n| "
@@ -304,7 +368,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   base.prompts = bench::ReadPrompts(prompts_file, num_prompts, kFallback, 600);
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
 
   std::printf(
       "model %s; %zu prompts x %u tokens, greedy; ranks are processes on %u cores (each "
@@ -326,7 +389,7 @@ int main(int argc, char** argv) {
         c.world = world;
         c.batch = batch;
         c.budget = budget;
-        c.threads = static_cast<int>(std::max(1u, cores / world));
+        c.threads = threads > 0 ? threads : static_cast<int>(std::max(1u, cores / world));
         std::vector<Json> ranks = RunConfig(c, ++seed);
         bool ok = true;
         for (const Json& r : ranks) {

@@ -94,6 +94,12 @@ RankOptions RankFromManifest(const Manifest& manifest, const WorkerGroupSpec& gr
       std::chrono::milliseconds(static_cast<int64_t>(group.rendezvous_timeout_s * 1000));
   o.collective_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(group.collective_timeout_s * 1000));
+  // A rank cut off from the others is noticed within the heartbeat timeout, as a silent leader
+  // is at the router, instead of when a collective times out (nothing closes on a cut link).
+  if (manifest.heartbeat.timeout_ms < o.collective_timeout.count()) {
+    o.liveness_timeout = std::chrono::milliseconds(manifest.heartbeat.timeout_ms);
+    o.liveness_interval = std::chrono::milliseconds(manifest.heartbeat.interval_ms);
+  }
   // Speculation entries at the map service's prefetch distance, whatever the policy.
   o.trace_speculation_distance = static_cast<uint32_t>(manifest.map_service.prefetch_distance);
   o.max_batch = static_cast<uint32_t>(group.max_batch);

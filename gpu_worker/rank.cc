@@ -181,6 +181,8 @@ Status Rank::Build(RankStage* stage) {
   g.cuda_index = device_.cuda_index;
   g.rendezvous_timeout = o.rendezvous_timeout;
   g.collective_timeout = o.collective_timeout;
+  g.liveness_timeout = o.liveness_timeout;
+  g.liveness_interval = o.liveness_interval;
   FMOE_ASSIGN_OR_RETURN(group_, ExpertGroup::Join(g));
   model_->set_group(group_.get());
 

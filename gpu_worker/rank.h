@@ -82,6 +82,9 @@ struct RankOptions {
   std::string host = "127.0.0.1";  // This rank's address; "localhost" = 127.0.0.1. Default: that
   std::chrono::milliseconds rendezvous_timeout{120000};  // Default: 120 s
   std::chrono::milliseconds collective_timeout{60000};   // Default: 60 s
+  // A rank silent this long breaks the group (ExpertGroupOptions: liveness). 0: off. Default: 0
+  std::chrono::milliseconds liveness_timeout{0};
+  std::chrono::milliseconds liveness_interval{250};  // Default: 250 ms
 
   // ---- trace recording (the leader only; ignored on other ranks) ----
   std::string record_trace;                 // The trace file. Default: "" (none)

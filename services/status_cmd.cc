@@ -28,13 +28,20 @@ bool PidAlive(int64_t pid) {
 
 // A connect first, so that an unreachable host is named as such (ZeroMQ's connect never fails);
 // then the admin Stats, within the same timeout.
+// A host name is resolved once, within the timeout, and the probes use its address: ZeroMQ and
+// the HTTP client would resolve it again without a deadline.
 Status ProbeMapService(const std::string& endpoint, int timeout_ms, Json* stats) {
-  if (auto hp = TcpEndpoint(endpoint))
-    FMOE_RETURN_IF_ERROR(ProbeTcp(hp->host, hp->port, timeout_ms));
+  std::string connect_to = endpoint;
+  if (auto hp = TcpEndpoint(endpoint)) {
+    auto address = ResolveIpv4(hp->host, timeout_ms);
+    if (!address.ok()) return address.status();
+    FMOE_RETURN_IF_ERROR(ProbeTcp(*address, hp->port, timeout_ms));
+    connect_to = fmt::format("tcp://{}:{}", *address, hp->port);
+  }
   wire::Context context;
   wire::SocketOptions opts;
   opts.send_hwm = 1;
-  auto socket = wire::MapSocket::Connect(context, wire::Role::kDealer, endpoint, opts);
+  auto socket = wire::MapSocket::Connect(context, wire::Role::kDealer, connect_to, opts);
   if (!socket.ok()) return socket.status();
   AdminRequest req;
   req.id = 1;
@@ -56,8 +63,10 @@ Status ProbeMapService(const std::string& endpoint, int timeout_ms, Json* stats)
 Status ProbeRouter(const std::string& listen, int timeout_ms, int* code, Json* health) {
   auto hp = ParseHostPort(listen);
   if (!hp.ok()) return hp.status();
-  FMOE_RETURN_IF_ERROR(ProbeTcp(hp->host, hp->port, timeout_ms));
-  auto res = http::Get(hp->host, hp->port, "/health", timeout_ms);
+  auto address = ResolveIpv4(hp->host, timeout_ms);
+  if (!address.ok()) return address.status();
+  FMOE_RETURN_IF_ERROR(ProbeTcp(*address, hp->port, timeout_ms));
+  auto res = http::Get(*address, hp->port, "/health", timeout_ms);
   if (!res.ok()) return res.status();
   *code = res->status;
   *health = Json::parse(res->body, nullptr, false);

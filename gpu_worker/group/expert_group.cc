@@ -1,11 +1,14 @@
 #include "gpu_worker/group/expert_group.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <type_traits>
 
@@ -61,6 +64,9 @@ std::string Why(const std::exception& e) {
   return m.substr(0, m.find('\n'));
 }
 
+// The longest a collective waits before it looks at the liveness again.
+constexpr std::chrono::milliseconds kWaitSlice{100};
+
 }  // namespace
 
 struct ExpertGroup::Impl {
@@ -68,6 +74,116 @@ struct ExpertGroup::Impl {
   c10::intrusive_ptr<Collectives> pg;
   at::Device device = at::kCPU;  // Where the backend wants its tensors.
   bool gather = false;           // Sum by all-gather and a local sum.
+
+  // ---- liveness (options.liveness_timeout > 0) ----
+  // Shared with the liveness thread, which may outlive the group: a store that does not answer
+  // holds it in a call without a deadline, so the group waits a moment for it, then lets it go.
+  struct Liveness {
+    std::chrono::milliseconds timeout{0};
+    std::string store_at;              // "HOST:PORT", for messages.
+    std::atomic<int64_t> round_us{0};  // When this rank's last round went through.
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stopping = false;  // GUARDED_BY(mu)
+    bool done = false;      // GUARDED_BY(mu): the thread has returned.
+    std::string lost;       // GUARDED_BY(mu): a silent rank, once seen.
+  };
+  std::shared_ptr<Liveness> liveness;  // Null: off.
+  std::thread liveness_thread;
+
+  ~Impl() {
+    if (!liveness) return;
+    std::unique_lock<std::mutex> lock(liveness->mu);
+    liveness->stopping = true;
+    liveness->cv.notify_all();
+    const bool done =
+        liveness->cv.wait_for(lock, std::chrono::seconds(1), [&] { return liveness->done; });
+    lock.unlock();
+    if (done) {
+      liveness_thread.join();
+    } else {
+      liveness_thread.detach();
+    }
+  }
+
+  // Why the group is to break now; "" while every rank beats.
+  std::string Lost() {
+    if (!liveness) return "";
+    {
+      std::lock_guard<std::mutex> lock(liveness->mu);
+      if (!liveness->lost.empty()) return liveness->lost;
+    }
+    const int64_t silent_ms = (SteadyNowUs() - liveness->round_us.load()) / 1000;
+    if (silent_ms > liveness->timeout.count()) {
+      return "liveness: rank 0's store at " + liveness->store_at + " has not answered for " +
+             std::to_string(silent_ms) + " ms (liveness timeout " +
+             std::to_string(liveness->timeout.count()) + " ms)";
+    }
+    return "";
+  }
+
+  // Waits for `work` up to `timeout`, in slices, breaking off (a throw) once Lost() says so.
+  template <typename W>
+  void Wait(const W& work, std::chrono::milliseconds timeout) {
+    if (!liveness) {
+      work->wait(timeout);
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      try {
+        work->wait(std::max(std::chrono::milliseconds{1}, std::min(left, kWaitSlice)));
+        return;
+      } catch (const std::exception&) {
+        // A slice that ran out leaves the work running; a failed work is completed.
+        if (work->isCompleted() || std::chrono::steady_clock::now() >= deadline) throw;
+        if (std::string why = Lost(); !why.empty()) throw std::runtime_error(why);
+      }
+    }
+  }
+
+  // The liveness thread: adds to this rank's counter; rank 0 also watches every other's.
+  static void LivenessLoop(std::shared_ptr<Liveness> l, c10::intrusive_ptr<c10d::Store> store,
+                           uint32_t rank, uint32_t world, std::chrono::milliseconds interval) {
+    const auto key = [](uint32_t r) { return "fmoe/alive/" + std::to_string(r); };
+    std::vector<int64_t> last(world, -1);
+    std::vector<int64_t> changed_us(world, SteadyNowUs());
+    std::unique_lock<std::mutex> lock(l->mu);
+    while (!l->stopping) {
+      lock.unlock();
+      std::string lost;
+      try {
+        store->add(key(rank), 1);
+        const int64_t now = SteadyNowUs();
+        for (uint32_t r = 0; r < world && rank == 0; ++r) {
+          if (r == rank) continue;
+          const int64_t v = store->add(key(r), 0);
+          if (v != last[r]) {
+            last[r] = v;
+            changed_us[r] = now;
+          } else if ((now - changed_us[r]) / 1000 > l->timeout.count()) {
+            lost = "liveness: rank " + std::to_string(r) + " has not beaten for " +
+                   std::to_string((now - changed_us[r]) / 1000) + " ms (liveness timeout " +
+                   std::to_string(l->timeout.count()) + " ms)";
+          }
+        }
+        l->round_us.store(SteadyNowUs());
+      } catch (const std::exception& e) {
+        // Lost() judges from round_us: a store that does not answer shows there.
+        spdlog::debug("liveness: store at {}: {}", l->store_at, Why(e));
+      }
+      lock.lock();
+      if (!lost.empty() && l->lost.empty()) {
+        l->lost = lost;
+        spdlog::warn("{}", lost);
+      }
+      l->cv.wait_for(lock, interval, [&] { return l->stopping; });
+    }
+    l->done = true;
+    l->cv.notify_all();
+  }
 
   // Sums an integer tensor (on `device`) across the ranks, in place: an all-reduce, or an
   // all-gather and a local sum. Integer sums are exact in any order.
@@ -83,9 +199,8 @@ struct ExpertGroup::Impl {
       std::vector<at::Tensor> input{t};
       c10d::AllgatherOptions gather_options;
       gather_options.timeout = timeout;
-      EnqueueCollective([&] {
-        return pg->allgather(gathered, input, gather_options);
-      })->wait(timeout);
+      Wait(EnqueueCollective([&] { return pg->allgather(gathered, input, gather_options); }),
+           timeout);
       at::Tensor sum = gathered[0][0].clone();
       for (size_t r = 1; r < gathered[0].size(); ++r) sum.add_(gathered[0][r]);
       t.copy_(sum);
@@ -95,7 +210,7 @@ struct ExpertGroup::Impl {
     c10d::AllreduceOptions reduce_options;
     reduce_options.reduceOp = c10d::ReduceOp::SUM;
     reduce_options.timeout = timeout;
-    EnqueueCollective([&] { return pg->allreduce(tensors, reduce_options); })->wait(timeout);
+    Wait(EnqueueCollective([&] { return pg->allreduce(tensors, reduce_options); }), timeout);
   }
 };
 
@@ -190,9 +305,36 @@ Result<std::unique_ptr<ExpertGroup>> ExpertGroup::Join(const ExpertGroupOptions&
   group->impl_->gather = options.sum_algorithm == SumAlgorithm::kAllGather ||
                          (options.sum_algorithm == SumAlgorithm::kAuto &&
                           group->backend_ == "gloo" && options.world_size == 2);
-  spdlog::info("{}: joined through {} ({} backend, sums by {}, collective timeout {} ms)", who, at,
-               group->backend_, group->impl_->gather ? "all-gather" : "all-reduce",
-               options.collective_timeout.count());
+  // Gloo only: a Gloo work's wait that runs out of its slice leaves the work as it was; NCCL's
+  // can count it as the collective's timeout.
+  if (options.liveness_timeout.count() > 0 && group->backend_ == "gloo") {
+    try {
+      // A connection of its own: the collectives' store client is not shared across threads.
+      c10d::TCPStoreOptions beat_options;
+      beat_options.port = options.rendezvous_port;
+      beat_options.isServer = false;
+      beat_options.waitWorkers = false;
+      // c10d counts a connect's timeout in whole seconds; Lost() bounds the silence instead.
+      beat_options.timeout =
+          std::max<std::chrono::milliseconds>(options.rendezvous_timeout, std::chrono::seconds(5));
+      auto beat_store = c10::make_intrusive<c10d::TCPStore>(options.rendezvous_host, beat_options);
+      auto l = std::make_shared<Impl::Liveness>();
+      l->timeout = options.liveness_timeout;
+      l->store_at = at;
+      l->round_us.store(SteadyNowUs());
+      group->impl_->liveness = l;
+      group->impl_->liveness_thread = std::thread(Impl::LivenessLoop, l, beat_store, options.rank,
+                                                  options.world_size, options.liveness_interval);
+    } catch (const std::exception& e) {
+      return Unavailable(who + ": liveness connection to " + at + " failed: " + Why(e));
+    }
+  }
+  spdlog::info(
+      "{}: joined through {} ({} backend, sums by {}, collective timeout {} ms, liveness "
+      "timeout {} ms)",
+      who, at, group->backend_, group->impl_->gather ? "all-gather" : "all-reduce",
+      options.collective_timeout.count(),
+      group->impl_->liveness ? options.liveness_timeout.count() : 0);
   return group;
 }
 
@@ -258,9 +400,9 @@ Status ExpertGroup::Broadcast(std::vector<uint8_t>* bytes) {
     auto run = [&](at::Tensor& host) {
       at::Tensor dev = host.device() == impl_->device ? host : host.to(impl_->device);
       std::vector<at::Tensor> tensors{dev};
-      EnqueueCollective([&] {
-        return impl_->pg->broadcast(tensors, broadcast_options);
-      })->wait(options_.collective_timeout);
+      impl_->Wait(
+          EnqueueCollective([&] { return impl_->pg->broadcast(tensors, broadcast_options); }),
+          options_.collective_timeout);
       if (!dev.is_same(host)) host.copy_(dev);
     };
     // Header: the length (8 bytes), then up to kInlineBytes - 8 bytes of the payload.

@@ -16,6 +16,14 @@
 //   SumCounters      int64 sums (expert figures of the group).
 // One thread calls the collectives (the engine's or the follower's); stats() from any thread.
 // A group of one rank has no process group: every call returns at once.
+//
+// Liveness (liveness_timeout > 0, Gloo groups): a thread of each rank adds to its counter in rank
+// 0's store every liveness_interval, over a connection of its own; rank 0's thread watches every
+// rank's counter. A collective waits in slices of at most 100 ms and breaks the group, without
+// waiting out the collective timeout, once a rank's counter has not moved for liveness_timeout
+// (rank 0) or this rank's own additions have not gone through for that long (a rank cut off from
+// rank 0's host). A cut link is then noticed in about liveness_timeout instead of the collective
+// timeout: nothing closes a socket when a link is cut.
 #pragma once
 
 #include <chrono>
@@ -48,6 +56,8 @@ struct ExpertGroupOptions {
   std::chrono::milliseconds rendezvous_timeout{120000};  // Default: 120 s
   std::chrono::milliseconds collective_timeout{60000};   // Default: 60 s
   SumAlgorithm sum_algorithm = SumAlgorithm::kAuto;      // Default: auto
+  std::chrono::milliseconds liveness_interval{250};      // Default: 250 ms
+  std::chrono::milliseconds liveness_timeout{0};         // 0: no liveness thread. Default: 0
 };
 
 // What this rank sent through the group, for logs, heartbeats and the benchmarks.

@@ -6,6 +6,7 @@
 // breaks the group within the collective timeout instead of hanging it.
 #include <unistd.h>
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <atomic>
@@ -540,6 +541,57 @@ TEST(ExpertParallel, ARankThatLeavesOrHangsBreaksTheGroupWithinTheTimeout) {
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_FALSE((*joined)->Broadcast(&bytes).ok());
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
+  }
+}
+
+// Liveness: a rank whose counter in rank 0's store stops (here: a rank without the liveness
+// thread, joined and then idle, as a rank behind a cut link looks to rank 0) breaks the group
+// within the liveness timeout, far inside the collective timeout; ranks that beat run as usual.
+TEST(ExpertParallel, ASilentRankBreaksTheGroupWithinTheLivenessTimeout) {
+  for (bool silent : {false, true}) {
+    SCOPED_TRACE(silent ? "rank 1 silent" : "rank 1 beats");
+    const uint16_t port = FreePort();
+    auto options = [&](uint32_t rank) {
+      ExpertGroupOptions g;
+      g.group = "test";
+      g.rank = rank;
+      g.world_size = 2;
+      g.rendezvous_host = "127.0.0.1";
+      g.rendezvous_port = port;
+      g.collective_timeout = std::chrono::seconds(20);
+      g.liveness_interval = std::chrono::milliseconds(50);
+      g.liveness_timeout = std::chrono::milliseconds(rank == 1 && silent ? 0 : 500);
+      return g;
+    };
+    std::atomic<bool> release{false};
+    Status rank1_status;
+    std::thread rank1([&] {
+      auto joined = ExpertGroup::Join(options(1));
+      ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+      at::Tensor t = at::zeros({4, 256});
+      for (int i = 0; i < 20 && !silent; ++i) rank1_status = (*joined)->CombineDisjoint(t);
+      while (silent && !release) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    });
+    auto joined = ExpertGroup::Join(options(0));
+    ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+    at::Tensor t = at::zeros({4, 256});
+    const auto start = std::chrono::steady_clock::now();
+    Status s;
+    for (int i = 0; i < 20 && s.ok(); ++i) s = (*joined)->CombineDisjoint(t);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    release = true;
+    rank1.join();
+    if (!silent) {
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      EXPECT_TRUE(rank1_status.ok()) << rank1_status.ToString();
+      continue;
+    }
+    ASSERT_FALSE(s.ok());
+    EXPECT_GE(seconds, 0.45);
+    EXPECT_LT(seconds, 5.0) << "the liveness timeout (0.5 s), not the collective timeout (20 s)";
+    EXPECT_NE(s.message().find("liveness: rank 1 has not beaten for"), std::string::npos)
+        << s.message();
   }
 }
 

@@ -22,8 +22,9 @@ after the equality checks, three faults strike, each bounded by those timeouts p
      within collective_timeout_s, A's processes stay; C's and B's launchers restart their ranks,
      and the group re-forms and answers as the world-1 group again.
   2. C's veth taken down (in the bridge namespace) under the same load: nothing closes a socket
-     and B's leader still heartbeats, so the group breaks when its collective times out: /health
-     says g0 down within collective_timeout_s + the heartbeat timeout; B's and C's ranks leave;
+     and B's leader still heartbeats, so the group's liveness breaks it (each rank beats in rank
+     0's store; the workers take the heartbeat timeout as the liveness timeout): /health says g0
+     down within the heartbeat timeout, not collective_timeout_s; B's and C's ranks leave;
      the restarted ranks wait at the rendezvous (C's cannot reach it) and g0 stays down;
      `fmoe status` on A names C's ranks not reachable and on C names A's map service and router
      not reachable (timed out), each exiting 3 within its bound; the link comes back up and the group re-forms and answers as the world-1 group.
@@ -36,29 +37,30 @@ to g0, and every stream completes whole but g1's running one (an error event if 
 C's launcher restarts g1, and the answers are the world-1 group's.
 Each fault's times are logged (lines "timings (s from the ...): ...").
 
-Needs root, `ip` and network namespaces; otherwise prints "skipped: <why>" and exits 77 (ctest's
-SKIP_RETURN_CODE). Whatever it made (namespaces, the bridge and veths inside them, processes,
-the temp dir) is removed on every exit path, SIGINT and SIGTERM included; namespaces left by a
-run that was SIGKILLed are removed by the next run.
+Needs root, `ip` and network namespaces (made by netns_hosts.py, beside this file); otherwise
+prints "skipped: <why>" and exits 77 (ctest's SKIP_RETURN_CODE). Whatever it made (namespaces,
+the bridge and veths inside them, processes, the temp dir) is removed on every exit path, SIGINT
+and SIGTERM included; namespaces left by a run that was SIGKILLed are removed by the next run.
 
 Run by ctest (multihost_test, labels integration;torch) with the system python3, standard library
 only:
   python3 multihost_test.py --bin-dir BUILD/bin --source-dir SOURCE [--faults] [--keep]
 """
 import argparse
-import ctypes
 import http.client
 import json
 import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import netns_hosts  # noqa: E402 (beside this file)
+from netns_hosts import NsHTTPConnection  # noqa: E402
 
 SKIP = 77  # ctest SKIP_RETURN_CODE (tests/CMakeLists.txt).
 MODEL = "tiny-moe"
@@ -66,7 +68,6 @@ READY_TIMEOUT_S = 420  # Bound on the wait for each state (a busy 2-core machine
 REQUEST_TIMEOUT_S = 180  # Per socket operation.
 STOP_TIMEOUT_S = 120  # Bound on a launcher's exit after SIGTERM, before SIGKILL.
 NS_PREFIX = "fmoemh-"  # Namespaces: fmoemh-<pid>-{a,b,c,sw}.
-CLONE_NEWNET = 0x40000000
 
 # Ports inside the namespaces: each has its own network stack, so nothing else can hold them.
 MAP_PORT, WORKER_PORT, HTTP_PORT, RDZV_PORT = 5555, 5556, 8000, 29500
@@ -104,114 +105,6 @@ def run(cmd, check=True, timeout=60):
         raise Failure(f"{' '.join(cmd)}: exit {out.returncode}: "
                       f"{out.stderr.decode('utf-8', 'replace').strip()}")
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# The network: namespaces a, b, c with one address each, and sw holding the bridge.
-
-
-def netns_pids(ns):
-    out = run(["ip", "netns", "pids", ns], check=False)
-    return [int(p) for p in out.stdout.split()] if out.returncode == 0 else []
-
-
-def kill_netns_processes(ns):
-    """SIGKILLs what still runs in `ns` (only this test starts processes there)."""
-    for pid in netns_pids(ns):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def remove_stale_namespaces():
-    """Namespaces of an earlier run that was killed before it could clean up (its pid is gone)."""
-    out = run(["ip", "netns", "list"], check=False)
-    for line in out.stdout.decode("utf-8", "replace").splitlines():
-        m = re.match(rf"^({re.escape(NS_PREFIX)}(\d+)-(a|b|c|sw))\b", line)
-        if not m or os.path.exists(f"/proc/{m.group(2)}"):
-            continue
-        log(f"removing namespace {m.group(1)} left by an earlier run")
-        kill_netns_processes(m.group(1))
-        run(["ip", "netns", "del", m.group(1)], check=False)
-
-
-class Network:
-    def __init__(self):
-        pid = os.getpid()
-        self.names = {h: f"{NS_PREFIX}{pid}-{h}" for h in ("a", "b", "c", "sw")}
-        self.subnet = f"10.231.{pid % 250}"
-        self.addr = {"a": f"{self.subnet}.1", "b": f"{self.subnet}.2", "c": f"{self.subnet}.3"}
-        self.made = []
-
-    def create(self):
-        for h in ("sw", "a", "b", "c"):
-            run(["ip", "netns", "add", self.names[h]])
-            self.made.append(self.names[h])
-            run(["ip", "-n", self.names[h], "link", "set", "lo", "up"])
-        sw = self.names["sw"]
-        # Interface names are per namespace: short fixed names cannot clash with anyone's.
-        run(["ip", "-n", sw, "link", "add", "br0", "type", "bridge"])
-        run(["ip", "-n", sw, "link", "set", "br0", "up"])
-        for h in ("a", "b", "c"):
-            ns = self.names[h]
-            run(["ip", "-n", sw, "link", "add", f"v{h}", "type", "veth", "peer", "name", "eth0",
-                 "netns", ns])
-            run(["ip", "-n", sw, "link", "set", f"v{h}", "master", "br0"])
-            run(["ip", "-n", sw, "link", "set", f"v{h}", "up"])
-            run(["ip", "-n", ns, "addr", "add", f"{self.addr[h]}/24", "dev", "eth0"])
-            run(["ip", "-n", ns, "link", "set", "eth0", "up"])
-
-    def destroy(self):
-        for ns in self.made:
-            kill_netns_processes(ns)
-        for ns in reversed(self.made):
-            # Deleting a namespace deletes its links (the veth pairs, the bridge).
-            run(["ip", "netns", "del", ns], check=False)
-        self.made = []
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _setns(fd):
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
-
-
-def socket_in(ns, addr, port, timeout):
-    """A TCP connection to addr:port made from inside network namespace `ns` (setns on this
-    thread for the socket's creation only; the socket keeps its namespace)."""
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    try:
-        target = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
-        try:
-            _setns(target)
-            try:
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            finally:
-                _setns(own)
-        finally:
-            os.close(target)
-    finally:
-        os.close(own)
-    try:
-        sock.settimeout(timeout)
-        sock.connect((addr, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-class NsHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, ns, host, port, timeout):
-        super().__init__(host, port, timeout=timeout)
-        self.ns = ns
-
-    def connect(self):
-        self.sock = socket_in(self.ns, self.host, self.port, self.timeout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -871,14 +764,15 @@ def fault_cut_link_c(net, hosts, reference, timings):
     log(f"{what}: `ip -n {net.names['sw']} link set vc down` under {len(streams)} streams "
         f"in flight")
     try:
-        # No socket closes and B's leader still heartbeats to A: the group breaks when its
-        # collective times out (collective_timeout_s), so that, not the heartbeat timeout, bounds
-        # the router's view.
-        bound = FAULT_COLLECTIVE_TIMEOUT_S + FAULT_HB_TIMEOUT_MS / 1000 + SLACK_S
+        # No socket closes and B's leader still heartbeats to A: the group's liveness breaks it.
+        # Rank 0 (on B) sees C's ranks' counters in its store stop, C's ranks see their additions
+        # to it stop going through, each within the liveness timeout (the heartbeat timeout),
+        # well before the collective timeout (collective_timeout_s) would.
+        bound = FAULT_HB_TIMEOUT_MS / 1000 + SLACK_S
         timings["cut: group down"] = wait_group_down(net, what, t0, bound)
         for la, before in ((b, before_b), (c, before_c)):
             timings[f"cut: {la.name}'s ranks left"] = wait_ranks_left(
-                la, before, what, t0, FAULT_COLLECTIVE_TIMEOUT_S + SLACK_S)
+                la, before, what, t0, FAULT_HB_TIMEOUT_MS / 1000 + SLACK_S)
         timings["cut: streams ended"] = check_load_ended(streams, what, t0)
         # Both halves restart and wait at the rendezvous (on B), C's ranks unable to reach it:
         # they must wait there (not crash-loop toward the launcher's give-up), and the group
@@ -1135,12 +1029,9 @@ def run_two_groups(bin_dir, source_dir, net, work, launchers, reference):
 
 
 def check_can_run():
-    if os.geteuid() != 0:
-        raise Skip("network namespaces need root")
-    if shutil.which("ip") is None:
-        raise Skip("no `ip` (iproute2) on PATH")
-    if not hasattr(_libc, "setns"):
-        raise Skip("libc has no setns")
+    why = netns_hosts.cannot_run()
+    if why:
+        raise Skip(why)
 
 
 def main():
@@ -1166,8 +1057,8 @@ def main():
     except Skip as e:
         print(f"skipped: {e}", flush=True)
         return SKIP
-    remove_stale_namespaces()
-    net = Network()
+    netns_hosts.remove_stale_namespaces(NS_PREFIX, log)
+    net = netns_hosts.Network(NS_PREFIX, f"10.231.{os.getpid() % 250}")
     work = tempfile.mkdtemp(prefix="fmoe-multihost-")
     launchers = []
     problems = []
@@ -1175,7 +1066,7 @@ def main():
     try:
         try:
             net.create()
-        except (Failure, OSError, subprocess.TimeoutExpired) as e:
+        except (netns_hosts.CommandError, OSError, subprocess.TimeoutExpired) as e:
             raise Skip(f"cannot make the test's network namespaces: {e}")
         log(f"hosts: A {net.addr['a']} ({net.names['a']}), B {net.addr['b']} "
             f"({net.names['b']}), C {net.addr['c']} ({net.names['c']}); bridge br0 in "

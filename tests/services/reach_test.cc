@@ -5,8 +5,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -108,6 +112,81 @@ TEST(ProbeTcp, AnAddressNobodyServesEndsWithinTheBound) {
   } else {
     EXPECT_EQ(s.code(), ErrorCode::kUnavailable) << s.ToString();
   }
+}
+
+int64_t MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               start)
+      .count();
+}
+
+// A resolver that never answers in time: a DNS server that drops the queries, as a host cut off
+// from its DNS sees. It answers after 3 s, long after each test's bound.
+Resolver HungResolver(std::shared_ptr<std::atomic<int>> calls) {
+  return [calls](const std::string&) -> Result<std::string> {
+    ++*calls;
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    return std::string("127.0.0.1");
+  };
+}
+
+TEST(ResolveIpv4, ALiteralAddressNeedsNoResolver) {
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  auto r = ResolveIpv4("10.0.0.2", 100, HungResolver(calls));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "10.0.0.2");
+  EXPECT_EQ(calls->load(), 0);
+}
+
+TEST(ResolveIpv4, ANameGoesThroughTheSystemResolver) {
+  auto r = ResolveIpv4("localhost", 5000);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->rfind("127.", 0), 0u) << *r;
+  // RFC 6761: never found. The machine's DNS says so at once, or does not answer (no network):
+  // either way the call ends within its bound.
+  const auto start = std::chrono::steady_clock::now();
+  Status missing = ResolveIpv4("no-such-host.invalid", 1000).status();
+  EXPECT_LT(MsSince(start), 2500);
+  ASSERT_FALSE(missing.ok());
+  if (missing.code() == ErrorCode::kTimeout) {
+    EXPECT_EQ(missing.message(), "resolving no-such-host.invalid timed out after 1000 ms");
+  } else {
+    EXPECT_EQ(missing.code(), ErrorCode::kInvalidArgument) << missing.ToString();
+    EXPECT_EQ(missing.message(), "cannot resolve no-such-host.invalid");
+  }
+}
+
+TEST(ResolveIpv4, AHungResolverTimesOutAtTheBoundAndRunsOnceForTheName) {
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  for (int i = 0; i < 3; ++i) {  // As the launcher's wait probes again and again.
+    const auto start = std::chrono::steady_clock::now();
+    auto r = ResolveIpv4("map.cluster.hung", 200, HungResolver(calls));
+    const int64_t ms = MsSince(start);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), ErrorCode::kTimeout) << r.status().ToString();
+    EXPECT_EQ(r.status().message(), "resolving map.cluster.hung timed out after 200 ms");
+    EXPECT_GE(ms, 190);
+    EXPECT_LT(ms, 1500) << "the resolution is bounded by its timeout";
+  }
+  EXPECT_EQ(calls->load(), 1) << "one resolution in flight per name";
+}
+
+TEST(ProbeTcp, ANameWhoseResolverHangsTimesOutAtTheBound) {
+  // `fmoe status` and the workers-only launcher's wait probe each endpoint within a timeout;
+  // a DNS server that does not answer must not hold them past it.
+  Listener listener;
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  const auto start = std::chrono::steady_clock::now();
+  Status s = ProbeTcp("router.cluster.hung", listener.port(), 300, HungResolver(calls));
+  const int64_t ms = MsSince(start);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), ErrorCode::kTimeout) << s.ToString();
+  EXPECT_EQ(s.message(), "resolving router.cluster.hung timed out after 300 ms");
+  EXPECT_LT(ms, 1500);
+  // A name that resolves in time reaches the listener.
+  auto quick = [](const std::string&) -> Result<std::string> { return std::string("127.0.0.1"); };
+  EXPECT_TRUE(ProbeTcp("router.cluster.quick", listener.port(), 1000, quick).ok());
+  EXPECT_TRUE(ProbeTcp("localhost", listener.port(), 1000).ok());
 }
 
 TEST(TcpEndpoint, ParsesTcpAndLeavesIpc) {
