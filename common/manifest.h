@@ -79,8 +79,8 @@ struct MemorySpec {
   double kv_floor = 0.1;            // [0, 1). Default: 0.1
   double expert_floor = 0.1;        // [0, 1); kv_floor + expert_floor <= 1. Default: 0.1
   // [0, 3600]: a page the KV pool borrowed goes back to the experts only once the pool has not
-  // needed it for this long (0: as soon as a page of blocks is free). Default: 1
-  double return_hold_s = 1.0;
+  // needed it for this long (0: as soon as a page of blocks is free). Default: 0
+  double return_hold_s = 0.0;
 };
 
 struct WorkerGroupSpec {

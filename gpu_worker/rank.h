@@ -100,8 +100,8 @@ struct RankOptions {
   // Positions of the paged KV pool (model_config.h KvPoolTokens); 0 = its default. Default: 0
   uint64_t kv_cache_tokens = 0;  // Ignored with one device budget (cache.shared).
   // One device budget: how long the KV pool keeps a borrowed page it no longer needs
-  // (KvPoolOptions::return_hold_ms). Default: 1000
-  int64_t kv_return_hold_ms = 1000;
+  // (KvPoolOptions::return_hold_ms). Default: 0
+  int64_t kv_return_hold_ms = 0;
   // Prefix caching over the pool (a group of one rank only). Default: on
   bool prefix_caching = true;
   // The model's eos ids (config.json, else the tokenizer's) end requests; off, requests run to

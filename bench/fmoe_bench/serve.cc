@@ -67,7 +67,7 @@ struct ServeOptions {
   // > 0: every group's memory {device_gb} (one device budget for experts and KV; --budget and
   // kv_cache_tokens then do not apply to the policy runs). Default: the manifest's
   double memory_gb = 0;
-  // >= 0: with --memory-gb, memory.return_hold_s. Default: the manifest's (1 s)
+  // >= 0: with --memory-gb, memory.return_hold_s. Default: the manifest's (0)
   double return_hold_s = -1;
   std::string arrivals;  // Required.
   std::string prompts;   // Required.

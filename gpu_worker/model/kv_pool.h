@@ -54,8 +54,8 @@ struct KvPoolOptions {
   // One device budget: a borrowed page goes back only while the pool keeps a page of free
   // blocks beyond the most blocks it needed over the last return_hold_ms (at least; at most
   // twice that), so a burst that comes and goes within it does not evict experts for the same
-  // page again and again. 0: back as soon as a page of free blocks stays. Default: 1000
-  int64_t return_hold_ms = 1000;
+  // page again and again. 0: back as soon as a page of free blocks stays. Default: 0
+  int64_t return_hold_ms = 0;
 };
 
 // What a pool holds, for /metrics and /health.

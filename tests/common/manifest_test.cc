@@ -993,7 +993,7 @@ worker_groups:
   EXPECT_FALSE(g1.memory->device_gb.has_value());
   EXPECT_EQ(g1.memory->device_fraction, 0.9) << "the default";
   EXPECT_EQ(g1.memory->kv_floor, 0.1);
-  EXPECT_EQ(g1.memory->return_hold_s, 1.0);
+  EXPECT_EQ(g1.memory->return_hold_s, 0.0);
   const std::string described = DescribeManifest(*m);
   auto again = ParseManifest(described, "/etc/fmoe.yaml");
   ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << described;

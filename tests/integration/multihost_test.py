@@ -100,11 +100,11 @@ class Skip(Exception):
 
 
 def run(cmd, check=True, timeout=60):
-    out = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-    if check and out.returncode != 0:
-        raise Failure(f"{' '.join(cmd)}: exit {out.returncode}: "
-                      f"{out.stderr.decode('utf-8', 'replace').strip()}")
-    return out
+    """netns_hosts.run, its failure one of this test's."""
+    try:
+        return netns_hosts.run(cmd, check=check, timeout=timeout)
+    except netns_hosts.CommandError as e:
+        raise Failure(str(e)) from e
 
 
 # ---------------------------------------------------------------------------------------------
