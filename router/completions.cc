@@ -1060,8 +1060,12 @@ class CompletionState {
 CompletionsOptions FitToPools(const CompletionsOptions& base, const ClusterView& view) {
   CompletionsOptions options = base;
   for (const GroupView& g : view.groups) {
-    if (!g.alive || g.kv.max_blocks == 0) continue;
     constexpr uint64_t kBlockPositions = 16;  // A KvFigures block (kv_blocks.h kKvBlockTokens).
+    // Compared in blocks: a heartbeat's count times 16 could overflow.
+    if (!g.alive || g.kv.max_blocks == 0 ||
+        g.kv.max_blocks >= options.context_length / kBlockPositions + 1) {
+      continue;
+    }
     const uint64_t positions = g.kv.max_blocks * kBlockPositions;
     if (positions >= options.context_length) continue;
     options.context_length = static_cast<uint32_t>(positions);
