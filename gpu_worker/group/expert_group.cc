@@ -28,6 +28,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "gpu_worker/group/sliced_wait.h"
 
 namespace fmoe {
 namespace {
@@ -129,19 +130,7 @@ struct ExpertGroup::Impl {
       work->wait(timeout);
       return;
     }
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      try {
-        work->wait(std::max(std::chrono::milliseconds{1}, std::min(left, kWaitSlice)));
-        return;
-      } catch (const std::exception&) {
-        // A slice that ran out leaves the work running; a failed work is completed.
-        if (work->isCompleted() || std::chrono::steady_clock::now() >= deadline) throw;
-        if (std::string why = Lost(); !why.empty()) throw std::runtime_error(why);
-      }
-    }
+    WaitInSlices(work, timeout, kWaitSlice, [this] { return Lost(); });
   }
 
   // The liveness thread: adds to this rank's counter; rank 0 also watches every other's.

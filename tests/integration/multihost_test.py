@@ -1091,6 +1091,9 @@ def main():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # Let the clean-up finish.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if problems:
+            # The failure first, so that a log shown only in part still names it.
+            for p in problems:
+                log(f"FAIL: {p}")
             for la in launchers:
                 la.print_logs()
         for la in launchers:
