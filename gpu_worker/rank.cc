@@ -326,7 +326,9 @@ ExpertFigures Rank::local_figures() const {
                        t.bytes_not_moved,
                        t.disk_reads,
                        tier ? tier->bytes_read : 0,
-                       static_cast<uint64_t>(t.disk_stall_ns / 1000)};
+                       static_cast<uint64_t>(t.disk_stall_ns / 1000),
+                       t.failed_loads,
+                       t.failed_experts};
 }
 
 KvFigures Rank::kv_figures() const { return engine_ ? engine_->kv_figures() : KvFigures{}; }

@@ -184,6 +184,13 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
   RenderPerGroup(out, "fmoe_expert_disk_stall_seconds_total", "counter",
                  "Compute time spent waiting for experts still being read from disk.", view,
                  [](const GroupView& g) { return g.experts.disk_stall_us / 1e6; });
+  RenderPerGroup(out, "fmoe_expert_failed_loads_total", "counter",
+                 "Expert reads that failed (from disk or the host copy), each try counted.", view,
+                 [](const GroupView& g) { return g.experts.failed_loads; });
+  RenderPerGroup(out, "fmoe_expert_failed_total", "counter",
+                 "Experts given up on after a failed read and its retry: the requests that "
+                 "needed one ended with an error.",
+                 view, [](const GroupView& g) { return g.experts.failed_experts; });
   RenderPerGroup(out, "fmoe_kv_blocks", "gauge",
                  "Blocks of 16 positions in the leader's paged KV pool.", view,
                  [](const GroupView& g) { return g.kv.total_blocks; });

@@ -150,6 +150,8 @@ flatbuffers::Offset<fb::WorkerHeartbeat> Build(Builder& fbb, const WorkerHeartbe
   b.add_expert_disk_reads(m.experts.disk_reads);
   b.add_expert_disk_bytes(m.experts.disk_bytes);
   b.add_expert_disk_stall_us(m.experts.disk_stall_us);
+  b.add_expert_failed_loads(m.experts.failed_loads);
+  b.add_expert_failed_experts(m.experts.failed_experts);
   b.add_kv_blocks_total(m.kv.total_blocks);
   b.add_kv_blocks_used(m.kv.used_blocks);
   b.add_prefix_cache_queries(m.kv.prefix_queries);
@@ -573,7 +575,9 @@ bool Read(const fb::WorkerHeartbeat& t, const Checker& c, WorkerHeartbeat* m) {
                 t.expert_bytes_not_moved(),
                 t.expert_disk_reads(),
                 t.expert_disk_bytes(),
-                t.expert_disk_stall_us()};
+                t.expert_disk_stall_us(),
+                t.expert_failed_loads(),
+                t.expert_failed_experts()};
   m->kv = {t.kv_blocks_total(),   t.kv_blocks_used(),     t.prefix_cache_queries(),
            t.prefix_cache_hits(), t.preemptions(),        t.kv_blocks_max(),
            t.device_kv_bytes(),   t.device_expert_bytes()};

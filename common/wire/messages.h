@@ -50,6 +50,10 @@ struct ExpertFigures {
   uint64_t disk_reads = 0;
   uint64_t disk_bytes = 0;
   uint64_t disk_stall_us = 0;
+  // Reads of an expert that failed (each try), and experts given up on after the retry: the
+  // requests that needed one ended with an error.
+  uint64_t failed_loads = 0;
+  uint64_t failed_experts = 0;
 };
 
 // The leader's paged KV pool (gpu_worker/model/kv_pool.h).

@@ -172,7 +172,7 @@ Result<IterationPlan> DecodePlan(std::span<const uint8_t> bytes, const PlanLimit
 
 std::vector<int64_t> PackFigures(std::span<const RequestUsage> usage, const ExpertFigures& totals) {
   std::vector<int64_t> out;
-  out.reserve(usage.size() * kUsageCounters + 12);
+  out.reserve(usage.size() * kUsageCounters + 14);
   for (const RequestUsage& u : usage) {
     out.insert(out.end(),
                {static_cast<int64_t>(u.hits), static_cast<int64_t>(u.misses),
@@ -186,7 +186,8 @@ std::vector<int64_t> PackFigures(std::span<const RequestUsage> usage, const Expe
        static_cast<int64_t>(totals.bytes_moved), static_cast<int64_t>(totals.stall_us),
        static_cast<int64_t>(totals.host_runs), static_cast<int64_t>(totals.host_us),
        static_cast<int64_t>(totals.bytes_not_moved), static_cast<int64_t>(totals.disk_reads),
-       static_cast<int64_t>(totals.disk_bytes), static_cast<int64_t>(totals.disk_stall_us)});
+       static_cast<int64_t>(totals.disk_bytes), static_cast<int64_t>(totals.disk_stall_us),
+       static_cast<int64_t>(totals.failed_loads), static_cast<int64_t>(totals.failed_experts)});
   return out;
 }
 
@@ -199,8 +200,9 @@ void UnpackFigures(std::span<const int64_t> counters, std::span<RequestUsage> us
                 u64(u + 5), u64(u + 6)};
   }
   const size_t t = kUsageCounters * usage.size();
-  *totals = {u64(t),     u64(t + 1), u64(t + 2), u64(t + 3), u64(t + 4),  u64(t + 5),
-             u64(t + 6), u64(t + 7), u64(t + 8), u64(t + 9), u64(t + 10), u64(t + 11)};
+  *totals = {u64(t),      u64(t + 1),  u64(t + 2),  u64(t + 3), u64(t + 4),
+             u64(t + 5),  u64(t + 6),  u64(t + 7),  u64(t + 8), u64(t + 9),
+             u64(t + 10), u64(t + 11), u64(t + 12), u64(t + 13)};
 }
 
 void PackFailures(std::span<const std::optional<RankFailure>> failures, uint32_t rank,

@@ -103,13 +103,14 @@ TEST(Codec, RoundTripWorkerHelloAck) {
 }
 
 TEST(Codec, RoundTripWorkerHeartbeat) {
-  WorkerHeartbeat in{.group = "grp",
-                     .instance_id = 99,
-                     .seq = 1ull << 40,
-                     .free_slots = 3,
-                     .active_requests = 12,
-                     .experts = {1, 2, 3, 4, 1ull << 35, 6, 7, 8, 1ull << 36, 9, 1ull << 37, 10},
-                     .kv = {4096, 17, 1ull << 33, 1ull << 32, 5, 8192, 1ull << 34, 1ull << 38}};
+  WorkerHeartbeat in{
+      .group = "grp",
+      .instance_id = 99,
+      .seq = 1ull << 40,
+      .free_slots = 3,
+      .active_requests = 12,
+      .experts = {1, 2, 3, 4, 1ull << 35, 6, 7, 8, 1ull << 36, 9, 1ull << 37, 10, 11, 1ull << 39},
+      .kv = {4096, 17, 1ull << 33, 1ull << 32, 5, 8192, 1ull << 34, 1ull << 38}};
   auto out = RoundTripAs<WorkerHeartbeat, WorkerMessage>(in);
   EXPECT_EQ(out.kv.total_blocks, 4096u);
   EXPECT_EQ(out.kv.used_blocks, 17u);
@@ -131,6 +132,8 @@ TEST(Codec, RoundTripWorkerHeartbeat) {
   EXPECT_EQ(out.experts.disk_reads, 9u);
   EXPECT_EQ(out.experts.disk_bytes, 1ull << 37);
   EXPECT_EQ(out.experts.disk_stall_us, 10u);
+  EXPECT_EQ(out.experts.failed_loads, 11u);
+  EXPECT_EQ(out.experts.failed_experts, 1ull << 39);
   EXPECT_EQ(out.group, in.group);
   EXPECT_EQ(out.instance_id, in.instance_id);
   EXPECT_EQ(out.seq, in.seq);

@@ -141,9 +141,9 @@ TEST(GroupPlan, HugeCountsDoNotAllocateBeforeTheBytesAreThere) {
 
 TEST(GroupPlan, FiguresPackAndUnpack) {
   std::vector<RequestUsage> usage = {{1, 2, 3, 7, 8, 9, 40}, {4, 5, 6, 17, 18, 19, 41}};
-  ExpertFigures totals{10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21};
+  ExpertFigures totals{10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23};
   std::vector<int64_t> packed = PackFigures(usage, totals);
-  ASSERT_EQ(packed.size(), 26u);
+  ASSERT_EQ(packed.size(), 28u);
   for (int64_t& v : packed) v *= 2;  // What a group of two identical ranks would sum to.
   std::vector<RequestUsage> back(2);
   ExpertFigures sum;
@@ -163,6 +163,8 @@ TEST(GroupPlan, FiguresPackAndUnpack) {
   EXPECT_EQ(sum.disk_reads, 38u);
   EXPECT_EQ(sum.disk_bytes, 40u);
   EXPECT_EQ(sum.disk_stall_us, 42u);
+  EXPECT_EQ(sum.failed_loads, 44u);
+  EXPECT_EQ(sum.failed_experts, 46u);
 }
 
 // Each rank writes its failures into its own block after the figures; the sum of the ranks'
