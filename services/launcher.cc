@@ -43,6 +43,22 @@ bool IsLocalHost(const std::string& host, const std::string& this_host) {
   return !name.empty() && host == name;
 }
 
+// How long the launcher's checks wait for a host name to resolve: a DNS server that does not
+// answer must not hold the launch for the resolver's own timeouts.
+constexpr int kResolveTimeoutMs = 5000;
+
+// CheckTcpPortFree on `host`, a name resolved first within kResolveTimeoutMs (ResolveIpv4).
+Status CheckPortFreeBounded(const std::string& host, int port) {
+  auto address = ResolveIpv4(host, kResolveTimeoutMs);
+  if (!address.ok()) {
+    return InvalidArgument(
+        fmt::format("{}:{}: cannot resolve {} ({})", host, port, host, address.status().message()));
+  }
+  Status s = CheckTcpPortFree(*address, port);
+  if (s.ok() || *address == host) return s;
+  return Status(s.code(), fmt::format("{} (resolved to {})", s.message(), *address));
+}
+
 // The TCP port of "tcp://host:port", or nullopt for ipc endpoints.
 std::optional<HostPort> TcpOf(const std::string& endpoint) { return TcpEndpoint(endpoint); }
 
@@ -57,14 +73,23 @@ Status CheckLocalRankHosts(const Manifest& manifest, const LaunchOptions& option
       if (!IsLocalHost(host, options.host) || host == "::1" || !checked.insert(host).second) {
         continue;
       }
-      Status s = CheckTcpPortFree(host, 0);
+      const std::string launcher_host =
+          options.host.empty() ? "" : " (this launcher's --host " + options.host + ")";
+      const char* why =
+          "; the rank binds its group's connections to it, so it must be an address of the host "
+          "that runs the rank";
+      auto address = ResolveIpv4(host, kResolveTimeoutMs);
+      if (!address.ok()) {
+        return InvalidArgument(
+            fmt::format("worker_groups[{}].workers[{}].host: {} does not "
+                        "resolve ({}){}{}",
+                        g, r, host, address.status().message(), launcher_host, why));
+      }
+      Status s = CheckTcpPortFree(*address, 0);
       if (s.ok() || s.code() != ErrorCode::kInvalidArgument) continue;
-      const bool resolves = s.message().find("cannot resolve") == std::string::npos;
-      return InvalidArgument(fmt::format(
-          "worker_groups[{}].workers[{}].host: {} {}{}; the rank binds its group's connections to "
-          "it, so it must be an address of the host that runs the rank",
-          g, r, host, resolves ? "is not an address of this host" : "does not resolve",
-          options.host.empty() ? "" : " (this launcher's --host " + options.host + ")"));
+      return InvalidArgument(
+          fmt::format("worker_groups[{}].workers[{}].host: {} is not an address of this host{}{}",
+                      g, r, host, launcher_host, why));
     }
   }
   return Status::Ok();
@@ -307,13 +332,15 @@ Status Preflight(const Manifest& manifest, const std::vector<ProcessSpec>& plan,
   }
   auto listen = ParseHostPort(manifest.router.listen);
   if (!listen.ok()) return listen.status().WithContext("router.listen");
-  FMOE_RETURN_IF_ERROR(CheckTcpPortFree(listen->host, listen->port).WithContext("router.listen"));
+  FMOE_RETURN_IF_ERROR(
+      CheckPortFreeBounded(listen->host, listen->port).WithContext("router.listen"));
   if (auto hp = TcpOf(manifest.router.worker_endpoint)) {
     FMOE_RETURN_IF_ERROR(
-        CheckTcpPortFree(hp->host, hp->port).WithContext("router.worker_endpoint"));
+        CheckPortFreeBounded(hp->host, hp->port).WithContext("router.worker_endpoint"));
   }
   if (auto hp = TcpOf(manifest.map_service.endpoint)) {
-    FMOE_RETURN_IF_ERROR(CheckTcpPortFree(hp->host, hp->port).WithContext("map_service.endpoint"));
+    FMOE_RETURN_IF_ERROR(
+        CheckPortFreeBounded(hp->host, hp->port).WithContext("map_service.endpoint"));
   }
   return Status::Ok();
 }

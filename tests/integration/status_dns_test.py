@@ -1,11 +1,13 @@
-"""`fmoe status` on a host whose DNS server never answers ends within its timeout (issue 35).
+"""`fmoe status` and `fmoe launch` on a host whose DNS server never answers end in bounded time.
 
 The test makes one network namespace whose resolv.conf (`ip netns exec` bind-mounts
 /etc/netns/NS/resolv.conf) names a server on a veth whose peer answers nothing: every query
-leaves and is lost, and the system resolver waits out resolv.conf's timeout x attempts (more than
-5 s; `getent` is timed as the control). The manifest names every process by host name. `fmoe
+leaves and is lost, and the system resolver waits out resolv.conf's timeout (15 s; `getent` is
+timed as the control). The manifest names every process by host name. `fmoe
 status --timeout-ms 1000` must exit 3 (not reachable) within 1 s plus SLACK_S, naming
 "resolving HOST timed out after 1000 ms" for the map service, the router and the rendezvous.
+`fmoe launch` with those names refuses within its 5 s resolution bound plus SLACK_S, saying
+"HOST does not resolve (resolving HOST timed out after 5000 ms)".
 
 Needs root and `ip`; otherwise prints "skipped: <why>" and exits 77. The namespace and its
 resolv.conf are removed on every exit path. Standard library only:
@@ -26,6 +28,8 @@ SKIP = 77
 NS_PREFIX = "fmoedns-"
 TIMEOUT_MS = 1000
 SLACK_S = 2.5  # Process start and the probes' connect on a busy 2-core machine.
+LAUNCH_RESOLVE_S = 5  # How long `fmoe launch` waits for a name (services/launcher.cc).
+RESOLVER_TIMEOUT_S = 15  # resolv.conf's timeout in the namespace.
 NAMESERVER = "10.9.9.53"  # On v0's subnet; v1, v0's peer, has no address: nobody answers.
 
 MANIFEST = """# Written by status_dns_test.py: every process named by a host name no DNS answers for.
@@ -77,9 +81,16 @@ def main():
             netns_hosts.run(["ip", "-n", ns, "addr", "add", "10.9.9.1/24", "dev", "v0"])
             netns_hosts.run(["ip", "-n", ns, "link", "set", "v0", "up"])
             netns_hosts.run(["ip", "-n", ns, "link", "set", "v1", "up"])
+            # A fixed neighbour for the server, so queries leave at once and are lost (without
+            # it, ARP gives up after about 3 s and the resolver fails early).
+            netns_hosts.run(["ip", "-n", ns, "neigh", "add", NAMESERVER, "lladdr",
+                             "02:00:00:00:00:53", "dev", "v0", "nud", "permanent"])
             os.makedirs(etc, exist_ok=True)
             with open(os.path.join(etc, "resolv.conf"), "w", encoding="utf-8") as f:
-                f.write(f"nameserver {NAMESERVER}\n")
+                # One long try: the resolver alone waits RESOLVER_TIMEOUT_S, well past every
+                # bound below, so a check that waits it out fails.
+                f.write(f"nameserver {NAMESERVER}\noptions timeout:{RESOLVER_TIMEOUT_S} "
+                        "attempts:1\n")
         except (netns_hosts.CommandError, OSError, subprocess.TimeoutExpired) as e:
             print(f"skipped: cannot make the namespace: {e}", flush=True)
             return SKIP
@@ -113,6 +124,26 @@ def main():
             want = f"resolving {name} timed out after {TIMEOUT_MS} ms"
             if want not in text:
                 problems.append(f"fmoe status does not say {want!r}")
+
+        # `fmoe launch` checks its local hosts and ports before it starts anything: each name
+        # resolved within LAUNCH_RESOLVE_S, then a clear refusal, not the resolver's timeouts.
+        t0 = time.monotonic()
+        out = netns_hosts.run(["ip", "netns", "exec", ns, os.path.join(args.bin_dir, "fmoe"),
+                               "launch", manifest, "--host", "rank0.cluster.example"],
+                              check=False, timeout=120)
+        launch_s = time.monotonic() - t0
+        text = (out.stdout + out.stderr).decode("utf-8", "replace")
+        log(f"fmoe launch exit {out.returncode} after {launch_s:.2f} s:\n{text}")
+        bound = LAUNCH_RESOLVE_S + SLACK_S
+        if out.returncode == 0:
+            problems.append("fmoe launch exit 0 with hosts no DNS answers for")
+        if launch_s > bound:
+            problems.append(f"fmoe launch took {launch_s:.2f} s, more than its {bound} s bound "
+                            f"(the resolver alone took {control_s:.2f} s)")
+        want = f"does not resolve (resolving rank0.cluster.example timed out after " \
+               f"{int(LAUNCH_RESOLVE_S * 1000)} ms)"
+        if want not in text:
+            problems.append(f"fmoe launch does not say {want!r}")
     finally:
         netns_hosts.kill_netns_processes(ns)
         netns_hosts.run(["ip", "netns", "del", ns], check=False)
