@@ -12,8 +12,9 @@
 #      (CI): build-cuda/ against PyPI's CUDA LibTorch with FMOE_CUDA=ON, and the tests that run
 #      LibTorch code (ctest -L torch -LE gpu). Skipped, saying so, when PyPI is unreachable or
 #      nvcc is missing; FMOE_CUDA=0 leaves it out.
-# Before stage 1 it prepares .venv with the official `openai` and `anthropic` Python clients from
-# PyPI for the router's compatibility tests; without PyPI those tests say they were skipped.
+# Before stage 1 it prepares .venv with the official `openai` and `anthropic` Python clients and
+# `langchain-openai` from PyPI for the router's compatibility tests; without PyPI those tests say
+# they were skipped.
 # Exits non-zero on any failure.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -38,11 +39,12 @@ else
   fmoe_build "$main_build" -DCMAKE_BUILD_TYPE=Release -DFMOE_WERROR=ON
 fi
 if [ ! -x "$FMOE_ROOT/.venv/bin/python" ] ||
-   ! "$FMOE_ROOT/.venv/bin/python" -c "import openai, anthropic" 2>/dev/null; then
-  fmoe_log "installing the openai and anthropic Python clients into .venv (router compatibility tests)"
+   ! "$FMOE_ROOT/.venv/bin/python" -c "import openai, anthropic, langchain_openai" 2>/dev/null; then
+  fmoe_log "installing the openai, anthropic and langchain-openai Python clients into .venv (router compatibility tests)"
   if ! { fmoe_venv && \
-         "$FMOE_ROOT/.venv/bin/pip" install -q --disable-pip-version-check openai anthropic; }; then
-    fmoe_log "PyPI is unreachable: the openai and anthropic client tests will be SKIPPED"
+         "$FMOE_ROOT/.venv/bin/pip" install -q --disable-pip-version-check openai anthropic \
+           langchain-openai; }; then
+    fmoe_log "PyPI is unreachable: the openai, anthropic and langchain client tests will be SKIPPED"
   fi
 fi
 fmoe_log "running the test suite ($(basename "$main_build")/)"

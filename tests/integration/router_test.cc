@@ -554,6 +554,23 @@ TEST_F(RouterTest, OfficialAnthropicClient) {
   EXPECT_NE(log.find("all checks passed"), std::string::npos) << log;
 }
 
+// LangChain's ChatOpenAI (langchain-openai), from the same virtual environment: invoke, stream,
+// bind_tools and with_structured_output.
+TEST_F(RouterTest, LangChainClient) {
+  const std::string python = std::string(FMOE_SOURCE_DIR) + "/.venv/bin/python";
+  auto [probe, out] = testing::RunCommand({python, "-c", "import langchain_openai"}, 60000);
+  if (probe != 0) {
+    GTEST_SKIP() << "SKIPPED: langchain-openai is not installed in " << python
+                 << " (deploy/test.sh installs it from PyPI; PyPI may be unreachable)";
+  }
+  auto [code, log] = testing::RunCommand(
+      {python, std::string(FMOE_SOURCE_DIR) + "/tests/integration/langchain_client_check.py",
+       "http://127.0.0.1:" + std::to_string(http_) + "/v1", kKey, "tiny-moe"},
+      180000);
+  EXPECT_EQ(code, 0) << log;
+  EXPECT_NE(log.find("all checks passed"), std::string::npos) << log;
+}
+
 TEST_F(RouterTest, ADisconnectingClientCancelsItsRequest) {
   testing::AsyncCall call(
       http_, "POST", "/v1/completions",
