@@ -421,6 +421,13 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
       ->delimiter(',')
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
+  cmd->add_option("--chunk-overhead", o->chunk_overhead,
+                  "serving, with --max-batched-tokens: expert-aware chunks, as the engine's "
+                  "chunk_overhead: a prompt chunk grows (doubling, up to the rest of the prompt) "
+                  "while its expected expert loads would make the prefill more than (1 + X) x "
+                  "its time whole; 0: the budget's chunks")
+      ->check(CLI::Range(0.0, 1000.0))
+      ->capture_default_str();
   cmd->add_option("--trace-kind", o->trace_kind,
                   "serving: what the records are (auto: from the trace header; iterations, "
                   "prompt-positions, decode-positions)")

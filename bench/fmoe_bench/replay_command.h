@@ -50,6 +50,10 @@ struct ReplayOptions {
   std::vector<uint32_t> batches = {1, 8};
   // Chunked prefill: tokens per iteration, each value a run (0: prefills whole). Default: 0
   std::vector<uint32_t> max_batched_tokens = {0};
+  // Expert-aware chunks (gpu_worker/core/chunk_planner.h): a chunk grows while cutting the
+  // prompt at its size costs more than (1 + this) x the prompt whole; 0: the budget's chunks.
+  // Default: 0
+  double chunk_overhead = 0;
   std::string trace_kind = "auto";
   double decode_share = 0.15;
   std::string arrivals;  // Empty: every request arrives at once.

@@ -124,7 +124,8 @@ std::string ServeCsvHeader(bool disk) {
                             "prefill_disk_mb,prefill_disk_stall_ms,decode_host_hit_rate,"
                             "decode_disk_reads_per_token,decode_disk_mb_per_token,"
                             "decode_disk_stall_ms_per_token"
-                          : "");
+                          : "") +
+         ",chunk_overhead";
 }
 
 std::string ServeCsvRow(const ServeConfig& c, const ServeSummary& s) {
@@ -144,12 +145,15 @@ std::string ServeCsvRow(const ServeConfig& c, const ServeSummary& s) {
       << ',' << (c.hybrid ? "on" : "off") << ',' << Fixed(s.prefill.cpu_experts, 3) << ','
       << Fixed(s.prefill.cpu_ms, 3) << ',' << Fixed(s.decode.cpu_experts, 4) << ','
       << Fixed(s.decode.cpu_ms, 4) << ',' << c.max_batched_tokens;
-  if (!c.disk.enabled()) return out.str();
+  if (!c.disk.enabled()) {
+    out << ',' << Fixed(c.chunk_overhead, 3);
+    return out.str();
+  }
   out << ',' << Fixed(c.disk.host_budget, 3) << ',' << Fixed(s.prefill.host_hit_rate, 5) << ','
       << Fixed(s.prefill.disk_reads, 3) << ',' << Fixed(s.prefill.disk_mb, 3) << ','
       << Fixed(s.prefill.disk_stall_ms, 3) << ',' << Fixed(s.decode.host_hit_rate, 5) << ','
       << Fixed(s.decode.disk_reads, 4) << ',' << Fixed(s.decode.disk_mb, 4) << ','
-      << Fixed(s.decode.disk_stall_ms, 4);
+      << Fixed(s.decode.disk_stall_ms, 4) << ',' << Fixed(c.chunk_overhead, 3);
   return out.str();
 }
 

@@ -67,6 +67,7 @@ std::string ServeTable(const std::vector<std::pair<std::string, ServeSummary>>& 
 // at the end (max_batched_tokens last: 0 for whole prefills), so readers by position still work.
 // Runs with the disk tier (`disk`; a row: its config's) add its columns after those: host_budget,
 // then per prefill and per decode token the host hit rate, disk reads, disk MB and disk stall ms.
+// The last column is chunk_overhead (expert-aware chunks; 0: the budget's chunks).
 std::string ServeCsvHeader(bool disk = false);
 std::string ServeCsvRow(const ServeConfig& config, const ServeSummary& s);
 

@@ -16,6 +16,7 @@
 #include "gpu_worker/cache/expert_cache.h"
 #include "gpu_worker/cache/policies/cache_policy.h"
 #include "gpu_worker/cache/policies/policy_factory.h"
+#include "gpu_worker/core/chunk_planner.h"
 #include "map_service/map_matcher.h"
 
 namespace fmoe::bench {
@@ -53,13 +54,21 @@ const std::vector<ContinuousBatcher::Slot>& ContinuousBatcher::Admit(int64_t now
     if (r.runs) --left;
   }
   slots_.clear();
+  bool first_chunk = true;
   for (Running& r : running_) {
     if (chunked(r) && left >= 1) {
-      const uint32_t take =
-          static_cast<uint32_t>(std::min<int64_t>(prompt_[r.request] - r.done, left));
-      left -= take;
-      r.runs = true;
-      r.ran = r.done + take;
+      const uint32_t rest = prompt_[r.request] - r.done;
+      auto take = static_cast<uint32_t>(std::min<int64_t>(rest, left));
+      if (advisor_ && take < rest) {
+        const uint32_t want = std::clamp(advisor_(take, rest), take, rest);
+        if (want > take) take = first_chunk ? want : 0;
+      }
+      if (take > 0) {
+        left -= take;
+        r.runs = true;
+        r.ran = r.done + take;
+        first_chunk = false;
+      }
     }
     if (!r.runs) continue;
     Slot s{r.request, r.step, 0, 0};
@@ -94,6 +103,24 @@ void ContinuousBatcher::Advance(std::vector<uint32_t>* finished) {
   }
   running_.resize(kept);
   slots_.clear();
+}
+
+std::function<uint32_t(uint32_t, uint32_t)> ChunkAdvisorFor(const ServeConfig& c,
+                                                            const TraceHeader& h) {
+  if (!(c.chunk_overhead > 0.0) || c.max_batched_tokens == 0) return {};
+  ChunkCosts costs;
+  costs.experts = h.num_experts;
+  costs.top_k = h.top_k;
+  costs.moe_layers = h.num_layers;
+  costs.miss = 1.0 - c.budget;
+  costs.load_ns = static_cast<double>(c.time.LoadNs());
+  // A prompt token's compute: the layer time's slope over large iterations, times the layers.
+  costs.token_ns =
+      static_cast<double>(c.time.LayerNs(1024) - c.time.LayerNs(512)) / 512.0 * h.num_layers;
+  const double overhead = c.chunk_overhead;
+  return [costs, overhead](uint32_t chunk, uint32_t rest) {
+    return ExpertAwareChunk(costs, chunk, rest, overhead);
+  };
 }
 
 namespace {
@@ -220,6 +247,7 @@ Schedule ComputeOnlySchedule(const ServeWorkload& w, const std::vector<uint32_t>
     prompt.push_back(static_cast<uint32_t>(w.requests[r].prompt_positions.size()));
   }
   ContinuousBatcher batcher(arrival_ns, steps, c.max_batch, prompt, c.max_batched_tokens);
+  batcher.SetChunkAdvisor(ChunkAdvisorFor(c, w.trace->header));
   Schedule out;
   int64_t now = 0;
   std::vector<uint32_t> finished;
@@ -395,6 +423,7 @@ class ServeRun {
       return Status::Ok();
     }
     ContinuousBatcher batcher(at, steps, c_.max_batch, prompt, c_.max_batched_tokens);
+    batcher.SetChunkAdvisor(ChunkAdvisorFor(c_, w_.trace->header));
     std::vector<uint32_t> finished;
     while (!batcher.done()) {
       const auto& running = batcher.Admit(clock_.NowNs());

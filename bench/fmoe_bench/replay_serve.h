@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,12 @@ class ContinuousBatcher {
   ContinuousBatcher(std::vector<int64_t> arrival_ns, std::vector<uint32_t> steps,
                     uint32_t max_batch, std::vector<uint32_t> prompt = {},
                     uint32_t max_batched_tokens = 0);
+  // Expert-aware chunks, as the engine's Scheduler::SetChunkAdvisor: a chunk the budget would
+  // cut short of its prompt may grow to what the advisor asks (the first chunk of an iteration,
+  // even past N); a later chunk the advisor would grow waits for an iteration where it is first.
+  void SetChunkAdvisor(std::function<uint32_t(uint32_t chunk, uint32_t rest)> advisor) {
+    advisor_ = std::move(advisor);
+  }
 
   // Admits the requests that arrived by `now_ns` into free slots (earliest arrival first, the
   // lower index on ties) and returns what the iteration runs: the running requests' steps (or
@@ -75,6 +82,7 @@ class ContinuousBatcher {
   uint32_t max_batch_;
   std::vector<Running> running_;
   std::vector<Slot> slots_;  // This iteration's.
+  std::function<uint32_t(uint32_t, uint32_t)> advisor_;
   size_t finished_ = 0;
 };
 
@@ -88,6 +96,8 @@ struct ServeConfig {
   // first, then prompt chunks oldest first; a chunk's routing is exactly its positions' (merged
   // by MergePositions), so it needs the prompt-positions kind. 0: every prefill whole. Default: 0
   uint32_t max_batched_tokens = 0;
+  // Expert-aware chunks (ChunkAdvisorFor): 0 = the budget's chunks. Default: 0
+  double chunk_overhead = 0;
   TimeModel time;
   uint32_t store_capacity = 1000;
   uint32_t max_inflight_prefetches = 2;
@@ -110,6 +120,13 @@ struct ServeConfig {
   // waits for its requests to arrive), so its knowledge is exact in every case.
   uint32_t oracle_passes = 3;
 };
+
+// The ContinuousBatcher's chunk advisor for a run: ExpertAwareChunk over the trace's model (J,
+// K, L), the cache's misses (1 - budget of each layer's experts), the time model's expert load
+// and a prompt token's compute (the layer time's slope between 512 and 1024 tokens, x L). Empty
+// when c.chunk_overhead is 0 or prefills run whole.
+std::function<uint32_t(uint32_t, uint32_t)> ChunkAdvisorFor(const ServeConfig& c,
+                                                            const TraceHeader& h);
 
 // TTFT = end of its first step (its prefill's last chunk) - arrival; TPOT = (end of its last
 // step - end of its first) / the steps after the first.

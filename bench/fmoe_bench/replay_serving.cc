@@ -40,10 +40,16 @@ struct ServeJob {
 std::string ModeName(const ServeConfig& c) { return c.online ? "online" : "offline"; }
 
 // ", max batched tokens N" (", prefills whole" for 0) when the run asked for chunked prefill.
-std::string ChunkName(uint32_t max_batched_tokens, bool chunking) {
+std::string ChunkName(uint32_t max_batched_tokens, bool chunking, double overhead = 0) {
   if (!chunking) return "";
-  return max_batched_tokens ? ", max batched tokens " + std::to_string(max_batched_tokens)
-                            : ", prefills whole";
+  if (max_batched_tokens == 0) return ", prefills whole";
+  std::string name = ", max batched tokens " + std::to_string(max_batched_tokens);
+  if (overhead > 0) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g", overhead);
+    name += std::string(", expert-aware (overhead ") + text + ")";
+  }
+  return name;
 }
 
 }  // namespace
@@ -194,6 +200,7 @@ int RunServingReplay(const ReplayOptions& o) {
               ServeConfig& c = job->config;
               c.policy = p;
               c.max_batched_tokens = chunk;
+              c.chunk_overhead = o.chunk_overhead;
               c.hybrid = hybrid;
               c.cpu = o.cpu;
               c.budget = b;
@@ -229,7 +236,7 @@ int RunServingReplay(const ReplayOptions& o) {
         return ModeName(job.config) + " batch " + std::to_string(job.config.max_batch) + " " +
                RunLabel(job.config) + " budget " + Fixed(job.config.budget, 2) + " d " +
                std::to_string(job.config.distance) +
-               ChunkName(job.config.max_batched_tokens, chunking);
+               ChunkName(job.config.max_batched_tokens, chunking, job.config.chunk_overhead);
       });
 
   // Tables, one per (mode, batch, budget, d), and the CSV.
@@ -248,13 +255,14 @@ int RunServingReplay(const ReplayOptions& o) {
       failed = true;
       std::printf("%s batch %u budget %.2f d %u%s %s failed: %s\n", ModeName(c).c_str(),
                   c.max_batch, c.budget, c.distance,
-                  ChunkName(c.max_batched_tokens, chunking).c_str(), RunLabel(c).c_str(),
-                  job->result.status().message().c_str());
+                  ChunkName(c.max_batched_tokens, chunking, c.chunk_overhead).c_str(),
+                  RunLabel(c).c_str(), job->result.status().message().c_str());
       continue;
     }
     if (c.policy == "oracle" && job->result->oracle_forced) {
       notes.push_back(RunLabel(c) + " at " + ModeName(c) + " batch " + std::to_string(c.max_batch) +
-                      " budget " + Fixed(c.budget, 2) + ChunkName(c.max_batched_tokens, chunking) +
+                      " budget " + Fixed(c.budget, 2) +
+                      ChunkName(c.max_batched_tokens, chunking, c.chunk_overhead) +
                       ": its batches still changed after " +
                       std::to_string(job->result->oracle_passes - 1) +
                       " runs; the last kept to the previous run's batches");

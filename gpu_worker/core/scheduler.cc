@@ -62,8 +62,15 @@ uint32_t Scheduler::ChunkOf(const Entry& e, bool first_prefill, uint64_t* budget
     *budget -= std::min<uint64_t>(*budget, left);
     return left;
   }
-  const auto chunk = static_cast<uint32_t>(std::min<uint64_t>(left, *budget));
-  *budget -= chunk;
+  auto chunk = static_cast<uint32_t>(std::min<uint64_t>(left, *budget));
+  if (chunk_advisor_ && chunk > 0 && chunk < left) {
+    const uint32_t want = std::clamp(chunk_advisor_(chunk, left), chunk, left);
+    if (want > chunk) {
+      if (!first_prefill) return 0;  // Waits for a step where it is the first prompt chunk.
+      chunk = want;
+    }
+  }
+  *budget -= std::min<uint64_t>(*budget, chunk);
   return chunk;
 }
 

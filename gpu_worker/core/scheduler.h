@@ -15,6 +15,11 @@
 // prompts complete in admission order. A prompt that must not be cut (Add's `chunkable` false)
 // runs whole, in a step where it is the first prompt chunk, even beyond B.
 //
+// Expert-aware chunks (chunk_planner.h): with a chunk advisor, a prompt chunk the budget would
+// cut short of its prompt goes to the advisor, which may ask for a larger one (a small chunk
+// would load nearly the experts of the whole prompt). The first prompt chunk of a step gets
+// it, even beyond B, as an uncut prompt does; a later one waits for a step where it is first.
+//
 // The paged KV (kv_blocks.h): on admission the admit hook says how many of the prompt's tokens
 // are already in the request's KV (a cached prefix); its prefill starts after them. When the KV
 // pool cannot hold a step's work the engine preempts (Preempt): the request goes back to the
@@ -71,6 +76,11 @@ class Scheduler {
   void SetAdmitHook(std::function<uint32_t(uint64_t id, uint32_t prompt)> hook) {
     admit_hook_ = std::move(hook);
   }
+  // Called for a prompt chunk of `chunk` tokens the budget allows when `rest` (> chunk) are
+  // left: the chunk to run (>= chunk, <= rest). Default: none (the budget's chunk).
+  void SetChunkAdvisor(std::function<uint32_t(uint32_t chunk, uint32_t rest)> advisor) {
+    chunk_advisor_ = std::move(advisor);
+  }
   // A running request leaves the batch for the front of the waiting queue, its KV gone: it is
   // prefilled again over `prompt_tokens` (>= 1) tokens when next admitted. false when it is not
   // running.
@@ -105,6 +115,7 @@ class Scheduler {
 
   SchedulerOptions options_;
   std::function<uint32_t(uint64_t, uint32_t)> admit_hook_;
+  std::function<uint32_t(uint32_t, uint32_t)> chunk_advisor_;
   std::deque<Entry> waiting_;
   std::vector<Entry> running_;  // Admission order.
 };

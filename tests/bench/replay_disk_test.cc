@@ -434,13 +434,13 @@ TEST(ServeReplayDiskTest, TheReportCarriesTheDiskFiguresOnlyForRunsWithTheTier) 
   const std::string header = ServeCsvHeader(true);
   const std::string row = ServeCsvRow(with->config, s);
   EXPECT_EQ(std::count(header.begin(), header.end(), ','), std::count(row.begin(), row.end(), ','));
-  EXPECT_TRUE(header.ends_with(",decode_disk_stall_ms_per_token")) << header;
+  EXPECT_TRUE(header.ends_with(",decode_disk_stall_ms_per_token,chunk_overhead")) << header;
   const std::string table = ServeTable({{"lru", s}});
   EXPECT_NE(table.find("disk prefill"), std::string::npos) << table;
   // Without the tier: the columns of before, nothing added.
   const ServeSummary plain = Summarise(*without, 1.0);
   EXPECT_FALSE(plain.disk);
-  EXPECT_TRUE(ServeCsvHeader().ends_with(",max_batched_tokens"));
+  EXPECT_TRUE(ServeCsvHeader().ends_with(",max_batched_tokens,chunk_overhead"));
   EXPECT_EQ(ServeTable({{"lru", plain}}).find("disk"), std::string::npos);
 }
 

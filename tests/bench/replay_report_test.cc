@@ -85,12 +85,14 @@ TEST(ServeReportTest, CsvRowsMatchTheHeaderAndTheTableNamesEveryRow) {
   const std::string row = ServeCsvRow(r.config, s);
   EXPECT_EQ(std::count(header.begin(), header.end(), ','), std::count(row.begin(), row.end(), ','));
   EXPECT_EQ(row.rfind("offline,8,0.25,3,fmoe,3,", 0), 0u) << row;
-  // max_batched_tokens is the last column, after every older one.
-  EXPECT_TRUE(header.ends_with(",decode_cpu_ms_per_token,max_batched_tokens")) << header;
-  EXPECT_TRUE(row.ends_with(",0")) << row;
+  // max_batched_tokens then chunk_overhead are the last columns, after every older one.
+  EXPECT_TRUE(header.ends_with(",decode_cpu_ms_per_token,max_batched_tokens,chunk_overhead"))
+      << header;
+  EXPECT_TRUE(row.ends_with(",0,0.000")) << row;
   ServeConfig chunked = r.config;
   chunked.max_batched_tokens = 64;
-  EXPECT_TRUE(ServeCsvRow(chunked, s).ends_with(",64")) << ServeCsvRow(chunked, s);
+  chunked.chunk_overhead = 0.25;
+  EXPECT_TRUE(ServeCsvRow(chunked, s).ends_with(",64,0.250")) << ServeCsvRow(chunked, s);
   const std::string table = ServeTable({{"fmoe", s}, {"lru", s}});
   EXPECT_NE(table.find("\nfmoe "), std::string::npos) << table;
   EXPECT_NE(table.find("\nlru "), std::string::npos) << table;

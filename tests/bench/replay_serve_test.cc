@@ -79,6 +79,25 @@ TEST(ContinuousBatcherTest, ChunkedPrefillRunsDecodeStepsFirstThenChunksOldestFi
   EXPECT_TRUE(b.done());
 }
 
+TEST(ContinuousBatcherTest, AChunkAdvisorGrowsTheFirstChunkAndHoldsBackLaterOnes) {
+  using Slot = ContinuousBatcher::Slot;
+  // As above, with an advisor that wants chunks of at least 8 tokens (or the rest).
+  ContinuousBatcher b({0, 0}, {3, 2}, 2, {10, 4}, 6);
+  b.SetChunkAdvisor(
+      [](uint32_t chunk, uint32_t rest) { return std::min(std::max(chunk, 8u), rest); });
+  std::vector<uint32_t> finished;
+  std::vector<Slot> s = b.Admit(0);  // 8 of request 0's 10, past the budget; request 1 waits.
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].chunk_end, 8u);
+  b.Advance(&finished);
+  s = b.Admit(0);  // Request 0's last 2; request 1's whole prompt fits the 4 left: no chunk.
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].chunk_begin, 8u);
+  EXPECT_EQ(s[0].chunk_end, 10u);
+  EXPECT_EQ(s[1].request, 1u);
+  EXPECT_FALSE(s[1].chunk());
+}
+
 TEST(ContinuousBatcherTest, DecodeStepsRunPastTheBudgetAndAWholePromptIsNoChunk) {
   using Slot = ContinuousBatcher::Slot;
   // Two requests decode (1-position prompts, 4 steps), a third's prompt waits: 1 token per
@@ -450,6 +469,33 @@ TEST(ServeReplayTest, ChunkedPrefillLetsAnotherRequestDecodeBetweenItsChunks) {
   // Request 1's first token comes later, request 0's tokens come faster.
   EXPECT_GT(chunked->requests[1].ttft_ns(), whole->requests[1].ttft_ns());
   EXPECT_LT(chunked->requests[0].tpot_ns(), whole->requests[0].tpot_ns());
+}
+
+TEST(ServeReplayTest, ExpertAwareChunksRunLoadBoundPromptsWholeAndKeepTheBudgetOtherwise) {
+  // The requests of the test above. A quarter of the experts cached over a 5 ms link: a chunk of
+  // 7 or 8 positions is expected to need nearly every expert of a layer, as the whole prompt
+  // does, so cutting a prompt would cost far more than 25%: each prefill runs whole. Every
+  // expert cached: nothing to load, the budget's chunks stay.
+  Trace trace = PromptTrace({20, 80});
+  TraceRequests grouped = GroupByRequest(trace);
+  auto w = Workload(trace, grouped, 0.5);
+  ASSERT_TRUE(w.ok());
+  const std::vector<int64_t> arrivals = {0, 20 * kMs};
+  ServeConfig c = Config("lru", 0.25, 2, Time(1, 0.5, 5));
+  c.max_batched_tokens = 8;
+  c.chunk_overhead = 0.25;
+  auto load_bound = RunServeReplay(*w, {}, {0, 1}, arrivals, c, nullptr);
+  c.budget = 1.0;
+  auto resident = RunServeReplay(*w, {}, {0, 1}, arrivals, c, nullptr);
+  c.chunk_overhead = 0;
+  auto plain = RunServeReplay(*w, {}, {0, 1}, arrivals, c, nullptr);
+  ASSERT_TRUE(load_bound.ok() && resident.ok() && plain.ok());
+  EXPECT_EQ(load_bound->requests[0].prefill_iterations, 1u);
+  EXPECT_EQ(load_bound->requests[1].prefill_iterations, 1u);
+  EXPECT_EQ(resident->requests[0].prefill_iterations, 2u);
+  EXPECT_EQ(resident->requests[1].prefill_iterations, 6u);
+  EXPECT_EQ(resident->prefill.iterations, plain->prefill.iterations);
+  EXPECT_EQ(resident->requests[1].ttft_ns(), plain->requests[1].ttft_ns());
 }
 
 TEST(ServeReplayTest, ChunksOfAPromptNeedOnlyTheirOwnPositionsExperts) {

@@ -3,10 +3,14 @@
 // queue, and that every request's prompt is covered exactly once, in order.
 #include "gpu_worker/core/scheduler.h"
 
+#include <algorithm>
+
 #include <map>
 #include <random>
 
 #include <gtest/gtest.h>
+
+#include "gpu_worker/core/chunk_planner.h"
 
 namespace fmoe {
 namespace {
@@ -126,6 +130,81 @@ TEST(Scheduler, APromptThatMustNotBeCutRunsWholeWhenFirst) {
   EXPECT_TRUE(work[1].samples);
 }
 
+// An advisor that wants chunks of at least 12 tokens (or the rest of the prompt).
+uint32_t AtLeast12(uint32_t chunk, uint32_t rest) { return std::min(std::max(chunk, 12u), rest); }
+
+TEST(Scheduler, AChunkAdvisorGrowsTheFirstChunkAndHoldsBackSmallLaterOnes) {
+  Scheduler s(Options(4, 8));
+  s.SetChunkAdvisor(AtLeast12);
+  ASSERT_TRUE(s.Add(1, 30));
+  ASSERT_TRUE(s.Add(2, 20));
+  auto work = s.Schedule();    // 1 is the first prompt chunk: 12 tokens, beyond the budget of 8.
+  ASSERT_EQ(work.size(), 1u);  // 2 would get no budget: it waits.
+  EXPECT_EQ(work[0].id, 1u);
+  EXPECT_EQ(work[0].tokens, 12u);
+  s.Completed(work);
+  work = s.Schedule();
+  ASSERT_EQ(work.size(), 1u);
+  EXPECT_EQ(work[0].first, 12u);
+  EXPECT_EQ(work[0].tokens, 12u);
+  s.Completed(work);
+  work = s.Schedule();  // 6 left of 30: the rest runs as the budget allows; 2 gets the other 2
+                        // tokens of budget, which the advisor turns down: 2 waits.
+  ASSERT_EQ(work.size(), 1u);
+  EXPECT_EQ(work[0].tokens, 6u);
+  EXPECT_TRUE(work[0].samples);
+  s.Completed(work);
+  work = s.Schedule();  // 1 decodes (1 token); 2 is the first prompt chunk: 12 of its 20.
+  ASSERT_EQ(work.size(), 2u);
+  EXPECT_FALSE(work[0].prefill);
+  EXPECT_EQ(work[1].id, 2u);
+  EXPECT_TRUE(work[1].admitted);
+  EXPECT_EQ(work[1].tokens, 12u);
+  s.Completed(work);
+  work = s.Schedule();  // 8 left, 7 of budget: the advisor asks for the 8.
+  ASSERT_EQ(work.size(), 2u);
+  EXPECT_EQ(work[1].tokens, 8u);
+  EXPECT_TRUE(work[1].samples);
+}
+
+TEST(ChunkPlanner, ExpectedExpertsNearsEveryExpert) {
+  EXPECT_DOUBLE_EQ(ExpectedExperts(8, 2, 1), 2.0);
+  EXPECT_NEAR(ExpectedExperts(8, 2, 2), 8 * (1 - 0.75 * 0.75), 1e-12);
+  EXPECT_NEAR(ExpectedExperts(64, 6, 64), 63.9, 0.1);
+  EXPECT_EQ(ExpectedExperts(8, 2, 0), 0.0);
+  EXPECT_EQ(ExpectedExperts(0, 2, 5), 0.0);
+  EXPECT_DOUBLE_EQ(ExpectedExperts(4, 8, 3), 4.0);  // K above J: every expert.
+}
+
+TEST(ChunkPlanner, LoadBoundPrefillsRunWholeAndComputeBoundOnesKeepTheBudgetsChunk) {
+  // DeepSeek-V2-Lite-shaped, a quarter of the experts resident, a slow link: each 64-token
+  // chunk loads nearly all 64 experts of each layer, as the whole prompt does.
+  ChunkCosts slow{64, 6, 26, 0.75, 1.32e6, 26 * 0.04e6};
+  EXPECT_GT(PrefillNs(slow, 64, 512), 5 * PrefillNs(slow, 512, 512));
+  EXPECT_EQ(ExpertAwareChunk(slow, 64, 512, 0.25), 512u);
+  // Every expert resident: nothing to load, chunks cost nothing more.
+  ChunkCosts resident = slow;
+  resident.miss = 0.0;
+  EXPECT_DOUBLE_EQ(PrefillNs(resident, 64, 512), PrefillNs(resident, 512, 512));
+  EXPECT_EQ(ExpertAwareChunk(resident, 64, 512, 0.25), 64u);
+  // A fast link: loads are small against compute; 64-token chunks stay.
+  ChunkCosts fast = slow;
+  fast.load_ns = 0.01e6;
+  EXPECT_EQ(ExpertAwareChunk(fast, 64, 512, 0.25), 64u);
+  // In between, the smallest doubling within the overhead: 8 chunks of 64 cost too much, two of
+  // 256 do not.
+  ChunkCosts mid = slow;
+  mid.load_ns = 0.12e6;
+  const double whole = PrefillNs(mid, 512, 512);
+  EXPECT_GT(PrefillNs(mid, 128, 512), 1.25 * whole);
+  EXPECT_LE(PrefillNs(mid, 256, 512), 1.25 * whole);
+  EXPECT_EQ(ExpertAwareChunk(mid, 64, 512, 0.25), 256u);
+  // Off, unknown costs, or a chunk that is the rest: the budget's chunk.
+  EXPECT_EQ(ExpertAwareChunk(slow, 64, 512, 0.0), 64u);
+  EXPECT_EQ(ExpertAwareChunk(ChunkCosts{}, 64, 512, 0.25), 64u);
+  EXPECT_EQ(ExpertAwareChunk(slow, 512, 512, 0.25), 512u);
+}
+
 TEST(Scheduler, RemoveAndQueueLimits) {
   Scheduler s(Options(1, 0, /*max_waiting=*/2));
   EXPECT_FALSE(s.Add(1, 0));  // An empty prompt.
@@ -153,6 +232,14 @@ TEST(Scheduler, RandomWorkloadsCoverEveryPromptOnceWithinTheLimits) {
     const uint32_t max_batch = 1 + rng() % 6;
     const uint32_t budget = rng() % 3 == 0 ? 0 : max_batch + rng() % 40;
     Scheduler s(Options(max_batch, budget, 1000));
+    // Half the budgeted trials with an advisor that wants chunks of at least `least` tokens:
+    // the first prompt chunk of a step may then pass the budget by up to `least`.
+    const uint32_t least = budget != 0 && rng() % 2 == 0 ? 2 + rng() % 30 : 0;
+    if (least != 0) {
+      s.SetChunkAdvisor([least](uint32_t chunk, uint32_t rest) {
+        return std::min(std::max(chunk, least), rest);
+      });
+    }
     std::map<uint64_t, uint32_t> prompt, covered, decodes, to_decode;
     uint64_t next = 1;
     for (int step = 0; step < 400; ++step) {
@@ -178,7 +265,7 @@ TEST(Scheduler, RandomWorkloadsCoverEveryPromptOnceWithinTheLimits) {
       }
       ASSERT_LE(s.running(), max_batch);
       if (budget != 0) {
-        ASSERT_LE(decode_tokens + prompt_tokens, std::max(budget, decode_tokens));
+        ASSERT_LE(decode_tokens + prompt_tokens, std::max(budget, decode_tokens) + least);
       }
       if (s.running() > 0) {
         ASSERT_FALSE(work.empty()) << "a step ran nothing with work to do";

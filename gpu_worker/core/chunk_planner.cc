@@ -1,0 +1,35 @@
+#include "gpu_worker/core/chunk_planner.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace fmoe {
+
+double ExpectedExperts(uint32_t experts, uint32_t top_k, double tokens) {
+  if (experts == 0 || top_k == 0 || tokens <= 0.0) return 0.0;
+  const double k = std::min<double>(top_k, experts);
+  const double j = experts;
+  return j * (1.0 - std::pow(1.0 - k / j, tokens));
+}
+
+double PrefillNs(const ChunkCosts& c, uint32_t chunk, uint32_t rest) {
+  if (rest == 0) return 0.0;
+  chunk = std::clamp<uint32_t>(chunk, 1, rest);
+  const uint32_t full = rest / chunk;
+  const uint32_t tail = rest % chunk;
+  const double experts =
+      full * ExpectedExperts(c.experts, c.top_k, chunk) + ExpectedExperts(c.experts, c.top_k, tail);
+  const double miss = std::clamp(c.miss, 0.0, 1.0);
+  return experts * c.moe_layers * miss * c.load_ns + rest * c.token_ns;
+}
+
+uint32_t ExpertAwareChunk(const ChunkCosts& c, uint32_t chunk, uint32_t rest, double max_overhead) {
+  if (chunk == 0 || chunk >= rest || !(max_overhead > 0.0) || !c.Known()) return chunk;
+  const double limit = (1.0 + max_overhead) * PrefillNs(c, rest, rest);
+  for (uint64_t t = chunk; t < rest; t *= 2) {
+    if (PrefillNs(c, static_cast<uint32_t>(t), rest) <= limit) return static_cast<uint32_t>(t);
+  }
+  return rest;
+}
+
+}  // namespace fmoe

@@ -1,0 +1,47 @@
+// Expert-aware prefill chunks (DESIGN section 14): how large a prompt's next chunk should be
+// when the experts it routes to must come over the link. Chunking bounds the tokens a step
+// computes, not the experts it loads: a chunk of T tokens needs about J (1 - (1 - K/J)^T) of a
+// layer's J experts (K per token), which nears J within a few dozen tokens, so every chunk of a
+// long prompt loads nearly what the whole prompt does. Where loads dominate, small chunks
+// multiply a prefill's time (and every decode step sharing those steps waits for it); where
+// compute dominates (experts resident, a fast link) they cost almost nothing and cut the decode
+// steps' worst stall. The planner keeps the token budget's chunk unless the prefill cut at that
+// size would take more than (1 + max_overhead) times its time whole, and then takes the smallest
+// larger chunk (doubling) that does not, up to the whole rest of the prompt.
+//
+// The estimate assumes uniform routing (real routing is skewed, so it errs toward more loads)
+// and a device cache that misses `miss` of each layer's experts. Torch-free; pure functions.
+#pragma once
+
+#include <cstdint>
+
+namespace fmoe {
+
+struct ChunkCosts {
+  uint32_t experts = 0;     // Routed experts per MoE layer (J).
+  uint32_t top_k = 0;       // Experts per token (K).
+  uint32_t moe_layers = 0;  // MoE layers.
+  double miss = 0.0;        // Fraction of a layer's experts a chunk must load, [0, 1].
+  double load_ns = 0.0;     // One expert over the link.
+  double token_ns = 0.0;    // One prompt token's compute through the whole model.
+
+  // Every figure is there (a miss of 0 is a figure: nothing to load).
+  bool Known() const {
+    return experts > 0 && top_k > 0 && moe_layers > 0 && load_ns > 0.0 && token_ns > 0.0;
+  }
+};
+
+// Expected distinct experts `tokens` tokens route to in one layer, uniform routing.
+double ExpectedExperts(uint32_t experts, uint32_t top_k, double tokens);
+
+// Estimated time to prefill `rest` tokens in chunks of `chunk` (the last one shorter): each
+// chunk's loads (its expected experts x miss x load_ns per layer) plus every token's compute.
+double PrefillNs(const ChunkCosts& c, uint32_t chunk, uint32_t rest);
+
+// The next chunk of a prompt with `rest` tokens left when the token budget allows `chunk`:
+// `chunk` itself when it is the whole rest, the costs are not known, max_overhead <= 0, or
+// chunking at that size costs at most (1 + max_overhead) x the whole rest's time; else the
+// smallest of chunk x 2, x 4, ... that does, or `rest`.
+uint32_t ExpertAwareChunk(const ChunkCosts& c, uint32_t chunk, uint32_t rest, double max_overhead);
+
+}  // namespace fmoe
