@@ -40,6 +40,7 @@ constexpr std::string_view kGroupKeys[] = {"name",
                                            "policy",
                                            "max_batch",
                                            "max_batched_tokens",
+                                           "chunk_overhead",
                                            "queue_limit",
                                            "kv_cache_tokens",
                                            "prefix_caching",
@@ -731,6 +732,8 @@ Status ParseGroup(const Field& field, size_t index, const std::string& base_dir,
                                   " (each running request needs a token of every step); 0 = "
                                   "no budget");
   }
+  FMOE_RETURN_IF_ERROR(
+      ReadDouble(section.Get("chunk_overhead"), {0, false, 1000}, &group->chunk_overhead));
   FMOE_RETURN_IF_ERROR(ReadInt(section.Get("queue_limit"), 1, 100000, &group->queue_limit));
   if (const Field kv = section.Get("kv_cache_tokens"); kv.present) {
     FMOE_RETURN_IF_ERROR(ReadInt(kv, 16, int64_t{1} << 32, &group->kv_cache_tokens));
@@ -1131,6 +1134,7 @@ std::string DescribeManifest(const Manifest& m) {
     EmitValue(out, "policy", g.policy);
     EmitValue(out, "max_batch", g.max_batch);
     EmitValue(out, "max_batched_tokens", g.max_batched_tokens);
+    EmitDouble(out, "chunk_overhead", g.chunk_overhead);
     EmitValue(out, "queue_limit", g.queue_limit);
     if (g.kv_cache_tokens > 0) EmitValue(out, "kv_cache_tokens", g.kv_cache_tokens);
     EmitValue(out, "prefix_caching", g.prefix_caching);

@@ -92,6 +92,11 @@ struct WorkerGroupSpec {
   // prefilled in chunks); 0 = whole prompts at once, else max_batch..1048576. Default: the larger
   // of 512 and max_batch
   int max_batched_tokens = 512;
+  // Expert-aware prefill chunks (gpu_worker/core/chunk_planner.h): a prompt chunk the budget
+  // would cut grows (doubling, up to the rest of the prompt) while cutting the prompt at its size
+  // is expected to make its prefill more than (1 + chunk_overhead) x its time whole, from the
+  // expert loads each chunk repeats; 0 = chunks of the budget alone. 0..1000. Default: 0.25
+  double chunk_overhead = 0.25;
   int queue_limit = 64;  // Router admission queue for this group, 1..100000. Default: 64
   // Positions each rank's paged KV pool holds (common/model/model_config.h KvPoolTokens), 16..
   // 2^32; the router refuses a request whose prompt plus max_tokens exceed it. 0 = the

@@ -104,6 +104,7 @@ RankOptions RankFromManifest(const Manifest& manifest, const WorkerGroupSpec& gr
   o.trace_speculation_distance = static_cast<uint32_t>(manifest.map_service.prefetch_distance);
   o.max_batch = static_cast<uint32_t>(group.max_batch);
   o.max_batched_tokens = static_cast<uint32_t>(group.max_batched_tokens);
+  o.chunk_overhead = group.chunk_overhead;
   o.kv_cache_tokens = static_cast<uint64_t>(group.kv_cache_tokens);
   o.prefix_caching = group.prefix_caching;
   return o;

@@ -129,14 +129,14 @@ Status Rank::Build(RankStage* stage) {
   FMOE_ASSIGN_OR_RETURN(dtype_, ResolveDtype(o.dtype, info_, device_.cuda, on_disk));
   spdlog::info(
       "effective config: group={} rank={}/{} device={} dtype={}{} experts={} max_batch={} "
-      "max_batched_tokens={}",
+      "max_batched_tokens={} chunk_overhead={}",
       o.group, o.rank, o.world_size, device_.description, dtype_,
       o.dtype == "auto" ? " (auto)" : "",
       o.experts == RankExperts::kResident
           ? std::string("all resident")
           : fmt::format("policy {}, cache {}, link {}GB/s+{}us", o.cache.policy,
                         CacheDescription(o.cache), o.cache.link.gbps, o.cache.link.latency_us),
-      o.max_batch, o.max_batched_tokens);
+      o.max_batch, o.max_batched_tokens, o.chunk_overhead);
   spdlog::info("model {} ({}): L={} J={} K={} h={} vocab={} fingerprint={} weight files={}",
                o.model_name, info_.architecture, info_.num_moe_layers, info_.num_experts,
                info_.top_k, info_.hidden_size, info_.vocab_size, FingerprintHex(info_.fingerprint),
@@ -196,6 +196,8 @@ Status Rank::Build(RankStage* stage) {
     EngineOptions e;
     e.max_batch = o.max_batch;
     e.max_batched_tokens = o.max_batched_tokens;
+    e.chunk_overhead = o.chunk_overhead;
+    e.chunk_costs = [this] { return chunk_costs(); };
     if (o.stop_at_eos) {
       e.eos_token_ids = info_.eos_token_ids;
       if (auto eos = tokenizer_ ? tokenizer_->eos_id() : std::nullopt;
@@ -309,6 +311,19 @@ Result<std::unique_ptr<CachedExperts>> Rank::NewCachedExperts(CachedExpertsOptio
   options.world_size = options_.world_size;
   options.cuda_index = device_.cuda_index;
   return CachedExperts::Create(CloneExpertTable(resident_->experts()), options);
+}
+
+ChunkCosts Rank::chunk_costs() const {
+  if (!cached_) return {};
+  const ExpertCache& cache = cached_->cache();
+  ChunkCosts c;
+  c.experts = info_.num_experts;
+  c.top_k = info_.top_k;
+  c.moe_layers = info_.num_moe_layers;
+  const uint32_t owned = cache.owned();
+  c.miss = owned == 0 ? 0.0 : 1.0 - std::min(1.0, static_cast<double>(cache.slots()) / owned);
+  c.load_ns = cache.load_ns();
+  return c;
 }
 
 ExpertFigures Rank::local_figures() const {

@@ -97,6 +97,8 @@ struct RankOptions {
   uint32_t max_batch = 8;  // Requests per iteration. Default: 8
   // Tokens per engine step (EngineOptions::max_batched_tokens); 0 = whole prompts. Default: 0
   uint32_t max_batched_tokens = 0;
+  // Expert-aware prefill chunks (EngineOptions::chunk_overhead); 0 = the budget's. Default: 0
+  double chunk_overhead = 0;
   // Positions of the paged KV pool (model_config.h KvPoolTokens); 0 = its default. Default: 0
   uint64_t kv_cache_tokens = 0;  // Ignored with one device budget (cache.shared).
   // One device budget: how long the KV pool keeps a borrowed page it no longer needs
@@ -162,6 +164,9 @@ class Rank {
 
   // This rank's expert-cache totals (zero with every expert resident); any thread.
   ExpertFigures local_figures() const;
+  // The model's and the expert cache's side of the expert-aware chunk estimate (engine thread);
+  // nothing known without an expert cache (every expert resident: nothing to load).
+  ChunkCosts chunk_costs() const;
   // The group's totals as of the last iteration on the leader's engine, else this rank's.
   ExpertFigures group_figures() const;
   // The leader's KV pool as of its engine's last step (empty without an engine); any thread.

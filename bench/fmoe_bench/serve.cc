@@ -63,6 +63,7 @@ struct ServeOptions {
   bool no_reference = false;          // Skip the fraction-1.0 run "resident".
   int max_batch = 0;                  // > 0: every group's max_batch. Default: the manifest's
   int max_batched_tokens = -1;  // >= 0: every group's max_batched_tokens. Default: the manifest's
+  double chunk_overhead = -1;   // >= 0: every group's chunk_overhead. Default: the manifest's
   std::string prefix_caching;   // "on" | "off": every group's. Default: the manifest's
   // > 0: every group's memory {device_gb} (one device budget for experts and KV; --budget and
   // kv_cache_tokens then do not apply to the policy runs). Default: the manifest's
@@ -316,6 +317,7 @@ int RunServe(ServeOptions o) {
   for (WorkerGroupSpec& g : base->worker_groups) {
     if (o.max_batch > 0) g.max_batch = o.max_batch;
     if (o.max_batched_tokens >= 0) g.max_batched_tokens = o.max_batched_tokens;
+    if (o.chunk_overhead >= 0) g.chunk_overhead = o.chunk_overhead;
     if (!o.prefix_caching.empty()) g.prefix_caching = o.prefix_caching == "on";
     if (o.memory_gb > 0) {
       MemorySpec m = g.memory.value_or(MemorySpec{});
@@ -437,6 +439,10 @@ void AddServeCommand(CLI::App& app, int& exit_code) {
                   "with --memory-gb: how long the KV pool keeps a borrowed page it no longer "
                   "needs (memory: {return_hold_s}; default: the manifest's)")
       ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("--chunk-overhead", o->chunk_overhead,
+                  "every group's expert-aware chunks (chunk_overhead; 0 = the budget's chunks; "
+                  "default: the manifest's)")
+      ->check(CLI::Range(0.0, 1000.0));
   cmd->add_option("--max-batched-tokens", o->max_batched_tokens,
                   "every group's tokens per engine step; 0 = whole prompts (default: the "
                   "manifest's)")

@@ -209,6 +209,9 @@ class ExpertCache final : public CacheControl {
   uint32_t num_experts() const override { return options_.num_experts; }
   uint32_t top_k() const override { return options_.top_k; }
   uint32_t slots() const override { return active_slots(); }
+  // Experts this rank owns, and the moving average of one expert's transfer (0 before any).
+  uint32_t owned() const { return owned_; }
+  double load_ns() const { return load_ns_; }
   bool Owns(uint32_t layer, uint32_t expert) const override;
   uint32_t current_layer() const override { return layer_; }
   void Prefetch(uint32_t layer, uint32_t expert, double priority) override;

@@ -65,6 +65,9 @@ std::string What(const std::exception_ptr& error) {
 
 }  // namespace
 
+// Steps with at least this many prompt tokens measure a prompt token's compute.
+constexpr uint32_t kMeasurePromptTokens = 32;
+
 Engine::Engine(EngineOptions options, MoeModel& model, ExpertSource& experts,
                const Tokenizer* tokenizer, ForwardObserver* observer, EventSink sink)
     : options_(std::move(options)),
@@ -76,6 +79,15 @@ Engine::Engine(EngineOptions options, MoeModel& model, ExpertSource& experts,
       scheduler_(
           SchedulerOptions{options_.max_batch, options_.max_batched_tokens, options_.max_waiting}) {
   scheduler_.SetAdmitHook([this](uint64_t id, uint32_t) { return OnAdmit(id); });
+  if (options_.chunk_overhead > 0 && options_.chunk_costs && options_.max_batched_tokens > 0) {
+    scheduler_.SetChunkAdvisor([this](uint32_t chunk, uint32_t rest) {
+      ChunkCosts c = options_.chunk_costs();
+      if (stats_.prompt_token_ns > 0) c.token_ns = stats_.prompt_token_ns;
+      const uint32_t want = ExpertAwareChunk(c, chunk, rest, options_.chunk_overhead);
+      if (want > chunk) ++stats_.chunks_grown;
+      return want;
+    });
+  }
   PublishKvFigures();  // Heartbeats carry the pool from the start, before the first step.
 }
 
@@ -606,6 +618,18 @@ bool Engine::Step() {
   // Forward.
   if (grouped() && !SendPlan(PlanKind::kIteration, inputs)) return false;
   ForwardResult result;
+  // A prompt token's compute, for expert-aware chunks: measured on steps with enough prompt
+  // tokens that their compute dominates, the expert cache's stall taken out.
+  uint32_t step_tokens = 0, prompt_tokens = 0;
+  for (const ScheduledWork& w : ran) {
+    step_tokens += w.tokens;
+    prompt_tokens += w.prefill ? w.tokens : 0;
+  }
+  const bool measure = options_.chunk_overhead > 0 &&
+                       prompt_tokens >= std::min(kMeasurePromptTokens,
+                                                 std::max(options_.max_batched_tokens / 2, 1u));
+  const uint64_t stall_before =
+      measure && options_.local_figures ? options_.local_figures().stall_us : 0;
   const int64_t t0 = SteadyNowUs();
   Status s;
   try {
@@ -613,8 +637,18 @@ bool Engine::Step() {
   } catch (...) {  // c10::Error, std::bad_alloc, or an observer's: the batch fails, not the worker.
     s = Internal("the forward pass threw: " + What(std::current_exception()));
   }
-  stats_.forward_us += static_cast<uint64_t>(SteadyNowUs() - t0);
+  const int64_t forward_us = SteadyNowUs() - t0;
+  stats_.forward_us += static_cast<uint64_t>(forward_us);
   ++stats_.iterations;
+  if (measure && s.ok()) {
+    const uint64_t stall_us =
+        options_.local_figures ? options_.local_figures().stall_us - stall_before : 0;
+    const double compute_ns = 1000.0 * static_cast<double>(std::max<int64_t>(
+                                           forward_us - static_cast<int64_t>(stall_us), 1));
+    const double per_token = compute_ns / step_tokens;
+    stats_.prompt_token_ns =
+        stats_.prompt_token_ns <= 0 ? per_token : 0.8 * stats_.prompt_token_ns + 0.2 * per_token;
+  }
   if (!s.ok() && grouped()) {
     // The other ranks may have finished this Forward or not: the group cannot go on.
     GroupFailed(s);

@@ -64,6 +64,7 @@
 #include "common/status.h"
 #include "common/text/tokenizer.h"
 #include "common/wire/messages.h"
+#include "gpu_worker/core/chunk_planner.h"
 #include "gpu_worker/core/group_plan.h"
 #include "gpu_worker/core/request_executor.h"
 #include "gpu_worker/core/scheduler.h"
@@ -90,6 +91,15 @@ struct EngineOptions {
   std::function<ExpertFigures()> local_figures;
   // Called once, on the engine thread, when the group breaks. Default: none
   std::function<void(const Status&)> on_group_failure;
+  // Expert-aware prefill chunks (core/chunk_planner.h): with a token budget, a prompt chunk the
+  // budget would cut grows while cutting the prompt at its size would cost more than (1 +
+  // chunk_overhead) x the prompt's prefill whole; 0 = the budget's chunks. Default: 0
+  double chunk_overhead = 0;
+  // The model's and the expert cache's side of the estimate (experts, top_k, MoE layers, the
+  // cache's miss fraction, an expert's load time), engine thread; a prompt token's compute is
+  // the engine's own measure once it has one (EngineStats::prompt_token_ns), the figure's
+  // token_ns before. Empty or unknown figures: the budget's chunks. Default: none
+  std::function<ChunkCosts()> chunk_costs;
 };
 
 struct EngineStats {
@@ -100,6 +110,14 @@ struct EngineStats {
   uint64_t requests_failed = 0;
   uint64_t forward_us = 0;   // Time inside Forward.
   uint64_t preemptions = 0;  // Running requests whose KV blocks were taken back (KV pool full).
+  // Expert-aware chunks (EngineOptions::chunk_overhead).
+  // Prompt chunks the advisor asked to grow past the budget's (each runs grown when it is the
+  // step's first prompt chunk, else waits for such a step).
+  uint64_t chunks_grown = 0;
+  // A prompt token's measured compute (ns, moving average over steps of at least 32 prompt
+  // tokens, or half the token budget if less, the expert cache's stall taken out); 0 until
+  // measured.
+  double prompt_token_ns = 0;
 };
 
 class Engine final : public RequestExecutor {

@@ -46,6 +46,7 @@ worker_groups:
     policy: fmoe-nextuse
     max_batch: 16
     max_batched_tokens: 2048
+    chunk_overhead: 0.5
     queue_limit: 256
     expert_cache_gb: 2.5
     link:
@@ -118,6 +119,7 @@ void ExpectManifestEq(const Manifest& a, const Manifest& b) {
     EXPECT_EQ(x.policy, y.policy);
     EXPECT_EQ(x.max_batch, y.max_batch);
     EXPECT_EQ(x.max_batched_tokens, y.max_batched_tokens);
+    EXPECT_EQ(x.chunk_overhead, y.chunk_overhead);
     EXPECT_EQ(x.queue_limit, y.queue_limit);
     EXPECT_EQ(x.kv_cache_tokens, y.kv_cache_tokens);
     EXPECT_EQ(x.prefix_caching, y.prefix_caching);
@@ -310,6 +312,8 @@ TEST(Manifest, FullManifestSetsEveryKey) {
   EXPECT_EQ(a.max_batch, 16);
   EXPECT_EQ(a.max_batched_tokens, 2048);
   EXPECT_EQ(m.worker_groups[1].max_batched_tokens, 512);
+  EXPECT_EQ(a.chunk_overhead, 0.5);
+  EXPECT_EQ(m.worker_groups[1].chunk_overhead, 0.25);
   EXPECT_EQ(a.queue_limit, 256);
   EXPECT_EQ(a.expert_cache_gb, 2.5);
   EXPECT_FALSE(a.expert_cache_fraction.has_value());
@@ -662,6 +666,8 @@ std::vector<BadCase> BadCases() {
        "request needs a token of every step); 0 = no budget"},
       {"BudgetOutOfRange", OneGroup("{name: g, max_batched_tokens: -1, workers: [{}]}"),
        "manifest: worker_groups[0].max_batched_tokens: -1 is out of range 0..1048576"},
+      {"ChunkOverheadOutOfRange", OneGroup("{name: g, chunk_overhead: -0.5, workers: [{}]}"),
+       "manifest: worker_groups[0].chunk_overhead: -0.5 is out of range [0, 1000]"},
       {"DoubleOutOfRange", OneGroup("{name: g, link: {gbps: 0}, workers: [{}]}"),
        "manifest: worker_groups[0].link.gbps: 0 is out of range (0, 10000]"},
       {"FractionAboveOne", OneGroup("{name: g, expert_cache_fraction: 1.5, workers: [{}]}"),
@@ -756,7 +762,7 @@ std::vector<BadCase> BadCases() {
        "manifest: worker_groups[0].rendezvous_timeout_s: has no value; expected a number"},
       {"UnknownGroupKey", OneGroup("{name: g, collective_timeout: 5, workers: [{}]}"),
        "manifest: worker_groups[0].collective_timeout: unknown key; allowed keys: name, policy, "
-       "max_batch, max_batched_tokens, queue_limit, kv_cache_tokens, prefix_caching, "
+       "max_batch, max_batched_tokens, chunk_overhead, queue_limit, kv_cache_tokens, prefix_caching, "
        "expert_cache_gb, expert_cache_fraction, "
        "memory_utilization, memory, host_cache_gb, host_cache_fraction, link, "
        "hybrid, rendezvous, "
