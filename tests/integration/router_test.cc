@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -521,54 +522,57 @@ TEST_F(RouterTest, MetricsCountRequestsLatencyAndExperts) {
   EXPECT_EQ(value("fmoe_model_shared_expert_bytes"), 0);
 }
 
-// The official `openai` Python client, from the virtual environment deploy/test.sh prepares
-// (.venv in the source tree). Skipped, and said so, when it is not there (PyPI unreachable).
+// A client check script of tests/integration run with the virtual environment deploy/test.sh
+// prepares (.venv in the source tree) as `script BASE_URL KEY tiny-moe`. Not `installed` when
+// `module` does not import there (PyPI was unreachable): `log` then says so.
+struct ClientRun {
+  bool installed = false;
+  int code = -1;
+  std::string log;
+};
+ClientRun RunClientCheck(const std::string& module, const std::string& script,
+                         const std::string& base_url, int timeout_ms) {
+  const std::string python = std::string(FMOE_SOURCE_DIR) + "/.venv/bin/python";
+  ClientRun run;
+  if (testing::RunCommand({python, "-c", "import " + module}, 60000).first != 0) {
+    run.log = "SKIPPED: the Python module " + module + " is not installed in " + python +
+              " (deploy/test.sh installs it from PyPI; PyPI may be unreachable)";
+    return run;
+  }
+  run.installed = true;
+  std::tie(run.code, run.log) =
+      testing::RunCommand({python, std::string(FMOE_SOURCE_DIR) + "/tests/integration/" + script,
+                           base_url, kKey, "tiny-moe"},
+                          timeout_ms);
+  return run;
+}
+
+// The official `openai` Python client.
 TEST_F(RouterTest, OfficialOpenAIClient) {
-  const std::string python = std::string(FMOE_SOURCE_DIR) + "/.venv/bin/python";
-  auto [probe, out] = testing::RunCommand({python, "-c", "import openai"}, 60000);
-  if (probe != 0) {
-    GTEST_SKIP() << "SKIPPED: the openai Python client is not installed in " << python
-                 << " (deploy/test.sh installs it from PyPI; PyPI may be unreachable)";
-  }
-  auto [code, log] = testing::RunCommand(
-      {python, std::string(FMOE_SOURCE_DIR) + "/tests/integration/openai_client_check.py",
-       "http://127.0.0.1:" + std::to_string(http_) + "/v1", kKey, "tiny-moe"},
-      120000);
-  EXPECT_EQ(code, 0) << log;
-  EXPECT_NE(log.find("all checks passed"), std::string::npos) << log;
+  const ClientRun r = RunClientCheck("openai", "openai_client_check.py",
+                                     "http://127.0.0.1:" + std::to_string(http_) + "/v1", 120000);
+  if (!r.installed) GTEST_SKIP() << r.log;
+  EXPECT_EQ(r.code, 0) << r.log;
+  EXPECT_NE(r.log.find("all checks passed"), std::string::npos) << r.log;
 }
 
-// The official `anthropic` Python client on POST /v1/messages, from the same virtual environment.
+// The official `anthropic` Python client on POST /v1/messages.
 TEST_F(RouterTest, OfficialAnthropicClient) {
-  const std::string python = std::string(FMOE_SOURCE_DIR) + "/.venv/bin/python";
-  auto [probe, out] = testing::RunCommand({python, "-c", "import anthropic"}, 60000);
-  if (probe != 0) {
-    GTEST_SKIP() << "SKIPPED: the anthropic Python client is not installed in " << python
-                 << " (deploy/test.sh installs it from PyPI; PyPI may be unreachable)";
-  }
-  auto [code, log] = testing::RunCommand(
-      {python, std::string(FMOE_SOURCE_DIR) + "/tests/integration/anthropic_client_check.py",
-       "http://127.0.0.1:" + std::to_string(http_), kKey, "tiny-moe"},
-      120000);
-  EXPECT_EQ(code, 0) << log;
-  EXPECT_NE(log.find("all checks passed"), std::string::npos) << log;
+  const ClientRun r = RunClientCheck("anthropic", "anthropic_client_check.py",
+                                     "http://127.0.0.1:" + std::to_string(http_), 120000);
+  if (!r.installed) GTEST_SKIP() << r.log;
+  EXPECT_EQ(r.code, 0) << r.log;
+  EXPECT_NE(r.log.find("all checks passed"), std::string::npos) << r.log;
 }
 
-// LangChain's ChatOpenAI (langchain-openai), from the same virtual environment: invoke, stream,
-// bind_tools and with_structured_output.
+// LangChain's ChatOpenAI (langchain-openai): invoke, stream, bind_tools and
+// with_structured_output.
 TEST_F(RouterTest, LangChainClient) {
-  const std::string python = std::string(FMOE_SOURCE_DIR) + "/.venv/bin/python";
-  auto [probe, out] = testing::RunCommand({python, "-c", "import langchain_openai"}, 60000);
-  if (probe != 0) {
-    GTEST_SKIP() << "SKIPPED: langchain-openai is not installed in " << python
-                 << " (deploy/test.sh installs it from PyPI; PyPI may be unreachable)";
-  }
-  auto [code, log] = testing::RunCommand(
-      {python, std::string(FMOE_SOURCE_DIR) + "/tests/integration/langchain_client_check.py",
-       "http://127.0.0.1:" + std::to_string(http_) + "/v1", kKey, "tiny-moe"},
-      180000);
-  EXPECT_EQ(code, 0) << log;
-  EXPECT_NE(log.find("all checks passed"), std::string::npos) << log;
+  const ClientRun r = RunClientCheck("langchain_openai", "langchain_client_check.py",
+                                     "http://127.0.0.1:" + std::to_string(http_) + "/v1", 180000);
+  if (!r.installed) GTEST_SKIP() << r.log;
+  EXPECT_EQ(r.code, 0) << r.log;
+  EXPECT_NE(r.log.find("all checks passed"), std::string::npos) << r.log;
 }
 
 TEST_F(RouterTest, ADisconnectingClientCancelsItsRequest) {
