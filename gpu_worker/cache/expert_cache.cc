@@ -762,6 +762,12 @@ void ExpertCache::Done(uint32_t expert) {
   entries_[Key(layer_, expert)].pinned = false;
 }
 
+void ExpertCache::RecordHostReadFailure(uint32_t expert, uint32_t failed_reads, bool gave_up) {
+  if (!in_layer_ || !Owns(layer_, expert)) return;
+  counters_[layer_].failed_loads += failed_reads;
+  counters_[layer_].failed_experts += gave_up ? 1 : 0;
+}
+
 void ExpertCache::RecordHostRun(uint32_t expert, int64_t ns) {
   if (!in_layer_ || !Owns(layer_, expert)) return;
   const Entry& e = entries_[Key(layer_, expert)];

@@ -170,6 +170,10 @@ class ExpertCache final : public CacheControl {
   // A host run handed out by Next took `ns` (before its Done): feeds the host time model and the
   // figures.
   void RecordHostRun(uint32_t expert, int64_t ns);
+  // A host run handed out by Next whose host copy could not be read (a host tier's read):
+  // `failed_reads` reads failed, and when `gave_up` the running layer goes on without it. Counts
+  // as the link's failed loads do (failed_loads, failed_experts).
+  void RecordHostReadFailure(uint32_t expert, uint32_t failed_reads, bool gave_up);
   // Host runs the running layer has (hybrid).
   uint32_t host_runs_planned() const { return host_runs_planned_; }
   void EndLayer();

@@ -383,6 +383,7 @@ Result<SourcedExpert> CachedExperts::Next() {
                    cache_->current_layer(), ready.expert, "retrying once",
                    acquired.status().ToString());
       acquired = tier_->Acquire(static_cast<uint32_t>(key));
+      cache_->RecordHostReadFailure(ready.expert, acquired.ok() ? 1 : 2, !acquired.ok());
     }
     if (!acquired.ok()) {
       spdlog::warn("cached experts: layer={} expert={}: host run's read failed ({}): {}",

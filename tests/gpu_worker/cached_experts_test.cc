@@ -614,28 +614,43 @@ std::map<uint64_t, Served> Serve(Loaded& m, ExpertSource& source, std::vector<Ge
 // pick it ends with an error naming the layer, the expert and the read's error (after one retry
 // of the read); the other gets the all-resident tokens exactly. A later request that does not
 // pick it is served, and once the expert reads again it loads again and its request is served.
-TEST(HostTierExperts, AnUnreadableExpertFailsOnlyTheRequestsThatPickIt) {
-  // The all-resident run, recording which experts each request's tokens pick.
-  std::vector<Generate> prompts = testing::PromptRequests(*SharedBf16(false).tokenizer, false);
-  ResidentExperts resident(CloneExpertTable(SharedBf16(false).table));
-  RoutingRecorder routing;
-  std::map<uint64_t, Served> ref = Serve(SharedBf16(false), resident, prompts, &routing);
-  ASSERT_EQ(ref.size(), prompts.size());
-  // Two requests and an expert the first picks and the second never does.
+// The prompts, their all-resident outcomes, and an expert (layer, expert) that request `a` picks
+// and request `b` never does.
+struct BadExpertCase {
+  std::vector<Generate> prompts;
+  std::map<uint64_t, Served> ref;
   uint64_t a = 0, b = 0;
   std::pair<uint32_t, uint32_t> bad;
+};
+
+BadExpertCase PickBadExpert() {
+  BadExpertCase k;
+  k.prompts = testing::PromptRequests(*SharedBf16(false).tokenizer, false);
+  ResidentExperts resident(CloneExpertTable(SharedBf16(false).table));
+  RoutingRecorder routing;
+  k.ref = Serve(SharedBf16(false), resident, k.prompts, &routing);
+  EXPECT_EQ(k.ref.size(), k.prompts.size());
   for (const auto& [i, used_i] : routing.used) {
     for (const auto& [j, used_j] : routing.used) {
-      if (a != 0 || i == j) continue;
+      if (k.a != 0 || i == j) continue;
       for (const auto& x : used_i) {
         if (used_j.count(x) == 0) {
-          a = i, b = j, bad = x;
+          k.a = i, k.b = j, k.bad = x;
           break;
         }
       }
     }
   }
-  ASSERT_NE(a, 0u) << "every request picks every expert";
+  return k;
+}
+
+TEST(HostTierExperts, AnUnreadableExpertFailsOnlyTheRequestsThatPickIt) {
+  BadExpertCase k = PickBadExpert();
+  ASSERT_NE(k.a, 0u) << "every request picks every expert";
+  std::vector<Generate>& prompts = k.prompts;
+  std::map<uint64_t, Served>& ref = k.ref;
+  const uint64_t a = k.a, b = k.b;
+  const std::pair<uint32_t, uint32_t> bad = k.bad;
   Loaded& m = SharedBf16(true);
   auto faults = std::make_shared<ReadFaults>();
   faults->extents = *m.table[bad.first][bad.second].disk;

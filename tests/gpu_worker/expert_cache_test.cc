@@ -202,7 +202,11 @@ struct Fixture {
       ++handed;
       if (e->on_host) {
         on_host.push_back(e->expert);
-        cache->RecordHostRun(e->expert, host_ns);
+        if (fail_host_reads) {
+          cache->RecordHostReadFailure(e->expert, 2, true);  // Its host copy's read and retry.
+        } else {
+          cache->RecordHostRun(e->expert, host_ns);
+        }
       } else {
         const uint32_t key = layer * kExperts + e->expert;
         EXPECT_EQ(
@@ -217,6 +221,7 @@ struct Fixture {
     return on_host;
   }
 
+  bool fail_host_reads = false;  // RunHybridLayer: host runs' reads fail.
   ManualClock clock;
   ScriptedLink link;
   std::vector<char> host;
@@ -668,6 +673,21 @@ TEST(ExpertCache, TieredHybridRunsOnlyStagedExpertsOnTheHost) {
   EXPECT_FALSE(ran.empty());
   for (uint32_t key : ran) EXPECT_EQ(f.link.on_disk.count(key), 0u) << "key " << key;
   f.cache->EndIteration();
+  EXPECT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+  EXPECT_EQ(f.cache->stats().total.failed_experts, 0u);
+  // Host runs whose host copy cannot be read (evicted from host memory and unreadable on disk)
+  // count as failed loads and failed experts, as the link's do; outside a layer nothing counts.
+  f.fail_host_reads = true;
+  f.cache->BeginIteration({&s, 1});
+  size_t failed = 0;
+  for (uint32_t layer = 0; layer < 2; ++layer)
+    failed += f.RunHybridLayer(layer, {1, 2, 3}, 1).size();
+  f.cache->EndIteration();
+  EXPECT_GT(failed, 0u);
+  EXPECT_EQ(f.cache->stats().total.failed_experts, failed);
+  EXPECT_EQ(f.cache->stats().total.failed_loads, 2 * failed);
+  f.cache->RecordHostReadFailure(1, 2, true);
+  EXPECT_EQ(f.cache->stats().total.failed_experts, failed);
   EXPECT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
 }
 
