@@ -95,7 +95,8 @@ struct WorkerGroupSpec {
   // Expert-aware prefill chunks (gpu_worker/core/chunk_planner.h): a prompt chunk the budget
   // would cut grows (doubling, up to the rest of the prompt) while cutting the prompt at its size
   // is expected to make its prefill more than (1 + chunk_overhead) x its time whole, from the
-  // expert loads each chunk repeats; 0 = chunks of the budget alone. 0..1000. Default: 0.25
+  // expert loads each chunk repeats; 0 = chunks of the budget alone (always for models with
+  // sliding-window layers, whose window pool the budget sizes). 0..1000. Default: 0.25
   double chunk_overhead = 0.25;
   int queue_limit = 64;  // Router admission queue for this group, 1..100000. Default: 64
   // Positions each rank's paged KV pool holds (common/model/model_config.h KvPoolTokens), 16..

@@ -196,7 +196,16 @@ Status Rank::Build(RankStage* stage) {
     EngineOptions e;
     e.max_batch = o.max_batch;
     e.max_batched_tokens = o.max_batched_tokens;
-    e.chunk_overhead = o.chunk_overhead;
+    // A grown chunk may pass the token budget, which sizes the sliding-window layers' pool
+    // (KvSlidingPoolTokens): with such layers the chunks stay the budget's.
+    const bool sliding = !info_.mla && info_.sliding_window.value_or(0) > 0;
+    e.chunk_overhead = sliding ? 0.0 : o.chunk_overhead;
+    if (sliding && o.chunk_overhead > 0 && o.max_batched_tokens > 0) {
+      spdlog::info(
+          "chunk_overhead {}: off for this model (its sliding-window layers' KV pool is sized "
+          "by max_batched_tokens, which a grown chunk would pass)",
+          o.chunk_overhead);
+    }
     e.chunk_costs = [this] { return chunk_costs(); };
     if (o.stop_at_eos) {
       e.eos_token_ids = info_.eos_token_ids;
