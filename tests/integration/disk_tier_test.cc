@@ -133,8 +133,16 @@ TEST(DiskTier, AShardCutShortWhileServingFailsOnlyTheRequestsThatNeedIt) {
   const std::string whole = cluster.dir() + "/whole.safetensors";
   fs::copy_file(shard, whole);
   ASSERT_TRUE(cluster.Start(manifest, http, 90000)) << cluster.LauncherLog();
-  const auto [pid, restarts] = Worker(cluster);
-  ASSERT_GT(pid, 0);
+  // The launcher's status file names the running worker (it may lag the router's /health).
+  std::pair<int, int> worker{-1, -1};
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        worker = Worker(cluster);
+        return worker.first > 0;
+      },
+      30000))
+      << cluster.LauncherLog();
+  const auto [pid, restarts] = worker;
 
   auto body = [](const std::string& prompt) {
     return Json{{"model", "tiny-moe"},
