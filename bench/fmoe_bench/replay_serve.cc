@@ -58,11 +58,8 @@ const std::vector<ContinuousBatcher::Slot>& ContinuousBatcher::Admit(int64_t now
   for (Running& r : running_) {
     if (chunked(r) && left >= 1) {
       const uint32_t rest = prompt_[r.request] - r.done;
-      auto take = static_cast<uint32_t>(std::min<int64_t>(rest, left));
-      if (advisor_ && take < rest) {
-        const uint32_t want = std::clamp(advisor_(take, rest), take, rest);
-        if (want > take) take = first_chunk ? want : 0;
-      }
+      const uint32_t take = AdvisedChunk(
+          advisor_, static_cast<uint32_t>(std::min<int64_t>(rest, left)), rest, first_chunk);
       if (take > 0) {
         left -= take;
         r.runs = true;
@@ -105,8 +102,7 @@ void ContinuousBatcher::Advance(std::vector<uint32_t>* finished) {
   slots_.clear();
 }
 
-std::function<uint32_t(uint32_t, uint32_t)> ChunkAdvisorFor(const ServeConfig& c,
-                                                            const TraceHeader& h) {
+ChunkAdvisor ChunkAdvisorFor(const ServeConfig& c, const TraceHeader& h) {
   if (!(c.chunk_overhead > 0.0) || c.max_batched_tokens == 0) return {};
   ChunkCosts costs;
   costs.experts = h.num_experts;

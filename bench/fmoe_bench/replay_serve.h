@@ -19,6 +19,7 @@
 #include "bench/fmoe_bench/replay_workload.h"
 #include "bench/fmoe_bench/sim_tier.h"
 #include "common/status.h"
+#include "gpu_worker/core/chunk_planner.h"
 #include "map_service/map_store.h"
 
 namespace fmoe::bench {
@@ -51,9 +52,7 @@ class ContinuousBatcher {
   // Expert-aware chunks, as the engine's Scheduler::SetChunkAdvisor: a chunk the budget would
   // cut short of its prompt may grow to what the advisor asks (the first chunk of an iteration,
   // even past N); a later chunk the advisor would grow waits for an iteration where it is first.
-  void SetChunkAdvisor(std::function<uint32_t(uint32_t chunk, uint32_t rest)> advisor) {
-    advisor_ = std::move(advisor);
-  }
+  void SetChunkAdvisor(ChunkAdvisor advisor) { advisor_ = std::move(advisor); }
 
   // Admits the requests that arrived by `now_ns` into free slots (earliest arrival first, the
   // lower index on ties) and returns what the iteration runs: the running requests' steps (or
@@ -82,7 +81,7 @@ class ContinuousBatcher {
   uint32_t max_batch_;
   std::vector<Running> running_;
   std::vector<Slot> slots_;  // This iteration's.
-  std::function<uint32_t(uint32_t, uint32_t)> advisor_;
+  ChunkAdvisor advisor_;
   size_t finished_ = 0;
 };
 
@@ -125,8 +124,7 @@ struct ServeConfig {
 // K, L), the cache's misses (1 - budget of each layer's experts), the time model's expert load
 // and a prompt token's compute (the layer time's slope between 512 and 1024 tokens, x L). Empty
 // when c.chunk_overhead is 0 or prefills run whole.
-std::function<uint32_t(uint32_t, uint32_t)> ChunkAdvisorFor(const ServeConfig& c,
-                                                            const TraceHeader& h);
+ChunkAdvisor ChunkAdvisorFor(const ServeConfig& c, const TraceHeader& h);
 
 // TTFT = end of its first step (its prefill's last chunk) - arrival; TPOT = (end of its last
 // step - end of its first) / the steps after the first.

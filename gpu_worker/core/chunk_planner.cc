@@ -32,4 +32,11 @@ uint32_t ExpertAwareChunk(const ChunkCosts& c, uint32_t chunk, uint32_t rest, do
   return rest;
 }
 
+uint32_t AdvisedChunk(const ChunkAdvisor& advisor, uint32_t chunk, uint32_t rest, bool first) {
+  if (!advisor || chunk == 0 || chunk >= rest) return chunk;
+  const uint32_t want = std::clamp(advisor(chunk, rest), chunk, rest);
+  if (want == chunk) return chunk;
+  return first ? want : 0;
+}
+
 }  // namespace fmoe

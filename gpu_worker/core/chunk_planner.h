@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 namespace fmoe {
 
@@ -43,5 +44,15 @@ double PrefillNs(const ChunkCosts& c, uint32_t chunk, uint32_t rest);
 // chunking at that size costs at most (1 + max_overhead) x the whole rest's time; else the
 // smallest of chunk x 2, x 4, ... that does, or `rest`.
 uint32_t ExpertAwareChunk(const ChunkCosts& c, uint32_t chunk, uint32_t rest, double max_overhead);
+
+// A scheduler's chunk advisor: the chunk to run (>= chunk, <= rest) of a prompt with `rest`
+// tokens left when the token budget allows `chunk` (< rest).
+using ChunkAdvisor = std::function<uint32_t(uint32_t chunk, uint32_t rest)>;
+
+// The chunk a scheduler runs under `advisor` (the engine's Scheduler and the replay's batcher):
+// `chunk` without an advisor, when it is the rest of the prompt or when the advisor keeps it;
+// the advisor's larger one when `first` (the step's first prompt chunk, which may pass the
+// budget as an uncut prompt does); else 0: it waits for a step where it is first.
+uint32_t AdvisedChunk(const ChunkAdvisor& advisor, uint32_t chunk, uint32_t rest, bool first);
 
 }  // namespace fmoe

@@ -62,14 +62,9 @@ uint32_t Scheduler::ChunkOf(const Entry& e, bool first_prefill, uint64_t* budget
     *budget -= std::min<uint64_t>(*budget, left);
     return left;
   }
-  auto chunk = static_cast<uint32_t>(std::min<uint64_t>(left, *budget));
-  if (chunk_advisor_ && chunk > 0 && chunk < left) {
-    const uint32_t want = std::clamp(chunk_advisor_(chunk, left), chunk, left);
-    if (want > chunk) {
-      if (!first_prefill) return 0;  // Waits for a step where it is the first prompt chunk.
-      chunk = want;
-    }
-  }
+  const uint32_t chunk =
+      AdvisedChunk(chunk_advisor_, static_cast<uint32_t>(std::min<uint64_t>(left, *budget)), left,
+                   first_prefill);
   *budget -= std::min<uint64_t>(*budget, chunk);
   return chunk;
 }

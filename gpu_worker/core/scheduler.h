@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "gpu_worker/core/chunk_planner.h"
 
 namespace fmoe {
 
@@ -78,9 +79,7 @@ class Scheduler {
   }
   // Called for a prompt chunk of `chunk` tokens the budget allows when `rest` (> chunk) are
   // left: the chunk to run (>= chunk, <= rest). Default: none (the budget's chunk).
-  void SetChunkAdvisor(std::function<uint32_t(uint32_t chunk, uint32_t rest)> advisor) {
-    chunk_advisor_ = std::move(advisor);
-  }
+  void SetChunkAdvisor(ChunkAdvisor advisor) { chunk_advisor_ = std::move(advisor); }
   // A running request leaves the batch for the front of the waiting queue, its KV gone: it is
   // prefilled again over `prompt_tokens` (>= 1) tokens when next admitted. false when it is not
   // running.
@@ -115,7 +114,7 @@ class Scheduler {
 
   SchedulerOptions options_;
   std::function<uint32_t(uint64_t, uint32_t)> admit_hook_;
-  std::function<uint32_t(uint32_t, uint32_t)> chunk_advisor_;
+  ChunkAdvisor chunk_advisor_;
   std::deque<Entry> waiting_;
   std::vector<Entry> running_;  // Admission order.
 };
