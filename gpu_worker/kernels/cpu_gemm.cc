@@ -25,23 +25,6 @@ constexpr int kLanes = 16;
 // while the rows pass over them.
 constexpr int64_t kPanelBytes = 384 * 1024;
 
-inline float Widen(float v) { return v; }
-inline float Widen(uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); }
-
-inline uint16_t RoundToBFloat16(float f) {
-  if (std::isnan(f)) return 0x7fc0;
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-inline float ReduceLanes(const float* s) {
-  float t[8], u[4], v[2];
-  for (int l = 0; l < 8; ++l) t[l] = s[l] + s[l + 8];
-  for (int l = 0; l < 4; ++l) u[l] = t[l] + t[l + 4];
-  for (int l = 0; l < 2; ++l) v[l] = u[l] + u[l + 2];
-  return v[0] + v[1];
-}
-
 // A tile: out[r * C + c] = the fixed-order dot product of x row r and w row c, for R rows and C
 // columns; ld* in elements.
 using TileFn = void (*)(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t k,
@@ -55,7 +38,7 @@ void TilePortable(const float* x, int64_t ldx, const void* wv, int64_t ldw, int6
     const int lanes = static_cast<int>(std::min<int64_t>(kLanes, k - k0));
     for (int c = 0; c < C; ++c) {
       float wl[kLanes] = {};
-      for (int l = 0; l < lanes; ++l) wl[l] = Widen(w[c * ldw + k0 + l]);
+      for (int l = 0; l < lanes; ++l) wl[l] = GemmWiden(w[c * ldw + k0 + l]);
       for (int r = 0; r < R; ++r) {
         for (int l = 0; l < kLanes; ++l) {
           const float xl = l < lanes ? x[r * ldx + k0 + l] : 0.0f;
@@ -65,7 +48,7 @@ void TilePortable(const float* x, int64_t ldx, const void* wv, int64_t ldw, int6
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) out[r * C + c] = ReduceLanes(acc[r][c]);
+    for (int c = 0; c < C; ++c) out[r * C + c] = GemmReduceLanes(acc[r][c]);
   }
 }
 
@@ -117,7 +100,7 @@ FMOE_AVX2 void TileAvx2(const float* x, int64_t ldx, const void* wv, int64_t ldw
       for (int64_t l = full; l < k; ++l) xt[r][l - full] = x[r * ldx + l];
     }
     for (int c = 0; c < C; ++c) {
-      for (int64_t l = full; l < k; ++l) wt[c][l - full] = Widen(w[c * ldw + l]);
+      for (int64_t l = full; l < k; ++l) wt[c][l - full] = GemmWiden(w[c * ldw + l]);
     }
     StepAvx2<R, C>(&xt[0][0], kLanes, &wt[0][0], kLanes, lo, hi);
   }
@@ -223,13 +206,11 @@ const Kernels& Avx512Kernels() {
 
 // The kernels of the named code when this CPU runs it, else null.
 const Kernels* Named(std::string_view isa) {
+  if (!CpuRunsIsa(isa)) return nullptr;
   if (isa == "portable") return &PortableKernels();
 #if defined(__x86_64__)
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
-                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-  if (isa == "avx2" && avx2) return &Avx2Kernels();
-  if (isa == "avx512" && avx512) return &Avx512Kernels();
+  if (isa == "avx2") return &Avx2Kernels();
+  if (isa == "avx512") return &Avx512Kernels();
 #endif
   return nullptr;
 }
@@ -253,7 +234,7 @@ void Store(const GemmProblem& p, int64_t i, int64_t j, int rows, int cols, const
   for (int r = 0; r < rows; ++r) {
     if (p.y_type == GemmType::kBFloat16) {
       uint16_t* y = static_cast<uint16_t*>(p.y) + (i + r) * p.ldy + j;
-      for (int c = 0; c < cols; ++c) y[c] = RoundToBFloat16(out[r * cols + c]);
+      for (int c = 0; c < cols; ++c) y[c] = GemmRoundToBFloat16(out[r * cols + c]);
     } else {
       float* y = static_cast<float*>(p.y) + (i + r) * p.ldy + j;
       std::memcpy(y, out + r * cols, sizeof(float) * static_cast<size_t>(cols));
@@ -307,6 +288,19 @@ void Run(const Kernels& ks, const GemmProblem& p, int64_t n0, int64_t n1) {
 }
 
 }  // namespace
+
+bool CpuRunsIsa(std::string_view isa) {
+  if (isa == "portable") return true;
+#if defined(__x86_64__)
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (isa == "avx2") return avx2;
+  if (isa == "avx512") {
+    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+  }
+#endif
+  return false;
+}
 
 void GemmColumns(const GemmProblem& p, int64_t n0, int64_t n1) { Run(Active(), p, n0, n1); }
 

@@ -41,6 +41,10 @@ int64_t GemmColumnTile();
 // =portable in the environment picks a lower one (tests compare them; results are the same).
 std::string_view GemmIsa();
 
+// Whether this CPU runs the named code ("avx512": AVX-512 F, BW and VL; "avx2": AVX2 and FMA;
+// "portable": always). The host's other kernels (cpu_attention.h) dispatch by it too.
+bool CpuRunsIsa(std::string_view isa);
+
 // As GemmColumns, on the named code ("avx512", "avx2" or "portable"); false, computing nothing,
 // when this CPU does not run it. For tests and benchmarks that compare them.
 bool GemmColumnsOn(std::string_view isa, const GemmProblem& p, int64_t n0, int64_t n1);

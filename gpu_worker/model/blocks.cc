@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numbers>
 #include <optional>
+#include <string_view>
 
+#include "gpu_worker/kernels/cpu_attention.h"
 #include "gpu_worker/kernels/cpu_gemm.h"
 
 namespace fmoe {
@@ -186,6 +189,86 @@ at::Tensor Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 
 }  // namespace
 
+namespace {
+
+// The decode rows (one new token) of a batch's spans through the host kernel (cpu_attention.h),
+// which reads their positions in place from the pool: float32 or bfloat16 on the CPU, q and the
+// pool of one dtype. Writes their rows of `attn` and marks them in `on_host`; false, touching
+// nothing, where the kernel does not apply. A decode row's sliding window is its span (its first
+// position is the first it sees), so no mask is needed.
+bool HostDecodeAttention(const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& hn,
+                         const at::Tensor& sinks, std::span<const AttentionSpan> spans,
+                         const std::vector<at::Tensor>& queries, double scale, at::Tensor* attn,
+                         std::vector<bool>* on_host) {
+  // FMOE_CPU_DECODE_ATTENTION=0 keeps decode rows on LibTorch's expression (to compare them).
+  static const bool enabled = [] {
+    const char* env = std::getenv("FMOE_CPU_DECODE_ATTENTION");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  const std::optional<GemmType> type = GemmTypeOf(hn.scalar_type());
+  if (!enabled || !type || !hn.is_cpu() || !k_pool.is_cpu() ||
+      k_pool.scalar_type() != hn.scalar_type() || v_pool.scalar_type() != hn.scalar_type() ||
+      !k_pool.is_contiguous() || !v_pool.is_contiguous() || k_pool.dim() != 3 ||
+      !attn->is_contiguous()) {
+    return false;
+  }
+  const int64_t n_kv = k_pool.size(1), hd = k_pool.size(2);
+  const int64_t heads = attn->size(1) / hd;
+  struct Row {
+    DecodeAttentionProblem p;
+    at::Tensor q;
+  };
+  std::vector<Row> rows;
+  const at::Tensor sink_logits = sinks.defined() ? sinks.to(at::kFloat).contiguous() : sinks;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const AttentionSpan& s = spans[i];
+    if (s.tokens != 1 || !s.slots.is_cpu() || s.slots.scalar_type() != at::kLong ||
+        !s.slots.is_contiguous() || queries[i].scalar_type() != hn.scalar_type()) {
+      continue;
+    }
+    Row r;
+    r.q = queries[i].contiguous();
+    r.p.q = r.q.data_ptr();
+    r.p.k_pool = k_pool.data_ptr();
+    r.p.v_pool = v_pool.data_ptr();
+    r.p.pool_ld = n_kv * hd;
+    r.p.rows = s.slots.data_ptr<int64_t>();
+    r.p.positions = s.slots.size(0);
+    r.p.heads = heads;
+    r.p.kv_heads = n_kv;
+    r.p.head_dim = hd;
+    r.p.scale = static_cast<float>(scale);
+    r.p.sinks = sink_logits.defined() ? sink_logits.data_ptr<float>() : nullptr;
+    r.p.type = *type;
+    r.p.out = static_cast<char*>(attn->data_ptr()) + s.row * attn->stride(0) * attn->element_size();
+    rows.push_back(std::move(r));
+    (*on_host)[i] = true;
+  }
+  if (rows.empty()) return true;
+  // A task per (row, range of KV heads): a row's KV heads together (its pool rows read whole,
+  // once), in as many ranges as the threads need when the rows are fewer than the threads; a
+  // step too small to be worth waking a thread for runs on the caller's (macs: a task's
+  // multiply-adds, on average). Any split gives the same bits.
+  const auto n_rows = static_cast<int64_t>(rows.size());
+  const int64_t parts = std::clamp<int64_t>((at::get_num_threads() + n_rows - 1) / n_rows, 1, n_kv);
+  const int64_t tasks = n_rows * parts;
+  int64_t positions = 0;
+  for (const Row& r : rows) positions += r.p.positions;
+  const int64_t macs = 2 * heads * hd * positions / tasks;
+  constexpr int64_t kMinMacsPerThread = int64_t{1} << 16;
+  const int64_t grain = std::max<int64_t>(1, kMinMacsPerThread / std::max<int64_t>(1, macs));
+  at::parallel_for(0, tasks, grain, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t part = t % parts;
+      DecodeAttentionHeads(rows[static_cast<size_t>(t / parts)].p, part * n_kv / parts,
+                           (part + 1) * n_kv / parts);
+    }
+  });
+  return true;
+}
+
+}  // namespace
+
 int64_t QueryBlockRows(int64_t heads, int64_t keys, int64_t score_budget) {
   return std::max<int64_t>(1, score_budget / std::max<int64_t>(1, heads * keys));
 }
@@ -229,31 +312,85 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
   std::vector<at::Tensor> queries(spans.size()), new_k(spans.size()), new_v(spans.size());
   std::vector<at::Tensor> new_slots(spans.size()), read_slots(spans.size());
   std::vector<int64_t> read_at(spans.size() + 1, 0);
+  // A batch of several spans that cover its rows in order and share a rotary table is rotated in
+  // one pass (each row's cos and sin gathered by its position): the same elementwise arithmetic,
+  // a fixed number of operators instead of a dozen per sequence.
+  auto long_rope = [&](const AttentionSpan& s) {
+    return rope.long_after > 0 && s.position + s.tokens > rope.long_after;
+  };
+  bool one_pass = spans.size() > 1;
+  for (size_t i = 0, row = 0; one_pass && i < spans.size(); ++i) {
+    one_pass =
+        spans[i].row == static_cast<int64_t>(row) && long_rope(spans[i]) == long_rope(spans[0]);
+    row += static_cast<size_t>(spans[i].tokens);
+    if (i + 1 == spans.size()) one_pass = one_pass && static_cast<int64_t>(row) == rows;
+  }
+  at::Tensor q_rot, k_rot;
+  if (one_pass) {
+    std::vector<int64_t> positions;
+    positions.reserve(static_cast<size_t>(rows));
+    for (const AttentionSpan& s : spans) {
+      for (int64_t r = 0; r < s.tokens; ++r) positions.push_back(s.position + r);
+    }
+    const at::Tensor at_rows =
+        at::tensor(positions, at::TensorOptions().dtype(at::kLong)).to(hn.device());
+    const bool lr = long_rope(spans[0]);
+    const at::Tensor cos = (lr ? rope.long_cos : rope.cos).index_select(0, at_rows).unsqueeze(1);
+    const at::Tensor sin = (lr ? rope.long_sin : rope.sin).index_select(0, at_rows).unsqueeze(1);
+    q_rot = Rotate(q.view({rows, n_heads, hd}), cos, sin);
+    k_rot = Rotate(k.view({rows, n_kv, hd}), cos, sin);
+  }
   for (size_t i = 0; i < spans.size(); ++i) {
     const AttentionSpan& s = spans[i];
-    const int64_t t = s.tokens, p0 = s.position, len = p0 + t;
-    const bool long_rope = rope.long_after > 0 && len > rope.long_after;
-    at::Tensor cos = (long_rope ? rope.long_cos : rope.cos).narrow(0, p0, t).unsqueeze(1);
-    at::Tensor sin = (long_rope ? rope.long_sin : rope.sin).narrow(0, p0, t).unsqueeze(1);
-    queries[i] = Rotate(q.narrow(0, s.row, t).view({t, n_heads, hd}), cos, sin);
-    new_k[i] = Rotate(k.narrow(0, s.row, t).view({t, n_kv, hd}), cos, sin);
+    const int64_t t = s.tokens, p0 = s.position;
+    if (one_pass) {
+      queries[i] = q_rot.narrow(0, s.row, t);
+      new_k[i] = k_rot.narrow(0, s.row, t);
+    } else {
+      const bool lr = long_rope(s);
+      at::Tensor cos = (lr ? rope.long_cos : rope.cos).narrow(0, p0, t).unsqueeze(1);
+      at::Tensor sin = (lr ? rope.long_sin : rope.sin).narrow(0, p0, t).unsqueeze(1);
+      queries[i] = Rotate(q.narrow(0, s.row, t).view({t, n_heads, hd}), cos, sin);
+      new_k[i] = Rotate(k.narrow(0, s.row, t).view({t, n_kv, hd}), cos, sin);
+    }
     new_v[i] = v.narrow(0, s.row, t).view({t, n_kv, hd});
     new_slots[i] = s.slots.narrow(0, p0 - s.first, t);
     read_slots[i] = s.slots;
-    read_at[i + 1] = read_at[i] + s.slots.size(0);
   }
   at::Tensor gathered_k, gathered_v;
+  std::vector<bool> on_host(spans.size(), false);
   if (!spans.empty()) {
     at::Tensor* k_pool = spans[0].k_pool;
     at::Tensor* v_pool = spans[0].v_pool;
-    at::Tensor slots = at::cat(new_slots);
-    k_pool->index_copy_(0, slots, at::cat(new_k));
-    v_pool->index_copy_(0, slots, at::cat(new_v));
-    at::Tensor reads = at::cat(read_slots);
-    gathered_k = k_pool->index_select(0, reads);  // [positions read, KV, hd]
-    gathered_v = v_pool->index_select(0, reads);
+    at::Tensor slots = new_slots.size() == 1 ? new_slots[0] : at::cat(new_slots);
+    if (one_pass) {
+      k_pool->index_copy_(0, slots, k_rot);
+      v_pool->index_copy_(0, slots, v.view({rows, n_kv, hd}));
+    } else {
+      k_pool->index_copy_(0, slots, new_k.size() == 1 ? new_k[0] : at::cat(new_k));
+      v_pool->index_copy_(0, slots, new_v.size() == 1 ? new_v[0] : at::cat(new_v));
+    }
+    // Decode rows run in the host kernel, reading the pool in place; the other spans' positions
+    // are gathered in one copy.
+    const bool host =
+        HostDecodeAttention(*k_pool, *v_pool, hn, w.sinks, spans, queries, scale, &attn, &on_host);
+    std::vector<at::Tensor> reads;
+    for (size_t i = 0; i < spans.size(); ++i) {
+      if (host && on_host[i]) {
+        read_at[i + 1] = read_at[i];
+        continue;
+      }
+      reads.push_back(read_slots[i]);
+      read_at[i + 1] = read_at[i] + read_slots[i].size(0);
+    }
+    if (!reads.empty()) {
+      at::Tensor rows = reads.size() == 1 ? reads[0] : at::cat(reads);
+      gathered_k = k_pool->index_select(0, rows);  // [positions read, KV, hd]
+      gathered_v = v_pool->index_select(0, rows);
+    }
   }
   for (size_t i = 0; i < spans.size(); ++i) {
+    if (on_host[i]) continue;
     const AttentionSpan& s = spans[i];
     const int64_t t = s.tokens, p0 = s.position, len = p0 + t;
     at::Tensor qi = queries[i];
@@ -415,7 +552,6 @@ at::Tensor LatentAttention(const ModelInfo& info, const MlaWeights& w, const at:
     new_latent[i] = latent.narrow(0, s.row, t).unsqueeze(1);
     new_slots[i] = s.slots.narrow(0, p0 - s.first, t);
     read_slots[i] = s.slots;
-    read_at[i + 1] = read_at[i] + s.slots.size(0);
   }
   at::Tensor gathered_latents, gathered_rot;
   if (!spans.empty()) {
