@@ -316,6 +316,7 @@ int main(int argc, char** argv) {
   if (options.rank == 0) {
     options.expert_figures = [&rank] { return rank->group_figures(); };
     options.kv_figures = [&rank] { return rank->kv_figures(); };
+    options.engine_figures = [&rank] { return rank->engine_figures(); };
   }
   // Every rank receives the group's directives and keeps those for its own experts.
   options.on_directive = [&rank](const PrefetchDirective& d) { rank->PostDirective(d); };

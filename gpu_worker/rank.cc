@@ -357,6 +357,10 @@ ExpertFigures Rank::local_figures() const {
 
 KvFigures Rank::kv_figures() const { return engine_ ? engine_->kv_figures() : KvFigures{}; }
 
+EngineFigures Rank::engine_figures() const {
+  return engine_ ? engine_->engine_figures() : EngineFigures{};
+}
+
 ExpertFigures Rank::group_figures() const {
   return engine_ ? engine_->group_figures() : local_figures();
 }

@@ -171,6 +171,8 @@ class Rank {
   ExpertFigures group_figures() const;
   // The leader's KV pool as of its engine's last step (empty without an engine); any thread.
   KvFigures kv_figures() const;
+  // The engine's prompt chunks (leader; zeros on a follower). Any thread.
+  EngineFigures engine_figures() const;
   // Any thread: a map-service directive for the expert cache (ignored with every expert
   // resident); the cache keeps the entries of this rank's experts.
   void PostDirective(const PrefetchDirective& directive);

@@ -330,7 +330,11 @@ HttpResponse RouterApi::Health() const {
                                               ? static_cast<double>(g.kv.prefix_hits) /
                                                     static_cast<double>(g.kv.prefix_queries)
                                               : 0.0},
-                {"preemptions", g.kv.preemptions}}}};
+                {"preemptions", g.kv.preemptions}}},
+              {"prompt_chunks",
+               {{"run", g.engine.prompt_chunks},
+                {"grown", g.engine.chunks_grown},
+                {"token_ns", g.engine.prompt_token_ns}}}};
     if (g.kv.max_blocks != 0) {
       // One device budget: the split between the KV pool and the expert cache now.
       j["kv_cache"]["max_blocks"] = g.kv.max_blocks;

@@ -1022,7 +1022,26 @@ void ConstrainAfterThinking(const Tokenizer& tokenizer, CompletionRequest* out) 
       return;
     }
   }
-  s.constrain_after = *end;
+  s.constrain_after = {*end};
+}
+
+// gpt-oss's chat with structured output: its analysis channel stays free and the answer, the
+// final channel's message, is constrained (as vLLM's harmony reasoning parser has it): the
+// constraint starts once the model has written the final channel's header,
+// <|channel|>final<|message|>. A vocabulary without harmony's markers leaves the request as it is.
+void ConstrainTheFinalChannel(const Tokenizer& tokenizer, CompletionRequest* out) {
+  SamplingParams& s = out->sampling;
+  if (s.json_schema.empty() && s.grammar.empty()) return;
+  const std::optional<int32_t> channel = tokenizer.TokenToId("<|channel|>");
+  const std::optional<int32_t> message = tokenizer.TokenToId("<|message|>");
+  if (!channel || !message) return;
+  auto final_ids = tokenizer.Encode("final", /*add_special_tokens=*/false);
+  if (!final_ids.ok() || final_ids->empty() || final_ids->size() + 2 > kMaxConstrainAfter) {
+    return;
+  }
+  s.constrain_after = {*channel};
+  s.constrain_after.insert(s.constrain_after.end(), final_ids->begin(), final_ids->end());
+  s.constrain_after.push_back(*message);
 }
 
 }  // namespace
@@ -1044,12 +1063,13 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
                   ReadSampling(j, &out.sampling, error) && ReadChoices(j, &out, error) &&
                   ReadStopConditions(j, &out.sampling, error) &&
                   ReadLogprobs(j, chat, &out, error) && ReadStopStrings(j, &out, error) &&
-                  ReadStream(j, &out, error) &&
-                  ReadStructuredOutput(j, chat && options.harmony_channels, &out, error) &&
+                  ReadStream(j, &out, error) && ReadStructuredOutput(j, &out, error) &&
                   CheckSamplingParams(out.sampling, chat, vocab, error) &&
                   CheckPromptLogprobs(prompt_len, out.sampling, error);
   if (!ok) return InvalidArgument(error->body);
-  if (chat && !options.harmony_channels && options.think_style) {
+  if (chat && options.harmony_channels) {
+    ConstrainTheFinalChannel(tokenizer, &out);
+  } else if (chat && options.think_style) {
     ConstrainAfterThinking(tokenizer, &out);
   }
   out.ignored_fields = IgnoredFields(j, chat);

@@ -131,7 +131,7 @@ class CompletionState {
     const bool constrained =
         !request.sampling.json_schema.empty() || !request.sampling.grammar.empty();
     if (chat_ && !harmony_ && options.think_style &&
-        (!constrained || request.sampling.constrain_after >= 0)) {
+        (!constrained || !request.sampling.constrain_after.empty())) {
       think_style_ = options.think_style;
       // The markers that are special tokens are decoded as their text (Decode).
       for (std::string_view marker : {kThinkStart, kThinkEnd}) {

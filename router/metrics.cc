@@ -221,6 +221,20 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
   RenderPerGroup(out, "fmoe_preemptions_total", "counter",
                  "Running requests preempted because the KV pool was full (recomputed later).",
                  view, [](const GroupView& g) { return g.kv.preemptions; });
+  RenderPerGroup(out, "fmoe_prompt_chunks_total", "counter",
+                 "Prompt chunks the leader's engine ran (a prompt the token budget does not cut "
+                 "is one).",
+                 view, [](const GroupView& g) { return g.engine.prompt_chunks; });
+  RenderPerGroup(out, "fmoe_prompt_chunks_grown_total", "counter",
+                 "Prompt chunks the expert-aware advisor grew past the token budget's chunk (a "
+                 "small chunk would have loaded nearly the experts of the whole prompt).",
+                 view, [](const GroupView& g) { return g.engine.chunks_grown; });
+  RenderPerGroup(out, "fmoe_prompt_token_seconds", "gauge",
+                 "A prompt token's measured compute on the leader (moving average over steps of "
+                 "many prompt tokens, the expert cache's stall taken out; 0 until measured).",
+                 view, [](const GroupView& g) {
+                   return Num(static_cast<double>(g.engine.prompt_token_ns) / 1e9);
+                 });
   out << "# HELP fmoe_map_service_up Whether the map service answers (1) or not (0).\n"
          "# TYPE fmoe_map_service_up gauge\nfmoe_map_service_up "
       << (view.map_service_alive ? 1 : 0) << "\n";

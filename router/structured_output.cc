@@ -225,24 +225,8 @@ bool ReadVllmStructuredOutputs(const Json& j, CompletionRequest* out, HttpRespon
 
 }  // namespace
 
-bool ReadStructuredOutput(const Json& body, bool harmony, CompletionRequest* out,
-                          HttpResponse* error) {
-  const bool had = !out->sampling.json_schema.empty();  // A forced tool_choice's.
-  if (!ReadResponseFormat(body, out, error) || !ReadVllmStructuredOutputs(body, out, error)) {
-    return false;
-  }
-  if (harmony && !had && (!out->sampling.json_schema.empty() || !out->sampling.grammar.empty())) {
-    std::string param = "response_format";
-    for (const char* key :
-         {"structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"}) {
-      if (auto it = body.find(key); it != body.end() && !it->is_null()) param = key;
-    }
-    return Refuse(error, BadParam(param,
-                                  "structured output is not supported for the gpt_oss (harmony) "
-                                  "format, whose answers open with harmony headers",
-                                  "unsupported_parameter"));
-  }
-  return true;
+bool ReadStructuredOutput(const Json& body, CompletionRequest* out, HttpResponse* error) {
+  return ReadResponseFormat(body, out, error) && ReadVllmStructuredOutputs(body, out, error);
 }
 
 bool ForceToolChoice(const std::string& named, const nlohmann::ordered_json& tools,

@@ -19,10 +19,7 @@ namespace fmoe {
 // response_format, structured_outputs, guided_json, guided_regex, guided_choice and
 // guided_grammar (structured_outputs.structural_tag: refused by name). At most one of them may
 // constrain the output, and not beside a forced tool_choice.
-// `harmony`: gpt-oss's answers open with harmony headers, which a schema leaves no room for:
-// refused by name.
-bool ReadStructuredOutput(const nlohmann::json& body, bool harmony, CompletionRequest* out,
-                          HttpResponse* error);
+bool ReadStructuredOutput(const nlohmann::json& body, CompletionRequest* out, HttpResponse* error);
 
 // tool_choice "required" (`named` empty) or the function `named`: the answer is decoded under
 // vLLM's schema (required: [{"name": one of the tools, "parameters": its parameters}, ...];

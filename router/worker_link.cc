@@ -397,6 +397,7 @@ void WorkerLink::HandleWorker(const std::string& peer, const WorkerMessage& mess
       entry->info.active_requests = hb->active_requests;
       entry->info.experts = hb->experts;
       entry->info.kv = hb->kv;
+      entry->info.engine = hb->engine;
     }
     Status s = workers_->Send(WorkerHeartbeatAck{hb->seq, known}, peer);
     if (!s.ok()) spdlog::debug("heartbeat ack to {} failed: {}", peer, s.ToString());
@@ -463,6 +464,7 @@ void WorkerLink::OnHello(const std::string& peer, const WorkerHello& hello) {
                                  hello.max_batch,
                                  hello.free_slots,
                                  0,
+                                 {},
                                  {},
                                  {}});
     last_seen_by_group_[hello.group] = clock_.NowMs();
@@ -562,6 +564,7 @@ void WorkerLink::Publish() {
       g.active_requests = entry.info.active_requests;
       g.experts = entry.info.experts;
       g.kv = entry.info.kv;
+      g.engine = entry.info.engine;
       g.instance_id = entry.info.instance_id;
       g.model_fingerprint = entry.info.model_fingerprint;
     }

@@ -66,6 +66,7 @@ struct GroupView {
   uint32_t active_requests = 0;
   ExpertFigures experts;    // The leader's expert cache totals, from its last heartbeat.
   KvFigures kv;             // Its KV pool, from its last heartbeat.
+  EngineFigures engine;     // Its engine's prompt chunks, from its last heartbeat.
   uint32_t queued = 0;      // Waiting in the router for this group.
   uint32_t running = 0;     // Handed to its leader, not finished.
   int64_t silence_ms = -1;  // Since the last heartbeat; -1 if never seen.
@@ -136,6 +137,7 @@ class WorkerLink {
     uint32_t active_requests = 0;
     ExpertFigures experts;
     KvFigures kv;
+    EngineFigures engine;
   };
 
   struct Pending {

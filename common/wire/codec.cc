@@ -85,7 +85,8 @@ size_t PayloadBytes(const WorkerHello& m) { return m.group.size() + m.model_name
 size_t PayloadBytes(const WorkerHelloAck& m) { return m.reason.size(); }
 size_t PayloadBytes(const WorkerHeartbeat& m) { return m.group.size(); }
 size_t PayloadBytes(const Generate& m) {
-  size_t bytes = 4 * (m.token_ids.size() + m.sampling.stop_token_ids.size()) +
+  size_t bytes = 4 * (m.token_ids.size() + m.sampling.stop_token_ids.size() +
+                      m.sampling.constrain_after.size()) +
                  8 * m.sampling.logit_bias.size();
   for (const auto& s : m.sampling.stop) bytes += s.size() + 8;
   return bytes + m.sampling.json_schema.size() + m.sampling.grammar.size();
@@ -160,6 +161,9 @@ flatbuffers::Offset<fb::WorkerHeartbeat> Build(Builder& fbb, const WorkerHeartbe
   b.add_kv_blocks_max(m.kv.max_blocks);
   b.add_device_kv_bytes(m.kv.kv_bytes);
   b.add_device_expert_bytes(m.kv.expert_bytes);
+  b.add_prompt_chunks(m.engine.prompt_chunks);
+  b.add_prompt_chunks_grown(m.engine.chunks_grown);
+  b.add_prompt_token_ns(m.engine.prompt_token_ns);
   return b.Finish();
 }
 
@@ -173,6 +177,7 @@ flatbuffers::Offset<fb::WorkerHeartbeatAck> Build(Builder& fbb, const WorkerHear
 flatbuffers::Offset<fb::Generate> Build(Builder& fbb, const Generate& m) {
   auto token_ids = OptVector(fbb, m.token_ids);
   auto stop_token_ids = OptVector(fbb, m.sampling.stop_token_ids);
+  auto constrain_after = OptVector(fbb, m.sampling.constrain_after);
   auto stop = m.sampling.stop.empty() ? 0 : fbb.CreateVectorOfStrings(m.sampling.stop);
   const auto [bias_ids, bias_values] = SplitPairs(fbb, m.sampling.logit_bias);
   auto json_schema = OptString(fbb, m.sampling.json_schema);
@@ -198,7 +203,7 @@ flatbuffers::Offset<fb::Generate> Build(Builder& fbb, const Generate& m) {
   sb.add_json_schema(json_schema);
   sb.add_grammar(grammar);
   sb.add_grammar_syntax(static_cast<fb::GrammarSyntax>(m.sampling.grammar_syntax));
-  sb.add_constrain_after(m.sampling.constrain_after);
+  sb.add_constrain_after_tokens(constrain_after);
   auto sampling = sb.Finish();
   fb::GenerateBuilder b(fbb);
   b.add_request_id(m.request_id);
@@ -589,6 +594,12 @@ bool Read(const fb::WorkerHeartbeat& t, const Checker& c, WorkerHeartbeat* m) {
     return c.OutOfRange("WorkerHeartbeat.kv_blocks_used: " + std::to_string(m->kv.used_blocks) +
                         " exceeds kv_blocks_total " + std::to_string(m->kv.total_blocks));
   }
+  m->engine = {t.prompt_chunks(), t.prompt_chunks_grown(), t.prompt_token_ns()};
+  if (m->engine.chunks_grown > m->engine.prompt_chunks) {
+    return c.OutOfRange(
+        "WorkerHeartbeat.prompt_chunks_grown: " + std::to_string(m->engine.chunks_grown) +
+        " exceeds prompt_chunks " + std::to_string(m->engine.prompt_chunks));
+  }
   if (m->kv.prefix_hits > m->kv.prefix_queries) {
     return c.OutOfRange("WorkerHeartbeat.prefix_cache_hits: " + std::to_string(m->kv.prefix_hits) +
                         " exceeds prefix_cache_queries " + std::to_string(m->kv.prefix_queries));
@@ -667,7 +678,10 @@ bool Read(const fb::Generate& t, const Checker& c, Generate* m) {
                         " is not a syntax");
   }
   s.grammar_syntax = static_cast<GrammarSyntax>(sp->grammar_syntax());
-  s.constrain_after = sp->constrain_after();
+  if (!c.Int32s(sp->constrain_after_tokens(), "Generate.sampling.constrain_after_tokens",
+                kMaxConstrainAfter, &s.constrain_after)) {
+    return false;
+  }
   return c.Finite(s.presence_penalty, "Generate.sampling.presence_penalty") &&
          c.Finite(s.frequency_penalty, "Generate.sampling.frequency_penalty") &&
          c.Finite(s.repetition_penalty, "Generate.sampling.repetition_penalty") &&

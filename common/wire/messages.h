@@ -70,6 +70,14 @@ struct KvFigures {
   uint64_t expert_bytes = 0;
 };
 
+// The leader's engine (gpu_worker/engine/engine.h): its prompt chunks since start.
+struct EngineFigures {
+  uint64_t prompt_chunks = 0;  // Prompt chunks run (a prompt the budget does not cut is one).
+  uint64_t chunks_grown = 0;   // Of those, chunks the expert-aware advisor grew past the budget's.
+  uint64_t prompt_token_ns = 0;  // A prompt token's measured compute (moving average; 0 until
+                                 // measured).
+};
+
 // Leader -> router, every heartbeat interval.
 struct WorkerHeartbeat {
   std::string group;
@@ -79,6 +87,7 @@ struct WorkerHeartbeat {
   uint32_t active_requests = 0;
   ExpertFigures experts;  // The expert cache since start.
   KvFigures kv;
+  EngineFigures engine;
 };
 
 // Router -> leader, answering a heartbeat. known=false asks the worker to send Hello again.
@@ -127,12 +136,14 @@ struct SamplingParams {
   // sends a choice as the GBNF of its strings.
   std::string grammar{};
   GrammarSyntax grammar_syntax = GrammarSyntax::kGbnf;
-  // With json_schema or grammar: the constraint applies only once this token has been drawn (a
-  // reasoning model's end-of-thinking token: it thinks freely, then answers in the format); -1:
-  // from the first token. The worker refuses an id outside the vocabulary.
-  int32_t constrain_after = -1;
+  // With json_schema or grammar: the constraint applies only once these tokens have been drawn one
+  // after another (a reasoning model's end-of-thinking token, gpt-oss's `<|channel|>final
+  // <|message|>`: it thinks freely, then answers in the format); empty: from the first token. At
+  // most kMaxConstrainAfter tokens; the worker refuses an id outside the vocabulary.
+  std::vector<int32_t> constrain_after{};
 };
-inline constexpr int32_t kMaxLogprobs = 20;  // SamplingParams.logprobs at most.
+inline constexpr int32_t kMaxLogprobs = 20;       // SamplingParams.logprobs at most.
+inline constexpr size_t kMaxConstrainAfter = 16;  // SamplingParams.constrain_after's tokens.
 
 // Router -> leader.
 struct Generate {

@@ -241,6 +241,7 @@ void Worker::Tick() {
       hb.active_requests = active;
       if (options_.expert_figures) hb.experts = options_.expert_figures();
       if (options_.kv_figures) hb.kv = options_.kv_figures();
+      if (options_.engine_figures) hb.engine = options_.engine_figures();
       s = router_socket_->Send(hb);
     }
     if (!s.ok()) spdlog::debug("to router: {}", s.ToString());

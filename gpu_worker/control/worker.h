@@ -54,6 +54,8 @@ struct WorkerOptions {
   std::function<ExpertFigures()> expert_figures;
   // The KV pool's figures for heartbeats; called on the control thread. Default: none
   std::function<KvFigures()> kv_figures;
+  // The engine's prompt chunks for heartbeats; called on the control thread. Default: none
+  std::function<EngineFigures()> engine_figures;
   // Where prefetch directives go (the expert cache); called on the control thread. Default: none
   std::function<void(const PrefetchDirective&)> on_directive;
   bool semantic = true;         // Ask the map service for semantic matching. Default: on

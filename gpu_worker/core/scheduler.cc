@@ -54,7 +54,8 @@ bool Scheduler::Remove(uint64_t id) {
   return false;
 }
 
-uint32_t Scheduler::ChunkOf(const Entry& e, bool first_prefill, uint64_t* budget) const {
+uint32_t Scheduler::ChunkOf(const Entry& e, bool first_prefill, uint64_t* budget,
+                            bool* grown) const {
   const uint32_t left = e.prompt - e.prefilled;
   if (options_.max_batched_tokens == 0) return left;
   if (!e.chunkable) {
@@ -62,9 +63,9 @@ uint32_t Scheduler::ChunkOf(const Entry& e, bool first_prefill, uint64_t* budget
     *budget -= std::min<uint64_t>(*budget, left);
     return left;
   }
-  const uint32_t chunk =
-      AdvisedChunk(chunk_advisor_, static_cast<uint32_t>(std::min<uint64_t>(left, *budget)), left,
-                   first_prefill);
+  const auto fits = static_cast<uint32_t>(std::min<uint64_t>(left, *budget));
+  const uint32_t chunk = AdvisedChunk(chunk_advisor_, fits, left, first_prefill);
+  if (grown != nullptr) *grown = chunk > fits;
   *budget -= std::min<uint64_t>(*budget, chunk);
   return chunk;
 }
@@ -81,10 +82,11 @@ std::vector<ScheduledWork> Scheduler::Schedule() {
   bool first_prefill = true;
   for (const Entry& e : running_) {
     if (e.decoding()) continue;
-    const uint32_t chunk = ChunkOf(e, first_prefill, &budget);
+    bool grown = false;
+    const uint32_t chunk = ChunkOf(e, first_prefill, &budget, &grown);
     if (chunk == 0) continue;
     first_prefill = false;
-    work.push_back({e.id, true, e.prefilled, chunk, false, e.prefilled + chunk == e.prompt});
+    work.push_back({e.id, true, e.prefilled, chunk, false, e.prefilled + chunk == e.prompt, grown});
   }
   while (running_.size() < options_.max_batch && !waiting_.empty()) {
     Entry e = waiting_.front();
@@ -92,10 +94,11 @@ std::vector<ScheduledWork> Scheduler::Schedule() {
     uint64_t probe = budget;
     if (ChunkOf(e, first_prefill, &probe) == 0) break;  // Before the hook takes any blocks.
     if (admit_hook_) e.prefilled = std::min(admit_hook_(e.id, e.prompt), e.prompt - 1);
-    const uint32_t chunk = ChunkOf(e, first_prefill, &budget);
+    bool grown = false;
+    const uint32_t chunk = ChunkOf(e, first_prefill, &budget, &grown);
     if (chunk == 0) break;
     first_prefill = false;
-    work.push_back({e.id, true, e.prefilled, chunk, true, e.prefilled + chunk == e.prompt});
+    work.push_back({e.id, true, e.prefilled, chunk, true, e.prefilled + chunk == e.prompt, grown});
     running_.push_back(e);
     waiting_.pop_front();
   }

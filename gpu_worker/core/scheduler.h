@@ -57,6 +57,7 @@ struct ScheduledWork {
   uint32_t tokens = 0;    // New tokens this step (1 for a decode).
   bool admitted = false;  // The request's first step: it left the waiting queue.
   bool samples = false;   // A decode, or the prompt's last chunk: a token is drawn after it.
+  bool grown = false;     // Prefill: the chunk advisor grew it past the token budget's chunk.
 };
 
 class Scheduler {
@@ -109,8 +110,10 @@ class Scheduler {
   };
   Entry* Find(uint64_t id);
   const Entry* Find(uint64_t id) const;
-  // The next chunk of `e`'s prompt within `*budget` (updated), or 0 when none fits.
-  uint32_t ChunkOf(const Entry& e, bool first_prefill, uint64_t* budget) const;
+  // The next chunk of `e`'s prompt within `*budget` (updated), or 0 when none fits; *grown
+  // (if given): the chunk advisor made it larger than the budget's.
+  uint32_t ChunkOf(const Entry& e, bool first_prefill, uint64_t* budget,
+                   bool* grown = nullptr) const;
 
   SchedulerOptions options_;
   std::function<uint32_t(uint64_t, uint32_t)> admit_hook_;

@@ -83,12 +83,10 @@ Engine::Engine(EngineOptions options, MoeModel& model, ExpertSource& experts,
     scheduler_.SetChunkAdvisor([this](uint32_t chunk, uint32_t rest) {
       ChunkCosts c = options_.chunk_costs();
       if (stats_.prompt_token_ns > 0) c.token_ns = stats_.prompt_token_ns;
-      const uint32_t want = ExpertAwareChunk(c, chunk, rest, options_.chunk_overhead);
-      if (want > chunk) ++stats_.chunks_grown;
-      return want;
+      return ExpertAwareChunk(c, chunk, rest, options_.chunk_overhead);
     });
   }
-  PublishKvFigures();  // Heartbeats carry the pool from the start, before the first step.
+  PublishFigures();  // Heartbeats carry the pool from the start, before the first step.
 }
 
 uint32_t Engine::OnAdmit(uint64_t id) {
@@ -321,7 +319,12 @@ KvFigures Engine::kv_figures() const {
   return kv_figures_;
 }
 
-void Engine::PublishKvFigures() {
+EngineFigures Engine::engine_figures() const {
+  std::lock_guard<std::mutex> lock(figures_mu_);
+  return engine_figures_;
+}
+
+void Engine::PublishFigures() {
   const KvPoolFigures f = model_.kv_figures();
   std::lock_guard<std::mutex> lock(figures_mu_);
   const bool shared = model_.kv_arena() != nullptr;
@@ -329,6 +332,8 @@ void Engine::PublishKvFigures() {
                  f.blocks.prefix_queries, f.blocks.prefix_hit_tokens,
                  stats_.preemptions,      shared ? f.max_blocks : 0,
                  shared ? f.bytes : 0,    shared ? f.expert_bytes : 0};
+  engine_figures_ = {stats_.prompt_chunks, stats_.chunks_grown,
+                     static_cast<uint64_t>(std::max(0.0, stats_.prompt_token_ns))};
 }
 
 void Engine::GroupFailed(const Status& why) {
@@ -563,7 +568,7 @@ bool Engine::Step() {
   const std::vector<ScheduledWork> work = scheduler_.Schedule();
   if (work.empty()) {
     model_.ReturnIdleKv();  // One device budget: an idle pool's borrowed pages go back.
-    PublishKvFigures();
+    PublishFigures();
     return false;
   }
   const int64_t now = SteadyNowUs();
@@ -618,15 +623,15 @@ bool Engine::Step() {
   // Forward.
   if (grouped() && !SendPlan(PlanKind::kIteration, inputs)) return false;
   ForwardResult result;
-  // A prompt token's compute, for expert-aware chunks: measured on steps with enough prompt
-  // tokens that their compute dominates, the expert cache's stall taken out.
+  // A prompt token's compute, for expert-aware chunks and the heartbeat's figures: measured on
+  // steps with enough prompt tokens that their compute dominates, the expert cache's stall taken
+  // out.
   uint32_t step_tokens = 0, prompt_tokens = 0;
   for (const ScheduledWork& w : ran) {
     step_tokens += w.tokens;
     prompt_tokens += w.prefill ? w.tokens : 0;
   }
-  const bool measure = options_.chunk_overhead > 0 &&
-                       prompt_tokens >= std::min(kMeasurePromptTokens,
+  const bool measure = prompt_tokens >= std::min(kMeasurePromptTokens,
                                                  std::max(options_.max_batched_tokens / 2, 1u));
   const uint64_t stall_before =
       measure && options_.local_figures ? options_.local_figures().stall_us : 0;
@@ -672,6 +677,11 @@ bool Engine::Step() {
     return true;
   }
   scheduler_.Completed(ran);
+  for (const ScheduledWork& w : ran) {
+    if (!w.prefill) continue;
+    ++stats_.prompt_chunks;
+    if (w.grown) ++stats_.chunks_grown;
+  }
   // The sequences an unreadable expert failed end here (their KV goes with them); the others
   // computed as if it had been read.
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -705,7 +715,7 @@ bool Engine::Step() {
   DropFinished();
   // One device budget: pages the finished requests freed go back to the expert cache.
   model_.ReturnIdleKv();
-  PublishKvFigures();
+  PublishFigures();
   return true;
 }
 

@@ -108,11 +108,11 @@ struct EngineStats {
   uint64_t decode_tokens = 0;
   uint64_t requests_finished = 0;
   uint64_t requests_failed = 0;
-  uint64_t forward_us = 0;   // Time inside Forward.
-  uint64_t preemptions = 0;  // Running requests whose KV blocks were taken back (KV pool full).
-  // Expert-aware chunks (EngineOptions::chunk_overhead).
-  // Prompt chunks the advisor asked to grow past the budget's (each runs grown when it is the
-  // step's first prompt chunk, else waits for such a step).
+  uint64_t forward_us = 0;     // Time inside Forward.
+  uint64_t preemptions = 0;    // Running requests whose KV blocks were taken back (KV pool full).
+  uint64_t prompt_chunks = 0;  // Prompt chunks run (a prompt the budget does not cut is one).
+  // Expert-aware chunks (EngineOptions::chunk_overhead): of the prompt chunks run, those the
+  // advisor grew past the budget's.
   uint64_t chunks_grown = 0;
   // A prompt token's measured compute (ns, moving average over steps of at least 32 prompt
   // tokens, or half the token budget if less, the expert cache's stall taken out); 0 until
@@ -148,6 +148,9 @@ class Engine final : public RequestExecutor {
   bool group_failed() const { return group_failed_.load(); }
   // The KV pool's figures as of the last step; any thread.
   KvFigures kv_figures() const;
+  // The prompt chunks' figures (stats' prompt_chunks, chunks_grown, prompt_token_ns) as of the
+  // last step. Any thread.
+  EngineFigures engine_figures() const;
 
  private:
   struct Sequence;
@@ -212,10 +215,12 @@ class Engine final : public RequestExecutor {
   std::atomic<uint32_t> active_{0};
   std::atomic<bool> group_failed_{false};
   mutable std::mutex figures_mu_;
-  ExpertFigures group_figures_;  // GUARDED_BY(figures_mu_)
-  KvFigures kv_figures_;         // GUARDED_BY(figures_mu_)
-  // The pool's figures into kv_figures_ (engine thread).
-  void PublishKvFigures();
+  ExpertFigures group_figures_;   // GUARDED_BY(figures_mu_)
+  KvFigures kv_figures_;          // GUARDED_BY(figures_mu_)
+  EngineFigures engine_figures_;  // GUARDED_BY(figures_mu_)
+  // The pool's figures into kv_figures_, the prompt chunks' into engine_figures_ (engine
+  // thread).
+  void PublishFigures();
 
   // Engine thread only.
   Scheduler scheduler_;

@@ -90,7 +90,11 @@ int32_t Sampler::Sample(std::span<const float> raw) {
     }
     if (!constraint_->Accept(token)) return -1;
   }
-  if (pending_ != nullptr && token == pending_after_) constraint_ = std::move(pending_);
+  if (pending_ != nullptr) {
+    if (recent_.size() == pending_after_.size()) recent_.erase(recent_.begin());
+    recent_.push_back(token);
+    if (recent_ == pending_after_) constraint_ = std::move(pending_);
+  }
   ++generated_;
   if (penalized()) ++seen_[token].output;
   if (params_.logprobs >= 0) ComputeLogprobs(raw, token);

@@ -53,13 +53,15 @@ class Sampler {
   // constraint allows no token at all (the request cannot go on).
   int32_t Sample(std::span<const float> logits);
 
-  // Structured output: from now on only tokens `constraint` allows are drawn; with `after` >= 0,
-  // only once the token `after` has been drawn (it and what came before are free: a reasoning
-  // model's thinking, up to its end-of-thinking token).
-  void Constrain(std::unique_ptr<TokenMasker> constraint, int32_t after = -1) {
-    if (after >= 0) {
+  // Structured output: from now on only tokens `constraint` allows are drawn; with `after` not
+  // empty, only once its tokens have been drawn one after another (they and what came before are
+  // free: a reasoning model's thinking, up to its end-of-thinking token or gpt-oss's final
+  // channel header).
+  void Constrain(std::unique_ptr<TokenMasker> constraint, std::vector<int32_t> after = {}) {
+    if (!after.empty()) {
       pending_ = std::move(constraint);
-      pending_after_ = after;
+      pending_after_ = std::move(after);
+      recent_.clear();
     } else {
       constraint_ = std::move(constraint);
     }
@@ -94,7 +96,8 @@ class Sampler {
   TokenLogprobs logprobs_;
   std::unique_ptr<TokenMasker> constraint_;  // Structured output; null: none.
   std::unique_ptr<TokenMasker> pending_;     // Structured output once pending_after_ is drawn.
-  int32_t pending_after_ = -1;
+  std::vector<int32_t> pending_after_;
+  std::vector<int32_t> recent_;   // While pending: the last tokens drawn (pending_after_'s size).
   std::vector<uint8_t> allowed_;  // constraint_'s mask of this step.
 };
 

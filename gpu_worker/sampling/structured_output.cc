@@ -58,12 +58,12 @@ Status ConstrainSampler(Sampler& sampler, const SamplingParams& params, const To
                  : params.grammar_syntax == GrammarSyntax::kRegex ? CompileRegex(params.grammar)
                                                                   : CompileGrammar(params.grammar);
   if (!grammar.ok()) return InvalidArgument("structured output: " + grammar.status().message());
-  if (params.constrain_after < -1 ||
-      (params.constrain_after >= 0 &&
-       static_cast<size_t>(params.constrain_after) >= tokenizer->vocab_size())) {
-    return InvalidArgument("structured output: constrain_after " +
-                           std::to_string(params.constrain_after) + " is not a token id (vocab " +
-                           std::to_string(tokenizer->vocab_size()) + ")");
+  for (const int32_t id : params.constrain_after) {
+    if (id < 0 || static_cast<size_t>(id) >= tokenizer->vocab_size()) {
+      return InvalidArgument("structured output: constrain_after " + std::to_string(id) +
+                             " is not a token id (vocab " +
+                             std::to_string(tokenizer->vocab_size()) + ")");
+    }
   }
   std::vector<int32_t> ends(eos_ids.begin(), eos_ids.end());
   ends.insert(ends.end(), params.stop_token_ids.begin(), params.stop_token_ids.end());

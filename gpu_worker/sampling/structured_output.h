@@ -18,10 +18,10 @@ void PrepareStructuredOutput(const Tokenizer& tokenizer);
 
 // Nothing when params.json_schema and params.grammar are empty. Otherwise compiles the one given
 // (common/text/json_schema.h, grammar.h) and constrains `sampler`; the end tokens are eos_ids and
-// params.stop_token_ids. With params.constrain_after >= 0 the constraint starts once that token is
-// drawn. kInvalidArgument naming what the compiler refused ("structured output: schema
-// /properties/a: \"pattern\" is not supported"), a constrain_after that is not a token id, or
-// when there is no tokenizer.
+// params.stop_token_ids. With params.constrain_after not empty the constraint starts once its
+// tokens are drawn one after another. kInvalidArgument naming what the compiler refused
+// ("structured output: schema /properties/a: \"pattern\" is not supported"), a constrain_after that
+// is not a token id, or when there is no tokenizer.
 
 Status ConstrainSampler(Sampler& sampler, const SamplingParams& params, const Tokenizer* tokenizer,
                         std::span<const int32_t> eos_ids);

@@ -110,8 +110,12 @@ TEST(Codec, RoundTripWorkerHeartbeat) {
       .free_slots = 3,
       .active_requests = 12,
       .experts = {1, 2, 3, 4, 1ull << 35, 6, 7, 8, 1ull << 36, 9, 1ull << 37, 10, 11, 1ull << 39},
-      .kv = {4096, 17, 1ull << 33, 1ull << 32, 5, 8192, 1ull << 34, 1ull << 38}};
+      .kv = {4096, 17, 1ull << 33, 1ull << 32, 5, 8192, 1ull << 34, 1ull << 38},
+      .engine = {1ull << 41, 13, 123456}};
   auto out = RoundTripAs<WorkerHeartbeat, WorkerMessage>(in);
+  EXPECT_EQ(out.engine.prompt_chunks, 1ull << 41);
+  EXPECT_EQ(out.engine.chunks_grown, 13u);
+  EXPECT_EQ(out.engine.prompt_token_ns, 123456u);
   EXPECT_EQ(out.kv.total_blocks, 4096u);
   EXPECT_EQ(out.kv.used_blocks, 17u);
   EXPECT_EQ(out.kv.prefix_queries, 1ull << 33);
@@ -167,7 +171,7 @@ TEST(Codec, RoundTripGenerate) {
                            .logprobs = 5,
                            .prompt_logprobs = true,
                            .json_schema = R"({"type":"object","properties":{"a":{}}})",
-                           .constrain_after = 151668}};
+                           .constrain_after = {200005, 17196, 200008}}};
   auto out = RoundTripAs<Generate, WorkerMessage>(in);
   EXPECT_EQ(out.request_id, in.request_id);
   EXPECT_EQ(out.token_ids, in.token_ids);
@@ -188,7 +192,7 @@ TEST(Codec, RoundTripGenerate) {
   EXPECT_EQ(out.sampling.logprobs, in.sampling.logprobs);
   EXPECT_TRUE(out.sampling.prompt_logprobs);
   EXPECT_EQ(out.sampling.json_schema, in.sampling.json_schema);
-  EXPECT_EQ(out.sampling.constrain_after, 151668);
+  EXPECT_EQ(out.sampling.constrain_after, (std::vector<int32_t>{200005, 17196, 200008}));
   // Values that happen to be the wire defaults are not lost either (logprobs 0 = the drawn
   // token only, repetition_penalty 1 written or not).
   in.sampling.logprobs = 0;
@@ -216,7 +220,7 @@ TEST(Codec, RoundTripGenerateDefaults) {
   EXPECT_EQ(out.sampling.logprobs, neutral.logprobs);
   EXPECT_EQ(out.sampling.prompt_logprobs, neutral.prompt_logprobs);
   EXPECT_TRUE(out.sampling.json_schema.empty());
-  EXPECT_EQ(out.sampling.constrain_after, -1);
+  EXPECT_TRUE(out.sampling.constrain_after.empty());
 }
 
 TEST(CodecReject, JsonSchemaOverItsLimit) {
@@ -659,7 +663,7 @@ TEST(CodecReject, UnknownUnionTagPatched) {
 }
 
 // A heartbeat's KV figures must be consistent: no more blocks used than the pool has, no more
-// prefix hits than lookups.
+// prefix hits than lookups; and no more prompt chunks grown than run.
 TEST(CodecReject, HeartbeatKvFiguresOutOfRange) {
   WorkerHeartbeat hb;
   hb.group = "g";
@@ -676,6 +680,12 @@ TEST(CodecReject, HeartbeatKvFiguresOutOfRange) {
   error = Reject<WorkerMessage>(Encode(WorkerMessage(hb)));
   EXPECT_EQ(error.reason, DropReason::kOutOfRange);
   EXPECT_NE(error.detail.find("kv_blocks_max: 4 is below kv_blocks_total 8"), std::string::npos)
+      << error.detail;
+  hb.kv = {};
+  hb.engine = {3, 4, 0};  // More chunks grown than run.
+  error = Reject<WorkerMessage>(Encode(WorkerMessage(hb)));
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_NE(error.detail.find("prompt_chunks_grown: 4 exceeds prompt_chunks 3"), std::string::npos)
       << error.detail;
 }
 

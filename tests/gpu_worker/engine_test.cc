@@ -292,12 +292,21 @@ TEST(Engine, ExpertAwareChunksRunLoadBoundPromptsWholeWithTheSameTokens) {
       // it loads whole; a 5-token one cut 4 + 1 only 1.22 times (within the 25%).
       if (Encode(kPrompts[i]).size() >= 10) long_cut += prefill_steps[i + 1] > 1 ? 1 : 0;
     }
+    const EngineStats& st = h.engine().stats();
+    // Every prompt ran in at least one chunk; the grown ones are among them; heartbeats carry
+    // the same figures.
+    EXPECT_GE(st.prompt_chunks, kPrompts.size() + static_cast<size_t>(cut));
+    EXPECT_LE(st.chunks_grown, st.prompt_chunks);
+    const EngineFigures figures = h.engine().engine_figures();
+    EXPECT_EQ(figures.prompt_chunks, st.prompt_chunks);
+    EXPECT_EQ(figures.chunks_grown, st.chunks_grown);
+    EXPECT_GT(figures.prompt_token_ns, 0u);
     if (miss > 0) {
       EXPECT_EQ(long_cut, 0);
-      EXPECT_GT(h.engine().stats().chunks_grown, 0u);
+      EXPECT_GT(st.chunks_grown, 0u);
     } else {
       EXPECT_GT(cut, 0);
-      EXPECT_EQ(h.engine().stats().chunks_grown, 0u);
+      EXPECT_EQ(st.chunks_grown, 0u);
     }
   }
 }
@@ -923,8 +932,9 @@ TEST(Engine, StructuredOutputYieldsJsonThatValidates) {
 }
 
 // A reasoning model's thinking stays free: with constrain_after, the tokens up to and including
-// that one are the unconstrained run's, and what follows is JSON that parses. An id outside the
-// vocabulary fails the request by name.
+// its last are the unconstrained run's, and what follows is JSON that parses; a sequence of two
+// (gpt-oss's final channel header is three) arms it the same way. An id outside the vocabulary
+// fails the request by name.
 TEST(Engine, StructuredOutputAfterATokenLeavesTheTokensBeforeItFree) {
   const Tokenizer& tok = *Fixture().tokenizer;
   const int32_t eos = *tok.eos_id();
@@ -942,13 +952,18 @@ TEST(Engine, StructuredOutputAfterATokenLeavesTheTokensBeforeItFree) {
   ASSERT_LT(k, free.size());
   SamplingParams p = Greedy(200);
   p.json_schema = R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})";
-  p.constrain_after = free[k];
+  p.constrain_after = {free[k]};
   SamplingParams bad = p;
-  bad.constrain_after = static_cast<int32_t>(tok.vocab_size()) + 5;
-  EngineHarness h(/*max_batch=*/2, nullptr, {eos});
+  bad.constrain_after = {free[k], static_cast<int32_t>(tok.vocab_size()) + 5};
+  SamplingParams pair = p;
+  pair.constrain_after = {free[k - 1], free[k]};
+  EngineHarness h(/*max_batch=*/3, nullptr, {eos});
   h.Submit(2, Encode(kPrompts[0]), p);
   h.Submit(3, Encode(kPrompts[0]), bad);
+  h.Submit(4, Encode(kPrompts[0]), pair);
   h.RunToEnd();
+  EXPECT_EQ(h.outcomes[4].finish, FinishReason::kStop) << h.outcomes[4].error;
+  EXPECT_EQ(h.outcomes[4].tokens, h.outcomes[2].tokens);
   const Outcome& o = h.outcomes[2];
   ASSERT_EQ(o.finish, FinishReason::kStop) << o.error;
   ASSERT_GT(o.tokens.size(), k + 1);

@@ -384,7 +384,7 @@ TEST(Sampler, ConstraintAfterATokenLeavesWhatComesBeforeFree) {
   Sampler s(p);
   s.Constrain(Constraint(R"({"type":"object","properties":{"a":{"type":"integer"}},
                              "required":["a"]})"),
-              /*after=*/5);
+              /*after=*/{5});
   // "\"b\"" (8) wins while free: no JSON object starts with it.
   std::vector<float> logits = {0.0f, 0.5f, 0.1f, 0.2f, 0.3f, 1.0f, 1.0f, 2.0f, 9.0f};
   EXPECT_EQ(s.Sample(logits), 8);
@@ -403,6 +403,32 @@ TEST(Sampler, ConstraintAfterATokenLeavesWhatComesBeforeFree) {
     if (t == 7) break;
   }
   EXPECT_EQ(drawn, (std::vector<int32_t>{0, 2, 3, 4, 1, 7}));
+}
+
+// gpt-oss's final channel header is several tokens: the constraint starts only once they were
+// drawn one after another ("x", ":", "x" here); a partial header, or its tokens apart, leave the
+// output free.
+TEST(Sampler, ConstraintAfterASequenceStartsOnlyAfterTheWholeSequence) {
+  Sampler s(Params(0.0f));
+  s.Constrain(Constraint(R"({"type":"object","properties":{"a":{"type":"integer"}},
+                             "required":["a"]})"),
+              /*after=*/{5, 3, 5});
+  std::vector<float> logits(9, 0.0f);
+  auto draw = [&](int32_t wanted) {
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    logits[static_cast<size_t>(wanted)] = 10.0f;
+    return s.Sample(logits);
+  };
+  // x : : x : 1 x : -- apart or cut short, never armed; 8 ("\"b\"") is free.
+  for (int32_t t : {5, 3, 3, 5, 3, 4, 5, 3, 8}) {
+    EXPECT_EQ(draw(t), t);
+    EXPECT_EQ(s.constraint(), nullptr) << "after " << t;
+  }
+  EXPECT_EQ(draw(5), 5);
+  EXPECT_EQ(draw(3), 3);
+  EXPECT_EQ(draw(5), 5);  // x : x: armed.
+  ASSERT_NE(s.constraint(), nullptr);
+  EXPECT_EQ(draw(8), 0) << "\"b\" cannot start the object: the constraint takes \"{\"";
 }
 
 TEST(Sampler, ConstraintWithNothingAllowedReturnsMinusOne) {

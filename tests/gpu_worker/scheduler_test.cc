@@ -142,17 +142,20 @@ TEST(Scheduler, AChunkAdvisorGrowsTheFirstChunkAndHoldsBackSmallLaterOnes) {
   ASSERT_EQ(work.size(), 1u);  // 2 would get no budget: it waits.
   EXPECT_EQ(work[0].id, 1u);
   EXPECT_EQ(work[0].tokens, 12u);
+  EXPECT_TRUE(work[0].grown);
   s.Completed(work);
   work = s.Schedule();
   ASSERT_EQ(work.size(), 1u);
   EXPECT_EQ(work[0].first, 12u);
   EXPECT_EQ(work[0].tokens, 12u);
+  EXPECT_TRUE(work[0].grown);
   s.Completed(work);
   work = s.Schedule();  // 6 left of 30: the rest runs as the budget allows; 2 gets the other 2
                         // tokens of budget, which the advisor turns down: 2 waits.
   ASSERT_EQ(work.size(), 1u);
   EXPECT_EQ(work[0].tokens, 6u);
   EXPECT_TRUE(work[0].samples);
+  EXPECT_FALSE(work[0].grown) << "the rest of a prompt within the budget";
   s.Completed(work);
   work = s.Schedule();  // 1 decodes (1 token); 2 is the first prompt chunk: 12 of its 20.
   ASSERT_EQ(work.size(), 2u);
@@ -160,11 +163,14 @@ TEST(Scheduler, AChunkAdvisorGrowsTheFirstChunkAndHoldsBackSmallLaterOnes) {
   EXPECT_EQ(work[1].id, 2u);
   EXPECT_TRUE(work[1].admitted);
   EXPECT_EQ(work[1].tokens, 12u);
+  EXPECT_TRUE(work[1].grown) << "admitted with a grown chunk";
+  EXPECT_FALSE(work[0].grown) << "a decode";
   s.Completed(work);
   work = s.Schedule();  // 8 left, 7 of budget: the advisor asks for the 8.
   ASSERT_EQ(work.size(), 2u);
   EXPECT_EQ(work[1].tokens, 8u);
   EXPECT_TRUE(work[1].samples);
+  EXPECT_TRUE(work[1].grown);
 }
 
 TEST(ChunkPlanner, ExpectedExpertsNearsEveryExpert) {

@@ -429,8 +429,17 @@ TEST_F(RouterApiTest, PrefixCachingSharesAPromptsBlocks) {
       << Call("GET", "/metrics", "").body;
   EXPECT_GT(metric("fmoe_prefix_cache_queries_total"), metric("fmoe_prefix_cache_hits_total"));
   EXPECT_EQ(metric("fmoe_kv_blocks"), 4096 / 16);  // max_batch 4 x the 1024-token context.
+  // The engine's prompt chunks: each of the four prompts ran in one chunk at least (a heartbeat
+  // after the last may still be on its way); none grown past a budget (none is set), and a
+  // prompt token's compute measured.
+  EXPECT_TRUE(WaitUntil([&] { return metric("fmoe_prompt_chunks_total") >= 4; }, 60000))
+      << Call("GET", "/metrics", "").body;
+  EXPECT_EQ(metric("fmoe_prompt_chunks_grown_total"), 0);
+  EXPECT_GT(metric("fmoe_prompt_token_seconds"), 0);
   Json health = Json::parse(Call("GET", "/health", "").body, nullptr, false);
   ASSERT_TRUE(health.is_object());
+  EXPECT_GE(health["groups"][0]["prompt_chunks"]["run"].get<int>(), 4);
+  EXPECT_EQ(health["groups"][0]["prompt_chunks"]["grown"], 0);
   EXPECT_EQ(health["groups"][0]["kv_cache"]["blocks"], 256);
   EXPECT_GT(health["groups"][0]["kv_cache"]["prefix_cache_hit_rate"].get<double>(), 0.0);
   Reply r = Call("GET", "/metrics", "");

@@ -405,6 +405,7 @@ class HarmonyCompletionsTest : public ::testing::Test {
     auto gen = leader_->Next<Generate>();
     EXPECT_TRUE(gen);
     if (!gen) return rec;
+    last_sampling_ = gen->sampling;
     AnswerWithText(*leader_, *tokenizer_, gen->request_id, text);
     EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
     return rec;
@@ -415,6 +416,7 @@ class HarmonyCompletionsTest : public ::testing::Test {
   Link link_;
   std::unique_ptr<Completions> completions_;
   std::unique_ptr<FakeLeader> leader_;
+  SamplingParams last_sampling_;  // The last request's, as the leader got it.
 };
 
 const char kHarmonyAnswer[] =
@@ -431,6 +433,48 @@ TEST_F(HarmonyCompletionsTest, AnalysisIsReasoningContentInWholeAnswers) {
   const Json& message = j["choices"][0]["message"];
   EXPECT_EQ(message["content"], "The river starts in the hills.") << j.dump();
   EXPECT_EQ(message["reasoning_content"], "The river starts high.") << j.dump();
+}
+
+// Structured output on gpt-oss: the analysis channel stays free and the final channel's message
+// is constrained: the constraint starts after the header <|channel|>final<|message|>. Without
+// structured output nothing is armed.
+TEST_F(HarmonyCompletionsTest, StructuredOutputConstrainsTheFinalChannelOnly) {
+  std::vector<int32_t> header = {*tokenizer_->TokenToId("<|channel|>")};
+  auto final_ids = tokenizer_->Encode("final", false);
+  ASSERT_TRUE(final_ids.ok());
+  header.insert(header.end(), final_ids->begin(), final_ids->end());
+  header.push_back(*tokenizer_->TokenToId("<|message|>"));
+  for (const Json& format :
+       {Json{{"response_format", {{"type", "json_object"}}}},
+        Json{{"response_format",
+              {{"type", "json_schema"},
+               {"json_schema",
+                {{"name", "a"},
+                 {"schema",
+                  {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}}}}}}}},
+        Json{{"guided_regex", "[a-z]+"}}}) {
+    SCOPED_TRACE(format.dump());
+    Json body = {{"model", "gpt-oss"},
+                 {"messages", {{{"role", "user"}, {"content", "Where?"}}}},
+                 {"max_tokens", 64}};
+    body.update(format);
+    const bool regex = format.contains("guided_regex");
+    auto rec = Run(body, regex ? "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant"
+                                 "<|channel|>final<|message|>hills<|return|>"
+                               : "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant"
+                                 "<|channel|>final<|message|>{\"a\": 1}<|return|>");
+    ASSERT_EQ(rec->status(), 200) << rec->body();
+    EXPECT_EQ(last_sampling_.constrain_after, header);
+    EXPECT_TRUE(!last_sampling_.json_schema.empty() || !last_sampling_.grammar.empty());
+    const Json message = Json::parse(rec->body())["choices"][0]["message"];
+    EXPECT_EQ(message["reasoning_content"], "Think.") << message;
+    EXPECT_EQ(message["content"], regex ? "hills" : "{\"a\": 1}") << message;
+  }
+  const Json plain = {{"model", "gpt-oss"},
+                      {"messages", {{{"role", "user"}, {"content", "Where?"}}}},
+                      {"max_tokens", 64}};
+  ASSERT_EQ(Run(plain, kHarmonyAnswer)->status(), 200);
+  EXPECT_TRUE(last_sampling_.constrain_after.empty());
 }
 
 TEST_F(HarmonyCompletionsTest, StreamsCarryReasoningAndContentDeltasWithoutMarkers) {
@@ -617,17 +661,17 @@ TEST_F(ThinkCompletionsTest, StructuredOutputStartsAfterTheThinkingUnlessTheProm
     completions_->HandleChat(req, rec);
     auto gen = leader_->Next<Generate>();
     EXPECT_TRUE(gen);
-    if (!gen) return -2;
+    if (!gen) return std::vector<int32_t>{-2};
     AnswerWithText(*leader_, *tokenizer_, gen->request_id, answer);
     EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
     *message = Json::parse(rec->body())["choices"][0]["message"];
     return gen->sampling.constrain_after;
   };
   Json message;
-  EXPECT_EQ(constrain_after(true, "<think>\nhm\n</think>\n\n{}", &message), end);
+  EXPECT_EQ(constrain_after(true, "<think>\nhm\n</think>\n\n{}", &message), std::vector{end});
   EXPECT_EQ(message["reasoning_content"], "\nhm\n") << message;
   EXPECT_EQ(message["content"], "\n\n{}") << message;
-  EXPECT_EQ(constrain_after(false, "{}", &message), -1);
+  EXPECT_TRUE(constrain_after(false, "{}", &message).empty());
   EXPECT_EQ(message["content"], "{}") << message;
 }
 
@@ -795,7 +839,7 @@ class ToolCompletionsTest : public ::testing::Test {
   std::string last_schema_;   // The last request's sampling.json_schema.
   std::string last_grammar_;  // Its sampling.grammar and grammar_syntax.
   GrammarSyntax last_syntax_ = GrammarSyntax::kGbnf;
-  int32_t last_constrain_after_ = -1;  // Its sampling.constrain_after.
+  std::vector<int32_t> last_constrain_after_;  // Its sampling.constrain_after.
 };
 
 const char kCallAnswer[] =
@@ -1494,7 +1538,7 @@ TEST_F(ToolCompletionsTest, StructuredOutputIsContentForReasoningModels) {
     const Json message = Json::parse(rec->body())["choices"][0]["message"];
     EXPECT_EQ(message["reasoning_content"], "thinking") << message;
     EXPECT_EQ(message["content"], R"({"a": 1})") << message;
-    EXPECT_EQ(last_constrain_after_, body.empty() ? -1 : end);
+    EXPECT_EQ(last_constrain_after_, body.empty() ? std::vector<int32_t>{} : std::vector{end});
   }
 }
 
@@ -1595,19 +1639,16 @@ TEST_F(ToolCompletionsTest, StructuredOutputSchemasTravelOrAreRefusedByName) {
   }
 }
 
-TEST(StructuredOutput, HarmonyModelsRefuseItByName) {
+TEST(StructuredOutput, ReadsEachParameterIntoTheSchema) {
   for (const char* key : {"guided_json", "response_format"}) {
     const Json body = std::string(key) == "guided_json"
                           ? Json{{"guided_json", {{"type", "object"}}}}
                           : Json{{"response_format", {{"type", "json_object"}}}};
     CompletionRequest out;
     HttpResponse error;
-    EXPECT_FALSE(ReadStructuredOutput(body, /*harmony=*/true, &out, &error)) << key;
-    EXPECT_EQ(Json::parse(error.body)["error"]["param"], key) << error.body;
-    EXPECT_NE(error.body.find("harmony"), std::string::npos) << error.body;
-    CompletionRequest plain;
-    EXPECT_TRUE(ReadStructuredOutput(body, /*harmony=*/false, &plain, &error)) << error.body;
-    EXPECT_EQ(Json::parse(plain.sampling.json_schema), Json({{"type", "object"}}));
+    EXPECT_TRUE(ReadStructuredOutput(body, &out, &error)) << error.body;
+    EXPECT_EQ(Json::parse(out.sampling.json_schema), Json({{"type", "object"}}));
+    EXPECT_TRUE(out.sampling.constrain_after.empty());
   }
 }
 
