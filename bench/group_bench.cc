@@ -35,9 +35,9 @@
 
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "bench/bench_prompts.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "gpu_worker/group/expert_group.h"
 #include "gpu_worker/rank.h"

@@ -37,8 +37,8 @@
 #include <vector>
 
 #include <benchmark/benchmark.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/log.h"
 #include "common/wire/wire.h"
 #include "map_service/export_file.h"

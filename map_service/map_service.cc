@@ -3,8 +3,7 @@
 #include <chrono>
 #include <cmath>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/log.h"
 #include "common/model/model_config.h"
 #include "map_service/export_file.h"

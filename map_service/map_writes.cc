@@ -5,8 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/log.h"
 #include "common/model/model_config.h"
 

@@ -8,8 +8,7 @@
 
 #include <string>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/status.h"
 #include "router/http_server.h"
 

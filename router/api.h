@@ -16,8 +16,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "router/http_server.h"
 #include "router/metrics.h"
 #include "router/worker_link.h"

@@ -1,7 +1,7 @@
 // ApiError (router/http_server.h), apart from the server so that code without Beast (the request
 // parsing, and its fuzzer) links it.
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "router/http_server.h"
 
 namespace fmoe {

@@ -8,8 +8,7 @@
 #include <set>
 #include <span>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/process_util.h"
 #include "common/text/unicode.h"
 #include "common/wire/sampling_limits.h"

@@ -9,8 +9,8 @@
 #include <utility>
 
 #include <spdlog/spdlog.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/model/model_config.h"
 #include "common/process_util.h"
 #include "common/text/harmony.h"

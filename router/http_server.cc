@@ -12,7 +12,8 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <nlohmann/json.hpp>
+
+#include "common/json.h"
 
 namespace fmoe {
 namespace {

@@ -16,8 +16,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/status.h"
 #include "router/http_server.h"
 

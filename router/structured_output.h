@@ -10,8 +10,7 @@
 
 #include <string>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "router/completion_request.h"
 
 namespace fmoe {

@@ -1,7 +1,6 @@
 #include "router/tokenize.h"
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/text/unicode.h"
 
 namespace fmoe {

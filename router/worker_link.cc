@@ -4,8 +4,8 @@
 #include <cstdio>
 
 #include <spdlog/spdlog.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/model/model_config.h"
 #include "common/process_util.h"
 

@@ -12,10 +12,10 @@
 #include <thread>
 
 #include <spdlog/spdlog.h>
-#include <nlohmann/json.hpp>
 
 #include "common/clock.h"
 #include "common/http_client.h"
+#include "common/json.h"
 #include "common/model/model_config.h"
 #include "common/process_util.h"
 #include "common/wire/curve_key.h"

@@ -3,8 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/wire/wire.h"
 
 namespace fmoe {

@@ -11,8 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/manifest.h"
 #include "common/status.h"
 

@@ -28,10 +28,10 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "bench/fmoe_bench/commands.h"
 #include "bench/fmoe_bench/make_model_shapes.h"
+#include "common/json.h"
 #include "common/model/safetensors.h"
 #include "common/status.h"
 

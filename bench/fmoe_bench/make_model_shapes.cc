@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include <nlohmann/json.hpp>
+#include "common/json.h"
 
 namespace fmoe::bench {
 namespace {

@@ -23,7 +23,6 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "bench/fmoe_bench/commands.h"
 #include "bench/fmoe_bench/serve_client.h"
@@ -31,6 +30,7 @@
 #include "bench/fmoe_bench/serve_report.h"
 #include "bench/fmoe_bench/serve_workload.h"
 #include "common/http_client.h"
+#include "common/json.h"
 #include "common/manifest.h"
 #include "common/model/model_config.h"
 #include "common/policy_names.h"

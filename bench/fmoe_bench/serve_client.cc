@@ -2,9 +2,8 @@
 
 #include <string_view>
 
-#include <nlohmann/json.hpp>
-
 #include "common/http_client.h"
+#include "common/json.h"
 
 namespace fmoe::bench {
 namespace {

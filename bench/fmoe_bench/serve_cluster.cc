@@ -21,9 +21,8 @@
 #include <sstream>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
 #include "common/http_client.h"
+#include "common/json.h"
 #include "services/process.h"
 
 namespace fmoe::bench {

@@ -7,7 +7,7 @@
 #include <map>
 #include <random>
 
-#include <nlohmann/json.hpp>
+#include "common/json.h"
 
 namespace fmoe::bench {
 namespace {

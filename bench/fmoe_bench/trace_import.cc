@@ -25,9 +25,9 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "bench/fmoe_bench/commands.h"
+#include "common/json.h"
 #include "common/model/expert_trace.h"
 #include "common/model/safetensors.h"
 #include "common/text/tokenizer.h"

@@ -6,7 +6,7 @@
 #include <sstream>
 #include <utility>
 
-#include <nlohmann/json.hpp>
+#include "common/json.h"
 
 namespace fmoe {
 namespace {

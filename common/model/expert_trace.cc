@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include <nlohmann/json.hpp>
+#include "common/json.h"
 
 namespace fmoe {
 namespace {

@@ -10,8 +10,7 @@
 #include <sstream>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/model/families/config_json.h"
 #include "common/model/families/family.h"
 

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <utility>
 
-#include <nlohmann/json.hpp>
+#include "common/json.h"
 
 namespace fmoe {
 namespace {

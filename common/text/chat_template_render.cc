@@ -15,8 +15,7 @@
 #include <optional>
 #include <utility>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/text/chat_template.h"
 #include "common/text/chat_template_tree.h"
 #include "common/text/unicode.h"

@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <utility>
+
+#include "common/json.h"
 
 namespace fmoe {
 namespace {

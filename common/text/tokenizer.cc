@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include <spdlog/spdlog.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/text/bpe_tokenizer.h"
 #include "common/text/sentencepiece_tokenizer.h"
 #include "common/text/tiktoken_tokenizer.h"

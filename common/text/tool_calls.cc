@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <array>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
 
+#include "common/json.h"
 #include "common/text/unicode.h"
 
 namespace fmoe {

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/model/checkpoint.h"
 #include "common/model/model_config.h"
 #include "common/model/quant.h"

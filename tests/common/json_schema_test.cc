@@ -9,13 +9,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "common/json.h"
 #include "common/text/grammar_matcher.h"
 #include "common/text/token_mask.h"
 #include "common/text/tokenizer.h"

@@ -762,7 +762,8 @@ std::vector<BadCase> BadCases() {
        "manifest: worker_groups[0].rendezvous_timeout_s: has no value; expected a number"},
       {"UnknownGroupKey", OneGroup("{name: g, collective_timeout: 5, workers: [{}]}"),
        "manifest: worker_groups[0].collective_timeout: unknown key; allowed keys: name, policy, "
-       "max_batch, max_batched_tokens, chunk_overhead, queue_limit, kv_cache_tokens, prefix_caching, "
+       "max_batch, max_batched_tokens, chunk_overhead, queue_limit, kv_cache_tokens, "
+       "prefix_caching, "
        "expert_cache_gb, expert_cache_fraction, "
        "memory_utilization, memory, host_cache_gb, host_cache_fraction, link, "
        "hybrid, rendezvous, "

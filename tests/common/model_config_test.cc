@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/model/families/family.h"
 
 namespace fmoe {

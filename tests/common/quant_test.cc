@@ -6,7 +6,8 @@
 #include <string>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
+
+#include "common/json.h"
 
 namespace fmoe {
 namespace {

@@ -6,8 +6,8 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/text/unicode.h"
 
 namespace fmoe {

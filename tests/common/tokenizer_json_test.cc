@@ -4,8 +4,8 @@
 #include <fstream>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/text/bpe_tokenizer.h"
 #include "common/text/tokenizer.h"
 

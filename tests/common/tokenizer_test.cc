@@ -8,8 +8,8 @@
 #include <thread>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/text/unicode.h"
 
 namespace fmoe {

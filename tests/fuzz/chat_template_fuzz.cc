@@ -12,8 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/text/chat_template.h"
 
 namespace fmoe {

@@ -8,11 +8,11 @@
 // __builtin_trap. Seeds: tests/fuzz/make_json_schema_corpus.cc.
 #include <cstddef>
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/json.h"
 #include "common/text/grammar_matcher.h"
 #include "common/text/json_schema.h"
 

@@ -17,8 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/text/tokenizer.h"
 #include "router/completion_request.h"
 #include "router/http_server.h"

@@ -9,8 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/text/chat_template.h"
 
 int main(int argc, char** argv) {

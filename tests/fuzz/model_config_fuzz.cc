@@ -12,8 +12,7 @@
 #include <cstdint>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/model/model_config.h"
 #include "common/model/quant.h"
 

@@ -22,11 +22,10 @@
 #include <string>
 #include <utility>
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <optional>
 
+#include "common/json.h"
 #include "common/text/chat_template.h"
 #include "common/text/tokenizer.h"
 #include "common/wire/sampling_limits.h"

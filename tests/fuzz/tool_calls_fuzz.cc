@@ -7,10 +7,10 @@
 // Seeds: tests/fuzz/make_tool_calls_corpus.cc.
 #include <cstddef>
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
+#include "common/json.h"
 #include "common/text/tool_calls.h"
 #include "common/text/unicode.h"
 

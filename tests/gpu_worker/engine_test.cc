@@ -14,8 +14,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/model/model_config.h"
 #include "common/text/tokenizer.h"
 #include "gpu_worker/experts/cached_experts.h"

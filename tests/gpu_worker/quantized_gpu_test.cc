@@ -11,8 +11,8 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/model/checkpoint.h"
 #include "gpu_worker/experts/dequantize_cuda.h"
 #include "gpu_worker/experts/quantized.h"

@@ -16,8 +16,8 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/model/checkpoint.h"
 #include "common/model/safetensors.h"
 #include "gpu_worker/model/tensor_loader.h"

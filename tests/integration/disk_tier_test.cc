@@ -12,8 +12,8 @@
 #include <thread>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "tests/testing/http_call.h"
 #include "tests/testing/process_harness.h"
 

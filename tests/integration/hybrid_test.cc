@@ -5,8 +5,8 @@
 #include <string>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "tests/testing/http_call.h"
 #include "tests/testing/process_harness.h"
 

@@ -15,9 +15,9 @@
 #include <string>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "common/http_client.h"
+#include "common/json.h"
 #include "tests/testing/process_harness.h"
 
 namespace fmoe {

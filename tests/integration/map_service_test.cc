@@ -17,8 +17,8 @@
 
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/wire/wire.h"
 #include "map_service/map_matcher.h"
 #include "map_service/map_store.h"

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/text/tokenizer.h"
 #include "common/wire/wire.h"
 #include "tests/testing/process_harness.h"

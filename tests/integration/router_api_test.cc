@@ -18,8 +18,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "tests/testing/http_call.h"
 #include "tests/testing/process_harness.h"
 

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/model/model_config.h"
 #include "common/wire/wire.h"
 #include "tests/testing/http_call.h"

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "common/http_client.h"
+#include "common/json.h"
 #include "tests/testing/http_call.h"
 #include "tests/testing/process_harness.h"
 

@@ -32,8 +32,8 @@
 #include <vector>
 
 #include <spdlog/sinks/ostream_sink.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/log.h"
 #include "common/model/model_config.h"
 #include "map_service/export_file.h"

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/text/grammar_matcher.h"
 #include "common/text/json_schema.h"
 #include "common/text/tokenizer.h"

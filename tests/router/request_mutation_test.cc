@@ -27,8 +27,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/text/chat_template.h"
 #include "common/text/tokenizer.h"
 #include "router/api.h"

@@ -25,9 +25,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "common/json.h"
 #include "common/model/model_config.h"
 #include "common/wire/wire.h"
 #include "gpu_worker/control/load_reporter.h"

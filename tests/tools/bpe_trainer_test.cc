@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/text/tokenizer.h"
 
 namespace fmoe {

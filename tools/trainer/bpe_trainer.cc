@@ -8,8 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/text/regex.h"
 #include "common/text/unicode.h"
 

@@ -6,7 +6,7 @@
 #include <sstream>
 #include <thread>
 
-#include <nlohmann/json.hpp>
+#include "common/json.h"
 
 namespace fmoe::trainer {
 namespace {

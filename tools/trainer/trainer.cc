@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include <spdlog/spdlog.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/text/tokenizer.h"
 #include "tools/trainer/bpe_trainer.h"
 #include "tools/trainer/corpus.h"

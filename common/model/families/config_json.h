@@ -8,8 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/model/model_config.h"
 #include "common/model/routing.h"
 #include "common/status.h"

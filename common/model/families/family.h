@@ -12,8 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "common/json.h"
 #include "common/model/model_config.h"
 #include "common/status.h"
 
