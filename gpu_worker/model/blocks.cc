@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <numbers>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "gpu_worker/kernels/cpu_attention.h"
 #include "gpu_worker/kernels/cpu_gemm.h"
@@ -168,6 +170,109 @@ at::Tensor ExpertGlu(const at::Tensor& x, const at::Tensor& gate, const at::Tens
     act = at::silu(g) * u;
   }
   return BlockLinear(act, down, row_block, down_bias);
+}
+
+namespace {
+
+// A float32 or bfloat16 contiguous matrix in host memory: what the bookkeeping loops take.
+bool HostMatrix(const at::Tensor& t) {
+  return t.defined() && t.is_cpu() && t.dim() == 2 && t.is_contiguous() &&
+         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
+}
+
+template <typename T>
+void PlaceWeightedRowsOf(const T* y, int64_t h, std::span<const int64_t> slot_rows,
+                         std::span<const float> weights, T* slots) {
+  for (size_t j = 0; j < slot_rows.size(); ++j) {
+    // The weight rounded to T as .to() rounds it; the product in float32, rounded to T.
+    const auto w = static_cast<float>(static_cast<T>(weights[j]));
+    const T* src = y + static_cast<int64_t>(j) * h;
+    T* dst = slots + slot_rows[j] * h;
+    for (int64_t i = 0; i < h; ++i) dst[i] = static_cast<T>(static_cast<float>(src[i]) * w);
+  }
+}
+
+template <typename T>
+void SumSlotsOf(const T* slots, int64_t rows, int64_t top_k, int64_t h, T* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* in = slots + r * top_k * h;
+    T* o = out + r * h;
+    for (int64_t i = 0; i < h; ++i) {
+      auto acc = static_cast<T>(0.0f);
+      for (int64_t s = 0; s < top_k; ++s) {
+        acc = static_cast<T>(static_cast<float>(acc) + static_cast<float>(in[s * h + i]));
+      }
+      o[i] = acc;
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor SelectRows(const at::Tensor& x, std::span<const int64_t> rows) {
+  const auto n = static_cast<int64_t>(rows.size());
+  const bool in_range = std::all_of(
+      rows.begin(), rows.end(), [&](int64_t r) { return r >= 0 && x.dim() == 2 && r < x.size(0); });
+  if (!HostMatrix(x) || !in_range) {
+    return x.index_select(
+        0, at::tensor(std::vector<int64_t>(rows.begin(), rows.end()), at::dtype(at::kLong))
+               .to(x.device()));
+  }
+  at::Tensor out = at::empty({n, x.size(1)}, x.options());
+  const size_t bytes = static_cast<size_t>(x.size(1)) * x.element_size();
+  const auto* src = static_cast<const char*>(x.data_ptr());
+  auto* dst = static_cast<char*>(out.data_ptr());
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(dst + static_cast<size_t>(i) * bytes,
+                src + static_cast<size_t>(rows[static_cast<size_t>(i)]) * bytes, bytes);
+  }
+  return out;
+}
+
+void PlaceWeightedRows(const at::Tensor& y, std::span<const int64_t> slot_rows,
+                       std::span<const float> weights, at::Tensor& slots) {
+  const bool in_range = weights.size() == slot_rows.size() &&
+                        std::all_of(slot_rows.begin(), slot_rows.end(), [&](int64_t r) {
+                          return r >= 0 && slots.dim() == 2 && r < slots.size(0);
+                        });
+  if (HostMatrix(y) && HostMatrix(slots) && y.scalar_type() == slots.scalar_type() &&
+      y.size(0) == static_cast<int64_t>(slot_rows.size()) && y.size(1) == slots.size(1) &&
+      in_range) {
+    if (y.scalar_type() == at::kFloat) {
+      PlaceWeightedRowsOf(y.data_ptr<float>(), y.size(1), slot_rows, weights,
+                          slots.data_ptr<float>());
+    } else {
+      PlaceWeightedRowsOf(y.data_ptr<at::BFloat16>(), y.size(1), slot_rows, weights,
+                          slots.data_ptr<at::BFloat16>());
+    }
+    return;
+  }
+  const at::Tensor w =
+      at::tensor(std::vector<float>(weights.begin(), weights.end()), at::dtype(at::kFloat))
+          .to(slots.device(), slots.scalar_type())
+          .unsqueeze(1);
+  slots.index_copy_(
+      0,
+      at::tensor(std::vector<int64_t>(slot_rows.begin(), slot_rows.end()), at::dtype(at::kLong))
+          .to(slots.device()),
+      y * w);
+}
+
+at::Tensor SumSlots(const at::Tensor& slots, int64_t rows, int64_t top_k) {
+  const int64_t h = slots.size(-1);
+  if (HostMatrix(slots) && slots.size(0) == rows * top_k) {
+    at::Tensor out = at::empty({rows, h}, slots.options());
+    if (slots.scalar_type() == at::kFloat) {
+      SumSlotsOf(slots.data_ptr<float>(), rows, top_k, h, out.data_ptr<float>());
+    } else {
+      SumSlotsOf(slots.data_ptr<at::BFloat16>(), rows, top_k, h, out.data_ptr<at::BFloat16>());
+    }
+    return out;
+  }
+  at::Tensor per_row = slots.view({rows, top_k, h});
+  at::Tensor out = at::zeros({rows, h}, slots.options());
+  for (int64_t s = 0; s < top_k; ++s) out = out + per_row.select(1, s);
+  return out;
 }
 
 namespace {

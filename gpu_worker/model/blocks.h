@@ -50,6 +50,20 @@ at::Tensor ExpertGlu(const at::Tensor& x, const at::Tensor& gate, const at::Tens
                      const at::Tensor& down, const at::Tensor& gate_bias, const at::Tensor& up_bias,
                      const at::Tensor& down_bias, double limit, int64_t row_block);
 
+// The MoE block's bookkeeping. On the CPU, for float32 or bfloat16 contiguous matrices, these
+// run plain loops instead of LibTorch's operators (an index tensor, a gather, the weights' tensor
+// and its cast, a product, a scatter, a sum per slot): a decode step of a small model is mostly
+// such operators. Each gives the bits of the LibTorch expression it names, which runs elsewhere.
+// x.index_select(0, rows); rows index x's first dimension.
+at::Tensor SelectRows(const at::Tensor& x, std::span<const int64_t> rows);
+// slots.index_copy_(0, slot_rows, y * weights.to(slots.dtype()).unsqueeze(1)): row j of y,
+// weighted by weights[j], becomes row slot_rows[j] of slots ([N, h], y [slot_rows.size(), h]).
+void PlaceWeightedRows(const at::Tensor& y, std::span<const int64_t> slot_rows,
+                       std::span<const float> weights, at::Tensor& slots);
+// zeros([rows, h]) + s[:, 0] + s[:, 1] + ... + s[:, top_k - 1], s = slots.view({rows, top_k, h}),
+// each sum rounded to the dtype as LibTorch's rounds it.
+at::Tensor SumSlots(const at::Tensor& slots, int64_t rows, int64_t top_k);
+
 struct AttentionWeights {
   at::Tensor wq, wk, wv, wo;  // [H*hd, h], [KV*hd, h], [KV*hd, h], [h, H*hd]
   at::Tensor bq, bk, bv, bo;  // Biases, or undefined.

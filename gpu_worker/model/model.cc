@@ -994,7 +994,6 @@ Status MoeModel::RunRoutedExperts(uint32_t l, const at::Tensor& hn, const Batch&
       experts.Done(e);
       continue;
     }
-    at::Tensor idx = at::tensor(a.rows[e], at::TensorOptions().dtype(at::kLong));
     at::Tensor ye;
     // The CPU kernel: a host run of hybrid execution, and in cpu mode every quantized expert,
     // computed from its stored bytes (DESIGN section 12) in the compute dtypes it takes.
@@ -1002,21 +1001,17 @@ Status MoeModel::RunRoutedExperts(uint32_t l, const at::Tensor& hn, const Batch&
     if (w.w1.is_cpu() && (!hn.is_cpu() || (w.quantized() && cpu_kernel_dtype))) {
       if (!hn.is_cpu() && !hn_host.defined()) hn_host = hn.to(at::kCPU);
       const at::Tensor& x = hn.is_cpu() ? hn : hn_host;
-      FMOE_ASSIGN_OR_RETURN(at::Tensor host, CpuSwiGlu(x.index_select(0, idx), w, activation));
+      FMOE_ASSIGN_OR_RETURN(at::Tensor host, CpuSwiGlu(SelectRows(x, a.rows[e]), w, activation));
       ye = host.to(m.device, m.dtype);
     } else {
       // A quantized expert's stored bytes are dequantized for its product only. cpu mode computes
       // a float expert's host run with the same function as any other expert, so hybrid
       // execution there changes no value.
       FMOE_ASSIGN_OR_RETURN(const ExpertWeights f, DequantizeExpert(w, m.dtype));
-      ye = ExpertGlu(hn.index_select(0, idx.to(m.device)), f.w1, f.w3, f.w2, f.q[0].bias,
-                     f.q[2].bias, f.q[1].bias, activation.swiglu_limit, m.options.row_block);
+      ye = ExpertGlu(SelectRows(hn, a.rows[e]), f.w1, f.w3, f.w2, f.q[0].bias, f.q[2].bias,
+                     f.q[1].bias, activation.swiglu_limit, m.options.row_block);
     }
-    at::Tensor we = at::tensor(a.weights[e], at::TensorOptions().dtype(at::kFloat))
-                        .to(m.device, m.dtype)
-                        .unsqueeze(1);
-    slots->index_copy_(0, at::tensor(a.slots[e], at::TensorOptions().dtype(at::kLong)).to(m.device),
-                       ye * we);
+    PlaceWeightedRows(ye, a.slots[e], a.weights[e], *slots);
     done[e] = true;
     experts.Done(e);
   }
@@ -1025,14 +1020,12 @@ Status MoeModel::RunRoutedExperts(uint32_t l, const at::Tensor& hn, const Batch&
 Result<at::Tensor> MoeModel::CombineExperts(const Layer& layer, const at::Tensor& hn, int64_t rows,
                                             at::Tensor* slots) const {
   const Impl& m = *impl_;
-  const int64_t h = info_.hidden_size, top_k = info_.top_k;
+  const int64_t top_k = info_.top_k;
   // Expert parallelism (DESIGN section 7): this rank filled the slots of the experts it owns;
   // every slot has one owner, so the combination is exact and the same on every rank.
   if (group_ != nullptr) FMOE_RETURN_IF_ERROR(group_->CombineDisjoint(*slots));
   // Each row's experts summed in ascending expert order, whatever the group's size.
-  at::Tensor per_row = slots->view({rows, top_k, h});
-  at::Tensor moe = at::zeros({rows, h}, m.opts());
-  for (int64_t s = 0; s < top_k; ++s) moe = moe + per_row.select(1, s);
+  at::Tensor moe = SumSlots(*slots, rows, top_k);
   if (layer.shared.gate.defined()) {
     // The shared expert: dense, resident, computed by every rank of a group.
     at::Tensor shared =

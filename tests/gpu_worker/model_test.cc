@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -18,9 +19,10 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/model/checkpoint.h"
 #include "common/model/model_config.h"
 #include "common/model/safetensors.h"
@@ -1125,6 +1127,57 @@ TEST(KvPool, BorrowedPagesGoBackOnlyAfterTheHold) {
     EXPECT_EQ(bank.lent, 4);
     EXPECT_EQ(pool->ReturnIdle(5000), 0u);
     EXPECT_EQ(pool->ReturnIdle(7000), 0u);  // Still in use.
+  }
+}
+
+// The MoE block's host loops (blocks.h: SelectRows, PlaceWeightedRows, SumSlots) give the bits of
+// the LibTorch expressions they replace, in float32 and bfloat16, signed zeros, infinities and
+// subnormals included; what they do not take (another layout) runs the expression itself.
+bool SameBits(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+  const at::ScalarType as_int = a.element_size() == 4 ? at::kInt : at::kShort;
+  return at::equal(a.contiguous().view(as_int), b.contiguous().view(as_int));
+}
+
+TEST(MoeBookkeeping, HostLoopsGiveTheBitsOfTheExpressions) {
+  for (const at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dt));
+    at::manual_seed(11);
+    const int64_t n = 9, h = 40, top_k = 3;
+    at::Tensor x = (at::randn({n, h}) * 3).to(dt);
+    at::Tensor y = (at::randn({4, h}) * 5).to(dt);
+    for (at::Tensor* t : {&x, &y}) {
+      t->index_put_({0, 0}, -0.0);
+      t->index_put_({0, 1}, std::numeric_limits<double>::infinity());
+      t->index_put_({1, 2}, 1e-39);  // Subnormal in float32 and in bfloat16.
+      t->index_put_({1, 3}, -3e38);
+    }
+    const std::vector<int64_t> rows = {4, 0, 8, 4};
+    EXPECT_TRUE(SameBits(SelectRows(x, rows), x.index_select(0, at::tensor(rows))));
+    // Not contiguous: the expression itself.
+    const at::Tensor xt = x.t().contiguous().t();
+    EXPECT_TRUE(SameBits(SelectRows(xt, rows), x.index_select(0, at::tensor(rows))));
+
+    const std::vector<int64_t> slot_rows = {5, 0, 11, 2};
+    const std::vector<float> weights = {0.3f, 0.70000005f, 1.0f / 3.0f, -0.0f};
+    at::Tensor base = (at::randn({4 * top_k, h})).to(dt);
+    at::Tensor host = base.clone();
+    PlaceWeightedRows(y, slot_rows, weights, host);
+    at::Tensor expected = base.clone();
+    expected.index_copy_(0, at::tensor(slot_rows),
+                         y * at::tensor(weights, at::dtype(at::kFloat)).to(dt).unsqueeze(1));
+    EXPECT_TRUE(SameBits(host, expected));
+
+    const int64_t r = 4;
+    at::Tensor slots = (at::randn({r * top_k, h}) * 7).to(dt);
+    slots.index_put_({0, 0}, -0.0);
+    slots.index_put_({1, 0}, -0.0);
+    slots.index_put_({2, 0}, -0.0);
+    slots.index_put_({3, 5}, std::numeric_limits<double>::infinity());
+    at::Tensor sum = at::zeros({r, h}, slots.options());
+    at::Tensor per_row = slots.view({r, top_k, h});
+    for (int64_t s = 0; s < top_k; ++s) sum = sum + per_row.select(1, s);
+    EXPECT_TRUE(SameBits(SumSlots(slots, r, top_k), sum));
   }
 }
 
