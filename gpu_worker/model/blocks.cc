@@ -180,6 +180,11 @@ bool HostMatrix(const at::Tensor& t) {
          (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
 }
 
+// Whether every index is in [0, n).
+bool AllBelow(std::span<const int64_t> rows, int64_t n) {
+  return std::all_of(rows.begin(), rows.end(), [n](int64_t r) { return r >= 0 && r < n; });
+}
+
 template <typename T>
 void PlaceWeightedRowsOf(const T* y, int64_t h, std::span<const int64_t> slot_rows,
                          std::span<const float> weights, T* slots) {
@@ -211,9 +216,7 @@ void SumSlotsOf(const T* slots, int64_t rows, int64_t top_k, int64_t h, T* out) 
 
 at::Tensor SelectRows(const at::Tensor& x, std::span<const int64_t> rows) {
   const auto n = static_cast<int64_t>(rows.size());
-  const bool in_range = std::all_of(
-      rows.begin(), rows.end(), [&](int64_t r) { return r >= 0 && x.dim() == 2 && r < x.size(0); });
-  if (!HostMatrix(x) || !in_range) {
+  if (!HostMatrix(x) || !AllBelow(rows, x.size(0))) {
     return x.index_select(
         0, at::tensor(std::vector<int64_t>(rows.begin(), rows.end()), at::dtype(at::kLong))
                .to(x.device()));
@@ -231,13 +234,9 @@ at::Tensor SelectRows(const at::Tensor& x, std::span<const int64_t> rows) {
 
 void PlaceWeightedRows(const at::Tensor& y, std::span<const int64_t> slot_rows,
                        std::span<const float> weights, at::Tensor& slots) {
-  const bool in_range = weights.size() == slot_rows.size() &&
-                        std::all_of(slot_rows.begin(), slot_rows.end(), [&](int64_t r) {
-                          return r >= 0 && slots.dim() == 2 && r < slots.size(0);
-                        });
   if (HostMatrix(y) && HostMatrix(slots) && y.scalar_type() == slots.scalar_type() &&
       y.size(0) == static_cast<int64_t>(slot_rows.size()) && y.size(1) == slots.size(1) &&
-      in_range) {
+      weights.size() == slot_rows.size() && AllBelow(slot_rows, slots.size(0))) {
     if (y.scalar_type() == at::kFloat) {
       PlaceWeightedRowsOf(y.data_ptr<float>(), y.size(1), slot_rows, weights,
                           slots.data_ptr<float>());
