@@ -10,8 +10,9 @@
 #      template compiler and renderer (among others), from generated seeds;
 #   4. when stage 1 used Debian's LibTorch: the GPU build's guard, for machines without a GPU
 #      (CI): build-cuda/ against PyPI's CUDA LibTorch with FMOE_CUDA=ON, and the tests that run
-#      LibTorch code (ctest -L torch -LE gpu). Skipped, saying so, when PyPI is unreachable or
-#      nvcc is missing; FMOE_CUDA=0 leaves it out.
+#      LibTorch code but for those of the processes working together (ctest -L torch
+#      -LE 'gpu|cluster'). Skipped, saying so, when PyPI is unreachable or nvcc is missing;
+#      FMOE_CUDA=0 leaves it out.
 # Before stage 1 it prepares .venv with the official `openai` and `anthropic` Python clients and
 # `langchain-openai` from PyPI for the router's compatibility tests; without PyPI those tests say
 # they were skipped.
@@ -88,7 +89,10 @@ stage_done "stage 3 (build-fuzz/)"
 # LibTorch code and the programs the LibTorch tests start (target torch_suite), not the
 # Torch-free tests and benchmarks that stages 1-2 already build and run from the same sources,
 # and runs the tests labelled torch: those linking LibTorch and those starting fmoe-worker or
-# fmoe-generate (bench/RESULTS.md, "Build and test time").
+# fmoe-generate, but for those labelled cluster (the router, the launcher, many hosts, the soak:
+# 6 tests, about 400 of the 740 s these tests take one after another), which check the processes
+# working together, the same code whichever LibTorch the worker runs, and which stage 1 ran
+# (bench/RESULTS.md, "Build and test time").
 case "${FMOE_CUDA:-}" in 0 | OFF | off | no | false) gpu_guard=no ;; *) gpu_guard=yes ;; esac
 if [ "$main_build" = "$FMOE_ROOT/build" ] && [ "$gpu_guard" = yes ]; then
   torch_rc=0
@@ -108,8 +112,8 @@ if [ "$main_build" = "$FMOE_ROOT/build" ] && [ "$gpu_guard" = yes ]; then
       stage_done "stage 4: build (build-cuda/, target torch_suite)"
       fmoe_log "running the LibTorch tests against PyPI's CUDA LibTorch (build-cuda/, no GPU used)"
       (cd "$FMOE_ROOT/build-cuda" && \
-        ctest --output-on-failure --timeout 900 -j 2 -L torch -LE gpu)
-      stage_done "stage 4: tests (build-cuda/, ctest -L torch -LE gpu)"
+        ctest --output-on-failure --timeout 900 -j 2 -L torch -LE 'gpu|cluster')
+      stage_done "stage 4: tests (build-cuda/, ctest -L torch -LE 'gpu|cluster')"
     fi
   fi
 fi
