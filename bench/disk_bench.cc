@@ -9,6 +9,11 @@
 //   --chunk_bytes N  the reader's chunk size (a multiple of 4096). Default: 1 MiB
 // Each benchmark keeps enough reads outstanding that queue_depth chunks are always in flight, at
 // random expert-aligned offsets; an iteration is one finished read. Counter GB: 1e9 bytes/s.
+// Scatter/*: the host tier's ScatterRegion (host_tier.h) on the engine thread, for a fused
+// gpt-oss-120b expert's regions (h = I = 2880): MXFP4's gate_up blocks (rows split 2 ways) and
+// bfloat16's gate_up [h, 2I] (columns split 2 ways, transposed) and down [I, h] (transposed); an
+// iteration is one region, counter GB its bytes per second. They need no file (one is written
+// only when a DiskRead benchmark runs).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -28,6 +33,7 @@
 #include <spdlog/spdlog.h>
 
 #include "gpu_worker/cache/store/disk_reader.h"
+#include "gpu_worker/cache/store/host_tier.h"
 
 namespace fmoe {
 namespace {
@@ -62,7 +68,35 @@ bool CreateFile(const std::string& path, uint64_t bytes) {
   return ok;
 }
 
+bool g_created = false;
+
+// The file the DiskRead benchmarks read: --file's, or one written on first use.
+bool EnsureFile() {
+  if (g_file_bytes > 0) return true;
+  if (g_path.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    g_path = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/fmoe-disk-bench-" +
+             std::to_string(getpid()) + ".bin";
+    std::fprintf(stderr, "disk_bench: writing %llu bytes to %s\n",
+                 static_cast<unsigned long long>(kCreatedFileBytes), g_path.c_str());
+    g_created = true;
+    if (!CreateFile(g_path, kCreatedFileBytes)) return false;
+  }
+  struct stat st {};
+  if (::stat(g_path.c_str(), &st) != 0) {
+    std::fprintf(stderr, "disk_bench: %s: stat: %s\n", g_path.c_str(), std::strerror(errno));
+    return false;
+  }
+  g_file_bytes = static_cast<uint64_t>(st.st_size);
+  return true;
+}
+
 void BM_DiskRead(benchmark::State& state, const std::string& backend, uint64_t read_bytes) {
+  if (!EnsureFile()) {
+    state.SkipWithError("no file to read");
+    return;
+  }
+  state.SetLabel(g_path);
   DiskReaderOptions options;
   options.backend = backend;
   options.queue_depth = static_cast<uint32_t>(state.range(0));
@@ -79,7 +113,7 @@ void BM_DiskRead(benchmark::State& state, const std::string& backend, uint64_t r
     state.SkipWithError(file.status().ToString().c_str());
     return;
   }
-  if (!reader.direct(*file)) state.SetLabel("not O_DIRECT");
+  if (!reader.direct(*file)) state.SetLabel(g_path + ", not O_DIRECT");
   const uint64_t slots = g_file_bytes / read_bytes;
   if (slots == 0) {
     state.SkipWithError("the file is smaller than one read");
@@ -129,7 +163,35 @@ void BM_DiskRead(benchmark::State& state, const std::string& backend, uint64_t r
       benchmark::Counter(static_cast<double>(bytes) / 1e9, benchmark::Counter::kIsRate);
 }
 
+// One region of `rows` x `cols` elements of `elem_bytes`, split `ways` ways into an expert buffer.
+void BM_Scatter(benchmark::State& state, bool by_columns, uint64_t rows, uint64_t cols,
+                uint32_t elem_bytes, uint32_t ways) {
+  const uint64_t bytes = rows * cols * elem_bytes;
+  RegionSplit split{by_columns, rows, cols, elem_bytes, {}};
+  for (uint32_t p = 0; p < ways; ++p) split.part_dst.push_back(p * (bytes / ways));
+  std::vector<char> region(bytes);
+  std::mt19937_64 rng(3);
+  for (char& c : region) c = static_cast<char>(rng());
+  std::vector<char> expert(bytes);
+  for (auto _ : state) {
+    ScatterRegion(split, region.data(), expert.data());
+    benchmark::DoNotOptimize(expert.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+  state.counters["GB"] = benchmark::Counter(static_cast<double>(state.iterations() * bytes) / 1e9,
+                                            benchmark::Counter::kIsRate);
+}
+
 void RegisterAll() {
+  constexpr uint64_t kH = 2880, kI = 2880;
+  benchmark::RegisterBenchmark("Scatter/mxfp4_gate_up_blocks", BM_Scatter, false, 2 * kI,
+                               kH / 32 * 16, 1, 2)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("Scatter/bf16_gate_up", BM_Scatter, true, kH, 2 * kI, 2, 2)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("Scatter/bf16_down", BM_Scatter, true, kI, kH, 2, 1)
+      ->Unit(benchmark::kMillisecond);
   for (const std::string backend : {"threads", "io_uring"}) {
     for (const uint64_t mib : {8, 64}) {
       const std::string name = "DiskRead/" + backend + "/" + std::to_string(mib) + "MiB";
@@ -168,27 +230,6 @@ int main(int argc, char** argv) {
       rest.push_back(argv[i]);
     }
   }
-  bool created = false;
-  if (g_path.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    g_path = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/fmoe-disk-bench-" +
-             std::to_string(getpid()) + ".bin";
-    std::fprintf(stderr, "disk_bench: writing %llu bytes to %s\n",
-                 static_cast<unsigned long long>(kCreatedFileBytes), g_path.c_str());
-    if (!CreateFile(g_path, kCreatedFileBytes)) {
-      ::unlink(g_path.c_str());
-      return 1;
-    }
-    created = true;
-  }
-  struct stat st {};
-  if (::stat(g_path.c_str(), &st) != 0) {
-    std::fprintf(stderr, "disk_bench: %s: stat: %s\n", g_path.c_str(), std::strerror(errno));
-    return 1;
-  }
-  g_file_bytes = static_cast<uint64_t>(st.st_size);
-  benchmark::AddCustomContext("file", g_path);
-  benchmark::AddCustomContext("file_bytes", std::to_string(g_file_bytes));
   benchmark::AddCustomContext("chunk_bytes", std::to_string(g_chunk_bytes));
   RegisterAll();
   int rest_argc = static_cast<int>(rest.size());
@@ -196,6 +237,6 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(rest_argc, rest.data())) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  if (created) ::unlink(g_path.c_str());
+  if (g_created) ::unlink(g_path.c_str());
   return 0;
 }

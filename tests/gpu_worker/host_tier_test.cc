@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -397,6 +398,99 @@ TEST(HostTier, APrefetchWhoseUseComesBeforeTheReadWouldEndIsNotStarted) {
   EXPECT_TRUE(tier.CheckInvariants().ok()) << tier.CheckInvariants().ToString();
 }
 
+// `split` of `region` done one element at a time, as RegionSplit says it.
+std::vector<uint8_t> NaiveScatter(const RegionSplit& split, const std::vector<uint8_t>& region,
+                                  std::vector<uint8_t> expert) {
+  const uint64_t ways = split.part_dst.size(), e = split.elem_bytes;
+  for (uint64_t r = 0; r < split.rows; ++r) {
+    for (uint64_t c = 0; c < split.cols; ++c) {
+      // Element (r, c) of the region: which part, and where in it.
+      uint64_t p = 0, at = 0;
+      if (split.by_columns) {
+        p = c % ways;
+        at = (c / ways) * split.rows + r;  // Row c / ways of the transposed part.
+      } else {
+        p = r % ways;
+        at = (r / ways) * split.cols + c;
+      }
+      for (uint64_t b = 0; b < e; ++b) {
+        expert[split.part_dst[p] + at * e + b] = region[(r * split.cols + c) * e + b];
+      }
+    }
+  }
+  return expert;
+}
+
+TEST(RegionSplit, ScatterGivesEachPartItsRowsOrItsColumnsTransposed) {
+  std::mt19937 rng(11);
+  int cases = 0;
+  for (uint32_t elem : {1u, 2u, 4u}) {
+    for (bool by_columns : {false, true}) {
+      for (uint64_t ways : {1u, 2u, 3u}) {
+        // Sizes around the transpose's 64-element tiles.
+        for (uint64_t rows : {3u, 64u, 130u}) {
+          for (uint64_t per_part : {1u, 5u, 65u}) {
+            RegionSplit split;
+            split.by_columns = by_columns;
+            split.elem_bytes = elem;
+            split.rows = by_columns ? rows : rows * ways;
+            split.cols = by_columns ? per_part * ways : per_part;
+            const uint64_t bytes = split.rows * split.cols * elem;
+            // Parts in reverse order with a gap between them, after a few bytes.
+            for (uint64_t p = 0; p < ways; ++p) {
+              split.part_dst.push_back(7 + (ways - 1 - p) * (bytes / ways + 5));
+            }
+            std::vector<uint8_t> region(bytes);
+            for (auto& b : region) b = static_cast<uint8_t>(rng());
+            std::vector<uint8_t> expert(7 + ways * (bytes / ways + 5), 0xAB);
+            const std::vector<uint8_t> want = NaiveScatter(split, region, expert);
+            ScatterRegion(split, reinterpret_cast<const char*>(region.data()),
+                          reinterpret_cast<char*>(expert.data()));
+            ASSERT_EQ(expert, want) << "elem " << elem << " by_columns " << by_columns << " ways "
+                                    << ways << " rows " << rows << " per part " << per_part;
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 162);
+}
+
+// A region split between two parts is read once (one extent's bytes) and each part lands where
+// its tensor goes, whole experts beside it unchanged.
+TEST(HostTier, ASplitRegionIsReadOnceAndScatteredIntoItsParts) {
+  const TestFile f = MakeFile("split.bin");
+  std::ifstream in(f.path, std::ios::binary);
+  const std::vector<uint8_t> file((std::istreambuf_iterator<char>(in)),
+                                  std::istreambuf_iterator<char>());
+  auto extents = f.extents;
+  auto packed = f.packed;
+  for (uint32_t key = 0; key < kKeys; ++key) {
+    // Part 0's 5000 bytes as 50 x 50 two-byte elements: columns split two ways, transposed,
+    // into the same 5000 bytes of the expert (the halves swapped).
+    ExpertExtent& x = extents[key][0];
+    ASSERT_EQ(x.bytes, 5000u);
+    x.split = RegionSplit{true, 50, 50, 2, {2500, 0}};
+    const std::vector<uint8_t> region(file.begin() + static_cast<std::ptrdiff_t>(x.offset),
+                                      file.begin() + static_cast<std::ptrdiff_t>(x.offset + 5000));
+    packed[key] = NaiveScatter(x.split, region, packed[key]);
+  }
+  auto tier = MakeTier(f, 3, extents);
+  ASSERT_NE(tier, nullptr);
+  for (uint32_t key : {1u, 6u, 9u, 1u}) {
+    auto p = tier->Acquire(key);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_TRUE(Holds(*p, packed[key])) << "key " << key;
+    EXPECT_FALSE(Holds(*p, f.packed[key])) << "key " << key;
+    tier->Unpin(key);
+  }
+  const HostTierStats st = tier->stats();
+  EXPECT_EQ(st.reads, 3u);
+  EXPECT_EQ(st.bytes_read, 3 * (kPart[0] + kPart[1] + kPart[2]));
+  EXPECT_TRUE(tier->CheckInvariants().ok()) << tier->CheckInvariants().ToString();
+}
+
 TEST(HostTier, RejectsBadOptionsAndExtents) {
   const TestFile f = MakeFile("bad.bin");
   auto make = [&](HostTierOptions o, std::vector<std::vector<ExpertExtent>> x) {
@@ -420,6 +514,18 @@ TEST(HostTier, RejectsBadOptionsAndExtents) {
   auto bad_file = f.extents;
   bad_file[1][0].file = 3;
   EXPECT_EQ(make(o, bad_file).code(), ErrorCode::kInvalidArgument);
+  // Splits: the shape is not the region's bytes, 3-byte elements, rows that do not split, a
+  // part that does not fit the expert.
+  for (const RegionSplit& bad :
+       {RegionSplit{true, 50, 49, 2, {0, 2500}}, RegionSplit{false, 50, 50, 3, {0, 2500}},
+        RegionSplit{false, 25, 100, 2, {0, 2500, 5000}},
+        RegionSplit{false, 50, 50, 2, {0, kExpertBytes - 2000}}}) {
+    auto split = f.extents;
+    split[2][0].split = bad;
+    const Status bs = make(o, split);
+    EXPECT_EQ(bs.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(bs.message().find("expert 2 of layer 0"), std::string::npos) << bs.ToString();
+  }
   EXPECT_EQ(make(o, {{}}).code(), ErrorCode::kInvalidArgument);
 }
 

@@ -4,12 +4,99 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/clock.h"
 
 namespace fmoe {
+
+namespace {
+
+// Part p of `split`'s columns, transposed: out_p[c][r] = region[r][c * ways + p]. Tile by tile
+// (kTile output rows of every part by kTile source rows): the tile's source rows are read in
+// runs of kTile * ways elements into a transposed local tile, and each output row's kTile
+// elements are written from it in one run, so both sides stream (about twice the speed of
+// element-by-element copies between the two matrices; bench/RESULTS.md, the host tier).
+template <typename T>
+void ScatterColumns(const RegionSplit& split, const char* region, char* expert) {
+  constexpr uint64_t kTile = 64;
+  const uint64_t ways = split.part_dst.size(), rows = split.rows, cols = split.cols;
+  const uint64_t out_rows = cols / ways;
+  std::vector<T> tile(kTile * kTile * ways);  // tile[s * kTile + r]: source column s, row r.
+  for (uint64_t c0 = 0; c0 < out_rows; c0 += kTile) {
+    const uint64_t c1 = std::min(out_rows, c0 + kTile);
+    const uint64_t width = (c1 - c0) * ways;
+    for (uint64_t r0 = 0; r0 < rows; r0 += kTile) {
+      const uint64_t height = std::min(rows, r0 + kTile) - r0;
+      for (uint64_t r = 0; r < height; ++r) {
+        const char* row = region + ((r0 + r) * cols + c0 * ways) * sizeof(T);
+        for (uint64_t s = 0; s < width; ++s) {
+          std::memcpy(&tile[s * kTile + r], row + s * sizeof(T), sizeof(T));
+        }
+      }
+      for (uint64_t p = 0; p < ways; ++p) {
+        char* out = expert + split.part_dst[p];
+        for (uint64_t c = c0; c < c1; ++c) {
+          std::memcpy(out + (c * rows + r0) * sizeof(T), &tile[((c - c0) * ways + p) * kTile],
+                      height * sizeof(T));
+        }
+      }
+    }
+  }
+}
+
+// Why `split` of a `bytes` region cannot go into an expert of `expert_bytes`; "" when it can.
+std::string SplitError(const RegionSplit& split, uint64_t bytes, size_t expert_bytes) {
+  const uint64_t ways = split.part_dst.size();
+  if (split.elem_bytes != 1 && split.elem_bytes != 2 && split.elem_bytes != 4) {
+    return "a split of " + std::to_string(split.elem_bytes) + "-byte elements (1, 2 or 4)";
+  }
+  if (split.rows == 0 || split.cols == 0 || split.cols > bytes / split.elem_bytes ||
+      split.rows != bytes / split.elem_bytes / split.cols ||
+      split.rows * split.cols * split.elem_bytes != bytes) {
+    return "a split of " + std::to_string(split.rows) + " x " + std::to_string(split.cols) +
+           " elements of " + std::to_string(split.elem_bytes) + " bytes is not its " +
+           std::to_string(bytes) + " bytes";
+  }
+  if ((split.by_columns ? split.cols : split.rows) % ways != 0) {
+    return std::string("its ") + (split.by_columns ? "columns" : "rows") + " do not split " +
+           std::to_string(ways) + " ways";
+  }
+  for (uint64_t dst : split.part_dst) {
+    if (dst > expert_bytes || bytes / ways > expert_bytes - dst) {
+      return "a part at " + std::to_string(dst) + " does not fit";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+void ScatterRegion(const RegionSplit& split, const char* region, char* expert) {
+  const uint64_t ways = split.part_dst.size();
+  if (!split.by_columns) {
+    const uint64_t row_bytes = split.cols * split.elem_bytes;
+    for (uint64_t r = 0; r < split.rows; ++r) {
+      std::memcpy(expert + split.part_dst[r % ways] + (r / ways) * row_bytes,
+                  region + r * row_bytes, row_bytes);
+    }
+    return;
+  }
+  switch (split.elem_bytes) {
+    case 1:
+      ScatterColumns<uint8_t>(split, region, expert);
+      break;
+    case 2:
+      ScatterColumns<uint16_t>(split, region, expert);
+      break;
+    default:
+      ScatterColumns<uint32_t>(split, region, expert);
+      break;
+  }
+}
 
 Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& options,
                                                    std::vector<std::vector<ExpertExtent>> extents,
@@ -30,11 +117,22 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
   for (size_t key = 0; key < extents.size(); ++key) {
     owned += extents[key].empty() ? 0 : 1;
     for (const ExpertExtent& x : extents[key]) {
-      if (x.file >= file_paths.size() || x.bytes == 0 || x.dst_offset > options.expert_bytes ||
-          x.bytes > options.expert_bytes - x.dst_offset) {
-        return bad("expert " + std::to_string(key % options.num_experts) + " of layer " +
-                   std::to_string(key / options.num_experts) + ": tensor \"" + x.tensor +
-                   "\": " + std::to_string(x.bytes) + " bytes at " + std::to_string(x.dst_offset) +
+      const std::string name = "expert " + std::to_string(key % options.num_experts) +
+                               " of layer " + std::to_string(key / options.num_experts) +
+                               ": tensor \"" + x.tensor + "\": ";
+      if (x.file >= file_paths.size() || x.bytes == 0) {
+        return bad(name + std::to_string(x.bytes) + " bytes of file " + std::to_string(x.file) +
+                   " (of " + std::to_string(file_paths.size()) + ")");
+      }
+      if (!x.split.part_dst.empty()) {
+        if (std::string why = SplitError(x.split, x.bytes, options.expert_bytes); !why.empty()) {
+          return bad(name + why + " (an expert of " + std::to_string(options.expert_bytes) +
+                     " bytes)");
+        }
+        continue;
+      }
+      if (x.dst_offset > options.expert_bytes || x.bytes > options.expert_bytes - x.dst_offset) {
+        return bad(name + std::to_string(x.bytes) + " bytes at " + std::to_string(x.dst_offset) +
                    " of file " + std::to_string(x.file) + " do not fit an expert of " +
                    std::to_string(options.expert_bytes) + " bytes");
       }
@@ -71,8 +169,10 @@ HostTier::HostTier(const HostTierOptions& options, std::vector<std::vector<Exper
 }
 
 HostTier::~HostTier() {
-  // The reader's threads write into the slots: stop them before the memory goes.
+  // The reader's threads write into the slots and the staging buffers: stop them before the
+  // memory goes.
   reader_.reset();
+  staged_.clear();
   std::free(memory_);
 }
 
@@ -149,8 +249,21 @@ void HostTier::StartRead(uint32_t key, int32_t slot) {
   for (size_t i = 0; i < parts.size(); ++i) {
     const uint64_t id = next_read_++;
     reads_.emplace(id, std::make_pair(key, i));
-    reader_->Submit(id, parts[i].file, parts[i].offset, parts[i].bytes, base + parts[i].dst_offset,
-                    e.urgent);
+    char* dst = base + parts[i].dst_offset;
+    if (!parts[i].split.part_dst.empty()) {
+      Staging buffer;
+      if (!spare_staging_.empty()) {
+        buffer = std::move(spare_staging_.back());
+        spare_staging_.pop_back();
+      }
+      if (buffer.capacity < parts[i].bytes) {
+        buffer.data = std::make_unique_for_overwrite<char[]>(parts[i].bytes);
+        buffer.capacity = parts[i].bytes;
+      }
+      dst = buffer.data.get();
+      staged_.emplace(id, std::move(buffer));
+    }
+    reader_->Submit(id, parts[i].file, parts[i].offset, parts[i].bytes, dst, e.urgent);
   }
 }
 
@@ -260,6 +373,16 @@ void HostTier::Drain(const std::vector<ReadDone>& reads, std::vector<TierDone>* 
     if (!r.status.ok() && e.error.ok()) {
       e.error = Status(r.status.code(), "host tier: " + Name(key) + ": tensor \"" + x.tensor +
                                             "\": " + r.status.message());
+    }
+    if (auto staged = staged_.find(r.id); staged != staged_.end()) {
+      if (r.status.ok()) {
+        ScatterRegion(
+            x.split, staged->second.data.get(),
+            static_cast<char*>(memory_) + static_cast<size_t>(e.slot) * options_.expert_bytes);
+      }
+      // A few buffers kept for the next reads; the rest go.
+      if (spare_staging_.size() < 4) spare_staging_.push_back(std::move(staged->second));
+      staged_.erase(staged);
     }
     if (r.status.ok()) counters_.bytes_read += x.bytes;
     if (--e.parts_left > 0) continue;

@@ -10,7 +10,9 @@
 // queued or reading, nor when the expert's predicted use comes sooner than a read would end.
 //
 // Torch-free. Threads: every method on one thread (the engine thread), except stats (any). The
-// reader's threads read; finished expert reads come back through Poll/Wait.
+// reader's threads read; finished expert reads come back through Poll/Wait. A split region
+// (RegionSplit) is read into a staging buffer and scattered into the slot on the engine thread
+// when its read comes back.
 //
 // An expert's state:  ABSENT --Request--> QUEUED (no slot yet) --slot--> READING
 //   READING --every extent read--> RESIDENT;  READING --an extent failed--> ABSENT (error out)
@@ -32,13 +34,33 @@
 
 namespace fmoe {
 
-// One stored tensor of an expert: where its bytes are in a file, where they go in the expert.
+// A stored region split into parts (gpt-oss's fused experts: gate and up interleave in one
+// tensor, and its float layout is [in, out]): the region is a [rows, cols] matrix of elem_bytes
+// elements, and part p is its rows p, p + ways, ... (by_columns false) or its columns p,
+// p + ways, ... transposed to rows (by_columns true), written contiguous at part_dst[p] (from
+// the expert's first packed byte); ways = part_dst.size(). Empty part_dst: no split.
+struct RegionSplit {
+  bool by_columns = false;
+  uint64_t rows = 0;
+  uint64_t cols = 0;
+  uint32_t elem_bytes = 0;  // 1, 2 or 4.
+  std::vector<uint64_t> part_dst;
+};
+
+// Writes each part of `region` (rows x cols elements) to `expert` + part_dst[p]. The split must
+// be one HostTier::Create accepts.
+void ScatterRegion(const RegionSplit& split, const char* region, char* expert);
+
+// One stored region of an expert: where its bytes are in a file, where they go in the expert:
+// as read at dst_offset, or (split.part_dst not empty) read into a staging buffer and scattered
+// into the parts.
 struct ExpertExtent {
   uint32_t file = 0;    // A DiskReader file index.
   uint64_t offset = 0;  // In the file.
   uint64_t bytes = 0;
   uint64_t dst_offset = 0;  // From the expert's first packed byte.
   std::string tensor;       // The tensor's name, for messages.
+  RegionSplit split;
 };
 
 struct HostTierOptions {
@@ -174,6 +196,13 @@ class HostTier {
   std::vector<int32_t> free_slots_;
   std::vector<uint32_t> queued_;  // Keys waiting for a slot, in request order.
   std::unordered_map<uint64_t, std::pair<uint32_t, size_t>> reads_;  // Read id -> key, extent.
+  // Staging buffers of split regions' reads in flight, by read id, and spare ones for reuse.
+  struct Staging {
+    std::unique_ptr<char[]> data;
+    size_t capacity = 0;
+  };
+  std::unordered_map<uint64_t, Staging> staged_;
+  std::vector<Staging> spare_staging_;
   std::vector<TierDone> kept_;  // Finished while Acquire waited for another.
   std::vector<ReadDone> scratch_;
   uint64_t next_read_ = 1;
