@@ -375,6 +375,11 @@ Status ExpertCache::WaitForLink() {
   }
 }
 
+Status ExpertCache::AwaitTransfer() {
+  if (tasks_.empty()) return NotFound("expert cache: nothing on the link");
+  return WaitForLink();
+}
+
 // ---- the prefetch queue ----
 
 void ExpertCache::Prefetch(uint32_t layer, uint32_t expert, double priority) {

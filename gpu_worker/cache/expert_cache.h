@@ -174,6 +174,10 @@ class ExpertCache final : public CacheControl {
   // `failed_reads` reads failed, and when `gave_up` the running layer goes on without it. Counts
   // as the link's failed loads do (failed_loads, failed_experts).
   void RecordHostReadFailure(uint32_t expert, uint32_t failed_reads, bool gave_up);
+  // Waits for the link to finish a transfer and applies it: a copy's end releases the host slot
+  // it pinned, so a host run that found every host slot held by loads on their way to the device
+  // gets one. kNotFound when nothing is on the link (no slot will come free that way).
+  Status AwaitTransfer();
   // Host runs the running layer has (hybrid).
   uint32_t host_runs_planned() const { return host_runs_planned_; }
   void EndLayer();

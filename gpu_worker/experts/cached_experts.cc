@@ -377,12 +377,12 @@ Result<SourcedExpert> CachedExperts::Next() {
   if (tier_ != nullptr) {
     // A failed read is tried once more (a transient error passes), as the cache does its loads;
     // then the layer goes on without the expert.
-    Result<const void*> acquired = tier_->Acquire(static_cast<uint32_t>(key));
+    Result<const void*> acquired = AcquireHostSlot(static_cast<uint32_t>(key));
     if (!acquired.ok()) {
       spdlog::warn("cached experts: layer={} expert={}: host run's read failed ({}): {}",
                    cache_->current_layer(), ready.expert, "retrying once",
                    acquired.status().ToString());
-      acquired = tier_->Acquire(static_cast<uint32_t>(key));
+      acquired = AcquireHostSlot(static_cast<uint32_t>(key));
       cache_->RecordHostReadFailure(ready.expert, acquired.ok() ? 1 : 2, !acquired.ok());
     }
     if (!acquired.ok()) {
@@ -404,6 +404,20 @@ Result<SourcedExpert> CachedExperts::Next() {
   host_expert_ = ready.expert;
   host_start_ns_ = SteadyClock::Get().NowNs();
   return SourcedExpert{ready.expert, std::move(w), Status::Ok()};
+}
+
+Result<const void*> CachedExperts::AcquireHostSlot(uint32_t key) {
+  Result<const void*> acquired = tier_->Acquire(key);
+  // Every host slot held by loads on their way to the device (read, or waiting to be copied):
+  // each transfer the link finishes releases one.
+  while (!acquired.ok() && acquired.status().code() == ErrorCode::kResourceExhausted) {
+    if (Status s = cache_->AwaitTransfer(); !s.ok()) {
+      if (s.code() == ErrorCode::kNotFound) return acquired;
+      return s;
+    }
+    acquired = tier_->Acquire(key);
+  }
+  return acquired;
 }
 
 void CachedExperts::Done(uint32_t expert) {

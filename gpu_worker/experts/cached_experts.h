@@ -147,6 +147,10 @@ class CachedExperts final : public ExpertSource, public KvPageLender {
   ExpertWeights ViewsAt(char* base, at::Device device) const;
   // Unpins the host tier's copy of the host run that just finished (with a tier).
   void ReleaseHostKey();
+  // The host tier's slot for `key`: while every host slot is pinned by a transfer in flight it
+  // waits for the cache's next transfer to finish (which unpins one) and tries again; with none in
+  // flight the exhaustion is the error.
+  Result<const void*> AcquireHostSlot(uint32_t key);
   size_t expert_bytes() const { return expert_bytes_; }
   // Slot 0's first byte (after a shared budget's KV floor pages).
   char* SlotBase() const {
