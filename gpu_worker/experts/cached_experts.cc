@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <string>
@@ -22,6 +23,9 @@
 namespace fmoe {
 
 namespace {
+
+// A part of a split region no tensor has taken yet.
+constexpr uint64_t kUnsetPart = std::numeric_limits<uint64_t>::max();
 
 // expert_cache_gb: auto. The free memory is read after the dense weights and the host store are
 // in place, so only the slots and the KV reserve come out of it.
@@ -527,7 +531,8 @@ Result<std::vector<const void*>> CachedExperts::MakeHostTier(const ExpertTable& 
         const uint64_t want = static_cast<uint64_t>(tensors[i]->numel()) *
                               static_cast<uint64_t>(tensors[i]->element_size());
         if (tensors[i]->sizes() != at::IntArrayRef(layout_[i].sizes) ||
-            tensors[i]->scalar_type() != layout_[i].dtype || d.bytes != want) {
+            tensors[i]->scalar_type() != layout_[i].dtype ||
+            d.bytes != want * std::max<uint64_t>(d.ways, 1) || (d.ways > 0 && d.part >= d.ways)) {
           return InvalidArgument("cached experts: " + name + ": tensor \"" + d.tensor + "\" (" +
                                  d.path + ") differs in shape, dtype or size from the others'");
         }
@@ -536,7 +541,37 @@ Result<std::vector<const void*>> CachedExperts::MakeHostTier(const ExpertTable& 
           FMOE_ASSIGN_OR_RETURN(it->second, reader->AddFile(d.path));
           paths.push_back(d.path);
         }
-        extents[key].push_back({it->second, d.offset, d.bytes, layout_[i].offset, d.tensor});
+        std::vector<ExpertExtent>& parts = extents[key];
+        if (d.ways == 0) {
+          parts.push_back({it->second, d.offset, d.bytes, layout_[i].offset, d.tensor, {}});
+          continue;
+        }
+        // A part of a split region: the region is read once, for all its parts.
+        auto region = std::find_if(parts.begin(), parts.end(), [&](const ExpertExtent& x) {
+          return x.file == it->second && x.offset == d.offset && x.bytes == d.bytes &&
+                 !x.split.part_dst.empty();
+        });
+        if (region == parts.end()) {
+          RegionSplit split{d.by_columns, d.rows, d.cols, d.elem_bytes,
+                            std::vector<uint64_t>(d.ways, kUnsetPart)};
+          parts.push_back({it->second, d.offset, d.bytes, 0, d.tensor, std::move(split)});
+          region = parts.end() - 1;
+        }
+        if (region->split.part_dst.size() != d.ways || region->split.by_columns != d.by_columns ||
+            region->split.rows != d.rows || region->split.cols != d.cols ||
+            region->split.elem_bytes != d.elem_bytes ||
+            region->split.part_dst[d.part] != kUnsetPart) {
+          return InvalidArgument("cached experts: " + name + ": tensor \"" + d.tensor + "\" (" +
+                                 d.path + "): its parts disagree on how they split its region");
+        }
+        region->split.part_dst[d.part] = layout_[i].offset;
+      }
+      for (const ExpertExtent& x : extents[key]) {
+        if (std::find(x.split.part_dst.begin(), x.split.part_dst.end(), kUnsetPart) !=
+            x.split.part_dst.end()) {
+          return InvalidArgument("cached experts: " + name + ": tensor \"" + x.tensor +
+                                 "\": a part of its region goes nowhere");
+        }
       }
     }
   }

@@ -55,6 +55,17 @@ struct DiskExtent {
   std::string tensor;  // Its name, for messages.
   uint64_t offset = 0;
   uint64_t bytes = 0;
+  // ways > 0: the tensor is part `part` of the region [offset, offset + bytes), a [rows, cols]
+  // matrix of elem_bytes elements split `ways` ways: its rows part, part + ways, ... or
+  // (by_columns) its columns part, part + ways, ... transposed (gpt-oss's fused experts; the host
+  // tier's RegionSplit). The region is read once for all its parts. ways 0: the region is the
+  // tensor.
+  uint32_t ways = 0;
+  uint32_t part = 0;
+  bool by_columns = false;
+  uint64_t rows = 0;
+  uint64_t cols = 0;
+  uint32_t elem_bytes = 0;
 };
 
 // Where a stored tensor of an expert may be (ExpertWeights::Places).

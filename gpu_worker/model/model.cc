@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 
 #include "common/model/checkpoint.h"
 #include "common/model/families/family.h"
@@ -289,12 +291,6 @@ Status MoeModel::LoadMoeBlock(const ModelInfo& info, const ExpertTensorNames& na
     }
   }
   layer_experts->resize(info.num_experts);
-  if (names.fused_experts && options.experts_on_disk) {
-    return InvalidArgument("model: " + info.dir + ": " + info.architecture +
-                           " stores each layer's experts fused in one tensor, sliced at load; "
-                           "the host tier cannot read them from disk yet: leave host_cache_gb "
-                           "unset");
-  }
   if (names.fused_experts) {
     return LoadFusedExperts(info, names, options, loader, moe, layer->moe, layer_experts);
   }
@@ -371,6 +367,13 @@ Status MoeModel::LoadFusedExperts(const ModelInfo& info, const ExpertTensorNames
   const auto owned = [&](uint32_t e) {
     return (int64_t{moe_layer} * j + e) % options.expert_world_size == options.expert_rank;
   };
+  if (info.quant.method == QuantMethod::kMxfp4 && (h % 32 != 0 || inter % 32 != 0)) {
+    return InvalidArgument("model: " + info.dir + ": mxfp4 experts of " + std::to_string(h) +
+                           " x " + std::to_string(inter) + ": not multiples of 32");
+  }
+  if (options.experts_on_disk) {
+    return LeaveFusedExpertsOnDisk(info, names, loader, moe, owned, layer_experts);
+  }
   // The layer's tensors whole, in host memory; each expert sliced out of them.
   at::Tensor gu_bias, dn_bias;
   if (info.expert_bias) {
@@ -386,10 +389,6 @@ Status MoeModel::LoadFusedExperts(const ModelInfo& info, const ExpertTensorNames
   if (info.quant.method == QuantMethod::kMxfp4) {
     // "<name>_blocks" [J, out, in/32, 16] and "<name>_scales" [J, out, in/32] in nn.Linear's
     // [out, in] order; gate_up's rows interleave gate (2i) and up (2i + 1). Kept as stored.
-    if (h % 32 != 0 || inter % 32 != 0) {
-      return InvalidArgument("model: " + info.dir + ": mxfp4 experts of " + std::to_string(h) +
-                             " x " + std::to_string(inter) + ": not multiples of 32");
-    }
     FMOE_ASSIGN_OR_RETURN(at::Tensor gu_blocks, loader.LoadRaw(gate_up + "_blocks", DType::kU8,
                                                                {j, 2 * inter, h / 32, 16}));
     FMOE_ASSIGN_OR_RETURN(at::Tensor gu_scales,
@@ -426,6 +425,101 @@ Status MoeModel::LoadFusedExperts(const ModelInfo& info, const ExpertTensorNames
     w.w3 = g.slice(1, 1, 2 * inter, 2).t().contiguous();
     w.w2 = dn.select(0, e).t().contiguous();  // [h, I]
     set_biases(e, &w);
+  }
+  return Status::Ok();
+}
+
+Status MoeModel::LeaveFusedExpertsOnDisk(const ModelInfo& info, const ExpertTensorNames& names,
+                                         TensorLoader& loader, const std::string& moe,
+                                         const std::function<bool(uint32_t)>& owned,
+                                         std::vector<ExpertWeights>* layer_experts) {
+  const int64_t h = info.hidden_size, inter = info.intermediate_size, j = info.num_experts;
+  const std::string x = moe + "experts.";
+  const std::string gate_up = x + names.expert_gate, down = x + names.expert_down;
+  // The fused tensors, checked as the in-memory load checks them (a float one must be stored in
+  // the compute dtype), and where each is: meta tensors from the loader's sink.
+  TensorLoader::DiskSink whole;
+  loader.set_disk_sink(&whole);
+  struct SinkOff {
+    TensorLoader& loader;
+    ~SinkOff() { loader.set_disk_sink(nullptr); }
+  } sink_off{loader};
+  struct Fused {
+    at::Tensor meta;
+    DiskExtent at;
+  };
+  std::map<std::string, Fused> fused;
+  const auto locate = [&](const std::string& name, Result<at::Tensor> loaded) -> Status {
+    if (!loaded.ok()) return loaded.status();
+    auto it = whole.find(loaded->unsafeGetTensorImpl());
+    if (it == whole.end() || it->second.bytes % static_cast<uint64_t>(j) != 0) {
+      return Internal("model: fused expert tensor \"" + name + "\" was not located on disk");
+    }
+    fused[name] = Fused{*loaded, it->second};
+    return Status::Ok();
+  };
+  const bool mxfp4 = info.quant.method == QuantMethod::kMxfp4;
+  if (mxfp4) {
+    for (const auto& [name, rows, in] :
+         {std::tuple{gate_up, 2 * inter, h}, std::tuple{down, h, inter}}) {
+      FMOE_RETURN_IF_ERROR(locate(
+          name + "_blocks", loader.LoadRaw(name + "_blocks", DType::kU8, {j, rows, in / 32, 16})));
+      FMOE_RETURN_IF_ERROR(locate(
+          name + "_scales", loader.LoadRaw(name + "_scales", DType::kU8, {j, rows, in / 32})));
+    }
+  } else {
+    FMOE_RETURN_IF_ERROR(locate(gate_up, loader.Load(gate_up, {j, h, 2 * inter}, at::kCPU)));
+    FMOE_RETURN_IF_ERROR(locate(down, loader.Load(down, {j, inter, h}, at::kCPU)));
+  }
+  if (info.expert_bias) {
+    FMOE_RETURN_IF_ERROR(
+        locate(gate_up + "_bias", loader.Load(gate_up + "_bias", {j, 2 * inter}, at::kCPU)));
+    FMOE_RETURN_IF_ERROR(locate(down + "_bias", loader.Load(down + "_bias", {j, h}, at::kCPU)));
+  }
+  for (uint32_t e = 0; e < info.num_experts; ++e) {
+    if (!owned(e)) continue;
+    ExpertWeights& w = (*layer_experts)[e];
+    w.quant = info.quant;
+    TensorLoader::DiskSink sink;
+    // `name`'s region of expert e (the fused tensor's e-th of J equal parts) as the tensor
+    // `shape`: part `part` of `ways` (0: all of it), by rows or columns of [rows, cols].
+    const auto part = [&](const std::string& name, std::vector<int64_t> shape, uint32_t ways,
+                          uint32_t index, bool by_columns, int64_t rows, int64_t cols) {
+      const Fused& f = fused.at(name);
+      DiskExtent d = f.at;
+      d.bytes /= static_cast<uint64_t>(j);
+      d.offset += d.bytes * e;
+      d.ways = ways;
+      d.part = index;
+      d.by_columns = by_columns;
+      d.rows = static_cast<uint64_t>(rows);
+      d.cols = static_cast<uint64_t>(cols);
+      d.elem_bytes = static_cast<uint32_t>(f.meta.element_size());
+      at::Tensor t = at::empty(shape, f.meta.options());
+      sink.emplace(t.unsafeGetTensorImpl(), std::move(d));
+      return t;
+    };
+    if (mxfp4) {
+      // Blocks [2I, h/2] and scales [2I, h/32] bytes per expert: gate the even rows, up the odd.
+      w.w1 = part(gate_up + "_blocks", {inter, h / 2}, 2, 0, false, 2 * inter, h / 2);
+      w.w3 = part(gate_up + "_blocks", {inter, h / 2}, 2, 1, false, 2 * inter, h / 2);
+      w.q[0].scale = part(gate_up + "_scales", {inter, h / 32}, 2, 0, false, 2 * inter, h / 32);
+      w.q[2].scale = part(gate_up + "_scales", {inter, h / 32}, 2, 1, false, 2 * inter, h / 32);
+      w.w2 = part(down + "_blocks", {h, inter / 2}, 0, 0, false, 0, 0);
+      w.q[1].scale = part(down + "_scales", {h, inter / 32}, 0, 0, false, 0, 0);
+    } else {
+      // [h, 2I] per expert: gate the even columns, up the odd, each transposed to [I, h]; down
+      // [I, h] transposed to [h, I].
+      w.w1 = part(gate_up, {inter, h}, 2, 0, true, h, 2 * inter);
+      w.w3 = part(gate_up, {inter, h}, 2, 1, true, h, 2 * inter);
+      w.w2 = part(down, {h, inter}, 1, 0, true, inter, h);
+    }
+    if (info.expert_bias) {
+      w.q[0].bias = part(gate_up + "_bias", {inter}, 2, 0, false, 2 * inter, 1);
+      w.q[2].bias = part(gate_up + "_bias", {inter}, 2, 1, false, 2 * inter, 1);
+      w.q[1].bias = part(down + "_bias", {h}, 0, 0, false, 0, 0);
+    }
+    FMOE_RETURN_IF_ERROR(KeepOnDisk(sink, &w));
   }
   return Status::Ok();
 }

@@ -56,8 +56,9 @@ struct RuntimeOptions {
   uint32_t expert_world_size = 1;
   // Leave this rank's routed experts on disk (the host tier reads them when needed, DESIGN
   // section 13): Load records where each expert's tensors are (ExpertWeights::disk) and reads
-  // none of them. Experts must be used as stored (no dtype conversion), and experts fused into
-  // one tensor per layer (gpt-oss) are refused. Default: off
+  // none of them. Experts must be used as stored (no dtype conversion); an expert fused into one
+  // tensor per layer (gpt-oss) is its part of that tensor, split and scattered when read. Default:
+  // off
   bool experts_on_disk = false;
 };
 
@@ -201,6 +202,13 @@ class MoeModel {
                            Impl* m);
   // An expert left on disk: its tensors' extents from the loader's sink, in Tensors() order.
   static Status KeepOnDisk(const TensorLoader::DiskSink& sink, ExpertWeights* w);
+  // LoadFusedExperts with experts left on disk: each owned expert's tensors on the meta device in
+  // the shapes the in-memory load slices out, each one's extent its expert's part of the fused
+  // tensor (gate and up split by row or column, the float layout transposed).
+  static Status LeaveFusedExpertsOnDisk(const ModelInfo& info, const ExpertTensorNames& names,
+                                        TensorLoader& loader, const std::string& moe,
+                                        const std::function<bool(uint32_t)>& owned,
+                                        std::vector<ExpertWeights>* layer_experts);
   // Forward's steps, in order.
   Status ForwardImpl(std::span<const SequenceInput> batch, ExpertSource& experts,
                      ForwardObserver* observer, ForwardResult* out, bool record_router);

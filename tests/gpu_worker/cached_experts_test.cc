@@ -435,25 +435,92 @@ TEST(HostTierExperts, HybridRunsExpertsFromTheHostTier) {
   EXPECT_GT(c.stats().total.host_runs, 0u);
 }
 
-// A quantized checkpoint's experts are read in their stored bytes.
-TEST(HostTierExperts, QuantizedExpertsReadAsStoredGiveTheAllResidentTokens) {
-  for (const char* family : {"deepseek-v3-fp8-ref", "kimi-k2-int4-ref"}) {
+// A quantized checkpoint's experts are read in their stored bytes, and gpt-oss's fused experts
+// (float and MXFP4) as their parts of each layer's tensors.
+TEST(HostTierExperts, QuantizedAndFusedExpertsReadAsStoredGiveTheAllResidentTokens) {
+  for (const char* family :
+       {"deepseek-v3-fp8-ref", "kimi-k2-int4-ref", "gpt-oss-ref", "gpt-oss-mxfp4-ref"}) {
     const std::string dir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + family;
     const Reference& ref = AllResident(dir);
     RuntimeOptions r;
     r.experts_on_disk = true;
     std::unique_ptr<Loaded> m = testing::LoadModel(dir, r);
     ASSERT_NE(m, nullptr) << family;
-    CachedExpertsOptions o = AtAQuarter(dir, "fmoe");
-    o.host_cache_fraction = 0.25;
-    o.link.gbps = 8;
-    auto cached = CachedExperts::Create(CloneExpertTable(m->table), o);
-    ASSERT_TRUE(cached.ok()) << cached.status().ToString();
-    CachedExperts& c = **cached;
-    testing::FakeMapService directives(&c, m->info.num_moe_layers);
-    EXPECT_EQ(testing::RunPrompts(*m, c, &directives, {}), ref.tokens) << family;
-    EXPECT_GT(c.host_tier_stats()->reads, 0u);
+    // Hybrid execution computes some experts from their host slots.
+    for (bool hybrid : {false, true}) {
+      CachedExpertsOptions o = AtAQuarter(dir, "fmoe");
+      o.host_cache_fraction = 0.25;
+      o.link.gbps = hybrid ? 0.5 : 8;
+      o.hybrid = hybrid;
+      o.host_slowdown = 2;
+      auto cached = CachedExperts::Create(CloneExpertTable(m->table), o);
+      ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+      CachedExperts& c = **cached;
+      testing::FakeMapService directives(&c, m->info.num_moe_layers);
+      EXPECT_EQ(testing::RunPrompts(*m, c, &directives, {}), ref.tokens)
+          << family << (hybrid ? " hybrid" : "");
+      EXPECT_GT(c.host_tier_stats()->reads, 0u);
+      EXPECT_EQ(c.host_tier_stats()->read_errors, 0u);
+      if (hybrid) {
+        EXPECT_GT(c.stats().total.host_runs, 0u) << family;
+      }
+    }
   }
+}
+
+// gpt-oss's fused experts left on disk: each expert's tensors are meta tensors of the shapes the
+// in-memory load slices out, gate and up name the same region of the fused tensor (its e-th
+// of J), and a float checkpoint computed in another dtype is refused naming the tensor.
+TEST(HostTierExperts, FusedExpertsAreTheirPartsOfEachLayersTensor) {
+  const std::string dir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/gpt-oss-mxfp4-ref";
+  RuntimeOptions r;
+  r.experts_on_disk = true;
+  std::unique_ptr<Loaded> m = testing::LoadModel(dir, r);
+  ASSERT_NE(m, nullptr);
+  const Loaded& resident = Fixture(dir);
+  for (size_t l = 0; l < m->table.size(); ++l) {
+    for (size_t e = 0; e < m->table[l].size(); ++e) {
+      const ExpertWeights& w = m->table[l][e];
+      const ExpertWeights& in_memory = resident.table[l][e];
+      ASSERT_NE(w.disk, nullptr);
+      const auto tensors = w.Tensors();
+      const auto want = in_memory.Tensors();
+      ASSERT_EQ(tensors.size(), want.size());
+      ASSERT_EQ(w.disk->size(), tensors.size());
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        EXPECT_TRUE(tensors[i]->is_meta());
+        EXPECT_EQ(tensors[i]->sizes(), want[i]->sizes()) << i;
+        EXPECT_EQ(tensors[i]->scalar_type(), want[i]->scalar_type()) << i;
+      }
+      // w1 (gate) and w3 (up): parts 0 and 1 of the expert's rows of gate_up_proj_blocks.
+      const DiskExtent& gate = (*w.disk)[0];
+      const DiskExtent& up = (*w.disk)[3];
+      EXPECT_NE(gate.tensor.find("gate_up_proj_blocks"), std::string::npos) << gate.tensor;
+      EXPECT_EQ(gate.offset, up.offset);
+      EXPECT_EQ(gate.bytes, up.bytes);
+      EXPECT_EQ(gate.bytes, 2 * static_cast<uint64_t>(w.w1.numel()));
+      EXPECT_EQ(gate.ways, 2u);
+      EXPECT_EQ(gate.part, 0u);
+      EXPECT_EQ(up.part, 1u);
+      EXPECT_EQ((*w.disk)[6].ways, 0u);  // w2: down_proj_blocks as stored.
+      if (e > 0) {
+        EXPECT_EQ(gate.offset, (*m->table[l][e - 1].disk)[0].offset + gate.bytes);
+      }
+    }
+  }
+  // Stored in float32, computed in bfloat16: a conversion the host tier does not make.
+  RuntimeOptions bf16;
+  bf16.experts_on_disk = true;
+  bf16.dtype = "bfloat16";
+  const std::string float_dir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/gpt-oss-ref";
+  auto info = LoadModelInfo(float_dir);
+  ASSERT_TRUE(info.ok());
+  ExpertTable table;
+  auto refused = MoeModel::Load(*info, bf16, {}, &table);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("gate_up_proj"), std::string::npos)
+      << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("host_cache_gb"), std::string::npos);
 }
 
 // A checkpoint cut short while serving: the requests that needed an unreadable expert end with
