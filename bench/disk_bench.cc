@@ -12,8 +12,9 @@
 // Scatter/*: the host tier's ScatterRegion (host_tier.h) on the engine thread, for a fused
 // gpt-oss-120b expert's regions (h = I = 2880): MXFP4's gate_up blocks (rows split 2 ways) and
 // bfloat16's gate_up [h, 2I] (columns split 2 ways, transposed) and down [I, h] (transposed); an
-// iteration is one region, counter GB its bytes per second. They need no file (one is written
-// only when a DiskRead benchmark runs).
+// iteration is one region, counter GB its bytes per second; copy_bf16_gate_up copies gate_up's
+// bytes unchanged, the floor. They need no file (one is written only when a DiskRead benchmark
+// runs).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -191,6 +192,9 @@ void RegisterAll() {
   benchmark::RegisterBenchmark("Scatter/bf16_gate_up", BM_Scatter, true, kH, 2 * kI, 2, 2)
       ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("Scatter/bf16_down", BM_Scatter, true, kI, kH, 2, 1)
+      ->Unit(benchmark::kMillisecond);
+  // The floor: gate_up's bytes copied as they are (rows split 1 way).
+  benchmark::RegisterBenchmark("Scatter/copy_bf16_gate_up", BM_Scatter, false, kH, 2 * kI, 2, 1)
       ->Unit(benchmark::kMillisecond);
   for (const std::string backend : {"threads", "io_uring"}) {
     for (const uint64_t mib : {8, 64}) {
