@@ -457,9 +457,13 @@ bool ReadBody(const std::string& body, Json* j, HttpResponse* error) {
 // the parser. tool_choice: "none" (tools rendered, the answer not parsed), "auto" (the default
 // with tools: the answer parsed into calls in the model's format), "required" and a named
 // function ({"type": "function", "function": {"name": ..}}): the answer decoded under a JSON
-// Schema and parsed back into calls (structured_output.h).
+// Schema and parsed back into calls (structured_output.h). gpt-oss (harmony) opens a call with a
+// header naming the function, so there a named function (or "required" with one tool) is forced
+// by prefilling the header and decoding the arguments under the function's parameters:
+// *harmony_call is the function's name then (ReadChatPrompt appends the header); "required"
+// with several tools is refused, as a grammar cannot write harmony's markers (special tokens).
 bool ReadTools(const Json& j, const CompletionsOptions& options, CompletionRequest* out,
-               nlohmann::ordered_json* tools, HttpResponse* error) {
+               nlohmann::ordered_json* tools, std::string* harmony_call, HttpResponse* error) {
   auto list = j.find("tools");
   const bool have = list != j.end() && !list->is_null() && !(list->is_array() && list->empty());
   if (have) {
@@ -549,11 +553,31 @@ bool ReadTools(const Json& j, const CompletionsOptions& options, CompletionReque
   if (!have) return Refuse(error, BadParam("tool_choice", "'tool_choice' needs 'tools'"));
   if (choice == "required" || choice == "named") {
     if (options.harmony_channels || options.tool_call_format == ToolCallFormat::kGptOss) {
-      // The answer must open with harmony's headers, which a JSON Schema leaves no room for.
-      return Refuse(error, BadParam("tool_choice",
-                                    "tool_choice \"required\" and a named function are not "
-                                    "supported for the gpt_oss (harmony) format; use \"auto\"",
-                                    "unsupported_parameter"));
+      if (named.empty() && tools->size() > 1) {
+        return Refuse(error, BadParam("tool_choice",
+                                      "tool_choice \"required\" with more than one tool is not "
+                                      "supported for the gpt_oss (harmony) format: a call's "
+                                      "header names its function in special tokens no constraint "
+                                      "can choose among; name the function or use \"auto\"",
+                                      "unsupported_parameter"));
+      }
+      if (named.empty()) {
+        named = (*tools)[0]["function"]["name"].get<std::string>();
+        out->tool_choice_required = true;
+      }
+      if (std::any_of(named.begin(), named.end(), [](char c) {
+            return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '<' || c == '>';
+          })) {
+        return Refuse(error, BadParam("tool_choice",
+                                      "the function \"" + ToValidUtf8(named) +
+                                          "\" cannot be forced in the gpt_oss (harmony) format: "
+                                          "its name holds whitespace or '<' or '>', which a "
+                                          "call's header cannot carry"));
+      }
+      out->tool_format = ToolCallFormat::kGptOss;
+      out->tool_options.id_seed = RandomId();
+      *harmony_call = named;
+      return ForceToolChoice(named, *tools, out, error);
     }
     // The answer is JSON whatever the model's format; the format's stream only names the ids.
     out->tool_format = options.tool_call_format == ToolCallFormat::kNone ? ToolCallFormat::kHermes
@@ -608,10 +632,40 @@ bool ReadTemplateKwargs(const Json& j, nlohmann::ordered_json* kwargs, HttpRespo
   return true;
 }
 
+// A forced harmony call: after the generation prompt's "<|start|>assistant", the header the chat
+// template writes for a past call, " to=functions.NAME<|channel|>commentary json<|message|>", so
+// that the answer is the call's arguments (ended by <|call|>). The name's text must encode
+// without special tokens.
+bool AppendHarmonyCallHeader(const Tokenizer& tokenizer, const std::string& name,
+                             std::vector<int32_t>* ids, HttpResponse* error) {
+  const std::optional<int32_t> channel = tokenizer.TokenToId("<|channel|>");
+  const std::optional<int32_t> message = tokenizer.TokenToId("<|message|>");
+  auto recipient = tokenizer.Encode(" to=functions." + name, /*add_special_tokens=*/false);
+  auto kind = tokenizer.Encode("commentary json", /*add_special_tokens=*/false);
+  if (!channel || !message || !recipient.ok() || !kind.ok()) {
+    return Refuse(error, BadParam("tool_choice",
+                                  "this model's vocabulary has no harmony call header "
+                                  "(<|channel|>, <|message|>); use \"auto\"",
+                                  "unsupported_parameter"));
+  }
+  if (std::any_of(recipient->begin(), recipient->end(),
+                  [&](int32_t id) { return tokenizer.IsSpecial(id); })) {
+    return Refuse(error, BadParam("tool_choice", "the function \"" + ToValidUtf8(name) +
+                                                     "\" cannot be forced: its name holds a "
+                                                     "special token"));
+  }
+  ids->insert(ids->end(), recipient->begin(), recipient->end());
+  ids->push_back(*channel);
+  ids->insert(ids->end(), kind->begin(), kind->end());
+  ids->push_back(*message);
+  return true;
+}
+
 bool ReadChatPrompt(const Json& j, const CompletionsOptions& options, const Tokenizer& tokenizer,
                     CompletionRequest* out, HttpResponse* error) {
   nlohmann::ordered_json tools;
-  if (!ReadTools(j, options, out, &tools, error)) return false;
+  std::string harmony_call;
+  if (!ReadTools(j, options, out, &tools, &harmony_call, error)) return false;
   nlohmann::ordered_json template_kwargs;
   if (!ReadTemplateKwargs(j, &template_kwargs, error)) return false;
   // vLLM's include_reasoning: absent or null means true, accepted whether or not the model's
@@ -629,6 +683,9 @@ bool ReadChatPrompt(const Json& j, const CompletionsOptions& options, const Toke
                           tools.is_array() ? &tools : nullptr,
                           template_kwargs.is_object() ? &template_kwargs : nullptr);
   if (!ids.ok()) return false;
+  if (!harmony_call.empty() && !AppendHarmonyCallHeader(tokenizer, harmony_call, &*ids, error)) {
+    return false;
+  }
   out->prompts.push_back({std::move(*ids), ""});
   return true;
 }
@@ -1067,7 +1124,10 @@ Result<CompletionRequest> ParseRequest(const std::string& body, const Completion
                   CheckPromptLogprobs(prompt_len, out.sampling, error);
   if (!ok) return InvalidArgument(error->body);
   if (chat && options.harmony_channels) {
-    ConstrainTheFinalChannel(tokenizer, &out);
+    // A forced call's arguments follow the prefilled header: constrained from the first token.
+    if (out.tool_options.forced == ToolCallOptions::Forced::kNone) {
+      ConstrainTheFinalChannel(tokenizer, &out);
+    }
   } else if (chat && options.think_style) {
     ConstrainAfterThinking(tokenizer, &out);
   }

@@ -89,6 +89,9 @@ struct CompletionRequest {
   // (kNone: not parsed), with the argument types the tools declare.
   ToolCallFormat tool_format = ToolCallFormat::kNone;
   ToolCallOptions tool_options;
+  // tool_choice "required" forced as its one tool's named call (gpt-oss): the choice still ends
+  // with finish_reason "tool_calls", as "required" does, not "stop" as a named function does.
+  bool tool_choice_required = false;
   // Top-level fields this server does not know (at most 16, cut to 64 bytes), logged as ignored
   // as vLLM does; those it knows and does not apply are refused instead.
   std::vector<std::string> ignored_fields;

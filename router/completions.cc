@@ -140,7 +140,8 @@ class CompletionState {
       }
     }
     include_reasoning_ = request.include_reasoning;
-    named_tool_ = request.tool_options.forced == ToolCallOptions::Forced::kNamed;
+    named_tool_ = request.tool_options.forced == ToolCallOptions::Forced::kNamed &&
+                  !request.tool_choice_required;
     if (chat_ && request.tool_format != ToolCallFormat::kNone) {
       // A format's markers that are special tokens are decoded as their text, as the think
       // markers are (gpt-oss's text keeps every special token already).

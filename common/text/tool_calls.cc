@@ -683,7 +683,17 @@ ToolCallStreamDelta ToolCallStream::Feed(std::string_view piece) {
 ToolCallStreamDelta ToolCallStream::FinishForced() {
   ToolCallStreamDelta out;
   std::vector<RawCall> calls;
-  if (std::optional<Json> j = ParseJson(buf_)) {
+  std::string_view text = buf_;
+  if (spec_->format == ToolCallFormat::kGptOss) {
+    // A harmony call's arguments end with <|call|> where it is not a stop token.
+    for (std::string_view end : {"<|call|>", "<|end|>", "<|return|>"}) {
+      if (text.ends_with(end)) {
+        text.remove_suffix(end.size());
+        break;
+      }
+    }
+  }
+  if (std::optional<Json> j = ParseJson(text)) {
     if (options_.forced == ToolCallOptions::Forced::kNamed && j->is_object()) {
       calls.push_back({"", options_.forced_name, Dump(*j)});
     } else if (options_.forced == ToolCallOptions::Forced::kList && j->is_array()) {

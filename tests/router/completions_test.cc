@@ -15,6 +15,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -382,6 +384,7 @@ class HarmonyCompletionsTest : public ::testing::Test {
     options.model_name = "gpt-oss";
     options.context_length = 256;
     options.harmony_channels = true;
+    options.tool_call_format = ToolCallFormat::kGptOss;
     auto compiled = ChatTemplate::Compile(
         "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>"
         "{% endfor %}<|start|>assistant");
@@ -406,6 +409,7 @@ class HarmonyCompletionsTest : public ::testing::Test {
     EXPECT_TRUE(gen);
     if (!gen) return rec;
     last_sampling_ = gen->sampling;
+    last_prompt_ = gen->token_ids;
     AnswerWithText(*leader_, *tokenizer_, gen->request_id, text);
     EXPECT_TRUE(WaitUntil([&] { return rec->done(); }));
     return rec;
@@ -417,6 +421,7 @@ class HarmonyCompletionsTest : public ::testing::Test {
   std::unique_ptr<Completions> completions_;
   std::unique_ptr<FakeLeader> leader_;
   SamplingParams last_sampling_;  // The last request's, as the leader got it.
+  std::vector<int32_t> last_prompt_;
 };
 
 const char kHarmonyAnswer[] =
@@ -475,6 +480,120 @@ TEST_F(HarmonyCompletionsTest, StructuredOutputConstrainsTheFinalChannelOnly) {
                       {"max_tokens", 64}};
   ASSERT_EQ(Run(plain, kHarmonyAnswer)->status(), 200);
   EXPECT_TRUE(last_sampling_.constrain_after.empty());
+}
+
+// A forced call on gpt-oss: the call's header (as the chat template writes a past call) is
+// prefilled after the generation prompt, the arguments are decoded under the function's
+// parameters from the first token, and they come back as the call, whole or streamed. A named
+// function and "required" with one tool force it; "required" with several tools, a name the
+// header cannot carry and a function not in tools are refused.
+TEST_F(HarmonyCompletionsTest, AForcedCallPrefillsItsHeaderAndDecodesTheArguments) {
+  const Json weather = {{"type", "function"},
+                        {"function",
+                         {{"name", "get_weather"},
+                          {"parameters",
+                           {{"type", "object"},
+                            {"properties", {{"city", {{"type", "string"}}}}},
+                            {"required", {"city"}}}}}}};
+  const Json clock = {{"type", "function"}, {"function", {{"name", "now"}}}};
+  const Json messages = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
+  // The header's ids, and the prompt without it (a tool_choice "auto" request's).
+  auto recipient = tokenizer_->Encode(" to=functions.get_weather", false);
+  auto kind = tokenizer_->Encode("commentary json", false);
+  ASSERT_TRUE(recipient.ok() && kind.ok());
+  std::vector<int32_t> header = recipient.value();
+  header.push_back(tokenizer_->TokenToId("<|channel|>").value());
+  header.insert(header.end(), kind.value().begin(), kind.value().end());
+  header.push_back(tokenizer_->TokenToId("<|message|>").value());
+  ASSERT_EQ(Run({{"model", "gpt-oss"},
+                 {"messages", messages},
+                 {"tools", {weather, clock}},
+                 {"max_tokens", 64}},
+                kHarmonyAnswer)
+                ->status(),
+            200);
+  const std::vector<int32_t> plain = last_prompt_;
+  std::vector<int32_t> want = plain;
+  want.insert(want.end(), header.begin(), header.end());
+
+  const Json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  for (const auto& [tools, choice] :
+       {std::pair{Json{weather, clock}, named}, std::pair{Json{weather}, Json("required")}}) {
+    for (bool stream : {false, true}) {
+      SCOPED_TRACE(choice.dump() + (stream ? " stream" : ""));
+      Json body = {{"model", "gpt-oss"},
+                   {"messages", messages},
+                   {"tools", tools},
+                   {"tool_choice", choice},
+                   {"max_tokens", 64}};
+      if (stream) body["stream"] = true;
+      auto rec = Run(body, "{\"city\": \"Paris\"}<|call|>");
+      ASSERT_EQ(rec->status(), 200) << rec->body();
+      EXPECT_EQ(last_prompt_, want);
+      EXPECT_TRUE(last_sampling_.constrain_after.empty());
+      ASSERT_FALSE(last_sampling_.json_schema.empty());
+      EXPECT_EQ(Json::parse(last_sampling_.json_schema)["required"], Json({"city"}));
+      std::string name, arguments, content, finish;
+      if (stream) {
+        for (const std::string& e : DataEvents(rec->body())) {
+          if (e == "[DONE]") continue;
+          const Json j = Json::parse(e);
+          if (j["choices"].empty()) continue;
+          const Json& c = j["choices"][0];
+          if (c["finish_reason"].is_string()) finish = c["finish_reason"];
+          const Json& delta = c["delta"];
+          if (delta.contains("content") && delta["content"].is_string()) {
+            content += delta["content"].get<std::string>();
+          }
+          if (delta.contains("tool_calls")) {
+            const Json& call = delta["tool_calls"][0];
+            if (call["function"].contains("name")) name += call["function"]["name"];
+            if (call["function"].contains("arguments")) {
+              arguments += call["function"]["arguments"].get<std::string>();
+            }
+          }
+        }
+      } else {
+        const Json c = Json::parse(rec->body())["choices"][0];
+        finish = c["finish_reason"];
+        if (c["message"]["content"].is_string()) content = c["message"]["content"];
+        ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << c;
+        name = c["message"]["tool_calls"][0]["function"]["name"];
+        arguments = c["message"]["tool_calls"][0]["function"]["arguments"];
+      }
+      EXPECT_EQ(name, "get_weather");
+      EXPECT_EQ(Json::parse(arguments), Json({{"city", "Paris"}}));
+      EXPECT_EQ(content, "");
+      // As OpenAI's: a named function's call ends with "stop", a required one's "tool_calls".
+      EXPECT_EQ(finish, choice.is_string() ? "tool_calls" : "stop");
+      EXPECT_EQ(rec->body().find("<|"), std::string::npos) << rec->body();
+    }
+  }
+
+  Json spaced = weather;
+  spaced["function"]["name"] = "get weather";
+  for (const auto& [tools, choice, says] :
+       {std::tuple{Json{weather, clock}, Json("required"), std::string("more than one tool")},
+        std::tuple{Json{spaced}, Json("required"), std::string("whitespace")},
+        std::tuple{Json{clock}, named, std::string("not in 'tools'")}}) {
+    SCOPED_TRACE(says);
+    auto rec = std::make_shared<Recorder>();
+    HttpRequest req;
+    req.method = "POST";
+    req.path = req.target = "/v1/chat/completions";
+    req.body = Json{
+        {"model", "gpt-oss"},
+        {"messages", messages},
+        {"tools", tools},
+        {"tool_choice",
+         choice}}.dump();
+    completions_->HandleChat(req, rec);
+    ASSERT_TRUE(WaitUntil([&] { return rec->done(); }));
+    EXPECT_EQ(rec->status(), 400);
+    const Json error = Json::parse(rec->body())["error"];
+    EXPECT_EQ(error["param"], "tool_choice") << error;
+    EXPECT_NE(error["message"].get<std::string>().find(says), std::string::npos) << error;
+  }
 }
 
 TEST_F(HarmonyCompletionsTest, StreamsCarryReasoningAndContentDeltasWithoutMarkers) {
