@@ -565,14 +565,14 @@ bool ReadTools(const Json& j, const CompletionsOptions& options, CompletionReque
         named = (*tools)[0]["function"]["name"].get<std::string>();
         out->tool_choice_required = true;
       }
-      if (std::any_of(named.begin(), named.end(), [](char c) {
-            return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '<' || c == '>';
-          })) {
+      // (A special token in the name is refused where the header is encoded.)
+      if (std::any_of(named.begin(), named.end(),
+                      [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; })) {
         return Refuse(error, BadParam("tool_choice",
                                       "the function \"" + ToValidUtf8(named) +
                                           "\" cannot be forced in the gpt_oss (harmony) format: "
-                                          "its name holds whitespace or '<' or '>', which a "
-                                          "call's header cannot carry"));
+                                          "its name holds whitespace, which a call's header "
+                                          "cannot carry"));
       }
       out->tool_format = ToolCallFormat::kGptOss;
       out->tool_options.id_seed = RandomId();

@@ -394,6 +394,8 @@ bool ParseMiniMax(const Block& block, const ToolCallOptions& options, std::vecto
 
 constexpr std::string_view kHarmonyMessage = "<|message|>";
 constexpr std::string_view kHarmonyRecipient = "to=functions.";
+// What ends a harmony message.
+const std::vector<std::string_view> kHarmonyEnds = {"<|call|>", "<|end|>", "<|return|>"};
 
 // A harmony message [<|start|>assistant][ to=functions.NAME]<|channel|>commentary[ to=functions.
 // NAME][ <|constrain|>json]<|message|>{...}; its body must be a JSON object.
@@ -686,7 +688,7 @@ ToolCallStreamDelta ToolCallStream::FinishForced() {
   std::string_view text = buf_;
   if (spec_->format == ToolCallFormat::kGptOss) {
     // A harmony call's arguments end with <|call|> where it is not a stop token.
-    for (std::string_view end : {"<|call|>", "<|end|>", "<|return|>"}) {
+    for (std::string_view end : kHarmonyEnds) {
       if (text.ends_with(end)) {
         text.remove_suffix(end.size());
         break;
@@ -918,13 +920,12 @@ bool ToolCallStream::ProcessCall(bool final, ToolCallStreamDelta* out) {
       if (end.kind == CallEnd::kNeedMore && (final || over)) end = CallEnd{CallEnd::kNotCall};
     }
   } else if (spec_->format == ToolCallFormat::kGptOss) {
-    static const std::vector<std::string_view> kEnds = {"<|call|>", "<|end|>", "<|return|>"};
     static const std::vector<std::string_view> kNext = {"<|start|>", "<|channel|>"};
     if (json_start_ == 0) {
       // The header: <|message|> within kMaxHeaderBytes, no message end before it.
       const size_t limit = begin_len_ + kMaxHeaderBytes + kHarmonyMessage.size();
       const size_t msg = FindFirst(buf, begin_len_, limit, {kHarmonyMessage}).first;
-      const size_t stop = FindFirst(buf, begin_len_, limit, kEnds).first;
+      const size_t stop = FindFirst(buf, begin_len_, limit, kHarmonyEnds).first;
       if (stop < msg) {
         end = CallEnd{CallEnd::kNotCall};
       } else if (msg == std::string_view::npos) {
@@ -936,7 +937,7 @@ bool ToolCallStream::ProcessCall(bool final, ToolCallStreamDelta* out) {
         scan_ = json_start_;
       }
     }
-    if (json_start_ != 0) end = find_end(kEnds, kNext, json_start_);
+    if (json_start_ != 0) end = find_end(kHarmonyEnds, kNext, json_start_);
   } else {
     end = find_end(spec_->call_ends, {}, begin_len_);
   }
