@@ -21,7 +21,8 @@ HttpResponse Invalid(const std::string& message) {
 }
 
 // A content value's text: a string, or text blocks (joined). `at` names it in errors.
-bool TextOf(const Json& content, const std::string& at, std::string* out, std::string* problem) {
+bool TextOfBlocks(const Json& content, const std::string& at, std::string* out,
+                  std::string* problem) {
   if (content.is_string()) {
     *out = content.get<std::string>();
     return true;
@@ -106,7 +107,7 @@ bool ConvertMessage(const Json& m, size_t i, Json* out, std::string* problem) {
       }
       std::string result;
       if (auto c = block.find("content"); c != block.end() && !c->is_null()) {
-        if (!TextOf(*c, block_at + ".content", &result, problem)) return false;
+        if (!TextOfBlocks(*c, block_at + ".content", &result, problem)) return false;
       }
       out->push_back({{"role", "tool"}, {"tool_call_id", *id}, {"content", result}});
     } else if (kind == "thinking" || kind == "redacted_thinking") {
@@ -162,7 +163,7 @@ Result<Json> MessagesToChat(const Json& body, HttpResponse* error) {
   Json messages = Json::array();
   if (auto system = body.find("system"); system != body.end() && !system->is_null()) {
     std::string text, problem;
-    if (!TextOf(*system, "system", &text, &problem)) return fail(problem);
+    if (!TextOfBlocks(*system, "system", &text, &problem)) return fail(problem);
     messages.push_back({{"role", "system"}, {"content", text}});
   }
   auto list = body.find("messages");

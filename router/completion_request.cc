@@ -420,15 +420,15 @@ Result<std::vector<int32_t>> TokenizeChat(const Json& messages, const Completion
   return std::move(*ids);
 }
 
-namespace {
-
-// The readers of ParseRequest, one per parameter or group of parameters, in the order it calls
-// them. Each fills its part of the request, or sets *error and returns false.
-
 bool Refuse(HttpResponse* error, HttpResponse response) {
   *error = std::move(response);
   return false;
 }
+
+namespace {
+
+// The readers of ParseRequest, one per parameter or group of parameters, in the order it calls
+// them. Each fills its part of the request, or sets *error and returns false.
 
 // The top level: a JSON object without parameters this server does not support.
 bool ReadBody(const std::string& body, Json* j, HttpResponse* error) {

@@ -146,4 +146,7 @@ bool ReadBool(const nlohmann::json& body, const char* key, bool* out, HttpRespon
 HttpResponse BadParam(const std::string& param, const std::string& message,
                       const std::string& code = "invalid_value");
 
+// How a request reader refuses: sets *error to `response` and returns false.
+bool Refuse(HttpResponse* error, HttpResponse response);
+
 }  // namespace fmoe

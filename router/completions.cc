@@ -23,7 +23,7 @@ namespace fmoe {
 namespace {
 
 using Json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 using Ms = std::chrono::duration<double, std::milli>;
 
 int64_t UnixSeconds() {
@@ -100,7 +100,7 @@ struct Choice {
   size_t prompt = 0;                // The request's prompt this choice completes.
   bool role_sent = false;           // Chat streams: the first delta carries the role.
   double queue_ms = 0.0;
-  Clock::time_point first_token{}, last_token{};
+  SteadyClock::time_point first_token{}, last_token{};
 };
 
 // One request's rendering state; the link thread feeds it events of its choices.
@@ -313,7 +313,7 @@ class CompletionState {
       if (stream_) Send(Chunk(i, Echo(c), nullptr, true));
     }
     if (ev.token_id >= 0) {
-      c.last_token = Clock::now();
+      c.last_token = SteadyClock::now();
       if (c.tokens == 0) {
         c.first_token = c.last_token;
         c.queue_ms = std::max(0.0, Ms(c.first_token - arrived_).count() - ev.token_us / 1000.0);
@@ -405,8 +405,8 @@ class CompletionState {
     if (metrics_ != nullptr) {
       double queue_ms = 0.0;
       for (const auto& c : choices_) queue_ms = std::max(queue_ms, c->queue_ms);
-      metrics_->CountFinished(
-          {route_, prompt_tokens_, completion, Ms(Clock::now() - arrived_).count(), queue_ms});
+      metrics_->CountFinished({route_, prompt_tokens_, completion,
+                               Ms(SteadyClock::now() - arrived_).count(), queue_ms});
     }
     if (messages_) return CompleteMessages(completion);
     if (responses_) return CompleteResponses(completion);
@@ -1049,7 +1049,7 @@ class CompletionState {
   bool prompt_logprobs_ = false;
   uint32_t min_tokens_ = 0;
   std::vector<PromptInput> prompts_;  // The request's; their text is the echo (empty without).
-  Clock::time_point arrived_ = Clock::now();
+  SteadyClock::time_point arrived_ = SteadyClock::now();
   std::vector<std::unique_ptr<Choice>> choices_;
   std::map<size_t, const char*> finish_;
   size_t finished_ = 0;

@@ -9,7 +9,8 @@ namespace {
 using Json = nlohmann::json;
 
 // A content value's text: a string, or input_text / output_text / text parts (joined).
-bool TextOf(const Json& content, const std::string& at, std::string* out, std::string* problem) {
+bool TextOfParts(const Json& content, const std::string& at, std::string* out,
+                 std::string* problem) {
   if (content.is_string()) {
     *out = content.get<std::string>();
     return true;
@@ -71,7 +72,7 @@ bool ConvertItems(const Json& input, Json* out, std::string* problem) {
         return false;
       }
       std::string text;
-      if (!TextOf(*content, at + ".content", &text, problem)) return false;
+      if (!TextOfParts(*content, at + ".content", &text, problem)) return false;
       out->push_back({{"role", *role}, {"content", text}});
     } else if (type == "function_call") {
       auto call_id = item.find("call_id");
@@ -103,7 +104,7 @@ bool ConvertItems(const Json& input, Json* out, std::string* problem) {
         return false;
       }
       std::string text;
-      if (!TextOf(*output, at + ".output", &text, problem)) return false;
+      if (!TextOfParts(*output, at + ".output", &text, problem)) return false;
       out->push_back({{"role", "tool"}, {"tool_call_id", *call_id}, {"content", text}});
     } else if (type == "reasoning") {
       // An earlier turn's reasoning: not sent back to the model (templates drop it).

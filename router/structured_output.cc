@@ -10,11 +10,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-bool Refuse(HttpResponse* error, HttpResponse response) {
-  *error = std::move(response);
-  return false;
-}
-
 // The top-level parameter a field belongs to: "response_format.json_schema.schema" ->
 // "response_format", "tools[0].function.parameters" -> "tools".
 std::string ParamOf(const std::string& field) { return field.substr(0, field.find_first_of(".[")); }

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/fmoe_bench/format.h"
 #include "bench/fmoe_bench/replay_core.h"
 #include "bench/fmoe_bench/replay_hybrid.h"
 #include "bench/fmoe_bench/replay_time.h"
@@ -120,13 +121,6 @@ void RunJobs(uint32_t threads, std::vector<std::unique_ptr<Job>>& jobs, const Wa
     std::fprintf(stderr, "[%zu/%zu] %s%s\n", ++finished, jobs.size(), label(job).c_str(),
                  job.result.ok() ? "" : (": " + job.result.status().message()).c_str());
   });
-}
-
-// `v` with `digits` digits after the point, for the replays' tables.
-inline std::string Fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
 }
 
 }  // namespace fmoe::bench

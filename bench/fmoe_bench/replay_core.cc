@@ -13,13 +13,6 @@
 #include "map_service/map_matcher.h"
 
 namespace fmoe::bench {
-namespace {
-
-// The cache moves these many bytes per expert; the link's time per expert does not depend on
-// them, and the report scales expert counts to real sizes.
-constexpr size_t kNominalExpertBytes = 64;
-
-uint32_t SemWidth(const TraceHeader& h) { return h.hidden > 0 ? h.hidden : 1; }
 
 std::vector<float> SemOf(const TraceHeader& h, const TraceIteration& it) {
   return h.hidden > 0 ? it.sem : std::vector<float>{1.0f};
@@ -30,13 +23,11 @@ MapStoreOptions StoreOptions(const TraceHeader& h, uint32_t capacity, uint32_t d
   o.num_layers = h.num_layers;
   o.num_experts = h.num_experts;
   o.top_k = h.top_k;
-  o.hidden = SemWidth(h);
+  o.hidden = h.hidden > 0 ? h.hidden : 1;
   o.capacity = capacity;
   o.prefetch_distance = distance;
   return o;
 }
-
-}  // namespace
 
 bool UsesMapService(const std::string& policy) {
   return policy == "fmoe" || policy == "fmoe-traj" || policy == "fmoe-traj-sem" ||

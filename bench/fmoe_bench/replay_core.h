@@ -6,6 +6,7 @@
 // the link then is a miss that stalls for its remaining time).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -16,6 +17,16 @@
 #include "map_service/map_store.h"
 
 namespace fmoe::bench {
+
+// The cache moves these many bytes per expert in a replay; the link's time per expert does not
+// depend on them, and the reports scale expert counts to real sizes.
+inline constexpr size_t kNominalExpertBytes = 64;
+
+// An iteration's semantic vector for the map store: the trace's, or {1} for a trace without one.
+std::vector<float> SemOf(const TraceHeader& h, const TraceIteration& it);
+
+// The map store of a replay of `h`'s model.
+MapStoreOptions StoreOptions(const TraceHeader& h, uint32_t capacity, uint32_t distance);
 
 // A trace's iterations grouped by request, in the order requests first appear.
 struct TraceRequests {

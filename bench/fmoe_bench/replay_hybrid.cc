@@ -5,18 +5,10 @@
 #include <cstdio>
 #include <numeric>
 
+#include "bench/fmoe_bench/format.h"
 #include "bench/fmoe_bench/replay_time.h"
 
 namespace fmoe::bench {
-namespace {
-
-std::string Fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
-}
-
-}  // namespace
 
 int64_t CpuModel::ExpertNs(uint64_t tokens, int64_t load_ns) const {
   const double t = static_cast<double>(std::max<uint64_t>(tokens, 1));

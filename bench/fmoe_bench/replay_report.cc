@@ -5,16 +5,11 @@
 #include <numeric>
 #include <sstream>
 
+#include "bench/fmoe_bench/format.h"
 #include "bench/fmoe_bench/serve_workload.h"
 
 namespace fmoe::bench {
 namespace {
-
-std::string Fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
-}
 
 double Per(double v, uint64_t n) { return n ? v / static_cast<double>(n) : 0.0; }
 

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "bench/fmoe_bench/memo_policy.h"
+#include "bench/fmoe_bench/replay_core.h"
 #include "bench/fmoe_bench/sim_link.h"
 #include "common/clock.h"
 #include "gpu_worker/cache/expert_cache.h"
@@ -121,26 +122,7 @@ ChunkAdvisor ChunkAdvisorFor(const ServeConfig& c, const TraceHeader& h) {
 
 namespace {
 
-// The cache moves these many bytes per expert; the link's time per expert does not depend on
-// them, and the report scales expert counts to real sizes.
-constexpr size_t kNominalExpertBytes = 64;
-
 using Schedule = std::vector<std::vector<ContinuousBatcher::Slot>>;  // Slots use workload indices.
-
-std::vector<float> SemOf(const TraceHeader& h, const TraceIteration& it) {
-  return h.hidden > 0 ? it.sem : std::vector<float>{1.0f};
-}
-
-MapStoreOptions StoreOptions(const TraceHeader& h, uint32_t capacity, uint32_t distance) {
-  MapStoreOptions o;
-  o.num_layers = h.num_layers;
-  o.num_experts = h.num_experts;
-  o.top_k = h.top_k;
-  o.hidden = h.hidden > 0 ? h.hidden : 1;
-  o.capacity = capacity;
-  o.prefetch_distance = distance;
-  return o;
-}
 
 // The routing each slot of a batch runs: the request's step as the workload holds it, or a
 // prefill chunk merged from its prompt positions [begin, end) (MergePositions: the chunk's exact

@@ -5,14 +5,10 @@
 #include <cmath>
 #include <cstdio>
 
+#include "bench/fmoe_bench/format.h"
+
 namespace fmoe::bench {
 namespace {
-
-std::string Fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
-}
 
 bool ParseDouble(std::string_view text, double* out) {
   const char* end = text.data() + text.size();

@@ -15,18 +15,14 @@
 #include <sstream>
 #include <thread>
 
+#include "bench/fmoe_bench/format.h"
+
 namespace fmoe::bench {
 namespace {
 
 namespace fs = std::filesystem;
 
 double Ms(BenchClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-std::string Fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
-}
 
 // A CSV field: quoted when it holds a comma, quote or line break.
 std::string CsvField(const std::string& s) {

@@ -17,7 +17,7 @@ constexpr char kMagic[8] = {'F', 'M', 'O', 'E', 'T', 'R', 'C', '1'};
 constexpr uint8_t kFlagLast = 1;
 constexpr uint8_t kFlagDerived = 2;
 constexpr uint8_t kFlagPrefill = 4;  // Prompt tokens (a prefill or a chunk of one).
-constexpr uint32_t kMaxHeaderBytes = 1 << 20;
+constexpr uint32_t kMaxTraceHeaderBytes = 1 << 20;
 
 Status CheckHeader(const TraceHeader& h) {
   if (h.num_layers < 1 || h.num_layers > 1024) {
@@ -259,7 +259,7 @@ Result<Trace> ReadTrace(const std::string& path) {
   }
   uint32_t header_len = 0;
   std::memcpy(&header_len, bytes.data() + 8, 4);
-  if (header_len > kMaxHeaderBytes || header_len > bytes.size() - 12) {
+  if (header_len > kMaxTraceHeaderBytes || header_len > bytes.size() - 12) {
     return fail(8, "header length " + std::to_string(header_len) + " runs past the file");
   }
   Trace trace;

@@ -50,7 +50,7 @@ constexpr std::array<std::string_view, 16> kStructural = {
     "oneOf",     "allOf",      "minItems", "maxItems",
     "minLength", "maxLength",  "nullable", "$ref"};
 
-std::string Quote(std::string_view s) {
+std::string QuoteName(std::string_view s) {
   std::string q;
   q.reserve(s.size() + 2);
   q += '"';
@@ -137,7 +137,7 @@ class Compiler {
   Result<uint32_t> Count(const Json& s, const char* key, const std::string& path) {
     const Json& v = s.at(key);
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > UINT32_MAX) {
-      return Error(path, Quote(key) + " must be a non-negative integer");
+      return Error(path, QuoteName(key) + " must be a non-negative integer");
     }
     return static_cast<uint32_t>(v.get<int64_t>());
   }
@@ -152,7 +152,7 @@ class Compiler {
     }
     if (!s.is_object()) return Error(path, "a schema must be an object or a boolean");
     for (std::string_view kw : kRefused) {
-      if (Has(s, kw)) return Error(path, Quote(kw) + " is not supported");
+      if (Has(s, kw)) return Error(path, QuoteName(kw) + " is not supported");
     }
     auto structural_beside = [&](std::string_view self) -> std::optional<std::string_view> {
       for (std::string_view kw : kStructural) {
@@ -162,7 +162,7 @@ class Compiler {
     };
     if (Has(s, "$ref")) {
       if (auto other = structural_beside("$ref")) {
-        return Error(path, "\"$ref\" beside " + Quote(*other) + " is not supported");
+        return Error(path, "\"$ref\" beside " + QuoteName(*other) + " is not supported");
       }
       if (!s.at("$ref").is_string()) return Error(path, "\"$ref\" must be a string");
       return Ref(s.at("$ref").get<std::string>(), path, depth);
@@ -173,7 +173,7 @@ class Compiler {
         return Error(path, "\"allOf\" is supported with exactly one schema");
       }
       if (auto other = structural_beside("allOf")) {
-        return Error(path, "\"allOf\" beside " + Quote(*other) + " is not supported");
+        return Error(path, "\"allOf\" beside " + QuoteName(*other) + " is not supported");
       }
       return Compile(all[0], path + "/allOf/0", depth + 1);
     }
@@ -213,18 +213,18 @@ class Compiler {
       } else if (TypeAllows(types, v)) {
         texts.push_back(v.dump());
       }
-      if (texts.empty()) return Error(path, Quote(key) + " has no value of the given \"type\"");
+      if (texts.empty()) return Error(path, QuoteName(key) + " has no value of the given \"type\"");
       return Literal(texts, path + "/" + key);
     }
     for (const char* key : {"anyOf", "oneOf"}) {
       if (!Has(s, key)) continue;
       const Json& alts = s.at(key);
       if (!alts.is_array() || alts.empty()) {
-        return Error(path, Quote(key) + " must be a non-empty array");
+        return Error(path, QuoteName(key) + " must be a non-empty array");
       }
       for (std::string_view kw : kStructural) {
         if (kw != key && kw != "nullable" && Has(s, kw)) {
-          return Error(path, Quote(key) + " beside " + Quote(kw) + " is not supported");
+          return Error(path, QuoteName(key) + " beside " + QuoteName(kw) + " is not supported");
         }
       }
       std::vector<int32_t> ids;
@@ -294,7 +294,7 @@ class Compiler {
     if (type == "integer") return New(Kind::kInteger, path);
     if (type == "boolean") return Literal({"true", "false"}, path);
     if (type == "null") return Literal({"null"}, path);
-    return Error(path, "unknown \"type\" " + Quote(type));
+    return Error(path, "unknown \"type\" " + QuoteName(type));
   }
 
   Result<int32_t> Object(const Json& s, const std::string& path, uint32_t depth) {
@@ -395,7 +395,7 @@ class Compiler {
   Result<int32_t> Ref(const std::string& ref, const std::string& path, uint32_t depth) {
     if (auto it = refs_.find(ref); it != refs_.end()) return it->second;
     if (ref.empty() || ref[0] != '#' || (ref.size() > 1 && ref[1] != '/')) {
-      return Error(path, "\"$ref\" " + Quote(ref) + " is not a local JSON pointer (#/...)");
+      return Error(path, "\"$ref\" " + QuoteName(ref) + " is not a local JSON pointer (#/...)");
     }
     const Json* at = &root_;
     size_t pos = 1;
@@ -419,7 +419,7 @@ class Compiler {
                  std::stoul(key) < at->size()) {
         at = &at->at(std::stoul(key));
       } else {
-        return Error(path, "\"$ref\" " + Quote(ref) + " points to nothing");
+        return Error(path, "\"$ref\" " + QuoteName(ref) + " points to nothing");
       }
       pos = next;
     }

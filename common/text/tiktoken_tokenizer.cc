@@ -44,7 +44,7 @@ bool IsPythonSpace(char32_t cp) {
 }
 
 // Up to 40 bytes of `s` in quotes, bytes outside printable ASCII as \xHH.
-std::string Quote(std::string_view s) {
+std::string QuoteLine(std::string_view s) {
   constexpr size_t kMax = 40;
   std::string out = "\"";
   for (size_t i = 0; i < s.size() && i < kMax; ++i) {
@@ -228,28 +228,29 @@ Result<std::unique_ptr<TiktokenTokenizer>> TiktokenTokenizer::Create(
     if (line.empty()) continue;
     size_t space = line.find(' ');
     if (space == std::string_view::npos) {
-      return error(number, "expected \"<base64 token> <rank>\", found no space in " + Quote(line));
+      return error(number,
+                   "expected \"<base64 token> <rank>\", found no space in " + QuoteLine(line));
     }
     std::string_view token = line.substr(0, space);
     std::string_view rank_text = line.substr(space + 1);
     if (token.empty()) return error(number, "the token before the space is empty");
     if (!DecodeBase64(token, &bytes)) {
-      return error(number, "token " + Quote(token) + " is not base64");
+      return error(number, "token " + QuoteLine(token) + " is not base64");
     }
-    if (bytes.empty()) return error(number, "token " + Quote(token) + " is empty");
+    if (bytes.empty()) return error(number, "token " + QuoteLine(token) + " is empty");
     int64_t rank = -1;
     const char* rank_end = rank_text.data() + rank_text.size();
     auto [ptr, ec] = std::from_chars(rank_text.data(), rank_end, rank);
     bool digits = !rank_text.empty() && rank_text[0] >= '0' && rank_text[0] <= '9';
     if (!digits || ptr != rank_end || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
-      return error(number, "rank " + Quote(rank_text) + " is not a non-negative integer");
+      return error(number, "rank " + QuoteLine(rank_text) + " is not a non-negative integer");
     }
     if (ec == std::errc::result_out_of_range || rank > kMaxRank) {
-      return error(number, "rank " + Quote(rank_text) + " is too large");
+      return error(number, "rank " + QuoteLine(rank_text) + " is too large");
     }
     auto [it, inserted] = token_line.emplace(bytes, static_cast<int32_t>(lines.size()));
     if (!inserted) {
-      return error(number, "token " + Quote(token) + " is already on line " +
+      return error(number, "token " + QuoteLine(token) + " is already on line " +
                                std::to_string(lines[it->second].number));
     }
     lines.push_back({static_cast<int32_t>(rank), number});
@@ -282,7 +283,7 @@ Result<std::unique_ptr<TiktokenTokenizer>> TiktokenTokenizer::Create(
     char c = static_cast<char>(b);
     auto it = s->rank_of.find(std::string_view(&c, 1));
     if (it == s->rank_of.end()) {
-      return InvalidArgument(path + ": the byte " + Quote(std::string_view(&c, 1)) +
+      return InvalidArgument(path + ": the byte " + QuoteLine(std::string_view(&c, 1)) +
                              " is not a token (every single byte must be one)");
     }
     s->byte_ranks[b] = it->second;
@@ -316,7 +317,8 @@ Result<std::unique_ptr<TiktokenTokenizer>> TiktokenTokenizer::Create(
   auto add_special = [&](int64_t id, std::string content, bool special) -> Status {
     auto [it, inserted] = s->special_ids.emplace(content, static_cast<int32_t>(id));
     if (!inserted) {
-      return config_error(id, Quote(content) + " is also the token " + std::to_string(it->second));
+      return config_error(id,
+                          QuoteLine(content) + " is also the token " + std::to_string(it->second));
     }
     s->special_trie.Add(content, static_cast<int32_t>(s->special_by_index.size()));
     s->special_by_index.push_back(static_cast<int32_t>(id));
@@ -347,7 +349,7 @@ Result<std::unique_ptr<TiktokenTokenizer>> TiktokenTokenizer::Create(
     }
     std::optional<int32_t> id = state.Lookup(*name);
     if (!id) {
-      return InvalidArgument(config_path + ": " + field + ": " + Quote(*name) +
+      return InvalidArgument(config_path + ": " + field + ": " + QuoteLine(*name) +
                              " is not a token of " + path);
     }
     return id;

@@ -28,7 +28,7 @@ std::string Describe(const Json& v) {
 // The largest id accepted for `n` tokens: ids may have gaps, but not absurd ones.
 size_t SparseLimit(size_t n) { return std::min<size_t>(kMaxTokenId, 2 * n + 65536); }
 
-std::string Quote(std::string_view s) {
+std::string JsonQuote(std::string_view s) {
   return Json(std::string(s)).dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
@@ -136,7 +136,7 @@ Status Parser::Model(const Json& v, TokenizerJson* out) {
     if (!it->is_string()) return Fail("model.type", Describe(*it) + " is not a string");
     if (it->get<std::string>() != "BPE") {
       return Unsupported("model.type",
-                         Quote(it->get<std::string>()) + " is not supported (only BPE)");
+                         JsonQuote(it->get<std::string>()) + " is not supported (only BPE)");
     }
   }
   bool byte_fallback = false;
@@ -154,7 +154,8 @@ Status Parser::Model(const Json& v, TokenizerJson* out) {
     std::optional<std::string> s;
     FMOE_RETURN_IF_ERROR(String(v, key, "model", &s));
     if (s && !s->empty()) {
-      return Unsupported(std::string("model.") + key, Quote(*s) + " is not supported (only null)");
+      return Unsupported(std::string("model.") + key,
+                         JsonQuote(*s) + " is not supported (only null)");
     }
   }
 
@@ -165,7 +166,7 @@ Status Parser::Model(const Json& v, TokenizerJson* out) {
   vocab_ids_.reserve(vocab->size());
   int32_t max_id = -1;
   for (const auto& [token, id_json] : vocab->items()) {
-    std::string path = "model.vocab[" + Quote(token) + "]";
+    std::string path = "model.vocab[" + JsonQuote(token) + "]";
     if (token.empty()) return Fail(path, "empty token");
     FMOE_ASSIGN_OR_RETURN(int32_t id, Id(id_json, path));
     vocab_ids_.emplace(token, id);
@@ -183,8 +184,8 @@ Status Parser::Model(const Json& v, TokenizerJson* out) {
       // Name the pair in a stable order whatever the hash order.
       const std::string& a = std::min(*by_id[id], token);
       const std::string& b = std::max(*by_id[id], token);
-      return Fail("model.vocab", "tokens " + Quote(a) + " and " + Quote(b) + " both have id " +
-                                     std::to_string(id));
+      return Fail("model.vocab", "tokens " + JsonQuote(a) + " and " + JsonQuote(b) +
+                                     " both have id " + std::to_string(id));
     }
     by_id[id] = &token;
   }
@@ -201,7 +202,7 @@ Status Parser::Model(const Json& v, TokenizerJson* out) {
   if (unk) {
     auto it = vocab_ids_.find(*unk);
     if (it == vocab_ids_.end())
-      return Fail("model.unk_token", Quote(*unk) + " is not in the vocab");
+      return Fail("model.unk_token", JsonQuote(*unk) + " is not in the vocab");
     out->unk_id = it->second;
   }
 
@@ -218,7 +219,7 @@ Status Parser::Model(const Json& v, TokenizerJson* out) {
       size_t space = s.find(' ');
       if (space == std::string::npos || space == 0 || space + 1 == s.size() ||
           s.find(' ', space + 1) != std::string::npos) {
-        return Fail(path, Quote(s) + " is not two tokens separated by one space");
+        return Fail(path, JsonQuote(s) + " is not two tokens separated by one space");
       }
       left = s.substr(0, space);
       right = s.substr(space + 1);
@@ -231,12 +232,12 @@ Status Parser::Model(const Json& v, TokenizerJson* out) {
     BpeMerge merge;
     for (auto [token, id] : {std::pair{&left, &merge.left}, std::pair{&right, &merge.right}}) {
       auto it = vocab_ids_.find(*token);
-      if (it == vocab_ids_.end()) return Fail(path, Quote(*token) + " is not in the vocab");
+      if (it == vocab_ids_.end()) return Fail(path, JsonQuote(*token) + " is not in the vocab");
       *id = it->second;
     }
     auto it = vocab_ids_.find(left + right);
     if (it == vocab_ids_.end()) {
-      return Fail(path, Quote(left) + " + " + Quote(right) + " is not in the vocab");
+      return Fail(path, JsonQuote(left) + " + " + JsonQuote(right) + " is not in the vocab");
     }
     merge.result = it->second;
     out->merges.push_back(merge);
@@ -287,19 +288,19 @@ Status Parser::CheckAddedAgainstVocab(TokenizerJson* out) {
                             std::to_string(it->second) + "]");
     }
     if (auto it = by_content.find(t.content); it != by_content.end()) {
-      return Fail(path,
-                  Quote(t.content) + " is also added_tokens[" + std::to_string(it->second) + "]");
+      return Fail(
+          path, JsonQuote(t.content) + " is also added_tokens[" + std::to_string(it->second) + "]");
     }
     by_id.emplace(t.id, i);
     by_content.emplace(t.content, i);
     if (auto it = vocab_ids_.find(t.content); it != vocab_ids_.end() && it->second != t.id) {
-      return Fail(path, Quote(t.content) + " has id " + std::to_string(t.id) +
+      return Fail(path, JsonQuote(t.content) + " has id " + std::to_string(t.id) +
                             " but model.vocab gives it " + std::to_string(it->second));
     }
     if (static_cast<size_t>(t.id) < out->present.size() && out->present[t.id] &&
         out->vocab[t.id] != t.content) {
-      return Fail(path, "id " + std::to_string(t.id) + " is " + Quote(out->vocab[t.id]) +
-                            " in model.vocab, not " + Quote(t.content));
+      return Fail(path, "id " + std::to_string(t.id) + " is " + JsonQuote(out->vocab[t.id]) +
+                            " in model.vocab, not " + JsonQuote(t.content));
     }
   }
   return Status::Ok();
@@ -330,7 +331,7 @@ Status Parser::Normalizer(const Json& v, const std::string& path, TokenizerJson*
       return Status::Ok();
     }
   }
-  return Unsupported(path + ".type", "normalizer type " + Quote(type) +
+  return Unsupported(path + ".type", "normalizer type " + JsonQuote(type) +
                                          " is not supported (NFC, NFD, NFKC, NFKD, Sequence)");
 }
 
@@ -384,13 +385,13 @@ Status Parser::PreTokenizer(const Json& v, const std::string& path, TokenizerJso
       }
     }
     if (!known) {
-      return Fail(path + ".behavior", (behavior ? Quote(*behavior) : std::string("missing")) +
+      return Fail(path + ".behavior", (behavior ? JsonQuote(*behavior) : std::string("missing")) +
                                           " is not Removed, Isolated, MergedWithPrevious, "
                                           "MergedWithNext or Contiguous");
     }
   } else {
     return Unsupported(path + ".type",
-                       "pre_tokenizer type " + Quote(type) +
+                       "pre_tokenizer type " + JsonQuote(type) +
                            " is not supported (ByteLevel, Split, Digits, Sequence)");
   }
   out->pre_tokenizer.push_back(std::move(step));
@@ -414,7 +415,7 @@ Status Parser::PostProcessor(const Json& v, const std::string& path, TokenizerJs
     return Status::Ok();
   }
   return Unsupported(path + ".type",
-                     "post_processor type " + Quote(type) +
+                     "post_processor type " + JsonQuote(type) +
                          " is not supported (ByteLevel, TemplateProcessing, Sequence)");
 }
 
@@ -448,10 +449,10 @@ Status Parser::Template(const Json& v, const std::string& path, TokenizerJson* o
       seen_sequence = true;
     } else if (kind == "SpecialToken") {
       if (specials == v.end() || !specials->is_object() || !specials->contains(id)) {
-        return Fail(ipath, Quote(id) + " is not in " + path + ".special_tokens");
+        return Fail(ipath, JsonQuote(id) + " is not in " + path + ".special_tokens");
       }
       const Json& entry = (*specials)[id];
-      std::string epath = path + ".special_tokens[" + Quote(id) + "].ids";
+      std::string epath = path + ".special_tokens[" + JsonQuote(id) + "].ids";
       if (!entry.is_object() || !entry.contains("ids") || !entry["ids"].is_array()) {
         return Fail(epath, "missing or not a list");
       }
@@ -464,7 +465,7 @@ Status Parser::Template(const Json& v, const std::string& path, TokenizerJson* o
         (seen_sequence ? suffix : prefix).push_back(tid);
       }
     } else {
-      return Fail(ipath, Quote(kind) + " is not SpecialToken or Sequence");
+      return Fail(ipath, JsonQuote(kind) + " is not SpecialToken or Sequence");
     }
   }
   if (!seen_sequence) return Fail(path + ".single", "has no $A");
@@ -492,7 +493,7 @@ Status Parser::Decoder(const Json& v, const std::string& path, TokenizerJson* ou
     return Status::Ok();
   }
   return Unsupported(path + ".type",
-                     "decoder type " + Quote(type) + " is not supported (only ByteLevel)");
+                     "decoder type " + JsonQuote(type) + " is not supported (only ByteLevel)");
 }
 
 }  // namespace

@@ -11,10 +11,10 @@
 namespace fmoe {
 namespace {
 
-using Json = nlohmann::ordered_json;  // Keeps the model's key order.
+using OrderedJson = nlohmann::ordered_json;  // Keeps the model's key order.
 
 // Deeper JSON than this is not a call's arguments (and would recurse in nlohmann's parser).
-constexpr int kMaxJsonDepth = 64;
+constexpr int kMaxCallJsonDepth = 64;
 // A name (or Kimi's call id) longer than this is not one.
 constexpr size_t kMaxNameBytes = 256;
 // Mistral's text between [TOOL_CALLS] and the arguments, harmony's header before <|message|>.
@@ -60,7 +60,7 @@ bool ValidName(std::string_view name) {
   return true;
 }
 
-// False when `text` nests brackets deeper than kMaxJsonDepth (outside strings).
+// False when `text` nests brackets deeper than kMaxCallJsonDepth (outside strings).
 bool JsonDepthOk(std::string_view text) {
   int depth = 0;
   bool in_string = false, escape = false;
@@ -76,7 +76,7 @@ bool JsonDepthOk(std::string_view text) {
     } else if (c == '"') {
       in_string = true;
     } else if (c == '{' || c == '[') {
-      if (++depth > kMaxJsonDepth) return false;
+      if (++depth > kMaxCallJsonDepth) return false;
     } else if (c == '}' || c == ']') {
       --depth;
     }
@@ -85,11 +85,12 @@ bool JsonDepthOk(std::string_view text) {
 }
 
 // The JSON value `text` holds (whitespace around it allowed), or nullopt.
-std::optional<Json> ParseJson(std::string_view text) {
+std::optional<OrderedJson> ParseJson(std::string_view text) {
   text = Trim(text);
   if (text.empty() || !JsonDepthOk(text)) return std::nullopt;
   try {
-    Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+    OrderedJson j =
+        OrderedJson::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return std::nullopt;
     return j;
   } catch (const nlohmann::json::exception&) {
@@ -97,16 +98,16 @@ std::optional<Json> ParseJson(std::string_view text) {
   }
 }
 
-std::string Dump(const Json& j) {
-  return j.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
+std::string Dump(const OrderedJson& j) {
+  return j.dump(-1, ' ', /*ensure_ascii=*/false, OrderedJson::error_handler_t::replace);
 }
 
 // Arguments given as an object, or as a string holding one's JSON (null: none).
-std::optional<std::string> ArgumentsOf(const Json& value) {
+std::optional<std::string> ArgumentsOf(const OrderedJson& value) {
   if (value.is_null()) return std::string("{}");
   if (value.is_object()) return Dump(value);
   if (value.is_string()) {
-    std::optional<Json> inner = ParseJson(value.get_ref<const std::string&>());
+    std::optional<OrderedJson> inner = ParseJson(value.get_ref<const std::string&>());
     if (inner && inner->is_object()) return Dump(*inner);
   }
   return std::nullopt;
@@ -114,7 +115,7 @@ std::optional<std::string> ArgumentsOf(const Json& value) {
 
 // Arguments written as JSON text of an object.
 bool ParseArguments(std::string_view text, std::string* out) {
-  std::optional<Json> j = ParseJson(text);
+  std::optional<OrderedJson> j = ParseJson(text);
   if (!j || !j->is_object()) return false;
   *out = Dump(*j);
   return true;
@@ -122,7 +123,7 @@ bool ParseArguments(std::string_view text, std::string* out) {
 
 // {"name": "f", "arguments": {...}} (hermes, mistral's list form); "parameters" is taken for
 // "arguments" as some fine-tunes write it.
-bool CallFromObject(const Json& j, std::vector<RawCall>* out) {
+bool CallFromObject(const OrderedJson& j, std::vector<RawCall>* out) {
   if (!j.is_object()) return false;
   auto name = j.find("name");
   if (name == j.end() || !name->is_string()) return false;
@@ -166,7 +167,7 @@ bool ParseQwenCoder(std::string_view body, const ToolCallOptions& options,
 bool ParseHermes(const Block& block, const ToolCallOptions& options, std::vector<RawCall>* out) {
   std::string_view body = Trim(block.body());
   if (StartsWith(body, "<function=")) return ParseQwenCoder(body, options, out);
-  std::optional<Json> j = ParseJson(body);
+  std::optional<OrderedJson> j = ParseJson(body);
   return j && CallFromObject(*j, out);
 }
 
@@ -176,11 +177,11 @@ bool ParseMistral(const Block& block, const ToolCallOptions&, std::vector<RawCal
   std::string_view body = Trim(block.body());
   if (body.empty()) return false;
   if (body[0] == '{' || body[0] == '[') {
-    std::optional<Json> j = ParseJson(body);
+    std::optional<OrderedJson> j = ParseJson(body);
     if (!j) return false;
     if (j->is_object()) return CallFromObject(*j, out);
     if (!j->is_array() || j->empty()) return false;
-    for (const Json& item : *j) {
+    for (const OrderedJson& item : *j) {
       if (!CallFromObject(item, out)) return false;
     }
     return true;
@@ -264,7 +265,7 @@ bool ParseGlm(const Block& block, const ToolCallOptions& options, std::vector<Ra
   RawCall call;
   call.name = std::string(Trim(body.substr(0, name_end)));
   if (!ValidName(call.name)) return false;
-  Json args = Json::object();
+  OrderedJson args = OrderedJson::object();
   for (size_t at = body.find(kKey); at != std::string_view::npos; at = body.find(kKey, at)) {
     const size_t key_end = body.find(kKeyEnd, at);
     if (key_end == std::string_view::npos) return false;
@@ -279,9 +280,9 @@ bool ParseGlm(const Block& block, const ToolCallOptions& options, std::vector<Ra
         ToValidUtf8(Trim(body.substr(at + kKey.size(), key_end - at - kKey.size())));
     std::string_view text =
         Trim(body.substr(value + kValue.size(), value_end - value - kValue.size()));
-    std::optional<Json> j;
+    std::optional<OrderedJson> j;
     if (ArgType(options, call.name, key) != "string") j = ParseJson(text);
-    args[key] = j ? std::move(*j) : Json(ToValidUtf8(text));
+    args[key] = j ? std::move(*j) : OrderedJson(ToValidUtf8(text));
     at = value_end + kValueEnd.size();
   }
   call.arguments = Dump(args);
@@ -291,15 +292,15 @@ bool ParseGlm(const Block& block, const ToolCallOptions& options, std::vector<Ra
 
 // An argument written as text (MiniMax-M2, Qwen3-Coder), by the type the tool declares (none: a
 // string), as vLLM converts them.
-Json TypedValue(std::string_view text, std::string_view type) {
-  if (ToLower(text) == "null") return Json(nullptr);
+OrderedJson TypedValue(std::string_view text, std::string_view type) {
+  if (ToLower(text) == "null") return OrderedJson(nullptr);
   const std::string t = ToLower(type.empty() ? "string" : type);
-  if (t == "string" || t == "str" || t == "text") return Json(ToValidUtf8(text));
+  if (t == "string" || t == "str" || t == "text") return OrderedJson(ToValidUtf8(text));
   if (t == "boolean" || t == "bool") {
     const std::string v = ToLower(text);
-    return Json(v == "true" || v == "1");
+    return OrderedJson(v == "true" || v == "1");
   }
-  std::optional<Json> j = ParseJson(text);
+  std::optional<OrderedJson> j = ParseJson(text);
   if (j) {
     const bool fits = (t == "integer" || t == "int")    ? j->is_number_integer()
                       : (t == "number" || t == "float") ? j->is_number()
@@ -308,7 +309,7 @@ Json TypedValue(std::string_view text, std::string_view type) {
                                                         : true;
     if (fits) return std::move(*j);
   }
-  return Json(ToValidUtf8(text));
+  return OrderedJson(ToValidUtf8(text));
 }
 
 // <function=NAME><parameter=K>\nV\n</parameter>...</function>; one newline around a value is
@@ -328,7 +329,7 @@ bool ParseQwenCoder(std::string_view body, const ToolCallOptions& options,
   call.name = std::string(Trim(body.substr(kFunction.size(), gt - kFunction.size())));
   if (!ValidName(call.name)) return false;
   std::string_view inner = body.substr(gt + 1, end - gt - 1);
-  Json args = Json::object();
+  OrderedJson args = OrderedJson::object();
   for (size_t p = inner.find(kParam); p != std::string_view::npos; p = inner.find(kParam, p)) {
     const size_t start = p + kParam.size();
     const size_t close = inner.find(kParamEnd, start);
@@ -373,7 +374,7 @@ bool ParseMiniMax(const Block& block, const ToolCallOptions& options, std::vecto
     RawCall call;
     call.name = std::string(AttributeName(invoke.substr(0, gt)));
     if (!ValidName(call.name)) return false;
-    Json args = Json::object();
+    OrderedJson args = OrderedJson::object();
     for (size_t p = invoke.find(kParam); p != std::string_view::npos; p = invoke.find(kParam, p)) {
       const size_t p_end = invoke.find(kParamEnd, p);
       if (p_end == std::string_view::npos) return false;
@@ -695,11 +696,11 @@ ToolCallStreamDelta ToolCallStream::FinishForced() {
       }
     }
   }
-  if (std::optional<Json> j = ParseJson(text)) {
+  if (std::optional<OrderedJson> j = ParseJson(text)) {
     if (options_.forced == ToolCallOptions::Forced::kNamed && j->is_object()) {
       calls.push_back({"", options_.forced_name, Dump(*j)});
     } else if (options_.forced == ToolCallOptions::Forced::kList && j->is_array()) {
-      for (const Json& c : *j) {
+      for (const OrderedJson& c : *j) {
         auto name = c.is_object() ? c.find("name") : c.end();
         auto params = c.is_object() ? c.find("parameters") : c.end();
         if (name == c.end() || !name->is_string() || name->get<std::string>().empty() ||
@@ -908,7 +909,7 @@ bool ToolCallStream::ProcessCall(bool final, ToolCallStreamDelta* out) {
         } else if (c == '"') {
           json_in_string_ = true;
         } else if (c == '{' || c == '[') {
-          if (++json_depth_ > kMaxJsonDepth) {
+          if (++json_depth_ > kMaxCallJsonDepth) {
             end = CallEnd{CallEnd::kNotCall};
             break;
           }

@@ -3,8 +3,6 @@
 namespace fmoe::wire {
 namespace {
 
-constexpr size_t kMaxFileBytes = kMaxCurveKeyFileBytes;
-
 constexpr size_t kZ85KeyChars = 40;
 
 bool IsZ85(char c) {
@@ -24,9 +22,9 @@ std::string_view Trim(std::string_view s) {
 }  // namespace
 
 Result<CurveKey> ParseCurveKeyFile(std::string_view text) {
-  if (text.size() > kMaxFileBytes) {
+  if (text.size() > kMaxCurveKeyFileBytes) {
     return InvalidArgument("cluster key file: " + std::to_string(text.size()) +
-                           " bytes; a key file is under " + std::to_string(kMaxFileBytes));
+                           " bytes; a key file is under " + std::to_string(kMaxCurveKeyFileBytes));
   }
   CurveKey key;
   size_t line_no = 0;

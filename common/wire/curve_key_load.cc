@@ -14,8 +14,6 @@
 namespace fmoe::wire {
 namespace {
 
-constexpr size_t kMaxFileBytes = kMaxCurveKeyFileBytes;
-
 std::string ErrnoText(int err) { return std::strerror(err); }
 
 // Writes `text` to a new file beside `path` and links it there: fails with EEXIST when another
@@ -82,7 +80,7 @@ Result<CurveKey> LoadCurveKey(const std::string& path, bool create) {
     return FailedPrecondition("cluster key: " + path +
                               " may be read by its group or others; chmod 600 it");
   }
-  std::string text(kMaxFileBytes + 1, '\0');
+  std::string text(kMaxCurveKeyFileBytes + 1, '\0');
   size_t got = 0;
   while (got < text.size()) {
     const ssize_t n = read(fd, text.data() + got, text.size() - got);

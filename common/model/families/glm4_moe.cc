@@ -17,7 +17,7 @@ namespace {
 
 using namespace config_json;
 
-Status Parse(const Json& j, ModelInfo* info) {
+Status ParseGlm4Moe(const Json& j, ModelInfo* info) {
   uint32_t first_dense = 1;  // Glm4MoeConfig's default.
   FMOE_RETURN_IF_ERROR(ReadInteger(j, "first_k_dense_replace", false, 0, &first_dense));
   info->moe_layers.clear();
@@ -58,7 +58,7 @@ const ModelFamily& Glm4MoeFamily() {
       .experts_key = "n_routed_experts",
       .reads_head_dim = true,
       .partial_rotary_default = 0.5,
-      .parse = Parse,
+      .parse = ParseGlm4Moe,
       .tensors = {"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight",
                   "shared_experts."},
   };

@@ -42,7 +42,7 @@ Status ReadLayerTypes(const Json& j, ModelInfo* info) {
   return Status::Ok();
 }
 
-Status Parse(const Json& j, ModelInfo* info) {
+Status ParseGptOss(const Json& j, ModelInfo* info) {
   FMOE_RETURN_IF_ERROR(ReadCount(j, "intermediate_size", true, &info->intermediate_size));
   FMOE_RETURN_IF_ERROR(ReadSlidingWindow(j, &info->sliding_window));
   FMOE_RETURN_IF_ERROR(ReadLayerTypes(j, info));
@@ -74,7 +74,7 @@ const ModelFamily& GptOssFamily() {
       .experts_key = "num_local_experts",
       .reads_head_dim = true,
       .reads_rope_scaling = true,
-      .parse = Parse,
+      .parse = ParseGptOss,
       .tensors = {.moe = "mlp.",
                   .expert_gate = "gate_up_proj",
                   .expert_up = "gate_up_proj",

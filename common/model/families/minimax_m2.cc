@@ -23,7 +23,7 @@ Status ReadString(const Json& j, const char* key, std::string* out) {
   return Status::Ok();
 }
 
-Status Parse(const Json& j, ModelInfo* info) {
+Status ParseMiniMaxM2(const Json& j, ModelInfo* info) {
   FMOE_RETURN_IF_ERROR(ReadCount(j, "intermediate_size", true, &info->intermediate_size));
   bool qk_norm = true;
   FMOE_RETURN_IF_ERROR(ReadBool(j, "use_qk_norm", &qk_norm));
@@ -89,7 +89,7 @@ const ModelFamily& MinimaxM2Family() {
       .experts_key = "num_local_experts",
       .reads_head_dim = true,
       .partial_rotary_default = 1.0,
-      .parse = Parse,
+      .parse = ParseMiniMaxM2,
       .tensors = {"block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight", "",
                   "e_score_correction_bias"},
   };

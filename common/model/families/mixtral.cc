@@ -9,7 +9,7 @@ namespace {
 
 using namespace config_json;
 
-Status Parse(const Json& j, ModelInfo* info) {
+Status ParseMixtral(const Json& j, ModelInfo* info) {
   FMOE_RETURN_IF_ERROR(ReadCount(j, "intermediate_size", true, &info->intermediate_size));
   info->routing.normalize_topk = true;  // MixtralSparseMoeBlock always renormalises.
   return ReadSlidingWindow(j, &info->sliding_window);
@@ -22,7 +22,7 @@ const ModelFamily& MixtralFamily() {
       .architectures = {"MixtralForCausalLM"},
       .experts_key = "num_local_experts",
       .reads_head_dim = true,
-      .parse = Parse,
+      .parse = ParseMixtral,
       .tensors = {"block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight", ""},
   };
   return kFamily;

@@ -9,7 +9,7 @@ namespace {
 
 using namespace config_json;
 
-Status Parse(const Json& j, ModelInfo* info) {
+Status ParseOlmoe(const Json& j, ModelInfo* info) {
   FMOE_RETURN_IF_ERROR(ReadCount(j, "intermediate_size", true, &info->intermediate_size));
   FMOE_RETURN_IF_ERROR(ReadBool(j, "attention_bias", &info->qkv_bias));
   info->o_bias = info->qkv_bias;
@@ -29,7 +29,7 @@ const ModelFamily& OlmoeFamily() {
       .architectures = {"OlmoeForCausalLM"},
       .experts_key = "num_experts",
       .reads_head_dim = false,
-      .parse = Parse,
+      .parse = ParseOlmoe,
       .tensors = {"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", ""},
   };
   return kFamily;

@@ -10,7 +10,7 @@ namespace {
 
 using namespace config_json;
 
-Status Parse(const Json& j, ModelInfo* info) {
+Status ParseQwen2Moe(const Json& j, ModelInfo* info) {
   FMOE_RETURN_IF_ERROR(ReadQwenMoe(j, info));
   FMOE_RETURN_IF_ERROR(ReadCount(j, "shared_expert_intermediate_size", true,
                                  &info->shared_expert_intermediate_size));
@@ -27,7 +27,7 @@ const ModelFamily& Qwen2MoeFamily() {
       .architectures = {"Qwen2MoeForCausalLM"},
       .experts_key = "num_experts",
       .reads_head_dim = false,
-      .parse = Parse,
+      .parse = ParseQwen2Moe,
       .tensors = {"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight",
                   "shared_expert."},
   };

@@ -10,7 +10,7 @@ namespace {
 
 using namespace config_json;
 
-Status Parse(const Json& j, ModelInfo* info) {
+Status ParseQwen3Moe(const Json& j, ModelInfo* info) {
   FMOE_RETURN_IF_ERROR(ReadQwenMoe(j, info));
   FMOE_RETURN_IF_ERROR(ReadBool(j, "attention_bias", &info->qkv_bias));
   info->o_bias = info->qkv_bias;
@@ -25,7 +25,7 @@ const ModelFamily& Qwen3MoeFamily() {
       .architectures = {"Qwen3MoeForCausalLM"},
       .experts_key = "num_experts",
       .reads_head_dim = true,
-      .parse = Parse,
+      .parse = ParseQwen3Moe,
       .tensors = {"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", ""},
   };
   return kFamily;
