@@ -599,8 +599,8 @@ class FailingReader final : public DiskReader {
     return file;
   }
   bool direct(uint32_t file) const override { return inner_->direct(file); }
-  void Submit(uint64_t id, uint32_t file, uint64_t offset, size_t bytes, void* dst,
-              bool urgent) override {
+  void Submit(uint64_t id, uint32_t file, uint64_t offset, size_t bytes, void* dst, bool urgent,
+              std::function<void()> then) override {
     if (faults_->armed && Unreadable(file, offset, bytes)) {
       ReadDone d;
       d.id = id;
@@ -610,7 +610,7 @@ class FailingReader final : public DiskReader {
       ++faults_->failed;
       return;
     }
-    inner_->Submit(id, file, offset, bytes, dst, urgent);
+    inner_->Submit(id, file, offset, bytes, dst, urgent, std::move(then));
   }
   size_t Poll(std::vector<ReadDone>* out) override { return TakeFailed(out) + inner_->Poll(out); }
   size_t Wait(std::vector<ReadDone>* out, std::chrono::milliseconds timeout) override {

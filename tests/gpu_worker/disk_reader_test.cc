@@ -7,12 +7,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -263,6 +266,68 @@ TEST_P(DiskReaderTest, ReadPastTheEndOfATruncatedFileIsDataLoss) {
   EXPECT_EQ(stats.reads, 5u);
   EXPECT_EQ(stats.failed, 3u);
   EXPECT_EQ(stats.bytes_read, a.size() + e.size());
+}
+
+// `then` runs once the bytes are in, off the caller's thread, before its read comes back; the
+// disk goes on while it runs; a failed read skips it.
+TEST_P(DiskReaderTest, ThenRunsOffTheCallersThreadBeforeItsReadComesBack) {
+  auto reader = Make(4);
+  ASSERT_NE(reader, nullptr);
+  auto file = reader->AddFile(path_.string());
+  ASSERT_TRUE(file.ok());
+  constexpr uint64_t kAt = 4096 * 3 + 17;
+  std::vector<uint8_t> a(kChunk * 2 + 5), b(3000), c(100);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  bool a_ran = false, c_ran = false, a_saw_bytes = false;
+  std::thread::id a_thread;
+  // The blocked `then` is let go however the test ends (the reader's destructor waits for it).
+  auto let_go = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      release = true;
+    }
+    cv.notify_all();
+  };
+  struct OnExit {
+    std::function<void()> f;
+    ~OnExit() { f(); }
+  } on_exit{let_go};
+  reader->Submit(1, *file, kAt, a.size(), a.data(), false, [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    a_ran = true;
+    a_thread = std::this_thread::get_id();
+    a_saw_bytes = std::memcmp(a.data(), bytes_.data() + kAt, a.size()) == 0;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  });
+  // While the first read's `then` blocks, a second read still comes back.
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return a_ran; }));
+  }
+  reader->Submit(2, *file, 777, b.size(), b.data(), true);
+  const auto first = WaitFor(reader.get(), 1);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].id, 2u);
+  EXPECT_TRUE(first[0].status.ok()) << first[0].status.ToString();
+  EXPECT_EQ(std::memcmp(b.data(), bytes_.data() + 777, b.size()), 0);
+  // Past the end of the file: fails, and its `then` does not run.
+  reader->Submit(3, *file, kFileBytes + 10, c.size(), c.data(), false, [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    c_ran = true;
+  });
+  let_go();
+  const auto rest = ById(WaitFor(reader.get(), 2));
+  ASSERT_EQ(rest.size(), 2u);
+  EXPECT_TRUE(rest.at(1).status.ok()) << rest.at(1).status.ToString();
+  EXPECT_EQ(rest.at(3).status.code(), ErrorCode::kDataLoss) << rest.at(3).status.ToString();
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_TRUE(a_saw_bytes);
+  EXPECT_NE(a_thread, std::this_thread::get_id());
+  EXPECT_FALSE(c_ran);
+  EXPECT_EQ(reader->pending(), 0u);
 }
 
 TEST_P(DiskReaderTest, BadFileIndexAndZeroLengthFailAtOnce) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -269,12 +270,14 @@ class HeldReader final : public DiskReader {
   struct Read {
     uint64_t id;
     bool urgent;
+    std::function<void()> then;
   };
   std::string_view backend() const override { return "held"; }
   Result<uint32_t> AddFile(const std::string&) override { return uint32_t{0}; }
   bool direct(uint32_t) const override { return true; }
-  void Submit(uint64_t id, uint32_t, uint64_t, size_t, void*, bool urgent) override {
-    submitted.push_back({id, urgent});
+  void Submit(uint64_t id, uint32_t, uint64_t, size_t, void*, bool urgent,
+              std::function<void()> then) override {
+    submitted.push_back({id, urgent, std::move(then)});
   }
   size_t Poll(std::vector<ReadDone>* out) override {
     const size_t n = done.size();
@@ -288,6 +291,7 @@ class HeldReader final : public DiskReader {
   // Ends every read submitted so far.
   void FinishAll() {
     for (; finished < submitted.size(); ++finished) {
+      if (submitted[finished].then) submitted[finished].then();
       ReadDone d;
       d.id = submitted[finished].id;
       done.push_back(d);

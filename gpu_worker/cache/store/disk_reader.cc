@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <list>
 #include <mutex>
@@ -105,6 +106,7 @@ struct Read {
   Status status;          // The first failure.
   int64_t submit_ns = 0;
   int64_t start_ns = 0;
+  std::function<void()> then;  // Run on the finishing thread before the read comes back.
   std::list<Read>::iterator self;
 };
 
@@ -175,6 +177,19 @@ class ReaderBase : public DiskReader {
  public:
   explicit ReaderBase(const DiskReaderOptions& options) : options_(options) {}
 
+  // After the backend's destructor stopped its threads: the finishing thread runs what is left
+  // and stops.
+  ~ReaderBase() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finish_stopping_ = true;
+    }
+    finish_cv_.notify_all();
+    if (finisher_.joinable()) finisher_.join();
+  }
+
+  using DiskReader::Submit;
+
   Result<uint32_t> AddFile(const std::string& path) override {
     auto file = std::make_unique<DiskFile>();
     file->path = path;
@@ -207,8 +222,8 @@ class ReaderBase : public DiskReader {
     return file < files_.size() && files_[file]->direct.load(std::memory_order_acquire);
   }
 
-  void Submit(uint64_t id, uint32_t file, uint64_t offset, size_t bytes, void* dst,
-              bool urgent) override {
+  void Submit(uint64_t id, uint32_t file, uint64_t offset, size_t bytes, void* dst, bool urgent,
+              std::function<void()> then) override {
     ++pending_;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -245,6 +260,8 @@ class ReaderBase : public DiskReader {
       r.next = AlignDown(offset);
       r.stop = AlignUp(r.end);
       r.submit_ns = now;
+      r.then = std::move(then);
+      if (r.then && !finisher_.joinable()) finisher_ = std::thread([this] { FinishLoop(); });
       (urgent ? urgent_ : normal_).push_back(&r);
     }
     WakeIo();
@@ -329,7 +346,14 @@ class ReaderBase : public DiskReader {
     } else {
       ++stats_.failed;
     }
-    done_.push_back(ReadDone{r->id, std::move(r->status), r->submit_ns, r->start_ns, now});
+    ReadDone done{r->id, std::move(r->status), r->submit_ns, r->start_ns, now};
+    if (done.status.ok() && r->then) {
+      finishing_.push_back(Finishing{std::move(done), std::move(r->then)});
+      reads_.erase(r->self);
+      finish_cv_.notify_one();
+      return;
+    }
+    done_.push_back(std::move(done));
     reads_.erase(r->self);
     done_cv_.notify_all();
   }
@@ -348,6 +372,30 @@ class ReaderBase : public DiskReader {
   std::condition_variable done_cv_;  // A read came into done_.
 
  private:
+  // A read whose bytes are in and whose `then` has yet to run.
+  struct Finishing {
+    ReadDone done;
+    std::function<void()> then;
+  };
+
+  // The finishing thread: runs each read's `then` outside mu_, then gives the read back.
+  void FinishLoop() {
+    pthread_setname_np(pthread_self(), "fmoe-disk-fin");
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      finish_cv_.wait(lock, [&] { return finish_stopping_ || !finishing_.empty(); });
+      if (finishing_.empty()) return;
+      Finishing f = std::move(finishing_.front());
+      finishing_.pop_front();
+      lock.unlock();
+      f.then();
+      lock.lock();
+      f.done.end_ns = NowNs();
+      done_.push_back(std::move(f.done));
+      done_cv_.notify_all();
+    }
+  }
+
   size_t pending_ = 0;  // The owner's: submitted and not returned.
 
   std::vector<std::unique_ptr<DiskFile>> files_;  // GUARDED_BY(mu_)
@@ -359,6 +407,10 @@ class ReaderBase : public DiskReader {
   DiskReaderStats stats_;                         // GUARDED_BY(mu_)
   uint32_t inflight_ = 0;                         // GUARDED_BY(mu_): chunks in flight.
   int64_t busy_since_ns_ = 0;                     // GUARDED_BY(mu_)
+  std::deque<Finishing> finishing_;               // GUARDED_BY(mu_)
+  bool finish_stopping_ = false;                  // GUARDED_BY(mu_)
+  std::condition_variable finish_cv_;             // finishing_ grew, or finish_stopping_.
+  std::thread finisher_;  // Started (under mu_) by the first Submit with a `then`.
 };
 
 Result<std::vector<AlignedBuffer>> AllocateBuffers(uint32_t count, size_t bytes) {

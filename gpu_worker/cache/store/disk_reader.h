@@ -9,8 +9,9 @@
 // copied out, so callers need no alignment.
 //
 // Threads: AddFile before the first Submit, from one thread; Submit, Poll and Wait from one
-// thread (the owner's, the engine thread); the backend's threads do the reads. Finished reads
-// come back through Poll/Wait, never as callbacks.
+// thread (the owner's, the engine thread); the backend's threads do the reads, and a finishing
+// thread (started by the first read with a `then`) runs what a read asks to be done with its
+// bytes before it comes back. Finished reads come back through Poll/Wait, never as callbacks.
 //
 // Order: urgent reads first (FIFO among them), then the others (FIFO); a read already started
 // is not preempted (its chunks are queued together).
@@ -19,6 +20,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -73,8 +75,15 @@ class DiskReader {
   // Reads bytes [offset, offset + bytes) of file `file` into `dst` (which must stay valid until
   // the read comes back). `id` is the caller's, unique among unfinished reads. A file index out
   // of range or a zero length comes back at once as a failed read (kInvalidArgument).
+  // `then`, when given, runs after the bytes are in `dst` and before the read comes back (its
+  // time counts in end_ns), on the reader's finishing thread: one thread for every read's
+  // `then`, in the order the reads end, never the caller's nor a reading one, so the disk goes
+  // on meanwhile. A failed read skips it. It must not throw.
   virtual void Submit(uint64_t id, uint32_t file, uint64_t offset, size_t bytes, void* dst,
-                      bool urgent) = 0;
+                      bool urgent, std::function<void()> then) = 0;
+  void Submit(uint64_t id, uint32_t file, uint64_t offset, size_t bytes, void* dst, bool urgent) {
+    Submit(id, file, offset, bytes, dst, urgent, nullptr);
+  }
   // Appends finished reads to `out` without blocking; returns how many.
   virtual size_t Poll(std::vector<ReadDone>* out) = 0;
   // Blocks until a read finishes or `timeout` passes; appends every finished read; returns how

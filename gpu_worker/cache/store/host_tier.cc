@@ -318,6 +318,7 @@ void HostTier::StartRead(uint32_t key, int32_t slot) {
     const uint64_t id = next_read_++;
     reads_.emplace(id, std::make_pair(key, i));
     char* dst = base + parts[i].dst_offset;
+    std::function<void()> then;
     if (!parts[i].split.part_dst.empty()) {
       Staging buffer;
       if (!spare_staging_.empty()) {
@@ -330,8 +331,12 @@ void HostTier::StartRead(uint32_t key, int32_t slot) {
       }
       dst = buffer.data.get();
       staged_.emplace(id, std::move(buffer));
+      // On the reader's finishing thread: the slot and the buffer stay this read's until it
+      // comes back, and extents_ does not change.
+      then = [split = &parts[i].split, region = dst, base] { ScatterRegion(*split, region, base); };
     }
-    reader_->Submit(id, parts[i].file, parts[i].offset, parts[i].bytes, dst, e.urgent);
+    reader_->Submit(id, parts[i].file, parts[i].offset, parts[i].bytes, dst, e.urgent,
+                    std::move(then));
   }
 }
 
@@ -443,12 +448,8 @@ void HostTier::Drain(const std::vector<ReadDone>& reads, std::vector<TierDone>* 
                                             "\": " + r.status.message());
     }
     if (auto staged = staged_.find(r.id); staged != staged_.end()) {
-      if (r.status.ok()) {
-        ScatterRegion(
-            x.split, staged->second.data.get(),
-            static_cast<char*>(memory_) + static_cast<size_t>(e.slot) * options_.expert_bytes);
-      }
-      // A few buffers kept for the next reads; the rest go.
+      // Scattered into the slot before the read came back. A few buffers kept for the next
+      // reads; the rest go.
       if (spare_staging_.size() < 4) spare_staging_.push_back(std::move(staged->second));
       staged_.erase(staged);
     }

@@ -11,8 +11,8 @@
 //
 // Torch-free. Threads: every method on one thread (the engine thread), except stats (any). The
 // reader's threads read; finished expert reads come back through Poll/Wait. A split region
-// (RegionSplit) is read into a staging buffer and scattered into the slot on the engine thread
-// when its read comes back.
+// (RegionSplit) is read into a staging buffer and scattered into the slot on the reader's
+// finishing thread (DiskReader::Submit's `then`) before its read comes back.
 //
 // An expert's state:  ABSENT --Request--> QUEUED (no slot yet) --slot--> READING
 //   READING --every extent read--> RESIDENT;  READING --an extent failed--> ABSENT (error out)
