@@ -42,6 +42,8 @@ PhaseSummary Summarise(const PhaseFigures& p, double expert_mb) {
   s.disk_reads = Per(static_cast<double>(p.disk_reads), p.requests);
   s.disk_mb = Per(p.disk_bytes, p.requests) / 1e6;
   s.disk_stall_ms = Per(p.disk_stall_ns, p.requests) / 1e6;
+  s.hinted_reads = Per(static_cast<double>(p.hinted_reads), p.requests);
+  s.hints_not_read = Per(static_cast<double>(p.hints_yielded + p.hints_late), p.requests);
   return s;
 }
 
@@ -72,11 +74,13 @@ std::string ServeTable(const std::vector<std::pair<std::string, ServeSummary>>& 
       std::any_of(rows.begin(), rows.end(), [](const auto& row) { return row.second.hybrid; });
   const bool disk =
       std::any_of(rows.begin(), rows.end(), [](const auto& row) { return row.second.disk; });
-  std::snprintf(
-      buf, sizeof(buf), "%-17s %31s %27s | %-32s | %-32s | %5s%s%s\n", "",
-      "TTFT ms p50/p90/p99/mean", "TPOT ms p50/p90/p99/mean", "prefill: hit% stall ms MB P R",
-      "decode: hit% stall ms/t MB/t P R", "batch", hybrid ? " | cpu/prefill cpu/token" : "",
-      disk ? " | disk prefill: host% reads stall ms | decode: host% reads/t stall ms/t" : "");
+  std::snprintf(buf, sizeof(buf), "%-17s %31s %27s | %-32s | %-32s | %5s%s%s\n", "",
+                "TTFT ms p50/p90/p99/mean", "TPOT ms p50/p90/p99/mean",
+                "prefill: hit% stall ms MB P R", "decode: hit% stall ms/t MB/t P R", "batch",
+                hybrid ? " | cpu/prefill cpu/token" : "",
+                disk ? " | disk prefill: host% reads hinted stall ms | decode: host% reads/t "
+                       "hinted/t stall ms/t"
+                     : "");
   out << buf;
   for (const auto& [label, s] : rows) {
     const std::string ttft = Fixed(s.ttft.p50_ms, 1) + "/" + Fixed(s.ttft.p90_ms, 1) + "/" +
@@ -97,9 +101,10 @@ std::string ServeTable(const std::vector<std::pair<std::string, ServeSummary>>& 
       out << buf;
     }
     if (disk) {
-      std::snprintf(buf, sizeof(buf), " | %18.1f %5.1f %8.1f | %13.1f %7.3f %10.2f",
-                    100 * s.prefill.host_hit_rate, s.prefill.disk_reads, s.prefill.disk_stall_ms,
-                    100 * s.decode.host_hit_rate, s.decode.disk_reads, s.decode.disk_stall_ms);
+      std::snprintf(buf, sizeof(buf), " | %18.1f %5.1f %6.1f %8.1f | %13.1f %7.3f %8.3f %10.2f",
+                    100 * s.prefill.host_hit_rate, s.prefill.disk_reads, s.prefill.hinted_reads,
+                    s.prefill.disk_stall_ms, 100 * s.decode.host_hit_rate, s.decode.disk_reads,
+                    s.decode.hinted_reads, s.decode.disk_stall_ms);
       out << buf;
     }
     out << '\n';
@@ -120,7 +125,10 @@ std::string ServeCsvHeader(bool disk) {
                             "decode_disk_reads_per_token,decode_disk_mb_per_token,"
                             "decode_disk_stall_ms_per_token"
                           : "") +
-         ",chunk_overhead";
+         ",chunk_overhead" +
+         std::string(disk ? ",prefill_hinted_reads,prefill_hints_not_read,"
+                            "decode_hinted_reads_per_token,decode_hints_not_read_per_token"
+                          : "");
 }
 
 std::string ServeCsvRow(const ServeConfig& c, const ServeSummary& s) {
@@ -148,7 +156,9 @@ std::string ServeCsvRow(const ServeConfig& c, const ServeSummary& s) {
       << Fixed(s.prefill.disk_reads, 3) << ',' << Fixed(s.prefill.disk_mb, 3) << ','
       << Fixed(s.prefill.disk_stall_ms, 3) << ',' << Fixed(s.decode.host_hit_rate, 5) << ','
       << Fixed(s.decode.disk_reads, 4) << ',' << Fixed(s.decode.disk_mb, 4) << ','
-      << Fixed(s.decode.disk_stall_ms, 4) << ',' << Fixed(c.chunk_overhead, 3);
+      << Fixed(s.decode.disk_stall_ms, 4) << ',' << Fixed(c.chunk_overhead, 3) << ','
+      << Fixed(s.prefill.hinted_reads, 3) << ',' << Fixed(s.prefill.hints_not_read, 3) << ','
+      << Fixed(s.decode.hinted_reads, 4) << ',' << Fixed(s.decode.hints_not_read, 4);
   return out.str();
 }
 

@@ -38,6 +38,10 @@ struct PhaseSummary {
   double disk_reads = 0;
   double disk_mb = 0;
   double disk_stall_ms = 0;
+  // Host-tier prefetch per unit: reads started by a hint (part of disk_reads), and hints not
+  // read (an urgent read was waiting, or the use came before the read could end).
+  double hinted_reads = 0;
+  double hints_not_read = 0;
 };
 
 PhaseSummary Summarise(const PhaseFigures& phase, double expert_mb);
@@ -60,14 +64,16 @@ ServeSummary Summarise(const ServeResult& result, double expert_mb);
 // prefill and decode hit rate, stall, MB, precision and recall, and the mean batch; when a row
 // ran with the CPU path, the experts computed on the CPU per prefill and per decode token; when
 // one ran with the disk tier, per prefill and per decode token its host-cache hit rate, expert
-// reads from disk and disk stall (ms; part of the stall column).
+// reads from disk (of which hinted) and disk stall (ms; part of the stall column).
 std::string ServeTable(const std::vector<std::pair<std::string, ServeSummary>>& rows);
 
 // CSV: the header (no newline), and one row for a run (no newline). Columns are only ever added
 // at the end (max_batched_tokens last: 0 for whole prefills), so readers by position still work.
 // Runs with the disk tier (`disk`; a row: its config's) add its columns after those: host_budget,
 // then per prefill and per decode token the host hit rate, disk reads, disk MB and disk stall ms.
-// The last column is chunk_overhead (expert-aware chunks; 0: the budget's chunks).
+// Then chunk_overhead (expert-aware chunks; 0: the budget's chunks) for every run, and after it,
+// for runs with the tier, per prefill and per decode token the hinted reads and the hints not
+// read.
 std::string ServeCsvHeader(bool disk = false);
 std::string ServeCsvRow(const ServeConfig& config, const ServeSummary& s);
 

@@ -560,6 +560,9 @@ class ServeRun {
     p.host_loads += tier_after.loads - tier_before.loads;
     p.host_hits += tier_after.host_hits - tier_before.host_hits;
     p.disk_reads += tier_after.disk_reads - tier_before.disk_reads;
+    p.hinted_reads += tier_after.hinted_reads - tier_before.hinted_reads;
+    p.hints_yielded += tier_after.hints_yielded - tier_before.hints_yielded;
+    p.hints_late += tier_after.hints_late - tier_before.hints_late;
     p.disk_bytes += tier_after.bytes_read - tier_before.bytes_read;
     p.disk_stall_ns += static_cast<double>(tier_after.disk_stall_ns - tier_before.disk_stall_ns);
     p.time_ns += static_cast<double>(end - start);

@@ -166,6 +166,10 @@ struct PhaseFigures {
   // (SimTierStats::disk_stall_ns: before its copy could start). Zero without the tier.
   uint64_t host_loads = 0, host_hits = 0;
   uint64_t disk_reads = 0;
+  // Host-tier prefetch (SimTierStats): reads started by a hint (also in disk_reads), and hints
+  // not read because an urgent read was waiting (yielded) or the use came before a read could
+  // end (late).
+  uint64_t hinted_reads = 0, hints_yielded = 0, hints_late = 0;
   double disk_bytes = 0;
   double disk_stall_ns = 0;
 

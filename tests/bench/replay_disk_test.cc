@@ -5,9 +5,13 @@
 #include <algorithm>
 #include <optional>
 #include <random>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "bench/fmoe_bench/format.h"
 #include "bench/fmoe_bench/replay_report.h"
 #include "bench/fmoe_bench/replay_serve.h"
 #include "tests/bench/replay_fixtures.h"
@@ -434,7 +438,11 @@ TEST(ServeReplayDiskTest, TheReportCarriesTheDiskFiguresOnlyForRunsWithTheTier) 
   const std::string header = ServeCsvHeader(true);
   const std::string row = ServeCsvRow(with->config, s);
   EXPECT_EQ(std::count(header.begin(), header.end(), ','), std::count(row.begin(), row.end(), ','));
-  EXPECT_TRUE(header.ends_with(",decode_disk_stall_ms_per_token,chunk_overhead")) << header;
+  EXPECT_TRUE(
+      header.ends_with(",decode_disk_stall_ms_per_token,chunk_overhead,"
+                       "prefill_hinted_reads,prefill_hints_not_read,"
+                       "decode_hinted_reads_per_token,decode_hints_not_read_per_token"))
+      << header;
   const std::string table = ServeTable({{"lru", s}});
   EXPECT_NE(table.find("disk prefill"), std::string::npos) << table;
   // Without the tier: the columns of before, nothing added.
@@ -442,6 +450,46 @@ TEST(ServeReplayDiskTest, TheReportCarriesTheDiskFiguresOnlyForRunsWithTheTier) 
   EXPECT_FALSE(plain.disk);
   EXPECT_TRUE(ServeCsvHeader().ends_with(",max_batched_tokens,chunk_overhead"));
   EXPECT_EQ(ServeTable({{"lru", plain}}).find("disk"), std::string::npos);
+}
+
+TEST(ServeReplayDiskTest, HintedReadsAndTheHintsNotReadReachTheReport) {
+  Fixture f;
+  DiskModel disk;
+  disk.gbps = 10;  // 0.1 ms an expert read, after 10 us: a tenth of a layer's compute.
+  disk.latency_us = 10;
+  disk.warm = false;
+  auto r = f.Run("fmoe", 0.5, disk);
+  ASSERT_TRUE(r.ok());
+  uint64_t hinted = 0, not_read = 0;
+  for (const PhaseFigures* p : {&r->prefill, &r->decode}) {
+    EXPECT_LE(p->hinted_reads, p->disk_reads);
+    hinted += p->hinted_reads;
+    not_read += p->hints_yielded + p->hints_late;
+  }
+  // fmoe's directives hint the host tier: some are read ahead, some are not.
+  EXPECT_GT(hinted, 0u);
+  EXPECT_GT(not_read, 0u);
+  const ServeSummary s = Summarise(*r, 1.0);
+  ASSERT_GT(s.decode.units, 0u);
+  EXPECT_DOUBLE_EQ(s.decode.hinted_reads, static_cast<double>(r->decode.hinted_reads) /
+                                              static_cast<double>(s.decode.units));
+  EXPECT_DOUBLE_EQ(s.decode.hints_not_read,
+                   static_cast<double>(r->decode.hints_yielded + r->decode.hints_late) /
+                       static_cast<double>(s.decode.units));
+  // The CSV's last four columns: prefill's hinted reads and hints not read, then decode's.
+  const std::string row = ServeCsvRow(r->config, s);
+  std::vector<std::string> cells;
+  std::stringstream in(row);
+  for (std::string cell; std::getline(in, cell, ',');) cells.push_back(cell);
+  ASSERT_GE(cells.size(), 4u);
+  EXPECT_EQ(std::stod(cells[cells.size() - 4]), std::stod(Fixed(s.prefill.hinted_reads, 3)));
+  EXPECT_EQ(std::stod(cells[cells.size() - 3]), std::stod(Fixed(s.prefill.hints_not_read, 3)));
+  EXPECT_EQ(std::stod(cells[cells.size() - 2]), std::stod(Fixed(s.decode.hinted_reads, 4)));
+  EXPECT_EQ(std::stod(cells[cells.size() - 1]), std::stod(Fixed(s.decode.hints_not_read, 4)));
+  // With every expert in host memory from the start nothing is hinted to the disk.
+  auto warm = f.Run("fmoe", 1.0);
+  ASSERT_TRUE(warm.ok());
+  EXPECT_EQ(warm->prefill.hinted_reads + warm->decode.hinted_reads, 0u);
 }
 
 TEST(ServeReplayDiskTest, BadDiskConfigsAreRefused) {
