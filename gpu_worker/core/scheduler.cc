@@ -15,9 +15,9 @@ Status SchedulerOptions::Check() const {
   return Status::Ok();
 }
 
-bool Scheduler::Add(uint64_t id, uint32_t prompt_tokens, bool chunkable) {
+bool Scheduler::Add(uint64_t id, uint32_t prompt_tokens, bool chunkable, uint32_t boundary) {
   if (prompt_tokens == 0 || waiting_.size() >= options_.max_waiting || Contains(id)) return false;
-  waiting_.push_back({id, prompt_tokens, 0, chunkable});
+  waiting_.push_back({id, prompt_tokens, 0, chunkable, chunkable ? boundary : 0});
   return true;
 }
 
@@ -56,7 +56,9 @@ bool Scheduler::Remove(uint64_t id) {
 
 uint32_t Scheduler::ChunkOf(const Entry& e, bool first_prefill, uint64_t* budget,
                             bool* grown) const {
-  const uint32_t left = e.prompt - e.prefilled;
+  uint32_t left = e.prompt - e.prefilled;
+  // A chunk that starts before the boundary ends there at most.
+  if (e.boundary > e.prefilled) left = std::min(left, e.boundary - e.prefilled);
   if (options_.max_batched_tokens == 0) return left;
   if (!e.chunkable) {
     if (!first_prefill) return 0;

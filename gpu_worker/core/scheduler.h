@@ -13,7 +13,10 @@
 // max_batched_tokens >= max_batch (Options::Check) the decodes never take the whole budget while
 // a running request is in its prompt, so the oldest such request gets a chunk every step and
 // prompts complete in admission order. A prompt that must not be cut (Add's `chunkable` false)
-// runs whole, in a step where it is the first prompt chunk, even beyond B.
+// runs whole, in a step where it is the first prompt chunk, even beyond B. A prompt with a
+// boundary (Add's `boundary`) is never cut across it: a chunk that starts before it ends there
+// at most, with or without a budget (LongRoPE: positions before the original context and after
+// it are rotated with different factors, each by the Forward that computes them).
 //
 // Expert-aware chunks (chunk_planner.h): with a chunk advisor, a prompt chunk the budget would
 // cut short of its prompt goes to the advisor, which may ask for a larger one (a small chunk
@@ -66,8 +69,9 @@ class Scheduler {
 
   const SchedulerOptions& options() const { return options_; }
   // Queues a request with a prompt of `prompt_tokens` (>= 1) tokens. false when max_waiting
-  // requests wait already, or `id` is queued or running.
-  bool Add(uint64_t id, uint32_t prompt_tokens, bool chunkable = true);
+  // requests wait already, or `id` is queued or running. `boundary` (> 0, chunkable prompts): no
+  // chunk of the prompt, or of what Preempt gives it to prefill again, runs across that position.
+  bool Add(uint64_t id, uint32_t prompt_tokens, bool chunkable = true, uint32_t boundary = 0);
   // The request leaves the scheduler (finished, cancelled or failed), waiting or running; false
   // when it is not here.
   bool Remove(uint64_t id);
@@ -82,8 +86,8 @@ class Scheduler {
   // left: the chunk to run (>= chunk, <= rest). Default: none (the budget's chunk).
   void SetChunkAdvisor(ChunkAdvisor advisor) { chunk_advisor_ = std::move(advisor); }
   // A running request leaves the batch for the front of the waiting queue, its KV gone: it is
-  // prefilled again over `prompt_tokens` (>= 1) tokens when next admitted. false when it is not
-  // running.
+  // prefilled again over `prompt_tokens` (>= 1) tokens when next admitted, cut as Add's
+  // `chunkable` and `boundary` said. false when it is not running.
   bool Preempt(uint64_t id, uint32_t prompt_tokens);
 
   // This step's work, decodes first (in admission order), then prompt chunks (in admission
@@ -106,6 +110,7 @@ class Scheduler {
     uint32_t prompt = 0;     // Prompt tokens.
     uint32_t prefilled = 0;  // Prompt tokens in the KV.
     bool chunkable = true;
+    uint32_t boundary = 0;  // No chunk runs across this position (0: none).
     bool decoding() const { return prefilled >= prompt; }
   };
   Entry* Find(uint64_t id);

@@ -414,10 +414,12 @@ void Engine::Admit(Generate request, int64_t submitted_us) {
   }
   // LongRoPE picks its factors by the sequence's length at each Forward: a prompt that crosses
   // the original context runs whole, as it would without a budget, so its tokens do not depend
-  // on how it was cut.
-  const bool chunkable =
-      !info.longrope || seq->prompt.size() <= info.longrope->original_max_position_embeddings;
-  if (!scheduler_.Add(seq->id, static_cast<uint32_t>(seq->prompt.size()), chunkable)) {
+  // on how it was cut. A shorter one is never cut across the original context, so a preempted
+  // sequence that crossed it while decoding is prefilled again as it first ran: the positions
+  // before it with the short factors, the rest with the long ones.
+  const uint32_t original = info.longrope ? info.longrope->original_max_position_embeddings : 0;
+  const bool chunkable = original == 0 || seq->prompt.size() <= original;
+  if (!scheduler_.Add(seq->id, static_cast<uint32_t>(seq->prompt.size()), chunkable, original)) {
     return Fail(request.request_id, req + "the scheduler refused the request");
   }
   sequences_.emplace(seq->id, std::move(seq));

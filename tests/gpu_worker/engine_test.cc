@@ -103,8 +103,9 @@ class EngineHarness {
   explicit EngineHarness(uint32_t max_batch, ForwardObserver* observer = nullptr,
                          std::vector<int32_t> eos_token_ids = {}, uint32_t max_batched_tokens = 0,
                          ExpertSource* experts = nullptr,
-                         const std::function<void(EngineOptions&)>& configure = {}) {
-    Loaded& f = Fixture();
+                         const std::function<void(EngineOptions&)>& configure = {},
+                         Loaded* model = nullptr) {
+    Loaded& f = model != nullptr ? *model : Fixture();
     EngineOptions options;
     options.max_batch = max_batch;
     options.max_batched_tokens = max_batched_tokens;
@@ -350,6 +351,60 @@ TEST(Engine, PreemptionGivesTheTokensOfAnUninterruptedRun) {
       EXPECT_EQ(Fixture().model->kv_figures().used_blocks, 0u);
       EXPECT_EQ(h.engine().active(), 0u);
     }
+  }
+}
+
+// LongRoPE (the Phi-3.5-MoE fixture: original context 8): prompts of 8 positions or fewer decode
+// past the original context, the positions before it rotated with the short factors and those
+// after with the long ones. Preempted after the crossing (a pool too small for all of them), each
+// is prefilled again cut at the original context and keeps the tokens and logprobs of its
+// uninterrupted run, with and without a token budget. Recomputed in one piece, the positions
+// before the crossing would take the long factors and the logprobs would move.
+TEST(Engine, PreemptingALongRopeSequenceKeepsItsFactors) {
+  Loaded& phi = testing::SharedModel(testing::FixtureDir("phimoe-ref"));
+  ASSERT_TRUE(phi.info.longrope.has_value());
+  const uint32_t original = phi.info.longrope->original_max_position_embeddings;
+  ResidentExperts experts(CloneExpertTable(phi.table));
+  std::vector<std::vector<int32_t>> prompts;
+  for (const std::string& text : kPrompts) {
+    auto ids = phi.tokenizer->Encode(text, true);
+    ASSERT_TRUE(ids.ok());
+    if (ids->size() > original) ids->resize(original);
+    prompts.push_back(*ids);
+  }
+  auto params = [](size_t i) {
+    SamplingParams p = i % 2 ? Sampled(24, 900 + i) : Greedy(24);
+    p.logprobs = 1;
+    return p;
+  };
+  std::map<uint64_t, Outcome> roomy;
+  {
+    EngineHarness h(4, nullptr, {}, 0, &experts, {}, &phi);
+    for (size_t i = 0; i < prompts.size(); ++i) h.Submit(i + 1, prompts[i], params(i));
+    h.RunToEnd();
+    roomy = h.outcomes;
+    EXPECT_EQ(h.engine().stats().preemptions, 0u);
+  }
+  for (uint32_t budget : {0u, 5u}) {
+    SCOPED_TRACE("budget " + std::to_string(budget));
+    // 6 blocks of 16 positions; each request needs 2 of them past position 16.
+    phi.model->ConfigureKv({96, false});
+    EngineHarness h(4, nullptr, {}, budget, &experts, {}, &phi);
+    for (size_t i = 0; i < prompts.size(); ++i) h.Submit(i + 1, prompts[i], params(i));
+    h.RunToEnd(5000);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const Outcome& a = roomy[i + 1];
+      const Outcome& b = h.outcomes[i + 1];
+      EXPECT_EQ(b.finish, FinishReason::kLength) << b.error;
+      EXPECT_EQ(b.tokens, a.tokens) << "prompt " << i;
+      ASSERT_EQ(b.logprobs.size(), a.logprobs.size());
+      for (size_t t = 0; t < a.logprobs.size(); ++t) {
+        EXPECT_NEAR(b.logprobs[t], a.logprobs[t], 1e-4) << "prompt " << i << " token " << t;
+      }
+    }
+    EXPECT_GT(h.engine().stats().preemptions, 0u);
+    EXPECT_EQ(phi.model->kv_figures().used_blocks, 0u);
+    phi.model->ConfigureKv({});
   }
 }
 

@@ -7,6 +7,8 @@
 
 #include <map>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -316,6 +318,57 @@ TEST(Scheduler, CachedPrefixAndPreemption) {
   EXPECT_EQ(work[1].first, 0u);
   EXPECT_EQ(work[1].tokens, 6u);
   EXPECT_TRUE(work[1].samples);
+}
+
+// A boundary (LongRoPE's original context): no chunk runs across it, with or without a budget;
+// a preempted request prefilled again over more than the boundary is cut there too.
+TEST(Scheduler, NoChunkRunsAcrossTheBoundary) {
+  {
+    Scheduler s(Options(2, 0));  // No budget: the prompt in two parts.
+    ASSERT_TRUE(s.Add(1, 12, /*chunkable=*/true, /*boundary=*/8));
+    auto work = s.Schedule();
+    ASSERT_EQ(work.size(), 1u);
+    EXPECT_EQ(work[0].first, 0u);
+    EXPECT_EQ(work[0].tokens, 8u);
+    EXPECT_FALSE(work[0].samples);
+    s.Completed(work);
+    work = s.Schedule();
+    ASSERT_EQ(work.size(), 1u);
+    EXPECT_EQ(work[0].first, 8u);
+    EXPECT_EQ(work[0].tokens, 4u);
+    EXPECT_TRUE(work[0].samples);
+    s.Completed(work);
+    // Prompt 6 and 6 tokens decoded: prefilled again as 8, then 4.
+    ASSERT_TRUE(s.Preempt(1, 12));
+    work = s.Schedule();
+    ASSERT_EQ(work.size(), 1u);
+    EXPECT_EQ(work[0].tokens, 8u);
+    s.Completed(work);
+    work = s.Schedule();
+    ASSERT_EQ(work.size(), 1u);
+    EXPECT_EQ(work[0].first, 8u);
+    EXPECT_EQ(work[0].tokens, 4u);
+  }
+  {
+    Scheduler s(Options(2, 6));  // Budget 6: 6, then 2 (to the boundary), then 6.
+    ASSERT_TRUE(s.Add(1, 14, /*chunkable=*/true, /*boundary=*/8));
+    std::vector<std::pair<uint32_t, uint32_t>> chunks;
+    for (int step = 0; step < 3; ++step) {
+      auto work = s.Schedule();
+      ASSERT_EQ(work.size(), 1u);
+      chunks.emplace_back(work[0].first, work[0].tokens);
+      s.Completed(work);
+    }
+    EXPECT_EQ(chunks, (std::vector<std::pair<uint32_t, uint32_t>>{{0, 6}, {6, 2}, {8, 6}}));
+  }
+  {
+    // A prompt that must not be cut ignores the boundary: it runs whole.
+    Scheduler s(Options(2, 0));
+    ASSERT_TRUE(s.Add(1, 12, /*chunkable=*/false, /*boundary=*/8));
+    auto work = s.Schedule();
+    ASSERT_EQ(work.size(), 1u);
+    EXPECT_EQ(work[0].tokens, 12u);
+  }
 }
 
 }  // namespace
