@@ -82,8 +82,9 @@ const char* const kPrefixes[] = {"", "{\"na", "{\"name\": \"Ann Smi", "{\"name\"
 // response_format json_object (any object): in a free key, in a string value, in a number.
 const char* const kObjectPrefixes[] = {"{\"ke", "{\"k\": \"va", "{\"k\": [1, {\"x\": 12"};
 
-// Grammars (guided_regex, guided_choice, guided_grammar) and a prefix each: free text of a
-// class, one of 500 choices, a list grammar inside a number.
+// Grammars (guided_regex, guided_choice, guided_grammar, a structural tag) and a prefix each: free
+// text of a class, one of 500 choices, a list grammar inside a number, a structural tag's free
+// text (two triggers, after a partial one) and inside its structure's JSON.
 std::shared_ptr<const JsonGrammar> GuidedGrammar(int64_t which, const char** prefix) {
   static const auto regex = *CompileRegex("[a-zA-Z ,.]{0,200}");
   static const auto choice = [] {
@@ -93,6 +94,13 @@ std::shared_ptr<const JsonGrammar> GuidedGrammar(int64_t which, const char** pre
   }();
   static const auto list = *CompileGrammar(
       "root ::= \"[\" item (\", \" item)* \"]\"\nitem ::= [0-9]+ | \"\\\"\" [a-z]* \"\\\"\"");
+  static const auto tag = *CompileStructuralTag(R"({"triggers": ["<function=", "<tool>"],
+      "structures": [
+        {"begin": "<function=get_weather>", "end": "</function>", "schema": {"type": "object",
+          "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+          "required": ["city"]}},
+        {"begin": "<tool>", "end": "</tool>", "schema": {"type": "object",
+          "properties": {"name": {"type": "string"}}, "required": ["name"]}}]})");
   switch (which) {
     case 0:
       *prefix = "Some words, ";
@@ -100,6 +108,12 @@ std::shared_ptr<const JsonGrammar> GuidedGrammar(int64_t which, const char** pre
     case 1:
       *prefix = "item-1";
       return choice;
+    case 3:
+      *prefix = "Let me look that up. <func";
+      return tag;
+    case 4:
+      *prefix = "Sure. <function=get_weather>{\"city\": \"Par";
+      return tag;
     default:
       *prefix = "[12, 3";
       return list;
@@ -170,12 +184,12 @@ BENCHMARK(BM_Synthetic150kJsonObject)->DenseRange(0, 2)->Unit(benchmark::kMicros
 void BM_TinyModelGuided(benchmark::State& state) {
   Mask(state, TinyVocab(), false, /*guided=*/true);
 }
-BENCHMARK(BM_TinyModelGuided)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_TinyModelGuided)->DenseRange(0, 4)->Unit(benchmark::kMicrosecond);
 
 void BM_Synthetic150kGuided(benchmark::State& state) {
   Mask(state, SyntheticVocab(), false, /*guided=*/true);
 }
-BENCHMARK(BM_Synthetic150kGuided)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Synthetic150kGuided)->DenseRange(0, 4)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace fmoe

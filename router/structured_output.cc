@@ -85,6 +85,63 @@ const Json& AnyObject() {
   return schema;
 }
 
+// A structural tag ({"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}, as an
+// object or as its JSON text), compiled here first and sent as its canonical spec.
+bool SetStructuralTag(const Json& v, const std::string& field, CompletionRequest* out,
+                      HttpResponse* error) {
+  const std::string param = ParamOf(field);
+  if (!OnlyConstraint(param, *out, error)) return false;
+  Json spec = v;
+  if (v.is_string()) {
+    spec = Json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (spec.is_discarded()) {
+      return Refuse(error, BadParam(param, "'" + field + "' is a string that is not JSON"));
+    }
+  }
+  if (!spec.is_object()) {
+    return Refuse(error,
+                  BadParam(param, "'" + field + "' must be an object, not " + JsonTypeName(spec)));
+  }
+  if (spec.contains("format")) {
+    return Refuse(error, BadParam(param,
+                                  "'" + field +
+                                      ".format' (xgrammar's structural tag formats) is not "
+                                      "supported by this server; give 'structures' and 'triggers'",
+                                  "unsupported_parameter"));
+  }
+  if (JsonDepth(spec) > 2 * kMaxSchemaDepth + 8) {
+    return Refuse(error, BadParam(param, field + " nests deeper than " +
+                                             std::to_string(kMaxSchemaDepth) + " schemas"));
+  }
+  // The members the compiler reads; vLLM's name for a structure's schema is taken too.
+  Json canonical = {{"structures", spec.contains("structures") ? spec["structures"] : Json()},
+                    {"triggers", spec.contains("triggers") ? spec["triggers"] : Json()}};
+  if (canonical["structures"].is_array()) {
+    for (Json& s : canonical["structures"]) {
+      if (s.is_object() && !s.contains("schema") && s.contains("structure_schema")) {
+        s["schema"] = std::move(s["structure_schema"]);
+        s.erase("structure_schema");
+      }
+    }
+  }
+  std::string text = JsonText(canonical);
+  if (text.size() > kMaxSchemaBytes) {
+    return Refuse(error, BadParam(param, field + " is larger than " +
+                                             std::to_string(kMaxSchemaBytes) + " bytes"));
+  }
+  auto grammar = CompileStructuralTag(text);
+  if (!grammar.ok()) {
+    // The compiler's message starts "structural tag ": it names the member after it.
+    std::string what = grammar.status().message();
+    if (what.starts_with("structural tag"))
+      what = what.substr(std::string("structural tag").size());
+    return Refuse(error, BadParam(param, field + what, "unsupported_structural_tag"));
+  }
+  out->sampling.grammar = std::move(text);
+  out->sampling.grammar_syntax = GrammarSyntax::kStructuralTag;
+  return true;
+}
+
 bool ReadResponseFormat(const Json& j, CompletionRequest* out, HttpResponse* error) {
   auto rf = j.find("response_format");
   if (rf == j.end() || rf->is_null()) return true;
@@ -122,9 +179,10 @@ bool ReadResponseFormat(const Json& j, CompletionRequest* out, HttpResponse* err
     // "strict": decoding is always constrained to the schema, strict or not.
     return SetSchema(*schema, "response_format.json_schema.schema", out, error);
   }
+  if (t == "structural_tag") return SetStructuralTag(*rf, "response_format", out, error);
   return Refuse(error, BadParam("response_format",
-                                "'response_format.type' must be \"text\", \"json_object\" or "
-                                "\"json_schema\""));
+                                "'response_format.type' must be \"text\", \"json_object\", "
+                                "\"json_schema\" or \"structural_tag\""));
 }
 
 // A regex, a grammar (GBNF) or a choice (a list of strings), compiled here first.
@@ -179,11 +237,7 @@ bool ReadVllmStructuredOutputs(const Json& j, CompletionRequest* out, HttpRespon
                     BadParam("structured_outputs", "'structured_outputs' must be an object"));
     }
     if (auto it = so->find("structural_tag"); it != so->end() && !it->is_null()) {
-      return Refuse(error, BadParam("structured_outputs",
-                                    "'structured_outputs.structural_tag' is not supported by "
-                                    "this server (json, json_object, regex, choice and grammar "
-                                    "are)",
-                                    "unsupported_parameter"));
+      if (!SetStructuralTag(*it, "structured_outputs.structural_tag", out, error)) return false;
     }
     for (const char* key : {"regex", "choice", "grammar"}) {
       if (auto it = so->find(key); it != so->end() && !it->is_null()) {

@@ -1,9 +1,10 @@
 // Structured output on the router: the request fields that constrain a completion to a JSON
 // Schema (OpenAI's response_format json_object / json_schema, vLLM's structured_outputs.json and
 // guided_json, tool_choice "required" or a named function) read into
-// CompletionRequest.sampling.json_schema, and those that constrain it to a regex, a choice or a
-// GBNF grammar (vLLM's structured_outputs.regex / choice / grammar, guided_regex / guided_choice
-// / guided_grammar) read into sampling.grammar; the worker compiles them and decodes under them
+// CompletionRequest.sampling.json_schema, and those that constrain it to a regex, a choice, a
+// GBNF grammar or a structural tag (vLLM's structured_outputs.regex / choice / grammar /
+// structural_tag, guided_regex / guided_choice / guided_grammar, response_format
+// structural_tag) read into sampling.grammar; the worker compiles them and decodes under them
 // (common/text/json_schema.h, grammar.h). They are compiled here too, so one the compiler
 // refuses is a 400 naming the field and what is wrong, never an error event. Stateless.
 #pragma once
@@ -16,7 +17,7 @@
 namespace fmoe {
 
 // response_format, structured_outputs, guided_json, guided_regex, guided_choice and
-// guided_grammar (structured_outputs.structural_tag: refused by name). At most one of them may
+// guided_grammar (a structural tag's xgrammar `format`: refused by name). At most one of them may
 // constrain the output, and not beside a forced tool_choice.
 bool ReadStructuredOutput(const nlohmann::json& body, CompletionRequest* out, HttpResponse* error);
 

@@ -5,6 +5,8 @@
 #include <optional>
 #include <utility>
 
+#include "common/json.h"
+
 namespace fmoe {
 namespace {
 
@@ -132,6 +134,33 @@ class Builder {
     return id;
   }
   Result<int32_t> Ref() { return New(Kind::kRef); }
+  // Copies another table's nodes and tries into this one (a compiled schema); returns its root
+  // here.
+  Result<int32_t> Import(const JsonGrammar& other) {
+    if (g_.nodes.size() + other.nodes.size() > kMaxGrammarNodes) {
+      return InvalidArgument(what_ + ": too large (more than " + std::to_string(kMaxGrammarNodes) +
+                             " grammar nodes)");
+    }
+    const auto node_base = static_cast<int32_t>(g_.nodes.size());
+    const auto trie_base = static_cast<int32_t>(g_.tries.size());
+    const auto node = [&](int32_t i) { return i < 0 ? i : i + node_base; };
+    const auto trie = [&](int32_t i) { return i < 0 ? i : i + trie_base; };
+    for (JsonGrammar::Node n : other.nodes) {
+      for (JsonGrammar::Property& p : n.props) p.node = node(p.node);
+      n.additional = node(n.additional);
+      n.key_trie = trie(n.key_trie);
+      n.items = node(n.items);
+      n.trie_root = trie(n.trie_root);
+      for (int32_t& a : n.alts) a = node(a);
+      n.target = node(n.target);
+      g_.nodes.push_back(std::move(n));
+    }
+    for (JsonGrammar::TrieNode t : other.tries) {
+      for (auto& edge : t.next) edge.second = trie(edge.second);
+      g_.tries.push_back(std::move(t));
+    }
+    return node(other.root);
+  }
 
   JsonGrammar& grammar() { return g_; }
 
@@ -874,6 +903,235 @@ void AppendGbnfLiteral(std::string_view text, std::string* out) {
   *out += '"';
 }
 
+// A structural tag: the free text is an Aho-Corasick automaton over the triggers' code points,
+// one node per state (a kRef, filled once every state has one): the text may end, or a
+// character moves to the next state; the character that completes a trigger moves to the
+// dispatch of that trigger's structures, each ending back in the first state.
+class StructuralTagCompiler {
+ public:
+  explicit StructuralTagCompiler(const nlohmann::json& spec) : spec_(spec) {}
+
+  Result<std::shared_ptr<const JsonGrammar>> Run() {
+    if (!spec_.is_object()) return Error("", "must be a JSON object");
+    FMOE_RETURN_IF_ERROR(ReadTriggers());
+    FMOE_RETURN_IF_ERROR(ReadStructures());
+    BuildAutomaton();
+    FMOE_ASSIGN_OR_RETURN(int32_t root, BuildNodes());
+    FMOE_RETURN_IF_ERROR(
+        b_.Finish(root, [](int32_t node) { return "grammar node " + std::to_string(node); }));
+    return b_.Take();
+  }
+
+ private:
+  struct Structure {
+    std::string begin, end;
+    size_t trigger = 0;  // The trigger its begin starts with.
+    int32_t schema = -1;
+  };
+  struct State {
+    std::map<uint32_t, int32_t> next;  // Trie edges by code point.
+    int32_t fail = 0;
+    int32_t trigger = -1;  // The trigger that ends here.
+  };
+
+  static Result<std::vector<uint32_t>> CodePoints(const std::string& text) {
+    std::vector<uint32_t> out;
+    Cursor c(text, /*lines=*/false);
+    while (!c.done()) {
+      FMOE_ASSIGN_OR_RETURN(uint32_t cp, c.TakeUtf8());
+      out.push_back(cp);
+    }
+    return out;
+  }
+
+  static Status Error(const std::string& member, const std::string& what) {
+    return InvalidArgument("structural tag" + (member.empty() ? "" : " " + member) + ": " + what);
+  }
+
+  // A text member of `object`, UTF-8, at most kMaxTagTextBytes.
+  Result<std::string> Text(const nlohmann::json& object, const char* key, const std::string& where,
+                           bool allow_empty) {
+    auto it = object.find(key);
+    if (it == object.end() || !it->is_string()) {
+      return Error(where + "." + key, it == object.end() ? "is missing" : "must be a string");
+    }
+    const std::string& text = it->get_ref<const std::string&>();
+    return CheckText(text, where + "." + key, allow_empty);
+  }
+  static Result<std::string> CheckText(const std::string& text, const std::string& where,
+                                       bool allow_empty) {
+    if (text.empty() && !allow_empty) return Error(where, "is empty");
+    if (text.size() > kMaxTagTextBytes) {
+      return Error(where, "is longer than " + std::to_string(kMaxTagTextBytes) + " bytes");
+    }
+    if (!CodePoints(text).ok()) return Error(where, "is not valid UTF-8");
+    return text;
+  }
+
+  Status ReadTriggers() {
+    auto it = spec_.find("triggers");
+    if (it == spec_.end() || !it->is_array() || it->empty()) {
+      return Error("triggers", "must be a non-empty array of strings");
+    }
+    if (it->size() > kMaxTagTriggers) {
+      return Error("triggers", "has more than " + std::to_string(kMaxTagTriggers) + " strings");
+    }
+    for (size_t i = 0; i < it->size(); ++i) {
+      const std::string where = "triggers[" + std::to_string(i) + "]";
+      if (!(*it)[i].is_string()) return Error(where, "must be a string");
+      FMOE_ASSIGN_OR_RETURN(std::string t,
+                            CheckText((*it)[i].get<std::string>(), where, /*allow_empty=*/false));
+      triggers_.push_back(std::move(t));
+    }
+    for (size_t i = 0; i < triggers_.size(); ++i) {
+      for (size_t j = 0; j < triggers_.size(); ++j) {
+        if (i == j || triggers_[i].find(triggers_[j]) == std::string::npos) continue;
+        const std::string where = "triggers[" + std::to_string(std::max(i, j)) + "]";
+        if (triggers_[i] == triggers_[j]) {
+          return Error(where, "repeats triggers[" + std::to_string(std::min(i, j)) + "]");
+        }
+        return Error("triggers[" + std::to_string(i) + "]",
+                     "contains triggers[" + std::to_string(j) + "] (\"" + triggers_[j] +
+                         "\"): a trigger may not contain another");
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status ReadStructures() {
+    auto it = spec_.find("structures");
+    if (it == spec_.end() || !it->is_array() || it->empty()) {
+      return Error("structures", "must be a non-empty array of objects");
+    }
+    if (it->size() > kMaxTagStructures) {
+      return Error("structures",
+                   "has more than " + std::to_string(kMaxTagStructures) + " structures");
+    }
+    for (size_t i = 0; i < it->size(); ++i) {
+      const std::string where = "structures[" + std::to_string(i) + "]";
+      const nlohmann::json& s = (*it)[i];
+      if (!s.is_object()) return Error(where, "must be an object");
+      Structure st;
+      FMOE_ASSIGN_OR_RETURN(st.begin, Text(s, "begin", where, /*allow_empty=*/false));
+      FMOE_ASSIGN_OR_RETURN(st.end, Text(s, "end", where, /*allow_empty=*/true));
+      const auto trigger = std::find_if(triggers_.begin(), triggers_.end(),
+                                        [&](const auto& t) { return st.begin.starts_with(t); });
+      if (trigger == triggers_.end()) {
+        return Error(where + ".begin", "does not start with any of the triggers");
+      }
+      st.trigger = static_cast<size_t>(trigger - triggers_.begin());
+      auto schema = s.find("schema");
+      if (schema == s.end()) return Error(where + ".schema", "is missing");
+      if (!schema->is_object() && !schema->is_boolean()) {
+        return Error(where + ".schema", "must be a JSON Schema object");
+      }
+      auto compiled = CompileJsonSchemaValue(*schema);
+      if (!compiled.ok()) return Error(where + ".schema", compiled.status().message());
+      FMOE_ASSIGN_OR_RETURN(st.schema, b_.Import(**compiled));
+      structures_.push_back(std::move(st));
+    }
+    return Status::Ok();
+  }
+
+  // The trie of the triggers' code points, its failure links, and each state's moves.
+  void BuildAutomaton() {
+    states_.emplace_back();
+    for (size_t t = 0; t < triggers_.size(); ++t) {
+      int32_t at = 0;
+      const std::vector<uint32_t> cps = *CodePoints(triggers_[t]);  // Checked by CheckText.
+      for (const uint32_t cp : cps) {
+        auto [edge, fresh] = states_[at].next.try_emplace(cp, static_cast<int32_t>(states_.size()));
+        if (fresh) states_.emplace_back();
+        at = edge->second;
+      }
+      if (states_[at].trigger < 0) states_[at].trigger = static_cast<int32_t>(t);
+    }
+    // Breadth first: a state's failure is the longest proper suffix of its text in the trie.
+    std::vector<int32_t> order{0};
+    for (size_t k = 0; k < order.size(); ++k) {
+      const int32_t s = order[k];
+      for (const auto& [cp, child] : states_[s].next) {
+        states_[child].fail = s == 0 ? 0 : Move(states_[s].fail, cp);
+        order.push_back(child);
+      }
+    }
+  }
+  // The state after `cp` in `s` (the root when no suffix of the text goes on with it).
+  int32_t Move(int32_t s, uint32_t cp) const {
+    for (;;) {
+      if (auto it = states_[s].next.find(cp); it != states_[s].next.end()) return it->second;
+      if (s == 0) return 0;
+      s = states_[s].fail;
+    }
+  }
+
+  Result<int32_t> BuildNodes() {
+    // Node of each state (a kRef filled below); trigger states have none: they dispatch.
+    std::vector<int32_t> node(states_.size(), -1);
+    for (size_t s = 0; s < states_.size(); ++s) {
+      if (states_[s].trigger < 0) {
+        FMOE_ASSIGN_OR_RETURN(node[s], b_.Ref());
+      }
+    }
+    // Each trigger's dispatch: one of its structures, then free text again.
+    std::vector<int32_t> dispatch(triggers_.size(), -1);
+    for (size_t t = 0; t < triggers_.size(); ++t) {
+      std::vector<int32_t> alts;
+      for (const Structure& st : structures_) {
+        if (st.trigger != t) continue;
+        std::vector<int32_t> seq;
+        if (st.begin.size() > triggers_[t].size()) {
+          FMOE_ASSIGN_OR_RETURN(int32_t rest, b_.Literal({st.begin.substr(triggers_[t].size())}));
+          seq.push_back(rest);
+        }
+        seq.push_back(st.schema);
+        if (!st.end.empty()) {
+          FMOE_ASSIGN_OR_RETURN(int32_t end, b_.Literal({st.end}));
+          seq.push_back(end);
+        }
+        seq.push_back(node[0]);
+        FMOE_ASSIGN_OR_RETURN(int32_t one, b_.Seq(std::move(seq)));
+        alts.push_back(one);
+      }
+      if (alts.empty()) {
+        return Error("triggers[" + std::to_string(t) + "]", "starts none of the structures");
+      }
+      FMOE_ASSIGN_OR_RETURN(dispatch[t], b_.Alt(std::move(alts)));
+    }
+    for (size_t s = 0; s < states_.size(); ++s) {
+      if (states_[s].trigger >= 0) continue;
+      // The characters that move somewhere other than the root: the edges of the state and of
+      // its failure chain.
+      std::map<uint32_t, int32_t> moves;
+      for (int32_t f = static_cast<int32_t>(s);; f = states_[f].fail) {
+        for (const auto& edge : states_[f].next) moves.try_emplace(edge.first, Move(f, edge.first));
+        if (f == 0) break;
+      }
+      FMOE_ASSIGN_OR_RETURN(int32_t empty, b_.Seq({}));
+      std::vector<int32_t> alts{empty};
+      Ranges taken;
+      for (const auto& [cp, to] : moves) {
+        taken.push_back({cp, cp});
+        FMOE_ASSIGN_OR_RETURN(int32_t ch, b_.Char({{cp, cp}}));
+        const int32_t then = states_[to].trigger >= 0 ? dispatch[states_[to].trigger] : node[to];
+        FMOE_ASSIGN_OR_RETURN(int32_t step, b_.Seq({ch, then}));
+        alts.push_back(step);
+      }
+      FMOE_ASSIGN_OR_RETURN(int32_t other, b_.Char(Complement(taken)));
+      FMOE_ASSIGN_OR_RETURN(int32_t back, b_.Seq({other, node[0]}));
+      alts.push_back(back);
+      FMOE_ASSIGN_OR_RETURN(int32_t any, b_.Alt(std::move(alts)));
+      b_.grammar().nodes[node[s]].target = any;
+    }
+    return node[0];
+  }
+  const nlohmann::json& spec_;
+  Builder b_{"structural tag"};
+  std::vector<std::string> triggers_;
+  std::vector<Structure> structures_;
+  std::vector<State> states_;
+};
+
 }  // namespace
 
 Result<std::shared_ptr<const JsonGrammar>> CompileGrammar(std::string_view gbnf) {
@@ -910,6 +1168,20 @@ Result<std::shared_ptr<const JsonGrammar>> CompileChoice(const std::vector<std::
                            " bytes");
   }
   return CompileGrammar(ChoiceGrammar(choices));
+}
+
+Result<std::shared_ptr<const JsonGrammar>> CompileStructuralTag(std::string_view spec_json) {
+  if (spec_json.size() > kMaxSchemaBytes) {
+    return InvalidArgument("structural tag: larger than " + std::to_string(kMaxSchemaBytes) +
+                           " bytes");
+  }
+  const nlohmann::json spec = nlohmann::json::parse(spec_json, nullptr, /*allow_exceptions=*/false);
+  if (spec.is_discarded()) return InvalidArgument("structural tag: not valid JSON");
+  try {
+    return StructuralTagCompiler(spec).Run();
+  } catch (const std::exception& e) {  // std::bad_alloc.
+    return InvalidArgument(std::string("structural tag: ") + e.what());
+  }
 }
 
 std::string ChoiceGrammar(const std::vector<std::string>& choices) {

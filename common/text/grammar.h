@@ -17,6 +17,12 @@
 //   Refused: lookaround, backreferences, \b \B \A \z \Z, \p{..}, inline flags, possessive
 //   quantifiers, anchors elsewhere.
 // - Choice: exactly one of the strings.
+// - Structural tag (vLLM's response_format {"type": "structural_tag"}, as xgrammar's
+//   TagDispatch): free text, in which every occurrence of a trigger starts a tagged structure:
+//   one of the structures whose `begin` starts with that trigger, written as its begin text,
+//   then a JSON value of its schema (json_schema.h's language), then its end text; after the
+//   end, free text again, and the output may end anywhere in free text. A trigger may not
+//   contain another trigger, and every begin starts with a trigger.
 #pragma once
 
 #include <cstdint>
@@ -47,5 +53,14 @@ Result<std::shared_ptr<const JsonGrammar>> CompileRegex(std::string_view regex);
 Result<std::shared_ptr<const JsonGrammar>> CompileChoice(const std::vector<std::string>& choices);
 // The GBNF grammar whose language is exactly `choices` (what the router sends the worker).
 std::string ChoiceGrammar(const std::vector<std::string>& choices);
+
+inline constexpr size_t kMaxTagStructures = 64;   // structures[].
+inline constexpr size_t kMaxTagTriggers = 64;     // triggers[].
+inline constexpr size_t kMaxTagTextBytes = 1024;  // A begin, end or trigger text.
+// A structural tag's spec, JSON text: {"structures": [{"begin": TEXT, "schema": SCHEMA, "end":
+// TEXT}, ...], "triggers": [TEXT, ...]} (other members are ignored). kInvalidArgument naming the
+// member ("structural tag structures[1].schema /properties/a: ...", "structural tag
+// triggers[0]: contains triggers[1] (\"<f\")").
+Result<std::shared_ptr<const JsonGrammar>> CompileStructuralTag(std::string_view spec_json);
 
 }  // namespace fmoe

@@ -517,6 +517,10 @@ Result<std::shared_ptr<const JsonGrammar>> CompileJsonSchema(std::string_view sc
   }
   Json schema = Json::parse(schema_json, nullptr, /*allow_exceptions=*/false);
   if (schema.is_discarded()) return InvalidArgument("schema: not valid JSON");
+  return CompileJsonSchemaValue(schema);
+}
+
+Result<std::shared_ptr<const JsonGrammar>> CompileJsonSchemaValue(const Json& schema) {
   if (Depth(schema) > kMaxJsonDepth) {
     return InvalidArgument("schema: nested deeper than " + std::to_string(kMaxJsonDepth) +
                            " JSON levels");

@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/json.h"
 #include "common/status.h"
 
 namespace fmoe {
@@ -100,6 +101,8 @@ inline constexpr size_t kMaxSchemaBytes = size_t{1} << 20;   // The schema's JSO
 // Compiles a JSON Schema (JSON text). kInvalidArgument naming the JSON pointer and keyword:
 // "schema /properties/a: \"pattern\" is not supported", "schema /$defs/A: $ref cycle".
 Result<std::shared_ptr<const JsonGrammar>> CompileJsonSchema(std::string_view schema_json);
+// The same for a schema already parsed (its nesting is checked here, before any recursion).
+Result<std::shared_ptr<const JsonGrammar>> CompileJsonSchemaValue(const nlohmann::json& schema);
 
 // The grammar of any JSON object (response_format json_object).
 std::shared_ptr<const JsonGrammar> AnyJsonObjectGrammar();

@@ -97,8 +97,8 @@ struct WorkerHeartbeatAck {
 };
 
 // How SamplingParams.grammar is read (fmoe.wire.fb.GrammarSyntax).
-enum class GrammarSyntax : uint8_t { kGbnf = 0, kRegex };
-inline constexpr uint8_t kGrammarSyntaxMax = static_cast<uint8_t>(GrammarSyntax::kRegex);
+enum class GrammarSyntax : uint8_t { kGbnf = 0, kRegex, kStructuralTag };
+inline constexpr uint8_t kGrammarSyntaxMax = static_cast<uint8_t>(GrammarSyntax::kStructuralTag);
 
 struct SamplingParams {
   float temperature = 0.0f;  // 0 = greedy.
@@ -131,9 +131,9 @@ struct SamplingParams {
   // unconstrained). The worker compiles it (common/text/json_schema.h) and masks the tokens
   // that cannot continue a matching text; a schema it cannot compile fails the request.
   std::string json_schema{};
-  // Structured output by a grammar instead ("": none; never beside json_schema): GBNF, or a
-  // regex the whole output matches, as grammar_syntax says (common/text/grammar.h). The router
-  // sends a choice as the GBNF of its strings.
+  // Structured output by a grammar instead ("": none; never beside json_schema): GBNF, a regex
+  // the whole output matches, or a structural tag's spec (JSON), as grammar_syntax says
+  // (common/text/grammar.h). The router sends a choice as the GBNF of its strings.
   std::string grammar{};
   GrammarSyntax grammar_syntax = GrammarSyntax::kGbnf;
   // With json_schema or grammar: the constraint applies only once these tokens have been drawn one

@@ -56,7 +56,9 @@ Status ConstrainSampler(Sampler& sampler, const SamplingParams& params, const To
   }
   auto grammar = !params.json_schema.empty() ? CompileJsonSchema(params.json_schema)
                  : params.grammar_syntax == GrammarSyntax::kRegex ? CompileRegex(params.grammar)
-                                                                  : CompileGrammar(params.grammar);
+                 : params.grammar_syntax == GrammarSyntax::kStructuralTag
+                     ? CompileStructuralTag(params.grammar)
+                     : CompileGrammar(params.grammar);
   if (!grammar.ok()) return InvalidArgument("structured output: " + grammar.status().message());
   for (const int32_t id : params.constrain_after) {
     if (id < 0 || static_cast<size_t>(id) >= tokenizer->vocab_size()) {

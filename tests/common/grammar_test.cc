@@ -290,6 +290,102 @@ TEST(GrammarMask, MaskedSamplingOnlyProducesMatchingText) {
   CheckMaskedWalks(*choice, &choice_re, pieces, seed++);
 }
 
+std::shared_ptr<const JsonGrammar> Tag(std::string_view spec) {
+  auto g = CompileStructuralTag(spec);
+  EXPECT_TRUE(g.ok()) << g.status().message() << " for " << spec;
+  return g.ok() ? *g : nullptr;
+}
+
+std::string TagError(std::string_view spec) {
+  auto g = CompileStructuralTag(spec);
+  return g.ok() ? std::string("(compiled)") : g.status().message();
+}
+
+// Free text in which each trigger starts one of its structures: begin, a JSON value of the
+// schema, end; the output may end anywhere in free text, never inside a structure.
+TEST(StructuralTag, FreeTextWithStructuresAfterEachTrigger) {
+  auto g = Tag(R"({"triggers": ["<function="],
+    "structures": [
+      {"begin": "<function=get>", "end": "</function>", "schema": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+      {"begin": "<function=add>", "end": "</function>", "schema": {"type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"]}}]})");
+  EXPECT_TRUE(Matches(g, ""));
+  EXPECT_TRUE(Matches(g, "Hello, world."));
+  EXPECT_TRUE(Matches(g, "a < b, and <func"));  // A trigger's start at the end is free text.
+  EXPECT_TRUE(Matches(g, R"(Weather: <function=get>{"city": "Paris"}</function> done)"));
+  EXPECT_TRUE(Matches(g, R"(<function=get>{"city":"P"}</function><function=add>{"a":1,"b":2})"
+                         R"(</function>)"));
+  // Triggers found across false starts ("<<", "<functio<").
+  EXPECT_TRUE(Matches(g, R"(<<function=add>{"a":1,"b":2}</function>)"));
+  EXPECT_TRUE(Matches(g, R"(<functio<function=add>{"a":1,"b":2}</function>!)"));
+  EXPECT_FALSE(Matches(g, "<function=mul>{}</function>"));               // No structure begins so.
+  EXPECT_FALSE(Matches(g, R"(<function=get>{"town":"P"}</function>)"));  // Not the schema.
+  EXPECT_FALSE(Matches(g, R"(<function=get>{"city":"P"})"));             // Ends inside a structure.
+  EXPECT_FALSE(Matches(g, R"(<function=get>{"city":"P"}</functio)"));
+  EXPECT_FALSE(Matches(g, "x <function="));
+
+  // Code points beyond ASCII, an empty end, and a begin that is its trigger.
+  auto u = Tag(R"({"triggers": ["«"], "structures": [{"begin": "«", "schema": {"enum": [1, 22]},
+                  "end": ""}]})");
+  EXPECT_TRUE(Matches(u, "ü«1 «22»"));
+  EXPECT_TRUE(Matches(u, "é"));
+  EXPECT_FALSE(Matches(u, "a « b"));
+  EXPECT_FALSE(Matches(u, "«3"));
+}
+
+TEST(StructuralTag, RefusesBadSpecsNamingTheMember) {
+  const std::string s = R"("structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}])";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[]", "structural tag: must be a JSON object"},
+      {"{", "structural tag: not valid JSON"},
+      {"{" + s + "}", "structural tag triggers: must be a non-empty array of strings"},
+      {"{" + s + R"(, "triggers": [""]})", "structural tag triggers[0]: is empty"},
+      {"{" + s + R"(, "triggers": ["<f", 3]})", "structural tag triggers[1]: must be a string"},
+      {"{" + s + R"(, "triggers": ["<f", "x<f"]})",
+       "structural tag triggers[1]: contains triggers[0] (\"<f\"): a trigger may not contain "
+       "another"},
+      {"{" + s + R"(, "triggers": ["<f", "<f"]})",
+       "structural tag triggers[1]: repeats triggers[0]"},
+      {"{" + s + R"(, "triggers": ["<f", "<g"]})",
+       "structural tag triggers[1]: starts none of the structures"},
+      {R"({"triggers": ["<f"], "structures": []})",
+       "structural tag structures: must be a non-empty array of objects"},
+      {R"({"triggers": ["<f"], "structures": [{"begin": "<g>", "schema": {}, "end": ""}]})",
+       "structural tag structures[0].begin: does not start with any of the triggers"},
+      {R"({"triggers": ["<f"], "structures": [{"begin": "<f>", "schema": {}}]})",
+       "structural tag structures[0].end: is missing"},
+      {R"({"triggers": ["<f"], "structures": [{"begin": "<f>", "end": ""}]})",
+       "structural tag structures[0].schema: is missing"},
+      {R"({"triggers": ["<f"], "structures": [{"begin": "<f>", "end": "", "schema": 3}]})",
+       "structural tag structures[0].schema: must be a JSON Schema object"},
+      {R"({"triggers": ["<f"], "structures": [{"begin": "<f>", "end": "",
+           "schema": {"type": "string", "pattern": "a"}}]})",
+       "structural tag structures[0].schema: schema /: \"pattern\" is not supported"},
+      // JSON's parser refuses text that is not UTF-8.
+      {std::string("{\"triggers\": [\"\xC3\"], ") + s + "}", "structural tag: not valid JSON"},
+  };
+  for (const auto& [spec, message] : cases) EXPECT_EQ(TagError(spec), message) << spec;
+  const std::string long_trigger(kMaxTagTextBytes + 1, 'a');
+  EXPECT_EQ(TagError(R"({"triggers": [")" + long_trigger +
+                     R"("], "structures": [{"begin": "<f>", "end": "", "schema": {}}]})"),
+            "structural tag triggers[0]: is longer than 1024 bytes");
+}
+
+// Masked sampling under a structural tag gives only texts of its language, checked against
+// PCRE2 with a lookahead for "no trigger here" (a construct our regexes do not have).
+TEST(StructuralTag, MaskedSamplingOnlyProducesMatchingText) {
+  auto g = Tag(R"({"triggers": ["<t"], "structures": [{"begin": "<t>", "schema": {"enum": [1, 22]},
+                  "end": "</t>"}]})");
+  const std::string re = "(?:(?!<t)[\\s\\S])*(?:<t>(?:1|22)</t>(?:(?!<t)[\\s\\S])*)*";
+  ASSERT_TRUE(PcreMatches(re, "a<t>1</t>b<t>22</t>"));
+  ASSERT_FALSE(PcreMatches(re, "a<t>2</t>"));
+  const std::vector<std::string> pieces = {"<",    "t", ">", "<t", "<t>", "1",  "2",  "22",
+                                           "</t>", "/", "a", " ",  "é",   "t>", "</", "\n"};
+  CheckMaskedWalks(g, &re, pieces, 99);
+}
+
 TEST(GrammarMask, EndsOnlyWhereTheGrammarMayEnd) {
   std::vector<std::string> bytes = {"a", "b", "<eos>"};
   std::vector<bool> special = {false, false, true};

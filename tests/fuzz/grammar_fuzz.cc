@@ -1,7 +1,8 @@
-// libFuzzer target for structured output's grammar, regex and choice compilers and the matcher
-// running them (common/text/grammar.cc, grammar_matcher.cc), which take vLLM's guided_grammar,
-// guided_regex and guided_choice from HTTP bodies. The input is a selector byte (0: GBNF,
-// 1: regex, 2: choice, its strings split at '\n'), the text, a NUL byte, then bytes. Checked,
+// libFuzzer target for structured output's grammar, regex, choice and structural tag compilers and
+// the matcher running them (common/text/grammar.cc, grammar_matcher.cc), which take vLLM's
+// guided_grammar, guided_regex, guided_choice and structural_tag from HTTP bodies. The input is
+// a selector byte (0: GBNF, 1: regex, 2: choice, its strings split at '\n', 3: a structural
+// tag's JSON spec), the text, a NUL byte, then bytes. Checked,
 // besides ASan/UBSan and the time limit (no exponential blowup, no hang on left recursion): a
 // text either compiles or is refused with a message; a walk that picks each next byte among
 // those the matcher accepts (the input's bytes choose) never gets stuck before the text is
@@ -34,12 +35,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes = nul == std::string_view::npos ? "" : input.substr(nul + 1);
   std::vector<std::string> choices;
   fmoe::Result<std::shared_ptr<const fmoe::JsonGrammar>> grammar = fmoe::InvalidArgument("unset");
-  switch (data[0] % 3) {
+  switch (data[0] % 4) {
     case 0:
       grammar = fmoe::CompileGrammar(text);
       break;
     case 1:
       grammar = fmoe::CompileRegex(text);
+      break;
+    case 3:
+      grammar = fmoe::CompileStructuralTag(text);
       break;
     default:
       for (size_t at = 0; at <= text.size();) {

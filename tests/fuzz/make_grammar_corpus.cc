@@ -1,8 +1,8 @@
 // Writes the seed corpus of grammar_fuzz into the directory named on the command line: grammars,
-// regexes and choices clients send (llama.cpp's and xgrammar's GBNF, outlines' regexes), some the
-// compilers refuse (left recursion, lookaround, backreferences, huge counts), each after its
-// selector byte and followed by a NUL and a candidate text.
-// Usage: make_grammar_corpus DIR
+// regexes, choices and structural tags clients send (llama.cpp's and xgrammar's GBNF, outlines'
+// regexes), some the compilers refuse (left recursion, lookaround, backreferences, huge counts),
+// each after its selector byte and followed by a NUL and a candidate text. Usage:
+// make_grammar_corpus DIR
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -38,6 +38,19 @@ int main(int argc, char** argv) {
       {1, "[^\\n]{0,5}é+\\x41\\u00e8", "abéA"},
       {2, "yes\nno\nmaybe\ny", "maybe"},
       {2, "item-1\nitem-10\nitem-100", "item-10"},
+      {3,
+       R"({"triggers": ["<function="], "structures": [{"begin": "<function=get>", "schema":
+          {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+          "end": "</function>"}, {"begin": "<function=add>", "schema": {"type": "object",
+          "properties": {"a": {"type": "integer"}}}, "end": "</function>"}]})",
+       R"(ok <function=get>{"city": "Oslo"}</function> then <<function=add>{}</function>)"},
+      {3,
+       R"({"triggers": ["«", "<t"], "structures": [{"begin": "«", "schema": {"enum": [1, 22]},
+          "end": ""}, {"begin": "<tool>", "schema": {"type": "array", "items": {}},
+          "end": "</tool>"}]})",
+       "ü«1 <tool>[1,\"a\"]</tool>"},
+      {3, R"({"triggers": ["ab", "b"], "structures": [{"begin": "ab", "schema": {}, "end": ""}]})",
+       "ab"},
   };
   int i = 0;
   for (const auto& [selector, text, bytes] : seeds) {

@@ -18,6 +18,7 @@
 #include "common/json.h"
 #include "common/model/model_config.h"
 #include "common/text/tokenizer.h"
+#include "common/text/unicode.h"
 #include "gpu_worker/experts/cached_experts.h"
 #include "gpu_worker/experts/expert_source.h"
 #include "gpu_worker/model/model.h"
@@ -1031,6 +1032,84 @@ TEST(Engine, StructuredOutputAfterATokenLeavesTheTokensBeforeItFree) {
   EXPECT_TRUE(v.is_object() && v.contains("n") && v["n"].is_number_integer()) << answer;
   EXPECT_EQ(h.outcomes[3].finish, FinishReason::kError);
   EXPECT_NE(h.outcomes[3].error.find("constrain_after"), std::string::npos) << h.outcomes[3].error;
+}
+
+// A structural tag end to end: the trigger is a piece of text the free greedy run writes (first at
+// one of its tokens), its structure that piece, an integer, then ";". The constrained run keeps
+// the free run's tokens up to and including the trigger, then writes an integer and ";", and
+// every later occurrence of the trigger is followed by its structure too. A spec the compiler
+// refuses fails the request by name.
+TEST(Engine, AStructuralTagConstrainsOnlyWhatFollowsItsTrigger) {
+  const Tokenizer& tok = *Fixture().tokenizer;
+  const int32_t eos = *tok.eos_id();
+  // A free run with a token of two or more letters whose text first occurs in the output where it
+  // stands, after text that is UTF-8 (free text is: the tiny model also writes stray bytes).
+  size_t prompt = 0, k = 0;
+  std::vector<int32_t> free;
+  std::string trigger;
+  for (; prompt < kPrompts.size() && trigger.empty(); ++prompt) {
+    EngineHarness free_run(/*max_batch=*/1, nullptr, {eos});
+    free_run.Submit(1, Encode(kPrompts[prompt]), Greedy(40));
+    free_run.RunToEnd();
+    free = free_run.outcomes[1].tokens;
+    for (k = 1; k < free.size(); ++k) {
+      const std::string before =
+          tok.Decode(std::vector<int32_t>(free.begin(), free.begin() + k), false);
+      const std::string piece = tok.Decode(std::vector<int32_t>{free[k]}, false);
+      const std::string upto =
+          tok.Decode(std::vector<int32_t>(free.begin(), free.begin() + k + 1), false);
+      const bool letters = piece.size() >= 2 && std::all_of(piece.begin(), piece.end(), [](char c) {
+                             return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+                           });
+      if (!IsValidUtf8(upto)) break;
+      if (letters && upto == before + piece && upto.find(piece) == before.size()) {
+        trigger = piece;
+        break;
+      }
+    }
+  }
+  ASSERT_FALSE(trigger.empty()) << "no free run has a trigger";
+  --prompt;
+  nlohmann::json spec = {
+      {"triggers", {trigger}},
+      {"structures", {{{"begin", trigger}, {"schema", {{"type", "integer"}}}, {"end", ";"}}}}};
+  SamplingParams p = Greedy(80);
+  p.grammar = spec.dump();
+  p.grammar_syntax = GrammarSyntax::kStructuralTag;
+  SamplingParams bad = p;
+  spec["triggers"] = {trigger, trigger};
+  bad.grammar = spec.dump();
+  EngineHarness h(/*max_batch=*/2, nullptr, {eos});
+  h.Submit(2, Encode(kPrompts[prompt]), p);
+  h.Submit(3, Encode(kPrompts[prompt]), bad);
+  h.RunToEnd();
+  const Outcome& o = h.outcomes[2];
+  ASSERT_NE(o.finish, FinishReason::kError) << o.error;
+  ASSERT_GT(o.tokens.size(), k + 1);
+  EXPECT_EQ(std::vector<int32_t>(o.tokens.begin(), o.tokens.begin() + static_cast<long>(k) + 1),
+            std::vector<int32_t>(free.begin(), free.begin() + static_cast<long>(k) + 1));
+  std::vector<int32_t> body = o.tokens;
+  if (o.stop_token) body.pop_back();
+  const std::string text = tok.Decode(body, false);
+  size_t structures = 0;
+  for (size_t at = text.find(trigger); at != std::string::npos; at = text.find(trigger, at)) {
+    at += trigger.size();
+    size_t digits = at;
+    if (digits < text.size() && text[digits] == '-') ++digits;
+    const size_t first = digits;
+    while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+    if (digits == text.size() && o.finish == FinishReason::kLength) break;  // Cut short.
+    EXPECT_GT(digits, first) << text;
+    ASSERT_LT(digits, text.size()) << text;
+    EXPECT_EQ(text[digits], ';') << text;
+    ++structures;
+    at = digits;
+  }
+  EXPECT_GE(structures, 1u) << text;
+  EXPECT_EQ(h.outcomes[3].finish, FinishReason::kError);
+  EXPECT_NE(h.outcomes[3].error.find("structural tag triggers[1]: repeats triggers[0]"),
+            std::string::npos)
+      << h.outcomes[3].error;
 }
 
 }  // namespace

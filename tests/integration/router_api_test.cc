@@ -454,7 +454,7 @@ TEST_F(RouterApiTest, UnsupportedParametersAreRefusedByName) {
       {"suffix", "x"},
       {"prompt_logprobs", 1},
       {"include_stop_str_in_output", true},
-      {"structured_outputs", {{"structural_tag", "{}"}}},
+      {"structured_outputs", {{"structural_tag", {{"format", {{"type", "any_text"}}}}}}},
       {"guided_json", {{"type", "string"}, {"pattern", "a+"}}}};
   for (const auto& [key, value] : cases) {
     Json body = {{"model", "tiny-moe"}, {"prompt", "x"}, {key, value}};
