@@ -109,6 +109,20 @@ bool CharMayMatch(const JsonGrammar::Node& n, const MatchFrame& f, uint32_t len)
   return false;
 }
 
+// Every code point the character may still become is in the class: its remaining bytes cannot
+// fail it (only UTF-8's own rules, which Utf8 checks).
+bool CharMustMatch(const JsonGrammar::Node& n, const MatchFrame& f, uint32_t len) {
+  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  const uint32_t shift = 6u * f.utf8_need;
+  const uint32_t lo = std::max(static_cast<uint32_t>(f.pos) << shift, kMin[len]);
+  const uint32_t hi =
+      std::min((static_cast<uint32_t>(f.pos) << shift) | ((1u << shift) - 1), 0x10FFFFu);
+  for (const auto& [a, b] : n.ranges) {
+    if (a <= lo && hi <= b) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 bool InStringBody(const MatchFrame& f) { return f.phase == kStrBody && f.utf8_need == 0; }
@@ -561,6 +575,9 @@ void GrammarStepper::Feed(std::vector<MatchFrame>& stack, uint8_t b, MatchState*
           stack.pop_back();
           continue;
         }
+        // phase 1: the class takes whatever the character's remaining bytes are, so its value
+        // bits are dropped (pos and seen 0), and a whole character keeps none either: frames that
+        // can only go on alike are equal, which keeps the token mask's states few.
         bool starts = false;
         if (!Utf8(f, b, &starts)) return;
         uint32_t len = 0;
@@ -569,12 +586,24 @@ void GrammarStepper::Feed(std::vector<MatchFrame>& stack, uint8_t b, MatchState*
           static constexpr uint8_t kLeadBits[] = {0, 0x7F, 0x1F, 0x0F, 0x07};
           f.pos = b & kLeadBits[len];
           f.seen = len;  // The character's length, for CharMayMatch.
-        } else {
+        } else if (f.phase == 0) {
           len = static_cast<uint32_t>(f.seen);
           f.pos = (f.pos << 6) | (b & 0x3F);
         }
-        if (!CharMayMatch(n, f, len)) return;
-        if (f.utf8_need == 0) f.count = 1;
+        if (f.phase == 0) {
+          if (!CharMayMatch(n, f, len)) return;
+          if (f.utf8_need > 0 && CharMustMatch(n, f, len)) {
+            f.phase = 1;
+            f.pos = 0;
+            f.seen = 0;
+          }
+        }
+        if (f.utf8_need == 0) {
+          f.count = 1;
+          f.phase = 0;
+          f.pos = 0;
+          f.seen = 0;
+        }
         return Append(stack, out);
       }
       case Kind::kAnyOf:

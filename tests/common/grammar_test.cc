@@ -152,6 +152,30 @@ TEST(Grammar, RefusesBadGrammarsNamingTheProblem) {
             std::string::npos);
 }
 
+// A character of a class leaves no trace of which one it was, and neither do a multi-byte
+// character's bytes once the class takes whatever follows them: the token mask's states stay few
+// (a walk of free text reuses them, bench/RESULTS.md).
+TEST(Grammar, CharactersOfAClassLeaveEqualStates) {
+  auto g = Regex(".x");
+  const auto state_after = [&](std::string_view text) {
+    GrammarMatcher m(g);
+    EXPECT_TRUE(m.Accept(text)) << text;
+    return m.state();
+  };
+  const auto same = [](const MatchState& a, const MatchState& b) {
+    return a.frames == b.frames && a.ends == b.ends;
+  };
+  EXPECT_TRUE(same(state_after("a"), state_after("b")));
+  EXPECT_TRUE(same(state_after("é"), state_after("a")));
+  EXPECT_TRUE(same(state_after("\xE4\xB8"), state_after("\xE5\xA0")));  // Two CJK halves.
+  // Where the class still depends on the bytes to come, the state keeps them.
+  auto cjk = Regex("[一-丁]x");  // U+4E00..U+4E01.
+  GrammarMatcher m1(cjk), m2(cjk);
+  ASSERT_TRUE(m1.Accept("\xE4\xB8"));
+  EXPECT_FALSE(m2.Accept("\xE5\xA0"));
+  EXPECT_TRUE(m1.Accept("\x80x") && m1.complete());
+}
+
 TEST(Regex, MatchesWholeOutputs) {
   auto g = Regex(R"(^(\d{3})-[A-Z]{2,}\.?(?:x|yz)*$)");
   EXPECT_TRUE(Matches(g, "123-AB"));
