@@ -500,10 +500,18 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
                   "(layer, expert) order, as many as it holds) or empty")
       ->check(CLI::IsMember({"warm", "empty"}))
       ->capture_default_str();
+  auto host_score = std::make_shared<std::string>("policy");
+  cmd->add_option("--host-score", *host_score,
+                  "serving, disk tier: the host cache's eviction score: policy (the device "
+                  "cache's, as the worker's host tier) or loads (its own: the loads it served "
+                  "per expert, halved every 32 x host slots loads)")
+      ->check(CLI::IsMember({"policy", "loads"}))
+      ->capture_default_str();
   cmd->add_option("--threads", o->threads, "replays run in parallel (0: one per core)");
   cmd->add_option("--csv", o->csv, "write the table as CSV");
   cmd->add_option("--png", o->png, "plot with gnuplot");
-  cmd->callback([o, t, cpu_times, host_start, &exit_code] {
+  cmd->callback([o, t, cpu_times, host_start, host_score, &exit_code] {
+    o->disk.score = *host_score == "loads" ? DiskModel::Score::kLoads : DiskModel::Score::kPolicy;
     auto time = ResolveTime(*t);
     if (!time.ok()) {
       std::fprintf(stderr, "fmoe-bench replay: %s\n", time.status().message().c_str());

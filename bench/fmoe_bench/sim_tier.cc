@@ -71,7 +71,8 @@ SimTieredLink::SimTieredLink(ManualClock& clock, int64_t copy_ns, const SimTierO
       options_(options),
       bytes_per_ns_(options.disk.gbps),  // 10^9 bytes/s = 1 byte/ns.
       latency_ns_(std::llround(options.disk.latency_us * 1e3)),
-      entries_(options.experts) {
+      entries_(options.experts),
+      uses_(options.experts, 0.0) {
   now_ = clock_.NowNs();
   link_clock_.AdvanceNs(now_);
   if (options_.disk.warm) {
@@ -328,9 +329,19 @@ void SimTieredLink::Release(uint32_t key) {
 
 // ---- TransferEngine ----
 
+void SimTieredLink::CountLoad(uint32_t key) {
+  if (options_.disk.score != DiskModel::Score::kLoads || key >= uses_.size()) return;
+  uses_[key] += 1.0;
+  if (++loads_since_halving_ >= 32ull * options_.host_slots) {
+    for (double& u : uses_) u *= 0.5;
+    loads_since_halving_ = 0;
+  }
+}
+
 void SimTieredLink::Submit(const TransferTask& task) {
   AdvanceTo(clock_.NowNs(), /*stalled=*/false);
   ++stats_.loads;
+  CountLoad(task.key);
   if (task.key >= entries_.size()) {
     TransferDone d;
     d.id = task.id;

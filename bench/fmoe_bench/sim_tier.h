@@ -40,6 +40,12 @@ struct DiskModel {
   // The host cache starts with the first host slots' worth of experts in (layer, expert) order,
   // as if filled at start-up; off: empty. Default: on
   bool warm = true;
+  // The host cache's eviction score: kPolicy, the device cache's policy score (the same
+  // predicted next use, as the worker's host tier); kLoads, its own: the loads it served per
+  // expert (the device's misses), every count halved each 32 x host slots loads (measured in
+  // bench/RESULTS.md, "A host-cache score of its own"). Default: kPolicy
+  enum class Score : uint8_t { kPolicy, kLoads };
+  Score score = Score::kPolicy;
 
   bool enabled() const { return host_budget > 0; }
   // One expert read alone: latency + bytes / bandwidth (>= 1 ns).
@@ -173,7 +179,12 @@ class SimTieredLink final : public TransferEngine {
   void Request(uint32_t key, bool urgent);
   void Release(uint32_t key);
   void Unpin(uint32_t key);
-  double Score(uint32_t key) const { return score_ ? score_(key) : 0.0; }
+  double Score(uint32_t key) const {
+    if (options_.disk.score != DiskModel::Score::kPolicy) return uses_[key];
+    return score_ ? score_(key) : 0.0;
+  }
+  // A load of `key`, for the tier's own score.
+  void CountLoad(uint32_t key);
 
   ManualClock& clock_;
   ManualClock link_clock_;  // The link's own: set to each event's time as it is run.
@@ -194,6 +205,8 @@ class SimTieredLink final : public TransferEngine {
   std::vector<Read> inflight_;        // On the disk.
   uint64_t next_seq_ = 0;
   uint64_t use_clock_ = 0;
+  std::vector<double> uses_;  // The own score's counts (DiskModel::score).
+  uint64_t loads_since_halving_ = 0;
   std::unordered_map<uint64_t, Task> tasks_;
   std::vector<TransferDone> done_;
   std::vector<TransferDone> copies_;  // Scratch.

@@ -191,6 +191,31 @@ TEST(SimTieredLinkTest, EvictsTheLowestScoreThenTheLeastRecentlyUsed) {
   EXPECT_EQ(t.link->resident(), 3u);
 }
 
+// The tier's own score (DiskModel::Score::kLoads): the expert it served fewest loads goes first,
+// whatever the policy's score says; ties by recency.
+TEST(SimTieredLinkTest, ItsOwnScoreEvictsTheExpertLoadedLeast) {
+  SimTierOptions o = Options(3, /*warm=*/true);  // 0, 1, 2 resident, used in that order.
+  o.disk.score = DiskModel::Score::kLoads;
+  Tier t(o);
+  t.link->set_score([](uint32_t key) { return key == 0 ? 0.0 : 1.0; });  // Not used.
+  for (uint64_t id = 1; id <= 2; ++id) {
+    t.link->Submit(Task(id, 0, true));  // 0 twice, then 1 and 2 once each: 1 is the oldest.
+    t.Next();
+  }
+  t.link->Submit(Task(3, 1, true));
+  t.Next();
+  t.link->Submit(Task(4, 2, true));
+  t.Next();
+  t.link->Submit(Task(5, 5, true));  // Evicts 1: one load, least recent among the ones.
+  t.Next();
+  EXPECT_FALSE(t.link->Resident(1));
+  EXPECT_TRUE(t.link->Resident(0) && t.link->Resident(2) && t.link->Resident(5));
+  t.link->Submit(Task(6, 6, true));  // 2 and 5 have one load each: 2 is older.
+  t.Next();
+  EXPECT_FALSE(t.link->Resident(2));
+  EXPECT_TRUE(t.link->Resident(0) && t.link->Resident(5) && t.link->Resident(6));
+}
+
 TEST(SimTieredLinkTest, TheHostBudgetHoldsAndACopyingExpertIsNotEvicted) {
   Tier t(Options(1, /*warm=*/true));  // Expert 0 only.
   t.link->Submit(Task(1, 0, true));   // Copying: pinned.
