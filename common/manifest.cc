@@ -63,8 +63,8 @@ constexpr std::string_view kMemoryKeys[] = {"device_gb", "device_fraction", "kv_
                                             "expert_floor", "return_hold_s"};
 constexpr std::string_view kWorkerKeys[] = {"device", "host"};
 constexpr std::string_view kRouterKeys[] = {
-    "listen",         "worker_endpoint", "request_timeout_s",    "drain_timeout_s",
-    "max_body_bytes", "api_keys",        "cors_allowed_origins", "tool_call_parser"};
+    "listen",   "worker_endpoint",      "request_timeout_s", "drain_timeout_s",    "max_body_bytes",
+    "api_keys", "cors_allowed_origins", "tool_call_parser",  "responses_capacity", "responses_dir"};
 constexpr std::string_view kHeartbeatKeys[] = {"interval_ms", "timeout_ms"};
 constexpr std::string_view kLoggingKeys[] = {"level"};
 constexpr std::string_view kLauncherKeys[] = {"run_dir", "ready_timeout_s", "stop_timeout_s",
@@ -893,7 +893,7 @@ Status ParseApiKeys(const Field& field, std::vector<std::string>* keys) {
   });
 }
 
-Status ParseRouter(const Field& field, RouterSpec* spec) {
+Status ParseRouter(const Field& field, const std::string& base_dir, RouterSpec* spec) {
   FMOE_ASSIGN_OR_RETURN(Section section, Section::Read(field, kRouterKeys));
   FMOE_RETURN_IF_ERROR(ReadHostPort(section.Get("listen"), &spec->listen));
   FMOE_RETURN_IF_ERROR(ReadZmqEndpoint(section.Get("worker_endpoint"), &spec->worker_endpoint));
@@ -904,6 +904,9 @@ Status ParseRouter(const Field& field, RouterSpec* spec) {
   FMOE_RETURN_IF_ERROR(ReadInt(section.Get("max_body_bytes"), int64_t{1} << 10, int64_t{256} << 20,
                                &spec->max_body_bytes));
   FMOE_RETURN_IF_ERROR(ParseApiKeys(section.Get("api_keys"), &spec->api_keys));
+  FMOE_RETURN_IF_ERROR(
+      ReadInt(section.Get("responses_capacity"), 1, 1000000, &spec->responses_capacity));
+  FMOE_RETURN_IF_ERROR(ReadPath(section.Get("responses_dir"), base_dir, &spec->responses_dir));
   if (const Field parser = section.Get("tool_call_parser"); parser.present) {
     FMOE_RETURN_IF_ERROR(ReadString(parser, &spec->tool_call_parser));
     if (std::find(std::begin(kToolCallParsers), std::end(kToolCallParsers),
@@ -1021,7 +1024,7 @@ Result<Manifest> ParseDocument(std::string_view yaml_text, const std::string& ba
   FMOE_RETURN_IF_ERROR(ParseModel(top.Get("model"), base_dir, &m.model));
   FMOE_RETURN_IF_ERROR(ParseMapService(top.Get("map_service"), base_dir, &m.map_service));
   FMOE_RETURN_IF_ERROR(ParseWorkerGroups(top.Get("worker_groups"), base_dir, &m.worker_groups));
-  FMOE_RETURN_IF_ERROR(ParseRouter(top.Get("router"), &m.router));
+  FMOE_RETURN_IF_ERROR(ParseRouter(top.Get("router"), base_dir, &m.router));
   FMOE_RETURN_IF_ERROR(ParseHeartbeat(top.Get("heartbeat"), &m.heartbeat));
   FMOE_ASSIGN_OR_RETURN(Section logging, Section::Read(top.Get("logging"), kLoggingKeys));
   FMOE_RETURN_IF_ERROR(ReadEnum(logging.Get("level"), kLogLevels, &m.logging.level));
@@ -1197,6 +1200,8 @@ std::string DescribeManifest(const Manifest& m) {
   if (!m.router.tool_call_parser.empty()) {
     EmitValue(out, "tool_call_parser", m.router.tool_call_parser);
   }
+  EmitValue(out, "responses_capacity", m.router.responses_capacity);
+  if (!m.router.responses_dir.empty()) EmitValue(out, "responses_dir", m.router.responses_dir);
   out << YAML::Key << "api_keys" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (size_t i = 0; i < m.router.api_keys.size(); ++i) out << std::string(kRedactedKey);
   out << YAML::EndSeq;

@@ -155,6 +155,11 @@ struct RouterSpec {
   // The tool-call format chat answers are parsed in (vLLM's --tool-call-parser): one of
   // kToolCallParsers; empty = the model family's (common/text/tool_calls.h). Default: empty
   std::string tool_call_parser;
+  // The Responses API's kept responses (previous_response_id): how many, 1..1000000, least
+  // recently used dropped past it; and the directory they are stored in across restarts
+  // (RocksDB; absolute after load; one router per directory). Default: 1024, in memory only
+  int responses_capacity = 1024;
+  std::string responses_dir;
 };
 
 // The names router.tool_call_parser accepts (common/text/tool_calls.h ParseToolCallFormat's).

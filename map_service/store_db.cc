@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "common/model/model_config.h"
 #include "common/process_util.h"
+#include "common/rocks_logger.h"
 #include "schemas/store_generated.h"
 
 namespace fmoe {
@@ -104,60 +105,6 @@ const fb::StoreRecord* VerifyRecord(std::string_view value, std::vector<uint64_t
   }
   return fb::GetStoreRecord(buf);
 }
-
-// RocksDB's info log, into ours: warnings and errors only (no LOG file beside the data, so a
-// full disk cannot take the log down with it), at most kLines per kWindow, then one line with
-// the count of the rest. Called from RocksDB's threads and the store writer.
-class RocksLogger : public rocksdb::Logger {
- public:
-  RocksLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
-  void LogHeader(const char*, va_list) override {}
-  void Logv(const char* format, va_list ap) override {
-    Emit(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
-  }
-  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
-    Emit(level, format, ap);
-  }
-
- private:
-  static constexpr int kLines = 5;
-  static constexpr auto kWindow = std::chrono::seconds(10);
-
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wformat-nonliteral"
-  void Emit(rocksdb::InfoLogLevel level, const char* format, va_list ap) {
-    if (level < GetInfoLogLevel() || level == rocksdb::InfoLogLevel::HEADER_LEVEL) return;
-    char text[1024];
-    std::vsnprintf(text, sizeof(text), format, ap);
-    const auto now = std::chrono::steady_clock::now();
-    std::lock_guard<std::mutex> lock(mu_);
-    if (now - window_start_ >= kWindow) {
-      if (suppressed_ > 0) {
-        spdlog::warn("rocksdb: {} more messages in the last {} s", suppressed_,
-                     std::chrono::duration_cast<std::chrono::seconds>(now - window_start_).count());
-      }
-      window_start_ = now;
-      lines_ = 0;
-      suppressed_ = 0;
-    }
-    if (lines_ >= kLines) {
-      ++suppressed_;
-      return;
-    }
-    ++lines_;
-    if (level >= rocksdb::InfoLogLevel::ERROR_LEVEL) {
-      spdlog::error("rocksdb: {}", text);
-    } else {
-      spdlog::warn("rocksdb: {}", text);
-    }
-  }
-#pragma GCC diagnostic pop
-
-  std::mutex mu_;
-  std::chrono::steady_clock::time_point window_start_{};  // GUARDED_BY(mu_)
-  int lines_ = 0;                                         // GUARDED_BY(mu_)
-  uint64_t suppressed_ = 0;                               // GUARDED_BY(mu_)
-};
 
 // Tests only: StoreFaults under RocksDB (store_db.h).
 rocksdb::IOStatus Injected(StoreFaults& faults, const std::string& what) {
@@ -287,7 +234,7 @@ struct StoreDb::Impl {
   bool sync = false;
   std::string read_only_reason;  // Empty while writable.
   int read_only_lock = -1;       // LockReadOnly's fd while read-only.
-  std::shared_ptr<rocksdb::Logger> logger = std::make_shared<RocksLogger>();
+  std::shared_ptr<rocksdb::Logger> logger = MakeRocksLogger();
   std::unique_ptr<rocksdb::Env> env;  // The fault-injecting Env of a test, or null.
   std::unique_ptr<rocksdb::DB> db;
   std::map<std::string, rocksdb::ColumnFamilyHandle*> families;  // Owned; closed in ~Impl.

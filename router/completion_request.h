@@ -47,6 +47,10 @@ struct CompletionsOptions {
   // the architecture): chat requests with `tools` and tool_choice auto have their answers parsed
   // into tool_calls. kNone: such requests are refused (tool_choice none still renders tools).
   ToolCallFormat tool_call_format = ToolCallFormat::kNone;
+  // The Responses API's kept responses: how many, and the directory they are stored in across
+  // restarts ("": memory only). Default: 1024, memory only
+  size_t responses_capacity = 1024;
+  std::string responses_dir;
 };
 
 enum class RequestKind { kText, kChat };

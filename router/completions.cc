@@ -1080,7 +1080,17 @@ CompletionsOptions FitToPools(const CompletionsOptions& base, const ClusterView&
 
 Completions::Completions(CompletionsOptions options, const Tokenizer& tokenizer, WorkerLink& link,
                          RouterMetrics* metrics)
-    : options_(std::move(options)), tokenizer_(tokenizer), link_(link), metrics_(metrics) {}
+    : options_(std::move(options)),
+      tokenizer_(tokenizer),
+      link_(link),
+      metrics_(metrics),
+      responses_(options_.responses_capacity) {
+  if (!options_.responses_dir.empty()) {
+    if (Status s = responses_.Open(options_.responses_dir); !s.ok()) {
+      spdlog::warn("responses: {}; stored responses are kept in memory only", s.message());
+    }
+  }
+}
 
 void Completions::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
   Run(RequestKind::kText, request, std::move(responder));

@@ -118,6 +118,8 @@ int main(int argc, char** argv) {
   }
   CompletionsOptions completions_options;
   completions_options.model_name = manifest.model.name;
+  completions_options.responses_capacity = static_cast<size_t>(manifest.router.responses_capacity);
+  completions_options.responses_dir = manifest.router.responses_dir;
   completions_options.context_length =
       RouterContextLength(*model, manifest, &completions_options.context_limit);
   completions_options.request_timeout_ms =

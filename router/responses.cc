@@ -1,7 +1,13 @@
 #include "router/responses.h"
 
+#include <algorithm>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
 #include "common/text/unicode.h"
 #include "router/completion_request.h"
+#include "router/response_db.h"
 
 namespace fmoe {
 namespace {
@@ -119,15 +125,67 @@ bool ConvertItems(const Json& input, Json* out, std::string* problem) {
 
 }  // namespace
 
+ResponseStore::ResponseStore(size_t capacity) : capacity_(std::max<size_t>(1, capacity)) {}
+ResponseStore::~ResponseStore() = default;
+
+Status ResponseStore::Open(const std::string& dir) {
+  FMOE_ASSIGN_OR_RETURN(std::unique_ptr<ResponseDb> db, ResponseDb::Open(dir));
+  std::vector<std::string> skipped;
+  FMOE_ASSIGN_OR_RETURN(std::vector<ResponseDb::Row> rows, db->Load(&skipped));
+  for (const std::string& id : skipped) {
+    spdlog::warn("responses {}: the stored response {} does not read back whole; skipped", dir,
+                 ToValidUtf8(id.substr(0, 128)));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  // Oldest first: the newest ends at the front, as if put in that order.
+  const size_t keep = std::min(rows.size(), capacity_);
+  for (size_t i = 0; i + keep < rows.size(); ++i) Stored(db->Delete(rows[i].id));
+  size_t loaded = 0;
+  for (size_t i = rows.size() - keep; i < rows.size(); ++i) {
+    Json conversation = Json::parse(rows[i].conversation, nullptr, /*allow_exceptions=*/false);
+    if (conversation.is_discarded()) continue;  // Load checked it.
+    if (auto it = index_.find(rows[i].id); it != index_.end()) {
+      lru_.erase(it->second);
+      index_.erase(it);
+    }
+    lru_.emplace_front(rows[i].id, std::move(conversation));
+    index_[rows[i].id] = lru_.begin();
+    clock_ = std::max(clock_, rows[i].last_use);
+    ++loaded;
+  }
+  while (lru_.size() > capacity_) {
+    index_.erase(lru_.back().first);
+    lru_.pop_back();
+  }
+  spdlog::info("responses {}: {} stored responses loaded ({} older ones dropped, {} skipped)", dir,
+               loaded, rows.size() - keep, skipped.size());
+  db_ = std::move(db);
+  return Status::Ok();
+}
+
+bool ResponseStore::persistent() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return db_ != nullptr;
+}
+
+void ResponseStore::Stored(const Status& s) {
+  if (s.ok()) return;
+  if (refused_++ % 100 == 0) {
+    spdlog::warn("responses: {} (kept in memory; {} writes refused so far)", s.message(), refused_);
+  }
+}
+
 void ResponseStore::Put(const std::string& id, Json conversation) {
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = index_.find(id); it != index_.end()) {
     lru_.erase(it->second);
     index_.erase(it);
   }
+  if (db_ != nullptr) Stored(db_->Put(id, ++clock_, JsonText(conversation)));
   lru_.emplace_front(id, std::move(conversation));
   index_[id] = lru_.begin();
   while (lru_.size() > capacity_) {
+    if (db_ != nullptr) Stored(db_->Delete(lru_.back().first));
     index_.erase(lru_.back().first);
     lru_.pop_back();
   }
@@ -138,6 +196,7 @@ std::optional<Json> ResponseStore::Get(const std::string& id) {
   auto it = index_.find(id);
   if (it == index_.end()) return std::nullopt;
   lru_.splice(lru_.begin(), lru_, it->second);
+  if (db_ != nullptr) Stored(db_->Touch(id, ++clock_));
   return it->second->second;
 }
 

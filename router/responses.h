@@ -4,12 +4,15 @@
 // max_output_tokens, previous_response_id) is translated into the chat completion it means,
 // which ParseRequest validates like any chat request; Completions writes the answer as a
 // `response` with output items (reasoning, message, function_call) and the streamed
-// response.* events. Responses are kept in the router's memory (ResponseStore, bounded) so a
-// later request can continue one by previous_response_id. Thread-safe.
+// response.* events. Responses are kept (ResponseStore, bounded; in memory, and on disk when
+// router.responses_dir is set) so a later request, also after a restart, can continue one by
+// previous_response_id. Thread-safe.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -22,19 +25,33 @@
 
 namespace fmoe {
 
+class ResponseDb;
+
 // The conversations of stored responses: id -> the chat messages up to and including the
 // response's answer (instructions left out: they are not carried to the next turn), least
-// recently used dropped past the capacity.
+// recently used dropped past the capacity. With Open, every change is written through to a
+// database on disk (response_db.h); a write the disk refuses is logged and the response stays
+// in memory, so requests never fail for it.
 class ResponseStore {
  public:
-  explicit ResponseStore(size_t capacity = 1024) : capacity_(capacity) {}
+  explicit ResponseStore(size_t capacity = 1024);
+  ~ResponseStore();
+  // Loads the responses stored in `dir` (the most recently used, up to the capacity; older
+  // ones are deleted there) and writes through from then on. On an error (kUnavailable naming
+  // the directory) the store stays in memory only.
+  Status Open(const std::string& dir);
   void Put(const std::string& id, nlohmann::json conversation);
   std::optional<nlohmann::json> Get(const std::string& id);
   size_t size() const;
+  bool persistent() const;
 
  private:
+  void Stored(const Status& s);  // Logs a refused write (throttled to the first and every 100th).
   mutable std::mutex mu_;
   size_t capacity_;
+  std::unique_ptr<ResponseDb> db_;                         // GUARDED_BY(mu_); null: memory only.
+  uint64_t clock_ = 0;                                     // GUARDED_BY(mu_): last-use stamps.
+  uint64_t refused_ = 0;                                   // GUARDED_BY(mu_)
   std::list<std::pair<std::string, nlohmann::json>> lru_;  // GUARDED_BY(mu_), newest first.
   std::unordered_map<std::string, std::list<std::pair<std::string, nlohmann::json>>::iterator>
       index_;  // GUARDED_BY(mu_)

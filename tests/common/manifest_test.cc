@@ -159,6 +159,8 @@ void ExpectManifestEq(const Manifest& a, const Manifest& b) {
   EXPECT_EQ(a.router.request_timeout_s, b.router.request_timeout_s);
   EXPECT_EQ(a.router.max_body_bytes, b.router.max_body_bytes);
   EXPECT_EQ(a.router.tool_call_parser, b.router.tool_call_parser);
+  EXPECT_EQ(a.router.responses_capacity, b.router.responses_capacity);
+  EXPECT_EQ(a.router.responses_dir, b.router.responses_dir);
   EXPECT_EQ(a.router.api_keys, b.router.api_keys);
   EXPECT_EQ(a.heartbeat.interval_ms, b.heartbeat.interval_ms);
   EXPECT_EQ(a.heartbeat.timeout_ms, b.heartbeat.timeout_ms);
@@ -1063,6 +1065,36 @@ worker_groups:
             "router.tool_call_parser: \"llama3_json\" is not a tool-call format; one of none, "
             "hermes"}}) {
     auto r = ParseManifest("model: {path: /m}\n" + yaml, "/etc/fmoe.yaml");
+    ASSERT_FALSE(r.ok()) << yaml;
+    EXPECT_NE(r.status().message().find(message), std::string::npos) << r.status().ToString();
+  }
+}
+
+TEST(Manifest, StoredResponsesKeys) {
+  auto m = ParseManifest(R"(model: {path: /m}
+router: {responses_capacity: 50, responses_dir: state/responses}
+worker_groups:
+  - {name: g0, workers: [{}]}
+)",
+                         "/etc/fmoe");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->router.responses_capacity, 50);
+  EXPECT_EQ(m->router.responses_dir, "/etc/fmoe/state/responses");
+  auto again = ParseManifest(DescribeManifest(*m), "/etc/fmoe");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ExpectManifestEq(*m, *again);
+  auto plain = ParseManifest("model: {path: /m}\nworker_groups:\n  - {name: g0, workers: [{}]}\n",
+                             "/etc/fmoe.yaml");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->router.responses_capacity, 1024);
+  EXPECT_TRUE(plain->router.responses_dir.empty()) << "in memory only by default";
+  for (const auto& [yaml, message] : std::vector<std::pair<std::string, std::string>>{
+           {"router: {responses_capacity: 0}\n", "router.responses_capacity"},
+           {"router: {responses_dir: \"\"}\n", "router.responses_dir: must not be empty"},
+           {"router: {responses_dir: ~/r}\n", "'~' is not expanded"}}) {
+    auto r = ParseManifest(
+        "model: {path: /m}\n" + yaml + "worker_groups:\n  - {name: g0, workers: [{}]}\n",
+        "/etc/fmoe.yaml");
     ASSERT_FALSE(r.ok()) << yaml;
     EXPECT_NE(r.status().message().find(message), std::string::npos) << r.status().ToString();
   }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <regex>
 #include <set>
@@ -40,7 +41,9 @@ class RouterApiTest : public ::testing::Test {
     http_ = FreeTcpPort();
     ASSERT_TRUE(cluster_->Start(
         cluster_->TinyManifest(http_, "    max_batch: 4\n    queue_limit: 64\n",
-                               "  cors_allowed_origins: [\"https://app.example.com\"]\n", 5000),
+                               "  cors_allowed_origins: [\"https://app.example.com\"]\n"
+                               "  responses_dir: responses\n",
+                               5000),
         http_, 180000))
         << cluster_->LauncherLog();
   }
@@ -699,6 +702,67 @@ TEST_F(RouterApiTest, MetricsFollowPrometheusConventions) {
   for (const char* gone : {"fmoe_expert_hit_rate", "fmoe_tokens_per_second"}) {
     EXPECT_EQ(r.body.find(gone), std::string::npos) << gone << " is derived: a query divides";
   }
+}
+
+// The last test of the suite (it kills the router): with router.responses_dir, a stored response
+// continues by previous_response_id after the router is killed with SIGKILL and the launcher
+// restarts it; the continued request carries the earlier turn (more input tokens than the same
+// input alone).
+TEST_F(RouterApiTest, StoredResponsesContinueAfterTheRouterIsKilled) {
+  const Json first = Ok("/v1/responses", {{"model", "tiny-moe"},
+                                          {"input", "Tell me about the city."},
+                                          {"max_output_tokens", 8},
+                                          {"temperature", 0}});
+  const std::string id = first.value("id", "");
+  ASSERT_FALSE(id.empty()) << first.dump();
+  const Json alone = Ok(
+      "/v1/responses",
+      {{"model", "tiny-moe"}, {"input", "And then?"}, {"max_output_tokens", 4}, {"store", false}});
+  const int alone_tokens = alone["usage"]["input_tokens"].get<int>();
+  // The router's pid and restarts in the launcher's status file.
+  const auto router = [&]() -> std::pair<int, int> {
+    const Json state =
+        Json::parse(testing::ReadFile(cluster_->dir() + "/run/launcher.json"), nullptr, false);
+    if (state.is_discarded() || !state.contains("processes")) return {-1, -1};
+    for (const auto& p : state["processes"]) {
+      if (p.value("name", "") == "router" && p.value("state", "") == "running") {
+        return {p.value("pid", -1), p.value("restarts", 0)};
+      }
+    }
+    return {-1, -1};
+  };
+  const auto [pid, restarts] = router();
+  ASSERT_GT(pid, 0) << testing::ReadFile(cluster_->dir() + "/run/launcher.json");
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        const auto [now, count] = router();
+        return now > 0 && now != pid && count > restarts &&
+               Call("GET", "/health", "").status == 200;
+      },
+      60000))
+      << testing::ReadFile(cluster_->dir() + "/run/launcher.json");
+  // Ready for requests again (the groups have reconnected).
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        return Call("POST", "/v1/completions",
+                    Json{{"model", "tiny-moe"}, {"prompt", "x"}, {"max_tokens", 1}}.dump())
+                   .status == 200;
+      },
+      60000));
+  const Json next = Ok("/v1/responses", {{"model", "tiny-moe"},
+                                         {"input", "And then?"},
+                                         {"previous_response_id", id},
+                                         {"max_output_tokens", 4}});
+  EXPECT_EQ(next.value("previous_response_id", ""), id) << next.dump();
+  EXPECT_GT(next["usage"]["input_tokens"].get<int>(), alone_tokens) << next.dump();
+  EXPECT_NE(cluster_->LogOf("router").find("stored responses loaded"), std::string::npos);
+  EXPECT_EQ(
+      Call(
+          "POST", "/v1/responses",
+          Json{{"model", "tiny-moe"}, {"input", "x"}, {"previous_response_id", "resp_nope"}}.dump())
+          .status,
+      404);
 }
 
 }  // namespace
