@@ -97,12 +97,15 @@ bool Endable(const JsonGrammar& g, const MatchFrame& f) {
 
 // The code points a UTF-8 character may still become, given its bytes so far: f.pos holds
 // their value bits, f.utf8_need the bytes still due; `len` its whole length.
-bool CharMayMatch(const JsonGrammar::Node& n, const MatchFrame& f, uint32_t len) {
+std::pair<uint32_t, uint32_t> CharInterval(const MatchFrame& f, uint32_t len) {
   static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
   const uint32_t shift = 6u * f.utf8_need;
-  const uint32_t lo = std::max(static_cast<uint32_t>(f.pos) << shift, kMin[len]);
-  const uint32_t hi =
-      std::min((static_cast<uint32_t>(f.pos) << shift) | ((1u << shift) - 1), 0x10FFFFu);
+  return {std::max(static_cast<uint32_t>(f.pos) << shift, kMin[len]),
+          std::min((static_cast<uint32_t>(f.pos) << shift) | ((1u << shift) - 1), 0x10FFFFu)};
+}
+
+bool CharMayMatch(const JsonGrammar::Node& n, const MatchFrame& f, uint32_t len) {
+  const auto [lo, hi] = CharInterval(f, len);
   for (const auto& [a, b] : n.ranges) {
     if (a <= hi && b >= lo) return true;
   }
@@ -112,11 +115,7 @@ bool CharMayMatch(const JsonGrammar::Node& n, const MatchFrame& f, uint32_t len)
 // Every code point the character may still become is in the class: its remaining bytes cannot
 // fail it (only UTF-8's own rules, which Utf8 checks).
 bool CharMustMatch(const JsonGrammar::Node& n, const MatchFrame& f, uint32_t len) {
-  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-  const uint32_t shift = 6u * f.utf8_need;
-  const uint32_t lo = std::max(static_cast<uint32_t>(f.pos) << shift, kMin[len]);
-  const uint32_t hi =
-      std::min((static_cast<uint32_t>(f.pos) << shift) | ((1u << shift) - 1), 0x10FFFFu);
+  const auto [lo, hi] = CharInterval(f, len);
   for (const auto& [a, b] : n.ranges) {
     if (a <= lo && hi <= b) return true;
   }
