@@ -91,12 +91,18 @@ bool SetStructuralTag(const Json& v, const std::string& field, CompletionRequest
                       HttpResponse* error) {
   const std::string param = ParamOf(field);
   if (!OnlyConstraint(param, *out, error)) return false;
-  Json spec = v;
+  // Nothing is copied or written out (recursive code) before the nesting is bounded.
+  Json parsed;
   if (v.is_string()) {
-    spec = Json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
-    if (spec.is_discarded()) {
+    parsed = Json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded()) {
       return Refuse(error, BadParam(param, "'" + field + "' is a string that is not JSON"));
     }
+  }
+  const Json& spec = v.is_string() ? parsed : v;
+  if (JsonDepth(spec) > 2 * kMaxSchemaDepth + 8) {
+    return Refuse(error, BadParam(param, field + " nests deeper than " +
+                                             std::to_string(kMaxSchemaDepth) + " schemas"));
   }
   if (!spec.is_object()) {
     return Refuse(error,
@@ -109,13 +115,9 @@ bool SetStructuralTag(const Json& v, const std::string& field, CompletionRequest
                                       "supported by this server; give 'structures' and 'triggers'",
                                   "unsupported_parameter"));
   }
-  if (JsonDepth(spec) > 2 * kMaxSchemaDepth + 8) {
-    return Refuse(error, BadParam(param, field + " nests deeper than " +
-                                             std::to_string(kMaxSchemaDepth) + " schemas"));
-  }
   // The members the compiler reads; vLLM's name for a structure's schema is taken too.
-  Json canonical = {{"structures", spec.contains("structures") ? spec["structures"] : Json()},
-                    {"triggers", spec.contains("triggers") ? spec["triggers"] : Json()}};
+  Json canonical = {{"structures", spec.value("structures", Json())},
+                    {"triggers", spec.value("triggers", Json())}};
   if (canonical["structures"].is_array()) {
     for (Json& s : canonical["structures"]) {
       if (s.is_object() && !s.contains("schema") && s.contains("structure_schema")) {

@@ -1723,7 +1723,13 @@ TEST_F(ToolCompletionsTest, StructuredOutputSchemasTravelOrAreRefusedByName) {
     EXPECT_EQ(last_grammar_, grammar) << fields;
     EXPECT_EQ(last_syntax_, syntax) << fields;
   }
+  // A structural tag nested 100,000 deep (as JSON text): refused before anything copies it.
+  const std::string deep_tag = R"({"triggers": ["<f"], "structures": )" + std::string(100000, '[') +
+                               std::string(100000, ']') + "}";
   const std::vector<std::tuple<Json, std::string, std::string>> refused = {
+      {{{"structured_outputs", {{"structural_tag", deep_tag}}}},
+       "structured_outputs",
+       "structured_outputs.structural_tag nests deeper than 64 schemas"},
       {{{"response_format", {{"type", "yaml"}}}}, "response_format", "must be \"text\""},
       {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "A"}}}}}},
        "response_format",
