@@ -105,6 +105,16 @@ std::vector<Seed> Seeds() {
                                       R"("prompt":"x","structured_outputs":{"json":)"
                                       R"({"type":"array","items":{"type":"integer"}}}})"),
       Ok("ok-guided-json-text", "{" + m + R"("prompt":"x","guided_json":"{\"type\":\"string\"}"})"),
+      Ok("ok-structural-tag",
+         "{" + m +
+             R"("prompt":"x","response_format":{"type":"structural_tag","triggers":["<f="],)"
+             R"("structures":[{"begin":"<f=get>","schema":{"type":"object","properties":)"
+             R"({"city":{"type":"string"}}},"end":"</f>"}]}})"),
+      {"err-structural-tag-trigger",
+       "{" + m +
+           R"("prompt":"x","structured_outputs":{"structural_tag":{"triggers":["<f","x<f"],)"
+           R"("structures":[{"begin":"<f>","schema":{},"end":""}]}}})",
+       400, "unsupported_structural_tag"},
       {"err-schema-pattern",
        "{" + m + R"("prompt":"x","guided_json":{"type":"string","pattern":"a"}})", 400,
        "unsupported_schema"},
