@@ -268,8 +268,8 @@ Result<ResponsesRequest> ResponsesToChat(const Json& body, ResponseStore& store,
     if (!stored) {
       *error = ApiError(404,
                         "no response with id '" + ToValidUtf8(prev->get<std::string>()) +
-                            "' is kept by this router (it keeps the last ones in memory; "
-                            "store: false keeps none)",
+                            "' is kept by this router (it keeps the most recently used ones, "
+                            "up to router.responses_capacity; store: false keeps none)",
                         "invalid_request_error", "previous_response_id", "not_found");
       return NotFound("previous_response_id");
     }
