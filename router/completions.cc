@@ -1090,6 +1090,7 @@ Completions::Completions(CompletionsOptions options, const Tokenizer& tokenizer,
       spdlog::warn("responses: {}; stored responses are kept in memory only", s.message());
     }
   }
+  if (metrics_ != nullptr) metrics_->SetResponseStore(&responses_);
 }
 
 void Completions::Handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "router/responses.h"
+
 namespace fmoe {
 namespace {
 
@@ -102,6 +104,22 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
   for (const auto& [key, n] : requests_) {
     out << "fmoe_requests_total{route=\"" << Escape(key.first) << "\",status=\"" << key.second
         << "\"} " << n << "\n";
+  }
+  if (responses_ != nullptr) {
+    out << "# HELP fmoe_responses_stored Responses kept for previous_response_id.\n"
+           "# TYPE fmoe_responses_stored gauge\n"
+           "fmoe_responses_stored "
+        << responses_->size()
+        << "\n# HELP fmoe_responses_persistent Whether they are also kept on disk "
+           "(router.responses_dir) (1) or in memory only (0).\n"
+           "# TYPE fmoe_responses_persistent gauge\n"
+           "fmoe_responses_persistent "
+        << (responses_->persistent() ? 1 : 0)
+        << "\n# HELP fmoe_responses_store_errors_total Writes of stored responses the disk "
+           "refused (the responses stay in memory).\n"
+           "# TYPE fmoe_responses_store_errors_total counter\n"
+           "fmoe_responses_store_errors_total "
+        << responses_->refused_writes() << "\n";
   }
   RenderHistogram(out, "fmoe_time_to_first_token_seconds",
                   "Time from a completion request's arrival to a choice's first token.", ttft_ms_,

@@ -27,6 +27,10 @@
 #include "router/worker_link.h"
 
 namespace fmoe {
+class ResponseStore;
+}
+
+namespace fmoe {
 
 class RouterMetrics {
  public:
@@ -51,6 +55,10 @@ class RouterMetrics {
   void CountGeneration(double ttft_ms, double tpot_ms, uint32_t tokens);
   void CountFinished(const Finished& request);
 
+  // The Responses API's store, rendered as fmoe_responses_* (it must outlive every Render); set
+  // once, before serving.
+  void SetResponseStore(const ResponseStore* store) { responses_ = store; }
+
   // Prometheus text exposition (version 0.0.4).
   std::string Render(const ClusterView& view) const;
 
@@ -66,6 +74,7 @@ class RouterMetrics {
   uint64_t prompt_tokens_ = 0;                                // GUARDED_BY(mu_)
   std::optional<ModelInfo> model_;                            // GUARDED_BY(mu_)
   std::string served_name_;                                   // GUARDED_BY(mu_)
+  const ResponseStore* responses_ = nullptr;
 };
 
 }  // namespace fmoe

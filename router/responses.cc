@@ -168,6 +168,11 @@ bool ResponseStore::persistent() const {
   return db_ != nullptr;
 }
 
+uint64_t ResponseStore::refused_writes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return refused_;
+}
+
 void ResponseStore::Stored(const Status& s) {
   if (s.ok()) return;
   if (refused_++ % 100 == 0) {

@@ -44,6 +44,8 @@ class ResponseStore {
   std::optional<nlohmann::json> Get(const std::string& id);
   size_t size() const;
   bool persistent() const;
+  // Writes to the database it refused (since Open).
+  uint64_t refused_writes() const;
 
  private:
   void Stored(const Status& s);  // Logs a refused write (throttled to the first and every 100th).

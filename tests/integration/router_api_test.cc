@@ -687,7 +687,10 @@ TEST_F(RouterApiTest, MetricsFollowPrometheusConventions) {
        {"fmoe_e2e_request_latency_seconds_bucket", "fmoe_request_queue_time_seconds_count",
         "fmoe_request_prompt_tokens_sum", "fmoe_prompt_tokens_total",
         "fmoe_expert_moved_bytes_total", "fmoe_expert_host_runs_total",
-        "fmoe_expert_host_seconds_total", "fmoe_expert_not_moved_bytes_total"}) {
+        "fmoe_expert_host_seconds_total", "fmoe_expert_not_moved_bytes_total",
+        // The Responses API's store (this suite's router keeps it on disk).
+        "\nfmoe_responses_stored ", "\nfmoe_responses_persistent 1\n",
+        "\nfmoe_responses_store_errors_total 0\n"}) {
     EXPECT_NE(r.body.find(name), std::string::npos) << name;
   }
   // vLLM's names, with its model_name label, for the dashboards built for it.
