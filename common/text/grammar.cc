@@ -986,9 +986,9 @@ class StructuralTagCompiler {
     for (size_t i = 0; i < triggers_.size(); ++i) {
       for (size_t j = 0; j < triggers_.size(); ++j) {
         if (i == j || triggers_[i].find(triggers_[j]) == std::string::npos) continue;
-        const std::string where = "triggers[" + std::to_string(std::max(i, j)) + "]";
         if (triggers_[i] == triggers_[j]) {
-          return Error(where, "repeats triggers[" + std::to_string(std::min(i, j)) + "]");
+          return Error("triggers[" + std::to_string(std::max(i, j)) + "]",
+                       "repeats triggers[" + std::to_string(std::min(i, j)) + "]");
         }
         return Error("triggers[" + std::to_string(i) + "]",
                      "contains triggers[" + std::to_string(j) + "] (\"" + triggers_[j] +
@@ -1104,7 +1104,7 @@ class StructuralTagCompiler {
       // its failure chain.
       std::map<uint32_t, int32_t> moves;
       for (int32_t f = static_cast<int32_t>(s);; f = states_[f].fail) {
-        for (const auto& edge : states_[f].next) moves.try_emplace(edge.first, Move(f, edge.first));
+        for (const auto& [cp, child] : states_[f].next) moves.try_emplace(cp, child);
         if (f == 0) break;
       }
       FMOE_ASSIGN_OR_RETURN(int32_t empty, b_.Seq({}));
