@@ -30,8 +30,9 @@ bool TextOfParts(const Json& content, const std::string& at, std::string* out,
     const std::string part_at = at + "[" + std::to_string(k) + "]";
     auto type = part.is_object() ? part.find("type") : part.end();
     auto text = part.is_object() ? part.find("text") : part.end();
-    if (type == part.end() || !type->is_string() ||
-        (*type != "input_text" && *type != "output_text" && *type != "text")) {
+    const std::string* kind =
+        type != part.end() && type->is_string() ? &type->get_ref<const std::string&>() : nullptr;
+    if (kind == nullptr || (*kind != "input_text" && *kind != "output_text" && *kind != "text")) {
       *problem = part_at + ": only input_text and output_text parts are supported";
       return false;
     }
