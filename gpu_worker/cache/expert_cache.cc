@@ -45,6 +45,8 @@ CacheCounters& CacheCounters::operator+=(const CacheCounters& o) {
   disk_stall_ns += o.disk_stall_ns;
   failed_loads += o.failed_loads;
   failed_experts += o.failed_experts;
+  stream_loads += o.stream_loads;
+  stream_wasted += o.stream_wasted;
   return *this;
 }
 
@@ -149,13 +151,17 @@ ExpertCache::ExpertCache(ExpertCacheOptions options, std::unique_ptr<CachePolicy
 
 ExpertCache::~ExpertCache() {
   // Cancel what is still on the link, so no copy writes a slot after the owner frees it.
-  if (tasks_.empty()) return;
+  if (!LinkBusy()) return;
   for (const auto& [id, key] : tasks_) link_->Cancel(id);
+  for (const auto& [id, where] : stream_tasks_) link_->Cancel(id);
   const int64_t deadline = clock_.NowNs() + kLinkSilenceNs;
-  while (!tasks_.empty() && clock_.NowNs() < deadline) {
+  while (LinkBusy() && clock_.NowNs() < deadline) {
     done_.clear();
     link_->Wait(&done_, std::chrono::milliseconds(100));
-    for (const TransferDone& d : done_) tasks_.erase(d.id);
+    for (const TransferDone& d : done_) {
+      tasks_.erase(d.id);
+      stream_tasks_.erase(d.id);
+    }
   }
 }
 
@@ -305,6 +311,12 @@ void ExpertCache::SubmitLoad(uint32_t key, int32_t slot, bool on_demand, double 
 }
 
 void ExpertCache::Complete(const TransferDone& done) {
+  if (auto st = stream_tasks_.find(done.id); st != stream_tasks_.end()) {
+    const auto [slot, key] = st->second;
+    stream_tasks_.erase(st);
+    CompleteStream(slot, key, done);
+    return;
+  }
   auto it = tasks_.find(done.id);
   if (it == tasks_.end()) {
     spdlog::warn("expert cache: completion for unknown transfer {}", done.id);
@@ -364,19 +376,19 @@ Status ExpertCache::WaitForLink() {
     const size_t n = link_->Wait(&done_, std::chrono::milliseconds(100));
     for (const TransferDone& d : done_) Complete(d);
     if (n > 0) return Status::Ok();
-    if (tasks_.empty()) {
+    if (!LinkBusy()) {
       return Internal("expert cache: waiting for an expert with nothing on the link");
     }
     if (clock_.NowNs() - start > kLinkSilenceNs) {
       return Unavailable("expert cache: the " + std::string(link_->name()) +
-                         " link finished no transfer in 30 s (" + std::to_string(tasks_.size()) +
-                         " in flight)");
+                         " link finished no transfer in 30 s (" +
+                         std::to_string(tasks_.size() + stream_tasks_.size()) + " in flight)");
     }
   }
 }
 
 Status ExpertCache::AwaitTransfer() {
-  if (tasks_.empty()) return NotFound("expert cache: nothing on the link");
+  if (!LinkBusy()) return NotFound("expert cache: nothing on the link");
   return WaitForLink();
 }
 
@@ -514,7 +526,7 @@ void ExpertCache::TopUp() {
         e.on_demand = true;
         --inflight_prefetches_;
         ++inflight_on_demand_;
-      } else if (e.state == Residency::kOnHost && !e.host_run) {
+      } else if (e.state == Residency::kOnHost && !e.host_run && !streaming_) {
         const int32_t slot = TakeSlot(/*force=*/true);
         if (slot < 0) {
           starved = true;
@@ -532,6 +544,11 @@ void ExpertCache::TopUp() {
         break;
       }
     }
+  }
+  // A streamed iteration moves nothing into the slots: its misses come through the stream.
+  if (streaming_) {
+    StreamTopUp();
+    return;
   }
   // A miss pauses prefetching until the running layer has what it needs.
   if (inflight_on_demand_ > 0 || starved) return;
@@ -588,6 +605,12 @@ void ExpertCache::BeginIteration(std::span<const SequenceInfo> sequences) {
   for (const SequenceInfo& s : sequences) {
     batch_[s.request_id] = s.iteration;
     batch_order_.push_back(s.request_id);
+  }
+  streaming_ = std::exchange(stream_next_, false) && !full_ && !stream_.empty();
+  stream_layers_queued_ = 0;
+  if (streaming_) {
+    ++stream_iterations_;
+    QueueStreamLayer(0);  // Loads while the embedding and layer 0's attention run.
   }
   if (full_) return;  // Every expert resident for good: nothing to predict or move.
   policy_->OnIterationStart(sequences);
@@ -653,7 +676,7 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
   } else {
     layer_sequence_counts_.clear();
   }
-  if (options_.hybrid && !full_) SplitLayer();
+  if (options_.hybrid && !full_ && !streaming_) SplitLayer();
   for (uint32_t key : layer_needed_) {
     const uint32_t expert = key % options_.num_experts;
     Entry& e = entries_[key];
@@ -702,9 +725,177 @@ Status ExpertCache::BeginLayer(const LayerRouting& routing) {
     }
   }
   if (full_) return Status::Ok();
+  if (streaming_) {
+    // The layer's streamed experts it does not route to go; those it does and the stream does
+    // not hold (a prefetch cancelled since its layer was queued, a failed load) go first.
+    for (uint32_t j = 0; j < options_.num_experts; ++j) {
+      const uint32_t key = Key(layer, j);
+      if (!Owns(layer, j) || entries_[key].needed) continue;
+      DequeueStream(key);
+      if (stream_of_[key] >= 0) ReleaseStream(static_cast<uint32_t>(stream_of_[key]), true);
+    }
+    for (auto it = layer_needed_.rbegin(); it != layer_needed_.rend(); ++it) {
+      const uint32_t key = *it;
+      if (entries_[key].state != Residency::kOnHost) continue;
+      const int32_t slot = stream_of_[key];
+      if (slot >= 0) {
+        if (stream_[slot].task != 0) link_->Promote(stream_[slot].task);
+        continue;
+      }
+      DequeueStream(key);
+      stream_queue_.push_front(key);
+      stream_queued_[key] = 1;
+    }
+    if (stream_layers_queued_ <= layer + 1) QueueStreamLayer(layer + 1);
+  }
   policy_->OnLayerStart(routing);
   TopUp();
   return Status::Ok();
+}
+
+// ---- streaming ----
+
+Status ExpertCache::AttachStreamBuffer(void* memory, uint32_t slots) {
+  if (memory == nullptr || slots == 0) {
+    return InvalidArgument("expert cache: a stream buffer needs memory and at least one slot");
+  }
+  if (in_iteration_ || !stream_.empty()) {
+    return FailedPrecondition("expert cache: a stream buffer is attached once, between iterations");
+  }
+  stream_base_ = static_cast<char*>(memory);
+  stream_.assign(slots, StreamSlot{});
+  for (uint32_t s = slots; s > 0; --s) stream_free_.push_back(static_cast<int32_t>(s - 1));
+  stream_of_.assign(entries_.size(), -1);
+  stream_queued_.assign(entries_.size(), 0);
+  return Status::Ok();
+}
+
+void ExpertCache::QueueStreamLayer(uint32_t layer) {
+  if (layer >= options_.num_layers) return;
+  for (uint32_t j = 0; j < options_.num_experts; ++j) {
+    const uint32_t key = Key(layer, j);
+    if (!Owns(layer, j) || entries_[key].state != Residency::kOnHost || stream_of_[key] >= 0 ||
+        stream_queued_[key] != 0) {
+      continue;
+    }
+    stream_queue_.push_back(key);
+    stream_queued_[key] = 1;
+  }
+  stream_layers_queued_ = layer + 1;
+}
+
+void ExpertCache::DequeueStream(uint32_t key) {
+  if (stream_queued_[key] == 0) return;
+  stream_queued_[key] = 0;
+  stream_queue_.erase(std::find(stream_queue_.begin(), stream_queue_.end(), key));
+}
+
+bool ExpertCache::StealStreamSlot() {
+  // A later layer's expert gives its slot up and goes back to the queue's end: a loaded one
+  // first (its slot is free at once), else a loading one (free when the link reports it
+  // cancelled); the latest expert among them.
+  int32_t pick = -1;
+  for (size_t s = 0; s < stream_.size(); ++s) {
+    const int32_t key = stream_[s].key;
+    if (key < 0 || static_cast<uint32_t>(key) / options_.num_experts <= layer_) continue;
+    bool better = true;
+    if (pick >= 0) {
+      const bool loaded = stream_[s].task == 0;
+      better = loaded != (stream_[pick].task == 0) ? loaded : key > stream_[pick].key;
+    }
+    if (better) pick = static_cast<int32_t>(s);
+  }
+  if (pick < 0) return false;
+  const uint32_t key = static_cast<uint32_t>(stream_[pick].key);
+  ReleaseStream(static_cast<uint32_t>(pick), /*wasted=*/false);
+  stream_queue_.push_back(key);
+  stream_queued_[key] = 1;
+  return true;
+}
+
+void ExpertCache::StreamTopUp() {
+  while (!stream_queue_.empty()) {
+    const uint32_t key = stream_queue_.front();
+    const bool running = in_layer_ && key / options_.num_experts == layer_;
+    if (stream_free_.empty() && (!running || !StealStreamSlot() || stream_free_.empty())) break;
+    stream_queue_.pop_front();
+    stream_queued_[key] = 0;
+    const uint32_t slot = static_cast<uint32_t>(stream_free_.back());
+    stream_free_.pop_back();
+    StreamSlot& s = stream_[slot];
+    s.key = static_cast<int32_t>(key);
+    s.task = next_task_++;
+    stream_of_[key] = static_cast<int32_t>(slot);
+    stream_tasks_.emplace(s.task, std::make_pair(slot, key));
+    TransferTask task;
+    task.id = s.task;
+    task.src = host_[key];
+    task.key = key;
+    task.dst = stream_base_ + static_cast<size_t>(slot) * options_.expert_bytes;
+    task.bytes = options_.expert_bytes;
+    task.on_demand = running;
+    task.wait_fence = std::exchange(s.fence, 0);
+    ++counters_[key / options_.num_experts].stream_loads;
+    link_->Submit(task);
+  }
+}
+
+void ExpertCache::CompleteStream(uint32_t slot, uint32_t key, const TransferDone& done) {
+  StreamSlot& s = stream_[slot];
+  s.task = 0;
+  const uint32_t layer = key / options_.num_experts;
+  CacheCounters& c = counters_[layer];
+  c.bytes_moved += done.bytes_copied;
+  const bool attached = s.key == static_cast<int32_t>(key);
+  if (done.status.ok() && !done.cancelled && attached) {
+    if (done.end_ns > done.start_ns)
+      Average(&load_ns_, static_cast<double>(done.end_ns - done.start_ns));
+    return;  // Ready.
+  }
+  if (attached) {
+    stream_of_[key] = -1;
+    s.key = -1;
+  }
+  stream_free_.push_back(static_cast<int32_t>(slot));
+  if (done.cancelled || done.status.ok()) return;
+  ++c.failed_loads;
+  Entry& e = entries_[key];
+  const char* next = "a later use loads it again";
+  if (attached && e.needed && in_layer_ && layer == layer_) {
+    if (++e.failed_loads >= kLoadAttempts) {
+      e.error = done.status;
+      next = "the running layer goes on without it";
+    } else {
+      next = "retrying once";
+      stream_queue_.push_front(key);
+      stream_queued_[key] = 1;
+    }
+  }
+  spdlog::warn("expert cache: layer={} expert={}: stream load failed ({}): {}", layer,
+               key % options_.num_experts, next, done.status.ToString());
+}
+
+void ExpertCache::ReleaseStream(uint32_t slot, bool wasted) {
+  StreamSlot& s = stream_[slot];
+  if (s.key >= 0) {
+    if (wasted) ++counters_[static_cast<uint32_t>(s.key) / options_.num_experts].stream_wasted;
+    stream_of_[s.key] = -1;
+    s.key = -1;
+  }
+  if (s.task != 0) {
+    link_->Cancel(s.task);  // Free when the link reports it (CompleteStream).
+  } else {
+    stream_free_.push_back(static_cast<int32_t>(slot));
+  }
+}
+
+void ExpertCache::EndStream() {
+  for (uint32_t key : stream_queue_) stream_queued_[key] = 0;
+  stream_queue_.clear();
+  for (size_t s = 0; s < stream_.size(); ++s) {
+    if (stream_[s].key >= 0) ReleaseStream(static_cast<uint32_t>(s), /*wasted=*/true);
+  }
+  streaming_ = false;
 }
 
 Result<ReadyExpert> ExpertCache::Next() {
@@ -729,6 +920,14 @@ Result<ReadyExpert> ExpertCache::Next() {
       if (e.state == Residency::kResident) {
         e.needed = false;
         return ReadyExpert{key % options_.num_experts, static_cast<uint32_t>(e.slot), false, {}};
+      }
+      if (streaming_ && stream_of_[key] >= 0 && stream_[stream_of_[key]].task == 0) {
+        e.needed = false;
+        return ReadyExpert{key % options_.num_experts,
+                           static_cast<uint32_t>(stream_of_[key]),
+                           false,
+                           {},
+                           /*streamed=*/true};
       }
       if (e.host_run) {
         if (host_run == nullptr) {
@@ -764,7 +963,16 @@ Result<ReadyExpert> ExpertCache::Next() {
 
 void ExpertCache::Done(uint32_t expert) {
   if (!in_layer_ || !Owns(layer_, expert)) return;
-  entries_[Key(layer_, expert)].pinned = false;
+  const uint32_t key = Key(layer_, expert);
+  Entry& e = entries_[key];
+  e.pinned = false;
+  if (!streaming_ || e.needed || stream_of_[key] < 0) return;
+  const int32_t slot = stream_of_[key];
+  if (stream_[slot].task != 0) return;  // Not handed out yet.
+  // cuda: the next load into the slot waits for the kernels queued on it so far.
+  stream_[slot].fence = link_->RecordComputeFence();
+  ReleaseStream(static_cast<uint32_t>(slot), /*wasted=*/false);
+  StreamTopUp();
 }
 
 void ExpertCache::RecordHostReadFailure(uint32_t expert, uint32_t failed_reads, bool gave_up) {
@@ -826,6 +1034,12 @@ void ExpertCache::EndLayer() {
   host_ran_.clear();
   for (uint32_t key : layer_needed_) {
     Entry& e = entries_[key];
+    if (streaming_ && stream_of_[key] >= 0) {
+      // Never handed out or never Done (a Forward that stopped): its slot goes after this layer.
+      const int32_t slot = stream_of_[key];
+      if (stream_[slot].task == 0) stream_[slot].fence = latest_fence_;
+      ReleaseStream(static_cast<uint32_t>(slot), /*wasted=*/e.needed);
+    }
     e.needed = false;
     e.pinned = false;
     if (e.host_run) host_ran_.push_back(key);
@@ -882,6 +1096,7 @@ void ExpertCache::AdmitHostRuns() {
 
 void ExpertCache::EndIteration() {
   if (in_layer_) EndLayer();
+  if (streaming_) EndStream();
   in_iteration_ = false;
   started_ = Position(options_.num_layers - 1);
   DropStalePrefetches();
@@ -916,6 +1131,8 @@ CacheStats ExpertCache::stats() const {
   s.lent_slots = lent_;
   s.slots_lent = slots_lent_;
   s.expert_bytes = options_.expert_bytes;
+  s.stream_slots = stream_slots();
+  s.stream_iterations = stream_iterations_;
   for (const Entry& e : entries_) s.resident += e.state == Residency::kResident ? 1 : 0;
   return s;
 }
@@ -1006,6 +1223,43 @@ Status ExpertCache::CheckInvariants() const {
     if (queue_index_[queue_[i].key] != static_cast<int32_t>(i)) return broken("queue index");
   }
   if (used > active_slots()) return broken("more experts on the device than slots");
+  // The stream buffer.
+  size_t held = 0;
+  for (size_t s = 0; s < stream_.size(); ++s) {
+    const StreamSlot& slot = stream_[s];
+    const std::string name = "stream slot " + std::to_string(s);
+    if (slot.key < 0 && slot.task == 0) continue;
+    ++held;
+    if (slot.key >= 0) {
+      if (!in_iteration_) return broken(name + " holds an expert between iterations");
+      if (stream_of_[slot.key] != static_cast<int32_t>(s)) return broken(name + " owner");
+      if (entries_[slot.key].state != Residency::kOnHost) {
+        return broken(name + " holds an expert that is also on the device");
+      }
+    }
+    if (slot.task != 0) {
+      auto it = stream_tasks_.find(slot.task);
+      if (it == stream_tasks_.end() || it->second.first != s) return broken(name + " task");
+    }
+  }
+  if (held + stream_free_.size() != stream_.size() || stream_tasks_.size() > held) {
+    return broken("stream slots: " + std::to_string(held) + " held + " +
+                  std::to_string(stream_free_.size()) +
+                  " free != " + std::to_string(stream_.size()));
+  }
+  for (int32_t s : stream_free_) {
+    if (stream_[s].key >= 0 || stream_[s].task != 0) return broken("free stream slot is held");
+  }
+  for (size_t key = 0; key < stream_of_.size(); ++key) {
+    if (stream_of_[key] >= 0 && stream_[stream_of_[key]].key != static_cast<int32_t>(key)) {
+      return broken("expert " + std::to_string(key) + " streamed in a slot it does not hold");
+    }
+  }
+  size_t queued = 0;
+  for (uint8_t q : stream_queued_) queued += q;
+  if (queued != stream_queue_.size() || (!streaming_ && queued != 0)) {
+    return broken("stream queue");
+  }
   return Status::Ok();
 }
 

@@ -29,9 +29,19 @@
 // Protection: an expert prefetched (or re-requested while resident) for a layer that has not
 // run yet is not evicted, unless an on-demand load of the running layer finds no other slot
 // (counted as forced_evictions): the running layer must always make progress.
+// Streaming (DESIGN section 14; AttachStreamBuffer, StreamNextIteration): an iteration told to
+// stream leaves the slots alone. What is resident serves as usual; every other expert of this
+// rank in layer l + 1 is copied into a buffer of stream slots beside the cache while layer l
+// runs (layer 0's from BeginIteration), before layer l + 1's routing is known, so a long
+// prefill that needs nearly every expert overlaps its loads with the layer before instead of
+// loading on demand and evicting the decode working set. A stream slot is free again once its
+// expert is Done (cuda: after a compute fence recorded then); experts layer l + 1 then does not
+// route to are dropped (stream_wasted). Nothing is evicted, prefetched or run on the host
+// (hybrid) in such an iteration; the entries of streamed experts stay ON_HOST.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -112,6 +122,10 @@ struct CacheCounters {
   // experts handed to a layer as failed (ReadyExpert::error) after their retry failed too.
   uint64_t failed_loads = 0;
   uint64_t failed_experts = 0;
+  // Streamed iterations: loads into the stream buffer, and those whose layer then did not use
+  // the expert (loaded ahead of its routing, or cancelled on the way).
+  uint64_t stream_loads = 0;
+  uint64_t stream_wasted = 0;
   CacheCounters& operator+=(const CacheCounters& o);
 };
 
@@ -128,6 +142,8 @@ struct CacheStats {
   uint64_t slots_lent = 0;  // Lendings since start.
   uint32_t resident = 0;
   size_t expert_bytes = 0;
+  uint32_t stream_slots = 0;       // The stream buffer's slots (0: none).
+  uint64_t stream_iterations = 0;  // Iterations that streamed.
 };
 
 // An expert ready for the running layer: its bytes are in slot `slot` until Done. Or, when
@@ -135,9 +151,10 @@ struct CacheStats {
 // layer, and the caller computes nothing for it (still calling Done).
 struct ReadyExpert {
   uint32_t expert = 0;
-  uint32_t slot = 0;     // Unless on_host or failed.
-  bool on_host = false;  // Hybrid: run it on the host from its host copy; report RecordHostRun.
-  Status error;          // Not ok: the load's error (tiered: names the file and the tensor).
+  uint32_t slot = 0;      // Unless on_host or failed.
+  bool on_host = false;   // Hybrid: run it on the host from its host copy; report RecordHostRun.
+  Status error;           // Not ok: the load's error (tiered: names the file and the tensor).
+  bool streamed = false;  // `slot` is a stream slot (AttachStreamBuffer), until Done.
 };
 
 class ExpertCache final : public CacheControl {
@@ -205,6 +222,18 @@ class ExpertCache final : public CacheControl {
   // reads of it may still run). A slot not lent is ignored.
   void ReturnSlot(uint32_t slot);
   uint32_t active_slots() const { return options_.slots - lent_; }
+
+  // ---- streaming (header comment), between iterations ----
+  // `slots` stream slots of expert_bytes each, one after the other from `memory` (on the
+  // device end of the link; not owned). Once. kInvalidArgument for none; kFailedPrecondition
+  // inside an iteration or when one is attached already.
+  Status AttachStreamBuffer(void* memory, uint32_t slots);
+  // The next iteration streams (no effect without a stream buffer, or when every expert is
+  // resident for good). Cleared by BeginIteration.
+  void StreamNextIteration() { stream_next_ = !stream_.empty(); }
+  uint32_t stream_slots() const { return static_cast<uint32_t>(stream_.size()); }
+  // The running iteration streams.
+  bool streaming() const { return streaming_; }
   uint32_t lent_slots() const { return lent_; }
   const ExpertCacheOptions& options() const { return options_; }
   const CachePolicy& policy() const { return *policy_; }
@@ -281,6 +310,27 @@ class ExpertCache final : public CacheControl {
   void RemoveQueued(size_t index);
   Status WaitForLink();
 
+  // Streaming. A stream slot holds `key`'s bytes (or is loading them while task != 0); a slot
+  // whose load was cancelled keeps its task, with key -1, until the link reports it.
+  struct StreamSlot {
+    int32_t key = -1;
+    uint64_t task = 0;
+    uint64_t fence = 0;  // The next load into it waits for this compute fence (0: none).
+  };
+  // Queues the loads of `layer`'s experts of this rank that are neither on the device nor
+  // streamed nor queued; layers are queued in order, each once an iteration.
+  void QueueStreamLayer(uint32_t layer);
+  // Starts queued stream loads in free stream slots, in queue order; a load the running layer
+  // needs takes the slot of a later layer's expert when none is free.
+  void StreamTopUp();
+  bool StealStreamSlot();
+  void CompleteStream(uint32_t slot, uint32_t key, const TransferDone& done);
+  // Frees a stream slot (ready) or cancels its load; `wasted` counts its expert as unused.
+  void ReleaseStream(uint32_t slot, bool wasted);
+  void DequeueStream(uint32_t key);
+  void EndStream();
+  bool LinkBusy() const { return !tasks_.empty() || !stream_tasks_.empty(); }
+
   ExpertCacheOptions options_;
   std::unique_ptr<CachePolicy> policy_;
   TransferEngine* link_;
@@ -330,6 +380,19 @@ class ExpertCache final : public CacheControl {
   bool layer_loaded_on_demand_ = false;  // The running layer submitted an on-demand load.
   double layer_compute_ns_ = 0.0;        // Moving average of a layer's compute (no stall).
   double load_ns_ = 0.0;                 // Moving average of one expert's transfer.
+
+  char* stream_base_ = nullptr;
+  std::vector<StreamSlot> stream_;
+  std::vector<int32_t> stream_free_;
+  std::vector<int32_t> stream_of_;      // By key: its stream slot, -1 = none.
+  std::vector<uint8_t> stream_queued_;  // By key: in stream_queue_.
+  std::deque<uint32_t> stream_queue_;   // Keys to load, in order.
+  // Transfer id -> (stream slot, key at submission).
+  std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> stream_tasks_;
+  uint32_t stream_layers_queued_ = 0;  // This iteration's layers [0, n) are queued.
+  bool streaming_ = false;
+  bool stream_next_ = false;
+  uint64_t stream_iterations_ = 0;
 
   std::vector<CacheCounters> counters_;
   uint64_t directives_ = 0, directives_stale_ = 0, directives_foreign_ = 0;

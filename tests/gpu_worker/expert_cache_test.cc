@@ -154,6 +154,16 @@ struct Fixture {
     cache = std::move(*c);
   }
 
+  // A stream buffer of `slots` experts.
+  void AttachStream(uint32_t slots) {
+    stream.assign(slots * kBytes, 0);
+    ASSERT_TRUE(cache->AttachStreamBuffer(stream.data(), slots).ok());
+  }
+  // Where a handed-out expert's bytes are.
+  const char* Bytes(const ReadyExpert& e) const {
+    return (e.streamed ? stream.data() : device.data()) + e.slot * kBytes;
+  }
+
   // Runs one layer: every expert handed out must hold its own bytes.
   void RunLayer(uint32_t layer, std::vector<uint32_t> experts) {
     std::sort(experts.begin(), experts.end());
@@ -170,9 +180,8 @@ struct Fixture {
         break;
       }
       const uint32_t key = layer * kExperts + e->expert;
-      ASSERT_EQ(0,
-                std::memcmp(device.data() + e->slot * kBytes, host.data() + key * kBytes, kBytes))
-          << "layer " << layer << " expert " << e->expert;
+      ASSERT_EQ(0, std::memcmp(Bytes(*e), host.data() + key * kBytes, kBytes))
+          << "layer " << layer << " expert " << e->expert << (e->streamed ? " (streamed)" : "");
       got.insert(e->expert);
       ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants().ToString();
       cache->Done(e->expert);
@@ -226,6 +235,7 @@ struct Fixture {
   ScriptedLink link;
   std::vector<char> host;
   std::vector<char> device;
+  std::vector<char> stream;
   std::unique_ptr<ExpertCache> cache;
 };
 
@@ -761,6 +771,156 @@ TEST(ExpertCache, LendsFreeSlotsFirstThenTheLeastValuedExpertAndKeepsItsFloor) {
   ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
 }
 
+// Streaming: a streamed iteration serves what is resident from the slots, brings every other
+// expert of layer l + 1 into the stream buffer while layer l runs (layer 0's from
+// BeginIteration), evicts and prefetches nothing, and leaves the cache as it found it; the
+// next layer's experts it then does not route to are counted wasted.
+TEST(ExpertCache, AStreamedIterationLoadsEachLayerAheadAndEvictsNothing) {
+  Fixture f("lru", 4, 0, 1, /*preload=*/true);  // Layer 0's experts 0-3 resident.
+  f.AttachStream(2 * kExperts);
+  EXPECT_EQ(f.cache->stats().stream_slots, 2 * kExperts);
+  f.link.submitted.clear();  // The preload's.
+  SequenceInfo s{1, 0, 512, true};
+  f.cache->StreamNextIteration();
+  f.cache->BeginIteration({&s, 1});
+  EXPECT_TRUE(f.cache->streaming());
+  // Layer 0's four experts not resident are on their way before its routing is known.
+  std::set<uint32_t> submitted;
+  for (const TransferTask& t : f.link.submitted) {
+    submitted.insert(t.key);
+    EXPECT_GE(static_cast<const char*>(t.dst), f.stream.data());
+    EXPECT_LT(static_cast<const char*>(t.dst), f.stream.data() + f.stream.size());
+  }
+  EXPECT_EQ(submitted, (std::set<uint32_t>{4, 5, 6, 7}));
+  const std::vector<uint32_t> all = {0, 1, 2, 3, 4, 5, 6, 7};
+  const std::vector<uint32_t> ones(kExperts, 1);
+  ASSERT_TRUE(f.cache->BeginLayer({0, all, ones, {}}).ok());
+  // Layer 1's eight follow while layer 0 runs.
+  size_t layer1 = 0;
+  for (const TransferTask& t : f.link.submitted) layer1 += t.key / kExperts == 1 ? 1 : 0;
+  EXPECT_EQ(layer1, kExperts);
+  uint32_t streamed = 0;
+  while (true) {
+    Result<ReadyExpert> e = f.cache->Next();
+    if (!e.ok()) break;
+    EXPECT_EQ(0, std::memcmp(f.Bytes(*e), f.host.data() + e->expert * kBytes, kBytes));
+    EXPECT_EQ(e->streamed, e->expert >= 4) << e->expert;
+    streamed += e->streamed ? 1 : 0;
+    ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+    f.cache->Done(e->expert);
+  }
+  EXPECT_EQ(streamed, 4u);
+  f.cache->EndLayer();
+  f.RunLayer(1, all);
+  f.RunLayer(2, {0, 1});  // Layer 2's other six were loaded ahead for nothing.
+  f.RunLayer(3, all);
+  f.cache->EndIteration();
+  ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+  CacheStats st = f.cache->stats();
+  EXPECT_EQ(st.stream_iterations, 1u);
+  EXPECT_EQ(st.total.hits, 4u);
+  EXPECT_EQ(st.total.misses, 4u + 8 + 2 + 8);
+  EXPECT_EQ(st.total.stream_loads, 4u + 8 + 8 + 8);
+  EXPECT_EQ(st.total.stream_wasted, 6u);
+  EXPECT_EQ(st.layers[2].stream_wasted, 6u);
+  EXPECT_EQ(st.total.evictions, 0u);
+  EXPECT_EQ(st.total.on_demand_loads, 0u);
+  EXPECT_EQ(st.total.prefetches_issued, 0u);
+  EXPECT_EQ(st.resident, 4u);
+  // The next iteration is not streamed: layer 0's four are still hits, misses load on demand.
+  f.cache->BeginIteration({&s, 1});
+  EXPECT_FALSE(f.cache->streaming());
+  f.RunLayer(0, {0, 1, 2, 3});
+  f.RunLayer(1, {0});
+  f.cache->EndIteration();
+  st = f.cache->stats();
+  EXPECT_EQ(st.total.hits, 8u);
+  EXPECT_EQ(st.total.on_demand_loads, 1u);
+  EXPECT_EQ(st.total.stream_loads, 28u);
+}
+
+// A stream buffer smaller than a layer still brings every expert, in order: a load the running
+// layer needs takes the slot of a later layer's expert when none is free; with one slot the
+// loads follow one another.
+TEST(ExpertCache, AStreamBufferSmallerThanALayerStillServesEveryExpert) {
+  for (uint32_t slots : {1u, 3u, 9u}) {
+    Fixture f("lru", 2);
+    f.AttachStream(slots);
+    SequenceInfo s{1, 0, 64, true};
+    for (int it = 0; it < 2; ++it) {
+      f.cache->StreamNextIteration();
+      f.cache->BeginIteration({&s, 1});
+      for (uint32_t l = 0; l < kLayers; ++l) {
+        f.RunLayer(l, l % 2 == 0 ? std::vector<uint32_t>{0, 1, 2, 3, 4, 5, 6, 7}
+                                 : std::vector<uint32_t>{6, 7});
+        ASSERT_FALSE(::testing::Test::HasFatalFailure()) << "slots " << slots;
+      }
+      f.cache->EndIteration();
+      ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+    }
+    const CacheStats st = f.cache->stats();
+    EXPECT_EQ(st.total.misses, 2u * (8 + 2 + 8 + 2)) << slots;
+    EXPECT_EQ(st.total.evictions, 0u);
+    EXPECT_EQ(st.resident, 0u);
+  }
+}
+
+// A stream load that fails is retried once; when its retry fails too the layer gets the expert
+// as failed, with the read's error, and goes on.
+TEST(ExpertCache, AFailedStreamLoadIsRetriedOnceThenHandedOutFailed) {
+  Fixture f("lru", 2, 0, 1, /*preload=*/false, 2, false, false, /*tiered=*/true);
+  f.AttachStream(2 * kExperts);
+  f.link.fail_next[1] = 1;                 // Layer 0's expert 1: one transient failure.
+  f.link.unreadable.insert(kExperts + 2);  // Layer 1's expert 2: never readable.
+  SequenceInfo s{1, 0, 64, true};
+  f.cache->StreamNextIteration();
+  f.cache->BeginIteration({&s, 1});
+  f.RunLayer(0, {0, 1});
+  EXPECT_EQ(f.link.loads[1], 2);
+  ASSERT_TRUE(
+      f.cache->BeginLayer({1, std::vector<uint32_t>{2, 3}, std::vector<uint32_t>{1, 1}, {}}).ok());
+  std::map<uint32_t, Status> handed;
+  while (true) {
+    Result<ReadyExpert> e = f.cache->Next();
+    if (!e.ok()) {
+      EXPECT_EQ(e.status().code(), ErrorCode::kNotFound) << e.status().ToString();
+      break;
+    }
+    handed[e->expert] = e->error;
+    if (e->error.ok()) {
+      EXPECT_EQ(0,
+                std::memcmp(f.Bytes(*e), f.host.data() + (kExperts + e->expert) * kBytes, kBytes));
+    }
+    ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+    f.cache->Done(e->expert);
+  }
+  f.cache->EndLayer();
+  ASSERT_EQ(handed.size(), 2u);
+  EXPECT_TRUE(handed[3].ok());
+  EXPECT_EQ(handed[2].code(), ErrorCode::kDataLoss);
+  EXPECT_EQ(f.link.loads[kExperts + 2], 2);
+  f.RunLayer(2, {5});
+  f.cache->EndIteration();
+  ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+  EXPECT_EQ(f.cache->stats().total.failed_experts, 1u);
+  EXPECT_EQ(f.cache->stats().total.failed_loads, 3u);
+}
+
+TEST(ExpertCache, AStreamBufferIsAttachedOnceBetweenIterations) {
+  Fixture f("lru", 2);
+  std::vector<char> memory(kBytes);
+  EXPECT_EQ(f.cache->AttachStreamBuffer(nullptr, 1).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(f.cache->AttachStreamBuffer(memory.data(), 0).code(), ErrorCode::kInvalidArgument);
+  SequenceInfo s{1, 0, 1};
+  f.cache->StreamNextIteration();  // No buffer: no effect.
+  f.cache->BeginIteration({&s, 1});
+  EXPECT_FALSE(f.cache->streaming());
+  EXPECT_EQ(f.cache->AttachStreamBuffer(memory.data(), 1).code(), ErrorCode::kFailedPrecondition);
+  f.cache->EndIteration();
+  ASSERT_TRUE(f.cache->AttachStreamBuffer(memory.data(), 1).ok());
+  EXPECT_EQ(f.cache->AttachStreamBuffer(memory.data(), 1).code(), ErrorCode::kFailedPrecondition);
+}
+
 TEST(ExpertCache, RandomSequencesKeepInvariantsForEveryPolicy) {
   for (const char* policy :
        {"fmoe", "fmoe-nextuse", "moe-infinity", "speculative", "on-demand", "lru", "lfu"}) {
@@ -768,6 +928,7 @@ TEST(ExpertCache, RandomSequencesKeepInvariantsForEveryPolicy) {
       for (uint32_t world : {1u, 2u}) {
         const uint32_t owned = kLayers * kExperts / world;
         Fixture f(policy, std::min(slots, owned), world - 1, world, slots > 4);
+        f.AttachStream(slots % 5 + 1);  // 2, 4, 4, 3 stream slots.
         std::mt19937 rng(slots * 131 + world);
         uint64_t next_request = 1;
         std::vector<SequenceInfo> batch;
@@ -780,6 +941,7 @@ TEST(ExpertCache, RandomSequencesKeepInvariantsForEveryPolicy) {
             for (int i = 0; i < n; ++i)
               batch.push_back({next_request++, 0, static_cast<uint32_t>(1 + rng() % 5)});
           }
+          if (rng() % 3 == 0) f.cache->StreamNextIteration();
           f.cache->BeginIteration(batch);
           for (uint32_t l = 0; l < kLayers; ++l) {
             if (rng() % 2 == 0) {
@@ -836,6 +998,10 @@ TEST(ExpertCache, RandomSequencesKeepInvariantsForEveryPolicy) {
         const CacheStats st = f.cache->stats();
         EXPECT_LE(st.resident, st.slots);
         EXPECT_GT(st.total.hits + st.total.misses, 0u);
+        // Every expert resident for good streams nothing.
+        if (slots < owned) {
+          EXPECT_GT(st.stream_iterations, 0u);
+        }
       }
     }
   }
