@@ -41,6 +41,8 @@ constexpr std::string_view kGroupKeys[] = {"name",
                                            "max_batch",
                                            "max_batched_tokens",
                                            "chunk_overhead",
+                                           "prefill_stream",
+                                           "prefill_stream_slots",
                                            "queue_limit",
                                            "kv_cache_tokens",
                                            "prefix_caching",
@@ -57,6 +59,7 @@ constexpr std::string_view kGroupKeys[] = {"name",
                                            "rendezvous_timeout_s",
                                            "record_trace",
                                            "workers"};
+constexpr std::string_view kStreamModes[] = {"off", "auto", "on"};
 constexpr std::string_view kLinkKeys[] = {"gbps", "latency_us"};
 constexpr std::string_view kHybridKeys[] = {"cpu_threads", "host_slowdown"};
 constexpr std::string_view kMemoryKeys[] = {"device_gb", "device_fraction", "kv_floor",
@@ -734,6 +737,10 @@ Status ParseGroup(const Field& field, size_t index, const std::string& base_dir,
   }
   FMOE_RETURN_IF_ERROR(
       ReadDouble(section.Get("chunk_overhead"), {0, false, 1000}, &group->chunk_overhead));
+  FMOE_RETURN_IF_ERROR(
+      ReadEnum(section.Get("prefill_stream"), kStreamModes, &group->prefill_stream));
+  FMOE_RETURN_IF_ERROR(
+      ReadInt(section.Get("prefill_stream_slots"), 0, 65536, &group->prefill_stream_slots));
   FMOE_RETURN_IF_ERROR(ReadInt(section.Get("queue_limit"), 1, 100000, &group->queue_limit));
   if (const Field kv = section.Get("kv_cache_tokens"); kv.present) {
     FMOE_RETURN_IF_ERROR(ReadInt(kv, 16, int64_t{1} << 32, &group->kv_cache_tokens));
@@ -1138,6 +1145,8 @@ std::string DescribeManifest(const Manifest& m) {
     EmitValue(out, "max_batch", g.max_batch);
     EmitValue(out, "max_batched_tokens", g.max_batched_tokens);
     EmitDouble(out, "chunk_overhead", g.chunk_overhead);
+    EmitValue(out, "prefill_stream", g.prefill_stream);
+    if (g.prefill_stream_slots > 0) EmitValue(out, "prefill_stream_slots", g.prefill_stream_slots);
     EmitValue(out, "queue_limit", g.queue_limit);
     if (g.kv_cache_tokens > 0) EmitValue(out, "kv_cache_tokens", g.kv_cache_tokens);
     EmitValue(out, "prefix_caching", g.prefix_caching);

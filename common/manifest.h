@@ -98,6 +98,16 @@ struct WorkerGroupSpec {
   // expert loads each chunk repeats; 0 = chunks of the budget alone (always for models with
   // sliding-window layers, whose window pool the budget sizes). 0..1000. Default: 0.25
   double chunk_overhead = 0.25;
+  // Long prefills bring each layer's missing experts through a buffer beside the expert cache,
+  // loaded while the layer before computes, instead of into the cache (evicting the decode
+  // working set) (DESIGN section 14, gpu_worker/core/chunk_planner.h): "off"; "auto", when the
+  // engine's estimate says the iteration finishes sooner; "on", every iteration with prompt
+  // tokens. The buffer is device memory beside the cache's budget (expert_cache_gb: auto and
+  // memory.device_fraction size around it). Default: off
+  std::string prefill_stream = "off";
+  // The buffer's experts per rank, 1..65536; 0 = two layers of the experts the rank owns.
+  // Default: 0
+  int prefill_stream_slots = 0;
   int queue_limit = 64;  // Router admission queue for this group, 1..100000. Default: 64
   // Positions each rank's paged KV pool holds (common/model/model_config.h KvPoolTokens), 16..
   // 2^32; the router refuses a request whose prompt plus max_tokens exceed it. 0 = the

@@ -105,6 +105,8 @@ RankOptions RankFromManifest(const Manifest& manifest, const WorkerGroupSpec& gr
   o.max_batch = static_cast<uint32_t>(group.max_batch);
   o.max_batched_tokens = static_cast<uint32_t>(group.max_batched_tokens);
   o.chunk_overhead = group.chunk_overhead;
+  o.prefill_stream = StreamModeFromName(group.prefill_stream).value_or(StreamMode::kOff);
+  o.cache.stream_slots = static_cast<uint32_t>(group.prefill_stream_slots);
   o.kv_cache_tokens = static_cast<uint64_t>(group.kv_cache_tokens);
   o.prefix_caching = group.prefix_caching;
   return o;

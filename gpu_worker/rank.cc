@@ -129,14 +129,14 @@ Status Rank::Build(RankStage* stage) {
   FMOE_ASSIGN_OR_RETURN(dtype_, ResolveDtype(o.dtype, info_, device_.cuda, on_disk));
   spdlog::info(
       "effective config: group={} rank={}/{} device={} dtype={}{} experts={} max_batch={} "
-      "max_batched_tokens={} chunk_overhead={}",
+      "max_batched_tokens={} chunk_overhead={} prefill_stream={}",
       o.group, o.rank, o.world_size, device_.description, dtype_,
       o.dtype == "auto" ? " (auto)" : "",
       o.experts == RankExperts::kResident
           ? std::string("all resident")
           : fmt::format("policy {}, cache {}, link {}GB/s+{}us", o.cache.policy,
                         CacheDescription(o.cache), o.cache.link.gbps, o.cache.link.latency_us),
-      o.max_batch, o.max_batched_tokens, o.chunk_overhead);
+      o.max_batch, o.max_batched_tokens, o.chunk_overhead, StreamModeName(o.prefill_stream));
   spdlog::info("model {} ({}): L={} J={} K={} h={} vocab={} fingerprint={} weight files={}",
                o.model_name, info_.architecture, info_.num_moe_layers, info_.num_experts,
                info_.top_k, info_.hidden_size, info_.vocab_size, FingerprintHex(info_.fingerprint),
@@ -164,6 +164,11 @@ Status Rank::Build(RankStage* stage) {
     if (cache.cache_auto)
       cache.reserve_bytes = KvReserveBytes(info_, kv_pool_tokens_, kv_sliding_tokens_, dtype_);
     if (cache.shared) cache.shared->page_quantum = model_->kv_block_bytes();
+    if (o.prefill_stream == StreamMode::kOff) {
+      cache.stream_slots = 0;
+    } else if (cache.stream_slots == 0) {
+      cache.stream_slots = 2 * ((info_.num_experts + o.world_size - 1) / o.world_size);
+    }
     FMOE_ASSIGN_OR_RETURN(cached_, CachedExperts::Create(std::move(table), cache));
     source_ = cached_.get();
     if (cache.shared) FMOE_RETURN_IF_ERROR(ConfigureKv(cached_->kv_arena()));
@@ -207,6 +212,7 @@ Status Rank::Build(RankStage* stage) {
           o.chunk_overhead);
     }
     e.chunk_costs = [this] { return chunk_costs(); };
+    e.prefill_stream = o.prefill_stream;
     if (o.stop_at_eos) {
       e.eos_token_ids = info_.eos_token_ids;
       if (auto eos = tokenizer_ ? tokenizer_->eos_id() : std::nullopt;

@@ -99,6 +99,9 @@ struct RankOptions {
   uint32_t max_batched_tokens = 0;
   // Expert-aware prefill chunks (EngineOptions::chunk_overhead); 0 = the budget's. Default: 0
   double chunk_overhead = 0;
+  // Streaming prefills' experts (EngineOptions::prefill_stream). Not off: a cached rank gets a
+  // stream buffer of cache.stream_slots, or (0) two layers of the experts it owns. Default: off
+  StreamMode prefill_stream = StreamMode::kOff;
   // Positions of the paged KV pool (model_config.h KvPoolTokens); 0 = its default. Default: 0
   uint64_t kv_cache_tokens = 0;  // Ignored with one device budget (cache.shared).
   // One device budget: how long the KV pool keeps a borrowed page it no longer needs

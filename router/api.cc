@@ -335,6 +335,7 @@ HttpResponse RouterApi::Health() const {
                {{"run", g.engine.prompt_chunks},
                 {"grown", g.engine.chunks_grown},
                 {"token_ns", g.engine.prompt_token_ns}}}};
+    j["prompt_chunks"]["streamed_iterations"] = g.engine.streamed_iterations;
     if (g.kv.max_blocks != 0) {
       // One device budget: the split between the KV pool and the expert cache now.
       j["kv_cache"]["max_blocks"] = g.kv.max_blocks;

@@ -247,6 +247,10 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
                  "Prompt chunks the expert-aware advisor grew past the token budget's chunk (a "
                  "small chunk would have loaded nearly the experts of the whole prompt).",
                  view, [](const GroupView& g) { return g.engine.chunks_grown; });
+  RenderPerGroup(out, "fmoe_streamed_iterations_total", "counter",
+                 "Engine iterations whose missing experts were streamed layer by layer through the "
+                 "buffer beside the expert cache instead of loaded into it (prefill_stream).",
+                 view, [](const GroupView& g) { return g.engine.streamed_iterations; });
   RenderPerGroup(out, "fmoe_prompt_token_seconds", "gauge",
                  "A prompt token's measured compute on the leader (moving average over steps of "
                  "many prompt tokens, the expert cache's stall taken out; 0 until measured).",

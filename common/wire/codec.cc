@@ -164,6 +164,7 @@ flatbuffers::Offset<fb::WorkerHeartbeat> Build(Builder& fbb, const WorkerHeartbe
   b.add_prompt_chunks(m.engine.prompt_chunks);
   b.add_prompt_chunks_grown(m.engine.chunks_grown);
   b.add_prompt_token_ns(m.engine.prompt_token_ns);
+  b.add_streamed_iterations(m.engine.streamed_iterations);
   return b.Finish();
 }
 
@@ -594,7 +595,8 @@ bool Read(const fb::WorkerHeartbeat& t, const Checker& c, WorkerHeartbeat* m) {
     return c.OutOfRange("WorkerHeartbeat.kv_blocks_used: " + std::to_string(m->kv.used_blocks) +
                         " exceeds kv_blocks_total " + std::to_string(m->kv.total_blocks));
   }
-  m->engine = {t.prompt_chunks(), t.prompt_chunks_grown(), t.prompt_token_ns()};
+  m->engine = {t.prompt_chunks(), t.prompt_chunks_grown(), t.prompt_token_ns(),
+               t.streamed_iterations()};
   if (m->engine.chunks_grown > m->engine.prompt_chunks) {
     return c.OutOfRange(
         "WorkerHeartbeat.prompt_chunks_grown: " + std::to_string(m->engine.chunks_grown) +

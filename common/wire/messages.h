@@ -76,6 +76,8 @@ struct EngineFigures {
   uint64_t chunks_grown = 0;   // Of those, chunks the expert-aware advisor grew past the budget's.
   uint64_t prompt_token_ns = 0;  // A prompt token's measured compute (moving average; 0 until
                                  // measured).
+  // Iterations whose missing experts were streamed through the buffer beside the cache.
+  uint64_t streamed_iterations = 0;
 };
 
 // Leader -> router, every heartbeat interval.

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string_view>
 
 namespace fmoe {
 
@@ -54,5 +56,29 @@ using ChunkAdvisor = std::function<uint32_t(uint32_t chunk, uint32_t rest)>;
 // the advisor's larger one when `first` (the step's first prompt chunk, which may pass the
 // budget as an uncut prompt does); else 0: it waits for a step where it is first.
 uint32_t AdvisedChunk(const ChunkAdvisor& advisor, uint32_t chunk, uint32_t rest, bool first);
+
+// Streaming an iteration's experts (DESIGN section 14; the expert cache's stream buffer): a long
+// prefill needs nearly every expert of each layer, so loading each layer's missing experts into a
+// buffer beside the cache while the layer before computes (before the layer's routing is known)
+// costs few wasted loads and hides the loads behind compute, and it evicts nothing the decode
+// steps use. off: never; auto: when StreamSooner says so; on: every iteration with prompt
+// tokens.
+enum class StreamMode : uint8_t { kOff, kAuto, kOn };
+// "off", "auto", "on"; nullopt for another name.
+std::optional<StreamMode> StreamModeFromName(std::string_view name);
+const char* StreamModeName(StreamMode mode);
+
+// An iteration of `prompt_tokens` prompt tokens and `decode_tokens` decode steps, estimated two
+// ways (uniform routing, the cache missing `miss` of each layer's experts). Through the cache:
+// per layer the expected experts x miss loads, then the compute, one after the other; with
+// decode steps, the loads that bring back what the iteration evicted and the next decode step
+// uses (evicted experts x its expected experts / J). Streamed: per layer every missing expert
+// (J x miss) loads while the layer before computes: L x max(loads, compute) + the smaller of
+// the two once (the pipeline's fill).
+double CachedIterationNs(const ChunkCosts& c, uint32_t prompt_tokens, uint32_t decode_tokens);
+double StreamedIterationNs(const ChunkCosts& c, uint32_t prompt_tokens, uint32_t decode_tokens);
+// Whether streaming is the sooner way: prompt tokens, known costs, and a streamed estimate
+// below the cached one.
+bool StreamSooner(const ChunkCosts& c, uint32_t prompt_tokens, uint32_t decode_tokens);
 
 }  // namespace fmoe

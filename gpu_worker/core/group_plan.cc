@@ -6,7 +6,8 @@ namespace fmoe {
 namespace {
 
 constexpr uint8_t kMagic[4] = {'F', 'M', 'P', 'L'};
-constexpr uint16_t kVersion = 3;  // 2: per-sequence flags (prefill); 3: preempted ids, restart.
+// 2: per-sequence flags (prefill); 3: preempted ids, restart; 4: iteration flags (stream).
+constexpr uint16_t kVersion = 4;
 
 class Writer {
  public:
@@ -62,6 +63,7 @@ std::vector<uint8_t> EncodePlan(const IterationPlan& plan) {
   for (uint64_t id : plan.ended) w.Put<uint64_t>(id);
   w.Put<uint32_t>(static_cast<uint32_t>(plan.preempted.size()));
   for (uint64_t id : plan.preempted) w.Put<uint64_t>(id);
+  w.Put<uint8_t>(plan.stream ? 1 : 0);
   for (const PlannedSequence& s : plan.sequences) {
     w.Put<uint64_t>(s.request_id);
     w.Put<uint32_t>(s.iteration);
@@ -119,6 +121,13 @@ Result<IterationPlan> DecodePlan(std::span<const uint8_t> bytes, const PlanLimit
   }
   plan.preempted.resize(n_preempted);
   for (uint64_t& id : plan.preempted) r.Get(&id);
+  uint8_t iteration_flags = 0;
+  if (!r.Get(&iteration_flags)) return Bad("truncated iteration flags");
+  if (iteration_flags > 1) return Bad("unknown iteration flags " + std::to_string(iteration_flags));
+  if (iteration_flags != 0 && plan.kind != PlanKind::kIteration) {
+    return Bad("a plan that runs nothing streams");
+  }
+  plan.stream = (iteration_flags & 1) != 0;
   plan.sequences.resize(n_seq);
   for (uint32_t i = 0; i < n_seq; ++i) {
     PlannedSequence& s = plan.sequences[i];

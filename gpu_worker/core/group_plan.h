@@ -6,7 +6,8 @@
 // dead one) or that the group stops. Torch-free; the bytes travel in a c10d broadcast.
 //
 // Layout (little-endian): magic "FMPL", version u16, kind u16, step u64, ended count u32,
-// sequence count u32, ended ids u64[], preempted count u32, preempted ids u64[], then per
+// sequence count u32, ended ids u64[], preempted count u32, preempted ids u64[], iteration flags
+// u8 (bit 0: stream), then per
 // sequence: request id u64, iteration u32, flags u8
 // (bit 0: prefill, bit 1: restart), token count u32, tokens i32[]. DecodePlan checks every count
 // against the bytes that are there and against the limits given, and names what is wrong.
@@ -50,6 +51,8 @@ struct IterationPlan {
   // Requests preempted since the previous plan: their KV blocks go back to the pool now (they
   // restart later, PlannedSequence::restart).
   std::vector<uint64_t> preempted;
+  // The iteration streams its missing experts (ExpertSource::StreamNextIteration).
+  bool stream = false;
 
   bool operator==(const IterationPlan&) const = default;
 };

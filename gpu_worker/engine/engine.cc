@@ -254,9 +254,26 @@ ExpertFigures Engine::group_figures() const {
   return group_figures_;
 }
 
-bool Engine::SendPlan(PlanKind kind, std::span<const SequenceInput> inputs) {
+bool Engine::ShouldStream(uint32_t prompt_tokens, uint32_t decode_tokens) const {
+  if (prompt_tokens == 0) return false;
+  switch (options_.prefill_stream) {
+    case StreamMode::kOff:
+      return false;
+    case StreamMode::kOn:
+      return true;
+    case StreamMode::kAuto:
+      break;
+  }
+  if (!options_.chunk_costs) return false;
+  ChunkCosts c = options_.chunk_costs();
+  if (stats_.prompt_token_ns > 0) c.token_ns = stats_.prompt_token_ns;
+  return StreamSooner(c, prompt_tokens, decode_tokens);
+}
+
+bool Engine::SendPlan(PlanKind kind, std::span<const SequenceInput> inputs, bool stream) {
   IterationPlan plan;
   plan.kind = kind;
+  plan.stream = stream;
   plan.step = plan_step_++;
   plan.ended.swap(ended_);
   plan.preempted.swap(preempted_);
@@ -333,7 +350,8 @@ void Engine::PublishFigures() {
                  stats_.preemptions,      shared ? f.max_blocks : 0,
                  shared ? f.bytes : 0,    shared ? f.expert_bytes : 0};
   engine_figures_ = {stats_.prompt_chunks, stats_.chunks_grown,
-                     static_cast<uint64_t>(std::max(0.0, stats_.prompt_token_ns))};
+                     static_cast<uint64_t>(std::max(0.0, stats_.prompt_token_ns)),
+                     stats_.streamed_iterations};
 }
 
 void Engine::GroupFailed(const Status& why) {
@@ -623,16 +641,19 @@ bool Engine::Step() {
   if (inputs.empty()) return true;
 
   // Forward.
-  if (grouped() && !SendPlan(PlanKind::kIteration, inputs)) return false;
-  ForwardResult result;
-  // A prompt token's compute, for expert-aware chunks and the heartbeat's figures: measured on
-  // steps with enough prompt tokens that their compute dominates, the expert cache's stall taken
-  // out.
   uint32_t step_tokens = 0, prompt_tokens = 0;
   for (const ScheduledWork& w : ran) {
     step_tokens += w.tokens;
     prompt_tokens += w.prefill ? w.tokens : 0;
   }
+  const bool stream =
+      ShouldStream(prompt_tokens, step_tokens - prompt_tokens) && experts_.StreamNextIteration();
+  stats_.streamed_iterations += stream ? 1 : 0;
+  if (grouped() && !SendPlan(PlanKind::kIteration, inputs, stream)) return false;
+  ForwardResult result;
+  // A prompt token's compute, for expert-aware chunks and the heartbeat's figures: measured on
+  // steps with enough prompt tokens that their compute dominates, the expert cache's stall taken
+  // out.
   const bool measure = prompt_tokens >= std::min(kMeasurePromptTokens,
                                                  std::max(options_.max_batched_tokens / 2, 1u));
   const uint64_t stall_before =

@@ -100,6 +100,11 @@ struct EngineOptions {
   // the engine's own measure once it has one (EngineStats::prompt_token_ns), the figure's
   // token_ns before. Empty or unknown figures: the budget's chunks. Default: none
   std::function<ChunkCosts()> chunk_costs;
+  // Streaming a prefill's experts (core/chunk_planner.h StreamMode): off; auto, an iteration
+  // with prompt tokens streams when StreamSooner says so on chunk_costs (with the measured
+  // prompt token compute); on, every iteration with prompt tokens. The expert source must have
+  // a stream buffer (ExpertSource::StreamNextIteration), else nothing streams. Default: off
+  StreamMode prefill_stream = StreamMode::kOff;
 };
 
 struct EngineStats {
@@ -118,6 +123,8 @@ struct EngineStats {
   // tokens, or half the token budget if less, the expert cache's stall taken out); 0 until
   // measured.
   double prompt_token_ns = 0;
+  // Iterations whose missing experts were streamed (EngineOptions::prefill_stream).
+  uint64_t streamed_iterations = 0;
 };
 
 class Engine final : public RequestExecutor {
@@ -192,7 +199,9 @@ class Engine final : public RequestExecutor {
   void WaitForWork(int timeout_ms);
   bool grouped() const { return options_.group != nullptr && options_.group->world_size() > 1; }
   // Broadcasts a plan (with the requests ended since the last one); false when the group broke.
-  bool SendPlan(PlanKind kind, std::span<const SequenceInput> inputs);
+  bool SendPlan(PlanKind kind, std::span<const SequenceInput> inputs, bool stream = false);
+  // Whether the step's Forward streams its missing experts (EngineOptions::prefill_stream).
+  bool ShouldStream(uint32_t prompt_tokens, uint32_t decode_tokens) const;
   // Sums the step's requests' figures and the cache totals across the group, and the ranks'
   // per-sequence expert failures: `failed` (per input, empty for none, this rank's messages)
   // gains every other rank's. false when the group broke.

@@ -90,6 +90,7 @@ Status Follower::RunPlan(const IterationPlan& plan) {
   // No logits (this rank never samples), but the sequences an unreadable expert of this rank
   // failed, which the group's sum below tells every rank.
   for (SequenceInput& in : inputs) in.no_logits = true;
+  if (plan.stream) experts_.StreamNextIteration();  // This rank's own buffer, if it has one.
   ForwardResult result;
   const int64_t t0 = SteadyNowUs();
   try {

@@ -95,6 +95,19 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
     FMOE_RETURN_IF_ERROR(self->link_->RegisterHost(self->host_, self->host_bytes_));
     if (options.hybrid) self->host_addresses_ = addresses;
   }
+  const at::Device device = options.cuda_index >= 0
+                                ? at::Device(at::kCUDA, static_cast<int8_t>(options.cuda_index))
+                                : at::Device(at::kCPU);
+  if (options.stream_slots > 0) {
+    const size_t bytes = size_t{options.stream_slots} * expert_bytes;
+    FMOE_ASSIGN_OR_RETURN(self->stream_, self->link_->AllocateDevice(bytes));
+    // cpu mode: touched, so the host's available memory no longer counts it.
+    if (options.cuda_index < 0) std::memset(self->stream_, 0, bytes);
+    for (uint32_t s = 0; s < options.stream_slots; ++s) {
+      self->stream_views_.push_back(
+          self->ViewsAt(static_cast<char*>(self->stream_) + size_t{s} * expert_bytes, device));
+    }
+  }
   if (options.shared) {
     FMOE_ASSIGN_OR_RETURN(slots, self->PlanSharedBudget(options, owned));
     FMOE_ASSIGN_OR_RETURN(self->slots_,
@@ -125,6 +138,9 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   FMOE_ASSIGN_OR_RETURN(self->cache_,
                         ExpertCache::Create(cache_options, std::move(policy), self->link_.get(),
                                             std::move(addresses), self->SlotBase(), clock));
+  if (self->stream_ != nullptr) {
+    FMOE_RETURN_IF_ERROR(self->cache_->AttachStreamBuffer(self->stream_, options.stream_slots));
+  }
   if (self->tier_ != nullptr) {
     // The host tier evicts by the device cache's score: the same predicted next use.
     const ExpertCache* cache = self->cache_.get();
@@ -134,12 +150,13 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   }
   spdlog::info(
       "expert cache: policy={} rank={}/{} slots={} of {} experts ({:.1f} MB of {:.1f} MB) "
-      "expert={} bytes link={} hybrid={}",
+      "expert={} bytes link={} hybrid={} stream_slots={} ({:.1f} MB)",
       options.policy, options.rank, options.world_size, slots, owned, slots * expert_bytes / 1e6,
       owned * expert_bytes / 1e6, expert_bytes, self->link_->name(),
       !options.hybrid ? std::string("off")
       : self->cuda_   ? "on (" + std::to_string(at::get_num_threads()) + " host threads)"
-                      : "on (emulated, host x" + std::to_string(options.host_slowdown) + ")");
+                      : "on (emulated, host x" + std::to_string(options.host_slowdown) + ")",
+      options.stream_slots, options.stream_slots * expert_bytes / 1e6);
   self->stats_ = self->cache_->stats();
   return self;
 }
@@ -348,6 +365,7 @@ CachedExperts::~CachedExperts() {
   cache_.reset();  // Cancels what is still on the link.
   if (link_ != nullptr) {
     if (slots_ != nullptr) link_->FreeDevice(slots_);
+    if (stream_ != nullptr) link_->FreeDevice(stream_);
     if (host_ != nullptr) link_->UnregisterHost(host_);
     if (tier_ != nullptr) link_->UnregisterHost(tier_->memory());
   }
@@ -373,6 +391,7 @@ Status CachedExperts::BeginLayer(const LayerRouting& routing) {
 Result<SourcedExpert> CachedExperts::Next() {
   FMOE_ASSIGN_OR_RETURN(ReadyExpert ready, cache_->Next());
   if (!ready.error.ok()) return SourcedExpert{ready.expert, {}, std::move(ready.error)};
+  if (ready.streamed) return SourcedExpert{ready.expert, stream_views_[ready.slot], Status::Ok()};
   if (!ready.on_host) return SourcedExpert{ready.expert, slot_views_[ready.slot], Status::Ok()};
   // A host run: views of the packed host copy (read into the host tier first, with one).
   const size_t key =
@@ -460,6 +479,11 @@ void CachedExperts::EndIteration() {
 }
 
 void CachedExperts::OnRequestEnd(uint64_t request_id) { cache_->OnRequestEnd(request_id); }
+
+bool CachedExperts::StreamNextIteration() {
+  cache_->StreamNextIteration();
+  return cache_->stream_slots() > 0;
+}
 
 void CachedExperts::PostDirective(PrefetchDirective directive) {
   cache_->PostDirective(std::move(directive));

@@ -82,6 +82,10 @@ struct CachedExpertsOptions {
     uint64_t page_quantum = 0;        // Required (> 0).
   };
   std::optional<SharedBudget> shared;
+  // A stream buffer of this many experts beside the slots (ExpertCache::AttachStreamBuffer), for
+  // iterations told to stream (StreamNextIteration); allocated before the budget is sized, so
+  // cache_auto and a shared budget's device_fraction see it taken. 0: none. Default: 0
+  uint32_t stream_slots = 0;
 };
 
 class CachedExperts final : public ExpertSource, public KvPageLender {
@@ -106,6 +110,7 @@ class CachedExperts final : public ExpertSource, public KvPageLender {
   void EndIteration() override;
   void OnRequestEnd(uint64_t request_id) override;
   RequestUsage Usage(uint64_t request_id) const override { return cache_->Usage(request_id); }
+  bool StreamNextIteration() override;
 
   // Any thread.
   void PostDirective(PrefetchDirective directive);
@@ -169,6 +174,8 @@ class CachedExperts final : public ExpertSource, public KvPageLender {
   size_t host_bytes_ = 0;
   void* slots_ = nullptr;                  // The device memory (with a shared budget: every page).
   std::vector<ExpertWeights> slot_views_;  // Per slot: its expert's tensors over its bytes.
+  void* stream_ = nullptr;                 // The stream buffer (options.stream_slots).
+  std::vector<ExpertWeights> stream_views_;  // Per stream slot.
   // A shared budget (0 pages without): pages of page_bytes_; the slots begin after the KV
   // pool's floor pages.
   uint64_t page_bytes_ = 0;

@@ -133,6 +133,11 @@ class ExpertSource {
   virtual void OnRequestEnd(uint64_t request_id) {}
   // The request's expert figures so far (until OnRequestEnd).
   virtual RequestUsage Usage(uint64_t request_id) const { return {}; }
+  // Before a Forward: bring the experts its iteration misses through a stream buffer beside the
+  // cache, each layer's ahead of its routing, instead of into the cache (DESIGN section 14;
+  // core/chunk_planner.h StreamMode). The output is the same either way. false when this source
+  // cannot (no stream buffer; every expert resident).
+  virtual bool StreamNextIteration() { return false; }
 };
 
 // A deep copy in host memory, wherever `table` lives (each rank or run that packs experts into its

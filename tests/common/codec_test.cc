@@ -111,11 +111,12 @@ TEST(Codec, RoundTripWorkerHeartbeat) {
       .active_requests = 12,
       .experts = {1, 2, 3, 4, 1ull << 35, 6, 7, 8, 1ull << 36, 9, 1ull << 37, 10, 11, 1ull << 39},
       .kv = {4096, 17, 1ull << 33, 1ull << 32, 5, 8192, 1ull << 34, 1ull << 38},
-      .engine = {1ull << 41, 13, 123456}};
+      .engine = {1ull << 41, 13, 123456, 77}};
   auto out = RoundTripAs<WorkerHeartbeat, WorkerMessage>(in);
   EXPECT_EQ(out.engine.prompt_chunks, 1ull << 41);
   EXPECT_EQ(out.engine.chunks_grown, 13u);
   EXPECT_EQ(out.engine.prompt_token_ns, 123456u);
+  EXPECT_EQ(out.engine.streamed_iterations, 77u);
   EXPECT_EQ(out.kv.total_blocks, 4096u);
   EXPECT_EQ(out.kv.used_blocks, 17u);
   EXPECT_EQ(out.kv.prefix_queries, 1ull << 33);

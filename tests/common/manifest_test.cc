@@ -47,6 +47,8 @@ worker_groups:
     max_batch: 16
     max_batched_tokens: 2048
     chunk_overhead: 0.5
+    prefill_stream: auto
+    prefill_stream_slots: 48
     queue_limit: 256
     expert_cache_gb: 2.5
     link:
@@ -120,6 +122,8 @@ void ExpectManifestEq(const Manifest& a, const Manifest& b) {
     EXPECT_EQ(x.max_batch, y.max_batch);
     EXPECT_EQ(x.max_batched_tokens, y.max_batched_tokens);
     EXPECT_EQ(x.chunk_overhead, y.chunk_overhead);
+    EXPECT_EQ(x.prefill_stream, y.prefill_stream);
+    EXPECT_EQ(x.prefill_stream_slots, y.prefill_stream_slots);
     EXPECT_EQ(x.queue_limit, y.queue_limit);
     EXPECT_EQ(x.kv_cache_tokens, y.kv_cache_tokens);
     EXPECT_EQ(x.prefix_caching, y.prefix_caching);
@@ -316,6 +320,10 @@ TEST(Manifest, FullManifestSetsEveryKey) {
   EXPECT_EQ(m.worker_groups[1].max_batched_tokens, 512);
   EXPECT_EQ(a.chunk_overhead, 0.5);
   EXPECT_EQ(m.worker_groups[1].chunk_overhead, 0.25);
+  EXPECT_EQ(a.prefill_stream, "auto");
+  EXPECT_EQ(a.prefill_stream_slots, 48);
+  EXPECT_EQ(m.worker_groups[1].prefill_stream, "off");
+  EXPECT_EQ(m.worker_groups[1].prefill_stream_slots, 0);
   EXPECT_EQ(a.queue_limit, 256);
   EXPECT_EQ(a.expert_cache_gb, 2.5);
   EXPECT_FALSE(a.expert_cache_fraction.has_value());
@@ -668,6 +676,11 @@ std::vector<BadCase> BadCases() {
        "request needs a token of every step); 0 = no budget"},
       {"BudgetOutOfRange", OneGroup("{name: g, max_batched_tokens: -1, workers: [{}]}"),
        "manifest: worker_groups[0].max_batched_tokens: -1 is out of range 0..1048576"},
+      {"PrefillStreamUnknown", OneGroup("{name: g, prefill_stream: always, workers: [{}]}"),
+       "manifest: worker_groups[0].prefill_stream: \"always\" is not one of off, auto, on"},
+      {"PrefillStreamSlotsOutOfRange",
+       OneGroup("{name: g, prefill_stream_slots: 70000, workers: [{}]}"),
+       "manifest: worker_groups[0].prefill_stream_slots: 70000 is out of range 0..65536"},
       {"ChunkOverheadOutOfRange", OneGroup("{name: g, chunk_overhead: -0.5, workers: [{}]}"),
        "manifest: worker_groups[0].chunk_overhead: -0.5 is out of range [0, 1000]"},
       {"DoubleOutOfRange", OneGroup("{name: g, link: {gbps: 0}, workers: [{}]}"),
@@ -764,7 +777,8 @@ std::vector<BadCase> BadCases() {
        "manifest: worker_groups[0].rendezvous_timeout_s: has no value; expected a number"},
       {"UnknownGroupKey", OneGroup("{name: g, collective_timeout: 5, workers: [{}]}"),
        "manifest: worker_groups[0].collective_timeout: unknown key; allowed keys: name, policy, "
-       "max_batch, max_batched_tokens, chunk_overhead, queue_limit, kv_cache_tokens, "
+       "max_batch, max_batched_tokens, chunk_overhead, prefill_stream, prefill_stream_slots, "
+       "queue_limit, kv_cache_tokens, "
        "prefix_caching, "
        "expert_cache_gb, expert_cache_fraction, "
        "memory_utilization, memory, host_cache_gb, host_cache_fraction, link, "

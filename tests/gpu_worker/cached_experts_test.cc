@@ -107,6 +107,66 @@ std::pair<Tokens, CacheStats> RunCached(const std::string& dir, const CachedExpe
   return {std::move(got), c.stats()};
 }
 
+// Streams every iteration's missing experts (ExpertSource::StreamNextIteration before each
+// Forward), as an engine with prefill_stream: on does for its prompts.
+class StreamEveryIteration final : public ExpertSource {
+ public:
+  explicit StreamEveryIteration(CachedExperts& inner) : inner_(inner) {}
+  void BeginIteration(std::span<const SequenceInfo> sequences) override {
+    EXPECT_TRUE(inner_.StreamNextIteration());
+    inner_.BeginIteration(sequences);
+  }
+  uint32_t speculation_distance() const override { return inner_.speculation_distance(); }
+  void Speculate(uint32_t layer, uint32_t target, std::span<const float> probs) override {
+    inner_.Speculate(layer, target, probs);
+  }
+  Status BeginLayer(const LayerRouting& routing) override { return inner_.BeginLayer(routing); }
+  Result<SourcedExpert> Next() override { return inner_.Next(); }
+  void Done(uint32_t expert) override { inner_.Done(expert); }
+  bool HostRunsPlanned() const override { return inner_.HostRunsPlanned(); }
+  void EndLayer() override { inner_.EndLayer(); }
+  void EndIteration() override { inner_.EndIteration(); }
+  void OnRequestEnd(uint64_t request_id) override { inner_.OnRequestEnd(request_id); }
+  RequestUsage Usage(uint64_t request_id) const override { return inner_.Usage(request_id); }
+
+ private:
+  CachedExperts& inner_;
+};
+
+// Streamed through a buffer smaller than a layer's experts and one of two layers, every
+// iteration of every family (and quantized format) gives the all-resident tokens: the stream
+// slots hold an expert's stored bytes as the cache's slots do, and nothing is evicted.
+TEST_P(FamilyOffload, StreamedIterationsGiveTheAllResidentTokens) {
+  const std::string dir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + GetParam();
+  const Reference& ref = AllResident(dir);
+  const ModelInfo& info = Fixture(dir).info;
+  for (const char* policy : {"fmoe", "lru"}) {
+    for (uint32_t stream_slots : {3u, 2 * info.num_experts}) {
+      CachedExpertsOptions o = AtAQuarter(dir, policy);
+      o.link.gbps = 8;
+      o.link.latency_us = 10;
+      o.stream_slots = stream_slots;
+      o.hybrid = true;  // Off in a streamed iteration.
+      auto cached = CachedExperts::Create(CloneExpertTable(Fixture(dir).table), o);
+      ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+      CachedExperts& c = **cached;
+      StreamEveryIteration streamed(c);
+      testing::FakeMapService directives(&c, info.num_moe_layers);
+      const Tokens got = RunPrompts(
+          streamed, &directives,
+          [&] { ASSERT_TRUE(c.cache().CheckInvariants().ok()) << policy << " " << stream_slots; },
+          dir);
+      EXPECT_EQ(got, ref.tokens) << policy << " stream_slots " << stream_slots;
+      const CacheStats st = c.stats();
+      EXPECT_GT(st.stream_iterations, 0u);
+      EXPECT_EQ(st.total.evictions, 0u);
+      EXPECT_EQ(st.total.host_runs, 0u);
+      EXPECT_GE(st.total.stream_loads, st.total.misses);
+      EXPECT_EQ(st.stream_slots, stream_slots);
+    }
+  }
+}
+
 TEST_P(FamilyOffload, EveryPolicyAtAQuarterGivesTheAllResidentTokens) {
   const std::string dir = std::string(FMOE_SOURCE_DIR) + "/tests/fixtures/" + GetParam();
   const Reference& ref = AllResident(dir);
@@ -416,6 +476,38 @@ TEST(HostTierExperts, EveryPolicyAndBothBudgetsGiveTheAllResidentTokens) {
 }
 
 // Hybrid execution reads a missing expert into host memory and runs it there.
+// Streamed iterations read their experts through the host tier as the cache's loads do, down to
+// a host cache of one expert, and give the all-resident tokens.
+TEST(HostTierExperts, StreamedIterationsGiveTheAllResidentTokens) {
+  const Tokens& ref = Bf16Reference();
+  Loaded& m = SharedBf16(true);
+  for (double host : {0.02, 0.25}) {
+    CachedExpertsOptions o;
+    o.policy = "fmoe";
+    o.top_k = m.info.top_k;
+    o.cache_fraction = 0.25;
+    o.host_cache_fraction = host;
+    o.policy_options.prefetch_distance = 2;
+    o.link.gbps = 8;
+    o.link.latency_us = 10;
+    o.disk.backend = "threads";
+    o.stream_slots = 2 * m.info.num_experts;
+    auto cached = CachedExperts::Create(CloneExpertTable(m.table), o);
+    ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+    CachedExperts& c = **cached;
+    StreamEveryIteration streamed(c);
+    testing::FakeMapService directives(&c, m.info.num_moe_layers);
+    const Tokens got = testing::RunPrompts(m, streamed, &directives, [&] {
+      Status s = c.cache().CheckInvariants();
+      ASSERT_TRUE(s.ok()) << host << ": " << s.ToString();
+    });
+    EXPECT_EQ(got, ref) << "host " << host;
+    EXPECT_GT(c.stats().stream_iterations, 0u);
+    EXPECT_GT(c.host_tier_stats()->reads, 0u);
+    EXPECT_EQ(c.host_tier_stats()->read_errors, 0u);
+  }
+}
+
 TEST(HostTierExperts, HybridRunsExpertsFromTheHostTier) {
   Loaded& m = SharedBf16(true);
   CachedExpertsOptions o;

@@ -313,6 +313,85 @@ TEST(Engine, ExpertAwareChunksRunLoadBoundPromptsWholeWithTheSameTokens) {
   }
 }
 
+// Streaming a prefill's experts (prefill_stream): on, every iteration with prompt tokens streams
+// its missing experts through the buffer beside the cache and decode-only steps do not; auto,
+// a long prompt (every expert of each layer) streams and a 2-token one (half of them, against
+// a very slow link) does not. The tokens are the all-resident ones either way.
+TEST(Engine, StreamedPrefillsGiveTheAllResidentTokens) {
+  std::vector<int32_t> long_prompt;
+  while (long_prompt.size() < 200) {
+    for (const std::string& p : kPrompts) {
+      const std::vector<int32_t> t = Encode(p);
+      long_prompt.insert(long_prompt.end(), t.begin(), t.end());
+    }
+  }
+  long_prompt.resize(200);
+  const std::vector<int32_t> short_prompt(long_prompt.begin(), long_prompt.begin() + 2);
+  std::map<uint64_t, std::vector<int32_t>> resident;
+  {
+    EngineHarness h(4);
+    for (size_t i = 0; i < kPrompts.size(); ++i) h.Submit(i + 1, Encode(kPrompts[i]), Greedy(8));
+    h.Submit(100, short_prompt, Greedy(8));
+    h.Submit(101, long_prompt, Greedy(8));
+    h.RunToEnd();
+    for (auto& [id, o] : h.outcomes) resident[id] = o.tokens;
+  }
+  Loaded& f = Fixture();
+  auto make = [&] {
+    CachedExpertsOptions o;
+    o.policy = "lru";
+    o.top_k = f.model->info().top_k;
+    o.cache_fraction = 0.25;
+    o.link.gbps = 16;
+    o.link.latency_us = 0;
+    o.stream_slots = 2 * f.model->info().num_experts;
+    auto cached = CachedExperts::Create(CloneExpertTable(f.table), o);
+    EXPECT_TRUE(cached.ok()) << cached.status().ToString();
+    return std::move(*cached);
+  };
+  {
+    std::unique_ptr<CachedExperts> cached = make();
+    BatchRecorder rec;
+    EngineHarness h(4, &rec, {}, 0, cached.get(),
+                    [](EngineOptions& o) { o.prefill_stream = StreamMode::kOn; });
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      h.Submit(i + 1, Encode(kPrompts[i]), Greedy(8));
+      if (i % 2 == 1) h.engine().Step();
+    }
+    h.RunToEnd();
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      EXPECT_EQ(h.outcomes[i + 1].tokens, resident[i + 1]) << "prompt " << i;
+    }
+    uint64_t with_prompts = 0;
+    for (const auto& batch : rec.prefill_) {
+      bool prompt = false;
+      for (const auto& [id, in_prefill] : batch) prompt = prompt || in_prefill;
+      with_prompts += prompt ? 1 : 0;
+    }
+    EXPECT_GT(with_prompts, 0u);
+    EXPECT_EQ(h.engine().stats().streamed_iterations, with_prompts);
+    EXPECT_EQ(cached->stats().stream_iterations, with_prompts);
+    EXPECT_LT(with_prompts, h.engine().stats().iterations);
+    EXPECT_EQ(h.engine().engine_figures().streamed_iterations, with_prompts);
+    EXPECT_TRUE(cached->cache().CheckInvariants().ok());
+  }
+  {
+    std::unique_ptr<CachedExperts> cached = make();
+    EngineHarness h(4, nullptr, {}, 0, cached.get(), [](EngineOptions& o) {
+      o.prefill_stream = StreamMode::kAuto;
+      o.chunk_costs = [] { return ChunkCosts{8, 2, 8, 0.75, 1e9, 1e4}; };
+    });
+    h.Submit(100, short_prompt, Greedy(8));
+    h.RunToEnd();
+    EXPECT_EQ(h.engine().stats().streamed_iterations, 0u);
+    h.Submit(101, long_prompt, Greedy(8));
+    h.RunToEnd();
+    EXPECT_EQ(h.engine().stats().streamed_iterations, 1u);
+    EXPECT_EQ(h.outcomes[100].tokens, resident[100]);
+    EXPECT_EQ(h.outcomes[101].tokens, resident[101]);
+  }
+}
+
 // The model's KV pool for one test: fixed at `tokens` positions, back to a growing one after.
 class ScopedKvPool {
  public:

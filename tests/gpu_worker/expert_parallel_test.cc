@@ -137,7 +137,8 @@ struct GroupRun {
 GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
                   const std::vector<LayerAccess>& future = {}, const std::string& dir = kModelDir,
                   uint32_t max_batched_tokens = 0, uint64_t kv_tokens = 0,
-                  std::optional<ExpertFault> fault = std::nullopt) {
+                  std::optional<ExpertFault> fault = std::nullopt,
+                  StreamMode stream = StreamMode::kOff) {
   const ModelInfo& info = Common(dir).info;
   // Every rank's KV pool: fixed at kv_tokens positions (0: growing), as the rank sets it.
   for (uint32_t r = 0; r < world; ++r)
@@ -157,6 +158,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
     o.policy_options.future = future;
     o.link.gbps = 8;
     o.link.latency_us = 10;
+    if (stream != StreamMode::kOff) o.stream_slots = 2 * info.num_experts / world;
     auto cached = CachedExperts::Create(CloneExpertTable(Weights(world, r, dir).table), o);
     EXPECT_TRUE(cached.ok()) << cached.status().ToString();
     if (!cached.ok()) return run;
@@ -204,6 +206,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
       EngineOptions options;
       options.max_batch = 4;  // Six prompts: requests join and leave mid-run.
       options.max_batched_tokens = max_batched_tokens;
+      options.prefill_stream = stream;
       options.group = &group;
       options.keepalive_ms = 100;
       options.local_figures = local;
@@ -426,6 +429,20 @@ TEST(ExpertParallel, PromptChunksAcrossAGroupGiveTheAllResidentTokens) {
   GroupRun run = RunGroup(2, "lru", 0.5, ref.accesses, kModelDir, /*max_batched_tokens=*/5);
   EXPECT_TRUE(run.errors.empty()) << run.errors.front();
   EXPECT_EQ(run.tokens, ref.tokens);
+}
+
+// The leader's plan tells every rank which iterations stream their missing experts; each rank
+// streams its own through its buffer, in step with the leader, and the tokens are the
+// all-resident ones.
+TEST(ExpertParallel, StreamedIterationsAcrossAGroupGiveTheAllResidentTokens) {
+  const Reference& ref = AllResident();
+  GroupRun run = RunGroup(2, "lru", 0.25, ref.accesses, kModelDir, /*max_batched_tokens=*/5,
+                          /*kv_tokens=*/0, std::nullopt, StreamMode::kOn);
+  EXPECT_TRUE(run.errors.empty()) << run.errors.front();
+  EXPECT_EQ(run.tokens, ref.tokens);
+  ASSERT_EQ(run.rank_stats.size(), 2u);
+  EXPECT_GT(run.rank_stats[0].stream_iterations, 0u);
+  EXPECT_EQ(run.rank_stats[1].stream_iterations, run.rank_stats[0].stream_iterations);
 }
 
 // Every family (tests/fixtures/<family>-ref): a group of two ranks at a quarter of the experts

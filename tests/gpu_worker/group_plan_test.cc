@@ -115,7 +115,7 @@ TEST(GroupPlan, PrefillChunksAndDecodesAreTold) {
   plan.sequences[0].tokens = {1};
   EXPECT_NE(ErrorOf(EncodePlan(plan)).find("starts with a decode step"), std::string::npos);
   std::vector<uint8_t> bytes = EncodePlan(Sample());
-  const size_t flags_at = 4 + 2 + 2 + 8 + 4 + 4 + 2 * 8 + 4 + 8 + 4;  // Sequence 0's flags.
+  const size_t flags_at = 4 + 2 + 2 + 8 + 4 + 4 + 2 * 8 + 4 + 1 + 8 + 4;  // Sequence 0's flags.
   ASSERT_EQ(bytes[flags_at], 1);
   bytes[flags_at] = 6;
   EXPECT_NE(ErrorOf(bytes).find("unknown flags 6"), std::string::npos);
@@ -128,6 +128,26 @@ TEST(GroupPlan, PrefillChunksAndDecodesAreTold) {
   bytes = EncodePlan(Sample());
   bytes[flags_at] = 2;
   EXPECT_NE(ErrorOf(bytes).find("restarts with a decode step"), std::string::npos);
+}
+
+// An iteration that streams its missing experts says so to every rank; unknown iteration flags,
+// and a plan that runs nothing yet streams, are refused.
+TEST(GroupPlan, AStreamedIterationIsTold) {
+  IterationPlan plan = Sample();
+  plan.stream = true;
+  auto back = DecodePlan(EncodePlan(plan), Limits());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->stream);
+  EXPECT_EQ(*back, plan);
+  EXPECT_FALSE(DecodePlan(EncodePlan(Sample()), Limits())->stream);
+  const size_t iteration_flags_at = 4 + 2 + 2 + 8 + 4 + 4 + 2 * 8 + 4;
+  std::vector<uint8_t> bytes = EncodePlan(plan);
+  ASSERT_EQ(bytes[iteration_flags_at], 1);
+  bytes[iteration_flags_at] = 2;
+  EXPECT_NE(ErrorOf(bytes).find("unknown iteration flags 2"), std::string::npos);
+  IterationPlan idle{PlanKind::kIdle, 3, {}, {}, {}};
+  idle.stream = true;
+  EXPECT_NE(ErrorOf(EncodePlan(idle)).find("a plan that runs nothing streams"), std::string::npos);
 }
 
 TEST(GroupPlan, HugeCountsDoNotAllocateBeforeTheBytesAreThere) {

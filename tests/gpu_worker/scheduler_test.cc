@@ -184,6 +184,39 @@ TEST(ChunkPlanner, ExpectedExpertsNearsEveryExpert) {
   EXPECT_DOUBLE_EQ(ExpectedExperts(4, 8, 3), 4.0);  // K above J: every expert.
 }
 
+// Streaming: a long prompt that needs nearly every expert of each layer finishes sooner with each
+// layer's missing experts loaded while the layer before computes; a short one (few experts) or
+// every expert resident does not; decode steps in the iteration count the working set a cached
+// prefill would evict.
+TEST(ChunkPlanner, StreamingIsSoonerForLongPromptsThatNeedNearlyEveryExpert) {
+  ChunkCosts c{64, 6, 26, 0.75, 1.32e6, 26 * 0.04e6};
+  // 2,048 tokens: every expert of each layer; 48 loads a layer either way, but streamed they
+  // overlap the layer before's compute.
+  EXPECT_NEAR(CachedIterationNs(c, 2048, 0), 26 * 48 * 1.32e6 + 2048 * 26 * 0.04e6, 1e6);
+  EXPECT_NEAR(StreamedIterationNs(c, 2048, 0),
+              26 * std::max(48 * 1.32e6, 2048 * 0.04e6) + std::min(48 * 1.32e6, 2048 * 0.04e6),
+              1e6);
+  EXPECT_TRUE(StreamSooner(c, 2048, 0));
+  // 4 tokens route to about 23 experts a layer: streaming all 48 missing ones costs more.
+  EXPECT_FALSE(StreamSooner(c, 4, 0));
+  // Decode steps beside the prompt: the evicted experts they use come back, a cost of the
+  // cached way only.
+  EXPECT_GT(CachedIterationNs(c, 64, 7) - CachedIterationNs(c, 64, 0),
+            StreamedIterationNs(c, 64, 7) - StreamedIterationNs(c, 64, 0));
+  // Every expert resident: nothing to stream.
+  ChunkCosts resident = c;
+  resident.miss = 0;
+  EXPECT_FALSE(StreamSooner(resident, 2048, 0));
+  // No prompt tokens, or costs not measured yet: never.
+  EXPECT_FALSE(StreamSooner(c, 0, 8));
+  EXPECT_FALSE(StreamSooner(ChunkCosts{64, 6, 26, 0.75, 0, 0}, 2048, 0));
+  EXPECT_EQ(StreamModeFromName("auto"), StreamMode::kAuto);
+  EXPECT_EQ(StreamModeFromName("on"), StreamMode::kOn);
+  EXPECT_EQ(StreamModeFromName("off"), StreamMode::kOff);
+  EXPECT_EQ(StreamModeFromName("always"), std::nullopt);
+  EXPECT_STREQ(StreamModeName(StreamMode::kAuto), "auto");
+}
+
 TEST(ChunkPlanner, LoadBoundPrefillsRunWholeAndComputeBoundOnesKeepTheBudgetsChunk) {
   // DeepSeek-V2-Lite-shaped, a quarter of the experts resident, a slow link: each 64-token
   // chunk loads nearly all 64 experts of each layer, as the whole prompt does.
