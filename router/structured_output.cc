@@ -1,5 +1,9 @@
 #include "router/structured_output.h"
 
+#include <algorithm>
+#include <initializer_list>
+#include <string_view>
+
 #include <utility>
 
 #include "common/text/grammar.h"
@@ -85,8 +89,95 @@ const Json& AnyObject() {
   return schema;
 }
 
-// A structural tag ({"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}, as an
-// object or as its JSON text), compiled here first and sent as its canonical spec.
+// Whether every member of `object` is one of `allowed`; else names the first other in *problem.
+bool OnlyMembers(const Json& object, std::initializer_list<std::string_view> allowed,
+                 const std::string& at, std::string* problem) {
+  for (const auto& [key, value] : object.items()) {
+    if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
+    *problem = at + "." + key + " is not supported by this server";
+    return false;
+  }
+  return true;
+}
+
+// xgrammar's structural tag `format` (what newer clients and vLLM send): a "triggered_tags"
+// format whose tags each hold a "json_schema" content is the language of the structures and
+// triggers form (free text; each trigger starts one of the tags: begin, a JSON value of the
+// schema, end; free text again), and becomes that form. Every other format or content type,
+// an end that is not one string, at_least_one or stop_after_first true, and any member this
+// translation does not read are refused by name.
+bool TranslateTagFormat(const Json& format, const std::string& at, Json* canonical,
+                        std::string* problem) {
+  if (!format.is_object()) {
+    *problem = at + " must be an object, not " + JsonTypeName(format);
+    return false;
+  }
+  const Json type = format.value("type", Json());
+  if (type != "triggered_tags") {
+    *problem = at + ".type " + (type.is_string() ? "\"" + type.get<std::string>() + "\"" : "") +
+               (type.is_string() ? " is not supported" : "is missing") +
+               ": this server takes \"triggered_tags\" (tags of json_schema content)";
+    return false;
+  }
+  if (!OnlyMembers(format, {"type", "triggers", "tags", "at_least_one", "stop_after_first"}, at,
+                   problem)) {
+    return false;
+  }
+  for (const char* flag : {"at_least_one", "stop_after_first"}) {
+    auto it = format.find(flag);
+    if (it == format.end() || *it == false) continue;
+    *problem = at + "." + flag + (it->is_boolean() ? " true is not supported" : " must be false");
+    return false;
+  }
+  auto tags = format.find("tags");
+  if (tags == format.end() || !tags->is_array() || tags->empty()) {
+    *problem = at + ".tags must be a non-empty array of tags";
+    return false;
+  }
+  Json structures = Json::array();
+  for (size_t i = 0; i < tags->size(); ++i) {
+    const Json& tag = (*tags)[i];
+    const std::string where = at + ".tags[" + std::to_string(i) + "]";
+    if (!tag.is_object()) {
+      *problem = where + " must be an object";
+      return false;
+    }
+    if (!OnlyMembers(tag, {"type", "begin", "content", "end"}, where, problem)) return false;
+    if (tag.contains("type") && tag["type"] != "tag") {
+      *problem = where + ".type must be \"tag\"";
+      return false;
+    }
+    if (!tag.value("begin", Json()).is_string()) {
+      *problem = where + ".begin must be a string";
+      return false;
+    }
+    Json end = tag.value("end", Json());
+    if (end.is_array() && end.size() == 1) end = end[0];
+    if (!end.is_string()) {
+      *problem = where + ".end must be a string";
+      return false;
+    }
+    const Json content = tag.value("content", Json());
+    if (!content.is_object() || content.value("type", Json()) != "json_schema" ||
+        !content.contains("json_schema")) {
+      *problem = where + ".content must be {\"type\": \"json_schema\", \"json_schema\": ...}" +
+                 (content.is_object() && content.value("type", Json()).is_string()
+                      ? " (\"" + content["type"].get<std::string>() + "\" is not supported)"
+                      : "");
+      return false;
+    }
+    if (!OnlyMembers(content, {"type", "json_schema"}, where + ".content", problem)) return false;
+    structures.push_back(
+        {{"begin", tag.value("begin", Json())}, {"schema", content["json_schema"]}, {"end", end}});
+  }
+  *canonical = {{"structures", std::move(structures)},
+                {"triggers", format.value("triggers", Json())}};
+  return true;
+}
+
+// A structural tag ({"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}, or
+// xgrammar's {"format": {"type": "triggered_tags", ...}}, as an object or as its JSON text),
+// compiled here first and sent as its canonical spec.
 bool SetStructuralTag(const Json& v, const std::string& field, CompletionRequest* out,
                       HttpResponse* error) {
   const std::string param = ParamOf(field);
@@ -108,16 +199,18 @@ bool SetStructuralTag(const Json& v, const std::string& field, CompletionRequest
     return Refuse(error,
                   BadParam(param, "'" + field + "' must be an object, not " + JsonTypeName(spec)));
   }
-  if (spec.contains("format")) {
-    return Refuse(error, BadParam(param,
-                                  "'" + field +
-                                      ".format' (xgrammar's structural tag formats) is not "
-                                      "supported by this server; give 'structures' and 'triggers'",
-                                  "unsupported_parameter"));
-  }
   // The members the compiler reads; vLLM's name for a structure's schema is taken too.
-  Json canonical = {{"structures", spec.value("structures", Json())},
-                    {"triggers", spec.value("triggers", Json())}};
+  Json canonical;
+  const bool translated = spec.contains("format");
+  if (auto format = spec.find("format"); format != spec.end()) {
+    std::string problem;
+    if (!TranslateTagFormat(*format, field + ".format", &canonical, &problem)) {
+      return Refuse(error, BadParam(param, problem, "unsupported_structural_tag"));
+    }
+  } else {
+    canonical = {{"structures", spec.value("structures", Json())},
+                 {"triggers", spec.value("triggers", Json())}};
+  }
   if (canonical["structures"].is_array()) {
     for (Json& s : canonical["structures"]) {
       if (s.is_object() && !s.contains("schema") && s.contains("structure_schema")) {
@@ -137,6 +230,15 @@ bool SetStructuralTag(const Json& v, const std::string& field, CompletionRequest
     std::string what = grammar.status().message();
     if (what.starts_with("structural tag"))
       what = what.substr(std::string("structural tag").size());
+    // A translated format's members by the names the client gave them.
+    if (translated && what.starts_with(" structures[")) {
+      what = ".format.tags[" + what.substr(std::string(" structures[").size());
+      if (const size_t at = what.find("].schema"); at != std::string::npos) {
+        what.replace(at, std::string("].schema").size(), "].content.json_schema");
+      }
+    } else if (translated && what.starts_with(" triggers")) {
+      what = ".format." + what.substr(1);
+    }
     return Refuse(error, BadParam(param, field + what, "unsupported_structural_tag"));
   }
   out->sampling.grammar = std::move(text);

@@ -110,6 +110,17 @@ std::vector<Seed> Seeds() {
              R"("prompt":"x","response_format":{"type":"structural_tag","triggers":["<f="],)"
              R"("structures":[{"begin":"<f=get>","schema":{"type":"object","properties":)"
              R"({"city":{"type":"string"}}},"end":"</f>"}]}})"),
+      Ok("ok-structural-tag-format",
+         "{" + m +
+             R"("prompt":"x","response_format":{"type":"structural_tag","format":{"type":)"
+             R"("triggered_tags","triggers":["<f="],"tags":[{"type":"tag","begin":"<f=get>",)"
+             R"("content":{"type":"json_schema","json_schema":{"type":"object"}},"end":["</f>"]}],)"
+             R"("at_least_one":false,"stop_after_first":false}}})"),
+      {"err-structural-tag-format",
+       "{" + m +
+           R"("prompt":"x","structured_outputs":{"structural_tag":{"format":{"type":)"
+           R"("sequence","elements":[]}}}})",
+       400, "unsupported_structural_tag"},
       {"err-structural-tag-trigger",
        "{" + m +
            R"("prompt":"x","structured_outputs":{"structural_tag":{"triggers":["<f","x<f"],)"
