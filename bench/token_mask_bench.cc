@@ -141,7 +141,7 @@ void Mask(benchmark::State& state, const std::shared_ptr<const TokenVocab>& voca
       byte_token[static_cast<uint8_t>(b[0])] = static_cast<int32_t>(id);
     }
   }
-  TokenMasker masker(grammar, vocab, {});
+  TokenMasker masker(grammar, vocab, {}, /*remember=*/0);  // The walk's cost, every time.
   for (char c : std::string(prefix)) {
     if (!masker.Accept(byte_token[static_cast<uint8_t>(c)])) {
       state.SkipWithError("prefix refused");
@@ -190,6 +190,53 @@ void BM_Synthetic150kGuided(benchmark::State& state) {
   Mask(state, SyntheticVocab(), false, /*guided=*/true);
 }
 BENCHMARK(BM_Synthetic150kGuided)->DenseRange(0, 4)->Unit(benchmark::kMicrosecond);
+
+// Decoding steps of free text (a draw, then the next mask), without (0) and with (1) the masks
+// remembered by state: the regex's class (case 0 of GuidedGrammar) and the structural tag's
+// free text (case 3's grammar after "Let me look that up. "). The text drawn cycles through
+// single-byte tokens of letters and spaces, so the state after each is free text again.
+void FreeTextSteps(benchmark::State& state, bool tag) {
+  const std::shared_ptr<const TokenVocab>& vocab = SyntheticVocab();
+  const char* prefix = nullptr;
+  auto grammar = GuidedGrammar(tag ? 3 : 0, &prefix);
+  std::vector<int32_t> byte_token(256, -1);
+  for (size_t id = 0; id < vocab->size(); ++id) {
+    const std::string& b = vocab->bytes(static_cast<int32_t>(id));
+    if (b.size() == 1 && byte_token[static_cast<uint8_t>(b[0])] < 0) {
+      byte_token[static_cast<uint8_t>(b[0])] = static_cast<int32_t>(id);
+    }
+  }
+  TokenMasker masker(grammar, vocab, {}, state.range(0) == 0 ? 0 : TokenMasker::kRememberedMasks);
+  for (char c : std::string("Let me look that up. ")) {
+    if (!masker.Accept(byte_token[static_cast<uint8_t>(c)])) {
+      state.SkipWithError("prefix refused");
+      return;
+    }
+  }
+  const std::string text = "some words and more words ";
+  std::vector<uint8_t> allowed;
+  size_t i = 0;
+  uint64_t steps = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(masker.Fill(vocab->size(), &allowed));
+    // The regex allows 200 characters: start again before its end.
+    if (!tag && ++steps % 150 == 0) {
+      state.PauseTiming();
+      masker =
+          TokenMasker(grammar, vocab, {}, state.range(0) == 0 ? 0 : TokenMasker::kRememberedMasks);
+      state.ResumeTiming();
+    }
+    if (!masker.Accept(byte_token[static_cast<uint8_t>(text[i++ % text.size()])])) {
+      state.SkipWithError("a free-text token was refused");
+      return;
+    }
+  }
+  state.counters["remembered"] = static_cast<double>(masker.remembered());
+}
+void BM_Synthetic150kFreeTextSteps(benchmark::State& state) { FreeTextSteps(state, false); }
+BENCHMARK(BM_Synthetic150kFreeTextSteps)->DenseRange(0, 1)->Unit(benchmark::kMicrosecond);
+void BM_Synthetic150kTagFreeTextSteps(benchmark::State& state) { FreeTextSteps(state, true); }
+BENCHMARK(BM_Synthetic150kTagFreeTextSteps)->DenseRange(0, 1)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace fmoe

@@ -133,8 +133,12 @@ std::shared_ptr<const TokenVocab> TokenVocab::FromTokenizer(const Tokenizer& tok
 }
 
 TokenMasker::TokenMasker(std::shared_ptr<const JsonGrammar> grammar,
-                         std::shared_ptr<const TokenVocab> vocab, std::vector<int32_t> end_ids)
-    : vocab_(std::move(vocab)), end_ids_(std::move(end_ids)), matcher_(std::move(grammar)) {
+                         std::shared_ptr<const TokenVocab> vocab, std::vector<int32_t> end_ids,
+                         size_t remember)
+    : remember_(remember),
+      vocab_(std::move(vocab)),
+      end_ids_(std::move(end_ids)),
+      matcher_(std::move(grammar)) {
   levels_.resize(vocab_->max_depth() + 1);
 }
 
@@ -143,6 +147,42 @@ bool TokenMasker::IsEnd(int32_t token) const {
 }
 
 size_t TokenMasker::Fill(size_t n, std::vector<uint8_t>* allowed) {
+  ++fills_;
+  if (remember_ == 0) {
+    bool walked = false;
+    return FillWalked(n, allowed, &walked);
+  }
+  if (!ended_) {
+    StateKey(matcher_.state(), &state_key_);
+    for (Remembered& r : masks_) {
+      if (r.allowed.size() != n || r.key != state_key_) continue;
+      r.used = fills_;
+      *allowed = r.allowed;
+      ++remembered_;
+      return r.count;
+    }
+  }
+  bool walked = false;
+  const size_t count = FillWalked(n, allowed, &walked);
+  // Inside a string the scans answer at once, and the state counts the string's characters:
+  // only the trie walks' masks are worth keeping.
+  if (ended_ || !walked) return count;
+  Remembered* slot = nullptr;
+  if (masks_.size() < remember_) {
+    slot = &masks_.emplace_back();
+  } else {
+    slot = &*std::min_element(
+        masks_.begin(), masks_.end(),
+        [](const Remembered& a, const Remembered& b) { return a.used < b.used; });
+  }
+  slot->key = state_key_;
+  slot->allowed = *allowed;
+  slot->count = count;
+  slot->used = fills_;
+  return count;
+}
+
+size_t TokenMasker::FillWalked(size_t n, std::vector<uint8_t>* allowed, bool* walked) {
   allowed->assign(n, 0);
   size_t count = 0;
   if (ended_ || matcher_.complete()) {
@@ -155,6 +195,7 @@ size_t TokenMasker::Fill(size_t n, std::vector<uint8_t>* allowed) {
     if (ended_) return count;
   }
   if (FillInString(allowed, &count)) return count;
+  *walked = true;
   cache_used_ = 0;
   cache_index_.clear();
   if (WalkCached(0, CachedState(matcher_.state()), allowed, &count)) return count;
@@ -163,13 +204,20 @@ size_t TokenMasker::Fill(size_t n, std::vector<uint8_t>* allowed) {
   return count;
 }
 
-int32_t TokenMasker::CachedState(const MatchState& state) {
+void TokenMasker::StateKey(const MatchState& state, std::string* key) {
   static_assert(std::has_unique_object_representations_v<MatchFrame>,
                 "a state's bytes are its identity");
-  key_.assign(reinterpret_cast<const char*>(state.frames.data()),
+  key->assign(reinterpret_cast<const char*>(state.frames.data()),
               state.frames.size() * sizeof(MatchFrame));
-  key_.append(reinterpret_cast<const char*>(state.ends.data()),
+  // The frames' count too: frames and ends are read back to back.
+  const uint64_t frames = state.frames.size();
+  key->append(reinterpret_cast<const char*>(&frames), sizeof(frames));
+  key->append(reinterpret_cast<const char*>(state.ends.data()),
               state.ends.size() * sizeof(uint32_t));
+}
+
+int32_t TokenMasker::CachedState(const MatchState& state) {
+  StateKey(state, &key_);
   auto it = cache_index_.find(key_);
   if (it != cache_index_.end()) return it->second;
   if (cache_used_ >= kMaxCachedStates) return -1;

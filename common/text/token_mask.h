@@ -5,8 +5,10 @@
 // of the trie rather than vocab x token length; the states met are stepped once per byte and
 // reused (a DFA built lazily per step), so free text of a class costs trie nodes, not steps.
 // Special tokens are never allowed, except the end tokens (eos, stop_token_ids), which are allowed
-// exactly when the text is complete. One TokenMasker per request, used by one thread (the
-// engine's).
+// exactly when the text is complete. A mask depends on the matcher's state alone, so the last
+// few are remembered by that state: a state that recurs (free text between a structural tag's
+// triggers, a regex's repeated class) costs a copy instead of a walk. One TokenMasker per
+// request, used by one thread (the engine's).
 #pragma once
 
 #include <array>
@@ -76,25 +78,46 @@ class TokenVocab {
 
 class TokenMasker {
  public:
-  // end_ids: eos and stop tokens (allowed when complete, even when special).
+  // end_ids: eos and stop tokens (allowed when complete, even when special). `remember`: how
+  // many masks to keep by state (0: walk every time; benchmarks of the walk).
+  static constexpr size_t kRememberedMasks = 4;
   TokenMasker(std::shared_ptr<const JsonGrammar> grammar, std::shared_ptr<const TokenVocab> vocab,
-              std::vector<int32_t> end_ids);
+              std::vector<int32_t> end_ids, size_t remember = kRememberedMasks);
 
   // allowed[id] = 1 for the tokens that may come next (allowed.size() = n, the logits' size;
   // ids beyond the vocabulary are 0). Returns how many are allowed.
   size_t Fill(size_t n, std::vector<uint8_t>* allowed);
   // Advances by a drawn token; false (state unchanged) when the grammar rejects it.
   bool Accept(int32_t token);
+  // Fills answered from a remembered mask (tests, benchmarks).
+  uint64_t remembered() const { return remembered_; }
   bool complete() const { return matcher_.complete(); }
   bool IsEnd(int32_t token) const;
 
  private:
+  // Fill without the remembered masks.
+  // `walked`: the trie walk answered (not the string scans, nor the end alone).
+  size_t FillWalked(size_t n, std::vector<uint8_t>* allowed, bool* walked);
   void Walk(uint32_t node, uint32_t depth, std::vector<uint8_t>* allowed, size_t* count);
   // The walk over the states met so far in this Fill, each stepped at most once per byte (a
   // repeated character class keeps one state, or a few, across most of the trie). False when
   // more than kMaxCachedStates states were met: Walk finishes the job.
   bool WalkCached(uint32_t node, int32_t state, std::vector<uint8_t>* allowed, size_t* count);
-  int32_t CachedState(const MatchState& state);     // Its index; -1 when the cache is full.
+  int32_t CachedState(const MatchState& state);  // Its index; -1 when the cache is full.
+  // A state's identity: its frames' and ends' bytes.
+  static void StateKey(const MatchState& state, std::string* key);
+  // The last masks Fill computed, by the state they were for (least recently used replaced).
+  size_t remember_ = kRememberedMasks;
+  struct Remembered {
+    std::string key;
+    std::vector<uint8_t> allowed;
+    size_t count = 0;
+    uint64_t used = 0;
+  };
+  std::vector<Remembered> masks_;
+  uint64_t fills_ = 0;
+  uint64_t remembered_ = 0;
+  std::string state_key_;
   static constexpr size_t kMaxCachedStates = 1024;  // About 1 MiB at most, kept for reuse.
   struct Cached {
     MatchState state;
