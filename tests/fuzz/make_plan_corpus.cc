@@ -26,9 +26,8 @@ int main(int argc, char** argv) {
   plans.push_back(p);
   p.step = 8;
   p.ended = {3, 4};
-  p.sequences = {{1, 1, {9}, false, false},
-                 {2, 0, {1, 2}, true, false},
-                 {5, 3, {10, 11, 12}, true, false}};
+  p.sequences = {
+      {1, 1, {9}, false, false}, {2, 0, {1, 2}, true, false}, {5, 3, {10, 11, 12}, true, false}};
   plans.push_back(p);
   // A preemption: request 2's blocks go back; later it restarts from position 0.
   p.step = 9;
@@ -40,6 +39,11 @@ int main(int argc, char** argv) {
   p.preempted = {};
   p.sequences = {{2, 1, {1, 2, 3}, true, true}};
   plans.push_back(p);
+  p.step = 13;
+  p.stream = true;  // A long prefill that streams its missing experts.
+  p.sequences = {{3, 0, {5, 6, 7, 8, 9}, true, false}, {1, 3, {4}, false, false}};
+  plans.push_back(p);
+  p.stream = false;
   plans.push_back({PlanKind::kIdle, 11, {1, 2, 3}, {}, {}});
   plans.push_back({PlanKind::kStop, 12, {}, {}, {}});
   int n = 0;
