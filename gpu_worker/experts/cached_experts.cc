@@ -98,7 +98,9 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
   const at::Device device = options.cuda_index >= 0
                                 ? at::Device(at::kCUDA, static_cast<int8_t>(options.cuda_index))
                                 : at::Device(at::kCPU);
-  if (options.stream_slots > 0) {
+  // A budget that holds every expert it owns never streams: no buffer.
+  const bool all_resident = !options.cache_auto && !options.shared && slots >= owned;
+  if (options.stream_slots > 0 && !all_resident) {
     const size_t bytes = size_t{options.stream_slots} * expert_bytes;
     FMOE_ASSIGN_OR_RETURN(self->stream_, self->link_->AllocateDevice(bytes));
     // cpu mode: touched, so the host's available memory no longer counts it.
@@ -156,7 +158,7 @@ Result<std::unique_ptr<CachedExperts>> CachedExperts::Create(ExpertTable experts
       !options.hybrid ? std::string("off")
       : self->cuda_   ? "on (" + std::to_string(at::get_num_threads()) + " host threads)"
                       : "on (emulated, host x" + std::to_string(options.host_slowdown) + ")",
-      options.stream_slots, options.stream_slots * expert_bytes / 1e6);
+      self->stream_views_.size(), self->stream_views_.size() * expert_bytes / 1e6);
   self->stats_ = self->cache_->stats();
   return self;
 }

@@ -84,7 +84,8 @@ struct CachedExpertsOptions {
   std::optional<SharedBudget> shared;
   // A stream buffer of this many experts beside the slots (ExpertCache::AttachStreamBuffer), for
   // iterations told to stream (StreamNextIteration); allocated before the budget is sized, so
-  // cache_auto and a shared budget's device_fraction see it taken. 0: none. Default: 0
+  // cache_auto and a shared budget's device_fraction see it taken; none when a fixed budget
+  // holds every expert this rank owns. 0: none. Default: 0
   uint32_t stream_slots = 0;
 };
 

@@ -260,6 +260,21 @@ TEST(CachedExperts, EveryPolicyAndBudgetGivesTheAllResidentTokens) {
   }
 }
 
+// A stream buffer beside a budget that holds every expert would never be used: none is made.
+TEST(CachedExperts, AFullBudgetGetsNoStreamBuffer) {
+  for (double fraction : {1.0, 0.5}) {
+    CachedExpertsOptions o;
+    o.policy = "lru";
+    o.top_k = Fixture().info.top_k;
+    o.cache_fraction = fraction;
+    o.stream_slots = 16;
+    auto cached = CachedExperts::Create(CloneExpertTable(Fixture().table), o);
+    ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+    EXPECT_EQ((*cached)->stats().stream_slots, fraction < 1.0 ? 16u : 0u) << fraction;
+    EXPECT_EQ((*cached)->StreamNextIteration(), fraction < 1.0) << fraction;
+  }
+}
+
 TEST(CachedExperts, RequestFiguresReachTheTokenEvents) {
   CachedExpertsOptions o;
   o.policy = "lru";

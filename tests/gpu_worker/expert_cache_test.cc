@@ -164,6 +164,29 @@ struct Fixture {
     return (e.streamed ? stream.data() : device.data()) + e.slot * kBytes;
   }
 
+  // Begins `layer` with `experts` (sorted) and takes every expert Next hands out, with the
+  // error it came with; every one without holds its own bytes. Leaves the layer open.
+  std::map<uint32_t, Status> HandOut(uint32_t layer, std::vector<uint32_t> experts) {
+    std::map<uint32_t, Status> handed;
+    const std::vector<uint32_t> tokens(experts.size(), 1);
+    EXPECT_TRUE(cache->BeginLayer({layer, experts, tokens, {}}).ok());
+    while (true) {
+      Result<ReadyExpert> e = cache->Next();
+      if (!e.ok()) {
+        EXPECT_EQ(e.status().code(), ErrorCode::kNotFound) << e.status().ToString();
+        break;
+      }
+      EXPECT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants().ToString();
+      handed[e->expert] = e->error;
+      if (e->error.ok()) {
+        EXPECT_EQ(0, std::memcmp(Bytes(*e), host.data() + (layer * kExperts + e->expert) * kBytes,
+                                 kBytes));
+      }
+      cache->Done(e->expert);
+    }
+    return handed;
+  }
+
   // Runs one layer: every expert handed out must hold its own bytes.
   void RunLayer(uint32_t layer, std::vector<uint32_t> experts) {
     std::sort(experts.begin(), experts.end());
@@ -611,23 +634,7 @@ TEST(ExpertCache, TieredLoadsByKeyCountDiskReadsHintAndFailOnlyTheirExpert) {
   // Layer 1 needs an unreadable expert (3) and a readable one (5): 5 comes out with its bytes,
   // 3 is tried twice and comes out failed with the read's error, holding no slot.
   f.link.unreadable.insert(kExperts + 3);
-  ASSERT_TRUE(
-      f.cache->BeginLayer({1, std::vector<uint32_t>{3, 5}, std::vector<uint32_t>{1, 1}, {}}).ok());
-  std::map<uint32_t, Status> handed;
-  while (true) {
-    Result<ReadyExpert> e = f.cache->Next();
-    if (!e.ok()) {
-      EXPECT_EQ(e.status().code(), ErrorCode::kNotFound) << e.status().ToString();
-      break;
-    }
-    ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
-    handed[e->expert] = e->error;
-    if (e->error.ok()) {
-      EXPECT_EQ(0, std::memcmp(f.device.data() + e->slot * kBytes,
-                               f.host.data() + (kExperts + e->expert) * kBytes, kBytes));
-    }
-    f.cache->Done(e->expert);
-  }
+  std::map<uint32_t, Status> handed = f.HandOut(1, {3, 5});
   ASSERT_EQ(handed.size(), 2u);
   EXPECT_TRUE(handed[5].ok());
   EXPECT_EQ(handed[3].code(), ErrorCode::kDataLoss);
@@ -877,23 +884,7 @@ TEST(ExpertCache, AFailedStreamLoadIsRetriedOnceThenHandedOutFailed) {
   f.cache->BeginIteration({&s, 1});
   f.RunLayer(0, {0, 1});
   EXPECT_EQ(f.link.loads[1], 2);
-  ASSERT_TRUE(
-      f.cache->BeginLayer({1, std::vector<uint32_t>{2, 3}, std::vector<uint32_t>{1, 1}, {}}).ok());
-  std::map<uint32_t, Status> handed;
-  while (true) {
-    Result<ReadyExpert> e = f.cache->Next();
-    if (!e.ok()) {
-      EXPECT_EQ(e.status().code(), ErrorCode::kNotFound) << e.status().ToString();
-      break;
-    }
-    handed[e->expert] = e->error;
-    if (e->error.ok()) {
-      EXPECT_EQ(0,
-                std::memcmp(f.Bytes(*e), f.host.data() + (kExperts + e->expert) * kBytes, kBytes));
-    }
-    ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
-    f.cache->Done(e->expert);
-  }
+  std::map<uint32_t, Status> handed = f.HandOut(1, {2, 3});
   f.cache->EndLayer();
   ASSERT_EQ(handed.size(), 2u);
   EXPECT_TRUE(handed[3].ok());
