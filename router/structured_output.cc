@@ -103,9 +103,9 @@ bool OnlyMembers(const Json& object, std::initializer_list<std::string_view> all
 // xgrammar's structural tag `format` (what newer clients and vLLM send): a "triggered_tags"
 // format whose tags each hold a "json_schema" content is the language of the structures and
 // triggers form (free text; each trigger starts one of the tags: begin, a JSON value of the
-// schema, end; free text again), and becomes that form. Every other format or content type,
-// an end that is not one string, at_least_one or stop_after_first true, and any member this
-// translation does not read are refused by name.
+// schema, end; free text again), and becomes that form, with its at_least_one and
+// stop_after_first when true. Every other format or content type, an end that is not one
+// string, and any member this translation does not read are refused by name.
 bool TranslateTagFormat(const Json& format, const std::string& at, Json* canonical,
                         std::string* problem) {
   if (!format.is_object()) {
@@ -123,11 +123,15 @@ bool TranslateTagFormat(const Json& format, const std::string& at, Json* canonic
                    problem)) {
     return false;
   }
+  std::vector<std::string> flags;
   for (const char* flag : {"at_least_one", "stop_after_first"}) {
     auto it = format.find(flag);
-    if (it == format.end() || *it == false) continue;
-    *problem = at + "." + flag + (it->is_boolean() ? " true is not supported" : " must be false");
-    return false;
+    if (it == format.end()) continue;
+    if (!it->is_boolean()) {
+      *problem = at + "." + flag + " must be true or false";
+      return false;
+    }
+    if (it->get<bool>()) flags.emplace_back(flag);
   }
   auto tags = format.find("tags");
   if (tags == format.end() || !tags->is_array() || tags->empty()) {
@@ -172,6 +176,7 @@ bool TranslateTagFormat(const Json& format, const std::string& at, Json* canonic
   }
   *canonical = {{"structures", std::move(structures)},
                 {"triggers", format.value("triggers", Json())}};
+  for (const std::string& flag : flags) (*canonical)[flag] = true;
   return true;
 }
 

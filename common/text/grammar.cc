@@ -913,6 +913,8 @@ class StructuralTagCompiler {
 
   Result<std::shared_ptr<const JsonGrammar>> Run() {
     if (!spec_.is_object()) return Error("", "must be a JSON object");
+    FMOE_RETURN_IF_ERROR(ReadFlag("at_least_one", &at_least_one_));
+    FMOE_RETURN_IF_ERROR(ReadFlag("stop_after_first", &stop_after_first_));
     FMOE_RETURN_IF_ERROR(ReadTriggers());
     FMOE_RETURN_IF_ERROR(ReadStructures());
     BuildAutomaton();
@@ -966,6 +968,14 @@ class StructuralTagCompiler {
     }
     if (!CodePoints(text).ok()) return Error(where, "is not valid UTF-8");
     return text;
+  }
+
+  Status ReadFlag(const char* key, bool* out) {
+    auto it = spec_.find(key);
+    if (it == spec_.end()) return Status::Ok();
+    if (!it->is_boolean()) return Error(key, "must be true or false");
+    *out = it->get<bool>();
+    return Status::Ok();
   }
 
   Status ReadTriggers() {
@@ -1073,7 +1083,10 @@ class StructuralTagCompiler {
         FMOE_ASSIGN_OR_RETURN(node[s], b_.Ref());
       }
     }
-    // Each trigger's dispatch: one of its structures, then free text again.
+    // After a structure: free text again, or (stop_after_first) the end of the output.
+    FMOE_ASSIGN_OR_RETURN(const int32_t nothing, b_.Seq({}));
+    const int32_t after = stop_after_first_ ? nothing : node[0];
+    // Each trigger's dispatch: one of its structures, then what comes after one.
     std::vector<int32_t> dispatch(triggers_.size(), -1);
     for (size_t t = 0; t < triggers_.size(); ++t) {
       std::vector<int32_t> alts;
@@ -1089,7 +1102,7 @@ class StructuralTagCompiler {
           FMOE_ASSIGN_OR_RETURN(int32_t end, b_.Literal({st.end}));
           seq.push_back(end);
         }
-        seq.push_back(node[0]);
+        seq.push_back(after);
         FMOE_ASSIGN_OR_RETURN(int32_t one, b_.Seq(std::move(seq)));
         alts.push_back(one);
       }
@@ -1123,9 +1136,29 @@ class StructuralTagCompiler {
       FMOE_ASSIGN_OR_RETURN(int32_t any, b_.Alt(std::move(alts)));
       b_.grammar().nodes[node[s]].target = any;
     }
-    return node[0];
+    if (!at_least_one_) return node[0];
+    // at_least_one: the output opens with one of the structures (its whole begin), and the
+    // free text with triggers follows it (ending after its next structure with
+    // stop_after_first), as xgrammar's triggered tags do.
+    std::vector<int32_t> first;
+    for (const Structure& st : structures_) {
+      std::vector<int32_t> seq;
+      FMOE_ASSIGN_OR_RETURN(int32_t begin, b_.Literal({st.begin}));
+      seq.push_back(begin);
+      seq.push_back(st.schema);
+      if (!st.end.empty()) {
+        FMOE_ASSIGN_OR_RETURN(int32_t end, b_.Literal({st.end}));
+        seq.push_back(end);
+      }
+      seq.push_back(node[0]);
+      FMOE_ASSIGN_OR_RETURN(int32_t one, b_.Seq(std::move(seq)));
+      first.push_back(one);
+    }
+    return b_.Alt(std::move(first));
   }
   const nlohmann::json& spec_;
+  bool at_least_one_ = false;
+  bool stop_after_first_ = false;
   Builder b_{"structural tag"};
   std::vector<std::string> triggers_;
   std::vector<Structure> structures_;

@@ -58,8 +58,12 @@ inline constexpr size_t kMaxTagStructures = 64;   // structures[].
 inline constexpr size_t kMaxTagTriggers = 64;     // triggers[].
 inline constexpr size_t kMaxTagTextBytes = 1024;  // A begin, end or trigger text.
 // A structural tag's spec, JSON text: {"structures": [{"begin": TEXT, "schema": SCHEMA, "end":
-// TEXT}, ...], "triggers": [TEXT, ...]} (other members are ignored). kInvalidArgument naming the
-// member ("structural tag structures[1].schema /properties/a: ...", "structural tag
+// TEXT}, ...], "triggers": [TEXT, ...], "at_least_one": BOOL, "stop_after_first": BOOL} (the
+// flags optional, false by default; other members are ignored). Free text in which each trigger
+// starts one of its structures, free text again after it; at_least_one: the output opens with a
+// structure; stop_after_first: it ends after the first structure met in the free text (after
+// the opening one and at most one more with both, as xgrammar's triggered tags). kInvalidArgument
+// naming the member ("structural tag structures[1].schema /properties/a: ...", "structural tag
 // triggers[0]: contains triggers[1] (\"<f\")").
 Result<std::shared_ptr<const JsonGrammar>> CompileStructuralTag(std::string_view spec_json);
 

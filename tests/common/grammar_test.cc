@@ -373,6 +373,43 @@ TEST(StructuralTag, FreeTextWithStructuresAfterEachTrigger) {
   EXPECT_FALSE(Matches(u, "«3"));
 }
 
+// at_least_one: the output opens with a structure; stop_after_first: it ends after the first
+// structure met in the free text; both: the opening structure, free text, at most one more.
+TEST(StructuralTag, AtLeastOneAndStopAfterFirst) {
+  const std::string body =
+      R"("triggers": ["<t"], "structures": [{"begin": "<t>", "schema": {"enum": [1, 22]},
+      "end": "</t>"}])";
+  auto stop = Tag("{" + body + R"(, "stop_after_first": true})");
+  EXPECT_TRUE(Matches(stop, ""));
+  EXPECT_TRUE(Matches(stop, "plain text"));
+  EXPECT_TRUE(Matches(stop, "a <t>1</t>"));
+  EXPECT_FALSE(Matches(stop, "a <t>1</t> b"));
+  EXPECT_FALSE(Matches(stop, "<t>1</t><t>22</t>"));
+  auto one = Tag("{" + body + R"(, "at_least_one": true})");
+  EXPECT_TRUE(Matches(one, "<t>1</t>"));
+  EXPECT_TRUE(Matches(one, "<t>1</t> and <t>22</t> more"));
+  EXPECT_FALSE(Matches(one, ""));
+  EXPECT_FALSE(Matches(one, "text"));
+  EXPECT_FALSE(Matches(one, "a <t>1</t>"));
+  auto both = Tag("{" + body + R"(, "at_least_one": true, "stop_after_first": true})");
+  EXPECT_TRUE(Matches(both, "<t>1</t>"));
+  EXPECT_TRUE(Matches(both, "<t>1</t> then"));
+  EXPECT_TRUE(Matches(both, "<t>1</t> then <t>22</t>"));
+  EXPECT_FALSE(Matches(both, "<t>1</t> then <t>22</t>."));
+  EXPECT_FALSE(Matches(both, "x<t>1</t>"));
+  // Masked sampling under at_least_one gives only its language.
+  const std::string re =
+      "<t>(?:1|22)</t>(?:(?!<t)[\\s\\S])*(?:<t>(?:1|22)</t>(?:(?!<t)[\\s\\S])*)*";
+  ASSERT_TRUE(PcreMatches(re, "<t>1</t>a<t>22</t>"));
+  ASSERT_FALSE(PcreMatches(re, "a<t>1</t>"));
+  const std::vector<std::string> pieces = {"<",    "t", ">", "<t", "<t>", "1",  "2", "22",
+                                           "</t>", "/", "a", " ",  "é",   "t>", "</"};
+  CheckMaskedWalks(one, &re, pieces, 7);
+  EXPECT_NE(
+      TagError("{" + body + R"(, "at_least_one": 1})").find("at_least_one: must be true or false"),
+      std::string::npos);
+}
+
 TEST(StructuralTag, RefusesBadSpecsNamingTheMember) {
   const std::string s = R"("structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}])";
   const std::vector<std::pair<std::string, std::string>> cases = {

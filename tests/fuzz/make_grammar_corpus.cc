@@ -51,6 +51,10 @@ int main(int argc, char** argv) {
        "ü«1 <tool>[1,\"a\"]</tool>"},
       {3, R"({"triggers": ["ab", "b"], "structures": [{"begin": "ab", "schema": {}, "end": ""}]})",
        "ab"},
+      {3,
+       R"({"triggers": ["<t"], "structures": [{"begin": "<t>", "schema": {"type": "integer"},
+          "end": "</t>"}], "at_least_one": true, "stop_after_first": true})",
+       "<t>12</t> then <t>3</t>"},
   };
   int i = 0;
   for (const auto& [selector, text, bytes] : seeds) {

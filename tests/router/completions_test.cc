@@ -1731,6 +1731,21 @@ TEST_F(ToolCompletionsTest, StructuredOutputSchemasTravelOrAreRefusedByName) {
        R"({"structures":[{"begin":"<f>","end":"</f>","schema":{"type":"integer"}}],)"
        R"("triggers":["<f"]})",
        GrammarSyntax::kStructuralTag},
+      // Its at_least_one and stop_after_first travel when true.
+      {{{"response_format",
+         {{"type", "structural_tag"},
+          {"format",
+           {{"type", "triggered_tags"},
+            {"triggers", {"<f"}},
+            {"tags",
+             {{{"begin", "<f>"},
+               {"content", {{"type", "json_schema"}, {"json_schema", Json::object()}}},
+               {"end", "</f>"}}}},
+            {"at_least_one", true},
+            {"stop_after_first", true}}}}}},
+       R"({"at_least_one":true,"stop_after_first":true,"structures":[{"begin":"<f>","end":)"
+       R"("</f>","schema":{}}],"triggers":["<f"]})",
+       GrammarSyntax::kStructuralTag},
       {{{"structured_outputs",
          {{"structural_tag",
            R"({"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": )"
@@ -1787,9 +1802,9 @@ TEST_F(ToolCompletionsTest, StructuredOutputSchemasTravelOrAreRefusedByName) {
              {{{"begin", "<f>"},
                {"content", {{"type", "json_schema"}, {"json_schema", Json::object()}}},
                {"end", "</f>"}}}},
-            {"stop_after_first", true}}}}}},
+            {"stop_after_first", "yes"}}}}}},
        "response_format",
-       "response_format.format.stop_after_first true is not supported"},
+       "response_format.format.stop_after_first must be true or false"},
       {{{"response_format",
          {{"type", "structural_tag"},
           {"format",
