@@ -483,8 +483,10 @@ void CachedExperts::EndIteration() {
 void CachedExperts::OnRequestEnd(uint64_t request_id) { cache_->OnRequestEnd(request_id); }
 
 bool CachedExperts::StreamNextIteration() {
+  // A cache that holds every expert it owns has nothing to stream.
+  if (cache_->stream_slots() == 0 || cache_->active_slots() >= cache_->owned()) return false;
   cache_->StreamNextIteration();
-  return cache_->stream_slots() > 0;
+  return true;
 }
 
 void CachedExperts::PostDirective(PrefetchDirective directive) {
