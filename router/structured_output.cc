@@ -114,8 +114,11 @@ bool TranslateTagFormat(const Json& format, const std::string& at, Json* canonic
   }
   const Json type = format.value("type", Json());
   if (type != "triggered_tags") {
-    *problem = at + ".type " + (type.is_string() ? "\"" + type.get<std::string>() + "\"" : "") +
-               (type.is_string() ? " is not supported" : "is missing") +
+    const std::string what = type.is_string()
+                                 ? "\"" + type.get<std::string>() + "\" is not supported"
+                             : type.is_null() ? "is missing"
+                                              : "must be a string";
+    *problem = at + ".type " + what +
                ": this server takes \"triggered_tags\" (tags of json_schema content)";
     return false;
   }
