@@ -69,16 +69,7 @@ Outcome RunOnce(Rank& rank, ExpertSource& source, CachedExperts* cached, StreamM
   options.prefill_stream = mode;
   if (cached != nullptr) {
     const ModelInfo& info = rank.info();
-    options.chunk_costs = [cached, &info] {
-      const ExpertCache& c = cached->cache();
-      ChunkCosts k;
-      k.experts = info.num_experts;
-      k.top_k = info.top_k;
-      k.moe_layers = info.num_moe_layers;
-      k.miss = 1.0 - std::min(1.0, static_cast<double>(c.slots()) / c.owned());
-      k.load_ns = c.load_ns();
-      return k;
-    };
+    options.chunk_costs = [cached, &info] { return CacheChunkCosts(info, cached->cache()); };
     // As the worker does: the cache's stall comes out of a prompt token's measured compute.
     options.local_figures = [cached] {
       ExpertFigures f;

@@ -206,7 +206,8 @@ void FreeTextSteps(benchmark::State& state, bool tag) {
       byte_token[static_cast<uint8_t>(b[0])] = static_cast<int32_t>(id);
     }
   }
-  TokenMasker masker(grammar, vocab, {}, state.range(0) == 0 ? 0 : TokenMasker::kRememberedMasks);
+  const size_t remember = state.range(0) == 0 ? 0 : TokenMasker::kRememberedMasks;
+  TokenMasker masker(grammar, vocab, {}, remember);
   for (char c : std::string("Let me look that up. ")) {
     if (!masker.Accept(byte_token[static_cast<uint8_t>(c)])) {
       state.SkipWithError("prefix refused");
@@ -222,8 +223,7 @@ void FreeTextSteps(benchmark::State& state, bool tag) {
     // The regex allows 200 characters: start again before its end.
     if (!tag && ++steps % 150 == 0) {
       state.PauseTiming();
-      masker =
-          TokenMasker(grammar, vocab, {}, state.range(0) == 0 ? 0 : TokenMasker::kRememberedMasks);
+      masker = TokenMasker(grammar, vocab, {}, remember);
       state.ResumeTiming();
     }
     if (!masker.Accept(byte_token[static_cast<uint8_t>(text[i++ % text.size()])])) {

@@ -329,12 +329,14 @@ Result<std::unique_ptr<CachedExperts>> Rank::NewCachedExperts(CachedExpertsOptio
 }
 
 ChunkCosts Rank::chunk_costs() const {
-  if (!cached_) return {};
-  const ExpertCache& cache = cached_->cache();
+  return cached_ ? CacheChunkCosts(info_, cached_->cache()) : ChunkCosts{};
+}
+
+ChunkCosts CacheChunkCosts(const ModelInfo& info, const ExpertCache& cache) {
   ChunkCosts c;
-  c.experts = info_.num_experts;
-  c.top_k = info_.top_k;
-  c.moe_layers = info_.num_moe_layers;
+  c.experts = info.num_experts;
+  c.top_k = info.top_k;
+  c.moe_layers = info.num_moe_layers;
   const uint32_t owned = cache.owned();
   c.miss = owned == 0 ? 0.0 : 1.0 - std::min(1.0, static_cast<double>(cache.slots()) / owned);
   c.load_ns = cache.load_ns();

@@ -126,6 +126,10 @@ struct RankOptions {
 // (model_config.h KvPoolTokens) at the bytes the runtime's KV cache holds per token
 // (KvBytesPerToken: MLA's latents, not per-head keys); the sliding-window layers at
 // `sliding_tokens` (KvSlidingPoolTokens).
+// The model's and an expert cache's side of the chunk and stream estimates (core/chunk_planner.h):
+// experts, top_k, MoE layers, the cache's miss fraction and measured load time; token_ns unset.
+ChunkCosts CacheChunkCosts(const ModelInfo& info, const ExpertCache& cache);
+
 uint64_t KvReserveBytes(const ModelInfo& info, uint64_t pool_tokens, uint64_t sliding_tokens,
                         const std::string& dtype);
 

@@ -210,8 +210,10 @@ class ExpertCache final : public CacheControl {
 
   // The policy's, or 0 when the budget holds every expert of this rank (nothing to predict).
   uint32_t speculation_distance() const {
-    return active_slots() >= owned_ ? 0 : policy_->speculation_distance();
+    return holds_every_expert() ? 0 : policy_->speculation_distance();
   }
+  // The slots hold every expert this rank owns: nothing would ever be evicted.
+  bool holds_every_expert() const { return active_slots() >= owned_; }
 
   // ---- one device budget with the KV pool (DESIGN section 14), between iterations ----
   // A slot for the KV pool: a free one, else the resident expert the policy values least is

@@ -81,9 +81,7 @@ Engine::Engine(EngineOptions options, MoeModel& model, ExpertSource& experts,
   scheduler_.SetAdmitHook([this](uint64_t id, uint32_t) { return OnAdmit(id); });
   if (options_.chunk_overhead > 0 && options_.chunk_costs && options_.max_batched_tokens > 0) {
     scheduler_.SetChunkAdvisor([this](uint32_t chunk, uint32_t rest) {
-      ChunkCosts c = options_.chunk_costs();
-      if (stats_.prompt_token_ns > 0) c.token_ns = stats_.prompt_token_ns;
-      return ExpertAwareChunk(c, chunk, rest, options_.chunk_overhead);
+      return ExpertAwareChunk(Costs(), chunk, rest, options_.chunk_overhead);
     });
   }
   PublishFigures();  // Heartbeats carry the pool from the start, before the first step.
@@ -264,10 +262,13 @@ bool Engine::ShouldStream(uint32_t prompt_tokens, uint32_t decode_tokens) const 
     case StreamMode::kAuto:
       break;
   }
-  if (!options_.chunk_costs) return false;
+  return options_.chunk_costs && StreamSooner(Costs(), prompt_tokens, decode_tokens);
+}
+
+ChunkCosts Engine::Costs() const {
   ChunkCosts c = options_.chunk_costs();
   if (stats_.prompt_token_ns > 0) c.token_ns = stats_.prompt_token_ns;
-  return StreamSooner(c, prompt_tokens, decode_tokens);
+  return c;
 }
 
 bool Engine::SendPlan(PlanKind kind, std::span<const SequenceInput> inputs, bool stream) {

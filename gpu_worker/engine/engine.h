@@ -202,6 +202,8 @@ class Engine final : public RequestExecutor {
   bool SendPlan(PlanKind kind, std::span<const SequenceInput> inputs, bool stream = false);
   // Whether the step's Forward streams its missing experts (EngineOptions::prefill_stream).
   bool ShouldStream(uint32_t prompt_tokens, uint32_t decode_tokens) const;
+  // options_.chunk_costs() (set), with the engine's measured prompt-token compute once it has one.
+  ChunkCosts Costs() const;
   // Sums the step's requests' figures and the cache totals across the group, and the ranks'
   // per-sequence expert failures: `failed` (per input, empty for none, this rank's messages)
   // gains every other rank's. false when the group broke.

@@ -484,7 +484,7 @@ void CachedExperts::OnRequestEnd(uint64_t request_id) { cache_->OnRequestEnd(req
 
 bool CachedExperts::StreamNextIteration() {
   // A cache that holds every expert it owns has nothing to stream.
-  if (cache_->stream_slots() == 0 || cache_->active_slots() >= cache_->owned()) return false;
+  if (cache_->stream_slots() == 0 || cache_->holds_every_expert()) return false;
   cache_->StreamNextIteration();
   return true;
 }
