@@ -308,7 +308,11 @@ class Cursor {
       if (done() || (static_cast<uint8_t>(peek()) & 0xC0) != 0x80) return Error("not UTF-8");
       cp = (cp << 6) | (static_cast<uint8_t>(take()) & 0x3F);
     }
-    if (cp > kMaxCodePoint || (cp >= 0xD800 && cp <= 0xDFFF)) return Error("not UTF-8");
+    // The shortest form only: an overlong encoding (0xC1 0xBC for '|') is not UTF-8.
+    static constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kLeast[need] || cp > kMaxCodePoint || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return Error("not UTF-8");
+    }
     return cp;
   }
 

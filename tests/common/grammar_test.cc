@@ -148,6 +148,13 @@ TEST(Grammar, RefusesBadGrammarsNamingTheProblem) {
             "grammar: a character class matches no character");
   std::string deep = "root ::= " + std::string(100, '(') + "\"a\"" + std::string(100, ')');
   EXPECT_NE(GrammarError(deep).find("nest deeper than 64"), std::string::npos);
+  // Only UTF-8's shortest forms: an overlong '|' (0xC1 0xBC) or NUL (0xE0 0x80 0x80) is refused,
+  // not read as the character it spells.
+  for (const char* overlong : {"root ::= \"a\xC1\xBC\"", "root ::= [\xE0\x80\x80]",
+                               "root ::= \"\xF0\x8F\xBF\xBF\""}) {
+    EXPECT_NE(GrammarError(overlong).find("not UTF-8"), std::string::npos) << overlong;
+  }
+  EXPECT_FALSE(CompileChoice({"(\xC1\xBCx"}).ok());
   EXPECT_NE(GrammarError(std::string(kMaxGrammarBytes + 1, ' ')).find("larger than"),
             std::string::npos);
 }

@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
       {1, "[^\\n]{0,5}é+\\x41\\u00e8", "abéA"},
       {2, "yes\nno\nmaybe\ny", "maybe"},
       {2, "item-1\nitem-10\nitem-100", "item-10"},
+      {2, "(\xC1\xBCx|yz)*", "(|x"},  // An overlong '|': refused, not read as '|'.
       {3,
        R"({"triggers": ["<function="], "structures": [{"begin": "<function=get>", "schema":
           {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
