@@ -685,10 +685,6 @@ Status ParseMemory(const Section& group_section, WorkerGroupSpec* group) {
                                    key + " cannot be set with it");
     }
   }
-  if (group->workers.size() > 1) {
-    return Error(field.path, "one device budget needs a group of one rank, not " +
-                                 std::to_string(group->workers.size()));
-  }
   FMOE_ASSIGN_OR_RETURN(Section section, Section::Read(field, kMemoryKeys));
   MemorySpec m;
   const Field gb = section.Get("device_gb");

@@ -44,12 +44,10 @@ Status Check(const RankOptions& o) {
     return InvalidArgument("rank: every expert resident needs a group of one rank, not " +
                            std::to_string(o.world_size));
   }
-  if (o.cache.shared && (o.experts != RankExperts::kCached || o.world_size > 1)) {
+  if (o.cache.shared && o.experts != RankExperts::kCached) {
     return InvalidArgument(
-        "rank: one device budget for KV and experts (memory) needs a group of one rank with an "
-        "expert cache, not " +
-        std::to_string(o.world_size) + " ranks" +
-        (o.experts != RankExperts::kCached ? " with every expert resident" : ""));
+        "rank: one device budget for KV and experts (memory) needs an expert cache, not every "
+        "expert resident");
   }
   if (o.world_size > 1 && (o.rendezvous_host.empty() || o.rendezvous_port == 0)) {
     return InvalidArgument("rank: group " + o.group + " of " + std::to_string(o.world_size) +
@@ -171,7 +169,6 @@ Status Rank::Build(RankStage* stage) {
     }
     FMOE_ASSIGN_OR_RETURN(cached_, CachedExperts::Create(std::move(table), cache));
     source_ = cached_.get();
-    if (cache.shared) FMOE_RETURN_IF_ERROR(ConfigureKv(cached_->kv_arena()));
   }
 
   // The group, once the weights are in: a slow loader does not eat the others' timeout.
@@ -190,6 +187,12 @@ Status Rank::Build(RankStage* stage) {
   g.liveness_interval = o.liveness_interval;
   FMOE_ASSIGN_OR_RETURN(group_, ExpertGroup::Join(g));
   model_->set_group(group_.get());
+  if (o.cache.shared && cached_) {
+    // One device budget: the pool lives in the cache's pages, as much on every rank of the group.
+    std::optional<KvArena> arena = cached_->kv_arena();
+    if (arena) FMOE_RETURN_IF_ERROR(AgreeKvArena(*group_, model_->kv_block_bytes(), &*arena));
+    FMOE_RETURN_IF_ERROR(ConfigureKv(arena));
+  }
 
   // Nothing below fails.
   if (!o.compute) return Status::Ok();

@@ -239,12 +239,18 @@ int32_t ExpertCache::TakeSlot(bool force) {
 
 std::optional<uint32_t> ExpertCache::LendSlot(uint32_t keep) {
   if (in_layer_ || active_slots() <= std::max<uint32_t>(keep, 1)) return std::nullopt;
-  if (free_slots_.empty()) {
+  while (free_slots_.empty()) {
     bool is_protected = false;
     int32_t victim = Victim(/*force=*/false, &is_protected);
     if (victim < 0) victim = Victim(/*force=*/true, &is_protected);
-    if (victim < 0) return std::nullopt;  // Every slot is loading.
-    Evict(static_cast<uint32_t>(victim));
+    if (victim >= 0) {
+      Evict(static_cast<uint32_t>(victim));
+      break;
+    }
+    // Every slot is loading (prefetches between iterations): the next load to finish leaves an
+    // expert to give up. Every rank of a group lends when its leader did, so it waits rather
+    // than fail.
+    if (!AwaitTransfer().ok()) return std::nullopt;
   }
   const int32_t slot = free_slots_.back();
   free_slots_.pop_back();

@@ -217,8 +217,9 @@ class ExpertCache final : public CacheControl {
 
   // ---- one device budget with the KV pool (DESIGN section 14), between iterations ----
   // A slot for the KV pool: a free one, else the resident expert the policy values least is
-  // evicted (unprotected ones first). nullopt when the cache would keep fewer than
-  // max(keep, 1) slots, inside an iteration's layer, or when every slot is loading.
+  // evicted (unprotected ones first); while every slot is loading, it waits for a load to finish.
+  // nullopt when the cache would keep fewer than max(keep, 1) slots, inside an iteration's
+  // layer, or when the link fails.
   std::optional<uint32_t> LendSlot(uint32_t keep);
   // A lent slot back (free; the next load into it waits for the latest compute fence, as KV
   // reads of it may still run). A slot not lent is ignored.

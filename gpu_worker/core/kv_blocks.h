@@ -40,8 +40,8 @@ struct KvBlockStats {
 class KvPageLender {
  public:
   virtual ~KvPageLender() = default;
-  // A page for the KV pool (the expert in it given up by the cache's policy); nullopt when none
-  // can be given now (the experts' floor, or every candidate slot is loading).
+  // A page for the KV pool (the expert in it given up by the cache's policy; it waits for a load
+  // in flight when every slot is loading); nullopt when none can be given (the experts' floor).
   virtual std::optional<uint32_t> Lend() = 0;
   // A page the pool lent back: the expert cache's again.
   virtual void Return(uint32_t page) = 0;
@@ -49,7 +49,9 @@ class KvPageLender {
 
 // The device memory of one budget (CachedExperts::kv_arena): `pages` pages of `page_bytes` at
 // `base`, each an expert's slot or whole KV blocks. Pages [0, floor_pages) are always the KV
-// pool's; up to max_pages in all may be; `lender` lends and takes back the others.
+// pool's; up to max_pages in all may be; `lender` lends and takes back the others. A group of
+// several ranks caps max_pages at its smallest rank's (AgreeKvArena), which may leave a rank's
+// floor pages beyond it unused.
 struct KvArena {
   void* base = nullptr;
   uint64_t page_bytes = 0;

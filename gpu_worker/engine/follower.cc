@@ -46,8 +46,11 @@ Status Follower::Run(const std::function<bool()>& stop, std::chrono::millisecond
       // The leader gave this request's blocks back: so does this rank, before the Forward.
       if (auto it = requests_.find(id); it != requests_.end()) it->second.kv->Reset();
     }
-    if (plan->kind == PlanKind::kStop) return Status::Ok();
     if (plan->kind == PlanKind::kIteration) FMOE_RETURN_IF_ERROR(RunPlan(*plan));
+    // One device budget: borrowed pages no sequence uses go back to this rank's cache, as the
+    // leader's do (each rank's pool may take as many as the leader's, AgreeKvArena).
+    model_.ReturnIdleKv();
+    if (plan->kind == PlanKind::kStop) return Status::Ok();
   }
 }
 

@@ -449,4 +449,19 @@ Status ExpertGroup::SumCounters(std::span<int64_t> values) {
   return Status::Ok();
 }
 
+Status ExpertGroup::MinAcrossRanks(std::span<int64_t> values) {
+  if (options_.world_size == 1 || values.empty()) return Status::Ok();
+  // Each rank's values in its own row, zeros elsewhere: the sum is every rank's row.
+  const size_t n = values.size();
+  std::vector<int64_t> rows(n * options_.world_size, 0);
+  std::copy(values.begin(), values.end(), rows.begin() + static_cast<std::ptrdiff_t>(n * rank()));
+  FMOE_RETURN_IF_ERROR(SumCounters(rows));
+  for (size_t i = 0; i < n; ++i) {
+    int64_t least = rows[i];
+    for (uint32_t r = 1; r < options_.world_size; ++r) least = std::min(least, rows[r * n + i]);
+    values[i] = least;
+  }
+  return Status::Ok();
+}
+
 }  // namespace fmoe

@@ -90,6 +90,9 @@ class ExpertGroup {
   // Rank 0's `bytes` replace every other rank's.
   Status Broadcast(std::vector<uint8_t>* bytes);
   Status SumCounters(std::span<int64_t> values);
+  // Every rank's `values` become their element-wise minimum over the group (the same count on
+  // every rank; a sum of world_size x values.size() counters).
+  Status MinAcrossRanks(std::span<int64_t> values);
   GroupStats stats() const;
 
  private:

@@ -5,6 +5,9 @@
 
 #include <ATen/ATen.h>
 
+#include "common/log.h"
+#include "gpu_worker/group/expert_group.h"
+
 namespace fmoe {
 
 namespace {
@@ -47,7 +50,7 @@ KvPool::KvPool(std::vector<LayerShape> layers, at::TensorOptions tensor_options,
     blocks_per_page_ =
         static_cast<uint32_t>(arena_->page_bytes / std::max<uint64_t>(block_bytes, 1));
     blocks64 = uint64_t{arena_->pages} * blocks_per_page_;
-    present = arena_->floor_pages * blocks_per_page_;
+    present = std::min(arena_->floor_pages, arena_->max_pages) * blocks_per_page_;
   }
   const auto blocks = static_cast<uint32_t>(std::min<uint64_t>(blocks64, UINT32_MAX));
   groups_.push_back(Group{KvBlockAllocator(blocks, prefix, present), 0, 0, {}});
@@ -197,6 +200,31 @@ KvPoolFigures KvPool::figures() const {
     f.pages_returned = pages_returned_;
   }
   return f;
+}
+
+Status AgreeKvArena(ExpertGroup& group, uint64_t block_bytes, KvArena* arena) {
+  if (group.world_size() == 1) return Status::Ok();
+  // Minima of each value and of its negation: the group's least and greatest.
+  std::vector<int64_t> v = {arena->max_pages, static_cast<int64_t>(arena->page_bytes),
+                            -static_cast<int64_t>(arena->page_bytes),
+                            static_cast<int64_t>(block_bytes), -static_cast<int64_t>(block_bytes)};
+  FMOE_RETURN_IF_ERROR(group.MinAcrossRanks(v));
+  if (v[1] != -v[2] || v[3] != -v[4]) {
+    return FailedPrecondition("memory: the group's ranks cut their budgets differently (pages of " +
+                              std::to_string(v[1]) + " to " + std::to_string(-v[2]) +
+                              " bytes, KV blocks of " + std::to_string(v[3]) + " to " +
+                              std::to_string(-v[4]) +
+                              " bytes); every rank of a group needs the same dtype and model");
+  }
+  const auto least = static_cast<uint32_t>(v[0]);
+  if (least < arena->max_pages) {
+    spdlog::info(
+        "memory: the KV pool may take up to {} pages, the group's smallest rank's (this rank's "
+        "budget allows {}), so that every rank holds what the leader's pool holds",
+        least, arena->max_pages);
+  }
+  arena->max_pages = least;
+  return Status::Ok();
 }
 
 KvCache::KvCache(std::shared_ptr<KvPool> pool) : pool_(std::move(pool)) {

@@ -32,9 +32,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "common/status.h"
 #include "gpu_worker/core/kv_blocks.h"
 
 namespace fmoe {
+
+class ExpertGroup;
 
 struct KvPoolOptions {
   // Positions the pool holds per layer group (rounded up to whole blocks); 0 = it grows on
@@ -141,6 +144,13 @@ class KvPool {
   std::vector<int> layer_group_;
   std::vector<at::Tensor> k_, v_;
 };
+
+// One device budget in a group of several ranks: every rank runs every sequence's attention, so
+// each rank's pool must hold what the leader's does. The group's ranks agree on one arena:
+// max_pages the smallest of theirs (each rank then borrows at most that, whatever its own floor
+// and budget), and the same page and block bytes (else kFailedPrecondition naming both). A
+// group of one rank: unchanged. Every rank calls it, once, before the pool is configured.
+Status AgreeKvArena(ExpertGroup& group, uint64_t block_bytes, KvArena* arena);
 
 // One sequence's keys and values: its block table per layer group in the pool.
 class KvCache {

@@ -616,7 +616,8 @@ Status MoeModel::MaterializeKv() {
   if (const std::optional<KvArena>& a = pool_->arena()) {
     const uint64_t block = kv_block_bytes();
     if (block == 0 || a->page_bytes % block != 0 || a->page_bytes < block || a->base == nullptr ||
-        a->floor_pages == 0 || a->floor_pages > a->max_pages || a->max_pages > a->pages) {
+        a->floor_pages == 0 || a->max_pages == 0 || a->floor_pages > a->pages ||
+        a->max_pages > a->pages) {
       return InvalidArgument("model: a KV arena of " + std::to_string(a->pages) + " pages of " +
                              std::to_string(a->page_bytes) + " bytes (floor " +
                              std::to_string(a->floor_pages) + ", at most " +

@@ -1043,13 +1043,14 @@ worker_groups:
     EXPECT_NE(r.status().message().find(error), std::string::npos)
         << text << ": " << r.status().message();
   }
+  // A group of several ranks: each has the budget (the group agrees on its KV pool's pages).
   auto two = ParseManifest(
-      "model: {path: /m}\nworker_groups:\n  - name: g0\n    memory: {}\n"
+      "model: {path: /m}\nworker_groups:\n  - name: g0\n    memory: {device_gb: 8}\n"
       "    workers: [{}, {}]\n",
       "/etc/fmoe.yaml");
-  ASSERT_FALSE(two.ok());
-  EXPECT_NE(two.status().message().find("needs a group of one rank, not 2"), std::string::npos)
-      << two.status().message();
+  ASSERT_TRUE(two.ok()) << two.status().message();
+  ASSERT_TRUE(two->worker_groups[0].memory.has_value());
+  EXPECT_EQ(two->worker_groups[0].memory->device_gb, 8.0);
 }
 
 TEST(Manifest, KvPoolAndToolCallParserKeys) {

@@ -778,6 +778,32 @@ TEST(ExpertCache, LendsFreeSlotsFirstThenTheLeastValuedExpertAndKeepsItsFloor) {
   ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
 }
 
+// Between iterations every slot may be loading (prefetches for the next one): a lend waits for
+// the first load to finish and gives that expert up rather than fail, as every rank of a group
+// must lend when its leader did.
+TEST(ExpertCache, ALendWhileEverySlotIsLoadingWaitsForALoad) {
+  Fixture f("lru", 2);
+  SequenceInfo s{7, 0, 1};
+  f.cache->BeginIteration({&s, 1});
+  f.RunLayer(0, {4});
+  f.cache->Prefetch(3, 1, 1.0);
+  f.cache->Prefetch(3, 2, 1.0);
+  f.cache->Pump();
+  f.cache->EndIteration();
+  ASSERT_EQ(f.link.live(), 2u);  // Both slots loading (layer 0's expert went for one).
+  const uint64_t evictions = f.cache->stats().total.evictions;
+  std::optional<uint32_t> lent = f.cache->LendSlot(1);
+  ASSERT_TRUE(lent.has_value());
+  EXPECT_EQ(f.link.live(), 1u);  // One load finished (and its expert went), one goes on.
+  EXPECT_EQ(f.cache->stats().total.evictions, evictions + 1);
+  EXPECT_EQ(f.cache->stats().total.prefetches_wasted, 1u);
+  ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+  // The floor still holds: nothing waits for it.
+  EXPECT_FALSE(f.cache->LendSlot(1).has_value());
+  f.cache->ReturnSlot(*lent);
+  ASSERT_TRUE(f.cache->CheckInvariants().ok()) << f.cache->CheckInvariants().ToString();
+}
+
 // Streaming: a streamed iteration serves what is resident from the slots, brings every other
 // expert of layer l + 1 into the stream buffer while layer l runs (layer 0's from
 // BeginIteration), evicts and prefetches nothing, and leaves the cache as it found it; the

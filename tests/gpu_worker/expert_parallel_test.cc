@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <span>
@@ -129,16 +130,21 @@ struct GroupRun {
   ExpertFigures group_figures;
   std::vector<GroupStats> group_stats;
   std::vector<std::string> errors;
-  uint64_t preemptions = 0;  // The leader's.
+  uint64_t preemptions = 0;       // The leader's.
+  std::vector<KvPoolFigures> kv;  // Per rank, at the end.
 };
 
 // Runs the prompts through a group of `world` rank threads; rank 0 serves them.
 // `max_batched_tokens`: the leader's token budget per step (prompts prefilled in chunks).
+// `budget_pages`: per rank, one device budget for its experts and KV pool (memory), in pages of
+// an expert's bytes (instead of `fraction`), the pool's arena agreed across the group after it
+// forms, as the rank does.
 GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
                   const std::vector<LayerAccess>& future = {}, const std::string& dir = kModelDir,
                   uint32_t max_batched_tokens = 0, uint64_t kv_tokens = 0,
                   std::optional<ExpertFault> fault = std::nullopt,
-                  StreamMode stream = StreamMode::kOff) {
+                  StreamMode stream = StreamMode::kOff,
+                  const std::vector<double>& budget_pages = {}) {
   const ModelInfo& info = Common(dir).info;
   // Every rank's KV pool: fixed at kv_tokens positions (0: growing), as the rank sets it.
   for (uint32_t r = 0; r < world; ++r)
@@ -152,6 +158,22 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
     o.policy = policy;
     o.top_k = info.top_k;
     o.cache_fraction = fraction;
+    if (!budget_pages.empty()) {
+      // Pages of an expert's bytes rounded up to whole KV blocks (as CachedExperts cuts them).
+      const RankWeights& w = Weights(world, r, dir);
+      uint64_t expert_bytes = 0;
+      for (const ExpertWeights& e : w.table[r % info.num_moe_layers]) {
+        if (!e.w1.defined()) continue;
+        expert_bytes = e.w1.nbytes() + e.w2.nbytes() + e.w3.nbytes();
+        break;
+      }
+      CachedExpertsOptions::SharedBudget b;
+      b.page_quantum = w.model->kv_block_bytes();
+      const uint64_t unit = std::lcm<uint64_t>(b.page_quantum, 256);
+      const uint64_t page = (expert_bytes + unit - 1) / unit * unit;
+      b.device_gb = budget_pages[r] * static_cast<double>(page) / 1e9;
+      o.shared = b;
+    }
     o.rank = r;
     o.world_size = world;
     o.policy_options.prefetch_distance = 2;
@@ -169,6 +191,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
   testing::FakeMapService directives(targets, info.num_moe_layers, /*experts=*/4);
   run.rank_stats.resize(world);
   run.group_stats.resize(world);
+  run.kv.resize(world);
 
   auto rank_main = [&](uint32_t r) {
     auto fail = [&](const std::string& what) {
@@ -189,6 +212,17 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
     MoeModel& model = *Weights(world, r, dir).model;
     model.set_group(&group);
     CachedExperts& cache = *caches[r];
+    if (!budget_pages.empty()) {
+      std::optional<KvArena> arena = cache.kv_arena();
+      if (!arena) return fail("no KV arena");
+      if (Status s = AgreeKvArena(group, model.kv_block_bytes(), &*arena); !s.ok()) {
+        return fail(s.ToString());
+      }
+      KvPoolOptions kv;
+      kv.arena = arena;
+      model.ConfigureKv(kv);
+      if (Status s = model.MaterializeKv(); !s.ok()) return fail(s.ToString());
+    }
     std::unique_ptr<FailingExperts> failing;
     if (fault && fault->rank == r) failing = std::make_unique<FailingExperts>(cache, *fault);
     ExpertSource& source = failing ? static_cast<ExpertSource&>(*failing) : cache;
@@ -239,6 +273,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
     std::lock_guard<std::mutex> lock(mu);
     run.rank_stats[r] = cache.stats();
     run.group_stats[r] = group.stats();
+    run.kv[r] = model.kv_figures();
   };
   std::vector<std::thread> threads;
   for (uint32_t r = 0; r < world; ++r) threads.emplace_back(rank_main, r);
@@ -443,6 +478,35 @@ TEST(ExpertParallel, StreamedIterationsAcrossAGroupGiveTheAllResidentTokens) {
   ASSERT_EQ(run.rank_stats.size(), 2u);
   EXPECT_GT(run.rank_stats[0].stream_iterations, 0u);
   EXPECT_EQ(run.rank_stats[1].stream_iterations, run.rank_stats[0].stream_iterations);
+}
+
+// One device budget for KV and experts on every rank of a group (the manifest's memory): each
+// rank's pool borrows its own cache's pages as the leader's does and gives them back when idle.
+// Rank 1's budget is far smaller (3 pages: the pool's own, one to borrow, one expert slot), so
+// the group's pool is capped at its 2 pages: the leader, whose own budget (25 pages) would let
+// its pool take 23 and keeps 3 for it alone, uses 2 of those and preempts at the cap instead of
+// running rank 1 out of blocks, and the tokens are the all-resident ones.
+TEST(ExpertParallel, OneDeviceBudgetAcrossAGroupGivesTheAllResidentTokens) {
+  const Reference& ref = AllResident();
+  const uint32_t experts = Common().info.num_moe_layers * Common().info.num_experts;
+  // Rank 0: half of its experts and nine pages (25 pages: a KV floor of 3).
+  const double pages = experts / 2 / 2 + 9.5;
+  GroupRun run = RunGroup(2, "lru", 0, ref.accesses, kModelDir, 0, 0, std::nullopt,
+                          StreamMode::kOff, {pages, 3.5});
+  EXPECT_TRUE(run.errors.empty()) << run.errors.front();
+  EXPECT_EQ(run.tokens, ref.tokens);
+  EXPECT_GT(run.preemptions, 0u);
+  ASSERT_EQ(run.kv.size(), 2u);
+  EXPECT_EQ(run.kv[0].max_blocks, 2 * 3u);  // Rank 1's 2 pages of 3 blocks.
+  EXPECT_EQ(run.kv[1].max_blocks, 2 * 3u);
+  EXPECT_EQ(run.kv[0].pages_borrowed, 0u);  // Its own floor holds the cap.
+  EXPECT_GT(run.kv[1].pages_borrowed, 0u);
+  for (uint32_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(run.kv[r].pages_returned, run.kv[r].pages_borrowed) << "rank " << r;  // Idle.
+    EXPECT_EQ(run.kv[r].used_blocks, 0u) << "rank " << r;
+    EXPECT_GT(run.rank_stats[r].total.evictions, 0u) << "rank " << r;
+  }
+  for (uint32_t r = 0; r < 2; ++r) Weights(2, r).model->ConfigureKv({});
 }
 
 // Every family (tests/fixtures/<family>-ref): a group of two ranks at a quarter of the experts

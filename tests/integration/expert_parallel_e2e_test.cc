@@ -43,10 +43,13 @@ std::string Cat(const T&... parts) {
   return out.str();
 }
 
-// A launched system with one group of `world` cpu ranks.
+// A launched system with one group of `world` cpu ranks; `budget`: the group's expert cache
+// (or one device budget) keys.
 class Launched {
  public:
-  Launched(int world, const std::string& tag) : dir_(testing::MakeTempDir("fmoe-ep-" + tag)) {
+  Launched(int world, const std::string& tag,
+           const std::string& budget = "    expert_cache_fraction: 0.5\n")
+      : dir_(testing::MakeTempDir("fmoe-ep-" + tag)) {
     http_ = FreeTcpPort();
     manifest_ = dir_ + "/manifest.yaml";
     std::string ranks;
@@ -57,8 +60,8 @@ class Launched {
                            "map_service:\n  endpoint: tcp://127.0.0.1:" +
                            std::to_string(FreeTcpPort()) + "\n  data_dir: " + dir_ +
                            "/maps\n"
-                           "worker_groups:\n  - name: g0\n    max_batch: 4\n"
-                           "    expert_cache_fraction: 0.5\n"
+                           "worker_groups:\n  - name: g0\n    max_batch: 4\n" +
+                           budget +
                            "    collective_timeout_s: 10\n    rendezvous_timeout_s: 60\n"
                            "    rendezvous: 127.0.0.1:" +
                            std::to_string(FreeTcpPort()) + "\n    workers:\n" + ranks +
@@ -189,9 +192,13 @@ std::vector<std::string> AskAll(const Launched& system) {
 
 TEST(ExpertParallelE2E, WorldSizesOneToThreeAnswerAlike) {
   std::vector<std::string> reference;
-  for (int world : {1, 2, 3}) {
-    SCOPED_TRACE(Cat("world ", world));
-    Launched system(world, Cat("w", world));
+  // Last, world 2 with one device budget for KV and experts on each rank (20 pages of an
+  // expert's bytes each, of which the four requests' KV borrows).
+  for (auto [world, memory] : {std::pair{1, false}, {2, false}, {3, false}, {2, true}}) {
+    SCOPED_TRACE(Cat("world ", world, memory ? " with memory" : ""));
+    Launched system(
+        world, Cat("w", world, memory ? "m" : ""),
+        memory ? "    memory: {device_gb: 0.008}\n" : "    expert_cache_fraction: 0.5\n");
     ASSERT_TRUE(system.WaitHealthy(120000)) << system.LauncherLog();
     EXPECT_EQ(system.Health()["groups"][0].value("world_size", 0), world);
     std::vector<std::string> answers = AskAll(system);
@@ -208,6 +215,16 @@ TEST(ExpertParallelE2E, WorldSizesOneToThreeAnswerAlike) {
     // in the budget; and the ranks exchanged expert outputs.
     for (int r = 0; r < world; ++r) {
       const std::string log = system.RankLog(r);
+      if (memory) {
+        // Both ranks: 20 pages, 2 the pool's own and up to 16 more borrowed (864 positions).
+        EXPECT_NE(log.find("memory: one device budget of 0.008 GB (device_gb 0.008): 20 pages"),
+                  std::string::npos)
+            << "rank " << r << ":\n"
+            << log;
+        EXPECT_NE(log.find("up to 864 with pages borrowed"), std::string::npos) << log;
+        EXPECT_NE(log.find("stopped (signal 15)"), std::string::npos) << log;
+        continue;
+      }
       const int owned = 64 / world + (r < 64 % world ? 1 : 0);
       const std::string cache =
           Cat("rank=", r, "/", world, " slots=", owned / 2, " of ", owned, " experts");
