@@ -133,6 +133,15 @@ class Builder {
     }
     return id;
   }
+  // A token terminal: the token `id` itself (JsonGrammar::tokens).
+  Result<int32_t> Token(int32_t id) {
+    if (id < 0 || id > kMaxTokenTerminal) {
+      return InvalidArgument(what_ + ": token id " + std::to_string(id) + " is out of range");
+    }
+    const auto at = std::lower_bound(g_.tokens.begin(), g_.tokens.end(), id);
+    if (at == g_.tokens.end() || *at != id) g_.tokens.insert(at, id);
+    return Literal({TokenTerminalBytes(id)});
+  }
   Result<int32_t> Ref() { return New(Kind::kRef); }
   // Copies another table's nodes and tries into this one (a compiled schema); returns its root
   // here.
@@ -158,6 +167,10 @@ class Builder {
     for (JsonGrammar::TrieNode t : other.tries) {
       for (auto& edge : t.next) edge.second = trie(edge.second);
       g_.tries.push_back(std::move(t));
+    }
+    for (const int32_t id : other.tokens) {
+      const auto at = std::lower_bound(g_.tokens.begin(), g_.tokens.end(), id);
+      if (at == g_.tokens.end() || *at != id) g_.tokens.insert(at, id);
     }
     return node(other.root);
   }
@@ -607,6 +620,10 @@ class GbnfParser {
       c_.take();
       return b_.Char({{0, kMaxCodePoint}});
     }
+    if (ch == '<') return TokenTerminal();
+    if (ch == '!') {
+      return c_.Error("a negated token (!<[id]>) is not supported; write the text it may be");
+    }
     if (ch == '(') {
       c_.take();
       Space();
@@ -625,6 +642,29 @@ class GbnfParser {
   Result<uint32_t> ClassChar() {
     if (c_.eat('\\')) return Escape();
     return c_.TakeUtf8();
+  }
+
+  // llama.cpp's <[id]>: the token of that id itself (a special token such as gpt-oss's
+  // <|message|>), which no text matches, not even its own spelling in other tokens.
+  Result<int32_t> TokenTerminal() {
+    const size_t at = c_.pos();
+    c_.take();  // '<'
+    if (!c_.eat('[')) {
+      return c_.ErrorAt(at, "a token is written <[id]> (its id); <text> is not supported");
+    }
+    uint64_t id = 0;
+    size_t digits = 0;
+    while (!c_.done() && c_.peek() >= '0' && c_.peek() <= '9') {
+      id = id * 10 + static_cast<uint64_t>(c_.take() - '0');
+      if (++digits > 10) break;
+    }
+    if (digits == 0 || digits > 10 || !c_.eat(']') || !c_.eat('>')) {
+      return c_.ErrorAt(at, "a token is written <[id]>, its id in decimal");
+    }
+    if (id > static_cast<uint64_t>(kMaxTokenTerminal)) {
+      return c_.ErrorAt(at, "token id " + std::to_string(id) + " is out of range");
+    }
+    return b_.Token(static_cast<int32_t>(id));
   }
 
   Cursor c_;
@@ -919,6 +959,7 @@ class StructuralTagCompiler {
     if (!spec_.is_object()) return Error("", "must be a JSON object");
     FMOE_RETURN_IF_ERROR(ReadFlag("at_least_one", &at_least_one_));
     FMOE_RETURN_IF_ERROR(ReadFlag("stop_after_first", &stop_after_first_));
+    FMOE_RETURN_IF_ERROR(ReadTokenIds());
     FMOE_RETURN_IF_ERROR(ReadTriggers());
     FMOE_RETURN_IF_ERROR(ReadStructures());
     BuildAutomaton();
@@ -982,6 +1023,65 @@ class StructuralTagCompiler {
     return Status::Ok();
   }
 
+  Status ReadTokenIds() {
+    auto it = spec_.find("token_ids");
+    if (it == spec_.end()) return Status::Ok();
+    if (!it->is_object()) return Error("token_ids", "must be an object of texts to token ids");
+    if (it->size() > kMaxTagTokens) {
+      return Error("token_ids", "has more than " + std::to_string(kMaxTagTokens) + " tokens");
+    }
+    for (auto t = it->begin(); t != it->end(); ++t) {
+      const std::string where = "token_ids[\"" + t.key() + "\"]";
+      FMOE_ASSIGN_OR_RETURN(std::string text, CheckText(t.key(), where, /*allow_empty=*/false));
+      if (!t->is_number_integer() || t->get<int64_t>() < 0 ||
+          t->get<int64_t>() > kMaxTokenTerminal) {
+        return Error(where, "must be a token id (an integer from 0 to " +
+                                std::to_string(kMaxTokenTerminal) + ")");
+      }
+      tokens_.emplace_back(std::move(text), static_cast<int32_t>(t->get<int64_t>()));
+    }
+    return Status::Ok();
+  }
+
+  // `text` cut where token_ids' texts are (the longest at each place, leftmost first): texts
+  // and tokens in order.
+  struct Part {
+    std::string text;
+    int32_t token = -1;
+  };
+  std::vector<Part> Split(std::string_view text) const {
+    std::vector<Part> parts;
+    size_t from = 0;
+    for (size_t at = 0; at < text.size();) {
+      const std::pair<std::string, int32_t>* best = nullptr;
+      for (const auto& t : tokens_) {
+        if (text.substr(at).starts_with(t.first) &&
+            (best == nullptr || t.first.size() > best->first.size())) {
+          best = &t;
+        }
+      }
+      if (best == nullptr) {
+        ++at;
+        continue;
+      }
+      if (at > from) parts.push_back({std::string(text.substr(from, at - from))});
+      parts.push_back({"", best->second});
+      at += best->first.size();
+      from = at;
+    }
+    if (from < text.size()) parts.push_back({std::string(text.substr(from))});
+    return parts;
+  }
+  // The node of a begin or end text: its literals and token terminals in a row.
+  Result<int32_t> TextNode(std::string_view text) {
+    std::vector<int32_t> seq;
+    for (const Part& p : Split(text)) {
+      FMOE_ASSIGN_OR_RETURN(int32_t n, p.token >= 0 ? b_.Token(p.token) : b_.Literal({p.text}));
+      seq.push_back(n);
+    }
+    return b_.Seq(std::move(seq));
+  }
+
   Status ReadTriggers() {
     auto it = spec_.find("triggers");
     if (it == spec_.end() || !it->is_array() || it->empty()) {
@@ -995,6 +1095,11 @@ class StructuralTagCompiler {
       if (!(*it)[i].is_string()) return Error(where, "must be a string");
       FMOE_ASSIGN_OR_RETURN(std::string t,
                             CheckText((*it)[i].get<std::string>(), where, /*allow_empty=*/false));
+      for (const auto& [token, id] : tokens_) {
+        if (t.find(token) != std::string::npos) {
+          return Error(where, "holds the token \"" + token + "\" (token_ids): a trigger is text");
+        }
+      }
       triggers_.push_back(std::move(t));
     }
     for (size_t i = 0; i < triggers_.size(); ++i) {
@@ -1034,6 +1139,10 @@ class StructuralTagCompiler {
         return Error(where + ".begin", "does not start with any of the triggers");
       }
       st.trigger = static_cast<size_t>(trigger - triggers_.begin());
+      if (!tokens_.empty() && (Split(st.begin).front().token >= 0 ||
+                               !Split(st.begin).front().text.starts_with(*trigger))) {
+        return Error(where + ".begin", "has a token (token_ids) within its trigger");
+      }
       auto schema = s.find("schema");
       if (schema == s.end()) return Error(where + ".schema", "is missing");
       if (!schema->is_object() && !schema->is_boolean()) {
@@ -1098,12 +1207,12 @@ class StructuralTagCompiler {
         if (st.trigger != t) continue;
         std::vector<int32_t> seq;
         if (st.begin.size() > triggers_[t].size()) {
-          FMOE_ASSIGN_OR_RETURN(int32_t rest, b_.Literal({st.begin.substr(triggers_[t].size())}));
+          FMOE_ASSIGN_OR_RETURN(int32_t rest, TextNode(st.begin.substr(triggers_[t].size())));
           seq.push_back(rest);
         }
         seq.push_back(st.schema);
         if (!st.end.empty()) {
-          FMOE_ASSIGN_OR_RETURN(int32_t end, b_.Literal({st.end}));
+          FMOE_ASSIGN_OR_RETURN(int32_t end, TextNode(st.end));
           seq.push_back(end);
         }
         seq.push_back(after);
@@ -1147,11 +1256,11 @@ class StructuralTagCompiler {
     std::vector<int32_t> first;
     for (const Structure& st : structures_) {
       std::vector<int32_t> seq;
-      FMOE_ASSIGN_OR_RETURN(int32_t begin, b_.Literal({st.begin}));
+      FMOE_ASSIGN_OR_RETURN(int32_t begin, TextNode(st.begin));
       seq.push_back(begin);
       seq.push_back(st.schema);
       if (!st.end.empty()) {
-        FMOE_ASSIGN_OR_RETURN(int32_t end, b_.Literal({st.end}));
+        FMOE_ASSIGN_OR_RETURN(int32_t end, TextNode(st.end));
         seq.push_back(end);
       }
       seq.push_back(node[0]);
@@ -1165,6 +1274,7 @@ class StructuralTagCompiler {
   bool stop_after_first_ = false;
   Builder b_{"structural tag"};
   std::vector<std::string> triggers_;
+  std::vector<std::pair<std::string, int32_t>> tokens_;  // token_ids: text, id.
   std::vector<Structure> structures_;
   std::vector<State> states_;
 };

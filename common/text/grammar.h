@@ -57,14 +57,18 @@ std::string ChoiceGrammar(const std::vector<std::string>& choices);
 inline constexpr size_t kMaxTagStructures = 64;   // structures[].
 inline constexpr size_t kMaxTagTriggers = 64;     // triggers[].
 inline constexpr size_t kMaxTagTextBytes = 1024;  // A begin, end or trigger text.
+inline constexpr size_t kMaxTagTokens = 64;       // token_ids.
 // A structural tag's spec, JSON text: {"structures": [{"begin": TEXT, "schema": SCHEMA, "end":
-// TEXT}, ...], "triggers": [TEXT, ...], "at_least_one": BOOL, "stop_after_first": BOOL} (the
-// flags optional, false by default; other members are ignored). Free text in which each trigger
-// starts one of its structures, free text again after it; at_least_one: the output opens with a
-// structure; stop_after_first: it ends after the first structure met in the free text (after
-// the opening one and at most one more with both, as xgrammar's triggered tags). kInvalidArgument
-// naming the member ("structural tag structures[1].schema /properties/a: ...", "structural tag
-// triggers[0]: contains triggers[1] (\"<f\")").
+// TEXT}, ...], "triggers": [TEXT, ...], "at_least_one": BOOL, "stop_after_first": BOOL,
+// "token_ids": {TEXT: ID, ...}} (the flags optional, false by default; other members are
+// ignored). Free text in which each trigger starts one of its structures, free text again after
+// it; at_least_one: the output opens with a structure; stop_after_first: it ends after the first
+// structure met in the free text (after the opening one and at most one more with both, as
+// xgrammar's triggered tags). token_ids (ours, optional): in the begin and end texts each of
+// these texts is that token itself (a token terminal, as <[ID]> in a grammar: gpt-oss's
+// "<|channel|>" is the special token, never its spelling in other tokens); triggers may not
+// hold them. kInvalidArgument naming the member ("structural tag structures[1].schema
+// /properties/a: ...", "structural tag triggers[0]: contains triggers[1] (\"<f\")").
 Result<std::shared_ptr<const JsonGrammar>> CompileStructuralTag(std::string_view spec_json);
 
 }  // namespace fmoe

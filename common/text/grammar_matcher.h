@@ -87,6 +87,7 @@ class GrammarMatcher {
   bool complete() const { return stepper_.Complete(state_); }
   const MatchState& state() const { return state_; }
   GrammarStepper& stepper() { return stepper_; }
+  const JsonGrammar& grammar() const { return stepper_.grammar(); }
 
  private:
   GrammarStepper stepper_;

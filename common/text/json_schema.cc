@@ -486,6 +486,13 @@ size_t Depth(const Json& root) {
 
 }  // namespace
 
+std::string TokenTerminalBytes(int32_t id) {
+  std::string out(1, static_cast<char>(kTokenTerminalLead));
+  auto bits = static_cast<uint32_t>(id);
+  for (int i = 0; i < 5; ++i, bits >>= 6) out += static_cast<char>(0x80 | (bits & 0x3F));
+  return out;
+}
+
 int32_t JsonGrammar::AddPath(int32_t root, std::string_view text) {
   int32_t at = root;
   for (char c : text) {

@@ -80,12 +80,22 @@ struct JsonGrammar {
   std::vector<Node> nodes;
   std::vector<TrieNode> tries;
   int32_t root = 0;
+  // Token terminals (a grammar's <[id]>): the token ids that stand in the text as themselves,
+  // sorted, each written in a literal as TokenTerminalBytes(id). The token mask allows such a
+  // token only where its bytes may come (token_mask.h); no other token's text can spell them.
+  std::vector<int32_t> tokens;
 
   int32_t Child(int32_t trie, uint8_t byte) const;
   // The trie path of `text` from node `root`, made where missing (edges kept sorted by byte);
   // returns its last node.
   int32_t AddPath(int32_t root, std::string_view text);
 };
+
+// A token terminal's bytes: 0xFF (never in UTF-8 text, so no text matches it), then the id in
+// five bytes of six bits each (0x80 | bits, low bits first). Ids up to kMaxTokenTerminal.
+inline constexpr uint8_t kTokenTerminalLead = 0xFF;
+inline constexpr int32_t kMaxTokenTerminal = (1 << 30) - 1;
+std::string TokenTerminalBytes(int32_t id);
 
 inline constexpr uint32_t kMaxWhitespace = 16;   // Per gap.
 inline constexpr uint32_t kMaxIntDigits = 16;    // Digits before the point.

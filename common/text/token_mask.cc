@@ -32,9 +32,7 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<bool> special
   special_.resize(bytes_.size(), false);
   std::vector<int32_t> order;
   for (size_t id = 0; id < bytes_.size(); ++id) {
-    if (!special_[id] && !bytes_[id].empty() && bytes_[id].size() <= kMaxTokenBytes) {
-      order.push_back(static_cast<int32_t>(id));
-    }
+    if (Text(static_cast<int32_t>(id))) order.push_back(static_cast<int32_t>(id));
   }
   std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
     return bytes_[static_cast<size_t>(a)] != bytes_[static_cast<size_t>(b)]
@@ -48,7 +46,7 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<bool> special
     std::vector<int32_t>& closing = key ? key_closing_ : closing_;
     scans.resize(bytes_.size());
     for (size_t id = 0; id < bytes_.size(); ++id) {
-      if (special_[id] || bytes_[id].empty() || bytes_[id].size() > kMaxTokenBytes) continue;
+      if (!Text(static_cast<int32_t>(id))) continue;
       MatchFrame f{.phase = kStringBodyPhase};
       StringScan& scan = scans[id];
       scan.kind = StringScan::kInside;
@@ -194,13 +192,15 @@ size_t TokenMasker::FillWalked(size_t n, std::vector<uint8_t>* allowed, bool* wa
     }
     if (ended_) return count;
   }
-  if (FillInString(allowed, &count)) return count;
+  if (FillInString(allowed, &count)) return count;  // No token terminal inside a string.
   *walked = true;
   cache_used_ = 0;
   cache_index_.clear();
-  if (WalkCached(0, CachedState(matcher_.state()), allowed, &count)) return count;
-  levels_[0] = matcher_.state();  // Too many states: the plain walk adds what is missing.
-  Walk(0, 0, allowed, &count);
+  if (!WalkCached(0, CachedState(matcher_.state()), allowed, &count)) {
+    levels_[0] = matcher_.state();  // Too many states: the plain walk adds what is missing.
+    Walk(0, 0, allowed, &count);
+  }
+  FillTerminals(allowed, &count);
   return count;
 }
 
@@ -345,17 +345,40 @@ void TokenMasker::FillScanned(bool key, const MatchState& closed, uint64_t chars
 
 bool TokenMasker::Accept(int32_t token) {
   if (IsEnd(token)) {
-    if (!ended_ && !matcher_.complete()) return false;
-    ended_ = true;
-    return true;
+    if (ended_ || matcher_.complete()) {
+      ended_ = true;
+      return true;
+    }
+    if (!Terminal(token)) return false;  // An end token the grammar also has (<|call|>).
   }
-  if (ended_ || token < 0 || static_cast<size_t>(token) >= vocab_->size() ||
-      vocab_->special(token)) {
-    return false;
+  if (ended_ || token < 0 || static_cast<size_t>(token) >= vocab_->size()) return false;
+  if (Terminal(token)) return matcher_.Accept(TokenTerminalBytes(token));
+  if (!vocab_->Text(token)) return false;
+  return matcher_.Accept(vocab_->bytes(token));
+}
+
+bool TokenMasker::Terminal(int32_t token) const {
+  const std::vector<int32_t>& tokens = matcher_.grammar().tokens;
+  return std::binary_search(tokens.begin(), tokens.end(), token);
+}
+
+void TokenMasker::FillTerminals(std::vector<uint8_t>* allowed, size_t* count) {
+  GrammarStepper& stepper = matcher_.stepper();
+  for (const int32_t id : matcher_.grammar().tokens) {
+    if (static_cast<size_t>(id) >= allowed->size() || (*allowed)[static_cast<size_t>(id)]) continue;
+    const std::string bytes = TokenTerminalBytes(id);
+    scratch_a_ = matcher_.state();
+    bool ok = true;
+    for (const char c : bytes) {
+      ok = stepper.Step(scratch_a_, static_cast<uint8_t>(c), &scratch_b_);
+      if (!ok) break;
+      std::swap(scratch_a_, scratch_b_);
+    }
+    if (ok) {
+      (*allowed)[static_cast<size_t>(id)] = 1;
+      ++*count;
+    }
   }
-  const std::string& bytes = vocab_->bytes(token);
-  if (bytes.empty() || bytes.size() > TokenVocab::kMaxTokenBytes) return false;
-  return matcher_.Accept(bytes);
 }
 
 }  // namespace fmoe

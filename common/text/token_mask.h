@@ -5,7 +5,9 @@
 // of the trie rather than vocab x token length; the states met are stepped once per byte and
 // reused (a DFA built lazily per step), so free text of a class costs trie nodes, not steps.
 // Special tokens are never allowed, except the end tokens (eos, stop_token_ids), which are allowed
-// exactly when the text is complete. A mask depends on the matcher's state alone, so the last
+// exactly when the text is complete, and the grammar's token terminals (<[id]>), allowed exactly
+// where the grammar has them (any token may be one, special or not; as a terminal it stands for
+// itself, never for its text). A mask depends on the matcher's state alone, so the last
 // few are remembered by that state: a state that recurs (free text between a structural tag's
 // triggers, a regex's repeated class) costs a copy instead of a walk. One TokenMasker per
 // request, used by one thread (the engine's).
@@ -36,6 +38,13 @@ class TokenVocab {
   size_t size() const { return bytes_.size(); }
   const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
   bool special(int32_t id) const { return special_[static_cast<size_t>(id)]; }
+  // A token a grammar's text may take: not special, 1 to kMaxTokenBytes bytes, none of them a
+  // token terminal's lead byte (0xFF, which no UTF-8 text has).
+  bool Text(int32_t id) const {
+    const std::string& b = bytes_[static_cast<size_t>(id)];
+    return !special_[static_cast<size_t>(id)] && !b.empty() && b.size() <= kMaxTokenBytes &&
+           b.find(static_cast<char>(kTokenTerminalLead)) == std::string::npos;
+  }
 
   struct Node {
     uint8_t byte = 0;
@@ -95,6 +104,10 @@ class TokenMasker {
   bool IsEnd(int32_t token) const;
 
  private:
+  // A token terminal of the grammar (JsonGrammar::tokens).
+  bool Terminal(int32_t token) const;
+  // The grammar's token terminals whose bytes the state takes next.
+  void FillTerminals(std::vector<uint8_t>* allowed, size_t* count);
   // Fill without the remembered masks.
   // `walked`: the trie walk answered (not the string scans, nor the end alone).
   size_t FillWalked(size_t n, std::vector<uint8_t>* allowed, bool* walked);

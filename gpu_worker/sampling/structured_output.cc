@@ -60,6 +60,13 @@ Status ConstrainSampler(Sampler& sampler, const SamplingParams& params, const To
                      ? CompileStructuralTag(params.grammar)
                      : CompileGrammar(params.grammar);
   if (!grammar.ok()) return InvalidArgument("structured output: " + grammar.status().message());
+  for (const int32_t id : (*grammar)->tokens) {
+    if (static_cast<size_t>(id) >= tokenizer->vocab_size()) {
+      return InvalidArgument("structured output: the grammar's token <[" + std::to_string(id) +
+                             "]> is not in the vocabulary (" +
+                             std::to_string(tokenizer->vocab_size()) + " tokens)");
+    }
+  }
   for (const int32_t id : params.constrain_after) {
     if (id < 0 || static_cast<size_t>(id) >= tokenizer->vocab_size()) {
       return InvalidArgument("structured output: constrain_after " + std::to_string(id) +

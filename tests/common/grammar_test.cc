@@ -150,12 +150,39 @@ TEST(Grammar, RefusesBadGrammarsNamingTheProblem) {
   EXPECT_NE(GrammarError(deep).find("nest deeper than 64"), std::string::npos);
   // Only UTF-8's shortest forms: an overlong '|' (0xC1 0xBC) or NUL (0xE0 0x80 0x80) is refused,
   // not read as the character it spells.
-  for (const char* overlong : {"root ::= \"a\xC1\xBC\"", "root ::= [\xE0\x80\x80]",
-                               "root ::= \"\xF0\x8F\xBF\xBF\""}) {
+  for (const char* overlong :
+       {"root ::= \"a\xC1\xBC\"", "root ::= [\xE0\x80\x80]", "root ::= \"\xF0\x8F\xBF\xBF\""}) {
     EXPECT_NE(GrammarError(overlong).find("not UTF-8"), std::string::npos) << overlong;
   }
   EXPECT_FALSE(CompileChoice({"(\xC1\xBCx"}).ok());
   EXPECT_NE(GrammarError(std::string(kMaxGrammarBytes + 1, ' ')).find("larger than"),
+            std::string::npos);
+}
+
+// llama.cpp's token terminals: <[id]> is that token itself. Its bytes (TokenTerminalBytes) are
+// no UTF-8 text, so no text matches it; other token forms are refused by name.
+TEST(Grammar, TokenTerminalsAreTheTokensThemselves) {
+  auto g = Gbnf("root ::= <[200005]> \"commentary\" <[7]> [a-z]+ | <[7]>");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->tokens, (std::vector<int32_t>{7, 200005}));
+  const std::string channel = TokenTerminalBytes(200005), message = TokenTerminalBytes(7);
+  EXPECT_EQ(channel.size(), 6u);
+  EXPECT_NE(channel, TokenTerminalBytes(200006));
+  EXPECT_TRUE(Matches(g, channel + "commentary" + message + "abc"));
+  EXPECT_TRUE(Matches(g, message));
+  EXPECT_FALSE(Matches(g, "<[200005]>commentary<[7]>abc"));  // The spelling is not the token.
+  EXPECT_FALSE(Matches(g, channel + "commentary" + channel + "abc"));
+  EXPECT_EQ(GrammarError("root ::= <|message|>"),
+            "grammar line 1 col 10: a token is written <[id]> (its id); <text> is not supported");
+  EXPECT_EQ(GrammarError("root ::= <[12x]>"),
+            "grammar line 1 col 10: a token is written <[id]>, its id in decimal");
+  EXPECT_EQ(GrammarError("root ::= <[]>"),
+            "grammar line 1 col 10: a token is written <[id]>, its id in decimal");
+  EXPECT_EQ(GrammarError("root ::= <[99999999999]>"),
+            "grammar line 1 col 10: a token is written <[id]>, its id in decimal");
+  EXPECT_EQ(GrammarError("root ::= <[2000000000]>"),
+            "grammar line 1 col 10: token id 2000000000 is out of range");
+  EXPECT_NE(GrammarError("root ::= !<[5]>").find("a negated token (!<[id]>) is not supported"),
             std::string::npos);
 }
 
@@ -346,6 +373,47 @@ std::string TagError(std::string_view spec) {
   return g.ok() ? std::string("(compiled)") : g.status().message();
 }
 
+// token_ids: in begins and ends each listed text is that token itself (gpt-oss's call header, as
+// the router forces tool_choice "required"); triggers may not hold them.
+TEST(StructuralTag, TokenIdsStandForTheTokens) {
+  auto g = Tag(R"({"triggers": [" to=functions."], "at_least_one": true, "stop_after_first": true,
+    "token_ids": {"<|channel|>": 10, "<|message|>": 11, "<|call|>": 12},
+    "structures": [
+      {"begin": " to=functions.get<|channel|>commentary json<|message|>", "end": "<|call|>",
+       "schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                  "required": ["city"]}},
+      {"begin": " to=functions.now<|channel|>commentary json<|message|>", "end": "<|call|>",
+       "schema": {"type": "object"}}]})");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->tokens, (std::vector<int32_t>{10, 11, 12}));
+  const std::string ch = TokenTerminalBytes(10), msg = TokenTerminalBytes(11),
+                    call = TokenTerminalBytes(12);
+  EXPECT_TRUE(Matches(
+      g, " to=functions.get" + ch + "commentary json" + msg + R"({"city":"Paris"})" + call));
+  EXPECT_TRUE(Matches(g, " to=functions.now" + ch + "commentary json" + msg + "{}" + call));
+  EXPECT_FALSE(Matches(g, " to=functions.now" + ch + "commentary json" + msg + "{}"));
+  EXPECT_FALSE(Matches(g, R"( to=functions.now<|channel|>commentary json<|message|>{}<|call|>)"));
+  EXPECT_FALSE(Matches(g, "Sure." + std::string(" to=functions.now") + ch + "commentary json" +
+                              msg + "{}" + call));  // It opens with the call.
+  EXPECT_NE(TagError(R"({"triggers": ["<|x|>"], "token_ids": {"<|x|>": 1},
+                         "structures": [{"begin": "<|x|>", "schema": {}, "end": ""}]})")
+                .find("triggers[0]: holds the token \"<|x|>\" (token_ids): a trigger is text"),
+            std::string::npos);
+  EXPECT_NE(TagError(R"({"triggers": ["<"], "token_ids": {"<|x|>": 1},
+                         "structures": [{"begin": "<|x|>", "schema": {}, "end": ""}]})")
+                .find("structures[0].begin: has a token (token_ids) within its trigger"),
+            std::string::npos);
+  for (const char* bad : {R"("token_ids": [1])", R"("token_ids": {"<|x|>": -1})",
+                          R"("token_ids": {"<|x|>": "1"})", R"("token_ids": {"": 1})"}) {
+    EXPECT_NE(TagError(std::string(R"({"triggers": ["a"], "structures": [{"begin": "a",
+                         "schema": {}, "end": ""}], )") +
+                       bad + "}")
+                  .find("structural tag token_ids"),
+              std::string::npos)
+        << bad;
+  }
+}
+
 // Free text in which each trigger starts one of its structures: begin, a JSON value of the
 // schema, end; the output may end anywhere in free text, never inside a structure.
 TEST(StructuralTag, FreeTextWithStructuresAfterEachTrigger) {
@@ -467,6 +535,37 @@ TEST(StructuralTag, MaskedSamplingOnlyProducesMatchingText) {
                                            "</t>", "/", "a", " ",  "é",   "t>", "</", "\n"};
   // Free text between the triggers is one state again and again: its mask is remembered.
   EXPECT_GT(CheckMaskedWalks(g, &re, pieces, 99), 0u);
+}
+
+// A token terminal allows exactly that token (special or not) where the grammar has it: never the
+// tokens that spell its text, nor a raw 0xFF byte token (the terminal's lead byte); an end token
+// the grammar has as a terminal is taken before the text is complete.
+TEST(GrammarMask, TokenTerminalsAllowOnlyTheTokenItself) {
+  const std::vector<std::string> bytes = {"a", "b", "<|m|>", "<|", "m|>", "\xFF", "<eos>", "<|m"};
+  const std::vector<bool> special = {false, false, true, false, false, false, true, false};
+  auto vocab = std::make_shared<const TokenVocab>(bytes, special);
+  TokenMasker m(Gbnf("root ::= \"a\" <[2]> \"b\" <[6]>"), vocab, {6});
+  std::vector<uint8_t> mask;
+  EXPECT_EQ(m.Fill(8, &mask), 1u);
+  EXPECT_EQ(mask[0], 1);
+  ASSERT_TRUE(m.Accept(0));
+  EXPECT_EQ(m.Fill(8, &mask), 1u);
+  EXPECT_EQ(mask[2], 1);  // The special token itself, only.
+  for (int32_t spelled : {3, 4, 5, 7}) EXPECT_FALSE(m.Accept(spelled)) << spelled;
+  ASSERT_TRUE(m.Accept(2));
+  EXPECT_EQ(m.Fill(8, &mask), 1u);
+  ASSERT_TRUE(m.Accept(1));
+  EXPECT_EQ(m.Fill(8, &mask), 1u);  // The end token, as the grammar's terminal.
+  EXPECT_EQ(mask[6], 1);
+  EXPECT_FALSE(m.complete());
+  ASSERT_TRUE(m.Accept(6));
+  EXPECT_TRUE(m.complete());
+  // The same token outside the grammar's terminals stays refused.
+  TokenMasker plain(Gbnf("root ::= \"a\" \"<|m|>\""), vocab, {6});
+  ASSERT_TRUE(plain.Accept(0));
+  EXPECT_FALSE(plain.Accept(2));
+  EXPECT_EQ(plain.Fill(8, &mask), 2u);  // "<|m|>" spelled from "<|" or "<|m".
+  EXPECT_EQ(mask[2], 0);
 }
 
 TEST(GrammarMask, EndsOnlyWhereTheGrammarMayEnd) {

@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
       {0, "root ::= [^\"\\\\\\x00-\\x1F] . [à-ÿ]{2,} \"\\u00e9\"", "x€àéé"},
       {0, "root ::= a;\na ::= b \"x\";\nb ::= \"\"? a", "x"},
       {0, "root ::= root \"a\" | \"b\"", "ba"},
+      // Token terminals: the candidate holds token 5's bytes (TokenTerminalBytes).
+      {0, "root ::= [a-z]* <[5]> (\"x\" | <[200005]>)+ | <[0]>", "ab\xFF\x85\x80\x80\x80\x80x"},
       {1, "^\\d{3}-[A-Z]{2,}\\.?(?:x|yz)*$", "123-AB.x"},
       {1, "[\\w.+-]+@[\\w-]+\\.[a-z]{2,4}", "a@b.cd"},
       {1, "(a|ab)(c|bcd)(d*)", "abcd"},
@@ -56,6 +58,12 @@ int main(int argc, char** argv) {
        R"({"triggers": ["<t"], "structures": [{"begin": "<t>", "schema": {"type": "integer"},
           "end": "</t>"}], "at_least_one": true, "stop_after_first": true})",
        "<t>12</t> then <t>3</t>"},
+      {3,
+       R"({"triggers": [" to=functions."], "structures": [{"begin":
+          " to=functions.get<|channel|>commentary json<|message|>", "schema": {"type": "object"},
+          "end": "<|call|>"}], "at_least_one": true, "stop_after_first": true,
+          "token_ids": {"<|channel|>": 200005, "<|message|>": 200008, "<|call|>": 200012}})",
+       " to=functions.get"},
   };
   int i = 0;
   for (const auto& [selector, text, bytes] : seeds) {

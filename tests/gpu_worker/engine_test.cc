@@ -1191,5 +1191,45 @@ TEST(Engine, AStructuralTagConstrainsOnlyWhatFollowsItsTrigger) {
       << h.outcomes[3].error;
 }
 
+// Token terminals end to end (llama.cpp's <[id]>): the grammar's special token (one besides eos,
+// which no plain grammar allows) is sampled as itself where the grammar has it,
+// between letters; the eos the grammar ends with is its last token. A token beyond the vocabulary
+// fails the request by name.
+TEST(Engine, AGrammarsTokenTerminalsAreSampledAsTheTokens) {
+  const Tokenizer& tok = *Fixture().tokenizer;
+  const int32_t eos = *tok.eos_id();
+  int32_t pad = 0;
+  while (static_cast<size_t>(pad) < tok.vocab_size() && (pad == eos || !tok.IsSpecial(pad))) ++pad;
+  ASSERT_LT(static_cast<size_t>(pad), tok.vocab_size()) << "no special token besides eos";
+  SamplingParams p = Greedy(40);
+  p.grammar = "root ::= [a-z]{1,6} <[" + std::to_string(pad) + "]> [a-z]{1,6} <[" +
+              std::to_string(eos) + "]>";
+  p.grammar_syntax = GrammarSyntax::kGbnf;
+  SamplingParams bad = p;
+  bad.grammar = "root ::= \"a\" <[" + std::to_string(tok.vocab_size()) + "]>";
+  EngineHarness h(/*max_batch=*/2, nullptr, {eos});
+  h.Submit(2, Encode(kPrompts[0]), p);
+  h.Submit(3, Encode(kPrompts[0]), bad);
+  h.RunToEnd();
+  const Outcome& o = h.outcomes[2];
+  ASSERT_EQ(o.finish, FinishReason::kStop) << o.error;
+  ASSERT_EQ(std::count(o.tokens.begin(), o.tokens.end(), pad), 1);
+  const auto at = std::find(o.tokens.begin(), o.tokens.end(), pad);
+  ASSERT_EQ(o.tokens.back(), eos);
+  const std::string before = tok.Decode(std::vector<int32_t>(o.tokens.begin(), at), false);
+  const std::string after = tok.Decode(std::vector<int32_t>(at + 1, o.tokens.end() - 1), false);
+  for (const std::string& letters : {before, after}) {
+    EXPECT_TRUE(
+        !letters.empty() && letters.size() <= 6 &&
+        std::all_of(letters.begin(), letters.end(), [](char c) { return c >= 'a' && c <= 'z'; }))
+        << letters;
+  }
+  EXPECT_EQ(h.outcomes[3].finish, FinishReason::kError);
+  EXPECT_NE(h.outcomes[3].error.find("the grammar's token <[" + std::to_string(tok.vocab_size()) +
+                                     "]> is not in the vocabulary"),
+            std::string::npos)
+      << h.outcomes[3].error;
+}
+
 }  // namespace
 }  // namespace fmoe
