@@ -461,9 +461,11 @@ bool ReadBody(const std::string& body, Json* j, HttpResponse* error) {
 // header naming the function, so there a named function (or "required" with one tool) is forced
 // by prefilling the header and decoding the arguments under the function's parameters:
 // *harmony_call is the function's name then (ReadChatPrompt appends the header); "required"
-// with several tools is refused, as a grammar cannot write harmony's markers (special tokens).
+// with several tools sets *harmony_any: ReadChatPrompt constrains the answer to open with a call
+// to one of them, header and all (ForceHarmonyCall).
 bool ReadTools(const Json& j, const CompletionsOptions& options, CompletionRequest* out,
-               nlohmann::ordered_json* tools, std::string* harmony_call, HttpResponse* error) {
+               nlohmann::ordered_json* tools, std::string* harmony_call, bool* harmony_any,
+               HttpResponse* error) {
   auto list = j.find("tools");
   const bool have = list != j.end() && !list->is_null() && !(list->is_array() && list->empty());
   if (have) {
@@ -554,12 +556,11 @@ bool ReadTools(const Json& j, const CompletionsOptions& options, CompletionReque
   if (choice == "required" || choice == "named") {
     if (options.harmony_channels || options.tool_call_format == ToolCallFormat::kGptOss) {
       if (named.empty() && tools->size() > 1) {
-        return Refuse(error, BadParam("tool_choice",
-                                      "tool_choice \"required\" with more than one tool is not "
-                                      "supported for the gpt_oss (harmony) format: a call's "
-                                      "header names its function in special tokens no constraint "
-                                      "can choose among; name the function or use \"auto\"",
-                                      "unsupported_parameter"));
+        out->tool_format = ToolCallFormat::kGptOss;
+        out->tool_options.id_seed = RandomId();
+        out->tool_choice_required = true;
+        *harmony_any = true;
+        return true;
       }
       if (named.empty()) {
         named = (*tools)[0]["function"]["name"].get<std::string>();
@@ -665,7 +666,9 @@ bool ReadChatPrompt(const Json& j, const CompletionsOptions& options, const Toke
                     CompletionRequest* out, HttpResponse* error) {
   nlohmann::ordered_json tools;
   std::string harmony_call;
-  if (!ReadTools(j, options, out, &tools, &harmony_call, error)) return false;
+  bool harmony_any = false;
+  if (!ReadTools(j, options, out, &tools, &harmony_call, &harmony_any, error)) return false;
+  if (harmony_any && !ForceHarmonyCall(tools, tokenizer, out, error)) return false;
   nlohmann::ordered_json template_kwargs;
   if (!ReadTemplateKwargs(j, &template_kwargs, error)) return false;
   // vLLM's include_reasoning: absent or null means true, accepted whether or not the model's

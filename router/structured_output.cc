@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <optional>
 #include <string_view>
 
 #include <utility>
@@ -430,6 +431,65 @@ bool ForceToolChoice(const std::string& named, const nlohmann::ordered_json& too
                      {"items", {{"anyOf", alternatives}}},
                      {"$defs", std::move(defs)}};
   return SetSchema(list, "tool_choice", out, error);
+}
+
+bool ForceHarmonyCall(const nlohmann::ordered_json& tools, const Tokenizer& tokenizer,
+                      CompletionRequest* out, HttpResponse* error) {
+  if (!OnlyConstraint("tool_choice", *out, error)) return false;
+  Json token_ids = Json::object();
+  for (const char* marker : {"<|channel|>", "<|message|>", "<|call|>"}) {
+    const std::optional<int32_t> id = tokenizer.TokenToId(marker);
+    if (!id) {
+      return Refuse(error, BadParam("tool_choice",
+                                    std::string("this model's vocabulary has no ") + marker +
+                                        " token; use \"auto\"",
+                                    "unsupported_parameter"));
+    }
+    token_ids[marker] = *id;
+  }
+  Json structures = Json::array();
+  for (size_t k = 0; k < tools.size(); ++k) {
+    const auto& fn = tools[k]["function"];
+    const std::string name = fn["name"].get<std::string>();
+    if (name.find("<|") != std::string::npos ||
+        name.find_first_of(" \t\n\r") != std::string::npos) {
+      return Refuse(error, BadParam("tool_choice", "the function \"" + ToValidUtf8(name) +
+                                                       "\" cannot be forced in the gpt_oss "
+                                                       "(harmony) format: its name holds "
+                                                       "whitespace or \"<|\", which a call's "
+                                                       "header cannot carry"));
+    }
+    Json params = AnyObject();
+    if (auto p = fn.find("parameters"); p != fn.end() && p->is_object()) {
+      params = Json::parse(p->dump());
+    }
+    // Each tool's parameters compiled alone first, so that an error names the tool.
+    CompletionRequest probe;
+    if (!SetSchema(params, "tools[" + std::to_string(k) + "].function.parameters", &probe, error)) {
+      return false;
+    }
+    structures.push_back(
+        {{"begin", " to=functions." + name + "<|channel|>commentary json<|message|>"},
+         {"schema", std::move(params)},
+         {"end", "<|call|>"}});
+  }
+  const Json spec = {{"triggers", {" to=functions."}},
+                     {"structures", std::move(structures)},
+                     {"at_least_one", true},
+                     {"stop_after_first", true},
+                     {"token_ids", std::move(token_ids)}};
+  std::string text = JsonText(spec);
+  if (text.size() > kMaxSchemaBytes) {
+    return Refuse(error, BadParam("tool_choice", "the tools' parameters are larger than " +
+                                                     std::to_string(kMaxSchemaBytes) + " bytes"));
+  }
+  auto grammar = CompileStructuralTag(text);
+  if (!grammar.ok()) {
+    return Refuse(error, BadParam("tool_choice", grammar.status().message(), "unsupported_schema"));
+  }
+  out->sampling.grammar = std::move(text);
+  out->sampling.grammar_syntax = GrammarSyntax::kStructuralTag;
+  return true;
 }
 
 }  // namespace fmoe

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/json.h"
+#include "common/text/tokenizer.h"
 #include "router/completion_request.h"
 
 namespace fmoe {
@@ -27,5 +28,14 @@ bool ReadStructuredOutput(const nlohmann::json& body, CompletionRequest* out, Ht
 // `tools` as ReadTools keeps them. 400 naming tool_choice or tools[k].function.parameters.
 bool ForceToolChoice(const std::string& named, const nlohmann::ordered_json& tools,
                      CompletionRequest* out, HttpResponse* error);
+
+// tool_choice "required" with several tools on gpt-oss (harmony): the answer opens with a call
+// to one of them as the model writes one after the generation prompt (<|start|>assistant):
+// " to=functions.NAME<|channel|>commentary json<|message|>", the arguments under NAME's
+// parameters, then <|call|>, each marker the special token itself (a structural tag with
+// token_ids, grammar.h); the answer is parsed as any harmony call. 400 naming tool_choice (the
+// vocabulary lacks a marker) or tools[k].function.parameters.
+bool ForceHarmonyCall(const nlohmann::ordered_json& tools, const Tokenizer& tokenizer,
+                      CompletionRequest* out, HttpResponse* error);
 
 }  // namespace fmoe

@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "common/json.h"
+#include "common/text/grammar.h"
 #include "common/text/grammar_matcher.h"
 #include "common/text/json_schema.h"
 #include "common/text/tokenizer.h"
@@ -373,11 +374,23 @@ TEST_F(CompletionsTest, AWorkerErrorThatIsNotUtf8StillAnswersValidJson) {
 // gpt-oss's chat answers (harmony_channels): the text keeps the special tokens for the
 // splitter, the analysis channel becomes reasoning_content and the final one content, in whole
 // answers and streams, and no marker reaches the client. The tokenizer is the gpt-oss fixture's
-// (its harmony markers are special tokens); the template is a small harmony-shaped one.
+// (its harmony markers are special tokens) with gpt-oss's <|constrain|> and <|call|>, which the
+// fixture leaves out, added as special tokens; the template is a small harmony-shaped one.
 class HarmonyCompletionsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto loaded = Tokenizer::Load(FMOE_SOURCE_DIR "/tests/fixtures/gpt-oss-ref");
+    std::ifstream in(FMOE_SOURCE_DIR "/tests/fixtures/gpt-oss-ref/tokenizer.json");
+    Json tok = Json::parse(in);
+    for (const char* marker : {"<|constrain|>", "<|call|>"}) {
+      Json t = tok["added_tokens"].back();
+      t["id"] = t["id"].get<int>() + 1;
+      t["content"] = marker;
+      tok["added_tokens"].push_back(t);
+    }
+    const std::string dir = ::testing::TempDir() + "/harmony-" + std::to_string(::getpid());
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/tokenizer.json") << tok.dump();
+    auto loaded = Tokenizer::Load(dir);
     ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
     tokenizer_ = std::move(*loaded);
     CompletionsOptions options;
@@ -485,8 +498,8 @@ TEST_F(HarmonyCompletionsTest, StructuredOutputConstrainsTheFinalChannelOnly) {
 // A forced call on gpt-oss: the call's header (as the chat template writes a past call) is
 // prefilled after the generation prompt, the arguments are decoded under the function's
 // parameters from the first token, and they come back as the call, whole or streamed. A named
-// function and "required" with one tool force it; "required" with several tools, a name the
-// header cannot carry and a function not in tools are refused.
+// function and "required" with one tool force it; a name the header cannot carry and a function
+// not in tools are refused.
 TEST_F(HarmonyCompletionsTest, AForcedCallPrefillsItsHeaderAndDecodesTheArguments) {
   const Json weather = {{"type", "function"},
                         {"function",
@@ -573,7 +586,7 @@ TEST_F(HarmonyCompletionsTest, AForcedCallPrefillsItsHeaderAndDecodesTheArgument
   Json spaced = weather;
   spaced["function"]["name"] = "get weather";
   for (const auto& [tools, choice, says] :
-       {std::tuple{Json{weather, clock}, Json("required"), std::string("more than one tool")},
+       {std::tuple{Json{weather, spaced}, Json("required"), std::string("whitespace")},
         std::tuple{Json{spaced}, Json("required"), std::string("whitespace")},
         std::tuple{Json{clock}, named, std::string("not in 'tools'")}}) {
     SCOPED_TRACE(says);
@@ -593,6 +606,87 @@ TEST_F(HarmonyCompletionsTest, AForcedCallPrefillsItsHeaderAndDecodesTheArgument
     const Json error = Json::parse(rec->body())["error"];
     EXPECT_EQ(error["param"], "tool_choice") << error;
     EXPECT_NE(error["message"].get<std::string>().find(says), std::string::npos) << error;
+  }
+}
+
+// "required" with several tools on gpt-oss: nothing is prefilled; the answer must open with a
+// call to one of them, header and all, its markers the special tokens themselves (a structural
+// tag with token_ids, which the worker compiles), the arguments under that tool's parameters,
+// then <|call|>; it comes back as the call, whole or streamed.
+TEST_F(HarmonyCompletionsTest, RequiredWithSeveralToolsOpensWithACallToOneOfThem) {
+  const Json weather = {{"type", "function"},
+                        {"function",
+                         {{"name", "get_weather"},
+                          {"parameters",
+                           {{"type", "object"},
+                            {"properties", {{"city", {{"type", "string"}}}}},
+                            {"required", {"city"}}}}}}};
+  const Json clock = {{"type", "function"}, {"function", {{"name", "now"}}}};
+  const Json messages = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
+  ASSERT_EQ(Run({{"model", "gpt-oss"}, {"messages", messages}, {"max_tokens", 64}}, kHarmonyAnswer)
+                ->status(),
+            200);
+  const std::vector<int32_t> plain = last_prompt_;
+  const std::string answer =
+      " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}<|call|>";
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "stream" : "whole");
+    Json body = {{"model", "gpt-oss"},
+                 {"messages", messages},
+                 {"tools", {weather, clock}},
+                 {"tool_choice", "required"},
+                 {"max_tokens", 64}};
+    if (stream) body["stream"] = true;
+    auto rec = Run(body, answer);
+    ASSERT_EQ(rec->status(), 200) << rec->body();
+    EXPECT_EQ(last_prompt_, plain);
+    EXPECT_TRUE(last_sampling_.json_schema.empty());
+    ASSERT_EQ(last_sampling_.grammar_syntax, GrammarSyntax::kStructuralTag);
+    const Json spec = Json::parse(last_sampling_.grammar);
+    for (const char* marker : {"<|channel|>", "<|message|>", "<|call|>"}) {
+      EXPECT_EQ(spec["token_ids"][marker], tokenizer_->TokenToId(marker).value()) << marker;
+    }
+    ASSERT_EQ(spec["structures"].size(), 2u);
+    // What the worker runs: the call with the special tokens themselves, and nothing else.
+    auto grammar = CompileStructuralTag(last_sampling_.grammar);
+    ASSERT_TRUE(grammar.ok()) << grammar.status().message();
+    const auto bytes = [&](const char* marker) {
+      return TokenTerminalBytes(tokenizer_->TokenToId(marker).value());
+    };
+    const std::string worker_answer = " to=functions.get_weather" + bytes("<|channel|>") +
+                                      "commentary json" + bytes("<|message|>") +
+                                      "{\"city\": \"Paris\"}" + bytes("<|call|>");
+    GrammarMatcher m(*grammar);
+    EXPECT_TRUE(m.Accept(worker_answer) && m.complete());
+    GrammarMatcher spelled(*grammar);
+    EXPECT_FALSE(spelled.Accept(answer));
+    std::string name, arguments, finish;
+    if (stream) {
+      for (const std::string& e : DataEvents(rec->body())) {
+        if (e == "[DONE]") continue;
+        const Json j = Json::parse(e);
+        if (j["choices"].empty()) continue;
+        const Json& c = j["choices"][0];
+        if (c["finish_reason"].is_string()) finish = c["finish_reason"];
+        if (c["delta"].contains("tool_calls")) {
+          const Json& call = c["delta"]["tool_calls"][0];
+          if (call["function"].contains("name")) name += call["function"]["name"];
+          if (call["function"].contains("arguments")) {
+            arguments += call["function"]["arguments"].get<std::string>();
+          }
+        }
+      }
+    } else {
+      const Json c = Json::parse(rec->body())["choices"][0];
+      finish = c["finish_reason"];
+      ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << c;
+      name = c["message"]["tool_calls"][0]["function"]["name"];
+      arguments = c["message"]["tool_calls"][0]["function"]["arguments"];
+    }
+    EXPECT_EQ(name, "get_weather");
+    EXPECT_EQ(Json::parse(arguments), Json({{"city", "Paris"}}));
+    EXPECT_EQ(finish, "tool_calls");
+    EXPECT_EQ(rec->body().find("<|"), std::string::npos) << rec->body();
   }
 }
 
