@@ -138,8 +138,7 @@ class Builder {
     if (id < 0 || id > kMaxTokenTerminal) {
       return InvalidArgument(what_ + ": token id " + std::to_string(id) + " is out of range");
     }
-    const auto at = std::lower_bound(g_.tokens.begin(), g_.tokens.end(), id);
-    if (at == g_.tokens.end() || *at != id) g_.tokens.insert(at, id);
+    NoteToken(id);
     return Literal({TokenTerminalBytes(id)});
   }
   Result<int32_t> Ref() { return New(Kind::kRef); }
@@ -168,10 +167,7 @@ class Builder {
       for (auto& edge : t.next) edge.second = trie(edge.second);
       g_.tries.push_back(std::move(t));
     }
-    for (const int32_t id : other.tokens) {
-      const auto at = std::lower_bound(g_.tokens.begin(), g_.tokens.end(), id);
-      if (at == g_.tokens.end() || *at != id) g_.tokens.insert(at, id);
-    }
+    for (const int32_t id : other.tokens) NoteToken(id);
     return node(other.root);
   }
 
@@ -244,6 +240,11 @@ class Builder {
   }
 
  private:
+  // `id` in the grammar's sorted token terminals.
+  void NoteToken(int32_t id) {
+    const auto at = std::lower_bound(g_.tokens.begin(), g_.tokens.end(), id);
+    if (at == g_.tokens.end() || *at != id) g_.tokens.insert(at, id);
+  }
   int32_t NewTrieNode() {
     g_.tries.emplace_back();
     return static_cast<int32_t>(g_.tries.size() - 1);
@@ -1139,9 +1140,11 @@ class StructuralTagCompiler {
         return Error(where + ".begin", "does not start with any of the triggers");
       }
       st.trigger = static_cast<size_t>(trigger - triggers_.begin());
-      if (!tokens_.empty() && (Split(st.begin).front().token >= 0 ||
-                               !Split(st.begin).front().text.starts_with(*trigger))) {
-        return Error(where + ".begin", "has a token (token_ids) within its trigger");
+      if (!tokens_.empty()) {
+        const Part first = Split(st.begin).front();
+        if (first.token >= 0 || !first.text.starts_with(*trigger)) {
+          return Error(where + ".begin", "has a token (token_ids) within its trigger");
+        }
       }
       auto schema = s.find("schema");
       if (schema == s.end()) return Error(where + ".schema", "is missing");
