@@ -489,7 +489,9 @@ size_t Depth(const Json& root) {
 std::string TokenTerminalBytes(int32_t id) {
   std::string out(1, static_cast<char>(kTokenTerminalLead));
   auto bits = static_cast<uint32_t>(id);
-  for (int i = 0; i < 5; ++i, bits >>= 6) out += static_cast<char>(0x80 | (bits & 0x3F));
+  for (size_t i = 1; i < kTokenTerminalSize; ++i, bits >>= 6) {
+    out += static_cast<char>(0x80 | (bits & 0x3F));
+  }
   return out;
 }
 

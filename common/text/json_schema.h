@@ -95,6 +95,7 @@ struct JsonGrammar {
 // five bytes of six bits each (0x80 | bits, low bits first). Ids up to kMaxTokenTerminal.
 inline constexpr uint8_t kTokenTerminalLead = 0xFF;
 inline constexpr int32_t kMaxTokenTerminal = (1 << 30) - 1;
+inline constexpr size_t kTokenTerminalSize = 6;  // Bytes.
 std::string TokenTerminalBytes(int32_t id);
 
 inline constexpr uint32_t kMaxWhitespace = 16;   // Per gap.

@@ -151,7 +151,7 @@ size_t TokenMasker::Fill(size_t n, std::vector<uint8_t>* allowed) {
     return FillWalked(n, allowed, &walked);
   }
   if (!ended_) {
-    StateKey(matcher_.state(), &state_key_);
+    RememberKey(matcher_.state(), &state_key_);
     for (Remembered& r : masks_) {
       if (r.allowed.size() != n || r.key != state_key_) continue;
       r.used = fills_;
@@ -214,6 +214,26 @@ void TokenMasker::StateKey(const MatchState& state, std::string* key) {
   key->append(reinterpret_cast<const char*>(&frames), sizeof(frames));
   key->append(reinterpret_cast<const char*>(state.ends.data()),
               state.ends.size() * sizeof(uint32_t));
+}
+
+void TokenMasker::RememberKey(const MatchState& state, std::string* key) {
+  const JsonGrammar& g = matcher_.grammar();
+  // The most bytes one token adds: the longest in the trie, or a token terminal's.
+  const uint64_t reach =
+      std::max<uint64_t>(vocab_->max_depth(), g.tokens.empty() ? 0 : kTokenTerminalSize);
+  canonical_ = state;
+  for (MatchFrame& f : canonical_.frames) {
+    const JsonGrammar::Node& n = g.nodes[static_cast<size_t>(f.node)];
+    // A bounded repetition of items that take a byte each at least, past its minimum, with more
+    // iterations left than a token has bytes: no token reaches its bound, and it may end
+    // whatever its count, so every such count has the same mask.
+    if (n.kind == JsonGrammar::Kind::kRepeat && n.max_items != UINT32_MAX &&
+        !g.nodes[static_cast<size_t>(n.items)].nullable && f.count >= n.min_items &&
+        uint64_t{f.count} + reach < n.max_items) {
+      f.count = std::max(n.min_items, 1u);
+    }
+  }
+  StateKey(canonical_, key);
 }
 
 int32_t TokenMasker::CachedState(const MatchState& state) {

@@ -8,8 +8,9 @@
 // exactly when the text is complete, and the grammar's token terminals (<[id]>), allowed exactly
 // where the grammar has them (any token may be one, special or not; as a terminal it stands for
 // itself, never for its text). A mask depends on the matcher's state alone, so the last
-// few are remembered by that state: a state that recurs (free text between a structural tag's
-// triggers, a regex's repeated class) costs a copy instead of a walk. One TokenMasker per
+// few are remembered by that state (a bounded repetition's count left out while no token can
+// reach its bound): a state that recurs (free text between a structural tag's triggers, a
+// regex's repeated class) costs a copy instead of a walk. One TokenMasker per
 // request, used by one thread (the engine's).
 #pragma once
 
@@ -119,6 +120,11 @@ class TokenMasker {
   int32_t CachedState(const MatchState& state);  // Its index; -1 when the cache is full.
   // A state's identity: its frames' and ends' bytes.
   static void StateKey(const MatchState& state, std::string* key);
+  // The key a mask is remembered by: StateKey with the count of each bounded repetition that no
+  // token can take to its bound (nor below its minimum) made one value, as its mask does not
+  // depend on it (a regex's [^\n]{0,2000} of free text recurs as one state).
+  void RememberKey(const MatchState& state, std::string* key);
+  MatchState canonical_;
   // The last masks Fill computed, by the state they were for (least recently used replaced).
   size_t remember_ = kRememberedMasks;
   struct Remembered {
