@@ -428,6 +428,56 @@ class HarmonyCompletionsTest : public ::testing::Test {
     return rec;
   }
 
+  // A tool with a required string argument, and one without parameters.
+  static Json WeatherTool() {
+    return {{"type", "function"},
+            {"function",
+             {{"name", "get_weather"},
+              {"parameters",
+               {{"type", "object"},
+                {"properties", {{"city", {{"type", "string"}}}}},
+                {"required", {"city"}}}}}}};
+  }
+  static Json ClockTool() { return {{"type", "function"}, {"function", {{"name", "now"}}}}; }
+
+  // An answer's one tool call (name and arguments concatenated over a stream's deltas), its
+  // content and its finish_reason.
+  struct Answered {
+    std::string name, arguments, content, finish;
+  };
+  static Answered CallOf(const std::string& body, bool stream) {
+    Answered a;
+    if (stream) {
+      for (const std::string& e : DataEvents(body)) {
+        if (e == "[DONE]") continue;
+        const Json j = Json::parse(e);
+        if (j["choices"].empty()) continue;
+        const Json& c = j["choices"][0];
+        if (c["finish_reason"].is_string()) a.finish = c["finish_reason"];
+        const Json& delta = c["delta"];
+        if (delta.contains("content") && delta["content"].is_string()) {
+          a.content += delta["content"].get<std::string>();
+        }
+        if (delta.contains("tool_calls")) {
+          const Json& call = delta["tool_calls"][0];
+          if (call["function"].contains("name")) a.name += call["function"]["name"];
+          if (call["function"].contains("arguments")) {
+            a.arguments += call["function"]["arguments"].get<std::string>();
+          }
+        }
+      }
+      return a;
+    }
+    const Json c = Json::parse(body)["choices"][0];
+    a.finish = c["finish_reason"];
+    if (c["message"]["content"].is_string()) a.content = c["message"]["content"];
+    EXPECT_EQ(c["message"]["tool_calls"].size(), 1u) << c;
+    if (c["message"]["tool_calls"].size() != 1) return a;
+    a.name = c["message"]["tool_calls"][0]["function"]["name"];
+    a.arguments = c["message"]["tool_calls"][0]["function"]["arguments"];
+    return a;
+  }
+
   std::unique_ptr<Tokenizer> tokenizer_;
   std::optional<ChatTemplate> template_;
   Link link_;
@@ -501,14 +551,7 @@ TEST_F(HarmonyCompletionsTest, StructuredOutputConstrainsTheFinalChannelOnly) {
 // function and "required" with one tool force it; a name the header cannot carry and a function
 // not in tools are refused.
 TEST_F(HarmonyCompletionsTest, AForcedCallPrefillsItsHeaderAndDecodesTheArguments) {
-  const Json weather = {{"type", "function"},
-                        {"function",
-                         {{"name", "get_weather"},
-                          {"parameters",
-                           {{"type", "object"},
-                            {"properties", {{"city", {{"type", "string"}}}}},
-                            {"required", {"city"}}}}}}};
-  const Json clock = {{"type", "function"}, {"function", {{"name", "now"}}}};
+  const Json weather = WeatherTool(), clock = ClockTool();
   const Json messages = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
   // The header's ids, and the prompt without it (a tool_choice "auto" request's).
   auto recipient = tokenizer_->Encode(" to=functions.get_weather", false);
@@ -546,39 +589,12 @@ TEST_F(HarmonyCompletionsTest, AForcedCallPrefillsItsHeaderAndDecodesTheArgument
       EXPECT_TRUE(last_sampling_.constrain_after.empty());
       ASSERT_FALSE(last_sampling_.json_schema.empty());
       EXPECT_EQ(Json::parse(last_sampling_.json_schema)["required"], Json({"city"}));
-      std::string name, arguments, content, finish;
-      if (stream) {
-        for (const std::string& e : DataEvents(rec->body())) {
-          if (e == "[DONE]") continue;
-          const Json j = Json::parse(e);
-          if (j["choices"].empty()) continue;
-          const Json& c = j["choices"][0];
-          if (c["finish_reason"].is_string()) finish = c["finish_reason"];
-          const Json& delta = c["delta"];
-          if (delta.contains("content") && delta["content"].is_string()) {
-            content += delta["content"].get<std::string>();
-          }
-          if (delta.contains("tool_calls")) {
-            const Json& call = delta["tool_calls"][0];
-            if (call["function"].contains("name")) name += call["function"]["name"];
-            if (call["function"].contains("arguments")) {
-              arguments += call["function"]["arguments"].get<std::string>();
-            }
-          }
-        }
-      } else {
-        const Json c = Json::parse(rec->body())["choices"][0];
-        finish = c["finish_reason"];
-        if (c["message"]["content"].is_string()) content = c["message"]["content"];
-        ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << c;
-        name = c["message"]["tool_calls"][0]["function"]["name"];
-        arguments = c["message"]["tool_calls"][0]["function"]["arguments"];
-      }
-      EXPECT_EQ(name, "get_weather");
-      EXPECT_EQ(Json::parse(arguments), Json({{"city", "Paris"}}));
-      EXPECT_EQ(content, "");
+      const Answered a = CallOf(rec->body(), stream);
+      EXPECT_EQ(a.name, "get_weather");
+      EXPECT_EQ(Json::parse(a.arguments), Json({{"city", "Paris"}}));
+      EXPECT_EQ(a.content, "");
       // As OpenAI's: a named function's call ends with "stop", a required one's "tool_calls".
-      EXPECT_EQ(finish, choice.is_string() ? "tool_calls" : "stop");
+      EXPECT_EQ(a.finish, choice.is_string() ? "tool_calls" : "stop");
       EXPECT_EQ(rec->body().find("<|"), std::string::npos) << rec->body();
     }
   }
@@ -614,14 +630,7 @@ TEST_F(HarmonyCompletionsTest, AForcedCallPrefillsItsHeaderAndDecodesTheArgument
 // tag with token_ids, which the worker compiles), the arguments under that tool's parameters,
 // then <|call|>; it comes back as the call, whole or streamed.
 TEST_F(HarmonyCompletionsTest, RequiredWithSeveralToolsOpensWithACallToOneOfThem) {
-  const Json weather = {{"type", "function"},
-                        {"function",
-                         {{"name", "get_weather"},
-                          {"parameters",
-                           {{"type", "object"},
-                            {"properties", {{"city", {{"type", "string"}}}}},
-                            {"required", {"city"}}}}}}};
-  const Json clock = {{"type", "function"}, {"function", {{"name", "now"}}}};
+  const Json weather = WeatherTool(), clock = ClockTool();
   const Json messages = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
   ASSERT_EQ(Run({{"model", "gpt-oss"}, {"messages", messages}, {"max_tokens", 64}}, kHarmonyAnswer)
                 ->status(),
@@ -660,32 +669,11 @@ TEST_F(HarmonyCompletionsTest, RequiredWithSeveralToolsOpensWithACallToOneOfThem
     EXPECT_TRUE(m.Accept(worker_answer) && m.complete());
     GrammarMatcher spelled(*grammar);
     EXPECT_FALSE(spelled.Accept(answer));
-    std::string name, arguments, finish;
-    if (stream) {
-      for (const std::string& e : DataEvents(rec->body())) {
-        if (e == "[DONE]") continue;
-        const Json j = Json::parse(e);
-        if (j["choices"].empty()) continue;
-        const Json& c = j["choices"][0];
-        if (c["finish_reason"].is_string()) finish = c["finish_reason"];
-        if (c["delta"].contains("tool_calls")) {
-          const Json& call = c["delta"]["tool_calls"][0];
-          if (call["function"].contains("name")) name += call["function"]["name"];
-          if (call["function"].contains("arguments")) {
-            arguments += call["function"]["arguments"].get<std::string>();
-          }
-        }
-      }
-    } else {
-      const Json c = Json::parse(rec->body())["choices"][0];
-      finish = c["finish_reason"];
-      ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << c;
-      name = c["message"]["tool_calls"][0]["function"]["name"];
-      arguments = c["message"]["tool_calls"][0]["function"]["arguments"];
-    }
-    EXPECT_EQ(name, "get_weather");
-    EXPECT_EQ(Json::parse(arguments), Json({{"city", "Paris"}}));
-    EXPECT_EQ(finish, "tool_calls");
+    const Answered a = CallOf(rec->body(), stream);
+    EXPECT_EQ(a.name, "get_weather");
+    EXPECT_EQ(Json::parse(a.arguments), Json({{"city", "Paris"}}));
+    EXPECT_EQ(a.content, "");
+    EXPECT_EQ(a.finish, "tool_calls");
     EXPECT_EQ(rec->body().find("<|"), std::string::npos) << rec->body();
   }
 }
