@@ -31,6 +31,9 @@ FMOE_PACKAGES=(
 # against CUDA 13.0 and pulls NVIDIA's CUDA libraries as nvidia-* wheels (about 3 GB). Pinned:
 # the source is built and tested against this version.
 FMOE_TORCH_CUDA_VERSION=2.11.0
+# lm-evaluation-harness for the router's compatibility test (tests/integration/lm_eval_check.py):
+# pinned, as its API models' payloads and parsing are what the test checks against.
+FMOE_LM_EVAL_VERSION=0.4.13
 # Downloaded wheels are kept here and installed from here, so a fresh checkout (or a new .venv)
 # does not download them again. pip's own cache is used too, but keeps nothing when the index
 # (or a proxy) sends no caching headers.

@@ -13,9 +13,10 @@
 #      LibTorch code but for those of the processes working together (ctest -L torch
 #      -LE 'gpu|cluster'). Skipped, saying so, when PyPI is unreachable or nvcc is missing;
 #      FMOE_CUDA=0 leaves it out.
-# Before stage 1 it prepares .venv with the official `openai` and `anthropic` Python clients and
-# `langchain-openai` from PyPI for the router's compatibility tests; without PyPI those tests say
-# they were skipped.
+# Before stage 1 it prepares .venv with the official `openai` and `anthropic` Python clients,
+# `langchain-openai` and lm-evaluation-harness (`lm-eval[api]`, without torch: its API models and
+# the router's remote tokenizer need none) from PyPI for the router's compatibility tests; without
+# PyPI those tests say they were skipped.
 # Exits non-zero on any failure.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -40,12 +41,13 @@ else
   fmoe_build "$main_build" -DCMAKE_BUILD_TYPE=Release -DFMOE_WERROR=ON
 fi
 if [ ! -x "$FMOE_ROOT/.venv/bin/python" ] ||
-   ! "$FMOE_ROOT/.venv/bin/python" -c "import openai, anthropic, langchain_openai" 2>/dev/null; then
-  fmoe_log "installing the openai, anthropic and langchain-openai Python clients into .venv (router compatibility tests)"
+   ! "$FMOE_ROOT/.venv/bin/python" -c "import openai, anthropic, langchain_openai, lm_eval, tenacity" \
+     2>/dev/null; then
+  fmoe_log "installing the openai, anthropic, langchain-openai and lm-eval Python clients into .venv (router compatibility tests)"
   if ! { fmoe_venv && \
          "$FMOE_ROOT/.venv/bin/pip" install -q --disable-pip-version-check openai anthropic \
-           langchain-openai; }; then
-    fmoe_log "PyPI is unreachable: the openai, anthropic and langchain client tests will be SKIPPED"
+           langchain-openai "lm-eval[api]==$FMOE_LM_EVAL_VERSION"; }; then
+    fmoe_log "PyPI is unreachable: the openai, anthropic, langchain and lm-eval client tests will be SKIPPED"
   fi
 fi
 fmoe_log "running the test suite ($(basename "$main_build")/)"

@@ -105,8 +105,8 @@ constexpr std::string_view kModelPrefix = "/v1/models/";
 bool IsKnownRoute(const std::string& path) {
   return path == "/health" || path == "/metrics" || path == "/v1/models" ||
          path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
-         path == "/detokenize" || path == "/version" || path == "/ping" || path == "/v1/messages" ||
-         path == "/v1/responses";
+         path == "/detokenize" || path == "/tokenizer_info" || path == "/version" ||
+         path == "/ping" || path == "/v1/messages" || path == "/v1/responses";
 }
 
 }  // namespace
@@ -247,6 +247,13 @@ HttpResponse RouterApi::HandleNow(const HttpRequest& request) const {
     return request.path == "/tokenize"
                ? Tokenize(request.body, completions_->options(), completions_->tokenizer())
                : Detokenize(request.body, completions_->options(), completions_->tokenizer());
+  }
+  if (request.path == "/tokenizer_info") {
+    if (request.method != "GET") return MethodNotAllowed(request, "GET");
+    if (completions_ == nullptr) {
+      return ApiError(503, "this router serves no model", "service_unavailable", "", "");
+    }
+    return TokenizerInfo(completions_->options(), completions_->tokenizer());
   }
   if (request.path == "/metrics") {
     if (request.method != "GET") return MethodNotAllowed(request, "GET");

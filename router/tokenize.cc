@@ -1,5 +1,7 @@
 #include "router/tokenize.h"
 
+#include <optional>
+
 #include "common/json.h"
 #include "common/text/unicode.h"
 
@@ -86,6 +88,25 @@ HttpResponse Detokenize(const std::string& body, const CompletionsOptions& optio
   }
   HttpResponse res;
   res.body = JsonText(Json{{"prompt", ToValidUtf8(tokenizer.Decode(ids, false))}});
+  return res;
+}
+
+HttpResponse TokenizerInfo(const CompletionsOptions& options, const Tokenizer& tokenizer) {
+  const auto text = [&](std::optional<int32_t> id) -> Json {
+    if (!id) return nullptr;
+    return ToValidUtf8(tokenizer.IdToToken(*id));
+  };
+  const std::optional<int32_t> pad = tokenizer.TokenToId("<pad>");
+  Json out = {{"bos_token", text(tokenizer.bos_id())},
+              {"eos_token", text(tokenizer.eos_id())},
+              {"pad_token", text(pad && tokenizer.IsSpecial(*pad) ? pad : std::nullopt)},
+              {"model_max_length", options.context_length},
+              {"vocab_size", tokenizer.vocab_size()},
+              {"chat_template", tokenizer.chat_template().empty()
+                                    ? Json(nullptr)
+                                    : Json(ToValidUtf8(tokenizer.chat_template()))}};
+  HttpResponse res;
+  res.body = JsonText(out);
   return res;
 }
 

@@ -4,7 +4,8 @@
 // logprobs: the prompt scored), the penalties, logit_bias, min_p, ignore_eos, min_tokens and
 // stop_token_ids each changing the output as they should, the chat default of max_tokens,
 // guided_choice / guided_regex / guided_grammar decoded under the mask and their bad texts
-// refused, unsupported parameters refused by name, /tokenize and /detokenize, X-Request-Id, CORS,
+// refused, unsupported parameters refused by name, /tokenize, /detokenize and /tokenizer_info,
+// X-Request-Id, CORS,
 // the access log and the Prometheus text read by a real parser.
 
 #include <algorithm>
@@ -615,6 +616,19 @@ TEST_F(RouterApiTest, TokenizeAndDetokenize) {
   EXPECT_EQ(Call("POST", "/detokenize", R"({"tokens": [99999]})").status, 400);
   EXPECT_EQ(Call("POST", "/tokenize", R"({"model": "other", "prompt": "x"})").status, 404);
   EXPECT_EQ(Call("GET", "/tokenize", "").status, 405);
+  // vLLM's /tokenizer_info, as lm-evaluation-harness's remote tokenizer reads it.
+  Reply info = Call("GET", "/tokenizer_info", "");
+  ASSERT_EQ(info.status, 200) << info.body;
+  const Json i = Json::parse(info.body);
+  EXPECT_EQ(i["bos_token"], "<s>");
+  EXPECT_EQ(i["eos_token"], "</s>");
+  EXPECT_EQ(i["pad_token"], "<pad>");
+  EXPECT_EQ(i["model_max_length"], 1024);
+  EXPECT_EQ(i["vocab_size"], 4096);
+  EXPECT_NE(i["chat_template"].get<std::string>().find("add_generation_prompt"), std::string::npos);
+  EXPECT_EQ(Ok("/tokenize", {{"prompt", "</s>"}, {"add_special_tokens", false}})["tokens"],
+            Json({2}));  // The eos text names the eos token.
+  EXPECT_EQ(Call("POST", "/tokenizer_info", "{}").status, 405);
 }
 
 // openai's models.retrieve, vLLM's /version and /ping.

@@ -575,6 +575,17 @@ TEST_F(RouterTest, LangChainClient) {
   EXPECT_NE(r.log.find("all checks passed"), std::string::npos) << r.log;
 }
 
+// lm-evaluation-harness's local-completions model with its remote tokenizer (/tokenizer_info,
+// /tokenize, /detokenize): a multiple-choice task from a local file scored by loglikelihood,
+// each request's score equal to the continuation's logprobs the router reports directly.
+TEST_F(RouterTest, LmEvaluationHarness) {
+  const ClientRun r = RunClientCheck("lm_eval, tenacity", "lm_eval_check.py",
+                                     "http://127.0.0.1:" + std::to_string(http_) + "/v1", 300000);
+  if (!r.installed) GTEST_SKIP() << r.log;
+  EXPECT_EQ(r.code, 0) << r.log;
+  EXPECT_NE(r.log.find("all checks passed"), std::string::npos) << r.log;
+}
+
 TEST_F(RouterTest, ADisconnectingClientCancelsItsRequest) {
   testing::AsyncCall call(
       http_, "POST", "/v1/completions",
