@@ -223,6 +223,7 @@ void TokenMasker::RememberKey(const MatchState& state, std::string* key) {
       std::max<uint64_t>(vocab_->max_depth(), g.tokens.empty() ? 0 : kTokenTerminalSize);
   canonical_ = state;
   for (MatchFrame& f : canonical_.frames) {
+    if (f.node < 0) continue;  // The root marker.
     const JsonGrammar::Node& n = g.nodes[static_cast<size_t>(f.node)];
     // A bounded repetition of items that take a byte each at least, past its minimum, with more
     // iterations left than a token has bytes: no token reaches its bound, and it may end

@@ -101,7 +101,9 @@ class Link {
   const std::string& endpoint() const { return endpoint_; }
 
   std::optional<GroupView> Group(const std::string& name) const {
-    for (const GroupView& g : link_.View()->groups) {
+    // The view held while it is read: a range-for over View()->groups would free it at once.
+    const auto view = link_.View();
+    for (const GroupView& g : view->groups) {
       if (g.name == name) return g;
     }
     return std::nullopt;
