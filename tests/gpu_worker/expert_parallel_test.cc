@@ -484,7 +484,7 @@ TEST(ExpertParallel, StreamedIterationsAcrossAGroupGiveTheAllResidentTokens) {
 // rank's pool borrows its own cache's pages as the leader's does and gives them back when idle.
 // Rank 1's budget is far smaller (3 pages: the pool's own, one to borrow, one expert slot), so
 // the group's pool is capped at its 2 pages: the leader, whose own budget (25 pages) would let
-// its pool take 23 and keeps 3 for it alone, uses 2 of those and preempts at the cap instead of
+// its pool take 22 and keeps 3 for it alone, uses 2 of those and preempts at the cap instead of
 // running rank 1 out of blocks, and the tokens are the all-resident ones.
 TEST(ExpertParallel, OneDeviceBudgetAcrossAGroupGivesTheAllResidentTokens) {
   const Reference& ref = AllResident();
