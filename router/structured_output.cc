@@ -391,30 +391,43 @@ bool ReadStructuredOutput(const Json& body, CompletionRequest* out, HttpResponse
   return ReadResponseFormat(body, out, error) && ReadVllmStructuredOutputs(body, out, error);
 }
 
+namespace {
+
+// tools[k]'s parameters (any object when it has none), set as `into`'s schema, which compiles
+// them alone so that an error names the tool; nullopt with *error set when they are refused.
+std::optional<Json> ToolParameters(const nlohmann::ordered_json& tools, size_t k,
+                                   CompletionRequest* into, HttpResponse* error) {
+  const auto& fn = tools[k]["function"];
+  Json params = AnyObject();
+  if (auto p = fn.find("parameters"); p != fn.end() && p->is_object()) {
+    params = Json::parse(p->dump());
+  }
+  if (!SetSchema(params, "tools[" + std::to_string(k) + "].function.parameters", into, error)) {
+    return std::nullopt;
+  }
+  return params;
+}
+
+}  // namespace
+
 bool ForceToolChoice(const std::string& named, const nlohmann::ordered_json& tools,
                      CompletionRequest* out, HttpResponse* error) {
   Json alternatives = Json::array();
   Json defs = Json::object();
   for (size_t k = 0; k < tools.size(); ++k) {
-    const auto& fn = tools[k]["function"];
-    const std::string name = fn["name"].get<std::string>();
-    Json params = AnyObject();
-    if (auto p = fn.find("parameters"); p != fn.end() && p->is_object()) {
-      params = Json::parse(p->dump());
-    }
-    const std::string field = "tools[" + std::to_string(k) + "].function.parameters";
+    const std::string name = tools[k]["function"]["name"].get<std::string>();
     if (!named.empty()) {
       if (name != named) continue;
       out->tool_options.forced = ToolCallOptions::Forced::kNamed;
       out->tool_options.forced_name = name;
-      return SetSchema(params, field, out, error);
+      return ToolParameters(tools, k, out, error).has_value();
     }
-    // Each tool's parameters compiled alone first, so that an error names the tool.
     CompletionRequest probe;
-    if (!SetSchema(params, field, &probe, error)) return false;
+    std::optional<Json> params = ToolParameters(tools, k, &probe, error);
+    if (!params) return false;
     const std::string base = "fmoe_tool_" + std::to_string(k);
-    RebaseRefs(params, base);
-    defs[base] = std::move(params);
+    RebaseRefs(*params, base);
+    defs[base] = std::move(*params);
     alternatives.push_back(
         {{"type", "object"},
          {"properties",
@@ -449,8 +462,7 @@ bool ForceHarmonyCall(const nlohmann::ordered_json& tools, const Tokenizer& toke
   }
   Json structures = Json::array();
   for (size_t k = 0; k < tools.size(); ++k) {
-    const auto& fn = tools[k]["function"];
-    const std::string name = fn["name"].get<std::string>();
+    const std::string name = tools[k]["function"]["name"].get<std::string>();
     if (name.find("<|") != std::string::npos ||
         name.find_first_of(" \t\n\r") != std::string::npos) {
       return Refuse(error, BadParam("tool_choice", "the function \"" + ToValidUtf8(name) +
@@ -459,18 +471,12 @@ bool ForceHarmonyCall(const nlohmann::ordered_json& tools, const Tokenizer& toke
                                                        "whitespace or \"<|\", which a call's "
                                                        "header cannot carry"));
     }
-    Json params = AnyObject();
-    if (auto p = fn.find("parameters"); p != fn.end() && p->is_object()) {
-      params = Json::parse(p->dump());
-    }
-    // Each tool's parameters compiled alone first, so that an error names the tool.
     CompletionRequest probe;
-    if (!SetSchema(params, "tools[" + std::to_string(k) + "].function.parameters", &probe, error)) {
-      return false;
-    }
+    std::optional<Json> params = ToolParameters(tools, k, &probe, error);
+    if (!params) return false;
     structures.push_back(
         {{"begin", " to=functions." + name + "<|channel|>commentary json<|message|>"},
-         {"schema", std::move(params)},
+         {"schema", std::move(*params)},
          {"end", "<|call|>"}});
   }
   const Json spec = {{"triggers", {" to=functions."}},

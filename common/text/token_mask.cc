@@ -221,19 +221,25 @@ void TokenMasker::RememberKey(const MatchState& state, std::string* key) {
   // The most bytes one token adds: the longest in the trie, or a token terminal's.
   const uint64_t reach =
       std::max<uint64_t>(vocab_->max_depth(), g.tokens.empty() ? 0 : kTokenTerminalSize);
-  canonical_ = state;
-  for (MatchFrame& f : canonical_.frames) {
-    if (f.node < 0) continue;  // The root marker.
+  // A bounded repetition of items that take a byte each at least, past its minimum, with more
+  // iterations left than a token has bytes: no token reaches its bound, and it may end whatever
+  // its count, so every such count has the same mask. Returns that count, or its own.
+  const auto canonical_count = [&](const MatchFrame& f) {
+    if (f.node < 0) return f.count;  // The root marker.
     const JsonGrammar::Node& n = g.nodes[static_cast<size_t>(f.node)];
-    // A bounded repetition of items that take a byte each at least, past its minimum, with more
-    // iterations left than a token has bytes: no token reaches its bound, and it may end
-    // whatever its count, so every such count has the same mask.
     if (n.kind == JsonGrammar::Kind::kRepeat && n.max_items != UINT32_MAX &&
         !g.nodes[static_cast<size_t>(n.items)].nullable && f.count >= n.min_items &&
         uint64_t{f.count} + reach < n.max_items) {
-      f.count = std::max(n.min_items, 1u);
+      return std::max(n.min_items, 1u);
     }
-  }
+    return f.count;
+  };
+  const bool changes =
+      std::any_of(state.frames.begin(), state.frames.end(),
+                  [&](const MatchFrame& f) { return canonical_count(f) != f.count; });
+  if (!changes) return StateKey(state, key);
+  canonical_ = state;
+  for (MatchFrame& f : canonical_.frames) f.count = canonical_count(f);
   StateKey(canonical_, key);
 }
 
