@@ -347,6 +347,14 @@ HttpResponse RouterApi::Health() const {
       // One device budget: the split between the KV pool and the expert cache now.
       j["kv_cache"]["max_blocks"] = g.kv.max_blocks;
       j["device_memory"] = {{"kv_bytes", g.kv.kv_bytes}, {"expert_bytes", g.kv.expert_bytes}};
+      if (!g.kv.ranks.empty()) {
+        // A group of several ranks: each rank's pool borrows from its own cache.
+        Json ranks = Json::array();
+        for (const KvFigures::RankSplit& r : g.kv.ranks) {
+          ranks.push_back({{"kv_bytes", r.kv_bytes}, {"expert_bytes", r.expert_bytes}});
+        }
+        j["device_memory"]["ranks"] = std::move(ranks);
+      }
     }
     j["last_heartbeat_ms"] = g.silence_ms >= 0 ? Json(g.silence_ms) : Json(nullptr);
     j["instance"] = g.instance_id ? Json(FingerprintHex(g.instance_id)) : Json(nullptr);

@@ -61,6 +61,19 @@ void RenderPerGroup(std::ostringstream& out, const std::string& name, const char
   }
 }
 
+// One line per rank of each group that reports its ranks' device split.
+template <typename Value>
+void RenderPerRank(std::ostringstream& out, const std::string& name, const std::string& help,
+                   const ClusterView& view, Value value) {
+  out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n";
+  for (const auto& g : view.groups) {
+    for (size_t r = 0; r < g.kv.ranks.size(); ++r) {
+      out << name << "{group=\"" << Escape(g.name) << "\",rank=\"" << r << "\"} "
+          << value(g.kv.ranks[r]) << "\n";
+    }
+  }
+}
+
 }  // namespace
 
 RouterMetrics::RouterMetrics()
@@ -226,6 +239,14 @@ std::string RouterMetrics::Render(const ClusterView& view) const {
                  "One device budget (memory): the leader's device bytes the expert cache holds "
                  "now (0 without one).",
                  view, [](const GroupView& g) { return g.kv.expert_bytes; });
+  RenderPerRank(out, "fmoe_rank_device_kv_bytes",
+                "One device budget in a group of several ranks: each rank's device bytes its KV "
+                "pool holds (as of the group's last iteration).",
+                view, [](const KvFigures::RankSplit& r) { return r.kv_bytes; });
+  RenderPerRank(out, "fmoe_rank_device_expert_bytes",
+                "One device budget in a group of several ranks: each rank's device bytes its "
+                "expert cache holds (as of the group's last iteration).",
+                view, [](const KvFigures::RankSplit& r) { return r.expert_bytes; });
   RenderPerGroup(out, "fmoe_kv_blocks_used", "gauge",
                  "KV blocks referenced by running requests (cached prefixes nobody uses are "
                  "free).",

@@ -397,6 +397,13 @@ void WorkerLink::HandleWorker(const std::string& peer, const WorkerMessage& mess
       entry->info.active_requests = hb->active_requests;
       entry->info.experts = hb->experts;
       entry->info.kv = hb->kv;
+      if (!entry->info.kv.ranks.empty() && entry->info.kv.ranks.size() != entry->info.world_size) {
+        spdlog::debug(
+            "group={}: heartbeat carries {} ranks' device split for a group of {}; "
+            "ignored",
+            hb->group, entry->info.kv.ranks.size(), entry->info.world_size);
+        entry->info.kv.ranks.clear();
+      }
       entry->info.engine = hb->engine;
     }
     Status s = workers_->Send(WorkerHeartbeatAck{hb->seq, known}, peer);

@@ -133,6 +133,14 @@ flatbuffers::Offset<fb::WorkerHelloAck> Build(Builder& fbb, const WorkerHelloAck
 
 flatbuffers::Offset<fb::WorkerHeartbeat> Build(Builder& fbb, const WorkerHeartbeat& m) {
   auto group = OptString(fbb, m.group);
+  flatbuffers::Offset<flatbuffers::Vector<const fb::RankDeviceMemory*>> ranks = 0;
+  if (!m.kv.ranks.empty()) {
+    std::vector<fb::RankDeviceMemory> packed;
+    packed.reserve(m.kv.ranks.size());
+    for (const KvFigures::RankSplit& r : m.kv.ranks)
+      packed.emplace_back(r.kv_bytes, r.expert_bytes);
+    ranks = fbb.CreateVectorOfStructs(packed.data(), packed.size());
+  }
   fb::WorkerHeartbeatBuilder b(fbb);
   b.add_group(group);
   b.add_instance_id(m.instance_id);
@@ -165,6 +173,7 @@ flatbuffers::Offset<fb::WorkerHeartbeat> Build(Builder& fbb, const WorkerHeartbe
   b.add_prompt_chunks_grown(m.engine.chunks_grown);
   b.add_prompt_token_ns(m.engine.prompt_token_ns);
   b.add_streamed_iterations(m.engine.streamed_iterations);
+  b.add_rank_device_memory(ranks);
   return b.Finish();
 }
 
@@ -584,9 +593,9 @@ bool Read(const fb::WorkerHeartbeat& t, const Checker& c, WorkerHeartbeat* m) {
                 t.expert_disk_stall_us(),
                 t.expert_failed_loads(),
                 t.expert_failed_experts()};
-  m->kv = {t.kv_blocks_total(),   t.kv_blocks_used(),     t.prefix_cache_queries(),
-           t.prefix_cache_hits(), t.preemptions(),        t.kv_blocks_max(),
-           t.device_kv_bytes(),   t.device_expert_bytes()};
+  m->kv = {t.kv_blocks_total(),   t.kv_blocks_used(),      t.prefix_cache_queries(),
+           t.prefix_cache_hits(), t.preemptions(),         t.kv_blocks_max(),
+           t.device_kv_bytes(),   t.device_expert_bytes(), {}};
   if (m->kv.max_blocks != 0 && m->kv.max_blocks < m->kv.total_blocks) {
     return c.OutOfRange("WorkerHeartbeat.kv_blocks_max: " + std::to_string(m->kv.max_blocks) +
                         " is below kv_blocks_total " + std::to_string(m->kv.total_blocks));
@@ -605,6 +614,16 @@ bool Read(const fb::WorkerHeartbeat& t, const Checker& c, WorkerHeartbeat* m) {
   if (m->kv.prefix_hits > m->kv.prefix_queries) {
     return c.OutOfRange("WorkerHeartbeat.prefix_cache_hits: " + std::to_string(m->kv.prefix_hits) +
                         " exceeds prefix_cache_queries " + std::to_string(m->kv.prefix_queries));
+  }
+  if (const auto* ranks = t.rank_device_memory(); ranks != nullptr) {
+    if (!c.AtMost(ranks->size(), c.limits().max_ranks, "WorkerHeartbeat.rank_device_memory")) {
+      return false;
+    }
+    m->kv.ranks.reserve(ranks->size());
+    for (flatbuffers::uoffset_t i = 0; i < ranks->size(); ++i) {
+      const fb::RankDeviceMemory* r = ranks->Get(i);
+      m->kv.ranks.push_back({r->kv_bytes(), r->expert_bytes()});
+    }
   }
   return c.String(t.group(), "WorkerHeartbeat.group", &m->group, /*required=*/true);
 }

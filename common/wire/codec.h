@@ -45,6 +45,7 @@ struct DecodeLimits {
   size_t max_floats = 1u << 16;            // sem, probs. Default: 65,536
   size_t max_prefetch_entries = 4096;      // PrefetchDirective.entries. Default: 4096
   uint32_t max_layer = 4096;               // layer, target_layer. Default: 4096
+  size_t max_ranks = 4096;                 // WorkerHeartbeat.rank_device_memory. Default: 4096
 
   // SamplingParams.json_schema and .grammar (structured output). Default: 1 MiB
   size_t max_json_schema_bytes = 1u << 20;

@@ -68,6 +68,14 @@ struct KvFigures {
   uint64_t max_blocks = 0;
   uint64_t kv_bytes = 0;
   uint64_t expert_bytes = 0;
+  // In a group of several ranks with one device budget: every rank's split (index = rank; rank
+  // 0's equals the two above), as of the group's last iteration. Each rank's pool borrows from
+  // its own expert cache, so the followers' splits differ from the leader's. Empty otherwise.
+  struct RankSplit {
+    uint64_t kv_bytes = 0;
+    uint64_t expert_bytes = 0;
+  };
+  std::vector<RankSplit> ranks = {};
 };
 
 // The leader's engine (gpu_worker/engine/engine.h): its prompt chunks since start.

@@ -1,5 +1,6 @@
 #include "gpu_worker/core/group_plan.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace fmoe {
@@ -238,6 +239,26 @@ std::vector<std::optional<RankFailure>> UnpackFailures(std::span<const int64_t> 
       const uint64_t j = experts == 0 ? 1 : experts;
       out[i] = RankFailure{r, static_cast<uint32_t>(key / j), static_cast<uint32_t>(key % j)};
     }
+  }
+  return out;
+}
+
+void PackSplit(uint64_t kv_bytes, uint64_t expert_bytes, uint32_t rank, uint32_t world_size,
+               std::vector<int64_t>* counters) {
+  const size_t first = counters->size();
+  counters->resize(first + size_t{world_size} * 2, 0);
+  (*counters)[first + size_t{rank} * 2] = static_cast<int64_t>(kv_bytes);
+  (*counters)[first + size_t{rank} * 2 + 1] = static_cast<int64_t>(expert_bytes);
+}
+
+std::vector<KvFigures::RankSplit> UnpackSplit(std::span<const int64_t> counters, size_t first,
+                                              uint32_t world_size) {
+  auto at = [&](size_t i) {
+    return i < counters.size() ? static_cast<uint64_t>(std::max<int64_t>(counters[i], 0)) : 0;
+  };
+  std::vector<KvFigures::RankSplit> out(world_size);
+  for (uint32_t r = 0; r < world_size; ++r) {
+    out[r] = {at(first + size_t{r} * 2), at(first + size_t{r} * 2 + 1)};
   }
   return out;
 }

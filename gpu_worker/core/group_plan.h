@@ -95,4 +95,13 @@ std::vector<std::optional<RankFailure>> UnpackFailures(std::span<const int64_t> 
                                                        size_t first, size_t sequences,
                                                        uint32_t world_size, uint32_t experts);
 
+// After the failures, one device budget's split on every rank: a pair of counters per rank
+// (its KV pool's device bytes, its expert cache's), rank r writing its own pair, zero elsewhere.
+void PackSplit(uint64_t kv_bytes, uint64_t expert_bytes, uint32_t rank, uint32_t world_size,
+               std::vector<int64_t>* counters);
+// The inverse, on the summed counters from `first` (where PackSplit began): world_size pairs
+// (a counter missing from `counters` is zero).
+std::vector<KvFigures::RankSplit> UnpackSplit(std::span<const int64_t> counters, size_t first,
+                                              uint32_t world_size);
+
 }  // namespace fmoe

@@ -310,6 +310,9 @@ bool Engine::SumFigures(std::span<const SequenceInput> inputs,
     if (f.sequence < mine.size()) mine[f.sequence] = RankFailure{0, f.layer, f.expert};
   }
   PackFailures(mine, options_.group->rank(), world, experts, &counters);
+  const size_t split_at = counters.size();
+  const KvPoolFigures pool = model_.kv_figures();
+  PackSplit(pool.bytes, pool.expert_bytes, options_.group->rank(), world, &counters);
   if (Status s = options_.group->SumCounters(counters); !s.ok()) {
     GroupFailed(s);
     return false;
@@ -318,6 +321,8 @@ bool Engine::SumFigures(std::span<const SequenceInput> inputs,
   UnpackFigures(counters, usage, &totals);
   const std::vector<std::optional<RankFailure>> all =
       UnpackFailures(counters, failures_at, inputs.size(), world, experts);
+  std::vector<KvFigures::RankSplit> splits;
+  if (model_.kv_arena() != nullptr) splits = UnpackSplit(counters, split_at, world);
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!all[i] || !(*failed)[i].empty()) continue;
     (*failed)[i] = "expert " + std::to_string(all[i]->expert) + " of MoE layer " +
@@ -329,6 +334,7 @@ bool Engine::SumFigures(std::span<const SequenceInput> inputs,
   }
   std::lock_guard<std::mutex> lock(figures_mu_);
   group_figures_ = totals;
+  rank_splits_ = std::move(splits);
   return true;
 }
 
@@ -346,10 +352,15 @@ void Engine::PublishFigures() {
   const KvPoolFigures f = model_.kv_figures();
   std::lock_guard<std::mutex> lock(figures_mu_);
   const bool shared = model_.kv_arena() != nullptr;
-  kv_figures_ = {f.total_blocks,          f.used_blocks,
-                 f.blocks.prefix_queries, f.blocks.prefix_hit_tokens,
-                 stats_.preemptions,      shared ? f.max_blocks : 0,
-                 shared ? f.bytes : 0,    shared ? f.expert_bytes : 0};
+  kv_figures_ = {f.total_blocks,
+                 f.used_blocks,
+                 f.blocks.prefix_queries,
+                 f.blocks.prefix_hit_tokens,
+                 stats_.preemptions,
+                 shared ? f.max_blocks : 0,
+                 shared ? f.bytes : 0,
+                 shared ? f.expert_bytes : 0,
+                 shared ? rank_splits_ : std::vector<KvFigures::RankSplit>{}};
   engine_figures_ = {stats_.prompt_chunks, stats_.chunks_grown,
                      static_cast<uint64_t>(std::max(0.0, stats_.prompt_token_ns)),
                      stats_.streamed_iterations};

@@ -226,9 +226,11 @@ class Engine final : public RequestExecutor {
   std::atomic<uint32_t> active_{0};
   std::atomic<bool> group_failed_{false};
   mutable std::mutex figures_mu_;
-  ExpertFigures group_figures_;   // GUARDED_BY(figures_mu_)
-  KvFigures kv_figures_;          // GUARDED_BY(figures_mu_)
-  EngineFigures engine_figures_;  // GUARDED_BY(figures_mu_)
+  ExpertFigures group_figures_;  // GUARDED_BY(figures_mu_)
+  KvFigures kv_figures_;         // GUARDED_BY(figures_mu_)
+  // One device budget in a group: every rank's split at the last iteration's sum.
+  std::vector<KvFigures::RankSplit> rank_splits_;  // GUARDED_BY(figures_mu_)
+  EngineFigures engine_figures_;                   // GUARDED_BY(figures_mu_)
   // The pool's figures into kv_figures_, the prompt chunks' into engine_figures_ (engine
   // thread).
   void PublishFigures();

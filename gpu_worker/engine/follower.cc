@@ -115,6 +115,8 @@ Status Follower::RunPlan(const IterationPlan& plan) {
                   f.error.message());
   }
   PackFailures(failed, group_.rank(), group_.world_size(), model_.info().num_experts, &counters);
+  const KvPoolFigures pool = model_.kv_figures();
+  PackSplit(pool.bytes, pool.expert_bytes, group_.rank(), group_.world_size(), &counters);
   return group_.SumCounters(counters);
 }
 

@@ -110,9 +110,22 @@ TEST(Codec, RoundTripWorkerHeartbeat) {
       .free_slots = 3,
       .active_requests = 12,
       .experts = {1, 2, 3, 4, 1ull << 35, 6, 7, 8, 1ull << 36, 9, 1ull << 37, 10, 11, 1ull << 39},
-      .kv = {4096, 17, 1ull << 33, 1ull << 32, 5, 8192, 1ull << 34, 1ull << 38},
+      .kv = {4096,
+             17,
+             1ull << 33,
+             1ull << 32,
+             5,
+             8192,
+             1ull << 34,
+             1ull << 38,
+             {{1ull << 34, 1ull << 38}, {1ull << 35, 1ull << 37}}},
       .engine = {1ull << 41, 13, 123456, 77}};
   auto out = RoundTripAs<WorkerHeartbeat, WorkerMessage>(in);
+  ASSERT_EQ(out.kv.ranks.size(), 2u);
+  EXPECT_EQ(out.kv.ranks[0].kv_bytes, 1ull << 34);
+  EXPECT_EQ(out.kv.ranks[0].expert_bytes, 1ull << 38);
+  EXPECT_EQ(out.kv.ranks[1].kv_bytes, 1ull << 35);
+  EXPECT_EQ(out.kv.ranks[1].expert_bytes, 1ull << 37);
   EXPECT_EQ(out.engine.prompt_chunks, 1ull << 41);
   EXPECT_EQ(out.engine.chunks_grown, 13u);
   EXPECT_EQ(out.engine.prompt_token_ns, 123456u);
@@ -668,19 +681,28 @@ TEST(CodecReject, UnknownUnionTagPatched) {
 TEST(CodecReject, HeartbeatKvFiguresOutOfRange) {
   WorkerHeartbeat hb;
   hb.group = "g";
-  hb.kv = {8, 9, 0, 0, 0};
+  hb.kv = {.total_blocks = 8, .used_blocks = 9};
   DecodeError error = Reject<WorkerMessage>(Encode(WorkerMessage(hb)));
   EXPECT_EQ(error.reason, DropReason::kOutOfRange);
   EXPECT_NE(error.detail.find("kv_blocks_used: 9 exceeds kv_blocks_total 8"), std::string::npos)
       << error.detail;
-  hb.kv = {8, 1, 16, 32, 0};
+  hb.kv = {.total_blocks = 8, .used_blocks = 1, .prefix_queries = 16, .prefix_hits = 32};
   error = Reject<WorkerMessage>(Encode(WorkerMessage(hb)));
   EXPECT_EQ(error.reason, DropReason::kOutOfRange);
   EXPECT_NE(error.detail.find("prefix_cache_hits: 32 exceeds"), std::string::npos) << error.detail;
-  hb.kv = {8, 1, 0, 0, 0, 4, 0, 0};  // A pool's most below what it holds.
+  hb.kv = {
+      .total_blocks = 8, .used_blocks = 1, .max_blocks = 4};  // A pool's most below what it holds.
   error = Reject<WorkerMessage>(Encode(WorkerMessage(hb)));
   EXPECT_EQ(error.reason, DropReason::kOutOfRange);
   EXPECT_NE(error.detail.find("kv_blocks_max: 4 is below kv_blocks_total 8"), std::string::npos)
+      << error.detail;
+  hb.kv = {};
+  hb.kv.ranks.resize(3);  // More ranks than the decoder takes.
+  DecodeLimits two_ranks;
+  two_ranks.max_ranks = 2;
+  error = Reject<WorkerMessage>(Encode(WorkerMessage(hb)), two_ranks);
+  EXPECT_EQ(error.reason, DropReason::kOutOfRange);
+  EXPECT_NE(error.detail.find("WorkerHeartbeat.rank_device_memory: 3 > limit 2"), std::string::npos)
       << error.detail;
   hb.kv = {};
   hb.engine = {3, 4, 0};  // More chunks grown than run.

@@ -35,6 +35,7 @@ DecodeLimits TightLimits() {
   l.max_floats = 4;
   l.max_prefetch_entries = 2;
   l.max_layer = 3;
+  l.max_ranks = 2;
   return l;
 }
 

@@ -130,8 +130,9 @@ struct GroupRun {
   ExpertFigures group_figures;
   std::vector<GroupStats> group_stats;
   std::vector<std::string> errors;
-  uint64_t preemptions = 0;       // The leader's.
-  std::vector<KvPoolFigures> kv;  // Per rank, at the end.
+  uint64_t preemptions = 0;                  // The leader's.
+  std::vector<KvPoolFigures> kv;             // Per rank, at the end.
+  std::vector<KvFigures::RankSplit> splits;  // The leader's view of every rank's split, at the end.
 };
 
 // Runs the prompts through a group of `world` rank threads; rank 0 serves them.
@@ -261,6 +262,7 @@ GroupRun RunGroup(uint32_t world, const std::string& policy, double fraction,
         return finished == kPrompts.size() || std::chrono::steady_clock::now() > deadline;
       });
       run.group_figures = engine.group_figures();
+      run.splits = engine.kv_figures().ranks;
       run.preemptions = engine.stats().preemptions;
     } else {
       Follower follower(model, source, group, 4, local);
@@ -501,6 +503,17 @@ TEST(ExpertParallel, OneDeviceBudgetAcrossAGroupGivesTheAllResidentTokens) {
   EXPECT_EQ(run.kv[1].max_blocks, 2 * 3u);
   EXPECT_EQ(run.kv[0].pages_borrowed, 0u);  // Its own floor holds the cap.
   EXPECT_GT(run.kv[1].pages_borrowed, 0u);
+  // The leader reports every rank's split as of the last iteration: each rank's pages (25 and
+  // 3) between its pool and its cache, rank 1's pool holding borrowed pages then.
+  ASSERT_EQ(run.splits.size(), 2u);
+  for (uint32_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(run.splits[r].kv_bytes + run.splits[r].expert_bytes,
+              run.kv[r].bytes + run.kv[r].expert_bytes)
+        << "rank " << r;
+  }
+  EXPECT_EQ(run.kv[0].bytes + run.kv[0].expert_bytes,
+            (run.kv[1].bytes + run.kv[1].expert_bytes) / 3 * 25);
+  EXPECT_GT(run.splits[1].kv_bytes, 0u);
   for (uint32_t r = 0; r < 2; ++r) {
     EXPECT_EQ(run.kv[r].pages_returned, run.kv[r].pages_borrowed) << "rank " << r;  // Idle.
     EXPECT_EQ(run.kv[r].used_blocks, 0u) << "rank " << r;

@@ -210,6 +210,34 @@ TEST(ExpertParallelE2E, WorldSizesOneToThreeAnswerAlike) {
     } else {
       EXPECT_EQ(answers, reference);
     }
+    if (memory) {
+      // /health shows each rank's split once a heartbeat after the group's iterations carried
+      // it: the same 20 pages on each rank, between its pool and its cache.
+      Json split;
+      ASSERT_TRUE(WaitUntil(
+          [&] {
+            split = system.Health()["groups"][0].value("device_memory", Json::object());
+            return split.contains("ranks");
+          },
+          60000))
+          << system.Health().dump();
+      ASSERT_EQ(split["ranks"].size(), 2u) << split.dump();
+      const uint64_t total =
+          split.value("kv_bytes", uint64_t{0}) + split.value("expert_bytes", uint64_t{0});
+      EXPECT_GT(total, 0u) << split.dump();
+      for (const Json& rank : split["ranks"]) {
+        EXPECT_EQ(rank.value("kv_bytes", uint64_t{0}) + rank.value("expert_bytes", uint64_t{0}),
+                  total)
+            << split.dump();
+        EXPECT_GT(rank.value("kv_bytes", uint64_t{0}), 0u) << split.dump();
+      }
+      auto metrics_reply = http::Get("127.0.0.1", system.http(), "/metrics", 1000);
+      ASSERT_TRUE(metrics_reply.ok()) << metrics_reply.status().ToString();
+      const std::string& metrics = metrics_reply->body;
+      EXPECT_NE(metrics.find("fmoe_rank_device_kv_bytes{group=\"g0\",rank=\"1\"}"),
+                std::string::npos)
+          << metrics;
+    }
     ASSERT_EQ(system.Stop(), 0) << system.LauncherLog();
     // Each rank cached only its share: 64 experts, (l * 8 + j) % world == rank, half of them
     // in the budget; and the ranks exchanged expert outputs.
