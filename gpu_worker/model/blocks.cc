@@ -377,6 +377,19 @@ int64_t QueryBlockRows(int64_t heads, int64_t keys, int64_t score_budget) {
   return std::max<int64_t>(1, score_budget / std::max<int64_t>(1, heads * keys));
 }
 
+namespace {
+
+// The dtype attention's score and value products run in: on the host float32 whatever the
+// activations' dtype. LibTorch's CPU products in bfloat16 or float16 run a scalar loop where
+// no vector unit has the type (a 2K-token prompt's MLA layer spent most of its prefill there on
+// an AVX2 host); in float32 they run the BLAS, round once at the end, and hold the scores and
+// probabilities unrounded. On a GPU the activations' dtype (its tensor cores).
+at::ScalarType ProductDType(const at::Tensor& hn) {
+  return hn.device().is_cpu() ? at::kFloat : hn.scalar_type();
+}
+
+}  // namespace
+
 at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at::Tensor& hn,
                      std::span<const AttentionSpan> spans, const RotaryTables& rope,
                      int64_t row_block, int64_t score_budget) {
@@ -499,9 +512,10 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
     const int64_t t = s.tokens, p0 = s.position, len = p0 + t;
     at::Tensor qi = queries[i];
     const int64_t first = s.first, held = len - first;
-    // This sequence's positions: [KV, held, hd].
-    at::Tensor keys = gathered_k.narrow(0, read_at[i], held).permute({1, 0, 2});
-    at::Tensor values = gathered_v.narrow(0, read_at[i], held).permute({1, 0, 2});
+    // This sequence's positions: [KV, held, hd], in the products' dtype.
+    const at::ScalarType product = ProductDType(hn);
+    at::Tensor keys = gathered_k.narrow(0, read_at[i], held).permute({1, 0, 2}).to(product);
+    at::Tensor values = gathered_v.narrow(0, read_at[i], held).permute({1, 0, 2}).to(product);
     const bool masked = t > 1 || (window > 0 && len > window);
     const int64_t block = QueryBlockRows(n_heads, held, score_budget);
     for (int64_t r0 = 0; r0 < t; r0 += block) {
@@ -510,7 +524,8 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
       at::Tensor qg = qi.narrow(0, r0, b)
                           .reshape({b, n_kv, group, hd})
                           .permute({1, 2, 0, 3})
-                          .reshape({n_kv, group * b, hd});
+                          .reshape({n_kv, group * b, hd})
+                          .to(product);
       at::Tensor scores = at::matmul(qg, keys.transpose(1, 2)) * scale;  // [KV, group*b, held]
       if (masked) {
         // Row r of a group is new token r0 + r % b at position p = p0 + r0 + r % b: it sees the
@@ -528,9 +543,9 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
       if (sinks.defined()) {
         at::Tensor sink_col = sinks.expand({n_kv, group, b, 1}).reshape({n_kv, group * b, 1});
         at::Tensor joined = at::cat({scores.to(at::kFloat), sink_col}, -1);
-        probs = at::softmax(joined, -1).narrow(-1, 0, held).to(hn.scalar_type());
+        probs = at::softmax(joined, -1).narrow(-1, 0, held).to(product);
       } else {
-        probs = at::softmax(scores, -1, at::kFloat).to(hn.scalar_type());
+        probs = at::softmax(scores, -1, at::kFloat).to(product);
       }
       at::Tensor o = at::matmul(probs, values);  // [KV, group*b, hd]
       attn.narrow(0, s.row + r0, b)
@@ -666,17 +681,22 @@ at::Tensor LatentAttention(const ModelInfo& info, const MlaWeights& w, const at:
     gathered_latents = spans[0].k_pool->index_select(0, reads).select(1, 0);  // [read, r]
     gathered_rot = spans[0].v_pool->index_select(0, reads).select(1, 0);      // [read, rope]
   }
+  // The products' dtype (ProductDType); the absorbed projections are kept in it (MlaWeights).
+  const at::ScalarType product = ProductDType(hn);
+  const at::Tensor w_uk = w.w_uk.to(product);
+  const at::Tensor w_uv_t = w.w_uv.transpose(1, 2).to(product);
   for (size_t i = 0; i < spans.size(); ++i) {
     const AttentionSpan& s = spans[i];
     const int64_t t = s.tokens, p0 = s.position, len = p0 + t;
-    at::Tensor qr = queries[i];
-    at::Tensor latents = gathered_latents.narrow(0, read_at[i], len);  // [len, r]
-    at::Tensor rot_keys = gathered_rot.narrow(0, read_at[i], len);     // [len, rope]
+    at::Tensor qr = queries[i].to(product);
+    at::Tensor latents = gathered_latents.narrow(0, read_at[i], len).to(product);  // [len, r]
+    at::Tensor rot_keys = gathered_rot.narrow(0, read_at[i], len).to(product);     // [len, rope]
     const int64_t block = QueryBlockRows(n_heads, len, score_budget);
     for (int64_t r0 = 0; r0 < t; r0 += block) {
       const int64_t b = std::min(block, t - r0);
       // Queries into latent space per head: [H, b, nope] x [H, nope, r] -> [H, b, r].
-      at::Tensor q_lat = at::matmul(q_nope.narrow(0, s.row + r0, b).permute({1, 0, 2}), w.w_uk);
+      at::Tensor q_lat =
+          at::matmul(q_nope.narrow(0, s.row + r0, b).permute({1, 0, 2}).to(product), w_uk);
       at::Tensor scores =
           at::matmul(q_lat, latents.t()) + at::matmul(qr.narrow(0, r0, b).permute({1, 0, 2}),
                                                       rot_keys.t());  // [H, b, len]
@@ -687,9 +707,9 @@ at::Tensor LatentAttention(const ModelInfo& info, const MlaWeights& w, const at:
                 .triu(p0 + r0 + 1);
         scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
       }
-      at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(hn.scalar_type());
+      at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(product);
       // [H, b, len] x [len, r] -> [H, b, r]; x [H, r, v] -> [H, b, v].
-      at::Tensor o = at::matmul(at::matmul(probs, latents), w.w_uv.transpose(1, 2));
+      at::Tensor o = at::matmul(at::matmul(probs, latents), w_uv_t);
       attn.narrow(0, s.row + r0, b).copy_(o.permute({1, 0, 2}).reshape({b, n_heads * vd}));
     }
   }

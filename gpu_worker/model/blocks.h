@@ -134,8 +134,8 @@ struct MlaWeights {
   at::Tensor wq_a, q_a_norm, wq_b;  // q LoRA: [rq, h], [rq], [H*(nope+rope), rq].
   at::Tensor wkv_a;                 // kv_a_proj_with_mqa: [r + rope, h].
   at::Tensor kv_a_norm;             // [r]
-  at::Tensor w_uk;                  // [H, nope, r]
-  at::Tensor w_uv;                  // [H, v, r]
+  at::Tensor w_uk;                  // [H, nope, r]; float32 on the host (the products' dtype)
+  at::Tensor w_uv;                  // [H, v, r]; likewise
   at::Tensor wo;                    // [h, H*v]
 };
 

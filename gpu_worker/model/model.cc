@@ -569,8 +569,11 @@ Status MoeModel::LoadLatentAttention(const ModelInfo& info, TensorLoader& loader
   FMOE_ASSIGN_OR_RETURN(at::Tensor kv_b,
                         loader.Load(p + "kv_b_proj.weight", {n_heads * (nope + vd), r}));
   at::Tensor per_head = kv_b.view({n_heads, nope + vd, r});
-  w->w_uk = per_head.narrow(1, 0, nope).contiguous();
-  w->w_uv = per_head.narrow(1, nope, vd).contiguous();
+  // On the host the attention's products run in float32 (blocks.cc, ProductDType): these two
+  // are only ever used there, so they are kept in it rather than converted at every call.
+  const at::ScalarType product = kv_b.device().is_cpu() ? at::kFloat : kv_b.scalar_type();
+  w->w_uk = per_head.narrow(1, 0, nope).to(product).contiguous();
+  w->w_uv = per_head.narrow(1, nope, vd).to(product).contiguous();
   FMOE_ASSIGN_OR_RETURN(w->wo, loader.Load(p + "o_proj.weight", {h, n_heads * vd}));
   return Status::Ok();
 }
