@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
@@ -66,7 +67,11 @@ class PrefetchE2eTest : public ::testing::Test {
     if (HasFailure()) {
       std::cerr << "map service log:\n" << map_->Log();
       for (const auto& w : worker_logs_) std::cerr << w << ":\n" << testing::ReadFile(w);
+      return;  // The directory stays for a look.
     }
+    map_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
   }
 
   std::string Manifest(const std::string& policy) {

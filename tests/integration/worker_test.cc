@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -81,7 +82,14 @@ class WorkerTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    if (HasFailure() && worker_) std::cerr << "worker log:\n" << worker_->Log();
+    if (HasFailure()) {
+      if (worker_) std::cerr << "worker log:\n" << worker_->Log();
+      return;  // The directory stays for a look.
+    }
+    worker_.reset();
+    map_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
   }
 
   void Send(const WorkerMessage& message) { ASSERT_TRUE(socket_->Send(message, peer_).ok()); }

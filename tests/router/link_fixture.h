@@ -35,11 +35,31 @@ inline constexpr int kWaitMs =
 inline constexpr auto kWait = std::chrono::milliseconds(kWaitMs);
 inline constexpr int kHeartbeatTimeoutMs = 60000;
 
+// The socket files of the ipc endpoints this process made, removed when it exits.
+class IpcFiles {
+ public:
+  ~IpcFiles() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& path : paths_) ::unlink(path.c_str());
+  }
+  void Add(std::string path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    paths_.push_back(std::move(path));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> paths_;
+};
+
 // A fresh ipc endpoint per call: tests may run in parallel.
 inline std::string IpcEndpoint(const char* what) {
   static std::atomic<int> next{0};
-  return "ipc:///tmp/fmoe-worker-link-test-" + std::to_string(getpid()) + "-" + what + "-" +
-         std::to_string(next++);
+  static IpcFiles files;
+  const std::string path = "/tmp/fmoe-worker-link-test-" + std::to_string(getpid()) + "-" + what +
+                           "-" + std::to_string(next++);
+  files.Add(path);
+  return "ipc://" + path;
 }
 
 // Polls `done` until it holds or kWait passes.

@@ -37,7 +37,8 @@ Json Conversation(const std::string& question, const std::string& answer) {
 }
 
 TEST(ResponseStore, StoredResponsesSurviveReopeningInTheirOrderOfUse) {
-  const std::string dir = testing::MakeTempDir("responses") + "/db";
+  const testing::ScopedTempDir tmp("responses");
+  const std::string dir = tmp.path() + "/db";
   {
     ResponseStore store(3);
     ASSERT_TRUE(store.Open(dir).ok());
@@ -64,7 +65,8 @@ TEST(ResponseStore, StoredResponsesSurviveReopeningInTheirOrderOfUse) {
 }
 
 TEST(ResponseStore, AReopenedStoreKeepsTheNewestUpToItsCapacity) {
-  const std::string dir = testing::MakeTempDir("responses") + "/db";
+  const testing::ScopedTempDir tmp("responses");
+  const std::string dir = tmp.path() + "/db";
   {
     ResponseStore store(10);
     ASSERT_TRUE(store.Open(dir).ok());
@@ -83,7 +85,8 @@ TEST(ResponseStore, AReopenedStoreKeepsTheNewestUpToItsCapacity) {
 }
 
 TEST(ResponseStore, RecordsThatDoNotReadBackAreSkippedAndKept) {
-  const std::string dir = testing::MakeTempDir("responses") + "/db";
+  const testing::ScopedTempDir tmp("responses");
+  const std::string dir = tmp.path() + "/db";
   {
     auto db = ResponseDb::Open(dir);
     ASSERT_TRUE(db.ok()) << db.status().ToString();
@@ -116,7 +119,8 @@ TEST(ResponseStore, RecordsThatDoNotReadBackAreSkippedAndKept) {
 }
 
 TEST(ResponseStore, ADirectoryItCannotUseLeavesItInMemory) {
-  const std::string base = testing::MakeTempDir("responses");
+  const testing::ScopedTempDir tmp("responses");
+  const std::string base = tmp.path();
   ResponseStore first(4);
   ASSERT_TRUE(first.Open(base + "/db").ok());
   ResponseStore second(4);
@@ -138,7 +142,8 @@ TEST(ResponseStore, ADirectoryItCannotUseLeavesItInMemory) {
 // A writer killed with SIGKILL right after its last Put loses none of them (the WAL is written
 // before Put returns; the page cache outlives the process).
 TEST(ResponseStore, StoredResponsesSurviveKillNine) {
-  const std::string dir = testing::MakeTempDir("responses") + "/db";
+  const testing::ScopedTempDir tmp("responses");
+  const std::string dir = tmp.path() + "/db";
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {

@@ -31,6 +31,11 @@ std::string MakeTempDir(const std::string& prefix) {
   return dir ? std::string(dir) : std::string();
 }
 
+ScopedTempDir::~ScopedTempDir() {
+  std::error_code ec;
+  if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+}
+
 int FreeTcpPort() {
   // The kernel may hand the same ephemeral port to two binds in a row once the first socket is
   // closed, so a test asking for several ports could get one twice: never return a port this

@@ -16,6 +16,20 @@ namespace fmoe::testing {
 std::string BinDir();
 // A fresh temporary directory (removed by the caller if wanted).
 std::string MakeTempDir(const std::string& prefix);
+
+// A fresh temporary directory (MakeTempDir) removed with everything in it when this goes out of
+// scope.
+class ScopedTempDir {
+ public:
+  explicit ScopedTempDir(const std::string& prefix) : path_(MakeTempDir(prefix)) {}
+  ~ScopedTempDir();
+  ScopedTempDir(const ScopedTempDir&) = delete;
+  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 // A TCP port on 127.0.0.1 that was free a moment ago, never one this process was given before
 // (0 if none could be found).
 int FreeTcpPort();
