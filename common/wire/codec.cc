@@ -619,10 +619,16 @@ bool Read(const fb::WorkerHeartbeat& t, const Checker& c, WorkerHeartbeat* m) {
     if (!c.AtMost(ranks->size(), c.limits().max_ranks, "WorkerHeartbeat.rank_device_memory")) {
       return false;
     }
-    m->kv.ranks.reserve(ranks->size());
+    // The verifier checks a vector's length word, not that its 8-byte structs are 8-byte
+    // aligned: a hostile frame can misalign them, so each field is copied out, not read in place.
+    static_assert(sizeof(fb::RankDeviceMemory) == 16);
+    const uint8_t* data = ranks->Data();
+    m->kv.ranks.resize(ranks->size());
     for (flatbuffers::uoffset_t i = 0; i < ranks->size(); ++i) {
-      const fb::RankDeviceMemory* r = ranks->Get(i);
-      m->kv.ranks.push_back({r->kv_bytes(), r->expert_bytes()});
+      uint64_t kv = 0, experts = 0;
+      std::memcpy(&kv, data + size_t{i} * 16, 8);
+      std::memcpy(&experts, data + size_t{i} * 16 + 8, 8);
+      m->kv.ranks[i] = {flatbuffers::EndianScalar(kv), flatbuffers::EndianScalar(experts)};
     }
   }
   return c.String(t.group(), "WorkerHeartbeat.group", &m->group, /*required=*/true);

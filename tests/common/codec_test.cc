@@ -676,6 +676,38 @@ TEST(CodecReject, UnknownUnionTagPatched) {
   EXPECT_EQ(Reject<WorkerMessage>(frame).reason, DropReason::kOutOfRange);
 }
 
+// A frame codec_fuzz found (minimized): a heartbeat whose rank_device_memory structs sit at 4
+// bytes past an 8-byte boundary, which the verifier allows (it checks a vector's length word).
+// Read in place that is a misaligned 8-byte load (UBSan stops the sanitizer build); the decoder
+// copies each field out, so it decodes or is refused like any other frame.
+TEST(CodecReject, MisalignedRankSplitsAreReadSafely) {
+  const std::string hex =
+      "14000000464d574b00000a0010000c000b0004000a00000050000000000000030100000044002c00280000000800"
+      "0000"
+      "00000000000000000000000000000000000000001000080020000000000000000000000018001000080000000000"
+      "0000"
+      "00000000000004004400000014000000464d4d5000000100120028000b0004000a00000018000c000b0004000a00"
+      "0000"
+      "500000000000000301000044002c0028000000280000000000004000000000000000000000023000000000002c00"
+      "0000"
+      "80002800000000003000000000000000100000009c00140000000800000000000000000000003800000300000000"
+      "0010"
+      "000000000000000000ff000000000000100000000000000018001000080000000000002800000000000040000000"
+      "0000"
+      "00008000";
+  std::vector<uint8_t> frame;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    frame.push_back(static_cast<uint8_t>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  WorkerMessage out;
+  DecodeError error;
+  if (Decode(frame, DecodeLimits{}, &out, &error)) {
+    EXPECT_TRUE(std::holds_alternative<WorkerHeartbeat>(out)) << MessageName(out);
+  } else {
+    EXPECT_FALSE(error.detail.empty());
+  }
+}
+
 // A heartbeat's KV figures must be consistent: no more blocks used than the pool has, no more
 // prefix hits than lookups; and no more prompt chunks grown than run.
 TEST(CodecReject, HeartbeatKvFiguresOutOfRange) {
