@@ -151,6 +151,42 @@ TEST(CpuGemmTest, EveryInstructionSetGivesTheSameBits) {
               GemmIsa().data(), static_cast<long>(GemmColumnTile()));
 }
 
+// Batches of many rows with a long inner dimension (panels of a few columns, k not a multiple of
+// 16): every row has the bits it has alone, on every instruction set.
+TEST(CpuGemmTest, LongInnerDimensionsKeepTheBits) {
+  std::mt19937 rng(19);
+  for (GemmType t : {GemmType::kFloat32, GemmType::kBFloat16}) {
+    for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {70, 37, 4100}, {150, 13, 2061}, {17, 50, 6000}}) {
+      const Case c = MakeCase(rng, m, n, k, t);
+      const std::vector<float> portable = Multiply(c, c.x.data(), m, 0, "portable");
+      for (std::string_view isa : {"portable", "avx2", "avx512"}) {
+        GemmProblem probe;
+        if (!GemmColumnsOn(isa, probe, 0, 0)) continue;
+        const std::vector<float> all = Multiply(c, c.x.data(), m, 11, isa);
+        ASSERT_TRUE(SameBits(all.data(), portable.data(), m * n))
+            << isa << " m=" << m << " k=" << k;
+        for (int64_t i = 0; i < m; i += 7) {
+          const std::vector<float> one = Multiply(c, c.x.data() + i * k, 1, 0, isa);
+          ASSERT_TRUE(SameBits(one.data(), all.data() + i * n, n))
+              << isa << " row " << i << " m=" << m << " k=" << k;
+        }
+      }
+      // Against a double-precision product, a few outputs.
+      for (int64_t i : {int64_t{0}, m - 1}) {
+        for (int64_t j : {int64_t{0}, n - 1}) {
+          double ref = 0.0, mag = 0.0;
+          for (int64_t l = 0; l < k; ++l) {
+            ref += static_cast<double>(c.x[i * k + l]) * c.W(j, l);
+            mag += std::abs(static_cast<double>(c.x[i * k + l]) * c.W(j, l));
+          }
+          ASSERT_NEAR(portable[i * n + j], ref, 1e-5 * mag + 1e-6);
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuGemmTest, BFloat16OutputRoundsToNearestEven) {
   std::mt19937 rng(17);
   const Case c = MakeCase(rng, 7, 21, 50, GemmType::kBFloat16);
