@@ -377,18 +377,9 @@ int64_t QueryBlockRows(int64_t heads, int64_t keys, int64_t score_budget) {
   return std::max<int64_t>(1, score_budget / std::max<int64_t>(1, heads * keys));
 }
 
-namespace {
-
-// The dtype attention's score and value products run in: on the host float32 whatever the
-// activations' dtype. LibTorch's CPU products in bfloat16 or float16 run a scalar loop where
-// no vector unit has the type (a 2K-token prompt's MLA layer spent most of its prefill there on
-// an AVX2 host); in float32 they run the BLAS, round once at the end, and hold the scores and
-// probabilities unrounded. On a GPU the activations' dtype (its tensor cores).
 at::ScalarType ProductDType(const at::Tensor& hn) {
   return hn.device().is_cpu() ? at::kFloat : hn.scalar_type();
 }
-
-}  // namespace
 
 at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at::Tensor& hn,
                      std::span<const AttentionSpan> spans, const RotaryTables& rope,
@@ -506,6 +497,7 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
       gathered_v = v_pool->index_select(0, rows);
     }
   }
+  const at::ScalarType product = ProductDType(hn);
   for (size_t i = 0; i < spans.size(); ++i) {
     if (on_host[i]) continue;
     const AttentionSpan& s = spans[i];
@@ -513,7 +505,6 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
     at::Tensor qi = queries[i];
     const int64_t first = s.first, held = len - first;
     // This sequence's positions: [KV, held, hd], in the products' dtype.
-    const at::ScalarType product = ProductDType(hn);
     at::Tensor keys = gathered_k.narrow(0, read_at[i], held).permute({1, 0, 2}).to(product);
     at::Tensor values = gathered_v.narrow(0, read_at[i], held).permute({1, 0, 2}).to(product);
     const bool masked = t > 1 || (window > 0 && len > window);

@@ -107,6 +107,12 @@ struct RotaryTables {
 // prefill never holds its whole [heads, tokens, tokens] score matrix.
 int64_t QueryBlockRows(int64_t heads, int64_t keys, int64_t score_budget);
 
+// The dtype attention's score and value products run in, for activations `hn`: on the host
+// float32 whatever their dtype (LibTorch's CPU products in bfloat16 or float16 run a scalar loop
+// where no vector unit has the type; in float32 they run the BLAS, round once at the end, and hold
+// the scores and probabilities unrounded); on a GPU the activations' dtype (its tensor cores).
+at::ScalarType ProductDType(const at::Tensor& hn);
+
 // Self-attention of one layer over the normed hidden state `hn` [rows, h]: projections, the
 // family's q/k norm and clipping, RoPE, writing each sequence's new keys and values into its
 // cache (RoPE on the first RotaryDim(info) dims of each head), causal (and windowed) softmax

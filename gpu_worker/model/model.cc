@@ -569,9 +569,9 @@ Status MoeModel::LoadLatentAttention(const ModelInfo& info, TensorLoader& loader
   FMOE_ASSIGN_OR_RETURN(at::Tensor kv_b,
                         loader.Load(p + "kv_b_proj.weight", {n_heads * (nope + vd), r}));
   at::Tensor per_head = kv_b.view({n_heads, nope + vd, r});
-  // On the host the attention's products run in float32 (blocks.cc, ProductDType): these two
+  // On the host the attention's products run in float32 (ProductDType, blocks.h): these two
   // are only ever used there, so they are kept in it rather than converted at every call.
-  const at::ScalarType product = kv_b.device().is_cpu() ? at::kFloat : kv_b.scalar_type();
+  const at::ScalarType product = ProductDType(kv_b);
   w->w_uk = per_head.narrow(1, 0, nope).to(product).contiguous();
   w->w_uv = per_head.narrow(1, nope, vd).to(product).contiguous();
   FMOE_ASSIGN_OR_RETURN(w->wo, loader.Load(p + "o_proj.weight", {h, n_heads * vd}));

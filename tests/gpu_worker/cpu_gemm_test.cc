@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace fmoe {
@@ -76,6 +77,16 @@ std::vector<float> Multiply(const Case& c, const float* x, int64_t rows, int64_t
   return y;
 }
 
+// y[i][j] in double precision, and the sum of its products' magnitudes (the error's scale).
+std::pair<double, double> DoubleProduct(const Case& c, int64_t i, int64_t j) {
+  double ref = 0.0, mag = 0.0;
+  for (int64_t l = 0; l < c.k; ++l) {
+    ref += static_cast<double>(c.x[i * c.k + l]) * c.W(j, l);
+    mag += std::abs(static_cast<double>(c.x[i * c.k + l]) * c.W(j, l));
+  }
+  return {ref, mag};
+}
+
 bool SameBits(const float* a, const float* b, int64_t n) {
   return std::memcmp(a, b, sizeof(float) * static_cast<size_t>(n)) == 0;
 }
@@ -95,11 +106,7 @@ TEST(CpuGemmTest, AgreesWithADoubleProduct) {
       const std::vector<float> y = Multiply(c, c.x.data(), m);
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < n; ++j) {
-          double ref = 0.0, mag = 0.0;
-          for (int64_t l = 0; l < k; ++l) {
-            ref += static_cast<double>(c.x[i * k + l]) * c.W(j, l);
-            mag += std::abs(static_cast<double>(c.x[i * k + l]) * c.W(j, l));
-          }
+          const auto [ref, mag] = DoubleProduct(c, i, j);
           ASSERT_NEAR(y[i * n + j], ref, 1e-5 * mag + 1e-6)
               << "m=" << m << " n=" << n << " k=" << k << " i=" << i << " j=" << j;
         }
@@ -175,11 +182,7 @@ TEST(CpuGemmTest, LongInnerDimensionsKeepTheBits) {
       // Against a double-precision product, a few outputs.
       for (int64_t i : {int64_t{0}, m - 1}) {
         for (int64_t j : {int64_t{0}, n - 1}) {
-          double ref = 0.0, mag = 0.0;
-          for (int64_t l = 0; l < k; ++l) {
-            ref += static_cast<double>(c.x[i * k + l]) * c.W(j, l);
-            mag += std::abs(static_cast<double>(c.x[i * k + l]) * c.W(j, l));
-          }
+          const auto [ref, mag] = DoubleProduct(c, i, j);
           ASSERT_NEAR(portable[i * n + j], ref, 1e-5 * mag + 1e-6);
         }
       }
