@@ -5,7 +5,7 @@
 #
 # Usage (from anywhere; everything it makes goes under the work dir):
 #   bench/peers/llama_cpp.sh [--work DIR] [--skip-build] [--models "tiny mixtral-1l"]
-#                            [--dtypes "bf16 f32"] [--threads N] [--reps N]
+#                            [--dtypes "bf16 f32"] [--threads N] [--reps N] [--rounds N]
 #                            [--prompt-tokens N] [--decode-tokens N] [--jobs N]
 #                            [--fmoe-bin DIR] [--bw GBPS] [--smoke]
 #
@@ -17,12 +17,17 @@
 #                      checkpoint directory (a path with a /); default "tiny mixtral-1l"
 #   --dtypes LIST      bf16 and/or f32: the GGUF outtype and runtime_bench's --dtype
 #   --threads N        threads for both (default 2)
-#   --reps N           timed repetitions for both, after one warm-up each (default 3)
+#   --reps N           timed repetitions for both, after one warm-up each, per round (default 3)
+#   --rounds N         rounds (default 3): each round runs both on every checkpoint, llama.cpp
+#                      first in odd rounds and fmoe first in even ones, and measures the read
+#                      bandwidth; a ratio is the median of the rounds' ratios, so a change in the
+#                      machine's memory speed between rounds moves both sides of a ratio alike
 #   --prompt-tokens N  prefill length (default 128); --decode-tokens N decode length (default 64)
 #   --jobs N           build parallelism (default 2)
 #   --fmoe-bin DIR     fmoe's binaries (default: build/bin of this checkout); nothing is rebuilt
 #   --bw GBPS          read bandwidth for the decode bound (default: measured, a torch sum)
-#   --smoke            prove the pipeline quickly: --reps 1 --prompt-tokens 16 --decode-tokens 8
+#   --smoke            prove the pipeline quickly: --reps 1 --rounds 1 --prompt-tokens 16
+#                      --decode-tokens 8
 #
 # Full measurement: bench/peers/llama_cpp.sh   (then copy the table into bench/RESULTS.md)
 set -euo pipefail
@@ -44,6 +49,7 @@ MODELS="tiny mixtral-1l"
 DTYPES="bf16 f32"
 THREADS=2
 REPS=3
+ROUNDS=3
 PROMPT_TOKENS=128
 DECODE_TOKENS=64
 JOBS=2
@@ -73,6 +79,7 @@ while [[ $# -gt 0 ]]; do
     --dtypes) DTYPES="$(value "$1" "$@")"; shift 2 ;;
     --threads) THREADS="$(value "$1" "$@")"; shift 2 ;;
     --reps) REPS="$(value "$1" "$@")"; shift 2 ;;
+    --rounds) ROUNDS="$(value "$1" "$@")"; shift 2 ;;
     --prompt-tokens) PROMPT_TOKENS="$(value "$1" "$@")"; shift 2 ;;
     --decode-tokens) DECODE_TOKENS="$(value "$1" "$@")"; shift 2 ;;
     --jobs) JOBS="$(value "$1" "$@")"; shift 2 ;;
@@ -84,9 +91,9 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 if [[ $SMOKE -eq 1 ]]; then
-  REPS=1 PROMPT_TOKENS=16 DECODE_TOKENS=8
+  REPS=1 ROUNDS=1 PROMPT_TOKENS=16 DECODE_TOKENS=8
 fi
-for n in THREADS REPS PROMPT_TOKENS DECODE_TOKENS JOBS; do
+for n in THREADS REPS ROUNDS PROMPT_TOKENS DECODE_TOKENS JOBS; do
   [[ "${!n}" =~ ^[1-9][0-9]*$ ]] || die "--$(tr 'A-Z_' 'a-z-' <<<"$n") ${!n}: not a positive integer"
 done
 for d in $DTYPES; do
@@ -268,36 +275,39 @@ gguf_of() {
 }
 
 # --- 4. the runs -------------------------------------------------------------------------------
-bench_llama() {  # LABEL DTYPE GGUF
-  local tag="$1-$2" gguf="$3"
+bench_llama() {  # LABEL DTYPE GGUF ROUND
+  local tag="$1-$2" gguf="$3" r="$4"
   # Every weight read into memory before the timing (-lm none -lzm off), as fmoe holds them:
   # mmap'd experts that the one-token warm-up did not route to would fault in while timed.
   local common=(-m "$gguf" -t "$THREADS" -r "$REPS" -lm none -lzm off -o json)
-  log "llama-bench $tag: decode $DECODE_TOKENS after $PROMPT_TOKENS, $THREADS threads, $REPS reps"
-  run_split "llama-bench decode $tag" "$RESULTS/llama-decode-$tag.json" \
-    "$LOGS/llama-bench-decode-$tag.log" \
+  log "round $r, llama-bench $tag: decode $DECODE_TOKENS after $PROMPT_TOKENS, $THREADS threads," \
+    "$REPS reps"
+  run_split "llama-bench decode $tag" "$RESULTS/llama-decode-$tag-r$r.json" \
+    "$LOGS/llama-bench-decode-$tag-r$r.log" \
     "$LLAMA_BENCH" "${common[@]}" -n "$DECODE_TOKENS" -p 0 -d "$PROMPT_TOKENS"
-  log "llama-bench $tag: prefill $PROMPT_TOKENS, every row's output (-embd 1)"
-  run_split "llama-bench prefill $tag" "$RESULTS/llama-prefill-$tag.json" \
-    "$LOGS/llama-bench-prefill-$tag.log" \
+  log "round $r, llama-bench $tag: prefill $PROMPT_TOKENS, every row's output (-embd 1)"
+  run_split "llama-bench prefill $tag" "$RESULTS/llama-prefill-$tag-r$r.json" \
+    "$LOGS/llama-bench-prefill-$tag-r$r.log" \
     "$LLAMA_BENCH" "${common[@]}" -p "$PROMPT_TOKENS" -n 0 -embd 1
 }
 
-bench_fmoe() {  # LABEL DTYPE CKPT
-  local tag="$1-$2" ckpt="$3" torch_dtype=float32 batches=(--batch 1) i prompts=()
+bench_fmoe() {  # LABEL DTYPE CKPT ROUND
+  local tag="$1-$2" ckpt="$3" r="$4" torch_dtype=float32 batches=(--batch 1) i prompts=()
   [[ $2 == bf16 ]] && torch_dtype=bfloat16
   for ((i = 0; i < REPS; i++)); do batches+=(--batch 1); done  # the first is the warm-up
   [[ -f "$REPO/../shared/data/prompts/puffin-dev.jsonl" ]] &&
     prompts=(--prompts "$REPO/../shared/data/prompts/puffin-dev.jsonl")
-  log "runtime_bench $tag: --dtype $torch_dtype --threads $THREADS, 1 warm-up + $REPS runs"
-  run_split "runtime_bench $tag" "$RESULTS/fmoe-$tag.md" "$LOGS/runtime-bench-$tag.log" \
+  log "round $r, runtime_bench $tag: --dtype $torch_dtype --threads $THREADS, 1 warm-up + $REPS" \
+    "runs"
+  run_split "runtime_bench $tag" "$RESULTS/fmoe-$tag-r$r.md" "$LOGS/runtime-bench-$tag-r$r.log" \
     "$FMOE_BIN/runtime_bench" --model "$ckpt" --dtype "$torch_dtype" --threads "$THREADS" \
     --prompt-tokens "$PROMPT_TOKENS" --decode-tokens "$DECODE_TOKENS" "${prompts[@]}" \
     "${batches[@]}"
 }
 
 # The read bandwidth for the decode bound, GB/s: --bw, else the best of 10 sums over 1 GiB by the
-# venv's torch with --threads threads (a rough figure; on a busy machine, a low one).
+# venv's torch with --threads threads (a rough figure; on a busy machine, a low one). Measured once
+# a round; the table's bound takes the rounds' best.
 read_bandwidth() {
   if [[ -n $BW ]]; then
     echo "$BW"
@@ -358,6 +368,7 @@ else
   make_venv
 fi
 
+# Every checkpoint and GGUF first, so that the rounds run back to back.
 ROWS="$RESULTS/rows.tsv"
 : >"$ROWS"
 for name in $MODELS; do
@@ -366,23 +377,36 @@ for name in $MODELS; do
   [[ $name == */* ]] && label="$(basename "$ckpt")"
   for dtype in $DTYPES; do
     gguf="$(gguf_of "$label" "$ckpt" "$dtype")"
-    bench_llama "$label" "$dtype" "$gguf"
-    bench_fmoe "$label" "$dtype" "$ckpt"
-    printf '%s\t%s\t%s\n' "$label" "$dtype" "$ckpt" >>"$ROWS"
+    printf '%s\t%s\t%s\t%s\n' "$label" "$dtype" "$ckpt" "$gguf" >>"$ROWS"
   done
 done
 
-bw="$(read_bandwidth)"
-log "read bandwidth for the decode bound: ${bw:-unknown} GB/s"
+bws=()
+for ((round = 1; round <= ROUNDS; round++)); do
+  bw="$(read_bandwidth)"
+  log "round $round of $ROUNDS: read bandwidth ${bw:-unknown} GB/s"
+  [[ -n $bw ]] && bws+=("$bw")
+  while IFS=$'\t' read -r -u 3 label dtype ckpt gguf; do
+    if ((round % 2 == 1)); then
+      bench_llama "$label" "$dtype" "$gguf" "$round"
+      bench_fmoe "$label" "$dtype" "$ckpt" "$round"
+    else
+      bench_fmoe "$label" "$dtype" "$ckpt" "$round"
+      bench_llama "$label" "$dtype" "$gguf" "$round"
+    fi
+  done 3<"$ROWS"
+done
+
 BUSY_END="$(check_quiet "after the runs")"
-"$PY" - "$RESULTS" "$ROWS" "${bw:-}" "$PROMPT_TOKENS" "$DECODE_TOKENS" "$THREADS" "$REPS" \
-  "$BUSY_START" "$BUSY_END" \
+"$PY" - "$RESULTS" "$ROWS" "${bws[*]}" "$PROMPT_TOKENS" "$DECODE_TOKENS" "$THREADS" "$REPS" \
+  "$BUSY_START" "$BUSY_END" "$ROUNDS" \
   >"$RESULTS/table.md" <<'EOF' || die "making the table from $RESULTS"
 import glob, json, re, statistics, sys
 
-results, rows, bw, prompt, decode, threads, reps, busy_start, busy_end = sys.argv[1:10]
-prompt, decode = int(prompt), int(decode)
-bw = float(bw) if bw else None
+results, rows, bws, prompt, decode, threads, reps, busy_start, busy_end, rounds = sys.argv[1:11]
+prompt, decode, rounds = int(prompt), int(decode), int(rounds)
+bws = [float(b) for b in bws.split()]
+bw = max(bws) if bws else None
 
 
 def last_level_cache_bytes():
@@ -427,40 +451,61 @@ def mixtral_macs(cfg):
         return None
 
 
+def ratio(fm, ll):
+    # The median of the rounds' ratios, and their range when there are several rounds.
+    rs = sorted(f / l for f, l in zip(fm, ll))
+    text = f"{statistics.median(rs):.2f}"
+    return text + (f" ({rs[0]:.2f}-{rs[-1]:.2f})" if len(rs) > 1 else "")
+
+
 out = []
 out.append(f"| checkpoint | dtype | decode tok/s fmoe | llama.cpp | fmoe / llama.cpp "
-           f"| prefill-{prompt} tok/s fmoe | llama.cpp | fmoe / llama.cpp | decode bound tok/s |")
-out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+           f"| prefill-{prompt} tok/s fmoe | llama.cpp | fmoe / llama.cpp | decode bound tok/s "
+           f"| decode read GB/s fmoe / llama.cpp |")
+out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 notes = {}
 for line in open(rows):
-    name, dtype, ckpt = line.rstrip("\n").split("\t")
+    name, dtype, ckpt, _ = line.rstrip("\n").split("\t")
     tag = f"{name}-{dtype}"
-    fm_pp, fm_tg = fmoe_ts(f"{results}/fmoe-{tag}.md")
-    ll_tg = llama_ts(f"{results}/llama-decode-{tag}.json")
-    ll_pp = llama_ts(f"{results}/llama-prefill-{tag}.json")
+    fm_pp, fm_tg, ll_pp, ll_tg = [], [], [], []
+    for r in range(1, rounds + 1):
+        pp, tg = fmoe_ts(f"{results}/fmoe-{tag}-r{r}.md")
+        fm_pp.append(pp)
+        fm_tg.append(tg)
+        ll_tg.append(llama_ts(f"{results}/llama-decode-{tag}-r{r}.json"))
+        ll_pp.append(llama_ts(f"{results}/llama-prefill-{tag}-r{r}.json"))
+    med = statistics.median
     cfg = json.load(open(f"{ckpt}/config.json"))
     macs = mixtral_macs(cfg)
-    bound = "n/a"
-    if macs and bw:
+    bound, rates = "n/a", "n/a"
+    if macs:
         active_bytes = (macs[0] + macs[1]) * (2 if dtype == "bf16" else 4)
-        bound = f"{bw * 1e9 / active_bytes:.1f}"
+        rates = f"{med(fm_tg) * active_bytes / 1e9:.1f} / {med(ll_tg) * active_bytes / 1e9:.1f}"
+        if bw:
+            bound = f"{bw * 1e9 / active_bytes:.1f}"
         if active_bytes <= llc:
-            bound += " (in cache)"
-    out.append(f"| {name} | {dtype} | {fm_tg:.1f} | {ll_tg:.1f} | {fm_tg / ll_tg:.2f} "
-               f"| {fm_pp:.0f} | {ll_pp:.0f} | {fm_pp / ll_pp:.2f} | {bound} |")
+            bound += " (in cache)" if bw else ""
+            rates += " (in cache)"
+    out.append(f"| {name} | {dtype} | {med(fm_tg):.1f} | {med(ll_tg):.1f} | {ratio(fm_tg, ll_tg)} "
+               f"| {med(fm_pp):.0f} | {med(ll_pp):.0f} | {ratio(fm_pp, ll_pp)} | {bound} "
+               f"| {rates} |")
     if macs:
         extra = macs[1] * (prompt - 1) / (prompt * macs[0] + macs[1])
         notes[name] = (f"{name}: llama.cpp's prefill (-embd 1) also computes the logits of "
                        f"{prompt - 1} more rows than fmoe: +{100 * extra:.0f}% multiply-adds")
 print("\n".join(out))
 print()
-print(f"{threads} threads; median of {reps} timed runs each, after one warm-up. Decode: "
+print(f"{threads} threads; {rounds} round(s), llama.cpp first in odd rounds and fmoe first in even "
+      f"ones; in each, the median of {reps} timed runs after one warm-up. Rates: the median over "
+      f"the rounds; ratios: the median of the rounds' ratios, with their range. Decode: "
       f"{decode} tokens after a {prompt}-token context (llama-bench -d {prompt}); prefill: "
       f"{prompt} tokens, every row through every layer (llama-bench -embd 1). Other work "
       f"on the machine: {busy_start}% of the CPUs before, {busy_end}% after.")
 if bw:
-    print(f"Decode bound: {bw:g} GB/s read bandwidth / (active parameters per token x bytes "
-          f"per parameter); \"in cache\": the active weights fit in the {llc >> 20} MiB "
+    print(f"Decode bound: {bw:g} GB/s read bandwidth (the best of the rounds' "
+          f"{', '.join(f'{b:g}' for b in bws)}) / (active parameters per token x bytes per "
+          f"parameter). Decode read: active parameters per token x bytes per parameter x "
+          f"decode tok/s. \"in cache\": the active weights fit in the {llc >> 20} MiB "
           f"last-level cache, so DRAM does not bound it.")
 for n in notes.values():
     print(f"- {n}")

@@ -52,7 +52,10 @@ std::optional<at::Tensor> HostGemm(const at::Tensor& x, const at::Tensor& w) {
   p.k = x.size(1);
   const int64_t tile = GemmColumnTile();
   const int64_t tiles = (p.n + tile - 1) / tile;
-  constexpr int64_t kMinMacsPerThread = int64_t{1} << 18;
+  // 32 K multiply-adds a thread at least: a decode step's projections of a small model split over
+  // the cores too, whose weights come from L3 or memory faster on two cores than on one (the tiny
+  // model's float32 decode: 1.56 -> 1.06 ms a token on 2 cores, bench/RESULTS.md).
+  constexpr int64_t kMinMacsPerThread = int64_t{1} << 15;
   const int64_t grain =
       std::max<int64_t>(1, kMinMacsPerThread / std::max<int64_t>(1, p.m * p.k * tile));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
