@@ -400,10 +400,10 @@ RowsView BlockOf(const Rows& rows, int64_t i0, int64_t n, float* buf) {
 // out[t * ldo + r] = row i0 + r of `rows` . x[t] for r < n and every token: fused from the
 // stored bytes for a decode-sized call (up to one tile of tokens, each weight decoded once), else
 // the host GEMM over the rows read in place or decoded into `buf` (n x len floats). Both give the
-// GEMM's bits.
+// GEMM's bits. `x_pairs`: x split for bfloat16 rows (GemmSplitX), or null.
 template <typename Rows>
 void Projection(const Rows& rows, int64_t i0, int64_t n, const float* x, int64_t tokens,
-                int64_t len, float* out, int64_t ldo, float* buf) {
+                int64_t len, float* out, int64_t ldo, float* buf, const float* x_pairs = nullptr) {
   if (tokens <= kTile) {
     int64_t r = 0;
     while (r < n && rows.FusedDots(i0 + r, x, len, tokens, out + r, ldo, buf)) ++r;
@@ -416,6 +416,7 @@ void Projection(const Rows& rows, int64_t i0, int64_t n, const float* x, int64_t
   GemmProblem p;
   p.x = x;
   p.ldx = len;
+  p.x_pairs = x_pairs;
   p.w = v.w;
   p.w_type = v.type;
   p.ldw = len;
@@ -446,6 +447,13 @@ void SwiGluKernel(const float* x, const Rows& w1, const Rows& w3, const Rows& w2
                   int64_t hidden, int64_t inter, float* act, float* y,
                   const KernelActivation& a = {}) {
   const int64_t chunk = ChunkRows();
+  // bfloat16 rows: x and act split for the GEMM once here, not once per chunk.
+  constexpr bool kPairs = std::is_same_v<Rows, PlainRows<uint16_t>>;
+  std::vector<float> x_pairs, act_pairs;
+  if constexpr (kPairs) {
+    x_pairs.resize(static_cast<size_t>(tokens * GemmSplitLength(hidden)));
+    GemmSplitX(x, hidden, tokens, hidden, x_pairs.data());
+  }
   // Scratch for the fused kernels' scales (a row's length) or a chunk's decoded rows.
   const auto scratch = [&](int64_t len) {
     return static_cast<size_t>(std::is_same_v<Rows, PlainRows<float>> ||
@@ -459,8 +467,10 @@ void SwiGluKernel(const float* x, const Rows& w1, const Rows& w3, const Rows& w2
     std::vector<float> buf(scratch(hidden));
     for (int64_t c = begin; c < end; ++c) {
       const int64_t i0 = c * chunk, n = std::min(chunk, inter - i0);
-      Projection(w1, i0, n, x, tokens, hidden, g.data(), n, buf.data());
-      Projection(w3, i0, n, x, tokens, hidden, u.data(), n, buf.data());
+      Projection(w1, i0, n, x, tokens, hidden, g.data(), n, buf.data(),
+                 kPairs ? x_pairs.data() : nullptr);
+      Projection(w3, i0, n, x, tokens, hidden, u.data(), n, buf.data(),
+                 kPairs ? x_pairs.data() : nullptr);
       for (int64_t t = 0; t < tokens; ++t) {
         for (int64_t r = 0; r < n; ++r) {
           const int64_t i = i0 + r;
@@ -478,12 +488,17 @@ void SwiGluKernel(const float* x, const Rows& w1, const Rows& w3, const Rows& w2
       }
     }
   });
+  if constexpr (kPairs) {
+    act_pairs.resize(static_cast<size_t>(tokens * GemmSplitLength(inter)));
+    GemmSplitX(act, inter, tokens, inter, act_pairs.data());
+  }
   // y[t, j] = w2[j] . act[t] (+ b2[j])
   at::parallel_for(0, (hidden + chunk - 1) / chunk, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buf(scratch(inter));
     for (int64_t c = begin; c < end; ++c) {
       const int64_t j0 = c * chunk, n = std::min(chunk, hidden - j0);
-      Projection(w2, j0, n, act, tokens, inter, y + j0, hidden, buf.data());
+      Projection(w2, j0, n, act, tokens, inter, y + j0, hidden, buf.data(),
+                 kPairs ? act_pairs.data() : nullptr);
       if (a.b2 != nullptr) {
         for (int64_t t = 0; t < tokens; ++t) {
           for (int64_t r = 0; r < n; ++r) y[t * hidden + j0 + r] += a.b2[j0 + r];

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <numeric>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -15,11 +17,15 @@
 namespace fmoe {
 namespace {
 
-// The fixed order every path follows for one output y[i][j]: 16 partial sums s[l], s[l] =
-// fma(x[i][k], w[j][k], s[l]) for k = l, l + 16, l + 32, ... in increasing k (the last block
-// padded with zeros), then t[l] = s[l] + s[l + 8], u[l] = t[l] + t[l + 4], v[l] = u[l] + u[l + 2],
+// The fixed order every path follows for one output y[i][j], by the weights' type (cpu_gemm.h):
+// float32: 16 partial sums s[l], s[l] = fma(x[i][k], w[j][k], s[l]) for k = l, l + 16, l + 32,
+// ... in increasing k (the last block padded with zeros); bfloat16: 16 partial sums over blocks of
+// 32 in increasing order, block b adding s[l] = fma(x[i][32b + 2l + 1], w[j][32b + 2l + 1], s[l])
+// and then s[l] = fma(x[i][32b + 2l], w[j][32b + 2l], s[l]) (the last block padded with zeros);
+// then, both, t[l] = s[l] + s[l + 8], u[l] = t[l] + t[l + 4], v[l] = u[l] + u[l + 2],
 // y = v[0] + v[1].
 constexpr int kLanes = 16;
+constexpr int kPairBlock = 2 * kLanes;  // bfloat16: the elements of one block, 32 (64 bytes)
 
 // Bytes of weights a panel of columns keeps in a core's L2 (512 KiB-2 MiB on the CPUs we run on)
 // while the rows pass over them.
@@ -52,15 +58,61 @@ void TilePortable(const float* x, int64_t ldx, const void* wv, int64_t ldw, int6
   }
 }
 
+// The bfloat16 tiles read x split in pairs (SplitPairs): per block of 32 along k, x's odd
+// elements (16 floats) and then its even ones (16), the last block zero-padded, so that a 64-byte
+// load of weights widens into its odd and even halves with a mask and a shift, no shuffle; ldx is
+// the split row's length, k rounded up to 32.
+using SplitFn = void (*)(const float* x, int64_t ldx, int64_t rows, int64_t k, float* out);
+
+int64_t SplitLength(int64_t k) { return (k + kPairBlock - 1) / kPairBlock * kPairBlock; }
+
+// Blocks [b0, k) of one row, zero-padded: the portable split, and every split's last block.
+void SplitBlocks(const float* xr, int64_t b0, int64_t k, float* o) {
+  for (int64_t b = b0; b < k; b += kPairBlock) {
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const int64_t odd = b + 2 * l + 1, even = b + 2 * l;
+      o[b + l] = odd < k ? xr[odd] : 0.0f;
+      o[b + kLanes + l] = even < k ? xr[even] : 0.0f;
+    }
+  }
+}
+
+void SplitPairsPortable(const float* x, int64_t ldx, int64_t rows, int64_t k, float* out) {
+  for (int64_t r = 0; r < rows; ++r) SplitBlocks(x + r * ldx, 0, k, out + r * SplitLength(k));
+}
+
+template <int R, int C>
+void PairTilePortable(const float* xs, int64_t ldx, const void* wv, int64_t ldw, int64_t k,
+                      float* out) {
+  const uint16_t* w = static_cast<const uint16_t*>(wv);
+  float acc[R][C][kLanes] = {};
+  for (int64_t b = 0; b < k; b += kPairBlock) {
+    for (int c = 0; c < C; ++c) {
+      float wo[kLanes], we[kLanes];
+      for (int l = 0; l < kLanes; ++l) {
+        const int64_t odd = b + 2 * l + 1, even = b + 2 * l;
+        wo[l] = odd < k ? GemmWiden(w[c * ldw + odd]) : 0.0f;
+        we[l] = even < k ? GemmWiden(w[c * ldw + even]) : 0.0f;
+      }
+      for (int r = 0; r < R; ++r) {
+        const float* x = xs + r * ldx + b;
+        for (int l = 0; l < kLanes; ++l) {
+          acc[r][c][l] = std::fma(x[l], wo[l], acc[r][c][l]);
+          acc[r][c][l] = std::fma(x[kLanes + l], we[l], acc[r][c][l]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) out[r * C + c] = GemmReduceLanes(acc[r][c]);
+  }
+}
+
 #if defined(__x86_64__)
 #define FMOE_AVX2 __attribute__((target("avx2,fma")))
 #define FMOE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 
 FMOE_AVX2 inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
-FMOE_AVX2 inline __m256 Load8(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
 
 // ReduceLanes of s = (lo, hi): t = lo + hi, then the same tree (gemm_lanes.h).
 FMOE_AVX2 inline float Reduce8(__m256 t) { return GemmReduce8(t); }
@@ -109,6 +161,85 @@ FMOE_AVX2 void TileAvx2(const float* x, int64_t ldx, const void* wv, int64_t ldw
   }
 }
 
+FMOE_AVX2 void SplitPairsAvx2(const float* x, int64_t ldx, int64_t rows, int64_t k, float* out) {
+  const int64_t full = k - k % kPairBlock;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ldx;
+    float* o = out + r * SplitLength(k);
+    for (int64_t b = 0; b < full; b += kPairBlock) {
+      // shuffle_ps takes lanes {1, 3} (0xdd) or {0, 2} (0x88) of each 128-bit half of both
+      // inputs; the 64-bit permute (0xd8) puts the halves in order.
+      for (int h = 0; h < 2; ++h) {
+        const __m256 a = _mm256_loadu_ps(xr + b + 16 * h), c = _mm256_loadu_ps(xr + b + 16 * h + 8);
+        const __m256 odd = _mm256_shuffle_ps(a, c, 0xdd), even = _mm256_shuffle_ps(a, c, 0x88);
+        _mm256_storeu_ps(o + b + 8 * h,
+                         _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), 0xd8)));
+        _mm256_storeu_ps(o + b + kLanes + 8 * h,
+                         _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), 0xd8)));
+      }
+    }
+    SplitBlocks(xr, full, k, o);
+  }
+}
+
+// The bfloat16 tile, per half block of 16 weights (32 bytes, 8 lanes: the first half into lo,
+// the second into hi): the odd ones (the high halves of the 32-bit words, masked) with x's odd
+// split elements, then the even ones (shifted up) with x's even ones. Each weight vector is
+// loaded once, so each row's odd and even x stay in registers: 2 R of them, 2 R C accumulators
+// (lo and hi), 3 more. One loop for every block, the last one's weights read from a zero-padded
+// copy. The loops over rows, columns and halves are unrolled whole (the pragmas): left as loops,
+// GCC keeps the accumulators in memory.
+template <int R, int C>
+FMOE_AVX2 void PairTileAvx2(const float* xs, int64_t ldx, const void* wv, int64_t ldw, int64_t k,
+                            float* out) {
+  const uint16_t* w = static_cast<const uint16_t*>(wv);
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  const int64_t full = k - k % kPairBlock;
+  alignas(32) uint16_t wt[C][kPairBlock] = {};
+  for (int c = 0; c < C && full < k; ++c) {
+    std::memcpy(wt[c], w + c * ldw + full, sizeof(uint16_t) * static_cast<size_t>(k - full));
+  }
+  __m256 acc[2][R][C];
+#pragma GCC unroll 16
+  for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) acc[h][r][c] = _mm256_setzero_ps();
+    }
+  }
+  for (int64_t b = 0; b < k; b += kPairBlock) {
+    const uint16_t* wb = b < full ? w + b : &wt[0][0];
+    const int64_t ld = b < full ? ldw : kPairBlock;
+#pragma GCC unroll 16
+    for (int h = 0; h < 2; ++h) {
+      __m256 xo[R], xe[R];
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        xo[r] = _mm256_loadu_ps(xs + r * ldx + b + 8 * h);
+        xe[r] = _mm256_loadu_ps(xs + r * ldx + b + kLanes + 8 * h);
+      }
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) {
+        const __m256i raw =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + c * ld + kLanes * h));
+        const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(raw, high));
+        const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          acc[h][r][c] = _mm256_fmadd_ps(xo[r], wo, acc[h][r][c]);
+          acc[h][r][c] = _mm256_fmadd_ps(xe[r], we, acc[h][r][c]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) out[r * C + c] = Reduce8(_mm256_add_ps(acc[0][r][c], acc[1][r][c]));
+  }
+}
+
 // GCC 12's AVX-512 intrinsics start their results from a self-initialised "undefined" value,
 // which -Wuninitialized reports in every caller (GCC bug 105593); the values are all defined.
 #pragma GCC diagnostic push
@@ -116,16 +247,8 @@ FMOE_AVX2 void TileAvx2(const float* x, int64_t ldx, const void* wv, int64_t ldw
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 FMOE_AVX512 inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
-FMOE_AVX512 inline __m512 Load16(const uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
 FMOE_AVX512 inline __m512 LoadTail16(const float* p, __mmask16 m) {
   return _mm512_maskz_loadu_ps(m, p);
-}
-FMOE_AVX512 inline __m512 LoadTail16(const uint16_t* p, __mmask16 m) {
-  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 FMOE_AVX512 inline float Reduce16(__m512 s) {
   const __m256 lo = _mm512_castps512_ps256(s);
@@ -163,46 +286,134 @@ FMOE_AVX512 void TileAvx512(const float* x, int64_t ldx, const void* wv, int64_t
     for (int c = 0; c < C; ++c) out[r * C + c] = Reduce16(acc[r][c]);
   }
 }
+FMOE_AVX512 void SplitPairsAvx512(const float* x, int64_t ldx, int64_t rows, int64_t k,
+                                  float* out) {
+  const __m512i odd_idx =
+      _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i even_idx =
+      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const int64_t full = k - k % kPairBlock;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ldx;
+    float* o = out + r * SplitLength(k);
+    for (int64_t b = 0; b < full; b += kPairBlock) {
+      const __m512 a = _mm512_loadu_ps(xr + b), c = _mm512_loadu_ps(xr + b + kLanes);
+      _mm512_storeu_ps(o + b, _mm512_permutex2var_ps(a, odd_idx, c));
+      _mm512_storeu_ps(o + b + kLanes, _mm512_permutex2var_ps(a, even_idx, c));
+    }
+    SplitBlocks(xr, full, k, o);
+  }
+}
+
+// The bfloat16 tile, per block of 32: the odd weights (masked high halves) with x's odd split
+// elements at xs[0..16), then the even ones (shifted up) with xs[16..32). Each 64-byte weight
+// load is made once, so each row's odd and even x stay in registers: 2 R of them, R C
+// accumulators, 3 more. One loop for every block, the last one's weights masked. The loops over
+// rows and columns are unrolled whole (the pragmas): left as loops, GCC keeps the accumulators in
+// memory.
+template <int R, int C>
+FMOE_AVX512 void PairTileAvx512(const float* xs, int64_t ldx, const void* wv, int64_t ldw,
+                                int64_t k, float* out) {
+  const uint16_t* w = static_cast<const uint16_t*>(wv);
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const int64_t full = k - k % kPairBlock;
+  const auto tail = static_cast<__mmask32>((uint64_t{1} << (k - full)) - 1u);
+  __m512 acc[R][C];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < k; b += kPairBlock) {
+    const __mmask32 m = b < full ? ~__mmask32{0} : tail;
+    __m512 xo[R], xe[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      xo[r] = _mm512_loadu_ps(xs + r * ldx + b);
+      xe[r] = _mm512_loadu_ps(xs + r * ldx + b + kLanes);
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+      const __m512i raw = _mm512_maskz_loadu_epi16(m, w + c * ldw + b);
+      const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(raw, high));
+      const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        acc[r][c] = _mm512_fmadd_ps(xo[r], wo, acc[r][c]);
+        acc[r][c] = _mm512_fmadd_ps(xe[r], we, acc[r][c]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) out[r * C + c] = Reduce16(acc[r][c]);
+  }
+}
 #pragma GCC diagnostic pop
 #endif
 
-// An instruction set's tiles: the main one (rows x cols), one row of it (rows left over), one
-// column (columns left over) and one output; each for float32 and bfloat16 weights.
+// An instruction set's tiles, for float32 weights (x as given) and for bfloat16 weights (x split
+// in pairs): the main one (rows x cols), one row (rows left over; decode), one column (columns
+// left over) and one output.
 struct Tile {
   int rows = 1, cols = 1;
-  TileFn f32 = nullptr, bf16 = nullptr;
-  TileFn For(GemmType t) const { return t == GemmType::kBFloat16 ? bf16 : f32; }
+  TileFn fn = nullptr;
+};
+struct TileSet {
+  Tile main, row, column, one;
 };
 struct Kernels {
   std::string_view isa;
-  Tile main, row, column, one;
+  TileSet f32, bf16;
+  SplitFn split = nullptr;
+  const TileSet& For(GemmType t) const { return t == GemmType::kBFloat16 ? bf16 : f32; }
 };
 
-#define FMOE_TILE(fn, R, C) \
-  Tile { R, C, &fn<R, C, float>, &fn<R, C, uint16_t> }
+#define FMOE_F32(fn, R, C) \
+  Tile { R, C, &fn<R, C, float> }
+#define FMOE_BF16(fn, R, C) \
+  Tile { R, C, &fn<R, C> }
 
 const Kernels& PortableKernels() {
-  static const Kernels k{"portable", FMOE_TILE(TilePortable, 2, 4), FMOE_TILE(TilePortable, 1, 4),
-                         FMOE_TILE(TilePortable, 2, 1), FMOE_TILE(TilePortable, 1, 1)};
+  static const Kernels k{"portable",
+                         {FMOE_F32(TilePortable, 2, 4), FMOE_F32(TilePortable, 1, 4),
+                          FMOE_F32(TilePortable, 2, 1), FMOE_F32(TilePortable, 1, 1)},
+                         {FMOE_BF16(PairTilePortable, 2, 4), FMOE_BF16(PairTilePortable, 1, 4),
+                          FMOE_BF16(PairTilePortable, 2, 1), FMOE_BF16(PairTilePortable, 1, 1)},
+                         &SplitPairsPortable};
   return k;
 }
 
 #if defined(__x86_64__)
 const Kernels& Avx2Kernels() {
-  // 16 registers: 2 x 3 tiles keep 12 accumulators, 2 rows of x and a weight vector.
-  static const Kernels k{"avx2", FMOE_TILE(TileAvx2, 2, 3), FMOE_TILE(TileAvx2, 1, 3),
-                         FMOE_TILE(TileAvx2, 2, 1), FMOE_TILE(TileAvx2, 1, 1)};
+  // 16 registers. float32: 2 x 3 tiles keep 12 accumulators (lo and hi), 2 rows of x and a weight
+  // vector. bfloat16: 2 x 2 tiles keep 8 accumulators, each row's odd and even x, the odd and
+  // even weights and the mask; one row takes 4 columns.
+  static const Kernels k{"avx2",
+                         {FMOE_F32(TileAvx2, 2, 3), FMOE_F32(TileAvx2, 1, 3),
+                          FMOE_F32(TileAvx2, 2, 1), FMOE_F32(TileAvx2, 1, 1)},
+                         {FMOE_BF16(PairTileAvx2, 2, 2), FMOE_BF16(PairTileAvx2, 1, 4),
+                          FMOE_BF16(PairTileAvx2, 2, 1), FMOE_BF16(PairTileAvx2, 1, 1)},
+                         &SplitPairsAvx2};
   return k;
 }
 const Kernels& Avx512Kernels() {
-  // 32 registers: 4 x 6 tiles keep 24 accumulators, 4 rows of x and a weight vector.
-  static const Kernels k{"avx512", FMOE_TILE(TileAvx512, 4, 6), FMOE_TILE(TileAvx512, 1, 6),
-                         FMOE_TILE(TileAvx512, 4, 1), FMOE_TILE(TileAvx512, 1, 1)};
+  // 32 registers. float32: 4 x 6 tiles keep 24 accumulators, 4 rows of x and a weight vector.
+  // bfloat16: 4 x 4 tiles keep 16 accumulators, each row's odd and even x, the odd and even
+  // weights and the mask; one row (decode) takes 8 columns.
+  static const Kernels k{"avx512",
+                         {FMOE_F32(TileAvx512, 4, 6), FMOE_F32(TileAvx512, 1, 6),
+                          FMOE_F32(TileAvx512, 4, 1), FMOE_F32(TileAvx512, 1, 1)},
+                         {FMOE_BF16(PairTileAvx512, 4, 4), FMOE_BF16(PairTileAvx512, 1, 8),
+                          FMOE_BF16(PairTileAvx512, 4, 1), FMOE_BF16(PairTileAvx512, 1, 1)},
+                         &SplitPairsAvx512};
   return k;
 }
 #endif
 
-#undef FMOE_TILE
+#undef FMOE_F32
+#undef FMOE_BF16
 
 // The kernels of the named code when this CPU runs it, else null.
 const Kernels* Named(std::string_view isa) {
@@ -247,6 +458,27 @@ const void* WeightRow(const GemmProblem& p, int64_t j) {
   return static_cast<const char*>(p.w) + static_cast<size_t>(j * p.ldw) * elem;
 }
 
+// x split in pairs for bfloat16 weights: one buffer per thread, grown to the largest call's need
+// and kept (no allocation per call once warm).
+class SplitBuffer {
+ public:
+  float* Get(int64_t floats) {
+    if (floats > size_) {
+      data_ = std::make_unique<float[]>(static_cast<size_t>(floats));
+      size_ = floats;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<float[]> data_;
+  int64_t size_ = 0;
+};
+
+// The most floats of split x a call keeps for all its rows (4 MiB); a call with more splits each
+// row tile's x as it comes to it, once per panel.
+constexpr int64_t kWholeSplitFloats = int64_t{1} << 20;
+
 void Run(const Kernels& ks, const GemmProblem& p, int64_t n0, int64_t n1) {
   if (p.m <= 0 || n1 <= n0) return;
   float out[64];
@@ -259,27 +491,49 @@ void Run(const Kernels& ks, const GemmProblem& p, int64_t n0, int64_t n1) {
     }
     return;
   }
-  const int rb = ks.main.rows, cb = ks.main.cols;
+  const TileSet& ts = ks.For(p.w_type);
+  const int rb = ts.main.rows;
+  const int64_t cb = std::lcm(ts.main.cols, ts.row.cols);
   // Columns in panels whose weights stay in a core's L2 while every row passes over them, so each
   // weight comes from memory once; a row tile's x is reused by every column tile of the panel.
   const int64_t w_bytes = p.w_type == GemmType::kBFloat16 ? 2 : 4;
   const int64_t panel = std::max<int64_t>(cb, kPanelBytes / (w_bytes * p.k) / cb * cb);
-  const TileFn main = ks.main.For(p.w_type), row = ks.row.For(p.w_type);
-  const TileFn column = ks.column.For(p.w_type), one = ks.one.For(p.w_type);
   const int64_t i_full = p.m / rb * rb;
+  // bfloat16 weights: x split in pairs, as the caller gave it (x_pairs), else all rows once when
+  // they fit, else per row tile.
+  const bool pairs = p.w_type == GemmType::kBFloat16;
+  const int64_t kp = SplitLength(p.k);
+  const bool given = pairs && p.x_pairs != nullptr;
+  const bool whole = pairs && (given || p.m * kp <= kWholeSplitFloats);
+  thread_local SplitBuffer split_buffer;
+  const float* split = nullptr;
+  float* own = nullptr;
+  if (given) {
+    split = p.x_pairs;
+  } else if (pairs) {
+    split = own = split_buffer.Get(whole ? p.m * kp : rb * kp);
+    if (whole) ks.split(p.x, p.ldx, p.m, p.k, own);
+  }
   for (int64_t j0 = n0; j0 < n1; j0 += panel) {
     const int64_t j1 = std::min(n1, j0 + panel);
     for (int64_t i = 0; i < p.m;) {
       const int rows = i < i_full ? rb : 1;
-      const TileFn wide = rows == rb ? main : row, narrow = rows == rb ? column : one;
+      const Tile& wide = rows == rb ? ts.main : ts.row;
+      const TileFn narrow = rows == rb ? ts.column.fn : ts.one.fn;
       const float* x = p.x + i * p.ldx;
+      int64_t ldx = p.ldx;
+      if (pairs) {
+        if (!whole) ks.split(x, p.ldx, rows, p.k, own);
+        x = whole ? split + i * kp : split;
+        ldx = kp;
+      }
       int64_t j = j0;
-      for (; j + cb <= j1; j += cb) {
-        wide(x, p.ldx, WeightRow(p, j), p.ldw, p.k, out);
-        Store(p, i, j, rows, cb, out);
+      for (; j + wide.cols <= j1; j += wide.cols) {
+        wide.fn(x, ldx, WeightRow(p, j), p.ldw, p.k, out);
+        Store(p, i, j, rows, wide.cols, out);
       }
       for (; j < j1; ++j) {
-        narrow(x, p.ldx, WeightRow(p, j), p.ldw, p.k, out);
+        narrow(x, ldx, WeightRow(p, j), p.ldw, p.k, out);
         Store(p, i, j, rows, 1, out);
       }
       i += rows;
@@ -311,7 +565,17 @@ bool GemmColumnsOn(std::string_view isa, const GemmProblem& p, int64_t n0, int64
   return true;
 }
 
-int64_t GemmColumnTile() { return Active().main.cols; }
+int64_t GemmColumnTile() {
+  const Kernels& k = Active();
+  return std::lcm(std::lcm(k.f32.main.cols, k.f32.row.cols),
+                  std::lcm(k.bf16.main.cols, k.bf16.row.cols));
+}
+
+int64_t GemmSplitLength(int64_t k) { return SplitLength(k); }
+
+void GemmSplitX(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
+  Active().split(x, ldx, m, k, out);
+}
 
 std::string_view GemmIsa() { return Active().isa; }
 

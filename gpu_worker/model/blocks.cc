@@ -50,6 +50,15 @@ std::optional<at::Tensor> HostGemm(const at::Tensor& x, const at::Tensor& w) {
   p.m = x.size(0);
   p.n = w.size(0);
   p.k = x.size(1);
+  // bfloat16 weights: x split once here for every thread's columns (GemmSplitX), into a buffer
+  // this thread keeps for its next products.
+  thread_local std::vector<float> pairs;
+  if (p.w_type == GemmType::kBFloat16) {
+    const auto need = static_cast<size_t>(p.m * GemmSplitLength(p.k));
+    if (pairs.size() < need) pairs.resize(need);
+    GemmSplitX(p.x, p.ldx, p.m, p.k, pairs.data());
+    p.x_pairs = pairs.data();
+  }
   const int64_t tile = GemmColumnTile();
   const int64_t tiles = (p.n + tile - 1) / tile;
   // 32 K multiply-adds a thread at least: a decode step's projections of a small model split over

@@ -1,6 +1,6 @@
 // The CPU matrix product: agreement with a double-precision product, bit-identical rows whatever
-// the batch and the column split, the same bits from every instruction set this CPU runs, and
-// bfloat16 output rounded to nearest even.
+// the batch and the column split, the same bits from every instruction set this CPU runs, each
+// weight type's documented accumulation order, and bfloat16 output rounded to nearest even.
 #include "gpu_worker/kernels/cpu_gemm.h"
 
 #include <gtest/gtest.h>
@@ -159,12 +159,13 @@ TEST(CpuGemmTest, EveryInstructionSetGivesTheSameBits) {
 }
 
 // Batches of many rows with a long inner dimension (panels of a few columns, k not a multiple of
-// 16): every row has the bits it has alone, on every instruction set.
+// 16; 300 x 4100 splits bfloat16's x per row tile rather than whole): every row has the bits it
+// has alone, on every instruction set.
 TEST(CpuGemmTest, LongInnerDimensionsKeepTheBits) {
   std::mt19937 rng(19);
   for (GemmType t : {GemmType::kFloat32, GemmType::kBFloat16}) {
     for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-             {70, 37, 4100}, {150, 15, 2061}, {17, 50, 6000}}) {
+             {70, 37, 4100}, {150, 15, 2061}, {17, 50, 6000}, {300, 9, 4100}}) {
       const Case c = MakeCase(rng, m, n, k, t);
       const std::vector<float> portable = Multiply(c, c.x.data(), m, 0, "portable");
       for (std::string_view isa : {"portable", "avx2", "avx512"}) {
@@ -184,6 +185,80 @@ TEST(CpuGemmTest, LongInnerDimensionsKeepTheBits) {
         for (int64_t j : {int64_t{0}, n - 1}) {
           const auto [ref, mag] = DoubleProduct(c, i, j);
           ASSERT_NEAR(portable[i * n + j], ref, 1e-5 * mag + 1e-6);
+        }
+      }
+    }
+  }
+}
+
+// y[i][j] in the order cpu_gemm.h documents for the weights' type, written out plainly: 16
+// partial sums (float32 weights: k = l mod 16 in increasing k; bfloat16 weights: per block of 32,
+// the product at 2l + 1 and then the one at 2l), the last block zero-padded, then the tree.
+float DocumentedOrder(const Case& c, int64_t i, int64_t j) {
+  float s[16] = {};
+  auto x = [&](int64_t l) { return l < c.k ? c.x[i * c.k + l] : 0.0f; };
+  auto w = [&](int64_t l) { return l < c.k ? c.W(j, l) : 0.0f; };
+  if (c.w_type == GemmType::kFloat32) {
+    for (int64_t b = 0; b < c.k; b += 16) {
+      for (int l = 0; l < 16; ++l) s[l] = std::fma(x(b + l), w(b + l), s[l]);
+    }
+  } else {
+    for (int64_t b = 0; b < c.k; b += 32) {
+      for (int l = 0; l < 16; ++l) {
+        s[l] = std::fma(x(b + 2 * l + 1), w(b + 2 * l + 1), s[l]);
+        s[l] = std::fma(x(b + 2 * l), w(b + 2 * l), s[l]);
+      }
+    }
+  }
+  float t[8], u[4];
+  for (int l = 0; l < 8; ++l) t[l] = s[l] + s[l + 8];
+  for (int l = 0; l < 4; ++l) u[l] = t[l] + t[l + 4];
+  return (u[0] + u[2]) + (u[1] + u[3]);
+}
+
+// Every instruction set computes each weight type's documented order, to the bit, for inner
+// dimensions on both sides of the 16- and 32-element blocks.
+TEST(CpuGemmTest, FollowsTheDocumentedOrder) {
+  std::mt19937 rng(23);
+  for (GemmType t : {GemmType::kFloat32, GemmType::kBFloat16}) {
+    for (int64_t k : {1, 15, 16, 17, 31, 32, 33, 47, 64, 95, 200, 1001}) {
+      const Case c = MakeCase(rng, 6, 13, k, t);
+      for (std::string_view isa : {"portable", "avx2", "avx512"}) {
+        GemmProblem probe;
+        if (!GemmColumnsOn(isa, probe, 0, 0)) continue;
+        const std::vector<float> y = Multiply(c, c.x.data(), c.m, 7, isa);
+        for (int64_t i = 0; i < c.m; ++i) {
+          for (int64_t j = 0; j < c.n; ++j) {
+            const float ref = DocumentedOrder(c, i, j);
+            ASSERT_TRUE(SameBits(&y[i * c.n + j], &ref, 1))
+                << isa << (t == GemmType::kBFloat16 ? " bf16" : " f32") << " k=" << k << " i=" << i
+                << " j=" << j << ": " << y[i * c.n + j] << " against " << ref;
+          }
+        }
+      }
+      if (t != GemmType::kBFloat16) continue;
+      // x split once by the caller (GemmSplitX) gives the same bits, for any column split.
+      std::vector<float> pairs(static_cast<size_t>(c.m * GemmSplitLength(k)), -1.0f);
+      GemmSplitX(c.x.data(), k, c.m, k, pairs.data());
+      std::vector<float> y(c.m * c.n, -1.0f);
+      GemmProblem p;
+      p.x = c.x.data();
+      p.ldx = k;
+      p.x_pairs = pairs.data();
+      p.w = c.w();
+      p.w_type = t;
+      p.ldw = k;
+      p.y = y.data();
+      p.ldy = c.n;
+      p.m = c.m;
+      p.n = c.n;
+      p.k = k;
+      GemmColumns(p, 0, 4);
+      GemmColumns(p, 4, c.n);
+      for (int64_t i = 0; i < c.m; ++i) {
+        for (int64_t j = 0; j < c.n; ++j) {
+          const float ref = DocumentedOrder(c, i, j);
+          ASSERT_TRUE(SameBits(&y[i * c.n + j], &ref, 1)) << "x_pairs k=" << k << " i=" << i;
         }
       }
     }
