@@ -112,6 +112,13 @@ void PairTilePortable(const float* xs, int64_t ldx, const void* wv, int64_t ldw,
 #define FMOE_AVX2 __attribute__((target("avx2,fma")))
 #define FMOE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 
+// An opaque copy of p: the compiler cannot tell that loads through it read what earlier loads
+// through p read, so it loads again instead of keeping those values in registers.
+template <typename T>
+inline void Launder(const T*& p) {
+  asm("" : "+r"(p));
+}
+
 FMOE_AVX2 inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
 
 // ReduceLanes of s = (lo, hi): t = lo + hi, then the same tree (gemm_lanes.h).
@@ -183,17 +190,20 @@ FMOE_AVX2 void SplitPairsAvx2(const float* x, int64_t ldx, int64_t rows, int64_t
 }
 
 // The bfloat16 tile, per half block of 16 weights (32 bytes, 8 lanes: the first half into lo,
-// the second into hi): the odd ones (the high halves of the 32-bit words, masked) with x's odd
-// split elements, then the even ones (shifted up) with x's even ones. Each weight vector is
-// loaded once, so each row's odd and even x stay in registers: 2 R of them, 2 R C accumulators
-// (lo and hi), 3 more. One loop for every block, the last one's weights read from a zero-padded
-// copy. The loops over rows, columns and halves are unrolled whole (the pragmas): left as loops,
-// GCC keeps the accumulators in memory.
+// the second into hi): a pass of the odd ones (the high halves of the 32-bit words, their low
+// halves shifted out) with x's odd split elements, then a pass of the even ones (shifted up) with
+// x's even ones, each holding one vector of x per row: 2 R C accumulators, R rows of x and a
+// weight vector, as the float32 tile (a mask register for the odd halves would leave 2 x 3 tiles
+// one short, and GCC would then reload x for every column). The second pass loads the weights
+// again (from L1): `Launder` hides that they are the same bytes, or GCC would keep the first
+// pass's C vectors for it and spill. One row (decode) takes a single pass with both halves of
+// x. One loop for every block, the last one's weights read from a zero-padded copy. The loops
+// over rows, columns and halves are unrolled whole (the pragmas): left as loops, GCC keeps the
+// accumulators in memory.
 template <int R, int C>
 FMOE_AVX2 void PairTileAvx2(const float* xs, int64_t ldx, const void* wv, int64_t ldw, int64_t k,
                             float* out) {
   const uint16_t* w = static_cast<const uint16_t*>(wv);
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   const int64_t full = k - k % kPairBlock;
   alignas(32) uint16_t wt[C][kPairBlock] = {};
   for (int c = 0; c < C && full < k; ++c) {
@@ -213,23 +223,44 @@ FMOE_AVX2 void PairTileAvx2(const float* xs, int64_t ldx, const void* wv, int64_
     const int64_t ld = b < full ? ldw : kPairBlock;
 #pragma GCC unroll 16
     for (int h = 0; h < 2; ++h) {
-      __m256 xo[R], xe[R];
+      if constexpr (R == 1) {
+        // One row: its odd and even x, both halves of each weight vector and the mask of the
+        // odd halves fit in registers.
+        const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+        const __m256 xo = _mm256_loadu_ps(xs + b + 8 * h);
+        const __m256 xe = _mm256_loadu_ps(xs + b + kLanes + 8 * h);
 #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        xo[r] = _mm256_loadu_ps(xs + r * ldx + b + 8 * h);
-        xe[r] = _mm256_loadu_ps(xs + r * ldx + b + kLanes + 8 * h);
+        for (int c = 0; c < C; ++c) {
+          const __m256i raw =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + c * ld + kLanes * h));
+          acc[h][0][c] =
+              _mm256_fmadd_ps(xo, _mm256_castsi256_ps(_mm256_and_si256(raw, high)), acc[h][0][c]);
+          acc[h][0][c] =
+              _mm256_fmadd_ps(xe, _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16)), acc[h][0][c]);
+        }
+        continue;
       }
+      __m256 xv[R];
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(xs + r * ldx + b + 8 * h);
 #pragma GCC unroll 16
       for (int c = 0; c < C; ++c) {
         const __m256i raw =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + c * ld + kLanes * h));
-        const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(raw, high));
+        const __m256 wo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(raw, 16), 16));
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) acc[h][r][c] = _mm256_fmadd_ps(xv[r], wo, acc[h][r][c]);
+      }
+      Launder(wb);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(xs + r * ldx + b + kLanes + 8 * h);
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) {
+        const __m256i raw =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + c * ld + kLanes * h));
         const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
 #pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-          acc[h][r][c] = _mm256_fmadd_ps(xo[r], wo, acc[h][r][c]);
-          acc[h][r][c] = _mm256_fmadd_ps(xe[r], we, acc[h][r][c]);
-        }
+        for (int r = 0; r < R; ++r) acc[h][r][c] = _mm256_fmadd_ps(xv[r], we, acc[h][r][c]);
       }
     }
   }
@@ -305,12 +336,14 @@ FMOE_AVX512 void SplitPairsAvx512(const float* x, int64_t ldx, int64_t rows, int
   }
 }
 
-// The bfloat16 tile, per block of 32: the odd weights (masked high halves) with x's odd split
-// elements at xs[0..16), then the even ones (shifted up) with xs[16..32). Each 64-byte weight
-// load is made once, so each row's odd and even x stay in registers: 2 R of them, R C
-// accumulators, 3 more. One loop for every block, the last one's weights masked. The loops over
-// rows and columns are unrolled whole (the pragmas): left as loops, GCC keeps the accumulators in
-// memory.
+// The bfloat16 tile, per block of 32: a pass of the odd weights (masked high halves) with x's odd
+// split elements at xs[0..16), then a pass of the even ones (shifted up) with xs[16..32), each
+// holding one vector of x per row: R C accumulators, R rows of x, a weight vector and the mask,
+// as the float32 tile. The second pass loads the weights again (from L1): `Launder` hides that
+// they are the same bytes, or GCC would keep the first pass's C vectors for it and spill the
+// accumulators. One row (decode) takes a single pass with both halves of x. One loop for every
+// block, the last one's weights masked. The loops over rows and columns are unrolled whole (the
+// pragmas): left as loops, GCC keeps the accumulators in memory.
 template <int R, int C>
 FMOE_AVX512 void PairTileAvx512(const float* xs, int64_t ldx, const void* wv, int64_t ldw,
                                 int64_t k, float* out) {
@@ -326,22 +359,38 @@ FMOE_AVX512 void PairTileAvx512(const float* xs, int64_t ldx, const void* wv, in
   }
   for (int64_t b = 0; b < k; b += kPairBlock) {
     const __mmask32 m = b < full ? ~__mmask32{0} : tail;
-    __m512 xo[R], xe[R];
+    const uint16_t* wb = w + b;
+    if constexpr (R == 1) {
+      // One row: its odd and even x and each weight vector's two halves fit in registers.
+      const __m512 xo = _mm512_loadu_ps(xs + b), xe = _mm512_loadu_ps(xs + b + kLanes);
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      xo[r] = _mm512_loadu_ps(xs + r * ldx + b);
-      xe[r] = _mm512_loadu_ps(xs + r * ldx + b + kLanes);
+      for (int c = 0; c < C; ++c) {
+        const __m512i raw = _mm512_maskz_loadu_epi16(m, wb + c * ldw);
+        acc[0][c] =
+            _mm512_fmadd_ps(xo, _mm512_castsi512_ps(_mm512_and_si512(raw, high)), acc[0][c]);
+        acc[0][c] = _mm512_fmadd_ps(xe, _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16)), acc[0][c]);
+      }
+      continue;
     }
+    __m512 xv[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(xs + r * ldx + b);
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
-      const __m512i raw = _mm512_maskz_loadu_epi16(m, w + c * ldw + b);
+      const __m512i raw = _mm512_maskz_loadu_epi16(m, wb + c * ldw);
       const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(raw, high));
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], wo, acc[r][c]);
+    }
+    Launder(wb);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(xs + r * ldx + b + kLanes);
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+      const __m512i raw = _mm512_maskz_loadu_epi16(m, wb + c * ldw);
       const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
 #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        acc[r][c] = _mm512_fmadd_ps(xo[r], wo, acc[r][c]);
-        acc[r][c] = _mm512_fmadd_ps(xe[r], we, acc[r][c]);
-      }
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], we, acc[r][c]);
     }
   }
 #pragma GCC unroll 16
@@ -387,25 +436,23 @@ const Kernels& PortableKernels() {
 
 #if defined(__x86_64__)
 const Kernels& Avx2Kernels() {
-  // 16 registers. float32: 2 x 3 tiles keep 12 accumulators (lo and hi), 2 rows of x and a weight
-  // vector. bfloat16: 2 x 2 tiles keep 8 accumulators, each row's odd and even x, the odd and
-  // even weights and the mask; one row takes 4 columns.
+  // 16 registers: 2 x 3 tiles keep 12 accumulators (lo and hi), 2 rows of x and a weight
+  // vector.
   static const Kernels k{"avx2",
                          {FMOE_F32(TileAvx2, 2, 3), FMOE_F32(TileAvx2, 1, 3),
                           FMOE_F32(TileAvx2, 2, 1), FMOE_F32(TileAvx2, 1, 1)},
-                         {FMOE_BF16(PairTileAvx2, 2, 2), FMOE_BF16(PairTileAvx2, 1, 4),
+                         {FMOE_BF16(PairTileAvx2, 2, 3), FMOE_BF16(PairTileAvx2, 1, 3),
                           FMOE_BF16(PairTileAvx2, 2, 1), FMOE_BF16(PairTileAvx2, 1, 1)},
                          &SplitPairsAvx2};
   return k;
 }
 const Kernels& Avx512Kernels() {
-  // 32 registers. float32: 4 x 6 tiles keep 24 accumulators, 4 rows of x and a weight vector.
-  // bfloat16: 4 x 4 tiles keep 16 accumulators, each row's odd and even x, the odd and even
-  // weights and the mask; one row (decode) takes 8 columns.
+  // 32 registers: 4 x 6 tiles keep 24 accumulators, 4 rows of x and a weight vector (bfloat16:
+  // and the mask).
   static const Kernels k{"avx512",
                          {FMOE_F32(TileAvx512, 4, 6), FMOE_F32(TileAvx512, 1, 6),
                           FMOE_F32(TileAvx512, 4, 1), FMOE_F32(TileAvx512, 1, 1)},
-                         {FMOE_BF16(PairTileAvx512, 4, 4), FMOE_BF16(PairTileAvx512, 1, 8),
+                         {FMOE_BF16(PairTileAvx512, 4, 6), FMOE_BF16(PairTileAvx512, 1, 6),
                           FMOE_BF16(PairTileAvx512, 4, 1), FMOE_BF16(PairTileAvx512, 1, 1)},
                          &SplitPairsAvx512};
   return k;
