@@ -294,16 +294,77 @@ at::Tensor RotateHalf(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
+// RoPE of rows [t, heads, hd] in one pass on the host, with the arithmetic of the LibTorch
+// expression in Rotate: each product rounded to T, then their sum rounded to T (in float32 for
+// bfloat16, as LibTorch's CPU kernels compute it), rotate_half's negation exact; dims [rd, hd)
+// copied. cos and sin [t, rd], row stride rd.
+template <typename T>
+void RotateRows(const T* x, const T* cos, const T* sin, T* out, int64_t t, int64_t heads,
+                int64_t hd, int64_t rd) {
+  const int64_t half = rd / 2;
+  for (int64_t r = 0; r < t; ++r) {
+    const T* c = cos + r * rd;
+    const T* s = sin + r * rd;
+    for (int64_t h = 0; h < heads; ++h) {
+      const T* xr = x + (r * heads + h) * hd;
+      T* o = out + (r * heads + h) * hd;
+      for (int64_t i = 0; i < rd; ++i) {
+        const float other =
+            i < half ? -static_cast<float>(xr[i + half]) : static_cast<float>(xr[i - half]);
+        const T a = static_cast<T>(static_cast<float>(xr[i]) * static_cast<float>(c[i]));
+        const T b =
+            static_cast<T>(static_cast<float>(static_cast<T>(other)) * static_cast<float>(s[i]));
+        o[i] = static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
+      }
+      for (int64_t i = rd; i < hd; ++i) o[i] = xr[i];
+    }
+  }
+}
+
+// Rotate on the host where it applies: x [t, heads, hd] contiguous, cos and sin [t, 1, rd]
+// contiguous, all float32 or all bfloat16 on the CPU, rd even and at most hd. nullopt elsewhere.
+std::optional<at::Tensor> HostRotate(const at::Tensor& x, const at::Tensor& cos,
+                                     const at::Tensor& sin) {
+  const at::ScalarType dt = x.scalar_type();
+  if ((dt != at::kFloat && dt != at::kBFloat16) || !x.is_cpu() || !cos.is_cpu() || !sin.is_cpu() ||
+      cos.scalar_type() != dt || sin.scalar_type() != dt || x.dim() != 3 || cos.dim() != 3 ||
+      sin.sizes() != cos.sizes() || cos.size(0) != x.size(0) || cos.size(1) != 1 ||
+      cos.size(2) > x.size(2) || cos.size(2) % 2 != 0 || !x.is_contiguous() ||
+      !cos.is_contiguous() || !sin.is_contiguous()) {
+    return std::nullopt;
+  }
+  at::Tensor out = at::empty_like(x);
+  const int64_t t = x.size(0), heads = x.size(1), hd = x.size(2), rd = cos.size(2);
+  if (dt == at::kFloat) {
+    RotateRows(x.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
+               out.data_ptr<float>(), t, heads, hd, rd);
+  } else {
+    RotateRows(x.data_ptr<at::BFloat16>(), cos.data_ptr<at::BFloat16>(),
+               sin.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), t, heads, hd, rd);
+  }
+  return out;
+}
+
 // RoPE on the first cos.size(-1) dims of each head (rotate_half style); the rest of the head, if
-// any, passes through (transformers' partial rotary: GLM-4.5, MiniMax-M2).
+// any, passes through (transformers' partial rotary: GLM-4.5, MiniMax-M2). On the host in one
+// pass where HostRotate applies (the same bits), else LibTorch's expression.
 at::Tensor Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (std::optional<at::Tensor> host = HostRotate(x, cos, sin)) return std::move(*host);
+  return RotateExpression(x, cos, sin);
+}
+
+}  // namespace
+
+at::Tensor RotateExpression(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t rd = cos.size(-1), hd = x.size(-1);
   if (rd == hd) return x * cos + RotateHalf(x) * sin;
   at::Tensor r = x.narrow(-1, 0, rd);
   return at::cat({r * cos + RotateHalf(r) * sin, x.narrow(-1, rd, hd - rd)}, -1);
 }
 
-}  // namespace
+at::Tensor RotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return Rotate(x, cos, sin);
+}
 
 namespace {
 

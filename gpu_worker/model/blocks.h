@@ -102,6 +102,14 @@ struct RotaryTables {
   int64_t long_after = 0;         // original_max_position_embeddings; 0 without LongRoPE.
 };
 
+// RoPE (rotate_half style) of x [t, heads, hd] by cos and sin [t, 1, rd] on the first rd dims of
+// each head, the rest passing through: x * cos + rotate_half(x) * sin. RotaryEmbedding runs it in
+// one pass on the host for float32 and bfloat16 (the same bits as the expression, each product
+// and the sum rounded to the dtype), RotateExpression always as LibTorch's operators (a GPU, other
+// dtypes and layouts take that way too).
+at::Tensor RotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor RotateExpression(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
 // A sequence's queries run in blocks of this many rows, so that a block's scores [heads, rows,
 // keys] hold at most `score_budget` elements (at least one row a block): a long prompt's
 // prefill never holds its whole [heads, tokens, tokens] score matrix.

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -338,6 +339,34 @@ TEST(MoeModel, QueryBlocksHoldTheScoreBudget) {
   EXPECT_EQ(QueryBlockRows(32, 100000, 1000), 1) << "at least one row";
   EXPECT_EQ(QueryBlockRows(4, 1, 1000), 250);
   EXPECT_EQ(QueryBlockRows(8, 10, 0), 1);
+}
+
+// The host's one-pass RoPE gives the bits of LibTorch's expression, in float32 and bfloat16, for
+// full and partial rotary, with large and negative values; a layout it does not take (cos
+// broadcast over heads from a [t, heads, rd] view) still goes through the expression.
+TEST(MoeModel, HostRotaryMatchesTheExpressionBitForBit) {
+  at::manual_seed(5);
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    for (auto [t, heads, hd, rd] : std::vector<std::array<int64_t, 4>>{
+             {1, 8, 32, 32}, {5, 4, 64, 64}, {3, 6, 128, 64}, {2, 2, 80, 40}, {7, 1, 16, 2}}) {
+      const at::Tensor x = (at::randn({t, heads, hd}) * 30.0).to(dt);
+      const at::Tensor angles = at::randn({t, 1, rd}) * 10.0;
+      const at::Tensor cos = (angles.cos() * 1.3).to(dt), sin = (angles.sin() * 1.3).to(dt);
+      const at::Tensor host = RotaryEmbedding(x, cos, sin);
+      const at::Tensor ref = RotateExpression(x, cos, sin);
+      ASSERT_EQ(host.scalar_type(), dt);
+      ASSERT_EQ(host.sizes(), ref.sizes());
+      ASSERT_EQ(std::memcmp(host.data_ptr(), ref.contiguous().data_ptr(),
+                            static_cast<size_t>(ref.numel() * ref.element_size())),
+                0)
+          << c10::toString(dt) << " t=" << t << " heads=" << heads << " hd=" << hd << " rd=" << rd
+          << ": max difference "
+          << (host.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<float>();
+    }
+  }
+  const at::Tensor x = at::randn({2, 3, 8});
+  const at::Tensor cos = at::randn({2, 3, 8}), sin = at::randn({2, 3, 8});
+  EXPECT_TRUE(at::equal(RotaryEmbedding(x, cos, sin), RotateExpression(x, cos, sin)));
 }
 
 TEST_P(FamilyReference, GreedyContinuationMatchesTransformers) {
