@@ -419,18 +419,17 @@ struct Kernels {
   const TileSet& For(GemmType t) const { return t == GemmType::kBFloat16 ? bf16 : f32; }
 };
 
+// The four tiles of an R x C main tile: R x C, 1 x C, R x 1 and 1 x 1.
+TileSet Tiles(int r, int c, TileFn main, TileFn row, TileFn column, TileFn one) {
+  return {{r, c, main}, {1, c, row}, {r, 1, column}, {1, 1, one}};
+}
 #define FMOE_F32(fn, R, C) \
-  Tile { R, C, &fn<R, C, float> }
-#define FMOE_BF16(fn, R, C) \
-  Tile { R, C, &fn<R, C> }
+  Tiles(R, C, &fn<R, C, float>, &fn<1, C, float>, &fn<R, 1, float>, &fn<1, 1, float>)
+#define FMOE_BF16(fn, R, C) Tiles(R, C, &fn<R, C>, &fn<1, C>, &fn<R, 1>, &fn<1, 1>)
 
 const Kernels& PortableKernels() {
-  static const Kernels k{"portable",
-                         {FMOE_F32(TilePortable, 2, 4), FMOE_F32(TilePortable, 1, 4),
-                          FMOE_F32(TilePortable, 2, 1), FMOE_F32(TilePortable, 1, 1)},
-                         {FMOE_BF16(PairTilePortable, 2, 4), FMOE_BF16(PairTilePortable, 1, 4),
-                          FMOE_BF16(PairTilePortable, 2, 1), FMOE_BF16(PairTilePortable, 1, 1)},
-                         &SplitPairsPortable};
+  static const Kernels k{"portable", FMOE_F32(TilePortable, 2, 4),
+                         FMOE_BF16(PairTilePortable, 2, 4), &SplitPairsPortable};
   return k;
 }
 
@@ -438,22 +437,14 @@ const Kernels& PortableKernels() {
 const Kernels& Avx2Kernels() {
   // 16 registers: 2 x 3 tiles keep 12 accumulators (lo and hi), 2 rows of x and a weight
   // vector.
-  static const Kernels k{"avx2",
-                         {FMOE_F32(TileAvx2, 2, 3), FMOE_F32(TileAvx2, 1, 3),
-                          FMOE_F32(TileAvx2, 2, 1), FMOE_F32(TileAvx2, 1, 1)},
-                         {FMOE_BF16(PairTileAvx2, 2, 3), FMOE_BF16(PairTileAvx2, 1, 3),
-                          FMOE_BF16(PairTileAvx2, 2, 1), FMOE_BF16(PairTileAvx2, 1, 1)},
+  static const Kernels k{"avx2", FMOE_F32(TileAvx2, 2, 3), FMOE_BF16(PairTileAvx2, 2, 3),
                          &SplitPairsAvx2};
   return k;
 }
 const Kernels& Avx512Kernels() {
   // 32 registers: 4 x 6 tiles keep 24 accumulators, 4 rows of x and a weight vector (bfloat16:
   // and the mask).
-  static const Kernels k{"avx512",
-                         {FMOE_F32(TileAvx512, 4, 6), FMOE_F32(TileAvx512, 1, 6),
-                          FMOE_F32(TileAvx512, 4, 1), FMOE_F32(TileAvx512, 1, 1)},
-                         {FMOE_BF16(PairTileAvx512, 4, 6), FMOE_BF16(PairTileAvx512, 1, 6),
-                          FMOE_BF16(PairTileAvx512, 4, 1), FMOE_BF16(PairTileAvx512, 1, 1)},
+  static const Kernels k{"avx512", FMOE_F32(TileAvx512, 4, 6), FMOE_BF16(PairTileAvx512, 4, 6),
                          &SplitPairsAvx512};
   return k;
 }
