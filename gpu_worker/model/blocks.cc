@@ -50,11 +50,15 @@ std::optional<at::Tensor> HostGemm(const at::Tensor& x, const at::Tensor& w) {
   p.m = x.size(0);
   p.n = w.size(0);
   p.k = x.size(1);
-  // bfloat16 weights: x split once here for every thread's columns (GemmSplitX), into a buffer
-  // this thread keeps for its next products.
-  thread_local std::vector<float> pairs;
+  // bfloat16 weights: x split once here for every thread's columns (GemmSplitX): up to 4 MiB (a
+  // decode step's) into a buffer this thread keeps for its next products, a larger one (a long
+  // prefill's) into one of its own, freed after.
+  constexpr size_t kKeptSplitFloats = size_t{1} << 20;
+  thread_local std::vector<float> kept;
+  std::vector<float> once;
   if (p.w_type == GemmType::kBFloat16) {
     const auto need = static_cast<size_t>(p.m * GemmSplitLength(p.k));
+    std::vector<float>& pairs = need <= kKeptSplitFloats ? kept : once;
     if (pairs.size() < need) pairs.resize(need);
     GemmSplitX(p.x, p.ldx, p.m, p.k, pairs.data());
     p.x_pairs = pairs.data();
