@@ -81,6 +81,22 @@ void SplitPairsPortable(const float* x, int64_t ldx, int64_t rows, int64_t k, fl
   for (int64_t r = 0; r < rows; ++r) SplitBlocks(x + r * ldx, 0, k, out + r * SplitLength(k));
 }
 
+// The split of bfloat16 x, widened on the way (exactly: a bfloat16 is a float32's high half).
+void SplitPairsBf16(const uint16_t* x, int64_t ldx, int64_t rows, int64_t k, float* out) {
+  const int64_t kp = SplitLength(k);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* xr = x + r * ldx;
+    float* o = out + r * kp;
+    for (int64_t b = 0; b < kp; b += kPairBlock) {
+      for (int64_t l = 0; l < kLanes; ++l) {
+        const int64_t odd = b + 2 * l + 1, even = b + 2 * l;
+        o[b + l] = odd < k ? GemmWiden(xr[odd]) : 0.0f;
+        o[b + kLanes + l] = even < k ? GemmWiden(xr[even]) : 0.0f;
+      }
+    }
+  }
+}
+
 template <int R, int C>
 void PairTilePortable(const float* xs, int64_t ldx, const void* wv, int64_t ldw, int64_t k,
                       float* out) {
@@ -558,12 +574,15 @@ void Run(const Kernels& ks, const GemmProblem& p, int64_t n0, int64_t n1) {
       const int rows = i < i_full ? rb : 1;
       const Tile& wide = rows == rb ? ts.main : ts.row;
       const TileFn narrow = rows == rb ? ts.column.fn : ts.one.fn;
-      const float* x = p.x + i * p.ldx;
-      int64_t ldx = p.ldx;
-      if (pairs) {
-        if (!whole) ks.split(x, p.ldx, rows, p.k, own);
-        x = whole ? split + i * kp : split;
-        ldx = kp;
+      const float* x = split;
+      int64_t ldx = kp;
+      if (!pairs) {
+        x = p.x + i * p.ldx;
+        ldx = p.ldx;
+      } else if (whole) {
+        x = split + i * kp;
+      } else {
+        ks.split(p.x + i * p.ldx, p.ldx, rows, p.k, own);
       }
       int64_t j = j0;
       for (; j + wide.cols <= j1; j += wide.cols) {
@@ -613,6 +632,10 @@ int64_t GemmSplitLength(int64_t k) { return SplitLength(k); }
 
 void GemmSplitX(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
   Active().split(x, ldx, m, k, out);
+}
+
+void GemmSplitX(const uint16_t* x, int64_t ldx, int64_t m, int64_t k, float* out) {
+  SplitPairsBf16(x, ldx, m, k, out);
 }
 
 std::string_view GemmIsa() { return Active().isa; }

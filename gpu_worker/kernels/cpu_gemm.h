@@ -22,7 +22,8 @@ namespace fmoe {
 enum class GemmType : uint8_t { kFloat32, kBFloat16 };
 
 struct GemmProblem {
-  const float* x = nullptr;  // [m, k], row stride ldx (elements)
+  // [m, k], row stride ldx (elements); with bfloat16 weights unread when x_pairs is given.
+  const float* x = nullptr;
   int64_t ldx = 0;
   const void* w = nullptr;  // [n, k], row stride ldw (elements), w_type
   GemmType w_type = GemmType::kFloat32;
@@ -46,8 +47,10 @@ int64_t GemmColumnTile();
 
 // x split in pairs for bfloat16 weights: row r of out (stride GemmSplitLength(k)) holds, per block
 // of 32 along k, x[r]'s 16 odd elements and then its 16 even ones, the last block zero-padded.
+// x float32, or bfloat16 (its bits, widened exactly on the way).
 int64_t GemmSplitLength(int64_t k);
 void GemmSplitX(const float* x, int64_t ldx, int64_t m, int64_t k, float* out);
+void GemmSplitX(const uint16_t* x, int64_t ldx, int64_t m, int64_t k, float* out);
 
 // The code GemmColumns runs on this CPU: "avx512", "avx2" or "portable". FMOE_GEMM_ISA=avx2 or
 // =portable in the environment picks a lower one (tests compare them; results are the same).

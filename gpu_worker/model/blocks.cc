@@ -36,11 +36,8 @@ std::optional<at::Tensor> HostGemm(const at::Tensor& x, const at::Tensor& w) {
       w.stride(1) != 1) {
     return std::nullopt;
   }
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
   at::Tensor out = at::empty({x.size(0), w.size(0)}, x.options());
   GemmProblem p;
-  p.x = xf.data_ptr<float>();
-  p.ldx = xf.size(1);
   p.w = w.data_ptr();
   p.w_type = *wt;
   p.ldw = w.stride(0);
@@ -50,9 +47,11 @@ std::optional<at::Tensor> HostGemm(const at::Tensor& x, const at::Tensor& w) {
   p.m = x.size(0);
   p.n = w.size(0);
   p.k = x.size(1);
-  // bfloat16 weights: x split once here for every thread's columns (GemmSplitX): up to 4 MiB (a
-  // decode step's) into a buffer this thread keeps for its next products, a larger one (a long
-  // prefill's) into one of its own, freed after.
+  // bfloat16 weights: x split once here for every thread's columns (GemmSplitX), from bfloat16 x
+  // directly, into a buffer this thread keeps for its next products when it holds up to 4 MiB
+  // (a decode step's), else (a long prefill's) into one of its own, freed after. float32
+  // weights: x as float32.
+  at::Tensor xf;
   constexpr size_t kKeptSplitFloats = size_t{1} << 20;
   thread_local std::vector<float> kept;
   std::vector<float> once;
@@ -60,8 +59,18 @@ std::optional<at::Tensor> HostGemm(const at::Tensor& x, const at::Tensor& w) {
     const auto need = static_cast<size_t>(p.m * GemmSplitLength(p.k));
     std::vector<float>& pairs = need <= kKeptSplitFloats ? kept : once;
     if (pairs.size() < need) pairs.resize(need);
-    GemmSplitX(p.x, p.ldx, p.m, p.k, pairs.data());
+    if (*xt == GemmType::kBFloat16 && x.stride(1) == 1) {
+      GemmSplitX(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), x.stride(0), p.m,
+                 p.k, pairs.data());
+    } else {
+      xf = x.to(at::kFloat).contiguous();
+      GemmSplitX(xf.data_ptr<float>(), xf.size(1), p.m, p.k, pairs.data());
+    }
     p.x_pairs = pairs.data();
+  } else {
+    xf = x.to(at::kFloat).contiguous();
+    p.x = xf.data_ptr<float>();
+    p.ldx = xf.size(1);
   }
   const int64_t tile = GemmColumnTile();
   const int64_t tiles = (p.n + tile - 1) / tile;

@@ -265,6 +265,23 @@ TEST(CpuGemmTest, FollowsTheDocumentedOrder) {
   }
 }
 
+// bfloat16 x split directly gives the split of its float32 widening, padding included.
+TEST(CpuGemmTest, BFloat16XSplitsAsItsFloat32Widening) {
+  std::mt19937 rng(29);
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  for (int64_t k : {1, 31, 32, 33, 100, 4096}) {
+    const int64_t m = 3, ldx = k + 5, len = GemmSplitLength(k);
+    std::vector<uint16_t> x16(m * ldx);
+    for (uint16_t& v : x16) v = ToBf16(d(rng));
+    std::vector<float> x32(m * ldx);
+    for (size_t i = 0; i < x16.size(); ++i) x32[i] = FromBf16(x16[i]);
+    std::vector<float> from16(m * len, -1.0f), from32(m * len, -2.0f);
+    GemmSplitX(x16.data(), ldx, m, k, from16.data());
+    GemmSplitX(x32.data(), ldx, m, k, from32.data());
+    ASSERT_TRUE(SameBits(from16.data(), from32.data(), m * len)) << "k=" << k;
+  }
+}
+
 TEST(CpuGemmTest, BFloat16OutputRoundsToNearestEven) {
   std::mt19937 rng(17);
   const Case c = MakeCase(rng, 7, 21, 50, GemmType::kBFloat16);
