@@ -36,9 +36,9 @@ constexpr int64_t kPanelBytes = 384 * 1024;
 using TileFn = void (*)(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t k,
                         float* out);
 
-template <int R, int C, typename W>
+template <int R, int C>
 void TilePortable(const float* x, int64_t ldx, const void* wv, int64_t ldw, int64_t k, float* out) {
-  const W* w = static_cast<const W*>(wv);
+  const float* w = static_cast<const float*>(wv);
   float acc[R][C][kLanes] = {};
   for (int64_t k0 = 0; k0 < k; k0 += kLanes) {
     const int lanes = static_cast<int>(std::min<int64_t>(kLanes, k - k0));
@@ -58,43 +58,30 @@ void TilePortable(const float* x, int64_t ldx, const void* wv, int64_t ldw, int6
   }
 }
 
-// The bfloat16 tiles read x split in pairs (SplitPairs): per block of 32 along k, x's odd
-// elements (16 floats) and then its even ones (16), the last block zero-padded, so that a 64-byte
-// load of weights widens into its odd and even halves with a mask and a shift, no shuffle; ldx is
-// the split row's length, k rounded up to 32.
+// The bfloat16 tiles read x split in pairs (the SplitPairs functions, GemmSplitX): per block of 32
+// along k, x's odd elements (16 floats) and then its even ones (16), the last block zero-padded, so
+// that a 64-byte load of weights widens into its odd and even halves with a mask and a shift, no
+// shuffle; ldx is the split row's length, k rounded up to 32.
 using SplitFn = void (*)(const float* x, int64_t ldx, int64_t rows, int64_t k, float* out);
 
 int64_t SplitLength(int64_t k) { return (k + kPairBlock - 1) / kPairBlock * kPairBlock; }
 
-// Blocks [b0, k) of one row, zero-padded: the portable split, and every split's last block.
-void SplitBlocks(const float* xr, int64_t b0, int64_t k, float* o) {
+// Blocks [b0, k) of one row, zero-padded: the portable split, every split's last block, and the
+// split of bfloat16 x, widened on the way (exactly: a bfloat16 is a float32's high half).
+template <typename T>
+void SplitBlocks(const T* xr, int64_t b0, int64_t k, float* o) {
   for (int64_t b = b0; b < k; b += kPairBlock) {
     for (int64_t l = 0; l < kLanes; ++l) {
       const int64_t odd = b + 2 * l + 1, even = b + 2 * l;
-      o[b + l] = odd < k ? xr[odd] : 0.0f;
-      o[b + kLanes + l] = even < k ? xr[even] : 0.0f;
+      o[b + l] = odd < k ? GemmWiden(xr[odd]) : 0.0f;
+      o[b + kLanes + l] = even < k ? GemmWiden(xr[even]) : 0.0f;
     }
   }
 }
 
-void SplitPairsPortable(const float* x, int64_t ldx, int64_t rows, int64_t k, float* out) {
+template <typename T>
+void SplitPairsPortable(const T* x, int64_t ldx, int64_t rows, int64_t k, float* out) {
   for (int64_t r = 0; r < rows; ++r) SplitBlocks(x + r * ldx, 0, k, out + r * SplitLength(k));
-}
-
-// The split of bfloat16 x, widened on the way (exactly: a bfloat16 is a float32's high half).
-void SplitPairsBf16(const uint16_t* x, int64_t ldx, int64_t rows, int64_t k, float* out) {
-  const int64_t kp = SplitLength(k);
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* xr = x + r * ldx;
-    float* o = out + r * kp;
-    for (int64_t b = 0; b < kp; b += kPairBlock) {
-      for (int64_t l = 0; l < kLanes; ++l) {
-        const int64_t odd = b + 2 * l + 1, even = b + 2 * l;
-        o[b + l] = odd < k ? GemmWiden(xr[odd]) : 0.0f;
-        o[b + kLanes + l] = even < k ? GemmWiden(xr[even]) : 0.0f;
-      }
-    }
-  }
 }
 
 template <int R, int C>
@@ -141,8 +128,8 @@ FMOE_AVX2 inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
 FMOE_AVX2 inline float Reduce8(__m256 t) { return GemmReduce8(t); }
 
 // One 16-wide step of the AVX2 tile: lanes 0-7 into lo, 8-15 into hi.
-template <int R, int C, typename W>
-FMOE_AVX2 inline void StepAvx2(const float* x, int64_t ldx, const W* w, int64_t ldw,
+template <int R, int C>
+FMOE_AVX2 inline void StepAvx2(const float* x, int64_t ldx, const float* w, int64_t ldw,
                                __m256 (&lo)[R][C], __m256 (&hi)[R][C]) {
   __m256 xv[R];
   for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(x + r * ldx);
@@ -157,10 +144,10 @@ FMOE_AVX2 inline void StepAvx2(const float* x, int64_t ldx, const W* w, int64_t 
   }
 }
 
-template <int R, int C, typename W>
+template <int R, int C>
 FMOE_AVX2 void TileAvx2(const float* x, int64_t ldx, const void* wv, int64_t ldw, int64_t k,
                         float* out) {
-  const W* w = static_cast<const W*>(wv);
+  const float* w = static_cast<const float*>(wv);
   __m256 lo[R][C], hi[R][C];
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) lo[r][c] = hi[r][c] = _mm256_setzero_ps();
@@ -303,10 +290,10 @@ FMOE_AVX512 inline float Reduce16(__m512 s) {
   return GemmReduce8(_mm256_add_ps(lo, hi));
 }
 
-template <int R, int C, typename W>
+template <int R, int C>
 FMOE_AVX512 void TileAvx512(const float* x, int64_t ldx, const void* wv, int64_t ldw, int64_t k,
                             float* out) {
-  const W* w = static_cast<const W*>(wv);
+  const float* w = static_cast<const float*>(wv);
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -333,6 +320,7 @@ FMOE_AVX512 void TileAvx512(const float* x, int64_t ldx, const void* wv, int64_t
     for (int c = 0; c < C; ++c) out[r * C + c] = Reduce16(acc[r][c]);
   }
 }
+
 FMOE_AVX512 void SplitPairsAvx512(const float* x, int64_t ldx, int64_t rows, int64_t k,
                                   float* out) {
   const __m512i odd_idx =
@@ -439,13 +427,11 @@ struct Kernels {
 TileSet Tiles(int r, int c, TileFn main, TileFn row, TileFn column, TileFn one) {
   return {{r, c, main}, {1, c, row}, {r, 1, column}, {1, 1, one}};
 }
-#define FMOE_F32(fn, R, C) \
-  Tiles(R, C, &fn<R, C, float>, &fn<1, C, float>, &fn<R, 1, float>, &fn<1, 1, float>)
-#define FMOE_BF16(fn, R, C) Tiles(R, C, &fn<R, C>, &fn<1, C>, &fn<R, 1>, &fn<1, 1>)
+#define FMOE_TILES(fn, R, C) Tiles(R, C, &fn<R, C>, &fn<1, C>, &fn<R, 1>, &fn<1, 1>)
 
 const Kernels& PortableKernels() {
-  static const Kernels k{"portable", FMOE_F32(TilePortable, 2, 4),
-                         FMOE_BF16(PairTilePortable, 2, 4), &SplitPairsPortable};
+  static const Kernels k{"portable", FMOE_TILES(TilePortable, 2, 4),
+                         FMOE_TILES(PairTilePortable, 2, 4), &SplitPairsPortable<float>};
   return k;
 }
 
@@ -453,21 +439,20 @@ const Kernels& PortableKernels() {
 const Kernels& Avx2Kernels() {
   // 16 registers: 2 x 3 tiles keep 12 accumulators (lo and hi), 2 rows of x and a weight
   // vector.
-  static const Kernels k{"avx2", FMOE_F32(TileAvx2, 2, 3), FMOE_BF16(PairTileAvx2, 2, 3),
+  static const Kernels k{"avx2", FMOE_TILES(TileAvx2, 2, 3), FMOE_TILES(PairTileAvx2, 2, 3),
                          &SplitPairsAvx2};
   return k;
 }
 const Kernels& Avx512Kernels() {
   // 32 registers: 4 x 6 tiles keep 24 accumulators, 4 rows of x and a weight vector (bfloat16:
   // and the mask).
-  static const Kernels k{"avx512", FMOE_F32(TileAvx512, 4, 6), FMOE_BF16(PairTileAvx512, 4, 6),
+  static const Kernels k{"avx512", FMOE_TILES(TileAvx512, 4, 6), FMOE_TILES(PairTileAvx512, 4, 6),
                          &SplitPairsAvx512};
   return k;
 }
 #endif
 
-#undef FMOE_F32
-#undef FMOE_BF16
+#undef FMOE_TILES
 
 // The kernels of the named code when this CPU runs it, else null.
 const Kernels* Named(std::string_view isa) {
@@ -635,7 +620,7 @@ void GemmSplitX(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
 }
 
 void GemmSplitX(const uint16_t* x, int64_t ldx, int64_t m, int64_t k, float* out) {
-  SplitPairsBf16(x, ldx, m, k, out);
+  SplitPairsPortable(x, ldx, m, k, out);
 }
 
 std::string_view GemmIsa() { return Active().isa; }

@@ -51,26 +51,28 @@ std::optional<at::Tensor> HostGemm(const at::Tensor& x, const at::Tensor& w) {
   // directly, into a buffer this thread keeps for its next products when it holds up to 4 MiB
   // (a decode step's), else (a long prefill's) into one of its own, freed after. float32
   // weights: x as float32.
+  const bool pairs = p.w_type == GemmType::kBFloat16;
+  const bool direct = pairs && *xt == GemmType::kBFloat16 && x.stride(1) == 1;
   at::Tensor xf;
-  constexpr size_t kKeptSplitFloats = size_t{1} << 20;
-  thread_local std::vector<float> kept;
-  std::vector<float> once;
-  if (p.w_type == GemmType::kBFloat16) {
-    const auto need = static_cast<size_t>(p.m * GemmSplitLength(p.k));
-    std::vector<float>& pairs = need <= kKeptSplitFloats ? kept : once;
-    if (pairs.size() < need) pairs.resize(need);
-    if (*xt == GemmType::kBFloat16 && x.stride(1) == 1) {
-      GemmSplitX(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), x.stride(0), p.m,
-                 p.k, pairs.data());
-    } else {
-      xf = x.to(at::kFloat).contiguous();
-      GemmSplitX(xf.data_ptr<float>(), xf.size(1), p.m, p.k, pairs.data());
-    }
-    p.x_pairs = pairs.data();
-  } else {
+  if (!direct) {
     xf = x.to(at::kFloat).contiguous();
     p.x = xf.data_ptr<float>();
     p.ldx = xf.size(1);
+  }
+  constexpr size_t kKeptSplitFloats = size_t{1} << 20;
+  thread_local std::vector<float> kept;
+  std::vector<float> once;
+  if (pairs) {
+    const auto need = static_cast<size_t>(p.m * GemmSplitLength(p.k));
+    std::vector<float>& split = need <= kKeptSplitFloats ? kept : once;
+    if (split.size() < need) split.resize(need);
+    if (direct) {
+      GemmSplitX(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), x.stride(0), p.m,
+                 p.k, split.data());
+    } else {
+      GemmSplitX(p.x, p.ldx, p.m, p.k, split.data());
+    }
+    p.x_pairs = split.data();
   }
   const int64_t tile = GemmColumnTile();
   const int64_t tiles = (p.n + tile - 1) / tile;
@@ -308,8 +310,8 @@ at::Tensor RotateHalf(const at::Tensor& x) {
 }
 
 // RoPE of rows [t, heads, hd] in one pass on the host, with the arithmetic of the LibTorch
-// expression in Rotate: each product rounded to T, then their sum rounded to T (in float32 for
-// bfloat16, as LibTorch's CPU kernels compute it), rotate_half's negation exact; dims [rd, hd)
+// expression (RotateExpression): each product rounded to T, then their sum rounded to T (in float32
+// for bfloat16, as LibTorch's CPU kernels compute it), rotate_half's negation exact; dims [rd, hd)
 // copied. cos and sin [t, rd], row stride rd.
 template <typename T>
 void RotateRows(const T* x, const T* cos, const T* sin, T* out, int64_t t, int64_t heads,
@@ -358,14 +360,6 @@ std::optional<at::Tensor> HostRotate(const at::Tensor& x, const at::Tensor& cos,
   return out;
 }
 
-// RoPE on the first cos.size(-1) dims of each head (rotate_half style); the rest of the head, if
-// any, passes through (transformers' partial rotary: GLM-4.5, MiniMax-M2). On the host in one
-// pass where HostRotate applies (the same bits), else LibTorch's expression.
-at::Tensor Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  if (std::optional<at::Tensor> host = HostRotate(x, cos, sin)) return std::move(*host);
-  return RotateExpression(x, cos, sin);
-}
-
 }  // namespace
 
 at::Tensor RotateExpression(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -375,8 +369,12 @@ at::Tensor RotateExpression(const at::Tensor& x, const at::Tensor& cos, const at
   return at::cat({r * cos + RotateHalf(r) * sin, x.narrow(-1, rd, hd - rd)}, -1);
 }
 
+// RoPE on the first cos.size(-1) dims of each head (rotate_half style); the rest of the head, if
+// any, passes through (transformers' partial rotary: GLM-4.5, MiniMax-M2). On the host in one
+// pass where HostRotate applies (the same bits), else LibTorch's expression.
 at::Tensor RotaryEmbedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return Rotate(x, cos, sin);
+  if (std::optional<at::Tensor> host = HostRotate(x, cos, sin)) return std::move(*host);
+  return RotateExpression(x, cos, sin);
 }
 
 namespace {
@@ -531,8 +529,8 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
     const bool lr = long_rope(spans[0]);
     const at::Tensor cos = (lr ? rope.long_cos : rope.cos).index_select(0, at_rows).unsqueeze(1);
     const at::Tensor sin = (lr ? rope.long_sin : rope.sin).index_select(0, at_rows).unsqueeze(1);
-    q_rot = Rotate(q.view({rows, n_heads, hd}), cos, sin);
-    k_rot = Rotate(k.view({rows, n_kv, hd}), cos, sin);
+    q_rot = RotaryEmbedding(q.view({rows, n_heads, hd}), cos, sin);
+    k_rot = RotaryEmbedding(k.view({rows, n_kv, hd}), cos, sin);
   }
   for (size_t i = 0; i < spans.size(); ++i) {
     const AttentionSpan& s = spans[i];
@@ -544,8 +542,8 @@ at::Tensor Attention(const ModelInfo& info, const AttentionWeights& w, const at:
       const bool lr = long_rope(s);
       at::Tensor cos = (lr ? rope.long_cos : rope.cos).narrow(0, p0, t).unsqueeze(1);
       at::Tensor sin = (lr ? rope.long_sin : rope.sin).narrow(0, p0, t).unsqueeze(1);
-      queries[i] = Rotate(q.narrow(0, s.row, t).view({t, n_heads, hd}), cos, sin);
-      new_k[i] = Rotate(k.narrow(0, s.row, t).view({t, n_kv, hd}), cos, sin);
+      queries[i] = RotaryEmbedding(q.narrow(0, s.row, t).view({t, n_heads, hd}), cos, sin);
+      new_k[i] = RotaryEmbedding(k.narrow(0, s.row, t).view({t, n_kv, hd}), cos, sin);
     }
     new_v[i] = v.narrow(0, s.row, t).view({t, n_kv, hd});
     new_slots[i] = s.slots.narrow(0, p0 - s.first, t);
